@@ -1,0 +1,2 @@
+//! Bit-exact number-format codecs (CPU): the ground truth that kernels and prepasses are tested
+//! against.

@@ -1,0 +1,75 @@
+//! [`Device`] and [`Strategy`]: where attention runs, and what the caller forces.
+
+use std::fmt;
+
+/// Which wgpu adapter to open (mirrors the adapter classes wgpu reports).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum WgpuAdapter {
+    /// The adapter wgpu picks by default (high-performance preference).
+    #[default]
+    Default,
+    /// The n-th discrete GPU.
+    Discrete(usize),
+    /// The n-th integrated GPU.
+    Integrated(usize),
+    /// The n-th virtual GPU.
+    Virtual(usize),
+    /// A software adapter (llvmpipe, WARP, SwiftShader).
+    Software,
+}
+
+/// Where attention runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Device {
+    /// The best device present: a CUDA GPU, else a hardware wgpu adapter, else the CPU.
+    #[default]
+    Auto,
+    /// Multi-threaded CPU kernels.
+    Cpu,
+    /// CubeCL kernels through wgpu (Vulkan, Metal, DX12, or a software adapter).
+    Wgpu(WgpuAdapter),
+    /// CUDA GPU by ordinal: CubeCL kernels, and native kernels where the device matches.
+    Cuda(usize),
+}
+
+impl fmt::Display for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Device::Auto => f.write_str("auto"),
+            Device::Cpu => f.write_str("cpu"),
+            Device::Wgpu(a) => write!(f, "wgpu({a:?})"),
+            Device::Cuda(i) => write!(f, "cuda:{i}"),
+        }
+    }
+}
+
+/// Families of native (hand-written, per-architecture) kernels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum NativeKind {
+    /// mma.sync HMMA FP16/BF16 kernels (sm_80+).
+    Hmma,
+    /// INT8 Q/K with mma.sync IMMA (sm_80+).
+    Int8Imma,
+    /// INT8 Q/K with tcgen05 UMMA (sm_100a).
+    Int8Umma,
+    /// FP8 with mma.sync e4m3/e5m2 (sm_89+).
+    Fp8Mma,
+    /// FP8 with MFMA (gfx950).
+    Fp8Mfma,
+    /// NVFP4 with block_scale mma.sync (sm_120a).
+    Nvfp4BlockScale,
+}
+
+/// What the caller forces; `Auto` lets dispatch choose.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Strategy {
+    /// The fastest path that supports the problem on the device.
+    #[default]
+    Auto,
+    /// The CubeCL kernels (or the CPU kernel on [`Device::Cpu`]).
+    Portable,
+    /// One native kernel family; a typed error if it does not support the problem or device.
+    Native(NativeKind),
+    /// The CPU emulation of the precision (rounds where a kernel rounds); slow, for checking.
+    Reference,
+}

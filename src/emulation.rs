@@ -1,0 +1,1 @@
+//! CPU emulations of the quantized and 16-bit modes.

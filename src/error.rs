@@ -1,0 +1,74 @@
+//! The one error type of the facade. Every invalid input gets its own variant that names the
+//! problem; nothing in the library panics on bad input.
+
+use crate::{Device, Precision, Strategy};
+
+/// Which tensor an error talks about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TensorName {
+    Q,
+    K,
+    V,
+    Output,
+    Lse,
+}
+
+impl std::fmt::Display for TensorName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            TensorName::Q => "Q",
+            TensorName::K => "K",
+            TensorName::V => "V",
+            TensorName::Output => "O",
+            TensorName::Lse => "LSE",
+        })
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    #[error("dimension `{name}` is zero: every size of an attention problem must be at least 1")]
+    ZeroSize { name: &'static str },
+
+    #[error("GQA ratio is not an integer: q_heads = {q_heads} is not a multiple of kv_heads = {kv_heads}")]
+    GqaRatio { q_heads: usize, kv_heads: usize },
+
+    #[error("softmax scale {scale} is not a finite number")]
+    NonFiniteScale { scale: f32 },
+
+    #[error("{tensor} shape mismatch: expected {expected:?}, got {got:?}")]
+    ShapeMismatch { tensor: TensorName, expected: Vec<usize>, got: Vec<usize> },
+
+    #[error("{tensor} buffer holds {got} elements, the problem needs {expected}")]
+    BufferLength { tensor: TensorName, expected: usize, got: usize },
+
+    #[error("head_dim {head_dim} is not supported by {path} (supported: {supported:?})")]
+    UnsupportedHeadDim { head_dim: usize, path: String, supported: Vec<usize> },
+
+    #[error("v_head_dim {v_head_dim} differs from head_dim {head_dim}, which {path} does not support")]
+    UnsupportedVHeadDim { head_dim: usize, v_head_dim: usize, path: String },
+
+    #[error("problem too large: {what} = {value} exceeds {limit}")]
+    TooLarge { what: &'static str, value: u128, limit: u128 },
+
+    #[error("precision {precision} is not supported on {device}: {reason}")]
+    UnsupportedPrecision { precision: Precision, device: String, reason: String },
+
+    #[error("strategy {strategy:?} is not available on {device}: {reason}")]
+    UnsupportedStrategy { strategy: Strategy, device: String, reason: String },
+
+    #[error("device {device:?} is not available: {reason}")]
+    DeviceUnavailable { device: Device, reason: String },
+
+    #[error("quattn was built without the `{feature}` feature, needed for {what}")]
+    NotCompiledWith { feature: &'static str, what: &'static str },
+
+    #[error("invalid quantization parameter: {0}")]
+    Quantization(String),
+
+    #[error("kernel `{kernel}` failed: {reason}")]
+    Kernel { kernel: String, reason: String },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

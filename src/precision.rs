@@ -1,0 +1,263 @@
+//! [`Precision`]: what is computed, in which number formats, rounded where.
+
+use std::fmt;
+
+/// How Q·Kᵀ is accumulated in the 16-bit float modes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum QkAccum {
+    /// f32 accumulators (HMMA.16816.F32): the accurate default.
+    #[default]
+    F32,
+    /// f16 accumulators (HMMA.16816.F16): twice the rate on consumer GPUs, least accurate.
+    F16,
+    /// f16-accumulating MMAs over one chunk of the head dimension, folded into f32 after each
+    /// chunk: most of the F16 speed with error that grows per chunk, not per head dim.
+    TwoStage,
+}
+
+/// How P·V is accumulated in the 16-bit float modes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum PvAccum {
+    /// f32 accumulators across the whole key sequence.
+    #[default]
+    F32,
+    /// f16 accumulation within one KV tile, folded into f32 once per tile.
+    F16PerTile,
+}
+
+/// Which rows share one INT8 scale for Q (K always uses one scale per block of keys).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Int8Granularity {
+    /// One scale per block of query rows (a cube's tile).
+    #[default]
+    PerBlock,
+    /// One scale per warp's rows within a block.
+    PerWarp,
+    /// One scale per thread's rows within a warp's MMA fragment.
+    PerThread,
+}
+
+/// Format of the probabilities P (or V) entering the P·V product.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum PvFormat {
+    #[default]
+    F16,
+    Fp8,
+}
+
+/// The two OCP FP8 formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Fp8Format {
+    /// 4 exponent bits, 3 mantissa bits, finite only (max 448), NaN = S.1111.111.
+    #[default]
+    E4M3,
+    /// 5 exponent bits, 2 mantissa bits, IEEE-like (max 57344, inf and NaN).
+    E5M2,
+}
+
+/// Granularity of the FP8 descale factors of Q, K and V.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum DescaleGranularity {
+    /// One f32 descale per tensor.
+    #[default]
+    PerTensor,
+    /// One f32 descale per (batch, head).
+    PerHead,
+    /// One f32 descale per (batch, head, block of rows).
+    PerBlock,
+}
+
+/// Format of V in the NVFP4 mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Nvfp4V {
+    #[default]
+    Bf16,
+    Nvfp4,
+}
+
+/// What the attention computes, in which formats. Every mode the project has is named here,
+/// including those whose kernels come later (they return a typed error until then).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Precision {
+    /// Everything in f32.
+    F32,
+    /// f16 Q, K, V; softmax in f32; P rounded to f16 for P·V.
+    F16 { qk: QkAccum, pv: PvAccum },
+    /// bf16 Q, K, V; softmax in f32; P rounded to bf16 for P·V.
+    Bf16 { qk: QkAccum, pv: PvAccum },
+    /// SageAttention-style INT8 Q and K with f32 scales, INT32 Q·Kᵀ accumulation.
+    Int8Qk { granularity: Int8Granularity, smooth_k: bool, pv: PvFormat },
+    /// FP8 Q, K, V with f32 descales; P in f16 or FP8.
+    Fp8 { format: Fp8Format, descale: DescaleGranularity, p: PvFormat },
+    /// NVFP4 Q and K (E2M1 values, UE4M3 scale per 16, f32 tensor scale); V in bf16 or NVFP4.
+    Nvfp4 { v: Nvfp4V },
+}
+
+impl Precision {
+    pub const F16_DEFAULT: Precision = Precision::F16 { qk: QkAccum::F32, pv: PvAccum::F32 };
+    pub const BF16_DEFAULT: Precision = Precision::Bf16 { qk: QkAccum::F32, pv: PvAccum::F32 };
+    pub const INT8_DEFAULT: Precision =
+        Precision::Int8Qk { granularity: Int8Granularity::PerBlock, smooth_k: true, pv: PvFormat::F16 };
+    pub const FP8_DEFAULT: Precision =
+        Precision::Fp8 { format: Fp8Format::E4M3, descale: DescaleGranularity::PerTensor, p: PvFormat::F16 };
+    pub const NVFP4_DEFAULT: Precision = Precision::Nvfp4 { v: Nvfp4V::Bf16 };
+
+    /// Short stable name, as the CLI spells it.
+    pub fn name(&self) -> String {
+        match *self {
+            Precision::F32 => "f32".into(),
+            Precision::F16 { qk, pv } => format!("f16{}{}", qk_suffix(qk), pv_suffix(pv)),
+            Precision::Bf16 { qk, pv } => format!("bf16{}{}", qk_suffix(qk), pv_suffix(pv)),
+            Precision::Int8Qk { granularity, smooth_k, pv } => format!(
+                "int8-{}{}{}",
+                match granularity {
+                    Int8Granularity::PerBlock => "block",
+                    Int8Granularity::PerWarp => "warp",
+                    Int8Granularity::PerThread => "thread",
+                },
+                if smooth_k { "" } else { "-nosmooth" },
+                if pv == PvFormat::Fp8 { "-pvfp8" } else { "" }
+            ),
+            Precision::Fp8 { format, descale, p } => format!(
+                "fp8-{}{}{}",
+                match format {
+                    Fp8Format::E4M3 => "e4m3",
+                    Fp8Format::E5M2 => "e5m2",
+                },
+                match descale {
+                    DescaleGranularity::PerTensor => "",
+                    DescaleGranularity::PerHead => "-head",
+                    DescaleGranularity::PerBlock => "-block",
+                },
+                if p == PvFormat::Fp8 { "-pfp8" } else { "" }
+            ),
+            Precision::Nvfp4 { v } => match v {
+                Nvfp4V::Bf16 => "nvfp4".into(),
+                Nvfp4V::Nvfp4 => "nvfp4-v4".into(),
+            },
+        }
+    }
+
+    /// Parses the CLI spelling: the names of [`Precision::name`] plus the short aliases
+    /// `f16-acc16`, `f16-2stage`, `int8`, `fp8`.
+    pub fn parse(s: &str) -> Option<Precision> {
+        let s = s.trim().to_ascii_lowercase();
+        let all = Self::all_named();
+        if let Some(p) = all.iter().find(|p| p.name() == s) {
+            return Some(*p);
+        }
+        Some(match s.as_str() {
+            "f16-acc16" => Precision::F16 { qk: QkAccum::F16, pv: PvAccum::F32 },
+            "f16-2stage" | "f16-twostage" => Precision::F16 { qk: QkAccum::TwoStage, pv: PvAccum::F32 },
+            "bf16-2stage" => Precision::Bf16 { qk: QkAccum::TwoStage, pv: PvAccum::F32 },
+            "int8" => Self::INT8_DEFAULT,
+            "fp8" => Self::FP8_DEFAULT,
+            _ => return None,
+        })
+    }
+
+    /// Every distinct mode (for parsing, listing and test matrices).
+    pub fn all_named() -> Vec<Precision> {
+        let mut v = vec![Precision::F32];
+        for qk in [QkAccum::F32, QkAccum::F16, QkAccum::TwoStage] {
+            for pv in [PvAccum::F32, PvAccum::F16PerTile] {
+                v.push(Precision::F16 { qk, pv });
+                v.push(Precision::Bf16 { qk, pv });
+            }
+        }
+        for granularity in [Int8Granularity::PerBlock, Int8Granularity::PerWarp, Int8Granularity::PerThread] {
+            for smooth_k in [true, false] {
+                for pv in [PvFormat::F16, PvFormat::Fp8] {
+                    v.push(Precision::Int8Qk { granularity, smooth_k, pv });
+                }
+            }
+        }
+        for format in [Fp8Format::E4M3, Fp8Format::E5M2] {
+            for descale in [DescaleGranularity::PerTensor, DescaleGranularity::PerHead, DescaleGranularity::PerBlock] {
+                for p in [PvFormat::F16, PvFormat::Fp8] {
+                    v.push(Precision::Fp8 { format, descale, p });
+                }
+            }
+        }
+        v.push(Precision::Nvfp4 { v: Nvfp4V::Bf16 });
+        v.push(Precision::Nvfp4 { v: Nvfp4V::Nvfp4 });
+        v
+    }
+
+    /// The element type the inputs are converted to before the kernel sees them.
+    pub fn input_dtype(&self) -> Dtype {
+        match self {
+            Precision::F32 => Dtype::F32,
+            Precision::Bf16 { .. } => Dtype::Bf16,
+            Precision::Nvfp4 { v: Nvfp4V::Bf16 } => Dtype::Bf16,
+            _ => Dtype::F16,
+        }
+    }
+}
+
+fn qk_suffix(qk: QkAccum) -> &'static str {
+    match qk {
+        QkAccum::F32 => "",
+        QkAccum::F16 => "-acc16",
+        QkAccum::TwoStage => "-2stage",
+    }
+}
+
+fn pv_suffix(pv: PvAccum) -> &'static str {
+    match pv {
+        PvAccum::F32 => "",
+        PvAccum::F16PerTile => "-pv16",
+    }
+}
+
+impl fmt::Display for Precision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.name())
+    }
+}
+
+/// Element types of host and device tensors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Dtype {
+    F32,
+    F16,
+    Bf16,
+}
+
+impl fmt::Display for Dtype {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Dtype::F32 => "f32",
+            Dtype::F16 => "f16",
+            Dtype::Bf16 => "bf16",
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_name_is_unique_and_parses_back() {
+        let all = Precision::all_named();
+        let mut names: Vec<String> = all.iter().map(|p| p.name()).collect();
+        for p in &all {
+            assert_eq!(Precision::parse(&p.name()), Some(*p), "{}", p.name());
+        }
+        names.sort();
+        let n = names.len();
+        names.dedup();
+        assert_eq!(names.len(), n, "duplicate precision names");
+    }
+
+    #[test]
+    fn cli_aliases() {
+        assert_eq!(Precision::parse("f16-acc16"), Some(Precision::F16 { qk: QkAccum::F16, pv: PvAccum::F32 }));
+        assert_eq!(Precision::parse("f16-2stage"), Some(Precision::F16 { qk: QkAccum::TwoStage, pv: PvAccum::F32 }));
+        assert_eq!(Precision::parse("int8"), Some(Precision::INT8_DEFAULT));
+        assert_eq!(Precision::parse("fp8"), Some(Precision::FP8_DEFAULT));
+        assert_eq!(Precision::parse("nvfp4"), Some(Precision::NVFP4_DEFAULT));
+        assert_eq!(Precision::parse("f64"), None);
+    }
+}
