@@ -22,3 +22,12 @@ pub use precision::{
     DescaleGranularity, Dtype, Fp8Format, Int8Granularity, Nvfp4V, Precision, PvAccum, PvFormat, QkAccum,
 };
 pub use problem::{AttentionProblem, Layout, Strides};
+pub use session::{attention, DeviceInfo, Output, Path, Plan, Resident, Session};
+pub use tensor::{Element, HostSlice};
+
+mod backend;
+pub mod inputs;
+pub mod metrics;
+pub mod reference;
+pub mod session;
+pub mod tensor;

@@ -1,1 +1,29 @@
-fn main() {}
+//! `quattn`: the headless demo and benchmark binary. Its command line is a contract that scripts
+//! and later issues build on: `run`, `bench`, `selftest`, `kernels`.
+
+mod args;
+mod bench;
+mod check;
+mod run;
+mod selftest;
+
+use clap::Parser;
+
+use args::{Cli, Command};
+
+fn main() {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run(a) => run::main(&a),
+        Command::Bench(a) => bench::main(&a),
+        Command::Selftest(a) => selftest::main(&a),
+    };
+    match result {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::exit(2);
+        }
+    }
+}

@@ -1,0 +1,236 @@
+//! The command line.
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use quattn::{AttentionProblem, Device, Layout, NativeKind, Precision, Strategy, WgpuAdapter};
+
+#[derive(Parser)]
+#[command(name = "quattn", version, about = "Fast low-precision flash attention: demo, benchmark and self-test")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Run one attention call on random inputs, check it against the f64 reference, report.
+    Run(RunArgs),
+    /// The performance table (TFLOP/s on the FlashAttention benchmark grid).
+    Bench(BenchArgs),
+    /// The correctness matrix on every device present; non-zero exit on any failure.
+    Selftest(SelftestArgs),
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum DeviceArg {
+    Auto,
+    Cpu,
+    Wgpu,
+    Cuda,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum AdapterArg {
+    Default,
+    Discrete,
+    Integrated,
+    Virtual,
+    Software,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum StrategyArg {
+    Auto,
+    Portable,
+    Native,
+    Reference,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum NativeArg {
+    Hmma,
+    Int8Imma,
+    Int8Umma,
+    Fp8Mma,
+    Fp8Mfma,
+    Nvfp4,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum LayoutArg {
+    Bhsd,
+    Bshd,
+}
+
+#[derive(Args, Clone, Debug)]
+pub struct DeviceOpts {
+    /// Where to run: auto = the best present (a GPU, else the CPU).
+    #[arg(long, value_enum, default_value = "auto")]
+    pub device: DeviceArg,
+    /// wgpu adapter class (with --device wgpu).
+    #[arg(long, value_enum, default_value = "default")]
+    pub adapter: AdapterArg,
+    /// CUDA device ordinal, or index of the adapter within its class.
+    #[arg(long, default_value_t = 0)]
+    pub ordinal: usize,
+    /// Which path: auto, portable (CubeCL / CPU kernel), native (with --native), reference (CPU emulation).
+    #[arg(long, value_enum, default_value = "auto")]
+    pub strategy: StrategyArg,
+    /// Native kernel family (with --strategy native).
+    #[arg(long, value_enum, default_value = "hmma")]
+    pub native: NativeArg,
+}
+
+impl DeviceOpts {
+    pub fn device(&self) -> Device {
+        let n = self.ordinal;
+        match self.device {
+            DeviceArg::Auto => Device::Auto,
+            DeviceArg::Cpu => Device::Cpu,
+            DeviceArg::Cuda => Device::Cuda(n),
+            DeviceArg::Wgpu => Device::Wgpu(match self.adapter {
+                AdapterArg::Default => WgpuAdapter::Default,
+                AdapterArg::Discrete => WgpuAdapter::Discrete(n),
+                AdapterArg::Integrated => WgpuAdapter::Integrated(n),
+                AdapterArg::Virtual => WgpuAdapter::Virtual(n),
+                AdapterArg::Software => WgpuAdapter::Software,
+            }),
+        }
+    }
+
+    pub fn strategy(&self) -> Strategy {
+        match self.strategy {
+            StrategyArg::Auto => Strategy::Auto,
+            StrategyArg::Portable => Strategy::Portable,
+            StrategyArg::Reference => Strategy::Reference,
+            StrategyArg::Native => Strategy::Native(match self.native {
+                NativeArg::Hmma => NativeKind::Hmma,
+                NativeArg::Int8Imma => NativeKind::Int8Imma,
+                NativeArg::Int8Umma => NativeKind::Int8Umma,
+                NativeArg::Fp8Mma => NativeKind::Fp8Mma,
+                NativeArg::Fp8Mfma => NativeKind::Fp8Mfma,
+                NativeArg::Nvfp4 => NativeKind::Nvfp4BlockScale,
+            }),
+        }
+    }
+}
+
+pub fn parse_precision(s: &str) -> Result<Precision, String> {
+    Precision::parse(s).ok_or_else(|| {
+        let names: Vec<String> = Precision::all_named().iter().map(|p| p.name()).collect();
+        format!(
+            "unknown precision `{s}`; one of f32|f16|f16-acc16|f16-2stage|bf16|int8|fp8|nvfp4 or a full name: {}",
+            names.join(", ")
+        )
+    })
+}
+
+#[derive(Args, Clone, Debug)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub dev: DeviceOpts,
+    /// f32|f16|f16-acc16|f16-2stage|bf16|int8|fp8|nvfp4, or a full precision name.
+    #[arg(long, default_value = "f16", value_parser = parse_precision)]
+    pub precision: Precision,
+    #[arg(long, default_value_t = 1)]
+    pub batch: usize,
+    #[arg(long, default_value_t = 4)]
+    pub heads: usize,
+    /// KV heads (GQA/MQA); defaults to --heads.
+    #[arg(long)]
+    pub kv_heads: Option<usize>,
+    #[arg(long, default_value_t = 512)]
+    pub seq: usize,
+    /// Key/value sequence length; defaults to --seq.
+    #[arg(long)]
+    pub kv_seq: Option<usize>,
+    #[arg(long, default_value_t = 64)]
+    pub head_dim: usize,
+    #[arg(long)]
+    pub causal: bool,
+    /// Softmax scale; defaults to 1/sqrt(head_dim).
+    #[arg(long, allow_hyphen_values = true)]
+    pub scale: Option<f32>,
+    #[arg(long, value_enum, default_value = "bhsd")]
+    pub layout: LayoutArg,
+    /// Seed of the random inputs.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Timed repetitions after warm-up (median reported).
+    #[arg(long, default_value_t = 5)]
+    pub iters: usize,
+    /// Skip the f64 reference check (for shapes too large to check on the CPU).
+    #[arg(long)]
+    pub no_check: bool,
+    /// One JSON object on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+impl RunArgs {
+    pub fn problem(&self) -> AttentionProblem {
+        let mut p = AttentionProblem::new(self.batch, self.heads, self.seq, self.head_dim)
+            .kv_heads(self.kv_heads.unwrap_or(self.heads))
+            .kv_len(self.kv_seq.unwrap_or(self.seq))
+            .causal(self.causal)
+            .layout(match self.layout {
+                LayoutArg::Bhsd => Layout::Bhsd,
+                LayoutArg::Bshd => Layout::Bshd,
+            })
+            .with_lse(true);
+        if let Some(s) = self.scale {
+            p = p.scale(s);
+        }
+        p
+    }
+}
+
+#[derive(Args, Clone, Debug)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    pub dev: DeviceOpts,
+    /// Precisions to benchmark (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "f16", value_parser = parse_precision)]
+    pub precision: Vec<Precision>,
+    /// Head dims of the grid.
+    #[arg(long, value_delimiter = ',', default_values_t = [64usize, 128])]
+    pub head_dims: Vec<usize>,
+    /// Sequence lengths of the grid (batch = tokens / seq, heads = 2048 / head_dim).
+    #[arg(long, value_delimiter = ',', default_values_t = [1024usize, 4096, 16384])]
+    pub seqs: Vec<usize>,
+    /// batch · seq of every row (FlashAttention's grid uses 16384).
+    #[arg(long, default_value_t = 16384)]
+    pub tokens: usize,
+    /// Model width: heads = width / head_dim.
+    #[arg(long, default_value_t = 2048)]
+    pub width: usize,
+    /// Causal rows: both, only causal, or only non-causal.
+    #[arg(long, value_enum, default_value = "both")]
+    pub causal: CausalArg,
+    #[arg(long, default_value_t = 5)]
+    pub warmup: usize,
+    #[arg(long, default_value_t = 30)]
+    pub iters: usize,
+    /// One JSON object per row on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+pub enum CausalArg {
+    Both,
+    Causal,
+    NonCausal,
+}
+
+#[derive(Args, Clone, Debug)]
+pub struct SelftestArgs {
+    /// Devices to test (comma-separated); default: every device present.
+    #[arg(long, value_delimiter = ',', value_enum)]
+    pub devices: Vec<DeviceArg>,
+    /// A shorter matrix.
+    #[arg(long)]
+    pub quick: bool,
+    /// One JSON object per case on stdout.
+    #[arg(long)]
+    pub json: bool,
+}

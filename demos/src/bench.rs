@@ -1,0 +1,125 @@
+//! `quattn bench`: the FlashAttention benchmark grid (head dim × seq, batch = tokens/seq,
+//! heads = width/head_dim, causal and not) timed on device-resident inputs; median of many runs
+//! after warm-up.
+
+use indicatif::{ProgressBar, ProgressStyle};
+use quattn::metrics::flops;
+use quattn::{AttentionProblem, Precision, Session};
+use serde::Serialize;
+
+use crate::args::{BenchArgs, CausalArg};
+use crate::check;
+use crate::run::Shape;
+
+#[derive(Serialize)]
+struct Row {
+    device: String,
+    adapter: String,
+    kernel: Option<String>,
+    precision: String,
+    shape: Shape,
+    ms: Option<f64>,
+    tflops: Option<f64>,
+    /// Why the row did not run, when it did not.
+    skipped: Option<String>,
+}
+
+pub fn grid(a: &BenchArgs) -> Vec<AttentionProblem> {
+    let mut v = Vec::new();
+    for &d in &a.head_dims {
+        for &s in &a.seqs {
+            let causals: &[bool] = match a.causal {
+                CausalArg::Both => &[false, true],
+                CausalArg::Causal => &[true],
+                CausalArg::NonCausal => &[false],
+            };
+            for &c in causals {
+                let batch = (a.tokens / s).max(1);
+                let heads = (a.width / d).max(1);
+                v.push(AttentionProblem::new(batch, heads, s, d).causal(c));
+            }
+        }
+    }
+    v
+}
+
+pub fn main(a: &BenchArgs) -> anyhow::Result<i32> {
+    let session = Session::new(a.dev.device())?;
+    let info = session.info();
+    let problems = grid(a);
+    let bar = ProgressBar::new((problems.len() * a.precision.len()) as u64);
+    bar.set_style(ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}").unwrap_or_else(|_| ProgressStyle::default_bar()));
+    let mut rows = Vec::new();
+    for p in &problems {
+        for &prec in &a.precision {
+            bar.set_message(format!("{} d{} s{}{}", prec, p.head_dim, p.q_len, if p.causal { " causal" } else { "" }));
+            let row = bench_one(&session, p, prec, a).unwrap_or_else(|e| Row {
+                device: info.kind.into(),
+                adapter: info.adapter.clone(),
+                kernel: None,
+                precision: prec.name(),
+                shape: Shape::of(p),
+                ms: None,
+                tflops: None,
+                skipped: Some(e.to_string()),
+            });
+            if a.json {
+                bar.suspend(|| println!("{}", serde_json::to_string(&row).unwrap_or_default()));
+            }
+            rows.push(row);
+            bar.inc(1);
+        }
+    }
+    bar.finish_and_clear();
+    if !a.json {
+        println!("device: {} ({})", info.kind, info.adapter);
+        println!("{:<10} {:>4} {:>6} {:>5} {:>5} {:>7} {:>10} {:>9}  kernel", "precision", "hd", "seq", "batch", "heads", "causal", "ms", "TFLOP/s");
+        for r in &rows {
+            let s = &r.shape;
+            match (&r.ms, &r.tflops, &r.skipped) {
+                (Some(ms), Some(tf), _) => println!(
+                    "{:<10} {:>4} {:>6} {:>5} {:>5} {:>7} {:>10.3} {:>9.2}  {}",
+                    r.precision,
+                    s.head_dim,
+                    s.seq,
+                    s.batch,
+                    s.heads,
+                    s.causal,
+                    ms,
+                    tf,
+                    r.kernel.as_deref().unwrap_or("")
+                ),
+                (_, _, skipped) => println!(
+                    "{:<10} {:>4} {:>6} {:>5} {:>5} {:>7}  skipped: {}",
+                    r.precision,
+                    s.head_dim,
+                    s.seq,
+                    s.batch,
+                    s.heads,
+                    s.causal,
+                    skipped.as_deref().unwrap_or("")
+                ),
+            }
+        }
+    }
+    Ok(0)
+}
+
+fn bench_one(session: &Session, p: &AttentionProblem, prec: Precision, a: &BenchArgs) -> anyhow::Result<Row> {
+    let info = session.info();
+    let plan = session.plan(p, prec, a.dev.strategy())?;
+    let (q, k, v) = check::inputs(p, prec, 17);
+    let mut r = session.upload(&plan, &q, &k, &v)?;
+    let mut t = session.time(&mut r, a.warmup, a.iters.max(1))?;
+    let ms = check::median(&mut t);
+    Ok(Row {
+        device: info.kind.into(),
+        adapter: info.adapter,
+        kernel: Some(plan.kernel.clone()),
+        precision: prec.name(),
+        shape: Shape::of(p),
+        ms: Some(ms),
+        tflops: Some(flops(p) / (ms * 1e-3) / 1e12),
+        skipped: None,
+    })
+}

@@ -1,0 +1,165 @@
+//! `quattn selftest`: every precision × shape class on every device present, each against the
+//! f64 reference with the precision's tolerance. Unsupported pairs are listed as skipped with the
+//! library's reason; any failure makes the exit status non-zero.
+
+use indicatif::{ProgressBar, ProgressStyle};
+use quattn::{AttentionProblem, Device, Error, Layout, Precision, Session, Strategy};
+use serde::Serialize;
+
+use crate::args::{DeviceArg, SelftestArgs};
+use crate::check::{self, Accuracy};
+use crate::run::Shape;
+
+#[derive(Serialize)]
+struct Case {
+    device: String,
+    adapter: String,
+    strategy: String,
+    precision: String,
+    kernel: Option<String>,
+    shape: Shape,
+    status: &'static str,
+    accuracy: Option<Accuracy>,
+    reason: Option<String>,
+}
+
+/// Shape classes: single query row, GQA with ragged lengths, causal with q_len > kv_len, both
+/// layouts, every head dim the kernels know.
+pub fn shapes(quick: bool) -> Vec<AttentionProblem> {
+    let mut v = vec![
+        AttentionProblem::new(1, 2, 1, 64).kv_len(77),
+        AttentionProblem::new(1, 8, 17, 64).kv_heads(2).kv_len(45).causal(true),
+        AttentionProblem::new(2, 4, 127, 32).causal(true).layout(Layout::Bshd),
+        AttentionProblem::new(1, 2, 300, 128).kv_len(200).causal(true),
+        AttentionProblem::new(1, 2, 64, 96).kv_len(130),
+        AttentionProblem::new(1, 1, 33, 256).kv_len(65).layout(Layout::Bshd),
+    ];
+    if !quick {
+        v.push(AttentionProblem::new(2, 8, 256, 128).kv_heads(1).causal(true));
+        v.push(AttentionProblem::new(1, 4, 513, 64).kv_len(1031).layout(Layout::Bshd));
+    }
+    v.into_iter().map(|p| p.with_lse(true)).collect()
+}
+
+fn devices(a: &SelftestArgs) -> Vec<Device> {
+    let wanted: Vec<DeviceArg> = if a.devices.is_empty() { vec![DeviceArg::Cpu, DeviceArg::Wgpu, DeviceArg::Cuda] } else { a.devices.clone() };
+    wanted
+        .into_iter()
+        .filter_map(|d| match d {
+            DeviceArg::Auto => Some(Device::Auto),
+            DeviceArg::Cpu => Some(Device::Cpu),
+            DeviceArg::Wgpu => Some(Device::Wgpu(quattn::WgpuAdapter::Default)),
+            DeviceArg::Cuda => Some(Device::Cuda(0)),
+        })
+        .collect()
+}
+
+pub fn main(a: &SelftestArgs) -> anyhow::Result<i32> {
+    let shapes = shapes(a.quick);
+    let precisions = Precision::all_named();
+    let mut cases = Vec::new();
+    let mut sessions = Vec::new();
+    for d in devices(a) {
+        match Session::new(d) {
+            Ok(s) => sessions.push(s),
+            Err(e) => eprintln!("selftest: skipping {d}: {e}"),
+        }
+    }
+    let strategies = [Strategy::Auto, Strategy::Reference];
+    let total = sessions.len() * shapes.len() * precisions.len() * strategies.len();
+    let bar = ProgressBar::new(total as u64);
+    bar.set_style(ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}").unwrap_or_else(|_| ProgressStyle::default_bar()));
+    for (si, session) in sessions.iter().enumerate() {
+        let info = session.info();
+        for strategy in strategies {
+            // The emulation is device-independent: run it once, on the first session.
+            if strategy == Strategy::Reference && si > 0 {
+                bar.inc((shapes.len() * precisions.len()) as u64);
+                continue;
+            }
+            for p in &shapes {
+                for &prec in &precisions {
+                    bar.set_message(format!("{} {:?} {}", info.kind, strategy, prec));
+                    let case = run_case(session, p, prec, strategy);
+                    if a.json {
+                        bar.suspend(|| println!("{}", serde_json::to_string(&case).unwrap_or_default()));
+                    }
+                    cases.push(case);
+                    bar.inc(1);
+                }
+            }
+        }
+    }
+    bar.finish_and_clear();
+    let failed: Vec<&Case> = cases.iter().filter(|c| c.status == "fail").collect();
+    let passed = cases.iter().filter(|c| c.status == "pass").count();
+    let skipped = cases.len() - passed - failed.len();
+    if !a.json {
+        for c in &failed {
+            println!(
+                "FAIL {} {} {} {:?}: {}",
+                c.device,
+                c.strategy,
+                c.precision,
+                (c.shape.batch, c.shape.heads, c.shape.kv_heads, c.shape.seq, c.shape.kv_seq, c.shape.head_dim, c.shape.causal),
+                c.reason.as_deref().unwrap_or("")
+            );
+        }
+        let mut by: std::collections::BTreeMap<(String, String), (usize, usize, usize)> = Default::default();
+        for c in &cases {
+            let e = by.entry((c.device.clone(), c.strategy.clone())).or_default();
+            match c.status {
+                "pass" => e.0 += 1,
+                "fail" => e.1 += 1,
+                _ => e.2 += 1,
+            }
+        }
+        for ((dev, strat), (p, f, s)) in by {
+            println!("{dev:<6} {strat:<10} {p} passed, {f} failed, {s} skipped");
+        }
+    }
+    println!("selftest: {passed} passed, {} failed, {skipped} skipped", failed.len());
+    Ok(if failed.is_empty() { 0 } else { 1 })
+}
+
+fn run_case(session: &Session, p: &AttentionProblem, prec: Precision, strategy: Strategy) -> Case {
+    let info = session.info();
+    let mut case = Case {
+        device: info.kind.into(),
+        adapter: info.adapter,
+        strategy: format!("{strategy:?}"),
+        precision: prec.name(),
+        kernel: None,
+        shape: Shape::of(p),
+        status: "skip",
+        accuracy: None,
+        reason: None,
+    };
+    let plan = match session.plan(p, prec, strategy) {
+        Ok(plan) => plan,
+        Err(e @ (Error::UnsupportedPrecision { .. } | Error::UnsupportedHeadDim { .. } | Error::UnsupportedStrategy { .. } | Error::UnsupportedVHeadDim { .. })) => {
+            case.reason = Some(e.to_string());
+            return case;
+        }
+        Err(e) => {
+            case.status = "fail";
+            case.reason = Some(format!("plan: {e}"));
+            return case;
+        }
+    };
+    case.kernel = Some(plan.kernel.clone());
+    let (q, k, v) = check::inputs(p, prec, 0x5e1f ^ (p.q_len as u64 * 131 + p.head_dim as u64));
+    let result = session.run(&plan, &q, &k, &v).map_err(anyhow::Error::from).and_then(|out| check::check(p, prec, &q, &k, &v, &out));
+    match result {
+        Ok(acc) => {
+            case.status = if acc.passed { "pass" } else { "fail" };
+            case.reason = acc.failure.clone();
+            case.accuracy = Some(acc);
+        }
+        Err(e) => {
+            case.status = "fail";
+            case.reason = Some(format!("{e:#}"));
+        }
+    }
+    case
+}

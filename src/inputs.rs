@@ -1,0 +1,57 @@
+//! Random test inputs as the project uses them everywhere (tests, `quattn run`, benchmarks):
+//! unit normal values with a few large outliers, since real activations have them and they are
+//! what breaks low-precision kernels.
+
+use rand::{Rng, SeedableRng};
+use rand_distr::StandardNormal;
+
+use crate::AttentionProblem;
+
+/// Fraction of elements replaced by outliers.
+pub const OUTLIER_FRACTION: f64 = 0.001;
+/// Outlier magnitude in standard deviations.
+pub const OUTLIER_SIGMA: f32 = 8.0;
+
+/// `n` values from N(0, 1) where a fraction [`OUTLIER_FRACTION`] is ±[`OUTLIER_SIGMA`] times a
+/// value from U(0.5, 1); deterministic in `seed`.
+pub fn normal_with_outliers(n: usize, seed: u64) -> Vec<f32> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    (0..n)
+        .map(|_| {
+            if rng.random_bool(OUTLIER_FRACTION) {
+                let sign = if rng.random_bool(0.5) { 1.0 } else { -1.0 };
+                sign * OUTLIER_SIGMA * rng.random_range(0.5f32..1.0)
+            } else {
+                rng.sample::<f32, _>(StandardNormal)
+            }
+        })
+        .collect()
+}
+
+/// Q, K, V for `problem` (each from its own stream of `seed`).
+pub fn qkv(problem: &AttentionProblem, seed: u64) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    (
+        normal_with_outliers(problem.q_len_elems(), seed.wrapping_mul(3)),
+        normal_with_outliers(problem.k_len_elems(), seed.wrapping_mul(3).wrapping_add(1)),
+        normal_with_outliers(problem.v_len_elems(), seed.wrapping_mul(3).wrapping_add(2)),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statistics_and_outliers() {
+        let x = normal_with_outliers(200_000, 7);
+        let mean = x.iter().map(|&v| v as f64).sum::<f64>() / x.len() as f64;
+        let var = x.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / x.len() as f64;
+        assert!(mean.abs() < 0.02, "mean {mean}");
+        assert!((var - 1.0).abs() < 0.1, "var {var}");
+        let big = x.iter().filter(|v| v.abs() >= 4.0).count();
+        // ~200 outliers expected (0.1%); a pure normal gives ~13 values beyond 4σ.
+        assert!((120..320).contains(&big), "outliers {big}");
+        assert_ne!(x, normal_with_outliers(200_000, 8));
+        assert_eq!(x, normal_with_outliers(200_000, 7));
+    }
+}

@@ -1,0 +1,189 @@
+//! Error metrics, per-precision tolerances and the one FLOP count of the project.
+
+use crate::precision::{Fp8Format, Nvfp4V, Precision, PvAccum, QkAccum};
+use crate::problem::AttentionProblem;
+
+/// How far an output is from a reference. NaN anywhere in the output makes every metric NaN, so
+/// no comparison with a tolerance can pass.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ErrorMetrics {
+    /// ‖x − r‖₂ / ‖r‖₂.
+    pub rel_l2: f64,
+    /// ‖x − r‖₁ / ‖r‖₁.
+    pub rel_l1: f64,
+    /// x·r / (‖x‖ ‖r‖).
+    pub cos_sim: f64,
+    /// max |x − r|.
+    pub max_abs: f64,
+    /// sqrt(mean (x − r)²).
+    pub rmse: f64,
+}
+
+impl ErrorMetrics {
+    /// Compares `x` with the reference `r` (same length; a length mismatch gives NaN metrics).
+    pub fn compare<X: Copy + Into<f64>>(x: &[X], r: &[f64]) -> ErrorMetrics {
+        let nan = ErrorMetrics { rel_l2: f64::NAN, rel_l1: f64::NAN, cos_sim: f64::NAN, max_abs: f64::NAN, rmse: f64::NAN };
+        if x.len() != r.len() || x.is_empty() {
+            return nan;
+        }
+        let (mut d2, mut r2, mut x2, mut d1, mut r1, mut dot, mut max) = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0f64);
+        for (&xi, &ri) in x.iter().zip(r) {
+            let xi: f64 = xi.into();
+            if xi.is_nan() {
+                return nan;
+            }
+            let d = xi - ri;
+            d2 += d * d;
+            d1 += d.abs();
+            r2 += ri * ri;
+            r1 += ri.abs();
+            x2 += xi * xi;
+            dot += xi * ri;
+            max = max.max(d.abs());
+        }
+        let safe = |num: f64, den: f64| if den > 0.0 { num / den } else if num == 0.0 { 0.0 } else { f64::INFINITY };
+        ErrorMetrics {
+            rel_l2: safe(d2.sqrt(), r2.sqrt()),
+            rel_l1: safe(d1, r1),
+            cos_sim: if x2 > 0.0 && r2 > 0.0 { dot / (x2.sqrt() * r2.sqrt()) } else if x2 == r2 { 1.0 } else { 0.0 },
+            max_abs: max,
+            rmse: (d2 / x.len() as f64).sqrt(),
+        }
+    }
+}
+
+/// Finite values of an LSE vector compared to a reference; infinities must match exactly
+/// (rows that see no key have LSE = -inf). Returns `None` when the infinities differ.
+pub fn compare_lse(x: &[f32], r: &[f64]) -> Option<ErrorMetrics> {
+    if x.len() != r.len() {
+        return None;
+    }
+    let mut xs = Vec::with_capacity(x.len());
+    let mut rs = Vec::with_capacity(r.len());
+    for (&xi, &ri) in x.iter().zip(r) {
+        if ri.is_infinite() || xi.is_infinite() {
+            if (xi as f64) != ri {
+                return None;
+            }
+        } else {
+            xs.push(xi);
+            rs.push(ri);
+        }
+    }
+    if xs.is_empty() {
+        return Some(ErrorMetrics { rel_l2: 0.0, rel_l1: 0.0, cos_sim: 1.0, max_abs: 0.0, rmse: 0.0 });
+    }
+    Some(ErrorMetrics::compare(&xs, &rs))
+}
+
+/// Per-precision bounds on the error against the f64 reference, for inputs drawn from a unit
+/// normal with a few outliers (what the tests and `quattn run` use). Each bound is set from the
+/// format's unit roundoff and the places a kernel rounds, not from observed results.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Tolerance {
+    pub max_rel_l2: f64,
+    pub min_cos_sim: f64,
+    /// Bound on max-abs relative to the reference's largest magnitude.
+    pub max_abs_rel: f64,
+}
+
+impl Tolerance {
+    /// `for` is a keyword; this is `Tolerance::for(precision)`.
+    pub fn for_precision(precision: Precision) -> Tolerance {
+        // u = unit roundoff of the format the data passes through on its way to the output.
+        let t = |rel_l2: f64, cos: f64, abs: f64| Tolerance { max_rel_l2: rel_l2, min_cos_sim: cos, max_abs_rel: abs };
+        match precision {
+            // f32 everywhere: error grows like u·sqrt(n) with u = 6e-8.
+            Precision::F32 => t(1e-5, 0.999_999, 1e-4),
+            // Inputs and P rounded to f16 (u = 4.9e-4): a few u in relative L2.
+            Precision::F16 { qk, pv } => match (qk, pv) {
+                (QkAccum::F32, PvAccum::F32) => t(2e-3, 0.999_99, 2e-2),
+                (QkAccum::TwoStage, _) | (QkAccum::F32, PvAccum::F16PerTile) => t(4e-3, 0.999_9, 4e-2),
+                // f16 accumulation of the logits: error per logit grows with head_dim·|s|.
+                (QkAccum::F16, _) => t(1e-2, 0.999_5, 1e-1),
+            },
+            // bf16: u = 3.9e-3.
+            Precision::Bf16 { qk, .. } => match qk {
+                QkAccum::F32 => t(1.6e-2, 0.999_8, 1e-1),
+                _ => t(3e-2, 0.999_5, 2e-1),
+            },
+            // INT8 Q/K (127 levels per scale group) plus f16 P and V.
+            Precision::Int8Qk { .. } => t(3e-2, 0.999_5, 2e-1),
+            Precision::Fp8 { format, .. } => match format {
+                Fp8Format::E4M3 => t(6e-2, 0.998, 3e-1),
+                Fp8Format::E5M2 => t(1.2e-1, 0.993, 5e-1),
+            },
+            Precision::Nvfp4 { v } => match v {
+                Nvfp4V::Bf16 => t(2.5e-1, 0.97, 1.0),
+                Nvfp4V::Nvfp4 => t(3.5e-1, 0.94, 1.5),
+            },
+        }
+    }
+
+    /// Whether `m` (against a reference whose largest magnitude is `ref_max_abs`) is within bounds.
+    pub fn accepts(&self, m: &ErrorMetrics, ref_max_abs: f64) -> bool {
+        m.rel_l2 <= self.max_rel_l2 && m.cos_sim >= self.min_cos_sim && m.max_abs <= self.max_abs_rel * ref_max_abs.max(1e-30)
+    }
+}
+
+/// FLOPs of one forward pass, FlashAttention's count: 2 matmuls × 2 FLOP per MAC,
+/// `4 · B · H · Sq · Sk · D` (with D the mean of head_dim and v_head_dim), halved for causal.
+pub fn flops(problem: &AttentionProblem) -> f64 {
+    let p = problem;
+    let d = (p.head_dim + p.v_head_dim) as f64 / 2.0;
+    let full = 4.0 * p.batch as f64 * p.q_heads as f64 * p.q_len as f64 * p.kv_len as f64 * d;
+    if p.causal {
+        full / 2.0
+    } else {
+        full
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metrics_of_known_vectors() {
+        let r = [3.0, 4.0];
+        let m = ErrorMetrics::compare(&[3.0f64, 4.0], &r);
+        assert_eq!((m.rel_l2, m.max_abs, m.rmse), (0.0, 0.0, 0.0));
+        assert!((m.cos_sim - 1.0).abs() < 1e-15);
+        let m = ErrorMetrics::compare(&[3.0f64, 5.0], &r);
+        assert!((m.rel_l2 - 0.2).abs() < 1e-15);
+        assert!((m.rel_l1 - 1.0 / 7.0).abs() < 1e-15);
+        assert_eq!(m.max_abs, 1.0);
+        assert!((m.rmse - (0.5f64).sqrt()).abs() < 1e-15);
+        let m = ErrorMetrics::compare(&[-3.0f64, -4.0], &r);
+        assert!((m.cos_sim + 1.0).abs() < 1e-15);
+    }
+
+    #[test]
+    fn nan_poisons_every_metric() {
+        let m = ErrorMetrics::compare(&[1.0f32, f32::NAN], &[1.0, 1.0]);
+        assert!(m.rel_l2.is_nan() && m.cos_sim.is_nan());
+        assert!(!Tolerance::for_precision(Precision::F32).accepts(&m, 1.0));
+    }
+
+    #[test]
+    fn lse_infinities_must_match() {
+        assert!(compare_lse(&[f32::NEG_INFINITY, 1.0], &[f64::NEG_INFINITY, 1.0]).is_some());
+        assert!(compare_lse(&[0.0, 1.0], &[f64::NEG_INFINITY, 1.0]).is_none());
+    }
+
+    #[test]
+    fn flops_counts_and_halves_for_causal() {
+        let p = AttentionProblem::new(2, 3, 5, 8).kv_len(7);
+        assert_eq!(flops(&p), 4.0 * 2.0 * 3.0 * 5.0 * 7.0 * 8.0);
+        assert_eq!(flops(&p.causal(true)), flops(&p) / 2.0);
+    }
+
+    #[test]
+    fn tolerances_tighten_with_precision() {
+        let f32t = Tolerance::for_precision(Precision::F32);
+        let f16t = Tolerance::for_precision(Precision::F16_DEFAULT);
+        let bf16t = Tolerance::for_precision(Precision::BF16_DEFAULT);
+        let fp8t = Tolerance::for_precision(Precision::FP8_DEFAULT);
+        assert!(f32t.max_rel_l2 < f16t.max_rel_l2 && f16t.max_rel_l2 < bf16t.max_rel_l2 && bf16t.max_rel_l2 < fp8t.max_rel_l2);
+    }
+}

@@ -1,0 +1,213 @@
+//! [`Session`]: device state kept across calls (clients, compiled kernels), planning, upload,
+//! launch and timing.
+
+use crate::backend::{cpu::CpuBackend, Backend, ResidentData};
+use crate::error::{Error, Result};
+use crate::tensor::{Element, HostSlice};
+use crate::{AttentionProblem, Device, Precision, Strategy};
+
+/// What a session runs on, as reported to users.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceInfo {
+    pub device: Device,
+    /// `cpu`, `wgpu` or `cuda`.
+    pub kind: &'static str,
+    /// Adapter or GPU name.
+    pub adapter: String,
+}
+
+/// The path a plan takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Path {
+    /// A kernel of the session's backend.
+    Device,
+    /// The CPU emulation of the precision ([`Strategy::Reference`]).
+    Emulation,
+}
+
+/// A validated problem with its kernel chosen; reusable across calls.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    pub problem: AttentionProblem,
+    pub precision: Precision,
+    pub strategy: Strategy,
+    pub path: Path,
+    /// The kernel that will run.
+    pub kernel: String,
+}
+
+/// Result of one call: O in the problem's layout (f32), LSE `[batch, q_heads, q_len]` when asked.
+#[derive(Debug, Clone)]
+pub struct Output {
+    pub o: Vec<f32>,
+    pub lse: Option<Vec<f32>>,
+    pub kernel: String,
+}
+
+/// Inputs (and output buffers) living on the session's device, so repeated launches and timing
+/// exclude host transfers.
+pub struct Resident {
+    plan: Plan,
+    data: ResidentData,
+}
+
+impl Resident {
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+}
+
+/// Host copies for the emulation path.
+struct EmulationData {
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    out: Option<(Vec<f32>, Vec<f32>)>,
+}
+
+/// Device state kept across calls.
+pub struct Session {
+    backend: Box<dyn Backend>,
+}
+
+impl Session {
+    /// Opens `device`. `Device::Auto` takes the best device present: a CUDA GPU, else a hardware
+    /// wgpu adapter, else the CPU.
+    pub fn new(device: Device) -> Result<Session> {
+        let backend: Box<dyn Backend> = match device {
+            Device::Cpu | Device::Auto => Box::new(CpuBackend::new()),
+            Device::Wgpu(_) | Device::Cuda(_) => {
+                return Err(Error::DeviceUnavailable {
+                    device,
+                    reason: "the GPU backends are not part of this build yet".into(),
+                })
+            }
+        };
+        let s = Session { backend };
+        log::info!("quattn session on {:?}", s.info());
+        Ok(s)
+    }
+
+    pub fn info(&self) -> DeviceInfo {
+        self.backend.info()
+    }
+
+    /// Validates the problem and picks the kernel; all checks happen here, before any work.
+    pub fn plan(&self, problem: &AttentionProblem, precision: Precision, strategy: Strategy) -> Result<Plan> {
+        problem.validate()?;
+        let (path, kernel) = match strategy {
+            Strategy::Reference => {
+                (Path::Emulation, format!("emulate_{}", precision.name()))
+            }
+            _ => {
+                let choice = self.backend.select(problem, precision, strategy)?;
+                log::debug!("{}: {}", choice.name, choice.reason);
+                (Path::Device, choice.name)
+            }
+        };
+        Ok(Plan { problem: *problem, precision, strategy, path, kernel })
+    }
+
+    /// Plans and runs in one call, host slices in, host vectors out.
+    pub fn run<T: Element>(&self, plan: &Plan, q: &[T], k: &[T], v: &[T]) -> Result<Output> {
+        let mut r = self.upload(plan, q, k, v)?;
+        self.execute(&mut r)?;
+        self.download(&r)
+    }
+
+    pub fn upload<T: Element>(&self, plan: &Plan, q: &[T], k: &[T], v: &[T]) -> Result<Resident> {
+        self.upload_slices(plan, T::host_slice(q), T::host_slice(k), T::host_slice(v))
+    }
+
+    /// Like [`Session::upload`] with element types chosen at run time.
+    pub fn upload_slices(&self, plan: &Plan, q: HostSlice<'_>, k: HostSlice<'_>, v: HostSlice<'_>) -> Result<Resident> {
+        plan.problem.check_lengths(q.len(), k.len(), v.len())?;
+        let data: ResidentData = match plan.path {
+            Path::Emulation => Box::new(EmulationData { q: q.to_f32_vec(), k: k.to_f32_vec(), v: v.to_f32_vec(), out: None }),
+            Path::Device => self.backend.upload(plan, q, k, v)?,
+        };
+        Ok(Resident { plan: plan.clone(), data })
+    }
+
+    /// Launches on the resident data; on GPUs this may return before the device finishes.
+    pub fn execute(&self, r: &mut Resident) -> Result<()> {
+        match r.plan.path {
+            Path::Emulation => {
+                let d = emulation_data(&r.plan, &mut r.data)?;
+                d.out = Some(run_emulation(&r.plan, &d.q, &d.k, &d.v)?);
+                Ok(())
+            }
+            Path::Device => self.backend.execute(&r.plan, &mut r.data),
+        }
+    }
+
+    pub fn synchronize(&self) -> Result<()> {
+        self.backend.synchronize()
+    }
+
+    /// Waits for the device and copies O (and LSE) back.
+    pub fn download(&self, r: &Resident) -> Result<Output> {
+        let (o, lse) = match r.plan.path {
+            Path::Emulation => {
+                let d = r.data.downcast_ref::<EmulationData>().and_then(|d| d.out.as_ref()).ok_or_else(|| Error::Kernel {
+                    kernel: r.plan.kernel.clone(),
+                    reason: "download before execute".into(),
+                })?;
+                (d.0.clone(), r.plan.problem.return_lse.then(|| d.1.clone()))
+            }
+            Path::Device => {
+                self.backend.synchronize()?;
+                self.backend.download(&r.plan, &r.data)?
+            }
+        };
+        Ok(Output { o, lse, kernel: r.plan.kernel.clone() })
+    }
+
+    /// Milliseconds per execution on resident data: `iters` samples after `warmup` runs, timed
+    /// on the device where the backend can.
+    pub fn time(&self, r: &mut Resident, warmup: usize, iters: usize) -> Result<Vec<f64>> {
+        match r.plan.path {
+            Path::Device => self.backend.time(&r.plan, &mut r.data, warmup, iters),
+            Path::Emulation => {
+                let mut v = Vec::with_capacity(iters);
+                for i in 0..warmup + iters {
+                    let t = std::time::Instant::now();
+                    self.execute(r)?;
+                    if i >= warmup {
+                        v.push(t.elapsed().as_secs_f64() * 1e3);
+                    }
+                }
+                Ok(v)
+            }
+        }
+    }
+}
+
+/// The CPU emulation of the plan's precision: (O, LSE).
+fn run_emulation(plan: &Plan, _q: &[f32], _k: &[f32], _v: &[f32]) -> Result<(Vec<f32>, Vec<f32>)> {
+    Err(Error::UnsupportedPrecision {
+        precision: plan.precision,
+        device: "cpu emulation".into(),
+        reason: "emulation not wired yet".into(),
+    })
+}
+
+fn emulation_data<'a>(plan: &Plan, data: &'a mut ResidentData) -> Result<&'a mut EmulationData> {
+    data.downcast_mut::<EmulationData>().ok_or_else(|| Error::Kernel {
+        kernel: plan.kernel.clone(),
+        reason: "resident data belongs to another path".into(),
+    })
+}
+
+/// One-call attention on the best device present with the accurate default strategy.
+pub fn attention<T: Element>(
+    problem: &AttentionProblem,
+    precision: Precision,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+) -> Result<Output> {
+    let s = Session::new(Device::Auto)?;
+    let plan = s.plan(problem, precision, Strategy::Auto)?;
+    s.run(&plan, q, k, v)
+}
