@@ -1,7 +1,7 @@
 //! [`Session`]: device state kept across calls (clients, compiled kernels), planning, upload,
 //! launch and timing.
 
-use crate::backend::{cpu::CpuBackend, Backend, ResidentData};
+use crate::backend::{self, Backend, ResidentData};
 use crate::error::{Error, Result};
 use crate::tensor::{Element, HostSlice};
 use crate::{AttentionProblem, Device, Precision, Strategy};
@@ -74,15 +74,7 @@ impl Session {
     /// Opens `device`. `Device::Auto` takes the best device present: a CUDA GPU, else a hardware
     /// wgpu adapter, else the CPU.
     pub fn new(device: Device) -> Result<Session> {
-        let backend: Box<dyn Backend> = match device {
-            Device::Cpu | Device::Auto => Box::new(CpuBackend::new()),
-            Device::Wgpu(_) | Device::Cuda(_) => {
-                return Err(Error::DeviceUnavailable {
-                    device,
-                    reason: "the GPU backends are not part of this build yet".into(),
-                })
-            }
-        };
+        let backend = backend::open(device)?;
         let s = Session { backend };
         log::info!("quattn session on {:?}", s.info());
         Ok(s)

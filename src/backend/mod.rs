@@ -3,6 +3,8 @@
 //! [`Error::NotCompiledWith`].
 
 pub(crate) mod cpu;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub(crate) mod gpu;
 
 use std::any::Any;
 use std::time::Instant;
@@ -10,7 +12,8 @@ use std::time::Instant;
 use crate::error::Result;
 use crate::session::{DeviceInfo, Plan};
 use crate::tensor::HostSlice;
-use crate::{AttentionProblem, Precision, Strategy};
+use crate::error::Error;
+use crate::{AttentionProblem, Device, Precision, Strategy, WgpuAdapter};
 
 /// Device-resident inputs and outputs of one planned call (backend-specific).
 pub(crate) type ResidentData = Box<dyn Any + Send>;
@@ -51,4 +54,135 @@ pub(crate) trait Backend: Send + Sync {
         }
         Ok(out)
     }
+}
+
+/// Opens the backend for `device`; `Device::Auto` resolves to a CUDA GPU, else a hardware wgpu
+/// adapter, else the CPU.
+pub(crate) fn open(device: Device) -> Result<Box<dyn Backend>> {
+    match device {
+        Device::Cpu => Ok(Box::new(cpu::CpuBackend::new())),
+        Device::Auto => {
+            if cuda_device_count() > 0 {
+                match open(Device::Cuda(0)) {
+                    Ok(b) => return Ok(b),
+                    Err(e) => log::warn!("auto: CUDA present but not usable ({e}); trying wgpu"),
+                }
+            }
+            if let Some(adapter) = hardware_wgpu_adapter() {
+                match open(Device::Wgpu(adapter)) {
+                    Ok(b) => return Ok(b),
+                    Err(e) => log::warn!("auto: wgpu adapter not usable ({e}); using the CPU"),
+                }
+            }
+            Ok(Box::new(cpu::CpuBackend::new()))
+        }
+        Device::Wgpu(adapter) => open_wgpu(device, adapter),
+        Device::Cuda(ordinal) => open_cuda(device, ordinal),
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_device_count() -> usize {
+    if !quattn_native::device::driver_available() {
+        return 0;
+    }
+    quattn_native::device::device_count().unwrap_or(0)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_device_count() -> usize {
+    0
+}
+
+#[cfg(feature = "cuda")]
+fn open_cuda(device: Device, ordinal: usize) -> Result<Box<dyn Backend>> {
+    let n = cuda_device_count();
+    if ordinal >= n {
+        return Err(Error::DeviceUnavailable {
+            device,
+            reason: if quattn_native::device::driver_available() {
+                format!("{n} CUDA device(s) present")
+            } else {
+                "no CUDA driver (libcuda) on this machine".into()
+            },
+        });
+    }
+    let name = quattn_native::device::device_name(ordinal).unwrap_or_else(|e| format!("CUDA device {ordinal} ({e})"));
+    let b = gpu::CubeclBackend::<cubecl::cuda::CudaRuntime>::open(device, cubecl::cuda::CudaDevice::new(ordinal), "cuda", name)?;
+    Ok(Box::new(b))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn open_cuda(_device: Device, _ordinal: usize) -> Result<Box<dyn Backend>> {
+    Err(Error::NotCompiledWith { feature: "cuda", what: "CUDA devices" })
+}
+
+/// Adapters wgpu sees, as (class, index within class, name).
+#[cfg(feature = "wgpu")]
+fn wgpu_adapters() -> Vec<(WgpuAdapter, String)> {
+    // The primary backends only (Vulkan, Metal, DX12): the GL backend is not one CubeCL uses,
+    // and probing EGL prints to stderr on headless machines.
+    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
+    desc.backends = wgpu::Backends::PRIMARY;
+    let instance = wgpu::Instance::new(desc);
+    let adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::PRIMARY));
+    let mut counts = [0usize; 3];
+    let mut out = Vec::new();
+    for a in adapters {
+        let info = a.get_info();
+        let class = match info.device_type {
+            wgpu::DeviceType::DiscreteGpu => WgpuAdapter::Discrete({ counts[0] += 1; counts[0] - 1 }),
+            wgpu::DeviceType::IntegratedGpu => WgpuAdapter::Integrated({ counts[1] += 1; counts[1] - 1 }),
+            wgpu::DeviceType::VirtualGpu => WgpuAdapter::Virtual({ counts[2] += 1; counts[2] - 1 }),
+            wgpu::DeviceType::Cpu => WgpuAdapter::Software,
+            wgpu::DeviceType::Other => continue,
+        };
+        out.push((class, format!("{} ({:?})", info.name, info.backend)));
+    }
+    out
+}
+
+#[cfg(feature = "wgpu")]
+fn hardware_wgpu_adapter() -> Option<WgpuAdapter> {
+    wgpu_adapters().into_iter().map(|(c, _)| c).find(|c| *c != WgpuAdapter::Software)
+}
+
+#[cfg(not(feature = "wgpu"))]
+fn hardware_wgpu_adapter() -> Option<WgpuAdapter> {
+    None
+}
+
+#[cfg(feature = "wgpu")]
+fn open_wgpu(device: Device, adapter: WgpuAdapter) -> Result<Box<dyn Backend>> {
+    use cubecl::wgpu::{WgpuDevice, WgpuRuntime};
+    let adapters = wgpu_adapters();
+    // Resolve `Default` to a concrete adapter so the reported name is the one that runs:
+    // a discrete GPU first, then integrated, virtual, software.
+    let order = |c: &WgpuAdapter| match c {
+        WgpuAdapter::Discrete(_) => 0,
+        WgpuAdapter::Integrated(_) => 1,
+        WgpuAdapter::Virtual(_) => 2,
+        _ => 3,
+    };
+    let chosen = match adapter {
+        WgpuAdapter::Default => adapters.iter().min_by_key(|(c, _)| order(c)).cloned(),
+        want => adapters.iter().find(|(c, _)| *c == want).cloned(),
+    };
+    let Some((class, name)) = chosen else {
+        let seen: Vec<&str> = adapters.iter().map(|(_, n)| n.as_str()).collect();
+        return Err(Error::DeviceUnavailable { device, reason: format!("no such wgpu adapter; present: {seen:?}") });
+    };
+    let wd = match class {
+        WgpuAdapter::Discrete(i) => WgpuDevice::DiscreteGpu(i),
+        WgpuAdapter::Integrated(i) => WgpuDevice::IntegratedGpu(i),
+        WgpuAdapter::Virtual(i) => WgpuDevice::VirtualGpu(i),
+        _ => WgpuDevice::Cpu,
+    };
+    let b = gpu::CubeclBackend::<WgpuRuntime>::open(Device::Wgpu(class), wd, "wgpu", name)?;
+    Ok(Box::new(b))
+}
+
+#[cfg(not(feature = "wgpu"))]
+fn open_wgpu(_device: Device, _adapter: WgpuAdapter) -> Result<Box<dyn Backend>> {
+    Err(Error::NotCompiledWith { feature: "wgpu", what: "wgpu devices" })
 }

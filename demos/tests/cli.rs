@@ -1,0 +1,56 @@
+//! The `quattn` command line as scripts use it.
+
+use std::process::Command;
+
+fn quattn(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_quattn")).args(args).output().expect("run quattn")
+}
+
+#[test]
+fn run_cpu_f32_json_meets_the_reference() {
+    let out = quattn(&["run", "--device", "cpu", "--precision", "f32", "--batch", "1", "--heads", "4", "--seq", "512", "--head-dim", "64", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(stdout.trim().lines().count(), 1, "exactly one JSON object: {stdout}");
+    let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    for key in ["device", "adapter", "strategy", "kernel", "precision", "shape", "ms", "tflops", "rel_l2", "cos_sim", "max_abs"] {
+        assert!(v.get(key).is_some(), "missing {key}: {v}");
+    }
+    assert_eq!(v["device"], "cpu");
+    assert_eq!(v["precision"], "f32");
+    assert!(v["rel_l2"].as_f64().unwrap() < 1e-6, "{v}");
+    assert!(v["cos_sim"].as_f64().unwrap() > 0.999_999);
+    assert!(v["ms"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn invalid_inputs_exit_non_zero_with_a_message() {
+    for (args, needle) in [
+        (vec!["run", "--device", "cpu", "--heads", "4", "--kv-heads", "3"], "not a multiple"),
+        (vec!["run", "--device", "cpu", "--seq", "0"], "q_len"),
+        (vec!["run", "--device", "cpu", "--head-dim", "0"], "head_dim"),
+        (vec!["run", "--device", "cpu", "--scale", "nan"], "not a finite"),
+        (vec!["run", "--device", "cpu", "--precision", "int8"], "not supported on cpu"),
+        (vec!["run", "--device", "cpu", "--precision", "f64"], "unknown precision"),
+        (vec!["run", "--device", "cpu", "--strategy", "native"], "not available on cpu"),
+    ] {
+        let out = quattn(&args);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(needle), "{args:?}: stderr {err}");
+        assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
+    }
+}
+
+#[test]
+fn bench_and_selftest_exist() {
+    let out = quattn(&["bench", "--device", "cpu", "--head-dims", "32", "--seqs", "64", "--tokens", "64", "--width", "64", "--iters", "2", "--warmup", "1", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let rows: Vec<serde_json::Value> = String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(rows.len(), 2, "causal and non-causal rows");
+    assert!(rows.iter().all(|r| r["tflops"].as_f64().unwrap() > 0.0));
+    let out = quattn(&["selftest", "--devices", "cpu", "--quick"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("passed, 0 failed"), "{stdout}");
+}

@@ -1,0 +1,219 @@
+//! The CubeCL backend, generic over the runtime: one implementation serves wgpu (Vulkan, Metal,
+//! DX12, software adapters) and CUDA. Device buffers are CubeCL handles; timing uses CubeCL's
+//! profiler (device timestamps where the runtime has them).
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use cubecl::prelude::*;
+use cubecl::server::Handle;
+use half::{bf16, f16};
+use quattn_cubecl::{AttentionArgs, ElemType, LaunchError, SUPPORTED_HEAD_DIMS};
+
+use super::{Backend, KernelChoice, ResidentData};
+use crate::error::{Error, Result};
+use crate::precision::{PvAccum, QkAccum};
+use crate::session::{DeviceInfo, Plan};
+use crate::tensor::HostSlice;
+use crate::{AttentionProblem, Device, Precision, Strategy};
+
+pub(crate) struct CubeclBackend<R: Runtime> {
+    client: ComputeClient<R>,
+    info: DeviceInfo,
+}
+
+struct GpuData {
+    q: Handle,
+    k: Handle,
+    v: Handle,
+    o: Handle,
+    lse: Option<Handle>,
+    elem: ElemType,
+}
+
+impl<R: Runtime> CubeclBackend<R> {
+    /// Opens the CubeCL client; CubeCL panics when a device cannot be opened, which becomes a
+    /// typed error here.
+    pub(crate) fn open(device: Device, runtime_device: R::Device, kind: &'static str, adapter: String) -> Result<Self> {
+        let client = catch_unwind(AssertUnwindSafe(|| R::client(&runtime_device))).map_err(|p| Error::DeviceUnavailable {
+            device,
+            reason: format!("CubeCL could not open it: {}", panic_message(&p)),
+        })?;
+        Ok(CubeclBackend { client, info: DeviceInfo { device, kind, adapter } })
+    }
+
+    fn data<'a>(&self, plan: &Plan, data: &'a ResidentData) -> Result<&'a GpuData> {
+        data.downcast_ref::<GpuData>().ok_or_else(|| foreign(plan))
+    }
+}
+
+fn foreign(plan: &Plan) -> Error {
+    Error::Kernel { kernel: plan.kernel.clone(), reason: "resident data belongs to another backend".into() }
+}
+
+fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
+    p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_else(|| "unknown panic".into())
+}
+
+/// The element type the portable kernel reads for a precision, or why there is none.
+fn portable_elem(precision: Precision) -> std::result::Result<ElemType, &'static str> {
+    match precision {
+        Precision::F32 => Ok(ElemType::F32),
+        Precision::F16 { qk: QkAccum::F32, pv: PvAccum::F32 } => Ok(ElemType::F16),
+        Precision::Bf16 { qk: QkAccum::F32, pv: PvAccum::F32 } => Ok(ElemType::Bf16),
+        Precision::F16 { .. } | Precision::Bf16 { .. } => {
+            Err("the portable kernel accumulates in f32; f16 and two-stage accumulation need a matrix unit that offers them (native HMMA kernels)")
+        }
+        _ => Err("no portable kernel for this quantized mode yet"),
+    }
+}
+
+/// Whether the runtime can load, store and convert `elem` (the kernel computes in f32).
+fn elem_supported<R: Runtime>(client: &ComputeClient<R>, elem: ElemType) -> bool {
+    use cubecl::ir::features::TypeUsage;
+    use cubecl::ir::{ElemType as IrElem, FloatKind};
+    let kind = match elem {
+        ElemType::F32 => FloatKind::F32,
+        ElemType::F16 => FloatKind::F16,
+        ElemType::Bf16 => FloatKind::BF16,
+    };
+    let usage = client.features().type_usage(IrElem::Float(kind).into());
+    usage.contains(TypeUsage::Conversion) && usage.contains(TypeUsage::Buffer)
+}
+
+fn args_of(p: &AttentionProblem) -> AttentionArgs {
+    let s = |x: crate::Strides| [x.batch as u32, x.head as u32, x.seq as u32];
+    AttentionArgs {
+        batch: p.batch as u32,
+        q_heads: p.q_heads as u32,
+        kv_heads: p.kv_heads as u32,
+        q_len: p.q_len as u32,
+        kv_len: p.kv_len as u32,
+        head_dim: p.head_dim as u32,
+        v_head_dim: p.v_head_dim as u32,
+        causal: p.causal,
+        scale: p.softmax_scale(),
+        q_strides: s(p.q_strides()),
+        k_strides: s(p.k_strides()),
+        v_strides: s(p.v_strides()),
+        o_strides: s(p.o_strides()),
+        write_lse: p.return_lse,
+    }
+}
+
+fn launch_error(kernel: &str, path: &str, e: LaunchError) -> Error {
+    match e {
+        LaunchError::UnsupportedHeadDim { head_dim, supported, .. } => Error::UnsupportedHeadDim {
+            head_dim: head_dim as usize,
+            path: path.into(),
+            supported: supported.iter().map(|&d| d as usize).collect(),
+        },
+        e => Error::Kernel { kernel: kernel.into(), reason: e.to_string() },
+    }
+}
+
+fn to_bytes(x: HostSlice<'_>, elem: ElemType) -> Vec<u8> {
+    let v = x.to_f32_vec();
+    match elem {
+        ElemType::F32 => bytemuck::cast_slice(&v).to_vec(),
+        ElemType::F16 => bytemuck::cast_slice(&v.iter().map(|&a| f16::from_f32(a)).collect::<Vec<_>>()).to_vec(),
+        ElemType::Bf16 => bytemuck::cast_slice(&v.iter().map(|&a| bf16::from_f32(a)).collect::<Vec<_>>()).to_vec(),
+    }
+}
+
+fn from_bytes(b: &[u8], elem: ElemType) -> Vec<f32> {
+    match elem {
+        ElemType::F32 => bytemuck::pod_collect_to_vec::<u8, f32>(b),
+        ElemType::F16 => bytemuck::pod_collect_to_vec::<u8, f16>(b).into_iter().map(f16::to_f32).collect(),
+        ElemType::Bf16 => bytemuck::pod_collect_to_vec::<u8, bf16>(b).into_iter().map(bf16::to_f32).collect(),
+    }
+}
+
+impl<R: Runtime> Backend for CubeclBackend<R> {
+    fn info(&self) -> DeviceInfo {
+        self.info.clone()
+    }
+
+    fn select(&self, problem: &AttentionProblem, precision: Precision, strategy: Strategy) -> Result<KernelChoice> {
+        let device = format!("{} ({})", self.info.kind, self.info.adapter);
+        if let Strategy::Native(_) = strategy {
+            return Err(Error::UnsupportedStrategy { strategy, device, reason: "no native kernel is integrated for this device yet".into() });
+        }
+        let elem = portable_elem(precision).map_err(|reason| Error::UnsupportedPrecision { precision, device: device.clone(), reason: reason.into() })?;
+        for d in [problem.head_dim, problem.v_head_dim] {
+            if !SUPPORTED_HEAD_DIMS.contains(&(d as u32)) {
+                return Err(Error::UnsupportedHeadDim {
+                    head_dim: d,
+                    path: "the portable CubeCL kernel".into(),
+                    supported: SUPPORTED_HEAD_DIMS.iter().map(|&d| d as usize).collect(),
+                });
+            }
+        }
+        if !elem_supported(&self.client, elem) {
+            return Err(Error::UnsupportedPrecision { precision, device, reason: format!("the runtime has no {elem:?} buffers") });
+        }
+        Ok(KernelChoice {
+            name: format!("fwd_portable_{}_{}_d{}", self.info.kind, precision.input_dtype(), problem.head_dim),
+            reason: "portable CubeCL kernel".into(),
+        })
+    }
+
+    fn upload(&self, plan: &Plan, q: HostSlice<'_>, k: HostSlice<'_>, v: HostSlice<'_>) -> Result<ResidentData> {
+        let elem = portable_elem(plan.precision).map_err(|reason| Error::UnsupportedPrecision {
+            precision: plan.precision,
+            device: self.info.kind.into(),
+            reason: reason.into(),
+        })?;
+        let p = &plan.problem;
+        let c = &self.client;
+        Ok(Box::new(GpuData {
+            q: c.create_from_slice(&to_bytes(q, elem)),
+            k: c.create_from_slice(&to_bytes(k, elem)),
+            v: c.create_from_slice(&to_bytes(v, elem)),
+            o: c.empty(p.o_len_elems() * elem.size_bytes()),
+            lse: p.return_lse.then(|| c.empty(p.lse_len_elems() * 4)),
+            elem,
+        }))
+    }
+
+    fn execute(&self, plan: &Plan, data: &mut ResidentData) -> Result<()> {
+        let d = self.data(plan, data)?;
+        let args = args_of(&plan.problem);
+        quattn_cubecl::launch::<R>(&self.client, &args, d.elem, &d.q, &d.k, &d.v, &d.o, d.lse.as_ref())
+            .map_err(|e| launch_error(&plan.kernel, "the portable CubeCL kernel", e))?;
+        Ok(())
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        pollster::block_on(self.client.sync()).map_err(|e| Error::Kernel { kernel: "synchronize".into(), reason: format!("{e:?}") })
+    }
+
+    fn download(&self, plan: &Plan, data: &ResidentData) -> Result<(Vec<f32>, Option<Vec<f32>>)> {
+        let d = self.data(plan, data)?;
+        let read = |h: &Handle| {
+            self.client.read_one(h.clone()).map_err(|e| Error::Kernel { kernel: plan.kernel.clone(), reason: format!("read back: {e:?}") })
+        };
+        let o = from_bytes(&read(&d.o)?, d.elem);
+        let lse = match &d.lse {
+            Some(h) => Some(from_bytes(&read(h)?, ElemType::F32)),
+            None => None,
+        };
+        Ok((o[..plan.problem.o_len_elems()].to_vec(), lse.map(|l| l[..plan.problem.lse_len_elems()].to_vec())))
+    }
+
+    fn time(&self, plan: &Plan, data: &mut ResidentData, warmup: usize, iters: usize) -> Result<Vec<f64>> {
+        for _ in 0..warmup {
+            self.execute(plan, data)?;
+        }
+        self.synchronize()?;
+        let mut out = Vec::with_capacity(iters);
+        for _ in 0..iters {
+            let (r, dur) = self
+                .client
+                .profile(|| self.execute(plan, data), "quattn attention")
+                .map_err(|e| Error::Kernel { kernel: plan.kernel.clone(), reason: format!("profiling: {e:?}") })?;
+            r?;
+            out.push(pollster::block_on(dur.resolve()).duration().as_secs_f64() * 1e3);
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,173 @@
+//! FP8 tensors with f32 descales: the representation of Q, K and V in the FP8 attention mode.
+//!
+//! Recipe: over the elements sharing a descale, `descale = amax / max_finite(format)` (448 for
+//! E4M3, 57344 for E5M2; `amax == 0` gives `descale = 1`); code
+//! `encode(x / descale, Saturate)` (f32 division, RNE, saturating). Dequantize:
+//! `decode(code) · descale`. Saturation, not NaN/inf, because an amax computed on the same data
+//! keeps every `x / descale` within `±max` up to the division's rounding; saturating makes that
+//! last half-ulp harmless.
+//!
+//! Descale tensors ([`DescaleLayout`]), for a tensor of `heads` heads and `len` rows per head:
+//! * `DescaleGranularity::PerTensor`: `[1]`.
+//! * `PerHead`: `[batch, heads]`.
+//! * `PerBlock`: `[batch, heads, ceil(len / block_rows)]`, row `i` → `i / block_rows`; the
+//!   last block of a ragged length is partial. Attention uses `block_rows = block_q` for Q and
+//!   `block_k` for K and V (so one K or V descale per KV tile).
+//!
+//! GQA: Q descales are per Q head, K and V descales per KV head.
+
+use super::fp8::{self, Saturation};
+use crate::{DescaleGranularity, Error, Fp8Format, Result, Strides};
+
+/// Shape and index map of one tensor's descales.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DescaleLayout {
+    pub granularity: DescaleGranularity,
+    pub batch: usize,
+    pub heads: usize,
+    pub len: usize,
+    pub block_rows: usize,
+}
+
+impl DescaleLayout {
+    pub fn blocks(&self) -> usize {
+        self.len.div_ceil(self.block_rows.max(1))
+    }
+
+    pub fn shape(&self) -> Vec<usize> {
+        match self.granularity {
+            DescaleGranularity::PerTensor => vec![1],
+            DescaleGranularity::PerHead => vec![self.batch, self.heads],
+            DescaleGranularity::PerBlock => vec![self.batch, self.heads, self.blocks()],
+        }
+    }
+
+    pub fn count(&self) -> usize {
+        self.shape().iter().product()
+    }
+
+    /// Index of the descale of row `row` of head `h` in batch `b`.
+    #[inline]
+    pub fn index(&self, b: usize, h: usize, row: usize) -> usize {
+        match self.granularity {
+            DescaleGranularity::PerTensor => 0,
+            DescaleGranularity::PerHead => b * self.heads + h,
+            DescaleGranularity::PerBlock => (b * self.heads + h) * self.blocks() + row / self.block_rows,
+        }
+    }
+}
+
+/// Codes in the source tensor's layout plus descales laid out by [`DescaleLayout`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Fp8Tensor {
+    pub format: Fp8Format,
+    pub codes: Vec<u8>,
+    pub descales: Vec<f32>,
+    pub layout: DescaleLayout,
+}
+
+/// Descale for a group with largest magnitude `amax`.
+pub fn descale_for(format: Fp8Format, amax: f32) -> f32 {
+    if amax > 0.0 {
+        amax / fp8::max_finite(format)
+    } else {
+        1.0
+    }
+}
+
+impl Fp8Tensor {
+    /// Quantizes a 4-d tensor whose rows of `dim` contiguous elements start at
+    /// `strides.offset(b, h, row)`.
+    pub fn quantize(format: Fp8Format, x: &[f32], strides: Strides, dim: usize, layout: DescaleLayout) -> Result<Self> {
+        if layout.block_rows == 0 {
+            return Err(Error::Quantization("FP8 descale block of 0 rows".into()));
+        }
+        let expected = layout.batch * layout.heads * layout.len * dim;
+        if x.len() != expected {
+            return Err(Error::Quantization(format!("FP8 input holds {} values, the shape needs {expected}", x.len())));
+        }
+        if let Some(i) = x.iter().position(|v| !v.is_finite()) {
+            return Err(Error::Quantization(format!("FP8 input element {i} is {} (must be finite)", x[i])));
+        }
+        let rows = || {
+            (0..layout.batch).flat_map(move |b| {
+                (0..layout.heads).flat_map(move |h| (0..layout.len).map(move |i| (b, h, i, strides.offset(b, h, i))))
+            })
+        };
+        let mut amax = vec![0.0f32; layout.count()];
+        for (b, h, i, o) in rows() {
+            let a = &mut amax[layout.index(b, h, i)];
+            *a = x[o..][..dim].iter().fold(*a, |m, v| m.max(v.abs()));
+        }
+        let descales: Vec<f32> = amax.iter().map(|&a| descale_for(format, a)).collect();
+        let mut codes = vec![0u8; x.len()];
+        for (b, h, i, o) in rows() {
+            let d = descales[layout.index(b, h, i)];
+            for c in 0..dim {
+                codes[o + c] = fp8::encode(format, x[o + c] / d, Saturation::Saturate);
+            }
+        }
+        Ok(Fp8Tensor { format, codes, descales, layout })
+    }
+
+    /// Decoded code at flat position `i` (without the descale).
+    #[inline]
+    pub fn raw(&self, i: usize) -> f32 {
+        fp8::decode(self.format, self.codes[i])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Layout;
+
+    #[test]
+    fn descale_index_by_hand() {
+        let l = DescaleLayout { granularity: DescaleGranularity::PerBlock, batch: 2, heads: 3, len: 45, block_rows: 16 };
+        assert_eq!(l.shape(), vec![2, 3, 3]);
+        assert_eq!(l.index(1, 2, 44), 17);
+        assert_eq!(l.index(0, 1, 15), 3);
+        assert_eq!(DescaleLayout { granularity: DescaleGranularity::PerHead, ..l }.index(1, 2, 44), 5);
+        assert_eq!(DescaleLayout { granularity: DescaleGranularity::PerTensor, ..l }.index(1, 2, 44), 0);
+    }
+
+    #[test]
+    fn quantize_error_within_half_ulp_and_amax_maps_to_max() {
+        let strides = Strides::new(Layout::Bshd, 3, 45, 8);
+        let x: Vec<f32> = (0..2 * 3 * 45 * 8).map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 37.0).collect();
+        for format in [Fp8Format::E4M3, Fp8Format::E5M2] {
+            for g in [DescaleGranularity::PerTensor, DescaleGranularity::PerHead, DescaleGranularity::PerBlock] {
+                let l = DescaleLayout { granularity: g, batch: 2, heads: 3, len: 45, block_rows: 16 };
+                let t = Fp8Tensor::quantize(format, &x, strides, 8, l).unwrap();
+                let mant = match format {
+                    Fp8Format::E4M3 => 3,
+                    Fp8Format::E5M2 => 2,
+                };
+                for b in 0..2 {
+                    for h in 0..3 {
+                        for i in 0..45 {
+                            let d = t.descales[l.index(b, h, i)];
+                            for c in 0..8 {
+                                let o = strides.offset(b, h, i) + c;
+                                let y = x[o] / d;
+                                let err = (y - t.raw(o)).abs();
+                                // Relative half-ulp in the normal range, absolute below.
+                                let bound = (y.abs() * 2f32.powi(-mant - 1)).max(2f32.powi(-16));
+                                assert!(err <= bound * 1.0001, "{format:?} {g:?}: {y} -> {}", t.raw(o));
+                            }
+                        }
+                    }
+                }
+                let max_code = t.codes.iter().map(|&c| t.raw_code_abs(c)).fold(0.0f32, f32::max);
+                assert_eq!(max_code, fp8::max_finite(format));
+            }
+        }
+    }
+
+    impl Fp8Tensor {
+        fn raw_code_abs(&self, c: u8) -> f32 {
+            fp8::decode(self.format, c).abs()
+        }
+    }
+}

@@ -1,0 +1,486 @@
+//! Symmetric INT8 quantization of Q and K (SageAttention style), K smoothing, and the layout
+//! of the scale tensors that prepasses write and kernels read.
+//!
+//! # Element recipe
+//! `scale = amax / 127` (f32 division) over the elements sharing the scale; `amax == 0` gives
+//! `scale = 1` (all codes 0, and the scale stays a usable divisor). Code
+//! `q = clamp(rne(x / scale), -127, 127)` — a true f32 division then round-half-even
+//! (`__float2int_rn`); -128 is never produced, so the range is symmetric and `-q` never
+//! overflows. Dequantize: `q · scale`.
+//!
+//! Folding: a constant `fold` (for attention `softmax_scale · log2 e`) may be multiplied into
+//! the **stored** Q scale after the codes are computed (`stored = scale * fold`, one f32
+//! multiply), so the codes do not depend on it and `(q_i32 · k_i32) as f32 · (q_scale · k_scale)`
+//! is directly the base-2 logit.
+//!
+//! # Scale tensors ([`Int8ScaleLayout`])
+//! Indices below are row-major over the listed shape. `nqb = ceil(q_len / block_q)`,
+//! `nkb = ceil(kv_len / block_k)`; the last block of a ragged length is partial and its scale is
+//! taken over the rows that exist. Q scales are per **Q head**, K scales per **KV head** (GQA:
+//! Q head `h` multiplies by the K scales of KV head `h / (q_heads / kv_heads)`).
+//! * Q, [`Int8Granularity::PerBlock`]: `[batch, q_heads, nqb]`; row `i` → `i / block_q`.
+//! * Q, `PerWarp`: `[batch, q_heads, nqb, warps]`; warp `w = (i % block_q) / (block_q / warps)`
+//!   owns `block_q / warps` consecutive rows.
+//! * Q, `PerThread`: `[batch, q_heads, nqb, warps, 8]`, needs `block_q / warps == 16`. In an
+//!   `mma.m16n8k32` A fragment lane `l` holds rows `l / 4` and `l / 4 + 8` of its warp's 16 rows,
+//!   so the 4 lanes of group `g = l / 4` share rows `{g, g + 8}`: row `i` → group
+//!   `(i % block_q % 16) % 8`. A group whose rows are all past `q_len` has scale 1.
+//! * K: `[batch, kv_heads, nkb]`; key `j` → `j / block_k`.
+//!
+//! # K smoothing
+//! Before quantizing K, subtract its per-channel mean over the key sequence,
+//! `μ[b, kv_h, c] = mean_j K[b, kv_h, j, c]` (shape `[batch, kv_heads, head_dim]`). K often has
+//! a large per-channel offset shared by all keys; it inflates amax and so the quantization step,
+//! while carrying no information for attention: `q · (k_j − μ) = q · k_j − q · μ`, and `q · μ`
+//! is the same for every key `j` of a query row, so softmax over `j` (shift-invariant) is
+//! unchanged. The log-sum-exp is not: `LSE_smoothed = LSE − scale · (q · μ)`. Kernels in this
+//! project return the LSE of the **unsmoothed** logits: they add [`lse_shift`] back (computed
+//! from the Q the kernel received, before quantization). The mean is accumulated in f64 and
+//! rounded to f32; `k − μ` is one f32 subtraction and is quantized directly (not re-rounded to
+//! f16). A GPU prepass sums in another order, so its μ may differ by an ulp.
+
+use crate::{AttentionProblem, Error, Int8Granularity, Result};
+
+/// Largest code magnitude; the range is the symmetric `[-127, 127]`.
+pub const QMAX: f32 = 127.0;
+/// Rows of one warp in the `PerThread` fragment model (the M of `mma.m16n8k32`).
+pub const MMA_M: usize = 16;
+/// Row groups (lane quads) per warp in the `PerThread` fragment model.
+pub const THREAD_GROUPS: usize = 8;
+
+/// The scale of a group whose largest magnitude is `amax`.
+#[inline]
+pub fn scale_for(amax: f32) -> f32 {
+    if amax > 0.0 {
+        amax / QMAX
+    } else {
+        1.0
+    }
+}
+
+/// The code of `x` under `scale` (unfolded).
+#[inline]
+pub fn quantize(x: f32, scale: f32) -> i8 {
+    (x / scale).round_ties_even().clamp(-QMAX, QMAX) as i8
+}
+
+/// Tile shape the INT8 scales are laid out for (it must be the kernel's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Int8Blocking {
+    /// Query rows per block (one cube / CTA).
+    pub block_q: usize,
+    /// Keys per K scale (one KV tile).
+    pub block_k: usize,
+    /// Warps splitting a query block into `block_q / warps` consecutive rows each.
+    pub warps: usize,
+}
+
+impl Default for Int8Blocking {
+    fn default() -> Self {
+        Int8Blocking { block_q: 128, block_k: 64, warps: 8 }
+    }
+}
+
+impl Int8Blocking {
+    /// Rows owned by one warp.
+    pub fn rows_per_warp(&self) -> usize {
+        self.block_q / self.warps.max(1)
+    }
+
+    pub fn validate(&self, granularity: Int8Granularity) -> Result<()> {
+        if self.block_q == 0 || self.block_k == 0 || self.warps == 0 {
+            return Err(Error::Quantization(format!("INT8 blocking has a zero size: {self:?}")));
+        }
+        if !self.block_q.is_multiple_of(self.warps) {
+            return Err(Error::Quantization(format!(
+                "INT8 block_q {} is not a multiple of warps {}",
+                self.block_q, self.warps
+            )));
+        }
+        if granularity == Int8Granularity::PerThread && self.rows_per_warp() != MMA_M {
+            return Err(Error::Quantization(format!(
+                "per-thread INT8 scales follow a {MMA_M}-row MMA fragment per warp, but block_q / warps = {}",
+                self.rows_per_warp()
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Shapes and index maps of the Q and K scale tensors (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Int8ScaleLayout {
+    pub batch: usize,
+    pub q_heads: usize,
+    pub kv_heads: usize,
+    pub q_len: usize,
+    pub kv_len: usize,
+    pub granularity: Int8Granularity,
+    pub blocking: Int8Blocking,
+}
+
+impl Int8ScaleLayout {
+    pub fn new(problem: &AttentionProblem, granularity: Int8Granularity, blocking: Int8Blocking) -> Result<Self> {
+        blocking.validate(granularity)?;
+        Ok(Int8ScaleLayout {
+            batch: problem.batch,
+            q_heads: problem.q_heads,
+            kv_heads: problem.kv_heads,
+            q_len: problem.q_len,
+            kv_len: problem.kv_len,
+            granularity,
+            blocking,
+        })
+    }
+
+    /// `ceil(q_len / block_q)`.
+    pub fn q_blocks(&self) -> usize {
+        self.q_len.div_ceil(self.blocking.block_q)
+    }
+
+    /// `ceil(kv_len / block_k)`.
+    pub fn k_blocks(&self) -> usize {
+        self.kv_len.div_ceil(self.blocking.block_k)
+    }
+
+    /// Q scales of one (batch, head).
+    fn q_per_head(&self) -> usize {
+        self.q_blocks()
+            * match self.granularity {
+                Int8Granularity::PerBlock => 1,
+                Int8Granularity::PerWarp => self.blocking.warps,
+                Int8Granularity::PerThread => self.blocking.warps * THREAD_GROUPS,
+            }
+    }
+
+    pub fn q_scales_shape(&self) -> Vec<usize> {
+        let mut s = vec![self.batch, self.q_heads, self.q_blocks()];
+        match self.granularity {
+            Int8Granularity::PerBlock => {}
+            Int8Granularity::PerWarp => s.push(self.blocking.warps),
+            Int8Granularity::PerThread => s.extend([self.blocking.warps, THREAD_GROUPS]),
+        }
+        s
+    }
+
+    pub fn k_scales_shape(&self) -> Vec<usize> {
+        vec![self.batch, self.kv_heads, self.k_blocks()]
+    }
+
+    pub fn q_scales_len(&self) -> usize {
+        self.batch * self.q_heads * self.q_per_head()
+    }
+
+    pub fn k_scales_len(&self) -> usize {
+        self.batch * self.kv_heads * self.k_blocks()
+    }
+
+    /// Position of query row `row`'s scale among those of its (batch, head).
+    fn q_slot(&self, row: usize) -> usize {
+        let bq = self.blocking.block_q;
+        let (qb, r) = (row / bq, row % bq);
+        match self.granularity {
+            Int8Granularity::PerBlock => qb,
+            Int8Granularity::PerWarp => qb * self.blocking.warps + r / self.blocking.rows_per_warp(),
+            Int8Granularity::PerThread => {
+                let w = r / MMA_M;
+                (qb * self.blocking.warps + w) * THREAD_GROUPS + (r % MMA_M) % THREAD_GROUPS
+            }
+        }
+    }
+
+    /// Index into the Q scales of query row `row` of Q head `h` in batch `b`.
+    #[inline]
+    pub fn q_scale_index(&self, b: usize, h: usize, row: usize) -> usize {
+        (b * self.q_heads + h) * self.q_per_head() + self.q_slot(row)
+    }
+
+    /// Index into the K scales of key `key` of KV head `kv_h` in batch `b`.
+    #[inline]
+    pub fn k_scale_index(&self, b: usize, kv_h: usize, key: usize) -> usize {
+        (b * self.kv_heads + kv_h) * self.k_blocks() + key / self.blocking.block_k
+    }
+}
+
+/// INT8 codes in the problem's layout (same strides as the f32 input) and their scales.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Int8Tensor {
+    pub codes: Vec<i8>,
+    /// Laid out as [`Int8ScaleLayout`] says for this tensor (Q scales possibly folded).
+    pub scales: Vec<f32>,
+}
+
+fn check_finite(what: &str, x: &[f32]) -> Result<()> {
+    match x.iter().position(|v| !v.is_finite()) {
+        Some(i) => Err(Error::Quantization(format!("{what} element {i} is {} (must be finite)", x[i]))),
+        None => Ok(()),
+    }
+}
+
+fn check_len(what: &str, got: usize, expected: usize) -> Result<()> {
+    if got != expected {
+        return Err(Error::Quantization(format!("{what} holds {got} values, the problem needs {expected}")));
+    }
+    Ok(())
+}
+
+/// Quantizes Q (problem layout) with one scale per group of [`Int8ScaleLayout`]; `fold` is
+/// multiplied into the stored scales (1.0 for none).
+pub fn quantize_q(problem: &AttentionProblem, layout: &Int8ScaleLayout, q: &[f32], fold: f32) -> Result<Int8Tensor> {
+    check_len("Q", q.len(), problem.q_len_elems())?;
+    check_finite("Q", q)?;
+    let (st, d) = (problem.q_strides(), problem.head_dim);
+    let mut amax = vec![0.0f32; layout.q_scales_len()];
+    for b in 0..problem.batch {
+        for h in 0..problem.q_heads {
+            for i in 0..problem.q_len {
+                let row = &q[st.offset(b, h, i)..][..d];
+                let a = &mut amax[layout.q_scale_index(b, h, i)];
+                *a = row.iter().fold(*a, |m, x| m.max(x.abs()));
+            }
+        }
+    }
+    let scales: Vec<f32> = amax.iter().map(|&a| scale_for(a)).collect();
+    let mut codes = vec![0i8; q.len()];
+    for b in 0..problem.batch {
+        for h in 0..problem.q_heads {
+            for i in 0..problem.q_len {
+                let s = scales[layout.q_scale_index(b, h, i)];
+                let o = st.offset(b, h, i);
+                for c in 0..d {
+                    codes[o + c] = quantize(q[o + c], s);
+                }
+            }
+        }
+    }
+    Ok(Int8Tensor { codes, scales: scales.iter().map(|s| s * fold).collect() })
+}
+
+/// Quantizes K (problem layout; smoothed or not) with one scale per block of `block_k` keys.
+pub fn quantize_k(problem: &AttentionProblem, layout: &Int8ScaleLayout, k: &[f32]) -> Result<Int8Tensor> {
+    check_len("K", k.len(), problem.k_len_elems())?;
+    check_finite("K", k)?;
+    let (st, d) = (problem.k_strides(), problem.head_dim);
+    let mut amax = vec![0.0f32; layout.k_scales_len()];
+    for b in 0..problem.batch {
+        for h in 0..problem.kv_heads {
+            for j in 0..problem.kv_len {
+                let a = &mut amax[layout.k_scale_index(b, h, j)];
+                *a = k[st.offset(b, h, j)..][..d].iter().fold(*a, |m, x| m.max(x.abs()));
+            }
+        }
+    }
+    let scales: Vec<f32> = amax.iter().map(|&a| scale_for(a)).collect();
+    let mut codes = vec![0i8; k.len()];
+    for b in 0..problem.batch {
+        for h in 0..problem.kv_heads {
+            for j in 0..problem.kv_len {
+                let s = scales[layout.k_scale_index(b, h, j)];
+                let o = st.offset(b, h, j);
+                for c in 0..d {
+                    codes[o + c] = quantize(k[o + c], s);
+                }
+            }
+        }
+    }
+    Ok(Int8Tensor { codes, scales })
+}
+
+/// K with its per-channel mean removed, and that mean.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SmoothedK {
+    /// `K − μ`, problem layout.
+    pub values: Vec<f32>,
+    /// `μ`, `[batch, kv_heads, head_dim]`; index `(b * kv_heads + kv_h) * head_dim + c`.
+    pub mean: Vec<f32>,
+}
+
+/// Subtracts the per-(batch, KV head, channel) mean over the key sequence (module docs).
+pub fn smooth_k(problem: &AttentionProblem, k: &[f32]) -> Result<SmoothedK> {
+    check_len("K", k.len(), problem.k_len_elems())?;
+    check_finite("K", k)?;
+    let (st, d) = (problem.k_strides(), problem.head_dim);
+    let mut mean = vec![0.0f32; problem.batch * problem.kv_heads * d];
+    let mut values = k.to_vec();
+    for b in 0..problem.batch {
+        for h in 0..problem.kv_heads {
+            let mu = &mut mean[(b * problem.kv_heads + h) * d..][..d];
+            let mut sum = vec![0.0f64; d];
+            for j in 0..problem.kv_len {
+                for (s, &x) in sum.iter_mut().zip(&k[st.offset(b, h, j)..][..d]) {
+                    *s += x as f64;
+                }
+            }
+            for (m, s) in mu.iter_mut().zip(&sum) {
+                *m = (s / problem.kv_len as f64) as f32;
+            }
+            for j in 0..problem.kv_len {
+                for (x, m) in values[st.offset(b, h, j)..][..d].iter_mut().zip(mu.iter()) {
+                    *x -= m;
+                }
+            }
+        }
+    }
+    Ok(SmoothedK { values, mean })
+}
+
+/// What smoothing took off a query row's natural-log LSE: `softmax_scale · (q · μ)`, the dot
+/// summed in f32 in channel order. Add it to the LSE of the smoothed logits.
+pub fn lse_shift(q_row: &[f32], mean: &[f32], softmax_scale: f32) -> f32 {
+    q_row.iter().zip(mean).fold(0.0f32, |s, (a, b)| s + a * b) * softmax_scale
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+    use rand_distr::{Distribution, Normal};
+
+    fn gaussian(seed: u64, n: usize, std: f32) -> Vec<f32> {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let normal = Normal::new(0.0f32, std).unwrap();
+        (0..n).map(|_| normal.sample(&mut rng)).collect()
+    }
+
+    #[test]
+    fn rounding_is_half_even_and_symmetric() {
+        let cases = [(0.5, 0), (1.5, 2), (2.5, 2), (-2.5, -2), (-0.5, 0), (126.5, 126), (127.4, 127), (200.0, 127), (-200.0, -127), (-127.6, -127)];
+        for (x, q) in cases {
+            assert_eq!(quantize(x, 1.0), q, "{x}");
+        }
+        assert_eq!(scale_for(0.0), 1.0);
+        assert_eq!(scale_for(254.0), 2.0);
+    }
+
+    #[test]
+    fn blocking_validation() {
+        assert!(Int8Blocking::default().validate(Int8Granularity::PerThread).is_ok());
+        let b = Int8Blocking { block_q: 64, block_k: 64, warps: 8 };
+        assert!(b.validate(Int8Granularity::PerWarp).is_ok());
+        assert!(matches!(b.validate(Int8Granularity::PerThread), Err(Error::Quantization(_))));
+        assert!(Int8Blocking { block_q: 100, block_k: 64, warps: 8 }.validate(Int8Granularity::PerBlock).is_err());
+        assert!(Int8Blocking { block_q: 128, block_k: 0, warps: 8 }.validate(Int8Granularity::PerBlock).is_err());
+    }
+
+    /// GQA 4:2, ragged q_len 40 / kv_len 45, block_q 32 with 2 warps of 16 rows, block_k 16.
+    /// Expected indices worked out by hand from the module docs.
+    #[test]
+    fn scale_index_mapping_gqa_ragged() {
+        let p = AttentionProblem::new(2, 4, 40, 32).kv_heads(2).kv_len(45);
+        let blk = Int8Blocking { block_q: 32, block_k: 16, warps: 2 };
+        let thread = Int8ScaleLayout::new(&p, Int8Granularity::PerThread, blk).unwrap();
+        assert_eq!(thread.q_scales_shape(), vec![2, 4, 2, 2, 8]);
+        assert_eq!(thread.q_scales_len(), 256);
+        // row 37: block 1, row 5 of the block, warp 0, group 5 -> slot (1*2+0)*8+5 = 21.
+        assert_eq!(thread.q_scale_index(1, 3, 37), 7 * 32 + 21);
+        // row 29: block 0, warp 1 (rows 16..32), row 13 of the warp -> group 5 -> slot 13.
+        assert_eq!(thread.q_scale_index(0, 0, 29), 13);
+        // Rows sharing row 0's scale within a block: {0, 8}; row 16's: {16, 24}.
+        let share = |r: usize| -> Vec<usize> {
+            (0..40).filter(|&i| thread.q_scale_index(0, 1, i) == thread.q_scale_index(0, 1, r)).collect()
+        };
+        assert_eq!(share(0), vec![0, 8]);
+        assert_eq!(share(16), vec![16, 24]);
+        assert_eq!(share(33), vec![33]); // block 1 has rows 32..40 only: row 41 does not exist
+        assert_eq!(share(39), vec![39]);
+        let warp = Int8ScaleLayout::new(&p, Int8Granularity::PerWarp, blk).unwrap();
+        assert_eq!(warp.q_scales_shape(), vec![2, 4, 2, 2]);
+        assert_eq!(warp.q_scale_index(0, 1, 37), 4 + 2);
+        assert_eq!(warp.q_scale_index(0, 1, 15), 4);
+        assert_eq!(warp.q_scale_index(0, 1, 16), 5);
+        let block = Int8ScaleLayout::new(&p, Int8Granularity::PerBlock, blk).unwrap();
+        assert_eq!(block.q_scales_shape(), vec![2, 4, 2]);
+        assert_eq!(block.q_scale_index(0, 1, 37), 3);
+        assert_eq!(block.q_scale_index(1, 0, 31), 8);
+        // K: ceil(45/16) = 3 blocks per KV head.
+        assert_eq!(block.k_scales_shape(), vec![2, 2, 3]);
+        assert_eq!(block.k_scale_index(1, 1, 44), 11);
+        assert_eq!(block.k_scale_index(1, 1, 32), 11);
+        assert_eq!(block.k_scale_index(1, 1, 31), 10);
+        assert_eq!(block.k_scale_index(0, 1, 0), 3);
+    }
+
+    #[test]
+    fn quantized_q_and_k_dequantize_within_half_a_step() {
+        let p = AttentionProblem::new(2, 4, 40, 32).kv_heads(2).kv_len(45).layout(crate::Layout::Bshd);
+        let blk = Int8Blocking { block_q: 32, block_k: 16, warps: 2 };
+        let q = gaussian(31, p.q_len_elems(), 1.0);
+        let k = gaussian(32, p.k_len_elems(), 2.0);
+        for g in [Int8Granularity::PerBlock, Int8Granularity::PerWarp, Int8Granularity::PerThread] {
+            let lay = Int8ScaleLayout::new(&p, g, blk).unwrap();
+            let fold = 0.3f32;
+            let qt = quantize_q(&p, &lay, &q, fold).unwrap();
+            let kt = quantize_k(&p, &lay, &k).unwrap();
+            let (qs, ks) = (p.q_strides(), p.k_strides());
+            // Independently: the amax over each scale's rows, from the rows that share an index.
+            let mut q_amax = vec![0.0f32; lay.q_scales_len()];
+            for b in 0..2 {
+                for h in 0..4 {
+                    for i in 0..40 {
+                        for c in 0..32 {
+                            let x = q[qs.offset(b, h, i) + c];
+                            let idx = lay.q_scale_index(b, h, i);
+                            q_amax[idx] = q_amax[idx].max(x.abs());
+                            let s = qt.scales[idx] / fold;
+                            let err = (x - qt.codes[qs.offset(b, h, i) + c] as f32 * s).abs();
+                            assert!(err <= 0.5 * s * (1.0 + 1e-5), "{g:?} Q ({b},{h},{i},{c})");
+                        }
+                    }
+                }
+            }
+            for (i, (&a, &s)) in q_amax.iter().zip(&qt.scales).enumerate() {
+                let expected = if a > 0.0 { a / 127.0 * fold } else { fold };
+                assert_eq!(s, expected, "{g:?} Q scale {i}");
+            }
+            for b in 0..2 {
+                for h in 0..2 {
+                    for j in 0..45 {
+                        let s = kt.scales[lay.k_scale_index(b, h, j)];
+                        for c in 0..32 {
+                            let x = k[ks.offset(b, h, j) + c];
+                            assert!((x - kt.codes[ks.offset(b, h, j) + c] as f32 * s).abs() <= 0.5 * s * (1.0 + 1e-5));
+                        }
+                    }
+                }
+            }
+            // The largest element of each K block maps to ±127.
+            assert!(kt.codes.iter().any(|&c| c.unsigned_abs() == 127));
+        }
+    }
+
+    #[test]
+    fn smoothing_leaves_softmax_unchanged_and_shifts_lse_by_q_dot_mean() {
+        let p = AttentionProblem::new(1, 2, 5, 16).kv_heads(1).kv_len(23);
+        let q = gaussian(41, p.q_len_elems(), 1.0);
+        let mut k = gaussian(42, p.k_len_elems(), 1.0);
+        for j in 0..23 {
+            k[j * 16 + 3] += 8.0; // an outlier channel
+        }
+        let sm = smooth_k(&p, &k).unwrap();
+        // The mean, in f64 independently.
+        for c in 0..16 {
+            let m: f64 = (0..23).map(|j| k[j * 16 + c] as f64).sum::<f64>() / 23.0;
+            assert!((sm.mean[c] as f64 - m).abs() <= 1e-6 * m.abs().max(1.0));
+        }
+        let scale = p.softmax_scale() as f64;
+        let soft = |kk: &[f32], qi: &[f32]| -> (Vec<f64>, f64) {
+            let s: Vec<f64> = (0..23).map(|j| scale * (0..16).map(|c| qi[c] as f64 * kk[j * 16 + c] as f64).sum::<f64>()).collect();
+            let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
+            (s.iter().map(|x| (x - m).exp() / z).collect(), m + z.ln())
+        };
+        for h in 0..2 {
+            for i in 0..5 {
+                let qi = &q[p.q_strides().offset(0, h, i)..][..16];
+                let (p0, lse0) = soft(&k, qi);
+                let (p1, lse1) = soft(&sm.values, qi);
+                for (a, b) in p0.iter().zip(&p1) {
+                    assert!((a - b).abs() < 1e-6, "softmax changed: {a} vs {b}");
+                }
+                let shift = lse_shift(qi, &sm.mean, p.softmax_scale()) as f64;
+                assert!((lse0 - (lse1 + shift)).abs() < 1e-5, "lse {lse0} vs {lse1} + {shift}");
+                assert!(shift.abs() > 1e-3, "the test must exercise a real shift");
+            }
+        }
+    }
+}

@@ -1,1 +1,0 @@
-//! CPU emulations of the quantized and 16-bit modes.

@@ -1,0 +1,238 @@
+//! CPU emulations of every [`Precision`]: attention computed the way a tiled flash-attention
+//! kernel computes it, rounding at the same points, so a kernel can be held to "the quantization
+//! error this mode is expected to have" and not only to an f64 reference.
+//!
+//! # The order of operations (all of it in f32 unless a mode says otherwise)
+//! Per query row `i` of Q head `h` (KV head `h / (q_heads / kv_heads)`), over KV tiles of
+//! `block_k` keys, skipping tiles past the row's last visible key (bottom-right causal rule):
+//! 1. `s_j` for the tile's keys, as the mode's Q·Kᵀ says (below); masked keys get `-inf`.
+//! 2. `m_new = max(m, max_j s_j)`; `p_j = exp2(fma(s_j, c, −m_new·c))` with
+//!    `c = softmax_scale · log2 e` (or `c = 1` where that constant is folded into Q's scale);
+//!    `alpha = exp2((m − m_new)·c)` (0 on the first tile).
+//! 3. `l = l·alpha + Σ_j p_j` (the **unrounded** f32 p, in key order).
+//! 4. `acc = acc·alpha`, then `acc += P·V` with P rounded to the mode's P format (for the
+//!    tile-local modes the tile's product is formed first and folded in as
+//!    `acc = acc·alpha + tile`).
+//! 5. At the end `O = acc / l` (a division; kernels that multiply by `1/l` differ by ≤ 1 ulp)
+//!    and `LSE = m·scale_nat + ln(l)` (`scale_nat = softmax_scale`, or `ln 2` where logits are in
+//!    log2 units), plus the smoothing shift where K was smoothed. Rows that see no key:
+//!    `O = 0`, `LSE = -inf`.
+//!
+//! Products of two low-precision operands are exact in f32; they are summed in k-steps of 16
+//! (one `m16n8k16` MMA) and each step is added to the accumulator, which is rounded to its own
+//! type (see [`mma`]). `exp2` and `ln` are the CPU's (correctly rounded or nearly); device
+//! `ex2.approx` differs by a few ulps.
+//!
+//! # Modes
+//! Inputs are first rounded to [`Precision::input_dtype`] (what a kernel receives), then:
+//! * `F32`: nothing else.
+//! * `F16`/`Bf16 {qk, pv}`: Q, K, V in the 16-bit type; QK `F32`: f32 accumulator; `F16`: f16
+//!   accumulator rounded after every k-step; `TwoStage`: f16 accumulation within each
+//!   `qk_chunk` of the head dim, each chunk's f16 result added to an f32 sum. P rounded to f16
+//!   (bf16 for `Bf16`). PV `F32`: f32 accumulator; `F16PerTile`: f16 accumulation over the
+//!   tile's k-steps, folded into f32 once per tile after the rescale. bf16 MMAs only accumulate
+//!   in f32, so `Bf16` with QK `F16` or `TwoStage`, or PV `F16PerTile`, is an error.
+//! * `Int8Qk`: Q and K as [`crate::codec::int8`] describes (scales laid out for
+//!   `Int8Blocking { block_q, block_k, warps }` of this [`Blocking`]), `softmax_scale · log2 e`
+//!   folded into Q's scales; `s = (Σ q_i8·k_i8) as f32 · (q_scale · k_scale)` in log2 units.
+//!   With `smooth_k`, K − μ is quantized and the LSE returned is that of the **unsmoothed**
+//!   logits: `scale · (q · μ)` is added back ([`crate::codec::int8::lse_shift`], q the f16 Q).
+//!   PV `F16`: P and V in f16, f32 accumulator. PV `Fp8`: P as `e4m3(p · 448)`; V as E4M3 with
+//!   one scale per (batch, KV head, channel) over all keys, `amax / 448`; each tile's product
+//!   of decoded values is summed in f32 and multiplied by `v_scale / 448` before it is added.
+//! * `Fp8 {format, descale, p}`: Q, K, V as [`crate::codec::fp8_scaled`] (descale blocks:
+//!   `block_q` rows of Q, `block_k` keys of K and V); `s = (Σ q·k) · (q_descale · k_descale)`,
+//!   decoded codes, exact products, f32 accumulator. P `F16`: f16; P `Fp8`: `e4m3(p · 448)`
+//!   **also when the format is E5M2** — P lies in [0, 1] and needs mantissa, not range, and
+//!   mixed E4M3×E5M2 MMAs exist (sm_89+ `mma`, `wgmma`). The tile product is multiplied by
+//!   `v_descale` (`/ 448` for FP8 P), per tile (V's descale may change per tile).
+//! * `Nvfp4 {v}`: Q and K as [`crate::codec::nvfp4`] along the head dim (each tensor one tensor
+//!   scale; `head_dim % 16 == 0`); `s` is a block-scaled MMA: per 16-block
+//!   `(sq · sk) · Σ e2m1·e2m1` (exact), blocks summed in f32, times `ts_q · ts_k`. `v: Bf16`: P
+//!   and V in bf16, f32 accumulator. `v: Nvfp4`: V in NVFP4 with 16-key blocks per channel (the
+//!   key axis padded with zeros to a multiple of 16; one tensor scale); P in NVFP4 with 16-key
+//!   blocks per row and the fixed tensor scale `tensor_scale_for(1.0) = 1/2688`, valid because
+//!   `p ≤ 1`; per block `(sp · sv) · Σ e2m1·e2m1`, summed in f32 over the tile, times
+//!   `ts_p · ts_v` (`block_k % 16 == 0`).
+
+mod mma;
+mod scores;
+mod values;
+
+#[cfg(test)]
+mod tests;
+
+use rayon::prelude::*;
+
+use crate::codec::float16::{round_bf16_vec, round_f16_vec};
+use crate::{AttentionProblem, Dtype, Error, Nvfp4V, Precision, PvAccum, QkAccum, Result};
+use scores::ScorePlan;
+use values::ValuePlan;
+
+/// Tile shape the emulation follows (it must be the kernel's for bit-level agreement of the
+/// quantization scales and tile-wise rounding).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Blocking {
+    /// Query rows per block: the INT8 Q-scale and FP8 Q-descale block.
+    pub block_q: usize,
+    /// Keys per KV tile: the online-softmax step, the K scale block, the F16PerTile fold.
+    pub block_k: usize,
+    /// Warps per query block (INT8 per-warp / per-thread scales).
+    pub warps: usize,
+    /// Head-dim chunk of the TwoStage QK accumulation (a multiple of 16).
+    pub qk_chunk: usize,
+}
+
+impl Default for Blocking {
+    fn default() -> Self {
+        Blocking { block_q: 128, block_k: 64, warps: 8, qk_chunk: 32 }
+    }
+}
+
+impl Blocking {
+    /// Checks the blocking against the problem and mode.
+    pub fn validate(&self, problem: &AttentionProblem, precision: Precision) -> Result<()> {
+        if self.block_q == 0 || self.block_k == 0 || self.warps == 0 || self.qk_chunk == 0 {
+            return Err(Error::Quantization(format!("emulation blocking has a zero size: {self:?}")));
+        }
+        match precision {
+            Precision::F16 { qk: QkAccum::TwoStage, .. } if !self.qk_chunk.is_multiple_of(mma::K_STEP) => {
+                Err(Error::Quantization(format!("qk_chunk {} is not a multiple of the 16-wide MMA k-step", self.qk_chunk)))
+            }
+            Precision::Int8Qk { granularity, .. } => crate::codec::int8::Int8Blocking {
+                block_q: self.block_q,
+                block_k: self.block_k,
+                warps: self.warps,
+            }
+            .validate(granularity),
+            Precision::Nvfp4 { v } => {
+                if !problem.head_dim.is_multiple_of(16) {
+                    return Err(Error::UnsupportedHeadDim {
+                        head_dim: problem.head_dim,
+                        path: "NVFP4 (16-element scale blocks along the head dim)".into(),
+                        supported: (1..=16).map(|i| 16 * i).collect(),
+                    });
+                }
+                if v == Nvfp4V::Nvfp4 && !self.block_k.is_multiple_of(16) {
+                    return Err(Error::Quantization(format!(
+                        "NVFP4 P·V needs block_k % 16 == 0 (16-key scale blocks), got {}",
+                        self.block_k
+                    )));
+                }
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// What [`emulate`] returns.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EmulatedOutput {
+    /// O in the problem's layout (`o_strides`).
+    pub o: Vec<f32>,
+    /// Natural-log LSE, `[batch, q_heads, q_len]`; `-inf` for rows that see no key.
+    pub lse: Vec<f32>,
+}
+
+fn unsupported(precision: Precision, reason: &str) -> Error {
+    Error::UnsupportedPrecision { precision, device: "any device".into(), reason: reason.into() }
+}
+
+/// Runs attention on the CPU the way a kernel of `precision` with tile shape `blocking` would
+/// (module docs). `q`, `k`, `v` are f32 in the problem's layout; all rounding happens here.
+pub fn emulate(
+    problem: &AttentionProblem,
+    precision: Precision,
+    blocking: &Blocking,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+) -> Result<EmulatedOutput> {
+    problem.validate()?;
+    problem.check_lengths(q.len(), k.len(), v.len())?;
+    if let Precision::Bf16 { qk, pv } = precision {
+        if qk != QkAccum::F32 || pv != PvAccum::F32 {
+            return Err(unsupported(precision, "bf16 MMAs accumulate only in f32; f16 accumulation is an f16-input mode"));
+        }
+    }
+    blocking.validate(problem, precision)?;
+
+    let round = |x: &[f32]| match precision.input_dtype() {
+        Dtype::F32 => x.to_vec(),
+        Dtype::F16 => round_f16_vec(x),
+        Dtype::Bf16 => round_bf16_vec(x),
+    };
+    let scores = ScorePlan::prepare(problem, precision, blocking, round(q), round(k))?;
+    let values = ValuePlan::prepare(problem, precision, blocking, round(v))?;
+
+    let rows = problem.batch * problem.q_heads * problem.q_len;
+    let results: Vec<(Vec<f32>, f32)> = (0..rows)
+        .into_par_iter()
+        .map_init(Vec::new, |scratch, r| {
+            let (b, h, i) = (r / (problem.q_heads * problem.q_len), (r / problem.q_len) % problem.q_heads, r % problem.q_len);
+            row(problem, blocking, &scores, &values, b, h, i, scratch)
+        })
+        .collect();
+
+    let mut o = vec![0.0f32; problem.o_len_elems()];
+    let mut lse = vec![0.0f32; rows];
+    let st = problem.o_strides();
+    for (r, (orow, l)) in results.into_iter().enumerate() {
+        let (b, h, i) = (r / (problem.q_heads * problem.q_len), (r / problem.q_len) % problem.q_heads, r % problem.q_len);
+        o[st.offset(b, h, i)..][..problem.v_head_dim].copy_from_slice(&orow);
+        lse[r] = l;
+    }
+    Ok(EmulatedOutput { o, lse })
+}
+
+/// One query row through the online softmax (steps 1–5 of the module docs).
+#[allow(clippy::too_many_arguments)]
+fn row(
+    problem: &AttentionProblem,
+    blocking: &Blocking,
+    scores: &ScorePlan,
+    values: &ValuePlan,
+    b: usize,
+    h: usize,
+    i: usize,
+    scratch: &mut Vec<f32>,
+) -> (Vec<f32>, f32) {
+    let dv = problem.v_head_dim;
+    let visible = problem.visible_keys(i);
+    let mut acc = vec![0.0f32; dv];
+    if visible == 0 {
+        return (acc, f32::NEG_INFINITY);
+    }
+    let kvh = problem.kv_head_of(h);
+    let c = scores.log2_factor(problem);
+    let (mut m, mut l) = (f32::NEG_INFINITY, 0.0f32);
+    let mut s = vec![0.0f32; blocking.block_k];
+    let mut p = vec![0.0f32; blocking.block_k];
+    for tile in 0..visible.div_ceil(blocking.block_k) {
+        let k0 = tile * blocking.block_k;
+        let n = blocking.block_k.min(problem.kv_len - k0);
+        for (jj, sj) in s[..n].iter_mut().enumerate() {
+            let j = k0 + jj;
+            *sj = if j < visible { scores.score(problem, b, h, kvh, i, j) } else { f32::NEG_INFINITY };
+        }
+        let m_new = s[..n].iter().fold(m, |a, &x| a.max(x));
+        if m_new == f32::NEG_INFINITY {
+            continue; // nothing finite yet: no probability mass, nothing to rescale
+        }
+        let mc = m_new * c;
+        for (pj, &sj) in p[..n].iter_mut().zip(&s[..n]) {
+            *pj = if sj == f32::NEG_INFINITY { 0.0 } else { sj.mul_add(c, -mc).exp2() };
+        }
+        let alpha = if m == f32::NEG_INFINITY { 0.0 } else { ((m - m_new) * c).exp2() };
+        l = l * alpha + p[..n].iter().sum::<f32>();
+        values.accumulate(problem, b, kvh, tile, k0, &p[..n], alpha, &mut acc, scratch);
+        m = m_new;
+    }
+    if l == 0.0 {
+        return (vec![0.0; dv], f32::NEG_INFINITY);
+    }
+    acc.iter_mut().for_each(|a| *a /= l);
+    let lse = m * scores.natural_factor(problem) + l.ln() + scores.lse_shift(problem, b, h, i);
+    (acc, lse)
+}

@@ -1,0 +1,133 @@
+//! Every invalid input gets its own typed error, before any work is done.
+
+use quattn::{AttentionProblem, Device, Error, Layout, NativeKind, Precision, Session, Strategy, TensorName};
+
+fn cpu() -> Session {
+    Session::new(Device::Cpu).expect("the CPU device is always present")
+}
+
+fn plan_err(p: &AttentionProblem, prec: Precision, strategy: Strategy) -> Error {
+    cpu().plan(p, prec, strategy).expect_err("plan must fail")
+}
+
+#[test]
+fn zero_sizes_name_the_dimension() {
+    let base = AttentionProblem::new(1, 2, 8, 64);
+    let cases: [(&str, AttentionProblem); 7] = [
+        ("batch", AttentionProblem { batch: 0, ..base }),
+        ("q_heads", AttentionProblem { q_heads: 0, ..base }),
+        ("kv_heads", AttentionProblem { kv_heads: 0, ..base }),
+        ("q_len", AttentionProblem { q_len: 0, ..base }),
+        ("kv_len", AttentionProblem { kv_len: 0, ..base }),
+        ("head_dim", AttentionProblem { head_dim: 0, ..base }),
+        ("v_head_dim", AttentionProblem { v_head_dim: 0, ..base }),
+    ];
+    for (name, p) in cases {
+        match plan_err(&p, Precision::F32, Strategy::Auto) {
+            Error::ZeroSize { name: n } => assert_eq!(n, name),
+            e => panic!("{name}: wrong error {e}"),
+        }
+    }
+}
+
+#[test]
+fn gqa_ratio_must_be_an_integer() {
+    let p = AttentionProblem::new(1, 8, 16, 64).kv_heads(3);
+    assert!(matches!(plan_err(&p, Precision::F32, Strategy::Auto), Error::GqaRatio { q_heads: 8, kv_heads: 3 }));
+    // More KV heads than Q heads is not GQA either.
+    let p = AttentionProblem::new(1, 2, 16, 64).kv_heads(4);
+    assert!(matches!(plan_err(&p, Precision::F32, Strategy::Auto), Error::GqaRatio { .. }));
+}
+
+#[test]
+fn non_finite_scale() {
+    for s in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+        let p = AttentionProblem::new(1, 1, 4, 64).scale(s);
+        match plan_err(&p, Precision::F32, Strategy::Auto) {
+            Error::NonFiniteScale { scale } => assert!(!scale.is_finite()),
+            e => panic!("wrong error {e}"),
+        }
+    }
+}
+
+#[test]
+fn buffer_lengths_name_the_tensor() {
+    let s = cpu();
+    let p = AttentionProblem::new(1, 2, 8, 16).kv_len(5);
+    let plan = s.plan(&p, Precision::F32, Strategy::Auto).unwrap();
+    let q = vec![0.5f32; p.q_len_elems()];
+    let k = vec![0.5f32; p.k_len_elems()];
+    let v = vec![0.5f32; p.v_len_elems()];
+    let short = |x: &Vec<f32>| x[..x.len() - 1].to_vec();
+    for (t, (qq, kk, vv)) in [
+        (TensorName::Q, (short(&q), k.clone(), v.clone())),
+        (TensorName::K, (q.clone(), short(&k), v.clone())),
+        (TensorName::V, (q.clone(), k.clone(), short(&v))),
+    ] {
+        match s.run(&plan, &qq, &kk, &vv) {
+            Err(Error::BufferLength { tensor, expected, got }) => {
+                assert_eq!(tensor, t);
+                assert_eq!(got + 1, expected);
+            }
+            other => panic!("{t}: expected BufferLength, got {other:?}"),
+        }
+    }
+    assert!(s.run(&plan, &q, &k, &v).is_ok());
+}
+
+#[test]
+fn shape_mismatch_names_the_tensor() {
+    // K with another head dim than Q.
+    let e = AttentionProblem::from_shapes(Layout::Bhsd, &[1, 4, 8, 64], &[1, 4, 8, 32], &[1, 4, 8, 64], false).unwrap_err();
+    assert!(matches!(e, Error::ShapeMismatch { tensor: TensorName::K, .. }), "{e}");
+    // V with another sequence length than K.
+    let e = AttentionProblem::from_shapes(Layout::Bhsd, &[1, 4, 8, 64], &[1, 4, 8, 64], &[1, 4, 9, 64], false).unwrap_err();
+    assert!(matches!(e, Error::ShapeMismatch { tensor: TensorName::V, .. }), "{e}");
+    // Batch mismatch in BSHD.
+    let e = AttentionProblem::from_shapes(Layout::Bshd, &[2, 8, 4, 64], &[1, 8, 4, 64], &[1, 8, 4, 64], false).unwrap_err();
+    assert!(matches!(e, Error::ShapeMismatch { tensor: TensorName::K, .. }), "{e}");
+    // Rank 3.
+    let e = AttentionProblem::from_shapes(Layout::Bhsd, &[4, 8, 64], &[1, 4, 8, 64], &[1, 4, 8, 64], false).unwrap_err();
+    assert!(matches!(e, Error::ShapeMismatch { tensor: TensorName::Q, .. }), "{e}");
+    // A good one, GQA in BSHD.
+    let p = AttentionProblem::from_shapes(Layout::Bshd, &[2, 8, 4, 64], &[2, 16, 2, 64], &[2, 16, 2, 32], true).unwrap();
+    assert_eq!((p.q_heads, p.kv_heads, p.q_len, p.kv_len, p.head_dim, p.v_head_dim), (4, 2, 8, 16, 64, 32));
+}
+
+#[test]
+fn too_large_for_32_bit_offsets() {
+    let p = AttentionProblem::new(64, 64, 1 << 14, 128);
+    assert!(matches!(plan_err(&p, Precision::F32, Strategy::Auto), Error::TooLarge { .. }));
+}
+
+#[test]
+fn unsupported_precision_on_the_cpu_kernel() {
+    let p = AttentionProblem::new(1, 2, 16, 64);
+    for prec in [Precision::INT8_DEFAULT, Precision::FP8_DEFAULT, Precision::NVFP4_DEFAULT, Precision::parse("f16-acc16").unwrap()] {
+        match plan_err(&p, prec, Strategy::Auto) {
+            Error::UnsupportedPrecision { precision, device, .. } => {
+                assert_eq!(precision, prec);
+                assert_eq!(device, "cpu");
+            }
+            e => panic!("{prec}: wrong error {e}"),
+        }
+    }
+}
+
+#[test]
+fn native_strategy_needs_a_gpu() {
+    let p = AttentionProblem::new(1, 2, 16, 64);
+    assert!(matches!(
+        plan_err(&p, Precision::F16_DEFAULT, Strategy::Native(NativeKind::Hmma)),
+        Error::UnsupportedStrategy { strategy: Strategy::Native(NativeKind::Hmma), .. }
+    ));
+}
+
+#[test]
+fn errors_display_what_is_wrong() {
+    let p = AttentionProblem::new(1, 8, 16, 64).kv_heads(3);
+    let msg = plan_err(&p, Precision::F32, Strategy::Auto).to_string();
+    assert!(msg.contains("q_heads = 8") && msg.contains("kv_heads = 3"), "{msg}");
+    let e: Box<dyn std::error::Error> = Box::new(plan_err(&AttentionProblem { batch: 0, ..p }, Precision::F32, Strategy::Auto));
+    assert!(e.to_string().contains("batch"));
+}
