@@ -1,6 +1,6 @@
 //! Error metrics, per-precision tolerances and the one FLOP count of the project.
 
-use crate::precision::{Fp8Format, Nvfp4V, Precision, PvAccum, QkAccum};
+use crate::precision::{Fp8Format, Nvfp4V, Precision, PvAccum, PvFormat, QkAccum};
 use crate::problem::AttentionProblem;
 
 /// How far an output is from a reference. NaN anywhere in the output makes every metric NaN, so
@@ -107,11 +107,18 @@ impl Tolerance {
                 QkAccum::F32 => t(1.6e-2, 0.999_8, 1e-1),
                 _ => t(3e-2, 0.999_5, 2e-1),
             },
-            // INT8 Q/K (127 levels per scale group) plus f16 P and V.
-            Precision::Int8Qk { .. } => t(3e-2, 0.999_5, 2e-1),
+            // INT8 Q/K (127 levels per scale group; an 8σ outlier makes the step 8/127 and the
+            // logit error ~0.03) plus f16 P and V.
+            Precision::Int8Qk { pv: PvFormat::F16, .. } => t(3e-2, 0.999_5, 2e-1),
+            // With P and V in e4m3 (u = 2⁻⁴) the P·V product is as coarse as the FP8 mode's.
+            Precision::Int8Qk { pv: PvFormat::Fp8, .. } => t(6e-2, 0.998, 3e-1),
+            // FP8 Q, K and V: relative rounding error up to 2⁻⁴ (e4m3) or 2⁻³ (e5m2) per element,
+            // ~2.6% (5.2%) rms. A logit q·k over d terms then carries an error of about
+            // sqrt(2)·rms·|s|-scale ≈ 0.04 (0.08) and V another rms/√n_eff; the O error is a few
+            // percent (twice that for e5m2) whatever the sequence length.
             Precision::Fp8 { format, .. } => match format {
-                Fp8Format::E4M3 => t(6e-2, 0.998, 3e-1),
-                Fp8Format::E5M2 => t(1.2e-1, 0.993, 5e-1),
+                Fp8Format::E4M3 => t(1e-1, 0.995, 5e-1),
+                Fp8Format::E5M2 => t(2e-1, 0.98, 8e-1),
             },
             Precision::Nvfp4 { v } => match v {
                 Nvfp4V::Bf16 => t(2.5e-1, 0.97, 1.0),

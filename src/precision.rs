@@ -149,7 +149,6 @@ impl Precision {
         Some(match s.as_str() {
             "f16-acc16" => Precision::F16 { qk: QkAccum::F16, pv: PvAccum::F32 },
             "f16-2stage" | "f16-twostage" => Precision::F16 { qk: QkAccum::TwoStage, pv: PvAccum::F32 },
-            "bf16-2stage" => Precision::Bf16 { qk: QkAccum::TwoStage, pv: PvAccum::F32 },
             "int8" => Self::INT8_DEFAULT,
             "fp8" => Self::FP8_DEFAULT,
             _ => return None,
@@ -162,9 +161,9 @@ impl Precision {
         for qk in [QkAccum::F32, QkAccum::F16, QkAccum::TwoStage] {
             for pv in [PvAccum::F32, PvAccum::F16PerTile] {
                 v.push(Precision::F16 { qk, pv });
-                v.push(Precision::Bf16 { qk, pv });
             }
         }
+        v.push(Precision::BF16_DEFAULT);
         for granularity in [Int8Granularity::PerBlock, Int8Granularity::PerWarp, Int8Granularity::PerThread] {
             for smooth_k in [true, false] {
                 for pv in [PvFormat::F16, PvFormat::Fp8] {
@@ -182,6 +181,19 @@ impl Precision {
         v.push(Precision::Nvfp4 { v: Nvfp4V::Bf16 });
         v.push(Precision::Nvfp4 { v: Nvfp4V::Nvfp4 });
         v
+    }
+
+    /// Rejects modes no hardware computes: bf16 tensor-core MMAs accumulate in f32 only, so
+    /// bf16 with f16 or two-stage accumulation does not exist.
+    pub fn validate(&self) -> crate::Result<()> {
+        match *self {
+            Precision::Bf16 { qk, pv } if qk != QkAccum::F32 || pv != PvAccum::F32 => Err(crate::Error::UnsupportedPrecision {
+                precision: *self,
+                device: "any device".into(),
+                reason: "bf16 matrix units accumulate in f32 only".into(),
+            }),
+            _ => Ok(()),
+        }
     }
 
     /// The element type the inputs are converted to before the kernel sees them.
@@ -252,6 +264,14 @@ mod tests {
     }
 
     #[test]
+    fn bf16_accumulates_in_f32_only() {
+        assert!(Precision::BF16_DEFAULT.validate().is_ok());
+        assert!(Precision::Bf16 { qk: QkAccum::TwoStage, pv: PvAccum::F32 }.validate().is_err());
+        assert!(Precision::Bf16 { qk: QkAccum::F32, pv: PvAccum::F16PerTile }.validate().is_err());
+        assert!(Precision::all_named().iter().all(|p| p.validate().is_ok()));
+    }
+
+    #[test]
     fn cli_aliases() {
         assert_eq!(Precision::parse("f16-acc16"), Some(Precision::F16 { qk: QkAccum::F16, pv: PvAccum::F32 }));
         assert_eq!(Precision::parse("f16-2stage"), Some(Precision::F16 { qk: QkAccum::TwoStage, pv: PvAccum::F32 }));
@@ -259,5 +279,6 @@ mod tests {
         assert_eq!(Precision::parse("fp8"), Some(Precision::FP8_DEFAULT));
         assert_eq!(Precision::parse("nvfp4"), Some(Precision::NVFP4_DEFAULT));
         assert_eq!(Precision::parse("f64"), None);
+        assert_eq!(Precision::parse("bf16-2stage"), None);
     }
 }

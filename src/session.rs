@@ -2,6 +2,7 @@
 //! launch and timing.
 
 use crate::backend::{self, Backend, ResidentData};
+use crate::emulation::{self, Blocking};
 use crate::error::{Error, Result};
 use crate::tensor::{Element, HostSlice};
 use crate::{AttentionProblem, Device, Precision, Strategy};
@@ -87,8 +88,10 @@ impl Session {
     /// Validates the problem and picks the kernel; all checks happen here, before any work.
     pub fn plan(&self, problem: &AttentionProblem, precision: Precision, strategy: Strategy) -> Result<Plan> {
         problem.validate()?;
+        precision.validate()?;
         let (path, kernel) = match strategy {
             Strategy::Reference => {
+                Blocking::default().validate(problem, precision)?;
                 (Path::Emulation, format!("emulate_{}", precision.name()))
             }
             _ => {
@@ -176,12 +179,9 @@ impl Session {
 }
 
 /// The CPU emulation of the plan's precision: (O, LSE).
-fn run_emulation(plan: &Plan, _q: &[f32], _k: &[f32], _v: &[f32]) -> Result<(Vec<f32>, Vec<f32>)> {
-    Err(Error::UnsupportedPrecision {
-        precision: plan.precision,
-        device: "cpu emulation".into(),
-        reason: "emulation not wired yet".into(),
-    })
+fn run_emulation(plan: &Plan, q: &[f32], k: &[f32], v: &[f32]) -> Result<(Vec<f32>, Vec<f32>)> {
+    let out = emulation::emulate(&plan.problem, plan.precision, &Blocking::default(), q, k, v)?;
+    Ok((out.o, out.lse))
 }
 
 fn emulation_data<'a>(plan: &Plan, data: &'a mut ResidentData) -> Result<&'a mut EmulationData> {

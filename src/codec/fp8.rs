@@ -284,7 +284,8 @@ mod tests {
         assert_eq!(e4m3::encode(2f32.powi(-10), Saturation::Saturate), 0x00);
         assert_eq!(e4m3::encode(2f32.powi(-10).next_up(), Saturation::Saturate), 0x01);
         assert_eq!(e4m3::encode(-2f32.powi(-10), Saturation::Saturate), 0x80);
-        assert_eq!(e4m3::encode(3.0 * 2f32.powi(-10), Saturation::Saturate), 0x02); // 1.5 ulp -> 2
+        // 1.5 ulp ties between 1 and 2 ulps: to 2.
+        assert_eq!(e4m3::encode(3.0 * 2f32.powi(-10), Saturation::Saturate), 0x02);
         // Largest subnormal 7·2^-9 and smallest normal 2^-6 = 8·2^-9.
         assert_eq!(e4m3::encode(7.5 * 2f32.powi(-9), Saturation::Saturate), 0x08);
         assert_eq!(e4m3::encode(7.5 * 2f32.powi(-9).next_down(), Saturation::Saturate), 0x07);

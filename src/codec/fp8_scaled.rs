@@ -124,7 +124,8 @@ mod tests {
 
     #[test]
     fn descale_index_by_hand() {
-        let l = DescaleLayout { granularity: DescaleGranularity::PerBlock, batch: 2, heads: 3, len: 45, block_rows: 16 };
+        let l =
+            DescaleLayout { granularity: DescaleGranularity::PerBlock, batch: 2, heads: 3, len: 45, block_rows: 16 };
         assert_eq!(l.shape(), vec![2, 3, 3]);
         assert_eq!(l.index(1, 2, 44), 17);
         assert_eq!(l.index(0, 1, 15), 3);

@@ -344,7 +344,18 @@ mod tests {
 
     #[test]
     fn rounding_is_half_even_and_symmetric() {
-        let cases = [(0.5, 0), (1.5, 2), (2.5, 2), (-2.5, -2), (-0.5, 0), (126.5, 126), (127.4, 127), (200.0, 127), (-200.0, -127), (-127.6, -127)];
+        let cases = [
+            (0.5, 0),
+            (1.5, 2),
+            (2.5, 2),
+            (-2.5, -2),
+            (-0.5, 0),
+            (126.5, 126),
+            (127.4, 127),
+            (200.0, 127),
+            (-200.0, -127),
+            (-127.6, -127),
+        ];
         for (x, q) in cases {
             assert_eq!(quantize(x, 1.0), q, "{x}");
         }
@@ -464,7 +475,8 @@ mod tests {
         }
         let scale = p.softmax_scale() as f64;
         let soft = |kk: &[f32], qi: &[f32]| -> (Vec<f64>, f64) {
-            let s: Vec<f64> = (0..23).map(|j| scale * (0..16).map(|c| qi[c] as f64 * kk[j * 16 + c] as f64).sum::<f64>()).collect();
+            let s: Vec<f64> =
+                (0..23).map(|j| scale * (0..16).map(|c| qi[c] as f64 * kk[j * 16 + c] as f64).sum::<f64>()).collect();
             let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
             let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
             (s.iter().map(|x| (x - m).exp() / z).collect(), m + z.ln())

@@ -42,7 +42,11 @@ impl Mxfp4Tensor {
             return Err(Error::Quantization(format!("MXFP4 needs cols % {BLOCK} == 0, got cols = {cols}")));
         }
         if data.len() != rows * cols {
-            return Err(Error::Quantization(format!("MXFP4 input holds {} values, [{rows}, {cols}] needs {}", data.len(), rows * cols)));
+            return Err(Error::Quantization(format!(
+                "MXFP4 input holds {} values, [{rows}, {cols}] needs {}",
+                data.len(),
+                rows * cols
+            )));
         }
         if let Some(i) = data.iter().position(|x| !x.is_finite()) {
             return Err(Error::Quantization(format!("MXFP4 input element {i} is {} (must be finite)", data[i])));
@@ -116,7 +120,13 @@ mod tests {
             assert_eq!(e8m0::decode(t.scales[i / BLOCK]) as f64, xs);
             let y = (x[i] as f64 / xs).abs();
             assert!(y < 8.0);
-            let half = if y <= 2.0 { 0.25 } else if y <= 4.0 { 0.5 } else { 1.0 };
+            let half = if y <= 2.0 {
+                0.25
+            } else if y <= 4.0 {
+                0.5
+            } else {
+                1.0
+            };
             let bound = if y <= 6.0 { half * xs } else { (y - 6.0) * xs };
             let err = (x[i] as f64 - deq[i] as f64).abs();
             assert!(err <= bound + 1e-12, "element {i}: {} vs {}", x[i], deq[i]);

@@ -85,7 +85,9 @@ impl Nvfp4Tensor {
     pub fn quantize_with_tensor_scale(data: &[f32], rows: usize, cols: usize, tensor_scale: f32) -> Result<Self> {
         check_input(data, rows, cols)?;
         if !(tensor_scale.is_finite() && tensor_scale > 0.0) {
-            return Err(Error::Quantization(format!("NVFP4 tensor scale must be finite and positive, got {tensor_scale}")));
+            return Err(Error::Quantization(format!(
+                "NVFP4 tensor scale must be finite and positive, got {tensor_scale}"
+            )));
         }
         Self::quantize_inner(data, rows, cols, tensor_scale)
     }
@@ -130,10 +132,16 @@ impl Nvfp4Tensor {
 
 fn check_input(data: &[f32], rows: usize, cols: usize) -> Result<()> {
     if !cols.is_multiple_of(BLOCK) {
-        return Err(Error::Quantization(format!("NVFP4 needs cols % {BLOCK} == 0 (one scale per {BLOCK}), got cols = {cols}")));
+        return Err(Error::Quantization(format!(
+            "NVFP4 needs cols % {BLOCK} == 0 (one scale per {BLOCK}), got cols = {cols}"
+        )));
     }
     if data.len() != rows * cols {
-        return Err(Error::Quantization(format!("NVFP4 input holds {} values, [{rows}, {cols}] needs {}", data.len(), rows * cols)));
+        return Err(Error::Quantization(format!(
+            "NVFP4 input holds {} values, [{rows}, {cols}] needs {}",
+            data.len(),
+            rows * cols
+        )));
     }
     if let Some(i) = data.iter().position(|x| !x.is_finite()) {
         return Err(Error::Quantization(format!("NVFP4 input element {i} is {} (must be finite)", data[i])));
@@ -231,9 +239,15 @@ mod tests {
                         let i = r * cols + b * BLOCK + c;
                         let err = (x[i] as f64 - deq[i] as f64).abs();
                         let y = (x[i] as f64 / denom).abs();
-                        let bound = if y <= 6.0 { e2m1_half_spacing(y as f32) as f64 * denom } else { (y - 6.0) * denom };
+                        let bound =
+                            if y <= 6.0 { e2m1_half_spacing(y as f32) as f64 * denom } else { (y - 6.0) * denom };
                         // The slack covers the f32 rounding of the decode product.
-                        assert!(err <= bound * (1.0 + 1e-5) + (x[i] as f64).abs() * 1e-6, "seed {seed} ({r},{c}): x {} deq {} bound {bound}", x[i], deq[i]);
+                        assert!(
+                            err <= bound * (1.0 + 1e-5) + (x[i] as f64).abs() * 1e-6,
+                            "seed {seed} ({r},{c}): x {} deq {} bound {bound}",
+                            x[i],
+                            deq[i]
+                        );
                         assert!(y <= 6.0 * (1.0 + 1.0 / 16.0) + 1e-6 || target < 2f64.powi(-6));
                     }
                 }

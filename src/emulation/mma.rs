@@ -24,10 +24,9 @@ pub(crate) fn dot(a: &[f32], b: &[f32], accum: QkAccum, chunk: usize) -> f32 {
     match accum {
         QkAccum::F32 => steps().fold(0.0f32, |acc, (x, y)| acc + step_sum(x, y)),
         QkAccum::F16 => steps().fold(0.0f32, |acc, (x, y)| round_f16(acc + step_sum(x, y))),
-        QkAccum::TwoStage => a
-            .chunks(chunk)
-            .zip(b.chunks(chunk))
-            .fold(0.0f32, |acc, (x, y)| acc + dot(x, y, QkAccum::F16, chunk)),
+        QkAccum::TwoStage => {
+            a.chunks(chunk).zip(b.chunks(chunk)).fold(0.0f32, |acc, (x, y)| acc + dot(x, y, QkAccum::F16, chunk))
+        }
     }
 }
 

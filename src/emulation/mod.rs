@@ -20,8 +20,9 @@
 //!
 //! Products of two low-precision operands are exact in f32; they are summed in k-steps of 16
 //! (one `m16n8k16` MMA) and each step is added to the accumulator, which is rounded to its own
-//! type (see [`mma`]). `exp2` and `ln` are the CPU's (correctly rounded or nearly); device
-//! `ex2.approx` differs by a few ulps.
+//! type. A partial last k-step is a zero-padded one, which changes no sum, so no head-dim
+//! divisibility is needed except NVFP4's 16-element scale blocks. `exp2` and `ln` are the
+//! CPU's (correctly rounded or nearly); device `ex2.approx` differs by a few ulps.
 //!
 //! # Modes
 //! Inputs are first rounded to [`Precision::input_dtype`] (what a kernel receives), then:
@@ -96,15 +97,13 @@ impl Blocking {
             return Err(Error::Quantization(format!("emulation blocking has a zero size: {self:?}")));
         }
         match precision {
-            Precision::F16 { qk: QkAccum::TwoStage, .. } if !self.qk_chunk.is_multiple_of(mma::K_STEP) => {
-                Err(Error::Quantization(format!("qk_chunk {} is not a multiple of the 16-wide MMA k-step", self.qk_chunk)))
+            Precision::F16 { qk: QkAccum::TwoStage, .. } if !self.qk_chunk.is_multiple_of(mma::K_STEP) => Err(
+                Error::Quantization(format!("qk_chunk {} is not a multiple of the 16-wide MMA k-step", self.qk_chunk)),
+            ),
+            Precision::Int8Qk { granularity, .. } => {
+                crate::codec::int8::Int8Blocking { block_q: self.block_q, block_k: self.block_k, warps: self.warps }
+                    .validate(granularity)
             }
-            Precision::Int8Qk { granularity, .. } => crate::codec::int8::Int8Blocking {
-                block_q: self.block_q,
-                block_k: self.block_k,
-                warps: self.warps,
-            }
-            .validate(granularity),
             Precision::Nvfp4 { v } => {
                 if !problem.head_dim.is_multiple_of(16) {
                     return Err(Error::UnsupportedHeadDim {
@@ -153,7 +152,10 @@ pub fn emulate(
     problem.check_lengths(q.len(), k.len(), v.len())?;
     if let Precision::Bf16 { qk, pv } = precision {
         if qk != QkAccum::F32 || pv != PvAccum::F32 {
-            return Err(unsupported(precision, "bf16 MMAs accumulate only in f32; f16 accumulation is an f16-input mode"));
+            return Err(unsupported(
+                precision,
+                "bf16 MMAs accumulate only in f32; f16 accumulation is an f16-input mode",
+            ));
         }
     }
     blocking.validate(problem, precision)?;
@@ -170,7 +172,8 @@ pub fn emulate(
     let results: Vec<(Vec<f32>, f32)> = (0..rows)
         .into_par_iter()
         .map_init(Vec::new, |scratch, r| {
-            let (b, h, i) = (r / (problem.q_heads * problem.q_len), (r / problem.q_len) % problem.q_heads, r % problem.q_len);
+            let (b, h, i) =
+                (r / (problem.q_heads * problem.q_len), (r / problem.q_len) % problem.q_heads, r % problem.q_len);
             row(problem, blocking, &scores, &values, b, h, i, scratch)
         })
         .collect();
@@ -179,7 +182,8 @@ pub fn emulate(
     let mut lse = vec![0.0f32; rows];
     let st = problem.o_strides();
     for (r, (orow, l)) in results.into_iter().enumerate() {
-        let (b, h, i) = (r / (problem.q_heads * problem.q_len), (r / problem.q_len) % problem.q_heads, r % problem.q_len);
+        let (b, h, i) =
+            (r / (problem.q_heads * problem.q_len), (r / problem.q_len) % problem.q_heads, r % problem.q_len);
         o[st.offset(b, h, i)..][..problem.v_head_dim].copy_from_slice(&orow);
         lse[r] = l;
     }

@@ -84,7 +84,8 @@ impl ScorePlan {
                     len: problem.q_len,
                     block_rows: blocking.block_q,
                 };
-                let kl = DescaleLayout { heads: problem.kv_heads, len: problem.kv_len, block_rows: blocking.block_k, ..ql };
+                let kl =
+                    DescaleLayout { heads: problem.kv_heads, len: problem.kv_len, block_rows: blocking.block_k, ..ql };
                 let qt = Fp8Tensor::quantize(format, &q, problem.q_strides(), problem.head_dim, ql)?;
                 let kt = Fp8Tensor::quantize(format, &k, problem.k_strides(), problem.head_dim, kl)?;
                 let raw = |t: &Fp8Tensor| (0..t.codes.len()).map(|i| t.raw(i)).collect::<Vec<f32>>();

@@ -90,11 +90,20 @@ fn gaussian(rng: &mut rand::rngs::StdRng, n: usize, std: f32) -> Vec<f32> {
 
 fn inputs(p: &AttentionProblem, seed: u64) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    (gaussian(&mut rng, p.q_len_elems(), 1.0), gaussian(&mut rng, p.k_len_elems(), 1.0), gaussian(&mut rng, p.v_len_elems(), 1.0))
+    (
+        gaussian(&mut rng, p.q_len_elems(), 1.0),
+        gaussian(&mut rng, p.k_len_elems(), 1.0),
+        gaussian(&mut rng, p.v_len_elems(), 1.0),
+    )
 }
 
 /// (O rel-L2, max LSE error) of `precision` against the f64 reference.
-fn errors(p: &AttentionProblem, precision: Precision, blocking: &Blocking, x: &(Vec<f32>, Vec<f32>, Vec<f32>)) -> (f64, f64) {
+fn errors(
+    p: &AttentionProblem,
+    precision: Precision,
+    blocking: &Blocking,
+    x: &(Vec<f32>, Vec<f32>, Vec<f32>),
+) -> (f64, f64) {
     let out = emulate(p, precision, blocking, &x.0, &x.1, &x.2).unwrap();
     let (o, lse) = reference(p, &x.0, &x.1, &x.2);
     (rel_l2(&out.o, &o), lse_err(&out.lse, &lse))
@@ -103,7 +112,6 @@ fn errors(p: &AttentionProblem, precision: Precision, blocking: &Blocking, x: &(
 fn small_blocking() -> Blocking {
     Blocking { block_q: 32, block_k: 32, warps: 2, qk_chunk: 32 }
 }
-
 
 fn all_supported() -> Vec<Precision> {
     Precision::all_named()
@@ -164,7 +172,9 @@ fn every_mode_is_within_its_tolerance_of_the_reference() {
 fn bf16_with_f16_accumulation_is_an_error() {
     let p = AttentionProblem::new(1, 1, 8, 16);
     let x = inputs(&p, 202);
-    for (qk, pv) in [(QkAccum::F16, PvAccum::F32), (QkAccum::TwoStage, PvAccum::F32), (QkAccum::F32, PvAccum::F16PerTile)] {
+    for (qk, pv) in
+        [(QkAccum::F16, PvAccum::F32), (QkAccum::TwoStage, PvAccum::F32), (QkAccum::F32, PvAccum::F16PerTile)]
+    {
         let r = emulate(&p, Precision::Bf16 { qk, pv }, &Blocking::default(), &x.0, &x.1, &x.2);
         assert!(matches!(r, Err(Error::UnsupportedPrecision { .. })), "{qk:?} {pv:?}");
     }
@@ -208,7 +218,8 @@ fn int8_equals_attention_on_dequantized_inputs() {
         for smooth_k in [false, true] {
             let precision = Precision::Int8Qk { granularity, smooth_k, pv: PvFormat::F16 };
             let out = emulate(&p, precision, &blk, &x.0, &x.1, &x.2).unwrap();
-            let lay = Int8ScaleLayout::new(&p, granularity, Int8Blocking { block_q: 32, block_k: 32, warps: 2 }).unwrap();
+            let lay =
+                Int8ScaleLayout::new(&p, granularity, Int8Blocking { block_q: 32, block_k: 32, warps: 2 }).unwrap();
             let qt = int8::quantize_q(&p, &lay, &q16, 1.0).unwrap();
             let sm = int8::smooth_k(&p, &k16).unwrap();
             let kin = if smooth_k { &sm.values } else { &k16 };
@@ -323,8 +334,18 @@ fn smoothing_helps_with_an_outlier_k_channel() {
         for pv in [PvFormat::F16, PvFormat::Fp8] {
             let with = errors(&p, Precision::Int8Qk { granularity, smooth_k: true, pv }, &small_blocking(), &x);
             let without = errors(&p, Precision::Int8Qk { granularity, smooth_k: false, pv }, &small_blocking(), &x);
-            assert!(with.0 < without.0, "{granularity:?} {pv:?}: O error with smoothing {} !< without {}", with.0, without.0);
-            assert!(with.1 < without.1, "{granularity:?} {pv:?}: LSE error with smoothing {} !< without {}", with.1, without.1);
+            assert!(
+                with.0 < without.0,
+                "{granularity:?} {pv:?}: O error with smoothing {} !< without {}",
+                with.0,
+                without.0
+            );
+            assert!(
+                with.1 < without.1,
+                "{granularity:?} {pv:?}: LSE error with smoothing {} !< without {}",
+                with.1,
+                without.1
+            );
         }
     }
 }
@@ -368,7 +389,10 @@ fn rows_that_see_no_key_give_zero_and_minus_infinity() {
                     assert!(o.iter().all(|&v| v == 0.0), "{precision} row {i}");
                     assert_eq!(lse, f32::NEG_INFINITY, "{precision} row {i}");
                 } else {
-                    assert!(lse.is_finite() && o.iter().all(|v| v.is_finite()) && o.iter().any(|&v| v != 0.0), "{precision} row {i}");
+                    assert!(
+                        lse.is_finite() && o.iter().all(|v| v.is_finite()) && o.iter().any(|&v| v != 0.0),
+                        "{precision} row {i}"
+                    );
                 }
             }
         }

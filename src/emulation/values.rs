@@ -55,8 +55,14 @@ pub(super) enum ValuePlan {
 
 impl ValuePlan {
     /// `v` is the input already rounded to the precision's input dtype.
-    pub(super) fn prepare(problem: &AttentionProblem, precision: Precision, blocking: &Blocking, v: Vec<f32>) -> Result<Self> {
-        let float = |round, accum| ValuePlan::Float { round, v: v.iter().map(|&x| Round::apply(round, x)).collect(), accum };
+    pub(super) fn prepare(
+        problem: &AttentionProblem,
+        precision: Precision,
+        blocking: &Blocking,
+        v: Vec<f32>,
+    ) -> Result<Self> {
+        let float =
+            |round, accum| ValuePlan::Float { round, v: v.iter().map(|&x| Round::apply(round, x)).collect(), accum };
         Ok(match precision {
             Precision::F32 => float(Round::F32, PvAccum::F32),
             Precision::F16 { pv, .. } => float(Round::F16, pv),
@@ -234,7 +240,10 @@ fn per_channel_e4m3(problem: &AttentionProblem, v: &[f32]) -> ValuePlan {
             for j in 0..problem.kv_len {
                 let o = st.offset(b, h, j);
                 for c in 0..dv {
-                    dec[o + c] = fp8::decode(Fp8Format::E4M3, fp8::encode(Fp8Format::E4M3, v[o + c] / s[c], Saturation::Saturate));
+                    dec[o + c] = fp8::decode(
+                        Fp8Format::E4M3,
+                        fp8::encode(Fp8Format::E4M3, v[o + c] / s[c], Saturation::Saturate),
+                    );
                 }
             }
         }
