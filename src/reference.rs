@@ -1,6 +1,8 @@
 //! The independent f64 reference: naive two-pass softmax, no tiling and no online rescaling, so
 //! it shares no structure (and no bug) with any kernel.
 
+use rayon::prelude::*;
+
 use crate::error::Result;
 use crate::problem::AttentionProblem;
 
@@ -23,43 +25,45 @@ pub fn attention_f64(problem: &AttentionProblem, q: &[f32], k: &[f32], v: &[f32]
     let scale = p.softmax_scale() as f64;
     let (qs, ks, vs, os) = (p.q_strides(), p.k_strides(), p.v_strides(), p.o_strides());
     let (d, dv) = (p.head_dim, p.v_head_dim);
+    // One task per query row (rows are independent; parallelism changes no arithmetic).
+    let rows: Vec<(Vec<f64>, f64)> = (0..p.batch * p.q_heads * p.q_len)
+        .into_par_iter()
+        .map(|r| {
+            let (b, h, i) = (r / (p.q_heads * p.q_len), (r / p.q_len) % p.q_heads, r % p.q_len);
+            let kh = p.kv_head_of(h);
+            let n = p.visible_keys(i);
+            let mut orow = vec![0.0f64; dv];
+            if n == 0 {
+                return (orow, f64::NEG_INFINITY); // O stays 0, LSE is -inf.
+            }
+            let qrow = &q[qs.offset(b, h, i)..][..d];
+            let s: Vec<f64> = (0..n)
+                .map(|j| {
+                    let krow = &k[ks.offset(b, kh, j)..][..d];
+                    qrow.iter().zip(krow).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() * scale
+                })
+                .collect();
+            let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = s.iter().map(|&x| (x - m).exp()).collect();
+            let l: f64 = e.iter().sum();
+            for (j, &pj) in e.iter().enumerate() {
+                let vrow = &v[vs.offset(b, kh, j)..][..dv];
+                for (oc, &vc) in orow.iter_mut().zip(vrow) {
+                    *oc += pj * vc as f64;
+                }
+            }
+            for oc in orow.iter_mut() {
+                *oc /= l;
+            }
+            (orow, m + l.ln())
+        })
+        .collect();
     let mut o = vec![0.0f64; p.o_len_elems()];
     let mut lse = vec![f64::NEG_INFINITY; p.lse_len_elems()];
-    let mut s = vec![0.0f64; p.kv_len];
-    for b in 0..p.batch {
-        for h in 0..p.q_heads {
-            let kh = p.kv_head_of(h);
-            for i in 0..p.q_len {
-                let n = p.visible_keys(i);
-                if n == 0 {
-                    continue; // O stays 0, LSE stays -inf.
-                }
-                let qrow = &q[qs.offset(b, h, i)..][..d];
-                let mut m = f64::NEG_INFINITY;
-                for (j, sj) in s.iter_mut().enumerate().take(n) {
-                    let krow = &k[ks.offset(b, kh, j)..][..d];
-                    let dot: f64 = qrow.iter().zip(krow).map(|(&a, &b)| a as f64 * b as f64).sum();
-                    *sj = dot * scale;
-                    m = m.max(*sj);
-                }
-                let mut l = 0.0f64;
-                for sj in s.iter_mut().take(n) {
-                    *sj = (*sj - m).exp();
-                    l += *sj;
-                }
-                let orow = &mut o[os.offset(b, h, i)..][..dv];
-                for (j, &pj) in s.iter().enumerate().take(n) {
-                    let vrow = &v[vs.offset(b, kh, j)..][..dv];
-                    for (oc, &vc) in orow.iter_mut().zip(vrow) {
-                        *oc += pj * vc as f64;
-                    }
-                }
-                for oc in orow.iter_mut() {
-                    *oc /= l;
-                }
-                lse[(b * p.q_heads + h) * p.q_len + i] = m + l.ln();
-            }
-        }
+    for (r, (orow, l)) in rows.into_iter().enumerate() {
+        let (b, h, i) = (r / (p.q_heads * p.q_len), (r / p.q_len) % p.q_heads, r % p.q_len);
+        o[os.offset(b, h, i)..][..dv].copy_from_slice(&orow);
+        lse[r] = l;
     }
     Ok(ReferenceOutput { o, lse })
 }

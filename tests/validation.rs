@@ -131,3 +131,31 @@ fn errors_display_what_is_wrong() {
     let e: Box<dyn std::error::Error> = Box::new(plan_err(&AttentionProblem { batch: 0, ..p }, Precision::F32, Strategy::Auto));
     assert!(e.to_string().contains("batch"));
 }
+
+#[test]
+fn head_dim_the_path_cannot_take() {
+    // NVFP4 scales blocks of 16 along the head dim: 24 has no whole block.
+    let p = AttentionProblem::new(1, 2, 16, 24);
+    match plan_err(&p, Precision::NVFP4_DEFAULT, Strategy::Reference) {
+        Error::UnsupportedHeadDim { head_dim: 24, supported, .. } => assert!(supported.contains(&64)),
+        e => panic!("wrong error {e}"),
+    }
+}
+
+#[test]
+fn missing_device_is_a_typed_error() {
+    match Session::new(Device::Cuda(97)) {
+        Err(Error::DeviceUnavailable { device: Device::Cuda(97), reason }) => assert!(!reason.is_empty()),
+        Err(Error::NotCompiledWith { feature: "cuda", .. }) => {}
+        other => panic!("expected DeviceUnavailable, got {:?}", other.err()),
+    }
+}
+
+#[test]
+fn modes_no_hardware_computes() {
+    let p = AttentionProblem::new(1, 2, 16, 64);
+    let bf16_acc16 = Precision::Bf16 { qk: quattn::QkAccum::F16, pv: quattn::PvAccum::F32 };
+    for strategy in [Strategy::Auto, Strategy::Reference] {
+        assert!(matches!(plan_err(&p, bf16_acc16, strategy), Error::UnsupportedPrecision { .. }));
+    }
+}
