@@ -18,6 +18,8 @@ pub enum Command {
     Bench(BenchArgs),
     /// The correctness matrix on every device present; non-zero exit on any failure.
     Selftest(SelftestArgs),
+    /// Compile every native kernel variant with NVRTC, disassemble, check instructions and spills.
+    Kernels(KernelsArgs),
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -231,6 +233,17 @@ pub struct SelftestArgs {
     #[arg(long)]
     pub quick: bool,
     /// One JSON object per case on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Clone, Debug)]
+pub struct KernelsArgs {
+    /// Architectures to compile for (comma-separated, e.g. sm_90,sm_100a); default: every target
+    /// of every kernel.
+    #[arg(long, value_delimiter = ',')]
+    pub arch: Vec<String>,
+    /// One JSON object per (kernel, arch) on stdout.
     #[arg(long)]
     pub json: bool,
 }

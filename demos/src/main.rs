@@ -4,6 +4,7 @@
 mod args;
 mod bench;
 mod check;
+mod kernels;
 mod run;
 mod selftest;
 
@@ -18,6 +19,7 @@ fn main() {
         Command::Run(a) => run::main(&a),
         Command::Bench(a) => bench::main(&a),
         Command::Selftest(a) => selftest::main(&a),
+        Command::Kernels(a) => kernels::main(&a),
     };
     match result {
         Ok(code) => std::process::exit(code),

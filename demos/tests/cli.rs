@@ -54,3 +54,26 @@ fn bench_and_selftest_exist() {
     assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout.contains("passed, 0 failed"), "{stdout}");
 }
+
+#[test]
+fn native_kernels_compile_with_their_tensor_core_instructions() {
+    // Needs NVRTC and a disassembler (installed by .ci/run); CI must run it, elsewhere a
+    // missing toolchain skips with the reason.
+    let out = quattn(&["kernels", "--json"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let ci = std::env::var("CI").map(|v| !v.is_empty() && v != "false").unwrap_or(false);
+    let rows: Vec<serde_json::Value> = stdout.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
+    let toolchain_missing = rows.iter().all(|r| r["compiled"] == false) && !rows.is_empty();
+    if toolchain_missing && !ci {
+        println!("SKIPPED: NVRTC not found: {}", rows[0]["error"]);
+        return;
+    }
+    assert!(out.status.success(), "quattn kernels failed:\n{stdout}");
+    for arch in ["sm_80", "sm_86", "sm_89", "sm_90"] {
+        assert!(rows.iter().any(|r| r["arch"] == arch && r["kernel"].as_str().unwrap().ends_with("f32_f32_d128")), "no {arch} row");
+    }
+    for r in &rows {
+        assert_eq!(r["spill_store_bytes"], 0, "{r}");
+        assert!(r["missing"].as_array().unwrap().is_empty(), "{r}");
+    }
+}

@@ -1,6 +1,33 @@
 //! Native fast paths of quattn.
 //!
-//! This crate will hold hand-written tensor-core attention kernels (`native/cuda/*.cu`), compiled
-//! at run time with NVRTC through cudarc for the exact device: mma.sync HMMA FP16 kernels, INT8
-//! Q/K kernels (IMMA, tcgen05 UMMA on sm_100a), FP8 and NVFP4 block-scale kernels. It takes plain
-//! launch parameters and does not depend on the `quattn` facade.
+//! Hand-written tensor-core attention kernels (`native/cuda/*.cu`, shared helpers in
+//! `native/cuda/common.cuh`), compiled at run time with NVRTC through cudarc for the exact
+//! target, cached in memory and on disk, checked by disassembly, and launched through cudarc's
+//! driver API with plain parameters. This crate does not depend on the `quattn` facade.
+//!
+//! - [`arch`]: compile targets and compute-capability mapping.
+//! - [`tools`]: where libnvrtc, cuobjdump and nvdisasm are found (env overrides, PATH, CUDA
+//!   toolkit, Python wheels).
+//! - [`cache`]: kernel sources, compile requests, the memory + disk cache.
+//! - [`report`]: the per-(variant, arch) compile report used by `quattn kernels` and CI.
+//! - [`hmma`]: the mma.sync (HMMA) forward family, its configs and its launcher.
+//! - [`device`]: device queries.
+
+pub mod arch;
+pub mod cache;
+pub mod device;
+pub mod error;
+pub mod hmma;
+pub mod nvrtc;
+pub mod report;
+pub mod sass;
+pub mod tools;
+
+pub use arch::Arch;
+pub use cache::{default_cache_dir, CacheKey, CompileRequest, CompiledKernel, KernelCache, Origin};
+pub use error::{NativeError, Result};
+#[cfg(feature = "cuda")]
+pub use hmma::HmmaKernel;
+pub use hmma::{HmmaArgs, HmmaConfig, HmmaParams, HmmaTile, InputType, PvAccum, QkAccum, Strides, HMMA_TILES};
+pub use nvrtc::{nvrtc, NvrtcInfo, Resources};
+pub use report::{compile_report, KernelReport};

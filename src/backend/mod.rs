@@ -3,6 +3,8 @@
 //! [`Error::NotCompiledWith`].
 
 pub(crate) mod cpu;
+#[cfg(feature = "cuda")]
+pub(crate) mod cuda;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub(crate) mod gpu;
 
@@ -108,8 +110,7 @@ fn open_cuda(device: Device, ordinal: usize) -> Result<Box<dyn Backend>> {
         });
     }
     let name = quattn_native::device::device_name(ordinal).unwrap_or_else(|e| format!("CUDA device {ordinal} ({e})"));
-    let b = gpu::CubeclBackend::<cubecl::cuda::CudaRuntime>::open(device, cubecl::cuda::CudaDevice::new(ordinal), "cuda", name)?;
-    Ok(Box::new(b))
+    Ok(Box::new(cuda::CudaBackend::open(device, ordinal, name)?))
 }
 
 #[cfg(not(feature = "cuda"))]

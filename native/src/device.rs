@@ -1,0 +1,63 @@
+//! Device queries: which compile target a CUDA device runs, and opening a context without
+//! cudarc's panic when no driver library is installed.
+
+use std::sync::Arc;
+
+use crate::arch::Arch;
+use crate::error::{NativeError, Result};
+
+/// True if the CUDA driver library (libcuda) can be loaded.
+pub fn driver_available() -> bool {
+    #[cfg(feature = "cuda")]
+    {
+        // SAFETY: only dlopens/dlcloses candidate library names.
+        unsafe { cudarc::driver::sys::is_culib_present() }
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        false
+    }
+}
+
+/// Opens the primary context of device `ordinal`, or a typed error where cudarc would panic.
+#[cfg(feature = "cuda")]
+pub fn open_context(ordinal: usize) -> Result<Arc<cudarc::driver::CudaContext>> {
+    if !driver_available() {
+        return Err(NativeError::DriverNotFound("libcuda could not be loaded".into()));
+    }
+    Ok(cudarc::driver::CudaContext::new(ordinal)?)
+}
+
+/// Compute capability of the context's device.
+#[cfg(feature = "cuda")]
+pub fn compute_capability(ctx: &cudarc::driver::CudaContext) -> Result<(u32, u32)> {
+    let (major, minor) = ctx.compute_capability()?;
+    Ok((major as u32, minor as u32))
+}
+
+/// Compile targets the context's device runs, most specific first (sm_90 -> sm_90a, sm_90).
+#[cfg(feature = "cuda")]
+pub fn device_archs(ctx: &cudarc::driver::CudaContext) -> Result<Vec<Arch>> {
+    let (major, minor) = compute_capability(ctx)?;
+    Ok(Arch::for_compute_capability(major, minor))
+}
+
+#[cfg(not(feature = "cuda"))]
+pub fn open_context(_ordinal: usize) -> Result<Arc<()>> {
+    Err(NativeError::NotCompiledWithCuda)
+}
+
+/// Number of CUDA devices, 0 when no driver is installed.
+#[cfg(feature = "cuda")]
+pub fn device_count() -> Result<usize> {
+    if !driver_available() {
+        return Ok(0);
+    }
+    Ok(cudarc::driver::CudaContext::device_count()? as usize)
+}
+
+/// The device's marketing name (e.g. "NVIDIA H100 80GB HBM3").
+#[cfg(feature = "cuda")]
+pub fn device_name(ordinal: usize) -> Result<String> {
+    Ok(open_context(ordinal)?.name()?)
+}

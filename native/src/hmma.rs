@@ -1,0 +1,615 @@
+//! The HMMA forward family (`cuda/fwd_hmma.cu`): FlashAttention-2-style attention on
+//! `mma.sync.m16n8k16`, fp16 or bf16 inputs, with a choice of accumulation precision for Q·Kᵀ
+//! and P·V. Runs on every target from sm_80 up; on Hopper/Blackwell it is the fallback next to
+//! the wgmma / tcgen05 families, on Ampere/Ada/consumer Blackwell it is the fast path.
+
+use crate::arch::Arch;
+use crate::cache::{CompileRequest, FWD_HMMA};
+use crate::error::{NativeError, Result};
+
+const KERNEL: &str = "fwd_hmma";
+
+/// Element type of Q, K, V and O.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+pub enum InputType {
+    F16,
+    Bf16,
+}
+
+/// How Q·Kᵀ accumulates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+pub enum QkAccum {
+    /// f32 accumulators (HMMA.16816.F32): scores exact to f32 before scale/mask/max/exp.
+    F32,
+    /// f16 accumulators over the whole head dim (HMMA.16816.F16): full rate on parts where
+    /// f32 accumulation runs at half rate, ~1e-3 relative score error.
+    F16,
+    /// f16-accumulating MMAs over `chunk` head dims, folded into f32 registers after each
+    /// chunk: most of the F16 speed, an order of magnitude less error (seed note 004).
+    TwoStage { chunk: u32 },
+}
+
+/// How P·V accumulates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+pub enum PvAccum {
+    /// f32 accumulators throughout.
+    F32,
+    /// f16 accumulators within one KV tile, folded into the f32 O registers once per tile.
+    F16PerTile,
+}
+
+/// Tile shape of one head dim. One table ([`HMMA_TILES`]), no branches elsewhere.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+pub struct HmmaTile {
+    /// Warps per CTA; each warp owns 16 query rows, so BLOCK_M = 16 * warps.
+    pub warps: u32,
+    /// Keys per KV tile.
+    pub block_n: u32,
+}
+
+/// Tile configuration per head dim, and why:
+///
+/// | head dim | warps | BLOCK_M | BLOCK_N | smem (2 stages K+V) | regs (sm_90, F32) | H100 hd128/64 s4k F32 |
+/// |---------:|------:|--------:|--------:|--------------------:|------------------:|----------------------:|
+/// | 64       | 4     | 64      | 64      | 32 KiB              | ~177              | 250 TFLOP/s           |
+/// | 128      | 8     | 128     | 64      | 64 KiB              | 236-255           | 280 TFLOP/s           |
+///
+/// 16 rows per warp keeps Q in registers (loaded once) at head dim 128 within 255 registers
+/// (Q 32 + O 64 + S 32 + P 16); the price is that each K/V fragment read from shared memory
+/// feeds one m16 MMA, so BLOCK_N stays at 64 to keep S registers low. At hd64, 4-warp CTAs
+/// beat 8-warp CTAs on the H100 (250 vs 211 TFLOP/s: two independent CTAs per SM hide each
+/// other's barriers). At hd128 4 warps measured faster too (292 vs 280) but each thread then
+/// carries twice the cp.async addresses and the PV-f16 variants spill (36-48 bytes), so hd128
+/// keeps 8 warps until the copy addressing is slimmed. BLOCK_N 32 loses (262 at hd128),
+/// BLOCK_N 128 hits the register limit (168-273). BLOCK_M <= 2 * BLOCK_N is required by the kernel: Q is staged
+/// through the second K/V buffer before the pipeline starts, O through the free one at the
+/// end, so shared memory is exactly two K+V stages.
+pub const HMMA_TILES: [(u32, HmmaTile); 2] =
+    [(64, HmmaTile { warps: 4, block_n: 64 }), (128, HmmaTile { warps: 8, block_n: 64 })];
+
+/// Two-stage chunk used by [`HmmaConfig::all`]: 32 dims = 2 MMAs per fold, short enough that
+/// the f16 partial sum of |q|·|k| ~ 32 stays far from fp16 overflow for normalised inputs.
+pub const DEFAULT_TWO_STAGE_CHUNK: u32 = 32;
+
+impl HmmaTile {
+    pub fn block_m(&self) -> u32 {
+        16 * self.warps
+    }
+    pub fn threads(&self) -> u32 {
+        32 * self.warps
+    }
+    /// Dynamic shared memory: two stages of a K and a V tile.
+    pub fn smem_bytes(&self, head_dim: u32) -> u32 {
+        2 * 2 * self.block_n * head_dim * 2
+    }
+}
+
+/// One compiled variant of the family: everything that changes the generated code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+pub struct HmmaConfig {
+    pub head_dim: u32,
+    pub input: InputType,
+    pub qk: QkAccum,
+    pub pv: PvAccum,
+    /// `None`: the tile from [`HMMA_TILES`]; `Some`: forced (tests, tuning sweeps).
+    pub tile: Option<HmmaTile>,
+}
+
+impl HmmaConfig {
+    /// Head dims with a tile entry; others are refused so the facade can fall back.
+    pub const HEAD_DIMS: &'static [usize] = &[64, 128];
+
+    /// Targets the family is built and checked for: mma.sync m16n8k16 exists on all of them,
+    /// and nothing in the kernel needs an arch-specific (`a`) feature, so an H100 runs the
+    /// sm_90 build. sm_100a and sm_120a are left out until the hd128 f16-accumulation variants
+    /// stop spilling there (4–24 bytes at 255 registers); those devices take the portable path.
+    pub const TARGETS: &'static [Arch] =
+        &[Arch::Sm80, Arch::Sm86, Arch::Sm89, Arch::Sm90];
+
+    /// Validated constructor.
+    pub fn new(head_dim: usize, input: InputType, qk: QkAccum, pv: PvAccum) -> Result<Self> {
+        let cfg = HmmaConfig { head_dim: head_dim as u32, input, qk, pv, tile: None };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Checks the combination exists (head dim in the table, bf16 only with f32 accumulation,
+    /// two-stage chunk a multiple of 16 dividing the head dim).
+    pub fn validate(&self) -> Result<()> {
+        if self.tile_opt().is_none() {
+            return Err(NativeError::UnsupportedHeadDim {
+                kernel: KERNEL,
+                head_dim: self.head_dim as usize,
+                supported: Self::HEAD_DIMS,
+            });
+        }
+        let bad = |reason: String| Err(NativeError::UnsupportedConfig { kernel: KERNEL, reason });
+        if let Some(t) = self.tile {
+            // Mirrors the kernel's static_asserts so a bad forced tile fails before NVRTC.
+            let threads = t.threads();
+            let chunks = self.head_dim / 8;
+            if t.warps == 0 || t.block_n < 16 || t.block_n % 16 != 0 || t.block_m() > 2 * t.block_n
+                || (t.block_m() * chunks) % threads != 0 || (t.block_n * chunks) % threads != 0
+            {
+                return bad(format!("tile {t:?} (needs BLOCK_N % 16 == 0, BLOCK_M <= 2*BLOCK_N, even copies)"));
+            }
+        }
+        if self.input == InputType::Bf16 && (self.qk != QkAccum::F32 || self.pv != PvAccum::F32) {
+            return bad("bf16 mma.sync accumulates in f32 only".into());
+        }
+        if let QkAccum::TwoStage { chunk } = self.qk {
+            if chunk == 0 || chunk % 16 != 0 || self.head_dim % chunk != 0 {
+                return bad(format!(
+                    "two-stage chunk {chunk} must be a multiple of 16 dividing {}",
+                    self.head_dim
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn tile_opt(&self) -> Option<HmmaTile> {
+        if !Self::HEAD_DIMS.contains(&(self.head_dim as usize)) {
+            return None;
+        }
+        if self.tile.is_some() {
+            return self.tile;
+        }
+        HMMA_TILES.iter().find(|(d, _)| *d == self.head_dim).map(|(_, t)| *t)
+    }
+
+    /// The tile shape from [`HMMA_TILES`].
+    pub fn tile(&self) -> Result<HmmaTile> {
+        self.tile_opt().ok_or(NativeError::UnsupportedHeadDim {
+            kernel: KERNEL,
+            head_dim: self.head_dim as usize,
+            supported: Self::HEAD_DIMS,
+        })
+    }
+
+    /// `fwd_hmma_{in}_{qk}_{pv}_d{hd}`, e.g. `fwd_hmma_f16_2s32_f32_d128`.
+    pub fn name(&self) -> String {
+        let input = match self.input {
+            InputType::F16 => "f16",
+            InputType::Bf16 => "bf16",
+        };
+        let qk = match self.qk {
+            QkAccum::F32 => "f32".to_string(),
+            QkAccum::F16 => "f16".to_string(),
+            QkAccum::TwoStage { chunk } => format!("2s{chunk}"),
+        };
+        let pv = match self.pv {
+            PvAccum::F32 => "f32",
+            PvAccum::F16PerTile => "f16",
+        };
+        let forced = self.tile.map(|t| format!("_w{}n{}", t.warps, t.block_n)).unwrap_or_default();
+        format!("fwd_hmma_{input}_{qk}_{pv}_d{}{forced}", self.head_dim)
+    }
+
+    /// Every variant the report and tests compile.
+    pub fn all() -> Vec<HmmaConfig> {
+        let mut v = Vec::new();
+        for hd in [64, 128] {
+            for qk in [QkAccum::F32, QkAccum::F16, QkAccum::TwoStage { chunk: DEFAULT_TWO_STAGE_CHUNK }] {
+                for pv in [PvAccum::F32, PvAccum::F16PerTile] {
+                    v.push(HmmaConfig { head_dim: hd, input: InputType::F16, qk, pv, tile: None });
+                }
+            }
+            v.push(HmmaConfig { head_dim: hd, input: InputType::Bf16, qk: QkAccum::F32, pv: PvAccum::F32, tile: None });
+        }
+        v
+    }
+
+    /// The `-D` defines the kernel reads (see the header of `fwd_hmma.cu`).
+    pub fn defines(&self) -> Result<Vec<(String, String)>> {
+        self.validate()?;
+        let tile = self.tile()?;
+        let (qk, chunk) = match self.qk {
+            QkAccum::F32 => (0, DEFAULT_TWO_STAGE_CHUNK),
+            QkAccum::F16 => (1, DEFAULT_TWO_STAGE_CHUNK),
+            QkAccum::TwoStage { chunk } => (2, chunk),
+        };
+        let d = |k: &str, v: u32| (k.to_string(), v.to_string());
+        Ok(vec![
+            d("HEAD_DIM", self.head_dim),
+            d("WARPS", tile.warps),
+            d("BLOCK_N", tile.block_n),
+            d("IN_BF16", (self.input == InputType::Bf16) as u32),
+            d("QK_ACC", qk),
+            d("QK_CHUNK", chunk),
+            d("PV_ACC", (self.pv == PvAccum::F16PerTile) as u32),
+        ])
+    }
+
+    /// The compile request for `arch`.
+    pub fn request(&self, arch: Arch) -> Result<CompileRequest<'static>> {
+        Ok(CompileRequest { kernel: self.name(), source: &FWD_HMMA, arch, defines: self.defines()? })
+    }
+
+    /// SASS opcodes that must appear (and only these HMMA forms): the proof that the mode is
+    /// really built on the intended tensor-core instruction.
+    pub fn expected_instructions(&self) -> Vec<&'static str> {
+        let f32acc = match self.input {
+            InputType::F16 => "HMMA.16816.F32",
+            InputType::Bf16 => "HMMA.16816.F32.BF16",
+        };
+        let qk = match self.qk {
+            QkAccum::F32 => f32acc,
+            QkAccum::F16 | QkAccum::TwoStage { .. } => "HMMA.16816.F16",
+        };
+        let pv = match self.pv {
+            PvAccum::F32 => f32acc,
+            PvAccum::F16PerTile => "HMMA.16816.F16",
+        };
+        let mut v = vec![qk, pv];
+        v.dedup();
+        v
+    }
+
+    /// Targets among [`Self::TARGETS`] that a device of compute capability `cc` runs, best
+    /// first.
+    pub fn target_for(cc: (u32, u32)) -> Option<Arch> {
+        Arch::for_compute_capability(cc.0, cc.1).into_iter().find(|a| Self::TARGETS.contains(a))
+    }
+}
+
+/// Element strides of one tensor; the head dim is always contiguous.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Strides {
+    pub batch: i64,
+    pub head: i64,
+    pub seq: i64,
+}
+
+impl Strides {
+    /// `[batch, heads, seq, head_dim]` contiguous.
+    pub fn bhsd(heads: usize, seq: usize, head_dim: usize) -> Self {
+        Strides { batch: (heads * seq * head_dim) as i64, head: (seq * head_dim) as i64, seq: head_dim as i64 }
+    }
+    /// `[batch, seq, heads, head_dim]` contiguous.
+    pub fn bshd(heads: usize, seq: usize, head_dim: usize) -> Self {
+        Strides { batch: (heads * seq * head_dim) as i64, head: head_dim as i64, seq: (heads * head_dim) as i64 }
+    }
+}
+
+/// Shapes, strides and softmax parameters of one launch.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct HmmaArgs {
+    pub batch: usize,
+    pub q_heads: usize,
+    /// `q_heads % kv_heads == 0`; query head `h` reads KV head `h / (q_heads / kv_heads)`.
+    pub kv_heads: usize,
+    pub q_len: usize,
+    pub kv_len: usize,
+    pub q: Strides,
+    pub k: Strides,
+    pub v: Strides,
+    pub o: Strides,
+    /// Softmax scale, > 0 (usually 1/sqrt(head_dim)).
+    pub scale: f32,
+    /// Bottom-right aligned causal mask: query i sees key j iff j <= i + kv_len - q_len.
+    pub causal: bool,
+}
+
+/// Mirror of `FwdParams` in `fwd_hmma.cu`: same field order, C layout.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct HmmaParams {
+    pub q: u64,
+    pub k: u64,
+    pub v: u64,
+    pub o: u64,
+    pub lse: u64,
+    pub q_batch_stride: i64,
+    pub q_head_stride: i64,
+    pub q_seq_stride: i64,
+    pub k_batch_stride: i64,
+    pub k_head_stride: i64,
+    pub k_seq_stride: i64,
+    pub v_batch_stride: i64,
+    pub v_head_stride: i64,
+    pub v_seq_stride: i64,
+    pub o_batch_stride: i64,
+    pub o_head_stride: i64,
+    pub o_seq_stride: i64,
+    pub q_len: i32,
+    pub kv_len: i32,
+    pub q_heads: i32,
+    pub kv_group: i32,
+    pub scale_log2: f32,
+    pub scale: f32,
+    pub causal: i32,
+    pub pad_: i32,
+}
+
+/// Grid, block and shared memory of one launch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HmmaLaunchShape {
+    pub grid: (u32, u32, u32),
+    pub block: (u32, u32, u32),
+    pub smem_bytes: u32,
+}
+
+impl HmmaArgs {
+    /// Minimum element count of a tensor with these strides and lengths.
+    fn required_len(s: &Strides, batch: usize, heads: usize, seq: usize, head_dim: usize) -> i64 {
+        (batch as i64 - 1) * s.batch + (heads as i64 - 1) * s.head + (seq as i64 - 1) * s.seq + head_dim as i64
+    }
+
+    /// Element counts Q, K, V, O and LSE must at least have.
+    pub fn required_lens(&self, head_dim: usize) -> [usize; 5] {
+        let r = |s: &Strides, h, n| Self::required_len(s, self.batch, h, n, head_dim).max(0) as usize;
+        let kv = self.kv_len.max(1);
+        [
+            r(&self.q, self.q_heads, self.q_len),
+            if self.kv_len == 0 { 0 } else { r(&self.k, self.kv_heads, kv) },
+            if self.kv_len == 0 { 0 } else { r(&self.v, self.kv_heads, kv) },
+            r(&self.o, self.q_heads, self.q_len),
+            self.batch * self.q_heads * self.q_len,
+        ]
+    }
+
+    /// Validates everything that does not need device pointers.
+    pub fn validate(&self, config: &HmmaConfig) -> Result<()> {
+        config.validate()?;
+        let bad = |m: String| Err(NativeError::InvalidArgs(m));
+        if self.batch == 0 || self.q_heads == 0 || self.kv_heads == 0 || self.q_len == 0 {
+            return bad(format!("empty problem: {self:?}"));
+        }
+        if self.q_heads % self.kv_heads != 0 {
+            return bad(format!("q_heads {} not a multiple of kv_heads {}", self.q_heads, self.kv_heads));
+        }
+        if self.q_len > i32::MAX as usize || self.kv_len > i32::MAX as usize {
+            return bad("sequence length exceeds i32".into());
+        }
+        // Grid y/z limits.
+        if self.q_heads > 65535 || self.batch > 65535 {
+            return bad(format!("batch {} / heads {} exceed the grid limit 65535", self.batch, self.q_heads));
+        }
+        if !(self.scale.is_finite() && self.scale > 0.0) {
+            // The kernel tracks the row max of raw scores; a non-positive scale would flip it.
+            return bad(format!("softmax scale must be finite and > 0, got {}", self.scale));
+        }
+        for (name, s) in [("q", &self.q), ("k", &self.k), ("v", &self.v), ("o", &self.o)] {
+            // cp.async / vector stores move 16-byte rows pieces: 8 elements.
+            if [s.batch, s.head, s.seq].iter().any(|&x| x < 0 || x % 8 != 0) {
+                return bad(format!("{name} strides {s:?} must be non-negative multiples of 8 elements"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Kernel parameters for the given device pointers.
+    pub fn params(&self, ptrs: [u64; 5]) -> HmmaParams {
+        let scale_log2 = self.scale * std::f32::consts::LOG2_E;
+        HmmaParams {
+            q: ptrs[0],
+            k: ptrs[1],
+            v: ptrs[2],
+            o: ptrs[3],
+            lse: ptrs[4],
+            q_batch_stride: self.q.batch,
+            q_head_stride: self.q.head,
+            q_seq_stride: self.q.seq,
+            k_batch_stride: self.k.batch,
+            k_head_stride: self.k.head,
+            k_seq_stride: self.k.seq,
+            v_batch_stride: self.v.batch,
+            v_head_stride: self.v.head,
+            v_seq_stride: self.v.seq,
+            o_batch_stride: self.o.batch,
+            o_head_stride: self.o.head,
+            o_seq_stride: self.o.seq,
+            q_len: self.q_len as i32,
+            kv_len: self.kv_len as i32,
+            q_heads: self.q_heads as i32,
+            kv_group: (self.q_heads / self.kv_heads) as i32,
+            scale_log2,
+            scale: self.scale,
+            causal: self.causal as i32,
+            pad_: 0,
+        }
+    }
+
+    /// Grid `(query blocks, q_heads, batch)`, one CTA of `16 * warps` rows each.
+    pub fn launch_shape(&self, config: &HmmaConfig) -> Result<HmmaLaunchShape> {
+        let tile = config.tile()?;
+        let m_blocks = self.q_len.div_ceil(tile.block_m() as usize);
+        Ok(HmmaLaunchShape {
+            grid: (m_blocks as u32, self.q_heads as u32, self.batch as u32),
+            block: (tile.threads(), 1, 1),
+            smem_bytes: tile.smem_bytes(config.head_dim),
+        })
+    }
+}
+
+#[cfg(feature = "cuda")]
+pub use launch::HmmaKernel;
+
+#[cfg(feature = "cuda")]
+mod launch {
+    use std::sync::Arc;
+
+    use cudarc::driver::sys::CUfunction_attribute;
+    use cudarc::driver::{
+        CudaContext, CudaFunction, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig,
+        PushKernelArg,
+    };
+
+    use super::*;
+    use crate::cache::{CompiledKernel, KernelCache};
+
+    // SAFETY: #[repr(C)] plain-old-data mirror of the kernel's by-value parameter struct.
+    unsafe impl DeviceRepr for HmmaParams {}
+
+    /// One HMMA variant loaded into a CUDA context, ready to launch.
+    #[derive(Debug)]
+    pub struct HmmaKernel {
+        config: HmmaConfig,
+        arch: Arch,
+        function: CudaFunction,
+        compiled: Arc<CompiledKernel>,
+    }
+
+    impl HmmaKernel {
+        /// Compiles (or fetches from the global cache) `config` for the context's device and
+        /// loads it.
+        pub fn load(ctx: &Arc<CudaContext>, config: HmmaConfig) -> Result<Self> {
+            Self::load_with_cache(ctx, config, KernelCache::global())
+        }
+
+        /// As [`Self::load`], with an explicit cache.
+        pub fn load_with_cache(ctx: &Arc<CudaContext>, config: HmmaConfig, cache: &KernelCache) -> Result<Self> {
+            config.validate()?;
+            let (major, minor) = ctx.compute_capability()?;
+            let arch = HmmaConfig::target_for((major as u32, minor as u32)).ok_or_else(|| {
+                NativeError::UnsupportedArch { kernel: KERNEL, needs: Arch::Sm80, device: format!("sm_{major}{minor}") }
+            })?;
+            let compiled = cache.get_or_compile(&config.request(arch)?)?;
+            let module = ctx.load_module(cudarc::nvrtc::Ptx::from_binary(compiled.cubin.clone()))?;
+            let function = module.load_function(compiled.entry)?;
+            let smem = config.tile()?.smem_bytes(config.head_dim);
+            // Above 48 KiB of dynamic shared memory a kernel has to opt in.
+            function.set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem as i32,
+            )?;
+            Ok(HmmaKernel { config, arch, function, compiled })
+        }
+
+        pub fn config(&self) -> &HmmaConfig {
+            &self.config
+        }
+        pub fn arch(&self) -> Arch {
+            self.arch
+        }
+        pub fn compiled(&self) -> &CompiledKernel {
+            &self.compiled
+        }
+
+        /// Launches on `stream`. `T` is the 2-byte element type (fp16 or bf16 bits: `half::f16`,
+        /// `u16`, ...); `lse` is `[batch, q_heads, q_len]` f32. Shapes, strides, lengths and
+        /// 16-byte alignment are checked before anything is enqueued.
+        #[allow(clippy::too_many_arguments)]
+        pub fn launch<T, Q, K, V, O, L>(
+            &self,
+            stream: &Arc<CudaStream>,
+            args: &HmmaArgs,
+            q: &Q,
+            k: &K,
+            v: &V,
+            o: &mut O,
+            lse: &mut L,
+        ) -> Result<()>
+        where
+            Q: DevicePtr<T>,
+            K: DevicePtr<T>,
+            V: DevicePtr<T>,
+            O: DevicePtrMut<T>,
+            L: DevicePtrMut<f32>,
+        {
+            if std::mem::size_of::<T>() != 2 {
+                return Err(NativeError::InvalidArgs(format!(
+                    "element type must be 2 bytes (fp16/bf16), got {}",
+                    std::mem::size_of::<T>()
+                )));
+            }
+            args.validate(&self.config)?;
+            let need = args.required_lens(self.config.head_dim as usize);
+            let have = [q.len(), k.len(), v.len(), o.len(), lse.len()];
+            for ((name, n), h) in ["q", "k", "v", "o", "lse"].iter().zip(need).zip(have) {
+                if h < n {
+                    return Err(NativeError::InvalidArgs(format!("{name} has {h} elements, needs {n}")));
+                }
+            }
+            let (qp, _gq) = q.device_ptr(stream);
+            let (kp, _gk) = k.device_ptr(stream);
+            let (vp, _gv) = v.device_ptr(stream);
+            let (op, _go) = o.device_ptr_mut(stream);
+            let (lp, _gl) = lse.device_ptr_mut(stream);
+            // SAFETY: lengths were checked against every offset the kernel touches.
+            unsafe { self.launch_raw(stream, args, [qp, kp, vp, op, lp]) }
+        }
+
+        /// Launches with raw device addresses `[q, k, v, o, lse]`.
+        ///
+        /// # Safety
+        /// Each pointer must address device memory of at least
+        /// [`HmmaArgs::required_lens`] elements (2-byte elements; f32 for LSE), valid until the
+        /// kernel finishes on `stream`.
+        pub unsafe fn launch_raw(&self, stream: &Arc<CudaStream>, args: &HmmaArgs, ptrs: [u64; 5]) -> Result<()> {
+            args.validate(&self.config)?;
+            if let Some(i) = ptrs.iter().position(|p| p % 16 != 0) {
+                return Err(NativeError::InvalidArgs(format!(
+                    "{} pointer {:#x} is not 16-byte aligned",
+                    ["q", "k", "v", "o", "lse"][i],
+                    ptrs[i]
+                )));
+            }
+            let shape = args.launch_shape(&self.config)?;
+            let params = args.params(ptrs);
+            let cfg = LaunchConfig { grid_dim: shape.grid, block_dim: shape.block, shared_mem_bytes: shape.smem_bytes };
+            let mut b = stream.launch_builder(&self.function);
+            b.arg(&params);
+            // SAFETY: the parameter struct matches the kernel's signature; memory per contract.
+            unsafe { b.launch(cfg) }?;
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unsupported_head_dim_is_typed() {
+        let e = HmmaConfig::new(96, InputType::F16, QkAccum::F32, PvAccum::F32).unwrap_err();
+        assert!(matches!(e, NativeError::UnsupportedHeadDim { head_dim: 96, .. }), "{e}");
+        let e = HmmaConfig::new(128, InputType::Bf16, QkAccum::F16, PvAccum::F32).unwrap_err();
+        assert!(matches!(e, NativeError::UnsupportedConfig { .. }), "{e}");
+        let e = HmmaConfig::new(128, InputType::F16, QkAccum::TwoStage { chunk: 48 }, PvAccum::F32).unwrap_err();
+        assert!(matches!(e, NativeError::UnsupportedConfig { .. }), "{e}");
+    }
+
+    #[test]
+    fn names_are_unique() {
+        let mut names: Vec<String> = HmmaConfig::all().iter().map(|c| c.name()).collect();
+        let n = names.len();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), n);
+    }
+
+    #[test]
+    fn hopper_runs_the_sm90_build() {
+        assert_eq!(HmmaConfig::target_for((9, 0)), Some(Arch::Sm90));
+        assert_eq!(HmmaConfig::target_for((8, 9)), Some(Arch::Sm89));
+        assert_eq!(HmmaConfig::target_for((7, 5)), None);
+    }
+
+    #[test]
+    fn params_layout_matches_the_kernel_struct() {
+        // 5 pointers + 12 strides (8 bytes) + 8 four-byte fields.
+        assert_eq!(std::mem::size_of::<HmmaParams>(), 17 * 8 + 8 * 4);
+    }
+
+    #[test]
+    fn args_validation() {
+        let cfg = HmmaConfig::new(128, InputType::F16, QkAccum::F32, PvAccum::F32).unwrap();
+        let s = Strides::bhsd(8, 1000, 128);
+        let mut a = HmmaArgs {
+            batch: 2, q_heads: 8, kv_heads: 2, q_len: 1000, kv_len: 1000,
+            q: s, k: Strides::bhsd(2, 1000, 128), v: Strides::bhsd(2, 1000, 128), o: s,
+            scale: 0.088, causal: true,
+        };
+        a.validate(&cfg).unwrap();
+        assert_eq!(a.launch_shape(&cfg).unwrap().grid, (8, 8, 2));
+        assert_eq!(a.required_lens(128)[0], 2 * 8 * 1000 * 128);
+        a.kv_heads = 3;
+        assert!(a.validate(&cfg).is_err());
+        a.kv_heads = 2;
+        a.q.seq = 132;
+        assert!(a.validate(&cfg).is_err());
+    }
+}

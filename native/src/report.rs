@@ -1,0 +1,182 @@
+//! The compile report behind `quattn kernels [--json]` and CI: every kernel variant compiled
+//! for every target it is meant for, disassembled, and checked for registers, spills and the
+//! tensor-core instructions it is built around.
+
+use std::collections::BTreeMap;
+
+use crate::arch::Arch;
+use crate::cache::{KernelCache, Origin};
+use crate::error::NativeError;
+use crate::hmma::HmmaConfig;
+
+/// One (variant, arch) line of the report.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct KernelReport {
+    /// Variant name, e.g. `fwd_hmma_f16_f32_f32_d128`.
+    pub kernel: String,
+    pub arch: Arch,
+    /// NVRTC produced a cubin.
+    pub compiled: bool,
+    /// NVRTC's log when compilation failed (or another error preventing the compile).
+    pub error: Option<String>,
+    pub registers: Option<u32>,
+    pub spill_store_bytes: Option<u32>,
+    pub spill_load_bytes: Option<u32>,
+    pub stack_frame_bytes: Option<u32>,
+    /// Dynamic shared memory the launch requests.
+    pub dynamic_smem_bytes: u32,
+    /// Milliseconds NVRTC took, `None` when served from the disk cache.
+    pub compile_millis: Option<u64>,
+    /// Tensor-core SASS opcodes that must be present.
+    pub expected: Vec<String>,
+    /// Expected opcodes absent from the SASS.
+    pub missing: Vec<String>,
+    /// MMA-family opcodes present although not expected (a mode that silently changed).
+    pub unexpected: Vec<String>,
+    /// Counts of the opcodes that matter for performance: every *MMA*, LDSM, LDGSTS, MUFU.EX2.
+    pub instructions: BTreeMap<String, usize>,
+    /// Why the SASS could not be checked (no disassembler, tool failure).
+    pub disassembly_error: Option<String>,
+}
+
+impl KernelReport {
+    /// Compiled, disassembled, every expected instruction present, nothing unexpected, no spill.
+    pub fn ok(&self) -> bool {
+        self.compiled
+            && self.disassembly_error.is_none()
+            && self.missing.is_empty()
+            && self.unexpected.is_empty()
+            && self.spill_store_bytes == Some(0)
+            && self.spill_load_bytes == Some(0)
+    }
+
+    /// One human-readable line.
+    pub fn summary(&self) -> String {
+        let status = if self.ok() { "ok" } else { "FAIL" };
+        let opt = |v: Option<u32>| v.map(|x| x.to_string()).unwrap_or_else(|| "?".into());
+        let mut s = format!(
+            "{status:4} {:28} {:8} regs {:>3} spill {}/{} smem {:>6}",
+            self.kernel,
+            self.arch.as_str(),
+            opt(self.registers),
+            opt(self.spill_store_bytes),
+            opt(self.spill_load_bytes),
+            self.dynamic_smem_bytes
+        );
+        let mma: Vec<String> = self
+            .instructions
+            .iter()
+            .filter(|(k, _)| k.contains("MMA"))
+            .map(|(k, v)| format!("{k}x{v}"))
+            .collect();
+        s.push_str(&format!(" [{}]", mma.join(" ")));
+        if !self.missing.is_empty() {
+            s.push_str(&format!(" missing {:?}", self.missing));
+        }
+        if !self.unexpected.is_empty() {
+            s.push_str(&format!(" unexpected {:?}", self.unexpected));
+        }
+        if let Some(e) = self.error.as_ref().or(self.disassembly_error.as_ref()) {
+            s.push_str(&format!(" error: {}", e.lines().next().unwrap_or("")));
+        }
+        s
+    }
+}
+
+fn interesting(op: &str) -> bool {
+    op.contains("MMA") || op.starts_with("LDSM") || op.starts_with("LDGSTS") || op == "MUFU.EX2"
+}
+
+/// Report of one HMMA variant on one target.
+pub fn report_hmma(cache: &KernelCache, config: &HmmaConfig, arch: Arch) -> KernelReport {
+    let expected: Vec<String> = config.expected_instructions().iter().map(|s| s.to_string()).collect();
+    let mut r = KernelReport {
+        kernel: config.name(),
+        arch,
+        compiled: false,
+        error: None,
+        registers: None,
+        spill_store_bytes: None,
+        spill_load_bytes: None,
+        stack_frame_bytes: None,
+        dynamic_smem_bytes: config.tile().map(|t| t.smem_bytes(config.head_dim)).unwrap_or(0),
+        compile_millis: None,
+        missing: expected.clone(),
+        expected,
+        unexpected: Vec::new(),
+        instructions: BTreeMap::new(),
+        disassembly_error: None,
+    };
+    let compiled = match config.request(arch).and_then(|req| cache.get_or_compile(&req)) {
+        Ok(c) => c,
+        Err(NativeError::Compile { log, .. }) => {
+            r.error = Some(log);
+            return r;
+        }
+        Err(e) => {
+            r.error = Some(e.to_string());
+            return r;
+        }
+    };
+    r.compiled = true;
+    r.compile_millis = match compiled.origin {
+        Origin::Compiled { millis } => Some(millis),
+        Origin::Disk => None,
+    };
+    if let Some(res) = compiled.resources {
+        r.registers = Some(res.registers);
+        r.spill_store_bytes = Some(res.spill_store_bytes);
+        r.spill_load_bytes = Some(res.spill_load_bytes);
+        r.stack_frame_bytes = Some(res.stack_frame_bytes);
+    }
+    match crate::sass::disassemble(&compiled.cubin) {
+        Ok(sass) => {
+            let hist = crate::sass::opcode_histogram(&sass);
+            r.missing = r.expected.iter().filter(|e| !hist.contains_key(*e)).cloned().collect();
+            r.unexpected = hist
+                .keys()
+                .filter(|k| k.contains("MMA") && !r.expected.contains(k))
+                .cloned()
+                .collect();
+            r.instructions = hist.into_iter().filter(|(k, _)| interesting(k)).collect();
+        }
+        Err(e) => r.disassembly_error = Some(e.to_string()),
+    }
+    r
+}
+
+/// Every (variant, target) pair of every kernel family, restricted to `archs` when given.
+pub fn all_targets(archs: Option<&[Arch]>) -> Vec<(HmmaConfig, Arch)> {
+    let mut jobs = Vec::new();
+    for cfg in HmmaConfig::all() {
+        for &arch in HmmaConfig::TARGETS {
+            if archs.is_none_or(|a| a.contains(&arch)) {
+                jobs.push((cfg, arch));
+            }
+        }
+    }
+    jobs
+}
+
+/// Compiles and checks every variant on every target it is meant for (restricted to `archs`
+/// when given), in parallel over the available cores. Never fails as a whole: each line says
+/// what went wrong for it. Ordered by variant, then arch.
+pub fn compile_report(cache: &KernelCache, archs: Option<&[Arch]>) -> Vec<KernelReport> {
+    let jobs = all_targets(archs);
+    let workers = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).min(jobs.len().max(1));
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results = std::sync::Mutex::new(Vec::with_capacity(jobs.len()));
+    std::thread::scope(|s| {
+        for _ in 0..workers {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some((cfg, arch)) = jobs.get(i) else { break };
+                let r = report_hmma(cache, cfg, *arch);
+                results.lock().unwrap_or_else(|e| e.into_inner()).push((i, r));
+            });
+        }
+    });
+    let mut v = results.into_inner().unwrap_or_else(|e| e.into_inner());
+    v.sort_by_key(|(i, _)| *i);
+    v.into_iter().map(|(_, r)| r).collect()
+}

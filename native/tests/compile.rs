@@ -1,0 +1,147 @@
+//! NVRTC compiles and SASS checks of every kernel variant; runs on machines without a GPU.
+//!
+//! Needs libnvrtc and cuobjdump/nvdisasm (`.ci/install-cuda-tools.sh`). Without them the tests
+//! print why and pass, except under `CI`, where a missing tool is a failure.
+#![cfg(feature = "cuda")]
+
+use std::sync::Arc;
+
+use quattn_native::{
+    compile_report, report::report_hmma, Arch, CompileRequest, HmmaConfig, InputType, KernelCache,
+    NativeError, Origin, PvAccum, QkAccum,
+};
+
+/// `true` if the tools are there; `false` (after saying why) to skip; panics under CI.
+fn tools_or_skip(test: &str) -> bool {
+    let nvrtc = quattn_native::nvrtc();
+    let disasm = quattn_native::tools::find_any_disassembler();
+    let problem = match (&nvrtc, &disasm) {
+        (Err(e), _) => Some(e.to_string()),
+        (_, None) => Some("no cuobjdump / nvdisasm found".to_string()),
+        _ => None,
+    };
+    match problem {
+        None => true,
+        Some(p) if std::env::var_os("CI").is_some() => panic!("{test}: CUDA tools required under CI: {p}"),
+        Some(p) => {
+            eprintln!("skipping {test}: {p} (run .ci/install-cuda-tools.sh)");
+            false
+        }
+    }
+}
+
+/// The pre-Blackwell targets required by the issue; the report covers sm_100a/sm_120a too.
+const REQUIRED: [Arch; 4] = [Arch::Sm80, Arch::Sm86, Arch::Sm89, Arch::Sm90];
+
+#[test]
+fn every_hmma_variant_compiles_without_spills_and_uses_the_intended_mma() {
+    if !tools_or_skip("every_hmma_variant_compiles") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let cache = KernelCache::new(Some(dir.path().to_path_buf()));
+    let reports = compile_report(&cache, Some(&REQUIRED));
+    assert_eq!(reports.len(), HmmaConfig::all().len() * REQUIRED.len());
+    for r in &reports {
+        println!("{}", r.summary());
+    }
+    let failed: Vec<String> = reports.iter().filter(|r| !r.ok()).map(|r| r.summary()).collect();
+    assert!(failed.is_empty(), "failing variants:\n{}", failed.join("\n"));
+    for r in &reports {
+        let regs = r.registers.expect("ptxas reported registers");
+        assert!(regs > 0 && regs <= 255, "{}: {regs} registers", r.kernel);
+        // Every mode keeps both GEMMs on tensor cores: 2 MMAs per (k16, n16) step of each.
+        let mmas: usize = r.instructions.iter().filter(|(k, _)| k.starts_with("HMMA")).map(|(_, v)| v).sum();
+        assert!(mmas > 0, "{}: no HMMA", r.kernel);
+    }
+    // The JSON form the CLI prints must serialise.
+    let json = serde_json::to_string(&reports).unwrap();
+    assert!(json.contains("HMMA.16816.F32"));
+}
+
+#[test]
+fn accumulation_modes_select_distinct_mma_forms() {
+    if !tools_or_skip("accumulation_modes_select_distinct_mma_forms") {
+        return;
+    }
+    let cache = KernelCache::new(None);
+    let case = |qk, pv, input| HmmaConfig::new(128, input, qk, pv).unwrap();
+    let f32 = report_hmma(&cache, &case(QkAccum::F32, PvAccum::F32, InputType::F16), Arch::Sm90);
+    assert!(f32.ok(), "{}", f32.summary());
+    assert!(f32.instructions.contains_key("HMMA.16816.F32"));
+    assert!(!f32.instructions.contains_key("HMMA.16816.F16"));
+    let f16 = report_hmma(&cache, &case(QkAccum::F16, PvAccum::F16PerTile, InputType::F16), Arch::Sm90);
+    assert!(f16.ok(), "{}", f16.summary());
+    assert!(f16.instructions.contains_key("HMMA.16816.F16"));
+    assert!(!f16.instructions.contains_key("HMMA.16816.F32"));
+    let bf16 = report_hmma(&cache, &case(QkAccum::F32, PvAccum::F32, InputType::Bf16), Arch::Sm80);
+    assert!(bf16.ok(), "{}", bf16.summary());
+    assert!(bf16.instructions.contains_key("HMMA.16816.F32.BF16"));
+}
+
+#[test]
+fn second_cache_instance_hits_the_disk() {
+    if !tools_or_skip("second_cache_instance_hits_the_disk") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = HmmaConfig::new(64, InputType::F16, QkAccum::TwoStage { chunk: 32 }, PvAccum::F32).unwrap();
+    let req = cfg.request(Arch::Sm89).unwrap();
+
+    let first = KernelCache::new(Some(dir.path().to_path_buf()));
+    let a = first.get_or_compile(&req).unwrap();
+    assert!(matches!(a.origin, Origin::Compiled { .. }), "{:?}", a.origin);
+    // Same process, same cache: the in-memory entry, not a copy.
+    assert!(Arc::ptr_eq(&a, &first.get_or_compile(&req).unwrap()));
+
+    // A fresh cache on the same folder stands for a second process.
+    let second = KernelCache::new(Some(dir.path().to_path_buf()));
+    let b = second.get_or_compile(&req).unwrap();
+    assert_eq!(b.origin, Origin::Disk);
+    assert_eq!(a.cubin, b.cubin);
+    assert_eq!(a.resources, b.resources);
+
+    // Any compile-time parameter is part of the key: another arch misses.
+    let other = second.get_or_compile(&cfg.request(Arch::Sm80).unwrap()).unwrap();
+    assert!(matches!(other.origin, Origin::Compiled { .. }));
+    let files = std::fs::read_dir(dir.path()).unwrap().count();
+    assert_eq!(files, 4, "a cubin and a log per compiled key");
+}
+
+#[test]
+fn nvrtc_diagnostics_come_back_as_a_typed_error() {
+    if !tools_or_skip("nvrtc_diagnostics_come_back_as_a_typed_error") {
+        return;
+    }
+    let cfg = HmmaConfig::new(128, InputType::F16, QkAccum::F32, PvAccum::F32).unwrap();
+    let mut req: CompileRequest<'static> = cfg.request(Arch::Sm90).unwrap();
+    // A head dim without a tile entry trips the kernel's static_assert.
+    req.defines.retain(|(k, _)| k != "HEAD_DIM");
+    req.defines.push(("HEAD_DIM".into(), "96".into()));
+    req.kernel.push_str("_broken");
+    match KernelCache::new(None).get_or_compile(&req) {
+        Err(NativeError::Compile { kernel, arch, log }) => {
+            assert_eq!(arch, Arch::Sm90);
+            assert!(kernel.ends_with("_broken"));
+            assert!(log.contains("head dim 64 or 128"), "{log}");
+        }
+        other => panic!("expected a compile error, got {other:?}"),
+    }
+}
+
+#[test]
+fn forced_tiles_compile_and_report() {
+    if !tools_or_skip("forced_tiles_compile_and_report") {
+        return;
+    }
+    let cache = KernelCache::new(None);
+    let mut cfg = HmmaConfig::new(64, InputType::F16, QkAccum::F32, PvAccum::F32).unwrap();
+    cfg.tile = Some(quattn_native::HmmaTile { warps: 8, block_n: 64 });
+    let r = report_hmma(&cache, &cfg, Arch::Sm90);
+    assert!(r.ok(), "{}", r.summary());
+    assert!(r.kernel.ends_with("_w8n64"));
+    assert!(r.registers.unwrap_or(0) > 0, "{}", r.summary());
+    // A tile the kernel's static_asserts would reject is refused before NVRTC.
+    cfg.tile = Some(quattn_native::HmmaTile { warps: 8, block_n: 32 });
+    assert!(matches!(cfg.validate(), Err(NativeError::UnsupportedConfig { .. })));
+}
