@@ -1,6 +1,84 @@
-//! Portable kernels of quattn, written once in CubeCL.
+//! Portable kernels of quattn, written once in CubeCL: forward attention
+//! `O = softmax(scale · Q·Kᵀ) · V` with the FlashAttention-2 structure (online softmax over
+//! KV tiles, f32 statistics and accumulation). One source lowers to WGSL/SPIR-V through wgpu
+//! and to CUDA through NVRTC. The crate takes plain launch parameters ([`AttentionArgs`] and
+//! CubeCL handles) and does not depend on the `quattn` facade.
 //!
-//! This crate will hold the generic tiled online-softmax attention pipeline (FlashAttention-2
-//! structure) and the quantization prepasses (INT8 Q/K, FP8, NVFP4). One source lowers to
-//! WGSL/SPIR-V through wgpu and to CUDA through NVRTC. It takes plain launch parameters and does
-//! not depend on the `quattn` facade.
+//! # Levels
+//!
+//! - **tile** (one unit or one plane): `thread_score_matmul` / `thread_value_matmul` (FMA,
+//!   an `rm x rn` register block per unit) or 16x16x16 `cmma` fragments per plane.
+//! - **stage** (one cube, one KV tile): stage K and V in shared memory, S = Q·Kᵀ, online
+//!   softmax (row max across the units/lanes of a row, conditional rescale, P to shared memory),
+//!   acc += P·V.
+//! - **global** (one cube, one query tile of one (batch, head)): stage Q once, walk the KV tiles
+//!   — fully visible tiles first with no mask code, then the tiles cut by the causal diagonal or
+//!   the end of the keys with the mask (a comptime flag, so two specializations); tiles above
+//!   the diagonal are never visited. Epilogue `O = acc / l`, `LSE = m·scale + ln l`.
+//! - **batch** (grid): `(ceil(q_len / bq), q_heads, batch)`; the KV head is
+//!   `q_head / (q_heads / kv_heads)` (GQA/MQA without copies); any (batch, head, seq) strides
+//!   with a unit head-dim stride (BHSD, BSHD, ...).
+//!
+//! Causal masking is bottom-right aligned: query `i` sees key `j` iff `j <= i + kv_len - q_len`.
+//! Rows that see no key get `O = 0` and `LSE = -inf`.
+//!
+//! # Numerics
+//!
+//! Scores are scaled inside the exponent (`exp(fma(s, scale, -m·scale))`, one FMA per score);
+//! CubeCL 0.10's IR has no `exp2`, and on CUDA `exp` under fast math is `__expf`, i.e. `ex2` of
+//! a pre-multiplied argument, so folding `log2 e` by hand would buy nothing. The kernels never
+//! compute with infinities (WGSL has no infinity literal and llvmpipe does not follow IEEE for
+//! `inf - inf`): masked scores are a finite sentinel (-1e30), the LSE of empty rows is passed in.
+//! Scores are assumed to stay above -1e29.
+//!
+//! The FlashAttention-4 rescale trick is the `lazy_rescale` option (default on): the running
+//! max is only moved when the new tile max exceeds it by more than 8·ln 2, otherwise the stale
+//! max keeps being used for both the running sum and the accumulator (exact either way). On an
+//! H100 it is worth ~20% for the cmma kernel (which rescales through shared memory), and noise
+//! for the FMA kernel.
+//!
+//! # Variants and what each runtime gets
+//!
+//! | variant | inputs | needs | picked by `Variant::Auto` |
+//! | --- | --- | --- | --- |
+//! | `portable_fma_*` ([`FmaTiles`]) | f32, f16, bf16 where the runtime has it | nothing | everywhere the cmma kernel is not available |
+//! | `cmma_*` ([`CmmaTiles`]) | f16, bf16 | 16x16x16 cmma with f32 accumulation, 32-wide planes | CUDA (f16/bf16) |
+//!
+//! - wgpu/WGSL on llvmpipe (CI): FMA kernel; f16 yes, bf16 no (refused with
+//!   [`LaunchError::UnsupportedElemType`]), no subgroups (wgpu disables them on CPU adapters),
+//!   32 KiB of shared memory, no cmma.
+//! - wgpu/Vulkan on an H100: FMA kernel with 48 KiB, f16 and subgroup row reductions; no
+//!   cooperative matrix there.
+//! - CUDA: the cmma kernel for f16/bf16 (~90 KiB of shared memory at d=128, from the opt-in
+//!   limit), the FMA kernel for f32; plane shuffles for row reductions.
+//!
+//! # Tile tables
+//!
+//! One table per head dim and kernel, filtered by the runtime's shared-memory and
+//! units-per-cube limits ([`fma_candidates`], [`cmma_candidates`]; the reasons are next to the
+//! tables). FMA, first fitting entry wins, `(bq, bk, units)`:
+//!
+//! | head dim | candidates |
+//! | --- | --- |
+//! | ≤ 64 | (64, 64, 128), (64, 32, 128), (32, 32, 64), (16, 16, 32) |
+//! | 96, 128 | (64, 32, 128), (32, 32, 64), (32, 16, 64), (16, 16, 32) |
+//! | 256 | (32, 32, 128), (32, 16, 128), (16, 16, 64), (16, 8, 64), (8, 8, 64) |
+//!
+//! On llvmpipe (32 KiB) f32 gets d64 → bq32/bk32, d128 → bq32/bk16, d256 → bq16/bk8.
+//! cmma: 4 planes (bq = 64) with bk = 64 up to d=128, bk = 32 at d=256.
+//!
+//! Everything is validated before anything is enqueued ([`LaunchError`]); the launch itself is
+//! asynchronous, so device failures surface at the client's next sync or read.
+
+mod error;
+mod kernel;
+mod launch;
+mod problem;
+mod tiling;
+
+pub use error::LaunchError;
+pub use launch::{launch, launch_with, LaunchInfo, LaunchOptions, Variant};
+pub use problem::{bhsd_strides, bshd_strides, AttentionArgs, ElemType, SUPPORTED_HEAD_DIMS};
+pub use tiling::{
+    cmma_candidates, fma_candidates, select_cmma_tiles, select_fma_tiles, CmmaTiles, FmaTiles,
+};

@@ -1,0 +1,91 @@
+//! Device code: one file per kernel variant, plus what they share (the runtime shape, the
+//! masking constants, the key ranges of a query tile).
+
+// Inside `#[cube]` code, nested `if`s separate comptime from runtime conditions, and runtime
+// integers have no `div_ceil`/`is_multiple_of`: the lints' rewrites would not expand.
+#![allow(clippy::collapsible_if, clippy::manual_div_ceil, clippy::manual_is_multiple_of)]
+
+use cubecl::prelude::*;
+
+pub(crate) mod cmma;
+pub(crate) mod fma;
+
+/// Row max of rows that have seen no key yet. Finite on purpose: WGSL has no infinity literal
+/// and llvmpipe does not follow IEEE for `inf - inf`, so the kernel never computes with
+/// infinities. Real scores are assumed to stay above `MASK_THRESHOLD`.
+pub(crate) const NO_MAX: f32 = -1.0e30;
+/// Masked scores are set to `NO_MAX`; anything below this is treated as masked.
+pub(crate) const MASK_THRESHOLD: f32 = -1.0e29;
+/// FA4 uses 8 in the log2 domain (a factor of 256 of headroom); we work in the natural-log
+/// domain, so 8·ln 2.
+pub(crate) const LAZY_RESCALE_THRESHOLD: f32 = 5.545_177;
+
+/// Runtime shape of one launch. Strides are (batch, head, seq) in elements.
+#[derive(CubeType, CubeLaunch)]
+pub struct AttnShape {
+    pub q_len: u32,
+    pub kv_len: u32,
+    /// Query heads per KV head (GQA/MQA mapping).
+    pub group: u32,
+    pub q_heads: u32,
+    pub q_s0: u32,
+    pub q_s1: u32,
+    pub q_s2: u32,
+    pub k_s0: u32,
+    pub k_s1: u32,
+    pub k_s2: u32,
+    pub v_s0: u32,
+    pub v_s1: u32,
+    pub v_s2: u32,
+    pub o_s0: u32,
+    pub o_s1: u32,
+    pub o_s2: u32,
+    /// Softmax scale (natural-log domain).
+    pub scale: f32,
+    /// LSE of rows that see no key. Passed in because WGSL cannot spell `-inf`.
+    pub lse_empty: f32,
+}
+
+/// Key tiles of the query rows `[q0, q0+bq)`, as `(num_full, num_tiles)`: tiles `[0, num_full)`
+/// are visible to every row and need no mask; tiles `[num_full, num_tiles)` are cut by the
+/// causal diagonal or by the end of the keys; later tiles are above the diagonal and skipped.
+#[cube]
+pub(crate) fn cube_key_ranges(
+    q0: usize,
+    q_len: usize,
+    kv_len: usize,
+    #[comptime] bq: usize,
+    #[comptime] bk: usize,
+    #[comptime] causal: bool,
+) -> (usize, usize) {
+    let mut kv_end = kv_len;
+    let mut full_keys = kv_len;
+    if causal {
+        // Bottom-right: row i sees keys j <= i + kv_len - q_len. The last row of the tile sees
+        // keys < q_end + kv_len - q_len, the first row keys < q0 + 1 + kv_len - q_len; kept in
+        // unsigned arithmetic.
+        let q_end = min(q0 + bq, q_len);
+        let last_vis = q_end + kv_len;
+        let first_vis = q0 + 1 + kv_len;
+        kv_end = select(last_vis > q_len, min(last_vis - q_len, kv_len), 0);
+        full_keys = select(first_vis > q_len, min(first_vis - q_len, kv_len), 0);
+    }
+    (full_keys / bk, (kv_end + bk - 1) / bk)
+}
+
+/// Whether query `row` sees `key`: inside the keys and, when causal, on or below the
+/// bottom-right diagonal (`key <= row + kv_len - q_len`, kept in unsigned arithmetic).
+#[cube]
+pub(crate) fn is_visible(
+    row: usize,
+    key: usize,
+    q_len: usize,
+    kv_len: usize,
+    #[comptime] causal: bool,
+) -> bool {
+    let mut visible = key < kv_len;
+    if causal {
+        visible = visible && key + q_len <= row + kv_len;
+    }
+    visible
+}

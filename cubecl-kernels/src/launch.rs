@@ -1,0 +1,548 @@
+//! The launch path: problem -> validated shapes -> variant and tiles -> compile-time config ->
+//! launch. Dispatch by runtime capability happens here and nowhere else.
+
+use cubecl::features::Plane;
+use cubecl::ir::features::TypeUsage;
+use cubecl::prelude::*;
+use cubecl::server::Handle;
+use half::{bf16, f16};
+
+use crate::error::LaunchError;
+use crate::kernel::cmma::{fwd_cmma, CmmaConfig};
+use crate::kernel::fma::{fwd_portable_fma, FmaConfig};
+use crate::kernel::AttnShapeLaunch;
+use crate::problem::{AttentionArgs, ElemType};
+use crate::tiling::{select_cmma_tiles, select_fma_tiles, CmmaTiles, FmaTiles};
+
+/// Which kernel to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Variant {
+    /// The best variant the runtime supports.
+    #[default]
+    Auto,
+    /// Register-tiled FMA kernel; runs everywhere.
+    PortableFma,
+    /// Matrix-unit kernel (f16/bf16 only); needs 16x16x16 cmma with f32 accumulation and
+    /// 32-wide planes (CUDA).
+    Cmma,
+}
+
+/// What the caller may force; `Default` lets the crate choose everything.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LaunchOptions {
+    pub variant: Variant,
+    /// Pin the FMA tiling (`None`: first fitting entry of the tile table).
+    pub fma_tiles: Option<FmaTiles>,
+    /// Pin the cmma tiling (`None`: first fitting entry of the tile table).
+    pub cmma_tiles: Option<CmmaTiles>,
+    /// FlashAttention-4's conditional rescale (exact either way; a speed knob).
+    pub lazy_rescale: bool,
+    /// Allow plane (subgroup) shuffles for the row reductions when the runtime reports them.
+    pub allow_plane_ops: bool,
+}
+
+impl Default for LaunchOptions {
+    fn default() -> Self {
+        Self {
+            variant: Variant::Auto,
+            fma_tiles: None,
+            cmma_tiles: None,
+            lazy_rescale: true,
+            allow_plane_ops: true,
+        }
+    }
+}
+
+/// What was launched, for logs and benchmarks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaunchInfo {
+    /// Kernel variant and tile config, e.g. `portable_fma_d64_bq32_bk32`.
+    pub kernel: String,
+    pub variant: Variant,
+    pub cube_count: (u32, u32, u32),
+    pub units_per_cube: u32,
+    pub shared_memory_bytes: usize,
+    pub lazy_rescale: bool,
+    pub plane_reduce: bool,
+    /// False when the problem was empty and nothing was enqueued.
+    pub launched: bool,
+}
+
+/// Runs forward attention with default options. See [`launch_with`].
+#[allow(clippy::too_many_arguments)]
+pub fn launch<R: Runtime>(
+    client: &ComputeClient<R>,
+    args: &AttentionArgs,
+    elem: ElemType,
+    q: &Handle,
+    k: &Handle,
+    v: &Handle,
+    o: &Handle,
+    lse: Option<&Handle>,
+) -> Result<LaunchInfo, LaunchError> {
+    launch_with(client, args, elem, &LaunchOptions::default(), q, k, v, o, lse)
+}
+
+/// Runs forward attention: `O = softmax(scale · Q·Kᵀ) · V` (optionally causal), O in `elem`,
+/// LSE in f32 `[batch, q_heads, q_len]` when `args.write_lse`.
+///
+/// Everything is validated before anything is enqueued; the launch itself is asynchronous, so
+/// device-side failures surface at the client's next `flush`/`sync`/read.
+#[allow(clippy::too_many_arguments)]
+pub fn launch_with<R: Runtime>(
+    client: &ComputeClient<R>,
+    args: &AttentionArgs,
+    elem: ElemType,
+    options: &LaunchOptions,
+    q: &Handle,
+    k: &Handle,
+    v: &Handle,
+    o: &Handle,
+    lse: Option<&Handle>,
+) -> Result<LaunchInfo, LaunchError> {
+    args.validate()?;
+    check_elem_supported(client, elem)?;
+    check_buffers(args, elem, q, k, v, o, lse)?;
+
+    match options.variant {
+        Variant::PortableFma => launch_fma(client, args, elem, options, q, k, v, o, lse),
+        Variant::Cmma => match cmma_unavailable(client, args, elem, options) {
+            None => launch_cmma(client, args, elem, options, q, k, v, o, lse),
+            Some(reason) => Err(LaunchError::VariantUnavailable {
+                variant: "cmma",
+                reason,
+            }),
+        },
+        Variant::Auto => match cmma_unavailable(client, args, elem, options) {
+            None => launch_cmma(client, args, elem, options, q, k, v, o, lse),
+            Some(reason) => {
+                log::debug!("cmma kernel not used: {reason}");
+                launch_fma(client, args, elem, options, q, k, v, o, lse)
+            }
+        },
+    }
+}
+
+/// Why the cmma kernel cannot run this problem on this runtime, if it cannot.
+fn cmma_unavailable<R: Runtime>(
+    client: &ComputeClient<R>,
+    args: &AttentionArgs,
+    elem: ElemType,
+    options: &LaunchOptions,
+) -> Option<String> {
+    use cubecl::ir::features::MmaConfig;
+    if elem == ElemType::F32 {
+        return Some("f32 inputs have no 16x16x16 f32-accumulating matrix op".into());
+    }
+    let storage = elem.storage();
+    let f32_storage = ElemType::F32.storage();
+    let mma = MmaConfig {
+        a_type: storage,
+        b_type: storage,
+        cd_type: f32_storage,
+        m: 16,
+        n: 16,
+        k: 16,
+    };
+    let features = client.features();
+    if !features.matmul.cmma.contains(&mma) {
+        return Some(format!("runtime `{}` reports no {mma:?}", R::name(client)));
+    }
+    let hw = &client.properties().hardware;
+    if !features.plane.contains(Plane::Ops) || hw.plane_size_min != 32 || hw.plane_size_max != 32 {
+        return Some("the kernel needs plane ops on 32-wide planes".into());
+    }
+    let (d, dv) = (args.head_dim, args.v_head_dim);
+    let bytes = elem.size_bytes() as u32;
+    let fits = match options.cmma_tiles {
+        Some(t) => {
+            t.validate().is_ok()
+                && t.smem_bytes(d, dv, bytes) as usize <= hw.max_shared_memory_size
+                && t.units() <= hw.max_units_per_cube
+        }
+        None => select_cmma_tiles(d, dv, bytes, hw.max_shared_memory_size, hw.max_units_per_cube)
+            .is_some(),
+    };
+    if !fits {
+        return Some(format!(
+            "no cmma tiling fits {} bytes of shared memory",
+            hw.max_shared_memory_size
+        ));
+    }
+    None
+}
+
+fn check_elem_supported<R: Runtime>(
+    client: &ComputeClient<R>,
+    elem: ElemType,
+) -> Result<(), LaunchError> {
+    // The FMA kernel computes in f32, so the element type only needs loads, stores, shared
+    // memory and conversion.
+    let usage = client.features().type_usage(elem.storage());
+    if usage.contains(TypeUsage::Conversion) && usage.contains(TypeUsage::Buffer) {
+        Ok(())
+    } else {
+        Err(LaunchError::UnsupportedElemType {
+            elem,
+            runtime: R::name(client),
+        })
+    }
+}
+
+fn check_buffers(
+    args: &AttentionArgs,
+    elem: ElemType,
+    q: &Handle,
+    k: &Handle,
+    v: &Handle,
+    o: &Handle,
+    lse: Option<&Handle>,
+) -> Result<(), LaunchError> {
+    let elem_bytes = elem.size_bytes() as u64;
+    for ((tensor, elems), handle) in args.extents().into_iter().zip([q, k, v, o]) {
+        check_extent(tensor, elems, elem_bytes, handle)?;
+    }
+    match (args.write_lse, lse) {
+        (true, Some(handle)) => check_extent("lse", args.lse_len(), 4, handle),
+        (true, None) => Err(LaunchError::InvalidProblem {
+            reason: "write_lse is set but no lse buffer was given".into(),
+        }),
+        (false, Some(_)) => Err(LaunchError::InvalidProblem {
+            reason: "an lse buffer was given but write_lse is not set".into(),
+        }),
+        (false, None) => Ok(()),
+    }
+}
+
+fn check_extent(
+    tensor: &'static str,
+    elems: u64,
+    elem_bytes: u64,
+    handle: &Handle,
+) -> Result<(), LaunchError> {
+    // Indices are 32-bit in the kernel.
+    if elems > u32::MAX as u64 {
+        return Err(LaunchError::IndexOverflow { tensor, elems });
+    }
+    let available_bytes = handle.size_in_used();
+    let required_bytes = elems * elem_bytes;
+    if required_bytes > available_bytes {
+        return Err(LaunchError::BufferTooSmall {
+            tensor,
+            required_bytes,
+            available_bytes,
+        });
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn launch_fma<R: Runtime>(
+    client: &ComputeClient<R>,
+    args: &AttentionArgs,
+    elem: ElemType,
+    options: &LaunchOptions,
+    q: &Handle,
+    k: &Handle,
+    v: &Handle,
+    o: &Handle,
+    lse: Option<&Handle>,
+) -> Result<LaunchInfo, LaunchError> {
+    let props = client.properties();
+    let hw = &props.hardware;
+    // Shared-memory stages hold the input element type.
+    let stage_bytes = elem.size_bytes() as u32;
+    let (d, dv) = (args.head_dim, args.v_head_dim);
+
+    let tiles = match options.fma_tiles {
+        Some(tiles) => {
+            tiles.validate(d, dv)?;
+            tiles
+        }
+        None => select_fma_tiles(d, dv, stage_bytes, hw.max_shared_memory_size, hw.max_units_per_cube)
+            .ok_or_else(|| LaunchError::SharedMemoryExceeded {
+                kernel: format!("portable_fma_d{d}"),
+                required: crate::tiling::fma_candidates(d.max(dv))
+                    .iter()
+                    .map(|t| t.smem_bytes(d, dv, stage_bytes) as usize)
+                    .min()
+                    .unwrap_or(0),
+                available: hw.max_shared_memory_size,
+            })?,
+    };
+
+    let kernel = fma_kernel_name(d, dv, &tiles);
+    let smem = tiles.smem_bytes(d, dv, stage_bytes) as usize;
+    if smem > hw.max_shared_memory_size {
+        return Err(LaunchError::SharedMemoryExceeded {
+            kernel,
+            required: smem,
+            available: hw.max_shared_memory_size,
+        });
+    }
+    if tiles.units() > hw.max_units_per_cube {
+        return Err(LaunchError::TooManyUnits {
+            kernel,
+            required: tiles.units(),
+            available: hw.max_units_per_cube,
+        });
+    }
+
+    let cube_count = (args.q_len.div_ceil(tiles.bq), args.q_heads, args.batch);
+    check_grid(cube_count, hw.max_cube_count)?;
+
+    // Row reductions may use shuffles only when the `tc` units of a row fit in every plane.
+    let plane_reduce = options.allow_plane_ops
+        && client.features().plane.contains(Plane::Ops)
+        && hw.plane_size_min >= tiles.tc;
+
+    let cfg = FmaConfig {
+        head_dim: d as usize,
+        v_head_dim: dv as usize,
+        bq: tiles.bq as usize,
+        bk: tiles.bk as usize,
+        tr: tiles.tr as usize,
+        tc: tiles.tc as usize,
+        causal: args.causal,
+        write_lse: args.write_lse,
+        lazy_rescale: options.lazy_rescale,
+        plane_reduce,
+    };
+
+    let info = LaunchInfo {
+        kernel,
+        variant: Variant::PortableFma,
+        cube_count,
+        units_per_cube: tiles.units(),
+        shared_memory_bytes: smem,
+        lazy_rescale: options.lazy_rescale,
+        plane_reduce,
+        launched: cube_count.0 > 0 && cube_count.1 > 0 && cube_count.2 > 0,
+    };
+    if !info.launched {
+        log::debug!("{}: empty problem, nothing launched", info.kernel);
+        return Ok(info);
+    }
+    log::debug!("launching {} {:?} for {:?}", info.kernel, cfg, args);
+
+    let extents = args.extents();
+    let array = |handle: &Handle, elems: u64| {
+        // SAFETY: `check_buffers` proved the handle holds at least `elems` elements, and the
+        // kernel never indexes past the extent of the strided view.
+        unsafe { ArrayArg::from_raw_parts(handle.clone(), elems.max(1) as usize) }
+    };
+    // The kernel always binds an LSE array; without one, a 1-element scratch stands in.
+    let lse_handle = match lse {
+        Some(handle) => handle.clone(),
+        None => client.empty(4),
+    };
+    let lse_elems = if args.write_lse { args.lse_len() } else { 1 };
+
+    let shape = shape_arg(args);
+
+    let count = CubeCount::Static(cube_count.0, cube_count.1, cube_count.2);
+    let dim = CubeDim::new_1d(tiles.units());
+    macro_rules! go {
+        ($e:ty) => {
+            // SAFETY: every global index is bounds-checked in the kernel against q_len/kv_len,
+            // and the buffers were checked to cover the strided extents above.
+            unsafe {
+                fwd_portable_fma::launch_unchecked::<$e, R>(
+                    client,
+                    count,
+                    dim,
+                    array(q, extents[0].1),
+                    array(k, extents[1].1),
+                    array(v, extents[2].1),
+                    array(o, extents[3].1),
+                    ArrayArg::from_raw_parts(lse_handle, lse_elems as usize),
+                    shape,
+                    cfg,
+                )
+            }
+        };
+    }
+    match elem {
+        ElemType::F32 => go!(f32),
+        ElemType::F16 => go!(f16),
+        ElemType::Bf16 => go!(bf16),
+    }
+    Ok(info)
+}
+
+fn shape_arg<R: Runtime>(args: &AttentionArgs) -> AttnShapeLaunch<R> {
+    AttnShapeLaunch::new(
+        args.q_len,
+        args.kv_len,
+        args.group_size(),
+        args.q_heads,
+        args.q_strides[0],
+        args.q_strides[1],
+        args.q_strides[2],
+        args.k_strides[0],
+        args.k_strides[1],
+        args.k_strides[2],
+        args.v_strides[0],
+        args.v_strides[1],
+        args.v_strides[2],
+        args.o_strides[0],
+        args.o_strides[1],
+        args.o_strides[2],
+        args.scale,
+        f32::NEG_INFINITY,
+    )
+}
+
+/// Checks the grid against the runtime limit.
+fn check_grid(cube_count: (u32, u32, u32), max: (u32, u32, u32)) -> Result<(), LaunchError> {
+    if cube_count.0 > max.0 || cube_count.1 > max.1 || cube_count.2 > max.2 {
+        return Err(LaunchError::TooManyCubes {
+            x: cube_count.0,
+            y: cube_count.1,
+            z: cube_count.2,
+            max,
+        });
+    }
+    Ok(())
+}
+
+/// Widest global load (in elements, up to 16 bytes) that every row start of Q, K and V is
+/// aligned to: the head dims and all (batch, head, seq) strides must be multiples of it.
+fn load_vector_width(args: &AttentionArgs, elem: ElemType) -> usize {
+    let max = 16 / elem.size_bytes() as u32;
+    let mut all = vec![args.head_dim, args.v_head_dim];
+    all.extend(args.q_strides);
+    all.extend(args.k_strides);
+    all.extend(args.v_strides);
+    let mut width = max;
+    while width > 1 && all.iter().any(|&x| x % width != 0) {
+        width /= 2;
+    }
+    width as usize
+}
+
+#[allow(clippy::too_many_arguments)]
+fn launch_cmma<R: Runtime>(
+    client: &ComputeClient<R>,
+    args: &AttentionArgs,
+    elem: ElemType,
+    options: &LaunchOptions,
+    q: &Handle,
+    k: &Handle,
+    v: &Handle,
+    o: &Handle,
+    lse: Option<&Handle>,
+) -> Result<LaunchInfo, LaunchError> {
+    let hw = &client.properties().hardware;
+    let (d, dv) = (args.head_dim, args.v_head_dim);
+    let bytes = elem.size_bytes() as u32;
+    let tiles = match options.cmma_tiles {
+        Some(t) => t,
+        None => select_cmma_tiles(d, dv, bytes, hw.max_shared_memory_size, hw.max_units_per_cube)
+            .ok_or_else(|| LaunchError::VariantUnavailable {
+                variant: "cmma",
+                reason: "no tiling fits".into(),
+            })?,
+    };
+    tiles.validate()?;
+    let dims = if d == dv { format!("d{d}") } else { format!("d{d}v{dv}") };
+    let kernel = format!("cmma_{}_{dims}_bq{}_bk{}", elem_name(elem), tiles.bq(), tiles.bk);
+    let smem = tiles.smem_bytes(d, dv, bytes) as usize;
+    if smem > hw.max_shared_memory_size {
+        return Err(LaunchError::SharedMemoryExceeded {
+            kernel,
+            required: smem,
+            available: hw.max_shared_memory_size,
+        });
+    }
+    let cube_count = (args.q_len.div_ceil(tiles.bq()), args.q_heads, args.batch);
+    check_grid(cube_count, hw.max_cube_count)?;
+
+    let vec = load_vector_width(args, elem);
+    let cfg = CmmaConfig {
+        head_dim: d as usize,
+        v_head_dim: dv as usize,
+        warps: tiles.warps as usize,
+        bk: tiles.bk as usize,
+        vec,
+        causal: args.causal,
+        write_lse: args.write_lse,
+        lazy_rescale: options.lazy_rescale,
+    };
+    let info = LaunchInfo {
+        kernel,
+        variant: Variant::Cmma,
+        cube_count,
+        units_per_cube: tiles.units(),
+        shared_memory_bytes: smem,
+        lazy_rescale: options.lazy_rescale,
+        plane_reduce: true,
+        launched: cube_count.0 > 0 && cube_count.1 > 0 && cube_count.2 > 0,
+    };
+    if !info.launched {
+        return Ok(info);
+    }
+    log::debug!("launching {} {:?} for {:?}", info.kernel, cfg, args);
+
+    let extents = args.extents();
+    let vectors = |handle: &Handle, elems: u64| {
+        // SAFETY: `check_buffers` proved the handle covers `elems` elements; the kernel reads
+        // whole vectors inside rows, and every row start is a multiple of `vec`.
+        unsafe { ArrayArg::from_raw_parts(handle.clone(), (elems as usize).div_ceil(vec).max(1)) }
+    };
+    let lse_handle = match lse {
+        Some(handle) => handle.clone(),
+        None => client.empty(4),
+    };
+    let lse_elems = if args.write_lse { args.lse_len() } else { 1 };
+    let count = CubeCount::Static(cube_count.0, cube_count.1, cube_count.2);
+    let dim = CubeDim::new_1d(tiles.units());
+    macro_rules! go {
+        ($e:ty) => {
+            // SAFETY: as for the FMA kernel; all indices are guarded by q_len/kv_len.
+            unsafe {
+                fwd_cmma::launch_unchecked::<$e, R>(
+                    client,
+                    count,
+                    dim,
+                    vec,
+                    vectors(q, extents[0].1),
+                    vectors(k, extents[1].1),
+                    vectors(v, extents[2].1),
+                    ArrayArg::from_raw_parts(o.clone(), extents[3].1.max(1) as usize),
+                    ArrayArg::from_raw_parts(lse_handle, lse_elems as usize),
+                    shape_arg(args),
+                    cfg,
+                )
+            }
+        };
+    }
+    match elem {
+        ElemType::F16 => go!(f16),
+        ElemType::Bf16 => go!(bf16),
+        ElemType::F32 => {
+            return Err(LaunchError::VariantUnavailable {
+                variant: "cmma",
+                reason: "f32 inputs".into(),
+            })
+        }
+    }
+    Ok(info)
+}
+
+fn elem_name(elem: ElemType) -> &'static str {
+    match elem {
+        ElemType::F32 => "f32",
+        ElemType::F16 => "f16",
+        ElemType::Bf16 => "bf16",
+    }
+}
+
+fn fma_kernel_name(d: u32, dv: u32, tiles: &FmaTiles) -> String {
+    let dims = if d == dv {
+        format!("d{d}")
+    } else {
+        format!("d{d}v{dv}")
+    };
+    format!("portable_fma_{dims}_bq{}_bk{}", tiles.bq, tiles.bk)
+}

@@ -1,0 +1,236 @@
+//! Tile sizes of the portable FMA kernel: one table per head dim, filtered by the runtime's
+//! shared-memory and units-per-cube limits. Pure functions, no device.
+
+use crate::error::LaunchError;
+
+/// Tiling of the FMA kernel's stage: a cube of `tr * tc` units owns `bq` query rows and walks
+/// the keys `bk` at a time. Unit `(r, c)` computes an `rm x rn` block of scores
+/// (`rm = bq/tr`, `rn = bk/tc`) and owns `rm` rows by `dv/tc` columns of the output accumulator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FmaTiles {
+    /// Query rows per cube.
+    pub bq: u32,
+    /// Keys per KV tile.
+    pub bk: u32,
+    /// Units along the query rows.
+    pub tr: u32,
+    /// Units along the keys (and along the output columns). They share a row, so they reduce
+    /// the row max together: keeping `tc` at 8 or less keeps them inside one plane.
+    pub tc: u32,
+}
+
+impl core::fmt::Display for FmaTiles {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "bq{}_bk{}_t{}x{}", self.bq, self.bk, self.tr, self.tc)
+    }
+}
+
+/// Padding (in elements) of the transposed Q and K stage rows: an odd pitch spreads the
+/// transposing writes over all banks.
+pub(crate) const STAGE_PAD: u32 = 1;
+
+impl FmaTiles {
+    pub const fn units(&self) -> u32 {
+        self.tr * self.tc
+    }
+    pub const fn rm(&self) -> u32 {
+        self.bq / self.tr
+    }
+    pub const fn rn(&self) -> u32 {
+        self.bk / self.tc
+    }
+
+    /// Shared memory of the stage in bytes: transposed Q (`d x (bq+pad)`), one buffer that holds
+    /// the transposed K tile then the row-major V tile, the f32 probabilities (`bk x bq`) and the
+    /// f32 row-reduction scratch (`bq x tc`).
+    pub const fn smem_bytes(&self, head_dim: u32, v_head_dim: u32, stage_elem_bytes: u32) -> u32 {
+        let q = head_dim * (self.bq + STAGE_PAD);
+        let k = head_dim * (self.bk + STAGE_PAD);
+        let v = self.bk * v_head_dim;
+        let kv = if k > v { k } else { v };
+        (q + kv) * stage_elem_bytes + 4 * (self.bk * self.bq + self.bq * self.tc)
+    }
+
+    /// Divisibility the kernel relies on; `Err` names the broken rule.
+    pub fn validate(&self, head_dim: u32, v_head_dim: u32) -> Result<(), LaunchError> {
+        let err = |reason: &str| {
+            Err(LaunchError::InvalidTiles {
+                tiles: self.to_string(),
+                reason: reason.to_string(),
+            })
+        };
+        if self.bq == 0 || self.bk == 0 || self.tr == 0 || self.tc == 0 {
+            return err("all tile sizes must be positive");
+        }
+        if !self.bq.is_multiple_of(self.tr) {
+            return err("bq must be a multiple of tr");
+        }
+        if !self.bk.is_multiple_of(self.tc) {
+            return err("bk must be a multiple of tc");
+        }
+        if !v_head_dim.is_multiple_of(self.tc) {
+            return err("v_head_dim must be a multiple of tc");
+        }
+        if !self.tc.is_power_of_two() || self.tc > 32 {
+            return err("tc must be a power of two up to 32 (it is the reduction width)");
+        }
+        let _ = head_dim;
+        Ok(())
+    }
+}
+
+/// Candidate tilings per head dim, best first. The first that fits the runtime wins.
+///
+/// Why these shapes:
+/// - `tc = 8` everywhere: the 8 units sharing a row are consecutive lanes, so their row max can be
+///   a 3-step plane shuffle when planes exist, and `rn = bk/8` scores per unit keeps the K reads
+///   broadcast across the `tr` groups of a plane.
+/// - `rm = 4` rows per unit when it fits: a 4x4..4x8 score block gives 0.5-0.4 shared loads per
+///   FMA, the usual register-tiling sweet spot.
+/// - The accumulator is `rm * dv/8` floats per unit; for d=256 we drop to fewer rows per unit to
+///   stay near 64 accumulator registers.
+/// - Shared memory is dominated by the transposed Q tile (`d * bq`), so large head dims trade
+///   `bq` down first: llvmpipe and WebGPU give 32 KiB, Vulkan on NVIDIA 48 KiB, CUDA opt-in up
+///   to 227 KiB (the FMA kernel does not need that much; the cmma kernel will).
+pub fn fma_candidates(head_dim: u32) -> &'static [FmaTiles] {
+    const fn t(bq: u32, bk: u32, tr: u32, tc: u32) -> FmaTiles {
+        FmaTiles { bq, bk, tr, tc }
+    }
+    const SMALL: &[FmaTiles] = &[t(64, 64, 16, 8), t(64, 32, 16, 8), t(32, 32, 8, 8), t(16, 16, 4, 8)];
+    const MEDIUM: &[FmaTiles] = &[t(64, 32, 16, 8), t(32, 32, 8, 8), t(32, 16, 8, 8), t(16, 16, 4, 8)];
+    const LARGE: &[FmaTiles] = &[
+        t(32, 32, 16, 8),
+        t(32, 16, 16, 8),
+        t(16, 16, 8, 8),
+        t(16, 8, 8, 8),
+        t(8, 8, 8, 8),
+    ];
+    match head_dim {
+        0..=64 => SMALL,
+        65..=128 => MEDIUM,
+        _ => LARGE,
+    }
+}
+
+/// Picks the first candidate for `max(head_dim, v_head_dim)` that fits the runtime limits.
+pub fn select_fma_tiles(
+    head_dim: u32,
+    v_head_dim: u32,
+    stage_elem_bytes: u32,
+    max_shared_bytes: usize,
+    max_units: u32,
+) -> Option<FmaTiles> {
+    fma_candidates(head_dim.max(v_head_dim))
+        .iter()
+        .copied()
+        .find(|t| {
+            t.validate(head_dim, v_head_dim).is_ok()
+                && t.smem_bytes(head_dim, v_head_dim, stage_elem_bytes) as usize <= max_shared_bytes
+                && t.units() <= max_units
+        })
+}
+
+/// Tiling of the matrix-unit (cmma) kernel: `warps` planes of 32 units, each owning 16 query
+/// rows, walking `bk` keys at a time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CmmaTiles {
+    pub warps: u32,
+    pub bk: u32,
+}
+
+impl core::fmt::Display for CmmaTiles {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "bq{}_bk{}_w{}", self.bq(), self.bk, self.warps)
+    }
+}
+
+impl CmmaTiles {
+    pub const fn bq(&self) -> u32 {
+        self.warps * 16
+    }
+    pub const fn units(&self) -> u32 {
+        self.warps * 32
+    }
+
+    /// Bytes of shared memory: staged Q, K, V and P in the input type, plus a per-plane f32
+    /// scratch of 16 rows for the score spill and the output rescale.
+    /// Rows are padded by 16 bytes (see the kernel), and each buffer may be rounded up to
+    /// its 32-byte alignment.
+    pub const fn smem_bytes(&self, head_dim: u32, v_head_dim: u32, elem_bytes: u32) -> u32 {
+        let pad16 = 16 / elem_bytes;
+        let staged = self.bq() * (head_dim + pad16)
+            + self.bk * (head_dim + pad16)
+            + self.bk * (v_head_dim + pad16);
+        let p = self.bq() * (self.bk + pad16);
+        let w = if self.bk > v_head_dim { self.bk } else { v_head_dim } + 4;
+        (staged + p) * elem_bytes + 4 * self.warps * 16 * w + 5 * 32
+    }
+
+    pub fn validate(&self) -> Result<(), LaunchError> {
+        if self.warps == 0 || self.bk == 0 || !self.bk.is_multiple_of(32) {
+            return Err(LaunchError::InvalidTiles {
+                tiles: self.to_string(),
+                reason: "warps must be positive and bk a positive multiple of 32".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Candidate cmma tilings per head dim, best first.
+///
+/// Why: 4 planes (64 query rows) is the FlashAttention-2 shape for 16x16 fragments; the
+/// register budget per lane is `d/16` Q fragments + `bk/16` score fragments + `dv/16` output
+/// fragments (4 + 8 + 8 floats each), which at d=128, bk=64 is ~128 registers. d=256 halves
+/// `bk` to stay under the 255-register limit. Shared memory (~90 KiB at d=128) needs CUDA's
+/// opt-in limit; that is fine since only CUDA reports cmma among our targets.
+pub fn cmma_candidates(head_dim: u32) -> &'static [CmmaTiles] {
+    const fn t(warps: u32, bk: u32) -> CmmaTiles {
+        CmmaTiles { warps, bk }
+    }
+    const SMALL: &[CmmaTiles] = &[t(4, 64), t(4, 32), t(2, 32)];
+    const LARGE: &[CmmaTiles] = &[t(4, 32), t(2, 32)];
+    match head_dim {
+        0..=128 => SMALL,
+        _ => LARGE,
+    }
+}
+
+/// First cmma candidate that fits the shared memory and units limits.
+pub fn select_cmma_tiles(
+    head_dim: u32,
+    v_head_dim: u32,
+    elem_bytes: u32,
+    max_shared_bytes: usize,
+    max_units: u32,
+) -> Option<CmmaTiles> {
+    cmma_candidates(head_dim.max(v_head_dim)).iter().copied().find(|t| {
+        t.smem_bytes(head_dim, v_head_dim, elem_bytes) as usize <= max_shared_bytes
+            && t.units() <= max_units
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::problem::SUPPORTED_HEAD_DIMS;
+
+    #[test]
+    fn every_head_dim_fits_32k_in_f32() {
+        for &d in SUPPORTED_HEAD_DIMS {
+            for &dv in SUPPORTED_HEAD_DIMS {
+                let t = select_fma_tiles(d, dv, 4, 32 * 1024, 256);
+                assert!(t.is_some(), "no tiles for d={d} dv={dv}");
+            }
+        }
+    }
+
+    #[test]
+    fn all_candidates_are_valid() {
+        for &d in SUPPORTED_HEAD_DIMS {
+            for t in fma_candidates(d) {
+                t.validate(d, d).unwrap();
+            }
+        }
+    }
+}
