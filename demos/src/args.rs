@@ -215,6 +215,10 @@ pub struct BenchArgs {
     /// One JSON object per row on stdout.
     #[arg(long)]
     pub json: bool,
+    /// Also time cubek-attention 0.2 (the upstream CubeCL attention) on the same device and
+    /// shapes (needs the `peer-cubek` build feature; rows say so when it is missing).
+    #[arg(long)]
+    pub peers: bool,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]

@@ -71,6 +71,33 @@ pub fn main(a: &BenchArgs) -> anyhow::Result<i32> {
         }
     }
     bar.finish_and_clear();
+    if a.peers {
+        let p = crate::peers::cubek_rows(&problems, a.dev.device(), crate::peers::CubekVariant::DEFAULTS, a.warmup, a.iters.max(1));
+        for r in p {
+            if a.json {
+                println!("{}", serde_json::to_string(&r).unwrap_or_default());
+            }
+            rows.push(Row {
+                device: r.device,
+                adapter: r.adapter,
+                kernel: r.kernel,
+                precision: r.precision,
+                shape: Shape {
+                    batch: r.shape.batch,
+                    heads: r.shape.heads,
+                    kv_heads: r.shape.kv_heads,
+                    seq: r.shape.seq,
+                    kv_seq: r.shape.kv_seq,
+                    head_dim: r.shape.head_dim,
+                    causal: r.shape.causal,
+                    layout: r.shape.layout,
+                },
+                ms: r.ms,
+                tflops: r.tflops,
+                skipped: r.skipped,
+            });
+        }
+    }
     if !a.json {
         println!("device: {} ({})", info.kind, info.adapter);
         println!("{:<10} {:>4} {:>6} {:>5} {:>5} {:>7} {:>10} {:>9}  kernel", "precision", "hd", "seq", "batch", "heads", "causal", "ms", "TFLOP/s");

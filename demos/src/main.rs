@@ -5,6 +5,7 @@ mod args;
 mod bench;
 mod check;
 mod kernels;
+mod peers;
 mod run;
 mod selftest;
 

@@ -106,11 +106,19 @@ impl CudaBackend {
         if let Some(k) = self.kernels.read().ok().and_then(|m| m.get(&config).cloned()) {
             return Ok(k);
         }
+        self.bind(&config.name())?;
         let k = Arc::new(HmmaKernel::load(&self.ctx, config).map_err(|e| native_err(&config.name(), e))?);
         if let Ok(mut m) = self.kernels.write() {
             m.insert(config, k.clone());
         }
         Ok(k)
+    }
+
+    /// CubeCL's CUDA runtime keeps its own context current on the thread; the native kernels,
+    /// their buffers and events live in the primary context, so every native call binds it first
+    /// (a launch or event in the wrong context fails with CUDA_ERROR_INVALID_HANDLE).
+    fn bind(&self, kernel: &str) -> Result<()> {
+        self.ctx.bind_to_thread().map_err(self.driver(kernel))
     }
 
     fn native_data<'a>(&self, plan: &Plan, data: &'a mut ResidentData) -> Result<&'a mut NativeData> {
@@ -157,6 +165,7 @@ impl Backend for CudaBackend {
         }
         let config = hmma_config(&plan.problem, plan.precision).map_err(|reason| Error::Kernel { kernel: plan.kernel.clone(), reason })?;
         let p = &plan.problem;
+        self.bind(&plan.kernel)?;
         let e = self.driver(&plan.kernel);
         let s = &self.stream;
         Ok(Box::new(NativeData {
@@ -176,10 +185,12 @@ impl Backend for CudaBackend {
         }
         let d = self.native_data(plan, data)?;
         let kernel = self.kernel(d.config)?;
+        self.bind(&plan.kernel)?;
         kernel.launch(&self.stream, &d.args, &d.q, &d.k, &d.v, &mut d.o, &mut d.lse).map_err(|e| native_err(&plan.kernel, e))
     }
 
     fn synchronize(&self) -> Result<()> {
+        self.bind("synchronize")?;
         self.stream.synchronize().map_err(self.driver("synchronize"))?;
         self.portable.synchronize()
     }
@@ -191,6 +202,7 @@ impl Backend for CudaBackend {
         let d = data
             .downcast_ref::<NativeData>()
             .ok_or_else(|| Error::Kernel { kernel: plan.kernel.clone(), reason: "resident data belongs to another kernel".into() })?;
+        self.bind(&plan.kernel)?;
         let e = self.driver(&plan.kernel);
         let o = self.stream.clone_dtoh(&d.o).map_err(&e)?;
         let o = match d.config.input {
@@ -208,9 +220,12 @@ impl Backend for CudaBackend {
         for _ in 0..warmup {
             self.execute(plan, data)?;
         }
+        self.bind(&plan.kernel)?;
         let e = self.driver(&plan.kernel);
-        let start = self.ctx.new_event(None).map_err(&e)?;
-        let end = self.ctx.new_event(None).map_err(&e)?;
+        // cudarc's default event flags disable timing; elapsed time needs CU_EVENT_DEFAULT.
+        let timed = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let start = self.ctx.new_event(timed).map_err(&e)?;
+        let end = self.ctx.new_event(timed).map_err(&e)?;
         let mut out = Vec::with_capacity(iters);
         for _ in 0..iters {
             start.record(&self.stream).map_err(&e)?;
