@@ -83,6 +83,7 @@ impl CubekVariant {
         CubekVariant::Unit,
     ];
 
+    #[cfg_attr(not(feature = "peer-cubek"), allow(dead_code))]
     pub fn name(&self) -> String {
         match self {
             CubekVariant::Unit => "unit".into(),

@@ -20,6 +20,9 @@ struct Case {
     shape: Shape,
     status: &'static str,
     accuracy: Option<Accuracy>,
+    /// rel-L2 of the kernel's O against the CPU emulation of the same mode (which rounds where
+    /// the kernel rounds); must stay within the mode's tolerance.
+    vs_emulation_rel_l2: Option<f64>,
     reason: Option<String>,
 }
 
@@ -133,6 +136,7 @@ fn run_case(session: &Session, p: &AttentionProblem, prec: Precision, strategy: 
         shape: Shape::of(p),
         status: "skip",
         accuracy: None,
+        vs_emulation_rel_l2: None,
         reason: None,
     };
     let plan = match session.plan(p, prec, strategy) {
@@ -149,11 +153,29 @@ fn run_case(session: &Session, p: &AttentionProblem, prec: Precision, strategy: 
     };
     case.kernel = Some(plan.kernel.clone());
     let (q, k, v) = check::inputs(p, prec, 0x5e1f ^ (p.q_len as u64 * 131 + p.head_dim as u64));
-    let result = session.run(&plan, &q, &k, &v).map_err(anyhow::Error::from).and_then(|out| check::check(p, prec, &q, &k, &v, &out));
+    let result = session.run(&plan, &q, &k, &v).map_err(anyhow::Error::from).and_then(|out| {
+        let acc = check::check(p, prec, &q, &k, &v, &out)?;
+        let vs_emu = if strategy == Strategy::Reference {
+            None
+        } else {
+            let emu = quattn::emulation::emulate(p, prec, &quattn::emulation::Blocking::default(), &q, &k, &v)?;
+            let e: Vec<f64> = emu.o.iter().map(|&x| x as f64).collect();
+            Some(quattn::metrics::ErrorMetrics::compare(&out.o, &e).rel_l2)
+        };
+        Ok((acc, vs_emu))
+    });
     match result {
-        Ok(acc) => {
+        Ok((acc, vs_emu)) => {
             case.status = if acc.passed { "pass" } else { "fail" };
             case.reason = acc.failure.clone();
+            let tol = quattn::metrics::Tolerance::for_precision(prec).max_rel_l2;
+            if let Some(r) = vs_emu {
+                if !(r <= tol) {
+                    case.status = "fail";
+                    case.reason.get_or_insert_with(|| format!("O differs from the CPU emulation of {prec}: rel_l2 {r:.3e} > {tol:.1e}"));
+                }
+            }
+            case.vs_emulation_rel_l2 = vs_emu;
             case.accuracy = Some(acc);
         }
         Err(e) => {
