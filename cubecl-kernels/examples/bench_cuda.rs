@@ -1,89 +1,326 @@
-//! Throughput of the kernels on a CUDA GPU: `cargo run -p quattn-cubecl --release
-//! --features cuda --example bench_cuda`. TFLOP/s counts only the (query, key) pairs the causal
-//! mask keeps (`AttentionArgs::flops`).
+//! Every kernel variant and tiling on one runtime: first a correctness check on a small shape
+//! against an f64 CPU reference, then throughput at seq 4096 (batch·seq = 16k, heads = 2048/d).
+//! One line per (variant, shape).
+//!
+//! ```text
+//! cargo build --release -p quattn-cubecl --features cuda --examples
+//! target/release/examples/bench_cuda cuda      # cmma + FMA variants through NVRTC
+//! target/release/examples/bench_cuda wgpu      # FMA variants through WGSL (Vulkan on Linux)
+//! target/release/examples/bench_cuda wgpu --quick   # seq 256, batch 1, 1 iteration (llvmpipe smoke test)
+//! ```
+//!
+//! Options: `--seq N` (default 4096), `--batch N` (default 16384/seq), `--iters N` (default 10),
+//! `--d 64,128`, `--filter TEXT`
+//! (only variants whose name contains TEXT). TFLOP/s counts only the (query, key) pairs the
+//! causal mask keeps (`AttentionArgs::flops`).
 
 use std::time::Instant;
 
-use cubecl::cuda::{CudaDevice, CudaRuntime};
 use cubecl::prelude::*;
-use quattn_cubecl::{launch_with, AttentionArgs, ElemType, LaunchOptions, Variant};
+use quattn_cubecl::{
+    cmma_candidates, fma_candidates, fma_vec_candidates, launch_with, AttentionArgs, CmmaTiles,
+    ElemType, LaunchOptions, Variant,
+};
+
+struct Opts {
+    seq: u32,
+    iters: usize,
+    dims: Vec<u32>,
+    filter: Option<String>,
+    batch: Option<u32>,
+}
 
 fn main() {
-    let client = CudaRuntime::client(&CudaDevice::default());
-    let hw = &client.properties().hardware;
-    println!("smem {} planes {:?} cmma {}", hw.max_shared_memory_size, client.features().plane, client.features().matmul.cmma.len());
-    let iters = 10;
-    for (d, seq, batch, heads) in [(128u32, 4096u32, 2u32, 16u32), (64, 4096, 2, 32)] {
-        for causal in [false, true] {
-            let args = AttentionArgs::bhsd(batch, heads, heads, seq, seq, d, causal);
-            for (variant, elem, lazy) in [
-                (Variant::Cmma, ElemType::F16, true),
-                (Variant::Cmma, ElemType::F16, false),
-                (Variant::Cmma, ElemType::Bf16, true),
-                (Variant::PortableFma, ElemType::F16, true),
-                (Variant::PortableFma, ElemType::F16, false),
-                (Variant::PortableFma, ElemType::F32, true),
-            ] {
-                let n = (batch * heads * seq * d) as usize * elem.size_bytes();
-                let bufs: Vec<_> = (0..4).map(|_| client.create_from_slice(&random_bytes(n, elem))).collect();
-                let options = LaunchOptions { variant, lazy_rescale: lazy, ..Default::default() };
-                let run = || launch_with(&client, &args, elem, &options, &bufs[0], &bufs[1], &bufs[2], &bufs[3], None);
-                let info = match run() {
-                    Ok(info) => info,
-                    Err(e) => {
-                        println!("d{d} causal={causal} {variant:?} {elem:?}: refused: {e}");
-                        continue;
-                    }
-                };
-                if let Err(e) = cubecl::future::block_on(client.sync()) {
-                    println!("{}: failed: {e:?}", info.kernel);
-                    continue;
-                }
-                // A kernel that failed to compile leaves O untouched (here: inputs, finite);
-                // poison O and make sure every value comes back finite.
-                let poison = client.create_from_slice(&vec![0xffu8; n]);
-                let check = launch_with(&client, &args, elem, &options, &bufs[0], &bufs[1], &bufs[2], &poison, None);
-                let bytes = client.read_one(poison).map(|b| b.to_vec()).unwrap_or_default();
-                let finite = check.is_ok() && !bytes.is_empty() && bytes.chunks(elem.size_bytes()).all(|c| match elem {
-                    ElemType::F32 => f32::from_le_bytes([c[0], c[1], c[2], c[3]]).is_finite(),
-                    ElemType::F16 => half::f16::from_le_bytes([c[0], c[1]]).is_finite(),
-                    ElemType::Bf16 => half::bf16::from_le_bytes([c[0], c[1]]).is_finite(),
-                });
-                if !finite {
-                    println!("{}: output not fully written, skipping timing", info.kernel);
-                    continue;
-                }
-                let start = Instant::now();
-                for _ in 0..iters {
-                    run().unwrap();
-                }
-                cubecl::future::block_on(client.sync()).unwrap();
-                let secs = start.elapsed().as_secs_f64() / iters as f64;
-                println!(
-                    "d{d} seq{seq} b{batch} h{heads} causal={causal:5} {:38} lazy={lazy:5} {:8.3} ms {:7.1} TFLOP/s",
-                    info.kernel,
-                    secs * 1e3,
-                    args.flops() / secs / 1e12
-                );
-            }
+    let args: Vec<String> = std::env::args().collect();
+    let runtime = args.get(1).cloned().unwrap_or_else(|| "cuda".into());
+    let value = |flag: &str| args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1)).cloned();
+    let quick = args.iter().any(|a| a == "--quick");
+    let opts = Opts {
+        seq: value("--seq").map(|s| s.parse().unwrap()).unwrap_or(if quick { 256 } else { 4096 }),
+        iters: value("--iters").map(|s| s.parse().unwrap()).unwrap_or(if quick { 1 } else { 10 }),
+        dims: value("--d")
+            .map(|s| s.split(',').map(|x| x.parse().unwrap()).collect())
+            .unwrap_or(vec![64, 128]),
+        filter: value("--filter"),
+        batch: value("--batch").map(|s| s.parse().unwrap()).or(if quick { Some(1) } else { None }),
+    };
+    match runtime.as_str() {
+        #[cfg(feature = "cuda")]
+        "cuda" => {
+            use cubecl::cuda::{CudaDevice, CudaRuntime};
+            bench(&CudaRuntime::client(&CudaDevice::default()), &opts);
+        }
+        #[cfg(feature = "wgpu")]
+        "wgpu" => {
+            use cubecl::wgpu::{WgpuDevice, WgpuRuntime};
+            bench(&WgpuRuntime::client(&WgpuDevice::DefaultDevice), &opts);
+        }
+        other => {
+            eprintln!("unknown or not compiled runtime `{other}` (cuda needs --features cuda)");
+            std::process::exit(2);
         }
     }
 }
 
+/// One thing to run: a name and the launch options that pin it.
+struct Candidate {
+    name: String,
+    elem: ElemType,
+    options: LaunchOptions,
+}
+
+fn candidates<R: Runtime>(client: &ComputeClient<R>, d: u32) -> Vec<Candidate> {
+    let base = LaunchOptions::default();
+    let mut out = vec![Candidate { name: "auto".into(), elem: ElemType::F16, options: base }];
+    let mut cmma: Vec<CmmaTiles> = cmma_candidates(d).to_vec();
+    // Beyond the table: 8 planes (128 query rows per cube) and longer key tiles.
+    for extra in [
+        CmmaTiles { warps: 8, bk: 64 },
+        CmmaTiles { warps: 8, bk: 32 },
+        CmmaTiles { warps: 4, bk: 128 },
+    ] {
+        if !cmma.contains(&extra) {
+            cmma.push(extra);
+        }
+    }
+    for tiles in cmma {
+        for (elem, lazy) in [(ElemType::F16, true), (ElemType::F16, false), (ElemType::Bf16, true)] {
+            if !lazy && tiles != cmma_candidates(d)[0] || elem == ElemType::Bf16 && tiles != cmma_candidates(d)[0] {
+                continue;
+            }
+            out.push(Candidate {
+                name: format!("cmma_{tiles}{}", if lazy { "" } else { "_eager" }),
+                elem,
+                options: LaunchOptions {
+                    variant: Variant::Cmma,
+                    cmma_tiles: Some(tiles),
+                    lazy_rescale: lazy,
+                    ..base
+                },
+            });
+        }
+    }
+    for (i, &tiles) in fma_vec_candidates(d).iter().enumerate() {
+        // f32 inputs only on the first fitting entries (the table is the same).
+        let elems: &[ElemType] = if i < 2 { &[ElemType::F16, ElemType::F32] } else { &[ElemType::F16] };
+        for &elem in elems {
+            out.push(Candidate {
+                name: format!("fma_vec_{tiles}"),
+                elem,
+                options: LaunchOptions {
+                    variant: Variant::PortableFma,
+                    fma_vec_tiles: Some(tiles),
+                    ..base
+                },
+            });
+        }
+    }
+    // The plane-shuffle reductions against the shared-memory ones, on the default tiles.
+    out.push(Candidate {
+        name: "fma_vec_default_noplane".into(),
+        elem: ElemType::F16,
+        options: LaunchOptions { variant: Variant::PortableFma, allow_plane_ops: false, ..base },
+    });
+    for &tiles in fma_candidates(d) {
+        out.push(Candidate {
+            name: format!("fma_scalar_{tiles}"),
+            elem: ElemType::F16,
+            options: LaunchOptions {
+                variant: Variant::PortableFmaScalar,
+                fma_tiles: Some(tiles),
+                ..base
+            },
+        });
+    }
+    let _ = client;
+    out
+}
+
+fn bench<R: Runtime>(client: &ComputeClient<R>, opts: &Opts) {
+    let hw = &client.properties().hardware;
+    println!(
+        "runtime {} | smem {} B | units/cube {} | planes {:?} size {}..{} | cmma configs {}",
+        R::name(client),
+        hw.max_shared_memory_size,
+        hw.max_units_per_cube,
+        client.features().plane,
+        hw.plane_size_min,
+        hw.plane_size_max,
+        client.features().matmul.cmma.len()
+    );
+    for &d in &opts.dims {
+        let heads = (2048 / d).max(1);
+        let batch = opts.batch.unwrap_or((16384 / opts.seq).max(1));
+        for cand in candidates(client, d) {
+            if let Some(f) = &opts.filter {
+                if !cand.name.contains(f.as_str()) {
+                    continue;
+                }
+            }
+            let elem_name = format!("{:?}", cand.elem).to_lowercase();
+            // Correctness first, on a ragged small shape, both causal modes.
+            let mut check = String::new();
+            let mut ok = true;
+            for causal in [false, true] {
+                match check_small(client, d, causal, cand.elem, &cand.options) {
+                    Ok((err, kernel)) => {
+                        let tol = match cand.elem {
+                            ElemType::F32 => 1e-5,
+                            ElemType::F16 => 2e-3,
+                            ElemType::Bf16 => 1.6e-2,
+                        };
+                        ok &= err < tol;
+                        if check.is_empty() {
+                            check = kernel;
+                        }
+                        check.push_str(&format!(" err{}={err:.1e}", if causal { "C" } else { "N" }));
+                    }
+                    Err(e) => {
+                        println!("d{d:<3} {elem_name:4} {:40} skipped: {e}", cand.name);
+                        ok = false;
+                        check.clear();
+                        break;
+                    }
+                }
+            }
+            if !ok {
+                if !check.is_empty() {
+                    println!("d{d:<3} {elem_name:4} {:40} FAILED {check}", cand.name);
+                }
+                continue;
+            }
+            let mut line = format!("d{d:<3} {elem_name:4} {:40}", cand.name);
+            for causal in [false, true] {
+                let args = AttentionArgs::bhsd(batch, heads, heads, opts.seq, opts.seq, d, causal);
+                match time(client, &args, cand.elem, &cand.options, opts.iters) {
+                    Ok(secs) => line.push_str(&format!(
+                        " | {} {:8.3} ms {:6.1} TF",
+                        if causal { "causal" } else { "full  " },
+                        secs * 1e3,
+                        args.flops() / secs / 1e12
+                    )),
+                    Err(e) => line.push_str(&format!(" | {e}")),
+                }
+            }
+            line.push_str(&format!(" | {check}"));
+            println!("{line}");
+        }
+    }
+}
+
+fn time<R: Runtime>(
+    client: &ComputeClient<R>,
+    args: &AttentionArgs,
+    elem: ElemType,
+    options: &LaunchOptions,
+    iters: usize,
+) -> Result<f64, String> {
+    let n = (args.batch * args.q_heads * args.q_len * args.head_dim) as usize;
+    let bufs: Vec<_> = (0..4).map(|i| upload(client, elem, &random(n, i as u64 + 1))).collect();
+    let run = || launch_with(client, args, elem, options, &bufs[0], &bufs[1], &bufs[2], &bufs[3], None);
+    run().map_err(|e| e.to_string())?;
+    cubecl::future::block_on(client.sync()).map_err(|e| format!("{e:?}"))?;
+    let start = Instant::now();
+    for _ in 0..iters {
+        run().map_err(|e| e.to_string())?;
+    }
+    cubecl::future::block_on(client.sync()).map_err(|e| format!("{e:?}"))?;
+    Ok(start.elapsed().as_secs_f64() / iters as f64)
+}
+
+/// O's relative L2 error against an f64 reference on a small ragged BHSD problem, and the
+/// kernel's name.
+fn check_small<R: Runtime>(
+    client: &ComputeClient<R>,
+    d: u32,
+    causal: bool,
+    elem: ElemType,
+    options: &LaunchOptions,
+) -> Result<(f64, String), String> {
+    let (b, h, sq, sk) = (1u32, 2u32, 77u32, 150u32);
+    let mut args = AttentionArgs::bhsd(b, h, h, sq, sk, d, causal);
+    args.write_lse = false;
+    let round = |x: f64| match elem {
+        ElemType::F32 => x as f32 as f64,
+        ElemType::F16 => half::f16::from_f64(x).to_f64(),
+        ElemType::Bf16 => half::bf16::from_f64(x).to_f64(),
+    };
+    let q: Vec<f64> = random((b * h * sq * d) as usize, 11).into_iter().map(round).collect();
+    let k: Vec<f64> = random((b * h * sk * d) as usize, 12).into_iter().map(round).collect();
+    let v: Vec<f64> = random((b * h * sk * d) as usize, 13).into_iter().map(round).collect();
+    let o = upload(client, elem, &vec![f64::NAN; (b * h * sq * d) as usize]);
+    let info = launch_with(
+        client,
+        &args,
+        elem,
+        options,
+        &upload(client, elem, &q),
+        &upload(client, elem, &k),
+        &upload(client, elem, &v),
+        &o,
+        None,
+    )
+    .map_err(|e| e.to_string())?;
+    let got = download(client, elem, o)?;
+    let (d, sq, sk) = (d as usize, sq as usize, sk as usize);
+    let scale = args.scale as f64;
+    let (mut err2, mut ref2) = (0.0, 0.0);
+    for bh in 0..(b * h) as usize {
+        for i in 0..sq {
+            let visible = if causal { (i + 1 + sk).saturating_sub(sq).min(sk) } else { sk };
+            let s: Vec<f64> = (0..visible)
+                .map(|j| scale * (0..d).map(|x| q[(bh * sq + i) * d + x] * k[(bh * sk + j) * d + x]).sum::<f64>())
+                .collect();
+            let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let l: f64 = s.iter().map(|x| (x - m).exp()).sum();
+            for c in 0..d {
+                let want = if visible == 0 {
+                    0.0
+                } else {
+                    (0..visible).map(|j| (s[j] - m).exp() * v[(bh * sk + j) * d + c]).sum::<f64>() / l
+                };
+                let g = got[(bh * sq + i) * d + c];
+                if !g.is_finite() {
+                    return Ok((f64::INFINITY, info.kernel));
+                }
+                err2 += (g - want).powi(2);
+                ref2 += want * want;
+            }
+        }
+    }
+    Ok(((err2 / ref2.max(1e-300)).sqrt(), info.kernel))
+}
+
 /// Normal-ish values (sum of uniforms) so the softmax is not degenerate.
-fn random_bytes(bytes: usize, elem: ElemType) -> Vec<u8> {
-    let mut state = 0x2545_f491_4f6c_dd1du64;
+fn random(count: usize, seed: u64) -> Vec<f64> {
+    let mut state = 0x2545_f491_4f6c_dd1du64 ^ seed.wrapping_mul(0x9e37_79b9_7f4a_7c15);
     let mut next = move || {
         state ^= state << 13;
         state ^= state >> 7;
         state ^= state << 17;
         ((state >> 11) as f64 / (1u64 << 53) as f64) - 0.5
     };
-    let count = bytes / elem.size_bytes();
-    let values = (0..count).map(|_| (next() + next() + next()) * 2.0);
-    match elem {
-        ElemType::F32 => values.flat_map(|x| (x as f32).to_le_bytes()).collect(),
-        ElemType::F16 => values.flat_map(|x| half::f16::from_f64(x).to_le_bytes()).collect(),
-        ElemType::Bf16 => values.flat_map(|x| half::bf16::from_f64(x).to_le_bytes()).collect(),
-    }
+    (0..count).map(|_| (next() + next() + next()) * 2.0).collect()
+}
+
+fn upload<R: Runtime>(client: &ComputeClient<R>, elem: ElemType, data: &[f64]) -> cubecl::server::Handle {
+    let bytes: Vec<u8> = match elem {
+        ElemType::F32 => data.iter().flat_map(|&x| (x as f32).to_le_bytes()).collect(),
+        ElemType::F16 => data.iter().flat_map(|&x| half::f16::from_f64(x).to_le_bytes()).collect(),
+        ElemType::Bf16 => data.iter().flat_map(|&x| half::bf16::from_f64(x).to_le_bytes()).collect(),
+    };
+    client.create_from_slice(&bytes)
+}
+
+fn download<R: Runtime>(
+    client: &ComputeClient<R>,
+    elem: ElemType,
+    handle: cubecl::server::Handle,
+) -> Result<Vec<f64>, String> {
+    let bytes = client.read_one(handle).map_err(|e| format!("{e:?}"))?;
+    Ok(match elem {
+        ElemType::F32 => bytes.chunks(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64).collect(),
+        ElemType::F16 => bytes.chunks(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f64()).collect(),
+        ElemType::Bf16 => bytes.chunks(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f64()).collect(),
+    })
 }

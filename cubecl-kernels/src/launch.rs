@@ -10,9 +10,12 @@ use half::{bf16, f16};
 use crate::error::LaunchError;
 use crate::kernel::cmma::{fwd_cmma, CmmaConfig};
 use crate::kernel::fma::{fwd_portable_fma, FmaConfig};
+use crate::kernel::fma_vec::{fwd_portable_fma_vec, FmaVecConfig};
 use crate::kernel::AttnShapeLaunch;
 use crate::problem::{AttentionArgs, ElemType};
-use crate::tiling::{select_cmma_tiles, select_fma_tiles, CmmaTiles, FmaTiles};
+use crate::tiling::{
+    select_cmma_tiles, select_fma_tiles, select_fma_vec_tiles, CmmaTiles, FmaTiles, FmaVecTiles,
+};
 
 /// Which kernel to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -20,8 +23,12 @@ pub enum Variant {
     /// The best variant the runtime supports.
     #[default]
     Auto,
-    /// Register-tiled FMA kernel; runs everywhere.
+    /// Register-tiled FMA kernel on 4-wide vectors; runs everywhere. Falls back to
+    /// `PortableFmaScalar` when a row start of Q, K, V or O is not 4-aligned or no vector
+    /// tiling fits.
     PortableFma,
+    /// The scalar register-tiled FMA kernel (any strides).
+    PortableFmaScalar,
     /// Matrix-unit kernel (f16/bf16 only); needs 16x16x16 cmma with f32 accumulation and
     /// 32-wide planes (CUDA).
     Cmma,
@@ -31,8 +38,10 @@ pub enum Variant {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct LaunchOptions {
     pub variant: Variant,
-    /// Pin the FMA tiling (`None`: first fitting entry of the tile table).
+    /// Pin the scalar FMA kernel's tiling (`None`: first fitting entry of the tile table).
     pub fma_tiles: Option<FmaTiles>,
+    /// Pin the vectorized FMA kernel's tiling (`None`: first fitting entry of the tile table).
+    pub fma_vec_tiles: Option<FmaVecTiles>,
     /// Pin the cmma tiling (`None`: first fitting entry of the tile table).
     pub cmma_tiles: Option<CmmaTiles>,
     /// FlashAttention-4's conditional rescale (exact either way; a speed knob).
@@ -46,6 +55,7 @@ impl Default for LaunchOptions {
         Self {
             variant: Variant::Auto,
             fma_tiles: None,
+            fma_vec_tiles: None,
             cmma_tiles: None,
             lazy_rescale: true,
             allow_plane_ops: true,
@@ -105,7 +115,8 @@ pub fn launch_with<R: Runtime>(
     check_buffers(args, elem, q, k, v, o, lse)?;
 
     match options.variant {
-        Variant::PortableFma => launch_fma(client, args, elem, options, q, k, v, o, lse),
+        Variant::PortableFmaScalar => launch_fma(client, args, elem, options, q, k, v, o, lse),
+        Variant::PortableFma => launch_fma_any(client, args, elem, options, q, k, v, o, lse),
         Variant::Cmma => match cmma_unavailable(client, args, elem, options) {
             None => launch_cmma(client, args, elem, options, q, k, v, o, lse),
             Some(reason) => Err(LaunchError::VariantUnavailable {
@@ -117,7 +128,7 @@ pub fn launch_with<R: Runtime>(
             None => launch_cmma(client, args, elem, options, q, k, v, o, lse),
             Some(reason) => {
                 log::debug!("cmma kernel not used: {reason}");
-                launch_fma(client, args, elem, options, q, k, v, o, lse)
+                launch_fma_any(client, args, elem, options, q, k, v, o, lse)
             }
         },
     }
@@ -234,6 +245,168 @@ fn check_extent(
         });
     }
     Ok(())
+}
+
+/// The vectorized FMA kernel when the problem allows it, else the scalar one.
+#[allow(clippy::too_many_arguments)]
+fn launch_fma_any<R: Runtime>(
+    client: &ComputeClient<R>,
+    args: &AttentionArgs,
+    elem: ElemType,
+    options: &LaunchOptions,
+    q: &Handle,
+    k: &Handle,
+    v: &Handle,
+    o: &Handle,
+    lse: Option<&Handle>,
+) -> Result<LaunchInfo, LaunchError> {
+    match fma_vec_tiles(client, args, elem, options) {
+        Ok(tiles) => launch_fma_vec(client, args, elem, options, tiles, q, k, v, o, lse),
+        Err(reason) => {
+            if options.fma_vec_tiles.is_some() {
+                return Err(LaunchError::VariantUnavailable { variant: "portable_fma_vec", reason });
+            }
+            log::debug!("vectorized FMA kernel not used: {reason}");
+            launch_fma(client, args, elem, options, q, k, v, o, lse)
+        }
+    }
+}
+
+/// The vectorized FMA kernel's tiling for this problem, or why it cannot run it.
+fn fma_vec_tiles<R: Runtime>(
+    client: &ComputeClient<R>,
+    args: &AttentionArgs,
+    elem: ElemType,
+    options: &LaunchOptions,
+) -> Result<FmaVecTiles, String> {
+    let hw = &client.properties().hardware;
+    let (d, dv) = (args.head_dim, args.v_head_dim);
+    let bytes = elem.size_bytes() as u32;
+    let mut all = vec![d, dv];
+    for strides in [args.q_strides, args.k_strides, args.v_strides, args.o_strides] {
+        all.extend(strides);
+    }
+    if all.iter().any(|x| x % fma_vec_width() != 0) {
+        return Err("a head dim or stride is not a multiple of 4".into());
+    }
+    // An empty tensor's stand-in buffer holds one element, not one vector.
+    if args.extents().iter().any(|&(_, elems)| elems < fma_vec_width() as u64) {
+        return Err("an empty tensor".into());
+    }
+    let tiles = match options.fma_vec_tiles {
+        Some(t) => {
+            t.validate(d, dv).map_err(|e| e.to_string())?;
+            t
+        }
+        None => select_fma_vec_tiles(d, dv, bytes, hw.max_shared_memory_size, hw.max_units_per_cube)
+            .ok_or_else(|| "no vector tiling fits".to_string())?,
+    };
+    let smem = tiles.smem_bytes(d, dv, bytes) as usize;
+    if smem > hw.max_shared_memory_size {
+        return Err(format!("{tiles} needs {smem} bytes of shared memory, {} available", hw.max_shared_memory_size));
+    }
+    if tiles.units() > hw.max_units_per_cube {
+        return Err(format!("{tiles} needs {} units per cube", tiles.units()));
+    }
+    Ok(tiles)
+}
+
+const fn fma_vec_width() -> u32 {
+    crate::kernel::fma_vec::W as u32
+}
+
+#[allow(clippy::too_many_arguments)]
+fn launch_fma_vec<R: Runtime>(
+    client: &ComputeClient<R>,
+    args: &AttentionArgs,
+    elem: ElemType,
+    options: &LaunchOptions,
+    tiles: FmaVecTiles,
+    q: &Handle,
+    k: &Handle,
+    v: &Handle,
+    o: &Handle,
+    lse: Option<&Handle>,
+) -> Result<LaunchInfo, LaunchError> {
+    let hw = &client.properties().hardware;
+    let (d, dv) = (args.head_dim, args.v_head_dim);
+    let bytes = elem.size_bytes() as u32;
+    let cube_count = (args.q_len.div_ceil(tiles.bq), args.q_heads, args.batch);
+    check_grid(cube_count, hw.max_cube_count)?;
+    let plane_reduce = options.allow_plane_ops
+        && client.features().plane.contains(Plane::Ops)
+        && hw.plane_size_min >= tiles.tc;
+    let cfg = FmaVecConfig {
+        head_dim: d as usize,
+        v_head_dim: dv as usize,
+        bq: tiles.bq as usize,
+        bk: tiles.bk as usize,
+        tr: tiles.tr as usize,
+        tc: tiles.tc as usize,
+        causal: args.causal,
+        write_lse: args.write_lse,
+        lazy_rescale: options.lazy_rescale,
+        plane_reduce,
+    };
+    let dims = if d == dv { format!("d{d}") } else { format!("d{d}v{dv}") };
+    let info = LaunchInfo {
+        kernel: format!("portable_fma_vec_{}_{dims}_{tiles}", elem_name(elem)),
+        variant: Variant::PortableFma,
+        cube_count,
+        units_per_cube: tiles.units(),
+        shared_memory_bytes: tiles.smem_bytes(d, dv, bytes) as usize,
+        lazy_rescale: options.lazy_rescale,
+        plane_reduce,
+        launched: cube_count.0 > 0 && cube_count.1 > 0 && cube_count.2 > 0,
+    };
+    if !info.launched {
+        return Ok(info);
+    }
+    log::debug!("launching {} {:?} for {:?}", info.kernel, cfg, args);
+
+    let width = fma_vec_width() as usize;
+    let extents = args.extents();
+    let vectors = |handle: &Handle, elems: u64| {
+        // SAFETY: `check_buffers` proved the handle covers `elems` elements; the kernel reads
+        // and writes whole vectors inside rows, and every row start is a multiple of 4.
+        unsafe { ArrayArg::from_raw_parts(handle.clone(), (elems as usize).div_ceil(width).max(1)) }
+    };
+    let lse_handle = match lse {
+        Some(handle) => handle.clone(),
+        None => client.empty(4),
+    };
+    let lse_elems = if args.write_lse { args.lse_len() } else { 1 };
+    let count = CubeCount::Static(cube_count.0, cube_count.1, cube_count.2);
+    let dim = CubeDim::new_1d(tiles.units());
+    macro_rules! go {
+        ($e:ty, $s:ty) => {
+            // SAFETY: every global index is guarded by q_len/kv_len, and the buffers were
+            // checked to cover the strided extents.
+            unsafe {
+                fwd_portable_fma_vec::launch_unchecked::<$e, $s, R>(
+                    client,
+                    count,
+                    dim,
+                    width,
+                    vectors(q, extents[0].1),
+                    vectors(k, extents[1].1),
+                    vectors(v, extents[2].1),
+                    vectors(o, extents[3].1),
+                    ArrayArg::from_raw_parts(lse_handle, lse_elems as usize),
+                    shape_arg(args),
+                    cfg,
+                )
+            }
+        };
+    }
+    match (elem, tiles.stage_f32) {
+        (ElemType::F32, _) => go!(f32, f32),
+        (ElemType::F16, true) => go!(f16, f32),
+        (ElemType::F16, false) => go!(f16, f16),
+        (ElemType::Bf16, true) => go!(bf16, f32),
+        (ElemType::Bf16, false) => go!(bf16, bf16),
+    }
+    Ok(info)
 }
 
 #[allow(clippy::too_many_arguments)]

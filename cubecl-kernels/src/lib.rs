@@ -7,7 +7,8 @@
 //! # Levels
 //!
 //! - **tile** (one unit or one plane): `thread_score_matmul` / `thread_value_matmul` (FMA,
-//!   an `rm x rn` register block per unit) or 16x16x16 `cmma` fragments per plane.
+//!   an `rm x rn` register block per unit, on 4-wide vectors in `fma_vec`, scalar in `fma`) or
+//!   16x16x16 `cmma` fragments per plane.
 //! - **stage** (one cube, one KV tile): stage K and V in shared memory, S = Q·Kᵀ, online
 //!   softmax (row max across the units/lanes of a row, conditional rescale, P to shared memory),
 //!   acc += P·V.
@@ -41,7 +42,8 @@
 //!
 //! | variant | inputs | needs | picked by `Variant::Auto` |
 //! | --- | --- | --- | --- |
-//! | `portable_fma_*` ([`FmaTiles`]) | f32, f16, bf16 where the runtime has it | nothing | everywhere the cmma kernel is not available |
+//! | `portable_fma_vec_*` ([`FmaVecTiles`]) | f32, f16, bf16 where the runtime has it | head dims and strides multiples of 4 | everywhere the cmma kernel is not available |
+//! | `portable_fma_*` ([`FmaTiles`], `Variant::PortableFmaScalar`) | same | nothing | when the vector kernel cannot run (unaligned strides, empty tensors, no tiling fits) |
 //! | `cmma_*` ([`CmmaTiles`]) | f16, bf16 | 16x16x16 cmma with f32 accumulation, 32-wide planes | CUDA (f16/bf16) |
 //!
 //! - wgpu/WGSL on llvmpipe (CI): FMA kernel; f16 yes, bf16 no (refused with
@@ -51,6 +53,9 @@
 //!   cooperative matrix there.
 //! - CUDA: the cmma kernel for f16/bf16 (~90 KiB of shared memory at d=128, from the opt-in
 //!   limit), the FMA kernel for f32; plane shuffles for row reductions.
+//!
+//! The vectorized FMA kernel replaced the scalar one as the default after the scalar one
+//! measured ~5 TFLOP/s on an H100 through Vulkan; its module doc says what changed and why.
 //!
 //! # Tile tables
 //!
@@ -65,6 +70,8 @@
 //! | 256 | (32, 32, 128), (32, 16, 128), (16, 16, 64), (16, 8, 64), (8, 8, 64) |
 //!
 //! On llvmpipe (32 KiB) f32 gets d64 → bq32/bk32, d128 → bq32/bk16, d256 → bq16/bk8.
+//! The vectorized kernel's table ([`fma_vec_candidates`]) is separate; its first entries are
+//! sized for 48 KiB (Vulkan on NVIDIA), the last ones for llvmpipe.
 //! cmma: 4 planes (bq = 64) with bk = 64 up to d=128, bk = 32 at d=256.
 //!
 //! Everything is validated before anything is enqueued ([`LaunchError`]); the launch itself is
@@ -80,5 +87,6 @@ pub use error::LaunchError;
 pub use launch::{launch, launch_with, LaunchInfo, LaunchOptions, Variant};
 pub use problem::{bhsd_strides, bshd_strides, AttentionArgs, ElemType, SUPPORTED_HEAD_DIMS};
 pub use tiling::{
-    cmma_candidates, fma_candidates, select_cmma_tiles, select_fma_tiles, CmmaTiles, FmaTiles,
+    cmma_candidates, fma_candidates, fma_vec_candidates, select_cmma_tiles, select_fma_tiles,
+    select_fma_vec_tiles, CmmaTiles, FmaTiles, FmaVecTiles,
 };

@@ -130,6 +130,139 @@ pub fn select_fma_tiles(
         })
 }
 
+/// Tiling of the vectorized FMA kernel (`fma_vec.rs`): like [`FmaTiles`], plus where the Q/K/V
+/// stages are converted. Unit `(r, c)` computes an `rm x rn` block of scores on 4-wide vectors,
+/// so `rm` and `rn` are multiples of 4 and `v_head_dim` a multiple of `4 * tc`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FmaVecTiles {
+    pub bq: u32,
+    pub bk: u32,
+    pub tr: u32,
+    pub tc: u32,
+    /// Stage Q, K and V in f32 (converted once when staged) rather than in the input type
+    /// (converted at every use; half the shared memory for f16/bf16 inputs).
+    pub stage_f32: bool,
+}
+
+impl core::fmt::Display for FmaVecTiles {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        let stage = if self.stage_f32 { "sf32" } else { "sin" };
+        write!(f, "bq{}_bk{}_t{}x{}_{stage}", self.bq, self.bk, self.tr, self.tc)
+    }
+}
+
+impl FmaVecTiles {
+    pub const fn units(&self) -> u32 {
+        self.tr * self.tc
+    }
+    pub const fn rm(&self) -> u32 {
+        self.bq / self.tr
+    }
+    pub const fn rn(&self) -> u32 {
+        self.bk / self.tc
+    }
+    pub const fn stage_bytes(&self, elem_bytes: u32) -> u32 {
+        if self.stage_f32 {
+            4
+        } else {
+            elem_bytes
+        }
+    }
+
+    /// Shared memory in bytes: Qᵀ (`d x bq`) and one buffer for Kᵀ (`d x bk`) then V
+    /// (`bk x dv`) in the stage type, f32 Pᵀ (`bk x (bq + 4)`), f32 reduction scratch
+    /// (`bq x tc`).
+    pub const fn smem_bytes(&self, head_dim: u32, v_head_dim: u32, elem_bytes: u32) -> u32 {
+        let k = head_dim * self.bk;
+        let v = self.bk * v_head_dim;
+        let kv = if k > v { k } else { v };
+        (head_dim * self.bq + kv) * self.stage_bytes(elem_bytes)
+            + 4 * (self.bk * (self.bq + 4) + self.bq * self.tc)
+    }
+
+    pub fn validate(&self, head_dim: u32, v_head_dim: u32) -> Result<(), LaunchError> {
+        let err = |reason: &str| {
+            Err(LaunchError::InvalidTiles {
+                tiles: self.to_string(),
+                reason: reason.to_string(),
+            })
+        };
+        if self.bq == 0 || self.bk == 0 || self.tr == 0 || self.tc == 0 {
+            return err("all tile sizes must be positive");
+        }
+        if !self.bq.is_multiple_of(4 * self.tr) {
+            return err("bq must be a multiple of 4 * tr (rows per unit in vectors of 4)");
+        }
+        if !self.bk.is_multiple_of(4 * self.tc) {
+            return err("bk must be a multiple of 4 * tc (keys per unit in vectors of 4)");
+        }
+        if !v_head_dim.is_multiple_of(4 * self.tc) || !head_dim.is_multiple_of(4) {
+            return err("v_head_dim must be a multiple of 4 * tc and head_dim of 4");
+        }
+        if !self.tc.is_power_of_two() || self.tc > 32 {
+            return err("tc must be a power of two up to 32 (it is the reduction width)");
+        }
+        Ok(())
+    }
+}
+
+/// Candidate tilings of the vectorized FMA kernel per head dim, best first (a guess until
+/// `examples/bench` has ranked them on real GPUs; it prints every candidate).
+///
+/// Why these shapes:
+/// - `rm = 4` query rows x `rn = 4` keys per unit (one vector of each per head-dim index,
+///   16 FMA per 2 vector loads) and `tc = 8` units per row (the row reductions stay inside a
+///   plane).
+/// - The accumulator is `rm * dv/tc` floats: 64 at d=128 with `tc = 8`; d=256 uses `tc = 16`.
+/// - Shared memory is dominated by Qᵀ (`d * bq`). At d ≤ 64 everything fits in f32 within
+///   48 KiB (Vulkan on NVIDIA) at bq = 64. At d = 128, bq = 64 only fits with the stages in
+///   the input type (f16), so the f32-staged bq = 32 (half the units per cube) comes next.
+/// - The last entries fit llvmpipe's 32 KiB.
+pub fn fma_vec_candidates(head_dim: u32) -> &'static [FmaVecTiles] {
+    const fn t(bq: u32, bk: u32, tr: u32, tc: u32, stage_f32: bool) -> FmaVecTiles {
+        FmaVecTiles { bq, bk, tr, tc, stage_f32 }
+    }
+    const SMALL: &[FmaVecTiles] = &[
+        t(64, 32, 16, 8, true),
+        t(64, 32, 16, 8, false),
+        t(64, 64, 16, 8, false),
+        t(32, 32, 8, 8, true),
+        t(16, 32, 4, 8, true),
+    ];
+    const MEDIUM: &[FmaVecTiles] = &[
+        t(64, 32, 16, 8, false),
+        t(32, 32, 8, 8, true),
+        t(32, 32, 8, 8, false),
+        t(16, 32, 4, 8, true),
+        t(16, 32, 4, 8, false),
+    ];
+    const LARGE: &[FmaVecTiles] = &[
+        t(16, 64, 4, 16, false),
+        t(16, 32, 4, 8, false),
+        t(16, 32, 4, 8, true),
+    ];
+    match head_dim {
+        0..=64 => SMALL,
+        65..=128 => MEDIUM,
+        _ => LARGE,
+    }
+}
+
+/// First vectorized FMA candidate for `max(head_dim, v_head_dim)` that fits the runtime.
+pub fn select_fma_vec_tiles(
+    head_dim: u32,
+    v_head_dim: u32,
+    elem_bytes: u32,
+    max_shared_bytes: usize,
+    max_units: u32,
+) -> Option<FmaVecTiles> {
+    fma_vec_candidates(head_dim.max(v_head_dim)).iter().copied().find(|t| {
+        t.validate(head_dim, v_head_dim).is_ok()
+            && t.smem_bytes(head_dim, v_head_dim, elem_bytes) as usize <= max_shared_bytes
+            && t.units() <= max_units
+    })
+}
+
 /// Tiling of the matrix-unit (cmma) kernel: `warps` planes of 32 units, each owning 16 query
 /// rows, walking `bk` keys at a time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -231,6 +364,21 @@ mod tests {
             for t in fma_candidates(d) {
                 t.validate(d, d).unwrap();
             }
+            for t in fma_vec_candidates(d) {
+                t.validate(d, d).unwrap();
+            }
         }
+    }
+
+    #[test]
+    fn vec_tiles_fit_vulkan_and_llvmpipe_in_f16() {
+        for &d in SUPPORTED_HEAD_DIMS {
+            for smem in [32 * 1024, 48 * 1024] {
+                assert!(select_fma_vec_tiles(d, d, 2, smem, 256).is_some(), "d={d} smem={smem}");
+            }
+        }
+        // The first choice on Vulkan/NVIDIA (48 KiB) keeps 64 query rows per cube up to d=128.
+        assert_eq!(select_fma_vec_tiles(128, 128, 2, 48 * 1024, 1024).unwrap().bq, 64);
+        assert_eq!(select_fma_vec_tiles(64, 64, 2, 48 * 1024, 1024).unwrap().bq, 64);
     }
 }

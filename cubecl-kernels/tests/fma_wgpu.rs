@@ -5,7 +5,7 @@
 mod common;
 
 use common::{run_case, wgpu_client, Case, Layout};
-use quattn_cubecl::{fma_candidates, ElemType, LaunchOptions, Variant};
+use quattn_cubecl::{fma_candidates, fma_vec_candidates, ElemType, LaunchOptions, Variant};
 
 fn check(case: Case) {
     check_with(case, &LaunchOptions::default());
@@ -121,7 +121,7 @@ fn every_fitting_tile_config() {
                 continue;
             }
             let options = LaunchOptions {
-                variant: Variant::PortableFma,
+                variant: Variant::PortableFmaScalar,
                 fma_tiles: Some(tiles),
                 ..LaunchOptions::default()
             };
@@ -131,4 +131,37 @@ fn every_fitting_tile_config() {
             report.assert_within(&case);
         }
     }
+}
+
+#[test]
+fn every_fitting_vec_tile_config() {
+    let Some(client) = wgpu_client() else { return };
+    let smem = client.properties().hardware.max_shared_memory_size;
+    for (d, elem) in [(64, ElemType::F32), (64, ElemType::F16), (128, ElemType::F16), (256, ElemType::F16)] {
+        for &tiles in fma_vec_candidates(d) {
+            if tiles.smem_bytes(d, d, elem.size_bytes() as u32) as usize > smem {
+                continue;
+            }
+            for lazy_rescale in [true, false] {
+                let options = LaunchOptions {
+                    variant: Variant::PortableFma,
+                    fma_vec_tiles: Some(tiles),
+                    lazy_rescale,
+                    ..LaunchOptions::default()
+                };
+                let case = Case { q_heads: 1, ..Case::new(37, 75, d, true, elem) };
+                let report = run_case(&client, &case, &options).expect("launch refused");
+                println!("{tiles} lazy={lazy_rescale}: {report:?}");
+                assert!(report.info.kernel.contains("fma_vec"), "{}", report.info.kernel);
+                report.assert_within(&case);
+            }
+        }
+    }
+}
+
+#[test]
+fn scalar_kernel_still_runs() {
+    let options = LaunchOptions { variant: Variant::PortableFmaScalar, ..LaunchOptions::default() };
+    check_with(Case::new(17, 127, 128, true, ElemType::F16), &options);
+    check_with(Case::new(33, 40, 64, false, ElemType::F32), &options);
 }

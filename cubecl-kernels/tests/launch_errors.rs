@@ -5,7 +5,7 @@ mod common;
 
 use common::wgpu_client;
 use quattn_cubecl::{
-    launch, launch_with, AttentionArgs, ElemType, FmaTiles, LaunchError, LaunchOptions, Variant,
+    launch, launch_with, AttentionArgs, ElemType, FmaTiles, FmaVecTiles, LaunchError, LaunchOptions, Variant,
 };
 
 fn buffers(
@@ -53,7 +53,7 @@ fn refusals() {
 
     let huge = FmaTiles { bq: 256, bk: 256, tr: 16, tc: 8 };
     let forced = LaunchOptions {
-        variant: Variant::PortableFma,
+        variant: Variant::PortableFmaScalar,
         fma_tiles: Some(huge),
         ..LaunchOptions::default()
     };
@@ -67,6 +67,18 @@ fn refusals() {
     assert!(matches!(
         launch_with(&client, &ok, ElemType::F32, &forced, &q, &k, &v, &o, None),
         Err(LaunchError::InvalidTiles { .. })
+    ));
+
+    // A pinned vector tiling that cannot run is refused, not silently replaced.
+    let huge_vec = FmaVecTiles { bq: 256, bk: 256, tr: 16, tc: 8, stage_f32: true };
+    let forced_vec = LaunchOptions {
+        variant: Variant::PortableFma,
+        fma_vec_tiles: Some(huge_vec),
+        ..LaunchOptions::default()
+    };
+    assert!(matches!(
+        launch_with(&client, &ok, ElemType::F32, &forced_vec, &q, &k, &v, &o, None),
+        Err(LaunchError::VariantUnavailable { .. })
     ));
 
     // Whatever the adapter lacks must be refused by name, not fail inside the runtime.

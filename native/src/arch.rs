@@ -5,14 +5,22 @@
 use std::fmt;
 
 /// A GPU compile target, as named by `-arch=`.
+/// Serialized as its `-arch=` spelling (`"sm_90a"`), the name users and scripts know.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
 pub enum Arch {
+    #[serde(rename = "sm_80")]
     Sm80,
+    #[serde(rename = "sm_86")]
     Sm86,
+    #[serde(rename = "sm_89")]
     Sm89,
+    #[serde(rename = "sm_90")]
     Sm90,
+    #[serde(rename = "sm_90a")]
     Sm90a,
+    #[serde(rename = "sm_100a")]
     Sm100a,
+    #[serde(rename = "sm_120a")]
     Sm120a,
 }
 

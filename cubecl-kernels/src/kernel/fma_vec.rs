@@ -1,0 +1,585 @@
+//! Portable forward kernel, vectorized: register-tiled FMA on 4-wide vectors for both matmuls,
+//! stages in shared memory as 4-wide vectors, online softmax in f32. Runs on every CubeCL
+//! runtime (WGSL, SPIR-V, CUDA); needs every row start of Q, K, V and O aligned to 4 elements
+//! (the launcher falls back to the scalar kernel in `fma.rs` otherwise).
+//!
+//! Why it is shaped like this (against the scalar kernel, which reached ~5 TFLOP/s on an H100
+//! through Vulkan):
+//! - Every shared-memory read is a 16-byte vector: the unit's 4 query rows of Qᵀ, 4 keys of Kᵀ,
+//!   4 rows of Pᵀ, 4 output columns of V. The scalar kernel issued one 2-byte load per operand.
+//! - Q, K and V may be staged in f32 (`stage_f32`), converted once when staged, instead of once
+//!   per use: the scalar kernel converted every f16 operand it read, 12 conversions per 32 FMA.
+//! - Masking is a runtime flag of one copy of the KV step, not a second comptime copy: the
+//!   scalar kernel's two unrolled copies doubled the shader, and causal launches (which run both
+//!   copies side by side) were 3x slower per FLOP on the H100's Vulkan driver.
+//!
+//! Units are laid out `tr x tc` (unit `(r, c)` = `r * tc + c`, so the `tc` units of a row are
+//! consecutive lanes). With `W = 4`:
+//! - scores: unit `(r, c)` owns rows `r*rm .. r*rm+rm` and the key quads `j*tc + c`,
+//!   `j < rn/W` (interleaved, so that the `tc` units of a plane read consecutive 16-byte
+//!   vectors of Kᵀ: one shared-memory wavefront).
+//! - output: the same rows and the column quads `j*tc + c`, `j < dvt/W`.
+
+use cubecl::prelude::*;
+
+use super::{cube_key_ranges, is_visible, AttnShape, LAZY_RESCALE_THRESHOLD, MASK_THRESHOLD, NO_MAX};
+
+/// Vector width of the stages and global accesses.
+pub(crate) const W: usize = 4;
+
+/// Compile-time key of the vectorized FMA kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FmaVecConfig {
+    pub head_dim: usize,
+    pub v_head_dim: usize,
+    pub bq: usize,
+    pub bk: usize,
+    pub tr: usize,
+    pub tc: usize,
+    pub causal: bool,
+    pub write_lse: bool,
+    pub lazy_rescale: bool,
+    pub plane_reduce: bool,
+}
+
+impl FmaVecConfig {
+    pub const fn rm(&self) -> usize {
+        self.bq / self.tr
+    }
+    pub const fn rn(&self) -> usize {
+        self.bk / self.tc
+    }
+    pub const fn dvt(&self) -> usize {
+        self.v_head_dim / self.tc
+    }
+    pub const fn units(&self) -> usize {
+        self.tr * self.tc
+    }
+    /// Row quads per unit.
+    pub const fn rq(&self) -> usize {
+        self.rm() / W
+    }
+    /// Key quads per unit.
+    pub const fn kq(&self) -> usize {
+        self.rn() / W
+    }
+    /// Output column quads per unit.
+    pub const fn cq(&self) -> usize {
+        self.dvt() / W
+    }
+    /// Pitches in vectors. Qᵀ `[d][bq/W]`, Kᵀ `[d][bk/W]`, V `[key][dv/W]`.
+    pub const fn q_pitch(&self) -> usize {
+        self.bq / W
+    }
+    pub const fn k_pitch(&self) -> usize {
+        self.bk / W
+    }
+    pub const fn v_pitch(&self) -> usize {
+        self.v_head_dim / W
+    }
+    /// Pᵀ `[key][bq/W + 1]`: the pad vector moves the keys a unit writes (4 apart) onto
+    /// different banks.
+    pub const fn p_pitch(&self) -> usize {
+        self.bq / W + 1
+    }
+    pub const fn kv_stage_len(&self) -> usize {
+        let k = self.head_dim * self.k_pitch();
+        let v = self.bk * self.v_pitch();
+        if k > v {
+            k
+        } else {
+            v
+        }
+    }
+}
+
+/// `E`: element type of Q, K, V, O. `S`: element type of the Q/K/V stages (f32, or `E` to save
+/// shared memory). `N` must be `W`.
+#[cube(launch_unchecked)]
+pub fn fwd_portable_fma_vec<E: Float, S: Float, N: Size>(
+    q: &Array<Vector<E, N>>,
+    k: &Array<Vector<E, N>>,
+    v: &Array<Vector<E, N>>,
+    o: &mut Array<Vector<E, N>>,
+    lse: &mut Array<f32>,
+    shape: &AttnShape,
+    #[comptime] cfg: FmaVecConfig,
+) {
+    let unit = UNIT_POS as usize;
+    let unit_row = unit / cfg.tc;
+    let unit_col = unit % cfg.tc;
+
+    let batch = CUBE_POS_Z as usize;
+    let head = CUBE_POS_Y as usize;
+    let q0 = CUBE_POS_X as usize * cfg.bq;
+    let kv_head = head / shape.group as usize;
+    let q_len = shape.q_len as usize;
+    let kv_len = shape.kv_len as usize;
+
+    let q_base = batch * shape.q_s0 as usize + head * shape.q_s1 as usize;
+    let k_base = batch * shape.k_s0 as usize + kv_head * shape.k_s1 as usize;
+    let v_base = batch * shape.v_s0 as usize + kv_head * shape.v_s1 as usize;
+
+    let mut q_stage = SharedMemory::<Vector<S, N>>::new(comptime!(cfg.head_dim * cfg.q_pitch()));
+    let mut kv_stage = SharedMemory::<Vector<S, N>>::new(cfg.kv_stage_len());
+    let mut p_stage = SharedMemory::<Vector<f32, N>>::new(comptime!(cfg.bk * cfg.p_pitch()));
+    let mut red_stage = SharedMemory::<f32>::new(comptime!(cfg.bq * cfg.tc));
+
+    cube_load_transposed::<E, S, N>(
+        q, &mut q_stage, q_base, shape.q_s2 as usize, q0, q_len, cfg.bq, cfg.head_dim, cfg,
+    );
+
+    let mut row_max = Array::<f32>::new(cfg.rm());
+    let mut row_sum = Array::<f32>::new(cfg.rm());
+    let mut acc = Array::<Vector<f32, N>>::new(comptime!(cfg.rm() * cfg.cq()));
+    let mut scores = Array::<Vector<f32, N>>::new(comptime!(cfg.rm() * cfg.kq()));
+    #[unroll]
+    for i in 0..cfg.rm() {
+        row_max[i] = NO_MAX;
+        row_sum[i] = 0.0;
+    }
+    #[unroll]
+    for i in 0..comptime!(cfg.rm() * cfg.cq()) {
+        acc[i] = Vector::new(0.0f32);
+    }
+
+    let (num_full, num_tiles) = cube_key_ranges(q0, q_len, kv_len, cfg.bq, cfg.bk, cfg.causal);
+
+    sync_cube();
+
+    // One copy of the step for all tiles; the mask is a runtime branch (see the module doc).
+    for tile in 0..num_tiles {
+        let k0 = tile * cfg.bk;
+        let masked = tile >= num_full;
+
+        cube_load_transposed::<E, S, N>(
+            k, &mut kv_stage, k_base, shape.k_s2 as usize, k0, kv_len, cfg.bk, cfg.head_dim, cfg,
+        );
+        sync_cube();
+
+        thread_score_matmul::<S, N>(&q_stage, &kv_stage, &mut scores, unit_row, unit_col, cfg);
+        if masked {
+            thread_apply_mask::<N>(&mut scores, shape, q0, k0, unit_row, unit_col, cfg);
+        }
+
+        online_softmax::<N>(
+            &mut scores, &mut row_max, &mut row_sum, &mut acc, &mut p_stage, &mut red_stage,
+            shape.scale, unit_row, unit_col, cfg,
+        );
+        // Every unit is done reading K (the shared-memory reduction already ended with a
+        // barrier), and P is complete.
+        if cfg.plane_reduce {
+            sync_cube();
+        }
+
+        cube_load_v::<E, S, N>(v, &mut kv_stage, v_base, shape.v_s2 as usize, k0, kv_len, cfg);
+        sync_cube();
+
+        thread_value_matmul::<S, N>(&p_stage, &kv_stage, &mut acc, unit_row, unit_col, cfg);
+        // The next tile overwrites K/V, P and the reduction scratch.
+        sync_cube();
+    }
+
+    write_results::<E, N>(
+        o, lse, &mut red_stage, &row_max, &mut row_sum, &acc, shape, batch, head, q0, unit_row,
+        unit_col, cfg,
+    );
+}
+
+/// Stages `rows` rows (from `row0`, zero past `len`) of a row-major `[row][dim]` tensor as
+/// `[dim][rows/W]` vectors of W rows, converted to `S`. Each task reads a W x W block (W
+/// vectors of W consecutive dims from W consecutive rows) and writes it transposed; tasks are
+/// numbered row-quad fastest so that a plane's writes of one dim are consecutive vectors.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn cube_load_transposed<E: Float, S: Float, N: Size>(
+    src: &Array<Vector<E, N>>,
+    stage: &mut SharedMemory<Vector<S, N>>,
+    base: usize,
+    row_stride: usize,
+    row0: usize,
+    len: usize,
+    #[comptime] rows: usize,
+    #[comptime] dim: usize,
+    #[comptime] cfg: FmaVecConfig,
+) {
+    let row_quads = comptime!(rows / W);
+    let tasks = comptime!(rows / W * (dim / W));
+    let per_unit = comptime!(tasks.div_ceil(cfg.units()));
+    #[unroll]
+    for step in 0..per_unit {
+        let t = step * cfg.units() + UNIT_POS as usize;
+        if t < tasks {
+            let rq = t % row_quads;
+            let dq = t / row_quads;
+            let mut block = Array::<Vector<S, N>>::new(W);
+            #[unroll]
+            for e in 0..W {
+                let row = row0 + rq * W + e;
+                let mut value = Vector::<S, N>::new(S::from_int(0));
+                if row < len {
+                    value = Vector::cast_from(src[(base + row * row_stride) / W + dq]);
+                }
+                block[e] = value;
+            }
+            #[unroll]
+            for x in 0..W {
+                let mut column = Vector::<S, N>::empty();
+                #[unroll]
+                for e in 0..W {
+                    column[e] = block[e][x];
+                }
+                stage[(dq * W + x) * row_quads + rq] = column;
+            }
+        }
+    }
+}
+
+/// Stages values `[k0, k0+bk)` row-major (`[key][dv/W]`), zero past `kv_len` so that masked
+/// probabilities (exactly 0) never meet garbage.
+#[cube]
+fn cube_load_v<E: Float, S: Float, N: Size>(
+    v: &Array<Vector<E, N>>,
+    kv_stage: &mut SharedMemory<Vector<S, N>>,
+    v_base: usize,
+    v_row_stride: usize,
+    k0: usize,
+    kv_len: usize,
+    #[comptime] cfg: FmaVecConfig,
+) {
+    let per_row = comptime!(cfg.v_pitch());
+    let count = comptime!(cfg.bk * cfg.v_pitch());
+    let per_unit = comptime!(count.div_ceil(cfg.units()));
+    #[unroll]
+    for step in 0..per_unit {
+        let e = step * cfg.units() + UNIT_POS as usize;
+        if e < count {
+            let key = e / per_row;
+            let col = e % per_row;
+            let mut value = Vector::<S, N>::new(S::from_int(0));
+            if k0 + key < kv_len {
+                value = Vector::cast_from(v[(v_base + (k0 + key) * v_row_stride) / W + col]);
+            }
+            kv_stage[e] = value;
+        }
+    }
+}
+
+/// `scores[i][j] = sum_d Q[row_i][d] * K[key_j][d]` for the unit's `rm x rn` block, on
+/// vectors of W keys: per head-dim index, `rm/W + rn/W` vector loads for `rm * rn/W` vector FMAs.
+#[cube]
+fn thread_score_matmul<S: Float, N: Size>(
+    q_stage: &SharedMemory<Vector<S, N>>,
+    kv_stage: &SharedMemory<Vector<S, N>>,
+    scores: &mut Array<Vector<f32, N>>,
+    unit_row: usize,
+    unit_col: usize,
+    #[comptime] cfg: FmaVecConfig,
+) {
+    let rm = comptime!(cfg.rm());
+    let rq = comptime!(cfg.rq());
+    let kq = comptime!(cfg.kq());
+    #[unroll]
+    for i in 0..rm * kq {
+        scores[i] = Vector::new(0.0f32);
+    }
+    let mut a = Array::<Vector<f32, N>>::new(rq);
+    let mut b = Array::<Vector<f32, N>>::new(kq);
+    let q_off = unit_row * rq;
+    for d in 0..cfg.head_dim {
+        #[unroll]
+        for i in 0..rq {
+            a[i] = Vector::cast_from(q_stage[d * cfg.q_pitch() + q_off + i]);
+        }
+        #[unroll]
+        for j in 0..kq {
+            b[j] = Vector::cast_from(kv_stage[d * cfg.k_pitch() + j * cfg.tc + unit_col]);
+        }
+        #[unroll]
+        for i in 0..rm {
+            let ai = Vector::<f32, N>::new(a[i / W][i % W]);
+            #[unroll]
+            for j in 0..kq {
+                scores[i * kq + j] = fma(ai, b[j], scores[i * kq + j]);
+            }
+        }
+    }
+}
+
+/// Sets invisible scores (key past `kv_len`, or above the causal diagonal) to `NO_MAX`.
+#[cube]
+fn thread_apply_mask<N: Size>(
+    scores: &mut Array<Vector<f32, N>>,
+    shape: &AttnShape,
+    q0: usize,
+    k0: usize,
+    unit_row: usize,
+    unit_col: usize,
+    #[comptime] cfg: FmaVecConfig,
+) {
+    let rm = comptime!(cfg.rm());
+    let kq = comptime!(cfg.kq());
+    let q_len = shape.q_len as usize;
+    let kv_len = shape.kv_len as usize;
+    #[unroll]
+    for i in 0..rm {
+        let row = q0 + unit_row * rm + i;
+        #[unroll]
+        for j in 0..kq {
+            let mut s = scores[i * kq + j];
+            #[unroll]
+            for e in 0..W {
+                let key = k0 + (j * cfg.tc + unit_col) * W + e;
+                let visible = is_visible(row, key, q_len, kv_len, cfg.causal);
+                s[e] = select(visible, s[e], NO_MAX);
+            }
+            scores[i * kq + j] = s;
+        }
+    }
+}
+
+/// Max (or sum) over the `tc` units sharing each of this unit's rows: plane shuffles among the
+/// `tc` consecutive lanes, or shared memory (ends with a barrier).
+#[cube]
+fn cube_row_reduce(
+    partial: &mut Array<f32>,
+    red_stage: &mut SharedMemory<f32>,
+    unit_row: usize,
+    unit_col: usize,
+    #[comptime] is_max: bool,
+    #[comptime] cfg: FmaVecConfig,
+) {
+    let rm = comptime!(cfg.rm());
+    if cfg.plane_reduce {
+        #[unroll]
+        for i in 0..rm {
+            let mut value = partial[i];
+            // Butterfly over the tc consecutive lanes of the row: masks tc/2, ..., 1.
+            #[unroll]
+            for step in 0..comptime!(cfg.tc.trailing_zeros() as usize) {
+                let mask = comptime!((cfg.tc >> (step + 1)) as u32);
+                let other = plane_shuffle_xor(value, mask);
+                if is_max {
+                    value = max(value, other);
+                } else {
+                    value += other;
+                }
+            }
+            partial[i] = value;
+        }
+    } else {
+        #[unroll]
+        for i in 0..rm {
+            red_stage[(unit_row * rm + i) * cfg.tc + unit_col] = partial[i];
+        }
+        sync_cube();
+        #[unroll]
+        for i in 0..rm {
+            let base = (unit_row * rm + i) * cfg.tc;
+            let mut value = red_stage[base];
+            #[unroll]
+            for c in 1..cfg.tc {
+                if is_max {
+                    value = max(value, red_stage[base + c]);
+                } else {
+                    value += red_stage[base + c];
+                }
+            }
+            partial[i] = value;
+        }
+    }
+}
+
+/// Online softmax for one tile: new row max, rescale of the running sum and accumulator, and
+/// `P = exp((S - m)·scale)` written to shared memory as `Pᵀ` (`[key][row quad]`).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn online_softmax<N: Size>(
+    scores: &mut Array<Vector<f32, N>>,
+    row_max: &mut Array<f32>,
+    row_sum: &mut Array<f32>,
+    acc: &mut Array<Vector<f32, N>>,
+    p_stage: &mut SharedMemory<Vector<f32, N>>,
+    red_stage: &mut SharedMemory<f32>,
+    scale: f32,
+    unit_row: usize,
+    unit_col: usize,
+    #[comptime] cfg: FmaVecConfig,
+) {
+    let rm = comptime!(cfg.rm());
+    let rq = comptime!(cfg.rq());
+    let kq = comptime!(cfg.kq());
+    let cq = comptime!(cfg.cq());
+
+    let mut tile_max = Array::<f32>::new(rm);
+    #[unroll]
+    for i in 0..rm {
+        let mut m = scores[i * kq];
+        #[unroll]
+        for j in 1..kq {
+            m = max(m, scores[i * kq + j]);
+        }
+        tile_max[i] = max(max(m[0], m[1]), max(m[2], m[3]));
+    }
+    cube_row_reduce(&mut tile_max, red_stage, unit_row, unit_col, true, cfg);
+
+    let scale_v = Vector::<f32, N>::new(scale);
+    let threshold = Vector::<f32, N>::new(MASK_THRESHOLD);
+    let zero = Vector::<f32, N>::new(0.0f32);
+    #[unroll]
+    for i in 0..rm {
+        let old_max = row_max[i];
+        let mut new_max = max(old_max, tile_max[i]);
+        if cfg.lazy_rescale {
+            // Keep the stale max while the exponent headroom suffices. Both the running sum and
+            // the accumulator keep using it, so the result stays exact.
+            new_max = select(
+                (tile_max[i] - old_max) * scale > LAZY_RESCALE_THRESHOLD,
+                tile_max[i],
+                old_max,
+            );
+        }
+        let neg_scaled_max = Vector::<f32, N>::new(-new_max * scale);
+
+        let mut tile_sum = Vector::<f32, N>::new(0.0f32);
+        #[unroll]
+        for j in 0..kq {
+            let s = scores[i * kq + j];
+            // Masked scores are NO_MAX: zero them explicitly, since a row that has seen only
+            // masked keys has NO_MAX as its max too and the exponent would be 0.
+            let p = select_many(
+                s.greater_than(threshold),
+                Vector::exp(fma(s, scale_v, neg_scaled_max)),
+                zero,
+            );
+            scores[i * kq + j] = p;
+            tile_sum += p;
+        }
+
+        let alpha = f32::exp((old_max - new_max) * scale);
+        if cfg.lazy_rescale {
+            if new_max != old_max {
+                row_sum[i] *= alpha;
+                let alpha_v = Vector::<f32, N>::new(alpha);
+                #[unroll]
+                for c in 0..cq {
+                    acc[i * cq + c] *= alpha_v;
+                }
+            }
+        } else {
+            row_sum[i] *= alpha;
+            let alpha_v = Vector::<f32, N>::new(alpha);
+            #[unroll]
+            for c in 0..cq {
+                acc[i * cq + c] *= alpha_v;
+            }
+        }
+        row_sum[i] += (tile_sum[0] + tile_sum[1]) + (tile_sum[2] + tile_sum[3]);
+        row_max[i] = new_max;
+    }
+
+    // Pᵀ: for each of the unit's keys, its rows as vectors of W rows.
+    #[unroll]
+    for j in 0..kq {
+        #[unroll]
+        for e in 0..W {
+            let key = (j * cfg.tc + unit_col) * W + e;
+            #[unroll]
+            for qi in 0..rq {
+                let mut column = Vector::<f32, N>::empty();
+                #[unroll]
+                for l in 0..W {
+                    column[l] = scores[(qi * W + l) * kq + j][e];
+                }
+                p_stage[key * cfg.p_pitch() + unit_row * rq + qi] = column;
+            }
+        }
+    }
+}
+
+/// `acc[i][c] += sum_j P[row_i][key_j] * V[key_j][col_c]` on vectors of W output columns.
+#[cube]
+fn thread_value_matmul<S: Float, N: Size>(
+    p_stage: &SharedMemory<Vector<f32, N>>,
+    kv_stage: &SharedMemory<Vector<S, N>>,
+    acc: &mut Array<Vector<f32, N>>,
+    unit_row: usize,
+    unit_col: usize,
+    #[comptime] cfg: FmaVecConfig,
+) {
+    let rm = comptime!(cfg.rm());
+    let rq = comptime!(cfg.rq());
+    let cq = comptime!(cfg.cq());
+    let mut p = Array::<Vector<f32, N>>::new(rq);
+    let mut vv = Array::<Vector<f32, N>>::new(cq);
+    let p_off = unit_row * rq;
+    for key in 0..cfg.bk {
+        #[unroll]
+        for i in 0..rq {
+            p[i] = p_stage[key * cfg.p_pitch() + p_off + i];
+        }
+        #[unroll]
+        for c in 0..cq {
+            vv[c] = Vector::cast_from(kv_stage[key * cfg.v_pitch() + c * cfg.tc + unit_col]);
+        }
+        #[unroll]
+        for i in 0..rm {
+            let pi = Vector::<f32, N>::new(p[i / W][i % W]);
+            #[unroll]
+            for c in 0..cq {
+                acc[i * cq + c] = fma(pi, vv[c], acc[i * cq + c]);
+            }
+        }
+    }
+}
+
+/// Epilogue: reduce the row sums, then `O = acc / l` and `LSE = m·scale + ln l`; rows that saw
+/// no key get `O = 0` and `LSE = lse_empty` (-inf).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn write_results<E: Float, N: Size>(
+    o: &mut Array<Vector<E, N>>,
+    lse: &mut Array<f32>,
+    red_stage: &mut SharedMemory<f32>,
+    row_max: &Array<f32>,
+    row_sum: &mut Array<f32>,
+    acc: &Array<Vector<f32, N>>,
+    shape: &AttnShape,
+    batch: usize,
+    head: usize,
+    q0: usize,
+    unit_row: usize,
+    unit_col: usize,
+    #[comptime] cfg: FmaVecConfig,
+) {
+    let rm = comptime!(cfg.rm());
+    let cq = comptime!(cfg.cq());
+    cube_row_reduce(row_sum, red_stage, unit_row, unit_col, false, cfg);
+
+    let q_len = shape.q_len as usize;
+    let o_base = batch * shape.o_s0 as usize + head * shape.o_s1 as usize;
+    #[unroll]
+    for i in 0..rm {
+        let row = q0 + unit_row * rm + i;
+        if row < q_len {
+            let l = row_sum[i];
+            let seen = l > 0.0;
+            let inv = Vector::<f32, N>::new(select(seen, 1.0 / l, 0.0));
+            let o_row = (o_base + row * shape.o_s2 as usize) / W;
+            #[unroll]
+            for c in 0..cq {
+                o[o_row + c * cfg.tc + unit_col] = Vector::cast_from(acc[i * cq + c] * inv);
+            }
+            if cfg.write_lse {
+                if unit_col == 0 {
+                    let value = select(
+                        seen,
+                        row_max[i] * shape.scale + f32::ln(select(seen, l, 1.0)),
+                        shape.lse_empty,
+                    );
+                    lse[(batch * shape.q_heads as usize + head) * q_len + row] = value;
+                }
+            }
+        }
+    }
+}
