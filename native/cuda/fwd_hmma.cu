@@ -1,23 +1,49 @@
 // FlashAttention-2-style forward on mma.sync m16n8k16 (HMMA), fp16 or bf16 inputs.
 //
-// One CTA = BLOCK_M = 16 * WARPS query rows of one (batch, head); each warp owns 16 rows, holds
-// its Q fragments in registers for the whole KV sweep and its O accumulator in f32 registers.
-// K/V tiles of BLOCK_N keys stream through STAGES-deep cp.async buffers in swizzled shared
-// memory. Compile-time parameters (all -D defines, the host builds them from one config):
+// Layout. One CTA = BLOCK_M = ROWS_PER_WARP * WARPS query rows of one (batch, head). Warp w owns
+// the contiguous rows [w * ROWS_PER_WARP, +ROWS_PER_WARP) as MT = ROWS_PER_WARP / 16 m16 tiles
+// and keeps their O accumulator in f32 registers for the whole KV sweep. K/V tiles of BLOCK_N
+// keys stream through two cp.async stages in swizzled shared memory.
+//   * ROWS_PER_WARP 32 (MT = 2) is FA2's layout: every K fragment (ldmatrix.x4) of Q·Kᵀ and
+//     every V fragment (ldmatrix.x4.trans) of P·V feeds 2 * MT = 4 MMAs instead of 2, which
+//     halves the shared-memory traffic per MMA; at 16 rows per warp an H100 SM is bound by
+//     ldmatrix bandwidth (one .x4 = 512 B = 4 clocks of the 128 B/clk crossbar against ~1.5
+//     clocks per SM per m16n8k16), at 32 it is bound by the tensor cores.
+//   * Q_IN_REGS 1 loads Q's A fragments once (MT * D/16 * 4 registers); 0 keeps Q resident in
+//     its own shared-memory region and reloads one A fragment per (m tile, k step), which costs
+//     MT ldmatrix per D/16 step but frees those registers (FA2's default at hd128, where Q in
+//     registers plus 32 rows of O no longer fit in 255).
+//   * Rows g and g+8 of each m tile live in the lane's c0,c1 / c2,c3 accumulator halves, so
+//     every per-row quantity (max, sum, causal limit, LSE) is indexed [mt][half], flattened
+//     to ROWS = 2 * MT entries: row of entry i = warp_row0 + 16 * (i / 2) + 8 * (i % 2) + g.
+//   * P never leaves registers: two adjacent n8 accumulator tiles of S are, after packing, the
+//     m16k16 A fragment of P·V for the same m tile.
+//
+// Compile-time parameters (all -D defines, the host builds them from one config):
 //   HEAD_DIM      64 | 128
-//   WARPS         warps per CTA (BLOCK_M = 16 * WARPS)
+//   WARPS         warps per CTA
+//   ROWS_PER_WARP 16 | 32 (BLOCK_M = ROWS_PER_WARP * WARPS)
+//   Q_IN_REGS     1: Q fragments in registers, 0: Q resident in shared memory
 //   BLOCK_N       keys per KV tile
 //   IN_BF16       0: fp16 inputs/outputs, 1: bf16
 //   QK_ACC        0: f32 (HMMA.F32), 1: f16 (HMMA.F16), 2: two-stage (f16 MMAs over QK_CHUNK
 //                 head dims, folded into f32 after each chunk)
 //   QK_CHUNK      head-dim chunk of the two-stage mode (multiple of 16)
 //   PV_ACC        0: f32, 1: f16 within one KV tile, folded into f32 per tile
-// The launch ABI is `FwdParams` below; the Rust mirror is `HmmaParams` in src/hmma.rs.
+// The launch ABI is `FwdParams` below; the Rust mirror is `HmmaParams` in src/hmma.rs, and
+// `HmmaTile::smem_bytes` mirrors cfg::SMEM_BYTES.
 #include "common.cuh"
 
 #if !defined(HEAD_DIM) || !defined(WARPS) || !defined(BLOCK_N) || !defined(IN_BF16) || \
     !defined(QK_ACC) || !defined(QK_CHUNK) || !defined(PV_ACC)
 #error "fwd_hmma.cu needs HEAD_DIM, WARPS, BLOCK_N, IN_BF16, QK_ACC, QK_CHUNK, PV_ACC"
+#endif
+// The original tiling (16 rows per warp, Q in registers) when the host does not say.
+#ifndef ROWS_PER_WARP
+#define ROWS_PER_WARP 16
+#endif
+#ifndef Q_IN_REGS
+#define Q_IN_REGS 1
 #endif
 
 #define QK_ACC_F32 0
@@ -26,21 +52,32 @@
 
 namespace cfg {
 constexpr int D = HEAD_DIM;
-constexpr int BM = 16 * WARPS;
+constexpr int MT = ROWS_PER_WARP / 16;    // m16 tiles per warp
+constexpr int ROWS = 2 * MT;              // accumulator rows per lane (g, g+8 of each m tile)
+constexpr int BM = ROWS_PER_WARP * WARPS;
 constexpr int BN = BLOCK_N;
 constexpr int THREADS = 32 * WARPS;
 constexpr int ROW_BYTES = D * 2;           // 16-bit elements
 constexpr int CHUNKS = D / 8;              // 16-byte chunks per row
+constexpr int K_STEPS = D / 16;            // k16 steps of Q·K^T
+constexpr int P_STEPS = BN / 16;           // k16 steps of P·V
+constexpr int N_FRAGS = BN / 8;            // n8 accumulator tiles of S per m tile
+constexpr int D_FRAGS = D / 8;             // n8 accumulator tiles of O per m tile
+constexpr int MT_BYTES = 16 * ROW_BYTES;   // one m16 tile of a swizzled [row][dim] tile
 constexpr int KV_TILE_BYTES = BN * ROW_BYTES;
 constexpr int STAGE_BYTES = 2 * KV_TILE_BYTES;   // K then V
-constexpr int N_FRAGS = BN / 8;            // n8 accumulator tiles of S per warp
-constexpr int D_FRAGS = D / 8;             // n8 accumulator tiles of O per warp
+// Q_IN_REGS: Q is staged through the second stage before the first prefetch lands there and O
+// through the free stage in the epilogue. Otherwise Q has its own region after the stages,
+// which also stages O (each warp rewrites only its own rows, after its last read of them).
+constexpr int Q_OFFSET = Q_IN_REGS ? STAGE_BYTES : 2 * STAGE_BYTES;
+constexpr int SMEM_BYTES = 2 * STAGE_BYTES + (Q_IN_REGS ? 0 : BM * ROW_BYTES);
+static_assert(SMEM_BYTES <= 227 * 1024, "more shared memory than an sm_90 block may have");
 static_assert(D == 64 || D == 128, "head dim 64 or 128");
+static_assert(ROWS_PER_WARP == 16 || ROWS_PER_WARP == 32, "16 or 32 rows per warp");
 static_assert(BN % 16 == 0 && BN >= 16, "BLOCK_N multiple of 16");
-// Q is staged through the second K/V buffer before the first prefetch lands there, and O is
-// staged through a free buffer in the epilogue: both need BM rows to fit in one stage.
-static_assert(BM <= 2 * BN, "BLOCK_M rows must fit in one K+V stage");
-static_assert((BM * CHUNKS) % THREADS == 0 && (BN * CHUNKS) % THREADS == 0, "even copy split");
+static_assert(!Q_IN_REGS || BM <= 2 * BN, "BLOCK_M rows must fit in one K+V stage");
+static_assert(THREADS % CHUNKS == 0 && (BM * CHUNKS) % THREADS == 0 &&
+              (BN * CHUNKS) % THREADS == 0, "even copy split");
 static_assert(QK_ACC == QK_ACC_F32 || !IN_BF16, "bf16 MMAs accumulate in f32 only");
 static_assert(PV_ACC == 0 || !IN_BF16, "bf16 MMAs accumulate in f32 only");
 static_assert(QK_ACC != QK_ACC_TWO_STAGE || (QK_CHUNK % 16 == 0 && D % QK_CHUNK == 0), "chunk");
@@ -74,75 +111,191 @@ __device__ __forceinline__ u32 thread_pack_in(float lo, float hi) {
 #endif
 }
 
+// ---- swizzled ldmatrix addressing ----------------------------------------------------------
+
+// A lane's ldmatrix row inside a swizzled tile, split so that the per-k-step part is one XOR:
+// tile_swizzle(row + 16 * i, 2 * c + hi) == row * ROW_BYTES + 16 * i * ROW_BYTES
+// + ((32 * c) ^ xr) with xr = (hi ^ (row & 7)) << 4, because 2c and hi share no bit and a
+// multiple of 16 rows leaves row & 7 alone. The 16-row steps (m tiles, key pairs) become
+// immediate offsets of LDSM.
+struct LaneRow {
+    u32 off;   // row * ROW_BYTES
+    u32 xr;    // (hi ^ (row & 7)) << 4
+    __device__ __forceinline__ LaneRow(int row, int hi)
+        : off((u32)(row * cfg::ROW_BYTES)), xr((u32)((hi ^ (row & 7)) << 4)) {}
+    // Address of chunk pair c (chunks 2c, 2c+1) of this lane's row, 16*i rows further down.
+    __device__ __forceinline__ u32 at(u32 tile, int i, int c) const {
+        return tile + off + (u32)(i * cfg::MT_BYTES) + (((u32)c << 5) ^ xr);
+    }
+};
+
 // ---- global -> shared ----------------------------------------------------------------------
 
 // Copies `ROWS` rows of one head (row stride `stride` elements) into a swizzled tile; rows at or
 // past `rows_valid` are zero-filled (their source address is clamped to row 0, never read).
+// A thread copies the same chunk of rows row0, row0 + STEP, ...: when STEP is a multiple of 8
+// the swizzle is the same for all of them, so destinations are one register plus immediates.
+// Sources walk by one 64-bit step that is made opaque on every call: otherwise the compiler
+// hoists every row's `row * stride` out of the KV loop and keeps 2 * ROWS / STEP 64-bit
+// offsets per tensor alive across it, which is what made the wide tiles spill.
 template <int ROWS>
 __device__ __forceinline__ void cta_load_tile(u32 dst, const unsigned short* src, i64 stride,
                                               int rows_valid) {
-    constexpr int PER_THREAD = ROWS * cfg::CHUNKS / cfg::THREADS;
+    constexpr int STEP = cfg::THREADS / cfg::CHUNKS;
+    const int row0 = threadIdx.x / cfg::CHUNKS;
+    const int chunk = threadIdx.x % cfg::CHUNKS;
+    i64 step = (i64)STEP * stride;
+    asm volatile("" : "+l"(step));
+    const unsigned short* s = src + (i64)row0 * stride + chunk * 8;
 #pragma unroll
-    for (int i = 0; i < PER_THREAD; ++i) {
-        const int idx = threadIdx.x + i * cfg::THREADS;
-        const int row = idx / cfg::CHUNKS;
-        const int chunk = idx % cfg::CHUNKS;
+    for (int i = 0; i < ROWS / STEP; ++i) {
+        const int row = row0 + i * STEP;
         const bool ok = row < rows_valid;
-        const unsigned short* s = src + (ok ? (i64)row * stride : 0) + chunk * 8;
-        thread_cp_async_16(dst + tile_swizzle<cfg::ROW_BYTES>(row, chunk), s, ok ? 16 : 0);
+        thread_cp_async_16(dst + tile_swizzle<cfg::ROW_BYTES>(row, chunk), ok ? s : src, ok ? 16 : 0);
+        s += step;
     }
 }
 
-// ---- mainloop pieces (one warp, 16 query rows) ---------------------------------------------
+// ---- Q operand -----------------------------------------------------------------------------
 
-// S = Q·K^T for the warp's 16 rows and BN keys, in f32 whatever the accumulation mode.
-__device__ __forceinline__ void warp_score_matmul(float (&s)[cfg::N_FRAGS][4],
-                                                  const u32 (&qf)[cfg::D / 16][4], u32 k_tile,
-                                                  int lane) {
-    // ldmatrix.x4 lane -> row address: matrices (keys +0..7, dims +0..7), (keys +0..7, dims
-    // +8..15), (keys +8..15, dims +0..7), (keys +8..15, dims +8..15) = b0,b1 of two n8 tiles.
-    const int mi = lane >> 3;
-    const int key = ((mi >> 1) << 3) + (lane & 7);
-    const int chunk_lo = mi & 1;
+// The A operand of S = Q·K^T for the warp's MT m tiles. ldmatrix.x4 lane -> row address:
+// matrices (rows +0..7, dims +0..7), (rows +8..15, dims +0..7), (rows +0..7, dims +8..15),
+// (rows +8..15, dims +8..15) = a0..a3.
+struct WarpQ {
+#if Q_IN_REGS
+    u32 f[cfg::MT][cfg::D / 16][4];
+#else
+    u32 tile;   // shared address of the Q region
+    LaneRow lr;
+#endif
+    __device__ __forceinline__ WarpQ(u32 q_tile, int warp, int lane)
+#if !Q_IN_REGS
+        : tile(q_tile), lr(warp * ROWS_PER_WARP + (((lane >> 3) & 1) << 3) + (lane & 7), lane >> 4)
+#endif
+    {
+#if Q_IN_REGS
+        const LaneRow lr(warp * ROWS_PER_WARP + (((lane >> 3) & 1) << 3) + (lane & 7), lane >> 4);
 #pragma unroll
-    for (int n = 0; n < cfg::N_FRAGS; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+        for (int mt = 0; mt < cfg::MT; ++mt)
+#pragma unroll
+            for (int kk = 0; kk < cfg::D / 16; ++kk) warp_ldmatrix_x4(f[mt][kk], lr.at(q_tile, mt, kk));
+#endif
+    }
+    __device__ __forceinline__ void get(u32 (&a)[4], int mt, int kk) const {
+#if Q_IN_REGS
+        a[0] = f[mt][kk][0]; a[1] = f[mt][kk][1]; a[2] = f[mt][kk][2]; a[3] = f[mt][kk][3];
+#else
+        warp_ldmatrix_x4(a, lr.at(tile, mt, kk));
+#endif
+    }
+};
+
+// ---- mainloop pieces (one warp, MT m16 tiles) ----------------------------------------------
+
+// S = Q·K^T for the warp's rows and BN keys, in f32 whatever the accumulation mode.
+// ldmatrix.x4 lane -> row address: matrices (keys +0..7, dims +0..7), (keys +0..7, dims
+// +8..15), (keys +8..15, dims +0..7), (keys +8..15, dims +8..15) = b0,b1 of two n8 tiles.
+// Each K fragment feeds 2 * MT MMAs.
+__device__ __forceinline__ void warp_score_matmul(float (&s)[cfg::MT][cfg::N_FRAGS][4],
+                                                  const WarpQ& q, u32 k_tile, const LaneRow& kr) {
+#pragma unroll
+    for (int mt = 0; mt < cfg::MT; ++mt)
+#pragma unroll
+        for (int n = 0; n < cfg::N_FRAGS; ++n) s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.f;
 
 #if QK_ACC == QK_ACC_F32
 #pragma unroll
-    for (int kk = 0; kk < cfg::D / 16; ++kk) {
+    for (int kk = 0; kk < cfg::K_STEPS; ++kk) {
+        u32 a[cfg::MT][4];
 #pragma unroll
-        for (int np = 0; np < cfg::BN / 16; ++np) {
+        for (int mt = 0; mt < cfg::MT; ++mt) q.get(a[mt], mt, kk);
+#pragma unroll
+        for (int np = 0; np < cfg::P_STEPS; ++np) {
             u32 b[4];
-            warp_ldmatrix_x4(b, k_tile + tile_swizzle<cfg::ROW_BYTES>(np * 16 + key, kk * 2 + chunk_lo));
-            warp_mma_f32acc(s[2 * np], qf[kk], b[0], b[1]);
-            warp_mma_f32acc(s[2 * np + 1], qf[kk], b[2], b[3]);
+            warp_ldmatrix_x4(b, kr.at(k_tile, np, kk));
+#pragma unroll
+            for (int mt = 0; mt < cfg::MT; ++mt) {
+                warp_mma_f32acc(s[mt][2 * np], a[mt], b[0], b[1]);
+                warp_mma_f32acc(s[mt][2 * np + 1], a[mt], b[2], b[3]);
+            }
         }
     }
 #else
     // F16: one chunk spanning the whole head dim; TWO_STAGE: f16 partial sums over QK_CHUNK
-    // dims stay small enough that fp16 rounding of the running sum is bounded per chunk.
+    // dims stay small enough that fp16 rounding of the running sum is bounded per chunk. Per
+    // output element both orders below sum the chunk's k-steps in ascending order into a zeroed
+    // f16 accumulator and then add it to s, chunk by chunk.
     constexpr int CHUNK = (QK_ACC == QK_ACC_F16) ? cfg::D : QK_CHUNK;
+    constexpr int CK = CHUNK / 16;   // k-steps per chunk
 #pragma unroll
-    for (int c0 = 0; c0 < cfg::D; c0 += CHUNK) {
-        u32 h[cfg::N_FRAGS][2];
+    for (int c0 = 0; c0 < cfg::K_STEPS; c0 += CK) {
+        if constexpr (QK_ACC == QK_ACC_TWO_STAGE) {
+            // Key pairs outermost: the chunk's Q fragments (MT * CK * 4 registers) stay live
+            // and the f16 partial sum is 2 * MT * 2 registers next to the f32 scores, instead
+            // of a whole S worth (which spilled at hd128 with 32 rows per warp).
+            u32 a[cfg::MT][CK][4];
 #pragma unroll
-        for (int n = 0; n < cfg::N_FRAGS; ++n) h[n][0] = h[n][1] = 0u;
+            for (int mt = 0; mt < cfg::MT; ++mt)
 #pragma unroll
-        for (int kk = c0 / 16; kk < (c0 + CHUNK) / 16; ++kk) {
+                for (int x = 0; x < CK; ++x) q.get(a[mt][x], mt, c0 + x);
 #pragma unroll
-            for (int np = 0; np < cfg::BN / 16; ++np) {
-                u32 b[4];
-                warp_ldmatrix_x4(b, k_tile + tile_swizzle<cfg::ROW_BYTES>(np * 16 + key, kk * 2 + chunk_lo));
-                warp_mma_f16_f16acc(h[2 * np], qf[kk], b[0], b[1]);
-                warp_mma_f16_f16acc(h[2 * np + 1], qf[kk], b[2], b[3]);
+            for (int np = 0; np < cfg::P_STEPS; ++np) {
+                u32 h[cfg::MT][2][2];
+#pragma unroll
+                for (int mt = 0; mt < cfg::MT; ++mt) h[mt][0][0] = h[mt][0][1] = h[mt][1][0] = h[mt][1][1] = 0u;
+#pragma unroll
+                for (int x = 0; x < CK; ++x) {
+                    u32 b[4];
+                    warp_ldmatrix_x4(b, kr.at(k_tile, np, c0 + x));
+#pragma unroll
+                    for (int mt = 0; mt < cfg::MT; ++mt) {
+                        warp_mma_f16_f16acc(h[mt][0], a[mt][x], b[0], b[1]);
+                        warp_mma_f16_f16acc(h[mt][1], a[mt][x], b[2], b[3]);
+                    }
+                }
+#pragma unroll
+                for (int mt = 0; mt < cfg::MT; ++mt)
+#pragma unroll
+                    for (int y = 0; y < 2; ++y) {
+                        float e0, e1, e2, e3;
+                        thread_unpack_f16x2(h[mt][y][0], e0, e1);
+                        thread_unpack_f16x2(h[mt][y][1], e2, e3);
+                        float (&acc)[4] = s[mt][2 * np + y];
+                        acc[0] += e0; acc[1] += e1; acc[2] += e2; acc[3] += e3;
+                    }
             }
-        }
+        } else {
+            // One chunk: s is not live yet, the f16 accumulator of all of S is.
+            u32 h[cfg::MT][cfg::N_FRAGS][2];
 #pragma unroll
-        for (int n = 0; n < cfg::N_FRAGS; ++n) {
-            float a, b, c, d;
-            thread_unpack_f16x2(h[n][0], a, b);
-            thread_unpack_f16x2(h[n][1], c, d);
-            s[n][0] += a; s[n][1] += b; s[n][2] += c; s[n][3] += d;
+            for (int mt = 0; mt < cfg::MT; ++mt)
+#pragma unroll
+                for (int n = 0; n < cfg::N_FRAGS; ++n) h[mt][n][0] = h[mt][n][1] = 0u;
+#pragma unroll
+            for (int kk = c0; kk < c0 + CK; ++kk) {
+                u32 a[cfg::MT][4];
+#pragma unroll
+                for (int mt = 0; mt < cfg::MT; ++mt) q.get(a[mt], mt, kk);
+#pragma unroll
+                for (int np = 0; np < cfg::P_STEPS; ++np) {
+                    u32 b[4];
+                    warp_ldmatrix_x4(b, kr.at(k_tile, np, kk));
+#pragma unroll
+                    for (int mt = 0; mt < cfg::MT; ++mt) {
+                        warp_mma_f16_f16acc(h[mt][2 * np], a[mt], b[0], b[1]);
+                        warp_mma_f16_f16acc(h[mt][2 * np + 1], a[mt], b[2], b[3]);
+                    }
+                }
+            }
+#pragma unroll
+            for (int mt = 0; mt < cfg::MT; ++mt)
+#pragma unroll
+                for (int n = 0; n < cfg::N_FRAGS; ++n) {
+                    float e0, e1, e2, e3;
+                    thread_unpack_f16x2(h[mt][n][0], e0, e1);
+                    thread_unpack_f16x2(h[mt][n][1], e2, e3);
+                    s[mt][n][0] += e0; s[mt][n][1] += e1; s[mt][n][2] += e2; s[mt][n][3] += e3;
+                }
         }
     }
 #endif
@@ -150,125 +303,183 @@ __device__ __forceinline__ void warp_score_matmul(float (&s)[cfg::N_FRAGS][4],
 
 // Online softmax over one tile: updates the running max `m` (raw score units) and per-lane
 // partial row sums `l`, rescales O, and returns P packed as the A operand of P·V.
-// Rows are g = lane/4 (index 0) and g + 8 (index 1) of the warp's 16.
+// Row entry i (see the header) = accumulator half i % 2 of m tile i / 2.
 template <bool MASK>
-__device__ __forceinline__ void warp_online_softmax(float (&s)[cfg::N_FRAGS][4], float (&m)[2],
-                                                    float (&l)[2], float (&o)[cfg::D_FRAGS][4],
-                                                    u32 (&p)[cfg::BN / 16][4], int key0,
-                                                    const int (&limit)[2], float c, int lane) {
+__device__ __forceinline__ void warp_online_softmax(float (&s)[cfg::MT][cfg::N_FRAGS][4],
+                                                    float (&m)[cfg::ROWS], float (&l)[cfg::ROWS],
+                                                    float (&o)[cfg::MT][cfg::D_FRAGS][4],
+                                                    u32 (&p)[cfg::MT][cfg::P_STEPS][4], int key0,
+                                                    int kv_len, int diag, float c, int lane) {
     if (MASK) {
-        // Only diagonal / sequence-end tiles get here: key j of row r is kept iff j < limit[r].
+        // Only diagonal / sequence-end tiles get here: key j of row entry i is kept iff
+        // j < min(kv_len, diag + 16 * (i / 2) + 8 * (i % 2)). Recomputed from two scalars per
+        // masked tile rather than kept as ROWS live registers across the whole KV loop.
         const int col = key0 + 2 * (lane & 3);
 #pragma unroll
-        for (int n = 0; n < cfg::N_FRAGS; ++n) {
+        for (int i = 0; i < cfg::ROWS; ++i) {
+            const int limit = min(kv_len, diag + 16 * (i >> 1) + 8 * (i & 1)) - col;
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                if (col + n * 8 + (e & 1) >= limit[e >> 1]) s[n][e] = QA_NEG_INF;
-            }
+            for (int n = 0; n < cfg::N_FRAGS; ++n)
+#pragma unroll
+                for (int x = 0; x < 2; ++x)
+                    if (n * 8 + x >= limit) s[i >> 1][n][2 * (i & 1) + x] = QA_NEG_INF;
         }
     }
-    float mx[2] = {m[0], m[1]};
+    float mx[cfg::ROWS];
 #pragma unroll
-    for (int n = 0; n < cfg::N_FRAGS; ++n) {
-        mx[0] = fmaxf(mx[0], fmaxf(s[n][0], s[n][1]));
-        mx[1] = fmaxf(mx[1], fmaxf(s[n][2], s[n][3]));
-    }
-    float mc[2], alpha[2];
+    for (int i = 0; i < cfg::ROWS; ++i) mx[i] = m[i];
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        mx[r] = quad_max(mx[r]);
+    for (int mt = 0; mt < cfg::MT; ++mt)
+#pragma unroll
+        for (int n = 0; n < cfg::N_FRAGS; ++n) {
+            mx[2 * mt] = fmaxf(mx[2 * mt], fmaxf(s[mt][n][0], s[mt][n][1]));
+            mx[2 * mt + 1] = fmaxf(mx[2 * mt + 1], fmaxf(s[mt][n][2], s[mt][n][3]));
+        }
+    float mc[cfg::ROWS], alpha[cfg::ROWS];
+    bool grew = false;
+#pragma unroll
+    for (int i = 0; i < cfg::ROWS; ++i) {
+        mx[i] = quad_max(mx[i]);
         // A row that has seen only masked keys keeps max -inf; use 0 as its offset so that
         // exp2(-inf - 0) = 0 instead of exp2(-inf + inf) = NaN.
-        mc[r] = (mx[r] == QA_NEG_INF) ? 0.f : mx[r] * c;
-        alpha[r] = thread_exp2(m[r] * c - mc[r]);   // old max -inf -> 0 (O and l are 0 anyway)
-        m[r] = mx[r];
-        l[r] *= alpha[r];
+        mc[i] = (mx[i] == QA_NEG_INF) ? 0.f : mx[i] * c;
+        alpha[i] = thread_exp2(m[i] * c - mc[i]);   // old max -inf -> 0 (O and l are 0 anyway)
+        grew |= alpha[i] != 1.f;
+        m[i] = mx[i];
+        l[i] *= alpha[i];
     }
 #pragma unroll
-    for (int n = 0; n < cfg::N_FRAGS; ++n) {
+    for (int mt = 0; mt < cfg::MT; ++mt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            // exp2(s*c - m*c): the scale rides in the FMA, one FFMA + one MUFU per score.
-            s[n][e] = thread_exp2(fmaf(s[n][e], c, -mc[e >> 1]));
-            l[e >> 1] += s[n][e];
-        }
-    }
+        for (int n = 0; n < cfg::N_FRAGS; ++n)
 #pragma unroll
-    for (int d = 0; d < cfg::D_FRAGS; ++d) {
-        o[d][0] *= alpha[0]; o[d][1] *= alpha[0];
-        o[d][2] *= alpha[1]; o[d][3] *= alpha[1];
+            for (int e = 0; e < 4; ++e) {
+                // exp2(s*c - m*c): the scale rides in the FMA, one FFMA + one MUFU per score.
+                s[mt][n][e] = thread_exp2(fmaf(s[mt][n][e], c, -mc[2 * mt + (e >> 1)]));
+                l[2 * mt + (e >> 1)] += s[mt][n][e];
+            }
+    // An unchanged max gives alpha = exp2(0) = 1 exactly, so skipping the O rescale when no row
+    // of the warp grew changes nothing; once the max settles most tiles skip MT * D / 2 FMULs.
+    if (__any_sync(0xffffffffu, grew)) {
+#pragma unroll
+        for (int mt = 0; mt < cfg::MT; ++mt)
+#pragma unroll
+            for (int d = 0; d < cfg::D_FRAGS; ++d) {
+                o[mt][d][0] *= alpha[2 * mt]; o[mt][d][1] *= alpha[2 * mt];
+                o[mt][d][2] *= alpha[2 * mt + 1]; o[mt][d][3] *= alpha[2 * mt + 1];
+            }
     }
     // Two adjacent n8 accumulator tiles are exactly one m16k16 A fragment.
 #pragma unroll
-    for (int kp = 0; kp < cfg::BN / 16; ++kp) {
-        p[kp][0] = thread_pack_in(s[2 * kp][0], s[2 * kp][1]);
-        p[kp][1] = thread_pack_in(s[2 * kp][2], s[2 * kp][3]);
-        p[kp][2] = thread_pack_in(s[2 * kp + 1][0], s[2 * kp + 1][1]);
-        p[kp][3] = thread_pack_in(s[2 * kp + 1][2], s[2 * kp + 1][3]);
-    }
+    for (int mt = 0; mt < cfg::MT; ++mt)
+#pragma unroll
+        for (int kp = 0; kp < cfg::P_STEPS; ++kp) {
+            p[mt][kp][0] = thread_pack_in(s[mt][2 * kp][0], s[mt][2 * kp][1]);
+            p[mt][kp][1] = thread_pack_in(s[mt][2 * kp][2], s[mt][2 * kp][3]);
+            p[mt][kp][2] = thread_pack_in(s[mt][2 * kp + 1][0], s[mt][2 * kp + 1][1]);
+            p[mt][kp][3] = thread_pack_in(s[mt][2 * kp + 1][2], s[mt][2 * kp + 1][3]);
+        }
 }
 
-// O += P·V for one tile.
-__device__ __forceinline__ void warp_value_matmul(float (&o)[cfg::D_FRAGS][4],
-                                                  const u32 (&p)[cfg::BN / 16][4], u32 v_tile,
-                                                  int lane) {
-    // ldmatrix.x4.trans lane -> row address: matrices (keys +0..7, dims +0..7), (keys +8..15,
-    // dims +0..7), (keys +0..7, dims +8..15), (keys +8..15, dims +8..15) = b0,b1 of two n8 tiles.
-    const int mi = lane >> 3;
-    const int key = ((mi & 1) << 3) + (lane & 7);
-    const int chunk_lo = mi >> 1;
+// O += P·V for one tile. ldmatrix.x4.trans lane -> row address: matrices (keys +0..7, dims
+// +0..7), (keys +8..15, dims +0..7), (keys +0..7, dims +8..15), (keys +8..15, dims +8..15) =
+// b0,b1 of two n8 tiles. Each V fragment feeds 2 * MT MMAs. Head-dim pairs outermost so the
+// f16 accumulator of PV_ACC 1 is MT * 4 registers, not a whole O row; per output element the
+// keys are still summed in ascending k16 steps, as before.
+__device__ __forceinline__ void warp_value_matmul(float (&o)[cfg::MT][cfg::D_FRAGS][4],
+                                                  const u32 (&p)[cfg::MT][cfg::P_STEPS][4],
+                                                  u32 v_tile, const LaneRow& vr) {
+#pragma unroll
+    for (int dp = 0; dp < cfg::D / 16; ++dp) {
 #if PV_ACC == 0
 #pragma unroll
-    for (int kp = 0; kp < cfg::BN / 16; ++kp) {
-#pragma unroll
-        for (int dp = 0; dp < cfg::D / 16; ++dp) {
+        for (int kp = 0; kp < cfg::P_STEPS; ++kp) {
             u32 b[4];
-            warp_ldmatrix_x4_trans(b, v_tile + tile_swizzle<cfg::ROW_BYTES>(kp * 16 + key, dp * 2 + chunk_lo));
-            warp_mma_f32acc(o[2 * dp], p[kp], b[0], b[1]);
-            warp_mma_f32acc(o[2 * dp + 1], p[kp], b[2], b[3]);
+            warp_ldmatrix_x4_trans(b, vr.at(v_tile, kp, dp));
+#pragma unroll
+            for (int mt = 0; mt < cfg::MT; ++mt) {
+                warp_mma_f32acc(o[mt][2 * dp], p[mt][kp], b[0], b[1]);
+                warp_mma_f32acc(o[mt][2 * dp + 1], p[mt][kp], b[2], b[3]);
+            }
         }
-    }
 #else
-    // P <= 1, so a tile's worth of P·V stays well inside fp16 range; fold into f32 once per tile.
-    u32 h[cfg::D_FRAGS][2];
+        // P <= 1, so a tile's worth of P·V stays well inside fp16 range; fold into f32 per tile.
+        u32 h[cfg::MT][2][2];
 #pragma unroll
-    for (int d = 0; d < cfg::D_FRAGS; ++d) h[d][0] = h[d][1] = 0u;
+        for (int mt = 0; mt < cfg::MT; ++mt) h[mt][0][0] = h[mt][0][1] = h[mt][1][0] = h[mt][1][1] = 0u;
 #pragma unroll
-    for (int kp = 0; kp < cfg::BN / 16; ++kp) {
-#pragma unroll
-        for (int dp = 0; dp < cfg::D / 16; ++dp) {
+        for (int kp = 0; kp < cfg::P_STEPS; ++kp) {
             u32 b[4];
-            warp_ldmatrix_x4_trans(b, v_tile + tile_swizzle<cfg::ROW_BYTES>(kp * 16 + key, dp * 2 + chunk_lo));
-            warp_mma_f16_f16acc(h[2 * dp], p[kp], b[0], b[1]);
-            warp_mma_f16_f16acc(h[2 * dp + 1], p[kp], b[2], b[3]);
-        }
-    }
+            warp_ldmatrix_x4_trans(b, vr.at(v_tile, kp, dp));
 #pragma unroll
-    for (int d = 0; d < cfg::D_FRAGS; ++d) {
-        float a, b, c, e;
-        thread_unpack_f16x2(h[d][0], a, b);
-        thread_unpack_f16x2(h[d][1], c, e);
-        o[d][0] += a; o[d][1] += b; o[d][2] += c; o[d][3] += e;
-    }
+            for (int mt = 0; mt < cfg::MT; ++mt) {
+                warp_mma_f16_f16acc(h[mt][0], p[mt][kp], b[0], b[1]);
+                warp_mma_f16_f16acc(h[mt][1], p[mt][kp], b[2], b[3]);
+            }
+        }
+#pragma unroll
+        for (int mt = 0; mt < cfg::MT; ++mt)
+#pragma unroll
+            for (int x = 0; x < 2; ++x) {
+                float a, b, c, e;
+                thread_unpack_f16x2(h[mt][x][0], a, b);
+                thread_unpack_f16x2(h[mt][x][1], c, e);
+                float (&acc)[4] = o[mt][2 * dp + x];
+                acc[0] += a; acc[1] += b; acc[2] += c; acc[3] += e;
+            }
 #endif
+    }
 }
 
 // ---- the kernel ----------------------------------------------------------------------------
 
-struct CtaState {
-    u32 qf[cfg::D / 16][4];
-    float o[cfg::D_FRAGS][4];
-    float m[2];
-    float l[2];
+// Grid: x = query block (reversed, see fwd_hmma), y = query head, z = batch.
+// Read through volatile moves so the compiler recomputes what depends on them where it is used
+// instead of hoisting it: two 64-bit K/V head pointers live across the whole KV loop were what
+// tipped the 32-row hd128 tile over 255 registers on sm_80. The recompute (an integer
+// division included) runs once per prefetch, next to 2 * BLOCK_N * D / 8 / THREADS copies.
+__device__ __forceinline__ int cta_head() {
+    int v;
+    asm volatile("mov.u32 %0, %%ctaid.y;" : "=r"(v));
+    return v;
+}
+__device__ __forceinline__ int cta_batch() {
+    int v;
+    asm volatile("mov.u32 %0, %%ctaid.z;" : "=r"(v));
+    return v;
+}
+// First element of this CTA's K (IS_V false) or V head.
+template <bool IS_V>
+__device__ __forceinline__ const unsigned short* cta_kv_head(const FwdParams& p) {
+    const int kv_head = cta_head() / p.kv_group;
+    const int batch = cta_batch();
+    return IS_V ? reinterpret_cast<const unsigned short*>(p.v) + batch * p.v_batch_stride +
+                      kv_head * p.v_head_stride
+                : reinterpret_cast<const unsigned short*>(p.k) + batch * p.k_batch_stride +
+                      kv_head * p.k_head_stride;
+}
+
+struct WarpState {
+    float o[cfg::MT][cfg::D_FRAGS][4];
+    float m[cfg::ROWS];
+    float l[cfg::ROWS];
+};
+
+// Per-lane ldmatrix rows of the K (non-transposed) and V (transposed) fragments.
+struct KvLanes {
+    LaneRow k, v;
+    __device__ __forceinline__ explicit KvLanes(int lane)
+        : k((((lane >> 4) & 1) << 3) + (lane & 7), (lane >> 3) & 1),
+          v((((lane >> 3) & 1) << 3) + (lane & 7), lane >> 4) {}
 };
 
 // One KV tile: wait for K, prefetch the next K, scores + softmax, wait for V, prefetch the next
 // V, P·V. Two barriers per tile: the first frees the other stage (everyone is past the previous
 // tile's reads), the second publishes V.
 template <bool MASK>
-__device__ __forceinline__ void cta_kv_tile(CtaState& st, u32 smem, int j, int n_tiles,
-                                            const unsigned short* k_head, const unsigned short* v_head,
-                                            const FwdParams& p, const int (&limit)[2], int lane) {
+__device__ __forceinline__ void cta_kv_tile(WarpState& st, const WarpQ& q, const KvLanes& kv,
+                                            u32 smem, int j, int n_tiles,
+                                            const FwdParams& p, int diag, int lane) {
     const int t = n_tiles - 1 - j;          // tiles run from the last (masked) to the first
     const int stage = j & 1;
     const u32 k_tile = smem + stage * cfg::STAGE_BYTES;
@@ -279,35 +490,35 @@ __device__ __forceinline__ void cta_kv_tile(CtaState& st, u32 smem, int j, int n
     thread_cp_async_wait<1>();   // everything but V_t landed -> K_t is here
     __syncthreads();
     if (j + 1 < n_tiles)
-        cta_load_tile<cfg::BN>(next_k, k_head + (i64)(t - 1) * cfg::BN * p.k_seq_stride,
+        cta_load_tile<cfg::BN>(next_k, cta_kv_head<false>(p) + (i64)(t - 1) * cfg::BN * p.k_seq_stride,
                                p.k_seq_stride, cfg::BN);
     thread_cp_async_commit();
 
-    float s[cfg::N_FRAGS][4];
-    warp_score_matmul(s, st.qf, k_tile, lane);
-    u32 pf[cfg::BN / 16][4];
-    warp_online_softmax<MASK>(s, st.m, st.l, st.o, pf, t * cfg::BN, limit, p.scale_log2, lane);
+    float s[cfg::MT][cfg::N_FRAGS][4];
+    warp_score_matmul(s, q, k_tile, kv.k);
+    u32 pf[cfg::MT][cfg::P_STEPS][4];
+    warp_online_softmax<MASK>(s, st.m, st.l, st.o, pf, t * cfg::BN, p.kv_len, diag, p.scale_log2, lane);
 
     thread_cp_async_wait<1>();   // everything but K_{t-1} landed -> V_t is here
     __syncthreads();
     if (j + 1 < n_tiles)
-        cta_load_tile<cfg::BN>(next_v, v_head + (i64)(t - 1) * cfg::BN * p.v_seq_stride,
+        cta_load_tile<cfg::BN>(next_v, cta_kv_head<true>(p) + (i64)(t - 1) * cfg::BN * p.v_seq_stride,
                                p.v_seq_stride, cfg::BN);
     thread_cp_async_commit();
 
-    warp_value_matmul(st.o, pf, v_tile, lane);
+    warp_value_matmul(st.o, pf, v_tile, kv.v);
 }
 
 extern "C" __global__ void __launch_bounds__(cfg::THREADS, 1) fwd_hmma(const FwdParams p) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
     const u32 smem = cta_smem_addr(smem_raw);
+    const u32 q_smem = smem + cfg::Q_OFFSET;
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
     // Causal CTAs near the end of the sequence do the most work: launch them first.
     const int m_block = gridDim.x - 1 - blockIdx.x;
     const int head = blockIdx.y;
     const int batch = blockIdx.z;
-    const int kv_head = head / p.kv_group;
     const int m0 = m_block * cfg::BM;
     const int offset = p.kv_len - p.q_len;       // bottom-right causal alignment
 
@@ -322,100 +533,99 @@ extern "C" __global__ void __launch_bounds__(cfg::THREADS, 1) fwd_hmma(const Fwd
     const int n_tiles = n_end > 0 ? (n_end + cfg::BN - 1) / cfg::BN : 0;
     const int n_masked = n_tiles - min(max(full_end, 0), n_tiles);
 
-    const int row_in_cta = warp * 16 + (lane >> 2);
-    const int row0 = m0 + row_in_cta;            // query index of this lane's first row
-    int limit[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r)
-        limit[r] = p.causal ? min(p.kv_len, row0 + 8 * r + offset + 1) : p.kv_len;
+    const int warp_row0 = warp * ROWS_PER_WARP;   // first row of this warp in the CTA
+    const int row0 = m0 + warp_row0 + (lane >> 2);   // query index of this lane's row entry 0
+    // Causal: row entry 0 sees keys [0, diag) (see warp_online_softmax); otherwise only the
+    // sequence end masks, and diag is far enough past it for diag + 24 not to overflow.
+    const int diag = p.causal ? row0 + offset + 1 : 0x3fffffff;
 
     const unsigned short* q_head = reinterpret_cast<const unsigned short*>(p.q) +
                                    batch * p.q_batch_stride + head * p.q_head_stride;
-    const unsigned short* k_head = reinterpret_cast<const unsigned short*>(p.k) +
-                                   batch * p.k_batch_stride + kv_head * p.k_head_stride;
-    const unsigned short* v_head = reinterpret_cast<const unsigned short*>(p.v) +
-                                   batch * p.v_batch_stride + kv_head * p.v_head_stride;
 
-    CtaState st;
+    WarpState st;
 #pragma unroll
-    for (int d = 0; d < cfg::D_FRAGS; ++d) st.o[d][0] = st.o[d][1] = st.o[d][2] = st.o[d][3] = 0.f;
-    st.m[0] = st.m[1] = QA_NEG_INF;
-    st.l[0] = st.l[1] = 0.f;
+    for (int mt = 0; mt < cfg::MT; ++mt)
+#pragma unroll
+        for (int d = 0; d < cfg::D_FRAGS; ++d) st.o[mt][d][0] = st.o[mt][d][1] = st.o[mt][d][2] = st.o[mt][d][3] = 0.f;
+#pragma unroll
+    for (int i = 0; i < cfg::ROWS; ++i) {
+        st.m[i] = QA_NEG_INF;
+        st.l[i] = 0.f;
+    }
 
     if (n_tiles > 0) {
-        // Prologue: Q into stage 1 (free until the first prefetch), first K and V into stage 0.
+        // Prologue: Q into its region (or stage 1, free until the first prefetch), the first
+        // K and V into stage 0.
         const int t0 = n_tiles - 1;
-        cta_load_tile<cfg::BM>(smem + cfg::STAGE_BYTES, q_head + (i64)m0 * p.q_seq_stride,
-                               p.q_seq_stride, p.q_len - m0);
+        cta_load_tile<cfg::BM>(q_smem, q_head + (i64)m0 * p.q_seq_stride, p.q_seq_stride, p.q_len - m0);
         thread_cp_async_commit();
-        cta_load_tile<cfg::BN>(smem, k_head + (i64)t0 * cfg::BN * p.k_seq_stride, p.k_seq_stride,
+        cta_load_tile<cfg::BN>(smem, cta_kv_head<false>(p) + (i64)t0 * cfg::BN * p.k_seq_stride, p.k_seq_stride,
                                p.kv_len - t0 * cfg::BN);
         thread_cp_async_commit();
-        cta_load_tile<cfg::BN>(smem + cfg::KV_TILE_BYTES, v_head + (i64)t0 * cfg::BN * p.v_seq_stride,
+        cta_load_tile<cfg::BN>(smem + cfg::KV_TILE_BYTES, cta_kv_head<true>(p) + (i64)t0 * cfg::BN * p.v_seq_stride,
                                p.v_seq_stride, p.kv_len - t0 * cfg::BN);
         thread_cp_async_commit();
         thread_cp_async_wait<2>();   // Q landed
         __syncthreads();
-        {
-            // Q A-fragments, loaded once: matrices (rows +0..7, dims +0..7), (rows +8..15,
-            // dims +0..7), (rows +0..7, dims +8..15), (rows +8..15, dims +8..15) = a0..a3.
-            const int mi = lane >> 3;
-            const int row = warp * 16 + ((mi & 1) << 3) + (lane & 7);
-#pragma unroll
-            for (int kk = 0; kk < cfg::D / 16; ++kk)
-                warp_ldmatrix_x4(st.qf[kk], smem + cfg::STAGE_BYTES +
-                                                tile_swizzle<cfg::ROW_BYTES>(row, kk * 2 + (mi >> 1)));
-        }
+        const WarpQ q(q_smem, warp, lane);
+        const KvLanes kv(lane);
         // Masked tiles (sequence end, causal diagonal) come first, then mask-free tiles: full
         // tiles carry no mask code at all. Tiles no row can see were never counted.
         int j = 0;
-        for (; j < n_masked; ++j) cta_kv_tile<true>(st, smem, j, n_tiles, k_head, v_head, p, limit, lane);
-        for (; j < n_tiles; ++j) cta_kv_tile<false>(st, smem, j, n_tiles, k_head, v_head, p, limit, lane);
+        for (; j < n_masked; ++j) cta_kv_tile<true>(st, q, kv, smem, j, n_tiles, p, diag, lane);
+        for (; j < n_tiles; ++j) cta_kv_tile<false>(st, q, kv, smem, j, n_tiles, p, diag, lane);
     }
 
-    // ---- epilogue: normalise, LSE, stage O through the free buffer, 16-byte stores ----------
-    float inv[2], lse[2];
+    // ---- epilogue: normalise, LSE, stage O through shared memory, 16-byte stores ------------
+    float inv[cfg::ROWS], lse[cfg::ROWS];
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        const float sum = quad_sum(st.l[r]);
+    for (int i = 0; i < cfg::ROWS; ++i) {
+        const float sum = quad_sum(st.l[i]);
         // A row that saw no key (sum 0) writes O = 0 and LSE = -inf; guards NaN sums too.
         const bool empty = !(sum > 0.f);
-        inv[r] = empty ? 0.f : 1.f / sum;
-        lse[r] = empty ? QA_NEG_INF
-                       : (st.m[r] * p.scale_log2 + thread_log2(sum)) * 0.6931471805599453f;
+        inv[i] = empty ? 0.f : 1.f / sum;
+        lse[i] = empty ? QA_NEG_INF
+                       : (st.m[i] * p.scale_log2 + thread_log2(sum)) * 0.6931471805599453f;
     }
     if ((lane & 3) == 0) {
         float* lse_out = reinterpret_cast<float*>(p.lse) + ((i64)batch * p.q_heads + head) * p.q_len;
 #pragma unroll
-        for (int r = 0; r < 2; ++r)
-            if (row0 + 8 * r < p.q_len) lse_out[row0 + 8 * r] = lse[r];
-    }
-
-    // The last tile read stage (n_tiles-1)&1; the other one has been free since that tile's
-    // first barrier. Each warp only touches its own 16 rows, so a warp barrier suffices.
-    const u32 o_tile = smem + (n_tiles & 1) * cfg::STAGE_BYTES;
-#pragma unroll
-    for (int d = 0; d < cfg::D_FRAGS; ++d) {
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            const u32 packed = thread_pack_in(st.o[d][2 * r] * inv[r], st.o[d][2 * r + 1] * inv[r]);
-            const u32 addr = o_tile + tile_swizzle<cfg::ROW_BYTES>(row_in_cta + 8 * r, d) + 4 * (lane & 3);
-            asm volatile("st.shared.b32 [%0], %1;\n" :: "r"(addr), "r"(packed) : "memory");
+        for (int i = 0; i < cfg::ROWS; ++i) {
+            const int row = row0 + 16 * (i >> 1) + 8 * (i & 1);
+            if (row < p.q_len) lse_out[row] = lse[i];
         }
     }
+
+    // Q in registers: the last tile read stage (n_tiles-1)&1; the other one has been free since
+    // that tile's first barrier. Q in shared memory: the warp's own Q rows, whose last reader
+    // was this warp. Either way each warp only touches its own rows: a warp barrier suffices.
+    const u32 o_tile = Q_IN_REGS ? smem + (n_tiles & 1) * cfg::STAGE_BYTES : q_smem;
+    __syncwarp();
+#pragma unroll
+    for (int mt = 0; mt < cfg::MT; ++mt)
+#pragma unroll
+        for (int d = 0; d < cfg::D_FRAGS; ++d)
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const float sc = inv[2 * mt + r];
+                const u32 packed = thread_pack_in(st.o[mt][d][2 * r] * sc, st.o[mt][d][2 * r + 1] * sc);
+                const int row = warp_row0 + 16 * mt + 8 * r + (lane >> 2);
+                const u32 addr = o_tile + tile_swizzle<cfg::ROW_BYTES>(row, d) + 4 * (lane & 3);
+                asm volatile("st.shared.b32 [%0], %1;\n" :: "r"(addr), "r"(packed) : "memory");
+            }
     __syncwarp();
     unsigned short* o_head = reinterpret_cast<unsigned short*>(p.o) + batch * p.o_batch_stride +
                              head * p.o_head_stride;
 #pragma unroll
-    for (int i = 0; i < 16 * cfg::CHUNKS / 32; ++i) {
+    for (int i = 0; i < ROWS_PER_WARP * cfg::CHUNKS / 32; ++i) {
         const int idx = lane + 32 * i;
-        const int r = idx / cfg::CHUNKS;
+        const int r = warp_row0 + idx / cfg::CHUNKS;
         const int chunk = idx % cfg::CHUNKS;
-        const int row = m0 + warp * 16 + r;
+        const int row = m0 + r;
         u32 x, y, z, w;
         asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n"
                      : "=r"(x), "=r"(y), "=r"(z), "=r"(w)
-                     : "r"(o_tile + tile_swizzle<cfg::ROW_BYTES>(warp * 16 + r, chunk)));
+                     : "r"(o_tile + tile_swizzle<cfg::ROW_BYTES>(r, chunk)));
         if (row < p.q_len) {
             unsigned short* dst = o_head + (i64)row * p.o_seq_stride + chunk * 8;
             asm volatile("st.global.v4.b32 [%0], {%1,%2,%3,%4};\n"

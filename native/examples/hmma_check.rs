@@ -1,13 +1,25 @@
-//! On a GPU: run every HMMA variant against an f64 CPU reference (non-causal, causal, GQA,
-//! ragged lengths, bshd strides) and time the hd128 forward at seq 4k.
+//! On a GPU: run HMMA variants against an f64 CPU reference (non-causal, causal, GQA, ragged
+//! lengths, bshd strides) and time them. One line per variant: name, registers, max |dO| and
+//! |dLSE| over all check cases, TFLOP/s non-causal / causal at seq 4096 (batch 4) and 16384
+//! (batch 1), heads = 2048 / head dim (16 at hd128, 32 at hd64).
 //!
-//! `cargo run --release -p quattn-native --example hmma_check [-- --bench-only|--check-only]`
+//! ```text
+//! cargo run --release -p quattn-native --example hmma_check [-- --bench-only|--check-only]
+//! QUATTN_SWEEP=128x4x64x32s,128x4x32x32s,64x4x64x32 cargo run --release -p quattn-native --example hmma_check
+//! ```
+//!
+//! Without `QUATTN_SWEEP`: every variant of `HmmaConfig::all()` with its table tile.
+//! With it: forced tiles only, each checked and timed in the F32/F32 and F16/F16 modes (fp16).
+//! A sweep entry is `HD x WARPS x BLOCK_N [x ROWS_PER_WARP[s]]`, comma-separated:
+//! `128x8x64` = hd128, 8 warps, BLOCK_N 64, 16 rows per warp, Q in registers (the original
+//! layout); `64x4x64x32` = 32 rows per warp, Q in registers; `128x4x64x32s` = 32 rows per
+//! warp, Q resident in shared memory. Tiles the kernel cannot build are reported and skipped.
 
 use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaStream};
 use half::{bf16, f16};
-use quattn_native::{HmmaArgs, HmmaConfig, HmmaKernel, InputType, PvAccum, QkAccum, Strides};
+use quattn_native::{HmmaArgs, HmmaConfig, HmmaKernel, HmmaTile, InputType, PvAccum, QkAccum, Strides};
 
 type BoxErr = Box<dyn std::error::Error>;
 
@@ -129,9 +141,10 @@ fn check(stream: &Arc<CudaStream>, kernel: &HmmaKernel, c: &Case) -> Result<(f64
     Ok((err_o, err_lse))
 }
 
-fn bench(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, kernel: &HmmaKernel, causal: bool) -> Result<f64, BoxErr> {
+/// TFLOP/s of one launch shape, seq `seq`, batch * seq = 16k, heads = 2048 / head dim.
+fn bench(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, kernel: &HmmaKernel, seq: usize, causal: bool) -> Result<f64, BoxErr> {
     let d = kernel.config().head_dim as usize;
-    let (batch, heads, seq) = (4usize, 16usize, 4096usize);
+    let (batch, heads) = ((16384 / seq).max(1), 2048 / d);
     let s = Strides::bhsd(heads, seq, d);
     let args = HmmaArgs {
         batch, q_heads: heads, kv_heads: heads, q_len: seq, kv_len: seq, q: s, k: s, v: s, o: s,
@@ -161,57 +174,105 @@ fn bench(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, kernel: &HmmaKernel, 
     Ok(flops / (ms * 1e-3) / 1e12)
 }
 
-fn main() -> Result<(), BoxErr> {
-    let mode = std::env::args().nth(1).unwrap_or_default();
-    let ctx = quattn_native::device::open_context(0)?;
-    let stream = ctx.default_stream();
-    println!("device {} cc {:?}", ctx.name()?, ctx.compute_capability()?);
-    let cases = [
+fn cases() -> [Case; 5] {
+    [
         Case { batch: 1, q_heads: 2, kv_heads: 2, q_len: 256, kv_len: 256, causal: false, bshd: false },
         Case { batch: 2, q_heads: 4, kv_heads: 2, q_len: 200, kv_len: 333, causal: false, bshd: true },
         Case { batch: 1, q_heads: 4, kv_heads: 1, q_len: 300, kv_len: 333, causal: true, bshd: false },
         Case { batch: 1, q_heads: 2, kv_heads: 2, q_len: 333, kv_len: 130, causal: true, bshd: true },
         Case { batch: 1, q_heads: 1, kv_heads: 1, q_len: 1, kv_len: 77, causal: true, bshd: false },
-    ];
-    let mut all_ok = true;
-    let sweeping = std::env::var_os("QUATTN_SWEEP").is_some();
-    for cfg in HmmaConfig::all().into_iter().filter(|_| !sweeping) {
-        let kernel = HmmaKernel::load(&ctx, cfg)?;
-        let tol = match (cfg.input, cfg.qk, cfg.pv) {
-            (InputType::Bf16, _, _) => 2e-2,
-            (_, QkAccum::F32, PvAccum::F32) => 4e-3,
-            _ => 1.5e-2,
-        };
-        if mode != "--bench-only" {
-            for (ci, c) in cases.iter().enumerate() {
-                let (eo, el) = check(&stream, &kernel, c)?;
-                let ok = eo <= tol && el <= 1e-2;
-                all_ok &= ok;
-                println!("{} {:30} case {ci}: max|dO| {eo:.2e} max|dLSE| {el:.2e} {}", if ok { "ok  " } else { "FAIL" }, cfg.name(), kernel.compiled().resources.map(|r| r.registers).unwrap_or(0));
-            }
+    ]
+}
+
+/// Checks (unless `bench_only`) and times (unless `check_only`) one variant; prints one line.
+/// Returns whether the check passed (true when skipped).
+fn run_one(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, cfg: HmmaConfig, check_only: bool, bench_only: bool) -> Result<bool, BoxErr> {
+    let kernel = match HmmaKernel::load(ctx, cfg) {
+        Ok(k) => k,
+        Err(e) => {
+            println!("SKIP {:40} {e}", cfg.name());
+            return Ok(true);
         }
-        if mode != "--check-only" && cfg.head_dim == 128 || (mode == "--bench-only") {
-            let nc = bench(&ctx, &stream, &kernel, false)?;
-            let c = bench(&ctx, &stream, &kernel, true)?;
-            println!("bench {:30} b4 h16 s4096: {nc:6.1} TFLOP/s, causal {c:6.1} TFLOP/s", cfg.name());
+    };
+    let tol = match (cfg.input, cfg.qk, cfg.pv) {
+        (InputType::Bf16, _, _) => 2e-2,
+        (_, QkAccum::F32, PvAccum::F32) => 4e-3,
+        _ => 1.5e-2,
+    };
+    let res = kernel.compiled().resources;
+    let mut line = format!(
+        "{:40} regs {:3} spill {:3}",
+        cfg.name(),
+        res.map(|r| r.registers).unwrap_or(0),
+        res.map(|r| r.spill_store_bytes).unwrap_or(0)
+    );
+    let mut ok = true;
+    if !bench_only {
+        let (mut eo, mut el) = (0f64, 0f64);
+        for c in cases().iter() {
+            let (o, l) = check(stream, &kernel, c)?;
+            eo = eo.max(o);
+            el = el.max(l);
         }
+        ok = eo <= tol && el <= 1e-2;
+        line.push_str(&format!(" | {} dO {eo:.1e} dLSE {el:.1e}", if ok { "ok  " } else { "FAIL" }));
     }
-    // Tuning sweep: QUATTN_SWEEP="128x4x64,64x8x64" benches forced tiles (head dim x warps x BLOCK_N).
+    if !check_only {
+        for seq in [4096, 16384] {
+            let nc = bench(ctx, stream, &kernel, seq, false)?;
+            let c = bench(ctx, stream, &kernel, seq, true)?;
+            line.push_str(&format!(" | s{}k {nc:5.1} causal {c:5.1}", seq / 1024));
+        }
+        line.push_str(" TFLOP/s");
+    }
+    println!("{line}");
+    Ok(ok)
+}
+
+/// `HD x WARPS x BLOCK_N [x ROWS[s]]` (see the header).
+fn parse_tile(t: &str) -> Option<(usize, HmmaTile)> {
+    let parts: Vec<&str> = t.trim().split('x').collect();
+    let num = |s: &str| s.parse::<u32>().ok();
+    let (hd, warps, block_n) = (num(parts.first()?)?, num(parts.get(1)?)?, num(parts.get(2)?)?);
+    let mut tile = HmmaTile::new(warps, block_n);
+    if let Some(r) = parts.get(3) {
+        let (rows, smem) = match r.strip_suffix('s') {
+            Some(rows) => (rows, true),
+            None => (*r, false),
+        };
+        tile.rows_per_warp = num(rows)?;
+        tile.q_in_regs = !smem;
+    }
+    (parts.len() <= 4).then_some((hd as usize, tile))
+}
+
+fn main() -> Result<(), BoxErr> {
+    let mode = std::env::args().nth(1).unwrap_or_default();
+    let (check_only, bench_only) = (mode == "--check-only", mode == "--bench-only");
+    let ctx = quattn_native::device::open_context(0)?;
+    let stream = ctx.default_stream();
+    println!("device {} cc {:?}", ctx.name()?, ctx.compute_capability()?);
+    let mut all_ok = true;
     if let Ok(sweep) = std::env::var("QUATTN_SWEEP") {
-        for t in sweep.split(',').filter(|t| !t.is_empty()) {
-            let parts: Vec<&str> = t.split('x').collect();
-            let [hd, w, n] = parts[..] else { continue };
-            for (input, qk, pv) in [(InputType::F16, QkAccum::F32, PvAccum::F32), (InputType::F16, QkAccum::F16, PvAccum::F16PerTile)] {
-                let mut cfg = HmmaConfig::new(hd.parse()?, input, qk, pv)?;
-                cfg.tile = Some(quattn_native::HmmaTile { warps: w.parse()?, block_n: n.parse()? });
-                let kernel = match HmmaKernel::load(&ctx, cfg) { Ok(k) => k, Err(e) => { println!("{t}: {e}"); continue } };
-                let (eo, _) = check(&stream, &kernel, &cases[2])?;
-                let nc = bench(&ctx, &stream, &kernel, false)?;
-                let c = bench(&ctx, &stream, &kernel, true)?;
-                println!("sweep {:34} regs {:3} err {eo:.1e}: {nc:6.1} TFLOP/s, causal {c:6.1}", cfg.name(), kernel.compiled().resources.map(|r| r.registers).unwrap_or(0));
+        for t in sweep.split(',').filter(|t| !t.trim().is_empty()) {
+            let Some((hd, tile)) = parse_tile(t) else {
+                println!("SKIP {t}: not HD x WARPS x BLOCK_N [x ROWS[s]]");
+                continue;
+            };
+            for (qk, pv) in [(QkAccum::F32, PvAccum::F32), (QkAccum::F16, PvAccum::F16PerTile)] {
+                let mut cfg = HmmaConfig::new(hd, InputType::F16, qk, pv)?;
+                cfg.tile = Some(tile);
+                if let Err(e) = cfg.validate() {
+                    println!("SKIP {t}: {e}");
+                    continue;
+                }
+                all_ok &= run_one(&ctx, &stream, cfg, check_only, bench_only)?;
             }
         }
-        return Ok(());
+    } else {
+        for cfg in HmmaConfig::all() {
+            all_ok &= run_one(&ctx, &stream, cfg, check_only, bench_only)?;
+        }
     }
     println!("{}", if all_ok { "ALL OK" } else { "SOME FAILED" });
     Ok(())

@@ -41,46 +41,91 @@ pub enum PvAccum {
 /// Tile shape of one head dim. One table ([`HMMA_TILES`]), no branches elsewhere.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 pub struct HmmaTile {
-    /// Warps per CTA; each warp owns 16 query rows, so BLOCK_M = 16 * warps.
+    /// Warps per CTA.
     pub warps: u32,
     /// Keys per KV tile.
     pub block_n: u32,
+    /// Query rows per warp: 16 (one m16 tile) or 32 (two, FA2's layout: every K/V fragment
+    /// read from shared memory feeds twice as many MMAs). BLOCK_M = rows_per_warp * warps.
+    pub rows_per_warp: u32,
+    /// Q's MMA fragments loaded once into registers (`true`), or Q kept resident in shared
+    /// memory and re-read each k-step (`false`: fewer registers, more ldmatrix, more smem).
+    pub q_in_regs: bool,
 }
 
-/// Tile configuration per head dim, and why:
+/// One row of the tile table: the tiles of one head dim.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+pub struct HmmaTileRow {
+    pub head_dim: u32,
+    /// Modes that accumulate in f32 only (F32 Q·Kᵀ and P·V, every bf16 variant).
+    pub tile: HmmaTile,
+    /// Modes with any f16 accumulator (F16 / two-stage Q·Kᵀ, f16-per-tile P·V): their f16
+    /// partial sums live next to the f32 scores or O, and at hd128 with 32 rows per warp that
+    /// sits right at 255 registers, spilling on some targets.
+    pub f16_accum: HmmaTile,
+}
+
+/// Tile configuration per head dim, and why. H100, fp16, F32 mode, b4 s4k, TFLOP/s (torch
+/// SDPA flash: hd64 ~304, hd128 ~358):
 ///
-/// | head dim | warps | BLOCK_M | BLOCK_N | smem (2 stages K+V) | regs (sm_90, F32) | H100 hd128/64 s4k F32 |
-/// |---------:|------:|--------:|--------:|--------------------:|------------------:|----------------------:|
-/// | 64       | 4     | 64      | 64      | 32 KiB              | ~177              | 250 TFLOP/s           |
-/// | 128      | 8     | 128     | 64      | 64 KiB              | 236-255           | 280 TFLOP/s           |
+/// | tile (warps x rows/warp, BLOCK_N, Q)  | hd64                | hd128                       |
+/// |---------------------------------------|---------------------|-----------------------------|
+/// | 4 x 16, 64, registers                 | 250                 | 292 (before the copy fix)   |
+/// | 8 x 16, 64, registers                 | 211                 | 280                         |
+/// | 4 x 32, 64, registers                 | default, unmeasured | does not fit                |
+/// | 4 x 32, 64, shared memory             | sweep               | default, unmeasured         |
+/// | 4 x 32, 32, shared memory             | -                   | sweep                       |
 ///
-/// 16 rows per warp keeps Q in registers (loaded once) at head dim 128 within 255 registers
-/// (Q 32 + O 64 + S 32 + P 16); the price is that each K/V fragment read from shared memory
-/// feeds one m16 MMA, so BLOCK_N stays at 64 to keep S registers low. At hd64, 4-warp CTAs
-/// beat 8-warp CTAs on the H100 (250 vs 211 TFLOP/s: two independent CTAs per SM hide each
-/// other's barriers). At hd128 4 warps measured faster too (292 vs 280) but each thread then
-/// carries twice the cp.async addresses and the PV-f16 variants spill (36-48 bytes), so hd128
-/// keeps 8 warps until the copy addressing is slimmed. BLOCK_N 32 loses (262 at hd128),
-/// BLOCK_N 128 hits the register limit (168-273). BLOCK_M <= 2 * BLOCK_N is required by the kernel: Q is staged
-/// through the second K/V buffer before the pipeline starts, O through the free one at the
-/// end, so shared memory is exactly two K+V stages.
-pub const HMMA_TILES: [(u32, HmmaTile); 2] =
-    [(64, HmmaTile { warps: 4, block_n: 64 }), (128, HmmaTile { warps: 8, block_n: 64 })];
+/// Why 32 rows per warp: at 16 rows each ldmatrix.x4 (512 B, 4 clocks of an SM's 128 B/clk
+/// shared-memory bandwidth) feeds 2 MMAs (~1.5 SM clocks each on an H100), so the loop is
+/// bound by shared memory; at 32 rows a K or V fragment feeds 4 and the tensor cores become
+/// the limit (FA2's layout, FA2's 128 x 64 / 4-warp CTA at hd128). hd64 keeps Q in registers
+/// (Q 32 + O 64 + S 64 registers); at hd128 Q 64 + O 128 + S 64 exceeds 255, so Q stays in
+/// shared memory (96 KiB per CTA: 2 CTAs per SM on an H100, by registers and by shared
+/// memory; 1 on sm_80/86/89) and costs 2 extra ldmatrix per k-step, shared by that step's 16
+/// MMAs. That tile uses all 255 registers; the f16-accumulating modes keep the 16-row tile,
+/// which fits. The 16-row tiles stay available as forced tiles ([`HmmaTile::new`]); re-pick
+/// here after measuring with `hmma_check`'s `QUATTN_SWEEP`.
+pub const HMMA_TILES: [HmmaTileRow; 2] = [
+    HmmaTileRow {
+        head_dim: 64,
+        tile: HmmaTile { warps: 4, block_n: 64, rows_per_warp: 32, q_in_regs: true },
+        f16_accum: HmmaTile { warps: 4, block_n: 64, rows_per_warp: 32, q_in_regs: true },
+    },
+    HmmaTileRow {
+        head_dim: 128,
+        tile: HmmaTile { warps: 4, block_n: 64, rows_per_warp: 32, q_in_regs: false },
+        f16_accum: HmmaTile::new(4, 64),
+    },
+];
 
 /// Two-stage chunk used by [`HmmaConfig::all`]: 32 dims = 2 MMAs per fold, short enough that
 /// the f16 partial sum of |q|·|k| ~ 32 stays far from fp16 overflow for normalised inputs.
 pub const DEFAULT_TWO_STAGE_CHUNK: u32 = 32;
 
 impl HmmaTile {
+    /// The original layout: 16 rows per warp, Q in registers.
+    pub const fn new(warps: u32, block_n: u32) -> Self {
+        HmmaTile { warps, block_n, rows_per_warp: 16, q_in_regs: true }
+    }
     pub fn block_m(&self) -> u32 {
-        16 * self.warps
+        self.rows_per_warp * self.warps
     }
     pub fn threads(&self) -> u32 {
         32 * self.warps
     }
-    /// Dynamic shared memory: two stages of a K and a V tile.
+    /// Dynamic shared memory, mirror of `cfg::SMEM_BYTES`: two stages of a K and a V tile,
+    /// plus a resident Q tile when Q is not held in registers.
     pub fn smem_bytes(&self, head_dim: u32) -> u32 {
-        2 * 2 * self.block_n * head_dim * 2
+        let row = head_dim * 2;
+        2 * 2 * self.block_n * row + if self.q_in_regs { 0 } else { self.block_m() * row }
+    }
+    /// Name suffix of a forced tile: `w8n64` for the original layout, `w4n64r32` with 32 rows
+    /// per warp, a trailing `qs` when Q stays in shared memory.
+    pub fn suffix(&self) -> String {
+        let rows = if self.rows_per_warp == 16 { String::new() } else { format!("r{}", self.rows_per_warp) };
+        let q = if self.q_in_regs { "" } else { "qs" };
+        format!("w{}n{}{rows}{q}", self.warps, self.block_n)
     }
 }
 
@@ -101,10 +146,11 @@ impl HmmaConfig {
 
     /// Targets the family is built and checked for: mma.sync m16n8k16 exists on all of them,
     /// and nothing in the kernel needs an arch-specific (`a`) feature, so an H100 runs the
-    /// sm_90 build. sm_100a and sm_120a are left out until the hd128 f16-accumulation variants
-    /// stop spilling there (4–24 bytes at 255 registers); those devices take the portable path.
+    /// sm_90 build. sm_100a builds every variant without spills since the copy-address and
+    /// mask-register trims; sm_120a is left out until the hd128 32-row tile stops spilling
+    /// there (20 bytes at 255 registers); those devices take the portable path.
     pub const TARGETS: &'static [Arch] =
-        &[Arch::Sm80, Arch::Sm86, Arch::Sm89, Arch::Sm90];
+        &[Arch::Sm80, Arch::Sm86, Arch::Sm89, Arch::Sm90, Arch::Sm100a];
 
     /// Validated constructor.
     pub fn new(head_dim: usize, input: InputType, qk: QkAccum, pv: PvAccum) -> Result<Self> {
@@ -128,10 +174,20 @@ impl HmmaConfig {
             // Mirrors the kernel's static_asserts so a bad forced tile fails before NVRTC.
             let threads = t.threads();
             let chunks = self.head_dim / 8;
-            if t.warps == 0 || t.block_n < 16 || t.block_n % 16 != 0 || t.block_m() > 2 * t.block_n
+            if t.warps == 0 || t.block_n < 16 || t.block_n % 16 != 0
+                || !(t.rows_per_warp == 16 || t.rows_per_warp == 32)
+                || (t.q_in_regs && t.block_m() > 2 * t.block_n)
                 || (t.block_m() * chunks) % threads != 0 || (t.block_n * chunks) % threads != 0
             {
-                return bad(format!("tile {t:?} (needs BLOCK_N % 16 == 0, BLOCK_M <= 2*BLOCK_N, even copies)"));
+                return bad(format!(
+                    "tile {t:?} (needs BLOCK_N % 16 == 0, 16 or 32 rows per warp, \
+                     BLOCK_M <= 2*BLOCK_N with Q in registers, even copies)"
+                ));
+            }
+            // 227 KiB of shared memory per block on sm_90, less elsewhere: the driver refuses
+            // larger launches; this catches absurd sweeps before NVRTC.
+            if t.smem_bytes(self.head_dim) > 227 * 1024 {
+                return bad(format!("tile {t:?} needs {} bytes of shared memory", t.smem_bytes(self.head_dim)));
             }
         }
         if self.input == InputType::Bf16 && (self.qk != QkAccum::F32 || self.pv != PvAccum::F32) {
@@ -155,7 +211,8 @@ impl HmmaConfig {
         if self.tile.is_some() {
             return self.tile;
         }
-        HMMA_TILES.iter().find(|(d, _)| *d == self.head_dim).map(|(_, t)| *t)
+        let row = HMMA_TILES.iter().find(|r| r.head_dim == self.head_dim)?;
+        Some(if self.qk == QkAccum::F32 && self.pv == PvAccum::F32 { row.tile } else { row.f16_accum })
     }
 
     /// The tile shape from [`HMMA_TILES`].
@@ -182,7 +239,7 @@ impl HmmaConfig {
             PvAccum::F32 => "f32",
             PvAccum::F16PerTile => "f16",
         };
-        let forced = self.tile.map(|t| format!("_w{}n{}", t.warps, t.block_n)).unwrap_or_default();
+        let forced = self.tile.map(|t| format!("_{}", t.suffix())).unwrap_or_default();
         format!("fwd_hmma_{input}_{qk}_{pv}_d{}{forced}", self.head_dim)
     }
 
@@ -214,6 +271,8 @@ impl HmmaConfig {
             d("HEAD_DIM", self.head_dim),
             d("WARPS", tile.warps),
             d("BLOCK_N", tile.block_n),
+            d("ROWS_PER_WARP", tile.rows_per_warp),
+            d("Q_IN_REGS", tile.q_in_regs as u32),
             d("IN_BF16", (self.input == InputType::Bf16) as u32),
             d("QK_ACC", qk),
             d("QK_CHUNK", chunk),
@@ -411,7 +470,7 @@ impl HmmaArgs {
         }
     }
 
-    /// Grid `(query blocks, q_heads, batch)`, one CTA of `16 * warps` rows each.
+    /// Grid `(query blocks, q_heads, batch)`, one CTA of `rows_per_warp * warps` rows each.
     pub fn launch_shape(&self, config: &HmmaConfig) -> Result<HmmaLaunchShape> {
         let tile = config.tile()?;
         let m_blocks = self.q_len.div_ceil(tile.block_m() as usize);
@@ -570,6 +629,33 @@ mod tests {
         assert!(matches!(e, NativeError::UnsupportedConfig { .. }), "{e}");
         let e = HmmaConfig::new(128, InputType::F16, QkAccum::TwoStage { chunk: 48 }, PvAccum::F32).unwrap_err();
         assert!(matches!(e, NativeError::UnsupportedConfig { .. }), "{e}");
+    }
+
+    #[test]
+    fn tiles_validate_and_name_like_the_kernel() {
+        let mut cfg = HmmaConfig::new(128, InputType::F16, QkAccum::F32, PvAccum::F32).unwrap();
+        // Table: 32 rows per warp with Q in shared memory for f32 accumulation at hd128,
+        // the 16-row tile for the f16-accumulating modes.
+        let t = cfg.tile().unwrap();
+        assert_eq!((t.block_m(), t.threads(), t.smem_bytes(128)), (128, 128, 2 * 2 * 64 * 256 + 128 * 256));
+        let f16 = HmmaConfig::new(128, InputType::F16, QkAccum::F16, PvAccum::F32).unwrap();
+        assert_eq!(f16.tile().unwrap(), HmmaTile::new(4, 64));
+        cfg.tile = Some(HmmaTile::new(8, 64));
+        assert!(cfg.name().ends_with("_d128_w8n64"), "{}", cfg.name());
+        assert_eq!(cfg.tile().unwrap().smem_bytes(128), 2 * 2 * 64 * 256);
+        cfg.tile = Some(HmmaTile { rows_per_warp: 32, q_in_regs: false, ..HmmaTile::new(4, 32) });
+        assert!(cfg.name().ends_with("_w4n32r32qs"), "{}", cfg.name());
+        cfg.validate().unwrap();
+        // Q in registers is staged through one K+V stage: BLOCK_M <= 2 * BLOCK_N.
+        cfg.tile = Some(HmmaTile { rows_per_warp: 32, ..HmmaTile::new(4, 32) });
+        assert!(cfg.validate().is_err());
+        cfg.tile = Some(HmmaTile { rows_per_warp: 48, ..HmmaTile::new(4, 64) });
+        assert!(cfg.validate().is_err());
+        let d = cfg.defines();
+        assert!(d.is_err());
+        cfg.tile = None;
+        let d = cfg.defines().unwrap();
+        assert!(d.contains(&("ROWS_PER_WARP".into(), "32".into())) && d.contains(&("Q_IN_REGS".into(), "0".into())));
     }
 
     #[test]

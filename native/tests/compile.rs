@@ -136,12 +136,42 @@ fn forced_tiles_compile_and_report() {
     }
     let cache = KernelCache::new(None);
     let mut cfg = HmmaConfig::new(64, InputType::F16, QkAccum::F32, PvAccum::F32).unwrap();
-    cfg.tile = Some(quattn_native::HmmaTile { warps: 8, block_n: 64 });
+    cfg.tile = Some(quattn_native::HmmaTile::new(8, 64));
     let r = report_hmma(&cache, &cfg, Arch::Sm90);
     assert!(r.ok(), "{}", r.summary());
     assert!(r.kernel.ends_with("_w8n64"));
     assert!(r.registers.unwrap_or(0) > 0, "{}", r.summary());
     // A tile the kernel's static_asserts would reject is refused before NVRTC.
-    cfg.tile = Some(quattn_native::HmmaTile { warps: 8, block_n: 32 });
+    cfg.tile = Some(quattn_native::HmmaTile::new(8, 32));
     assert!(matches!(cfg.validate(), Err(NativeError::UnsupportedConfig { .. })));
+}
+
+/// The tiles `hmma_check`'s sweep is meant to compare: the original 16-row layouts and the
+/// 32-row ones with Q in registers or shared memory. All must build with the intended MMA;
+/// the f32 variant of each must not spill on sm_90 (the target the sweep runs on).
+#[test]
+fn sweep_tiles_compile_on_sm90() {
+    if !tools_or_skip("sweep_tiles_compile_on_sm90") {
+        return;
+    }
+    use quattn_native::HmmaTile;
+    let r32 = |warps, block_n, q_in_regs| HmmaTile { rows_per_warp: 32, q_in_regs, ..HmmaTile::new(warps, block_n) };
+    let cache = KernelCache::new(None);
+    let tiles = [
+        (64, HmmaTile::new(4, 64)),
+        (64, HmmaTile::new(8, 64)),
+        (64, r32(4, 64, true)),
+        (64, r32(4, 64, false)),
+        (128, HmmaTile::new(4, 64)),
+        (128, HmmaTile::new(8, 64)),
+        (128, r32(4, 64, false)),
+        (128, r32(4, 32, false)),
+    ];
+    for (hd, tile) in tiles {
+        let mut cfg = HmmaConfig::new(hd, InputType::F16, QkAccum::F32, PvAccum::F32).unwrap();
+        cfg.tile = Some(tile);
+        let r = report_hmma(&cache, &cfg, Arch::Sm90);
+        println!("{}", r.summary());
+        assert!(r.ok(), "{}", r.summary());
+    }
 }
