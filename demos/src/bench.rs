@@ -11,17 +11,18 @@ use crate::args::{BenchArgs, CausalArg};
 use crate::check;
 use crate::run::Shape;
 
-#[derive(Serialize)]
-struct Row {
-    device: String,
-    adapter: String,
-    kernel: Option<String>,
-    precision: String,
-    shape: Shape,
-    ms: Option<f64>,
-    tflops: Option<f64>,
+/// One row of the table; peers (`crate::peers`) produce the same rows.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    pub device: String,
+    pub adapter: String,
+    pub kernel: Option<String>,
+    pub precision: String,
+    pub shape: Shape,
+    pub ms: Option<f64>,
+    pub tflops: Option<f64>,
     /// Why the row did not run, when it did not.
-    skipped: Option<String>,
+    pub skipped: Option<String>,
 }
 
 pub fn grid(a: &BenchArgs) -> Vec<AttentionProblem> {
@@ -77,25 +78,7 @@ pub fn main(a: &BenchArgs) -> anyhow::Result<i32> {
             if a.json {
                 println!("{}", serde_json::to_string(&r).unwrap_or_default());
             }
-            rows.push(Row {
-                device: r.device,
-                adapter: r.adapter,
-                kernel: r.kernel,
-                precision: r.precision,
-                shape: Shape {
-                    batch: r.shape.batch,
-                    heads: r.shape.heads,
-                    kv_heads: r.shape.kv_heads,
-                    seq: r.shape.seq,
-                    kv_seq: r.shape.kv_seq,
-                    head_dim: r.shape.head_dim,
-                    causal: r.shape.causal,
-                    layout: r.shape.layout,
-                },
-                ms: r.ms,
-                tflops: r.tflops,
-                skipped: r.skipped,
-            });
+            rows.push(r);
         }
     }
     if !a.json {

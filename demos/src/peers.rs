@@ -12,53 +12,10 @@
 //! launches, TFLOP/s from [`quattn::metrics::flops`].
 
 use quattn::{AttentionProblem, Device, Layout, Precision};
-use serde::Serialize;
 
-/// The shape fields of a bench row (the same JSON as `quattn bench --json`).
-#[derive(Debug, Clone, Serialize)]
-pub struct PeerShape {
-    pub batch: usize,
-    pub heads: usize,
-    pub kv_heads: usize,
-    pub seq: usize,
-    pub kv_seq: usize,
-    pub head_dim: usize,
-    pub causal: bool,
-    pub layout: &'static str,
-}
-
-impl PeerShape {
-    pub fn of(p: &AttentionProblem) -> PeerShape {
-        PeerShape {
-            batch: p.batch,
-            heads: p.q_heads,
-            kv_heads: p.kv_heads,
-            seq: p.q_len,
-            kv_seq: p.kv_len,
-            head_dim: p.head_dim,
-            causal: p.causal,
-            layout: match p.layout {
-                Layout::Bhsd => "bhsd",
-                Layout::Bshd => "bshd",
-            },
-        }
-    }
-}
-
-/// One timed peer on one problem, with the fields of a `quattn bench` row.
-#[derive(Debug, Clone, Serialize)]
-pub struct PeerRow {
-    pub device: String,
-    pub adapter: String,
-    /// `cubek-attention/<variant>`: the fastest variant that ran.
-    pub kernel: Option<String>,
-    pub precision: String,
-    pub shape: PeerShape,
-    pub ms: Option<f64>,
-    pub tflops: Option<f64>,
-    /// Why the row did not run, when it did not.
-    pub skipped: Option<String>,
-}
+/// A peer's row is a `quattn bench` row, so both print as the same JSON.
+pub use crate::bench::Row as PeerRow;
+use crate::run::Shape as PeerShape;
 
 /// Which cubek-attention routine, and its tiling where the routine takes one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

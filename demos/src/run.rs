@@ -8,7 +8,7 @@ use serde::Serialize;
 use crate::args::RunArgs;
 use crate::check::{self, Accuracy};
 
-#[derive(Serialize)]
+#[derive(Debug, Clone, Serialize)]
 pub struct Shape {
     pub batch: usize,
     pub heads: usize,
