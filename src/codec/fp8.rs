@@ -26,6 +26,25 @@ pub enum Saturation {
 
 const SIGN: u8 = 0x80;
 
+/// Sign-magnitude encoding shared by both formats: NaN keeps its sign, magnitudes past
+/// `max_code` (and ±inf) become ±max when saturating, else the format's overflow code.
+fn encode_signed(format: Minifloat, x: f32, sat: Saturation, max_code: u8, overflow_code: u8, nan_code: u8) -> u8 {
+    let sign = if x.is_sign_negative() { SIGN } else { 0 };
+    if x.is_nan() {
+        return sign | nan_code;
+    }
+    let a = x.abs();
+    let code = if a.is_infinite() { u32::MAX } else { format.encode_magnitude(a) };
+    if code > max_code as u32 {
+        return sign
+            | match sat {
+                Saturation::Saturate => max_code,
+                Saturation::NonSaturating => overflow_code,
+            };
+    }
+    sign | code as u8
+}
+
 /// E4M3: 1 sign, 4 exponent (bias 7), 3 mantissa bits; finite only, NaN = `S.1111.111`.
 pub mod e4m3 {
     use super::*;
@@ -40,20 +59,8 @@ pub mod e4m3 {
 
     /// Nearest E4M3 code (RNE). NaN keeps its sign bit and becomes `S.1111.111`.
     pub fn encode(x: f32, sat: Saturation) -> u8 {
-        let sign = if x.is_sign_negative() { SIGN } else { 0 };
-        if x.is_nan() {
-            return sign | NAN_CODE;
-        }
-        let a = x.abs();
-        let code = if a.is_infinite() { u32::MAX } else { FORMAT.encode_magnitude(a) };
-        if code > MAX_CODE as u32 {
-            return sign
-                | match sat {
-                    Saturation::Saturate => MAX_CODE,
-                    Saturation::NonSaturating => NAN_CODE,
-                };
-        }
-        sign | code as u8
+        // No inf in E4M3: a non-saturating overflow is NaN.
+        encode_signed(FORMAT, x, sat, MAX_CODE, NAN_CODE, NAN_CODE)
     }
 
     pub fn decode(code: u8) -> f32 {
@@ -87,20 +94,7 @@ pub mod e5m2 {
 
     /// Nearest E5M2 code (RNE). NaN keeps its sign bit and becomes `S.11111.11`.
     pub fn encode(x: f32, sat: Saturation) -> u8 {
-        let sign = if x.is_sign_negative() { SIGN } else { 0 };
-        if x.is_nan() {
-            return sign | NAN_CODE;
-        }
-        let a = x.abs();
-        let code = if a.is_infinite() { u32::MAX } else { FORMAT.encode_magnitude(a) };
-        if code > MAX_CODE as u32 {
-            return sign
-                | match sat {
-                    Saturation::Saturate => MAX_CODE,
-                    Saturation::NonSaturating => INF_CODE,
-                };
-        }
-        sign | code as u8
+        encode_signed(FORMAT, x, sat, MAX_CODE, INF_CODE, NAN_CODE)
     }
 
     pub fn decode(code: u8) -> f32 {
