@@ -65,22 +65,28 @@ pub struct HmmaTileRow {
     pub f16_accum: HmmaTile,
 }
 
-/// Tile configuration per head dim, and why. H100, fp16, F32 mode, b4 s4k, TFLOP/s (torch
-/// SDPA flash: hd64 ~304, hd128 ~358):
+/// Tile configuration per head dim, and why. Measured on the H100 (fp16, F32 mode, batch·seq =
+/// 16k, heads = 2048/hd, TFLOP/s at s4k / s16k; torch SDPA flash in the same calls: hd64 306 /
+/// 308, hd128 351 / 346), with `hmma_check` and `QUATTN_SWEEP` (benchmarks/2026-11-22-h100-b and
+/// -e):
 ///
-/// | tile (warps x rows/warp, BLOCK_N, Q)  | hd64                | hd128                       |
-/// |---------------------------------------|---------------------|-----------------------------|
-/// | 4 x 16, 64, registers                 | 250                 | 292 (before the copy fix)   |
-/// | 8 x 16, 64, registers                 | 211                 | 280                         |
-/// | 4 x 32, 64, registers                 | default, unmeasured | does not fit                |
-/// | 4 x 32, 64, shared memory             | sweep               | default, unmeasured         |
-/// | 4 x 32, 32, shared memory             | -                   | sweep                       |
+/// | tile (warps x rows/warp, BLOCK_N, Q)  | hd64                  | hd128                     |
+/// |---------------------------------------|-----------------------|---------------------------|
+/// | 4 x 16, 64, registers                 | 255 / 260             | 289 / 295                 |
+/// | 8 x 16, 64, registers                 | 179 / 184             | 246 / 253                 |
+/// | 4 x 32, 64, registers                 | 277 / 283             | does not fit              |
+/// | 4 x 32, 64, shared memory             | 282 / 288             | **352 / 361**             |
+/// | 4 x 32, 32, shared memory             | -                     | 297 / 302                 |
+/// | 4 x 32, 128, shared memory            | **323 / 327**         | -                         |
+/// | 4 x 16, 128, registers                | 262 / 270             | -                         |
+/// | 2 x 32, 64, registers                 | 280 / 281             | -                         |
 ///
 /// Why 32 rows per warp: at 16 rows each ldmatrix.x4 (512 B, 4 clocks of an SM's 128 B/clk
 /// shared-memory bandwidth) feeds 2 MMAs (~1.5 SM clocks each on an H100), so the loop is
 /// bound by shared memory; at 32 rows a K or V fragment feeds 4 and the tensor cores become
-/// the limit (FA2's layout, FA2's 128 x 64 / 4-warp CTA at hd128). hd64 keeps Q in registers
-/// (Q 32 + O 64 + S 64 registers); at hd128 Q 64 + O 128 + S 64 exceeds 255, so Q stays in
+/// the limit (FA2's layout, FA2's 128 x 64 / 4-warp CTA at hd128). With 64-key tiles hd64 can
+/// keep Q in registers (Q 32 + O 64 + S 64 registers); its default takes 128-key tiles instead
+/// (S 128 registers, Q in shared memory); at hd128 Q 64 + O 128 + S 64 exceeds 255, so Q stays in
 /// shared memory (96 KiB per CTA: 2 CTAs per SM on an H100, by registers and by shared
 /// memory; 1 on sm_80/86/89) and costs 2 extra ldmatrix per k-step, shared by that step's 16
 /// MMAs. That tile uses all 255 registers; the f16-accumulating modes keep the 16-row tile,
@@ -89,7 +95,11 @@ pub struct HmmaTileRow {
 pub const HMMA_TILES: [HmmaTileRow; 2] = [
     HmmaTileRow {
         head_dim: 64,
-        tile: HmmaTile { warps: 4, block_n: 64, rows_per_warp: 32, q_in_regs: true },
+        // 128 keys per tile halve the per-tile softmax overhead (row max/sum, rescale) that limits
+        // hd64, where a tile carries half the MMAs of hd128; Q moves to shared memory to make room
+        // for the wider S (255 registers, no spill). The f16-accumulating modes spill (152 B)
+        // with it, so they keep 64 keys.
+        tile: HmmaTile { warps: 4, block_n: 128, rows_per_warp: 32, q_in_regs: false },
         f16_accum: HmmaTile { warps: 4, block_n: 64, rows_per_warp: 32, q_in_regs: true },
     },
     HmmaTileRow {
@@ -146,11 +156,11 @@ impl HmmaConfig {
 
     /// Targets the family is built and checked for: mma.sync m16n8k16 exists on all of them,
     /// and nothing in the kernel needs an arch-specific (`a`) feature, so an H100 runs the
-    /// sm_90 build. sm_100a builds every variant without spills since the copy-address and
-    /// mask-register trims; sm_120a is left out until the hd128 32-row tile stops spilling
-    /// there (20 bytes at 255 registers); those devices take the portable path.
-    pub const TARGETS: &'static [Arch] =
-        &[Arch::Sm80, Arch::Sm86, Arch::Sm89, Arch::Sm90, Arch::Sm100a];
+    /// sm_90 build. sm_100a and sm_120a are left out until the table's tiles stop spilling
+    /// there (the hd64 128-key tile spills 16 bytes on sm_100a, the hd128 32-row tile 20 bytes
+    /// on sm_120a, both at 255 registers; the tile table is per head dim, not per arch); those
+    /// devices take the portable path.
+    pub const TARGETS: &'static [Arch] = &[Arch::Sm80, Arch::Sm86, Arch::Sm89, Arch::Sm90];
 
     /// Validated constructor.
     pub fn new(head_dim: usize, input: InputType, qk: QkAccum, pv: PvAccum) -> Result<Self> {
