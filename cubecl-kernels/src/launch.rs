@@ -183,7 +183,9 @@ fn cmma_unavailable<R: Runtime>(
     None
 }
 
-fn check_elem_supported<R: Runtime>(
+/// Whether the runtime behind `client` can run the kernels on `elem` inputs, or the error that
+/// names the missing element type. Callers check this at plan time; `launch` checks it again.
+pub fn check_elem_supported<R: Runtime>(
     client: &ComputeClient<R>,
     elem: ElemType,
 ) -> Result<(), LaunchError> {

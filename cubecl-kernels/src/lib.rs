@@ -84,7 +84,7 @@ mod problem;
 mod tiling;
 
 pub use error::LaunchError;
-pub use launch::{launch, launch_with, LaunchInfo, LaunchOptions, Variant};
+pub use launch::{check_elem_supported, launch, launch_with, LaunchInfo, LaunchOptions, Variant};
 pub use problem::{bhsd_strides, bshd_strides, AttentionArgs, ElemType, SUPPORTED_HEAD_DIMS};
 pub use tiling::{
     cmma_candidates, fma_candidates, fma_vec_candidates, select_cmma_tiles, select_fma_tiles,

@@ -67,19 +67,6 @@ fn portable_elem(precision: Precision) -> std::result::Result<ElemType, &'static
     }
 }
 
-/// Whether the runtime can load, store and convert `elem` (the kernel computes in f32).
-fn elem_supported<R: Runtime>(client: &ComputeClient<R>, elem: ElemType) -> bool {
-    use cubecl::ir::features::TypeUsage;
-    use cubecl::ir::{ElemType as IrElem, FloatKind};
-    let kind = match elem {
-        ElemType::F32 => FloatKind::F32,
-        ElemType::F16 => FloatKind::F16,
-        ElemType::Bf16 => FloatKind::BF16,
-    };
-    let usage = client.features().type_usage(IrElem::Float(kind).into());
-    usage.contains(TypeUsage::Conversion) && usage.contains(TypeUsage::Buffer)
-}
-
 fn args_of(p: &AttentionProblem) -> AttentionArgs {
     let s = |x: crate::Strides| [x.batch as u32, x.head as u32, x.seq as u32];
     AttentionArgs {
@@ -148,9 +135,8 @@ impl<R: Runtime> Backend for CubeclBackend<R> {
                 });
             }
         }
-        if !elem_supported(&self.client, elem) {
-            return Err(Error::UnsupportedPrecision { precision, device, reason: format!("the runtime has no {elem:?} buffers") });
-        }
+        quattn_cubecl::check_elem_supported(&self.client, elem)
+            .map_err(|e| Error::UnsupportedPrecision { precision, device, reason: e.to_string() })?;
         Ok(KernelChoice {
             name: format!("fwd_portable_{}_{}_d{}", self.info.kind, precision.input_dtype(), problem.head_dim),
             reason: "portable CubeCL kernel".into(),
