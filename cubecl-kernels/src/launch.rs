@@ -335,9 +335,7 @@ fn launch_fma_vec<R: Runtime>(
     let bytes = elem.size_bytes() as u32;
     let cube_count = (args.q_len.div_ceil(tiles.bq), args.q_heads, args.batch);
     check_grid(cube_count, hw.max_cube_count)?;
-    let plane_reduce = options.allow_plane_ops
-        && client.features().plane.contains(Plane::Ops)
-        && hw.plane_size_min >= tiles.tc;
+    let plane_reduce = plane_reduce_ok(client, options, tiles.tc);
     let cfg = FmaVecConfig {
         head_dim: d as usize,
         v_head_dim: dv as usize,
@@ -373,11 +371,7 @@ fn launch_fma_vec<R: Runtime>(
         // and writes whole vectors inside rows, and every row start is a multiple of 4.
         unsafe { ArrayArg::from_raw_parts(handle.clone(), (elems as usize).div_ceil(width).max(1)) }
     };
-    let lse_handle = match lse {
-        Some(handle) => handle.clone(),
-        None => client.empty(4),
-    };
-    let lse_elems = if args.write_lse { args.lse_len() } else { 1 };
+    let (lse_handle, lse_elems) = lse_binding(client, args, lse);
     let count = CubeCount::Static(cube_count.0, cube_count.1, cube_count.2);
     let dim = CubeDim::new_1d(tiles.units());
     macro_rules! go {
@@ -466,10 +460,7 @@ fn launch_fma<R: Runtime>(
     let cube_count = (args.q_len.div_ceil(tiles.bq), args.q_heads, args.batch);
     check_grid(cube_count, hw.max_cube_count)?;
 
-    // Row reductions may use shuffles only when the `tc` units of a row fit in every plane.
-    let plane_reduce = options.allow_plane_ops
-        && client.features().plane.contains(Plane::Ops)
-        && hw.plane_size_min >= tiles.tc;
+    let plane_reduce = plane_reduce_ok(client, options, tiles.tc);
 
     let cfg = FmaConfig {
         head_dim: d as usize,
@@ -506,12 +497,7 @@ fn launch_fma<R: Runtime>(
         // kernel never indexes past the extent of the strided view.
         unsafe { ArrayArg::from_raw_parts(handle.clone(), elems.max(1) as usize) }
     };
-    // The kernel always binds an LSE array; without one, a 1-element scratch stands in.
-    let lse_handle = match lse {
-        Some(handle) => handle.clone(),
-        None => client.empty(4),
-    };
-    let lse_elems = if args.write_lse { args.lse_len() } else { 1 };
+    let (lse_handle, lse_elems) = lse_binding(client, args, lse);
 
     let shape = shape_arg(args);
 
@@ -543,6 +529,23 @@ fn launch_fma<R: Runtime>(
         ElemType::Bf16 => go!(bf16),
     }
     Ok(info)
+}
+
+/// Row reductions may use plane shuffles only when the runtime has them, the caller allows
+/// them, and the `tc` units of a row fit in every plane.
+fn plane_reduce_ok<R: Runtime>(client: &ComputeClient<R>, options: &LaunchOptions, tc: u32) -> bool {
+    options.allow_plane_ops
+        && client.features().plane.contains(Plane::Ops)
+        && client.properties().hardware.plane_size_min >= tc
+}
+
+/// The LSE binding: the caller's buffer, or (the kernels always bind one) a 1-element scratch.
+fn lse_binding<R: Runtime>(client: &ComputeClient<R>, args: &AttentionArgs, lse: Option<&Handle>) -> (Handle, u64) {
+    let handle = match lse {
+        Some(handle) => handle.clone(),
+        None => client.empty(4),
+    };
+    (handle, if args.write_lse { args.lse_len() } else { 1 })
 }
 
 fn shape_arg<R: Runtime>(args: &AttentionArgs) -> AttnShapeLaunch<R> {
@@ -665,11 +668,7 @@ fn launch_cmma<R: Runtime>(
         // whole vectors inside rows, and every row start is a multiple of `vec`.
         unsafe { ArrayArg::from_raw_parts(handle.clone(), (elems as usize).div_ceil(vec).max(1)) }
     };
-    let lse_handle = match lse {
-        Some(handle) => handle.clone(),
-        None => client.empty(4),
-    };
-    let lse_elems = if args.write_lse { args.lse_len() } else { 1 };
+    let (lse_handle, lse_elems) = lse_binding(client, args, lse);
     let count = CubeCount::Static(cube_count.0, cube_count.1, cube_count.2);
     let dim = CubeDim::new_1d(tiles.units());
     macro_rules! go {
