@@ -101,6 +101,15 @@ __device__ __forceinline__ void thread_unpack_f16x2(u32 v, float& lo, float& hi)
         : "=f"(lo), "=f"(hi) : "r"(v));
 }
 
+// Adds an f16 m16n8 accumulator fragment (two packed registers) into the matching four f32
+// accumulators: the fold of two-stage and f16-per-tile accumulation.
+__device__ __forceinline__ void thread_fold_f16_frag(const u32 (&h)[2], float (&acc)[4]) {
+    float e0, e1, e2, e3;
+    thread_unpack_f16x2(h[0], e0, e1);
+    thread_unpack_f16x2(h[1], e2, e3);
+    acc[0] += e0; acc[1] += e1; acc[2] += e2; acc[3] += e3;
+}
+
 // ---- softmax pieces ------------------------------------------------------------------------
 
 // MUFU.EX2 directly: the softmax scale is folded into the argument by the caller with one FMA

@@ -256,13 +256,7 @@ __device__ __forceinline__ void warp_score_matmul(float (&s)[cfg::MT][cfg::N_FRA
 #pragma unroll
                 for (int mt = 0; mt < cfg::MT; ++mt)
 #pragma unroll
-                    for (int y = 0; y < 2; ++y) {
-                        float e0, e1, e2, e3;
-                        thread_unpack_f16x2(h[mt][y][0], e0, e1);
-                        thread_unpack_f16x2(h[mt][y][1], e2, e3);
-                        float (&acc)[4] = s[mt][2 * np + y];
-                        acc[0] += e0; acc[1] += e1; acc[2] += e2; acc[3] += e3;
-                    }
+                    for (int y = 0; y < 2; ++y) thread_fold_f16_frag(h[mt][y], s[mt][2 * np + y]);
             }
         } else {
             // One chunk: s is not live yet, the f16 accumulator of all of S is.
@@ -290,12 +284,7 @@ __device__ __forceinline__ void warp_score_matmul(float (&s)[cfg::MT][cfg::N_FRA
 #pragma unroll
             for (int mt = 0; mt < cfg::MT; ++mt)
 #pragma unroll
-                for (int n = 0; n < cfg::N_FRAGS; ++n) {
-                    float e0, e1, e2, e3;
-                    thread_unpack_f16x2(h[mt][n][0], e0, e1);
-                    thread_unpack_f16x2(h[mt][n][1], e2, e3);
-                    s[mt][n][0] += e0; s[mt][n][1] += e1; s[mt][n][2] += e2; s[mt][n][3] += e3;
-                }
+                for (int n = 0; n < cfg::N_FRAGS; ++n) thread_fold_f16_frag(h[mt][n], s[mt][n]);
         }
     }
 #endif
@@ -420,13 +409,7 @@ __device__ __forceinline__ void warp_value_matmul(float (&o)[cfg::MT][cfg::D_FRA
 #pragma unroll
         for (int mt = 0; mt < cfg::MT; ++mt)
 #pragma unroll
-            for (int x = 0; x < 2; ++x) {
-                float a, b, c, e;
-                thread_unpack_f16x2(h[mt][x][0], a, b);
-                thread_unpack_f16x2(h[mt][x][1], c, e);
-                float (&acc)[4] = o[mt][2 * dp + x];
-                acc[0] += a; acc[1] += b; acc[2] += c; acc[3] += e;
-            }
+            for (int x = 0; x < 2; ++x) thread_fold_f16_frag(h[mt][x], o[mt][2 * dp + x]);
 #endif
     }
 }
