@@ -3,11 +3,55 @@
 //! tensor-core instructions it is built around.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use crate::arch::Arch;
-use crate::cache::{KernelCache, Origin};
-use crate::error::NativeError;
+use crate::cache::{CompileRequest, KernelCache, Origin};
+use crate::error::{NativeError, Result};
 use crate::hmma::HmmaConfig;
+
+/// What the report needs from one compiled variant of any kernel family. Each family implements
+/// it for its config type and lists itself in [`families`].
+pub trait KernelVariant: Send + Sync {
+    /// Variant name, unique across families (it is also the cache key's kernel name).
+    fn name(&self) -> String;
+    /// The NVRTC request for `arch`.
+    fn request(&self, arch: Arch) -> Result<CompileRequest<'static>>;
+    /// SASS opcodes that must be present on `arch`; any other `*MMA*` opcode is reported as
+    /// unexpected.
+    fn expected_instructions(&self, arch: Arch) -> Vec<String>;
+    /// Dynamic shared memory the launch requests.
+    fn dynamic_smem_bytes(&self) -> u32;
+}
+
+impl KernelVariant for HmmaConfig {
+    fn name(&self) -> String {
+        HmmaConfig::name(self)
+    }
+    fn request(&self, arch: Arch) -> Result<CompileRequest<'static>> {
+        HmmaConfig::request(self, arch)
+    }
+    fn expected_instructions(&self, _arch: Arch) -> Vec<String> {
+        HmmaConfig::expected_instructions(self).into_iter().map(String::from).collect()
+    }
+    fn dynamic_smem_bytes(&self) -> u32 {
+        self.tile().map(|t| t.smem_bytes(self.head_dim)).unwrap_or(0)
+    }
+}
+
+/// One kernel family: its variants and the targets each variant is built for.
+pub struct Family {
+    /// Family name, the prefix of its variant names (e.g. `fwd_hmma`).
+    pub name: &'static str,
+    pub variants: Vec<Arc<dyn KernelVariant>>,
+    pub targets: &'static [Arch],
+}
+
+/// Every native kernel family the report covers.
+pub fn families() -> Vec<Family> {
+    let boxed = |v: Vec<HmmaConfig>| v.into_iter().map(|c| Arc::new(c) as Arc<dyn KernelVariant>).collect();
+    vec![Family { name: "fwd_hmma", variants: boxed(HmmaConfig::all()), targets: HmmaConfig::TARGETS }]
+}
 
 /// One (variant, arch) line of the report.
 #[derive(Clone, Debug, serde::Serialize)]
@@ -87,9 +131,9 @@ fn interesting(op: &str) -> bool {
     op.contains("MMA") || op.starts_with("LDSM") || op.starts_with("LDGSTS") || op == "MUFU.EX2"
 }
 
-/// Report of one HMMA variant on one target.
-pub fn report_hmma(cache: &KernelCache, config: &HmmaConfig, arch: Arch) -> KernelReport {
-    let expected: Vec<String> = config.expected_instructions().iter().map(|s| s.to_string()).collect();
+/// Report of one variant on one target.
+pub fn report_variant(cache: &KernelCache, config: &dyn KernelVariant, arch: Arch) -> KernelReport {
+    let expected = config.expected_instructions(arch);
     let mut r = KernelReport {
         kernel: config.name(),
         arch,
@@ -99,7 +143,7 @@ pub fn report_hmma(cache: &KernelCache, config: &HmmaConfig, arch: Arch) -> Kern
         spill_store_bytes: None,
         spill_load_bytes: None,
         stack_frame_bytes: None,
-        dynamic_smem_bytes: config.tile().map(|t| t.smem_bytes(config.head_dim)).unwrap_or(0),
+        dynamic_smem_bytes: config.dynamic_smem_bytes(),
         compile_millis: None,
         missing: expected.clone(),
         expected,
@@ -146,12 +190,14 @@ pub fn report_hmma(cache: &KernelCache, config: &HmmaConfig, arch: Arch) -> Kern
 }
 
 /// Every (variant, target) pair of every kernel family, restricted to `archs` when given.
-pub fn all_targets(archs: Option<&[Arch]>) -> Vec<(HmmaConfig, Arch)> {
+pub fn all_targets(archs: Option<&[Arch]>) -> Vec<(Arc<dyn KernelVariant>, Arch)> {
     let mut jobs = Vec::new();
-    for cfg in HmmaConfig::all() {
-        for &arch in HmmaConfig::TARGETS {
-            if archs.is_none_or(|a| a.contains(&arch)) {
-                jobs.push((cfg, arch));
+    for family in families() {
+        for cfg in family.variants {
+            for &arch in family.targets {
+                if archs.is_none_or(|a| a.contains(&arch)) {
+                    jobs.push((cfg.clone(), arch));
+                }
             }
         }
     }
@@ -171,7 +217,7 @@ pub fn compile_report(cache: &KernelCache, archs: Option<&[Arch]>) -> Vec<Kernel
             s.spawn(|| loop {
                 let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let Some((cfg, arch)) = jobs.get(i) else { break };
-                let r = report_hmma(cache, cfg, *arch);
+                let r = report_variant(cache, cfg.as_ref(), *arch);
                 results.lock().unwrap_or_else(|e| e.into_inner()).push((i, r));
             });
         }

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use quattn_native::{
-    compile_report, report::report_hmma, Arch, CompileRequest, HmmaConfig, InputType, KernelCache,
+    compile_report, report::report_variant, Arch, CompileRequest, HmmaConfig, InputType, KernelCache,
     NativeError, Origin, PvAccum, QkAccum,
 };
 
@@ -41,6 +41,7 @@ fn every_hmma_variant_compiles_without_spills_and_uses_the_intended_mma() {
     let dir = tempfile::tempdir().unwrap();
     let cache = KernelCache::new(Some(dir.path().to_path_buf()));
     let reports = compile_report(&cache, Some(&REQUIRED));
+    let reports: Vec<_> = reports.into_iter().filter(|r| r.kernel.starts_with("fwd_hmma")).collect();
     assert_eq!(reports.len(), HmmaConfig::all().len() * REQUIRED.len());
     for r in &reports {
         println!("{}", r.summary());
@@ -66,15 +67,15 @@ fn accumulation_modes_select_distinct_mma_forms() {
     }
     let cache = KernelCache::new(None);
     let case = |qk, pv, input| HmmaConfig::new(128, input, qk, pv).unwrap();
-    let f32 = report_hmma(&cache, &case(QkAccum::F32, PvAccum::F32, InputType::F16), Arch::Sm90);
+    let f32 = report_variant(&cache, &case(QkAccum::F32, PvAccum::F32, InputType::F16), Arch::Sm90);
     assert!(f32.ok(), "{}", f32.summary());
     assert!(f32.instructions.contains_key("HMMA.16816.F32"));
     assert!(!f32.instructions.contains_key("HMMA.16816.F16"));
-    let f16 = report_hmma(&cache, &case(QkAccum::F16, PvAccum::F16PerTile, InputType::F16), Arch::Sm90);
+    let f16 = report_variant(&cache, &case(QkAccum::F16, PvAccum::F16PerTile, InputType::F16), Arch::Sm90);
     assert!(f16.ok(), "{}", f16.summary());
     assert!(f16.instructions.contains_key("HMMA.16816.F16"));
     assert!(!f16.instructions.contains_key("HMMA.16816.F32"));
-    let bf16 = report_hmma(&cache, &case(QkAccum::F32, PvAccum::F32, InputType::Bf16), Arch::Sm80);
+    let bf16 = report_variant(&cache, &case(QkAccum::F32, PvAccum::F32, InputType::Bf16), Arch::Sm80);
     assert!(bf16.ok(), "{}", bf16.summary());
     assert!(bf16.instructions.contains_key("HMMA.16816.F32.BF16"));
 }
@@ -137,7 +138,7 @@ fn forced_tiles_compile_and_report() {
     let cache = KernelCache::new(None);
     let mut cfg = HmmaConfig::new(64, InputType::F16, QkAccum::F32, PvAccum::F32).unwrap();
     cfg.tile = Some(quattn_native::HmmaTile::new(8, 64));
-    let r = report_hmma(&cache, &cfg, Arch::Sm90);
+    let r = report_variant(&cache, &cfg, Arch::Sm90);
     assert!(r.ok(), "{}", r.summary());
     assert!(r.kernel.ends_with("_w8n64"));
     assert!(r.registers.unwrap_or(0) > 0, "{}", r.summary());
@@ -170,7 +171,7 @@ fn sweep_tiles_compile_on_sm90() {
     for (hd, tile) in tiles {
         let mut cfg = HmmaConfig::new(hd, InputType::F16, QkAccum::F32, PvAccum::F32).unwrap();
         cfg.tile = Some(tile);
-        let r = report_hmma(&cache, &cfg, Arch::Sm90);
+        let r = report_variant(&cache, &cfg, Arch::Sm90);
         println!("{}", r.summary());
         assert!(r.ok(), "{}", r.summary());
     }
