@@ -18,6 +18,11 @@
 //     to ROWS = 2 * MT entries: row of entry i = warp_row0 + 16 * (i / 2) + 8 * (i % 2) + g.
 //   * P never leaves registers: two adjacent n8 accumulator tiles of S are, after packing, the
 //     m16k16 A fragment of P·V for the same m tile.
+//   * Conditional rescale (RESCALE_LOG2): the running max moves, and O is rescaled, only when
+//     some row of the warp grew by more than RESCALE_LOG2 = 8 in log2 units (a factor 256).
+//     The previous exact skip (rescale iff some alpha != 1) never fired: alpha came out of
+//     exp2(m*c - mx*c) contracted to an FMA, which is the rounding error of mx*c, not 0, so
+//     every tile paid the ~130 FMULs of the O rescale (ncu, BENCHMARKS.md).
 //
 // Compile-time parameters (all -D defines, the host builds them from one config):
 //   HEAD_DIM      64 | 128
@@ -44,6 +49,14 @@
 #endif
 #ifndef Q_IN_REGS
 #define Q_IN_REGS 1
+#endif
+
+// Conditional-rescale threshold in log2 units (see warp_online_softmax): P may reach
+// 2^RESCALE_LOG2 between rescales. 8 with f32 P·V accumulation (P ≤ 256 is far from fp16/bf16
+// overflow and f32 sums are unaffected); 0 with f16 per-tile P·V accumulation, whose tile sums
+// of P·V must stay well inside fp16 range, so there the max moves whenever it grows at all.
+#ifndef RESCALE_LOG2
+#define RESCALE_LOG2 (PV_ACC == 0 ? 8 : 0)
 #endif
 
 #define QK_ACC_F32 0
@@ -324,18 +337,34 @@ __device__ __forceinline__ void warp_online_softmax(float (&s)[cfg::MT][cfg::N_F
             mx[2 * mt] = fmaxf(mx[2 * mt], fmaxf(s[mt][n][0], s[mt][n][1]));
             mx[2 * mt + 1] = fmaxf(mx[2 * mt + 1], fmaxf(s[mt][n][2], s[mt][n][3]));
         }
-    float mc[cfg::ROWS], alpha[cfg::ROWS];
-    bool grew = false;
+    // Conditional rescale (FlashAttention-4): the running max m only moves when some row of the
+    // warp has grown by more than RESCALE_LOG2 (in log2 units) since it was last set; otherwise
+    // every row keeps its stale max, its probabilities p = exp2(s·c − m·c) stay ≤ 2^RESCALE_LOG2,
+    // and O and l need no rescale at all. The result is the same softmax either way (O = acc / l
+    // and LSE = m·scale + ln l hold for any reference m that keeps p finite); only the binade in
+    // which P is rounded to 16 bits changes, not its relative error.
+    // The decision is warp-uniform, so skipping costs no divergence.
+    bool need = false;
 #pragma unroll
     for (int i = 0; i < cfg::ROWS; ++i) {
         mx[i] = quad_max(mx[i]);
+        // m = -inf and a finite mx: +inf > threshold, the first visible key always sets m.
+        // Both -inf (row has seen only masked keys): NaN > threshold is false, m stays -inf.
+        need |= (mx[i] - m[i]) * c > (float)RESCALE_LOG2;
+    }
+    const bool rescale = __any_sync(0xffffffffu, need);
+    float alpha[cfg::ROWS], mc[cfg::ROWS];
+#pragma unroll
+    for (int i = 0; i < cfg::ROWS; ++i) {
+        const float mn = rescale ? mx[i] : m[i];
+        // alpha from the difference of the two maxima: exactly 1 for an unchanged max, and no
+        // -inf - -inf NaN for a row that has seen nothing (its O and l are 0 anyway).
+        alpha[i] = (mn == m[i]) ? 1.f : thread_exp2((m[i] - mn) * c);
+        m[i] = mn;
+        l[i] *= alpha[i];
         // A row that has seen only masked keys keeps max -inf; use 0 as its offset so that
         // exp2(-inf - 0) = 0 instead of exp2(-inf + inf) = NaN.
-        mc[i] = (mx[i] == QA_NEG_INF) ? 0.f : mx[i] * c;
-        alpha[i] = thread_exp2(m[i] * c - mc[i]);   // old max -inf -> 0 (O and l are 0 anyway)
-        grew |= alpha[i] != 1.f;
-        m[i] = mx[i];
-        l[i] *= alpha[i];
+        mc[i] = (mn == QA_NEG_INF) ? 0.f : mn * c;
     }
 #pragma unroll
     for (int mt = 0; mt < cfg::MT; ++mt)
@@ -347,9 +376,7 @@ __device__ __forceinline__ void warp_online_softmax(float (&s)[cfg::MT][cfg::N_F
                 s[mt][n][e] = thread_exp2(fmaf(s[mt][n][e], c, -mc[2 * mt + (e >> 1)]));
                 l[2 * mt + (e >> 1)] += s[mt][n][e];
             }
-    // An unchanged max gives alpha = exp2(0) = 1 exactly, so skipping the O rescale when no row
-    // of the warp grew changes nothing; once the max settles most tiles skip MT * D / 2 FMULs.
-    if (__any_sync(0xffffffffu, grew)) {
+    if (rescale) {
 #pragma unroll
         for (int mt = 0; mt < cfg::MT; ++mt)
 #pragma unroll

@@ -8,7 +8,11 @@
 //! 1. `s_j` for the tile's keys, as the mode's Q·Kᵀ says (below); masked keys get `-inf`.
 //! 2. `m_new = max(m, max_j s_j)`; `p_j = exp2(fma(s_j, c, −m_new·c))` with
 //!    `c = softmax_scale · log2 e` (or `c = 1` where that constant is folded into Q's scale);
-//!    `alpha = exp2((m − m_new)·c)` (0 on the first tile).
+//!    `alpha = exp2((m − m_new)·c)` (0 on the first tile). Kernels may keep a stale max
+//!    instead (FlashAttention-4's conditional rescale: the max only moves once it has grown by
+//!    more than a threshold, 8 in log2 units, so `p ≤ 2^8`); that is the same softmax, with P
+//!    rounded to 16 bits in another binade: same relative error, not the same bits. The
+//!    emulation always moves the max.
 //! 3. `l = l·alpha + Σ_j p_j` (the **unrounded** f32 p, in key order).
 //! 4. `acc = acc·alpha`, then `acc += P·V` with P rounded to the mode's P format (for the
 //!    tile-local modes the tile's product is formed first and folded in as
