@@ -69,7 +69,7 @@ fn native_kernels_compile_with_their_tensor_core_instructions() {
         return;
     }
     assert!(out.status.success(), "quattn kernels failed:\n{stdout}");
-    for arch in ["sm_80", "sm_86", "sm_89", "sm_90"] {
+    for arch in ["sm_80", "sm_86", "sm_89", "sm_90", "sm_100a", "sm_120a"] {
         assert!(rows.iter().any(|r| r["arch"] == arch && r["kernel"].as_str().unwrap().ends_with("f32_f32_d128")), "no {arch} row");
     }
     for r in &rows {

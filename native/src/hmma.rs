@@ -63,6 +63,10 @@ pub struct HmmaTileRow {
     /// partial sums live next to the f32 scores or O, and at hd128 with 32 rows per warp that
     /// sits right at 255 registers, spilling on some targets.
     pub f16_accum: HmmaTile,
+    /// The f32-only modes on targets where ptxas spills `tile` at 255 registers (sm_100a,
+    /// sm_120a: its register allocation differs from sm_80..sm_90 for the same source). Chosen
+    /// to compile without spills there; not measured on such hardware (we have none).
+    pub compact: HmmaTile,
 }
 
 /// Tile configuration per head dim, and why. Measured on the H100 (fp16, F32 mode, batch·seq =
@@ -101,11 +105,13 @@ pub const HMMA_TILES: [HmmaTileRow; 2] = [
         // with it, so they keep 64 keys.
         tile: HmmaTile { warps: 4, block_n: 128, rows_per_warp: 32, q_in_regs: false },
         f16_accum: HmmaTile { warps: 4, block_n: 64, rows_per_warp: 32, q_in_regs: true },
+        compact: HmmaTile { warps: 4, block_n: 64, rows_per_warp: 32, q_in_regs: true },
     },
     HmmaTileRow {
         head_dim: 128,
         tile: HmmaTile { warps: 4, block_n: 64, rows_per_warp: 32, q_in_regs: false },
         f16_accum: HmmaTile::new(4, 64),
+        compact: HmmaTile::new(4, 64),
     },
 ];
 
@@ -156,11 +162,10 @@ impl HmmaConfig {
 
     /// Targets the family is built and checked for: mma.sync m16n8k16 exists on all of them,
     /// and nothing in the kernel needs an arch-specific (`a`) feature, so an H100 runs the
-    /// sm_90 build. sm_100a and sm_120a are left out until the table's tiles stop spilling
-    /// there (the hd64 128-key tile spills 16 bytes on sm_100a, the hd128 32-row tile 20 bytes
-    /// on sm_120a, both at 255 registers; the tile table is per head dim, not per arch); those
-    /// devices take the portable path.
-    pub const TARGETS: &'static [Arch] = &[Arch::Sm80, Arch::Sm86, Arch::Sm89, Arch::Sm90];
+    /// sm_90 build. sm_100a and sm_120a take the table's `compact` tile for the f32-only modes
+    /// ([`HmmaConfig::tile_for`]); they are compiled and checked here, never run (we have no
+    /// such device).
+    pub const TARGETS: &'static [Arch] = &[Arch::Sm80, Arch::Sm86, Arch::Sm89, Arch::Sm90, Arch::Sm100a, Arch::Sm120a];
 
     /// Validated constructor.
     pub fn new(head_dim: usize, input: InputType, qk: QkAccum, pv: PvAccum) -> Result<Self> {
@@ -172,7 +177,7 @@ impl HmmaConfig {
     /// Checks the combination exists (head dim in the table, bf16 only with f32 accumulation,
     /// two-stage chunk a multiple of 16 dividing the head dim).
     pub fn validate(&self) -> Result<()> {
-        if self.tile_opt().is_none() {
+        if self.tile_opt(Arch::Sm90).is_none() {
             return Err(NativeError::UnsupportedHeadDim {
                 kernel: KERNEL,
                 head_dim: self.head_dim as usize,
@@ -214,7 +219,7 @@ impl HmmaConfig {
         Ok(())
     }
 
-    fn tile_opt(&self) -> Option<HmmaTile> {
+    fn tile_opt(&self, arch: Arch) -> Option<HmmaTile> {
         if !Self::HEAD_DIMS.contains(&(self.head_dim as usize)) {
             return None;
         }
@@ -222,16 +227,25 @@ impl HmmaConfig {
             return self.tile;
         }
         let row = HMMA_TILES.iter().find(|r| r.head_dim == self.head_dim)?;
-        Some(if self.qk == QkAccum::F32 && self.pv == PvAccum::F32 { row.tile } else { row.f16_accum })
+        Some(match (self.qk == QkAccum::F32 && self.pv == PvAccum::F32, arch) {
+            (false, _) => row.f16_accum,
+            (true, Arch::Sm100a | Arch::Sm120a) => row.compact,
+            (true, _) => row.tile,
+        })
     }
 
-    /// The tile shape from [`HMMA_TILES`].
-    pub fn tile(&self) -> Result<HmmaTile> {
-        self.tile_opt().ok_or(NativeError::UnsupportedHeadDim {
+    /// The tile shape from [`HMMA_TILES`] on `arch` (or the forced tile).
+    pub fn tile_for(&self, arch: Arch) -> Result<HmmaTile> {
+        self.tile_opt(arch).ok_or(NativeError::UnsupportedHeadDim {
             kernel: KERNEL,
             head_dim: self.head_dim as usize,
             supported: Self::HEAD_DIMS,
         })
+    }
+
+    /// The tile on sm_80..sm_90 (what an H100 runs).
+    pub fn tile(&self) -> Result<HmmaTile> {
+        self.tile_for(Arch::Sm90)
     }
 
     /// `fwd_hmma_{in}_{qk}_{pv}_d{hd}`, e.g. `fwd_hmma_f16_2s32_f32_d128`.
@@ -268,9 +282,9 @@ impl HmmaConfig {
     }
 
     /// The `-D` defines the kernel reads (see the header of `fwd_hmma.cu`).
-    pub fn defines(&self) -> Result<Vec<(String, String)>> {
+    pub fn defines(&self, arch: Arch) -> Result<Vec<(String, String)>> {
         self.validate()?;
-        let tile = self.tile()?;
+        let tile = self.tile_for(arch)?;
         let (qk, chunk) = match self.qk {
             QkAccum::F32 => (0, DEFAULT_TWO_STAGE_CHUNK),
             QkAccum::F16 => (1, DEFAULT_TWO_STAGE_CHUNK),
@@ -292,7 +306,7 @@ impl HmmaConfig {
 
     /// The compile request for `arch`.
     pub fn request(&self, arch: Arch) -> Result<CompileRequest<'static>> {
-        Ok(CompileRequest { kernel: self.name(), source: &FWD_HMMA, arch, defines: self.defines()? })
+        Ok(CompileRequest { kernel: self.name(), source: &FWD_HMMA, arch, defines: self.defines(arch)? })
     }
 
     /// SASS opcodes that must appear (and only these HMMA forms): the proof that the mode is
@@ -481,8 +495,8 @@ impl HmmaArgs {
     }
 
     /// Grid `(query blocks, q_heads, batch)`, one CTA of `rows_per_warp * warps` rows each.
-    pub fn launch_shape(&self, config: &HmmaConfig) -> Result<HmmaLaunchShape> {
-        let tile = config.tile()?;
+    pub fn launch_shape(&self, config: &HmmaConfig, arch: Arch) -> Result<HmmaLaunchShape> {
+        let tile = config.tile_for(arch)?;
         let m_blocks = self.q_len.div_ceil(tile.block_m() as usize);
         Ok(HmmaLaunchShape {
             grid: (m_blocks as u32, self.q_heads as u32, self.batch as u32),
@@ -537,7 +551,7 @@ mod launch {
             let compiled = cache.get_or_compile(&config.request(arch)?)?;
             let module = ctx.load_module(cudarc::nvrtc::Ptx::from_binary(compiled.cubin.clone()))?;
             let function = module.load_function(compiled.entry)?;
-            let smem = config.tile()?.smem_bytes(config.head_dim);
+            let smem = config.tile_for(arch)?.smem_bytes(config.head_dim);
             // Above 48 KiB of dynamic shared memory a kernel has to opt in.
             function.set_attribute(
                 CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -615,7 +629,7 @@ mod launch {
                     ptrs[i]
                 )));
             }
-            let shape = args.launch_shape(&self.config)?;
+            let shape = args.launch_shape(&self.config, self.arch)?;
             let params = args.params(ptrs);
             let cfg = LaunchConfig { grid_dim: shape.grid, block_dim: shape.block, shared_mem_bytes: shape.smem_bytes };
             let mut b = stream.launch_builder(&self.function);
@@ -661,10 +675,10 @@ mod tests {
         assert!(cfg.validate().is_err());
         cfg.tile = Some(HmmaTile { rows_per_warp: 48, ..HmmaTile::new(4, 64) });
         assert!(cfg.validate().is_err());
-        let d = cfg.defines();
+        let d = cfg.defines(Arch::Sm90);
         assert!(d.is_err());
         cfg.tile = None;
-        let d = cfg.defines().unwrap();
+        let d = cfg.defines(Arch::Sm90).unwrap();
         assert!(d.contains(&("ROWS_PER_WARP".into(), "32".into())) && d.contains(&("Q_IN_REGS".into(), "0".into())));
     }
 
@@ -682,6 +696,24 @@ mod tests {
         assert_eq!(HmmaConfig::target_for((9, 0)), Some(Arch::Sm90));
         assert_eq!(HmmaConfig::target_for((8, 9)), Some(Arch::Sm89));
         assert_eq!(HmmaConfig::target_for((7, 5)), None);
+        assert_eq!(HmmaConfig::target_for((10, 0)), Some(Arch::Sm100a));
+        assert_eq!(HmmaConfig::target_for((12, 0)), Some(Arch::Sm120a));
+    }
+
+    #[test]
+    fn blackwell_targets_take_the_compact_tile_for_f32_modes_only() {
+        for row in HMMA_TILES {
+            let f32 = HmmaConfig::new(row.head_dim as usize, InputType::F16, QkAccum::F32, PvAccum::F32).unwrap();
+            let f16 = HmmaConfig::new(row.head_dim as usize, InputType::F16, QkAccum::F16, PvAccum::F16PerTile).unwrap();
+            assert_eq!(f32.tile_for(Arch::Sm90).unwrap(), row.tile);
+            assert_eq!(f32.tile_for(Arch::Sm100a).unwrap(), row.compact);
+            assert_eq!(f32.tile_for(Arch::Sm120a).unwrap(), row.compact);
+            assert_eq!(f16.tile_for(Arch::Sm120a).unwrap(), row.f16_accum);
+            // The defines (and so the cubin) follow the arch.
+            let block_n = |a| f32.defines(a).unwrap().into_iter().find(|(k, _)| k == "BLOCK_N").unwrap().1;
+            assert_eq!(block_n(Arch::Sm100a), row.compact.block_n.to_string());
+            assert_eq!(block_n(Arch::Sm90), row.tile.block_n.to_string());
+        }
     }
 
     #[test]
@@ -700,7 +732,7 @@ mod tests {
             scale: 0.088, causal: true,
         };
         a.validate(&cfg).unwrap();
-        assert_eq!(a.launch_shape(&cfg).unwrap().grid, (8, 8, 2));
+        assert_eq!(a.launch_shape(&cfg, Arch::Sm90).unwrap().grid, (8, 8, 2));
         assert_eq!(a.required_lens(128)[0], 2 * 8 * 1000 * 128);
         a.kv_heads = 3;
         assert!(a.validate(&cfg).is_err());

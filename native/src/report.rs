@@ -20,8 +20,8 @@ pub trait KernelVariant: Send + Sync {
     /// SASS opcodes that must be present on `arch`; any other `*MMA*` opcode is reported as
     /// unexpected.
     fn expected_instructions(&self, arch: Arch) -> Vec<String>;
-    /// Dynamic shared memory the launch requests.
-    fn dynamic_smem_bytes(&self) -> u32;
+    /// Dynamic shared memory the launch requests on `arch`.
+    fn dynamic_smem_bytes(&self, arch: Arch) -> u32;
 }
 
 impl KernelVariant for HmmaConfig {
@@ -34,8 +34,8 @@ impl KernelVariant for HmmaConfig {
     fn expected_instructions(&self, _arch: Arch) -> Vec<String> {
         HmmaConfig::expected_instructions(self).into_iter().map(String::from).collect()
     }
-    fn dynamic_smem_bytes(&self) -> u32 {
-        self.tile().map(|t| t.smem_bytes(self.head_dim)).unwrap_or(0)
+    fn dynamic_smem_bytes(&self, arch: Arch) -> u32 {
+        self.tile_for(arch).map(|t| t.smem_bytes(self.head_dim)).unwrap_or(0)
     }
 }
 
@@ -143,7 +143,7 @@ pub fn report_variant(cache: &KernelCache, config: &dyn KernelVariant, arch: Arc
         spill_store_bytes: None,
         spill_load_bytes: None,
         stack_frame_bytes: None,
-        dynamic_smem_bytes: config.dynamic_smem_bytes(),
+        dynamic_smem_bytes: config.dynamic_smem_bytes(arch),
         compile_millis: None,
         missing: expected.clone(),
         expected,
