@@ -226,9 +226,9 @@ __device__ __forceinline__ float thread_load_scores(float (&s)[cfg::BK], u32 s_t
     return m;
 }
 
-// p = exp2(s - m_new) in place of nothing: each 16-byte chunk of 8 keys is packed to f16 and
-// stored into the K-major P tile (row `row`) as soon as it is complete; l accumulates the
-// unrounded p in key order.
+// p = exp2(s - m_off) for this thread's row: every 8 keys (one 16-byte chunk) are packed to
+// f16 and stored into the K-major P tile at once, so P never needs 128 more registers; the
+// returned sum adds the unrounded p in key order.
 __device__ __forceinline__ float thread_probabilities(const float (&s)[cfg::BK], float m_off, u32 p_row) {
     float sum = 0.f;
 #pragma unroll

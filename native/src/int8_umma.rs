@@ -368,11 +368,13 @@ impl Int8UmmaArgs {
         })
     }
 
-    /// Checks device pointers against [`Self::required_lens`]-sized allocations: non-null
-    /// where required, 16-byte aligned where the kernel moves 16 bytes, 4-byte aligned f32s.
-    fn check_pointers(&self, ptrs: &[u64; 8]) -> Result<()> {
-        for (i, (&p, name)) in ptrs.iter().zip(POINTER_NAMES).enumerate() {
-            if i == 7 && !self.lse_shift {
+    /// Checks device pointers: non-null wherever the kernel reads or writes something (a
+    /// tensor of [`Self::required_lens`] 0, e.g. K with `kv_len` 0 or an absent `lse_shift`,
+    /// may be null), 16-byte aligned where the kernel moves 16 bytes, 4-byte aligned f32s.
+    fn check_pointers(&self, config: &Int8UmmaConfig, ptrs: &[u64; 8]) -> Result<()> {
+        let lens = self.required_lens(config)?;
+        for (i, ((&p, name), len)) in ptrs.iter().zip(POINTER_NAMES).zip(lens).enumerate() {
+            if len == 0 {
                 continue;
             }
             let align = if i < 4 { 16 } else { 4 };
@@ -526,7 +528,7 @@ mod launch {
         /// until the kernel finishes on `stream`.
         pub unsafe fn launch_raw(&self, stream: &Arc<CudaStream>, args: &Int8UmmaArgs, ptrs: [u64; 8]) -> Result<()> {
             args.validate(&self.config)?;
-            args.check_pointers(&ptrs)?;
+            args.check_pointers(&self.config, &ptrs)?;
             let shape = args.launch_shape(&self.config)?;
             let params = args.params(&self.config, ptrs)?;
             let cfg = LaunchConfig { grid_dim: shape.grid, block_dim: shape.block, shared_mem_bytes: shape.smem_bytes };
@@ -643,11 +645,16 @@ mod tests {
         assert_eq!(a.required_lens(&c).unwrap()[7], 2 * 8 * 300);
         assert_eq!(a.params(&c, [16, 32, 48, 64, 4, 8, 12, 20]).unwrap().lse_shift, 20);
         // Null or misaligned pointers are refused before a launch.
-        assert!(a.check_pointers(&[16, 32, 48, 64, 4, 8, 12, 20]).is_ok());
-        assert!(a.check_pointers(&[16, 32, 48, 64, 4, 8, 12, 0]).is_err());
-        assert!(a.check_pointers(&[16, 40, 48, 64, 4, 8, 12, 20]).is_err());
+        assert!(a.check_pointers(&c, &[16, 32, 48, 64, 4, 8, 12, 20]).is_ok());
+        assert!(a.check_pointers(&c, &[16, 32, 48, 64, 4, 8, 12, 0]).is_err());
+        assert!(a.check_pointers(&c, &[16, 40, 48, 64, 4, 8, 12, 20]).is_err());
+        assert!(a.check_pointers(&c, &[16, 32, 48, 64, 4, 0, 12, 20]).is_err());
         a.lse_shift = false;
-        assert!(a.check_pointers(&[16, 32, 48, 64, 4, 8, 12, 0]).is_ok());
+        assert!(a.check_pointers(&c, &[16, 32, 48, 64, 4, 8, 12, 0]).is_ok());
+        // No keys: K, V and the K scales are never touched and may be null.
+        a.kv_len = 0;
+        assert!(a.check_pointers(&c, &[16, 0, 0, 64, 4, 8, 0, 0]).is_ok());
+        a.kv_len = 1000;
         // Int8 rows move in 16-byte chunks: a Q sequence stride of 8 codes is refused.
         a.q.seq = 136;
         assert!(matches!(a.validate(&c), Err(NativeError::InvalidArgs(_))));
