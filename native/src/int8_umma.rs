@@ -307,7 +307,7 @@ impl Int8UmmaArgs {
         if self.batch == 0 || self.q_heads == 0 || self.kv_heads == 0 || self.q_len == 0 {
             return bad(format!("empty problem: {self:?}"));
         }
-        if self.q_heads % self.kv_heads != 0 {
+        if !self.q_heads.is_multiple_of(self.kv_heads) {
             return bad(format!("q_heads {} not a multiple of kv_heads {}", self.q_heads, self.kv_heads));
         }
         if self.q_len > i32::MAX as usize || self.kv_len > i32::MAX as usize {
