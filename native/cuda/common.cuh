@@ -150,3 +150,160 @@ __device__ __forceinline__ u32 tile_swizzle(int row, int chunk) {
     static_assert(ROW_BYTES % 128 == 0, "swizzle needs 128-byte rows");
     return (u32)(row * ROW_BYTES + ((chunk ^ (row & 7)) << 4));
 }
+
+// ---- exactly rounded f32 arithmetic ----------------------------------------------------------
+
+// Explicit `.rn` keeps ptxas from contracting a multiply and a following add into one FMA: the
+// INT8 kernels round `s = dot * scale` and `l * alpha` exactly where the CPU emulation does.
+__device__ __forceinline__ float thread_mul_rn(float a, float b) {
+    float y;
+    asm("mul.rn.f32 %0, %1, %2;\n" : "=f"(y) : "f"(a), "f"(b));
+    return y;
+}
+__device__ __forceinline__ float thread_add_rn(float a, float b) {
+    float y;
+    asm("add.rn.f32 %0, %1, %2;\n" : "=f"(y) : "f"(a), "f"(b));
+    return y;
+}
+__device__ __forceinline__ float thread_sub_rn(float a, float b) {
+    float y;
+    asm("sub.rn.f32 %0, %1, %2;\n" : "=f"(y) : "f"(a), "f"(b));
+    return y;
+}
+__device__ __forceinline__ float thread_div_rn(float a, float b) {
+    float y;
+    asm("div.rn.f32 %0, %1, %2;\n" : "=f"(y) : "f"(a), "f"(b));
+    return y;
+}
+
+// ---- proxies and mbarriers (sm_90+) ----------------------------------------------------------
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// Makes this thread's generic-proxy shared-memory writes (st.shared, cp.async once waited for)
+// visible to the async proxy that tensor-core operand reads (wgmma / tcgen05.mma) go through.
+__device__ __forceinline__ void thread_fence_proxy_async_smem() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+__device__ __forceinline__ void thread_mbarrier_init(u32 bar, u32 count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(bar), "r"(count) : "memory");
+}
+// Publishes mbarrier.init to the async proxy (tcgen05.commit arrives from there); a CTA
+// barrier must follow before any other thread uses the mbarrier.
+__device__ __forceinline__ void thread_fence_mbarrier_init() {
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+// Spins until the phase of parity `parity` has completed (the first phase has parity 0).
+__device__ __forceinline__ void thread_mbarrier_wait(u32 bar, u32 parity) {
+    u32 done;
+    do {
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; "
+                     "selp.u32 %0, 1, 0, p; }\n"
+                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    } while (!done);
+}
+#endif
+
+// ---- tcgen05: tensor memory and the 5th-generation tensor core (sm_100a only) ----------------
+//
+// Tensor memory (TMEM) is 128 lanes x 512 columns of 32-bit cells per SM, addressed as
+// (lane << 16) | column. A warp may touch only lanes 32 * (warp % 4) .. + 31 of it.
+// `tcgen05.mma` is issued by one thread, runs asynchronously, reads A and B from shared memory
+// through 64-bit matrix descriptors and accumulates D in TMEM; `tcgen05.commit` makes an
+// mbarrier track the completion of every tcgen05 op the thread issued before it.
+#if defined(__CUDA_ARCH_FEAT_SM100_ALL)
+
+// Allocates `ncols` columns (a power of 2, >= 32) for the CTA and writes their base address
+// to shared memory at `dst`. Whole warp; the same warp must deallocate.
+__device__ __forceinline__ void warp_tmem_alloc(u32 dst, u32 ncols) {
+    asm volatile("tcgen05.alloc.cta_group::1.sync.aligned.shared::cta.b32 [%0], %1;\n"
+                 :: "r"(dst), "r"(ncols) : "memory");
+}
+// Gives up this CTA's right to allocate again, so that other CTAs on the SM are not held back.
+__device__ __forceinline__ void warp_tmem_relinquish_alloc_permit() {
+    asm volatile("tcgen05.relinquish_alloc_permit.cta_group::1.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void warp_tmem_dealloc(u32 taddr, u32 ncols) {
+    asm volatile("tcgen05.dealloc.cta_group::1.sync.aligned.b32 %0, %1;\n"
+                 :: "r"(taddr), "r"(ncols) : "memory");
+}
+
+// Orders this thread's prior tcgen05 ops before a following thread barrier / the barrier
+// before this thread's following tcgen05 ops. Used on both sides of every __syncthreads or
+// mbarrier wait that hands TMEM or tcgen05 results from one thread to another.
+__device__ __forceinline__ void thread_tcgen05_fence_before_sync() {
+    asm volatile("tcgen05.fence::before_thread_sync;\n" ::: "memory");
+}
+__device__ __forceinline__ void thread_tcgen05_fence_after_sync() {
+    asm volatile("tcgen05.fence::after_thread_sync;\n" ::: "memory");
+}
+
+// Shared-memory matrix descriptor (PTX ISA "tcgen05 shared memory descriptor"): start address
+// >> 4 in bits 0-13, leading-dimension byte offset >> 4 in 16-29, stride-dimension byte offset
+// >> 4 in 32-45, the fixed sm100 version 0b001 in 46-48, base offset 0 (49-51), relative LBO
+// mode (52), layout type in 61-63 (0: no swizzle, the "interleaved" canonical layout).
+__device__ __forceinline__ u64 thread_umma_smem_desc_noswizzle(u32 addr, u32 lbo, u32 sbo) {
+    return (u64)((addr >> 4) & 0x3fffu) | ((u64)((lbo >> 4) & 0x3fffu) << 16) |
+           ((u64)((sbo >> 4) & 0x3fffu) << 32) | (1ull << 46);
+}
+
+// Instruction descriptors (PTX ISA "Instruction descriptor" of tcgen05.mma, dense):
+// bits 4-5 D format (0 f16, 1 f32, 2 s32), 7-9 A format, 10-12 B format (kind::f16: 0 f16,
+// 1 bf16; kind::i8: 0 u8, 1 s8), 15 A MN-major, 16 B MN-major, 17-22 N >> 3, 24-28 M >> 4.
+__host__ __device__ constexpr u32 umma_idesc_s8_s32(int m, int n, bool a_mn_major, bool b_mn_major) {
+    return (2u << 4) | (1u << 7) | (1u << 10) | ((u32)a_mn_major << 15) | ((u32)b_mn_major << 16) |
+           ((u32)(n >> 3) << 17) | ((u32)(m >> 4) << 24);
+}
+__host__ __device__ constexpr u32 umma_idesc_f16_f32(int m, int n, bool a_mn_major, bool b_mn_major) {
+    return (1u << 4) | ((u32)a_mn_major << 15) | ((u32)b_mn_major << 16) | ((u32)(n >> 3) << 17) |
+           ((u32)(m >> 4) << 24);
+}
+
+// D[tmem] (+)= A[smem] * B[smem], issued by one thread. `accumulate` false overwrites D.
+__device__ __forceinline__ void thread_umma_i8(u32 d_tmem, u64 a_desc, u64 b_desc, u32 idesc, bool accumulate) {
+    asm volatile("{ .reg .pred p; setp.ne.b32 p, %4, 0;\n"
+                 "tcgen05.mma.cta_group::1.kind::i8 [%0], %1, %2, %3, p; }\n"
+                 :: "r"(d_tmem), "l"(a_desc), "l"(b_desc), "r"(idesc), "r"((u32)accumulate) : "memory");
+}
+__device__ __forceinline__ void thread_umma_f16(u32 d_tmem, u64 a_desc, u64 b_desc, u32 idesc, bool accumulate) {
+    asm volatile("{ .reg .pred p; setp.ne.b32 p, %4, 0;\n"
+                 "tcgen05.mma.cta_group::1.kind::f16 [%0], %1, %2, %3, p; }\n"
+                 :: "r"(d_tmem), "l"(a_desc), "l"(b_desc), "r"(idesc), "r"((u32)accumulate) : "memory");
+}
+// The mbarrier at `bar` gets one arrival once every tcgen05.mma this thread issued completed.
+__device__ __forceinline__ void thread_umma_commit(u32 bar) {
+    asm volatile("tcgen05.commit.cta_group::1.mbarrier::arrive::one.shared::cluster.b64 [%0];\n"
+                 :: "r"(bar) : "memory");
+}
+
+// 32 consecutive 32-bit columns of the warp's 32 lanes (32x32b shape: lane i of the warp gets
+// TMEM lane base + i), waited for inside the same asm statement so that no use of the
+// registers can be scheduled before the data has arrived.
+__device__ __forceinline__ void warp_tmem_ld_32x32b_x32(u32 (&r)[32], u32 taddr) {
+    asm volatile("tcgen05.ld.sync.aligned.32x32b.x32.b32 "
+                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+                 "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, [%32];\n"
+                 "tcgen05.wait::ld.sync.aligned;\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]), "=r"(r[4]), "=r"(r[5]), "=r"(r[6]),
+                   "=r"(r[7]), "=r"(r[8]), "=r"(r[9]), "=r"(r[10]), "=r"(r[11]), "=r"(r[12]),
+                   "=r"(r[13]), "=r"(r[14]), "=r"(r[15]), "=r"(r[16]), "=r"(r[17]), "=r"(r[18]),
+                   "=r"(r[19]), "=r"(r[20]), "=r"(r[21]), "=r"(r[22]), "=r"(r[23]), "=r"(r[24]),
+                   "=r"(r[25]), "=r"(r[26]), "=r"(r[27]), "=r"(r[28]), "=r"(r[29]), "=r"(r[30]),
+                   "=r"(r[31])
+                 : "r"(taddr) : "memory");
+}
+// The inverse of warp_tmem_ld_32x32b_x32; completion is waited for with warp_tmem_wait_st.
+__device__ __forceinline__ void warp_tmem_st_32x32b_x32(u32 taddr, const u32 (&r)[32]) {
+    asm volatile("tcgen05.st.sync.aligned.32x32b.x32.b32 [%0], "
+                 "{%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,"
+                 "%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32};\n"
+                 :: "r"(taddr), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3]), "r"(r[4]), "r"(r[5]),
+                    "r"(r[6]), "r"(r[7]), "r"(r[8]), "r"(r[9]), "r"(r[10]), "r"(r[11]), "r"(r[12]),
+                    "r"(r[13]), "r"(r[14]), "r"(r[15]), "r"(r[16]), "r"(r[17]), "r"(r[18]),
+                    "r"(r[19]), "r"(r[20]), "r"(r[21]), "r"(r[22]), "r"(r[23]), "r"(r[24]),
+                    "r"(r[25]), "r"(r[26]), "r"(r[27]), "r"(r[28]), "r"(r[29]), "r"(r[30]), "r"(r[31])
+                 : "memory");
+}
+__device__ __forceinline__ void warp_tmem_wait_st() {
+    asm volatile("tcgen05.wait::st.sync.aligned;\n" ::: "memory");
+}
+#endif  // __CUDA_ARCH_FEAT_SM100_ALL

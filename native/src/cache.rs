@@ -35,6 +35,13 @@ pub struct KernelSource {
 pub static FWD_HMMA: KernelSource =
     KernelSource { file: "fwd_hmma.cu", entry: "fwd_hmma", text: include_str!("../cuda/fwd_hmma.cu") };
 
+/// The INT8 tcgen05 UMMA forward family (sm_100a only).
+pub static FWD_INT8_UMMA: KernelSource = KernelSource {
+    file: "fwd_int8_umma.cu",
+    entry: "fwd_int8_umma",
+    text: include_str!("../cuda/fwd_int8_umma.cu"),
+};
+
 /// Everything that makes one cubin different from another.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct CacheKey {

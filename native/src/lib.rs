@@ -11,6 +11,8 @@
 //! - [`cache`]: kernel sources, compile requests, the memory + disk cache.
 //! - [`report`]: the per-(variant, arch) compile report used by `quattn kernels` and CI.
 //! - [`hmma`]: the mma.sync (HMMA) forward family, its configs and its launcher.
+//! - [`int8_umma`]: the INT8 Q·Kᵀ forward family on sm_100a's tcgen05 UMMA (compiled and
+//!   disassembled, not run on hardware).
 //! - [`device`]: device queries.
 
 pub mod arch;
@@ -18,6 +20,7 @@ pub mod cache;
 pub mod device;
 pub mod error;
 pub mod hmma;
+pub mod int8_umma;
 pub mod nvrtc;
 pub mod report;
 pub mod sass;
@@ -28,6 +31,9 @@ pub use cache::{default_cache_dir, CacheKey, CompileRequest, CompiledKernel, Ker
 pub use error::{NativeError, Result};
 #[cfg(feature = "cuda")]
 pub use hmma::HmmaKernel;
+#[cfg(feature = "cuda")]
+pub use int8_umma::Int8UmmaKernel;
+pub use int8_umma::{Int8UmmaArgs, Int8UmmaConfig, Int8UmmaParams, QScaleGranularity, INT8_UMMA_TILES};
 pub use hmma::{HmmaArgs, HmmaConfig, HmmaParams, HmmaTile, InputType, PvAccum, QkAccum, Strides, HMMA_TILES};
 pub use nvrtc::{nvrtc, NvrtcInfo, Resources};
 pub use report::{compile_report, KernelReport};

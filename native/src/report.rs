@@ -9,6 +9,7 @@ use crate::arch::Arch;
 use crate::cache::{CompileRequest, KernelCache, Origin};
 use crate::error::{NativeError, Result};
 use crate::hmma::HmmaConfig;
+use crate::int8_umma::Int8UmmaConfig;
 
 /// What the report needs from one compiled variant of any kernel family. Each family implements
 /// it for its config type and lists itself in [`families`].
@@ -39,6 +40,21 @@ impl KernelVariant for HmmaConfig {
     }
 }
 
+impl KernelVariant for Int8UmmaConfig {
+    fn name(&self) -> String {
+        Int8UmmaConfig::name(self)
+    }
+    fn request(&self, arch: Arch) -> Result<CompileRequest<'static>> {
+        Int8UmmaConfig::request(self, arch)
+    }
+    fn expected_instructions(&self, _arch: Arch) -> Vec<String> {
+        Int8UmmaConfig::expected_instructions(self).into_iter().map(String::from).collect()
+    }
+    fn dynamic_smem_bytes(&self) -> u32 {
+        self.smem_bytes().unwrap_or(0)
+    }
+}
+
 /// One kernel family: its variants and the targets each variant is built for.
 pub struct Family {
     /// Family name, the prefix of its variant names (e.g. `fwd_hmma`).
@@ -49,8 +65,18 @@ pub struct Family {
 
 /// Every native kernel family the report covers.
 pub fn families() -> Vec<Family> {
-    let boxed = |v: Vec<HmmaConfig>| v.into_iter().map(|c| Arc::new(c) as Arc<dyn KernelVariant>).collect();
-    vec![Family { name: "fwd_hmma", variants: boxed(HmmaConfig::all()), targets: HmmaConfig::TARGETS }]
+    fn boxed<C: KernelVariant + 'static>(v: Vec<C>) -> Vec<Arc<dyn KernelVariant>> {
+        v.into_iter().map(|c| Arc::new(c) as Arc<dyn KernelVariant>).collect()
+    }
+    vec![
+        Family { name: "fwd_hmma", variants: boxed(HmmaConfig::all()), targets: HmmaConfig::TARGETS },
+        // sm_100a only; compiled and disassembled in CI, not run on hardware.
+        Family {
+            name: "fwd_int8_umma",
+            variants: boxed(Int8UmmaConfig::all()),
+            targets: Int8UmmaConfig::TARGETS,
+        },
+    ]
 }
 
 /// One (variant, arch) line of the report.
@@ -128,7 +154,14 @@ impl KernelReport {
 }
 
 fn interesting(op: &str) -> bool {
-    op.contains("MMA") || op.starts_with("LDSM") || op.starts_with("LDGSTS") || op == "MUFU.EX2"
+    op.contains("MMA")
+        || op.starts_with("LDSM")
+        || op.starts_with("LDGSTS")
+        || op == "MUFU.EX2"
+        // Tensor-memory traffic and UMMA commits of the tcgen05 families.
+        || op.starts_with("LDTM")
+        || op.starts_with("STTM")
+        || op == "UTCBAR"
 }
 
 /// Report of one variant on one target.
