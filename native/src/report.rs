@@ -50,7 +50,7 @@ impl KernelVariant for Int8UmmaConfig {
     fn expected_instructions(&self, _arch: Arch) -> Vec<String> {
         Int8UmmaConfig::expected_instructions(self).into_iter().map(String::from).collect()
     }
-    fn dynamic_smem_bytes(&self) -> u32 {
+    fn dynamic_smem_bytes(&self, _arch: Arch) -> u32 {
         self.smem_bytes().unwrap_or(0)
     }
 }
