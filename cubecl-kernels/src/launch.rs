@@ -227,7 +227,7 @@ fn check_buffers(
     }
 }
 
-fn check_extent(
+pub(crate) fn check_extent(
     tensor: &'static str,
     elems: u64,
     elem_bytes: u64,
@@ -572,7 +572,7 @@ fn shape_arg<R: Runtime>(args: &AttentionArgs) -> AttnShapeLaunch<R> {
 }
 
 /// Checks the grid against the runtime limit.
-fn check_grid(cube_count: (u32, u32, u32), max: (u32, u32, u32)) -> Result<(), LaunchError> {
+pub(crate) fn check_grid(cube_count: (u32, u32, u32), max: (u32, u32, u32)) -> Result<(), LaunchError> {
     if cube_count.0 > max.0 || cube_count.1 > max.1 || cube_count.2 > max.2 {
         return Err(LaunchError::TooManyCubes {
             x: cube_count.0,

@@ -81,10 +81,12 @@ mod error;
 mod kernel;
 mod launch;
 mod problem;
+mod quant;
 mod tiling;
 
 pub use error::LaunchError;
 pub use launch::{check_elem_supported, launch, launch_with, LaunchInfo, LaunchOptions, Variant};
+pub use quant::{q_scale_fold, quantize_int8, Int8Blocking, Int8Granularity, Int8Operands, Int8Quant};
 pub use problem::{bhsd_strides, bshd_strides, AttentionArgs, ElemType, SUPPORTED_HEAD_DIMS};
 pub use tiling::{
     cmma_candidates, fma_candidates, fma_vec_candidates, select_cmma_tiles, select_fma_tiles,
