@@ -386,3 +386,36 @@ fn scale_index_mapping_gqa() {
         assert_bits(&format!("{g:?} scales by index"), &dev.q_scales, &want);
     }
 }
+
+/// Refusals before anything is enqueued: strides that would split a code word, a per-thread
+/// layout without 16 rows per warp, and an attention launch whose tiles differ from the
+/// blocking the scales were laid out for.
+#[test]
+fn prepass_and_int8_launch_refusals() {
+    let Some(c) = client() else { return };
+    let p = AttentionProblem::new(1, 2, 40, 64).kv_len(70).with_lse(true);
+    let mut args = args_of(&p);
+    args.write_lse = true;
+    let (q, k, v) = inputs::qkv(&p, 3);
+    let (qh, kh, vh) = (upload(&c, &q, ElemType::F16), upload(&c, &k, ElemType::F16), upload(&c, &v, ElemType::F16));
+    let blocking = quattn_cubecl::int8_blocking(&c, &args, ElemType::F16, &Default::default()).unwrap();
+    assert_eq!(blocking.block_q % 16, 0);
+    assert_eq!(blocking.warps, blocking.block_q / 16);
+    let quant = Int8Quant { granularity: quattn_cubecl::Int8Granularity::PerThread, blocking, smooth_k: true };
+
+    let odd = AttentionArgs { q_strides: [2 * 40 * 64, 40 * 64, 66], ..args };
+    assert!(matches!(quattn_cubecl::quantize_int8(&c, &odd, ElemType::F16, &quant, &qh, &kh), Err(quattn_cubecl::LaunchError::InvalidProblem { .. })));
+    let wide = Int8Quant { blocking: quattn_cubecl::Int8Blocking { warps: 1, ..blocking }, ..quant };
+    assert!(quattn_cubecl::quantize_int8(&c, &args, ElemType::F16, &wide, &qh, &kh).is_err());
+
+    let ops = quattn_cubecl::quantize_int8(&c, &args, ElemType::F16, &quant, &qh, &kh).unwrap();
+    let (o, lse) = (c.empty(p.o_len_elems() * 2), c.empty(p.lse_len_elems() * 4));
+    let other = Int8Quant { blocking: quattn_cubecl::Int8Blocking { block_k: blocking.block_k * 2, ..blocking }, ..quant };
+    let err = quattn_cubecl::launch_int8(&c, &args, ElemType::F16, &Default::default(), &other, &ops, &vh, &o, Some(&lse)).unwrap_err();
+    assert!(err.to_string().contains("laid out for"), "{err}");
+    let info = quattn_cubecl::launch_int8(&c, &args, ElemType::F16, &Default::default(), &quant, &ops, &vh, &o, Some(&lse)).unwrap();
+    assert!(info.kernel.starts_with("portable_fma_vec_int8_thread"), "{}", info.kernel);
+    // Without the LSE shift a smoothed launch that writes the LSE cannot be right.
+    let no_shift = Int8Operands { lse_shift: None, ..ops };
+    assert!(quattn_cubecl::launch_int8(&c, &args, ElemType::F16, &Default::default(), &quant, &no_shift, &vh, &o, Some(&lse)).is_err());
+}

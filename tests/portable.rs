@@ -126,6 +126,15 @@ macro_rules! testgen_attention {
             }
 
             #[test]
+            fn int8_other_head_dims() {
+                let Some(s) = open(device()) else { return };
+                for d in [32, 96, 256] {
+                    let p = AttentionProblem::new(1, 2, 17, d).kv_heads(1).kv_len(40).causal(true);
+                    check_int8(&s, p, Precision::Int8Qk { granularity: Int8Granularity::PerThread, smooth_k: true, pv: PvFormat::F16 }, 26);
+                }
+            }
+
+            #[test]
             fn int8_long_rows() {
                 let Some(s) = open(device()) else { return };
                 let p = AttentionProblem::new(1, 2, 300, 64).kv_len(213).causal(true);
