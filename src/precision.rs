@@ -85,7 +85,10 @@ pub enum Precision {
     F16 { qk: QkAccum, pv: PvAccum },
     /// bf16 Q, K, V; softmax in f32; P rounded to bf16 for P·V.
     Bf16 { qk: QkAccum, pv: PvAccum },
-    /// SageAttention-style INT8 Q and K with f32 scales, INT32 Q·Kᵀ accumulation.
+    /// SageAttention-style INT8 Q and K with f32 scales, INT32 Q·Kᵀ accumulation. With
+    /// `pv: F16` the portable CubeCL path runs it on every wgpu and CUDA device (a quantization
+    /// prepass, then the INT8 kernel; the plan records the blocking its scales follow); `pv:
+    /// Fp8` runs only in the CPU emulation.
     Int8Qk { granularity: Int8Granularity, smooth_k: bool, pv: PvFormat },
     /// FP8 Q, K, V with f32 descales; P in f16 or FP8.
     Fp8 { format: Fp8Format, descale: DescaleGranularity, p: PvFormat },

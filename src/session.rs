@@ -35,6 +35,11 @@ pub struct Plan {
     pub path: Path,
     /// The kernel that will run.
     pub kernel: String,
+    /// The tile shape the path's quantization follows (`block_q`, `block_k`, `warps`,
+    /// `qk_chunk`): the INT8 scale layout depends on it, so the CPU emulation must use the same
+    /// to agree with the kernel. `Some(Blocking::default())` on the emulation path; `None` for
+    /// kernels whose numerics do not depend on a blocking.
+    pub blocking: Option<Blocking>,
 }
 
 /// Result of one call: O in the problem's layout (f32), LSE `[batch, q_heads, q_len]` when asked.
@@ -89,18 +94,18 @@ impl Session {
     pub fn plan(&self, problem: &AttentionProblem, precision: Precision, strategy: Strategy) -> Result<Plan> {
         problem.validate()?;
         precision.validate()?;
-        let (path, kernel) = match strategy {
+        let (path, kernel, blocking) = match strategy {
             Strategy::Reference => {
                 Blocking::default().validate(problem, precision)?;
-                (Path::Emulation, format!("emulate_{}", precision.name()))
+                (Path::Emulation, format!("emulate_{}", precision.name()), Some(Blocking::default()))
             }
             _ => {
                 let choice = self.backend.select(problem, precision, strategy)?;
-                log::debug!("{}: {}", choice.name, choice.reason);
-                (Path::Device, choice.name)
+                log::debug!("{}: {} (blocking {:?})", choice.name, choice.reason, choice.blocking);
+                (Path::Device, choice.name, choice.blocking)
             }
         };
-        Ok(Plan { problem: *problem, precision, strategy, path, kernel })
+        Ok(Plan { problem: *problem, precision, strategy, path, kernel, blocking })
     }
 
     /// Plans and runs in one call, host slices in, host vectors out.
@@ -180,7 +185,7 @@ impl Session {
 
 /// The CPU emulation of the plan's precision: (O, LSE).
 fn run_emulation(plan: &Plan, q: &[f32], k: &[f32], v: &[f32]) -> Result<(Vec<f32>, Vec<f32>)> {
-    let out = emulation::emulate(&plan.problem, plan.precision, &Blocking::default(), q, k, v)?;
+    let out = emulation::emulate(&plan.problem, plan.precision, &plan.blocking.unwrap_or_default(), q, k, v)?;
     Ok((out.o, out.lse))
 }
 

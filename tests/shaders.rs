@@ -8,12 +8,18 @@ use std::path::PathBuf;
 
 use quattn::{inputs, AttentionProblem, Device, Precision, Strategy, WgpuAdapter};
 
-/// (file stem, problem, precision): one per distinct compile-time configuration we ship.
-fn cases() -> Vec<(&'static str, AttentionProblem, Precision)> {
+/// (file stems in compilation order, problem, precision): one per distinct compile-time
+/// configuration we ship. INT8 compiles its prepass (K mean, K, Q) before the attention kernel.
+fn cases() -> Vec<(&'static [&'static str], AttentionProblem, Precision)> {
     vec![
-        ("fwd_portable_f32_d64", AttentionProblem::new(1, 2, 40, 64).with_lse(true), Precision::F32),
-        ("fwd_portable_f16_d64_causal", AttentionProblem::new(1, 2, 40, 64).causal(true).with_lse(true), Precision::F16_DEFAULT),
-        ("fwd_portable_f16_d128", AttentionProblem::new(1, 2, 40, 128).with_lse(true), Precision::F16_DEFAULT),
+        (&["fwd_portable_f32_d64"], AttentionProblem::new(1, 2, 40, 64).with_lse(true), Precision::F32),
+        (&["fwd_portable_f16_d64_causal"], AttentionProblem::new(1, 2, 40, 64).causal(true).with_lse(true), Precision::F16_DEFAULT),
+        (&["fwd_portable_f16_d128"], AttentionProblem::new(1, 2, 40, 128).with_lse(true), Precision::F16_DEFAULT),
+        (
+            &["quant_int8_k_mean_f16_d64", "quant_int8_k_smoothed_f16_d64", "quant_int8_q_block_shift_f16_d64", "fwd_portable_int8_block_d64"],
+            AttentionProblem::new(1, 2, 40, 64).with_lse(true),
+            Precision::INT8_DEFAULT,
+        ),
     ]
 }
 
@@ -74,29 +80,35 @@ fn wgsl_snapshots_are_valid_and_current() {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("shaders");
     let bless = std::env::var("QUATTN_BLESS").is_ok_and(|v| v == "1");
     let mut seen = 0;
-    for (stem, p, prec) in cases() {
+    for (stems, p, prec) in cases() {
         let plan = session.plan(&p, prec, Strategy::Portable).unwrap();
         let (q, k, v) = inputs::qkv(&p, 3);
         session.run(&plan, &q, &k, &v).unwrap();
         let log = std::fs::read_to_string(&log_path).expect("CubeCL wrote its compilation log");
         let sources = logged_wgsl(&log);
-        assert_eq!(sources.len(), seen + 1, "{stem}: expected exactly one new quattn kernel compilation");
-        seen = sources.len();
-        let raw = sources.last().unwrap();
-        validate(stem, raw);
-        let wgsl = &canonical(raw);
-        let file = dir.join(format!("{stem}.wgsl"));
-        if bless {
-            std::fs::write(&file, wgsl).unwrap();
-        } else {
-            let old = std::fs::read_to_string(&file).unwrap_or_default();
-            if old != *wgsl {
-                let _ = std::fs::write(std::env::temp_dir().join(format!("{stem}.new.wgsl")), wgsl);
-            }
-            assert!(old == *wgsl, "{} is stale: the kernel now lowers to other WGSL; rerun with QUATTN_BLESS=1 and review the diff", file.display());
-            // The checked-in copy itself is valid too (it is what reviewers read).
-            validate(stem, &old);
+        assert_eq!(sources.len(), seen + stems.len(), "{stems:?}: expected exactly {} new quattn kernel compilations", stems.len());
+        for (stem, raw) in stems.iter().zip(&sources[seen..]) {
+            check_snapshot(&dir, bless, stem, raw);
         }
+        seen = sources.len();
     }
     let _ = std::fs::remove_file(&log_path);
+}
+
+/// Validates one logged kernel and compares it with (or, blessing, writes) its file.
+fn check_snapshot(dir: &std::path::Path, bless: bool, stem: &str, raw: &str) {
+    validate(stem, raw);
+    let wgsl = &canonical(raw);
+    let file = dir.join(format!("{stem}.wgsl"));
+    if bless {
+        std::fs::write(&file, wgsl).unwrap();
+    } else {
+        let old = std::fs::read_to_string(&file).unwrap_or_default();
+        if old != *wgsl {
+            let _ = std::fs::write(std::env::temp_dir().join(format!("{stem}.new.wgsl")), wgsl);
+        }
+        assert!(old == *wgsl, "{} is stale: the kernel now lowers to other WGSL; rerun with QUATTN_BLESS=1 and review the diff", file.display());
+        // The checked-in copy itself is valid too (it is what reviewers read).
+        validate(stem, &old);
+    }
 }

@@ -11,8 +11,10 @@ use crate::error::LaunchError;
 use crate::kernel::cmma::{fwd_cmma, CmmaConfig};
 use crate::kernel::fma::{fwd_portable_fma, FmaConfig};
 use crate::kernel::fma_vec::{fwd_portable_fma_vec, FmaVecConfig};
+use crate::kernel::fma_vec_int8::{fwd_portable_fma_vec_int8, Int8Config, Int8ShapeLaunch};
 use crate::kernel::AttnShapeLaunch;
 use crate::problem::{AttentionArgs, ElemType};
+use crate::quant::{check_quant_args, Int8Blocking, Int8Operands, Int8Quant};
 use crate::tiling::{
     select_cmma_tiles, select_fma_tiles, select_fma_vec_tiles, CmmaTiles, FmaTiles, FmaVecTiles,
 };
@@ -227,7 +229,7 @@ fn check_buffers(
     }
 }
 
-fn check_extent(
+pub(crate) fn check_extent(
     tensor: &'static str,
     elems: u64,
     elem_bytes: u64,
@@ -247,6 +249,199 @@ fn check_extent(
         });
     }
     Ok(())
+}
+
+/// The blocking the INT8 attention kernel runs with on this runtime (its vector tiling's `bq`
+/// and `bk`, 16 rows per warp): quantize with it ([`crate::quantize_int8`]), then launch with
+/// [`launch_int8`]. `v_elem` is the element type of V and O.
+pub fn int8_blocking<R: Runtime>(
+    client: &ComputeClient<R>,
+    args: &AttentionArgs,
+    v_elem: ElemType,
+    options: &LaunchOptions,
+) -> Result<Int8Blocking, LaunchError> {
+    args.validate()?;
+    let tiles = int8_tiles(client, args, v_elem, options)?;
+    Ok(Int8Blocking { block_q: tiles.bq, block_k: tiles.bk, warps: tiles.bq / 16 })
+}
+
+fn int8_tiles<R: Runtime>(
+    client: &ComputeClient<R>,
+    args: &AttentionArgs,
+    v_elem: ElemType,
+    options: &LaunchOptions,
+) -> Result<FmaVecTiles, LaunchError> {
+    if matches!(options.variant, Variant::PortableFmaScalar | Variant::Cmma) {
+        return Err(LaunchError::VariantUnavailable {
+            variant: if options.variant == Variant::Cmma { "cmma" } else { "portable_fma" },
+            reason: "INT8 Q/K run on the vectorized FMA kernel only".into(),
+        });
+    }
+    let tiles = fma_vec_tiles(client, args, v_elem, options)
+        .map_err(|reason| LaunchError::VariantUnavailable { variant: "portable_fma_vec_int8", reason })?;
+    if !tiles.bq.is_multiple_of(16) {
+        return Err(LaunchError::InvalidTiles {
+            tiles: tiles.to_string(),
+            reason: "INT8 scales are laid out for 16-row warps: bq must be a multiple of 16".into(),
+        });
+    }
+    Ok(tiles)
+}
+
+/// Attention on INT8 Q and K from [`crate::quantize_int8`] (quantized with `quant`, which
+/// must use [`int8_blocking`]'s `block_q` and `block_k`), V in `v_elem` (f16 or f32), O in
+/// `v_elem`, LSE f32 `[batch, q_heads, q_len]` when `args.write_lse` (the unsmoothed logits'
+/// LSE: the prepass's shift is added back). `args.scale` is the softmax scale the prepass
+/// folded into the Q scales.
+#[allow(clippy::too_many_arguments)]
+pub fn launch_int8<R: Runtime>(
+    client: &ComputeClient<R>,
+    args: &AttentionArgs,
+    v_elem: ElemType,
+    options: &LaunchOptions,
+    quant: &Int8Quant,
+    ops: &Int8Operands,
+    v: &Handle,
+    o: &Handle,
+    lse: Option<&Handle>,
+) -> Result<LaunchInfo, LaunchError> {
+    check_quant_args(args, quant)?;
+    check_elem_supported(client, v_elem)?;
+    if v_elem == ElemType::Bf16 {
+        return Err(LaunchError::UnsupportedElemType { elem: v_elem, runtime: "the INT8 kernel (f16 or f32 V)" });
+    }
+    // Q/K extents in bytes (the codes), V/O in elements of v_elem.
+    let extents = args.extents();
+    check_extent("q codes", extents[0].1, 1, &ops.q_codes)?;
+    check_extent("k codes", extents[1].1, 1, &ops.k_codes)?;
+    check_extent("v", extents[2].1, v_elem.size_bytes() as u64, v)?;
+    check_extent("o", extents[3].1, v_elem.size_bytes() as u64, o)?;
+    let (q_scales_len, k_scales_len) = quant.blocking.scales_len(args, quant.granularity);
+    check_extent("q scales", q_scales_len, 4, &ops.q_scales)?;
+    check_extent("k scales", k_scales_len, 4, &ops.k_scales)?;
+    match (args.write_lse, lse) {
+        (true, Some(handle)) => check_extent("lse", args.lse_len(), 4, handle)?,
+        (false, None) => {}
+        _ => {
+            return Err(LaunchError::InvalidProblem {
+                reason: "an lse buffer must be given exactly when write_lse is set".into(),
+            })
+        }
+    }
+    let shift_lse = quant.smooth_k && args.write_lse;
+    if shift_lse {
+        match &ops.lse_shift {
+            Some(h) => check_extent("lse shift", args.lse_len(), 4, h)?,
+            None => {
+                return Err(LaunchError::InvalidProblem {
+                    reason: "K was smoothed but the operands hold no LSE shift".into(),
+                })
+            }
+        }
+    }
+
+    let tiles = int8_tiles(client, args, v_elem, options)?;
+    let blocking = quant.blocking;
+    if blocking.block_q != tiles.bq || blocking.block_k != tiles.bk {
+        return Err(LaunchError::InvalidProblem {
+            reason: format!(
+                "the INT8 scales were laid out for block_q {} / block_k {}, the kernel's tiles are {tiles}",
+                blocking.block_q, blocking.block_k
+            ),
+        });
+    }
+    let hw = &client.properties().hardware;
+    let (d, dv) = (args.head_dim, args.v_head_dim);
+    let cube_count = (args.q_len.div_ceil(tiles.bq), args.q_heads, args.batch);
+    check_grid(cube_count, hw.max_cube_count)?;
+    let plane_reduce = plane_reduce_ok(client, options, tiles.tc);
+    let cfg = FmaVecConfig {
+        head_dim: d as usize,
+        v_head_dim: dv as usize,
+        bq: tiles.bq as usize,
+        bk: tiles.bk as usize,
+        tr: tiles.tr as usize,
+        tc: tiles.tc as usize,
+        causal: args.causal,
+        write_lse: args.write_lse,
+        lazy_rescale: options.lazy_rescale,
+        plane_reduce,
+    };
+    let icfg = Int8Config { granularity: quant.granularity, warps: blocking.warps as usize, shift_lse };
+    let dims = if d == dv { format!("d{d}") } else { format!("d{d}v{dv}") };
+    let granularity = match quant.granularity {
+        crate::Int8Granularity::PerBlock => "block",
+        crate::Int8Granularity::PerWarp => "warp",
+        crate::Int8Granularity::PerThread => "thread",
+    };
+    let info = LaunchInfo {
+        kernel: format!("portable_fma_vec_int8_{granularity}_{}_{dims}_{tiles}", elem_name(v_elem)),
+        variant: Variant::PortableFma,
+        cube_count,
+        units_per_cube: tiles.units(),
+        shared_memory_bytes: tiles.smem_bytes(d, dv, v_elem.size_bytes() as u32) as usize,
+        lazy_rescale: options.lazy_rescale,
+        plane_reduce,
+        launched: cube_count.0 > 0 && cube_count.1 > 0 && cube_count.2 > 0,
+    };
+    if !info.launched {
+        return Ok(info);
+    }
+    log::debug!("launching {} {:?} {:?} for {:?}", info.kernel, cfg, icfg, args);
+
+    let width = fma_vec_width() as usize;
+    let vectors = |handle: &Handle, elems: u64| {
+        // SAFETY: checked above to cover `elems` elements; whole vectors inside rows.
+        unsafe { ArrayArg::from_raw_parts(handle.clone(), (elems as usize).div_ceil(width).max(1)) }
+    };
+    let floats = |handle: &Handle, len: u64| {
+        // SAFETY: checked above to hold `len` floats.
+        unsafe { ArrayArg::from_raw_parts(handle.clone(), (len as usize).max(1)) }
+    };
+    let shift = match (&ops.lse_shift, shift_lse) {
+        (Some(h), true) => floats(h, args.lse_len()),
+        _ => floats(&client.empty(4), 1),
+    };
+    let (lse_handle, lse_elems) = lse_binding(client, args, lse);
+    // Logits arrive in log2 units: the softmax's exp((s - m)·scale) with scale = ln 2 is
+    // 2^(s - m), and its LSE m·ln 2 + ln l.
+    let shape = shape_arg::<R>(&AttentionArgs { scale: core::f32::consts::LN_2, ..*args });
+    let scale_shape = Int8ShapeLaunch::new(args.kv_heads, blocking.q_blocks(args.q_len), blocking.k_blocks(args.kv_len));
+    let count = CubeCount::Static(cube_count.0, cube_count.1, cube_count.2);
+    let dim = CubeDim::new_1d(tiles.units());
+    macro_rules! go {
+        ($e:ty, $s:ty) => {
+            // SAFETY: every global index is guarded by q_len/kv_len, and the buffers were
+            // checked to cover the strided extents and the scale layouts.
+            unsafe {
+                fwd_portable_fma_vec_int8::launch_unchecked::<$e, $s, R>(
+                    client,
+                    count,
+                    dim,
+                    width,
+                    vectors(&ops.q_codes, extents[0].1),
+                    vectors(&ops.k_codes, extents[1].1),
+                    floats(&ops.q_scales, q_scales_len),
+                    floats(&ops.k_scales, k_scales_len),
+                    shift,
+                    vectors(v, extents[2].1),
+                    vectors(o, extents[3].1),
+                    ArrayArg::from_raw_parts(lse_handle, lse_elems as usize),
+                    shape,
+                    scale_shape,
+                    cfg,
+                    icfg,
+                )
+            }
+        };
+    }
+    match (v_elem, tiles.stage_f32) {
+        (ElemType::F32, _) => go!(f32, f32),
+        (ElemType::F16, true) => go!(f16, f32),
+        (ElemType::F16, false) => go!(f16, f16),
+        (ElemType::Bf16, _) => unreachable!("refused above"),
+    }
+    Ok(info)
 }
 
 /// The vectorized FMA kernel when the problem allows it, else the scalar one.
@@ -572,7 +767,7 @@ fn shape_arg<R: Runtime>(args: &AttentionArgs) -> AttnShapeLaunch<R> {
 }
 
 /// Checks the grid against the runtime limit.
-fn check_grid(cube_count: (u32, u32, u32), max: (u32, u32, u32)) -> Result<(), LaunchError> {
+pub(crate) fn check_grid(cube_count: (u32, u32, u32), max: (u32, u32, u32)) -> Result<(), LaunchError> {
     if cube_count.0 > max.0 || cube_count.1 > max.1 || cube_count.2 > max.2 {
         return Err(LaunchError::TooManyCubes {
             x: cube_count.0,

@@ -45,6 +45,12 @@
 //! | `portable_fma_vec_*` ([`FmaVecTiles`]) | f32, f16, bf16 where the runtime has it | head dims and strides multiples of 4 | everywhere the cmma kernel is not available |
 //! | `portable_fma_*` ([`FmaTiles`], `Variant::PortableFmaScalar`) | same | nothing | when the vector kernel cannot run (unaligned strides, empty tensors, no tiling fits) |
 //! | `cmma_*` ([`CmmaTiles`]) | f16, bf16 | 16x16x16 cmma with f32 accumulation, 32-wide planes | CUDA (f16/bf16) |
+//! | `portable_fma_vec_int8_*` ([`launch_int8`]) | INT8 Q/K codes and scales from [`quantize_int8`], f16 or f32 V | the prepass's blocking = the kernel's `bq`/`bk` ([`int8_blocking`]) | always, for INT8 inputs |
+//!
+//! INT8 (SageAttention style) is two launches: [`quantize_int8`] (the prepass: per-block /
+//! per-warp / per-thread Q scales with `softmax_scale · log2 e` folded in, per-block K scales,
+//! optional K smoothing with its LSE shift; bit-exact with the facade's CPU codec) and
+//! [`launch_int8`], the vectorized FMA kernel decoding the codes when it stages Q and K.
 //!
 //! - wgpu/WGSL on llvmpipe (CI): FMA kernel; f16 yes, bf16 no (refused with
 //!   [`LaunchError::UnsupportedElemType`]), no subgroups (wgpu disables them on CPU adapters),
@@ -81,10 +87,12 @@ mod error;
 mod kernel;
 mod launch;
 mod problem;
+mod quant;
 mod tiling;
 
 pub use error::LaunchError;
-pub use launch::{check_elem_supported, launch, launch_with, LaunchInfo, LaunchOptions, Variant};
+pub use launch::{check_elem_supported, int8_blocking, launch, launch_int8, launch_with, LaunchInfo, LaunchOptions, Variant};
+pub use quant::{q_scale_fold, quantize_int8, Int8Blocking, Int8Granularity, Int8Operands, Int8Quant};
 pub use problem::{bhsd_strides, bshd_strides, AttentionArgs, ElemType, SUPPORTED_HEAD_DIMS};
 pub use tiling::{
     cmma_candidates, fma_candidates, fma_vec_candidates, select_cmma_tiles, select_fma_tiles,

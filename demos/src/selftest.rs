@@ -158,7 +158,8 @@ fn run_case(session: &Session, p: &AttentionProblem, prec: Precision, strategy: 
         let vs_emu = if strategy == Strategy::Reference {
             None
         } else {
-            let emu = quattn::emulation::emulate(p, prec, &quattn::emulation::Blocking::default(), &q, &k, &v)?;
+            // The plan's blocking: the INT8 scale layout follows the kernel's tiles.
+            let emu = quattn::emulation::emulate(p, prec, &plan.blocking.unwrap_or_default(), &q, &k, &v)?;
             let e: Vec<f64> = emu.o.iter().map(|&x| x as f64).collect();
             Some(quattn::metrics::ErrorMetrics::compare(&out.o, &e).rel_l2)
         };

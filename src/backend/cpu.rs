@@ -69,6 +69,7 @@ impl Backend for CpuBackend {
         Ok(KernelChoice {
             name: format!("fwd_cpu_{dtype}_d{}", problem.head_dim),
             reason: "CPU device".into(),
+            blocking: None,
         })
     }
 

@@ -144,11 +144,11 @@ impl Backend for CudaBackend {
                 let config = hmma_config(problem, precision)
                     .map_err(|reason| Error::UnsupportedStrategy { strategy, device: device.clone(), reason })?;
                 self.kernel(config)?;
-                Ok(KernelChoice { name: config.name(), reason: "forced native HMMA".into() })
+                Ok(KernelChoice { name: config.name(), reason: "forced native HMMA".into(), blocking: None })
             }
             Strategy::Native(_) => Err(Error::UnsupportedStrategy { strategy, device, reason: "this native kernel family is not implemented yet".into() }),
             Strategy::Auto => match hmma_config(problem, precision).and_then(|c| self.kernel(c).map(|_| c).map_err(|e| e.to_string())) {
-                Ok(config) => Ok(KernelChoice { name: config.name(), reason: "native HMMA kernel supports the problem".into() }),
+                Ok(config) => Ok(KernelChoice { name: config.name(), reason: "native HMMA kernel supports the problem".into(), blocking: None }),
                 Err(why) => {
                     let mut c = self.portable.select(problem, precision, Strategy::Portable)?;
                     c.reason = format!("portable CubeCL kernel: native HMMA does not take it ({why})");

@@ -1,17 +1,22 @@
 //! The CubeCL backend, generic over the runtime: one implementation serves wgpu (Vulkan, Metal,
 //! DX12, software adapters) and CUDA. Device buffers are CubeCL handles; timing uses CubeCL's
 //! profiler (device timestamps where the runtime has them).
+//!
+//! `Int8Qk` runs as two steps on the device: the CubeCL quantization prepass (f16 Q and K to
+//! INT8 codes and scales, K smoothing) then the INT8 attention kernel; the scale layout
+//! follows the kernel's tiles, recorded on the plan as its [`Blocking`].
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use cubecl::prelude::*;
 use cubecl::server::Handle;
 use half::{bf16, f16};
-use quattn_cubecl::{AttentionArgs, ElemType, LaunchError, SUPPORTED_HEAD_DIMS};
+use quattn_cubecl::{AttentionArgs, ElemType, Int8Operands, Int8Quant, LaunchError, LaunchOptions, SUPPORTED_HEAD_DIMS};
 
 use super::{Backend, KernelChoice, ResidentData};
 use crate::error::{Error, Result};
-use crate::precision::{PvAccum, QkAccum};
+use crate::emulation::Blocking;
+use crate::precision::{Int8Granularity, PvAccum, PvFormat, QkAccum};
 use crate::session::{DeviceInfo, Plan};
 use crate::tensor::HostSlice;
 use crate::{AttentionProblem, Device, Precision, Strategy};
@@ -27,7 +32,27 @@ struct GpuData {
     v: Handle,
     o: Handle,
     lse: Option<Handle>,
+    /// Element type of the uploaded Q, K, V and of O.
     elem: ElemType,
+    mode: Mode,
+}
+
+/// What the portable path computes for a precision.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Mode {
+    /// The float kernel on inputs of this element type.
+    Float(ElemType),
+    /// Prepass to INT8 Q/K, then the INT8 kernel with f16 V.
+    Int8 { granularity: Int8Granularity, smooth_k: bool },
+}
+
+impl Mode {
+    fn elem(&self) -> ElemType {
+        match self {
+            Mode::Float(e) => *e,
+            Mode::Int8 { .. } => ElemType::F16,
+        }
+    }
 }
 
 impl<R: Runtime> CubeclBackend<R> {
@@ -44,6 +69,78 @@ impl<R: Runtime> CubeclBackend<R> {
     fn data<'a>(&self, plan: &Plan, data: &'a ResidentData) -> Result<&'a GpuData> {
         data.downcast_ref::<GpuData>().ok_or_else(|| foreign(plan))
     }
+
+    /// The CubeCL client (for backends that hand its buffers to native kernels: on CUDA,
+    /// `client().get_resource(handle)` gives the device pointer, see `quantize_int8`).
+    #[allow(dead_code)]
+    pub(crate) fn client(&self) -> &ComputeClient<R> {
+        &self.client
+    }
+
+    /// The INT8 prepass on device-resident Q and K (`elem`, the problem's layout): codes at the
+    /// source's element offsets (4 per `u32` word; as bytes, an int8 tensor with Q's / K's
+    /// strides), f32 scales laid out for `blocking` as `codec::int8::Int8ScaleLayout` says, Q
+    /// scales folded with `softmax_scale · log2 e`, and with `smooth_k` the K mean
+    /// `[batch, kv_heads, head_dim]` and the LSE shift `[batch, q_heads, q_len]`. Enqueued on
+    /// the client's stream; the handles are valid as soon as it returns.
+    ///
+    /// A native backend on `R = CudaRuntime` reads the raw pointers with
+    /// `self.client().get_resource(handle.clone())?.resource().ptr` (a `u64` CUdeviceptr with
+    /// the handle's offset applied; the returned `ManagedResource` keeps the allocation alive)
+    /// after ordering its stream after CubeCL's (e.g. `client().sync()`).
+    pub(crate) fn quantize_int8(
+        &self,
+        problem: &AttentionProblem,
+        granularity: Int8Granularity,
+        smooth_k: bool,
+        blocking: &Blocking,
+        elem: ElemType,
+        q: &Handle,
+        k: &Handle,
+    ) -> Result<Int8Operands> {
+        let quant = int8_quant(granularity, smooth_k, blocking);
+        quattn_cubecl::quantize_int8(&self.client, &args_of(problem), elem, &quant, q, k)
+            .map_err(|e| launch_error("quantize_int8", "the INT8 prepass", e))
+    }
+
+    /// The blocking the portable INT8 kernel runs with for this problem.
+    fn int8_blocking(&self, problem: &AttentionProblem) -> std::result::Result<Blocking, LaunchError> {
+        let b = quattn_cubecl::int8_blocking(&self.client, &args_of(problem), ElemType::F16, &LaunchOptions::default())?;
+        Ok(Blocking { block_q: b.block_q as usize, block_k: b.block_k as usize, warps: b.warps as usize, ..Blocking::default() })
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl CubeclBackend<cubecl::cuda::CudaRuntime> {
+    /// The raw CUdeviceptr of a CubeCL CUDA buffer (offset applied), for native kernels that
+    /// read what a CubeCL kernel wrote. The resource is `cubecl::cuda`'s `GpuResource { ptr,
+    /// binding, size }` (its module is private: reach it through
+    /// `ComputeClient::get_resource(handle).resource()`); the pointer stays valid while `handle`
+    /// (or a clone) is alive. Order the native stream after CubeCL's before reading.
+    #[allow(dead_code)]
+    pub(crate) fn device_ptr(&self, handle: &Handle) -> Result<u64> {
+        let resource = self
+            .client
+            .get_resource(handle.clone())
+            .map_err(|e| Error::Kernel { kernel: "device_ptr".into(), reason: format!("CubeCL resource: {e:?}") })?;
+        Ok(resource.resource().ptr)
+    }
+}
+
+fn int8_quant(granularity: Int8Granularity, smooth_k: bool, blocking: &Blocking) -> Int8Quant {
+    Int8Quant {
+        granularity: match granularity {
+            Int8Granularity::PerBlock => quattn_cubecl::Int8Granularity::PerBlock,
+            Int8Granularity::PerWarp => quattn_cubecl::Int8Granularity::PerWarp,
+            Int8Granularity::PerThread => quattn_cubecl::Int8Granularity::PerThread,
+        },
+        blocking: quattn_cubecl::Int8Blocking {
+            block_q: blocking.block_q as u32,
+            block_k: blocking.block_k as u32,
+            warps: blocking.warps as u32,
+        },
+        smooth_k,
+    }
 }
 
 fn foreign(plan: &Plan) -> Error {
@@ -54,15 +151,19 @@ fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
     p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_else(|| "unknown panic".into())
 }
 
-/// The element type the portable kernel reads for a precision, or why there is none.
-fn portable_elem(precision: Precision) -> std::result::Result<ElemType, &'static str> {
+/// What the portable path computes for a precision, or why it cannot.
+fn portable_mode(precision: Precision) -> std::result::Result<Mode, &'static str> {
     match precision {
-        Precision::F32 => Ok(ElemType::F32),
-        Precision::F16 { qk: QkAccum::F32, pv: PvAccum::F32 } => Ok(ElemType::F16),
-        Precision::Bf16 { qk: QkAccum::F32, pv: PvAccum::F32 } => Ok(ElemType::Bf16),
+        Precision::F32 => Ok(Mode::Float(ElemType::F32)),
+        Precision::F16 { qk: QkAccum::F32, pv: PvAccum::F32 } => Ok(Mode::Float(ElemType::F16)),
+        Precision::Bf16 { qk: QkAccum::F32, pv: PvAccum::F32 } => Ok(Mode::Float(ElemType::Bf16)),
         Precision::F16 { .. } | Precision::Bf16 { .. } => {
             Err("the portable kernel accumulates in f32; f16 and two-stage accumulation need a matrix unit that offers them (native HMMA kernels)")
         }
+        Precision::Int8Qk { granularity, smooth_k, pv: PvFormat::F16 } => Ok(Mode::Int8 { granularity, smooth_k }),
+        Precision::Int8Qk { pv: PvFormat::Fp8, .. } => Err(
+            "the portable INT8 kernel computes P·V with f16 P and V; FP8 P·V (e4m3 P, per-channel e4m3 V) needs an FP8 matrix unit and has no portable kernel",
+        ),
         _ => Err("no portable kernel for this quantized mode yet"),
     }
 }
@@ -125,7 +226,8 @@ impl<R: Runtime> Backend for CubeclBackend<R> {
         if let Strategy::Native(_) = strategy {
             return Err(Error::UnsupportedStrategy { strategy, device, reason: "no native kernel is integrated for this device yet".into() });
         }
-        let elem = portable_elem(precision).map_err(|reason| Error::UnsupportedPrecision { precision, device: device.clone(), reason: reason.into() })?;
+        let mode = portable_mode(precision).map_err(|reason| Error::UnsupportedPrecision { precision, device: device.clone(), reason: reason.into() })?;
+        let elem = mode.elem();
         for d in [problem.head_dim, problem.v_head_dim] {
             if !SUPPORTED_HEAD_DIMS.contains(&(d as u32)) {
                 return Err(Error::UnsupportedHeadDim {
@@ -136,19 +238,30 @@ impl<R: Runtime> Backend for CubeclBackend<R> {
             }
         }
         quattn_cubecl::check_elem_supported(&self.client, elem)
-            .map_err(|e| Error::UnsupportedPrecision { precision, device, reason: e.to_string() })?;
+            .map_err(|e| Error::UnsupportedPrecision { precision, device: device.clone(), reason: e.to_string() })?;
+        if let Mode::Int8 { .. } = mode {
+            let blocking = self.int8_blocking(problem).map_err(|e| Error::UnsupportedPrecision { precision, device, reason: e.to_string() })?;
+            blocking.validate(problem, precision)?;
+            return Ok(KernelChoice {
+                name: format!("fwd_portable_{}_{}_d{}", self.info.kind, precision.name(), problem.head_dim),
+                reason: "INT8 prepass and portable CubeCL INT8 kernel".into(),
+                blocking: Some(blocking),
+            });
+        }
         Ok(KernelChoice {
             name: format!("fwd_portable_{}_{}_d{}", self.info.kind, precision.input_dtype(), problem.head_dim),
             reason: "portable CubeCL kernel".into(),
+            blocking: None,
         })
     }
 
     fn upload(&self, plan: &Plan, q: HostSlice<'_>, k: HostSlice<'_>, v: HostSlice<'_>) -> Result<ResidentData> {
-        let elem = portable_elem(plan.precision).map_err(|reason| Error::UnsupportedPrecision {
+        let mode = portable_mode(plan.precision).map_err(|reason| Error::UnsupportedPrecision {
             precision: plan.precision,
             device: self.info.kind.into(),
             reason: reason.into(),
         })?;
+        let elem = mode.elem();
         let p = &plan.problem;
         let c = &self.client;
         Ok(Box::new(GpuData {
@@ -158,14 +271,39 @@ impl<R: Runtime> Backend for CubeclBackend<R> {
             o: c.empty(p.o_len_elems() * elem.size_bytes()),
             lse: p.return_lse.then(|| c.empty(p.lse_len_elems() * 4)),
             elem,
+            mode,
         }))
     }
 
     fn execute(&self, plan: &Plan, data: &mut ResidentData) -> Result<()> {
         let d = self.data(plan, data)?;
         let args = args_of(&plan.problem);
-        quattn_cubecl::launch::<R>(&self.client, &args, d.elem, &d.q, &d.k, &d.v, &d.o, d.lse.as_ref())
-            .map_err(|e| launch_error(&plan.kernel, "the portable CubeCL kernel", e))?;
+        match d.mode {
+            Mode::Float(elem) => {
+                quattn_cubecl::launch::<R>(&self.client, &args, elem, &d.q, &d.k, &d.v, &d.o, d.lse.as_ref())
+                    .map_err(|e| launch_error(&plan.kernel, "the portable CubeCL kernel", e))?;
+            }
+            Mode::Int8 { granularity, smooth_k } => {
+                let blocking = plan.blocking.ok_or_else(|| Error::Kernel {
+                    kernel: plan.kernel.clone(),
+                    reason: "an INT8 plan without the blocking its scales follow".into(),
+                })?;
+                let ops = self.quantize_int8(&plan.problem, granularity, smooth_k, &blocking, d.elem, &d.q, &d.k)?;
+                let quant = int8_quant(granularity, smooth_k, &blocking);
+                quattn_cubecl::launch_int8::<R>(
+                    &self.client,
+                    &args,
+                    d.elem,
+                    &LaunchOptions::default(),
+                    &quant,
+                    &ops,
+                    &d.v,
+                    &d.o,
+                    d.lse.as_ref(),
+                )
+                .map_err(|e| launch_error(&plan.kernel, "the portable CubeCL INT8 kernel", e))?;
+            }
+        }
         Ok(())
     }
 

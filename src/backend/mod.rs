@@ -11,6 +11,7 @@ pub(crate) mod gpu;
 use std::any::Any;
 use std::time::Instant;
 
+use crate::emulation::Blocking;
 use crate::error::Result;
 use crate::session::{DeviceInfo, Plan};
 use crate::tensor::HostSlice;
@@ -27,6 +28,8 @@ pub(crate) struct KernelChoice {
     pub name: String,
     /// Why this kernel (and not a faster one) was chosen; logged.
     pub reason: String,
+    /// The tile shape the kernel's quantization follows (INT8 scale layout), when it has one.
+    pub blocking: Option<Blocking>,
 }
 
 pub(crate) trait Backend: Send + Sync {

@@ -238,7 +238,7 @@ fn cube_load_transposed<E: Float, S: Float, N: Size>(
 /// Stages values `[k0, k0+bk)` row-major (`[key][dv/W]`), zero past `kv_len` so that masked
 /// probabilities (exactly 0) never meet garbage.
 #[cube]
-fn cube_load_v<E: Float, S: Float, N: Size>(
+pub(crate) fn cube_load_v<E: Float, S: Float, N: Size>(
     v: &Array<Vector<E, N>>,
     kv_stage: &mut SharedMemory<Vector<S, N>>,
     v_base: usize,
@@ -268,7 +268,7 @@ fn cube_load_v<E: Float, S: Float, N: Size>(
 /// `scores[i][j] = sum_d Q[row_i][d] * K[key_j][d]` for the unit's `rm x rn` block, on
 /// vectors of W keys: per head-dim index, `rm/W + rn/W` vector loads for `rm * rn/W` vector FMAs.
 #[cube]
-fn thread_score_matmul<S: Float, N: Size>(
+pub(crate) fn thread_score_matmul<S: Float, N: Size>(
     q_stage: &SharedMemory<Vector<S, N>>,
     kv_stage: &SharedMemory<Vector<S, N>>,
     scores: &mut Array<Vector<f32, N>>,
@@ -308,7 +308,7 @@ fn thread_score_matmul<S: Float, N: Size>(
 
 /// Sets invisible scores (key past `kv_len`, or above the causal diagonal) to `NO_MAX`.
 #[cube]
-fn thread_apply_mask<N: Size>(
+pub(crate) fn thread_apply_mask<N: Size>(
     scores: &mut Array<Vector<f32, N>>,
     shape: &AttnShape,
     q0: usize,
@@ -394,7 +394,7 @@ fn cube_row_reduce(
 /// `P = exp((S - m)·scale)` written to shared memory as `Pᵀ` (`[key][row quad]`).
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn online_softmax<N: Size>(
+pub(crate) fn online_softmax<N: Size>(
     scores: &mut Array<Vector<f32, N>>,
     row_max: &mut Array<f32>,
     row_sum: &mut Array<f32>,
@@ -499,7 +499,7 @@ fn online_softmax<N: Size>(
 
 /// `acc[i][c] += sum_j P[row_i][key_j] * V[key_j][col_c]` on vectors of W output columns.
 #[cube]
-fn thread_value_matmul<S: Float, N: Size>(
+pub(crate) fn thread_value_matmul<S: Float, N: Size>(
     p_stage: &SharedMemory<Vector<f32, N>>,
     kv_stage: &SharedMemory<Vector<S, N>>,
     acc: &mut Array<Vector<f32, N>>,
@@ -537,7 +537,7 @@ fn thread_value_matmul<S: Float, N: Size>(
 /// no key get `O = 0` and `LSE = lse_empty` (-inf).
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn write_results<E: Float, N: Size>(
+pub(crate) fn write_results<E: Float, N: Size>(
     o: &mut Array<Vector<E, N>>,
     lse: &mut Array<f32>,
     red_stage: &mut SharedMemory<f32>,

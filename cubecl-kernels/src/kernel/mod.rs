@@ -10,6 +10,8 @@ use cubecl::prelude::*;
 pub(crate) mod cmma;
 pub(crate) mod fma;
 pub(crate) mod fma_vec;
+pub(crate) mod fma_vec_int8;
+pub(crate) mod quant;
 
 /// Row max of rows that have seen no key yet. Finite on purpose: WGSL has no infinity literal
 /// and llvmpipe does not follow IEEE for `inf - inf`, so the kernel never computes with

@@ -1,0 +1,435 @@
+//! INT8 quantization prepass (SageAttention style), device side: the per-channel mean of K over
+//! the key sequence (smoothing), and one kernel that quantizes a block of rows of Q or K to
+//! symmetric INT8 with one f32 scale per group of rows. The host side and the recipe are in
+//! `crate::quant`.
+//!
+//! Bit-exactness with the CPU codec rests on three operations being correctly rounded: the
+//! scale `amax / 127`, the quotient `x / scale`, and the fold `scale * fold`. Multiplication is
+//! correctly rounded on every target (Vulkan, WGSL, CUDA), division is not (Vulkan allows 2.5
+//! ulp for `OpFDiv`), so quotients go through [`div_rn`], which corrects the hardware quotient
+//! to the nearest float with exact FMA remainders. Round-half-even is the target's `round`
+//! (WGSL `round`, SPIR-V `RoundEven`, CUDA `rint`: all half-to-even).
+
+use cubecl::prelude::*;
+
+/// Which rows of a block share a Q scale. Restated from the facade (this crate does not depend
+/// on it); K always has one scale per block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Int8Granularity {
+    /// One scale per block of rows.
+    #[default]
+    PerBlock,
+    /// One scale per warp's `rows / warps` consecutive rows.
+    PerWarp,
+    /// One scale per lane quad of a 16-row `mma.m16n8k32` A fragment: rows `g` and `g + 8` of
+    /// each warp's 16 rows.
+    PerThread,
+}
+
+/// Rows of one warp in the per-thread fragment model, and the row groups (lane quads) in it.
+pub(crate) const MMA_M: usize = 16;
+pub(crate) const THREAD_GROUPS: usize = 8;
+/// Largest code magnitude.
+pub(crate) const QMAX: f32 = 127.0;
+/// Units sharing one row when scanning it (each takes every `LANES`-th 4-channel quad).
+pub(crate) const LANES: usize = 8;
+/// Units per cube of the quantization kernel.
+pub(crate) const QUANT_UNITS: usize = 128;
+/// Units per cube of the mean kernel.
+pub(crate) const MEAN_UNITS: usize = 128;
+
+/// Compile-time key of [`quantize_rows`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct QuantConfig {
+    pub head_dim: usize,
+    /// Rows per block (`block_q` for Q, `block_k` for K): one cube.
+    pub rows: usize,
+    pub warps: usize,
+    pub granularity: Int8Granularity,
+    /// Subtract the per-channel mean (K smoothing) before quantizing.
+    pub subtract_mean: bool,
+    /// Write `lse_scale · (row · μ)` per row (Q, when K is smoothed).
+    pub write_shift: bool,
+}
+
+impl QuantConfig {
+    /// Scale groups per block.
+    pub const fn slots(&self) -> usize {
+        match self.granularity {
+            Int8Granularity::PerBlock => 1,
+            Int8Granularity::PerWarp => self.warps,
+            Int8Granularity::PerThread => self.warps * THREAD_GROUPS,
+        }
+    }
+    pub const fn quads(&self) -> usize {
+        self.head_dim / 4
+    }
+    /// Rows scanned at once by the cube.
+    pub const fn rows_per_pass(&self) -> usize {
+        QUANT_UNITS / LANES
+    }
+    pub const fn passes(&self) -> usize {
+        self.rows.div_ceil(self.rows_per_pass())
+    }
+}
+
+/// Runtime shape of one [`quantize_rows`] launch. Grid: `(blocks, heads, batch)`.
+#[derive(CubeType, CubeLaunch)]
+pub struct QuantShape {
+    /// Rows in the sequence (`q_len` or `kv_len`).
+    pub len: u32,
+    pub heads: u32,
+    /// Blocks per (batch, head): `ceil(len / rows)`.
+    pub blocks: u32,
+    /// Element strides (batch, head, seq) of the source and of the codes.
+    pub s0: u32,
+    pub s1: u32,
+    pub s2: u32,
+    /// Heads per mean head (the GQA group for Q, 1 for K).
+    pub group: u32,
+    /// Heads of the mean tensor (`kv_heads`).
+    pub mean_heads: u32,
+    /// Multiplied into the stored scales after the codes are computed.
+    pub fold: f32,
+    /// Factor of the LSE shift (`softmax_scale`).
+    pub lse_scale: f32,
+}
+
+/// `a / b` correctly rounded (round to nearest even), computed on the integer mantissas so that
+/// it does not depend on the target's division (Vulkan allows 2.5 ulp for `OpFDiv`) or FMA
+/// (WGSL's `fma` may be unfused, and is on llvmpipe). Domain: `b > 0` normal, `a` finite; a
+/// zero or subnormal `a`, or a quotient outside the normal range, gives a signed zero (only
+/// reachable with f32 inputs below 1e-36, whose codes are 0 anyway).
+#[cube]
+pub(crate) fn div_rn(a: f32, b: f32) -> f32 {
+    let ua = u32::reinterpret(a);
+    let ub = u32::reinterpret(b);
+    let sign = ua & 0x8000_0000u32;
+    let ea = (ua >> 23u32) & 0xffu32;
+    let eb = (ub >> 23u32) & 0xffu32;
+    let ma = (ua & 0x7f_ffffu32) | 0x80_0000u32;
+    let mb = (ub & 0x7f_ffffu32) | 0x80_0000u32;
+    // Normalize so that the quotient of the mantissas lies in [1, 2).
+    let shift = select(ma < mb, 1u32, 0u32);
+    let mut rem = ma << shift;
+    // Biased exponent of the quotient, plus 256 to stay unsigned.
+    let exp = ea + 127u32 + 256u32 - eb - shift;
+    // 24 quotient bits and a guard bit; `rem` stays below 2^25.
+    let mut quo = 0u32;
+    for _ in 0..25u32 {
+        quo <<= 1u32;
+        if rem >= mb {
+            rem -= mb;
+            quo |= 1u32;
+        }
+        rem <<= 1u32;
+    }
+    let mut mant = quo >> 1u32;
+    let guard = (quo & 1u32) == 1u32;
+    let round_up = guard && (rem != 0u32 || (mant & 1u32) == 1u32);
+    mant += select(round_up, 1u32, 0u32);
+    // A carry out of the 24 bits leaves 2^24: the mantissa 1.0 of the next binade.
+    let carry = mant >> 24u32;
+    mant >>= carry;
+    let exp = exp + carry;
+    let normal = ea != 0u32 && exp >= 257u32 && exp <= 510u32;
+    let bits = sign | ((exp - 256u32) << 23u32) | (mant & 0x7f_ffffu32);
+    f32::reinterpret(select(normal, bits, sign))
+}
+
+/// The unfolded scale of a group whose largest magnitude is `amax` (the codec's `scale_for`).
+#[cube]
+pub(crate) fn scale_for(amax: f32) -> f32 {
+    select(amax > 0.0, div_rn(amax, QMAX), 1.0f32)
+}
+
+/// The code of `x` under `scale`, as a byte (two's complement in `0..256`).
+#[cube]
+pub(crate) fn code_byte(x: f32, scale: f32) -> u32 {
+    let c = f32::clamp(f32::round(div_rn(x, scale)), -QMAX, QMAX);
+    u32::cast_from(select(c < 0.0, c + 256.0, c))
+}
+
+/// Position of local row `r` of a block among the block's scale groups.
+#[cube]
+pub(crate) fn block_slot(
+    r: usize,
+    #[comptime] granularity: Int8Granularity,
+    #[comptime] rows: usize,
+    #[comptime] warps: usize,
+) -> usize {
+    let mut slot = 0;
+    if comptime!(granularity == Int8Granularity::PerWarp) {
+        slot = r / comptime!(rows / warps);
+    }
+    if comptime!(granularity == Int8Granularity::PerThread) {
+        slot = (r / MMA_M) * THREAD_GROUPS + (r % MMA_M) % THREAD_GROUPS;
+    }
+    slot
+}
+
+/// `μ[b, h, c] = Σ_j K[b, h, j, c] / kv_len` in f32. Grid `(kv_heads, batch)`; unit
+/// `(part, quad)` sums the keys `j ≡ part (mod parts)` of its 4 channels in key order, then the
+/// first part adds the `parts` partial sums in order (a fixed order, so the result does not
+/// depend on scheduling; it differs from the CPU's f64 sum by a few f32 roundings).
+#[cube(launch_unchecked)]
+pub fn k_channel_mean<E: Float, N: Size>(
+    k: &Array<Vector<E, N>>,
+    mean: &mut Array<Vector<f32, N>>,
+    kv_len: u32,
+    s0: u32,
+    s1: u32,
+    s2: u32,
+    #[comptime] head_dim: usize,
+) {
+    let quads = comptime!(head_dim / 4);
+    let parts = comptime!(MEAN_UNITS / (head_dim / 4));
+    let unit = UNIT_POS as usize;
+    let quad = unit % quads;
+    let part = unit / quads;
+    let head = CUBE_POS_X as usize;
+    let batch = CUBE_POS_Y as usize;
+    let len = kv_len as usize;
+    let base = batch * s0 as usize + head * s1 as usize;
+    let mut partial = SharedMemory::<Vector<f32, N>>::new(comptime!(parts * (head_dim / 4)));
+    if part < parts {
+        let mut sum = Vector::<f32, N>::new(0.0f32);
+        let count = (len + parts - 1 - part) / parts;
+        for i in 0..count {
+            let j = part + i * parts;
+            sum += Vector::cast_from(k[(base + j * s2 as usize) / 4 + quad]);
+        }
+        partial[part * quads + quad] = sum;
+    }
+    sync_cube();
+    if part == 0 {
+        let mut sum = partial[quad];
+        #[unroll]
+        for p in 1..parts {
+            sum += partial[p * quads + quad];
+        }
+        let n = Vector::<f32, N>::new(f32::cast_from(kv_len));
+        let out = (batch * CUBE_COUNT_X as usize + head) * quads + quad;
+        mean[out] = select_many(
+            n.greater_than(Vector::new(0.0f32)),
+            sum / n,
+            Vector::new(0.0f32),
+        );
+    }
+}
+
+/// Quantizes one block of rows of one (batch, head): the amax of every scale group, its scale
+/// (folded when stored), and the codes at the source's element offsets, 4 per `u32` word
+/// (little-endian, so the buffer read as bytes is an int8 tensor with the source's strides).
+/// Grid `(blocks, heads, batch)`, [`QUANT_UNITS`] units: `LANES` units per row, each taking
+/// every `LANES`-th quad of 4 channels.
+#[cube(launch_unchecked)]
+pub fn quantize_rows<E: Float, N: Size>(
+    src: &Array<Vector<E, N>>,
+    codes: &mut Array<u32>,
+    scales: &mut Array<f32>,
+    mean: &Array<Vector<f32, N>>,
+    shift: &mut Array<f32>,
+    shape: &QuantShape,
+    #[comptime] cfg: QuantConfig,
+) {
+    let unit = UNIT_POS as usize;
+    let lane = unit % LANES;
+    let unit_row = unit / LANES;
+    let block = CUBE_POS_X as usize;
+    let head = CUBE_POS_Y as usize;
+    let batch = CUBE_POS_Z as usize;
+    let len = shape.len as usize;
+    let row0 = block * cfg.rows;
+    let base = batch * shape.s0 as usize + head * shape.s1 as usize;
+    let mean_base = (batch * shape.mean_heads as usize + head / shape.group as usize) * cfg.quads();
+
+    let mut row_amax =
+        SharedMemory::<f32>::new(comptime!(cfg.passes() * cfg.rows_per_pass() * LANES));
+    let mut slot_scale = SharedMemory::<f32>::new(cfg.slots());
+
+    // Loops stay runtime loops: the shader is compiled per configuration, and on llvmpipe
+    // (CI) the compile time grows with every unrolled copy of the integer division.
+    // 1. Each lane's share of each row's amax (0 for rows past the end).
+    for pass in 0..cfg.passes() {
+        let r = pass * cfg.rows_per_pass() + unit_row;
+        let row = row0 + r;
+        let mut amax = 0.0f32;
+        if r < cfg.rows && row < len {
+            let row_base = base + row * shape.s2 as usize;
+            for quad in range_stepped(lane, cfg.quads(), LANES) {
+                let x = load_quad::<E, N>(src, mean, row_base, mean_base, quad, cfg.subtract_mean);
+                #[unroll]
+                for e in 0..4 {
+                    amax = max(amax, f32::abs(x[e]));
+                }
+            }
+        }
+        row_amax[r * LANES + lane] = amax;
+    }
+    sync_cube();
+
+    // 2. One unit per scale group: amax over its rows, scale, folded scale stored.
+    let slots = comptime!(cfg.slots());
+    for slot in range_stepped(unit, slots, QUANT_UNITS) {
+        let mut amax = 0.0f32;
+        if comptime!(cfg.granularity == Int8Granularity::PerThread) {
+            let first = (slot / THREAD_GROUPS) * MMA_M + slot % THREAD_GROUPS;
+            #[unroll]
+            for pair in 0..2usize {
+                let r = first + pair * THREAD_GROUPS;
+                #[unroll]
+                for l in 0..LANES {
+                    amax = max(amax, row_amax[r * LANES + l]);
+                }
+            }
+        } else {
+            let span = comptime!(cfg.rows / slots);
+            for r in slot * span..slot * span + span {
+                #[unroll]
+                for l in 0..LANES {
+                    amax = max(amax, row_amax[r * LANES + l]);
+                }
+            }
+        }
+        let scale = scale_for(amax);
+        slot_scale[slot] = scale;
+        let out =
+            ((batch * shape.heads as usize + head) * shape.blocks as usize + block) * slots + slot;
+        scales[out] = scale * shape.fold;
+    }
+    sync_cube();
+
+    // 3. Codes, one word per quad, at the source's offsets.
+    for pass in 0..cfg.passes() {
+        let r = pass * cfg.rows_per_pass() + unit_row;
+        let row = row0 + r;
+        if r < cfg.rows && row < len {
+            let scale = slot_scale[block_slot(r, cfg.granularity, cfg.rows, cfg.warps)];
+            let row_base = base + row * shape.s2 as usize;
+            for quad in range_stepped(lane, cfg.quads(), LANES) {
+                let x = load_quad::<E, N>(src, mean, row_base, mean_base, quad, cfg.subtract_mean);
+                let mut word = 0u32;
+                for e in 0..4usize {
+                    word |= code_byte(x[e], scale) << (8 * e) as u32;
+                }
+                codes[row_base / 4 + quad] = word;
+            }
+            // 4. The LSE shift of the row: `lse_scale · Σ_c q[c]·μ[c]`, in channel order.
+            if cfg.write_shift {
+                if lane == 0 {
+                    let mut dot = 0.0f32;
+                    for quad in 0..cfg.quads() {
+                        let x = Vector::<f32, N>::cast_from(src[row_base / 4 + quad]);
+                        let m = mean[mean_base + quad];
+                        #[unroll]
+                        for e in 0..4 {
+                            dot += x[e] * m[e];
+                        }
+                    }
+                    shift[(batch * shape.heads as usize + head) * len + row] =
+                        dot * shape.lse_scale;
+                }
+            }
+        }
+    }
+}
+
+/// Four channels of a row as f32, minus the channel means when smoothing.
+#[cube]
+fn load_quad<E: Float, N: Size>(
+    src: &Array<Vector<E, N>>,
+    mean: &Array<Vector<f32, N>>,
+    row_base: usize,
+    mean_base: usize,
+    quad: usize,
+    #[comptime] subtract_mean: bool,
+) -> Vector<f32, N> {
+    let mut x = Vector::<f32, N>::cast_from(src[row_base / 4 + quad]);
+    if subtract_mean {
+        x -= mean[mean_base + quad];
+    }
+    x
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cubecl::wgpu::{WgpuDevice, WgpuRuntime};
+
+    #[cube(launch_unchecked)]
+    fn div_rn_kernel(a: &Array<f32>, b: &Array<f32>, out: &mut Array<f32>) {
+        let i = ABSOLUTE_POS;
+        if i < a.len() {
+            out[i] = div_rn(a[i], b[i]);
+        }
+    }
+
+    /// `div_rn` against the CPU's IEEE division, bit for bit, on quotients across many binades,
+    /// the scale division `amax / 127`, and mantissa-carry cases (`a` just below `b`).
+    #[test]
+    fn div_rn_is_correctly_rounded() {
+        let instance = wgpu::Instance::default();
+        if cubecl::future::block_on(instance.enumerate_adapters(wgpu::Backends::all())).is_empty() {
+            println!("SKIPPED: no wgpu adapter");
+            return;
+        }
+        let client = WgpuRuntime::client(&WgpuDevice::DefaultDevice);
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let mut a = Vec::new();
+        let mut b = Vec::new();
+        for i in 0..8192 {
+            let r = next();
+            let mant = 1.0 + (r >> 40) as f32 / (1u64 << 24) as f32;
+            let e = ((r >> 8) % 40) as i32 - 20;
+            let x = mant * 2f32.powi(e) * if r & 1 == 0 { 1.0 } else { -1.0 };
+            let y = 1.0 + (next() >> 40) as f32 / (1u64 << 24) as f32;
+            match i % 4 {
+                0 => (
+                    a.push(x),
+                    b.push(y * 2f32.powi(((r >> 16) % 10) as i32 - 5)),
+                ),
+                1 => (a.push(x.abs()), b.push(127.0)),
+                2 => (
+                    a.push(f32::from_bits(y.to_bits() - 1 - (r % 3) as u32)),
+                    b.push(y),
+                ),
+                _ => (a.push(x * 100.0), b.push(x.abs() * 0.79)),
+            };
+        }
+        a.extend([0.0, -0.0, 127.0, 254.0, 1.0]);
+        b.extend([0.5, 0.5, 127.0, 127.0, 3.0]);
+        let n = a.len();
+        let out = client.empty(4 * n);
+        // SAFETY: n elements in each buffer, guarded by `a.len()`.
+        unsafe {
+            div_rn_kernel::launch_unchecked::<WgpuRuntime>(
+                &client,
+                CubeCount::Static((n as u32).div_ceil(64), 1, 1),
+                CubeDim::new_1d(64),
+                ArrayArg::from_raw_parts(client.create_from_slice(f32::as_bytes(&a)), n),
+                ArrayArg::from_raw_parts(client.create_from_slice(f32::as_bytes(&b)), n),
+                ArrayArg::from_raw_parts(out.clone(), n),
+            );
+        }
+        let got = f32::from_bytes(&client.read_one(out).unwrap()).to_vec();
+        for i in 0..n {
+            let want = a[i] / b[i];
+            assert_eq!(
+                got[i].to_bits(),
+                want.to_bits(),
+                "{} / {}: device {:e}, IEEE {:e}",
+                a[i],
+                b[i],
+                got[i],
+                want
+            );
+        }
+    }
+}

@@ -1,0 +1,366 @@
+//! INT8 quantization prepass of Q and K (SageAttention style), host side: validation, buffers,
+//! launches. The recipe is the CPU codec's (`quattn::codec::int8`), bit for bit:
+//!
+//! - `scale = amax / 127` (a correctly rounded f32 division) over the elements sharing it;
+//!   `amax == 0` gives `scale = 1`. Code `clamp(rne(x / scale), -127, 127)` with a correctly
+//!   rounded quotient. The stored Q scale is `scale * (softmax_scale * log2 e)` (one f32
+//!   multiply after the codes are computed), so `dot · (q_scale · k_scale)` is the base-2 logit.
+//! - Q scales per Q head, `[batch, q_heads, nqb]` (per block), `[.., nqb, warps]` (per warp),
+//!   `[.., nqb, warps, 8]` (per thread: rows `g` and `g + 8` of each warp's 16 rows share
+//!   group `g`); `nqb = ceil(q_len / block_q)`. K scales per KV head `[batch, kv_heads, nkb]`,
+//!   one per `block_k` keys. A group with no existing row has scale 1 (folded for Q).
+//! - Smoothing: `μ[b, kv_h, c]` = mean of K over the keys (f32, summed in a fixed order: it may
+//!   differ from the CPU's f64 mean by a few f32 roundings), `K − μ` (one f32 subtraction) is
+//!   quantized, and `lse_shift[b, h, i] = softmax_scale · Σ_c q[c]·μ[c]` (f32 `[batch, q_heads,
+//!   q_len]`, channel order) is what the attention adds back to its LSE.
+//!
+//! Codes are bytes at the **same element offsets** as the source (same strides), packed
+//! little-endian 4 per `u32` word (WGSL has no 8-bit type): the same buffer read as bytes is an
+//! int8 tensor with the source's strides. Head dim and strides must be multiples of 4, so a word
+//! never straddles two rows. Bytes of the buffer that belong to no row are left unwritten.
+//!
+//! Inputs are assumed finite (the CPU codec refuses non-finite values; a kernel cannot).
+
+use cubecl::prelude::*;
+use cubecl::server::Handle;
+use half::{bf16, f16};
+
+use crate::error::LaunchError;
+pub use crate::kernel::quant::Int8Granularity;
+use crate::kernel::quant::{
+    k_channel_mean, quantize_rows, QuantConfig, QuantShapeLaunch, MEAN_UNITS, MMA_M, QUANT_UNITS,
+    THREAD_GROUPS,
+};
+use crate::launch::{check_elem_supported, check_extent, check_grid};
+use crate::problem::{AttentionArgs, ElemType};
+
+/// Tile shape the scales are laid out for; the attention kernel that reads them must use the
+/// same `block_q` and `block_k`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Int8Blocking {
+    /// Query rows per block (one cube / CTA).
+    pub block_q: u32,
+    /// Keys per K scale (one KV tile).
+    pub block_k: u32,
+    /// Warps splitting a query block into `block_q / warps` consecutive rows each.
+    pub warps: u32,
+}
+
+impl Int8Blocking {
+    /// `ceil(q_len / block_q)`.
+    pub fn q_blocks(&self, q_len: u32) -> u32 {
+        q_len.div_ceil(self.block_q)
+    }
+
+    /// `ceil(kv_len / block_k)`.
+    pub fn k_blocks(&self, kv_len: u32) -> u32 {
+        kv_len.div_ceil(self.block_k)
+    }
+
+    /// Q scale groups per query block.
+    pub fn q_slots(&self, granularity: Int8Granularity) -> u32 {
+        match granularity {
+            Int8Granularity::PerBlock => 1,
+            Int8Granularity::PerWarp => self.warps,
+            Int8Granularity::PerThread => self.warps * THREAD_GROUPS as u32,
+        }
+    }
+
+    /// Elements of the Q and K scale tensors.
+    pub fn scales_len(&self, args: &AttentionArgs, granularity: Int8Granularity) -> (u64, u64) {
+        let q = args.batch as u64
+            * args.q_heads as u64
+            * self.q_blocks(args.q_len) as u64
+            * self.q_slots(granularity) as u64;
+        let k = args.batch as u64 * args.kv_heads as u64 * self.k_blocks(args.kv_len) as u64;
+        (q, k)
+    }
+
+    /// The codec's rules: positive sizes, `block_q` a multiple of `warps`, 16 rows per warp for
+    /// per-thread scales.
+    pub fn validate(&self, granularity: Int8Granularity) -> Result<(), LaunchError> {
+        let invalid = |reason: String| Err(LaunchError::InvalidProblem { reason });
+        if self.block_q == 0 || self.block_k == 0 || self.warps == 0 {
+            return invalid(format!("INT8 blocking has a zero size: {self:?}"));
+        }
+        if !self.block_q.is_multiple_of(self.warps) {
+            return invalid(format!(
+                "INT8 block_q {} is not a multiple of warps {}",
+                self.block_q, self.warps
+            ));
+        }
+        if granularity == Int8Granularity::PerThread && self.block_q / self.warps != MMA_M as u32 {
+            return invalid(format!(
+                "per-thread INT8 scales follow a {MMA_M}-row MMA fragment per warp, but block_q / warps = {}",
+                self.block_q / self.warps
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// What the prepass computes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Int8Quant {
+    pub granularity: Int8Granularity,
+    pub blocking: Int8Blocking,
+    /// Subtract the per-channel mean of K before quantizing it (and return the LSE shift).
+    pub smooth_k: bool,
+}
+
+/// Device outputs of [`quantize_int8`].
+#[derive(Debug, Clone)]
+pub struct Int8Operands {
+    /// Q codes: int8 bytes at Q's element offsets (same strides), 4 per `u32` word.
+    pub q_codes: Handle,
+    /// K codes, likewise at K's offsets.
+    pub k_codes: Handle,
+    /// f32 Q scales (folded), layout in the module docs.
+    pub q_scales: Handle,
+    /// f32 K scales `[batch, kv_heads, ceil(kv_len / block_k)]`.
+    pub k_scales: Handle,
+    /// f32 `μ` `[batch, kv_heads, head_dim]`, when smoothing.
+    pub k_mean: Option<Handle>,
+    /// f32 `[batch, q_heads, q_len]`, when smoothing: add to the LSE of the smoothed logits.
+    pub lse_shift: Option<Handle>,
+}
+
+/// `softmax_scale · log2 e`, folded into the stored Q scales (the same f32 product as the CPU
+/// codec's caller computes).
+pub fn q_scale_fold(softmax_scale: f32) -> f32 {
+    softmax_scale * core::f32::consts::LOG2_E
+}
+
+/// Quantizes Q and K (both `elem`, in `args`' shapes and strides; V and O strides are ignored)
+/// as the module docs say. Launches one to three kernels on the client's stream and returns
+/// the new device buffers; everything is validated before anything is enqueued.
+pub fn quantize_int8<R: Runtime>(
+    client: &ComputeClient<R>,
+    args: &AttentionArgs,
+    elem: ElemType,
+    quant: &Int8Quant,
+    q: &Handle,
+    k: &Handle,
+) -> Result<Int8Operands, LaunchError> {
+    check_quant_args(args, quant)?;
+    check_elem_supported(client, elem)?;
+    let extents = args.extents();
+    let bytes = elem.size_bytes() as u64;
+    check_extent("q", extents[0].1, bytes, q)?;
+    check_extent("k", extents[1].1, bytes, k)?;
+    let hw = &client.properties().hardware;
+    let blocking = quant.blocking;
+    let q_grid = (blocking.q_blocks(args.q_len), args.q_heads, args.batch);
+    let k_grid = (blocking.k_blocks(args.kv_len), args.kv_heads, args.batch);
+    check_grid(q_grid, hw.max_cube_count)?;
+    check_grid(k_grid, hw.max_cube_count)?;
+    check_grid((args.kv_heads, args.batch, 1), hw.max_cube_count)?;
+    let units = QUANT_UNITS.max(MEAN_UNITS) as u32;
+    if units > hw.max_units_per_cube {
+        return Err(LaunchError::TooManyUnits {
+            kernel: "quantize_int8".into(),
+            required: units,
+            available: hw.max_units_per_cube,
+        });
+    }
+
+    let (q_scales_len, k_scales_len) = blocking.scales_len(args, quant.granularity);
+    let buffer = |bytes: u64| client.empty((bytes as usize).max(4));
+    let d = args.head_dim as usize;
+    let out = Int8Operands {
+        q_codes: buffer(extents[0].1),
+        k_codes: buffer(extents[1].1),
+        q_scales: buffer(4 * q_scales_len),
+        k_scales: buffer(4 * k_scales_len),
+        k_mean: quant
+            .smooth_k
+            .then(|| buffer(4 * (args.batch as u64 * args.kv_heads as u64 * d as u64))),
+        lse_shift: quant.smooth_k.then(|| buffer(4 * args.lse_len())),
+    };
+    log::debug!("quantize_int8 {quant:?} {elem:?} for {args:?}");
+
+    macro_rules! go {
+        ($e:ty) => {
+            launch_prepass::<$e, R>(client, args, quant, q, k, &out, q_grid, k_grid)
+        };
+    }
+    match elem {
+        ElemType::F32 => go!(f32),
+        ElemType::F16 => go!(f16),
+        ElemType::Bf16 => go!(bf16),
+    }
+    Ok(out)
+}
+
+/// Shape rules of the prepass (beyond [`AttentionArgs::validate`]).
+pub(crate) fn check_quant_args(args: &AttentionArgs, quant: &Int8Quant) -> Result<(), LaunchError> {
+    args.validate()?;
+    quant.blocking.validate(quant.granularity)?;
+    let mut all = vec![args.head_dim];
+    all.extend(args.q_strides);
+    all.extend(args.k_strides);
+    if all.iter().any(|x| x % 4 != 0) {
+        return Err(LaunchError::InvalidProblem {
+            reason: format!(
+                "INT8 codes are packed 4 per word: head_dim ({}) and the Q/K strides ({:?}, {:?}) must be multiples of 4",
+                args.head_dim, args.q_strides, args.k_strides
+            ),
+        });
+    }
+    if args.head_dim as usize / 4 > MEAN_UNITS {
+        return Err(LaunchError::InvalidProblem {
+            reason: format!(
+                "head_dim {} exceeds the prepass's {}",
+                args.head_dim,
+                4 * MEAN_UNITS
+            ),
+        });
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn launch_prepass<E: Float + CubeElement, R: Runtime>(
+    client: &ComputeClient<R>,
+    args: &AttentionArgs,
+    quant: &Int8Quant,
+    q: &Handle,
+    k: &Handle,
+    out: &Int8Operands,
+    q_grid: (u32, u32, u32),
+    k_grid: (u32, u32, u32),
+) {
+    let d = args.head_dim as usize;
+    let extents = args.extents();
+    let blocking = quant.blocking;
+    let vectors = |handle: &Handle, elems: u64| {
+        // SAFETY: the caller checked that the handle covers `elems` elements; every row start
+        // is a multiple of 4 and rows are read whole.
+        unsafe { ArrayArg::from_raw_parts(handle.clone(), (elems as usize).div_ceil(4).max(1)) }
+    };
+    let words = |handle: &Handle, elems: u64| {
+        // SAFETY: the buffer was allocated with `elems` bytes (at least 4).
+        unsafe { ArrayArg::from_raw_parts(handle.clone(), (elems as usize).div_ceil(4).max(1)) }
+    };
+    let floats = |handle: &Handle, len: u64| {
+        // SAFETY: allocated with `4 * len` bytes (at least 4).
+        unsafe { ArrayArg::from_raw_parts(handle.clone(), (len as usize).max(1)) }
+    };
+    let scratch = || client.empty(16);
+    let mean_len = args.batch as u64 * args.kv_heads as u64 * d as u64;
+    let (q_scales_len, k_scales_len) = blocking.scales_len(args, quant.granularity);
+
+    if let Some(mean) = &out.k_mean {
+        if args.kv_len > 0 && args.batch > 0 && args.kv_heads > 0 {
+            // SAFETY: indices stay below kv_len rows of K and batch * kv_heads * d/4 mean vectors.
+            unsafe {
+                k_channel_mean::launch_unchecked::<E, R>(
+                    client,
+                    CubeCount::Static(args.kv_heads, args.batch, 1),
+                    CubeDim::new_1d(MEAN_UNITS as u32),
+                    4,
+                    vectors(k, extents[1].1),
+                    ArrayArg::from_raw_parts(mean.clone(), (mean_len as usize).div_ceil(4).max(1)),
+                    args.kv_len,
+                    args.k_strides[0],
+                    args.k_strides[1],
+                    args.k_strides[2],
+                    d,
+                )
+            };
+        }
+    }
+    let mean_arg = || match &out.k_mean {
+        // SAFETY: `batch * kv_heads * d` floats, read as vectors of 4.
+        Some(mean) => unsafe {
+            ArrayArg::from_raw_parts(mean.clone(), (mean_len as usize).div_ceil(4).max(1))
+        },
+        None => unsafe { ArrayArg::from_raw_parts(scratch(), 1) },
+    };
+
+    if k_grid.0 > 0 && k_grid.1 > 0 && k_grid.2 > 0 {
+        let cfg = QuantConfig {
+            head_dim: d,
+            rows: blocking.block_k as usize,
+            warps: 1,
+            granularity: Int8Granularity::PerBlock,
+            subtract_mean: quant.smooth_k,
+            write_shift: false,
+        };
+        let shape = QuantShapeLaunch::new(
+            args.kv_len,
+            args.kv_heads,
+            k_grid.0,
+            args.k_strides[0],
+            args.k_strides[1],
+            args.k_strides[2],
+            1,
+            args.kv_heads,
+            1.0,
+            1.0,
+        );
+        // SAFETY: every row index is guarded by kv_len; codes and scales were allocated for
+        // K's extent and the scale layout.
+        unsafe {
+            quantize_rows::launch_unchecked::<E, R>(
+                client,
+                CubeCount::Static(k_grid.0, k_grid.1, k_grid.2),
+                CubeDim::new_1d(QUANT_UNITS as u32),
+                4,
+                vectors(k, extents[1].1),
+                words(&out.k_codes, extents[1].1),
+                floats(&out.k_scales, k_scales_len),
+                mean_arg(),
+                ArrayArg::from_raw_parts(scratch(), 1),
+                shape,
+                cfg,
+            )
+        };
+    }
+
+    if q_grid.0 > 0 && q_grid.1 > 0 && q_grid.2 > 0 {
+        let cfg = QuantConfig {
+            head_dim: d,
+            rows: blocking.block_q as usize,
+            warps: blocking.warps as usize,
+            granularity: quant.granularity,
+            subtract_mean: false,
+            write_shift: quant.smooth_k,
+        };
+        let shape = QuantShapeLaunch::new(
+            args.q_len,
+            args.q_heads,
+            q_grid.0,
+            args.q_strides[0],
+            args.q_strides[1],
+            args.q_strides[2],
+            args.group_size(),
+            args.kv_heads,
+            q_scale_fold(args.scale),
+            args.scale,
+        );
+        let shift = match &out.lse_shift {
+            // SAFETY: `batch * q_heads * q_len` floats.
+            Some(h) => unsafe {
+                ArrayArg::from_raw_parts(h.clone(), (args.lse_len() as usize).max(1))
+            },
+            None => unsafe { ArrayArg::from_raw_parts(scratch(), 1) },
+        };
+        // SAFETY: as for K; the shift is indexed by (batch, head, row < q_len).
+        unsafe {
+            quantize_rows::launch_unchecked::<E, R>(
+                client,
+                CubeCount::Static(q_grid.0, q_grid.1, q_grid.2),
+                CubeDim::new_1d(QUANT_UNITS as u32),
+                4,
+                vectors(q, extents[0].1),
+                words(&out.q_codes, extents[0].1),
+                floats(&out.q_scales, q_scales_len),
+                mean_arg(),
+                shift,
+                shape,
+                cfg,
+            )
+        };
+    }
+}

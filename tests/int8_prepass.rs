@@ -1,0 +1,421 @@
+//! The CubeCL INT8 prepass (`quattn_cubecl::quantize_int8`) against the CPU codec
+//! (`quattn::codec::int8`), on wgpu (mesa's llvmpipe in CI): codes and scales bit for bit for
+//! every granularity, f16 and f32 inputs, both layouts, GQA, ragged lengths, outlier channels;
+//! with smoothing, the device mean against the CPU's f64 mean within the error of its f32
+//! summation order, and the codes bit for bit given the device mean.
+
+#![cfg(feature = "wgpu")]
+
+use cubecl::prelude::*;
+use cubecl::server::Handle;
+use cubecl::wgpu::{WgpuDevice, WgpuRuntime};
+use half::f16;
+use quattn::codec::float16::round_f16_vec;
+use quattn::codec::int8::{self, Int8Blocking, Int8ScaleLayout};
+use quattn::{inputs, AttentionProblem, Int8Granularity, Layout};
+use quattn_cubecl::{AttentionArgs, ElemType, Int8Operands, Int8Quant};
+
+const GRANULARITIES: [Int8Granularity; 3] = [Int8Granularity::PerBlock, Int8Granularity::PerWarp, Int8Granularity::PerThread];
+
+/// A wgpu client; `None` (skip) only outside CI when the machine has no adapter at all.
+fn client() -> Option<ComputeClient<WgpuRuntime>> {
+    let instance = wgpu::Instance::default();
+    let adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()));
+    if adapters.is_empty() {
+        let ci = std::env::var("CI").map(|v| !v.is_empty() && v != "false").unwrap_or(false);
+        assert!(!ci, "CI must have a wgpu adapter (mesa-vulkan-drivers)");
+        println!("SKIPPED: no wgpu adapter on this machine");
+        return None;
+    }
+    Some(WgpuRuntime::client(&WgpuDevice::DefaultDevice))
+}
+
+fn args_of(p: &AttentionProblem) -> AttentionArgs {
+    let s = |x: quattn::Strides| [x.batch as u32, x.head as u32, x.seq as u32];
+    AttentionArgs {
+        batch: p.batch as u32,
+        q_heads: p.q_heads as u32,
+        kv_heads: p.kv_heads as u32,
+        q_len: p.q_len as u32,
+        kv_len: p.kv_len as u32,
+        head_dim: p.head_dim as u32,
+        v_head_dim: p.v_head_dim as u32,
+        causal: p.causal,
+        scale: p.softmax_scale(),
+        q_strides: s(p.q_strides()),
+        k_strides: s(p.k_strides()),
+        v_strides: s(p.v_strides()),
+        o_strides: s(p.o_strides()),
+        write_lse: false,
+    }
+}
+
+fn kernel_granularity(g: Int8Granularity) -> quattn_cubecl::Int8Granularity {
+    match g {
+        Int8Granularity::PerBlock => quattn_cubecl::Int8Granularity::PerBlock,
+        Int8Granularity::PerWarp => quattn_cubecl::Int8Granularity::PerWarp,
+        Int8Granularity::PerThread => quattn_cubecl::Int8Granularity::PerThread,
+    }
+}
+
+fn upload(c: &ComputeClient<WgpuRuntime>, x: &[f32], elem: ElemType) -> Handle {
+    match elem {
+        ElemType::F32 => c.create_from_slice(f32::as_bytes(x)),
+        ElemType::F16 => c.create_from_slice(f16::as_bytes(&x.iter().map(|&v| f16::from_f32(v)).collect::<Vec<_>>())),
+        ElemType::Bf16 => unreachable!("not tested"),
+    }
+}
+
+fn read_bytes(c: &ComputeClient<WgpuRuntime>, h: &Handle) -> Vec<u8> {
+    c.read_one(h.clone()).expect("read back").to_vec()
+}
+
+fn read_f32(c: &ComputeClient<WgpuRuntime>, h: &Handle) -> Vec<f32> {
+    bytemuck::pod_collect_to_vec::<u8, f32>(&read_bytes(c, h))
+}
+
+/// What the device produced, read back.
+struct Device {
+    q_codes: Vec<i8>,
+    k_codes: Vec<i8>,
+    q_scales: Vec<f32>,
+    k_scales: Vec<f32>,
+    k_mean: Option<Vec<f32>>,
+    lse_shift: Option<Vec<f32>>,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_device(
+    c: &ComputeClient<WgpuRuntime>,
+    p: &AttentionProblem,
+    elem: ElemType,
+    g: Int8Granularity,
+    blk: Int8Blocking,
+    smooth_k: bool,
+    q: &[f32],
+    k: &[f32],
+) -> Device {
+    let quant = Int8Quant {
+        granularity: kernel_granularity(g),
+        blocking: quattn_cubecl::Int8Blocking { block_q: blk.block_q as u32, block_k: blk.block_k as u32, warps: blk.warps as u32 },
+        smooth_k,
+    };
+    let (qh, kh) = (upload(c, q, elem), upload(c, k, elem));
+    let out: Int8Operands = quattn_cubecl::quantize_int8(c, &args_of(p), elem, &quant, &qh, &kh).expect("prepass refused");
+    let codes = |h: &Handle, n: usize| read_bytes(c, h)[..n].iter().map(|&b| b as i8).collect::<Vec<i8>>();
+    let lay = Int8ScaleLayout::new(p, g, blk).unwrap();
+    Device {
+        q_codes: codes(&out.q_codes, p.q_len_elems()),
+        k_codes: codes(&out.k_codes, p.k_len_elems()),
+        q_scales: read_f32(c, &out.q_scales)[..lay.q_scales_len()].to_vec(),
+        k_scales: read_f32(c, &out.k_scales)[..lay.k_scales_len()].to_vec(),
+        k_mean: out.k_mean.as_ref().map(|h| read_f32(c, h)[..p.batch * p.kv_heads * p.head_dim].to_vec()),
+        lse_shift: out.lse_shift.as_ref().map(|h| read_f32(c, h)[..p.lse_len_elems()].to_vec()),
+    }
+}
+
+fn assert_bits(what: &str, got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for (i, (a, b)) in got.iter().zip(want).enumerate() {
+        assert_eq!(a.to_bits(), b.to_bits(), "{what}[{i}]: device {a:e} vs CPU {b:e}");
+    }
+}
+
+fn assert_codes(what: &str, got: &[i8], want: &[i8]) {
+    let bad: Vec<usize> = (0..want.len()).filter(|&i| got[i] != want[i]).collect();
+    assert!(bad.is_empty(), "{what}: {} codes differ, first at {}: device {} vs CPU {}", bad.len(), bad[0], got[bad[0]], want[bad[0]]);
+}
+
+/// Normal inputs with the project's outliers, plus +8σ on a few K channels (a per-channel
+/// offset shared by all keys, what smoothing removes); rounded to `elem`.
+fn inputs_for(p: &AttentionProblem, elem: ElemType, seed: u64) -> (Vec<f32>, Vec<f32>) {
+    let (q, mut k, _) = inputs::qkv(p, seed);
+    let st = p.k_strides();
+    for b in 0..p.batch {
+        for h in 0..p.kv_heads {
+            for j in 0..p.kv_len {
+                for c in [3, p.head_dim / 2 + 1] {
+                    k[st.offset(b, h, j) + c] += 8.0;
+                }
+            }
+        }
+    }
+    match elem {
+        ElemType::F16 => (round_f16_vec(&q), round_f16_vec(&k)),
+        _ => (q, k),
+    }
+}
+
+/// Runs one case and checks everything against the CPU codec.
+fn check_case(c: &ComputeClient<WgpuRuntime>, p: &AttentionProblem, elem: ElemType, blk: Int8Blocking, seed: u64) {
+    let (q, k) = inputs_for(p, elem, seed);
+    let fold = p.softmax_scale() * std::f32::consts::LOG2_E;
+    for g in GRANULARITIES {
+        if blk.validate(g).is_err() {
+            continue;
+        }
+        let lay = Int8ScaleLayout::new(p, g, blk).unwrap();
+        for smooth in [false, true] {
+            let what = format!("{p:?} {elem:?} {g:?} {blk:?} smooth={smooth}");
+            let dev = run_device(c, p, elem, g, blk, smooth, &q, &k);
+            let cq = int8::quantize_q(p, &lay, &q, fold).unwrap();
+            assert_codes(&format!("Q codes {what}"), &dev.q_codes, &cq.codes);
+            assert_bits(&format!("Q scales {what}"), &dev.q_scales, &cq.scales);
+            let k_in = if smooth {
+                let mean = dev.k_mean.as_ref().expect("mean");
+                check_mean(p, &k, mean, &what);
+                check_lse_shift(p, &q, mean, dev.lse_shift.as_ref().expect("lse shift"), &what);
+                // K − μ with the device's μ, one f32 subtraction as the codec does.
+                let st = p.k_strides();
+                let mut kk = k.clone();
+                for b in 0..p.batch {
+                    for h in 0..p.kv_heads {
+                        for j in 0..p.kv_len {
+                            for cc in 0..p.head_dim {
+                                kk[st.offset(b, h, j) + cc] -= mean[(b * p.kv_heads + h) * p.head_dim + cc];
+                            }
+                        }
+                    }
+                }
+                kk
+            } else {
+                assert!(dev.k_mean.is_none() && dev.lse_shift.is_none(), "{what}: smoothing outputs without smoothing");
+                k.clone()
+            };
+            let ck = int8::quantize_k(p, &lay, &k_in).unwrap();
+            assert_codes(&format!("K codes {what}"), &dev.k_codes, &ck.codes);
+            assert_bits(&format!("K scales {what}"), &dev.k_scales, &ck.scales);
+            // The codes are not trivial: the largest magnitude of each block maps to ±127.
+            assert!(dev.k_codes.iter().any(|&x| x.unsigned_abs() == 127) && dev.q_codes.iter().any(|&x| x.unsigned_abs() == 127));
+        }
+    }
+}
+
+/// The device mean against the CPU's (f64 sum, rounded once). The device sums in f32: `n`
+/// keys in at most `n` sequential additions, so its error is below `n · 2⁻²⁴ · mean|k|`
+/// (the recursive-summation bound), plus the final rounding.
+fn check_mean(p: &AttentionProblem, k: &[f32], mean: &[f32], what: &str) {
+    let cpu = int8::smooth_k(p, k).unwrap().mean;
+    let st = p.k_strides();
+    let u = f32::EPSILON as f64 / 2.0;
+    for b in 0..p.batch {
+        for h in 0..p.kv_heads {
+            for c in 0..p.head_dim {
+                let i = (b * p.kv_heads + h) * p.head_dim + c;
+                let abs_mean = (0..p.kv_len).map(|j| (k[st.offset(b, h, j) + c] as f64).abs()).sum::<f64>() / p.kv_len as f64;
+                let tol = (p.kv_len as f64 + 2.0) * u * abs_mean + u * (cpu[i] as f64).abs();
+                let err = (mean[i] as f64 - cpu[i] as f64).abs();
+                assert!(err <= tol, "{what}: mean[{i}] device {} vs CPU {} (err {err:e} > {tol:e})", mean[i], cpu[i]);
+            }
+        }
+    }
+}
+
+/// The device LSE shift against the codec's `lse_shift` (same μ, same channel order). The
+/// device may contract `s + a·b` into an FMA: each of the `d` steps then differs by at most
+/// one rounding of the running sum.
+fn check_lse_shift(p: &AttentionProblem, q: &[f32], mean: &[f32], shift: &[f32], what: &str) {
+    let d = p.head_dim;
+    let u = f32::EPSILON as f64 / 2.0;
+    let mut nonzero = 0;
+    for b in 0..p.batch {
+        for h in 0..p.q_heads {
+            let mu = &mean[(b * p.kv_heads + p.kv_head_of(h)) * d..][..d];
+            for i in 0..p.q_len {
+                let row = &q[p.q_strides().offset(b, h, i)..][..d];
+                let want = int8::lse_shift(row, mu, p.softmax_scale());
+                let got = shift[(b * p.q_heads + h) * p.q_len + i];
+                let mag: f64 = row.iter().zip(mu).map(|(a, m)| (*a as f64 * *m as f64).abs()).sum::<f64>() * p.softmax_scale() as f64;
+                let tol = 2.0 * (d as f64 + 2.0) * u * mag;
+                assert!(((got - want) as f64).abs() <= tol, "{what}: lse_shift ({b},{h},{i}) device {got} vs CPU {want}");
+                nonzero += (want != 0.0) as usize;
+            }
+        }
+    }
+    assert!(nonzero > 0, "{what}: the shift must be exercised");
+}
+
+#[test]
+fn prepass_matches_codec_f16_bhsd_gqa_ragged() {
+    let Some(c) = client() else { return };
+    let blk = Int8Blocking { block_q: 32, block_k: 32, warps: 2 };
+    for (q_len, kv_len) in [(1, 17), (17, 70), (300, 45)] {
+        let p = AttentionProblem::new(2, 4, q_len, 64).kv_heads(2).kv_len(kv_len);
+        check_case(&c, &p, ElemType::F16, blk, q_len as u64);
+    }
+}
+
+#[test]
+fn prepass_matches_codec_f32_bshd_hd128() {
+    let Some(c) = client() else { return };
+    let blk = Int8Blocking { block_q: 64, block_k: 32, warps: 4 };
+    let p = AttentionProblem::new(1, 4, 70, 128).kv_heads(1).kv_len(300).layout(Layout::Bshd);
+    check_case(&c, &p, ElemType::F32, blk, 7);
+    let p = AttentionProblem::new(2, 2, 17, 32).kv_len(33).layout(Layout::Bshd);
+    check_case(&c, &p, ElemType::F16, Int8Blocking { block_q: 16, block_k: 16, warps: 1 }, 8);
+}
+
+#[test]
+fn prepass_native_blocking_and_odd_head_dim() {
+    // The native IMMA blocking (128 rows, 8 warps of 16) and a head dim that is not a power of
+    // two (the mean kernel's partial sums do not divide evenly).
+    let Some(c) = client() else { return };
+    let p = AttentionProblem::new(1, 2, 130, 96).kv_heads(1).kv_len(200);
+    check_case(&c, &p, ElemType::F16, Int8Blocking { block_q: 128, block_k: 64, warps: 8 }, 9);
+}
+
+/// Quotients that land exactly on a half integer: round-half-even decides, on the device as on
+/// the CPU (2.5 → 2, 3.5 → 4, −0.5 → 0, 126.5 → 126).
+#[test]
+fn prepass_rounds_ties_to_even() {
+    let Some(c) = client() else { return };
+    let p = AttentionProblem::new(1, 1, 32, 32).kv_len(32);
+    let blk = Int8Blocking { block_q: 32, block_k: 32, warps: 2 };
+    // Every row holds ±127 (scale exactly 1 for every group) and half integers elsewhere.
+    let make = |seed: u64| -> Vec<f32> {
+        let mut x = inputs::normal_with_outliers(32 * 32, seed);
+        for (i, v) in x.iter_mut().enumerate() {
+            *v = if i % 32 == 0 { if i % 64 == 0 { 127.0 } else { -127.0 } } else { (*v * 40.0).clamp(-127.0, 126.0).floor() + 0.5 };
+        }
+        x
+    };
+    let (q, k) = (make(1), make(2));
+    let fold = p.softmax_scale() * std::f32::consts::LOG2_E;
+    for g in GRANULARITIES {
+        let lay = Int8ScaleLayout::new(&p, g, blk).unwrap();
+        let dev = run_device(&c, &p, ElemType::F16, g, blk, false, &q, &k);
+        let cq = int8::quantize_q(&p, &lay, &q, fold).unwrap();
+        let ck = int8::quantize_k(&p, &lay, &k).unwrap();
+        assert!(ck.scales.iter().all(|&s| s == 1.0));
+        assert_codes("Q ties", &dev.q_codes, &cq.codes);
+        assert_codes("K ties", &dev.k_codes, &ck.codes);
+        assert_bits("Q scales", &dev.q_scales, &cq.scales);
+        for (&x, &code) in k.iter().zip(&dev.k_codes) {
+            assert_eq!(code as f32, x.round_ties_even(), "{x}");
+        }
+    }
+}
+
+/// The scale-index mapping on a small GQA case: batch 2, 4 Q heads over 2 KV heads, q_len 40,
+/// kv_len 70, block_k 32, every granularity. For each (query block, key block) of each
+/// (batch, head), the Q scale indices the block's rows use and the K scale index its keys use,
+/// printed and checked against values derived by hand from the layout rules; then each Q head's
+/// rows are given a distinct magnitude and the device's scales must sit at those indices.
+#[test]
+fn scale_index_mapping_gqa() {
+    let p = AttentionProblem::new(2, 4, 40, 32).kv_heads(2).kv_len(70);
+    // block_q 16 with 2 warps of 8 rows (per block and per warp); per thread needs 16 rows per
+    // warp, so it is laid out for block_q 32 with 2 warps.
+    let small = Int8Blocking { block_q: 16, block_k: 32, warps: 2 };
+    let wide = Int8Blocking { block_q: 32, block_k: 32, warps: 2 };
+    assert!(small.validate(Int8Granularity::PerThread).is_err());
+    let cases = [(Int8Granularity::PerBlock, small), (Int8Granularity::PerWarp, small), (Int8Granularity::PerThread, wide)];
+    for (g, blk) in cases {
+        let lay = Int8ScaleLayout::new(&p, g, blk).unwrap();
+        println!("{g:?} {blk:?}: q scales {:?}, k scales {:?}", lay.q_scales_shape(), lay.k_scales_shape());
+        for b in 0..2 {
+            for h in 0..4 {
+                let kvh = h / 2;
+                for qb in 0..lay.q_blocks() {
+                    for kb in 0..lay.k_blocks() {
+                        let rows = qb * blk.block_q..(qb * blk.block_q + blk.block_q).min(40);
+                        let mut qi: Vec<usize> = rows.clone().map(|i| lay.q_scale_index(b, h, i)).collect();
+                        qi.dedup();
+                        let keys = kb * 32..(kb * 32 + 32).min(70);
+                        let mut ki: Vec<usize> = keys.map(|j| lay.k_scale_index(b, kvh, j)).collect();
+                        ki.dedup();
+                        println!("  b{b} h{h} (kv {kvh}) qblock {qb} kblock {kb} -> q_scale {qi:?} k_scale {ki:?}");
+                        // K: [2, 2, 3], one scale per block of 32 keys of the KV head.
+                        assert_eq!(ki, vec![(b * 2 + kvh) * 3 + kb]);
+                        let head = b * 4 + h;
+                        let expected: Vec<usize> = match g {
+                            // [2, 4, 3]: q_len 40 = blocks of 16, 16, 8.
+                            Int8Granularity::PerBlock => vec![head * 3 + qb],
+                            // [2, 4, 3, 2]: rows 0..8 warp 0, 8..16 warp 1; the last block's
+                            // 8 rows are all warp 0's.
+                            Int8Granularity::PerWarp => {
+                                if qb < 2 { vec![head * 6 + qb * 2, head * 6 + qb * 2 + 1] } else { vec![head * 6 + 4] }
+                            }
+                            // [2, 4, 2, 2, 8]: block 0 rows 0..32 = warps 0, 1; groups g of rows
+                            // {g, g+8} in each warp, so in row order the slots go 0..8, 0..8
+                            // (warp 0), 8..16, 8..16 (warp 1); block 1 has rows 32..40 only:
+                            // warp 0, groups 0..8.
+                            Int8Granularity::PerThread => {
+                                let base = head * 32 + qb * 16;
+                                if qb == 0 {
+                                    (0..8).chain(0..8).chain(8..16).chain(8..16).map(|s| base + s).collect()
+                                } else {
+                                    (0..8).map(|s| base + s).collect()
+                                }
+                            }
+                        };
+                        assert_eq!(qi, expected, "{g:?} b{b} h{h} qblock {qb}");
+                    }
+                }
+            }
+        }
+    }
+
+    // On the device: row i of head h in batch b has amax (b*4 + h + 1) * (i + 1); the scale at
+    // each index is then the largest of its rows.
+    let Some(c) = client() else { return };
+    let st = p.q_strides();
+    let mut q = vec![0.0f32; p.q_len_elems()];
+    for b in 0..2 {
+        for h in 0..4 {
+            for i in 0..40 {
+                q[st.offset(b, h, i) + (i % 32)] = ((b * 4 + h + 1) * (i + 1)) as f32 * if i % 2 == 0 { 1.0 } else { -1.0 };
+            }
+        }
+    }
+    let k = inputs::normal_with_outliers(p.k_len_elems(), 5);
+    let fold = p.softmax_scale() * std::f32::consts::LOG2_E;
+    for (g, blk) in cases {
+        let lay = Int8ScaleLayout::new(&p, g, blk).unwrap();
+        let dev = run_device(&c, &p, ElemType::F32, g, blk, false, &q, &k);
+        let mut amax = vec![0.0f32; lay.q_scales_len()];
+        for b in 0..2 {
+            for h in 0..4 {
+                for i in 0..40 {
+                    let idx = lay.q_scale_index(b, h, i);
+                    amax[idx] = amax[idx].max(((b * 4 + h + 1) * (i + 1)) as f32);
+                }
+            }
+        }
+        let want: Vec<f32> = amax.iter().map(|&a| int8::scale_for(a) * fold).collect();
+        assert_bits(&format!("{g:?} scales by index"), &dev.q_scales, &want);
+    }
+}
+
+/// Refusals before anything is enqueued: strides that would split a code word, a per-thread
+/// layout without 16 rows per warp, and an attention launch whose tiles differ from the
+/// blocking the scales were laid out for.
+#[test]
+fn prepass_and_int8_launch_refusals() {
+    let Some(c) = client() else { return };
+    let p = AttentionProblem::new(1, 2, 40, 64).kv_len(70).with_lse(true);
+    let mut args = args_of(&p);
+    args.write_lse = true;
+    let (q, k, v) = inputs::qkv(&p, 3);
+    let (qh, kh, vh) = (upload(&c, &q, ElemType::F16), upload(&c, &k, ElemType::F16), upload(&c, &v, ElemType::F16));
+    let blocking = quattn_cubecl::int8_blocking(&c, &args, ElemType::F16, &Default::default()).unwrap();
+    assert_eq!(blocking.block_q % 16, 0);
+    assert_eq!(blocking.warps, blocking.block_q / 16);
+    let quant = Int8Quant { granularity: quattn_cubecl::Int8Granularity::PerThread, blocking, smooth_k: true };
+
+    let odd = AttentionArgs { q_strides: [2 * 40 * 64, 40 * 64, 66], ..args };
+    assert!(matches!(quattn_cubecl::quantize_int8(&c, &odd, ElemType::F16, &quant, &qh, &kh), Err(quattn_cubecl::LaunchError::InvalidProblem { .. })));
+    let wide = Int8Quant { blocking: quattn_cubecl::Int8Blocking { warps: 1, ..blocking }, ..quant };
+    assert!(quattn_cubecl::quantize_int8(&c, &args, ElemType::F16, &wide, &qh, &kh).is_err());
+
+    let ops = quattn_cubecl::quantize_int8(&c, &args, ElemType::F16, &quant, &qh, &kh).unwrap();
+    let (o, lse) = (c.empty(p.o_len_elems() * 2), c.empty(p.lse_len_elems() * 4));
+    let other = Int8Quant { blocking: quattn_cubecl::Int8Blocking { block_k: blocking.block_k * 2, ..blocking }, ..quant };
+    let err = quattn_cubecl::launch_int8(&c, &args, ElemType::F16, &Default::default(), &other, &ops, &vh, &o, Some(&lse)).unwrap_err();
+    assert!(err.to_string().contains("laid out for"), "{err}");
+    let info = quattn_cubecl::launch_int8(&c, &args, ElemType::F16, &Default::default(), &quant, &ops, &vh, &o, Some(&lse)).unwrap();
+    assert!(info.kernel.starts_with("portable_fma_vec_int8_thread"), "{}", info.kernel);
+    // Without the LSE shift a smoothed launch that writes the LSE cannot be right.
+    let no_shift = Int8Operands { lse_shift: None, ..ops };
+    assert!(quattn_cubecl::launch_int8(&c, &args, ElemType::F16, &Default::default(), &quant, &no_shift, &vh, &o, Some(&lse)).is_err());
+}
