@@ -35,6 +35,10 @@ pub struct KernelSource {
 pub static FWD_HMMA: KernelSource =
     KernelSource { file: "fwd_hmma.cu", entry: "fwd_hmma", text: include_str!("../cuda/fwd_hmma.cu") };
 
+/// The INT8 Q·Kᵀ forward family.
+pub static FWD_INT8: KernelSource =
+    KernelSource { file: "fwd_int8.cu", entry: "fwd_int8", text: include_str!("../cuda/fwd_int8.cu") };
+
 /// Everything that makes one cubin different from another.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct CacheKey {

@@ -11,6 +11,7 @@
 //! - [`cache`]: kernel sources, compile requests, the memory + disk cache.
 //! - [`report`]: the per-(variant, arch) compile report used by `quattn kernels` and CI.
 //! - [`hmma`]: the mma.sync (HMMA) forward family, its configs and its launcher.
+//! - [`int8`]: the INT8 Q·Kᵀ (IMMA) forward family, its configs and its launcher.
 //! - [`device`]: device queries.
 
 pub mod arch;
@@ -18,6 +19,7 @@ pub mod cache;
 pub mod device;
 pub mod error;
 pub mod hmma;
+pub mod int8;
 pub mod nvrtc;
 pub mod report;
 pub mod sass;
@@ -29,5 +31,8 @@ pub use error::{NativeError, Result};
 #[cfg(feature = "cuda")]
 pub use hmma::HmmaKernel;
 pub use hmma::{HmmaArgs, HmmaConfig, HmmaParams, HmmaTile, InputType, PvAccum, QkAccum, Strides, HMMA_TILES};
+#[cfg(feature = "cuda")]
+pub use int8::{Int8Buffers, Int8Kernel};
+pub use int8::{Int8Args, Int8Config, Int8Granularity, Int8Lens, Int8Params, Int8Ptrs, Int8Tile, INT8_TILES};
 pub use nvrtc::{nvrtc, NvrtcInfo, Resources};
 pub use report::{compile_report, KernelReport};

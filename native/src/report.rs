@@ -9,6 +9,7 @@ use crate::arch::Arch;
 use crate::cache::{CompileRequest, KernelCache, Origin};
 use crate::error::{NativeError, Result};
 use crate::hmma::HmmaConfig;
+use crate::int8::Int8Config;
 
 /// What the report needs from one compiled variant of any kernel family. Each family implements
 /// it for its config type and lists itself in [`families`].
@@ -39,6 +40,21 @@ impl KernelVariant for HmmaConfig {
     }
 }
 
+impl KernelVariant for Int8Config {
+    fn name(&self) -> String {
+        Int8Config::name(self)
+    }
+    fn request(&self, arch: Arch) -> Result<CompileRequest<'static>> {
+        Int8Config::request(self, arch)
+    }
+    fn expected_instructions(&self, _arch: Arch) -> Vec<String> {
+        Int8Config::expected_instructions(self).into_iter().map(String::from).collect()
+    }
+    fn dynamic_smem_bytes(&self) -> u32 {
+        self.smem_bytes().unwrap_or(0)
+    }
+}
+
 /// One kernel family: its variants and the targets each variant is built for.
 pub struct Family {
     /// Family name, the prefix of its variant names (e.g. `fwd_hmma`).
@@ -49,8 +65,13 @@ pub struct Family {
 
 /// Every native kernel family the report covers.
 pub fn families() -> Vec<Family> {
-    let boxed = |v: Vec<HmmaConfig>| v.into_iter().map(|c| Arc::new(c) as Arc<dyn KernelVariant>).collect();
-    vec![Family { name: "fwd_hmma", variants: boxed(HmmaConfig::all()), targets: HmmaConfig::TARGETS }]
+    fn boxed<C: KernelVariant + 'static>(v: Vec<C>) -> Vec<Arc<dyn KernelVariant>> {
+        v.into_iter().map(|c| Arc::new(c) as Arc<dyn KernelVariant>).collect()
+    }
+    vec![
+        Family { name: "fwd_hmma", variants: boxed(HmmaConfig::all()), targets: HmmaConfig::TARGETS },
+        Family { name: "fwd_int8", variants: boxed(Int8Config::all()), targets: Int8Config::TARGETS },
+    ]
 }
 
 /// One (variant, arch) line of the report.
@@ -77,7 +98,8 @@ pub struct KernelReport {
     pub missing: Vec<String>,
     /// MMA-family opcodes present although not expected (a mode that silently changed).
     pub unexpected: Vec<String>,
-    /// Counts of the opcodes that matter for performance: every *MMA*, LDSM, LDGSTS, MUFU.EX2.
+    /// Counts of the opcodes that matter for performance: every *MMA*, LDSM, LDGSTS, MUFU.EX2,
+    /// I2F.
     pub instructions: BTreeMap<String, usize>,
     /// Why the SASS could not be checked (no disassembler, tool failure).
     pub disassembly_error: Option<String>,
@@ -128,7 +150,8 @@ impl KernelReport {
 }
 
 fn interesting(op: &str) -> bool {
-    op.contains("MMA") || op.starts_with("LDSM") || op.starts_with("LDGSTS") || op == "MUFU.EX2"
+    // I2F*: int -> float conversions run below the FP32 rate; per score they would matter.
+    op.contains("MMA") || op.starts_with("LDSM") || op.starts_with("LDGSTS") || op == "MUFU.EX2" || op.starts_with("I2F")
 }
 
 /// Report of one variant on one target.
