@@ -82,6 +82,31 @@ __device__ __forceinline__ void warp_mma_f16_f16acc(u32 (&d)[2], const u32 (&a)[
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// ---- tensor-core MMA m16n8k32 (row.col), 8-bit integers ----------------------------------
+// Byte for byte the fragments of m16n8k16 with 16-bit elements: a0 = row g, bytes 4t..4t+3 of
+// the 32-byte k step, a1 = row g+8, a2/a3 = bytes 16+4t.. of rows g / g+8; b0/b1 = key g, bytes
+// 4t.. / 16+4t..; c0,c1 -> row g, cols 2t,2t+1; c2,c3 -> row g+8. So ldmatrix .b16 of a
+// swizzled int8 tile yields them unchanged, 32 bytes per k step.
+
+// s8 x s8 -> s32 (SASS IMMA.16832.S8.S8). Exact: |sum| <= 127^2 * head_dim never wraps for any
+// head dim this project has, so no .satfinite.
+__device__ __forceinline__ void warp_mma_s8_s32acc(int (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// An s32 accumulator started at THREAD_I2F_BIAS instead of 0 holds bits(1.5 * 2^23 + x) for the
+// sum x, as long as |x| < 2^22 (|x| <= 127^2 * 256 = 4129024 < 4194304 = 2^22 up to head dim
+// 256): floats in [2^23, 2^24) have unit spacing, so integer and float addition agree there.
+// thread_biased_to_f32 then recovers float(x) exactly with one FADD instead of one I2F (or
+// I2FP on sm_86+) per score, conversions that run below the FADD rate on these parts.
+#define THREAD_I2F_BIAS 0x4B400000
+__device__ __forceinline__ float thread_biased_to_f32(int biased) {
+    return __int_as_float(biased) - 12582912.0f;
+}
+
 // ---- conversions (register-level, round to nearest even) ----------------------------------
 
 // cvt.*x2.f32 puts its FIRST source in the UPPER half, so `hi` goes first: the lower half must
@@ -140,15 +165,187 @@ __device__ __forceinline__ float quad_sum(float x) {
 
 // ---- swizzled shared-memory tiles ----------------------------------------------------------
 
+// XOR pattern of row `row`'s 16-byte chunk index in a swizzled tile (see tile_swizzle).
+// 128-byte (or longer) rows: (row & 7), so the 8 rows of one ldmatrix 8x8 matrix hit 8 distinct
+// 16-byte bank groups. 64-byte rows (int8 at head dim 64): two rows share a 128-byte bank line,
+// so rows r and r+2 collide unless their 4 chunks are permuted by (row >> 1) & 3; row parity
+// already separates the two halves of the line. Either pattern is unchanged by a multiple of 16
+// rows, which is what lets TileLane turn 16-row steps into immediate offsets.
+template <int ROW_BYTES>
+__device__ __forceinline__ int tile_swizzle_bits(int row) {
+    static_assert(ROW_BYTES % 128 == 0 || ROW_BYTES == 64, "swizzle needs 64-byte or 128-byte-multiple rows");
+    if constexpr (ROW_BYTES == 64) return (row >> 1) & 3;
+    else return row & 7;
+}
+
 // Byte offset of 16-byte chunk `chunk` of row `row` in a tile whose rows are ROW_BYTES long.
-// The chunk index is XOR-ed with (row & 7): the 8 row addresses of one ldmatrix 8x8 matrix then
-// fall in 8 distinct 16-byte bank groups, and cp.async writes of 8 consecutive chunks of one row
-// stay a permutation of those groups, so neither side has bank conflicts. Requires ROW_BYTES to
-// be a multiple of 128 (head dim >= 64 in 16-bit types).
+// The chunk index is XOR-ed with tile_swizzle_bits(row): the 8 row addresses of one ldmatrix
+// 8x8 matrix then fall in 8 distinct 16-byte bank groups, and cp.async writes of consecutive
+// chunks stay a permutation of those groups, so neither side has bank conflicts.
 template <int ROW_BYTES>
 __device__ __forceinline__ u32 tile_swizzle(int row, int chunk) {
-    static_assert(ROW_BYTES % 128 == 0, "swizzle needs 128-byte rows");
-    return (u32)(row * ROW_BYTES + ((chunk ^ (row & 7)) << 4));
+    return (u32)(row * ROW_BYTES + ((chunk ^ tile_swizzle_bits<ROW_BYTES>(row)) << 4));
+}
+
+// A lane's ldmatrix row inside a swizzled tile, split so that the per-k-step part is one XOR:
+// tile_swizzle(row + 16 * i, 2 * c + hi) == row * ROW_BYTES + 16 * i * ROW_BYTES
+// + ((32 * c) ^ xr) with xr = (hi ^ tile_swizzle_bits(row)) << 4 (XOR is associative and
+// 2c + hi == 2c ^ hi), because a multiple of 16 rows leaves the swizzle bits alone. The 16-row
+// steps (m tiles, key pairs) become immediate offsets of LDSM. A 32-byte chunk pair is one k16
+// step of a 16-bit operand or one k32 step of an 8-bit one.
+template <int ROW_BYTES>
+struct TileLane {
+    u32 off;   // row * ROW_BYTES
+    u32 xr;    // (hi ^ swizzle bits of row) << 4
+    __device__ __forceinline__ TileLane(int row, int hi)
+        : off((u32)(row * ROW_BYTES)), xr((u32)((hi ^ tile_swizzle_bits<ROW_BYTES>(row)) << 4)) {}
+    // Address of chunk pair c (chunks 2c, 2c+1) of this lane's row, 16*i rows further down.
+    __device__ __forceinline__ u32 at(u32 tile, int i, int c) const {
+        return tile + off + (u32)(i * 16 * ROW_BYTES) + (((u32)c << 5) ^ xr);
+    }
+};
+
+// Copies ROWS rows of ROW_BYTES bytes (row stride `stride` bytes) into a swizzled tile with
+// THREADS threads; rows at or past `rows_valid` are zero-filled (their source address is
+// clamped to row 0, never read). A thread copies the same chunk of rows row0, row0 + STEP, ...:
+// STEP is a multiple of 8 rows, so the swizzle is the same for all of them and destinations
+// are one register plus immediates. Sources walk by one 64-bit step made opaque on every call:
+// otherwise the compiler hoists every row's `row * stride` out of the KV loop and keeps
+// 2 * ROWS / STEP 64-bit offsets per tensor alive across it (what made wide tiles spill).
+template <int ROWS, int ROW_BYTES, int THREADS>
+__device__ __forceinline__ void cta_copy_rows(u32 dst, const unsigned char* src, i64 stride, int rows_valid) {
+    constexpr int CHUNKS = ROW_BYTES / 16;
+    constexpr int STEP = THREADS / CHUNKS;
+    static_assert(THREADS % CHUNKS == 0 && ROWS % STEP == 0 && STEP % 8 == 0, "even copy split");
+    const int row0 = threadIdx.x / CHUNKS;
+    const int chunk = threadIdx.x % CHUNKS;
+    i64 step = (i64)STEP * stride;
+    asm volatile("" : "+l"(step));
+    const unsigned char* s = src + (i64)row0 * stride + chunk * 16;
+#pragma unroll
+    for (int i = 0; i < ROWS / STEP; ++i) {
+        const int row = row0 + i * STEP;
+        const bool ok = row < rows_valid;
+        thread_cp_async_16(dst + tile_swizzle<ROW_BYTES>(row, chunk), ok ? s : src, ok ? 16 : 0);
+        s += step;
+    }
+}
+
+// ---- flash-attention mainloop pieces shared by the mma.sync kernels --------------------------
+// A warp owns MT m16 tiles of query rows; rows g and g+8 of each m tile live in a lane's c0,c1 /
+// c2,c3 accumulator halves, so per-row quantities are indexed [2 * mt + half].
+
+// O += P·V for one KV tile of 16 * P_STEPS keys, P (16-bit, packed as m16k16 A fragments) and V
+// (16-bit, a swizzled [key][dim] tile of D dims) both f16, or both bf16 with BF16. ldmatrix.x4
+// .trans lane -> row address: matrices (keys +0..7, dims +0..7), (keys +8..15, dims +0..7),
+// (keys +0..7, dims +8..15), (keys +8..15, dims +8..15) = b0,b1 of two n8 tiles, so each V
+// fragment feeds 2 * MT MMAs. Head-dim pairs outermost so the f16 accumulator of F16_PER_TILE
+// is MT * 4 registers, not a whole O row; per output element the keys are summed in ascending
+// k16 steps either way. F16_PER_TILE: P <= 1, so one tile's P·V stays far inside fp16 range;
+// it is folded into the f32 O once per tile (bf16 MMAs have no f16 accumulator).
+template <int MT, int P_STEPS, int D, bool F16_PER_TILE, bool BF16>
+__device__ __forceinline__ void warp_value_matmul(float (&o)[MT][D / 8][4], const u32 (&p)[MT][P_STEPS][4],
+                                                  u32 v_tile, const TileLane<2 * D>& vr) {
+    static_assert(!(F16_PER_TILE && BF16), "bf16 MMAs accumulate in f32 only");
+#pragma unroll
+    for (int dp = 0; dp < D / 16; ++dp) {
+        if constexpr (!F16_PER_TILE) {
+#pragma unroll
+            for (int kp = 0; kp < P_STEPS; ++kp) {
+                u32 b[4];
+                warp_ldmatrix_x4_trans(b, vr.at(v_tile, kp, dp));
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    if constexpr (BF16) {
+                        warp_mma_bf16_f32acc(o[mt][2 * dp], p[mt][kp], b[0], b[1]);
+                        warp_mma_bf16_f32acc(o[mt][2 * dp + 1], p[mt][kp], b[2], b[3]);
+                    } else {
+                        warp_mma_f16_f32acc(o[mt][2 * dp], p[mt][kp], b[0], b[1]);
+                        warp_mma_f16_f32acc(o[mt][2 * dp + 1], p[mt][kp], b[2], b[3]);
+                    }
+                }
+            }
+        } else {
+            u32 h[MT][2][2];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) h[mt][0][0] = h[mt][0][1] = h[mt][1][0] = h[mt][1][1] = 0u;
+#pragma unroll
+            for (int kp = 0; kp < P_STEPS; ++kp) {
+                u32 b[4];
+                warp_ldmatrix_x4_trans(b, vr.at(v_tile, kp, dp));
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    warp_mma_f16_f16acc(h[mt][0], p[mt][kp], b[0], b[1]);
+                    warp_mma_f16_f16acc(h[mt][1], p[mt][kp], b[2], b[3]);
+                }
+            }
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int x = 0; x < 2; ++x) thread_fold_f16_frag(h[mt][x], o[mt][2 * dp + x]);
+        }
+    }
+}
+
+// Key j of row entry i (row g + 8 * (i % 2) of m tile i / 2) is kept iff j < min(kv_len,
+// diag + 16 * (i / 2) + 8 * (i % 2)), where `diag` is the first key row entry 0 no longer sees
+// (bottom-right causal) or far past kv_len (no causal mask). Masked scores become -inf. Only
+// diagonal / sequence-end tiles call this; recomputed from two scalars per masked tile rather
+// than kept as 2 * MT live registers across the whole KV loop.
+template <int MT, int N_FRAGS>
+__device__ __forceinline__ void warp_mask_tile(float (&s)[MT][N_FRAGS][4], int key0, int kv_len, int diag, int lane) {
+    const int col = key0 + 2 * (lane & 3);
+#pragma unroll
+    for (int i = 0; i < 2 * MT; ++i) {
+        const int limit = min(kv_len, diag + 16 * (i >> 1) + 8 * (i & 1)) - col;
+#pragma unroll
+        for (int n = 0; n < N_FRAGS; ++n)
+#pragma unroll
+            for (int x = 0; x < 2; ++x)
+                if (n * 8 + x >= limit) s[i >> 1][n][2 * (i & 1) + x] = QA_NEG_INF;
+    }
+}
+
+// Stores a warp's O rows (f32 accumulators times the per-row factor `inv`) as 16-bit values:
+// through the warp's own rows of a swizzled [row][dim] shared tile `o_tile` (rows warp_row0..
+// +16 * MT), then 16-byte coalesced global stores of the rows below `rows_valid`. The caller
+// guarantees no other warp touches those shared rows meanwhile.
+template <int MT, int D, bool BF16>
+__device__ __forceinline__ void warp_store_o(const float (&o)[MT][D / 8][4], const float (&inv)[2 * MT], u32 o_tile,
+                                             int warp_row0, unsigned short* o_rows, i64 o_seq_stride,
+                                             int rows_valid, int lane) {
+    constexpr int ROW_BYTES = 2 * D;
+    constexpr int CHUNKS = D / 8;
+    __syncwarp();
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int d = 0; d < D / 8; ++d)
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const float sc = inv[2 * mt + r];
+                const u32 packed = BF16 ? thread_pack_bf16x2(o[mt][d][2 * r] * sc, o[mt][d][2 * r + 1] * sc)
+                                        : thread_pack_f16x2(o[mt][d][2 * r] * sc, o[mt][d][2 * r + 1] * sc);
+                const int row = warp_row0 + 16 * mt + 8 * r + (lane >> 2);
+                const u32 addr = o_tile + tile_swizzle<ROW_BYTES>(row, d) + 4 * (lane & 3);
+                asm volatile("st.shared.b32 [%0], %1;\n" :: "r"(addr), "r"(packed) : "memory");
+            }
+    __syncwarp();
+#pragma unroll
+    for (int i = 0; i < 16 * MT * CHUNKS / 32; ++i) {
+        const int idx = lane + 32 * i;
+        const int r = warp_row0 + idx / CHUNKS;
+        const int chunk = idx % CHUNKS;
+        u32 x, y, z, w;
+        asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(x), "=r"(y), "=r"(z), "=r"(w)
+                     : "r"(o_tile + tile_swizzle<ROW_BYTES>(r, chunk)));
+        if (r < rows_valid) {
+            unsigned short* dst = o_rows + (i64)r * o_seq_stride + chunk * 8;
+            asm volatile("st.global.v4.b32 [%0], {%1,%2,%3,%4};\n"
+                         :: "l"(dst), "r"(x), "r"(y), "r"(z), "r"(w) : "memory");
+        }
+    }
 }
 
 // ---- exactly rounded f32 arithmetic ----------------------------------------------------------

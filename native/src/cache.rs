@@ -41,6 +41,9 @@ pub static FWD_INT8_UMMA: KernelSource = KernelSource {
     entry: "fwd_int8_umma",
     text: include_str!("../cuda/fwd_int8_umma.cu"),
 };
+/// The INT8 Q·Kᵀ forward family.
+pub static FWD_INT8: KernelSource =
+    KernelSource { file: "fwd_int8.cu", entry: "fwd_int8", text: include_str!("../cuda/fwd_int8.cu") };
 
 /// Everything that makes one cubin different from another.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

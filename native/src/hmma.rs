@@ -415,7 +415,7 @@ pub struct HmmaLaunchShape {
 
 impl HmmaArgs {
     /// Minimum element count of a tensor with these strides and lengths.
-    fn required_len(s: &Strides, batch: usize, heads: usize, seq: usize, head_dim: usize) -> i64 {
+    pub(crate) fn required_len(s: &Strides, batch: usize, heads: usize, seq: usize, head_dim: usize) -> i64 {
         (batch as i64 - 1) * s.batch + (heads as i64 - 1) * s.head + (seq as i64 - 1) * s.seq + head_dim as i64
     }
 

@@ -13,6 +13,7 @@
 //! - [`hmma`]: the mma.sync (HMMA) forward family, its configs and its launcher.
 //! - [`int8_umma`]: the INT8 Q·Kᵀ forward family on sm_100a's tcgen05 UMMA (compiled and
 //!   disassembled, not run on hardware).
+//! - [`int8`]: the INT8 Q·Kᵀ (IMMA) forward family, its configs and its launcher.
 //! - [`device`]: device queries.
 
 pub mod arch;
@@ -21,6 +22,7 @@ pub mod device;
 pub mod error;
 pub mod hmma;
 pub mod int8_umma;
+pub mod int8;
 pub mod nvrtc;
 pub mod report;
 pub mod sass;
@@ -35,5 +37,8 @@ pub use hmma::HmmaKernel;
 pub use int8_umma::Int8UmmaKernel;
 pub use int8_umma::{Int8UmmaArgs, Int8UmmaConfig, Int8UmmaParams, QScaleGranularity, INT8_UMMA_TILES};
 pub use hmma::{HmmaArgs, HmmaConfig, HmmaParams, HmmaTile, InputType, PvAccum, QkAccum, Strides, HMMA_TILES};
+#[cfg(feature = "cuda")]
+pub use int8::{Int8Buffers, Int8Kernel};
+pub use int8::{Int8Args, Int8Config, Int8Granularity, Int8Lens, Int8Params, Int8Ptrs, Int8Tile, INT8_TILES};
 pub use nvrtc::{nvrtc, NvrtcInfo, Resources};
 pub use report::{compile_report, KernelReport};

@@ -9,6 +9,7 @@ use crate::arch::Arch;
 use crate::cache::{CompileRequest, KernelCache, Origin};
 use crate::error::{NativeError, Result};
 use crate::hmma::HmmaConfig;
+use crate::int8::Int8Config;
 use crate::int8_umma::Int8UmmaConfig;
 
 /// What the report needs from one compiled variant of any kernel family. Each family implements
@@ -55,6 +56,21 @@ impl KernelVariant for Int8UmmaConfig {
     }
 }
 
+impl KernelVariant for Int8Config {
+    fn name(&self) -> String {
+        Int8Config::name(self)
+    }
+    fn request(&self, arch: Arch) -> Result<CompileRequest<'static>> {
+        Int8Config::request(self, arch)
+    }
+    fn expected_instructions(&self, _arch: Arch) -> Vec<String> {
+        Int8Config::expected_instructions(self).into_iter().map(String::from).collect()
+    }
+    fn dynamic_smem_bytes(&self, _arch: Arch) -> u32 {
+        self.smem_bytes().unwrap_or(0)
+    }
+}
+
 /// One kernel family: its variants and the targets each variant is built for.
 pub struct Family {
     /// Family name, the prefix of its variant names (e.g. `fwd_hmma`).
@@ -70,6 +86,7 @@ pub fn families() -> Vec<Family> {
     }
     vec![
         Family { name: "fwd_hmma", variants: boxed(HmmaConfig::all()), targets: HmmaConfig::TARGETS },
+        Family { name: "fwd_int8", variants: boxed(Int8Config::all()), targets: Int8Config::TARGETS },
         // sm_100a only; compiled and disassembled in CI, not run on hardware.
         Family {
             name: "fwd_int8_umma",
@@ -103,7 +120,8 @@ pub struct KernelReport {
     pub missing: Vec<String>,
     /// MMA-family opcodes present although not expected (a mode that silently changed).
     pub unexpected: Vec<String>,
-    /// Counts of the opcodes that matter for performance: every *MMA*, LDSM, LDGSTS, MUFU.EX2.
+    /// Counts of the opcodes that matter for performance: every *MMA*, LDSM, LDGSTS, MUFU.EX2,
+    /// I2F.
     pub instructions: BTreeMap<String, usize>,
     /// Why the SASS could not be checked (no disassembler, tool failure).
     pub disassembly_error: Option<String>,
@@ -158,6 +176,8 @@ fn interesting(op: &str) -> bool {
         || op.starts_with("LDSM")
         || op.starts_with("LDGSTS")
         || op == "MUFU.EX2"
+        // I2F*: int -> float conversions run below the FP32 rate; per score they would matter.
+        || op.starts_with("I2F")
         // Tensor-memory traffic and UMMA commits of the tcgen05 families.
         || op.starts_with("LDTM")
         || op.starts_with("STTM")

@@ -7,8 +7,8 @@
 use std::sync::Arc;
 
 use quattn_native::{
-    compile_report, report::report_variant, Arch, CompileRequest, HmmaConfig, InputType, KernelCache,
-    NativeError, Origin, PvAccum, QkAccum,
+    compile_report, report::report_variant, Arch, CompileRequest, HmmaConfig, InputType, Int8Config,
+    Int8Granularity, Int8Tile, KernelCache, NativeError, Origin, PvAccum, QkAccum,
 };
 
 /// `true` if the tools are there; `false` (after saying why) to skip; panics under CI.
@@ -175,4 +175,57 @@ fn sweep_tiles_compile_on_sm90() {
         println!("{}", r.summary());
         assert!(r.ok(), "{}", r.summary());
     }
+}
+
+#[test]
+fn every_int8_variant_compiles_without_spills_and_uses_imma() {
+    if !tools_or_skip("every_int8_variant_compiles") {
+        return;
+    }
+    let cache = KernelCache::new(None);
+    let reports = compile_report(&cache, Some(Int8Config::TARGETS));
+    let reports: Vec<_> = reports.into_iter().filter(|r| r.kernel.starts_with("fwd_int8")).collect();
+    assert_eq!(reports.len(), Int8Config::all().len() * Int8Config::TARGETS.len());
+    for r in &reports {
+        println!("{}", r.summary());
+    }
+    let failed: Vec<String> = reports.iter().filter(|r| !r.ok()).map(|r| r.summary()).collect();
+    assert!(failed.is_empty(), "failing variants:\n{}", failed.join("\n"));
+    for r in &reports {
+        let count = |op: &str| r.instructions.get(op).copied().unwrap_or(0);
+        // Q·Kᵀ on IMMA only: no f16 MMA may have crept into the score GEMM, so the P·V HMMA
+        // count is exactly what the tile needs, and the IMMA count half of it (per KV tile:
+        // MT * N_FRAGS * D/32 IMMAs against MT * D/8 * BN/16 HMMAs).
+        let imma = count("IMMA.16832.S8.S8");
+        let hmma = count("HMMA.16816.F32") + count("HMMA.16816.F16");
+        assert!(imma > 0 && hmma > 0, "{}", r.summary());
+        assert_eq!(hmma, 2 * imma, "{}", r.summary());
+        // No int -> float conversion of scores (I2F / I2FP.F32.S32, one per score with a plain
+        // cast): the biased accumulator converts with an FADD. I2F.RP is the integer-division
+        // idiom (head / kv_group), a handful per kernel.
+        let i2f: Vec<_> = r.instructions.keys().filter(|k| k.starts_with("I2F") && *k != "I2F.RP").collect();
+        assert!(i2f.is_empty(), "{}: {i2f:?}", r.summary());
+    }
+}
+
+/// Forced tiles (a sweep's candidates) build on sm_90, the target the sweep runs on: the split
+/// Q·Kᵀ and 16-row tiles with per-thread scales; tiles the kernel cannot build are refused
+/// before NVRTC.
+#[test]
+fn int8_forced_tiles_compile_on_sm90() {
+    if !tools_or_skip("int8_forced_tiles_compile_on_sm90") {
+        return;
+    }
+    let cache = KernelCache::new(None);
+    let split = Int8Tile { qk_split: true, ..Int8Tile::new(4, 64, 32) };
+    for (hd, tile) in [(64, split), (64, Int8Tile::new(8, 64, 16)), (128, Int8Tile::new(8, 64, 16))] {
+        let mut cfg = Int8Config::new(hd, Int8Granularity::PerThread, PvAccum::F32).unwrap();
+        cfg.tile = Some(tile);
+        let r = report_variant(&cache, &cfg, Arch::Sm90);
+        println!("{}", r.summary());
+        assert!(r.ok(), "{}", r.summary());
+    }
+    let mut cfg = Int8Config::new(128, Int8Granularity::PerBlock, PvAccum::F32).unwrap();
+    cfg.tile = Some(Int8Tile::new(4, 24, 16));
+    assert!(matches!(cfg.validate(), Err(NativeError::UnsupportedConfig { .. })));
 }
