@@ -123,8 +123,10 @@ impl Int8Config {
 
     /// Targets the family is built and checked for: mma.sync m16n8k32 s8 and m16n8k16 f16 exist
     /// on all of them and nothing needs an arch-specific (`a`) feature, so an H100 runs the
-    /// sm_90 build.
-    pub const TARGETS: &'static [Arch] = &[Arch::Sm80, Arch::Sm86, Arch::Sm89, Arch::Sm90];
+    /// sm_90 build. The table's tiles compile without spills on sm_100a and sm_120a too (<= 255
+    /// registers), so those devices get native builds as well.
+    pub const TARGETS: &'static [Arch] =
+        &[Arch::Sm80, Arch::Sm86, Arch::Sm89, Arch::Sm90, Arch::Sm100a, Arch::Sm120a];
 
     /// Validated constructor.
     pub fn new(head_dim: usize, granularity: Int8Granularity, pv: PvAccum) -> Result<Self> {
@@ -781,6 +783,7 @@ mod tests {
         let f16 = Int8Config::new(64, Int8Granularity::PerBlock, PvAccum::F16PerTile).unwrap();
         assert_eq!(f16.expected_instructions(), vec!["IMMA.16832.S8.S8", "HMMA.16816.F16"]);
         assert_eq!(Int8Config::target_for((9, 0)), Some(Arch::Sm90));
+        assert_eq!(Int8Config::target_for((10, 0)), Some(Arch::Sm100a));
         assert_eq!(Int8Config::target_for((7, 5)), None);
     }
 
