@@ -165,6 +165,15 @@ impl Session {
 
     /// Milliseconds per execution on resident data: `iters` samples after `warmup` runs, timed
     /// on the device where the backend can.
+    /// Milliseconds of the attention kernel alone where a plan runs in steps (the INT8 prepass
+    /// and a native kernel): `None` when [`Session::time`] already measures only the kernel.
+    pub fn time_kernel(&self, r: &mut Resident, warmup: usize, iters: usize) -> Result<Option<Vec<f64>>> {
+        match r.plan.path {
+            Path::Device => self.backend.time_kernel(&r.plan, &mut r.data, warmup, iters),
+            Path::Emulation => Ok(None),
+        }
+    }
+
     pub fn time(&self, r: &mut Resident, warmup: usize, iters: usize) -> Result<Vec<f64>> {
         match r.plan.path {
             Path::Device => self.backend.time(&r.plan, &mut r.data, warmup, iters),

@@ -54,20 +54,24 @@ pub fn main(a: &BenchArgs) -> anyhow::Result<i32> {
     for p in &problems {
         for &prec in &a.precision {
             bar.set_message(format!("{} d{} s{}{}", prec, p.head_dim, p.q_len, if p.causal { " causal" } else { "" }));
-            let row = bench_one(&session, p, prec, a).unwrap_or_else(|e| Row {
-                device: info.kind.into(),
-                adapter: info.adapter.clone(),
-                kernel: None,
-                precision: prec.name(),
-                shape: Shape::of(p),
-                ms: None,
-                tflops: None,
-                skipped: Some(e.to_string()),
+            let new = bench_one(&session, p, prec, a).unwrap_or_else(|e| {
+                vec![Row {
+                    device: info.kind.into(),
+                    adapter: info.adapter.clone(),
+                    kernel: None,
+                    precision: prec.name(),
+                    shape: Shape::of(p),
+                    ms: None,
+                    tflops: None,
+                    skipped: Some(e.to_string()),
+                }]
             });
-            if a.json {
-                bar.suspend(|| println!("{}", serde_json::to_string(&row).unwrap_or_default()));
+            for row in new {
+                if a.json {
+                    bar.suspend(|| println!("{}", serde_json::to_string(&row).unwrap_or_default()));
+                }
+                rows.push(row);
             }
-            rows.push(row);
             bar.inc(1);
         }
     }
@@ -115,21 +119,27 @@ pub fn main(a: &BenchArgs) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-fn bench_one(session: &Session, p: &AttentionProblem, prec: Precision, a: &BenchArgs) -> anyhow::Result<Row> {
+/// One row, end to end; plans that run in steps (INT8: prepass, then the kernel) add a second
+/// row for the kernel alone, named `<kernel> (kernel only)`.
+fn bench_one(session: &Session, p: &AttentionProblem, prec: Precision, a: &BenchArgs) -> anyhow::Result<Vec<Row>> {
     let info = session.info();
     let plan = session.plan(p, prec, a.dev.strategy())?;
     let (q, k, v) = check::inputs(p, prec, 17);
     let mut r = session.upload(&plan, &q, &k, &v)?;
-    let mut t = session.time(&mut r, a.warmup, a.iters.max(1))?;
-    let ms = check::median(&mut t);
-    Ok(Row {
+    let row = |kernel: String, ms: f64| Row {
         device: info.kind.into(),
-        adapter: info.adapter,
-        kernel: Some(plan.kernel.clone()),
+        adapter: info.adapter.clone(),
+        kernel: Some(kernel),
         precision: prec.name(),
         shape: Shape::of(p),
         ms: Some(ms),
         tflops: Some(flops(p) / (ms * 1e-3) / 1e12),
         skipped: None,
-    })
+    };
+    let mut t = session.time(&mut r, a.warmup, a.iters.max(1))?;
+    let mut rows = vec![row(plan.kernel.clone(), check::median(&mut t))];
+    if let Some(mut k) = session.time_kernel(&mut r, a.warmup, a.iters.max(1))? {
+        rows.push(row(format!("{} (kernel only)", plan.kernel), check::median(&mut k)));
+    }
+    Ok(rows)
 }

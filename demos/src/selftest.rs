@@ -68,13 +68,21 @@ pub fn main(a: &SelftestArgs) -> anyhow::Result<i32> {
             Err(e) => eprintln!("selftest: skipping {d}: {e}"),
         }
     }
-    let strategies = [Strategy::Auto, Strategy::Reference];
-    let total = sessions.len() * shapes.len() * precisions.len() * strategies.len();
+    // On CUDA, Auto takes the native kernels where they exist: Portable runs the CubeCL kernels
+    // there too.
+    let strategies_of = |s: &Session| -> Vec<Strategy> {
+        if s.info().kind == "cuda" {
+            vec![Strategy::Auto, Strategy::Portable, Strategy::Reference]
+        } else {
+            vec![Strategy::Auto, Strategy::Reference]
+        }
+    };
+    let total: usize = sessions.iter().map(|s| strategies_of(s).len()).sum::<usize>() * shapes.len() * precisions.len();
     let bar = ProgressBar::new(total as u64);
     bar.set_style(ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}").unwrap_or_else(|_| ProgressStyle::default_bar()));
     for (si, session) in sessions.iter().enumerate() {
         let info = session.info();
-        for strategy in strategies {
+        for strategy in strategies_of(session) {
             // The emulation is device-independent: run it once, on the first session.
             if strategy == Strategy::Reference && si > 0 {
                 bar.inc((shapes.len() * precisions.len()) as u64);

@@ -1,6 +1,7 @@
-//! The CUDA device: native HMMA kernels where they support the problem, the portable CubeCL
-//! kernel otherwise. Both share the device's primary context. Dispatch by architecture and
-//! problem happens here and only here.
+//! The CUDA device: native kernels where they support the problem (HMMA for f16/bf16; for INT8
+//! Q/K the CubeCL prepass followed by the IMMA kernel, or the tcgen05 UMMA kernel on compute
+//! capability 10.0), the portable CubeCL kernel otherwise. All share the device's primary
+//! context. Dispatch by architecture and problem happens here and only here.
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -8,12 +9,16 @@ use std::sync::{Arc, RwLock};
 use cubecl::cuda::CudaRuntime;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use half::{bf16, f16};
-use quattn_native::{HmmaArgs, HmmaConfig, HmmaKernel, InputType, NativeError};
+use quattn_native::{
+    HmmaArgs, HmmaConfig, HmmaKernel, InputType, Int8Args, Int8Config, Int8Kernel, Int8Ptrs, Int8UmmaArgs, Int8UmmaConfig,
+    Int8UmmaKernel, NativeError,
+};
 
-use super::gpu::CubeclBackend;
+use super::gpu::{CubeclBackend, GpuData};
 use super::{Backend, KernelChoice, ResidentData};
 use crate::error::{Error, Result};
-use crate::precision::{PvAccum, QkAccum};
+use crate::emulation::Blocking;
+use crate::precision::{Int8Granularity, PvAccum, PvFormat, QkAccum};
 use crate::session::{DeviceInfo, Plan};
 use crate::tensor::HostSlice;
 use crate::{AttentionProblem, Device, NativeKind, Precision, Strategy};
@@ -24,6 +29,47 @@ pub(crate) struct CudaBackend {
     stream: Arc<CudaStream>,
     /// Loaded native kernels by config; read lock on the hot path.
     kernels: RwLock<HashMap<HmmaConfig, Arc<HmmaKernel>>>,
+    int8_kernels: RwLock<HashMap<Int8Native, Arc<Int8Loaded>>>,
+    /// Compute capability of the device.
+    cc: (u32, u32),
+}
+
+/// Which native INT8 kernel, with its config.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Int8Native {
+    /// mma.sync IMMA (sm_80+).
+    Imma(Int8Config),
+    /// tcgen05 UMMA (compute capability 10.0 only; not run on hardware).
+    Umma(Int8UmmaConfig),
+}
+
+enum Int8Loaded {
+    Imma(Int8Kernel),
+    Umma(Int8UmmaKernel),
+}
+
+impl Int8Native {
+    fn name(&self) -> String {
+        match self {
+            Int8Native::Imma(c) => c.name(),
+            Int8Native::Umma(c) => c.name(),
+        }
+    }
+    /// `(block_q, block_k, warps)` the scales must be laid out for.
+    fn blocking(&self) -> std::result::Result<Blocking, NativeError> {
+        let (block_q, block_k, warps) = match self {
+            Int8Native::Imma(c) => c.blocking()?,
+            Int8Native::Umma(c) => c.blocking()?,
+        };
+        Ok(Blocking { block_q, block_k, warps, ..Blocking::default() })
+    }
+}
+
+/// An INT8 plan on a native kernel: the portable upload (f16 Q, K, V; O; LSE) plus a scratch LSE
+/// when the caller did not ask for one (the kernels always write it).
+struct Int8NativeData {
+    portable: ResidentData,
+    lse_scratch: Option<cubecl::server::Handle>,
 }
 
 struct NativeData {
@@ -91,6 +137,65 @@ fn is_native(plan: &Plan) -> bool {
     plan.kernel.starts_with("fwd_hmma")
 }
 
+fn is_native_int8(plan: &Plan) -> bool {
+    plan.kernel.starts_with("fwd_int8")
+}
+
+/// The native INT8 kernel for a problem on a device of compute capability `cc` (UMMA on 10.0,
+/// IMMA elsewhere from sm_80), or why none takes it. `umma` false forces IMMA, true forces UMMA.
+fn int8_native(problem: &AttentionProblem, precision: Precision, cc: (u32, u32), umma: Option<bool>) -> std::result::Result<Int8Native, String> {
+    let Precision::Int8Qk { granularity, pv, .. } = precision else {
+        return Err(format!("the native INT8 kernels compute INT8 Q/K, not {precision}"));
+    };
+    if pv != PvFormat::F16 {
+        return Err("the native INT8 kernels take f16 P·V only (FP8 P·V is emulated on sm_90 mma.sync)".into());
+    }
+    if problem.v_head_dim != problem.head_dim {
+        return Err(format!("native INT8 kernels need v_head_dim == head_dim (got {} and {})", problem.v_head_dim, problem.head_dim));
+    }
+    let use_umma = umma.unwrap_or(Int8UmmaConfig::supported(cc));
+    if use_umma {
+        if !Int8UmmaConfig::supported(cc) {
+            return Err(format!("the tcgen05 UMMA kernel needs compute capability 10.0, this device is {}.{}", cc.0, cc.1));
+        }
+        let g = match granularity {
+            Int8Granularity::PerBlock => quattn_native::QScaleGranularity::PerBlock,
+            Int8Granularity::PerWarp => quattn_native::QScaleGranularity::PerWarp,
+            Int8Granularity::PerThread => quattn_native::QScaleGranularity::PerThread,
+        };
+        return Int8UmmaConfig::new(problem.head_dim, g, quattn_native::PvAccum::F32).map(Int8Native::Umma).map_err(|e| e.to_string());
+    }
+    if Int8Config::target_for(cc).is_none() {
+        return Err(format!("the IMMA kernel needs sm_80 or newer, this device is {}.{}", cc.0, cc.1));
+    }
+    let g = match granularity {
+        Int8Granularity::PerBlock => quattn_native::Int8Granularity::PerBlock,
+        Int8Granularity::PerWarp => quattn_native::Int8Granularity::PerWarp,
+        Int8Granularity::PerThread => quattn_native::Int8Granularity::PerThread,
+    };
+    Int8Config::new(problem.head_dim, g, quattn_native::PvAccum::F32).map(Int8Native::Imma).map_err(|e| e.to_string())
+}
+
+fn native_strides(x: crate::Strides) -> quattn_native::Strides {
+    quattn_native::Strides { batch: x.batch as i64, head: x.head as i64, seq: x.seq as i64 }
+}
+
+fn int8_args(p: &AttentionProblem, lse_shift: bool) -> Int8Args {
+    Int8Args {
+        batch: p.batch,
+        q_heads: p.q_heads,
+        kv_heads: p.kv_heads,
+        q_len: p.q_len,
+        kv_len: p.kv_len,
+        q: native_strides(p.q_strides()),
+        k: native_strides(p.k_strides()),
+        v: native_strides(p.v_strides()),
+        o: native_strides(p.o_strides()),
+        causal: p.causal,
+        lse_shift,
+    }
+}
+
 impl CudaBackend {
     pub(crate) fn open(device: Device, ordinal: usize, name: String) -> Result<Self> {
         let unavailable = |e: NativeError| Error::DeviceUnavailable { device, reason: e.to_string() };
@@ -99,7 +204,126 @@ impl CudaBackend {
         let name = format!("{name} (sm_{major}{minor})");
         let portable = CubeclBackend::<CudaRuntime>::open(device, cubecl::cuda::CudaDevice::new(ordinal), "cuda", name)?;
         let stream = ctx.default_stream();
-        Ok(CudaBackend { portable, ctx, stream, kernels: RwLock::new(HashMap::new()) })
+        Ok(CudaBackend {
+            portable,
+            ctx,
+            stream,
+            kernels: RwLock::new(HashMap::new()),
+            int8_kernels: RwLock::new(HashMap::new()),
+            cc: (major, minor),
+        })
+    }
+
+    fn int8_kernel(&self, which: Int8Native) -> Result<Arc<Int8Loaded>> {
+        if let Some(k) = self.int8_kernels.read().ok().and_then(|m| m.get(&which).cloned()) {
+            return Ok(k);
+        }
+        let name = which.name();
+        self.bind(&name)?;
+        let k = Arc::new(match which {
+            Int8Native::Imma(c) => Int8Loaded::Imma(Int8Kernel::load(&self.ctx, c).map_err(|e| native_err(&name, e))?),
+            Int8Native::Umma(c) => Int8Loaded::Umma(Int8UmmaKernel::load(&self.ctx, c).map_err(|e| native_err(&name, e))?),
+        });
+        if let Ok(mut m) = self.int8_kernels.write() {
+            m.insert(which, k.clone());
+        }
+        Ok(k)
+    }
+
+    /// Plans an INT8 problem on a native kernel (loading it), with the blocking its scales need.
+    fn select_int8(&self, problem: &AttentionProblem, precision: Precision, umma: Option<bool>) -> std::result::Result<KernelChoice, String> {
+        let which = int8_native(problem, precision, self.cc, umma)?;
+        let blocking = which.blocking().map_err(|e| e.to_string())?;
+        blocking.validate(problem, precision).map_err(|e| e.to_string())?;
+        self.int8_kernel(which).map_err(|e| e.to_string())?;
+        let kind = if matches!(which, Int8Native::Umma(_)) { "tcgen05 UMMA (not run on hardware)" } else { "mma.sync IMMA" };
+        Ok(KernelChoice {
+            name: which.name(),
+            reason: format!("CubeCL INT8 prepass + native {kind} kernel"),
+            blocking: Some(blocking),
+        })
+    }
+
+    /// The INT8 prepass (CubeCL, on CubeCL's stream), then the native kernel on ours. Returns
+    /// the kernel's milliseconds when `timed`. Synchronizes both ways: the native kernel reads
+    /// what CubeCL wrote, and the prepass buffers return to CubeCL's pool when this returns.
+    fn execute_int8(&self, plan: &Plan, data: &mut ResidentData, timed: bool) -> Result<Option<f64>> {
+        let Precision::Int8Qk { granularity, smooth_k, .. } = plan.precision else {
+            return Err(Error::Kernel { kernel: plan.kernel.clone(), reason: "not an INT8 plan".into() });
+        };
+        let which = int8_native(&plan.problem, plan.precision, self.cc, Some(plan.kernel.starts_with("fwd_int8_umma")))
+            .map_err(|reason| Error::Kernel { kernel: plan.kernel.clone(), reason })?;
+        let blocking = plan.blocking.ok_or_else(|| Error::Kernel { kernel: plan.kernel.clone(), reason: "an INT8 plan without its blocking".into() })?;
+        let nd = data
+            .downcast_mut::<Int8NativeData>()
+            .ok_or_else(|| Error::Kernel { kernel: plan.kernel.clone(), reason: "resident data belongs to another kernel".into() })?;
+        let d: &GpuData = self.portable.data(plan, &nd.portable)?;
+        let ops = self.portable.quantize_int8(&plan.problem, granularity, smooth_k, &blocking, d.elem, &d.q, &d.k)?;
+        self.portable.synchronize()?;
+        let ptr = |h: &cubecl::server::Handle| self.portable.device_ptr(h);
+        let lse = d.lse.as_ref().or(nd.lse_scratch.as_ref()).ok_or_else(|| Error::Kernel { kernel: plan.kernel.clone(), reason: "no LSE buffer".into() })?;
+        let ptrs = Int8Ptrs {
+            q: ptr(&ops.q_codes)?,
+            k: ptr(&ops.k_codes)?,
+            v: ptr(&d.v)?,
+            o: ptr(&d.o)?,
+            lse: ptr(lse)?,
+            q_scale: ptr(&ops.q_scales)?,
+            k_scale: ptr(&ops.k_scales)?,
+            lse_shift: match &ops.lse_shift {
+                Some(h) => ptr(h)?,
+                None => 0,
+            },
+        };
+        let args = int8_args(&plan.problem, ops.lse_shift.is_some());
+        let kernel = self.int8_kernel(which)?;
+        self.bind(&plan.kernel)?;
+        let e = self.driver(&plan.kernel);
+        let events = if timed {
+            let f = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+            Some((self.ctx.new_event(f).map_err(&e)?, self.ctx.new_event(f).map_err(&e)?))
+        } else {
+            None
+        };
+        if let Some((start, _)) = &events {
+            start.record(&self.stream).map_err(&e)?;
+        }
+        // SAFETY: every pointer addresses a live CubeCL buffer (held by `ops`, `d` and
+        // `nd.lse_scratch` until this function returns, after the stream synchronization
+        // below) of the sizes the prepass and upload allocated for this problem; the
+        // launchers check arguments, alignment and non-null pointers.
+        let launched = match (&*kernel, which) {
+            (Int8Loaded::Imma(k), _) => unsafe { k.launch_raw(&self.stream, &args, &ptrs) },
+            (Int8Loaded::Umma(k), _) => {
+                let a = Int8UmmaArgs {
+                    batch: args.batch,
+                    q_heads: args.q_heads,
+                    kv_heads: args.kv_heads,
+                    q_len: args.q_len,
+                    kv_len: args.kv_len,
+                    q: args.q,
+                    k: args.k,
+                    v: args.v,
+                    o: args.o,
+                    causal: args.causal,
+                    lse_shift: args.lse_shift,
+                };
+                let p = [ptrs.q, ptrs.k, ptrs.v, ptrs.o, ptrs.lse, ptrs.q_scale, ptrs.k_scale, ptrs.lse_shift];
+                unsafe { k.launch_raw(&self.stream, &a, p) }
+            }
+        };
+        launched.map_err(|err| native_err(&plan.kernel, err))?;
+        let ms = match &events {
+            Some((start, end)) => {
+                end.record(&self.stream).map_err(&e)?;
+                end.synchronize().map_err(&e)?;
+                Some(start.elapsed_ms(end).map_err(&e)? as f64)
+            }
+            None => None,
+        };
+        self.stream.synchronize().map_err(&e)?;
+        drop(ops);
+        Ok(ms)
     }
 
     fn kernel(&self, config: HmmaConfig) -> Result<Arc<HmmaKernel>> {
@@ -133,6 +357,20 @@ impl CudaBackend {
 }
 
 impl Backend for CudaBackend {
+    fn time_kernel(&self, plan: &Plan, data: &mut ResidentData, warmup: usize, iters: usize) -> Result<Option<Vec<f64>>> {
+        if !is_native_int8(plan) {
+            return Ok(None);
+        }
+        for _ in 0..warmup {
+            self.execute_int8(plan, data, false)?;
+        }
+        let mut out = Vec::with_capacity(iters);
+        for _ in 0..iters {
+            out.push(self.execute_int8(plan, data, true)?.unwrap_or(f64::NAN));
+        }
+        Ok(Some(out))
+    }
+
     fn info(&self) -> DeviceInfo {
         self.portable.info()
     }
@@ -146,7 +384,22 @@ impl Backend for CudaBackend {
                 self.kernel(config)?;
                 Ok(KernelChoice { name: config.name(), reason: "forced native HMMA".into(), blocking: None })
             }
+            Strategy::Native(kind @ (NativeKind::Int8Imma | NativeKind::Int8Umma)) => self
+                .select_int8(problem, precision, Some(kind == NativeKind::Int8Umma))
+                .map(|mut c| {
+                    c.reason = format!("forced: {}", c.reason);
+                    c
+                })
+                .map_err(|reason| Error::UnsupportedStrategy { strategy, device: device.clone(), reason }),
             Strategy::Native(_) => Err(Error::UnsupportedStrategy { strategy, device, reason: "this native kernel family is not implemented yet".into() }),
+            Strategy::Auto if matches!(precision, Precision::Int8Qk { .. }) => match self.select_int8(problem, precision, None) {
+                Ok(c) => Ok(c),
+                Err(why) => {
+                    let mut c = self.portable.select(problem, precision, Strategy::Portable)?;
+                    c.reason = format!("{}: no native INT8 kernel takes it ({why})", c.reason);
+                    Ok(c)
+                }
+            },
             Strategy::Auto => match hmma_config(problem, precision).and_then(|c| self.kernel(c).map(|_| c).map_err(|e| e.to_string())) {
                 Ok(config) => Ok(KernelChoice { name: config.name(), reason: "native HMMA kernel supports the problem".into(), blocking: None }),
                 Err(why) => {
@@ -160,6 +413,13 @@ impl Backend for CudaBackend {
     }
 
     fn upload(&self, plan: &Plan, q: HostSlice<'_>, k: HostSlice<'_>, v: HostSlice<'_>) -> Result<ResidentData> {
+        if is_native_int8(plan) {
+            // f16 Q, K, V, O and the LSE as the portable INT8 path has them: the prepass reads
+            // Q and K there, the native kernel reads V and writes O and LSE.
+            let portable = self.portable.upload(plan, q, k, v)?;
+            let lse_scratch = (!plan.problem.return_lse).then(|| self.portable.empty(plan.problem.lse_len_elems() * 4));
+            return Ok(Box::new(Int8NativeData { portable, lse_scratch }));
+        }
         if !is_native(plan) {
             return self.portable.upload(plan, q, k, v);
         }
@@ -180,6 +440,9 @@ impl Backend for CudaBackend {
     }
 
     fn execute(&self, plan: &Plan, data: &mut ResidentData) -> Result<()> {
+        if is_native_int8(plan) {
+            return self.execute_int8(plan, data, false).map(|_| ());
+        }
         if !is_native(plan) {
             return self.portable.execute(plan, data);
         }
@@ -196,6 +459,12 @@ impl Backend for CudaBackend {
     }
 
     fn download(&self, plan: &Plan, data: &ResidentData) -> Result<(Vec<f32>, Option<Vec<f32>>)> {
+        if is_native_int8(plan) {
+            let nd = data
+                .downcast_ref::<Int8NativeData>()
+                .ok_or_else(|| Error::Kernel { kernel: plan.kernel.clone(), reason: "resident data belongs to another kernel".into() })?;
+            return self.portable.download(plan, &nd.portable);
+        }
         if !is_native(plan) {
             return self.portable.download(plan, data);
         }
@@ -214,6 +483,20 @@ impl Backend for CudaBackend {
     }
 
     fn time(&self, plan: &Plan, data: &mut ResidentData, warmup: usize, iters: usize) -> Result<Vec<f64>> {
+        if is_native_int8(plan) {
+            // End to end: prepass, the synchronization between CubeCL's stream and ours, and
+            // the kernel, on the host clock (each execution ends synchronized).
+            for _ in 0..warmup {
+                self.execute_int8(plan, data, false)?;
+            }
+            let mut out = Vec::with_capacity(iters);
+            for _ in 0..iters {
+                let t = std::time::Instant::now();
+                self.execute_int8(plan, data, false)?;
+                out.push(t.elapsed().as_secs_f64() * 1e3);
+            }
+            return Ok(out);
+        }
         if !is_native(plan) {
             return self.portable.time(plan, data, warmup, iters);
         }

@@ -26,14 +26,14 @@ pub(crate) struct CubeclBackend<R: Runtime> {
     info: DeviceInfo,
 }
 
-struct GpuData {
-    q: Handle,
-    k: Handle,
-    v: Handle,
-    o: Handle,
-    lse: Option<Handle>,
+pub(crate) struct GpuData {
+    pub(crate) q: Handle,
+    pub(crate) k: Handle,
+    pub(crate) v: Handle,
+    pub(crate) o: Handle,
+    pub(crate) lse: Option<Handle>,
     /// Element type of the uploaded Q, K, V and of O.
-    elem: ElemType,
+    pub(crate) elem: ElemType,
     mode: Mode,
 }
 
@@ -66,8 +66,13 @@ impl<R: Runtime> CubeclBackend<R> {
         Ok(CubeclBackend { client, info: DeviceInfo { device, kind, adapter } })
     }
 
-    fn data<'a>(&self, plan: &Plan, data: &'a ResidentData) -> Result<&'a GpuData> {
+    pub(crate) fn data<'a>(&self, plan: &Plan, data: &'a ResidentData) -> Result<&'a GpuData> {
         data.downcast_ref::<GpuData>().ok_or_else(|| foreign(plan))
+    }
+
+    /// An uninitialised device buffer of `bytes` bytes.
+    pub(crate) fn empty(&self, bytes: usize) -> Handle {
+        self.client.empty(bytes)
     }
 
     /// The CubeCL client (for backends that hand its buffers to native kernels: on CUDA,

@@ -45,6 +45,11 @@ pub(crate) trait Backend: Send + Sync {
     fn download(&self, plan: &Plan, data: &ResidentData) -> Result<(Vec<f32>, Option<Vec<f32>>)>;
     /// Milliseconds per execution, `iters` samples after `warmup` runs. Backends with device
     /// timers override this; the default times each synchronized run on the host.
+    /// Milliseconds of the attention kernel alone, for plans that run in several steps (the
+    /// INT8 prepass, then the kernel): `None` where [`Backend::time`] already is the kernel.
+    fn time_kernel(&self, _plan: &Plan, _data: &mut ResidentData, _warmup: usize, _iters: usize) -> Result<Option<Vec<f64>>> {
+        Ok(None)
+    }
     fn time(&self, plan: &Plan, data: &mut ResidentData, warmup: usize, iters: usize) -> Result<Vec<f64>> {
         for _ in 0..warmup {
             self.execute(plan, data)?;
