@@ -42,12 +42,12 @@ fn quantize_rows_e__n_4(
     @builtin(local_invocation_index) local_idx: u32,
     @builtin(workgroup_id) workgroup_id: vec3<u32>,
 ) {
-var l_mut_101: u32;
-var l_mut_105: u32;
+var l_mut_100: u32;
+var l_mut_104: u32;
 var l_mut_16: f32;
-var l_mut_176: u32;
+var l_mut_175: u32;
 var l_mut_27: vec4<f32>;
-var l_mut_96: u32;
+var l_mut_95: u32;
 let l_0 = local_idx % u32(8);
 let l_1 = local_idx / u32(8);
 let l_2 = workgroup_id.x * u32(32);
@@ -154,169 +154,168 @@ l_mut_16 = l_80;
 }
 let l_81 = l_mut_16 > f32(0.0);
 let l_82 = bitcast<u32>(l_mut_16);
-let l_83 = bitcast<u32>(f32(127.0));
-let l_84 = l_82 & u32(2147483648);
-let l_85 = l_82 >> u32(23);
-let l_86 = l_85 & u32(255);
-let l_87 = l_83 >> u32(23);
-let l_88 = l_87 & u32(255);
-let l_89 = l_82 & u32(8388607);
-let l_90 = l_89 | u32(8388608);
-let l_91 = l_83 & u32(8388607);
-let l_92 = l_91 | u32(8388608);
-let l_93 = l_90 < l_92;
-let l_94 = select(u32(0), u32(1), l_93);
-let l_95 = l_90 << l_94;
-l_mut_96 = l_95;
-let l_97 = l_86 + u32(127);
-let l_98 = l_97 + u32(256);
-let l_99 = l_98 - l_88;
-let l_100 = l_99 - l_94;
-l_mut_101 = u32(0);
+let l_83 = l_82 & u32(2147483648);
+let l_84 = l_82 >> u32(23);
+let l_85 = l_84 & u32(255);
+let l_86 = u32(1123942400) >> u32(23);
+let l_87 = l_86 & u32(255);
+let l_88 = l_82 & u32(8388607);
+let l_89 = l_88 | u32(8388608);
+let l_90 = u32(1123942400) & u32(8388607);
+let l_91 = l_90 | u32(8388608);
+let l_92 = l_89 < l_91;
+let l_93 = select(u32(0), u32(1), l_92);
+let l_94 = l_89 << l_93;
+l_mut_95 = l_94;
+let l_96 = l_85 + u32(127);
+let l_97 = l_96 + u32(256);
+let l_98 = l_97 - l_87;
+let l_99 = l_98 - l_93;
+l_mut_100 = u32(0);
 
-for (var l_mut_102: u32 = u32(0); l_mut_102 < u32(25); l_mut_102++) {
-l_mut_101 = l_mut_101 << u32(1);
-let l_103 = l_mut_96 >= l_92;
-if l_103 {
-l_mut_96 = l_mut_96 - l_92;
-l_mut_101 = l_mut_101 | u32(1);
+for (var l_mut_101: u32 = u32(0); l_mut_101 < u32(25); l_mut_101++) {
+l_mut_100 = l_mut_100 << u32(1);
+let l_102 = l_mut_95 >= l_91;
+if l_102 {
+l_mut_95 = l_mut_95 - l_91;
+l_mut_100 = l_mut_100 | u32(1);
 }
-l_mut_96 = l_mut_96 << u32(1);
+l_mut_95 = l_mut_95 << u32(1);
 }
-let l_104 = l_mut_101 >> u32(1);
-l_mut_105 = l_104;
-let l_106 = l_mut_101 & u32(1);
-let l_107 = l_106 == u32(1);
-let l_108 = l_mut_96 != u32(0);
-let l_109 = l_mut_105 & u32(1);
-let l_110 = l_109 == u32(1);
-let l_111 = l_108 || l_110;
-let l_112 = l_107 && l_111;
-let l_113 = select(u32(0), u32(1), l_112);
-l_mut_105 = l_mut_105 + l_113;
-let l_114 = l_mut_105 >> u32(24);
-l_mut_105 = l_mut_105 >> l_114;
-let l_115 = l_100 + l_114;
-let l_116 = l_86 != u32(0);
-let l_117 = l_115 >= u32(257);
-let l_118 = l_116 && l_117;
-let l_119 = l_115 <= u32(510);
-let l_120 = l_118 && l_119;
-let l_121 = l_115 - u32(256);
-let l_122 = l_121 << u32(23);
-let l_123 = l_84 | l_122;
-let l_124 = l_mut_105 & u32(8388607);
-let l_125 = l_123 | l_124;
-let l_126 = select(l_84, l_125, l_120);
-let l_127 = bitcast<f32>(l_126);
-let l_128 = select(f32(1.0), l_127, l_81);
-shared_memory_11[l_mut_44] = l_128;
-let l_129 = workgroup_id.z * info.scalars_u32[1];
-let l_130 = l_129 + workgroup_id.y;
-let l_131 = l_130 * info.scalars_u32[2];
-let l_132 = l_131 + workgroup_id.x;
-let l_133 = l_132 * u32(1);
-let l_134 = l_133 + l_mut_44;
-let l_135 = l_128 * info.scalars_f32[0];
-buffer_2_global[l_134] = l_135;
+let l_103 = l_mut_100 >> u32(1);
+l_mut_104 = l_103;
+let l_105 = l_mut_100 & u32(1);
+let l_106 = l_105 == u32(1);
+let l_107 = l_mut_95 != u32(0);
+let l_108 = l_mut_104 & u32(1);
+let l_109 = l_108 == u32(1);
+let l_110 = l_107 || l_109;
+let l_111 = l_106 && l_110;
+let l_112 = select(u32(0), u32(1), l_111);
+l_mut_104 = l_mut_104 + l_112;
+let l_113 = l_mut_104 >> u32(24);
+l_mut_104 = l_mut_104 >> l_113;
+let l_114 = l_99 + l_113;
+let l_115 = l_85 != u32(0);
+let l_116 = l_114 >= u32(257);
+let l_117 = l_115 && l_116;
+let l_118 = l_114 <= u32(510);
+let l_119 = l_117 && l_118;
+let l_120 = l_114 - u32(256);
+let l_121 = l_120 << u32(23);
+let l_122 = l_83 | l_121;
+let l_123 = l_mut_104 & u32(8388607);
+let l_124 = l_122 | l_123;
+let l_125 = select(l_83, l_124, l_119);
+let l_126 = bitcast<f32>(l_125);
+let l_127 = select(f32(1.0), l_126, l_81);
+shared_memory_11[l_mut_44] = l_127;
+let l_128 = workgroup_id.z * info.scalars_u32[1];
+let l_129 = l_128 + workgroup_id.y;
+let l_130 = l_129 * info.scalars_u32[2];
+let l_131 = l_130 + workgroup_id.x;
+let l_132 = l_131 * u32(1);
+let l_133 = l_132 + l_mut_44;
+let l_134 = l_127 * info.scalars_f32[0];
+buffer_2_global[l_133] = l_134;
 }
 workgroupBarrier();
 
-for (var l_mut_136: u32 = u32(0); l_mut_136 < u32(2); l_mut_136++) {
-let l_137 = l_mut_136 * u32(16);
-let l_138 = l_137 + l_1;
-let l_139 = l_2 + l_138;
-let l_140 = l_138 < u32(32);
-let l_141 = l_139 < info.scalars_u32[0];
-let l_142 = l_140 && l_141;
-if l_142 {
-l_mut_105 = u32(0);
-let l_143 = shared_memory_11[l_mut_105];
-let l_144 = l_139 * info.scalars_u32[5];
-let l_145 = l_5 + l_144;
+for (var l_mut_135: u32 = u32(0); l_mut_135 < u32(2); l_mut_135++) {
+let l_136 = l_mut_135 * u32(16);
+let l_137 = l_136 + l_1;
+let l_138 = l_2 + l_137;
+let l_139 = l_137 < u32(32);
+let l_140 = l_138 < info.scalars_u32[0];
+let l_141 = l_139 && l_140;
+if l_141 {
+l_mut_104 = u32(0);
+let l_142 = shared_memory_11[l_mut_104];
+let l_143 = l_138 * info.scalars_u32[5];
+let l_144 = l_5 + l_143;
 
-for (var l_mut_146: u32 = l_0; l_mut_146 < u32(16); l_mut_146 += u32(8)) {
-let l_147 = l_145 / u32(4);
-let l_148 = l_147 + l_mut_146;
-let l_149 = buffer_0_global[l_148];
-let l_150 = vec4<f32>(l_149);
-l_mut_27 = l_150;
-let l_151 = l_9 + l_mut_146;
-let l_152 = buffer_3_global[l_151];
-l_mut_27 = l_mut_27 - l_152;
-l_mut_105 = u32(0);
+for (var l_mut_145: u32 = l_0; l_mut_145 < u32(16); l_mut_145 += u32(8)) {
+let l_146 = l_144 / u32(4);
+let l_147 = l_146 + l_mut_145;
+let l_148 = buffer_0_global[l_147];
+let l_149 = vec4<f32>(l_148);
+l_mut_27 = l_149;
+let l_150 = l_9 + l_mut_145;
+let l_151 = buffer_3_global[l_150];
+l_mut_27 = l_mut_27 - l_151;
+l_mut_104 = u32(0);
 
-for (var l_mut_153: u32 = u32(0); l_mut_153 < u32(4); l_mut_153++) {
-let l_154 = l_mut_27[l_mut_153];
-let l_155 = bitcast<u32>(l_154);
-let l_156 = bitcast<u32>(l_143);
-let l_157 = l_155 & u32(2147483648);
-let l_158 = l_155 >> u32(23);
-let l_159 = l_158 & u32(255);
-let l_160 = l_156 >> u32(23);
-let l_161 = l_160 & u32(255);
-let l_162 = l_155 & u32(8388607);
-let l_163 = l_162 | u32(8388608);
-let l_164 = l_156 & u32(8388607);
-let l_165 = l_164 | u32(8388608);
-let l_166 = l_163 < l_165;
-let l_167 = select(u32(0), u32(1), l_166);
-let l_168 = l_163 << l_167;
-l_mut_101 = l_168;
-let l_169 = l_159 + u32(127);
-let l_170 = l_169 + u32(256);
-let l_171 = l_170 - l_161;
-let l_172 = l_171 - l_167;
-l_mut_96 = u32(0);
+for (var l_mut_152: u32 = u32(0); l_mut_152 < u32(4); l_mut_152++) {
+let l_153 = l_mut_27[l_mut_152];
+let l_154 = bitcast<u32>(l_142);
+let l_155 = bitcast<u32>(l_153);
+let l_156 = l_155 & u32(2147483648);
+let l_157 = l_155 >> u32(23);
+let l_158 = l_157 & u32(255);
+let l_159 = l_154 >> u32(23);
+let l_160 = l_159 & u32(255);
+let l_161 = l_155 & u32(8388607);
+let l_162 = l_161 | u32(8388608);
+let l_163 = l_154 & u32(8388607);
+let l_164 = l_163 | u32(8388608);
+let l_165 = l_162 < l_164;
+let l_166 = select(u32(0), u32(1), l_165);
+let l_167 = l_162 << l_166;
+l_mut_100 = l_167;
+let l_168 = l_158 + u32(127);
+let l_169 = l_168 + u32(256);
+let l_170 = l_169 - l_160;
+let l_171 = l_170 - l_166;
+l_mut_95 = u32(0);
 
-for (var l_mut_173: u32 = u32(0); l_mut_173 < u32(25); l_mut_173++) {
-l_mut_96 = l_mut_96 << u32(1);
-let l_174 = l_mut_101 >= l_165;
-if l_174 {
-l_mut_101 = l_mut_101 - l_165;
-l_mut_96 = l_mut_96 | u32(1);
+for (var l_mut_172: u32 = u32(0); l_mut_172 < u32(25); l_mut_172++) {
+l_mut_95 = l_mut_95 << u32(1);
+let l_173 = l_mut_100 >= l_164;
+if l_173 {
+l_mut_100 = l_mut_100 - l_164;
+l_mut_95 = l_mut_95 | u32(1);
 }
-l_mut_101 = l_mut_101 << u32(1);
+l_mut_100 = l_mut_100 << u32(1);
 }
-let l_175 = l_mut_96 >> u32(1);
-l_mut_176 = l_175;
-let l_177 = l_mut_96 & u32(1);
-let l_178 = l_177 == u32(1);
-let l_179 = l_mut_101 != u32(0);
-let l_180 = l_mut_176 & u32(1);
-let l_181 = l_180 == u32(1);
-let l_182 = l_179 || l_181;
-let l_183 = l_178 && l_182;
-let l_184 = select(u32(0), u32(1), l_183);
-l_mut_176 = l_mut_176 + l_184;
-let l_185 = l_mut_176 >> u32(24);
-l_mut_176 = l_mut_176 >> l_185;
-let l_186 = l_172 + l_185;
-let l_187 = l_159 != u32(0);
-let l_188 = l_186 >= u32(257);
-let l_189 = l_187 && l_188;
-let l_190 = l_186 <= u32(510);
-let l_191 = l_189 && l_190;
-let l_192 = l_186 - u32(256);
-let l_193 = l_192 << u32(23);
-let l_194 = l_157 | l_193;
-let l_195 = l_mut_176 & u32(8388607);
-let l_196 = l_194 | l_195;
-let l_197 = select(l_157, l_196, l_191);
-let l_198 = bitcast<f32>(l_197);
-let l_199 = round(l_198);
-let l_200 = clamp(l_199, f32(-127.0), f32(127.0));
-let l_201 = l_200 < f32(0.0);
-let l_202 = l_200 + f32(256.0);
-let l_203 = select(l_200, l_202, l_201);
-let l_204 = u32(l_203);
-let l_205 = u32(8) * l_mut_153;
-let l_206 = l_204 << l_205;
-l_mut_105 = l_mut_105 | l_206;
+let l_174 = l_mut_95 >> u32(1);
+l_mut_175 = l_174;
+let l_176 = l_mut_95 & u32(1);
+let l_177 = l_176 == u32(1);
+let l_178 = l_mut_100 != u32(0);
+let l_179 = l_mut_175 & u32(1);
+let l_180 = l_179 == u32(1);
+let l_181 = l_178 || l_180;
+let l_182 = l_177 && l_181;
+let l_183 = select(u32(0), u32(1), l_182);
+l_mut_175 = l_mut_175 + l_183;
+let l_184 = l_mut_175 >> u32(24);
+l_mut_175 = l_mut_175 >> l_184;
+let l_185 = l_171 + l_184;
+let l_186 = l_158 != u32(0);
+let l_187 = l_185 >= u32(257);
+let l_188 = l_186 && l_187;
+let l_189 = l_185 <= u32(510);
+let l_190 = l_188 && l_189;
+let l_191 = l_185 - u32(256);
+let l_192 = l_191 << u32(23);
+let l_193 = l_156 | l_192;
+let l_194 = l_mut_175 & u32(8388607);
+let l_195 = l_193 | l_194;
+let l_196 = select(l_156, l_195, l_190);
+let l_197 = bitcast<f32>(l_196);
+let l_198 = round(l_197);
+let l_199 = clamp(l_198, f32(-127.0), f32(127.0));
+let l_200 = l_199 < f32(0.0);
+let l_201 = l_199 + f32(256.0);
+let l_202 = select(l_199, l_201, l_200);
+let l_203 = u32(l_202);
+let l_204 = u32(8) * l_mut_152;
+let l_205 = l_203 << l_204;
+l_mut_104 = l_mut_104 | l_205;
 }
-let l_207 = l_145 / u32(4);
-let l_208 = l_207 + l_mut_146;
-buffer_1_global[l_208] = l_mut_105;
+let l_206 = l_144 / u32(4);
+let l_207 = l_206 + l_mut_145;
+buffer_1_global[l_207] = l_mut_104;
 }
 }
 }

@@ -31,6 +31,8 @@ pub(crate) const MMA_M: usize = 16;
 pub(crate) const THREAD_GROUPS: usize = 8;
 /// Largest code magnitude.
 pub(crate) const QMAX: f32 = 127.0;
+/// `QMAX.to_bits()`, for [`div_rn_bits`].
+pub(crate) const QMAX_BITS: u32 = 0x42fe_0000;
 /// Units sharing one row when scanning it (each takes every `LANES`-th 4-channel quad).
 pub(crate) const LANES: usize = 8;
 /// Units per cube of the quantization kernel.
@@ -102,8 +104,15 @@ pub struct QuantShape {
 /// reachable with f32 inputs below 1e-36, whose codes are 0 anyway).
 #[cube]
 pub(crate) fn div_rn(a: f32, b: f32) -> f32 {
+    div_rn_bits(a, u32::reinterpret(b))
+}
+
+/// [`div_rn`] with the divisor given by its bits: a constant divisor must come in this way,
+/// because CubeCL's CUDA backend emits `reinterpret_cast<uint32 const&>(float(127.0))` for the
+/// bitcast of a literal, which NVRTC rejects (not an lvalue).
+#[cube]
+pub(crate) fn div_rn_bits(a: f32, ub: u32) -> f32 {
     let ua = u32::reinterpret(a);
-    let ub = u32::reinterpret(b);
     let sign = ua & 0x8000_0000u32;
     let ea = (ua >> 23u32) & 0xffu32;
     let eb = (ub >> 23u32) & 0xffu32;
@@ -140,7 +149,7 @@ pub(crate) fn div_rn(a: f32, b: f32) -> f32 {
 /// The unfolded scale of a group whose largest magnitude is `amax` (the codec's `scale_for`).
 #[cube]
 pub(crate) fn scale_for(amax: f32) -> f32 {
-    select(amax > 0.0, div_rn(amax, QMAX), 1.0f32)
+    select(amax > 0.0, div_rn_bits(amax, QMAX_BITS), 1.0f32)
 }
 
 /// The code of `x` under `scale`, as a byte (two's complement in `0..256`).
@@ -367,6 +376,11 @@ mod tests {
 
     /// `div_rn` against the CPU's IEEE division, bit for bit, on quotients across many binades,
     /// the scale division `amax / 127`, and mantissa-carry cases (`a` just below `b`).
+    #[test]
+    fn qmax_bits_are_qmax() {
+        assert_eq!(QMAX_BITS, QMAX.to_bits());
+    }
+
     #[test]
     fn div_rn_is_correctly_rounded() {
         let instance = wgpu::Instance::default();
