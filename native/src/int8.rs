@@ -86,25 +86,31 @@ pub struct Int8TileRow {
     pub f16_pv: Int8Tile,
 }
 
-/// Tile configuration per head dim, and why. NOT measured yet (nothing of this family has run
-/// on a GPU): picked as the fastest-looking tiles that compile without spills on every target
-/// in [`Int8Config::TARGETS`] (`tests/compile.rs`); re-pick with `int8_check`'s
-/// `QUATTN_SWEEP_INT8` on the H100.
+/// Tile configuration per head dim, and why. Measured on the H100 with `int8_check`'s
+/// `QUATTN_SWEEP_INT8` (PerBlock, f32 P·V, batch·seq = 16k, heads = 2048/hd, TFLOP/s non-causal
+/// at seq 4k / 8k / 16k; benchmarks/2026-11-22-h100-f):
 ///
-/// * hd64: 4 warps x 32 rows, 64 keys, Q in registers (240 registers on sm_90). As for HMMA,
-///   32 rows per warp make each K or V fragment read from shared memory feed 4 MMAs; at 16
-///   rows an H100 SM is bound by ldmatrix bandwidth, which int8's 2x MMA rate makes worse.
-///   128 keys (the HMMA hd64 choice) spills 16-96 bytes here.
-/// * hd128: 8 warps x 16 rows, 64 keys, Q in registers (~206 registers). The 32-row tile (O 128
-///   + S 64 registers, Q 32 more in registers or re-read from shared memory) spills 20-100
-///   bytes on sm_90 in every form tried: Q in shared memory, 48 keys, scores one m tile at a
-///   time (`qk_split`); ptxas fills the freed registers with hoisted addresses. The 16-row tile
-///   reads each K/V fragment for 2 MMAs only, so expect it to be ldmatrix-bound on the H100
-///   (HMMA's 16-row hd128 tile measured 246-289 against 352 TFLOP/s for 32 rows): making the
-///   32-row tile fit is the first thing to do for the performance target.
+/// | tile (warps x rows/warp, BLOCK_N, Q)        | hd64              | hd128                   |
+/// |---------------------------------------------|-------------------|-------------------------|
+/// | 4 x 32, 64, registers                       | **298 / 306 / 314** | spills (see below)    |
+/// | 4 x 32, 128, shared memory (spills, below)  | 341 / 348 / 358   | -                       |
+/// | 8 x 16, 64, registers                       | -                 | 267 / 274 / 279         |
+/// | 8 x 16, 128, registers                      | -                 | **319 / 326 / 333**     |
+/// | 4 x 32, 64, shared memory (spills 24 B)     | -                 | 375 / 381 / 392         |
+/// | 4 x 32, 64, shared memory, split (40 B)     | -                 | 387 / 393 / 401         |
+///
+/// The spilling 32-row hd128 tiles are the fastest, as for HMMA (each K/V fragment feeds 4
+/// MMAs instead of 2), but the report refuses spills: every 32-row hd128 form tried spills
+/// 20-100 bytes on sm_90 (Q in registers or shared memory, 48 keys, scores one m tile at a time
+/// (`qk_split`)), ptxas filling freed registers with hoisted addresses. Until one fits, hd128
+/// takes the fastest tile that does not spill. All of them are ≤ 1.15x torch's FlashAttention-2
+/// (353 / 357 TFLOP/s at 8k / 16k): mma.sync runs s8 at twice the f16 rate, but P·V stays f16
+/// and the softmax does not shrink (BENCHMARKS.md).
 pub const INT8_TILES: [Int8TileRow; 2] = [
+    // 128 keys with Q in shared memory (341-358 measured) spills with per-thread scales on
+    // sm_80..sm_90 (20-40 B) and on sm_100a in every granularity: hd64 keeps 64 keys.
     Int8TileRow { head_dim: 64, f32_pv: Int8Tile::new(4, 64, 32), f16_pv: Int8Tile::new(4, 64, 32) },
-    Int8TileRow { head_dim: 128, f32_pv: Int8Tile::new(8, 64, 16), f16_pv: Int8Tile::new(8, 64, 16) },
+    Int8TileRow { head_dim: 128, f32_pv: Int8Tile::new(8, 128, 16), f16_pv: Int8Tile::new(8, 64, 16) },
 ];
 
 /// One compiled variant of the family: everything that changes the generated code.
