@@ -45,7 +45,7 @@ fn quantize_rows_e__n_4(
 var l_mut_100: u32;
 var l_mut_104: u32;
 var l_mut_16: f32;
-var l_mut_175: u32;
+var l_mut_184: u32;
 var l_mut_27: vec4<f32>;
 var l_mut_95: u32;
 let l_0 = local_idx % u32(8);
@@ -231,91 +231,107 @@ let l_141 = l_139 && l_140;
 if l_141 {
 l_mut_104 = u32(0);
 let l_142 = shared_memory_11[l_mut_104];
-let l_143 = l_138 * info.scalars_u32[5];
-let l_144 = l_5 + l_143;
+let l_143 = f32(1.0) / l_142;
+let l_144 = l_138 * info.scalars_u32[5];
+let l_145 = l_5 + l_144;
 
-for (var l_mut_145: u32 = l_0; l_mut_145 < u32(16); l_mut_145 += u32(8)) {
-let l_146 = l_144 / u32(4);
-let l_147 = l_146 + l_mut_145;
-let l_148 = buffer_0_global[l_147];
-let l_149 = vec4<f32>(l_148);
-l_mut_27 = l_149;
-let l_150 = l_9 + l_mut_145;
-let l_151 = buffer_3_global[l_150];
-l_mut_27 = l_mut_27 - l_151;
+for (var l_mut_146: u32 = l_0; l_mut_146 < u32(16); l_mut_146 += u32(8)) {
+let l_147 = l_145 / u32(4);
+let l_148 = l_147 + l_mut_146;
+let l_149 = buffer_0_global[l_148];
+let l_150 = vec4<f32>(l_149);
+l_mut_27 = l_150;
+let l_151 = l_9 + l_mut_146;
+let l_152 = buffer_3_global[l_151];
+l_mut_27 = l_mut_27 - l_152;
 l_mut_104 = u32(0);
 
-for (var l_mut_152: u32 = u32(0); l_mut_152 < u32(4); l_mut_152++) {
-let l_153 = l_mut_27[l_mut_152];
-let l_154 = bitcast<u32>(l_142);
-let l_155 = bitcast<u32>(l_153);
-let l_156 = l_155 & u32(2147483648);
-let l_157 = l_155 >> u32(23);
-let l_158 = l_157 & u32(255);
-let l_159 = l_154 >> u32(23);
-let l_160 = l_159 & u32(255);
-let l_161 = l_155 & u32(8388607);
-let l_162 = l_161 | u32(8388608);
-let l_163 = l_154 & u32(8388607);
-let l_164 = l_163 | u32(8388608);
-let l_165 = l_162 < l_164;
-let l_166 = select(u32(0), u32(1), l_165);
-let l_167 = l_162 << l_166;
-l_mut_100 = l_167;
-let l_168 = l_158 + u32(127);
-let l_169 = l_168 + u32(256);
-let l_170 = l_169 - l_160;
-let l_171 = l_170 - l_166;
+for (var l_mut_153: u32 = u32(0); l_mut_153 < u32(4); l_mut_153++) {
+let l_154 = l_mut_27[l_mut_153];
+let l_155 = abs(l_154);
+let l_156 = l_155 * l_143;
+l_mut_16 = l_156;
+let l_157 = floor(l_156);
+let l_158 = l_156 - l_157;
+let l_159 = l_158 - f32(0.5);
+let l_160 = abs(l_159);
+let l_161 = l_160 < f32(6.103515625e-5);
+if l_161 {
+let l_162 = abs(l_154);
+let l_163 = bitcast<u32>(l_142);
+let l_164 = bitcast<u32>(l_162);
+let l_165 = l_164 & u32(2147483648);
+let l_166 = l_164 >> u32(23);
+let l_167 = l_166 & u32(255);
+let l_168 = l_163 >> u32(23);
+let l_169 = l_168 & u32(255);
+let l_170 = l_164 & u32(8388607);
+let l_171 = l_170 | u32(8388608);
+let l_172 = l_163 & u32(8388607);
+let l_173 = l_172 | u32(8388608);
+let l_174 = l_171 < l_173;
+let l_175 = select(u32(0), u32(1), l_174);
+let l_176 = l_171 << l_175;
+l_mut_100 = l_176;
+let l_177 = l_167 + u32(127);
+let l_178 = l_177 + u32(256);
+let l_179 = l_178 - l_169;
+let l_180 = l_179 - l_175;
 l_mut_95 = u32(0);
 
-for (var l_mut_172: u32 = u32(0); l_mut_172 < u32(25); l_mut_172++) {
+for (var l_mut_181: u32 = u32(0); l_mut_181 < u32(25); l_mut_181++) {
 l_mut_95 = l_mut_95 << u32(1);
-let l_173 = l_mut_100 >= l_164;
-if l_173 {
-l_mut_100 = l_mut_100 - l_164;
+let l_182 = l_mut_100 >= l_173;
+if l_182 {
+l_mut_100 = l_mut_100 - l_173;
 l_mut_95 = l_mut_95 | u32(1);
 }
 l_mut_100 = l_mut_100 << u32(1);
 }
-let l_174 = l_mut_95 >> u32(1);
-l_mut_175 = l_174;
-let l_176 = l_mut_95 & u32(1);
-let l_177 = l_176 == u32(1);
-let l_178 = l_mut_100 != u32(0);
-let l_179 = l_mut_175 & u32(1);
-let l_180 = l_179 == u32(1);
-let l_181 = l_178 || l_180;
-let l_182 = l_177 && l_181;
-let l_183 = select(u32(0), u32(1), l_182);
-l_mut_175 = l_mut_175 + l_183;
-let l_184 = l_mut_175 >> u32(24);
-l_mut_175 = l_mut_175 >> l_184;
-let l_185 = l_171 + l_184;
-let l_186 = l_158 != u32(0);
-let l_187 = l_185 >= u32(257);
-let l_188 = l_186 && l_187;
-let l_189 = l_185 <= u32(510);
-let l_190 = l_188 && l_189;
-let l_191 = l_185 - u32(256);
-let l_192 = l_191 << u32(23);
-let l_193 = l_156 | l_192;
-let l_194 = l_mut_175 & u32(8388607);
-let l_195 = l_193 | l_194;
-let l_196 = select(l_156, l_195, l_190);
-let l_197 = bitcast<f32>(l_196);
-let l_198 = round(l_197);
-let l_199 = clamp(l_198, f32(-127.0), f32(127.0));
-let l_200 = l_199 < f32(0.0);
-let l_201 = l_199 + f32(256.0);
-let l_202 = select(l_199, l_201, l_200);
-let l_203 = u32(l_202);
-let l_204 = u32(8) * l_mut_152;
-let l_205 = l_203 << l_204;
-l_mut_104 = l_mut_104 | l_205;
+let l_183 = l_mut_95 >> u32(1);
+l_mut_184 = l_183;
+let l_185 = l_mut_95 & u32(1);
+let l_186 = l_185 == u32(1);
+let l_187 = l_mut_100 != u32(0);
+let l_188 = l_mut_184 & u32(1);
+let l_189 = l_188 == u32(1);
+let l_190 = l_187 || l_189;
+let l_191 = l_186 && l_190;
+let l_192 = select(u32(0), u32(1), l_191);
+l_mut_184 = l_mut_184 + l_192;
+let l_193 = l_mut_184 >> u32(24);
+l_mut_184 = l_mut_184 >> l_193;
+let l_194 = l_180 + l_193;
+let l_195 = l_167 != u32(0);
+let l_196 = l_194 >= u32(257);
+let l_197 = l_195 && l_196;
+let l_198 = l_194 <= u32(510);
+let l_199 = l_197 && l_198;
+let l_200 = l_194 - u32(256);
+let l_201 = l_200 << u32(23);
+let l_202 = l_165 | l_201;
+let l_203 = l_mut_184 & u32(8388607);
+let l_204 = l_202 | l_203;
+let l_205 = select(l_165, l_204, l_199);
+let l_206 = bitcast<f32>(l_205);
+l_mut_16 = l_206;
 }
-let l_206 = l_144 / u32(4);
-let l_207 = l_206 + l_mut_145;
-buffer_1_global[l_207] = l_mut_104;
+let l_207 = round(l_mut_16);
+let l_208 = min(l_207, f32(127.0));
+let l_209 = l_154 < f32(0.0);
+let l_210 = -l_208;
+let l_211 = select(l_208, l_210, l_209);
+let l_212 = l_211 < f32(0.0);
+let l_213 = l_211 + f32(256.0);
+let l_214 = select(l_211, l_213, l_212);
+let l_215 = u32(l_214);
+let l_216 = u32(8) * l_mut_153;
+let l_217 = l_215 << l_216;
+l_mut_104 = l_mut_104 | l_217;
+}
+let l_218 = l_145 / u32(4);
+let l_219 = l_218 + l_mut_146;
+buffer_1_global[l_219] = l_mut_104;
 }
 }
 }

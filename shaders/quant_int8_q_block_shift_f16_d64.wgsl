@@ -44,7 +44,7 @@ fn quantize_rows_e__n_4(
 ) {
 var l_mut_102: u32;
 var l_mut_16: f32;
-var l_mut_171: u32;
+var l_mut_180: u32;
 var l_mut_27: vec4<f32>;
 var l_mut_93: u32;
 var l_mut_98: u32;
@@ -228,123 +228,139 @@ let l_139 = l_137 && l_138;
 if l_139 {
 l_mut_102 = u32(0);
 let l_140 = shared_memory_11[l_mut_102];
-let l_141 = l_136 * info.scalars_u32[5];
-let l_142 = l_5 + l_141;
+let l_141 = f32(1.0) / l_140;
+let l_142 = l_136 * info.scalars_u32[5];
+let l_143 = l_5 + l_142;
 
-for (var l_mut_143: u32 = l_0; l_mut_143 < u32(16); l_mut_143 += u32(8)) {
-let l_144 = l_142 / u32(4);
-let l_145 = l_144 + l_mut_143;
-let l_146 = buffer_0_global[l_145];
-let l_147 = vec4<f32>(l_146);
-l_mut_27 = l_147;
+for (var l_mut_144: u32 = l_0; l_mut_144 < u32(16); l_mut_144 += u32(8)) {
+let l_145 = l_143 / u32(4);
+let l_146 = l_145 + l_mut_144;
+let l_147 = buffer_0_global[l_146];
+let l_148 = vec4<f32>(l_147);
+l_mut_27 = l_148;
 l_mut_102 = u32(0);
 
-for (var l_mut_148: u32 = u32(0); l_mut_148 < u32(4); l_mut_148++) {
-let l_149 = l_mut_27[l_mut_148];
-let l_150 = bitcast<u32>(l_140);
-let l_151 = bitcast<u32>(l_149);
-let l_152 = l_151 & u32(2147483648);
-let l_153 = l_151 >> u32(23);
-let l_154 = l_153 & u32(255);
-let l_155 = l_150 >> u32(23);
-let l_156 = l_155 & u32(255);
-let l_157 = l_151 & u32(8388607);
-let l_158 = l_157 | u32(8388608);
-let l_159 = l_150 & u32(8388607);
-let l_160 = l_159 | u32(8388608);
-let l_161 = l_158 < l_160;
-let l_162 = select(u32(0), u32(1), l_161);
-let l_163 = l_158 << l_162;
-l_mut_98 = l_163;
-let l_164 = l_154 + u32(127);
-let l_165 = l_164 + u32(256);
-let l_166 = l_165 - l_156;
-let l_167 = l_166 - l_162;
+for (var l_mut_149: u32 = u32(0); l_mut_149 < u32(4); l_mut_149++) {
+let l_150 = l_mut_27[l_mut_149];
+let l_151 = abs(l_150);
+let l_152 = l_151 * l_141;
+l_mut_16 = l_152;
+let l_153 = floor(l_152);
+let l_154 = l_152 - l_153;
+let l_155 = l_154 - f32(0.5);
+let l_156 = abs(l_155);
+let l_157 = l_156 < f32(6.103515625e-5);
+if l_157 {
+let l_158 = abs(l_150);
+let l_159 = bitcast<u32>(l_140);
+let l_160 = bitcast<u32>(l_158);
+let l_161 = l_160 & u32(2147483648);
+let l_162 = l_160 >> u32(23);
+let l_163 = l_162 & u32(255);
+let l_164 = l_159 >> u32(23);
+let l_165 = l_164 & u32(255);
+let l_166 = l_160 & u32(8388607);
+let l_167 = l_166 | u32(8388608);
+let l_168 = l_159 & u32(8388607);
+let l_169 = l_168 | u32(8388608);
+let l_170 = l_167 < l_169;
+let l_171 = select(u32(0), u32(1), l_170);
+let l_172 = l_167 << l_171;
+l_mut_98 = l_172;
+let l_173 = l_163 + u32(127);
+let l_174 = l_173 + u32(256);
+let l_175 = l_174 - l_165;
+let l_176 = l_175 - l_171;
 l_mut_93 = u32(0);
 
-for (var l_mut_168: u32 = u32(0); l_mut_168 < u32(25); l_mut_168++) {
+for (var l_mut_177: u32 = u32(0); l_mut_177 < u32(25); l_mut_177++) {
 l_mut_93 = l_mut_93 << u32(1);
-let l_169 = l_mut_98 >= l_160;
-if l_169 {
-l_mut_98 = l_mut_98 - l_160;
+let l_178 = l_mut_98 >= l_169;
+if l_178 {
+l_mut_98 = l_mut_98 - l_169;
 l_mut_93 = l_mut_93 | u32(1);
 }
 l_mut_98 = l_mut_98 << u32(1);
 }
-let l_170 = l_mut_93 >> u32(1);
-l_mut_171 = l_170;
-let l_172 = l_mut_93 & u32(1);
-let l_173 = l_172 == u32(1);
-let l_174 = l_mut_98 != u32(0);
-let l_175 = l_mut_171 & u32(1);
-let l_176 = l_175 == u32(1);
-let l_177 = l_174 || l_176;
-let l_178 = l_173 && l_177;
-let l_179 = select(u32(0), u32(1), l_178);
-l_mut_171 = l_mut_171 + l_179;
-let l_180 = l_mut_171 >> u32(24);
-l_mut_171 = l_mut_171 >> l_180;
-let l_181 = l_167 + l_180;
-let l_182 = l_154 != u32(0);
-let l_183 = l_181 >= u32(257);
-let l_184 = l_182 && l_183;
-let l_185 = l_181 <= u32(510);
-let l_186 = l_184 && l_185;
-let l_187 = l_181 - u32(256);
-let l_188 = l_187 << u32(23);
-let l_189 = l_152 | l_188;
-let l_190 = l_mut_171 & u32(8388607);
-let l_191 = l_189 | l_190;
-let l_192 = select(l_152, l_191, l_186);
-let l_193 = bitcast<f32>(l_192);
-let l_194 = round(l_193);
-let l_195 = clamp(l_194, f32(-127.0), f32(127.0));
-let l_196 = l_195 < f32(0.0);
-let l_197 = l_195 + f32(256.0);
-let l_198 = select(l_195, l_197, l_196);
-let l_199 = u32(l_198);
-let l_200 = u32(8) * l_mut_148;
-let l_201 = l_199 << l_200;
-l_mut_102 = l_mut_102 | l_201;
+let l_179 = l_mut_93 >> u32(1);
+l_mut_180 = l_179;
+let l_181 = l_mut_93 & u32(1);
+let l_182 = l_181 == u32(1);
+let l_183 = l_mut_98 != u32(0);
+let l_184 = l_mut_180 & u32(1);
+let l_185 = l_184 == u32(1);
+let l_186 = l_183 || l_185;
+let l_187 = l_182 && l_186;
+let l_188 = select(u32(0), u32(1), l_187);
+l_mut_180 = l_mut_180 + l_188;
+let l_189 = l_mut_180 >> u32(24);
+l_mut_180 = l_mut_180 >> l_189;
+let l_190 = l_176 + l_189;
+let l_191 = l_163 != u32(0);
+let l_192 = l_190 >= u32(257);
+let l_193 = l_191 && l_192;
+let l_194 = l_190 <= u32(510);
+let l_195 = l_193 && l_194;
+let l_196 = l_190 - u32(256);
+let l_197 = l_196 << u32(23);
+let l_198 = l_161 | l_197;
+let l_199 = l_mut_180 & u32(8388607);
+let l_200 = l_198 | l_199;
+let l_201 = select(l_161, l_200, l_195);
+let l_202 = bitcast<f32>(l_201);
+l_mut_16 = l_202;
 }
-let l_202 = l_142 / u32(4);
-let l_203 = l_202 + l_mut_143;
-buffer_1_global[l_203] = l_mut_102;
+let l_203 = round(l_mut_16);
+let l_204 = min(l_203, f32(127.0));
+let l_205 = l_150 < f32(0.0);
+let l_206 = -l_204;
+let l_207 = select(l_204, l_206, l_205);
+let l_208 = l_207 < f32(0.0);
+let l_209 = l_207 + f32(256.0);
+let l_210 = select(l_207, l_209, l_208);
+let l_211 = u32(l_210);
+let l_212 = u32(8) * l_mut_149;
+let l_213 = l_211 << l_212;
+l_mut_102 = l_mut_102 | l_213;
 }
-let l_204 = l_0 == u32(0);
-if l_204 {
+let l_214 = l_143 / u32(4);
+let l_215 = l_214 + l_mut_144;
+buffer_1_global[l_215] = l_mut_102;
+}
+let l_216 = l_0 == u32(0);
+if l_216 {
 l_mut_16 = f32(0.0);
 
-for (var l_mut_205: u32 = u32(0); l_mut_205 < u32(16); l_mut_205++) {
-let l_206 = l_142 / u32(4);
-let l_207 = l_206 + l_mut_205;
-let l_208 = buffer_0_global[l_207];
-let l_209 = vec4<f32>(l_208);
-let l_210 = l_9 + l_mut_205;
-let l_211 = buffer_3_global[l_210];
-let l_212 = l_209[u32(0)];
-let l_213 = l_211[u32(0)];
-let l_214 = l_212 * l_213;
-l_mut_16 = l_mut_16 + l_214;
-let l_215 = l_209[u32(1)];
-let l_216 = l_211[u32(1)];
-let l_217 = l_215 * l_216;
-l_mut_16 = l_mut_16 + l_217;
-let l_218 = l_209[u32(2)];
-let l_219 = l_211[u32(2)];
-let l_220 = l_218 * l_219;
-l_mut_16 = l_mut_16 + l_220;
-let l_221 = l_209[u32(3)];
-let l_222 = l_211[u32(3)];
-let l_223 = l_221 * l_222;
-l_mut_16 = l_mut_16 + l_223;
+for (var l_mut_217: u32 = u32(0); l_mut_217 < u32(16); l_mut_217++) {
+let l_218 = l_143 / u32(4);
+let l_219 = l_218 + l_mut_217;
+let l_220 = buffer_0_global[l_219];
+let l_221 = vec4<f32>(l_220);
+let l_222 = l_9 + l_mut_217;
+let l_223 = buffer_3_global[l_222];
+let l_224 = l_221[u32(0)];
+let l_225 = l_223[u32(0)];
+let l_226 = l_224 * l_225;
+l_mut_16 = l_mut_16 + l_226;
+let l_227 = l_221[u32(1)];
+let l_228 = l_223[u32(1)];
+let l_229 = l_227 * l_228;
+l_mut_16 = l_mut_16 + l_229;
+let l_230 = l_221[u32(2)];
+let l_231 = l_223[u32(2)];
+let l_232 = l_230 * l_231;
+l_mut_16 = l_mut_16 + l_232;
+let l_233 = l_221[u32(3)];
+let l_234 = l_223[u32(3)];
+let l_235 = l_233 * l_234;
+l_mut_16 = l_mut_16 + l_235;
 }
-let l_224 = workgroup_id.z * info.scalars_u32[1];
-let l_225 = l_224 + workgroup_id.y;
-let l_226 = l_225 * info.scalars_u32[0];
-let l_227 = l_226 + l_136;
-let l_228 = l_mut_16 * info.scalars_f32[1];
-buffer_4_global[l_227] = l_228;
+let l_236 = workgroup_id.z * info.scalars_u32[1];
+let l_237 = l_236 + workgroup_id.y;
+let l_238 = l_237 * info.scalars_u32[0];
+let l_239 = l_238 + l_136;
+let l_240 = l_mut_16 * info.scalars_f32[1];
+buffer_4_global[l_239] = l_240;
 }
 }
 }
