@@ -6,7 +6,7 @@
 #   benchmarks/run-h100.sh OUT_DIR [BIN_DIR]
 #
 # BIN_DIR holds `quattn` built with `cargo build --release -p quattn-demos --features peer-cubek`
-# (default: target/release). For Vulkan, the loader must be installed (on the lent GPU machine:
+# and the `hmma_check` / `int8_check` examples of quattn-native (default: target/release). For Vulkan, the loader must be installed (on the lent GPU machine:
 # unpack the libvulkan1 deb, see the device README) and VK_DRIVER_FILES point at the NVIDIA ICD.
 set -u
 out=${1:?usage: run-h100.sh OUT_DIR [BIN_DIR]}
@@ -18,12 +18,39 @@ export VK_DRIVER_FILES=${VK_DRIVER_FILES:-/usr/local/nvidia/share/vulkan/icd.d/n
 export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp} PYTHONUNBUFFERED=1
 step() { echo "== $(date -u +%H:%M:%S) $*"; }
 
-# Seven files: the GPU, one log of everything printed to stderr, five JSON-lines results.
+# Files: the GPU, one log of everything printed to stderr, JSON-lines results per step.
+# STEPS selects steps (default: all, in this order); a device call is limited to 10 minutes, so
+# the full set runs as two calls, e.g. STEPS="checks selftest int8 torch" then
+# STEPS="native portable wgpu torch accuracy" (torch in both: ratios are taken within a call).
+steps=${STEPS:-"checks selftest native int8 portable wgpu torch accuracy"}
+has() { [[ " $steps " == *" $1 "* ]]; }
 nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv > "$out/gpu.csv" 2>&1
-step selftest;  timeout 200 "$q" selftest --devices cuda,wgpu --json > "$out/selftest.jsonl" 2>> "$out/run.log"; echo "rc $?"; tail -1 "$out/selftest.jsonl"
-step native;    timeout 200 "$q" bench --device cuda --precision f16,f16-acc16,f16-2stage,bf16 --json > "$out/bench_native.jsonl" 2>> "$out/run.log"; echo "rc $?"
-step portable;  timeout 150 "$q" bench --device cuda --strategy portable --precision f16 --iters 10 --peers --json > "$out/bench_portable.jsonl" 2>> "$out/run.log"; echo "rc $?"
-step wgpu;      timeout 120 "$q" bench --device wgpu --precision f16 --seqs 1024,4096 --iters 10 --warmup 2 --json > "$out/bench_wgpu.jsonl" 2>> "$out/run.log"; echo "rc $?"
-step torch;     timeout 120 python3 demos/peers/torch_sdpa.py --backends flash,cudnn > "$out/torch.jsonl" 2>> "$out/run.log"; echo "rc $?"
-step accuracy;  timeout 60 python3 demos/peers/torch_sdpa.py --accuracy --batch 1 --heads 4 --seq 1024 --head-dim 128 > "$out/torch_acc.jsonl" 2>> "$out/run.log"; echo "rc $?"
+if has checks; then
+  step checks; timeout 100 "$bin/hmma_check" --check-only > "$out/checks.txt" 2>&1; echo "rc $?"
+  timeout 100 "$bin/int8_check" --check-only >> "$out/checks.txt" 2>&1; echo "rc $?"; grep -E "ALL|FAIL" "$out/checks.txt"
+fi
+if has selftest; then
+  step selftest;  timeout 330 "$q" selftest --devices cuda,wgpu --json > "$out/selftest.jsonl" 2>> "$out/run.log"; echo "rc $?"; tail -1 "$out/selftest.jsonl"
+fi
+if has native; then
+  step native;    timeout 200 "$q" bench --device cuda --precision f16,f16-acc16,f16-2stage,bf16 --json > "$out/bench_native.jsonl" 2>> "$out/run.log"; echo "rc $?"
+fi
+if has int8; then
+  # End to end (CubeCL prepass + native kernel) and kernel-only rows; seq 8k and 16k are the
+  # INT8 target shapes.
+  step int8;      timeout 200 "$q" bench --device cuda --precision int8,int8-warp,int8-thread,int8-block-nosmooth --seqs 4096,8192,16384 --causal non-causal --json > "$out/bench_int8.jsonl" 2>> "$out/run.log"; echo "rc $?"
+  timeout 100 "$q" bench --device cuda --strategy portable --precision int8 --seqs 4096 --head-dims 128 --causal non-causal --iters 5 --json >> "$out/bench_int8.jsonl" 2>> "$out/run.log"; echo "rc $?"
+fi
+if has portable; then
+  step portable;  timeout 150 "$q" bench --device cuda --strategy portable --precision f16 --iters 10 --peers --json > "$out/bench_portable.jsonl" 2>> "$out/run.log"; echo "rc $?"
+fi
+if has wgpu; then
+  step wgpu;      timeout 120 "$q" bench --device wgpu --precision f16 --seqs 1024,4096 --iters 10 --warmup 2 --json > "$out/bench_wgpu.jsonl" 2>> "$out/run.log"; echo "rc $?"
+fi
+if has torch; then
+  step torch;     timeout 120 python3 demos/peers/torch_sdpa.py --backends flash,cudnn --seqs 1024,4096,8192,16384 > "$out/torch.jsonl" 2>> "$out/run.log"; echo "rc $?"
+fi
+if has accuracy; then
+  step accuracy;  timeout 60 python3 demos/peers/torch_sdpa.py --accuracy --batch 1 --heads 4 --seq 1024 --head-dim 128 > "$out/torch_acc.jsonl" 2>> "$out/run.log"; echo "rc $?"
+fi
 step done

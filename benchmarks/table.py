@@ -33,7 +33,7 @@ def family(r):
         return "cubek-attention"
     if k.startswith("torch"):
         return k
-    return f'{re.sub(r"_d[0-9]+$", "", k)} [{r["precision"]}]'
+    return f'{re.sub(r"_d[0-9]+(?=$| )", "", k)} [{r["precision"]}]'
 
 
 def main(paths):

@@ -37,6 +37,32 @@ pub fn qkv(problem: &AttentionProblem, seed: u64) -> (Vec<f32>, Vec<f32>, Vec<f3
     )
 }
 
+/// The K channels [`qkv_k_outlier_channels`] offsets: three spread over the head dim.
+pub fn k_outlier_channels(head_dim: usize) -> [usize; 3] {
+    [5.min(head_dim - 1), head_dim / 2, head_dim.saturating_sub(7)]
+}
+
+/// Q, K, V from N(0, 1) (one stream of `seed`: Q, then K, then V) with `offset` added to the
+/// [`k_outlier_channels`] of every key: the per-channel outliers real keys have, which
+/// INT8 K quantization without smoothing suffers from (issue #5's accuracy case; `offset` 8 is
+/// +8σ).
+pub fn qkv_k_outlier_channels(problem: &AttentionProblem, seed: u64, offset: f32) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut normal = |n: usize| -> Vec<f32> { (0..n).map(|_| rng.sample::<f32, _>(StandardNormal)).collect() };
+    let (q, mut k, v) = (normal(problem.q_len_elems()), normal(problem.k_len_elems()), normal(problem.v_len_elems()));
+    let st = problem.k_strides();
+    for b in 0..problem.batch {
+        for h in 0..problem.kv_heads {
+            for j in 0..problem.kv_len {
+                for c in k_outlier_channels(problem.head_dim) {
+                    k[st.offset(b, h, j) + c] += offset;
+                }
+            }
+        }
+    }
+    (q, k, v)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

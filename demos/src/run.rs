@@ -59,7 +59,13 @@ pub fn main(a: &RunArgs) -> anyhow::Result<i32> {
     let session = Session::new(a.dev.device())?;
     let info = session.info();
     let plan = session.plan(&problem, a.precision, a.dev.strategy())?;
-    let (q, k, v) = check::inputs(&problem, a.precision, a.seed);
+    let (q, k, v) = if a.k_outlier_channels {
+        let (q, k, v) = quattn::inputs::qkv_k_outlier_channels(&problem, a.seed, 8.0);
+        let r = |x: Vec<f32>| quattn::HostSlice::F32(&x).rounded_to(a.precision.input_dtype());
+        (r(q), r(k), r(v))
+    } else {
+        check::inputs(&problem, a.precision, a.seed)
+    };
     let mut resident = session.upload(&plan, &q, &k, &v)?;
     let mut times = session.time(&mut resident, 1, a.iters.max(1))?;
     let ms = check::median(&mut times);

@@ -176,20 +176,7 @@ pub fn check_int8(session: &Session, p: AttentionProblem, precision: Precision, 
 /// The accuracy requirement's inputs: Q, K, V from N(0, 1) (rounded to f16), K with +8σ on a
 /// few channels for every key (the per-channel offset real K activations carry).
 pub fn outlier_channel_inputs(p: &AttentionProblem, seed: u64) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
-    use rand::{Rng, SeedableRng};
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let mut normal = |n: usize| -> Vec<f32> { (0..n).map(|_| rng.sample::<f32, _>(rand_distr::StandardNormal)).collect() };
-    let (q, mut k, v) = (normal(p.q_len_elems()), normal(p.k_len_elems()), normal(p.v_len_elems()));
-    let st = p.k_strides();
-    for b in 0..p.batch {
-        for h in 0..p.kv_heads {
-            for j in 0..p.kv_len {
-                for c in [5, p.head_dim / 2, p.head_dim - 7] {
-                    k[st.offset(b, h, j) + c] += 8.0;
-                }
-            }
-        }
-    }
+    let (q, k, v) = quattn::inputs::qkv_k_outlier_channels(p, seed, 8.0);
     let r = |x: Vec<f32>| HostSlice::F32(&x).rounded_to(Dtype::F16);
     (r(q), r(k), r(v))
 }
