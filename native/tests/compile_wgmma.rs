@@ -83,3 +83,21 @@ fn the_kernel_refuses_other_targets_at_compile_time() {
         other => panic!("expected a compile error, got {other:?}"),
     }
 }
+
+#[test]
+fn ptxas_keeps_the_wgmma_pipeline() {
+    // ptxas serializes wgmma (waits after every issue) when it cannot prove the async register
+    // use safe, and says so in its log: that would silently undo the S / P·V overlap.
+    if !tools_or_skip("ptxas_keeps_the_wgmma_pipeline") {
+        return;
+    }
+    let cache = KernelCache::new(None);
+    for cfg in WgmmaConfig::all() {
+        let c = cache.get_or_compile(&cfg.request(Arch::Sm90a).unwrap()).unwrap();
+        println!("{}: {}", cfg.name(), c.log.trim());
+        assert!(!c.log.contains("serialized"), "{}: {}", cfg.name(), c.log);
+        let sass = quattn_native::sass::disassemble(&c.cubin).unwrap();
+        let waits: Vec<&str> = sass.lines().filter(|l| l.contains("WARPGROUP") || l.contains("HGMMA")).collect();
+        println!("{}", waits.join("\n"));
+    }
+}
