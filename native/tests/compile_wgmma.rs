@@ -40,7 +40,7 @@ fn every_wgmma_variant_compiles_for_sm90a_with_hgmma_and_no_spill() {
         .collect();
     assert_eq!(reports.len(), WgmmaConfig::all().len());
     for r in &reports {
-        println!("{}", r.summary());
+        println!("{} {:?}", r.summary(), r.instructions);
     }
     let failed: Vec<String> = reports.iter().filter(|r| !r.ok()).map(|r| r.summary()).collect();
     assert!(failed.is_empty(), "failing variants:\n{}", failed.join("\n"));
@@ -98,6 +98,8 @@ fn ptxas_keeps_the_wgmma_pipeline() {
         assert!(!c.log.contains("serialized"), "{}: {}", cfg.name(), c.log);
         let sass = quattn_native::sass::disassemble(&c.cubin).unwrap();
         let waits: Vec<&str> = sass.lines().filter(|l| l.contains("WARPGROUP") || l.contains("HGMMA")).collect();
-        println!("{}", waits.join("\n"));
+        if std::env::var_os("QUATTN_PRINT_SASS").is_some() {
+            println!("{}", waits.join("\n"));
+        }
     }
 }
