@@ -61,6 +61,14 @@ impl WgmmaTile {
 pub const WGMMA_TILES: [(u32, WgmmaTile); 2] =
     [(64, WgmmaTile { warpgroups: 2, block_n: 128 }), (128, WgmmaTile { warpgroups: 2, block_n: 128 })];
 
+/// Grid, block and shared memory of one launch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WgmmaLaunchShape {
+    pub grid: (u32, u32, u32),
+    pub block: (u32, u32, u32),
+    pub smem_bytes: u32,
+}
+
 /// One compiled variant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 pub struct WgmmaConfig {
@@ -177,10 +185,14 @@ impl WgmmaConfig {
     }
 
     /// Grid `(query blocks, q_heads, batch)`, block `128 * warpgroups` threads.
-    pub fn launch_shape(&self, args: &WgmmaArgs) -> Result<((u32, u32, u32), (u32, u32, u32), u32)> {
+    pub fn launch_shape(&self, args: &WgmmaArgs) -> Result<WgmmaLaunchShape> {
         let t = self.tile()?;
         let m_blocks = args.q_len.div_ceil(t.block_m() as usize);
-        Ok(((m_blocks as u32, args.q_heads as u32, args.batch as u32), (t.threads(), 1, 1), self.smem_bytes()?))
+        Ok(WgmmaLaunchShape {
+            grid: (m_blocks as u32, args.q_heads as u32, args.batch as u32),
+            block: (t.threads(), 1, 1),
+            smem_bytes: self.smem_bytes()?,
+        })
     }
 }
 
@@ -292,9 +304,9 @@ mod launch {
                     ptrs[i]
                 )));
             }
-            let (grid, block, smem) = self.config.launch_shape(args)?;
+            let shape = self.config.launch_shape(args)?;
             let params = args.params(ptrs);
-            let cfg = LaunchConfig { grid_dim: grid, block_dim: block, shared_mem_bytes: smem };
+            let cfg = LaunchConfig { grid_dim: shape.grid, block_dim: shape.block, shared_mem_bytes: shape.smem_bytes };
             let mut b = stream.launch_builder(&self.function);
             b.arg(&params);
             // SAFETY: the parameter struct matches the kernel's signature; memory per contract.
@@ -354,8 +366,8 @@ mod tests {
             scale: 0.088, causal: true,
         };
         c.validate_args(&a).unwrap();
-        let (grid, block, smem) = c.launch_shape(&a).unwrap();
-        assert_eq!((grid, block, smem), ((8, 8, 2), (256, 1, 1), c.smem_bytes().unwrap()));
+        let shape = c.launch_shape(&a).unwrap();
+        assert_eq!((shape.grid, shape.block, shape.smem_bytes), ((8, 8, 2), (256, 1, 1), c.smem_bytes().unwrap()));
         let mut b = a;
         b.q.seq = 132;
         assert!(c.validate_args(&b).is_err());
