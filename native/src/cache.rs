@@ -41,6 +41,10 @@ pub static FWD_INT8_UMMA: KernelSource = KernelSource {
     entry: "fwd_int8_umma",
     text: include_str!("../cuda/fwd_int8_umma.cu"),
 };
+/// The wgmma forward family (sm_90a only).
+pub static FWD_WGMMA: KernelSource =
+    KernelSource { file: "fwd_wgmma.cu", entry: "fwd_wgmma", text: include_str!("../cuda/fwd_wgmma.cu") };
+
 /// The INT8 Q·Kᵀ forward family.
 pub static FWD_INT8: KernelSource =
     KernelSource { file: "fwd_int8.cu", entry: "fwd_int8", text: include_str!("../cuda/fwd_int8.cu") };

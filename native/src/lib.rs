@@ -14,6 +14,8 @@
 //! - [`int8_umma`]: the INT8 Q·Kᵀ forward family on sm_100a's tcgen05 UMMA (compiled and
 //!   disassembled, not run on hardware).
 //! - [`int8`]: the INT8 Q·Kᵀ (IMMA) forward family, its configs and its launcher.
+//! - [`wgmma`]: the fp16 forward family on Hopper's warpgroup MMA (sm_90a; compiled and
+//!   disassembled, not yet run on hardware).
 //! - [`device`]: device queries.
 
 pub mod arch;
@@ -27,6 +29,7 @@ pub mod nvrtc;
 pub mod report;
 pub mod sass;
 pub mod tools;
+pub mod wgmma;
 
 pub use arch::Arch;
 pub use cache::{default_cache_dir, CacheKey, CompileRequest, CompiledKernel, KernelCache, Origin};
@@ -42,3 +45,6 @@ pub use int8::{Int8Buffers, Int8Kernel};
 pub use int8::{Int8Args, Int8Config, Int8Granularity, Int8Lens, Int8Params, Int8Ptrs, Int8Tile, INT8_TILES};
 pub use nvrtc::{nvrtc, NvrtcInfo, Resources};
 pub use report::{compile_report, KernelReport};
+#[cfg(feature = "cuda")]
+pub use wgmma::WgmmaKernel;
+pub use wgmma::{WgmmaArgs, WgmmaConfig, WgmmaParams, WgmmaTile, WGMMA_TILES};

@@ -11,6 +11,7 @@ use crate::error::{NativeError, Result};
 use crate::hmma::HmmaConfig;
 use crate::int8::Int8Config;
 use crate::int8_umma::Int8UmmaConfig;
+use crate::wgmma::WgmmaConfig;
 
 /// What the report needs from one compiled variant of any kernel family. Each family implements
 /// it for its config type and lists itself in [`families`].
@@ -56,6 +57,21 @@ impl KernelVariant for Int8UmmaConfig {
     }
 }
 
+impl KernelVariant for WgmmaConfig {
+    fn name(&self) -> String {
+        WgmmaConfig::name(self)
+    }
+    fn request(&self, arch: Arch) -> Result<CompileRequest<'static>> {
+        WgmmaConfig::request(self, arch)
+    }
+    fn expected_instructions(&self, _arch: Arch) -> Vec<String> {
+        WgmmaConfig::expected_instructions(self)
+    }
+    fn dynamic_smem_bytes(&self, _arch: Arch) -> u32 {
+        self.smem_bytes().unwrap_or(0)
+    }
+}
+
 impl KernelVariant for Int8Config {
     fn name(&self) -> String {
         Int8Config::name(self)
@@ -93,6 +109,8 @@ pub fn families() -> Vec<Family> {
             variants: boxed(Int8UmmaConfig::all()),
             targets: Int8UmmaConfig::TARGETS,
         },
+        // sm_90a only; compiled and disassembled in CI, not yet run on hardware.
+        Family { name: "fwd_wgmma", variants: boxed(WgmmaConfig::all()), targets: WgmmaConfig::TARGETS },
     ]
 }
 

@@ -1,0 +1,477 @@
+// FlashAttention-3-style forward on Hopper's warpgroup MMA (wgmma), fp16 in, f32 accumulation.
+// sm_90a only (wgmma exists on no other target).
+//
+// UNVERIFIED ON HARDWARE: compiled for sm_90a and disassembled (HGMMA present, no spill), not yet
+// run on an H100. Descriptor encodings and layouts below follow the PTX ISA ("Matrix Descriptor
+// Format", "Shared Memory Matrix Layout", canonical layouts) and have not been exercised by a
+// device; `examples/wgmma_check.rs` is the check to run before anything trusts this kernel.
+//
+// CTA. WARPGROUPS (1 or 2) consumer warpgroups of 4 warps, 64 query rows each (the M of every
+// wgmma is 64): BLOCK_M = 64 * WARPGROUPS rows of one (batch, head). No producer warp: every
+// thread issues cp.async 16-byte copies, so loads overlap compute only through the two-stage
+// buffers below (no TMA, no mbarriers, no setmaxnreg).
+//
+// Shared memory layout: the canonical K-major 128-byte-swizzle layout of wgmma, for Q, K and V
+// alike. A tile of R rows x D f16 (row = query or key, D = head dim contiguous in global memory)
+// is split into D / 64 column blocks of 64 elements = 128 bytes. Column block h occupies
+// [h * R * 128, (h + 1) * R * 128); row r of it starts at r * 128; its 16-byte chunk c (elements
+// 8c .. 8c + 7 of the block) sits at chunk position c ^ (r & 7):
+//     byte(r, e) = (e / 64) * R * 128 + r * 128 + (((e % 64) / 8) ^ (r & 7)) * 16 + (e % 8) * 2
+// With every tile base 1024-byte aligned (the dynamic base is rounded up in the kernel), bits 7-9
+// of the address are r & 7, so this is exactly the hardware's 128B swizzle (address bits 4-6 ^=
+// bits 7-9) applied to a dense [R][64] block: the Swizzle<3,4,3> of the PTX canonical layouts.
+// cp.async writes chunk c of row r to that position (common.cuh's cta_copy_rows with 128-byte
+// rows computes exactly this offset).
+//
+// Descriptors (PTX "Matrix Descriptor Format", sm_90): start address >> 4 in bits 0-13, leading
+// byte offset >> 4 in 16-29, stride byte offset >> 4 in 32-45, base offset 0, layout type 1 =
+// 128B swizzle in bits 62-63.
+//   * Q (A, K-major) and K (B of S = Q·Kᵀ, K-major: keys are the N rows, head dim the K dim).
+//     Canonical K-major SW128 layout ((8,m),(T,2k)):((8T,SBO),(1,T)): 8-row groups at SBO =
+//     1024 bytes, LBO unused (a k16 step is 32 bytes, inside one 128-byte row; set to 1 as is
+//     customary). k16 step kk of the head dim starts at block (kk / 4), byte 32 * (kk % 4): the
+//     hardware swizzles the computed address, so an un-swizzled +32 start inside the 1024-byte
+//     atom selects the right chunks of every row. Warpgroup w's Q rows start 64 * w * 128 bytes
+//     into each block (a multiple of 1024).
+//   * V (B of O = P·V: K dim = keys, N dim = head dim). V is stored like K ([key][dim], dims
+//     contiguous), which for this product is MN-major, so the wgmma's transpose-B bit is 1 and
+//     the descriptor follows the canonical MN-major SW128 layout ((T,8,m),(8,k)):((1,T,LBO),
+//     (8T,SBO)): 64 dims contiguous per 128-byte row, the next 64 dims (hd128) LBO = BLOCK_N *
+//     128 bytes further (the next column block), 8-key groups SBO = 1024 bytes apart. k16 step
+//     kk of the keys starts at byte kk * 16 * 128 = 2048 * kk. No transposed copy of V exists.
+//
+// Register layouts (wgmma m64nNk16, f32 accumulators): warp q of the warpgroup holds rows
+// 16q .. 16q + 15; lane 4g + t holds, for each n8 column group n, d[4n + 0, 1] = (row g, cols 8n +
+// 2t, +1) and d[4n + 2, 3] = (row g + 8, same cols): two rows per thread, entries i = 0, 1. The
+// register A fragment of a m64k16 f16 wgmma has the m16n8k16 mma.sync A layout per warp, so the
+// scores of key step kk (n groups 2kk, 2kk + 1) pack into P's A operand as pack(d[8kk + 0, 1]),
+// pack(d[8kk + 2, 3]), pack(d[8kk + 4, 5]), pack(d[8kk + 6, 7]) and P never leaves registers.
+//
+// Pipeline (per warpgroup; FA3's intra-warpgroup overlap). K and V have separate two-stage rings.
+// Tile j (keys of KV tile t = n_tiles - 1 - j: masked tiles first, like fwd_hmma):
+//   wait for cp.async (K_j, V_{j-1} landed), fence.proxy.async, __syncthreads  (also: every
+//     warpgroup finished the wgmmas of tile j - 1, so K stage (j+1)&1 and V stage j&1 are free)
+//   cp.async K_{j+1} -> K stage (j+1)&1, V_j -> V stage j&1, commit
+//   wgmma.fence; issue S_j = Q·K_jᵀ (D/16 wgmmas), commit; issue O += P_{j-1}·V_{j-1}
+//     (BLOCK_N/16 register-A wgmmas), commit
+//   wait_group 1: S_j is done while P_{j-1}·V_{j-1} may still run on the tensor cores;
+//     mask, row max, rescale decision, exp2 in place, row sums  (overlaps the P·V)
+//   wait_group 0: P·V done; rescale O if needed; pack P_j from S_j.
+// After the last tile one more P·V. Register operands of in-flight wgmmas (S, O, P) are pinned
+// with empty asm "+r/+f" fences around every issue and wait so that the compiler neither reads
+// an accumulator before its wait_group nor reuses P's registers while a P·V reads them.
+//
+// Softmax: as fwd_hmma (bottom-right causal, sequence-end masks on masked tiles only, GQA,
+// natural-log LSE, conditional rescale by RESCALE_LOG2 = 8 decided per warp, which owns its 16
+// rows). Epilogue: O · 1/l packed to f16 into the warpgroup's own rows of the Q region (same
+// swizzled layout), then 16-byte coalesced global stores.
+//
+// Compile-time parameters (-D, built by src/wgmma.rs): HEAD_DIM 64 | 128, WARPGROUPS 1 | 2,
+// BLOCK_N 64 | 128. ABI: `FwdParams`, identical to fwd_hmma's (Rust mirror `HmmaParams`).
+#include "common.cuh"
+
+#if !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#error "fwd_wgmma.cu compiles for sm_90a only (wgmma)"
+#endif
+#if !defined(HEAD_DIM) || !defined(WARPGROUPS) || !defined(BLOCK_N)
+#error "fwd_wgmma.cu needs HEAD_DIM, WARPGROUPS, BLOCK_N"
+#endif
+#ifndef RESCALE_LOG2
+#define RESCALE_LOG2 8
+#endif
+
+namespace cfg {
+constexpr int D = HEAD_DIM;
+constexpr int WG = WARPGROUPS;
+constexpr int BM = 64 * WG;
+constexpr int BN = BLOCK_N;
+constexpr int THREADS = 128 * WG;
+constexpr int BLOCKS = D / 64;             // 128-byte column blocks per row
+constexpr int S_REGS = BN / 2;             // f32 scores per thread (m64nBN accumulator)
+constexpr int O_REGS = D / 2;              // f32 outputs per thread (m64nD accumulator)
+constexpr int K_STEPS = D / 16;            // k16 steps of Q·Kᵀ
+constexpr int P_STEPS = BN / 16;           // k16 steps of P·V
+constexpr int Q_BYTES = BM * D * 2;
+constexpr int KV_TILE_BYTES = BN * D * 2;
+constexpr int K_OFFSET = Q_BYTES;                      // two K stages
+constexpr int V_OFFSET = Q_BYTES + 2 * KV_TILE_BYTES;  // two V stages
+constexpr int SMEM_BYTES = Q_BYTES + 4 * KV_TILE_BYTES + 1024;   // + alignment slack
+static_assert(D == 64 || D == 128, "head dim 64 or 128");
+static_assert(WG == 1 || WG == 2, "1 or 2 consumer warpgroups");
+static_assert(BN == 64 || BN == 128, "BLOCK_N 64 or 128");
+static_assert(SMEM_BYTES <= 227 * 1024, "more shared memory than an sm_90 block may have");
+static_assert(Q_BYTES % 1024 == 0 && KV_TILE_BYTES % 1024 == 0, "1024-byte aligned tiles");
+}  // namespace cfg
+
+struct FwdParams {
+    u64 q, k, v, o, lse;                       // device pointers
+    i64 q_batch_stride, q_head_stride, q_seq_stride;   // in elements; head dim is contiguous
+    i64 k_batch_stride, k_head_stride, k_seq_stride;
+    i64 v_batch_stride, v_head_stride, v_seq_stride;
+    i64 o_batch_stride, o_head_stride, o_seq_stride;
+    int q_len, kv_len, q_heads, kv_group;      // kv_group = q_heads / kv_heads (GQA)
+    float scale_log2;                          // softmax scale * log2(e)
+    float scale;                               // softmax scale (natural-log LSE)
+    int causal;                                // bottom-right aligned
+    int pad_;
+};
+
+// ---- wgmma primitives ----------------------------------------------------------------------
+
+// Shared-memory matrix descriptor, 128-byte swizzle (see the header).
+__device__ __forceinline__ u64 sw128_desc(u32 addr, u32 lbo, u32 sbo) {
+    return (u64)((addr >> 4) & 0x3fffu) | ((u64)((lbo >> 4) & 0x3fffu) << 16) |
+           ((u64)((sbo >> 4) & 0x3fffu) << 32) | (1ull << 62);
+}
+__device__ __forceinline__ void wg_fence() {
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wg_commit() {
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void wg_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N) : "memory");
+}
+// Empty asm that "reads and writes" the registers: keeps accumulator reads after a wait and keeps
+// register operands of an in-flight wgmma alive (asm volatile statements keep their order).
+template <int N>
+__device__ __forceinline__ void reg_fence(float (&r)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i]) :: "memory");
+}
+template <int N>
+__device__ __forceinline__ void reg_fence(u32 (&r)[N][4]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+#pragma unroll
+        for (int x = 0; x < 4; ++x) asm volatile("" : "+r"(r[i][x]) :: "memory");
+}
+
+// ---- wgmma wrappers (one asm statement per shape; operand lists written out) --------------
+
+// D[64 x 64] (+)= A[64 x 16] (shared, descriptor) * B[16 x 64] (shared, descriptor), both K-major.
+template <int ACC>
+__device__ __forceinline__ void wg_mma_ss_n64(float (&d)[32], u64 a_desc, u64 b_desc) {
+    asm volatile("{ .reg .pred p; setp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 0, 0; }\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "l"(a_desc), "l"(b_desc), "n"(ACC) : "memory");
+}
+
+// D[64 x 128] (+)= A[64 x 16] (shared, descriptor) * B[16 x 128] (shared, descriptor), both K-major.
+template <int ACC>
+__device__ __forceinline__ void wg_mma_ss_n128(float (&d)[64], u64 a_desc, u64 b_desc) {
+    asm volatile("{ .reg .pred p; setp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1, 0, 0; }\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "l"(a_desc), "l"(b_desc), "n"(ACC) : "memory");
+}
+
+// D[64 x 64] += A[64 x 16] (registers, f16x2) * B[16 x 64] (shared, descriptor, MN-major: tnspB = 1).
+__device__ __forceinline__ void wg_mma_rs_n64(float (&d)[32], const u32 (&a)[4], u64 b_desc) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, 1, 1, 1, 1;\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc) : "memory");
+}
+
+// D[64 x 128] += A[64 x 16] (registers, f16x2) * B[16 x 128] (shared, descriptor, MN-major: tnspB = 1).
+__device__ __forceinline__ void wg_mma_rs_n128(float (&d)[64], const u32 (&a)[4], u64 b_desc) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, {%64,%65,%66,%67}, %68, 1, 1, 1, 1;\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc) : "memory");
+}
+
+
+// S[64 x BN] = Q_wg · K_tileᵀ: K_STEPS wgmmas, the first overwrites (scale-d 0).
+__device__ __forceinline__ void wg_issue_scores(float (&s)[cfg::S_REGS], u32 q_wg, u32 k_tile) {
+#pragma unroll
+    for (int kk = 0; kk < cfg::K_STEPS; ++kk) {
+        // Column block kk / 4, byte 32 * (kk % 4) of its first row (see the header).
+        const u64 a = sw128_desc(q_wg + (u32)((kk >> 2) * cfg::BM * 128 + (kk & 3) * 32), 16, 1024);
+        const u64 b = sw128_desc(k_tile + (u32)((kk >> 2) * cfg::BN * 128 + (kk & 3) * 32), 16, 1024);
+#if BLOCK_N == 128
+        if (kk == 0) wg_mma_ss_n128<0>(s, a, b); else wg_mma_ss_n128<1>(s, a, b);
+#else
+        if (kk == 0) wg_mma_ss_n64<0>(s, a, b); else wg_mma_ss_n64<1>(s, a, b);
+#endif
+    }
+}
+
+// O[64 x D] += P[64 x BN] · V_tile[BN x D]: P_STEPS register-A wgmmas, V MN-major.
+__device__ __forceinline__ void wg_issue_values(float (&o)[cfg::O_REGS], const u32 (&pf)[cfg::P_STEPS][4], u32 v_tile) {
+#pragma unroll
+    for (int kk = 0; kk < cfg::P_STEPS; ++kk) {
+        const u64 b = sw128_desc(v_tile + (u32)kk * 2048u, cfg::BN * 128, 1024);
+#if HEAD_DIM == 128
+        wg_mma_rs_n128(o, pf[kk], b);
+#else
+        wg_mma_rs_n64(o, pf[kk], b);
+#endif
+    }
+}
+
+// ---- global -> shared ----------------------------------------------------------------------
+
+// ROWS rows of D f16 (row stride `stride` elements) into the swizzled column-block layout of the
+// header; rows at or past rows_valid are zero-filled.
+template <int ROWS>
+__device__ __forceinline__ void cta_load_sw128(u32 dst, const unsigned short* src, i64 stride, int rows_valid) {
+#pragma unroll
+    for (int h = 0; h < cfg::BLOCKS; ++h)
+        cta_copy_rows<ROWS, 128, cfg::THREADS>(dst + (u32)(h * ROWS * 128),
+                                               reinterpret_cast<const unsigned char*>(src + 64 * h),
+                                               stride * 2, rows_valid);
+}
+
+// Volatile reads of the block indices: recomputed where used rather than kept live (fwd_hmma).
+__device__ __forceinline__ int cta_head() {
+    int v;
+    asm volatile("mov.u32 %0, %%ctaid.y;" : "=r"(v));
+    return v;
+}
+__device__ __forceinline__ int cta_batch() {
+    int v;
+    asm volatile("mov.u32 %0, %%ctaid.z;" : "=r"(v));
+    return v;
+}
+template <bool IS_V>
+__device__ __forceinline__ const unsigned short* cta_kv_head(const FwdParams& p) {
+    const int kv_head = cta_head() / p.kv_group;
+    const int batch = cta_batch();
+    return IS_V ? reinterpret_cast<const unsigned short*>(p.v) + batch * p.v_batch_stride + kv_head * p.v_head_stride
+                : reinterpret_cast<const unsigned short*>(p.k) + batch * p.k_batch_stride + kv_head * p.k_head_stride;
+}
+// KV tile t of K (IS_V false) or V into the tile at `dst`.
+template <bool IS_V>
+__device__ __forceinline__ void cta_load_kv(u32 dst, const FwdParams& p, int t) {
+    const i64 stride = IS_V ? p.v_seq_stride : p.k_seq_stride;
+    cta_load_sw128<cfg::BN>(dst, cta_kv_head<IS_V>(p) + (i64)t * cfg::BN * stride, stride, p.kv_len - t * cfg::BN);
+}
+
+// ---- softmax -------------------------------------------------------------------------------
+
+struct RowState {
+    float m[2];   // running max (raw score units) of row entries 0 (g) and 1 (g + 8)
+    float l[2];   // this lane's partial row sums
+};
+
+// Mask (MASK), row max, rescale decision, exp2 in place, row sums. Returns the per-row factor
+// by which O must be multiplied (1 when `rescale` comes back false). Does not touch O: the
+// P·V of the previous tile may still be accumulating into it.
+template <bool MASK>
+__device__ __forceinline__ void warp_softmax(float (&s)[cfg::S_REGS], RowState& st, float (&alpha)[2], bool& rescale,
+                                             int key0, int kv_len, int diag, float c, int lane) {
+    if (MASK) {
+        const int col = key0 + 2 * (lane & 3);
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const int limit = min(kv_len, diag + 8 * i) - col;
+#pragma unroll
+            for (int n = 0; n < cfg::BN / 8; ++n)
+#pragma unroll
+                for (int x = 0; x < 2; ++x)
+                    if (n * 8 + x >= limit) s[4 * n + 2 * i + x] = QA_NEG_INF;
+        }
+    }
+    float mx[2] = {st.m[0], st.m[1]};
+#pragma unroll
+    for (int n = 0; n < cfg::BN / 8; ++n) {
+        mx[0] = fmaxf(mx[0], fmaxf(s[4 * n], s[4 * n + 1]));
+        mx[1] = fmaxf(mx[1], fmaxf(s[4 * n + 2], s[4 * n + 3]));
+    }
+    // Conditional rescale (see fwd_hmma): the max only moves when some row of the warp grew by
+    // more than RESCALE_LOG2 in log2 units; m = -inf with finite mx always moves (+inf > 8).
+    bool need = false;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        mx[i] = quad_max(mx[i]);
+        need |= (mx[i] - st.m[i]) * c > (float)RESCALE_LOG2;
+    }
+    rescale = __any_sync(0xffffffffu, need);
+    float mc[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const float mn = rescale ? mx[i] : st.m[i];
+        alpha[i] = (mn == st.m[i]) ? 1.f : thread_exp2((st.m[i] - mn) * c);
+        st.m[i] = mn;
+        st.l[i] *= alpha[i];
+        mc[i] = (mn == QA_NEG_INF) ? 0.f : mn * c;
+    }
+#pragma unroll
+    for (int e = 0; e < cfg::S_REGS; ++e) {
+        const int i = (e >> 1) & 1;
+        s[e] = thread_exp2(fmaf(s[e], c, -mc[i]));
+        st.l[i] += s[e];
+    }
+}
+
+__device__ __forceinline__ void thread_rescale_o(float (&o)[cfg::O_REGS], const float (&alpha)[2]) {
+#pragma unroll
+    for (int e = 0; e < cfg::O_REGS; ++e) o[e] *= alpha[(e >> 1) & 1];
+}
+
+__device__ __forceinline__ void thread_pack_p(u32 (&pf)[cfg::P_STEPS][4], const float (&s)[cfg::S_REGS]) {
+#pragma unroll
+    for (int kk = 0; kk < cfg::P_STEPS; ++kk)
+#pragma unroll
+        for (int x = 0; x < 4; ++x) pf[kk][x] = thread_pack_f16x2(s[8 * kk + 2 * x], s[8 * kk + 2 * x + 1]);
+}
+
+// Softmax of tile j (masked tiles first), then: wait for the P·V in flight, rescale O, pack P.
+__device__ __forceinline__ void wg_softmax_tile(float (&s)[cfg::S_REGS], float (&o)[cfg::O_REGS],
+                                                u32 (&pf)[cfg::P_STEPS][4], RowState& st, bool masked,
+                                                int key0, const FwdParams& p, int diag, int lane) {
+    float alpha[2];
+    bool rescale;
+    if (masked) warp_softmax<true>(s, st, alpha, rescale, key0, p.kv_len, diag, p.scale_log2, lane);
+    else warp_softmax<false>(s, st, alpha, rescale, key0, p.kv_len, diag, p.scale_log2, lane);
+    wg_wait<0>();
+    reg_fence(o);
+    reg_fence(pf);
+    if (rescale) thread_rescale_o(o, alpha);
+    thread_pack_p(pf, s);
+}
+
+// ---- the kernel ----------------------------------------------------------------------------
+
+// Grid: x = query block (reversed: causal blocks near the end do the most work and go first),
+// y = query head, z = batch.
+extern "C" __global__ void __launch_bounds__(cfg::THREADS, 1) fwd_wgmma(const FwdParams p) {
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const u32 smem = (cta_smem_addr(smem_raw) + 1023u) & ~1023u;
+    const u32 q_smem = smem;
+    const u32 k_smem = smem + cfg::K_OFFSET;
+    const u32 v_smem = smem + cfg::V_OFFSET;
+    const int tid = threadIdx.x;
+    const int lane = tid & 31;
+    const int wg = tid >> 7;
+    const int warp_in_wg = (tid >> 5) & 3;
+    const int m_block = gridDim.x - 1 - blockIdx.x;
+    const int head = blockIdx.y;
+    const int batch = blockIdx.z;
+    const int m0 = m_block * cfg::BM;
+    const int offset = p.kv_len - p.q_len;       // bottom-right causal alignment
+
+    int n_end = p.kv_len;
+    int full_end = p.kv_len / cfg::BN;
+    if (p.causal) {
+        n_end = min(n_end, m0 + cfg::BM + offset);
+        const int first_row_sees = m0 + offset + 1;
+        full_end = min(full_end, first_row_sees >= 0 ? first_row_sees / cfg::BN : 0);
+    }
+    const int n_tiles = n_end > 0 ? (n_end + cfg::BN - 1) / cfg::BN : 0;
+    const int n_masked = n_tiles - min(max(full_end, 0), n_tiles);
+
+    const int local_row0 = 64 * wg + 16 * warp_in_wg + (lane >> 2);   // CTA row of entry 0
+    const int row0 = m0 + local_row0;
+    const int diag = p.causal ? row0 + offset + 1 : 0x3fffffff;
+    const u32 q_wg = q_smem + (u32)(64 * wg * 128);
+
+    float o[cfg::O_REGS];
+#pragma unroll
+    for (int e = 0; e < cfg::O_REGS; ++e) o[e] = 0.f;
+    RowState st;
+    st.m[0] = st.m[1] = QA_NEG_INF;
+    st.l[0] = st.l[1] = 0.f;
+
+    if (n_tiles > 0) {
+        const unsigned short* q_head = reinterpret_cast<const unsigned short*>(p.q) + batch * p.q_batch_stride +
+                                       head * p.q_head_stride;
+        const int t0 = n_tiles - 1;
+        cta_load_sw128<cfg::BM>(q_smem, q_head + (i64)m0 * p.q_seq_stride, p.q_seq_stride, p.q_len - m0);
+        cta_load_kv<false>(k_smem, p, t0);
+        thread_cp_async_commit();
+        thread_cp_async_wait<0>();
+        thread_fence_proxy_async_smem();
+        __syncthreads();
+        // Tile 0: K_1 and V_0 in flight while S_0 and its softmax run.
+        if (n_tiles > 1) cta_load_kv<false>(k_smem + cfg::KV_TILE_BYTES, p, t0 - 1);
+        cta_load_kv<true>(v_smem, p, t0);
+        thread_cp_async_commit();
+
+        float s[cfg::S_REGS];
+        u32 pf[cfg::P_STEPS][4];
+        wg_fence();
+        wg_issue_scores(s, q_wg, k_smem);
+        wg_commit();
+        wg_wait<0>();
+        reg_fence(s);
+        wg_softmax_tile(s, o, pf, st, 0 < n_masked, t0 * cfg::BN, p, diag, lane);
+
+        for (int j = 1; j < n_tiles; ++j) {
+            const int t = n_tiles - 1 - j;
+            thread_cp_async_wait<0>();   // K_j and V_{j-1}
+            thread_fence_proxy_async_smem();
+            __syncthreads();             // and every warpgroup is done with tile j - 1's wgmmas
+            if (j + 1 < n_tiles) cta_load_kv<false>(k_smem + ((j + 1) & 1) * cfg::KV_TILE_BYTES, p, t - 1);
+            cta_load_kv<true>(v_smem + (j & 1) * cfg::KV_TILE_BYTES, p, t);
+            thread_cp_async_commit();
+
+            reg_fence(o);
+            reg_fence(pf);
+            wg_fence();
+            wg_issue_scores(s, q_wg, k_smem + (j & 1) * cfg::KV_TILE_BYTES);
+            wg_commit();
+            wg_issue_values(o, pf, v_smem + ((j - 1) & 1) * cfg::KV_TILE_BYTES);
+            wg_commit();
+            wg_wait<1>();                // S_j done; P_{j-1}·V_{j-1} may still run
+            reg_fence(s);
+            wg_softmax_tile(s, o, pf, st, j < n_masked, t * cfg::BN, p, diag, lane);
+        }
+        // The last P·V.
+        thread_cp_async_wait<0>();
+        thread_fence_proxy_async_smem();
+        __syncthreads();
+        reg_fence(o);
+        reg_fence(pf);
+        wg_fence();
+        wg_issue_values(o, pf, v_smem + ((n_tiles - 1) & 1) * cfg::KV_TILE_BYTES);
+        wg_commit();
+        wg_wait<0>();
+        reg_fence(o);
+        reg_fence(pf);
+    }
+
+    // ---- epilogue: normalise, LSE, O through the warpgroup's own Q rows, 16-byte stores ------
+    float inv[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const float sum = quad_sum(st.l[i]);
+        const bool empty = !(sum > 0.f);
+        inv[i] = empty ? 0.f : 1.f / sum;
+        const float lse = empty ? QA_NEG_INF : (st.m[i] * p.scale_log2 + thread_log2(sum)) * 0.6931471805599453f;
+        const int row = row0 + 8 * i;
+        if ((lane & 3) == 0 && row < p.q_len)
+            reinterpret_cast<float*>(p.lse)[((i64)batch * p.q_heads + head) * p.q_len + row] = lse;
+    }
+    // Every wgmma of this warpgroup has completed (wait_group 0), and the other warpgroup never
+    // reads these rows: the Q rows are free for O.
+#pragma unroll
+    for (int n = 0; n < cfg::D / 8; ++n)
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const u32 packed = thread_pack_f16x2(o[4 * n + 2 * i] * inv[i], o[4 * n + 2 * i + 1] * inv[i]);
+            const int r = local_row0 + 8 * i;
+            const u32 addr = q_smem + (u32)((n >> 3) * cfg::BM * 128) + tile_swizzle<128>(r, n & 7) + 4 * (lane & 3);
+            asm volatile("st.shared.b32 [%0], %1;\n" :: "r"(addr), "r"(packed) : "memory");
+        }
+    __syncthreads();
+    unsigned short* o_head = reinterpret_cast<unsigned short*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride;
+    constexpr int CHUNKS = cfg::D / 8;
+#pragma unroll
+    for (int k = 0; k < cfg::BM * CHUNKS / cfg::THREADS; ++k) {
+        const int idx = tid + cfg::THREADS * k;
+        const int r = idx / CHUNKS;
+        const int chunk = idx % CHUNKS;
+        u32 x, y, z, w;
+        asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(x), "=r"(y), "=r"(z), "=r"(w)
+                     : "r"(q_smem + (u32)((chunk >> 3) * cfg::BM * 128) + tile_swizzle<128>(r, chunk & 7)));
+        if (m0 + r < p.q_len) {
+            unsigned short* dst = o_head + (i64)(m0 + r) * p.o_seq_stride + chunk * 8;
+            asm volatile("st.global.v4.b32 [%0], {%1,%2,%3,%4};\n"
+                         :: "l"(dst), "r"(x), "r"(y), "r"(z), "r"(w) : "memory");
+        }
+    }
+}

@@ -1,0 +1,375 @@
+//! The wgmma forward family (`cuda/fwd_wgmma.cu`): FlashAttention-3-style attention on Hopper's
+//! warpgroup MMA (`wgmma.mma_async`, SASS `HGMMA`), fp16 inputs, f32 accumulation for both
+//! Q·Kᵀ and P·V, head dims 64 and 128. sm_90a only (H100/H200/GH200, compute capability 9.0).
+//!
+//! **Unverified on hardware.** Compiled for sm_90a and disassembled (HGMMA present, no spill)
+//! on a GPU-less machine; it has not yet been run: `examples/wgmma_check.rs` is the check to run
+//! on an H100 before anything trusts it. Not wired into the facade.
+//!
+//! Structure (the kernel header has the details): 1 or 2 consumer warpgroups of 64 query rows,
+//! Q/K/V in shared memory in the canonical 128-byte-swizzle layout written by cp.async, S =
+//! Q·Kᵀ with both operands by descriptor, P converted to f16 in registers as the register-A
+//! operand of P·V, V by descriptor with the transpose bit (MN-major, no transposed copy), K and
+//! V double-buffered, and the S wgmma of tile j issued before the P·V of tile j - 1 so that the
+//! softmax of tile j overlaps that P·V (FA3's intra-warpgroup pipelining). Same `FwdParams`
+//! ABI, masks (sequence end, bottom-right causal), GQA and LSE as [`crate::hmma`]; its
+//! [`HmmaArgs`] / [`HmmaParams`] are reused as they are.
+
+use crate::arch::Arch;
+use crate::cache::{CompileRequest, FWD_WGMMA};
+use crate::error::{NativeError, Result};
+use crate::hmma::{HmmaArgs, HmmaConfig, HmmaParams, InputType, PvAccum, QkAccum};
+
+const KERNEL: &str = "fwd_wgmma";
+
+/// Launch arguments: exactly those of the HMMA family (shapes, strides, scale, causal).
+pub type WgmmaArgs = HmmaArgs;
+/// Kernel parameter block: the same `FwdParams` C layout as `fwd_hmma.cu`.
+pub type WgmmaParams = HmmaParams;
+
+/// CTA shape of one variant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+pub struct WgmmaTile {
+    /// Consumer warpgroups (1 or 2), 64 query rows each: BLOCK_M = 64 * warpgroups.
+    pub warpgroups: u32,
+    /// Keys per KV tile (64 or 128): the N of the Q·Kᵀ wgmma and the K of P·V.
+    pub block_n: u32,
+}
+
+impl WgmmaTile {
+    pub fn block_m(&self) -> u32 {
+        64 * self.warpgroups
+    }
+    pub fn threads(&self) -> u32 {
+        128 * self.warpgroups
+    }
+    /// Dynamic shared memory, mirror of `cfg::SMEM_BYTES`: Q, two K and two V stages, and 1024
+    /// bytes of slack to round the base up to the 1024-byte alignment of the 128B swizzle.
+    pub fn smem_bytes(&self, head_dim: u32) -> u32 {
+        let row = head_dim * 2;
+        self.block_m() * row + 4 * self.block_n * row + 1024
+    }
+    /// `w2n128`.
+    pub fn suffix(&self) -> String {
+        format!("w{}n{}", self.warpgroups, self.block_n)
+    }
+}
+
+/// Tile per head dim: FA3's hd128 shape (2 consumer warpgroups = 128 rows, 128 keys), and the
+/// same CTA at hd64. Not measured yet (first version): 128 keys give S 64 + O 32/64 + P 32 f32
+/// registers per thread, 160 KiB (hd128) / 80 KiB (hd64) of shared memory, one CTA per SM.
+pub const WGMMA_TILES: [(u32, WgmmaTile); 2] =
+    [(64, WgmmaTile { warpgroups: 2, block_n: 128 }), (128, WgmmaTile { warpgroups: 2, block_n: 128 })];
+
+/// Grid, block and shared memory of one launch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WgmmaLaunchShape {
+    pub grid: (u32, u32, u32),
+    pub block: (u32, u32, u32),
+    pub smem_bytes: u32,
+}
+
+/// One compiled variant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+pub struct WgmmaConfig {
+    pub head_dim: u32,
+    /// `None`: the tile from [`WGMMA_TILES`]; `Some`: forced (tests, sweeps).
+    pub tile: Option<WgmmaTile>,
+}
+
+impl WgmmaConfig {
+    pub const HEAD_DIMS: &'static [usize] = &[64, 128];
+    /// wgmma exists only on the `a` target of compute capability 9.0.
+    pub const TARGETS: &'static [Arch] = &[Arch::Sm90a];
+
+    /// Validated constructor with the table tile.
+    pub fn new(head_dim: usize) -> Result<Self> {
+        let cfg = WgmmaConfig { head_dim: head_dim as u32, tile: None };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Head dim in the table; a forced tile has 1 or 2 warpgroups and 64 or 128 keys.
+    pub fn validate(&self) -> Result<()> {
+        let t = self.tile()?;
+        if !(t.warpgroups == 1 || t.warpgroups == 2) || !(t.block_n == 64 || t.block_n == 128) {
+            return Err(NativeError::UnsupportedConfig {
+                kernel: KERNEL,
+                reason: format!("tile {t:?} (needs 1 or 2 warpgroups, BLOCK_N 64 or 128)"),
+            });
+        }
+        Ok(())
+    }
+
+    /// The tile ([`WGMMA_TILES`] or the forced one).
+    pub fn tile(&self) -> Result<WgmmaTile> {
+        let unsupported = NativeError::UnsupportedHeadDim {
+            kernel: KERNEL,
+            head_dim: self.head_dim as usize,
+            supported: Self::HEAD_DIMS,
+        };
+        if !Self::HEAD_DIMS.contains(&(self.head_dim as usize)) {
+            return Err(unsupported);
+        }
+        if let Some(t) = self.tile {
+            return Ok(t);
+        }
+        WGMMA_TILES.iter().find(|(hd, _)| *hd == self.head_dim).map(|(_, t)| *t).ok_or(unsupported)
+    }
+
+    /// `fwd_wgmma_f16_d128`, with `_w1n64` etc. for a forced tile.
+    pub fn name(&self) -> String {
+        let forced = self.tile.map(|t| format!("_{}", t.suffix())).unwrap_or_default();
+        format!("{KERNEL}_f16_d{}{forced}", self.head_dim)
+    }
+
+    /// Every variant the report and tests compile: the table tiles, and the 1-warpgroup /
+    /// 64-key shapes as forced tiles (compiled so that a sweep on the H100 has them ready).
+    pub fn all() -> Vec<WgmmaConfig> {
+        let mut v = Vec::new();
+        for hd in [64u32, 128] {
+            v.push(WgmmaConfig { head_dim: hd, tile: None });
+            for t in [WgmmaTile { warpgroups: 1, block_n: 128 }, WgmmaTile { warpgroups: 2, block_n: 64 }] {
+                v.push(WgmmaConfig { head_dim: hd, tile: Some(t) });
+            }
+        }
+        v
+    }
+
+    /// The `-D` defines the kernel reads (see the header of `fwd_wgmma.cu`).
+    pub fn defines(&self) -> Result<Vec<(String, String)>> {
+        self.validate()?;
+        let t = self.tile()?;
+        let d = |k: &str, v: u32| (k.to_string(), v.to_string());
+        Ok(vec![d("HEAD_DIM", self.head_dim), d("WARPGROUPS", t.warpgroups), d("BLOCK_N", t.block_n)])
+    }
+
+    /// The compile request for `arch` (only [`Arch::Sm90a`]).
+    pub fn request(&self, arch: Arch) -> Result<CompileRequest<'static>> {
+        if !Self::TARGETS.contains(&arch) {
+            return Err(NativeError::UnsupportedConfig { kernel: KERNEL, reason: format!("wgmma needs sm_90a, not {arch}") });
+        }
+        Ok(CompileRequest { kernel: self.name(), source: &FWD_WGMMA, arch, defines: self.defines()? })
+    }
+
+    /// Dynamic shared memory of the launch.
+    pub fn smem_bytes(&self) -> Result<u32> {
+        Ok(self.tile()?.smem_bytes(self.head_dim))
+    }
+
+    /// SASS opcodes that must appear, as nvdisasm 13.x spells the wgmma of sm_90a: Q·Kᵀ is
+    /// m64n{BLOCK_N}k16 with both operands in shared memory, P·V m64n{D}k16 with A in
+    /// registers; both f16 x f16 -> f32.
+    pub fn expected_instructions(&self) -> Vec<String> {
+        let Ok(t) = self.tile() else { return Vec::new() };
+        let mut v = vec![format!("HGMMA.64x{}x16.F32", t.block_n), format!("HGMMA.64x{}x16.F32", self.head_dim)];
+        v.dedup();
+        v
+    }
+
+    /// [`Arch::Sm90a`] for compute capability 9.0, else `None`.
+    pub fn target_for(cc: (u32, u32)) -> Option<Arch> {
+        Arch::for_compute_capability(cc.0, cc.1).into_iter().find(|a| Self::TARGETS.contains(a))
+    }
+
+    /// The HMMA config whose argument checks (head dim, strides, scale, grid limits) are exactly
+    /// the ones this kernel needs.
+    fn args_twin(&self) -> Result<HmmaConfig> {
+        HmmaConfig::new(self.head_dim as usize, InputType::F16, QkAccum::F32, PvAccum::F32)
+    }
+
+    /// Validates launch arguments (the HMMA family's rules: same ABI, same layouts).
+    pub fn validate_args(&self, args: &WgmmaArgs) -> Result<()> {
+        self.validate()?;
+        args.validate(&self.args_twin()?)
+    }
+
+    /// Grid `(query blocks, q_heads, batch)`, block `128 * warpgroups` threads.
+    pub fn launch_shape(&self, args: &WgmmaArgs) -> Result<WgmmaLaunchShape> {
+        let t = self.tile()?;
+        let m_blocks = args.q_len.div_ceil(t.block_m() as usize);
+        Ok(WgmmaLaunchShape {
+            grid: (m_blocks as u32, args.q_heads as u32, args.batch as u32),
+            block: (t.threads(), 1, 1),
+            smem_bytes: self.smem_bytes()?,
+        })
+    }
+}
+
+#[cfg(feature = "cuda")]
+pub use launch::WgmmaKernel;
+
+#[cfg(feature = "cuda")]
+mod launch {
+    use std::sync::Arc;
+
+    use cudarc::driver::sys::CUfunction_attribute;
+    use cudarc::driver::{CudaContext, CudaFunction, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+
+    use super::*;
+    use crate::cache::{CompiledKernel, KernelCache};
+
+    /// One wgmma variant loaded into a CUDA context (compute capability 9.0 only).
+    #[derive(Debug)]
+    pub struct WgmmaKernel {
+        config: WgmmaConfig,
+        function: CudaFunction,
+        compiled: Arc<CompiledKernel>,
+    }
+
+    impl WgmmaKernel {
+        /// Compiles (or fetches from the global cache) `config` for sm_90a and loads it.
+        pub fn load(ctx: &Arc<CudaContext>, config: WgmmaConfig) -> Result<Self> {
+            Self::load_with_cache(ctx, config, KernelCache::global())
+        }
+
+        /// As [`Self::load`], with an explicit cache.
+        pub fn load_with_cache(ctx: &Arc<CudaContext>, config: WgmmaConfig, cache: &KernelCache) -> Result<Self> {
+            config.validate()?;
+            let (major, minor) = ctx.compute_capability()?;
+            let arch = WgmmaConfig::target_for((major as u32, minor as u32)).ok_or_else(|| {
+                NativeError::UnsupportedArch { kernel: KERNEL, needs: Arch::Sm90a, device: format!("sm_{major}{minor}") }
+            })?;
+            let compiled = cache.get_or_compile(&config.request(arch)?)?;
+            let module = ctx.load_module(cudarc::nvrtc::Ptx::from_binary(compiled.cubin.clone()))?;
+            let function = module.load_function(compiled.entry)?;
+            function.set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                config.smem_bytes()? as i32,
+            )?;
+            Ok(WgmmaKernel { config, function, compiled })
+        }
+
+        pub fn config(&self) -> &WgmmaConfig {
+            &self.config
+        }
+        pub fn compiled(&self) -> &CompiledKernel {
+            &self.compiled
+        }
+
+        /// Launches on `stream`. `T` is the 2-byte fp16 element type (`half::f16`, `u16`);
+        /// `lse` is `[batch, q_heads, q_len]` f32. Shapes, strides and lengths are checked first.
+        #[allow(clippy::too_many_arguments)]
+        pub fn launch<T, Q, K, V, O, L>(
+            &self,
+            stream: &Arc<CudaStream>,
+            args: &WgmmaArgs,
+            q: &Q,
+            k: &K,
+            v: &V,
+            o: &mut O,
+            lse: &mut L,
+        ) -> Result<()>
+        where
+            Q: DevicePtr<T>,
+            K: DevicePtr<T>,
+            V: DevicePtr<T>,
+            O: DevicePtrMut<T>,
+            L: DevicePtrMut<f32>,
+        {
+            if std::mem::size_of::<T>() != 2 {
+                return Err(NativeError::InvalidArgs(format!(
+                    "element type must be 2 bytes (fp16), got {}",
+                    std::mem::size_of::<T>()
+                )));
+            }
+            self.config.validate_args(args)?;
+            let need = args.required_lens(self.config.head_dim as usize);
+            let have = [q.len(), k.len(), v.len(), o.len(), lse.len()];
+            for ((name, n), h) in ["q", "k", "v", "o", "lse"].iter().zip(need).zip(have) {
+                if h < n {
+                    return Err(NativeError::InvalidArgs(format!("{name} has {h} elements, needs {n}")));
+                }
+            }
+            let (qp, _gq) = q.device_ptr(stream);
+            let (kp, _gk) = k.device_ptr(stream);
+            let (vp, _gv) = v.device_ptr(stream);
+            let (op, _go) = o.device_ptr_mut(stream);
+            let (lp, _gl) = lse.device_ptr_mut(stream);
+            // SAFETY: lengths were checked against every offset the kernel touches.
+            unsafe { self.launch_raw(stream, args, [qp, kp, vp, op, lp]) }
+        }
+
+        /// Launches with raw device addresses `[q, k, v, o, lse]`.
+        ///
+        /// # Safety
+        /// Each pointer must address device memory of at least [`HmmaArgs::required_lens`]
+        /// elements (2-byte elements; f32 for LSE), valid until the kernel finishes on `stream`.
+        pub unsafe fn launch_raw(&self, stream: &Arc<CudaStream>, args: &WgmmaArgs, ptrs: [u64; 5]) -> Result<()> {
+            self.config.validate_args(args)?;
+            if let Some(i) = ptrs.iter().position(|p| p % 16 != 0) {
+                return Err(NativeError::InvalidArgs(format!(
+                    "{} pointer {:#x} is not 16-byte aligned",
+                    ["q", "k", "v", "o", "lse"][i],
+                    ptrs[i]
+                )));
+            }
+            let shape = self.config.launch_shape(args)?;
+            let params = args.params(ptrs);
+            let cfg = LaunchConfig { grid_dim: shape.grid, block_dim: shape.block, shared_mem_bytes: shape.smem_bytes };
+            let mut b = stream.launch_builder(&self.function);
+            b.arg(&params);
+            // SAFETY: the parameter struct matches the kernel's signature; memory per contract.
+            unsafe { b.launch(cfg) }?;
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hmma::Strides;
+
+    #[test]
+    fn configs_names_defines_and_smem() {
+        let c = WgmmaConfig::new(128).unwrap();
+        assert_eq!(c.name(), "fwd_wgmma_f16_d128");
+        assert_eq!(c.smem_bytes().unwrap(), 128 * 256 + 4 * 128 * 256 + 1024);
+        assert_eq!(c.expected_instructions(), vec!["HGMMA.64x128x16.F32".to_string()]);
+        let d = c.defines().unwrap();
+        assert!(d.contains(&("WARPGROUPS".into(), "2".into())) && d.contains(&("BLOCK_N".into(), "128".into())));
+        let c64 = WgmmaConfig::new(64).unwrap();
+        assert_eq!(c64.expected_instructions(), vec!["HGMMA.64x128x16.F32".to_string(), "HGMMA.64x64x16.F32".to_string()]);
+        assert!(matches!(WgmmaConfig::new(96), Err(NativeError::UnsupportedHeadDim { .. })));
+        let bad = WgmmaConfig { head_dim: 64, tile: Some(WgmmaTile { warpgroups: 3, block_n: 128 }) };
+        assert!(bad.validate().is_err());
+        assert!(matches!(c.request(Arch::Sm90), Err(NativeError::UnsupportedConfig { .. })));
+        let mut names: Vec<String> = WgmmaConfig::all().iter().map(|c| c.name()).collect();
+        let n = names.len();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), n);
+    }
+
+    #[test]
+    fn only_hopper_runs_it() {
+        assert_eq!(WgmmaConfig::target_for((9, 0)), Some(Arch::Sm90a));
+        assert_eq!(WgmmaConfig::target_for((8, 0)), None);
+        assert_eq!(WgmmaConfig::target_for((10, 0)), None);
+    }
+
+    #[test]
+    fn params_layout_matches_the_kernel_struct() {
+        // Same FwdParams as fwd_hmma.cu: 5 pointers + 12 strides (8 bytes) + 8 four-byte fields.
+        assert_eq!(std::mem::size_of::<WgmmaParams>(), 17 * 8 + 8 * 4);
+        assert_eq!(std::mem::align_of::<WgmmaParams>(), 8);
+    }
+
+    #[test]
+    fn launch_shape_and_args() {
+        let c = WgmmaConfig::new(128).unwrap();
+        let s = Strides::bhsd(8, 1000, 128);
+        let a = WgmmaArgs {
+            batch: 2, q_heads: 8, kv_heads: 2, q_len: 1000, kv_len: 1000,
+            q: s, k: Strides::bhsd(2, 1000, 128), v: Strides::bhsd(2, 1000, 128), o: s,
+            scale: 0.088, causal: true,
+        };
+        c.validate_args(&a).unwrap();
+        let shape = c.launch_shape(&a).unwrap();
+        assert_eq!((shape.grid, shape.block, shape.smem_bytes), ((8, 8, 2), (256, 1, 1), c.smem_bytes().unwrap()));
+        let mut b = a;
+        b.q.seq = 132;
+        assert!(c.validate_args(&b).is_err());
+    }
+}
