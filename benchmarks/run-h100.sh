@@ -6,7 +6,8 @@
 #   benchmarks/run-h100.sh OUT_DIR [BIN_DIR]
 #
 # BIN_DIR holds `quattn` built with `cargo build --release -p quattn-demos --features peer-cubek`
-# and the `hmma_check` / `int8_check` examples of quattn-native (default: target/release). For Vulkan, the loader must be installed (on the lent GPU machine:
+# and the `hmma_check` / `int8_check` / `wgmma_check` examples of quattn-native (default:
+# target/release). For Vulkan, the loader must be installed (on the lent GPU machine:
 # unpack the libvulkan1 deb, see the device README) and VK_DRIVER_FILES point at the NVIDIA ICD.
 set -u
 out=${1:?usage: run-h100.sh OUT_DIR [BIN_DIR]}
@@ -27,13 +28,16 @@ has() { [[ " $steps " == *" $1 "* ]]; }
 nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv > "$out/gpu.csv" 2>&1
 if has checks; then
   step checks; timeout 100 "$bin/hmma_check" --check-only > "$out/checks.txt" 2>&1; echo "rc $?"
-  timeout 100 "$bin/int8_check" --check-only >> "$out/checks.txt" 2>&1; echo "rc $?"; grep -E "ALL|FAIL" "$out/checks.txt"
+  timeout 100 "$bin/int8_check" --check-only >> "$out/checks.txt" 2>&1; echo "rc $?"
+  timeout 100 "$bin/wgmma_check" --check-only >> "$out/checks.txt" 2>&1; echo "rc $?"; grep -E "ALL|FAIL" "$out/checks.txt"
 fi
 if has selftest; then
   step selftest;  timeout 330 "$q" selftest --devices cuda,wgpu --json > "$out/selftest.jsonl" 2>> "$out/run.log"; echo "rc $?"; tail -1 "$out/selftest.jsonl"
 fi
 if has native; then
+  # Auto: wgmma for f16 (sm_90a), HMMA for the other modes; then the HMMA f16 kernel forced.
   step native;    timeout 200 "$q" bench --device cuda --precision f16,f16-acc16,f16-2stage,bf16 --json > "$out/bench_native.jsonl" 2>> "$out/run.log"; echo "rc $?"
+  timeout 120 "$q" bench --device cuda --strategy native --native hmma --precision f16 --json >> "$out/bench_native.jsonl" 2>> "$out/run.log"; echo "rc $?"
 fi
 if has int8; then
   # End to end (CubeCL prepass + native kernel) and kernel-only rows; seq 8k and 16k are the

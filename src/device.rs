@@ -48,6 +48,8 @@ impl fmt::Display for Device {
 pub enum NativeKind {
     /// mma.sync HMMA FP16/BF16 kernels (sm_80+).
     Hmma,
+    /// Warpgroup-MMA (wgmma) FP16 kernel with f32 accumulation (sm_90a: H100/H200).
+    Wgmma,
     /// INT8 Q/K with mma.sync IMMA (sm_80+).
     Int8Imma,
     /// INT8 Q/K with tcgen05 UMMA (sm_100a).

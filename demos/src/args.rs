@@ -50,6 +50,7 @@ pub enum StrategyArg {
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum NativeArg {
     Hmma,
+    Wgmma,
     Int8Imma,
     Int8Umma,
     Fp8Mma,
@@ -106,6 +107,7 @@ impl DeviceOpts {
             StrategyArg::Reference => Strategy::Reference,
             StrategyArg::Native => Strategy::Native(match self.native {
                 NativeArg::Hmma => NativeKind::Hmma,
+                NativeArg::Wgmma => NativeKind::Wgmma,
                 NativeArg::Int8Imma => NativeKind::Int8Imma,
                 NativeArg::Int8Umma => NativeKind::Int8Umma,
                 NativeArg::Fp8Mma => NativeKind::Fp8Mma,

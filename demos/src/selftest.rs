@@ -68,11 +68,12 @@ pub fn main(a: &SelftestArgs) -> anyhow::Result<i32> {
             Err(e) => eprintln!("selftest: skipping {d}: {e}"),
         }
     }
-    // On CUDA, Auto takes the native kernels where they exist: Portable runs the CubeCL kernels
-    // there too.
+    // On CUDA, Auto takes the fastest native kernel where one exists (wgmma for f16 on sm_90a):
+    // Portable runs the CubeCL kernels there too, and Native(Hmma) the mma.sync family that Auto
+    // passes over on Hopper.
     let strategies_of = |s: &Session| -> Vec<Strategy> {
         if s.info().kind == "cuda" {
-            vec![Strategy::Auto, Strategy::Portable, Strategy::Reference]
+            vec![Strategy::Auto, Strategy::Native(quattn::NativeKind::Hmma), Strategy::Portable, Strategy::Reference]
         } else {
             vec![Strategy::Auto, Strategy::Reference]
         }

@@ -1,10 +1,10 @@
 // FlashAttention-3-style forward on Hopper's warpgroup MMA (wgmma), fp16 in, f32 accumulation.
 // sm_90a only (wgmma exists on no other target).
 //
-// UNVERIFIED ON HARDWARE: compiled for sm_90a and disassembled (HGMMA present, no spill), not yet
-// run on an H100. Descriptor encodings and layouts below follow the PTX ISA ("Matrix Descriptor
-// Format", "Shared Memory Matrix Layout", canonical layouts) and have not been exercised by a
-// device; `examples/wgmma_check.rs` is the check to run before anything trusts this kernel.
+// Run on the H100 (2026-11-22): `examples/wgmma_check.rs` passes on every variant against an f64
+// reference, and `quattn selftest` checks it through the facade. Descriptor encodings and
+// layouts below follow the PTX ISA ("Matrix Descriptor Format", "Shared Memory Matrix Layout",
+// canonical layouts).
 //
 // CTA. WARPGROUPS (1 or 2) consumer warpgroups of 4 warps, 64 query rows each (the M of every
 // wgmma is 64): BLOCK_M = 64 * WARPGROUPS rows of one (batch, head). No producer warp: every

@@ -11,7 +11,7 @@ use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use half::{bf16, f16};
 use quattn_native::{
     HmmaArgs, HmmaConfig, HmmaKernel, InputType, Int8Args, Int8Config, Int8Kernel, Int8Ptrs, Int8UmmaArgs, Int8UmmaConfig,
-    Int8UmmaKernel, NativeError,
+    Int8UmmaKernel, NativeError, WgmmaConfig, WgmmaKernel,
 };
 
 use super::gpu::{CubeclBackend, GpuData};
@@ -30,6 +30,7 @@ pub(crate) struct CudaBackend {
     /// Loaded native kernels by config; read lock on the hot path.
     kernels: RwLock<HashMap<HmmaConfig, Arc<HmmaKernel>>>,
     int8_kernels: RwLock<HashMap<Int8Native, Arc<Int8Loaded>>>,
+    wgmma_kernels: RwLock<HashMap<WgmmaConfig, Arc<WgmmaKernel>>>,
     /// Compute capability of the device.
     cc: (u32, u32),
 }
@@ -74,6 +75,8 @@ struct Int8NativeData {
 
 struct NativeData {
     config: HmmaConfig,
+    /// The wgmma kernel runs the plan (same arguments and buffers as HMMA's).
+    wgmma: Option<WgmmaConfig>,
     args: HmmaArgs,
     q: CudaSlice<u16>,
     k: CudaSlice<u16>,
@@ -134,7 +137,22 @@ fn bits(x: HostSlice<'_>, input: InputType) -> Vec<u16> {
 }
 
 fn is_native(plan: &Plan) -> bool {
-    plan.kernel.starts_with("fwd_hmma")
+    plan.kernel.starts_with("fwd_hmma") || plan.kernel.starts_with("fwd_wgmma")
+}
+
+/// The wgmma config for a problem on a device of compute capability `cc`, or why the wgmma
+/// kernel does not take it (fp16 with f32 accumulation, head dim 64 or 128, sm_90a only).
+fn wgmma_config(problem: &AttentionProblem, precision: Precision, cc: (u32, u32)) -> std::result::Result<WgmmaConfig, String> {
+    if precision != Precision::F16_DEFAULT {
+        return Err(format!("the wgmma kernel computes f16 with f32 accumulation, not {precision}"));
+    }
+    if WgmmaConfig::target_for(cc).is_none() {
+        return Err(format!("the wgmma kernel needs compute capability 9.0 (sm_90a), this device is {}.{}", cc.0, cc.1));
+    }
+    if problem.v_head_dim != problem.head_dim {
+        return Err(format!("the wgmma kernel needs v_head_dim == head_dim (got {} and {})", problem.v_head_dim, problem.head_dim));
+    }
+    WgmmaConfig::new(problem.head_dim).map_err(|e| e.to_string())
 }
 
 fn is_native_int8(plan: &Plan) -> bool {
@@ -210,8 +228,29 @@ impl CudaBackend {
             stream,
             kernels: RwLock::new(HashMap::new()),
             int8_kernels: RwLock::new(HashMap::new()),
+            wgmma_kernels: RwLock::new(HashMap::new()),
             cc: (major, minor),
         })
+    }
+
+    fn wgmma_kernel(&self, config: WgmmaConfig) -> Result<Arc<WgmmaKernel>> {
+        if let Some(k) = self.wgmma_kernels.read().ok().and_then(|m| m.get(&config).cloned()) {
+            return Ok(k);
+        }
+        self.bind(&config.name())?;
+        let k = Arc::new(WgmmaKernel::load(&self.ctx, config).map_err(|e| native_err(&config.name(), e))?);
+        if let Ok(mut m) = self.wgmma_kernels.write() {
+            m.insert(config, k.clone());
+        }
+        Ok(k)
+    }
+
+    /// Loads the wgmma kernel for the problem, or says why it does not take it.
+    fn select_wgmma(&self, problem: &AttentionProblem, precision: Precision) -> std::result::Result<WgmmaConfig, String> {
+        let config = wgmma_config(problem, precision, self.cc)?;
+        hmma_args(problem).validate(&hmma_config(problem, precision)?).map_err(|e| e.to_string())?;
+        self.wgmma_kernel(config).map_err(|e| e.to_string())?;
+        Ok(config)
     }
 
     fn int8_kernel(&self, which: Int8Native) -> Result<Arc<Int8Loaded>> {
@@ -391,6 +430,12 @@ impl Backend for CudaBackend {
                     c
                 })
                 .map_err(|reason| Error::UnsupportedStrategy { strategy, device: device.clone(), reason }),
+            Strategy::Native(NativeKind::Wgmma) => {
+                let config = self
+                    .select_wgmma(problem, precision)
+                    .map_err(|reason| Error::UnsupportedStrategy { strategy, device: device.clone(), reason })?;
+                Ok(KernelChoice { name: config.name(), reason: "forced native wgmma".into(), blocking: None })
+            }
             Strategy::Native(_) => Err(Error::UnsupportedStrategy { strategy, device, reason: "this native kernel family is not implemented yet".into() }),
             Strategy::Auto if matches!(precision, Precision::Int8Qk { .. }) => match self.select_int8(problem, precision, None) {
                 Ok(c) => Ok(c),
@@ -400,14 +445,26 @@ impl Backend for CudaBackend {
                     Ok(c)
                 }
             },
-            Strategy::Auto => match hmma_config(problem, precision).and_then(|c| self.kernel(c).map(|_| c).map_err(|e| e.to_string())) {
-                Ok(config) => Ok(KernelChoice { name: config.name(), reason: "native HMMA kernel supports the problem".into(), blocking: None }),
-                Err(why) => {
-                    let mut c = self.portable.select(problem, precision, Strategy::Portable)?;
-                    c.reason = format!("portable CubeCL kernel: native HMMA does not take it ({why})");
-                    Ok(c)
+            Strategy::Auto => {
+                let wgmma = match self.select_wgmma(problem, precision) {
+                    Ok(config) => {
+                        return Ok(KernelChoice { name: config.name(), reason: "native wgmma kernel supports the problem".into(), blocking: None })
+                    }
+                    Err(why) => why,
+                };
+                match hmma_config(problem, precision).and_then(|c| self.kernel(c).map(|_| c).map_err(|e| e.to_string())) {
+                    Ok(config) => Ok(KernelChoice {
+                        name: config.name(),
+                        reason: format!("native HMMA kernel supports the problem (not wgmma: {wgmma})"),
+                        blocking: None,
+                    }),
+                    Err(why) => {
+                        let mut c = self.portable.select(problem, precision, Strategy::Portable)?;
+                        c.reason = format!("portable CubeCL kernel: native HMMA does not take it ({why}); nor wgmma ({wgmma})");
+                        Ok(c)
+                    }
                 }
-            },
+            }
             _ => self.portable.select(problem, precision, strategy),
         }
     }
@@ -428,8 +485,14 @@ impl Backend for CudaBackend {
         self.bind(&plan.kernel)?;
         let e = self.driver(&plan.kernel);
         let s = &self.stream;
+        let wgmma = if plan.kernel.starts_with("fwd_wgmma") {
+            Some(wgmma_config(p, plan.precision, self.cc).map_err(|reason| Error::Kernel { kernel: plan.kernel.clone(), reason })?)
+        } else {
+            None
+        };
         Ok(Box::new(NativeData {
             config,
+            wgmma,
             args: hmma_args(p),
             q: s.clone_htod(&bits(q, config.input)).map_err(&e)?,
             k: s.clone_htod(&bits(k, config.input)).map_err(&e)?,
@@ -447,6 +510,11 @@ impl Backend for CudaBackend {
             return self.portable.execute(plan, data);
         }
         let d = self.native_data(plan, data)?;
+        if let Some(w) = d.wgmma {
+            let kernel = self.wgmma_kernel(w)?;
+            self.bind(&plan.kernel)?;
+            return kernel.launch(&self.stream, &d.args, &d.q, &d.k, &d.v, &mut d.o, &mut d.lse).map_err(|e| native_err(&plan.kernel, e));
+        }
         let kernel = self.kernel(d.config)?;
         self.bind(&plan.kernel)?;
         kernel.launch(&self.stream, &d.args, &d.q, &d.k, &d.v, &mut d.o, &mut d.lse).map_err(|e| native_err(&plan.kernel, e))
