@@ -23,7 +23,7 @@ step() { echo "== $(date -u +%H:%M:%S) $*"; }
 # STEPS selects steps (default: all, in this order); a device call is limited to 10 minutes, so
 # the full set runs as two calls, e.g. STEPS="checks selftest int8 torch" then
 # STEPS="native portable wgpu torch accuracy" (torch in both: ratios are taken within a call).
-steps=${STEPS:-"checks selftest native int8 portable wgpu torch accuracy"}
+steps=${STEPS:-"checks selftest native int8 portable wgpu torch accuracy sanitize"}
 has() { [[ " $steps " == *" $1 "* ]]; }
 nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv > "$out/gpu.csv" 2>&1
 if has checks; then
@@ -56,5 +56,20 @@ if has torch; then
 fi
 if has accuracy; then
   step accuracy;  timeout 60 python3 demos/peers/torch_sdpa.py --accuracy --batch 1 --heads 4 --seq 1024 --head-dim 128 > "$out/torch_acc.jsonl" 2>> "$out/run.log"; echo "rc $?"
+fi
+if has sanitize; then
+  # memcheck and racecheck on small ragged GQA causal shapes, one run per native family / mode.
+  step sanitize
+  san=/usr/local/cuda/bin/compute-sanitizer
+  small="--batch 1 --heads 4 --kv-heads 2 --seq 200 --kv-seq 300 --causal --iters 1"
+  for tool in memcheck racecheck; do
+    for cfg in "auto f16 64" "auto f16 128" "native-hmma f16 128" "native-hmma f16-acc16-pv16 64" "auto int8 64" "auto int8-thread 128" "auto int8-warp-nosmooth 128"; do
+      set -- $cfg
+      strat="--strategy auto"; [ "$1" = native-hmma ] && strat="--strategy native --native hmma"
+      echo "-- $tool $cfg" >> "$out/sanitizer.txt"
+      timeout 120 $san --tool $tool --error-exitcode 9 "$q" run --device cuda $strat --precision $2 --head-dim $3 $small >> "$out/sanitizer.txt" 2>&1
+      echo "rc $? ($tool $cfg)" | tee -a "$out/sanitizer.txt"
+    done
+  done
 fi
 step done
