@@ -205,28 +205,55 @@ struct TileLane {
     }
 };
 
+// threadIdx.x through a volatile move: what is derived from it (a copy's row, chunk, swizzled
+// destination and 64-bit row offset) is recomputed at each use instead of being hoisted out of
+// the KV loop as live registers.
+__device__ __forceinline__ int cta_tid() {
+    int v;
+    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(v));
+    return v;
+}
+
+// The value through an opaque move: what is computed from it inside a loop stays inside the
+// loop instead of being hoisted as a live register (a kernel parameter is re-read from the
+// constant bank at the move).
+template <typename T>
+__device__ __forceinline__ T opaque(T v) {
+    if constexpr (sizeof(T) == 8) asm volatile("" : "+l"(v));
+    else asm volatile("" : "+r"(v));
+    return v;
+}
+
 // Copies ROWS rows of ROW_BYTES bytes (row stride `stride` bytes) into a swizzled tile with
 // THREADS threads; rows at or past `rows_valid` are zero-filled (their source address is
-// clamped to row 0, never read). A thread copies the same chunk of rows row0, row0 + STEP, ...:
+// clamped to row 0, never read). FULL: every row is valid (in-loop prefetches of whole tiles),
+// no predicate at all. A thread copies the same chunk of rows row0, row0 + STEP, ...:
 // STEP is a multiple of 8 rows, so the swizzle is the same for all of them and destinations
-// are one register plus immediates. Sources walk by one 64-bit step made opaque on every call:
-// otherwise the compiler hoists every row's `row * stride` out of the KV loop and keeps
-// 2 * ROWS / STEP 64-bit offsets per tensor alive across it (what made wide tiles spill).
-template <int ROWS, int ROW_BYTES, int THREADS>
+// are one register plus immediates. Sources walk by one 64-bit step made opaque on every call,
+// and the thread index is read opaquely: otherwise the compiler hoists every row's
+// `row * stride` and predicate out of the KV loop and keeps them alive across it (what made
+// wide tiles spill).
+template <int ROWS, int ROW_BYTES, int THREADS, bool FULL = false>
 __device__ __forceinline__ void cta_copy_rows(u32 dst, const unsigned char* src, i64 stride, int rows_valid) {
     constexpr int CHUNKS = ROW_BYTES / 16;
     constexpr int STEP = THREADS / CHUNKS;
     static_assert(THREADS % CHUNKS == 0 && ROWS % STEP == 0 && STEP % 8 == 0, "even copy split");
-    const int row0 = threadIdx.x / CHUNKS;
-    const int chunk = threadIdx.x % CHUNKS;
-    i64 step = (i64)STEP * stride;
-    asm volatile("" : "+l"(step));
+    const int tid = cta_tid();
+    const int row0 = tid / CHUNKS;
+    const int chunk = tid % CHUNKS;
+    stride = opaque(stride);
+    const i64 step = opaque((i64)STEP * stride);
     const unsigned char* s = src + (i64)row0 * stride + chunk * 16;
+    const u32 d = dst + tile_swizzle<ROW_BYTES>(row0, chunk);
 #pragma unroll
     for (int i = 0; i < ROWS / STEP; ++i) {
-        const int row = row0 + i * STEP;
-        const bool ok = row < rows_valid;
-        thread_cp_async_16(dst + tile_swizzle<ROW_BYTES>(row, chunk), ok ? s : src, ok ? 16 : 0);
+        if constexpr (FULL) {
+            thread_cp_async_16(d + i * STEP * ROW_BYTES, s, 16);
+        } else {
+            const int row = row0 + i * STEP;
+            const bool ok = row < rows_valid;
+            thread_cp_async_16(d + i * STEP * ROW_BYTES, ok ? s : src, ok ? 16 : 0);
+        }
         s += step;
     }
 }

@@ -12,15 +12,29 @@
 //     32 rows per warp they fit in registers where f16 Q did not.
 //   * Dequantization: score = float(dot) * (q_scale * k_scale), in log2 units (the host folded
 //     softmax_scale * log2 e into the Q scales). K scales are per KV tile (one value per tile
-//     and KV head); Q scales per CTA block, per warp, or per m16 row group (Q_GRAN), loaded
-//     once per CTA.
-//   * The s32 accumulators start at THREAD_I2F_BIAS, which turns the int -> float conversion
-//     into one FADD (exact, common.cuh).
+//     and KV head); Q scales per CTA block, per warp, or per m16 row group (Q_GRAN), re-read
+//     (one L1 hit) per KV tile next to the K scale.
+//   * The s32 accumulators start at 0 and the int -> float conversion is one IADD of
+//     THREAD_I2F_BIAS and one FADD (exact, common.cuh). Starting the accumulators at the bias
+//     saves the IADD but holds the bias in four registers through the first k32 step, enough
+//     to tip the 32-row hd128 tile into spills.
 //   * Since every scale is positive, max_j fl(x_j * sc) = fl(max_j x_j * sc): the row max is
 //     taken on the exact float dots x and scaled once per row, and p = exp2(fma(x, sc, -m)).
 //     Against the emulation's exp2(fl(x * sc) - m) that skips one rounding of the exponent
-//     argument (< 2^-24 relative of |x * sc|, below ex2.approx's own error); m itself is
-//     bit-identical to the emulation's.
+//     argument (< 2^-24 relative of |x * sc|, below ex2.approx's own error).
+//   * Conditional rescale (RESCALE_LOG2, as fwd_hmma.cu): the running max m only moves when
+//     some row of the warp grew by more than RESCALE_LOG2 log2 units (8 with f32 P·V, 0 with
+//     f16 per-tile P·V), so P <= 2^RESCALE_LOG2 and most tiles skip the O and l rescale. Every
+//     m the kernel uses is one of the emulation's running maxima (the max of the tiles seen so
+//     far when it last moved) but it may lag behind it: O = acc / l and LSE = m + log2 l are
+//     the same for any such m, only the binade in which P is rounded to f16 changes, not its
+//     relative error. With RESCALE_LOG2 0 the max moves whenever it grows, as the emulation.
+//   * A row's max starts at M_EMPTY (finite) instead of -inf, so that neither the exponent
+//     offset nor alpha needs a -inf guard.
+//   * Register budget of the 32-row hd128 tile (255 with O = 128 and S = 64 registers):
+//     lane-derived ldmatrix offsets, copy rows and Q scales come from an opaque thread index
+//     inside the KV loop (cta_tid), and in-loop prefetches of whole tiles carry no predicate,
+//     so nothing of them is hoisted across the loop as live registers.
 //   * LSE = m * ln 2 + ln(l) + lse_shift (the K-smoothing correction, when given).
 //   * O is staged for its coalesced stores through the start of shared memory after a CTA
 //     barrier: an f16 O tile can be larger than one (int8 K + f16 V) stage.
@@ -36,6 +50,9 @@
 //   QK_SPLIT      0: scores of all MT m tiles at once (each K fragment feeds 2 * MT IMMAs),
 //                 1: one m tile after the other, scores and softmax (half the score registers,
 //                 each K fragment read MT times; V fragments still feed 2 * MT HMMAs)
+//   Q_LAYOUT_WARPS warps of the Q scale layout (default WARPS; fewer when a per-arch tile
+//                 splits the table tile's warps, per-warp scales are then shared)
+//   RESCALE_LOG2  conditional-rescale threshold (default 8 for PV_ACC 0, 0 for PV_ACC 1)
 // The launch ABI is `Int8FwdParams` below; the Rust mirror is `Int8Params` in src/int8.rs,
 // and `Int8Config::smem_bytes` mirrors cfg::SMEM_BYTES.
 #include "common.cuh"
@@ -43,6 +60,24 @@
 #if !defined(HEAD_DIM) || !defined(WARPS) || !defined(BLOCK_N) || !defined(ROWS_PER_WARP) || \
     !defined(Q_IN_REGS) || !defined(Q_GRAN) || !defined(PV_ACC) || !defined(QK_SPLIT)
 #error "fwd_int8.cu needs HEAD_DIM, WARPS, BLOCK_N, ROWS_PER_WARP, Q_IN_REGS, Q_GRAN, PV_ACC, QK_SPLIT"
+#endif
+
+// Conditional-rescale threshold in log2 units (see warp_online_softmax): P may reach
+// 2^RESCALE_LOG2 between rescales. 8 with f32 P·V accumulation (P <= 256 is far from fp16
+// overflow and f32 sums are unaffected); 0 with f16 per-tile P·V, whose per-tile f16 sums must
+// stay well inside fp16 range, so there the max moves whenever it grows at all.
+#ifndef RESCALE_LOG2
+#define RESCALE_LOG2 (PV_ACC == 0 ? 8 : 0)
+#endif
+
+// The running max of a row that has seen no key yet: finite, so that masked scores give
+// exp2(-inf - M_EMPTY) = 0 and a row's first visible key moves the max (by ~2^127 > any
+// RESCALE_LOG2) with alpha = exp2(M_EMPTY - m) = 0, without the -inf - -inf NaN guards.
+// Scores are bounded by 127^2 * HEAD_DIM times the scales, far above it.
+#define M_EMPTY (-1.7014118e38f)
+
+#ifndef Q_LAYOUT_WARPS
+#define Q_LAYOUT_WARPS WARPS
 #endif
 
 #define Q_GRAN_BLOCK 0
@@ -73,7 +108,11 @@ constexpr int Q_OFFSET = Q_IN_REGS ? STAGE_BYTES : 2 * STAGE_BYTES;
 constexpr int SMEM_BYTES = 2 * STAGE_BYTES + (Q_IN_REGS ? 0 : Q_TILE_BYTES);
 // Q scales per CTA block in the layout the host builds (src/codec/int8.rs Int8ScaleLayout):
 // per thread means 8 row groups per 16-row m tile, i.e. the layout's "warps" are m16 tiles.
-constexpr int Q_SCALES_PER_BLOCK = Q_GRAN == Q_GRAN_BLOCK ? 1 : Q_GRAN == Q_GRAN_WARP ? WARPS : (BM / 16) * 8;
+// Per warp: the layout's warps (Q_LAYOUT_WARPS, default WARPS) may be fewer than the CTA's when a
+// per-arch fallback tile splits the table tile's warps (8 x 16 rows reading the scales of a
+// 4 x 32-row layout): warp w then reads layout warp w * Q_LAYOUT_WARPS / WARPS.
+constexpr int Q_LAYOUT_W = Q_LAYOUT_WARPS;
+constexpr int Q_SCALES_PER_BLOCK = Q_GRAN == Q_GRAN_BLOCK ? 1 : Q_GRAN == Q_GRAN_WARP ? Q_LAYOUT_W : (BM / 16) * 8;
 static_assert(SMEM_BYTES <= 227 * 1024, "more shared memory than an sm_90 block may have");
 static_assert(O_TILE_BYTES <= 2 * STAGE_BYTES, "O is staged through the two K/V stages");
 static_assert(D == 64 || D == 128, "head dim 64 or 128");
@@ -81,6 +120,7 @@ static_assert(ROWS_PER_WARP == 16 || ROWS_PER_WARP == 32, "16 or 32 rows per war
 static_assert(BN % 16 == 0 && BN >= 16, "BLOCK_N multiple of 16");
 static_assert(!Q_IN_REGS || Q_TILE_BYTES <= STAGE_BYTES, "Q must fit in one K+V stage");
 static_assert(Q_GRAN >= 0 && Q_GRAN <= 2, "Q_GRAN 0, 1 or 2");
+static_assert(WARPS % Q_LAYOUT_W == 0, "layout warps divide the CTA's warps");
 }  // namespace cfg
 
 struct Int8FwdParams {
@@ -147,7 +187,7 @@ __device__ __forceinline__ void warp_score_matmul(float (&x)[MTN][cfg::N_FRAGS][
     for (int mt = 0; mt < MTN; ++mt)
 #pragma unroll
         for (int n = 0; n < cfg::N_FRAGS; ++n)
-            acc[mt][n][0] = acc[mt][n][1] = acc[mt][n][2] = acc[mt][n][3] = THREAD_I2F_BIAS;
+            acc[mt][n][0] = acc[mt][n][1] = acc[mt][n][2] = acc[mt][n][3] = 0;
 #pragma unroll
     for (int kk = 0; kk < cfg::K_STEPS; ++kk) {
         u32 a[MTN][4];
@@ -169,13 +209,17 @@ __device__ __forceinline__ void warp_score_matmul(float (&x)[MTN][cfg::N_FRAGS][
 #pragma unroll
         for (int n = 0; n < cfg::N_FRAGS; ++n)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) x[mt][n][e] = thread_biased_to_f32(acc[mt][n][e]);
+            for (int e = 0; e < 4; ++e) x[mt][n][e] = thread_biased_to_f32(acc[mt][n][e] + THREAD_I2F_BIAS);
 }
 
 // Online softmax over one tile in log2 units for the m tiles [MT0, MT0 + MTN): x are the
 // integer dots (masked ones -inf), sc the rows' q_scale * k_scale. Updates the running max `m`
-// (log2 units) and per-lane partial row sums `l`, rescales O, and returns P packed as the f16
-// A operand of P·V.
+// (log2 units) and per-lane partial row sums `l`, rescales O when the max moved, and returns P
+// packed as the f16 A operand of P·V.
+// Conditional rescale (as fwd_hmma.cu): the running max only moves when some row of the warp
+// grew by more than RESCALE_LOG2 since it was last set; otherwise every row keeps its stale
+// max, p = exp2(x * sc - m) stays <= 2^RESCALE_LOG2 and neither O nor l is touched. The
+// decision is warp-uniform (a vote), so skipping costs no divergence.
 template <int MT0, int MTN>
 __device__ __forceinline__ void warp_online_softmax(float (&x)[MTN][cfg::N_FRAGS][4], const float (&sc)[cfg::ROWS],
                                                     float (&m)[cfg::ROWS], float (&l)[cfg::ROWS],
@@ -192,20 +236,29 @@ __device__ __forceinline__ void warp_online_softmax(float (&x)[MTN][cfg::N_FRAGS
             mx[2 * mt] = fmaxf(mx[2 * mt], fmaxf(x[mt][n][0], x[mt][n][1]));
             mx[2 * mt + 1] = fmaxf(mx[2 * mt + 1], fmaxf(x[mt][n][2], x[mt][n][3]));
         }
-    float mc[RN], alpha[RN];
-    bool grew = false;
+    bool need = false;
+#pragma unroll
+    for (int r = 0; r < RN; ++r) {
+        // fl(max x * sc) = max fl(x * sc) because sc > 0 and rounding is monotone.
+        mx[r] = quad_max(mx[r]) * sc[R0 + r];
+        // m starts at M_EMPTY (finite): the first visible key is ~2^127 above it and always
+        // sets m; a tile of masked keys only (-inf) never does.
+        need |= mx[r] - m[R0 + r] > (float)RESCALE_LOG2;
+    }
+    const bool rescale = __any_sync(0xffffffffu, need);
+    float alpha[RN];
 #pragma unroll
     for (int r = 0; r < RN; ++r) {
         const int i = R0 + r;
-        // fl(max x * sc) = max fl(x * sc) because sc > 0 and rounding is monotone.
-        const float m_new = fmaxf(m[i], quad_max(mx[r]) * sc[i]);
-        // A row that has seen only masked keys keeps max -inf; use 0 as its offset so that
-        // exp2(-inf - 0) = 0 instead of exp2(-inf + inf) = NaN.
-        mc[r] = (m_new == QA_NEG_INF) ? 0.f : m_new;
-        alpha[r] = thread_exp2(m[i] - mc[r]);   // old max -inf -> 0 (O and l are 0 anyway)
-        grew |= alpha[r] != 1.f;
-        m[i] = m_new;
-        l[i] *= alpha[r];
+        const float mn = rescale ? fmaxf(m[i], mx[r]) : m[i];
+        // alpha from the difference of the maxima: exactly 1 for an unchanged max, 0 when the
+        // old max was M_EMPTY (O and l are 0 anyway).
+        alpha[r] = (mn == m[i]) ? 1.f : thread_exp2(m[i] - mn);
+        m[i] = mn;
+    }
+    if (rescale) {
+#pragma unroll
+        for (int r = 0; r < RN; ++r) l[R0 + r] *= alpha[r];
     }
 #pragma unroll
     for (int mt = 0; mt < MTN; ++mt)
@@ -214,19 +267,9 @@ __device__ __forceinline__ void warp_online_softmax(float (&x)[MTN][cfg::N_FRAGS
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int r = 2 * mt + (e >> 1);
-                x[mt][n][e] = thread_exp2(fmaf(x[mt][n][e], sc[R0 + r], -mc[r]));
+                x[mt][n][e] = thread_exp2(fmaf(x[mt][n][e], sc[R0 + r], -m[R0 + r]));
                 l[R0 + r] += x[mt][n][e];
             }
-    // An unchanged max gives alpha = exp2(0) = 1 exactly: skipping the rescale changes nothing.
-    if (__any_sync(0xffffffffu, grew)) {
-#pragma unroll
-        for (int mt = 0; mt < MTN; ++mt)
-#pragma unroll
-            for (int d = 0; d < cfg::D_FRAGS; ++d) {
-                o[MT0 + mt][d][0] *= alpha[2 * mt]; o[MT0 + mt][d][1] *= alpha[2 * mt];
-                o[MT0 + mt][d][2] *= alpha[2 * mt + 1]; o[MT0 + mt][d][3] *= alpha[2 * mt + 1];
-            }
-    }
     // Two adjacent n8 accumulator tiles are exactly one m16k16 A fragment.
 #pragma unroll
     for (int mt = 0; mt < MTN; ++mt)
@@ -237,6 +280,16 @@ __device__ __forceinline__ void warp_online_softmax(float (&x)[MTN][cfg::N_FRAGS
             p[MT0 + mt][kp][2] = thread_pack_f16x2(x[mt][2 * kp + 1][0], x[mt][2 * kp + 1][1]);
             p[MT0 + mt][kp][3] = thread_pack_f16x2(x[mt][2 * kp + 1][2], x[mt][2 * kp + 1][3]);
         }
+    // O last, where the f32 scores are dead (only the packed P is live).
+    if (rescale) {
+#pragma unroll
+        for (int mt = 0; mt < MTN; ++mt)
+#pragma unroll
+            for (int d = 0; d < cfg::D_FRAGS; ++d) {
+                o[MT0 + mt][d][0] *= alpha[2 * mt]; o[MT0 + mt][d][1] *= alpha[2 * mt];
+                o[MT0 + mt][d][2] *= alpha[2 * mt + 1]; o[MT0 + mt][d][3] *= alpha[2 * mt + 1];
+            }
+    }
 }
 
 // Scores, mask and softmax of the m tiles [MT0, MT0 + MTN) of one KV tile.
@@ -279,16 +332,41 @@ __device__ __forceinline__ const unsigned char* cta_v_rows(const Int8FwdParams& 
 }
 // The K scale of tile t (one per BLOCK_N keys and KV head).
 __device__ __forceinline__ float cta_k_scale(const Int8FwdParams& p, int t) {
-    const int k_blocks = (p.kv_len + cfg::BN - 1) / cfg::BN;
+    const int k_blocks = (opaque(p.kv_len) + cfg::BN - 1) / cfg::BN;
     const float* ks = reinterpret_cast<const float*>(p.k_scale);
     return __ldg(ks + ((i64)cta_batch() * p.kv_heads + cta_kv_head(p)) * k_blocks + t);
+}
+
+// This lane's rows' Q scales (Int8ScaleLayout), re-read per KV tile (one L1 hit, in flight
+// during the barrier wait) rather than held across the loop: block (b, h, m_block) holds
+// Q_SCALES_PER_BLOCK values; per warp: warp w; per thread: m16 tile (warp * MT + mt), row group
+// g = lane / 4, shared by its rows g and g + 8.
+__device__ __forceinline__ void cta_q_scales(const Int8FwdParams& p, float (&qs)[cfg::ROWS]) {
+    int m_block;
+    asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(m_block));
+    m_block = gridDim.x - 1 - m_block;
+    const float* base = reinterpret_cast<const float*>(p.q_scale) +
+                        (((i64)cta_batch() * p.q_heads + cta_head()) * gridDim.x + m_block) * cfg::Q_SCALES_PER_BLOCK;
+#if Q_GRAN == Q_GRAN_BLOCK
+    const float s = __ldg(base);
+#pragma unroll
+    for (int i = 0; i < cfg::ROWS; ++i) qs[i] = s;
+#elif Q_GRAN == Q_GRAN_WARP
+    const float s = __ldg(base + (cta_tid() >> 5) * cfg::Q_LAYOUT_W / WARPS);
+#pragma unroll
+    for (int i = 0; i < cfg::ROWS; ++i) qs[i] = s;
+#else
+    const int tid = cta_tid();
+#pragma unroll
+    for (int mt = 0; mt < cfg::MT; ++mt)
+        qs[2 * mt] = qs[2 * mt + 1] = __ldg(base + ((tid >> 5) * cfg::MT + mt) * 8 + ((tid & 31) >> 2));
+#endif
 }
 
 struct WarpState {
     float o[cfg::MT][cfg::D_FRAGS][4];
     float m[cfg::ROWS];
     float l[cfg::ROWS];
-    float qs[cfg::ROWS];   // this lane's rows' Q scales
 };
 
 // Per-lane ldmatrix rows of the K (non-transposed, int8) and V (transposed, f16) fragments.
@@ -303,7 +381,7 @@ struct KvLanes {
 // One KV tile: wait for K, prefetch the next K, scores + softmax, wait for V, prefetch the next
 // V, P·V. Two barriers per tile: the first frees the other stage, the second publishes V.
 template <bool MASK>
-__device__ __forceinline__ void cta_kv_tile(WarpState& st, const WarpQ& q, const KvLanes& kv, u32 smem, int j,
+__device__ __forceinline__ void cta_kv_tile(WarpState& st, const WarpQ& q_arg, u32 smem, int j,
                                             int n_tiles, const Int8FwdParams& p, int diag, int lane) {
     const int t = n_tiles - 1 - j;          // tiles run from the last (masked) to the first
     const int stage = j & 1;
@@ -312,17 +390,28 @@ __device__ __forceinline__ void cta_kv_tile(WarpState& st, const WarpQ& q, const
     const u32 next_k = smem + (stage ^ 1) * cfg::STAGE_BYTES;
     const u32 next_v = next_k + cfg::K_TILE_BYTES;
     const float ks = cta_k_scale(p, t);     // in flight during the wait and the MMAs
+    float qs[cfg::ROWS];
+    cta_q_scales(p, qs);
+    // Lane-derived ldmatrix offsets from an opaque thread index, per tile: hoisted out of the
+    // loop they were ~20 live registers of swizzled addresses (one per chunk pair and tensor).
+    const int tid = cta_tid();
+    const KvLanes kv(tid & 31);
+#if Q_IN_REGS
+    const WarpQ& q = q_arg;
+#else
+    const WarpQ q(q_arg.tile, tid >> 5, tid & 31);
+#endif
 
     thread_cp_async_wait<1>();   // everything but V_t landed -> K_t is here
     __syncthreads();
     if (j + 1 < n_tiles)
-        cta_copy_rows<cfg::BN, cfg::QK_ROW_BYTES, cfg::THREADS>(next_k, cta_k_rows(p, (t - 1) * cfg::BN),
-                                                                 p.k_seq_stride, cfg::BN);
+        cta_copy_rows<cfg::BN, cfg::QK_ROW_BYTES, cfg::THREADS, true>(next_k, cta_k_rows(p, (t - 1) * cfg::BN),
+                                                                       p.k_seq_stride, cfg::BN);
     thread_cp_async_commit();
 
     float sc[cfg::ROWS];
 #pragma unroll
-    for (int i = 0; i < cfg::ROWS; ++i) sc[i] = st.qs[i] * ks;   // (q_scale * k_scale), as the emulation
+    for (int i = 0; i < cfg::ROWS; ++i) sc[i] = qs[i] * ks;   // (q_scale * k_scale), as the emulation
     u32 pf[cfg::MT][cfg::P_STEPS][4];
 #if QK_SPLIT
     // One m tile at a time: half the score registers live, each K fragment read MT times.
@@ -336,8 +425,8 @@ __device__ __forceinline__ void cta_kv_tile(WarpState& st, const WarpQ& q, const
     thread_cp_async_wait<1>();   // everything but K_{t-1} landed -> V_t is here
     __syncthreads();
     if (j + 1 < n_tiles)
-        cta_copy_rows<cfg::BN, cfg::V_ROW_BYTES, cfg::THREADS>(next_v, cta_v_rows(p, (t - 1) * cfg::BN),
-                                                                2 * p.v_seq_stride, cfg::BN);
+        cta_copy_rows<cfg::BN, cfg::V_ROW_BYTES, cfg::THREADS, true>(next_v, cta_v_rows(p, (t - 1) * cfg::BN),
+                                                                      2 * opaque(p.v_seq_stride), cfg::BN);
     thread_cp_async_commit();
 
     warp_value_matmul<cfg::MT, cfg::P_STEPS, cfg::D, PV_ACC == 1, false>(st.o, pf, v_tile, kv.v);
@@ -378,29 +467,9 @@ extern "C" __global__ void __launch_bounds__(cfg::THREADS, 1) fwd_int8(const Int
         for (int d = 0; d < cfg::D_FRAGS; ++d) st.o[mt][d][0] = st.o[mt][d][1] = st.o[mt][d][2] = st.o[mt][d][3] = 0.f;
 #pragma unroll
     for (int i = 0; i < cfg::ROWS; ++i) {
-        st.m[i] = QA_NEG_INF;
+        st.m[i] = M_EMPTY;
         st.l[i] = 0.f;
     }
-    {
-        // This CTA's Q scales (Int8ScaleLayout): block (b, h, m_block) holds
-        // Q_SCALES_PER_BLOCK values; per warp: warp w; per thread: m16 tile (warp * MT + mt),
-        // row group g = lane / 4, shared by its rows g and g + 8.
-        const float* qs = reinterpret_cast<const float*>(p.q_scale) +
-                          (((i64)batch * p.q_heads + head) * gridDim.x + m_block) * cfg::Q_SCALES_PER_BLOCK;
-#if Q_GRAN == Q_GRAN_BLOCK
-        const float s = __ldg(qs);
-#pragma unroll
-        for (int i = 0; i < cfg::ROWS; ++i) st.qs[i] = s;
-#elif Q_GRAN == Q_GRAN_WARP
-        const float s = __ldg(qs + warp);
-#pragma unroll
-        for (int i = 0; i < cfg::ROWS; ++i) st.qs[i] = s;
-#else
-#pragma unroll
-        for (int mt = 0; mt < cfg::MT; ++mt) st.qs[2 * mt] = st.qs[2 * mt + 1] = __ldg(qs + (warp * cfg::MT + mt) * 8 + (lane >> 2));
-#endif
-    }
-
     if (n_tiles > 0) {
         const int t0 = n_tiles - 1;
         const unsigned char* q_rows = reinterpret_cast<const unsigned char*>(p.q) + batch * p.q_batch_stride +
@@ -416,10 +485,9 @@ extern "C" __global__ void __launch_bounds__(cfg::THREADS, 1) fwd_int8(const Int
         thread_cp_async_wait<2>();   // Q landed
         __syncthreads();
         const WarpQ q(q_smem, warp, lane);
-        const KvLanes kv(lane);
         int j = 0;
-        for (; j < n_masked; ++j) cta_kv_tile<true>(st, q, kv, smem, j, n_tiles, p, diag, lane);
-        for (; j < n_tiles; ++j) cta_kv_tile<false>(st, q, kv, smem, j, n_tiles, p, diag, lane);
+        for (; j < n_masked; ++j) cta_kv_tile<true>(st, q, smem, j, n_tiles, p, diag, lane);
+        for (; j < n_tiles; ++j) cta_kv_tile<false>(st, q, smem, j, n_tiles, p, diag, lane);
     }
 
     // ---- epilogue: normalise, LSE, stage O through shared memory, 16-byte stores ------------

@@ -22,7 +22,8 @@
 //! Without `QUATTN_SWEEP_INT8`: every `Int8Config::all()` variant with its table tile. With
 //! it: forced tiles only, checked and timed in per-block / f32 P·V mode. An entry is
 //! `HD x WARPS x BLOCK_N x ROWS_PER_WARP[s][p]`: `s` = Q in shared memory, `p` = Q·Kᵀ one m
-//! tile at a time; e.g. `128x4x64x32s`, `128x8x64x16`, `64x4x64x32p`.
+//! tile at a time; e.g. `128x4x64x32s` (the hd128 f32 table tile), `128x8x128x16` (the
+//! previous one), `128x8x64x16` (sm_100a's compact tile), `64x4x64x32p`.
 
 use std::sync::Arc;
 

@@ -84,33 +84,58 @@ pub struct Int8TileRow {
     pub f32_pv: Int8Tile,
     /// P·V accumulating in f16 per KV tile (its f16 partial sums sit next to the f32 O).
     pub f16_pv: Int8Tile,
+    /// The f32 P·V tile on sm_100a, where `f32_pv` does not fit in 255 registers. Same scale
+    /// blocking as `f32_pv` (rows per CTA, keys per tile; per-warp scales are read from the
+    /// `f32_pv` layout, `Q_LAYOUT_WARPS`), so the facade's prepass does not depend on the arch.
+    pub compact: Int8Tile,
 }
 
-/// Tile configuration per head dim, and why. Measured on the H100 with `int8_check`'s
-/// `QUATTN_SWEEP_INT8` (PerBlock, f32 P·V, batch·seq = 16k, heads = 2048/hd, TFLOP/s non-causal
-/// at seq 4k / 8k / 16k; benchmarks/2026-11-22-h100-f):
+/// Tile configuration per head dim, and why. Rows before "now" measured on the H100 with
+/// `int8_check`'s `QUATTN_SWEEP_INT8` (PerBlock, f32 P·V, batch·seq = 16k, heads = 2048/hd,
+/// TFLOP/s non-causal at seq 4k / 8k / 16k; benchmarks/2026-11-22-h100-g):
 ///
 /// | tile (warps x rows/warp, BLOCK_N, Q)        | hd64              | hd128                   |
 /// |---------------------------------------------|-------------------|-------------------------|
 /// | 4 x 32, 64, registers                       | **298 / 306 / 314** | spills (see below)    |
 /// | 4 x 32, 128, shared memory (spills, below)  | 341 / 348 / 358   | -                       |
 /// | 8 x 16, 64, registers                       | -                 | 267 / 274 / 279         |
-/// | 8 x 16, 128, registers                      | -                 | **319 / 326 / 333**     |
+/// | 8 x 16, 128, registers                      | -                 | 319 / 326 / 333         |
 /// | 4 x 32, 64, shared memory (spills 24 B)     | -                 | 375 / 381 / 392         |
 /// | 4 x 32, 64, shared memory, split (40 B)     | -                 | 387 / 393 / 401         |
+/// | 4 x 32, 64, shared memory, no spill (now)   | -                 | **not yet measured**    |
 ///
-/// The spilling 32-row hd128 tiles are the fastest, as for HMMA (each K/V fragment feeds 4
-/// MMAs instead of 2), but the report refuses spills: every 32-row hd128 form tried spills
+/// The spilling 32-row hd128 tiles were the fastest, as for HMMA (each K/V fragment feeds 4
+/// MMAs instead of 2), but the report refuses spills: every 32-row hd128 form tried spilled
 /// 20-100 bytes on sm_90 (Q in registers or shared memory, 48 keys, scores one m tile at a time
-/// (`qk_split`)), ptxas filling freed registers with hoisted addresses. Until one fits, hd128
-/// takes the fastest tile that does not spill. All of them are ≤ 1.15x torch's FlashAttention-2
+/// (`qk_split`)), ptxas filling freed registers with hoisted addresses. The kernel now keeps
+/// those out of the KV loop (lane offsets, copy rows and Q scales from an opaque thread index,
+/// no predicates on whole-tile prefetches, scores accumulated from 0 instead of the I2F bias,
+/// conditional O rescale), and **4 x 32, 64 keys, Q in shared memory** (`128x4x64x32s`)
+/// compiles with 255 registers and no spill on sm_80, sm_86, sm_89, sm_90 and sm_120a in all
+/// three granularities, f32 P·V: it is the hd128 f32 tile. Its speed with these changes is
+/// not yet measured (the 24-byte-spill build of the same shape ran 375 / 381 / 392).
+/// sm_100a still spills it (4-40 B; split and Q-in-registers forms 80-200 B), so sm_100a
+/// builds the row's `compact` tile, 8 x 16 x 64 keys (197 registers), which has the same scale
+/// blocking (per-warp scales shared by warp pairs). The split form (`...32sp`) spills on sm_90
+/// and f16 per-tile P·V spills 16-100 B in every 32-row form, so f16_pv keeps 8 x 16 x 64.
+/// All of the measured tiles are ≤ 1.15x torch's FlashAttention-2
 /// (353 / 357 TFLOP/s at 8k / 16k): mma.sync runs s8 at twice the f16 rate, but P·V stays f16
 /// and the softmax does not shrink (BENCHMARKS.md).
 pub const INT8_TILES: [Int8TileRow; 2] = [
     // 128 keys with Q in shared memory (341-358 measured) spills with per-thread scales on
     // sm_80..sm_90 (20-40 B) and on sm_100a in every granularity: hd64 keeps 64 keys.
-    Int8TileRow { head_dim: 64, f32_pv: Int8Tile::new(4, 64, 32), f16_pv: Int8Tile::new(4, 64, 32) },
-    Int8TileRow { head_dim: 128, f32_pv: Int8Tile::new(8, 128, 16), f16_pv: Int8Tile::new(8, 64, 16) },
+    Int8TileRow {
+        head_dim: 64,
+        f32_pv: Int8Tile::new(4, 64, 32),
+        f16_pv: Int8Tile::new(4, 64, 32),
+        compact: Int8Tile::new(4, 64, 32),
+    },
+    Int8TileRow {
+        head_dim: 128,
+        f32_pv: Int8Tile { q_in_regs: false, ..Int8Tile::new(4, 64, 32) },
+        f16_pv: Int8Tile::new(8, 64, 16),
+        compact: Int8Tile::new(8, 64, 16),
+    },
 ];
 
 /// One compiled variant of the family: everything that changes the generated code.
@@ -129,8 +154,8 @@ impl Int8Config {
 
     /// Targets the family is built and checked for: mma.sync m16n8k32 s8 and m16n8k16 f16 exist
     /// on all of them and nothing needs an arch-specific (`a`) feature, so an H100 runs the
-    /// sm_90 build. The table's tiles compile without spills on sm_100a and sm_120a too (<= 255
-    /// registers), so those devices get native builds as well.
+    /// sm_90 build. sm_100a and sm_120a get native builds as well; on sm_100a f32 P·V takes the
+    /// table's `compact` tile ([`Self::tile_for`]), the only one that does not spill there.
     pub const TARGETS: &'static [Arch] =
         &[Arch::Sm80, Arch::Sm86, Arch::Sm89, Arch::Sm90, Arch::Sm100a, Arch::Sm120a];
 
@@ -168,7 +193,18 @@ impl Int8Config {
         })
     }
 
-    /// The tile shape ([`INT8_TILES`] or the forced one).
+    /// The tile built for `arch`: a forced tile everywhere, else the table's, except f32 P·V on
+    /// sm_100a, which takes the row's `compact` tile (same scale blocking as [`Self::tile`]).
+    pub fn tile_for(&self, arch: Arch) -> Result<Int8Tile> {
+        let t = self.tile()?;
+        if self.tile.is_some() || self.pv != PvAccum::F32 || arch != Arch::Sm100a {
+            return Ok(t);
+        }
+        let row = INT8_TILES.iter().find(|r| r.head_dim == self.head_dim).expect("tile() found the row");
+        Ok(row.compact)
+    }
+
+    /// The tile shape ([`INT8_TILES`] or the forced one); it defines the scale blocking.
     pub fn tile(&self) -> Result<Int8Tile> {
         self.tile_opt().ok_or(NativeError::UnsupportedHeadDim {
             kernel: KERNEL,
@@ -180,9 +216,16 @@ impl Int8Config {
     /// Dynamic shared memory, mirror of `cfg::SMEM_BYTES`: two stages of an int8 K and an f16
     /// V tile, plus a resident int8 Q tile when Q is not held in registers.
     pub fn smem_bytes(&self) -> Result<u32> {
-        let t = self.tile()?;
-        let d = self.head_dim;
-        Ok(2 * t.block_n * 3 * d + if t.q_in_regs { 0 } else { t.block_m() * d })
+        Ok(Self::tile_smem_bytes(self.tile()?, self.head_dim))
+    }
+
+    /// [`Self::smem_bytes`] of the tile built for `arch` ([`Self::tile_for`]).
+    pub fn smem_bytes_for(&self, arch: Arch) -> Result<u32> {
+        Ok(Self::tile_smem_bytes(self.tile_for(arch)?, self.head_dim))
+    }
+
+    fn tile_smem_bytes(t: Int8Tile, d: u32) -> u32 {
+        2 * t.block_n * 3 * d + if t.q_in_regs { 0 } else { t.block_m() * d }
     }
 
     /// `(block_q, block_k, warps)` of the Q/K scale layout (`Int8Blocking` in the facade):
@@ -247,10 +290,19 @@ impl Int8Config {
         format!("fwd_int8_{}_{pv}_d{}{forced}", self.granularity.tag(), self.head_dim)
     }
 
-    /// The `-D` defines the kernel reads (see the header of `fwd_int8.cu`).
+    /// The `-D` defines the kernel reads (see the header of `fwd_int8.cu`), for the table tile.
     pub fn defines(&self) -> Result<Vec<(String, String)>> {
+        self.defines_for_tile(self.tile()?)
+    }
+
+    /// The `-D` defines of the tile built for `arch` ([`Self::tile_for`]).
+    pub fn defines_for(&self, arch: Arch) -> Result<Vec<(String, String)>> {
+        self.defines_for_tile(self.tile_for(arch)?)
+    }
+
+    fn defines_for_tile(&self, t: Int8Tile) -> Result<Vec<(String, String)>> {
         self.validate()?;
-        let t = self.tile()?;
+        let layout_warps = self.tile()?.warps;
         let gran = match self.granularity {
             Int8Granularity::PerBlock => 0,
             Int8Granularity::PerWarp => 1,
@@ -266,12 +318,13 @@ impl Int8Config {
             d("Q_GRAN", gran),
             d("QK_SPLIT", t.qk_split as u32),
             d("PV_ACC", (self.pv == PvAccum::F16PerTile) as u32),
+            d("Q_LAYOUT_WARPS", layout_warps),
         ])
     }
 
     /// The compile request for `arch`.
     pub fn request(&self, arch: Arch) -> Result<CompileRequest<'static>> {
-        Ok(CompileRequest { kernel: self.name(), source: &FWD_INT8, arch, defines: self.defines()? })
+        Ok(CompileRequest { kernel: self.name(), source: &FWD_INT8, arch, defines: self.defines_for(arch)? })
     }
 
     /// SASS opcodes that must appear (and only these MMA forms): IMMA for Q·Kᵀ, the P·V HMMA of
@@ -507,12 +560,22 @@ impl Int8Args {
     /// Grid `(query blocks, q_heads, batch)`, one CTA of `block_q` rows each. The kernel takes
     /// the number of Q scale blocks per head from the grid width, so the two must agree.
     pub fn launch_shape(&self, config: &Int8Config) -> Result<Int8LaunchShape> {
-        let tile = config.tile()?;
+        self.launch_shape_of(config, config.tile()?, config.smem_bytes()?)
+    }
+
+    /// [`Self::launch_shape`] of the tile built for `arch` ([`Int8Config::tile_for`]): the
+    /// grid is the same (same rows per CTA), threads and shared memory follow the tile.
+    pub fn launch_shape_for(&self, config: &Int8Config, arch: Arch) -> Result<Int8LaunchShape> {
+        self.launch_shape_of(config, config.tile_for(arch)?, config.smem_bytes_for(arch)?)
+    }
+
+    fn launch_shape_of(&self, config: &Int8Config, tile: Int8Tile, smem_bytes: u32) -> Result<Int8LaunchShape> {
+        debug_assert_eq!(tile.block_m(), config.tile()?.block_m());
         let m_blocks = self.q_len.div_ceil(tile.block_m() as usize);
         Ok(Int8LaunchShape {
             grid: (m_blocks as u32, self.q_heads as u32, self.batch as u32),
             block: (tile.threads(), 1, 1),
-            smem_bytes: config.smem_bytes()?,
+            smem_bytes,
         })
     }
 }
@@ -585,7 +648,7 @@ mod launch {
             // Above 48 KiB of dynamic shared memory a kernel has to opt in.
             function.set_attribute(
                 CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                config.smem_bytes()? as i32,
+                config.smem_bytes_for(arch)? as i32,
             )?;
             Ok(Int8Kernel { config, arch, function, compiled })
         }
@@ -665,7 +728,7 @@ mod launch {
         pub unsafe fn launch_raw(&self, stream: &Arc<CudaStream>, args: &Int8Args, ptrs: &Int8Ptrs) -> Result<()> {
             args.validate(&self.config)?;
             args.validate_ptrs(ptrs)?;
-            let shape = args.launch_shape(&self.config)?;
+            let shape = args.launch_shape_for(&self.config, self.arch)?;
             let params = args.params(ptrs);
             let cfg = LaunchConfig { grid_dim: shape.grid, block_dim: shape.block, shared_mem_bytes: shape.smem_bytes };
             let mut b = stream.launch_builder(&self.function);
@@ -780,6 +843,36 @@ mod tests {
         let thread = Int8Config::new(64, Int8Granularity::PerThread, PvAccum::F16PerTile).unwrap();
         let d = thread.defines().unwrap();
         assert!(d.contains(&("Q_GRAN".into(), "2".into())) && d.contains(&("PV_ACC".into(), "1".into())));
+    }
+
+    #[test]
+    fn compact_tiles_keep_the_scale_blocking() {
+        for row in INT8_TILES {
+            let (t, c) = (row.f32_pv, row.compact);
+            assert_eq!((c.block_m(), c.block_n), (t.block_m(), t.block_n), "{row:?}");
+            assert_eq!(c.warps % t.warps, 0, "{row:?}");
+        }
+        for g in Int8Granularity::ALL {
+            let cfg = Int8Config::new(128, g, PvAccum::F32).unwrap();
+            let (t90, t100) = (cfg.tile_for(Arch::Sm90).unwrap(), cfg.tile_for(Arch::Sm100a).unwrap());
+            assert_eq!(t90, cfg.tile().unwrap());
+            assert_eq!(t100, INT8_TILES[1].compact);
+            let d = cfg.defines_for(Arch::Sm100a).unwrap();
+            assert!(d.contains(&("WARPS".into(), t100.warps.to_string())), "{d:?}");
+            assert!(d.contains(&("Q_LAYOUT_WARPS".into(), t90.warps.to_string())), "{d:?}");
+            let a = args();
+            let s90 = a.launch_shape_for(&cfg, Arch::Sm90).unwrap();
+            let s100 = a.launch_shape_for(&cfg, Arch::Sm100a).unwrap();
+            assert_eq!(s90.grid, s100.grid);
+            assert_eq!((s90.block.0, s100.block.0), (t90.threads(), t100.threads()));
+            assert_eq!(s100.smem_bytes, cfg.smem_bytes_for(Arch::Sm100a).unwrap());
+            // f16 P·V and forced tiles are the same everywhere.
+            let f16 = Int8Config::new(128, g, PvAccum::F16PerTile).unwrap();
+            assert_eq!(f16.tile_for(Arch::Sm100a).unwrap(), f16.tile().unwrap());
+            let mut forced = cfg;
+            forced.tile = Some(Int8Tile::new(8, 128, 16));
+            assert_eq!(forced.tile_for(Arch::Sm100a).unwrap(), Int8Tile::new(8, 128, 16));
+        }
     }
 
     #[test]

@@ -82,8 +82,8 @@ impl KernelVariant for Int8Config {
     fn expected_instructions(&self, _arch: Arch) -> Vec<String> {
         Int8Config::expected_instructions(self).into_iter().map(String::from).collect()
     }
-    fn dynamic_smem_bytes(&self, _arch: Arch) -> u32 {
-        self.smem_bytes().unwrap_or(0)
+    fn dynamic_smem_bytes(&self, arch: Arch) -> u32 {
+        self.smem_bytes_for(arch).unwrap_or(0)
     }
 }
 
