@@ -36,17 +36,10 @@ pub const BLOCK_Q: u32 = 128;
 /// Softmax warps per CTA: warp `w` owns TMEM lanes (= query rows) `32w .. 32w + 31`.
 pub const WARPS: u32 = 4;
 
-/// Which rows share a Q scale (the facade's `Int8Granularity`, mirrored so that this crate
-/// does not depend on the facade).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
-pub enum QScaleGranularity {
-    /// One scale per 128-row query block.
-    PerBlock,
-    /// One scale per warp: 32 consecutive rows, exactly one TMEM lane quarter.
-    PerWarp,
-    /// One scale per lane quad of an m16 `mma.sync` fragment; no such fragment here.
-    PerThread,
-}
+/// Q-scale granularity: the IMMA family's [`Int8Granularity`]. Here `PerWarp` is 32 consecutive
+/// rows, exactly one TMEM lane quarter; `PerThread` (a lane quad of an m16 `mma.sync` fragment)
+/// has no counterpart and is refused.
+pub use crate::int8::Int8Granularity;
 
 /// One row of the tile table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
@@ -68,7 +61,7 @@ pub const INT8_UMMA_TILES: [Int8UmmaTile; 2] =
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 pub struct Int8UmmaConfig {
     pub head_dim: u32,
-    pub granularity: QScaleGranularity,
+    pub granularity: Int8Granularity,
     /// P·V accumulation: only [`PvAccum::F32`] (the TMEM accumulator of `kind::f16` is f32).
     pub pv: PvAccum,
 }
@@ -80,7 +73,7 @@ impl Int8UmmaConfig {
     pub const TARGETS: &'static [Arch] = &[Arch::Sm100a];
 
     /// Validated constructor.
-    pub fn new(head_dim: usize, granularity: QScaleGranularity, pv: PvAccum) -> Result<Self> {
+    pub fn new(head_dim: usize, granularity: Int8Granularity, pv: PvAccum) -> Result<Self> {
         let cfg = Int8UmmaConfig { head_dim: head_dim as u32, granularity, pv };
         cfg.validate()?;
         Ok(cfg)
@@ -90,7 +83,7 @@ impl Int8UmmaConfig {
     pub fn validate(&self) -> Result<()> {
         self.tile()?;
         let bad = |reason: String| Err(NativeError::UnsupportedConfig { kernel: KERNEL, reason });
-        if self.granularity == QScaleGranularity::PerThread {
+        if self.granularity == Int8Granularity::PerThread {
             return bad(format!(
                 "per-thread Q scales follow a 16-row mma.sync fragment; this kernel's warps own {} \
                  rows each (one TMEM lane quarter), use per-block or per-warp scales",
@@ -123,9 +116,9 @@ impl Int8UmmaConfig {
     /// `fwd_int8_umma_{block|warp|thread}_d{hd}`, e.g. `fwd_int8_umma_block_d128`.
     pub fn name(&self) -> String {
         let g = match self.granularity {
-            QScaleGranularity::PerBlock => "block",
-            QScaleGranularity::PerWarp => "warp",
-            QScaleGranularity::PerThread => "thread",
+            Int8Granularity::PerBlock => "block",
+            Int8Granularity::PerWarp => "warp",
+            Int8Granularity::PerThread => "thread",
         };
         format!("{KERNEL}_{g}_d{}", self.head_dim)
     }
@@ -134,7 +127,7 @@ impl Int8UmmaConfig {
     pub fn all() -> Vec<Int8UmmaConfig> {
         let mut v = Vec::new();
         for hd in [64, 128] {
-            for g in [QScaleGranularity::PerBlock, QScaleGranularity::PerWarp] {
+            for g in [Int8Granularity::PerBlock, Int8Granularity::PerWarp] {
                 v.push(Int8UmmaConfig { head_dim: hd, granularity: g, pv: PvAccum::F32 });
             }
         }
@@ -148,7 +141,7 @@ impl Int8UmmaConfig {
         Ok(vec![
             d("HEAD_DIM", self.head_dim),
             d("BLOCK_K", self.tile()?.block_k),
-            d("Q_SCALE_WARP", (self.granularity == QScaleGranularity::PerWarp) as u32),
+            d("Q_SCALE_WARP", (self.granularity == Int8Granularity::PerWarp) as u32),
         ])
     }
 
@@ -285,7 +278,7 @@ impl Int8UmmaArgs {
             * self.q_heads
             * self.q_blocks()
             * match config.granularity {
-                QScaleGranularity::PerWarp => WARPS as usize,
+                Int8Granularity::PerWarp => WARPS as usize,
                 _ => 1,
             };
         Ok([
@@ -545,20 +538,20 @@ mod launch {
 mod tests {
     use super::*;
 
-    fn cfg(hd: usize, g: QScaleGranularity) -> Int8UmmaConfig {
+    fn cfg(hd: usize, g: Int8Granularity) -> Int8UmmaConfig {
         Int8UmmaConfig::new(hd, g, PvAccum::F32).unwrap()
     }
 
     #[test]
     fn unsupported_configs_are_typed() {
-        let e = Int8UmmaConfig::new(96, QScaleGranularity::PerBlock, PvAccum::F32).unwrap_err();
+        let e = Int8UmmaConfig::new(96, Int8Granularity::PerBlock, PvAccum::F32).unwrap_err();
         assert!(matches!(e, NativeError::UnsupportedHeadDim { head_dim: 96, .. }), "{e}");
-        let e = Int8UmmaConfig::new(128, QScaleGranularity::PerThread, PvAccum::F32).unwrap_err();
+        let e = Int8UmmaConfig::new(128, Int8Granularity::PerThread, PvAccum::F32).unwrap_err();
         assert!(matches!(e, NativeError::UnsupportedConfig { .. }), "{e}");
         assert!(e.to_string().contains("per-thread"), "{e}");
-        let e = Int8UmmaConfig::new(64, QScaleGranularity::PerWarp, PvAccum::F16PerTile).unwrap_err();
+        let e = Int8UmmaConfig::new(64, Int8Granularity::PerWarp, PvAccum::F16PerTile).unwrap_err();
         assert!(matches!(e, NativeError::UnsupportedConfig { .. }), "{e}");
-        let c = cfg(64, QScaleGranularity::PerBlock);
+        let c = cfg(64, Int8Granularity::PerBlock);
         assert!(matches!(c.request(Arch::Sm90a), Err(NativeError::UnsupportedConfig { .. })));
         assert!(c.request(Arch::Sm100a).is_ok());
     }
@@ -580,7 +573,7 @@ mod tests {
         names.sort();
         names.dedup();
         assert_eq!(names.len(), 4);
-        let c = cfg(128, QScaleGranularity::PerWarp);
+        let c = cfg(128, Int8Granularity::PerWarp);
         assert_eq!(c.blocking().unwrap(), (128, 128, 4));
         let d = c.defines().unwrap();
         for (k, v) in [("HEAD_DIM", "128"), ("BLOCK_K", "128"), ("Q_SCALE_WARP", "1")] {
@@ -588,7 +581,7 @@ mod tests {
         }
         // Q 16 KiB + K 2 x 16 KiB + V 2 x 32 KiB + P 32 KiB + barriers: one CTA per SM at hd128.
         assert_eq!(c.smem_bytes().unwrap(), 16384 + 32768 + 65536 + 32768 + 32);
-        assert_eq!(cfg(64, QScaleGranularity::PerBlock).smem_bytes().unwrap(), 8192 + 16384 + 32768 + 32768 + 32);
+        assert_eq!(cfg(64, Int8Granularity::PerBlock).smem_bytes().unwrap(), 8192 + 16384 + 32768 + 32768 + 32);
         assert!(c.smem_bytes().unwrap() <= 227 * 1024);
     }
 
@@ -626,7 +619,7 @@ mod tests {
 
     #[test]
     fn args_validation_lengths_and_params() {
-        let c = cfg(128, QScaleGranularity::PerWarp);
+        let c = cfg(128, Int8Granularity::PerWarp);
         let mut a = args();
         a.validate(&c).unwrap();
         let shape = a.launch_shape(&c).unwrap();

@@ -38,7 +38,7 @@ pub use error::{NativeError, Result};
 pub use hmma::HmmaKernel;
 #[cfg(feature = "cuda")]
 pub use int8_umma::Int8UmmaKernel;
-pub use int8_umma::{Int8UmmaArgs, Int8UmmaConfig, Int8UmmaParams, QScaleGranularity, INT8_UMMA_TILES};
+pub use int8_umma::{Int8UmmaArgs, Int8UmmaConfig, Int8UmmaParams, INT8_UMMA_TILES};
 pub use hmma::{HmmaArgs, HmmaConfig, HmmaParams, HmmaTile, InputType, PvAccum, QkAccum, Strides, HMMA_TILES};
 #[cfg(feature = "cuda")]
 pub use int8::{Int8Buffers, Int8Kernel};

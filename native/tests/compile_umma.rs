@@ -7,7 +7,7 @@
 #![cfg(feature = "cuda")]
 
 use quattn_native::report::report_variant;
-use quattn_native::{compile_report, Arch, Int8UmmaConfig, KernelCache, NativeError, PvAccum, QScaleGranularity};
+use quattn_native::{compile_report, Arch, Int8UmmaConfig, KernelCache, NativeError, PvAccum, Int8Granularity};
 
 /// `true` if the tools are there; `false` (after saying why) to skip; panics under CI.
 fn tools_or_skip(test: &str) -> bool {
@@ -86,7 +86,7 @@ fn the_kernel_refuses_other_targets_at_compile_time() {
     if !tools_or_skip("the_kernel_refuses_other_targets_at_compile_time") {
         return;
     }
-    let cfg = Int8UmmaConfig::new(64, QScaleGranularity::PerBlock, PvAccum::F32).unwrap();
+    let cfg = Int8UmmaConfig::new(64, Int8Granularity::PerBlock, PvAccum::F32).unwrap();
     // The config refuses to build a request for another target ...
     assert!(matches!(cfg.request(Arch::Sm90a), Err(NativeError::UnsupportedConfig { .. })));
     // ... and the source itself stops with a clear #error if forced there.
@@ -116,7 +116,7 @@ fn single_variant_report_matches_its_config() {
     if !tools_or_skip("single_variant_report_matches_its_config") {
         return;
     }
-    let cfg = Int8UmmaConfig::new(128, QScaleGranularity::PerWarp, PvAccum::F32).unwrap();
+    let cfg = Int8UmmaConfig::new(128, Int8Granularity::PerWarp, PvAccum::F32).unwrap();
     let r = report_variant(&KernelCache::new(None), &cfg, Arch::Sm100a);
     assert!(r.ok(), "{}", r.summary());
     assert_eq!(r.dynamic_smem_bytes, cfg.smem_bytes().unwrap());

@@ -176,22 +176,22 @@ fn int8_native(problem: &AttentionProblem, precision: Precision, cc: (u32, u32),
         if !Int8UmmaConfig::supported(cc) {
             return Err(format!("the tcgen05 UMMA kernel needs compute capability 10.0, this device is {}.{}", cc.0, cc.1));
         }
-        let g = match granularity {
-            Int8Granularity::PerBlock => quattn_native::QScaleGranularity::PerBlock,
-            Int8Granularity::PerWarp => quattn_native::QScaleGranularity::PerWarp,
-            Int8Granularity::PerThread => quattn_native::QScaleGranularity::PerThread,
-        };
+        let g = native_granularity(granularity);
         return Int8UmmaConfig::new(problem.head_dim, g, quattn_native::PvAccum::F32).map(Int8Native::Umma).map_err(|e| e.to_string());
     }
     if Int8Config::target_for(cc).is_none() {
         return Err(format!("the IMMA kernel needs sm_80 or newer, this device is {}.{}", cc.0, cc.1));
     }
-    let g = match granularity {
+    let g = native_granularity(granularity);
+    Int8Config::new(problem.head_dim, g, quattn_native::PvAccum::F32).map(Int8Native::Imma).map_err(|e| e.to_string())
+}
+
+fn native_granularity(g: Int8Granularity) -> quattn_native::Int8Granularity {
+    match g {
         Int8Granularity::PerBlock => quattn_native::Int8Granularity::PerBlock,
         Int8Granularity::PerWarp => quattn_native::Int8Granularity::PerWarp,
         Int8Granularity::PerThread => quattn_native::Int8Granularity::PerThread,
-    };
-    Int8Config::new(problem.head_dim, g, quattn_native::PvAccum::F32).map(Int8Native::Imma).map_err(|e| e.to_string())
+    }
 }
 
 fn native_strides(x: crate::Strides) -> quattn_native::Strides {
