@@ -26,13 +26,13 @@ use quattn::metrics::{compare_lse, ErrorMetrics, Tolerance};
 use quattn::reference::attention_f64;
 use quattn::{AttentionProblem, Int8Granularity, Layout, Precision, PvFormat};
 use quattn_native::int8_umma::{BLOCK_Q, WARPS};
-use quattn_native::{Int8UmmaConfig, PvAccum, Int8Granularity};
+use quattn_native::{Int8Granularity as NativeGranularity, Int8UmmaConfig, PvAccum};
 
-fn facade_granularity(g: Int8Granularity) -> Int8Granularity {
+fn facade_granularity(g: NativeGranularity) -> Int8Granularity {
     match g {
-        Int8Granularity::PerBlock => Int8Granularity::PerBlock,
-        Int8Granularity::PerWarp => Int8Granularity::PerWarp,
-        Int8Granularity::PerThread => Int8Granularity::PerThread,
+        NativeGranularity::PerBlock => Int8Granularity::PerBlock,
+        NativeGranularity::PerWarp => Int8Granularity::PerWarp,
+        NativeGranularity::PerThread => Int8Granularity::PerThread,
     }
 }
 
@@ -89,7 +89,7 @@ fn check(p: &AttentionProblem, precision: Precision, blocking: &Blocking, seed: 
 fn kernel_blocking_is_accepted_by_the_emulation_for_the_supported_granularities() {
     let p = AttentionProblem::new(1, 2, 300, 128).kv_len(300);
     for hd in [64, 128] {
-        for g in [Int8Granularity::PerBlock, Int8Granularity::PerWarp] {
+        for g in [NativeGranularity::PerBlock, NativeGranularity::PerWarp] {
             let cfg = Int8UmmaConfig::new(hd, g, PvAccum::F32).unwrap();
             let blk = kernel_blocking(&cfg);
             assert_eq!((blk.block_q, blk.warps), (BLOCK_Q as usize, WARPS as usize));
@@ -98,8 +98,8 @@ fn kernel_blocking_is_accepted_by_the_emulation_for_the_supported_granularities(
         }
         // Per-thread scales: the kernel refuses them, and so does the facade's layout for this
         // blocking (32 rows per warp is not a 16-row MMA fragment): the two agree.
-        assert!(Int8UmmaConfig::new(hd, Int8Granularity::PerThread, PvAccum::F32).is_err());
-        let cfg = Int8UmmaConfig::new(hd, Int8Granularity::PerBlock, PvAccum::F32).unwrap();
+        assert!(Int8UmmaConfig::new(hd, NativeGranularity::PerThread, PvAccum::F32).is_err());
+        let cfg = Int8UmmaConfig::new(hd, NativeGranularity::PerBlock, PvAccum::F32).unwrap();
         let (block_q, block_k, warps) = cfg.blocking().unwrap();
         assert!(Int8Blocking { block_q, block_k, warps }.validate(Int8Granularity::PerThread).is_err());
     }
@@ -110,7 +110,7 @@ fn kernel_blocking_is_accepted_by_the_emulation_for_the_supported_granularities(
 #[test]
 fn kernel_scale_indexing_matches_the_facade_layout() {
     for hd in [64, 128] {
-        for g in [Int8Granularity::PerBlock, Int8Granularity::PerWarp] {
+        for g in [NativeGranularity::PerBlock, NativeGranularity::PerWarp] {
             let cfg = Int8UmmaConfig::new(hd, g, PvAccum::F32).unwrap();
             let (block_q, block_k, warps) = cfg.blocking().unwrap();
             let p = AttentionProblem::new(2, 6, 300, hd).kv_heads(3).kv_len(517);
@@ -124,7 +124,7 @@ fn kernel_scale_indexing_matches_the_facade_layout() {
                     for row in 0..p.q_len {
                         let q_block_index = (b * p.q_heads + h) * q_blocks + row / block_q;
                         let kernel = match g {
-                            Int8Granularity::PerWarp => q_block_index * warps + (row % block_q) / 32,
+                            NativeGranularity::PerWarp => q_block_index * warps + (row % block_q) / 32,
                             _ => q_block_index,
                         };
                         assert_eq!(kernel, lay.q_scale_index(b, h, row), "{g:?} ({b},{h},{row})");
@@ -135,7 +135,7 @@ fn kernel_scale_indexing_matches_the_facade_layout() {
                     }
                 }
             }
-            assert_eq!(lay.q_scales_len(), p.batch * p.q_heads * q_blocks * if g == Int8Granularity::PerWarp { 4 } else { 1 });
+            assert_eq!(lay.q_scales_len(), p.batch * p.q_heads * q_blocks * if g == NativeGranularity::PerWarp { 4 } else { 1 });
         }
     }
 }
@@ -144,7 +144,7 @@ fn kernel_scale_indexing_matches_the_facade_layout() {
 fn emulation_with_the_kernel_blocking_is_within_the_int8_tolerance() {
     let mut seed = 9000;
     for hd in [64, 128] {
-        for g in [Int8Granularity::PerBlock, Int8Granularity::PerWarp] {
+        for g in [NativeGranularity::PerBlock, NativeGranularity::PerWarp] {
             let cfg = Int8UmmaConfig::new(hd, g, PvAccum::F32).unwrap();
             let blk = kernel_blocking(&cfg);
             for (n, p) in problems(hd).iter().enumerate() {
@@ -162,7 +162,7 @@ fn emulation_with_the_kernel_blocking_is_within_the_int8_tolerance() {
 /// K-scale blocks differ), i.e. the test above really runs the kernel's blocking.
 #[test]
 fn kernel_blocking_changes_the_result() {
-    let cfg = Int8UmmaConfig::new(64, Int8Granularity::PerBlock, PvAccum::F32).unwrap();
+    let cfg = Int8UmmaConfig::new(64, NativeGranularity::PerBlock, PvAccum::F32).unwrap();
     let blk = kernel_blocking(&cfg);
     assert_ne!(blk.block_k, Blocking::default().block_k);
     let p = AttentionProblem::new(1, 2, 150, 64).kv_len(300);
