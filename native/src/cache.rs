@@ -49,6 +49,13 @@ pub static FWD_WGMMA: KernelSource =
 pub static FWD_INT8: KernelSource =
     KernelSource { file: "fwd_int8.cu", entry: "fwd_int8", text: include_str!("../cuda/fwd_int8.cu") };
 
+/// The INT8 Q·Kᵀ forward family on wgmma (sm_90a only).
+pub static FWD_WGMMA_INT8: KernelSource = KernelSource {
+    file: "fwd_wgmma_int8.cu",
+    entry: "fwd_wgmma_int8",
+    text: include_str!("../cuda/fwd_wgmma_int8.cu"),
+};
+
 /// Everything that makes one cubin different from another.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct CacheKey {

@@ -32,7 +32,8 @@ pub enum Int8Granularity {
 impl Int8Granularity {
     pub const ALL: [Int8Granularity; 3] = [Int8Granularity::PerBlock, Int8Granularity::PerWarp, Int8Granularity::PerThread];
 
-    fn tag(self) -> &'static str {
+    /// `block`, `warp` or `thread` (the name part of a variant).
+    pub fn tag(self) -> &'static str {
         match self {
             Int8Granularity::PerBlock => "block",
             Int8Granularity::PerWarp => "warp",

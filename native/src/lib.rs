@@ -16,6 +16,8 @@
 //! - [`int8`]: the INT8 Q·Kᵀ (IMMA) forward family, its configs and its launcher.
 //! - [`wgmma`]: the fp16 forward family on Hopper's warpgroup MMA (sm_90a; compiled and
 //!   disassembled, not yet run on hardware).
+//! - [`wgmma_int8`]: the INT8 Q·Kᵀ forward family on Hopper's s8 wgmma (sm_90a; compiled and
+//!   disassembled, not yet run on hardware), same host contract as [`int8`].
 //! - [`device`]: device queries.
 
 pub mod arch;
@@ -30,6 +32,7 @@ pub mod report;
 pub mod sass;
 pub mod tools;
 pub mod wgmma;
+pub mod wgmma_int8;
 
 pub use arch::Arch;
 pub use cache::{default_cache_dir, CacheKey, CompileRequest, CompiledKernel, KernelCache, Origin};
@@ -48,3 +51,6 @@ pub use report::{compile_report, KernelReport};
 #[cfg(feature = "cuda")]
 pub use wgmma::WgmmaKernel;
 pub use wgmma::{WgmmaArgs, WgmmaConfig, WgmmaParams, WgmmaTile, WGMMA_TILES};
+#[cfg(feature = "cuda")]
+pub use wgmma_int8::Int8WgmmaKernel;
+pub use wgmma_int8::{Int8WgmmaConfig, Int8WgmmaParams};

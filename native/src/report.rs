@@ -12,6 +12,7 @@ use crate::hmma::HmmaConfig;
 use crate::int8::Int8Config;
 use crate::int8_umma::Int8UmmaConfig;
 use crate::wgmma::WgmmaConfig;
+use crate::wgmma_int8::Int8WgmmaConfig;
 
 /// What the report needs from one compiled variant of any kernel family. Each family implements
 /// it for its config type and lists itself in [`families`].
@@ -72,6 +73,21 @@ impl KernelVariant for WgmmaConfig {
     }
 }
 
+impl KernelVariant for Int8WgmmaConfig {
+    fn name(&self) -> String {
+        Int8WgmmaConfig::name(self)
+    }
+    fn request(&self, arch: Arch) -> Result<CompileRequest<'static>> {
+        Int8WgmmaConfig::request(self, arch)
+    }
+    fn expected_instructions(&self, _arch: Arch) -> Vec<String> {
+        Int8WgmmaConfig::expected_instructions(self)
+    }
+    fn dynamic_smem_bytes(&self, _arch: Arch) -> u32 {
+        self.smem_bytes().unwrap_or(0)
+    }
+}
+
 impl KernelVariant for Int8Config {
     fn name(&self) -> String {
         Int8Config::name(self)
@@ -111,6 +127,12 @@ pub fn families() -> Vec<Family> {
         },
         // sm_90a only; compiled and disassembled in CI, not yet run on hardware.
         Family { name: "fwd_wgmma", variants: boxed(WgmmaConfig::all()), targets: WgmmaConfig::TARGETS },
+        // sm_90a only; compiled and disassembled in CI, not yet run on hardware.
+        Family {
+            name: "fwd_wgmma_int8",
+            variants: boxed(Int8WgmmaConfig::all()),
+            targets: Int8WgmmaConfig::TARGETS,
+        },
     ]
 }
 

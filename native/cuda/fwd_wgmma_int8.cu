@@ -1,0 +1,451 @@
+// INT8 Q·Kᵀ on Hopper's warpgroup MMA (s8 wgmma, SASS IGMMA), f32 online softmax in log2 units,
+// f16 P·V on f16 wgmma (HGMMA) with P in registers. sm_90a only. SageAttention numerics of
+// fwd_int8.cu (same host contract: Int8FwdParams, scale layouts, LSE shift) on the CTA and
+// pipeline of fwd_wgmma.cu (read both headers first).
+//
+// Status: compiled and disassembled only (NVRTC 13.0, sm_90a); not yet run on hardware.
+// `examples/int8_check.rs` checks and times it on an H100 against the f64 reference.
+//
+// CTA. 2 consumer warpgroups x 64 query rows: BLOCK_M = 128, BLOCK_N = 128 keys per KV tile (=
+// keys per K scale), 256 threads, every thread issues cp.async (no producer warp, no TMA).
+//
+// Shared memory (base rounded up to 1024 bytes):
+//   Q   int8 [128 rows][HEAD_DIM bytes]                      (resident)
+//   K   int8 [128 keys][HEAD_DIM bytes] x 2 stages
+//   V   f16  [128 keys][HEAD_DIM] x 2 stages, in fwd_wgmma.cu's 128B-swizzle column blocks
+// int8 rows are HEAD_DIM bytes, stored densely and swizzled in place:
+//   * hd128: a row is 128 bytes = one row of the 128B swizzle atom: chunk c of row r at
+//     c ^ (r & 7) (tile_swizzle<128>), layout type 1, 8-row groups SBO = 1024 bytes.
+//   * hd64: a row is 64 bytes; the 64B swizzle (layout type 2, Swizzle<2,4,3>: address bits 4-5
+//     ^= bits 7-8) of a dense [R][64 B] tile is chunk c of row r at c ^ ((r >> 1) & 3), which is
+//     exactly tile_swizzle<64> of common.cuh; 8-row atoms of 512 bytes, SBO = 512. Chosen over
+//     padding to 128-byte rows: no wasted shared memory or copy bandwidth, the same cp.async
+//     helper (cta_copy_rows with 64-byte rows) writes it.
+//   Both are the canonical K-major layouts for 8-bit elements (T = 128 resp. 64 elements per
+//   swizzle row). A k32 step of s8 is 32 bytes: step kk starts 32 * kk bytes into the first row
+//   (the hardware swizzles the computed addresses, as for fwd_wgmma's k16 steps of f16); LBO is
+//   unused (1). Warpgroup w's Q rows start 64 * w * HEAD_DIM bytes in (a multiple of the atom).
+//   Every tile offset is a multiple of 1024.
+//
+// MMAs per KV tile and warpgroup: S[64 x 128] s32 = Q_wg · K_tileᵀ as HEAD_DIM / 32 wgmmas
+// m64n128k32.s32.s8.s8 (A and B by descriptor); O[64 x HEAD_DIM] += P · V as 8 register-A
+// m64nHEAD_DIMk16 f16 wgmmas (V MN-major by descriptor with the transpose bit: fwd_wgmma.cu).
+// The s32 accumulator fragment is the f32 one: warp q of the warpgroup holds rows 16q .. 16q+15,
+// lane 4g + t holds d[4n + 0, 1] = (row g, keys 8n + 2t, +1), d[4n + 2, 3] = (row g + 8, same).
+//
+// Scales (Int8ScaleLayout of quattn's codec with blocking (block_q 128, block_k 128, warps 8)):
+// CTA warp W = tid / 32 = 4 * warpgroup + warp-in-warpgroup owns CTA rows 16W .. 16W + 15, lane
+// quad g rows 16W + g and 16W + g + 8, so
+//   Q_GRAN 0 (per block):  one scale per CTA                  -> q_scale[bh][m_block]
+//   Q_GRAN 1 (per warp):   8 warps of 16 rows                  -> q_scale[bh][m_block][W]
+//   Q_GRAN 2 (per thread): 8 warps x 8 row groups {g, g + 8}   -> q_scale[bh][m_block][W][g]
+// which is the codec's layout (PerWarp: w = (i % 128) / 16; PerThread: block_q / warps = 16,
+// group (i % 128 % 16) % 8). K: k_scale[b][kv_head][t] for keys [128 t, 128 t + 128).
+//
+// Numerics (as fwd_int8.cu): x = float(dot) exactly (s32 + THREAD_I2F_BIAS, one FADD; |dot| <=
+// 127^2 * 128 < 2^22), sc = q_scale * k_scale per row and tile, the row max taken on x and
+// scaled once (sc > 0), p = exp2(fma(x, sc, -m)) with m in log2 units, conditional rescale by
+// RESCALE_LOG2 = 8 decided per warp, a row's max starting at the finite M_EMPTY, P rounded to
+// f16, f32 O, O = acc / l, LSE = (m + log2 l) ln 2 + lse_shift.
+//
+// Pipeline: fwd_wgmma.cu's. Tile j: wait for cp.async (K_j, V_{j-1}), fence.proxy.async, barrier;
+// prefetch K_{j+1}, V_j; issue S_j, commit; issue P_{j-1}·V_{j-1}, commit; wait_group 1 (S_j
+// done); convert, mask, softmax (overlapping the P·V); wait_group 0; rescale O; pack P_j.
+//
+// Epilogue: O · 1/l packed to f16 and staged through the start of shared memory (Q and K
+// regions: 2 * 128 * HEAD_DIM bytes needed, 3 * 128 * HEAD_DIM there) in fwd_wgmma.cu's
+// 128B-swizzle column blocks, then 16-byte coalesced stores. Safe without another barrier: the
+// last barrier of the KV loop comes after every warpgroup's last S wgmma completed, and after it
+// only V is read.
+//
+// Compile-time parameters (-D, built by src/wgmma_int8.rs): HEAD_DIM 64 | 128, Q_GRAN 0 | 1 | 2.
+// ABI: `Int8FwdParams` of fwd_int8.cu (Rust mirror `Int8Params` in src/int8.rs).
+#include "common.cuh"
+
+#if !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#error "fwd_wgmma_int8.cu compiles for sm_90a only (wgmma)"
+#endif
+#if !defined(HEAD_DIM) || !defined(Q_GRAN)
+#error "fwd_wgmma_int8.cu needs HEAD_DIM, Q_GRAN"
+#endif
+#ifndef RESCALE_LOG2
+#define RESCALE_LOG2 8
+#endif
+#define M_EMPTY (-1.7014118e38f)
+
+namespace cfg {
+constexpr int D = HEAD_DIM;
+constexpr int WG = 2;
+constexpr int BM = 64 * WG;
+constexpr int BN = 128;
+constexpr int THREADS = 128 * WG;
+constexpr int WARPS = THREADS / 32;
+constexpr int S_REGS = BN / 2;             // s32 scores per thread (m64n128 accumulator)
+constexpr int O_REGS = D / 2;              // f32 outputs per thread (m64nD accumulator)
+constexpr int K_STEPS = D / 32;            // k32 steps of Q·Kᵀ (s8)
+constexpr int P_STEPS = BN / 16;           // k16 steps of P·V (f16)
+constexpr int V_BLOCKS = D / 64;           // 128-byte column blocks of an f16 V row
+constexpr int Q_BYTES = BM * D;
+constexpr int K_TILE_BYTES = BN * D;
+constexpr int V_TILE_BYTES = BN * D * 2;
+constexpr int K_OFFSET = Q_BYTES;
+constexpr int V_OFFSET = Q_BYTES + 2 * K_TILE_BYTES;
+constexpr int SMEM_BYTES = Q_BYTES + 2 * K_TILE_BYTES + 2 * V_TILE_BYTES + 1024;   // + alignment slack
+constexpr int O_STAGE_BYTES = BM * D * 2;
+constexpr int Q_SCALES_PER_BLOCK = Q_GRAN == 0 ? 1 : Q_GRAN == 1 ? WARPS : WARPS * 8;
+static_assert(D == 64 || D == 128, "head dim 64 or 128");
+static_assert(Q_GRAN >= 0 && Q_GRAN <= 2, "Q_GRAN 0, 1 or 2");
+static_assert(SMEM_BYTES <= 227 * 1024, "more shared memory than an sm_90 block may have");
+static_assert(Q_BYTES % 1024 == 0 && K_TILE_BYTES % 1024 == 0 && V_TILE_BYTES % 1024 == 0, "aligned tiles");
+static_assert(O_STAGE_BYTES <= V_OFFSET, "O is staged through the Q and K regions");
+}  // namespace cfg
+
+struct Int8FwdParams {
+    u64 q, k, v, o, lse;                       // device pointers: int8, int8, f16, f16, f32
+    u64 q_scale, k_scale;                      // f32 scales (Int8ScaleLayout)
+    u64 lse_shift;                             // f32 [batch, q_heads, q_len], 0 = none
+    i64 q_batch_stride, q_head_stride, q_seq_stride;   // in elements; head dim is contiguous
+    i64 k_batch_stride, k_head_stride, k_seq_stride;
+    i64 v_batch_stride, v_head_stride, v_seq_stride;
+    i64 o_batch_stride, o_head_stride, o_seq_stride;
+    int q_len, kv_len, q_heads, kv_heads;
+    int kv_group;                              // q_heads / kv_heads (GQA)
+    int causal;                                // bottom-right aligned
+};
+
+// ---- wgmma -----------------------------------------------------------------------------------
+
+// S[64 x 128] (+)= A[64 x 32] (shared, descriptor) * B[32 x 128] (shared, descriptor), s8 x s8 ->
+// s32, both K-major. ACC 0 overwrites (scale-d false). Integer wgmma has no negate / transpose
+// immediates.
+template <int ACC>
+__device__ __forceinline__ void wg_mma_s8_n128(int (&d)[64], u64 a_desc, u64 b_desc) {
+    asm volatile("{ .reg .pred p; setp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p; }\n"
+                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]), "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]), "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]), "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]), "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63])
+                 : "l"(a_desc), "l"(b_desc), "n"(ACC) : "memory");
+}
+
+// Descriptor of the int8 tile at `addr` (K-major, 8-row atoms; see the header).
+__device__ __forceinline__ u64 qk_desc(u32 addr) {
+#if HEAD_DIM == 128
+    return sw128_desc(addr, 16, 1024);
+#else
+    return sw64_desc(addr, 16, 512);
+#endif
+}
+
+// S[64 x BN] = Q_wg · K_tileᵀ (s32): K_STEPS wgmmas, the first overwrites.
+__device__ __forceinline__ void wg_issue_scores(int (&s)[cfg::S_REGS], u32 q_wg, u32 k_tile) {
+#pragma unroll
+    for (int kk = 0; kk < cfg::K_STEPS; ++kk) {
+        const u64 a = qk_desc(q_wg + (u32)kk * 32u);
+        const u64 b = qk_desc(k_tile + (u32)kk * 32u);
+        if (kk == 0) wg_mma_s8_n128<0>(s, a, b); else wg_mma_s8_n128<1>(s, a, b);
+    }
+}
+
+// O[64 x D] += P[64 x BN] · V_tile[BN x D]: P_STEPS register-A f16 wgmmas, V MN-major.
+__device__ __forceinline__ void wg_issue_values(float (&o)[cfg::O_REGS], const u32 (&pf)[cfg::P_STEPS][4], u32 v_tile) {
+#pragma unroll
+    for (int kk = 0; kk < cfg::P_STEPS; ++kk) {
+        const u64 b = sw128_desc(v_tile + (u32)kk * 2048u, cfg::BN * 128, 1024);
+#if HEAD_DIM == 128
+        wg_mma_rs_n128(o, pf[kk], b);
+#else
+        wg_mma_rs_n64(o, pf[kk], b);
+#endif
+    }
+}
+
+// ---- global -> shared ----------------------------------------------------------------------
+
+__device__ __forceinline__ int cta_head() {
+    int v;
+    asm volatile("mov.u32 %0, %%ctaid.y;" : "=r"(v));
+    return v;
+}
+__device__ __forceinline__ int cta_batch() {
+    int v;
+    asm volatile("mov.u32 %0, %%ctaid.z;" : "=r"(v));
+    return v;
+}
+__device__ __forceinline__ int cta_kv_head(const Int8FwdParams& p) { return cta_head() / p.kv_group; }
+
+// K tile t (int8, rows of D bytes, swizzled in place) into `dst`.
+__device__ __forceinline__ void cta_load_k(u32 dst, const Int8FwdParams& p, int t) {
+    const unsigned char* src = reinterpret_cast<const unsigned char*>(p.k) + cta_batch() * p.k_batch_stride +
+                               cta_kv_head(p) * p.k_head_stride + (i64)t * cfg::BN * p.k_seq_stride;
+    cta_copy_rows<cfg::BN, cfg::D, cfg::THREADS>(dst, src, p.k_seq_stride, p.kv_len - t * cfg::BN);
+}
+// V tile t (f16) into fwd_wgmma.cu's column-block layout at `dst`.
+__device__ __forceinline__ void cta_load_v(u32 dst, const Int8FwdParams& p, int t) {
+    const unsigned short* src = reinterpret_cast<const unsigned short*>(p.v) + cta_batch() * p.v_batch_stride +
+                                cta_kv_head(p) * p.v_head_stride + (i64)t * cfg::BN * p.v_seq_stride;
+#pragma unroll
+    for (int h = 0; h < cfg::V_BLOCKS; ++h)
+        cta_copy_rows<cfg::BN, 128, cfg::THREADS>(dst + (u32)(h * cfg::BN * 128),
+                                                  reinterpret_cast<const unsigned char*>(src + 64 * h),
+                                                  p.v_seq_stride * 2, p.kv_len - t * cfg::BN);
+}
+
+// ---- scales ----------------------------------------------------------------------------------
+
+// The K scale of tile t.
+__device__ __forceinline__ float cta_k_scale(const Int8FwdParams& p, int t) {
+    const int k_blocks = (p.kv_len + cfg::BN - 1) / cfg::BN;
+    return __ldg(reinterpret_cast<const float*>(p.k_scale) + ((i64)cta_batch() * p.kv_heads + cta_kv_head(p)) * k_blocks + t);
+}
+// This lane's Q scale (rows g and g + 8 of its warp share it in every granularity; header).
+__device__ __forceinline__ float cta_q_scale(const Int8FwdParams& p) {
+    int m_block;
+    asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(m_block));
+    m_block = gridDim.x - 1 - m_block;
+    const float* base = reinterpret_cast<const float*>(p.q_scale) +
+                        (((i64)cta_batch() * p.q_heads + cta_head()) * gridDim.x + m_block) * cfg::Q_SCALES_PER_BLOCK;
+    const int tid = cta_tid();
+#if Q_GRAN == 0
+    (void)tid;
+    return __ldg(base);
+#elif Q_GRAN == 1
+    return __ldg(base + (tid >> 5));
+#else
+    return __ldg(base + (tid >> 5) * 8 + ((tid & 31) >> 2));
+#endif
+}
+
+// ---- softmax (log2 units) -------------------------------------------------------------------
+
+struct RowState {
+    float m[2];   // running max (log2 units) of row entries 0 (g) and 1 (g + 8); M_EMPTY at first
+    float l[2];   // this lane's partial row sums
+};
+
+// s32 scores -> exact floats, mask (MASK), row max, rescale decision, exp2 in place (x becomes
+// P), row sums. Returns the per-row factor for O in alpha (rescale false: O untouched). Does not
+// touch O: the P·V of the previous tile may still be accumulating into it.
+template <bool MASK>
+__device__ __forceinline__ void warp_softmax(const int (&acc)[cfg::S_REGS], float (&x)[cfg::S_REGS], RowState& st,
+                                             float (&alpha)[2], bool& rescale, float sc, int key0, int kv_len,
+                                             int diag, int lane) {
+#pragma unroll
+    for (int e = 0; e < cfg::S_REGS; ++e) x[e] = thread_biased_to_f32(acc[e] + THREAD_I2F_BIAS);
+    if (MASK) {
+        const int col = key0 + 2 * (lane & 3);
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const int limit = min(kv_len, diag + 8 * i) - col;
+#pragma unroll
+            for (int n = 0; n < cfg::BN / 8; ++n)
+#pragma unroll
+                for (int c = 0; c < 2; ++c)
+                    if (n * 8 + c >= limit) x[4 * n + 2 * i + c] = QA_NEG_INF;
+        }
+    }
+    float mx[2] = {QA_NEG_INF, QA_NEG_INF};
+#pragma unroll
+    for (int n = 0; n < cfg::BN / 8; ++n) {
+        mx[0] = fmaxf(mx[0], fmaxf(x[4 * n], x[4 * n + 1]));
+        mx[1] = fmaxf(mx[1], fmaxf(x[4 * n + 2], x[4 * n + 3]));
+    }
+    bool need = false;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        // fl(max x * sc) = max fl(x * sc): sc > 0 and rounding is monotone.
+        mx[i] = quad_max(mx[i]) * sc;
+        need |= mx[i] - st.m[i] > (float)RESCALE_LOG2;
+    }
+    rescale = __any_sync(0xffffffffu, need);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const float mn = rescale ? fmaxf(st.m[i], mx[i]) : st.m[i];
+        alpha[i] = (mn == st.m[i]) ? 1.f : thread_exp2(st.m[i] - mn);
+        st.m[i] = mn;
+        st.l[i] *= alpha[i];
+    }
+#pragma unroll
+    for (int e = 0; e < cfg::S_REGS; ++e) {
+        const int i = (e >> 1) & 1;
+        x[e] = thread_exp2(fmaf(x[e], sc, -st.m[i]));
+        st.l[i] += x[e];
+    }
+}
+
+__device__ __forceinline__ void thread_rescale_o(float (&o)[cfg::O_REGS], const float (&alpha)[2]) {
+#pragma unroll
+    for (int e = 0; e < cfg::O_REGS; ++e) o[e] *= alpha[(e >> 1) & 1];
+}
+
+__device__ __forceinline__ void thread_pack_p(u32 (&pf)[cfg::P_STEPS][4], const float (&x)[cfg::S_REGS]) {
+#pragma unroll
+    for (int kk = 0; kk < cfg::P_STEPS; ++kk)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) pf[kk][c] = thread_pack_f16x2(x[8 * kk + 2 * c], x[8 * kk + 2 * c + 1]);
+}
+
+// Softmax of one tile, then: wait for the P·V in flight, rescale O, pack P.
+__device__ __forceinline__ void wg_softmax_tile(const int (&s)[cfg::S_REGS], float (&o)[cfg::O_REGS],
+                                                u32 (&pf)[cfg::P_STEPS][4], RowState& st, bool masked, float sc,
+                                                int key0, int kv_len, int diag, int lane) {
+    float x[cfg::S_REGS];
+    float alpha[2];
+    bool rescale;
+    if (masked) warp_softmax<true>(s, x, st, alpha, rescale, sc, key0, kv_len, diag, lane);
+    else warp_softmax<false>(s, x, st, alpha, rescale, sc, key0, kv_len, diag, lane);
+    wg_wait<0>();
+    reg_fence(o);
+    reg_fence(pf);
+    if (rescale) thread_rescale_o(o, alpha);
+    thread_pack_p(pf, x);
+}
+
+// ---- the kernel ----------------------------------------------------------------------------
+
+// Grid: x = query block (reversed: causal blocks near the end do the most work and go first),
+// y = query head, z = batch.
+extern "C" __global__ void __launch_bounds__(cfg::THREADS, 1) fwd_wgmma_int8(const Int8FwdParams p) {
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const u32 smem = (cta_smem_addr(smem_raw) + 1023u) & ~1023u;
+    const u32 q_smem = smem;
+    const u32 k_smem = smem + cfg::K_OFFSET;
+    const u32 v_smem = smem + cfg::V_OFFSET;
+    const int tid = threadIdx.x;
+    const int lane = tid & 31;
+    const int wg = tid >> 7;
+    const int warp_in_wg = (tid >> 5) & 3;
+    const int m_block = gridDim.x - 1 - blockIdx.x;
+    const int head = blockIdx.y;
+    const int batch = blockIdx.z;
+    const int m0 = m_block * cfg::BM;
+    const int offset = p.kv_len - p.q_len;       // bottom-right causal alignment
+
+    int n_end = p.kv_len;
+    int full_end = p.kv_len / cfg::BN;
+    if (p.causal) {
+        n_end = min(n_end, m0 + cfg::BM + offset);
+        const int first_row_sees = m0 + offset + 1;
+        full_end = min(full_end, first_row_sees >= 0 ? first_row_sees / cfg::BN : 0);
+    }
+    const int n_tiles = n_end > 0 ? (n_end + cfg::BN - 1) / cfg::BN : 0;
+    const int n_masked = n_tiles - min(max(full_end, 0), n_tiles);
+
+    const int local_row0 = 64 * wg + 16 * warp_in_wg + (lane >> 2);   // CTA row of entry 0
+    const int row0 = m0 + local_row0;
+    const int diag = p.causal ? row0 + offset + 1 : 0x3fffffff;
+    const u32 q_wg = q_smem + (u32)(64 * wg * cfg::D);
+
+    float o[cfg::O_REGS];
+#pragma unroll
+    for (int e = 0; e < cfg::O_REGS; ++e) o[e] = 0.f;
+    RowState st;
+    st.m[0] = st.m[1] = M_EMPTY;
+    st.l[0] = st.l[1] = 0.f;
+
+    if (n_tiles > 0) {
+        const unsigned char* q_rows = reinterpret_cast<const unsigned char*>(p.q) + batch * p.q_batch_stride +
+                                      head * p.q_head_stride + (i64)m0 * p.q_seq_stride;
+        const int t0 = n_tiles - 1;
+        float ks = cta_k_scale(p, t0);
+        float qs = cta_q_scale(p);
+        cta_copy_rows<cfg::BM, cfg::D, cfg::THREADS>(q_smem, q_rows, p.q_seq_stride, p.q_len - m0);
+        cta_load_k(k_smem, p, t0);
+        thread_cp_async_commit();
+        thread_cp_async_wait<0>();
+        thread_fence_proxy_async_smem();
+        __syncthreads();
+        // Tile 0: K_1 and V_0 in flight while S_0 and its softmax run.
+        if (n_tiles > 1) cta_load_k(k_smem + cfg::K_TILE_BYTES, p, t0 - 1);
+        cta_load_v(v_smem, p, t0);
+        thread_cp_async_commit();
+
+        int s[cfg::S_REGS];
+        u32 pf[cfg::P_STEPS][4];
+        wg_fence();
+        wg_issue_scores(s, q_wg, k_smem);
+        wg_commit();
+        wg_wait<0>();
+        reg_fence(s);
+        wg_softmax_tile(s, o, pf, st, 0 < n_masked, qs * ks, t0 * cfg::BN, p.kv_len, diag, lane);
+
+        for (int j = 1; j < n_tiles; ++j) {
+            const int t = n_tiles - 1 - j;
+            ks = cta_k_scale(p, t);      // in flight during the wait and the wgmmas
+            qs = cta_q_scale(p);
+            thread_cp_async_wait<0>();   // K_j and V_{j-1}
+            thread_fence_proxy_async_smem();
+            __syncthreads();             // and every warpgroup is done with tile j - 1's wgmmas
+            if (j + 1 < n_tiles) cta_load_k(k_smem + ((j + 1) & 1) * cfg::K_TILE_BYTES, p, t - 1);
+            cta_load_v(v_smem + (j & 1) * cfg::V_TILE_BYTES, p, t);
+            thread_cp_async_commit();
+
+            reg_fence(o);
+            reg_fence(pf);
+            wg_fence();
+            wg_issue_scores(s, q_wg, k_smem + (j & 1) * cfg::K_TILE_BYTES);
+            wg_commit();
+            wg_issue_values(o, pf, v_smem + ((j - 1) & 1) * cfg::V_TILE_BYTES);
+            wg_commit();
+            wg_wait<1>();                // S_j done; P_{j-1}·V_{j-1} may still run
+            reg_fence(s);
+            wg_softmax_tile(s, o, pf, st, j < n_masked, qs * ks, t * cfg::BN, p.kv_len, diag, lane);
+        }
+        // The last P·V.
+        thread_cp_async_wait<0>();
+        thread_fence_proxy_async_smem();
+        __syncthreads();
+        reg_fence(o);
+        reg_fence(pf);
+        wg_fence();
+        wg_issue_values(o, pf, v_smem + ((n_tiles - 1) & 1) * cfg::V_TILE_BYTES);
+        wg_commit();
+        wg_wait<0>();
+        reg_fence(o);
+        reg_fence(pf);
+    }
+
+    // ---- epilogue: normalise, LSE (+ shift), O staged through the Q/K regions, 16-byte stores --
+    float inv[2];
+    const i64 lse_base = ((i64)batch * p.q_heads + head) * p.q_len;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const float sum = quad_sum(st.l[i]);
+        // A row that saw no key (sum 0) writes O = 0 and LSE = -inf; guards NaN sums too.
+        const bool empty = !(sum > 0.f);
+        inv[i] = empty ? 0.f : 1.f / sum;
+        float lse = empty ? QA_NEG_INF : (st.m[i] + thread_log2(sum)) * 0.6931471805599453f;
+        const int row = row0 + 8 * i;
+        if ((lane & 3) == 0 && row < p.q_len) {
+            const float* shift = reinterpret_cast<const float*>(p.lse_shift);
+            if (shift && !empty) lse += __ldg(shift + lse_base + row);
+            reinterpret_cast<float*>(p.lse)[lse_base + row] = lse;
+        }
+    }
+    // No barrier needed before overwriting Q and K (see the header).
+#pragma unroll
+    for (int n = 0; n < cfg::D / 8; ++n)
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const u32 packed = thread_pack_f16x2(o[4 * n + 2 * i] * inv[i], o[4 * n + 2 * i + 1] * inv[i]);
+            const int r = local_row0 + 8 * i;
+            const u32 addr = smem + (u32)((n >> 3) * cfg::BM * 128) + tile_swizzle<128>(r, n & 7) + 4 * (lane & 3);
+            asm volatile("st.shared.b32 [%0], %1;\n" :: "r"(addr), "r"(packed) : "memory");
+        }
+    __syncthreads();
+    unsigned short* o_head = reinterpret_cast<unsigned short*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride;
+    constexpr int CHUNKS = cfg::D / 8;
+#pragma unroll
+    for (int k = 0; k < cfg::BM * CHUNKS / cfg::THREADS; ++k) {
+        const int idx = tid + cfg::THREADS * k;
+        const int r = idx / CHUNKS;
+        const int chunk = idx % CHUNKS;
+        u32 x, y, z, w;
+        asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(x), "=r"(y), "=r"(z), "=r"(w)
+                     : "r"(smem + (u32)((chunk >> 3) * cfg::BM * 128) + tile_swizzle<128>(r, chunk & 7)));
+        if (m0 + r < p.q_len) {
+            unsigned short* dst = o_head + (i64)(m0 + r) * p.o_seq_stride + chunk * 8;
+            asm volatile("st.global.v4.b32 [%0], {%1,%2,%3,%4};\n"
+                         :: "l"(dst), "r"(x), "r"(y), "r"(z), "r"(w) : "memory");
+        }
+    }
+}

@@ -1,0 +1,361 @@
+//! The INT8 wgmma forward family (`cuda/fwd_wgmma_int8.cu`): SageAttention-style attention with
+//! Q·Kᵀ on Hopper's s8 warpgroup MMA (`wgmma.mma_async ... m64n128k32.s32.s8.s8`, SASS `IGMMA`,
+//! twice the f16 wgmma rate), f32 online softmax in log2 units, and P·V with f16 P in registers
+//! and f16 V on the f16 wgmma (`HGMMA`). sm_90a only. Compiled and disassembled here; not yet
+//! run on hardware (`examples/int8_check.rs` checks and times it on an H100).
+//!
+//! Host contract: exactly the IMMA family's ([`crate::int8`]): [`Int8Args`], [`Int8Ptrs`],
+//! [`Int8Buffers`](crate::Int8Buffers), the `Int8FwdParams` ABI ([`Int8Params`], same field
+//! layout), the scale layouts of `quattn::codec::int8::Int8ScaleLayout` for
+//! [`Int8WgmmaConfig::blocking`], LSE shift, f32 P·V only.
+//!
+//! Tile: 2 consumer warpgroups x 64 query rows (block_q = 128), 128 keys per KV tile (block_k
+//! = 128 = keys per K scale), 256 threads; CTA warp `W = tid / 32` owns rows `16W .. 16W + 15`,
+//! lane quad `g` rows `16W + g` and `16W + g + 8` (the wgmma accumulator layout). The scale
+//! layout is therefore `(block_q, block_k, warps) = (128, 128, 8)` in every granularity:
+//! per warp = 16 rows per warp; per thread = 8 layout warps of 16 rows, 8 row groups each,
+//! exactly the codec's per-thread model (`block_q / warps == 16`). The IMMA family's
+//! [`Int8Config`] with the forced tile 8 warps x 16 rows x 128 keys has the same blocking; it is
+//! kept as this family's [`Int8WgmmaConfig::scale_twin`] so that argument and length checks are
+//! literally the IMMA family's.
+
+use crate::arch::Arch;
+use crate::cache::{CompileRequest, FWD_WGMMA_INT8};
+use crate::error::{NativeError, Result};
+use crate::hmma::PvAccum;
+use crate::int8::{Int8Args, Int8Config, Int8Granularity, Int8LaunchShape, Int8Params, Int8Ptrs, Int8Tile};
+
+const KERNEL: &str = "fwd_wgmma_int8";
+
+/// Query rows per CTA (2 warpgroups x 64).
+pub const WGMMA_INT8_BLOCK_Q: u32 = 128;
+/// Keys per KV tile and per K scale.
+pub const WGMMA_INT8_BLOCK_K: u32 = 128;
+/// Warps per CTA, also the warps of the Q scale layout.
+pub const WGMMA_INT8_WARPS: u32 = 8;
+
+/// Kernel parameter block: `Int8FwdParams`, the IMMA family's layout.
+pub type Int8WgmmaParams = Int8Params;
+
+/// One compiled variant: head dim and Q scale granularity (P·V always accumulates in f32).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+pub struct Int8WgmmaConfig {
+    pub head_dim: u32,
+    pub granularity: Int8Granularity,
+}
+
+impl Int8WgmmaConfig {
+    pub const HEAD_DIMS: &'static [usize] = &[64, 128];
+    /// wgmma exists only on the `a` target of compute capability 9.0.
+    pub const TARGETS: &'static [Arch] = &[Arch::Sm90a];
+
+    /// Validated constructor.
+    pub fn new(head_dim: usize, granularity: Int8Granularity) -> Result<Self> {
+        let cfg = Int8WgmmaConfig { head_dim: head_dim as u32, granularity };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// The variant for an IMMA family config's head dim and granularity; refuses f16 P·V.
+    pub fn from_int8(c: &Int8Config) -> Result<Self> {
+        if c.pv != PvAccum::F32 {
+            return Err(NativeError::UnsupportedConfig { kernel: KERNEL, reason: "P·V accumulates in f32 only".into() });
+        }
+        Self::new(c.head_dim as usize, c.granularity)
+    }
+
+    /// Every variant the report and tests compile: head dim x granularity.
+    pub fn all() -> Vec<Int8WgmmaConfig> {
+        let mut v = Vec::new();
+        for head_dim in [64, 128] {
+            for granularity in Int8Granularity::ALL {
+                v.push(Int8WgmmaConfig { head_dim, granularity });
+            }
+        }
+        v
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        if !Self::HEAD_DIMS.contains(&(self.head_dim as usize)) {
+            return Err(NativeError::UnsupportedHeadDim {
+                kernel: KERNEL,
+                head_dim: self.head_dim as usize,
+                supported: Self::HEAD_DIMS,
+            });
+        }
+        Ok(())
+    }
+
+    /// The IMMA family config with this family's scale blocking (forced tile 8 warps x 16 rows,
+    /// 128 keys, f32 P·V): its [`Int8Config::blocking`], [`Int8Args::validate`] and
+    /// [`Int8Args::required_lens`] are this kernel's.
+    pub fn scale_twin(&self) -> Int8Config {
+        Int8Config {
+            head_dim: self.head_dim,
+            granularity: self.granularity,
+            pv: PvAccum::F32,
+            tile: Some(Int8Tile::new(WGMMA_INT8_WARPS, WGMMA_INT8_BLOCK_K, 16)),
+        }
+    }
+
+    /// `(block_q, block_k, warps)` of the scale layout: `(128, 128, 8)` in every granularity.
+    pub fn blocking(&self) -> Result<(usize, usize, usize)> {
+        self.validate()?;
+        let b = (WGMMA_INT8_BLOCK_Q as usize, WGMMA_INT8_BLOCK_K as usize, WGMMA_INT8_WARPS as usize);
+        debug_assert_eq!(self.scale_twin().blocking().ok(), Some(b));
+        Ok(b)
+    }
+
+    /// `fwd_wgmma_int8_{block|warp|thread}_d{hd}`.
+    pub fn name(&self) -> String {
+        format!("{KERNEL}_{}_d{}", self.granularity.tag(), self.head_dim)
+    }
+
+    /// The `-D` defines the kernel reads: HEAD_DIM, Q_GRAN (0 block, 1 warp, 2 thread).
+    pub fn defines(&self) -> Result<Vec<(String, String)>> {
+        self.validate()?;
+        let gran = match self.granularity {
+            Int8Granularity::PerBlock => 0,
+            Int8Granularity::PerWarp => 1,
+            Int8Granularity::PerThread => 2,
+        };
+        Ok(vec![("HEAD_DIM".into(), self.head_dim.to_string()), ("Q_GRAN".into(), gran.to_string())])
+    }
+
+    /// The compile request for `arch` (only [`Arch::Sm90a`]).
+    pub fn request(&self, arch: Arch) -> Result<CompileRequest<'static>> {
+        if !Self::TARGETS.contains(&arch) {
+            return Err(NativeError::UnsupportedConfig { kernel: KERNEL, reason: format!("wgmma needs sm_90a, not {arch}") });
+        }
+        Ok(CompileRequest { kernel: self.name(), source: &FWD_WGMMA_INT8, arch, defines: self.defines()? })
+    }
+
+    /// Dynamic shared memory, mirror of `cfg::SMEM_BYTES`: int8 Q, two int8 K and two f16 V
+    /// stages, plus 1024 bytes to round the base up to the swizzle alignment.
+    pub fn smem_bytes(&self) -> Result<u32> {
+        self.validate()?;
+        let d = self.head_dim;
+        Ok(WGMMA_INT8_BLOCK_Q * d + 2 * WGMMA_INT8_BLOCK_K * d + 2 * WGMMA_INT8_BLOCK_K * 2 * d + 1024)
+    }
+
+    /// SASS opcodes that must appear, as nvdisasm 13.x spells them: the s8 Q·Kᵀ wgmma
+    /// (m64n128k32, s32 accumulators) and the f16 P·V wgmma m64n{hd}k16 with f32 accumulators.
+    pub fn expected_instructions(&self) -> Vec<String> {
+        vec!["IGMMA.64x128x32.S8.S8".to_string(), format!("HGMMA.64x{}x16.F32", self.head_dim)]
+    }
+
+    /// [`Arch::Sm90a`] for compute capability 9.0, else `None`.
+    pub fn target_for(cc: (u32, u32)) -> Option<Arch> {
+        Arch::for_compute_capability(cc.0, cc.1).into_iter().find(|a| Self::TARGETS.contains(a))
+    }
+
+    /// The IMMA family's argument checks for this blocking (shapes, strides, grid limits).
+    pub fn validate_args(&self, args: &Int8Args) -> Result<()> {
+        self.validate()?;
+        args.validate(&self.scale_twin())
+    }
+
+    /// Grid `(ceil(q_len / 128), q_heads, batch)`, 256 threads. The kernel takes the number of
+    /// Q scale blocks per head from the grid width.
+    pub fn launch_shape(&self, args: &Int8Args) -> Result<Int8LaunchShape> {
+        let m_blocks = args.q_len.div_ceil(WGMMA_INT8_BLOCK_Q as usize);
+        Ok(Int8LaunchShape {
+            grid: (m_blocks as u32, args.q_heads as u32, args.batch as u32),
+            block: (32 * WGMMA_INT8_WARPS, 1, 1),
+            smem_bytes: self.smem_bytes()?,
+        })
+    }
+
+    /// Kernel parameters: the IMMA family's.
+    pub fn params(&self, args: &Int8Args, ptrs: &Int8Ptrs) -> Int8WgmmaParams {
+        args.params(ptrs)
+    }
+}
+
+#[cfg(feature = "cuda")]
+pub use launch::Int8WgmmaKernel;
+
+#[cfg(feature = "cuda")]
+mod launch {
+    use std::sync::Arc;
+
+    use cudarc::driver::sys::CUfunction_attribute;
+    use cudarc::driver::{CudaContext, CudaFunction, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+
+    use super::*;
+    use crate::cache::{CompiledKernel, KernelCache};
+    use crate::int8::{check_lens, Int8Buffers, Int8Lens};
+
+    /// One INT8 wgmma variant loaded into a CUDA context (compute capability 9.0 only).
+    #[derive(Debug)]
+    pub struct Int8WgmmaKernel {
+        config: Int8WgmmaConfig,
+        function: CudaFunction,
+        compiled: Arc<CompiledKernel>,
+    }
+
+    impl Int8WgmmaKernel {
+        /// Compiles (or fetches from the global cache) `config` for sm_90a and loads it.
+        pub fn load(ctx: &Arc<CudaContext>, config: Int8WgmmaConfig) -> Result<Self> {
+            Self::load_with_cache(ctx, config, KernelCache::global())
+        }
+
+        /// As [`Self::load`], with an explicit cache.
+        pub fn load_with_cache(ctx: &Arc<CudaContext>, config: Int8WgmmaConfig, cache: &KernelCache) -> Result<Self> {
+            config.validate()?;
+            let (major, minor) = ctx.compute_capability()?;
+            let arch = Int8WgmmaConfig::target_for((major as u32, minor as u32)).ok_or_else(|| {
+                NativeError::UnsupportedArch { kernel: KERNEL, needs: Arch::Sm90a, device: format!("sm_{major}{minor}") }
+            })?;
+            let compiled = cache.get_or_compile(&config.request(arch)?)?;
+            let module = ctx.load_module(cudarc::nvrtc::Ptx::from_binary(compiled.cubin.clone()))?;
+            let function = module.load_function(compiled.entry)?;
+            function.set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                config.smem_bytes()? as i32,
+            )?;
+            Ok(Int8WgmmaKernel { config, function, compiled })
+        }
+
+        pub fn config(&self) -> &Int8WgmmaConfig {
+            &self.config
+        }
+        pub fn compiled(&self) -> &CompiledKernel {
+            &self.compiled
+        }
+
+        /// Launches with typed buffers, as [`crate::Int8Kernel::launch`]: shapes, strides, every
+        /// buffer's length and alignment are checked before anything is enqueued.
+        pub fn launch<T, Q, K, V, O, L, S>(
+            &self,
+            stream: &Arc<CudaStream>,
+            args: &Int8Args,
+            bufs: Int8Buffers<'_, T, Q, K, V, O, L, S>,
+        ) -> Result<()>
+        where
+            Q: DevicePtr<i8>,
+            K: DevicePtr<i8>,
+            V: DevicePtr<T>,
+            O: DevicePtrMut<T>,
+            L: DevicePtrMut<f32>,
+            S: DevicePtr<f32>,
+        {
+            if std::mem::size_of::<T>() != 2 {
+                return Err(NativeError::InvalidArgs(format!(
+                    "V/O element type must be 2 bytes (f16), got {}",
+                    std::mem::size_of::<T>()
+                )));
+            }
+            if args.lse_shift != bufs.lse_shift.is_some() {
+                return Err(NativeError::InvalidArgs(format!(
+                    "lse_shift announced {} but {} buffer passed",
+                    args.lse_shift,
+                    if bufs.lse_shift.is_some() { "a" } else { "no" }
+                )));
+            }
+            self.config.validate_args(args)?;
+            let need = args.required_lens(&self.config.scale_twin())?;
+            let have = Int8Lens {
+                q: bufs.q.len(),
+                k: bufs.k.len(),
+                v: bufs.v.len(),
+                o: bufs.o.len(),
+                lse: bufs.lse.len(),
+                q_scale: bufs.q_scale.len(),
+                k_scale: bufs.k_scale.len(),
+                lse_shift: bufs.lse_shift.map(|s| s.len()).unwrap_or(0),
+            };
+            check_lens(&need, &have)?;
+            let (q, _gq) = bufs.q.device_ptr(stream);
+            let (k, _gk) = bufs.k.device_ptr(stream);
+            let (v, _gv) = bufs.v.device_ptr(stream);
+            let (o, _go) = bufs.o.device_ptr_mut(stream);
+            let (lse, _gl) = bufs.lse.device_ptr_mut(stream);
+            let (q_scale, _gqs) = bufs.q_scale.device_ptr(stream);
+            let (k_scale, _gks) = bufs.k_scale.device_ptr(stream);
+            let shift = bufs.lse_shift.map(|s| s.device_ptr(stream));
+            let lse_shift = shift.as_ref().map(|(p, _)| *p).unwrap_or(0);
+            let ptrs = Int8Ptrs { q, k, v, o, lse, q_scale, k_scale, lse_shift };
+            // SAFETY: every buffer's length was checked against what the kernel touches.
+            unsafe { self.launch_raw(stream, args, &ptrs) }
+        }
+
+        /// Launches with raw device addresses, exactly as [`crate::Int8Kernel::launch_raw`].
+        ///
+        /// # Safety
+        /// Each pointer must address device memory of at least the element counts of
+        /// [`Int8Args::required_lens`] for [`Int8WgmmaConfig::scale_twin`] (int8 Q/K, f16 V/O,
+        /// f32 LSE/scales/shift), valid until the kernel finishes on `stream`; scales must be
+        /// positive and finite.
+        pub unsafe fn launch_raw(&self, stream: &Arc<CudaStream>, args: &Int8Args, ptrs: &Int8Ptrs) -> Result<()> {
+            self.config.validate_args(args)?;
+            args.validate_ptrs(ptrs)?;
+            let shape = self.config.launch_shape(args)?;
+            let params = self.config.params(args, ptrs);
+            let cfg = LaunchConfig { grid_dim: shape.grid, block_dim: shape.block, shared_mem_bytes: shape.smem_bytes };
+            let mut b = stream.launch_builder(&self.function);
+            b.arg(&params);
+            // SAFETY: the parameter struct matches the kernel's signature; memory per contract.
+            unsafe { b.launch(cfg) }?;
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hmma::Strides;
+
+    #[test]
+    fn names_defines_smem_and_targets() {
+        let c = Int8WgmmaConfig::new(128, Int8Granularity::PerThread).unwrap();
+        assert_eq!(c.name(), "fwd_wgmma_int8_thread_d128");
+        assert_eq!(c.smem_bytes().unwrap(), 128 * 128 + 2 * 128 * 128 + 2 * 128 * 256 + 1024);
+        let d = c.defines().unwrap();
+        assert!(d.contains(&("Q_GRAN".into(), "2".into())) && d.contains(&("HEAD_DIM".into(), "128".into())));
+        assert!(matches!(Int8WgmmaConfig::new(96, Int8Granularity::PerBlock), Err(NativeError::UnsupportedHeadDim { .. })));
+        assert!(matches!(c.request(Arch::Sm90), Err(NativeError::UnsupportedConfig { .. })));
+        assert_eq!(Int8WgmmaConfig::target_for((9, 0)), Some(Arch::Sm90a));
+        assert_eq!(Int8WgmmaConfig::target_for((8, 0)), None);
+        assert_eq!(Int8WgmmaConfig::target_for((10, 0)), None);
+        let mut names: Vec<String> = Int8WgmmaConfig::all().iter().map(|c| c.name()).collect();
+        assert_eq!(names.len(), 6);
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), 6);
+        let f16 = Int8Config::new(128, Int8Granularity::PerBlock, PvAccum::F16PerTile).unwrap();
+        assert!(Int8WgmmaConfig::from_int8(&f16).is_err());
+    }
+
+    #[test]
+    fn blocking_is_the_codec_model_in_every_granularity() {
+        for c in Int8WgmmaConfig::all() {
+            let b = c.blocking().unwrap();
+            assert_eq!(b, (128, 128, 8));
+            assert_eq!(c.scale_twin().blocking().unwrap(), b);
+            c.scale_twin().validate().unwrap();
+            // Per thread: 16 rows per layout warp (the codec's requirement).
+            assert_eq!(b.0 / b.2, 16);
+        }
+    }
+
+    #[test]
+    fn args_lengths_and_launch_shape() {
+        let c = Int8WgmmaConfig::new(128, Int8Granularity::PerWarp).unwrap();
+        let a = Int8Args {
+            batch: 2, q_heads: 8, kv_heads: 2, q_len: 1000, kv_len: 777,
+            q: Strides::bhsd(8, 1000, 128), k: Strides::bhsd(2, 777, 128), v: Strides::bhsd(2, 777, 128),
+            o: Strides::bshd(8, 1000, 128), causal: true, lse_shift: true,
+        };
+        c.validate_args(&a).unwrap();
+        let lens = a.required_lens(&c.scale_twin()).unwrap();
+        assert_eq!(lens.q_scale, 2 * 8 * 1000usize.div_ceil(128) * 8);
+        assert_eq!(lens.k_scale, 2 * 2 * 777usize.div_ceil(128));
+        let s = c.launch_shape(&a).unwrap();
+        assert_eq!((s.grid, s.block, s.smem_bytes), ((8, 8, 2), (256, 1, 1), c.smem_bytes().unwrap()));
+        let mut b = a;
+        b.q.seq = 136;
+        assert!(c.validate_args(&b).is_err());
+    }
+}
