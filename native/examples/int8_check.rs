@@ -1,8 +1,11 @@
 //! On a GPU: run every INT8 variant (granularity x P·V mode x head dim) against an f64 CPU
-//! reference of the kernel's math on the same int8 codes and scales, then time it.
+//! reference of the kernel's math on the same int8 codes and scales, then time it. Both INT8
+//! families: the mma.sync IMMA one (`fwd_int8_*`, every target) and the s8 wgmma one
+//! (`fwd_wgmma_int8_*`, compute capability 9.0 only; skipped elsewhere), each with the scale
+//! layout of its own blocking.
 //!
 //! ```text
-//! cargo run --release -p quattn-native --example int8_check [-- --check-only|--bench-only]
+//! cargo run --release -p quattn-native --example int8_check [-- [--check-only|--bench-only] [--wgmma-only|--imma-only]]
 //! QUATTN_SWEEP_INT8=128x4x64x32s,128x8x64x16,64x4x64x32 cargo run --release -p quattn-native --example int8_check
 //! ```
 //!
@@ -30,7 +33,8 @@ use std::sync::Arc;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use half::f16;
 use quattn_native::{
-    Int8Args, Int8Buffers, Int8Config, Int8Granularity, Int8Kernel, Int8Tile, PvAccum, Strides,
+    Int8Args, Int8Buffers, Int8Config, Int8Granularity, Int8Kernel, Int8Tile, Int8WgmmaConfig, Int8WgmmaKernel,
+    PvAccum, Strides,
 };
 
 type BoxErr = Box<dyn std::error::Error>;
@@ -241,11 +245,37 @@ fn upload(stream: &Arc<CudaStream>, cfg: &Int8Config, x: &Inputs) -> Result<Devi
     })
 }
 
-fn launch(stream: &Arc<CudaStream>, kernel: &Int8Kernel, args: &Int8Args, dev: &mut Device) -> Result<(), BoxErr> {
-    kernel.launch(
-        stream,
-        args,
-        Int8Buffers {
+/// A loaded variant of either INT8 family; both take the same arguments and buffers.
+enum AnyKernel {
+    Imma(Int8Kernel),
+    Wgmma(Int8WgmmaKernel),
+}
+
+impl AnyKernel {
+    /// The IMMA config whose scale blocking (and granularity, head dim, P·V mode) is the
+    /// kernel's: the config itself, or the wgmma family's `scale_twin`.
+    fn scale_cfg(&self) -> Int8Config {
+        match self {
+            AnyKernel::Imma(k) => *k.config(),
+            AnyKernel::Wgmma(k) => k.config().scale_twin(),
+        }
+    }
+    fn name(&self) -> String {
+        match self {
+            AnyKernel::Imma(k) => k.config().name(),
+            AnyKernel::Wgmma(k) => k.config().name(),
+        }
+    }
+    fn compiled(&self) -> &quattn_native::CompiledKernel {
+        match self {
+            AnyKernel::Imma(k) => k.compiled(),
+            AnyKernel::Wgmma(k) => k.compiled(),
+        }
+    }
+}
+
+fn launch(stream: &Arc<CudaStream>, kernel: &AnyKernel, args: &Int8Args, dev: &mut Device) -> Result<(), BoxErr> {
+    let bufs = Int8Buffers {
             q: &dev.q,
             k: &dev.k,
             v: &dev.v,
@@ -255,13 +285,16 @@ fn launch(stream: &Arc<CudaStream>, kernel: &Int8Kernel, args: &Int8Args, dev: &
             k_scale: &dev.k_scale,
             lse_shift: dev.shift.as_ref(),
             _elem: std::marker::PhantomData,
-        },
-    )?;
+        };
+    match kernel {
+        AnyKernel::Imma(k) => k.launch(stream, args, bufs)?,
+        AnyKernel::Wgmma(k) => k.launch(stream, args, bufs)?,
+    }
     Ok(())
 }
 
-fn check(stream: &Arc<CudaStream>, kernel: &Int8Kernel, c: &Case, seed: u64) -> Result<(f64, f64), BoxErr> {
-    let cfg = *kernel.config();
+fn check(stream: &Arc<CudaStream>, kernel: &AnyKernel, c: &Case, seed: u64) -> Result<(f64, f64), BoxErr> {
+    let cfg = kernel.scale_cfg();
     let x = inputs(&cfg, c, seed)?;
     let mut dev = upload(stream, &cfg, &x)?;
     launch(stream, kernel, &x.args, &mut dev)?;
@@ -277,8 +310,8 @@ fn flops(batch: usize, heads: usize, seq: usize, d: usize, causal: bool) -> f64 
 
 /// TFLOP/s of one shape: batch = 16384 / seq, heads = 2048 / head dim, median of 25 timed runs
 /// after 5 warm-up launches, each timed with its own pair of CUDA events.
-fn bench(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, kernel: &Int8Kernel, seq: usize, causal: bool) -> Result<f64, BoxErr> {
-    let cfg = *kernel.config();
+fn bench(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, kernel: &AnyKernel, seq: usize, causal: bool) -> Result<f64, BoxErr> {
+    let cfg = kernel.scale_cfg();
     let d = cfg.head_dim as usize;
     let (batch, heads) = ((16384 / seq).max(1), 2048 / d);
     let s = Strides::bhsd(heads, seq, d);
@@ -319,13 +352,28 @@ fn bench(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, kernel: &Int8Kernel, 
 /// Checks (unless `bench_only`) and times (unless `check_only`) one variant; prints one line.
 /// Returns whether the check passed (true when skipped by --bench-only).
 fn run_one(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, cfg: Int8Config, check_only: bool, bench_only: bool) -> Result<bool, BoxErr> {
-    let kernel = match Int8Kernel::load(ctx, cfg) {
-        Ok(k) => k,
+    match Int8Kernel::load(ctx, cfg) {
+        Ok(k) => run_kernel(ctx, stream, AnyKernel::Imma(k), check_only, bench_only),
         Err(e) => {
             println!("FAIL {:44} load: {e}", cfg.name());
-            return Ok(false);
+            Ok(false)
         }
-    };
+    }
+}
+
+/// [`run_one`] for the wgmma family.
+fn run_one_wgmma(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, cfg: Int8WgmmaConfig, check_only: bool, bench_only: bool) -> Result<bool, BoxErr> {
+    match Int8WgmmaKernel::load(ctx, cfg) {
+        Ok(k) => run_kernel(ctx, stream, AnyKernel::Wgmma(k), check_only, bench_only),
+        Err(e) => {
+            println!("FAIL {:44} load: {e}", cfg.name());
+            Ok(false)
+        }
+    }
+}
+
+fn run_kernel(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, kernel: AnyKernel, check_only: bool, bench_only: bool) -> Result<bool, BoxErr> {
+    let cfg = kernel.scale_cfg();
     let tol_o = match cfg.pv {
         PvAccum::F32 => 2e-3,
         PvAccum::F16PerTile => 6e-3,
@@ -334,7 +382,7 @@ fn run_one(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, cfg: Int8Config, ch
     let res = kernel.compiled().resources;
     let mut line = format!(
         "{:44} regs {:3} spill {:3}",
-        cfg.name(),
+        kernel.name(),
         res.map(|r| r.registers).unwrap_or(0),
         res.map(|r| r.spill_store_bytes).unwrap_or(0)
     );
@@ -397,8 +445,10 @@ fn main() {
 }
 
 fn run() -> Result<bool, BoxErr> {
-    let mode = std::env::args().nth(1).unwrap_or_default();
-    let (check_only, bench_only) = (mode == "--check-only", mode == "--bench-only");
+    let flags: Vec<String> = std::env::args().skip(1).collect();
+    let has = |f: &str| flags.iter().any(|a| a == f);
+    let (check_only, bench_only) = (has("--check-only"), has("--bench-only"));
+    let (imma, wgmma) = (!has("--wgmma-only"), !has("--imma-only"));
     let ctx = quattn_native::device::open_context(0)?;
     let stream = ctx.default_stream();
     println!("device {} cc {:?}", ctx.name()?, ctx.compute_capability()?);
@@ -419,8 +469,20 @@ fn run() -> Result<bool, BoxErr> {
             all_ok &= run_one(&ctx, &stream, cfg, check_only, bench_only)?;
         }
     } else {
-        for cfg in Int8Config::all() {
-            all_ok &= run_one(&ctx, &stream, cfg, check_only, bench_only)?;
+        if imma {
+            for cfg in Int8Config::all() {
+                all_ok &= run_one(&ctx, &stream, cfg, check_only, bench_only)?;
+            }
+        }
+        if wgmma {
+            let (major, minor) = ctx.compute_capability()?;
+            if Int8WgmmaConfig::target_for((major as u32, minor as u32)).is_some() {
+                for cfg in Int8WgmmaConfig::all() {
+                    all_ok &= run_one_wgmma(&ctx, &stream, cfg, check_only, bench_only)?;
+                }
+            } else {
+                println!("SKIP fwd_wgmma_int8_*: needs compute capability 9.0, device is {major}.{minor}");
+            }
         }
     }
     println!("{}", if all_ok { "ALL PASS" } else { "SOME FAILED" });
