@@ -9,14 +9,14 @@ use std::path::PathBuf;
 use quattn::{inputs, AttentionProblem, Device, Precision, Strategy, WgpuAdapter};
 
 /// (file stems in compilation order, problem, precision): one per distinct compile-time
-/// configuration we ship. INT8 compiles its prepass (K mean, K, Q) before the attention kernel.
+/// configuration we ship. INT8 compiles its prepass (K mean partial sums and their sum, K, Q) before the attention kernel.
 fn cases() -> Vec<(&'static [&'static str], AttentionProblem, Precision)> {
     vec![
         (&["fwd_portable_f32_d64"], AttentionProblem::new(1, 2, 40, 64).with_lse(true), Precision::F32),
         (&["fwd_portable_f16_d64_causal"], AttentionProblem::new(1, 2, 40, 64).causal(true).with_lse(true), Precision::F16_DEFAULT),
         (&["fwd_portable_f16_d128"], AttentionProblem::new(1, 2, 40, 128).with_lse(true), Precision::F16_DEFAULT),
         (
-            &["quant_int8_k_mean_f16_d64", "quant_int8_k_smoothed_f16_d64", "quant_int8_q_block_shift_f16_d64", "fwd_portable_int8_block_d64"],
+            &["quant_int8_k_mean_partial_f16_d64", "quant_int8_k_mean_finish_d64", "quant_int8_k_smoothed_f16_d64", "quant_int8_q_block_shift_f16_d64", "fwd_portable_int8_block_d64"],
             AttentionProblem::new(1, 2, 40, 64).with_lse(true),
             Precision::INT8_DEFAULT,
         ),

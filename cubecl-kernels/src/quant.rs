@@ -9,10 +9,12 @@
 //!   `[.., nqb, warps, 8]` (per thread: rows `g` and `g + 8` of each warp's 16 rows share
 //!   group `g`); `nqb = ceil(q_len / block_q)`. K scales per KV head `[batch, kv_heads, nkb]`,
 //!   one per `block_k` keys. A group with no existing row has scale 1 (folded for Q).
-//! - Smoothing: `μ[b, kv_h, c]` = mean of K over the keys (f32, summed in a fixed order: it may
-//!   differ from the CPU's f64 mean by a few f32 roundings), `K − μ` (one f32 subtraction) is
+//! - Smoothing: `μ[b, kv_h, c]` = mean of K over the keys (f32, summed in a fixed order, per
+//!   chunk of keys in one kernel then over the chunks in a second: it may differ from the CPU's
+//!   f64 mean by a few f32 roundings), `K − μ` (one f32 subtraction) is
 //!   quantized, and `lse_shift[b, h, i] = softmax_scale · Σ_c q[c]·μ[c]` (f32 `[batch, q_heads,
-//!   q_len]`, channel order) is what the attention adds back to its LSE.
+//!   q_len]`; each of the 8 lanes of a row sums its strided channels in order, then the lanes are
+//!   added in lane order) is what the attention adds back to its LSE.
 //!
 //! Codes are bytes at the **same element offsets** as the source (same strides), packed
 //! little-endian 4 per `u32` word (WGSL has no 8-bit type): the same buffer read as bytes is an
@@ -28,8 +30,8 @@ use half::{bf16, f16};
 use crate::error::LaunchError;
 pub use crate::kernel::quant::Int8Granularity;
 use crate::kernel::quant::{
-    k_channel_mean, quantize_rows, QuantConfig, QuantShapeLaunch, MEAN_UNITS, MMA_M, QUANT_UNITS,
-    THREAD_GROUPS,
+    k_mean_finish, k_mean_partial, quantize_rows, QuantConfig, QuantShapeLaunch, MEAN_CHUNK,
+    MEAN_UNITS, MMA_M, QUANT_UNITS, THREAD_GROUPS,
 };
 use crate::launch::{check_elem_supported, check_extent, check_grid};
 use crate::problem::{AttentionArgs, ElemType};
@@ -132,7 +134,7 @@ pub fn q_scale_fold(softmax_scale: f32) -> f32 {
 }
 
 /// Quantizes Q and K (both `elem`, in `args`' shapes and strides; V and O strides are ignored)
-/// as the module docs say. Launches one to three kernels on the client's stream and returns
+/// as the module docs say. Launches one to four kernels on the client's stream and returns
 /// the new device buffers; everything is validated before anything is enqueued.
 pub fn quantize_int8<R: Runtime>(
     client: &ComputeClient<R>,
@@ -154,7 +156,9 @@ pub fn quantize_int8<R: Runtime>(
     let k_grid = (blocking.k_blocks(args.kv_len), args.kv_heads, args.batch);
     check_grid(q_grid, hw.max_cube_count)?;
     check_grid(k_grid, hw.max_cube_count)?;
-    check_grid((args.kv_heads, args.batch, 1), hw.max_cube_count)?;
+    let mean_chunks = mean_chunks(args.kv_len);
+    check_grid((mean_chunks, args.kv_heads, args.batch), hw.max_cube_count)?;
+    check_grid((mean_finish_cubes(args), 1, 1), hw.max_cube_count)?;
     let units = QUANT_UNITS.max(MEAN_UNITS) as u32;
     if units > hw.max_units_per_cube {
         return Err(LaunchError::TooManyUnits {
@@ -190,6 +194,17 @@ pub fn quantize_int8<R: Runtime>(
         ElemType::Bf16 => go!(bf16),
     }
     Ok(out)
+}
+
+/// Cubes of the K-mean partial sums along the key sequence (one per [`MEAN_CHUNK`] keys).
+fn mean_chunks(kv_len: u32) -> u32 {
+    kv_len.div_ceil(MEAN_CHUNK as u32)
+}
+
+/// Cubes of the K-mean finishing pass: one unit per 4 channels of each (batch, kv head).
+fn mean_finish_cubes(args: &AttentionArgs) -> u32 {
+    let outputs = args.batch as u64 * args.kv_heads as u64 * (args.head_dim as u64 / 4);
+    outputs.div_ceil(MEAN_UNITS as u64).min(u32::MAX as u64) as u32
 }
 
 /// Shape rules of the prepass (beyond [`AttentionArgs::validate`]).
@@ -252,19 +267,44 @@ fn launch_prepass<E: Float + CubeElement, R: Runtime>(
 
     if let Some(mean) = &out.k_mean {
         if args.kv_len > 0 && args.batch > 0 && args.kv_heads > 0 {
-            // SAFETY: indices stay below kv_len rows of K and batch * kv_heads * d/4 mean vectors.
+            // Partial sums per chunk of keys, then their sum in chunk order.
+            let chunks = mean_chunks(args.kv_len);
+            let partial_len = mean_len * chunks as u64;
+            let partial = client.empty(4 * partial_len as usize);
+            let partial_arg = || {
+                // SAFETY: `batch * kv_heads * chunks * d` floats, read as vectors of 4.
+                unsafe { ArrayArg::from_raw_parts(partial.clone(), partial_len as usize / 4) }
+            };
+            // SAFETY: indices stay below kv_len rows of K and the partial-sum layout.
             unsafe {
-                k_channel_mean::launch_unchecked::<E, R>(
+                k_mean_partial::launch_unchecked::<E, R>(
                     client,
-                    CubeCount::Static(args.kv_heads, args.batch, 1),
+                    CubeCount::Static(chunks, args.kv_heads, args.batch),
                     CubeDim::new_1d(MEAN_UNITS as u32),
                     4,
                     vectors(k, extents[1].1),
-                    ArrayArg::from_raw_parts(mean.clone(), (mean_len as usize).div_ceil(4).max(1)),
+                    partial_arg(),
                     args.kv_len,
                     args.k_strides[0],
                     args.k_strides[1],
                     args.k_strides[2],
+                    d,
+                )
+            };
+            let outputs = (mean_len / 4) as u32;
+            // SAFETY: unit i < outputs reads `chunks` partial vectors of its (batch, head) and
+            // writes mean vector i.
+            unsafe {
+                k_mean_finish::launch_unchecked::<R>(
+                    client,
+                    CubeCount::Static(mean_finish_cubes(args), 1, 1),
+                    CubeDim::new_1d(MEAN_UNITS as u32),
+                    4,
+                    partial_arg(),
+                    ArrayArg::from_raw_parts(mean.clone(), (mean_len as usize).div_ceil(4).max(1)),
+                    args.kv_len,
+                    chunks,
+                    outputs,
                     d,
                 )
             };

@@ -37,8 +37,12 @@ pub(crate) const QMAX_BITS: u32 = 0x42fe_0000;
 pub(crate) const LANES: usize = 8;
 /// Units per cube of the quantization kernel.
 pub(crate) const QUANT_UNITS: usize = 128;
-/// Units per cube of the mean kernel.
+/// Units per cube of the mean kernels.
 pub(crate) const MEAN_UNITS: usize = 128;
+/// Keys per cube of [`k_mean_partial`]: at head dim 128, 4 parts of 64 keys each. 16 kv heads
+/// at 8k keys (batch 2) or 16k (batch 1) give 1024 cubes (about 8 per SM of an H100, against
+/// the 16–32 cubes of one cube per head), and a sequence of at most 256 keys stays one chunk.
+pub(crate) const MEAN_CHUNK: usize = 256;
 
 /// Compile-time key of [`quantize_rows`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -50,7 +54,8 @@ pub struct QuantConfig {
     pub granularity: Int8Granularity,
     /// Subtract the per-channel mean (K smoothing) before quantizing.
     pub subtract_mean: bool,
-    /// Write `lse_scale · (row · μ)` per row (Q, when K is smoothed).
+    /// Write `lse_scale · (row · μ)` per row (Q, when K is smoothed). The dot is taken on the
+    /// loaded row, so it needs `subtract_mean == false` (Q's case).
     pub write_shift: bool,
 }
 
@@ -196,14 +201,19 @@ pub(crate) fn block_slot(
     slot
 }
 
-/// `μ[b, h, c] = Σ_j K[b, h, j, c] / kv_len` in f32. Grid `(kv_heads, batch)`; unit
-/// `(part, quad)` sums the keys `j ≡ part (mod parts)` of its 4 channels in key order, then the
-/// first part adds the `parts` partial sums in order (a fixed order, so the result does not
-/// depend on scheduling; it differs from the CPU's f64 sum by a few f32 roundings).
+/// Partial sums of K over one chunk of [`MEAN_CHUNK`] keys, per channel, in f32. Grid
+/// `(chunks, kv_heads, batch)` with `chunks = ceil(kv_len / MEAN_CHUNK)`; unit `(part, quad)`
+/// sums the chunk's keys `j ≡ first + part (mod parts)` of its 4 channels in key order, then
+/// the first part adds the `parts` sums in part order and writes the chunk's sum to
+/// `partial[b, h, chunk, c]`. [`k_mean_finish`] adds the chunks in chunk order. The whole
+/// summation tree is fixed (the result does not depend on scheduling) and, as any tree over the
+/// `n` keys, has at most `n − 1` roundings on the path of any key, so the recursive-summation
+/// bound `γ_{n−1} Σ|k|` of a sequential sum holds for it (its depth is far smaller:
+/// `⌈chunk / parts⌉ + parts + chunks − 2` additions).
 #[cube(launch_unchecked)]
-pub fn k_channel_mean<E: Float, N: Size>(
+pub fn k_mean_partial<E: Float, N: Size>(
     k: &Array<Vector<E, N>>,
-    mean: &mut Array<Vector<f32, N>>,
+    partial: &mut Array<Vector<f32, N>>,
     kv_len: u32,
     s0: u32,
     s1: u32,
@@ -215,30 +225,60 @@ pub fn k_channel_mean<E: Float, N: Size>(
     let unit = UNIT_POS as usize;
     let quad = unit % quads;
     let part = unit / quads;
-    let head = CUBE_POS_X as usize;
-    let batch = CUBE_POS_Y as usize;
-    let len = kv_len as usize;
+    let chunk = CUBE_POS_X as usize;
+    let head = CUBE_POS_Y as usize;
+    let batch = CUBE_POS_Z as usize;
+    let first = chunk * MEAN_CHUNK;
+    // `chunk < ceil(kv_len / MEAN_CHUNK)`: the chunk holds at least one key.
+    let keys = min(kv_len as usize - first, MEAN_CHUNK);
     let base = batch * s0 as usize + head * s1 as usize;
-    let mut partial = SharedMemory::<Vector<f32, N>>::new(comptime!(parts * (head_dim / 4)));
+    let mut sums = SharedMemory::<Vector<f32, N>>::new(comptime!(parts * (head_dim / 4)));
     if part < parts {
         let mut sum = Vector::<f32, N>::new(0.0f32);
-        let count = (len + parts - 1 - part) / parts;
+        let count = (keys + parts - 1 - part) / parts;
         for i in 0..count {
-            let j = part + i * parts;
+            let j = first + part + i * parts;
             sum += Vector::cast_from(k[(base + j * s2 as usize) / 4 + quad]);
         }
-        partial[part * quads + quad] = sum;
+        sums[part * quads + quad] = sum;
     }
     sync_cube();
     if part == 0 {
-        let mut sum = partial[quad];
+        let mut sum = sums[quad];
         #[unroll]
         for p in 1..parts {
-            sum += partial[p * quads + quad];
+            sum += sums[p * quads + quad];
+        }
+        let out =
+            ((batch * CUBE_COUNT_Y as usize + head) * CUBE_COUNT_X as usize + chunk) * quads + quad;
+        partial[out] = sum;
+    }
+}
+
+/// `μ[b, h, c] = Σ_chunks partial[b, h, chunk, c] / kv_len` (chunk order), `0` for an empty
+/// sequence. One unit per 4 channels of one (batch, kv head): `pairs · head_dim / 4` units in
+/// cubes of [`MEAN_UNITS`] along x.
+#[cube(launch_unchecked)]
+pub fn k_mean_finish<N: Size>(
+    partial: &Array<Vector<f32, N>>,
+    mean: &mut Array<Vector<f32, N>>,
+    kv_len: u32,
+    chunks: u32,
+    outputs: u32,
+    #[comptime] head_dim: usize,
+) {
+    let quads = comptime!(head_dim / 4);
+    let i = ABSOLUTE_POS;
+    if i < outputs as usize {
+        let pair = i / quads;
+        let quad = i % quads;
+        let base = pair * chunks as usize * quads + quad;
+        let mut sum = Vector::<f32, N>::new(0.0f32);
+        for c in 0..chunks as usize {
+            sum += partial[base + c * quads];
         }
         let n = Vector::<f32, N>::new(f32::cast_from(kv_len));
-        let out = (batch * CUBE_COUNT_X as usize + head) * quads + quad;
-        mean[out] = select_many(
+        mean[i] = select_many(
             n.greater_than(Vector::new(0.0f32)),
             sum / n,
             Vector::new(0.0f32),
@@ -274,15 +314,24 @@ pub fn quantize_rows<E: Float, N: Size>(
 
     let mut row_amax =
         SharedMemory::<f32>::new(comptime!(cfg.passes() * cfg.rows_per_pass() * LANES));
+    // Each lane's part of each row's LSE-shift dot product (one float when not written).
+    let mut row_dot = SharedMemory::<f32>::new(comptime!(if cfg.write_shift {
+        cfg.passes() * cfg.rows_per_pass() * LANES
+    } else {
+        1
+    }));
+    let mut row_max = SharedMemory::<f32>::new(cfg.rows);
     let mut slot_scale = SharedMemory::<f32>::new(cfg.slots());
 
     // Loops stay runtime loops: the shader is compiled per configuration, and on llvmpipe
     // (CI) the compile time grows with every unrolled copy of the integer division.
-    // 1. Each lane's share of each row's amax (0 for rows past the end).
+    // 1. Each lane's share of each row's amax (0 for rows past the end) and, when the shift is
+    //    written, of the row's `Σ_c q[c]·μ[c]`: the lane's quads in order, 4 channels each.
     for pass in 0..cfg.passes() {
         let r = pass * cfg.rows_per_pass() + unit_row;
         let row = row0 + r;
         let mut amax = 0.0f32;
+        let mut dot = 0.0f32;
         if r < cfg.rows && row < len {
             let row_base = base + row * shape.s2 as usize;
             for quad in range_stepped(lane, cfg.quads(), LANES) {
@@ -291,33 +340,56 @@ pub fn quantize_rows<E: Float, N: Size>(
                 for e in 0..4 {
                     amax = max(amax, f32::abs(x[e]));
                 }
+                if cfg.write_shift {
+                    let m = mean[mean_base + quad];
+                    #[unroll]
+                    for e in 0..4 {
+                        dot += x[e] * m[e];
+                    }
+                }
             }
         }
         row_amax[r * LANES + lane] = amax;
+        if cfg.write_shift {
+            row_dot[r * LANES + lane] = dot;
+        }
     }
     sync_cube();
 
-    // 2. One unit per scale group: amax over its rows, scale, folded scale stored.
+    // 2a. One unit per row: the row's amax over its lanes (max is exact, so any order gives
+    //     the codec's value) and the LSE shift `lse_scale · Σ_lanes dot` (lane order).
+    for r in range_stepped(unit, cfg.rows, QUANT_UNITS) {
+        let mut amax = 0.0f32;
+        #[unroll]
+        for l in 0..LANES {
+            amax = max(amax, row_amax[r * LANES + l]);
+        }
+        row_max[r] = amax;
+        if cfg.write_shift {
+            let row = row0 + r;
+            if row < len {
+                let mut dot = row_dot[r * LANES];
+                #[unroll]
+                for l in 1..LANES {
+                    dot += row_dot[r * LANES + l];
+                }
+                shift[(batch * shape.heads as usize + head) * len + row] = dot * shape.lse_scale;
+            }
+        }
+    }
+    sync_cube();
+
+    // 2b. One unit per scale group: amax over its rows, scale, folded scale stored.
     let slots = comptime!(cfg.slots());
     for slot in range_stepped(unit, slots, QUANT_UNITS) {
         let mut amax = 0.0f32;
         if comptime!(cfg.granularity == Int8Granularity::PerThread) {
             let first = (slot / THREAD_GROUPS) * MMA_M + slot % THREAD_GROUPS;
-            #[unroll]
-            for pair in 0..2usize {
-                let r = first + pair * THREAD_GROUPS;
-                #[unroll]
-                for l in 0..LANES {
-                    amax = max(amax, row_amax[r * LANES + l]);
-                }
-            }
+            amax = max(row_max[first], row_max[first + THREAD_GROUPS]);
         } else {
             let span = comptime!(cfg.rows / slots);
             for r in slot * span..slot * span + span {
-                #[unroll]
-                for l in 0..LANES {
-                    amax = max(amax, row_amax[r * LANES + l]);
-                }
+                amax = max(amax, row_max[r]);
             }
         }
         let scale = scale_for(amax);
@@ -343,22 +415,6 @@ pub fn quantize_rows<E: Float, N: Size>(
                     word |= code_byte(x[e], scale, inv) << (8 * e) as u32;
                 }
                 codes[row_base / 4 + quad] = word;
-            }
-            // 4. The LSE shift of the row: `lse_scale · Σ_c q[c]·μ[c]`, in channel order.
-            if cfg.write_shift {
-                if lane == 0 {
-                    let mut dot = 0.0f32;
-                    for quad in 0..cfg.quads() {
-                        let x = Vector::<f32, N>::cast_from(src[row_base / 4 + quad]);
-                        let m = mean[mean_base + quad];
-                        #[unroll]
-                        for e in 0..4 {
-                            dot += x[e] * m[e];
-                        }
-                    }
-                    shift[(batch * shape.heads as usize + head) * len + row] =
-                        dot * shape.lse_scale;
-                }
             }
         }
     }
