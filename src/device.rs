@@ -52,6 +52,8 @@ pub enum NativeKind {
     Wgmma,
     /// INT8 Q/K with mma.sync IMMA (sm_80+).
     Int8Imma,
+    /// INT8 Q/K with s8 warpgroup MMA (sm_90a: H100/H200).
+    Int8Wgmma,
     /// INT8 Q/K with tcgen05 UMMA (sm_100a).
     Int8Umma,
     /// FP8 with mma.sync e4m3/e5m2 (sm_89+).

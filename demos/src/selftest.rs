@@ -70,10 +70,16 @@ pub fn main(a: &SelftestArgs) -> anyhow::Result<i32> {
     }
     // On CUDA, Auto takes the fastest native kernel where one exists (wgmma for f16 on sm_90a):
     // Portable runs the CubeCL kernels there too, and Native(Hmma) the mma.sync family that Auto
-    // passes over on Hopper.
+    // passes over on Hopper, and Native(Int8Imma) the mma.sync INT8 family (Auto takes s8 wgmma there).
     let strategies_of = |s: &Session| -> Vec<Strategy> {
         if s.info().kind == "cuda" {
-            vec![Strategy::Auto, Strategy::Native(quattn::NativeKind::Hmma), Strategy::Portable, Strategy::Reference]
+            vec![
+                Strategy::Auto,
+                Strategy::Native(quattn::NativeKind::Hmma),
+                Strategy::Native(quattn::NativeKind::Int8Imma),
+                Strategy::Portable,
+                Strategy::Reference,
+            ]
         } else {
             vec![Strategy::Auto, Strategy::Reference]
         }

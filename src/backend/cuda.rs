@@ -11,7 +11,7 @@ use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use half::{bf16, f16};
 use quattn_native::{
     HmmaArgs, HmmaConfig, HmmaKernel, InputType, Int8Args, Int8Config, Int8Kernel, Int8Ptrs, Int8UmmaArgs, Int8UmmaConfig,
-    Int8UmmaKernel, NativeError, WgmmaConfig, WgmmaKernel,
+    Int8UmmaKernel, Int8WgmmaConfig, Int8WgmmaKernel, NativeError, WgmmaConfig, WgmmaKernel,
 };
 
 use super::gpu::{CubeclBackend, GpuData};
@@ -40,12 +40,15 @@ pub(crate) struct CudaBackend {
 enum Int8Native {
     /// mma.sync IMMA (sm_80+).
     Imma(Int8Config),
+    /// s8 wgmma (sm_90a).
+    Wgmma(Int8WgmmaConfig),
     /// tcgen05 UMMA (compute capability 10.0 only; not run on hardware).
     Umma(Int8UmmaConfig),
 }
 
 enum Int8Loaded {
     Imma(Int8Kernel),
+    Wgmma(Int8WgmmaKernel),
     Umma(Int8UmmaKernel),
 }
 
@@ -53,6 +56,7 @@ impl Int8Native {
     fn name(&self) -> String {
         match self {
             Int8Native::Imma(c) => c.name(),
+            Int8Native::Wgmma(c) => c.name(),
             Int8Native::Umma(c) => c.name(),
         }
     }
@@ -60,6 +64,7 @@ impl Int8Native {
     fn blocking(&self) -> std::result::Result<Blocking, NativeError> {
         let (block_q, block_k, warps) = match self {
             Int8Native::Imma(c) => c.blocking()?,
+            Int8Native::Wgmma(c) => c.blocking()?,
             Int8Native::Umma(c) => c.blocking()?,
         };
         Ok(Blocking { block_q, block_k, warps, ..Blocking::default() })
@@ -137,7 +142,7 @@ fn bits(x: HostSlice<'_>, input: InputType) -> Vec<u16> {
 }
 
 fn is_native(plan: &Plan) -> bool {
-    plan.kernel.starts_with("fwd_hmma") || plan.kernel.starts_with("fwd_wgmma")
+    plan.kernel.starts_with("fwd_hmma") || (plan.kernel.starts_with("fwd_wgmma") && !is_native_int8(plan))
 }
 
 /// The wgmma config for a problem on a device of compute capability `cc`, or why the wgmma
@@ -156,12 +161,24 @@ fn wgmma_config(problem: &AttentionProblem, precision: Precision, cc: (u32, u32)
 }
 
 fn is_native_int8(plan: &Plan) -> bool {
-    plan.kernel.starts_with("fwd_int8")
+    plan.kernel.starts_with("fwd_int8") || plan.kernel.starts_with("fwd_wgmma_int8")
 }
 
-/// The native INT8 kernel for a problem on a device of compute capability `cc` (UMMA on 10.0,
-/// IMMA elsewhere from sm_80), or why none takes it. `umma` false forces IMMA, true forces UMMA.
-fn int8_native(problem: &AttentionProblem, precision: Precision, cc: (u32, u32), umma: Option<bool>) -> std::result::Result<Int8Native, String> {
+/// Which native INT8 family a plan's kernel name belongs to.
+fn int8_family_of(kernel: &str) -> NativeKind {
+    if kernel.starts_with("fwd_int8_umma") {
+        NativeKind::Int8Umma
+    } else if kernel.starts_with("fwd_wgmma_int8") {
+        NativeKind::Int8Wgmma
+    } else {
+        NativeKind::Int8Imma
+    }
+}
+
+/// The native INT8 kernel for a problem on a device of compute capability `cc`, or why none
+/// takes it: `family` forces one (`Int8Imma`, `Int8Wgmma`, `Int8Umma`); `None` picks UMMA on
+/// 10.0, s8 wgmma on 9.0, IMMA elsewhere from sm_80.
+fn int8_native(problem: &AttentionProblem, precision: Precision, cc: (u32, u32), family: Option<NativeKind>) -> std::result::Result<Int8Native, String> {
     let Precision::Int8Qk { granularity, pv, .. } = precision else {
         return Err(format!("the native INT8 kernels compute INT8 Q/K, not {precision}"));
     };
@@ -171,19 +188,34 @@ fn int8_native(problem: &AttentionProblem, precision: Precision, cc: (u32, u32),
     if problem.v_head_dim != problem.head_dim {
         return Err(format!("native INT8 kernels need v_head_dim == head_dim (got {} and {})", problem.v_head_dim, problem.head_dim));
     }
-    let use_umma = umma.unwrap_or(Int8UmmaConfig::supported(cc));
-    if use_umma {
-        if !Int8UmmaConfig::supported(cc) {
-            return Err(format!("the tcgen05 UMMA kernel needs compute capability 10.0, this device is {}.{}", cc.0, cc.1));
-        }
-        let g = native_granularity(granularity);
-        return Int8UmmaConfig::new(problem.head_dim, g, quattn_native::PvAccum::F32).map(Int8Native::Umma).map_err(|e| e.to_string());
-    }
-    if Int8Config::target_for(cc).is_none() {
-        return Err(format!("the IMMA kernel needs sm_80 or newer, this device is {}.{}", cc.0, cc.1));
-    }
     let g = native_granularity(granularity);
-    Int8Config::new(problem.head_dim, g, quattn_native::PvAccum::F32).map(Int8Native::Imma).map_err(|e| e.to_string())
+    let family = family.unwrap_or(if Int8UmmaConfig::supported(cc) {
+        NativeKind::Int8Umma
+    } else if Int8WgmmaConfig::target_for(cc).is_some() {
+        NativeKind::Int8Wgmma
+    } else {
+        NativeKind::Int8Imma
+    });
+    match family {
+        NativeKind::Int8Umma => {
+            if !Int8UmmaConfig::supported(cc) {
+                return Err(format!("the tcgen05 UMMA kernel needs compute capability 10.0, this device is {}.{}", cc.0, cc.1));
+            }
+            Int8UmmaConfig::new(problem.head_dim, g, quattn_native::PvAccum::F32).map(Int8Native::Umma).map_err(|e| e.to_string())
+        }
+        NativeKind::Int8Wgmma => {
+            if Int8WgmmaConfig::target_for(cc).is_none() {
+                return Err(format!("the s8 wgmma kernel needs compute capability 9.0 (sm_90a), this device is {}.{}", cc.0, cc.1));
+            }
+            Int8WgmmaConfig::new(problem.head_dim, g).map(Int8Native::Wgmma).map_err(|e| e.to_string())
+        }
+        _ => {
+            if Int8Config::target_for(cc).is_none() {
+                return Err(format!("the IMMA kernel needs sm_80 or newer, this device is {}.{}", cc.0, cc.1));
+            }
+            Int8Config::new(problem.head_dim, g, quattn_native::PvAccum::F32).map(Int8Native::Imma).map_err(|e| e.to_string())
+        }
+    }
 }
 
 fn native_granularity(g: Int8Granularity) -> quattn_native::Int8Granularity {
@@ -261,6 +293,7 @@ impl CudaBackend {
         self.bind(&name)?;
         let k = Arc::new(match which {
             Int8Native::Imma(c) => Int8Loaded::Imma(Int8Kernel::load(&self.ctx, c).map_err(|e| native_err(&name, e))?),
+            Int8Native::Wgmma(c) => Int8Loaded::Wgmma(Int8WgmmaKernel::load(&self.ctx, c).map_err(|e| native_err(&name, e))?),
             Int8Native::Umma(c) => Int8Loaded::Umma(Int8UmmaKernel::load(&self.ctx, c).map_err(|e| native_err(&name, e))?),
         });
         if let Ok(mut m) = self.int8_kernels.write() {
@@ -270,12 +303,16 @@ impl CudaBackend {
     }
 
     /// Plans an INT8 problem on a native kernel (loading it), with the blocking its scales need.
-    fn select_int8(&self, problem: &AttentionProblem, precision: Precision, umma: Option<bool>) -> std::result::Result<KernelChoice, String> {
-        let which = int8_native(problem, precision, self.cc, umma)?;
+    fn select_int8(&self, problem: &AttentionProblem, precision: Precision, family: Option<NativeKind>) -> std::result::Result<KernelChoice, String> {
+        let which = int8_native(problem, precision, self.cc, family)?;
         let blocking = which.blocking().map_err(|e| e.to_string())?;
         blocking.validate(problem, precision).map_err(|e| e.to_string())?;
         self.int8_kernel(which).map_err(|e| e.to_string())?;
-        let kind = if matches!(which, Int8Native::Umma(_)) { "tcgen05 UMMA (not run on hardware)" } else { "mma.sync IMMA" };
+        let kind = match which {
+            Int8Native::Umma(_) => "tcgen05 UMMA (not run on hardware)",
+            Int8Native::Wgmma(_) => "s8 wgmma",
+            Int8Native::Imma(_) => "mma.sync IMMA",
+        };
         Ok(KernelChoice {
             name: which.name(),
             reason: format!("CubeCL INT8 prepass + native {kind} kernel"),
@@ -290,7 +327,7 @@ impl CudaBackend {
         let Precision::Int8Qk { granularity, smooth_k, .. } = plan.precision else {
             return Err(Error::Kernel { kernel: plan.kernel.clone(), reason: "not an INT8 plan".into() });
         };
-        let which = int8_native(&plan.problem, plan.precision, self.cc, Some(plan.kernel.starts_with("fwd_int8_umma")))
+        let which = int8_native(&plan.problem, plan.precision, self.cc, Some(int8_family_of(&plan.kernel)))
             .map_err(|reason| Error::Kernel { kernel: plan.kernel.clone(), reason })?;
         let blocking = plan.blocking.ok_or_else(|| Error::Kernel { kernel: plan.kernel.clone(), reason: "an INT8 plan without its blocking".into() })?;
         let nd = data
@@ -333,6 +370,7 @@ impl CudaBackend {
         // launchers check arguments, alignment and non-null pointers.
         let launched = match (&*kernel, which) {
             (Int8Loaded::Imma(k), _) => unsafe { k.launch_raw(&self.stream, &args, &ptrs) },
+            (Int8Loaded::Wgmma(k), _) => unsafe { k.launch_raw(&self.stream, &args, &ptrs) },
             (Int8Loaded::Umma(k), _) => {
                 let a = Int8UmmaArgs {
                     batch: args.batch,
@@ -423,8 +461,8 @@ impl Backend for CudaBackend {
                 self.kernel(config)?;
                 Ok(KernelChoice { name: config.name(), reason: "forced native HMMA".into(), blocking: None })
             }
-            Strategy::Native(kind @ (NativeKind::Int8Imma | NativeKind::Int8Umma)) => self
-                .select_int8(problem, precision, Some(kind == NativeKind::Int8Umma))
+            Strategy::Native(kind @ (NativeKind::Int8Imma | NativeKind::Int8Wgmma | NativeKind::Int8Umma)) => self
+                .select_int8(problem, precision, Some(kind))
                 .map(|mut c| {
                     c.reason = format!("forced: {}", c.reason);
                     c
