@@ -201,8 +201,7 @@ impl Int8Config {
         if self.tile.is_some() || self.pv != PvAccum::F32 || arch != Arch::Sm100a {
             return Ok(t);
         }
-        let row = INT8_TILES.iter().find(|r| r.head_dim == self.head_dim).expect("tile() found the row");
-        Ok(row.compact)
+        Ok(INT8_TILES.iter().find(|r| r.head_dim == self.head_dim).map_or(t, |row| row.compact))
     }
 
     /// The tile shape ([`INT8_TILES`] or the forced one); it defines the scale blocking.
