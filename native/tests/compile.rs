@@ -4,31 +4,15 @@
 //! print why and pass, except under `CI`, where a missing tool is a failure.
 #![cfg(feature = "cuda")]
 
+mod common;
+use common::tools_or_skip;
+
 use std::sync::Arc;
 
 use quattn_native::{
     compile_report, report::report_variant, Arch, CompileRequest, HmmaConfig, InputType, Int8Config,
     Int8Granularity, Int8Tile, KernelCache, NativeError, Origin, PvAccum, QkAccum,
 };
-
-/// `true` if the tools are there; `false` (after saying why) to skip; panics under CI.
-fn tools_or_skip(test: &str) -> bool {
-    let nvrtc = quattn_native::nvrtc();
-    let disasm = quattn_native::tools::find_any_disassembler();
-    let problem = match (&nvrtc, &disasm) {
-        (Err(e), _) => Some(e.to_string()),
-        (_, None) => Some("no cuobjdump / nvdisasm found".to_string()),
-        _ => None,
-    };
-    match problem {
-        None => true,
-        Some(p) if std::env::var_os("CI").is_some() => panic!("{test}: CUDA tools required under CI: {p}"),
-        Some(p) => {
-            eprintln!("skipping {test}: {p} (run .ci/install-cuda-tools.sh)");
-            false
-        }
-    }
-}
 
 /// The pre-Blackwell targets required by the issue; the report covers sm_100a/sm_120a too.
 const REQUIRED: [Arch; 4] = [Arch::Sm80, Arch::Sm86, Arch::Sm89, Arch::Sm90];

@@ -6,27 +6,11 @@
 //! tests print why and pass, except under `CI`, where a missing tool is a failure.
 #![cfg(feature = "cuda")]
 
+mod common;
+use common::tools_or_skip;
+
 use quattn_native::report::report_variant;
 use quattn_native::{compile_report, Arch, Int8UmmaConfig, KernelCache, NativeError, PvAccum, Int8Granularity};
-
-/// `true` if the tools are there; `false` (after saying why) to skip; panics under CI.
-fn tools_or_skip(test: &str) -> bool {
-    let nvrtc = quattn_native::nvrtc();
-    let disasm = quattn_native::tools::find_any_disassembler();
-    let problem = match (&nvrtc, &disasm) {
-        (Err(e), _) => Some(e.to_string()),
-        (_, None) => Some("no cuobjdump / nvdisasm found".to_string()),
-        _ => None,
-    };
-    match problem {
-        None => true,
-        Some(p) if std::env::var_os("CI").is_some() => panic!("{test}: CUDA tools required under CI: {p}"),
-        Some(p) => {
-            eprintln!("skipping {test}: {p} (run .ci/install-cuda-tools.sh)");
-            false
-        }
-    }
-}
 
 #[test]
 fn every_umma_variant_compiles_for_sm100a_with_umma_and_tmem_instructions_and_no_spill() {

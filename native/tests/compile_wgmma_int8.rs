@@ -6,26 +6,10 @@
 //! tests print why and pass, except under `CI`, where a missing tool is a failure.
 #![cfg(feature = "cuda")]
 
-use quattn_native::{compile_report, Arch, Int8WgmmaConfig, KernelCache, NativeError};
+mod common;
+use common::tools_or_skip;
 
-/// `true` if the tools are there; `false` (after saying why) to skip; panics under CI.
-fn tools_or_skip(test: &str) -> bool {
-    let nvrtc = quattn_native::nvrtc();
-    let disasm = quattn_native::tools::find_any_disassembler();
-    let problem = match (&nvrtc, &disasm) {
-        (Err(e), _) => Some(e.to_string()),
-        (_, None) => Some("no cuobjdump / nvdisasm found".to_string()),
-        _ => None,
-    };
-    match problem {
-        None => true,
-        Some(p) if std::env::var_os("CI").is_some() => panic!("{test}: CUDA tools required under CI: {p}"),
-        Some(p) => {
-            eprintln!("skipping {test}: {p} (run .ci/install-cuda-tools.sh)");
-            false
-        }
-    }
-}
+use quattn_native::{compile_report, Arch, Int8WgmmaConfig, KernelCache, NativeError};
 
 #[test]
 fn every_wgmma_int8_variant_compiles_for_sm90a_with_igmma_and_no_spill() {
