@@ -28,6 +28,7 @@ use crate::arch::Arch;
 use crate::cache::{CompileRequest, FWD_INT8_UMMA};
 use crate::error::{NativeError, Result};
 use crate::hmma::{PvAccum, Strides};
+use crate::int8::Int8Args;
 
 const KERNEL: &str = "fwd_int8_umma";
 
@@ -182,28 +183,10 @@ impl Int8UmmaConfig {
     }
 }
 
-/// Shapes and strides of one launch. There is no softmax scale: it is folded into the Q scales.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Int8UmmaArgs {
-    pub batch: usize,
-    pub q_heads: usize,
-    /// `q_heads % kv_heads == 0`; query head `h` reads KV head `h / (q_heads / kv_heads)`.
-    pub kv_heads: usize,
-    pub q_len: usize,
-    pub kv_len: usize,
-    /// INT8 Q codes (element strides = byte strides).
-    pub q: Strides,
-    /// INT8 K codes.
-    pub k: Strides,
-    /// f16 V.
-    pub v: Strides,
-    /// f16 O.
-    pub o: Strides,
-    /// Bottom-right aligned causal mask: query i sees key j iff j <= i + kv_len - q_len.
-    pub causal: bool,
-    /// Whether an `lse_shift` tensor is passed (its pointer must then be non-null).
-    pub lse_shift: bool,
-}
+/// Shapes and strides of one launch: the IMMA family's [`Int8Args`] (the softmax scale is
+/// folded into the Q scales). Its checks against this family's config are
+/// [`Int8UmmaConfig::validate_args`] and the other `Int8UmmaConfig` methods taking `args`.
+pub type Int8UmmaArgs = Int8Args;
 
 /// Mirror of `UmmaParams` in `fwd_int8_umma.cu`: same field order, C layout.
 #[repr(C)]
@@ -250,8 +233,8 @@ pub struct Int8UmmaLaunchShape {
 /// Names of the pointers of [`Int8UmmaKernel::launch_raw`], in order.
 pub const POINTER_NAMES: [&str; 8] = ["q", "k", "v", "o", "lse", "q_scale", "k_scale", "lse_shift"];
 
-impl Int8UmmaArgs {
-    fn required_len(s: &Strides, batch: usize, heads: usize, seq: usize, head_dim: usize) -> usize {
+impl Int8UmmaConfig {
+    fn required_len_of(s: &Strides, batch: usize, heads: usize, seq: usize, head_dim: usize) -> usize {
         if batch == 0 || heads == 0 || seq == 0 {
             return 0;
         }
@@ -260,57 +243,57 @@ impl Int8UmmaArgs {
     }
 
     /// `ceil(q_len / 128)`.
-    pub fn q_blocks(&self) -> usize {
-        self.q_len.div_ceil(BLOCK_Q as usize)
+    pub fn q_blocks(&self, args: &Int8Args) -> usize {
+        args.q_len.div_ceil(BLOCK_Q as usize)
     }
 
     /// `ceil(kv_len / block_k)`.
-    pub fn k_blocks(&self, config: &Int8UmmaConfig) -> Result<usize> {
-        Ok(self.kv_len.div_ceil(config.tile()?.block_k as usize))
+    pub fn k_blocks(&self, args: &Int8Args) -> Result<usize> {
+        Ok(args.kv_len.div_ceil(self.tile()?.block_k as usize))
     }
 
     /// Element counts of Q, K, V, O, LSE, Q scales, K scales and `lse_shift` (0 when absent),
     /// in the order of [`POINTER_NAMES`].
-    pub fn required_lens(&self, config: &Int8UmmaConfig) -> Result<[usize; 8]> {
-        let hd = config.head_dim as usize;
-        let rows = self.batch * self.q_heads * self.q_len;
-        let q_scales = self.batch
-            * self.q_heads
-            * self.q_blocks()
-            * match config.granularity {
+    pub fn required_lens(&self, args: &Int8Args) -> Result<[usize; 8]> {
+        let hd = self.head_dim as usize;
+        let rows = args.batch * args.q_heads * args.q_len;
+        let q_scales = args.batch
+            * args.q_heads
+            * self.q_blocks(args)
+            * match self.granularity {
                 Int8Granularity::PerWarp => WARPS as usize,
                 _ => 1,
             };
         Ok([
-            Self::required_len(&self.q, self.batch, self.q_heads, self.q_len, hd),
-            Self::required_len(&self.k, self.batch, self.kv_heads, self.kv_len, hd),
-            Self::required_len(&self.v, self.batch, self.kv_heads, self.kv_len, hd),
-            Self::required_len(&self.o, self.batch, self.q_heads, self.q_len, hd),
+            Self::required_len_of(&args.q, args.batch, args.q_heads, args.q_len, hd),
+            Self::required_len_of(&args.k, args.batch, args.kv_heads, args.kv_len, hd),
+            Self::required_len_of(&args.v, args.batch, args.kv_heads, args.kv_len, hd),
+            Self::required_len_of(&args.o, args.batch, args.q_heads, args.q_len, hd),
             rows,
             q_scales,
-            self.batch * self.kv_heads * self.k_blocks(config)?,
-            if self.lse_shift { rows } else { 0 },
+            args.batch * args.kv_heads * self.k_blocks(args)?,
+            if args.lse_shift { rows } else { 0 },
         ])
     }
 
     /// Validates everything that does not need device pointers.
-    pub fn validate(&self, config: &Int8UmmaConfig) -> Result<()> {
-        config.validate()?;
+    pub fn validate_args(&self, args: &Int8Args) -> Result<()> {
+        self.validate()?;
         let bad = |m: String| Err(NativeError::InvalidArgs(m));
-        if self.batch == 0 || self.q_heads == 0 || self.kv_heads == 0 || self.q_len == 0 {
-            return bad(format!("empty problem: {self:?}"));
+        if args.batch == 0 || args.q_heads == 0 || args.kv_heads == 0 || args.q_len == 0 {
+            return bad(format!("empty problem: {args:?}"));
         }
-        if !self.q_heads.is_multiple_of(self.kv_heads) {
-            return bad(format!("q_heads {} not a multiple of kv_heads {}", self.q_heads, self.kv_heads));
+        if !args.q_heads.is_multiple_of(args.kv_heads) {
+            return bad(format!("q_heads {} not a multiple of kv_heads {}", args.q_heads, args.kv_heads));
         }
-        if self.q_len > i32::MAX as usize || self.kv_len > i32::MAX as usize {
+        if args.q_len > i32::MAX as usize || args.kv_len > i32::MAX as usize {
             return bad("sequence length exceeds i32".into());
         }
-        if self.q_blocks() > i32::MAX as usize || self.q_heads > 65535 || self.batch > 65535 {
-            return bad(format!("batch {} / heads {} exceed the grid limit 65535", self.batch, self.q_heads));
+        if self.q_blocks(args) > i32::MAX as usize || args.q_heads > 65535 || args.batch > 65535 {
+            return bad(format!("batch {} / heads {} exceed the grid limit 65535", args.batch, args.q_heads));
         }
         // cp.async copies and the O stores move 16 bytes: 16 int8 codes, 8 f16 elements.
-        for (name, s, unit) in [("q", &self.q, 16), ("k", &self.k, 16), ("v", &self.v, 8), ("o", &self.o, 8)] {
+        for (name, s, unit) in [("q", &args.q, 16), ("k", &args.k, 16), ("v", &args.v, 8), ("o", &args.o, 8)] {
             if [s.batch, s.head, s.seq].iter().any(|&x| x < 0 || x % unit != 0) {
                 return bad(format!("{name} strides {s:?} must be non-negative multiples of {unit} elements"));
             }
@@ -319,7 +302,7 @@ impl Int8UmmaArgs {
     }
 
     /// Kernel parameters for device pointers in the order of [`POINTER_NAMES`].
-    pub fn params(&self, config: &Int8UmmaConfig, ptrs: [u64; 8]) -> Result<Int8UmmaParams> {
+    pub fn params(&self, args: &Int8Args, ptrs: [u64; 8]) -> Result<Int8UmmaParams> {
         Ok(Int8UmmaParams {
             q: ptrs[0],
             k: ptrs[1],
@@ -328,44 +311,44 @@ impl Int8UmmaArgs {
             lse: ptrs[4],
             q_scale: ptrs[5],
             k_scale: ptrs[6],
-            lse_shift: if self.lse_shift { ptrs[7] } else { 0 },
-            q_batch_stride: self.q.batch,
-            q_head_stride: self.q.head,
-            q_seq_stride: self.q.seq,
-            k_batch_stride: self.k.batch,
-            k_head_stride: self.k.head,
-            k_seq_stride: self.k.seq,
-            v_batch_stride: self.v.batch,
-            v_head_stride: self.v.head,
-            v_seq_stride: self.v.seq,
-            o_batch_stride: self.o.batch,
-            o_head_stride: self.o.head,
-            o_seq_stride: self.o.seq,
-            q_len: self.q_len as i32,
-            kv_len: self.kv_len as i32,
-            q_heads: self.q_heads as i32,
-            kv_group: (self.q_heads / self.kv_heads) as i32,
-            q_blocks: self.q_blocks() as i32,
-            k_blocks: self.k_blocks(config)? as i32,
-            causal: self.causal as i32,
+            lse_shift: if args.lse_shift { ptrs[7] } else { 0 },
+            q_batch_stride: args.q.batch,
+            q_head_stride: args.q.head,
+            q_seq_stride: args.q.seq,
+            k_batch_stride: args.k.batch,
+            k_head_stride: args.k.head,
+            k_seq_stride: args.k.seq,
+            v_batch_stride: args.v.batch,
+            v_head_stride: args.v.head,
+            v_seq_stride: args.v.seq,
+            o_batch_stride: args.o.batch,
+            o_head_stride: args.o.head,
+            o_seq_stride: args.o.seq,
+            q_len: args.q_len as i32,
+            kv_len: args.kv_len as i32,
+            q_heads: args.q_heads as i32,
+            kv_group: (args.q_heads / args.kv_heads) as i32,
+            q_blocks: self.q_blocks(args) as i32,
+            k_blocks: self.k_blocks(args)? as i32,
+            causal: args.causal as i32,
             pad_: 0,
         })
     }
 
     /// Grid `(query blocks, q_heads, batch)`, 128 threads and 128 query rows per CTA.
-    pub fn launch_shape(&self, config: &Int8UmmaConfig) -> Result<Int8UmmaLaunchShape> {
+    pub fn launch_shape(&self, args: &Int8Args) -> Result<Int8UmmaLaunchShape> {
         Ok(Int8UmmaLaunchShape {
-            grid: (self.q_blocks() as u32, self.q_heads as u32, self.batch as u32),
+            grid: (self.q_blocks(args) as u32, args.q_heads as u32, args.batch as u32),
             block: (32 * WARPS, 1, 1),
-            smem_bytes: config.smem_bytes()?,
+            smem_bytes: self.smem_bytes()?,
         })
     }
 
     /// Checks device pointers: non-null wherever the kernel reads or writes something (a
     /// tensor of [`Self::required_lens`] 0, e.g. K with `kv_len` 0 or an absent `lse_shift`,
     /// may be null), 16-byte aligned where the kernel moves 16 bytes, 4-byte aligned f32s.
-    fn check_pointers(&self, config: &Int8UmmaConfig, ptrs: &[u64; 8]) -> Result<()> {
-        let lens = self.required_lens(config)?;
+    fn check_pointers(&self, args: &Int8Args, ptrs: &[u64; 8]) -> Result<()> {
+        let lens = self.required_lens(args)?;
         for (i, ((&p, name), len)) in ptrs.iter().zip(POINTER_NAMES).zip(lens).enumerate() {
             if len == 0 {
                 continue;
@@ -482,8 +465,8 @@ mod launch {
                     if lse_shift.is_some() { "given" } else { "not given" }
                 )));
             }
-            args.validate(&self.config)?;
-            let need = args.required_lens(&self.config)?;
+            self.config.validate_args(args)?;
+            let need = self.config.required_lens(args)?;
             let have = [
                 q.len(),
                 k.len(),
@@ -517,13 +500,13 @@ mod launch {
         ///
         /// # Safety
         /// Each pointer must address device memory of at least
-        /// [`Int8UmmaArgs::required_lens`] elements (i8 Q/K, 2-byte V/O, f32 otherwise), valid
+        /// [`Int8UmmaConfig::required_lens`] elements (i8 Q/K, 2-byte V/O, f32 otherwise), valid
         /// until the kernel finishes on `stream`.
         pub unsafe fn launch_raw(&self, stream: &Arc<CudaStream>, args: &Int8UmmaArgs, ptrs: [u64; 8]) -> Result<()> {
-            args.validate(&self.config)?;
-            args.check_pointers(&self.config, &ptrs)?;
-            let shape = args.launch_shape(&self.config)?;
-            let params = args.params(&self.config, ptrs)?;
+            self.config.validate_args(args)?;
+            self.config.check_pointers(args, &ptrs)?;
+            let shape = self.config.launch_shape(args)?;
+            let params = self.config.params(args, ptrs)?;
             let cfg = LaunchConfig { grid_dim: shape.grid, block_dim: shape.block, shared_mem_bytes: shape.smem_bytes };
             let mut b = stream.launch_builder(&self.function);
             b.arg(&params);
@@ -621,41 +604,41 @@ mod tests {
     fn args_validation_lengths_and_params() {
         let c = cfg(128, Int8Granularity::PerWarp);
         let mut a = args();
-        a.validate(&c).unwrap();
-        let shape = a.launch_shape(&c).unwrap();
+        c.validate_args(&a).unwrap();
+        let shape = c.launch_shape(&a).unwrap();
         assert_eq!(shape.grid, (3, 8, 2));
         assert_eq!(shape.block, (128, 1, 1));
-        let lens = a.required_lens(&c).unwrap();
+        let lens = c.required_lens(&a).unwrap();
         assert_eq!(lens[0], 2 * 8 * 300 * 128);
         assert_eq!(lens[4], 2 * 8 * 300);
         // Per-warp Q scales: [batch, q_heads, ceil(300/128) = 3, 4 warps]; K: ceil(1000/128) = 8.
         assert_eq!(lens[5], 2 * 8 * 3 * 4);
         assert_eq!(lens[6], 2 * 2 * 8);
         assert_eq!(lens[7], 0);
-        let p = a.params(&c, [16, 32, 48, 64, 4, 8, 12, 20]).unwrap();
+        let p = c.params(&a, [16, 32, 48, 64, 4, 8, 12, 20]).unwrap();
         assert_eq!((p.kv_group, p.q_blocks, p.k_blocks, p.causal, p.lse_shift), (4, 3, 8, 1, 0));
         a.lse_shift = true;
-        assert_eq!(a.required_lens(&c).unwrap()[7], 2 * 8 * 300);
-        assert_eq!(a.params(&c, [16, 32, 48, 64, 4, 8, 12, 20]).unwrap().lse_shift, 20);
+        assert_eq!(c.required_lens(&a).unwrap()[7], 2 * 8 * 300);
+        assert_eq!(c.params(&a, [16, 32, 48, 64, 4, 8, 12, 20]).unwrap().lse_shift, 20);
         // Null or misaligned pointers are refused before a launch.
-        assert!(a.check_pointers(&c, &[16, 32, 48, 64, 4, 8, 12, 20]).is_ok());
-        assert!(a.check_pointers(&c, &[16, 32, 48, 64, 4, 8, 12, 0]).is_err());
-        assert!(a.check_pointers(&c, &[16, 40, 48, 64, 4, 8, 12, 20]).is_err());
-        assert!(a.check_pointers(&c, &[16, 32, 48, 64, 4, 0, 12, 20]).is_err());
+        assert!(c.check_pointers(&a, &[16, 32, 48, 64, 4, 8, 12, 20]).is_ok());
+        assert!(c.check_pointers(&a, &[16, 32, 48, 64, 4, 8, 12, 0]).is_err());
+        assert!(c.check_pointers(&a, &[16, 40, 48, 64, 4, 8, 12, 20]).is_err());
+        assert!(c.check_pointers(&a, &[16, 32, 48, 64, 4, 0, 12, 20]).is_err());
         a.lse_shift = false;
-        assert!(a.check_pointers(&c, &[16, 32, 48, 64, 4, 8, 12, 0]).is_ok());
+        assert!(c.check_pointers(&a, &[16, 32, 48, 64, 4, 8, 12, 0]).is_ok());
         // No keys: K, V and the K scales are never touched and may be null.
         a.kv_len = 0;
-        assert!(a.check_pointers(&c, &[16, 0, 0, 64, 4, 8, 0, 0]).is_ok());
+        assert!(c.check_pointers(&a, &[16, 0, 0, 64, 4, 8, 0, 0]).is_ok());
         a.kv_len = 1000;
         // Int8 rows move in 16-byte chunks: a Q sequence stride of 8 codes is refused.
         a.q.seq = 136;
-        assert!(matches!(a.validate(&c), Err(NativeError::InvalidArgs(_))));
+        assert!(matches!(c.validate_args(&a), Err(NativeError::InvalidArgs(_))));
         a.q.seq = 128;
         a.kv_heads = 3;
-        assert!(a.validate(&c).is_err());
+        assert!(c.validate_args(&a).is_err());
         a.kv_heads = 2;
         a.q_len = 0;
-        assert!(a.validate(&c).is_err());
+        assert!(c.validate_args(&a).is_err());
     }
 }

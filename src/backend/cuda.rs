@@ -10,7 +10,7 @@ use cubecl::cuda::CudaRuntime;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use half::{bf16, f16};
 use quattn_native::{
-    HmmaArgs, HmmaConfig, HmmaKernel, InputType, Int8Args, Int8Config, Int8Kernel, Int8Ptrs, Int8UmmaArgs, Int8UmmaConfig,
+    HmmaArgs, HmmaConfig, HmmaKernel, InputType, Int8Args, Int8Config, Int8Kernel, Int8Ptrs, Int8UmmaConfig,
     Int8UmmaKernel, Int8WgmmaConfig, Int8WgmmaKernel, NativeError, WgmmaConfig, WgmmaKernel,
 };
 
@@ -75,7 +75,12 @@ impl Int8Native {
 /// when the caller did not ask for one (the kernels always write it).
 struct Int8NativeData {
     portable: ResidentData,
-    lse_scratch: Option<cubecl::server::Handle>,
+    /// Held only to keep the scratch LSE allocated while `v_o_lse` points at it.
+    _lse_scratch: Option<cubecl::server::Handle>,
+    /// Device addresses of V, O and the LSE (or its scratch), looked up once at upload: each
+    /// lookup is a blocking round trip to CubeCL's device thread, and these buffers live as long
+    /// as the plan's data.
+    v_o_lse: [u64; 3],
 }
 
 struct NativeData {
@@ -337,13 +342,13 @@ impl CudaBackend {
         let ops = self.portable.quantize_int8(&plan.problem, granularity, smooth_k, &blocking, d.elem, &d.q, &d.k)?;
         self.portable.synchronize()?;
         let ptr = |h: &cubecl::server::Handle| self.portable.device_ptr(h);
-        let lse = d.lse.as_ref().or(nd.lse_scratch.as_ref()).ok_or_else(|| Error::Kernel { kernel: plan.kernel.clone(), reason: "no LSE buffer".into() })?;
+        let [v, o, lse] = nd.v_o_lse;
         let ptrs = Int8Ptrs {
             q: ptr(&ops.q_codes)?,
             k: ptr(&ops.k_codes)?,
-            v: ptr(&d.v)?,
-            o: ptr(&d.o)?,
-            lse: ptr(lse)?,
+            v,
+            o,
+            lse,
             q_scale: ptr(&ops.q_scales)?,
             k_scale: ptr(&ops.k_scales)?,
             lse_shift: match &ops.lse_shift {
@@ -365,28 +370,15 @@ impl CudaBackend {
             start.record(&self.stream).map_err(&e)?;
         }
         // SAFETY: every pointer addresses a live CubeCL buffer (held by `ops`, `d` and
-        // `nd.lse_scratch` until this function returns, after the stream synchronization
+        // `nd._lse_scratch` until this function returns, after the stream synchronization
         // below) of the sizes the prepass and upload allocated for this problem; the
         // launchers check arguments, alignment and non-null pointers.
         let launched = match (&*kernel, which) {
             (Int8Loaded::Imma(k), _) => unsafe { k.launch_raw(&self.stream, &args, &ptrs) },
             (Int8Loaded::Wgmma(k), _) => unsafe { k.launch_raw(&self.stream, &args, &ptrs) },
             (Int8Loaded::Umma(k), _) => {
-                let a = Int8UmmaArgs {
-                    batch: args.batch,
-                    q_heads: args.q_heads,
-                    kv_heads: args.kv_heads,
-                    q_len: args.q_len,
-                    kv_len: args.kv_len,
-                    q: args.q,
-                    k: args.k,
-                    v: args.v,
-                    o: args.o,
-                    causal: args.causal,
-                    lse_shift: args.lse_shift,
-                };
                 let p = [ptrs.q, ptrs.k, ptrs.v, ptrs.o, ptrs.lse, ptrs.q_scale, ptrs.k_scale, ptrs.lse_shift];
-                unsafe { k.launch_raw(&self.stream, &a, p) }
+                unsafe { k.launch_raw(&self.stream, &args, p) }
             }
         };
         launched.map_err(|err| native_err(&plan.kernel, err))?;
@@ -513,7 +505,10 @@ impl Backend for CudaBackend {
             // Q and K there, the native kernel reads V and writes O and LSE.
             let portable = self.portable.upload(plan, q, k, v)?;
             let lse_scratch = (!plan.problem.return_lse).then(|| self.portable.empty(plan.problem.lse_len_elems() * 4));
-            return Ok(Box::new(Int8NativeData { portable, lse_scratch }));
+            let d: &GpuData = self.portable.data(plan, &portable)?;
+            let lse = d.lse.as_ref().or(lse_scratch.as_ref()).ok_or_else(|| Error::Kernel { kernel: plan.kernel.clone(), reason: "no LSE buffer".into() })?;
+            let v_o_lse = [self.portable.device_ptr(&d.v)?, self.portable.device_ptr(&d.o)?, self.portable.device_ptr(lse)?];
+            return Ok(Box::new(Int8NativeData { portable, _lse_scratch: lse_scratch, v_o_lse }));
         }
         if !is_native(plan) {
             return self.portable.upload(plan, q, k, v);
