@@ -42,6 +42,39 @@ pub fn device_archs(ctx: &cudarc::driver::CudaContext) -> Result<Vec<Arch>> {
     Ok(Arch::for_compute_capability(major, minor))
 }
 
+/// The target a kernel family builds for the context's device (`target_for` is the family's
+/// `target_for(cc)`), or [`NativeError::UnsupportedArch`] naming what it `needs`.
+#[cfg(feature = "cuda")]
+pub fn target_arch(
+    ctx: &cudarc::driver::CudaContext,
+    kernel: &'static str,
+    needs: Arch,
+    target_for: impl Fn((u32, u32)) -> Option<Arch>,
+) -> Result<Arch> {
+    let cc = compute_capability(ctx)?;
+    target_for(cc).ok_or_else(|| NativeError::UnsupportedArch { kernel, needs, device: format!("sm_{}{}", cc.0, cc.1) })
+}
+
+/// Compiles `request` (or takes it from `cache`), loads it into `ctx` and opts the function in
+/// to `smem_bytes` of dynamic shared memory (above 48 KiB a kernel has to): the load step of
+/// every native family.
+#[cfg(feature = "cuda")]
+pub fn load_function(
+    ctx: &Arc<cudarc::driver::CudaContext>,
+    cache: &crate::cache::KernelCache,
+    request: &crate::cache::CompileRequest<'_>,
+    smem_bytes: u32,
+) -> Result<(cudarc::driver::CudaFunction, Arc<crate::cache::CompiledKernel>)> {
+    let compiled = cache.get_or_compile(request)?;
+    let module = ctx.load_module(cudarc::nvrtc::Ptx::from_binary(compiled.cubin.clone()))?;
+    let function = module.load_function(compiled.entry)?;
+    function.set_attribute(
+        cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        smem_bytes as i32,
+    )?;
+    Ok((function, compiled))
+}
+
 #[cfg(not(feature = "cuda"))]
 pub fn open_context(_ordinal: usize) -> Result<Arc<()>> {
     Err(NativeError::NotCompiledWithCuda)

@@ -513,7 +513,6 @@ pub use launch::HmmaKernel;
 mod launch {
     use std::sync::Arc;
 
-    use cudarc::driver::sys::CUfunction_attribute;
     use cudarc::driver::{
         CudaContext, CudaFunction, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig,
         PushKernelArg,
@@ -544,19 +543,8 @@ mod launch {
         /// As [`Self::load`], with an explicit cache.
         pub fn load_with_cache(ctx: &Arc<CudaContext>, config: HmmaConfig, cache: &KernelCache) -> Result<Self> {
             config.validate()?;
-            let (major, minor) = ctx.compute_capability()?;
-            let arch = HmmaConfig::target_for((major as u32, minor as u32)).ok_or_else(|| {
-                NativeError::UnsupportedArch { kernel: KERNEL, needs: Arch::Sm80, device: format!("sm_{major}{minor}") }
-            })?;
-            let compiled = cache.get_or_compile(&config.request(arch)?)?;
-            let module = ctx.load_module(cudarc::nvrtc::Ptx::from_binary(compiled.cubin.clone()))?;
-            let function = module.load_function(compiled.entry)?;
-            let smem = config.tile_for(arch)?.smem_bytes(config.head_dim);
-            // Above 48 KiB of dynamic shared memory a kernel has to opt in.
-            function.set_attribute(
-                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                smem as i32,
-            )?;
+            let arch = crate::device::target_arch(ctx, KERNEL, Arch::Sm80, HmmaConfig::target_for)?;
+            let (function, compiled) = crate::device::load_function(ctx, cache, &config.request(arch)?, config.tile_for(arch)?.smem_bytes(config.head_dim))?;
             Ok(HmmaKernel { config, arch, function, compiled })
         }
 

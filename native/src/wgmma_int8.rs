@@ -179,7 +179,6 @@ pub use launch::Int8WgmmaKernel;
 mod launch {
     use std::sync::Arc;
 
-    use cudarc::driver::sys::CUfunction_attribute;
     use cudarc::driver::{CudaContext, CudaFunction, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 
     use super::*;
@@ -203,17 +202,8 @@ mod launch {
         /// As [`Self::load`], with an explicit cache.
         pub fn load_with_cache(ctx: &Arc<CudaContext>, config: Int8WgmmaConfig, cache: &KernelCache) -> Result<Self> {
             config.validate()?;
-            let (major, minor) = ctx.compute_capability()?;
-            let arch = Int8WgmmaConfig::target_for((major as u32, minor as u32)).ok_or_else(|| {
-                NativeError::UnsupportedArch { kernel: KERNEL, needs: Arch::Sm90a, device: format!("sm_{major}{minor}") }
-            })?;
-            let compiled = cache.get_or_compile(&config.request(arch)?)?;
-            let module = ctx.load_module(cudarc::nvrtc::Ptx::from_binary(compiled.cubin.clone()))?;
-            let function = module.load_function(compiled.entry)?;
-            function.set_attribute(
-                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                config.smem_bytes()? as i32,
-            )?;
+            let arch = crate::device::target_arch(ctx, KERNEL, Arch::Sm90a, Int8WgmmaConfig::target_for)?;
+            let (function, compiled) = crate::device::load_function(ctx, cache, &config.request(arch)?, config.smem_bytes()?)?;
             Ok(Int8WgmmaKernel { config, function, compiled })
         }
 
