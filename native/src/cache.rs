@@ -56,6 +56,10 @@ pub static FWD_WGMMA_INT8: KernelSource = KernelSource {
     text: include_str!("../cuda/fwd_wgmma_int8.cu"),
 };
 
+/// The INT8 quantization prepass of the native INT8 families (three passes, `-D PASS`).
+pub static INT8_PREPASS: KernelSource =
+    KernelSource { file: "int8_prepass.cu", entry: "int8_prepass", text: include_str!("../cuda/int8_prepass.cu") };
+
 /// Everything that makes one cubin different from another.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct CacheKey {

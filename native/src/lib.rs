@@ -14,6 +14,8 @@
 //! - [`int8_umma`]: the INT8 Q·Kᵀ forward family on sm_100a's tcgen05 UMMA (compiled and
 //!   disassembled, not run on hardware).
 //! - [`int8`]: the INT8 Q·Kᵀ (IMMA) forward family, its configs and its launcher.
+//! - [`int8_prepass`]: the INT8 quantization prepass of the native INT8 families (codes,
+//!   scales, K smoothing, LSE shift), on the attention kernel's stream.
 //! - [`wgmma`]: the fp16 forward family on Hopper's warpgroup MMA (sm_90a; compiled and
 //!   disassembled, not yet run on hardware).
 //! - [`wgmma_int8`]: the INT8 Q·Kᵀ forward family on Hopper's s8 wgmma (sm_90a; compiled and
@@ -27,6 +29,7 @@ pub mod error;
 pub mod hmma;
 pub mod int8_umma;
 pub mod int8;
+pub mod int8_prepass;
 pub mod nvrtc;
 pub mod report;
 pub mod sass;
@@ -46,6 +49,9 @@ pub use hmma::{HmmaArgs, HmmaConfig, HmmaParams, HmmaTile, InputType, PvAccum, Q
 #[cfg(feature = "cuda")]
 pub use int8::{Int8Buffers, Int8Kernel};
 pub use int8::{Int8Args, Int8Config, Int8Granularity, Int8Lens, Int8Params, Int8Ptrs, Int8Tile, INT8_TILES};
+#[cfg(feature = "cuda")]
+pub use int8_prepass::Int8Prepass;
+pub use int8_prepass::{Int8PrepassConfig, PrepassArgs, PrepassInput, PrepassLens, PrepassPass, PrepassPtrs, PrepassVariant};
 pub use nvrtc::{nvrtc, NvrtcInfo, Resources};
 pub use report::{compile_report, KernelReport};
 #[cfg(feature = "cuda")]

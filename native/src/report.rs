@@ -10,6 +10,7 @@ use crate::cache::{CompileRequest, KernelCache, Origin};
 use crate::error::{NativeError, Result};
 use crate::hmma::HmmaConfig;
 use crate::int8::Int8Config;
+use crate::int8_prepass::{Int8PrepassConfig, PrepassVariant};
 use crate::int8_umma::Int8UmmaConfig;
 use crate::wgmma::WgmmaConfig;
 use crate::wgmma_int8::Int8WgmmaConfig;
@@ -88,6 +89,21 @@ impl KernelVariant for Int8WgmmaConfig {
     }
 }
 
+impl KernelVariant for PrepassVariant {
+    fn name(&self) -> String {
+        PrepassVariant::name(self)
+    }
+    fn request(&self, arch: Arch) -> Result<CompileRequest<'static>> {
+        PrepassVariant::request(self, arch)
+    }
+    fn expected_instructions(&self, _arch: Arch) -> Vec<String> {
+        PrepassVariant::expected_instructions(self).into_iter().map(String::from).collect()
+    }
+    fn dynamic_smem_bytes(&self, _arch: Arch) -> u32 {
+        0
+    }
+}
+
 impl KernelVariant for Int8Config {
     fn name(&self) -> String {
         Int8Config::name(self)
@@ -119,6 +135,11 @@ pub fn families() -> Vec<Family> {
     vec![
         Family { name: "fwd_hmma", variants: boxed(HmmaConfig::all()), targets: HmmaConfig::TARGETS },
         Family { name: "fwd_int8", variants: boxed(Int8Config::all()), targets: Int8Config::TARGETS },
+        Family {
+            name: "int8_prepass",
+            variants: boxed(Int8PrepassConfig::report_variants()),
+            targets: Int8PrepassConfig::TARGETS,
+        },
         // sm_100a only; compiled and disassembled in CI, not run on hardware.
         Family {
             name: "fwd_int8_umma",
@@ -211,8 +232,14 @@ impl KernelReport {
     }
 }
 
+/// A matrix-unit opcode (HMMA, IMMA, HGMMA, UTCIMMA, ...). `HFMA2.MMA` is not one: it is a
+/// packed-f16 FMA that ptxas issues on the MMA pipe, e.g. to materialize constants.
+fn is_matrix_op(op: &str) -> bool {
+    op.contains("MMA") && !op.starts_with("HFMA2.MMA")
+}
+
 fn interesting(op: &str) -> bool {
-    op.contains("MMA")
+    is_matrix_op(op)
         || op.starts_with("LDSM")
         || op.starts_with("LDGSTS")
         || op == "MUFU.EX2"
@@ -272,7 +299,7 @@ pub fn report_variant(cache: &KernelCache, config: &dyn KernelVariant, arch: Arc
             r.missing = r.expected.iter().filter(|e| !hist.contains_key(*e)).cloned().collect();
             r.unexpected = hist
                 .keys()
-                .filter(|k| k.contains("MMA") && !r.expected.contains(k))
+                .filter(|k| is_matrix_op(k) && !r.expected.contains(k))
                 .cloned()
                 .collect();
             r.instructions = hist.into_iter().filter(|(k, _)| interesting(k)).collect();
