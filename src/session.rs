@@ -163,8 +163,17 @@ impl Session {
         Ok(Output { o, lse, kernel: r.plan.kernel.clone() })
     }
 
-    /// Milliseconds per execution on resident data: `iters` samples after `warmup` runs, timed
-    /// on the device where the backend can.
+    /// The INT8 Q/K codes, scales, K mean and LSE shift the last [`Session::execute`] of an
+    /// INT8 plan produced, read back (after waiting for the device), where the backend keeps
+    /// them: the native CUDA path. `None` for other plans and backends. For checking a device
+    /// prepass against the codec (`codec::int8::verify_operands`).
+    pub fn int8_operands(&self, r: &Resident) -> Result<Option<crate::codec::int8::Int8Operands>> {
+        match r.plan.path {
+            Path::Device => self.backend.int8_operands(&r.plan, &r.data),
+            Path::Emulation => Ok(None),
+        }
+    }
+
     /// Milliseconds of the attention kernel alone where a plan runs in steps (the INT8 prepass
     /// and a native kernel): `None` when [`Session::time`] already measures only the kernel.
     pub fn time_kernel(&self, r: &mut Resident, warmup: usize, iters: usize) -> Result<Option<Vec<f64>>> {
@@ -174,6 +183,8 @@ impl Session {
         }
     }
 
+    /// Milliseconds per execution on resident data: `iters` samples after `warmup` runs, timed
+    /// on the device where the backend can.
     pub fn time(&self, r: &mut Resident, warmup: usize, iters: usize) -> Result<Vec<f64>> {
         match r.plan.path {
             Path::Device => self.backend.time(&r.plan, &mut r.data, warmup, iters),

@@ -11,9 +11,9 @@ use cubecl::server::Handle;
 use cubecl::wgpu::{WgpuDevice, WgpuRuntime};
 use half::f16;
 use quattn::codec::float16::round_f16_vec;
-use quattn::codec::int8::{self, Int8Blocking, Int8ScaleLayout};
+use quattn::codec::int8::{self, DeviceSums, Int8Blocking, Int8Operands, Int8ScaleLayout};
 use quattn::{inputs, AttentionProblem, Int8Granularity, Layout};
-use quattn_cubecl::{AttentionArgs, ElemType, Int8Operands, Int8Quant};
+use quattn_cubecl::{AttentionArgs, ElemType, Int8Quant};
 
 const GRANULARITIES: [Int8Granularity; 3] = [Int8Granularity::PerBlock, Int8Granularity::PerWarp, Int8Granularity::PerThread];
 
@@ -74,14 +74,16 @@ fn read_f32(c: &ComputeClient<WgpuRuntime>, h: &Handle) -> Vec<f32> {
     bytemuck::pod_collect_to_vec::<u8, f32>(&read_bytes(c, h))
 }
 
-/// What the device produced, read back.
-struct Device {
-    q_codes: Vec<i8>,
-    k_codes: Vec<i8>,
-    q_scales: Vec<f32>,
-    k_scales: Vec<f32>,
-    k_mean: Option<Vec<f32>>,
-    lse_shift: Option<Vec<f32>>,
+fn assert_bits(what: &str, got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for (i, (a, b)) in got.iter().zip(want).enumerate() {
+        assert_eq!(a.to_bits(), b.to_bits(), "{what}[{i}]: device {a:e} vs CPU {b:e}");
+    }
+}
+
+fn assert_codes(what: &str, got: &[i8], want: &[i8]) {
+    let bad: Vec<usize> = (0..want.len()).filter(|&i| got[i] != want[i]).collect();
+    assert!(bad.is_empty(), "{what}: {} codes differ, first at {}: device {} vs CPU {}", bad.len(), bad[0], got[bad[0]], want[bad[0]]);
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -94,17 +96,17 @@ fn run_device(
     smooth_k: bool,
     q: &[f32],
     k: &[f32],
-) -> Device {
+) -> Int8Operands {
     let quant = Int8Quant {
         granularity: kernel_granularity(g),
         blocking: quattn_cubecl::Int8Blocking { block_q: blk.block_q as u32, block_k: blk.block_k as u32, warps: blk.warps as u32 },
         smooth_k,
     };
     let (qh, kh) = (upload(c, q, elem), upload(c, k, elem));
-    let out: Int8Operands = quattn_cubecl::quantize_int8(c, &args_of(p), elem, &quant, &qh, &kh).expect("prepass refused");
+    let out: quattn_cubecl::Int8Operands = quattn_cubecl::quantize_int8(c, &args_of(p), elem, &quant, &qh, &kh).expect("prepass refused");
     let codes = |h: &Handle, n: usize| read_bytes(c, h)[..n].iter().map(|&b| b as i8).collect::<Vec<i8>>();
     let lay = Int8ScaleLayout::new(p, g, blk).unwrap();
-    Device {
+    Int8Operands {
         q_codes: codes(&out.q_codes, p.q_len_elems()),
         k_codes: codes(&out.k_codes, p.k_len_elems()),
         q_scales: read_f32(c, &out.q_scales)[..lay.q_scales_len()].to_vec(),
@@ -112,18 +114,6 @@ fn run_device(
         k_mean: out.k_mean.as_ref().map(|h| read_f32(c, h)[..p.batch * p.kv_heads * p.head_dim].to_vec()),
         lse_shift: out.lse_shift.as_ref().map(|h| read_f32(c, h)[..p.lse_len_elems()].to_vec()),
     }
-}
-
-fn assert_bits(what: &str, got: &[f32], want: &[f32]) {
-    assert_eq!(got.len(), want.len(), "{what}: length");
-    for (i, (a, b)) in got.iter().zip(want).enumerate() {
-        assert_eq!(a.to_bits(), b.to_bits(), "{what}[{i}]: device {a:e} vs CPU {b:e}");
-    }
-}
-
-fn assert_codes(what: &str, got: &[i8], want: &[i8]) {
-    let bad: Vec<usize> = (0..want.len()).filter(|&i| got[i] != want[i]).collect();
-    assert!(bad.is_empty(), "{what}: {} codes differ, first at {}: device {} vs CPU {}", bad.len(), bad[0], got[bad[0]], want[bad[0]]);
 }
 
 /// Normal inputs with the project's outliers, plus +8σ on a few K channels (a per-channel
@@ -146,7 +136,8 @@ fn inputs_for(p: &AttentionProblem, elem: ElemType, seed: u64) -> (Vec<f32>, Vec
     }
 }
 
-/// Runs one case and checks everything against the CPU codec.
+/// Runs one case and checks everything against the CPU codec (`int8::verify_operands`: codes
+/// and scales bit for bit, the f32-summed mean and LSE shift within their summation bounds).
 fn check_case(c: &ComputeClient<WgpuRuntime>, p: &AttentionProblem, elem: ElemType, blk: Int8Blocking, seed: u64) {
     let (q, k) = inputs_for(p, elem, seed);
     let fold = p.softmax_scale() * std::f32::consts::LOG2_E;
@@ -158,86 +149,11 @@ fn check_case(c: &ComputeClient<WgpuRuntime>, p: &AttentionProblem, elem: ElemTy
         for smooth in [false, true] {
             let what = format!("{p:?} {elem:?} {g:?} {blk:?} smooth={smooth}");
             let dev = run_device(c, p, elem, g, blk, smooth, &q, &k);
-            let cq = int8::quantize_q(p, &lay, &q, fold).unwrap();
-            assert_codes(&format!("Q codes {what}"), &dev.q_codes, &cq.codes);
-            assert_bits(&format!("Q scales {what}"), &dev.q_scales, &cq.scales);
-            let k_in = if smooth {
-                let mean = dev.k_mean.as_ref().expect("mean");
-                check_mean(p, &k, mean, &what);
-                check_lse_shift(p, &q, mean, dev.lse_shift.as_ref().expect("lse shift"), &what);
-                // K − μ with the device's μ, one f32 subtraction as the codec does.
-                let st = p.k_strides();
-                let mut kk = k.clone();
-                for b in 0..p.batch {
-                    for h in 0..p.kv_heads {
-                        for j in 0..p.kv_len {
-                            for cc in 0..p.head_dim {
-                                kk[st.offset(b, h, j) + cc] -= mean[(b * p.kv_heads + h) * p.head_dim + cc];
-                            }
-                        }
-                    }
-                }
-                kk
-            } else {
-                assert!(dev.k_mean.is_none() && dev.lse_shift.is_none(), "{what}: smoothing outputs without smoothing");
-                k.clone()
-            };
-            let ck = int8::quantize_k(p, &lay, &k_in).unwrap();
-            assert_codes(&format!("K codes {what}"), &dev.k_codes, &ck.codes);
-            assert_bits(&format!("K scales {what}"), &dev.k_scales, &ck.scales);
-            // The codes are not trivial: the largest magnitude of each block maps to ±127.
-            assert!(dev.k_codes.iter().any(|&x| x.unsigned_abs() == 127) && dev.q_codes.iter().any(|&x| x.unsigned_abs() == 127));
-        }
-    }
-}
-
-/// The device mean against the CPU's (f64 sum, rounded once). The device sums in f32 over a
-/// fixed tree (per part of a chunk of keys, the parts, then the chunks): any summation tree of
-/// `n` terms puts at most `n − 1` roundings on the path of each term, so its error is below
-/// `γ_{n−1} Σ|k| ≤ n · 2⁻²⁴ · n·mean|k|` (the recursive-summation bound, whatever the order),
-/// i.e. `n · u · mean|k|` on the mean, plus the final rounding.
-fn check_mean(p: &AttentionProblem, k: &[f32], mean: &[f32], what: &str) {
-    let cpu = int8::smooth_k(p, k).unwrap().mean;
-    let st = p.k_strides();
-    let u = f32::EPSILON as f64 / 2.0;
-    for b in 0..p.batch {
-        for h in 0..p.kv_heads {
-            for c in 0..p.head_dim {
-                let i = (b * p.kv_heads + h) * p.head_dim + c;
-                let abs_mean = (0..p.kv_len).map(|j| (k[st.offset(b, h, j) + c] as f64).abs()).sum::<f64>() / p.kv_len as f64;
-                let tol = (p.kv_len as f64 + 2.0) * u * abs_mean + u * (cpu[i] as f64).abs();
-                let err = (mean[i] as f64 - cpu[i] as f64).abs();
-                assert!(err <= tol, "{what}: mean[{i}] device {} vs CPU {} (err {err:e} > {tol:e})", mean[i], cpu[i]);
+            if let Err(e) = int8::verify_operands(p, &lay, smooth, &q, &k, fold, &dev, DeviceSums::F32AnyOrder) {
+                panic!("{what}: {e}");
             }
         }
     }
-}
-
-/// The device LSE shift against the codec's `lse_shift` (same μ). The codec sums the `d`
-/// products in channel order; the device sums each lane's strided channels in order, then the
-/// lanes in lane order, and may contract `s + a·b` into an FMA. Each is a summation tree of `d`
-/// products, so each lies within `γ_{d+1}·Σ|q·μ|·scale` of the exact value (at most `d − 1`
-/// roundings of sums on any product's path, its own product, the scale multiply), and they
-/// differ by at most twice that: below `2(d + 2)·u·Σ|q·μ|·scale`.
-fn check_lse_shift(p: &AttentionProblem, q: &[f32], mean: &[f32], shift: &[f32], what: &str) {
-    let d = p.head_dim;
-    let u = f32::EPSILON as f64 / 2.0;
-    let mut nonzero = 0;
-    for b in 0..p.batch {
-        for h in 0..p.q_heads {
-            let mu = &mean[(b * p.kv_heads + p.kv_head_of(h)) * d..][..d];
-            for i in 0..p.q_len {
-                let row = &q[p.q_strides().offset(b, h, i)..][..d];
-                let want = int8::lse_shift(row, mu, p.softmax_scale());
-                let got = shift[(b * p.q_heads + h) * p.q_len + i];
-                let mag: f64 = row.iter().zip(mu).map(|(a, m)| (*a as f64 * *m as f64).abs()).sum::<f64>() * p.softmax_scale() as f64;
-                let tol = 2.0 * (d as f64 + 2.0) * u * mag;
-                assert!(((got - want) as f64).abs() <= tol, "{what}: lse_shift ({b},{h},{i}) device {got} vs CPU {want}");
-                nonzero += (want != 0.0) as usize;
-            }
-        }
-    }
-    assert!(nonzero > 0, "{what}: the shift must be exercised");
 }
 
 #[test]
@@ -422,6 +338,6 @@ fn prepass_and_int8_launch_refusals() {
     let info = quattn_cubecl::launch_int8(&c, &args, ElemType::F16, &Default::default(), &quant, &ops, &vh, &o, Some(&lse)).unwrap();
     assert!(info.kernel.starts_with("portable_fma_vec_int8_thread"), "{}", info.kernel);
     // Without the LSE shift a smoothed launch that writes the LSE cannot be right.
-    let no_shift = Int8Operands { lse_shift: None, ..ops };
+    let no_shift = quattn_cubecl::Int8Operands { lse_shift: None, ..ops };
     assert!(quattn_cubecl::launch_int8(&c, &args, ElemType::F16, &Default::default(), &quant, &no_shift, &vh, &o, Some(&lse)).is_err());
 }

@@ -1,7 +1,12 @@
 //! The CUDA device: native kernels where they support the problem (HMMA for f16/bf16; for INT8
-//! Q/K the CubeCL prepass followed by the IMMA kernel, or the tcgen05 UMMA kernel on compute
-//! capability 10.0), the portable CubeCL kernel otherwise. All share the device's primary
-//! context. Dispatch by architecture and problem happens here and only here.
+//! Q/K the native prepass followed by the IMMA kernel, s8 wgmma on compute capability 9.0 or the
+//! tcgen05 UMMA kernel on 10.0), the portable CubeCL kernel otherwise. All share the device's
+//! primary context. Dispatch by architecture and problem happens here and only here.
+//!
+//! The native INT8 path keeps Q, K, V, O and the LSE in CubeCL buffers (uploaded and read back
+//! by CubeCL, synchronized once after the upload and before the read-back) and runs the prepass
+//! and the kernel back to back on the native stream: an execution enqueues and returns, with
+//! no host wait between the prepass and the kernel.
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -10,12 +15,14 @@ use cubecl::cuda::CudaRuntime;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use half::{bf16, f16};
 use quattn_native::{
-    HmmaArgs, HmmaConfig, HmmaKernel, InputType, Int8Args, Int8Config, Int8Kernel, Int8Ptrs, Int8UmmaConfig,
-    Int8UmmaKernel, Int8WgmmaConfig, Int8WgmmaKernel, NativeError, WgmmaConfig, WgmmaKernel,
+    HmmaArgs, HmmaConfig, HmmaKernel, InputType, Int8Args, Int8Config, Int8Kernel, Int8Prepass, Int8PrepassConfig,
+    Int8Ptrs, Int8UmmaConfig, Int8UmmaKernel, Int8WgmmaConfig, Int8WgmmaKernel, NativeError, PrepassArgs, PrepassInput,
+    PrepassPtrs, WgmmaConfig, WgmmaKernel,
 };
 
 use super::gpu::{CubeclBackend, GpuData};
 use super::{Backend, KernelChoice, ResidentData};
+use crate::codec::int8::Int8Operands;
 use crate::error::{Error, Result};
 use crate::emulation::Blocking;
 use crate::precision::{Int8Granularity, PvAccum, PvFormat, QkAccum};
@@ -31,6 +38,7 @@ pub(crate) struct CudaBackend {
     kernels: RwLock<HashMap<HmmaConfig, Arc<HmmaKernel>>>,
     int8_kernels: RwLock<HashMap<Int8Native, Arc<Int8Loaded>>>,
     wgmma_kernels: RwLock<HashMap<WgmmaConfig, Arc<WgmmaKernel>>>,
+    prepasses: RwLock<HashMap<Int8PrepassConfig, Arc<Int8Prepass>>>,
     /// Compute capability of the device.
     cc: (u32, u32),
 }
@@ -71,16 +79,42 @@ impl Int8Native {
     }
 }
 
-/// An INT8 plan on a native kernel: the portable upload (f16 Q, K, V; O; LSE) plus a scratch LSE
-/// when the caller did not ask for one (the kernels always write it).
+/// An INT8 plan on a native kernel: the portable upload (f16 Q, K, V; O; LSE), a scratch LSE
+/// when the caller did not ask for one (the kernels always write it), and the prepass outputs
+/// in native buffers, allocated once at upload.
 struct Int8NativeData {
     portable: ResidentData,
     /// Held only to keep the scratch LSE allocated while `v_o_lse` points at it.
     _lse_scratch: Option<cubecl::server::Handle>,
-    /// Device addresses of V, O and the LSE (or its scratch), looked up once at upload: each
-    /// lookup is a blocking round trip to CubeCL's device thread, and these buffers live as long
-    /// as the plan's data.
+    /// Device addresses of Q, K, V, O and the LSE (or its scratch), looked up once at upload:
+    /// each lookup is a blocking round trip to CubeCL's device thread, and these buffers live as
+    /// long as the plan's data.
+    q_k: [u64; 2],
     v_o_lse: [u64; 3],
+    prepass: Int8PrepassBuffers,
+    /// The stream the prepass and the kernel run on: dropping the data waits for it, so that
+    /// CubeCL never reuses a buffer a native kernel may still touch.
+    stream: Arc<CudaStream>,
+}
+
+/// Codes, scales, K mean, its f64 partial sums and the LSE shift (the last three only with
+/// smoothing).
+struct Int8PrepassBuffers {
+    q_codes: CudaSlice<u8>,
+    k_codes: CudaSlice<u8>,
+    q_scale: CudaSlice<f32>,
+    k_scale: CudaSlice<f32>,
+    mean: Option<CudaSlice<f32>>,
+    partial: Option<CudaSlice<f64>>,
+    lse_shift: Option<CudaSlice<f32>>,
+}
+
+impl Drop for Int8NativeData {
+    fn drop(&mut self) {
+        if let Err(e) = self.stream.synchronize() {
+            log::error!("waiting for the native INT8 stream before freeing its buffers: {e}");
+        }
+    }
 }
 
 struct NativeData {
@@ -251,6 +285,34 @@ fn int8_args(p: &AttentionProblem, lse_shift: bool) -> Int8Args {
     }
 }
 
+fn prepass_config(problem: &AttentionProblem, precision: Precision, blocking: &Blocking) -> std::result::Result<Int8PrepassConfig, NativeError> {
+    let (granularity, smooth_k) = match precision {
+        Precision::Int8Qk { granularity, smooth_k, .. } => (granularity, smooth_k),
+        _ => return Err(NativeError::InvalidArgs(format!("an INT8 prepass for {precision}"))),
+    };
+    // The INT8 plans upload f16 Q, K and V (`gpu::Mode::Int8`).
+    Int8PrepassConfig::new(
+        problem.head_dim,
+        PrepassInput::F16,
+        (blocking.block_q, blocking.block_k, blocking.warps),
+        native_granularity(granularity),
+        smooth_k,
+    )
+}
+
+fn prepass_args(p: &AttentionProblem) -> PrepassArgs {
+    PrepassArgs {
+        batch: p.batch,
+        q_heads: p.q_heads,
+        kv_heads: p.kv_heads,
+        q_len: p.q_len,
+        kv_len: p.kv_len,
+        q: native_strides(p.q_strides()),
+        k: native_strides(p.k_strides()),
+        softmax_scale: p.softmax_scale(),
+    }
+}
+
 impl CudaBackend {
     pub(crate) fn open(device: Device, ordinal: usize, name: String) -> Result<Self> {
         let unavailable = |e: NativeError| Error::DeviceUnavailable { device, reason: e.to_string() };
@@ -266,6 +328,7 @@ impl CudaBackend {
             kernels: RwLock::new(HashMap::new()),
             int8_kernels: RwLock::new(HashMap::new()),
             wgmma_kernels: RwLock::new(HashMap::new()),
+            prepasses: RwLock::new(HashMap::new()),
             cc: (major, minor),
         })
     }
@@ -307,11 +370,26 @@ impl CudaBackend {
         Ok(k)
     }
 
+    fn prepass(&self, config: Int8PrepassConfig) -> Result<Arc<Int8Prepass>> {
+        if let Some(k) = self.prepasses.read().ok().and_then(|m| m.get(&config).cloned()) {
+            return Ok(k);
+        }
+        self.bind("int8_prepass")?;
+        let k = Arc::new(Int8Prepass::load(&self.ctx, config).map_err(|e| native_err("int8_prepass", e))?);
+        if let Ok(mut m) = self.prepasses.write() {
+            m.insert(config, k.clone());
+        }
+        Ok(k)
+    }
+
     /// Plans an INT8 problem on a native kernel (loading it), with the blocking its scales need.
     fn select_int8(&self, problem: &AttentionProblem, precision: Precision, family: Option<NativeKind>) -> std::result::Result<KernelChoice, String> {
         let which = int8_native(problem, precision, self.cc, family)?;
         let blocking = which.blocking().map_err(|e| e.to_string())?;
         blocking.validate(problem, precision).map_err(|e| e.to_string())?;
+        let prepass = prepass_config(problem, precision, &blocking).map_err(|e| e.to_string())?;
+        prepass_args(problem).validate(&prepass).map_err(|e| e.to_string())?;
+        self.prepass(prepass).map_err(|e| e.to_string())?;
         self.int8_kernel(which).map_err(|e| e.to_string())?;
         let kind = match which {
             Int8Native::Umma(_) => "tcgen05 UMMA (not run on hardware)",
@@ -320,79 +398,77 @@ impl CudaBackend {
         };
         Ok(KernelChoice {
             name: which.name(),
-            reason: format!("CubeCL INT8 prepass + native {kind} kernel"),
+            reason: format!("native INT8 prepass + native {kind} kernel"),
             blocking: Some(blocking),
         })
     }
 
-    /// The INT8 prepass (CubeCL, on CubeCL's stream), then the native kernel on ours. Returns
-    /// the kernel's milliseconds when `timed`. Synchronizes both ways: the native kernel reads
-    /// what CubeCL wrote, and the prepass buffers return to CubeCL's pool when this returns.
+    /// Enqueues the INT8 prepass and the native kernel on the native stream. With `timed`,
+    /// events bracket the kernel alone and the call waits for them, returning the kernel's
+    /// milliseconds; otherwise it returns once both are enqueued.
     fn execute_int8(&self, plan: &Plan, data: &mut ResidentData, timed: bool) -> Result<Option<f64>> {
-        let Precision::Int8Qk { granularity, smooth_k, .. } = plan.precision else {
-            return Err(Error::Kernel { kernel: plan.kernel.clone(), reason: "not an INT8 plan".into() });
-        };
         let which = int8_native(&plan.problem, plan.precision, self.cc, Some(int8_family_of(&plan.kernel)))
             .map_err(|reason| Error::Kernel { kernel: plan.kernel.clone(), reason })?;
         let blocking = plan.blocking.ok_or_else(|| Error::Kernel { kernel: plan.kernel.clone(), reason: "an INT8 plan without its blocking".into() })?;
         let nd = data
             .downcast_mut::<Int8NativeData>()
             .ok_or_else(|| Error::Kernel { kernel: plan.kernel.clone(), reason: "resident data belongs to another kernel".into() })?;
-        let d: &GpuData = self.portable.data(plan, &nd.portable)?;
-        let ops = self.portable.quantize_int8(&plan.problem, granularity, smooth_k, &blocking, d.elem, &d.q, &d.k)?;
-        self.portable.synchronize()?;
-        let ptr = |h: &cubecl::server::Handle| self.portable.device_ptr(h);
-        let [v, o, lse] = nd.v_o_lse;
-        let ptrs = Int8Ptrs {
-            q: ptr(&ops.q_codes)?,
-            k: ptr(&ops.k_codes)?,
-            v,
-            o,
-            lse,
-            q_scale: ptr(&ops.q_scales)?,
-            k_scale: ptr(&ops.k_scales)?,
-            lse_shift: match &ops.lse_shift {
-                Some(h) => ptr(h)?,
-                None => 0,
-            },
-        };
-        let args = int8_args(&plan.problem, ops.lse_shift.is_some());
+        let prepass = self.prepass(prepass_config(&plan.problem, plan.precision, &blocking).map_err(|e| native_err("int8_prepass", e))?)?;
         let kernel = self.int8_kernel(which)?;
         self.bind(&plan.kernel)?;
         let e = self.driver(&plan.kernel);
-        let events = if timed {
-            let f = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
-            Some((self.ctx.new_event(f).map_err(&e)?, self.ctx.new_event(f).map_err(&e)?))
-        } else {
-            None
-        };
-        if let Some((start, _)) = &events {
-            start.record(&self.stream).map_err(&e)?;
+        let s = &self.stream;
+        let b = &mut nd.prepass;
+        let [q, k] = nd.q_k;
+        let [v, o, lse] = nd.v_o_lse;
+        {
+            use cudarc::driver::DevicePtrMut;
+            // The guards only record stream use; every buffer here lives on this stream.
+            let addr8 = |x: &mut CudaSlice<u8>| x.device_ptr_mut(s).0;
+            let (q_codes, k_codes) = (addr8(&mut b.q_codes), addr8(&mut b.k_codes));
+            let mut addr = |x: &mut CudaSlice<f32>| x.device_ptr_mut(s).0;
+            let (q_scale, k_scale) = (addr(&mut b.q_scale), addr(&mut b.k_scale));
+            let mean = b.mean.as_mut().map(&mut addr).unwrap_or(0);
+            let lse_shift = b.lse_shift.as_mut().map(&mut addr).unwrap_or(0);
+            let partial = b.partial.as_mut().map(|x| x.device_ptr_mut(s).0).unwrap_or(0);
+            let pre = PrepassPtrs { q, k, q_codes, k_codes, q_scale, k_scale, mean, partial, lse_shift };
+            // SAFETY: Q and K are the plan's live CubeCL buffers (uploaded and synchronized at
+            // upload), the outputs were allocated at upload for this problem and config
+            // (`PrepassArgs::required_lens`); everything stays alive until the stream is idle
+            // (`Int8NativeData`'s drop waits for it).
+            unsafe { prepass.launch_raw(s, &prepass_args(&plan.problem), &pre) }.map_err(|err| native_err("int8_prepass", err))?;
+            let ptrs = Int8Ptrs { q: q_codes, k: k_codes, v, o, lse, q_scale, k_scale, lse_shift };
+            let args = int8_args(&plan.problem, lse_shift != 0);
+            let events = if timed {
+                let f = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+                Some((self.ctx.new_event(f).map_err(&e)?, self.ctx.new_event(f).map_err(&e)?))
+            } else {
+                None
+            };
+            if let Some((start, _)) = &events {
+                start.record(s).map_err(&e)?;
+            }
+            // SAFETY: as above; V, O and the LSE are the plan's CubeCL buffers, sized by the
+            // upload for this problem; the launchers check arguments, alignment and non-null
+            // pointers.
+            let launched = match &*kernel {
+                Int8Loaded::Imma(k) => unsafe { k.launch_raw(s, &args, &ptrs) },
+                Int8Loaded::Wgmma(k) => unsafe { k.launch_raw(s, &args, &ptrs) },
+                Int8Loaded::Umma(k) => {
+                    let p = [ptrs.q, ptrs.k, ptrs.v, ptrs.o, ptrs.lse, ptrs.q_scale, ptrs.k_scale, ptrs.lse_shift];
+                    unsafe { k.launch_raw(s, &args, p) }
+                }
+            };
+            launched.map_err(|err| native_err(&plan.kernel, err))?;
+            match &events {
+                Some((start, end)) => {
+                    end.record(s).map_err(&e)?;
+                    end.synchronize().map_err(&e)?;
+                    Ok(Some(start.elapsed_ms(end).map_err(&e)? as f64))
+                }
+                None => Ok(None),
+            }
         }
-        // SAFETY: every pointer addresses a live CubeCL buffer (held by `ops`, `d` and
-        // `nd._lse_scratch` until this function returns, after the stream synchronization
-        // below) of the sizes the prepass and upload allocated for this problem; the
-        // launchers check arguments, alignment and non-null pointers.
-        let launched = match (&*kernel, which) {
-            (Int8Loaded::Imma(k), _) => unsafe { k.launch_raw(&self.stream, &args, &ptrs) },
-            (Int8Loaded::Wgmma(k), _) => unsafe { k.launch_raw(&self.stream, &args, &ptrs) },
-            (Int8Loaded::Umma(k), _) => {
-                let p = [ptrs.q, ptrs.k, ptrs.v, ptrs.o, ptrs.lse, ptrs.q_scale, ptrs.k_scale, ptrs.lse_shift];
-                unsafe { k.launch_raw(&self.stream, &args, p) }
-            }
-        };
-        launched.map_err(|err| native_err(&plan.kernel, err))?;
-        let ms = match &events {
-            Some((start, end)) => {
-                end.record(&self.stream).map_err(&e)?;
-                end.synchronize().map_err(&e)?;
-                Some(start.elapsed_ms(end).map_err(&e)? as f64)
-            }
-            None => None,
-        };
-        self.stream.synchronize().map_err(&e)?;
-        drop(ops);
-        Ok(ms)
     }
 
     fn kernel(&self, config: HmmaConfig) -> Result<Arc<HmmaKernel>> {
@@ -501,14 +577,35 @@ impl Backend for CudaBackend {
 
     fn upload(&self, plan: &Plan, q: HostSlice<'_>, k: HostSlice<'_>, v: HostSlice<'_>) -> Result<ResidentData> {
         if is_native_int8(plan) {
-            // f16 Q, K, V, O and the LSE as the portable INT8 path has them: the prepass reads
-            // Q and K there, the native kernel reads V and writes O and LSE.
+            // f16 Q, K, V, O and the LSE as the portable INT8 path has them (the prepass reads
+            // Q and K there, the kernel reads V and writes O and the LSE), and the prepass
+            // outputs on the native stream.
             let portable = self.portable.upload(plan, q, k, v)?;
             let lse_scratch = (!plan.problem.return_lse).then(|| self.portable.empty(plan.problem.lse_len_elems() * 4));
             let d: &GpuData = self.portable.data(plan, &portable)?;
             let lse = d.lse.as_ref().or(lse_scratch.as_ref()).ok_or_else(|| Error::Kernel { kernel: plan.kernel.clone(), reason: "no LSE buffer".into() })?;
-            let v_o_lse = [self.portable.device_ptr(&d.v)?, self.portable.device_ptr(&d.o)?, self.portable.device_ptr(lse)?];
-            return Ok(Box::new(Int8NativeData { portable, _lse_scratch: lse_scratch, v_o_lse }));
+            let ptr = |h: &cubecl::server::Handle| self.portable.device_ptr(h);
+            let (q_k, v_o_lse) = ([ptr(&d.q)?, ptr(&d.k)?], [ptr(&d.v)?, ptr(&d.o)?, ptr(lse)?]);
+            // The native stream reads what CubeCL's stream uploaded.
+            self.portable.synchronize()?;
+            let blocking = plan.blocking.ok_or_else(|| Error::Kernel { kernel: plan.kernel.clone(), reason: "an INT8 plan without its blocking".into() })?;
+            let config = prepass_config(&plan.problem, plan.precision, &blocking).map_err(|e| native_err("int8_prepass", e))?;
+            let lens = prepass_args(&plan.problem).required_lens(&config).map_err(|e| native_err("int8_prepass", e))?;
+            self.bind(&plan.kernel)?;
+            let e = self.driver(&plan.kernel);
+            let s = &self.stream;
+            // SAFETY (alloc): every buffer is written by the prepass before anything reads it.
+            let opt = |n: usize| if n == 0 { Ok(None) } else { unsafe { s.alloc::<f32>(n) }.map(Some) };
+            let prepass = Int8PrepassBuffers {
+                q_codes: unsafe { s.alloc::<u8>(lens.q_codes.max(16)) }.map_err(&e)?,
+                k_codes: unsafe { s.alloc::<u8>(lens.k_codes.max(16)) }.map_err(&e)?,
+                q_scale: unsafe { s.alloc::<f32>(lens.q_scale.max(4)) }.map_err(&e)?,
+                k_scale: unsafe { s.alloc::<f32>(lens.k_scale.max(4)) }.map_err(&e)?,
+                mean: opt(lens.mean).map_err(&e)?,
+                partial: if lens.partial == 0 { None } else { Some(unsafe { s.alloc::<f64>(lens.partial) }.map_err(&e)?) },
+                lse_shift: opt(lens.lse_shift).map_err(&e)?,
+            };
+            return Ok(Box::new(Int8NativeData { portable, _lse_scratch: lse_scratch, q_k, v_o_lse, prepass, stream: s.clone() }));
         }
         if !is_native(plan) {
             return self.portable.upload(plan, q, k, v);
@@ -564,6 +661,8 @@ impl Backend for CudaBackend {
             let nd = data
                 .downcast_ref::<Int8NativeData>()
                 .ok_or_else(|| Error::Kernel { kernel: plan.kernel.clone(), reason: "resident data belongs to another kernel".into() })?;
+            // CubeCL reads O and the LSE on its stream: the native one must be done with them.
+            self.stream.synchronize().map_err(self.driver(&plan.kernel))?;
             return self.portable.download(plan, &nd.portable);
         }
         if !is_native(plan) {
@@ -583,22 +682,33 @@ impl Backend for CudaBackend {
         Ok((o, lse))
     }
 
+    fn int8_operands(&self, plan: &Plan, data: &ResidentData) -> Result<Option<Int8Operands>> {
+        let Some(nd) = data.downcast_ref::<Int8NativeData>() else {
+            return Ok(None);
+        };
+        let blocking = plan.blocking.ok_or_else(|| Error::Kernel { kernel: plan.kernel.clone(), reason: "an INT8 plan without its blocking".into() })?;
+        let config = prepass_config(&plan.problem, plan.precision, &blocking).map_err(|e| native_err("int8_prepass", e))?;
+        let lens = prepass_args(&plan.problem).required_lens(&config).map_err(|e| native_err("int8_prepass", e))?;
+        self.bind(&plan.kernel)?;
+        let e = self.driver(&plan.kernel);
+        let s = &self.stream;
+        s.synchronize().map_err(&e)?;
+        let b = &nd.prepass;
+        let codes = |x: &CudaSlice<u8>, n: usize| -> Result<Vec<i8>> { Ok(s.clone_dtoh(x).map_err(&e)?[..n].iter().map(|&c| c as i8).collect()) };
+        let floats = |x: &CudaSlice<f32>, n: usize| -> Result<Vec<f32>> { Ok(s.clone_dtoh(x).map_err(&e)?[..n].to_vec()) };
+        Ok(Some(Int8Operands {
+            q_codes: codes(&b.q_codes, lens.q_codes)?,
+            q_scales: floats(&b.q_scale, lens.q_scale)?,
+            k_codes: codes(&b.k_codes, lens.k_codes)?,
+            k_scales: floats(&b.k_scale, lens.k_scale)?,
+            k_mean: b.mean.as_ref().map(|m| floats(m, lens.mean)).transpose()?,
+            lse_shift: b.lse_shift.as_ref().map(|m| floats(m, lens.lse_shift)).transpose()?,
+        }))
+    }
+
     fn time(&self, plan: &Plan, data: &mut ResidentData, warmup: usize, iters: usize) -> Result<Vec<f64>> {
-        if is_native_int8(plan) {
-            // End to end: prepass, the synchronization between CubeCL's stream and ours, and
-            // the kernel, on the host clock (each execution ends synchronized).
-            for _ in 0..warmup {
-                self.execute_int8(plan, data, false)?;
-            }
-            let mut out = Vec::with_capacity(iters);
-            for _ in 0..iters {
-                let t = std::time::Instant::now();
-                self.execute_int8(plan, data, false)?;
-                out.push(t.elapsed().as_secs_f64() * 1e3);
-            }
-            return Ok(out);
-        }
-        if !is_native(plan) {
+        // End to end on the device clock: for INT8, the prepass and the kernel.
+        if !is_native(plan) && !is_native_int8(plan) {
             return self.portable.time(plan, data, warmup, iters);
         }
         for _ in 0..warmup {

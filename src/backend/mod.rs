@@ -11,6 +11,7 @@ pub(crate) mod gpu;
 use std::any::Any;
 use std::time::Instant;
 
+use crate::codec::int8::Int8Operands;
 use crate::emulation::Blocking;
 use crate::error::Result;
 use crate::session::{DeviceInfo, Plan};
@@ -43,13 +44,18 @@ pub(crate) trait Backend: Send + Sync {
     fn synchronize(&self) -> Result<()>;
     /// O (problem layout) and LSE (`[batch, q_heads, q_len]`, when asked for) as f32.
     fn download(&self, plan: &Plan, data: &ResidentData) -> Result<(Vec<f32>, Option<Vec<f32>>)>;
-    /// Milliseconds per execution, `iters` samples after `warmup` runs. Backends with device
-    /// timers override this; the default times each synchronized run on the host.
     /// Milliseconds of the attention kernel alone, for plans that run in several steps (the
     /// INT8 prepass, then the kernel): `None` where [`Backend::time`] already is the kernel.
     fn time_kernel(&self, _plan: &Plan, _data: &mut ResidentData, _warmup: usize, _iters: usize) -> Result<Option<Vec<f64>>> {
         Ok(None)
     }
+    /// The INT8 operands the last execution quantized, read back, where the backend keeps them
+    /// (the native CUDA prepass); `None` elsewhere.
+    fn int8_operands(&self, _plan: &Plan, _data: &ResidentData) -> Result<Option<Int8Operands>> {
+        Ok(None)
+    }
+    /// Milliseconds per execution, `iters` samples after `warmup` runs. Backends with device
+    /// timers override this; the default times each synchronized run on the host.
     fn time(&self, plan: &Plan, data: &mut ResidentData, warmup: usize, iters: usize) -> Result<Vec<f64>> {
         for _ in 0..warmup {
             self.execute(plan, data)?;

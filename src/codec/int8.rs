@@ -330,11 +330,211 @@ pub fn lse_shift(q_row: &[f32], mean: &[f32], softmax_scale: f32) -> f32 {
     q_row.iter().zip(mean).fold(0.0f32, |s, (a, b)| s + a * b) * softmax_scale
 }
 
+/// The INT8 operands a device prepass produced, read back to the host (codes in the problem's
+/// layout, scales in [`Int8ScaleLayout`]'s; the mean and the LSE shift only with smoothing).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Int8Operands {
+    pub q_codes: Vec<i8>,
+    pub q_scales: Vec<f32>,
+    pub k_codes: Vec<i8>,
+    pub k_scales: Vec<f32>,
+    pub k_mean: Option<Vec<f32>>,
+    pub lse_shift: Option<Vec<f32>>,
+}
+
+/// How a device prepass sums the K mean and the LSE-shift dot, which sets how closely they must
+/// match the codec's (everything else must match bit for bit).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceSums {
+    /// f32 sums in any order (the CubeCL prepass): any summation tree of `n` terms puts at most
+    /// `n − 1` roundings on each term's path, so the mean is within `(n + 2)·u·mean|k|` (plus
+    /// its final rounding) and the shift within `2(d + 2)·u·Σ|q·μ|·scale` of the codec's.
+    F32AnyOrder,
+    /// The mean summed in f64 (in another order) and rounded once, so within one f32 rounding
+    /// of the codec's; the shift in the codec's order and rounding (the native CUDA prepass):
+    /// bit for bit.
+    F64MeanCodecShift,
+}
+
+/// Checks a device prepass against this codec: Q and K codes and scales bit for bit (K
+/// quantized from `K − μ` with the device's μ, as the codec would with that μ), the mean and the
+/// LSE shift as `sums` says, and that the codes are not trivial (some ±127). `q` and `k` are the
+/// inputs the device read, as f32; `fold` is the factor folded into the Q scales.
+#[allow(clippy::too_many_arguments)]
+pub fn verify_operands(
+    problem: &AttentionProblem,
+    layout: &Int8ScaleLayout,
+    smooth: bool,
+    q: &[f32],
+    k: &[f32],
+    fold: f32,
+    dev: &Int8Operands,
+    sums: DeviceSums,
+) -> Result<()> {
+    let fail = |m: String| Err(Error::Quantization(m));
+    let codes = |what: &str, got: &[i8], want: &[i8]| -> Result<()> {
+        if got.len() != want.len() {
+            return fail(format!("{what}: {} codes, expected {}", got.len(), want.len()));
+        }
+        match (0..want.len()).find(|&i| got[i] != want[i]) {
+            Some(i) => {
+                let n = (0..want.len()).filter(|&j| got[j] != want[j]).count();
+                fail(format!("{what}: {n} codes differ, first at {i}: device {} vs codec {}", got[i], want[i]))
+            }
+            None => Ok(()),
+        }
+    };
+    let bits = |what: &str, got: &[f32], want: &[f32]| -> Result<()> {
+        if got.len() != want.len() {
+            return fail(format!("{what}: {} values, expected {}", got.len(), want.len()));
+        }
+        match (0..want.len()).find(|&i| got[i].to_bits() != want[i].to_bits()) {
+            Some(i) => fail(format!("{what}[{i}]: device {:e} vs codec {:e}", got[i], want[i])),
+            None => Ok(()),
+        }
+    };
+    let cq = quantize_q(problem, layout, q, fold)?;
+    codes("Q codes", &dev.q_codes, &cq.codes)?;
+    bits("Q scales", &dev.q_scales, &cq.scales)?;
+    let (d, u) = (problem.head_dim, f32::EPSILON as f64 / 2.0);
+    let k_in = if smooth {
+        let (Some(mean), Some(shift)) = (&dev.k_mean, &dev.lse_shift) else {
+            return fail("smoothing without a device mean or LSE shift".into());
+        };
+        if mean.len() != problem.batch * problem.kv_heads * d || shift.len() != problem.batch * problem.q_heads * problem.q_len {
+            return fail(format!("mean / LSE shift lengths {} / {}", mean.len(), shift.len()));
+        }
+        let cpu = smooth_k(problem, k)?.mean;
+        let st = problem.k_strides();
+        for b in 0..problem.batch {
+            for h in 0..problem.kv_heads {
+                for c in 0..d {
+                    let i = (b * problem.kv_heads + h) * d + c;
+                    let rounding = u * (cpu[i] as f64).abs().max(f32::MIN_POSITIVE as f64);
+                    let tol = match sums {
+                        DeviceSums::F32AnyOrder => {
+                            let abs_mean = (0..problem.kv_len).map(|j| (k[st.offset(b, h, j) + c] as f64).abs()).sum::<f64>() / problem.kv_len as f64;
+                            (problem.kv_len as f64 + 2.0) * u * abs_mean + rounding
+                        }
+                        DeviceSums::F64MeanCodecShift => 2.0 * rounding,
+                    };
+                    let err = (mean[i] as f64 - cpu[i] as f64).abs();
+                    if !(err <= tol) {
+                        return fail(format!("mean[{i}]: device {} vs codec {} (err {err:e} > {tol:e})", mean[i], cpu[i]));
+                    }
+                }
+            }
+        }
+        let mut nonzero = 0;
+        for b in 0..problem.batch {
+            for h in 0..problem.q_heads {
+                let mu = &mean[(b * problem.kv_heads + problem.kv_head_of(h)) * d..][..d];
+                for i in 0..problem.q_len {
+                    let row = &q[problem.q_strides().offset(b, h, i)..][..d];
+                    let want = lse_shift(row, mu, problem.softmax_scale());
+                    let got = shift[(b * problem.q_heads + h) * problem.q_len + i];
+                    let ok = match sums {
+                        DeviceSums::F32AnyOrder => {
+                            let mag: f64 = row.iter().zip(mu).map(|(a, m)| (*a as f64 * *m as f64).abs()).sum::<f64>() * problem.softmax_scale() as f64;
+                            ((got - want) as f64).abs() <= 2.0 * (d as f64 + 2.0) * u * mag
+                        }
+                        DeviceSums::F64MeanCodecShift => got.to_bits() == want.to_bits(),
+                    };
+                    if !ok {
+                        return fail(format!("lse_shift ({b},{h},{i}): device {got:e} vs codec {want:e}"));
+                    }
+                    nonzero += (want != 0.0) as usize;
+                }
+            }
+        }
+        if nonzero == 0 {
+            return fail("the LSE shift is never exercised (all zero)".into());
+        }
+        // K − μ with the device's μ, one f32 subtraction as the codec does.
+        let st = problem.k_strides();
+        let mut kk = k.to_vec();
+        for b in 0..problem.batch {
+            for h in 0..problem.kv_heads {
+                for j in 0..problem.kv_len {
+                    for c in 0..d {
+                        kk[st.offset(b, h, j) + c] -= mean[(b * problem.kv_heads + h) * d + c];
+                    }
+                }
+            }
+        }
+        kk
+    } else {
+        if dev.k_mean.is_some() || dev.lse_shift.is_some() {
+            return fail("smoothing outputs without smoothing".into());
+        }
+        k.to_vec()
+    };
+    let ck = quantize_k(problem, layout, &k_in)?;
+    codes("K codes", &dev.k_codes, &ck.codes)?;
+    bits("K scales", &dev.k_scales, &ck.scales)?;
+    if !(dev.k_codes.iter().any(|&x| x.unsigned_abs() == 127) && dev.q_codes.iter().any(|&x| x.unsigned_abs() == 127)) {
+        return fail("no code reaches ±127: the largest magnitude of a block must".into());
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use rand::SeedableRng;
     use rand_distr::{Distribution, Normal};
+
+    /// `verify_operands` accepts the codec's own operands and catches one wrong code, one
+    /// wrong scale bit, a mean off by more than one rounding and a wrong shift.
+    #[test]
+    fn verify_operands_accepts_the_codec_and_catches_single_errors() {
+        let p = AttentionProblem::new(2, 4, 70, 64).kv_heads(2).kv_len(150);
+        let (q, mut k) = (gaussian(1, p.q_len_elems(), 1.0), gaussian(2, p.k_len_elems(), 1.0));
+        for (i, x) in k.iter_mut().enumerate() {
+            if i % 64 == 5 {
+                *x += 8.0;
+            }
+        }
+        let blk = Int8Blocking { block_q: 128, block_k: 128, warps: 8 };
+        let lay = Int8ScaleLayout::new(&p, Int8Granularity::PerThread, blk).unwrap();
+        let fold = p.softmax_scale() * core::f32::consts::LOG2_E;
+        let sm = smooth_k(&p, &k).unwrap();
+        let (cq, ck) = (quantize_q(&p, &lay, &q, fold).unwrap(), quantize_k(&p, &lay, &sm.values).unwrap());
+        let shift: Vec<f32> = (0..p.batch)
+            .flat_map(|b| (0..p.q_heads).map(move |h| (b, h)))
+            .flat_map(|(b, h)| {
+                let mu = sm.mean[(b * p.kv_heads + p.kv_head_of(h)) * 64..][..64].to_vec();
+                let q = &q;
+                (0..p.q_len).map(move |i| lse_shift(&q[p.q_strides().offset(b, h, i)..][..64], &mu, p.softmax_scale()))
+            })
+            .collect();
+        let good = Int8Operands {
+            q_codes: cq.codes,
+            q_scales: cq.scales,
+            k_codes: ck.codes,
+            k_scales: ck.scales,
+            k_mean: Some(sm.mean.clone()),
+            lse_shift: Some(shift),
+        };
+        let check = |o: &Int8Operands| verify_operands(&p, &lay, true, &q, &k, fold, o, DeviceSums::F64MeanCodecShift);
+        check(&good).unwrap();
+        let mut bad = good.clone();
+        bad.k_codes[77] = bad.k_codes[77].wrapping_add(1);
+        assert!(check(&bad).is_err());
+        let mut bad = good.clone();
+        bad.q_scales[3] = f32::from_bits(bad.q_scales[3].to_bits() + 1);
+        assert!(check(&bad).is_err());
+        let mut bad = good.clone();
+        let m = &mut bad.k_mean.as_mut().unwrap()[9];
+        *m = f32::from_bits(m.to_bits() + 4);
+        assert!(check(&bad).is_err());
+        let mut bad = good.clone();
+        let s = &mut bad.lse_shift.as_mut().unwrap()[11];
+        *s = f32::from_bits(s.to_bits() + 1);
+        assert!(check(&bad).is_err());
+        // The f32-order tolerance admits a last-bit difference in the shift.
+        assert!(verify_operands(&p, &lay, true, &q, &k, fold, &bad, DeviceSums::F32AnyOrder).is_ok());
+    }
 
     fn gaussian(seed: u64, n: usize, std: f32) -> Vec<f32> {
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
