@@ -109,6 +109,16 @@ pub fn main(a: &SelftestArgs) -> anyhow::Result<i32> {
         }
     }
     bar.finish_and_clear();
+    // The native INT8 prepass against the codec, bit for bit (only the CUDA backend keeps the
+    // operands; elsewhere `int8_operands` is None and nothing is added).
+    for session in sessions.iter().filter(|s| s.info().kind == "cuda") {
+        for case in prepass_cases(session) {
+            if a.json {
+                println!("{}", serde_json::to_string(&case).unwrap_or_default());
+            }
+            cases.push(case);
+        }
+    }
     let failed: Vec<&Case> = cases.iter().filter(|c| c.status == "fail").collect();
     let passed = cases.iter().filter(|c| c.status == "pass").count();
     let skipped = cases.len() - passed - failed.len();
@@ -200,4 +210,68 @@ fn run_case(session: &Session, p: &AttentionProblem, prec: Precision, strategy: 
         }
     }
     case
+}
+
+/// The native INT8 prepass's codes, scales, mean and LSE shift against `codec::int8` with
+/// `verify_operands` (bit for bit; the f64 mean within one f32 rounding), for every granularity
+/// with and without smoothing, on the s8 wgmma blocking (Auto on an H100) and the IMMA one, a
+/// GQA BHSD shape with ragged lengths and a BSHD one, K with +8σ outlier channels. Strategy
+/// name `prepass-<strategy>`.
+fn prepass_cases(session: &Session) -> Vec<Case> {
+    use quattn::codec::int8::{verify_operands, DeviceSums, Int8Blocking, Int8ScaleLayout};
+    use quattn::{Int8Granularity, PvFormat};
+    let shapes = [
+        AttentionProblem::new(2, 8, 300, 128).kv_heads(2).kv_len(777),
+        AttentionProblem::new(1, 4, 129, 64).kv_len(1000).layout(Layout::Bshd),
+    ];
+    let info = session.info();
+    let mut out = Vec::new();
+    for p in shapes {
+        let (q, k, v) = quattn::inputs::qkv_k_outlier_channels(&p, 0x9a55 ^ p.kv_len as u64, 8.0);
+        // INT8 plans upload f16: check against what the device read.
+        let f16 = |x: &[f32]| quattn::codec::float16::round_f16_vec(x);
+        let (q, k, v) = (f16(&q), f16(&k), f16(&v));
+        for strategy in [Strategy::Auto, Strategy::Native(quattn::NativeKind::Int8Imma)] {
+            for granularity in [Int8Granularity::PerBlock, Int8Granularity::PerWarp, Int8Granularity::PerThread] {
+                for smooth_k in [false, true] {
+                    let prec = Precision::Int8Qk { granularity, smooth_k, pv: PvFormat::F16 };
+                    let mut case = Case {
+                        device: info.kind.into(),
+                        adapter: info.adapter.clone(),
+                        strategy: format!("prepass-{strategy:?}"),
+                        precision: prec.name(),
+                        kernel: None,
+                        shape: Shape::of(&p),
+                        status: "fail",
+                        accuracy: None,
+                        vs_emulation_rel_l2: None,
+                        reason: None,
+                    };
+                    let result = (|| -> anyhow::Result<Option<()>> {
+                        let plan = session.plan(&p, prec, strategy)?;
+                        case.kernel = Some(plan.kernel.clone());
+                        let mut r = session.upload(&plan, &q, &k, &v)?;
+                        session.execute(&mut r)?;
+                        let Some(ops) = session.int8_operands(&r)? else { return Ok(None) };
+                        let b = plan.blocking.unwrap_or_default();
+                        let blocking = Int8Blocking { block_q: b.block_q, block_k: b.block_k, warps: b.warps };
+                        let layout = Int8ScaleLayout::new(&p, granularity, blocking)?;
+                        let fold = p.softmax_scale() * std::f32::consts::LOG2_E;
+                        verify_operands(&p, &layout, smooth_k, &q, &k, fold, &ops, DeviceSums::F64MeanCodecShift)?;
+                        Ok(Some(()))
+                    })();
+                    match result {
+                        Ok(Some(())) => case.status = "pass",
+                        Ok(None) => {
+                            case.status = "skip";
+                            case.reason = Some("this plan keeps no INT8 operands (not the native prepass)".into());
+                        }
+                        Err(e) => case.reason = Some(format!("{e:#}")),
+                    }
+                    out.push(case);
+                }
+            }
+        }
+    }
+    out
 }
