@@ -66,6 +66,14 @@ impl<R: Runtime> CubeclBackend<R> {
         Ok(CubeclBackend { client, info: DeviceInfo { device, kind, adapter } })
     }
 
+    /// The same backend reported as `device` of `kind` (a wgpu client that runs SPIR-V).
+    #[cfg(feature = "wgpu")]
+    pub(crate) fn relabel(mut self, device: Device, kind: &'static str) -> Self {
+        self.info.device = device;
+        self.info.kind = kind;
+        self
+    }
+
     pub(crate) fn data<'a>(&self, plan: &Plan, data: &'a ResidentData) -> Result<&'a GpuData> {
         data.downcast_ref::<GpuData>().ok_or_else(|| foreign(plan))
     }
@@ -113,6 +121,16 @@ impl<R: Runtime> CubeclBackend<R> {
         let b = quattn_cubecl::int8_blocking(&self.client, &args_of(problem), ElemType::F16, &LaunchOptions::default())?;
         Ok(Blocking { block_q: b.block_q as usize, block_k: b.block_k as usize, warps: b.warps as usize, ..Blocking::default() })
     }
+}
+
+/// Whether CubeCL compiles this wgpu client's kernels to SPIR-V. CubeCL 0.10 does not say so
+/// directly (`WgpuRuntime::name` is `wgpu<spirv>` for every Vulkan client of a `spirv` build,
+/// also one whose driver lacks what the SPIR-V compiler needs and that falls back to WGSL); its
+/// Vulkan feature registration, the step that also selects the SPIR-V compiler, is the only
+/// place that adds `Plane::Sync`.
+#[cfg(feature = "wgpu")]
+pub(crate) fn runs_spirv(client: &ComputeClient<cubecl::wgpu::WgpuRuntime>) -> bool {
+    cfg!(feature = "spirv") && client.features().plane.contains(cubecl::features::Plane::Sync)
 }
 
 #[cfg(feature = "cuda")]
