@@ -11,7 +11,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use cubecl::prelude::*;
 use cubecl::server::Handle;
 use half::{bf16, f16};
-use quattn_cubecl::{AttentionArgs, ElemType, Int8Operands, Int8Quant, LaunchError, LaunchOptions, SUPPORTED_HEAD_DIMS};
+use quattn_cubecl::{AttentionArgs, ElemType, Int8Operands, Int8Quant, LaunchError, LaunchOptions, Variant, SUPPORTED_HEAD_DIMS};
 
 use super::{Backend, KernelChoice, ResidentData};
 use crate::error::{Error, Result};
@@ -271,9 +271,16 @@ impl<R: Runtime> Backend for CubeclBackend<R> {
                 blocking: Some(blocking),
             });
         }
+        // The launch makes the same choice; naming it here shows in every plan and bench row
+        // whether the matrix units ran.
+        let (variant, no_cmma) = quattn_cubecl::auto_variant(&self.client, &args_of(problem), elem, &LaunchOptions::default());
+        let (family, reason) = match variant {
+            Variant::Cmma => ("portable_cmma", "portable CubeCL matrix-unit (cmma) kernel".to_string()),
+            _ => ("portable", format!("portable CubeCL FMA kernel (no cmma: {})", no_cmma.unwrap_or_default())),
+        };
         Ok(KernelChoice {
-            name: format!("fwd_portable_{}_{}_d{}", self.info.kind, precision.input_dtype(), problem.head_dim),
-            reason: "portable CubeCL kernel".into(),
+            name: format!("fwd_{family}_{}_{}_d{}", self.info.kind, precision.input_dtype(), problem.head_dim),
+            reason,
             blocking: None,
         })
     }
