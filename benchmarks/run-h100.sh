@@ -7,7 +7,8 @@
 #
 # BIN_DIR holds `quattn` built with `cargo build --release -p quattn-demos --features peer-cubek`
 # and the `hmma_check` / `int8_check` / `wgmma_check` examples of quattn-native (default:
-# target/release). For Vulkan, the loader must be installed (on the lent GPU machine:
+# target/release); for the wgpu-spirv step (not in the default STEPS) also `quattn-spirv`, built
+# with `--features spirv`. For Vulkan, the loader must be installed (on the lent GPU machine:
 # unpack the libvulkan1 deb, see the device README) and VK_DRIVER_FILES point at the NVIDIA ICD.
 set -u
 out=${1:?usage: run-h100.sh OUT_DIR [BIN_DIR]}
@@ -50,6 +51,18 @@ if has portable; then
 fi
 if has wgpu; then
   step wgpu;      timeout 120 "$q" bench --device wgpu --precision f16 --seqs 1024,4096 --iters 10 --warmup 2 --json > "$out/bench_wgpu.jsonl" 2>> "$out/run.log"; echo "rc $?"
+fi
+if has wgpu-spirv; then
+  # The same Vulkan adapter through CubeCL's SPIR-V compiler: a second binary, built with
+  # `cargo build --release -p quattn-demos --features spirv` and copied to $bin/quattn-spirv
+  # (CubeCL picks the compiler per build). spirv.log has the driver's cooperative-matrix shapes
+  # and why a plan took or left the cmma kernel.
+  qs=$bin/quattn-spirv
+  step wgpu-spirv
+  RUST_LOG=cubecl_wgpu::backend::vulkan=debug,quattn=debug timeout 60 "$qs" run --device wgpu-spirv --precision f16 --head-dim 128 --seq 1024 --causal --json > "$out/run_wgpu_spirv.jsonl" 2>> "$out/spirv.log"; echo "rc $?"
+  timeout 60 "$qs" run --device wgpu-spirv --precision f16 --head-dim 64 --seq 1024 --json >> "$out/run_wgpu_spirv.jsonl" 2>> "$out/spirv.log"; echo "rc $?"
+  timeout 150 "$qs" bench --device wgpu-spirv --precision f16 --seqs 1024,4096 --iters 10 --warmup 2 --json > "$out/bench_wgpu_spirv.jsonl" 2>> "$out/spirv.log"; echo "rc $?"
+  timeout 200 "$qs" selftest --devices wgpu-spirv --quick --json > "$out/selftest_wgpu_spirv.jsonl" 2>> "$out/spirv.log"; echo "rc $?"; tail -1 "$out/selftest_wgpu_spirv.jsonl"
 fi
 if has torch; then
   step torch;     timeout 120 python3 demos/peers/torch_sdpa.py --backends flash,cudnn --seqs 1024,4096,8192,16384 > "$out/torch.jsonl" 2>> "$out/run.log"; echo "rc $?"

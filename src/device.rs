@@ -26,8 +26,17 @@ pub enum Device {
     Auto,
     /// Multi-threaded CPU kernels.
     Cpu,
-    /// CubeCL kernels through wgpu (Vulkan, Metal, DX12, or a software adapter).
+    /// CubeCL kernels through wgpu (Vulkan, Metal, DX12, or a software adapter), compiled to
+    /// WGSL; in a build with the `spirv` feature, Vulkan adapters get SPIR-V instead (CubeCL
+    /// 0.10 chooses the compiler per build, not per device). [`crate::DeviceInfo::kind`] says
+    /// which ran: `wgpu` or `wgpu-spirv`.
     Wgpu(WgpuAdapter),
+    /// CubeCL kernels through wgpu's Vulkan backend, compiled by CubeCL's SPIR-V compiler
+    /// (feature `spirv`), which offers the driver's cooperative matrices
+    /// (VK_KHR_cooperative_matrix) to the matrix-unit kernel. A typed error when the build
+    /// lacks the feature, the adapter is not a Vulkan one, or its driver lacks what the SPIR-V
+    /// compiler needs.
+    WgpuSpirv(WgpuAdapter),
     /// CUDA GPU by ordinal: CubeCL kernels, and native kernels where the device matches.
     Cuda(usize),
 }
@@ -38,6 +47,7 @@ impl fmt::Display for Device {
             Device::Auto => f.write_str("auto"),
             Device::Cpu => f.write_str("cpu"),
             Device::Wgpu(a) => write!(f, "wgpu({a:?})"),
+            Device::WgpuSpirv(a) => write!(f, "wgpu-spirv({a:?})"),
             Device::Cuda(i) => write!(f, "cuda:{i}"),
         }
     }

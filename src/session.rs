@@ -11,7 +11,7 @@ use crate::{AttentionProblem, Device, Precision, Strategy};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceInfo {
     pub device: Device,
-    /// `cpu`, `wgpu` or `cuda`.
+    /// `cpu`, `wgpu` (WGSL), `wgpu-spirv` (CubeCL's SPIR-V compiler on Vulkan) or `cuda`.
     pub kind: &'static str,
     /// Adapter or GPU name.
     pub adapter: String,

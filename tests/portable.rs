@@ -1,5 +1,7 @@
 //! The portable CubeCL kernels through the public API, one suite instantiated per runtime:
-//! wgpu (mesa's llvmpipe in CI; Vulkan on real GPUs) and CUDA (skipped without a GPU).
+//! wgpu (mesa's llvmpipe in CI; Vulkan on real GPUs), wgpu with CubeCL's SPIR-V compiler (in a
+//! build with the `spirv` feature; CI runs the suite a second time that way) and CUDA (skipped
+//! without a GPU).
 
 mod common;
 
@@ -180,4 +182,25 @@ macro_rules! testgen_attention {
 }
 
 testgen_attention!(wgpu, Device::Wgpu(quattn::WgpuAdapter::Default));
+#[cfg(feature = "spirv")]
+testgen_attention!(wgpu_spirv, Device::WgpuSpirv(quattn::WgpuAdapter::Default));
 testgen_attention!(cuda, Device::Cuda(0));
+
+/// In a `spirv` build CubeCL compiles for every Vulkan adapter with SPIR-V, also when asked
+/// through `Device::Wgpu`; the session reports the compiler that runs, and the plan names the
+/// kernel family (llvmpipe has no cooperative matrix: the FMA kernel).
+#[cfg(feature = "spirv")]
+#[test]
+fn spirv_build_reports_its_compiler() {
+    use quattn::{AttentionProblem, Device, Precision, Strategy, WgpuAdapter};
+    let Some(s) = common::open(Device::Wgpu(WgpuAdapter::Software)) else { return };
+    let info = s.info();
+    if !info.adapter.ends_with("(Vulkan)") {
+        println!("SKIPPED: the software adapter {} is not a Vulkan one", info.adapter);
+        return;
+    }
+    assert_eq!(info.kind, "wgpu-spirv");
+    assert_eq!(info.device, Device::WgpuSpirv(WgpuAdapter::Software));
+    let plan = s.plan(&AttentionProblem::new(1, 2, 16, 64), Precision::F16_DEFAULT, Strategy::Portable).unwrap();
+    assert!(plan.kernel.starts_with("fwd_portable_wgpu-spirv_f16") || plan.kernel.starts_with("fwd_portable_cmma_wgpu-spirv_f16"), "{}", plan.kernel);
+}

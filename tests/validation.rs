@@ -159,3 +159,15 @@ fn modes_no_hardware_computes() {
         assert!(matches!(plan_err(&p, bf16_acc16, strategy), Error::UnsupportedPrecision { .. }));
     }
 }
+
+/// Without the `spirv` feature, asking for CubeCL's SPIR-V compiler is a typed error (not WGSL
+/// under another name).
+#[cfg(all(feature = "wgpu", not(feature = "spirv")))]
+#[test]
+fn wgpu_spirv_needs_the_spirv_feature() {
+    match Session::new(Device::WgpuSpirv(quattn::WgpuAdapter::Default)) {
+        Err(Error::NotCompiledWith { feature: "spirv", .. }) => {}
+        Err(e) => panic!("wrong error {e}"),
+        Ok(s) => panic!("opened {:?} without the spirv feature", s.info()),
+    }
+}

@@ -126,13 +126,29 @@ pub fn launch_with<R: Runtime>(
                 reason,
             }),
         },
-        Variant::Auto => match cmma_unavailable(client, args, elem, options) {
-            None => launch_cmma(client, args, elem, options, q, k, v, o, lse),
-            Some(reason) => {
-                log::debug!("cmma kernel not used: {reason}");
+        Variant::Auto => match auto_variant(client, args, elem, options) {
+            (Variant::Cmma, _) => launch_cmma(client, args, elem, options, q, k, v, o, lse),
+            (_, reason) => {
+                log::debug!("cmma kernel not used: {}", reason.unwrap_or_default());
                 launch_fma_any(client, args, elem, options, q, k, v, o, lse)
             }
         },
+    }
+}
+
+/// The kernel family `Variant::Auto` launches for these arguments on this runtime:
+/// `Variant::Cmma` where the runtime reports 16x16x16 cmma with f32 accumulation on 32-wide
+/// planes and a cmma tiling fits, else `Variant::PortableFma` with the reason the cmma kernel
+/// is out. For plans and logs; the launch makes the same call.
+pub fn auto_variant<R: Runtime>(
+    client: &ComputeClient<R>,
+    args: &AttentionArgs,
+    elem: ElemType,
+    options: &LaunchOptions,
+) -> (Variant, Option<String>) {
+    match cmma_unavailable(client, args, elem, options) {
+        None => (Variant::Cmma, None),
+        Some(reason) => (Variant::PortableFma, Some(reason)),
     }
 }
 

@@ -316,7 +316,9 @@ impl CmmaTiles {
 /// register budget per lane is `d/16` Q fragments + `bk/16` score fragments + `dv/16` output
 /// fragments (4 + 8 + 8 floats each), which at d=128, bk=64 is ~128 registers. d=256 halves
 /// `bk` to stay under the 255-register limit. Shared memory (~90 KiB at d=128) needs CUDA's
-/// opt-in limit; that is fine since only CUDA reports cmma among our targets.
+/// opt-in limit. Through Vulkan (SPIR-V cooperative matrices, 48 KiB on NVIDIA) the same table
+/// yields 4 planes at d = 32 and 64, 2 planes at d = 96 and 128 and nothing at d = 256 (the
+/// FMA kernel runs there).
 pub fn cmma_candidates(head_dim: u32) -> &'static [CmmaTiles] {
     const fn t(warps: u32, bk: u32) -> CmmaTiles {
         CmmaTiles { warps, bk }
@@ -380,5 +382,15 @@ mod tests {
         // The first choice on Vulkan/NVIDIA (48 KiB) keeps 64 query rows per cube up to d=128.
         assert_eq!(select_fma_vec_tiles(128, 128, 2, 48 * 1024, 1024).unwrap().bq, 64);
         assert_eq!(select_fma_vec_tiles(64, 64, 2, 48 * 1024, 1024).unwrap().bq, 64);
+    }
+
+    #[test]
+    fn cmma_tiles_within_vulkans_48k_in_f16() {
+        let pick = |d| select_cmma_tiles(d, d, 2, 48 * 1024, 1024);
+        assert_eq!(pick(32), Some(CmmaTiles { warps: 4, bk: 64 }));
+        assert_eq!(pick(64), Some(CmmaTiles { warps: 4, bk: 32 }));
+        assert_eq!(pick(96), Some(CmmaTiles { warps: 2, bk: 32 }));
+        assert_eq!(pick(128), Some(CmmaTiles { warps: 2, bk: 32 }));
+        assert_eq!(pick(256), None);
     }
 }

@@ -26,7 +26,10 @@ pub enum Command {
 pub enum DeviceArg {
     Auto,
     Cpu,
+    /// wgpu with this build's compiler: WGSL, or SPIR-V on Vulkan when built with `--features spirv`.
     Wgpu,
+    /// wgpu on Vulkan with CubeCL's SPIR-V compiler (cooperative matrices); needs `--features spirv`.
+    WgpuSpirv,
     Cuda,
 }
 
@@ -70,7 +73,7 @@ pub struct DeviceOpts {
     /// Where to run: auto = the best present (a GPU, else the CPU).
     #[arg(long, value_enum, default_value = "auto")]
     pub device: DeviceArg,
-    /// wgpu adapter class (with --device wgpu).
+    /// wgpu adapter class (with --device wgpu or wgpu-spirv).
     #[arg(long, value_enum, default_value = "default")]
     pub adapter: AdapterArg,
     /// CUDA device ordinal, or index of the adapter within its class.
@@ -91,13 +94,19 @@ impl DeviceOpts {
             DeviceArg::Auto => Device::Auto,
             DeviceArg::Cpu => Device::Cpu,
             DeviceArg::Cuda => Device::Cuda(n),
-            DeviceArg::Wgpu => Device::Wgpu(match self.adapter {
-                AdapterArg::Default => WgpuAdapter::Default,
-                AdapterArg::Discrete => WgpuAdapter::Discrete(n),
-                AdapterArg::Integrated => WgpuAdapter::Integrated(n),
-                AdapterArg::Virtual => WgpuAdapter::Virtual(n),
-                AdapterArg::Software => WgpuAdapter::Software,
-            }),
+            DeviceArg::Wgpu => Device::Wgpu(self.wgpu_adapter()),
+            DeviceArg::WgpuSpirv => Device::WgpuSpirv(self.wgpu_adapter()),
+        }
+    }
+
+    fn wgpu_adapter(&self) -> WgpuAdapter {
+        let n = self.ordinal;
+        match self.adapter {
+            AdapterArg::Default => WgpuAdapter::Default,
+            AdapterArg::Discrete => WgpuAdapter::Discrete(n),
+            AdapterArg::Integrated => WgpuAdapter::Integrated(n),
+            AdapterArg::Virtual => WgpuAdapter::Virtual(n),
+            AdapterArg::Software => WgpuAdapter::Software,
         }
     }
 

@@ -97,6 +97,7 @@ fn device_kind(d: Device) -> &'static str {
         Device::Auto => "auto",
         Device::Cpu => "cpu",
         Device::Wgpu(_) => "wgpu",
+        Device::WgpuSpirv(_) => "wgpu-spirv",
         Device::Cuda(_) => "cuda",
     }
 }
@@ -169,7 +170,8 @@ mod imp {
             .map(|p| {
                 let r = match t.device {
                     Device::Cuda(i) => best::<cubecl::cuda::CudaRuntime>(&cubecl::cuda::CudaDevice::new(i), p, variants, warmup, iters),
-                    Device::Wgpu(a) => best::<cubecl::wgpu::WgpuRuntime>(&wgpu_device(a), p, variants, warmup, iters),
+                    // The peer gets the compiler this build gives the adapter, as quattn does.
+                    Device::Wgpu(a) | Device::WgpuSpirv(a) => best::<cubecl::wgpu::WgpuRuntime>(&wgpu_device(a), p, variants, warmup, iters),
                     other => Err(format!("cubek-attention needs a CubeCL GPU runtime, not {other}")),
                 };
                 match r {
@@ -193,7 +195,7 @@ mod imp {
         let t = resolve(device).map_err(anyhow::Error::msg)?;
         let r = match t.device {
             Device::Cuda(i) => run_once::<cubecl::cuda::CudaRuntime>(&cubecl::cuda::CudaDevice::new(i), problem, variant, q, k, v),
-            Device::Wgpu(a) => run_once::<cubecl::wgpu::WgpuRuntime>(&wgpu_device(a), problem, variant, q, k, v),
+            Device::Wgpu(a) | Device::WgpuSpirv(a) => run_once::<cubecl::wgpu::WgpuRuntime>(&wgpu_device(a), problem, variant, q, k, v),
             other => Err(format!("cubek-attention needs a CubeCL GPU runtime, not {other}")),
         };
         r.map_err(anyhow::Error::msg)

@@ -52,6 +52,7 @@ fn devices(a: &SelftestArgs) -> Vec<Device> {
             DeviceArg::Auto => Some(Device::Auto),
             DeviceArg::Cpu => Some(Device::Cpu),
             DeviceArg::Wgpu => Some(Device::Wgpu(quattn::WgpuAdapter::Default)),
+            DeviceArg::WgpuSpirv => Some(Device::WgpuSpirv(quattn::WgpuAdapter::Default)),
             DeviceArg::Cuda => Some(Device::Cuda(0)),
         })
         .collect()

@@ -11,7 +11,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use cubecl::prelude::*;
 use cubecl::server::Handle;
 use half::{bf16, f16};
-use quattn_cubecl::{AttentionArgs, ElemType, Int8Operands, Int8Quant, LaunchError, LaunchOptions, SUPPORTED_HEAD_DIMS};
+use quattn_cubecl::{AttentionArgs, ElemType, Int8Operands, Int8Quant, LaunchError, LaunchOptions, Variant, SUPPORTED_HEAD_DIMS};
 
 use super::{Backend, KernelChoice, ResidentData};
 use crate::error::{Error, Result};
@@ -66,6 +66,14 @@ impl<R: Runtime> CubeclBackend<R> {
         Ok(CubeclBackend { client, info: DeviceInfo { device, kind, adapter } })
     }
 
+    /// The same backend reported as `device` of `kind` (a wgpu client that runs SPIR-V).
+    #[cfg(feature = "wgpu")]
+    pub(crate) fn relabel(mut self, device: Device, kind: &'static str) -> Self {
+        self.info.device = device;
+        self.info.kind = kind;
+        self
+    }
+
     pub(crate) fn data<'a>(&self, plan: &Plan, data: &'a ResidentData) -> Result<&'a GpuData> {
         data.downcast_ref::<GpuData>().ok_or_else(|| foreign(plan))
     }
@@ -113,6 +121,16 @@ impl<R: Runtime> CubeclBackend<R> {
         let b = quattn_cubecl::int8_blocking(&self.client, &args_of(problem), ElemType::F16, &LaunchOptions::default())?;
         Ok(Blocking { block_q: b.block_q as usize, block_k: b.block_k as usize, warps: b.warps as usize, ..Blocking::default() })
     }
+}
+
+/// Whether CubeCL compiles this wgpu client's kernels to SPIR-V. CubeCL 0.10 does not say so
+/// directly (`WgpuRuntime::name` is `wgpu<spirv>` for every Vulkan client of a `spirv` build,
+/// also one whose driver lacks what the SPIR-V compiler needs and that falls back to WGSL); its
+/// Vulkan feature registration, the step that also selects the SPIR-V compiler, is the only
+/// place that adds `Plane::Sync`.
+#[cfg(feature = "wgpu")]
+pub(crate) fn runs_spirv(client: &ComputeClient<cubecl::wgpu::WgpuRuntime>) -> bool {
+    cfg!(feature = "spirv") && client.features().plane.contains(cubecl::features::Plane::Sync)
 }
 
 #[cfg(feature = "cuda")]
@@ -253,9 +271,16 @@ impl<R: Runtime> Backend for CubeclBackend<R> {
                 blocking: Some(blocking),
             });
         }
+        // The launch makes the same choice; naming it here shows in every plan and bench row
+        // whether the matrix units ran.
+        let (variant, no_cmma) = quattn_cubecl::auto_variant(&self.client, &args_of(problem), elem, &LaunchOptions::default());
+        let (family, reason) = match variant {
+            Variant::Cmma => ("portable_cmma", "portable CubeCL matrix-unit (cmma) kernel".to_string()),
+            _ => ("portable", format!("portable CubeCL FMA kernel (no cmma: {})", no_cmma.unwrap_or_default())),
+        };
         Ok(KernelChoice {
-            name: format!("fwd_portable_{}_{}_d{}", self.info.kind, precision.input_dtype(), problem.head_dim),
-            reason: "portable CubeCL kernel".into(),
+            name: format!("fwd_{family}_{}_{}_d{}", self.info.kind, precision.input_dtype(), problem.head_dim),
+            reason,
             blocking: None,
         })
     }

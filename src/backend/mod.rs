@@ -92,7 +92,8 @@ pub(crate) fn open(device: Device) -> Result<Box<dyn Backend>> {
             }
             Ok(Box::new(cpu::CpuBackend::new()))
         }
-        Device::Wgpu(adapter) => open_wgpu(device, adapter),
+        Device::Wgpu(adapter) => open_wgpu(device, adapter, false),
+        Device::WgpuSpirv(adapter) => open_wgpu(device, adapter, true),
         Device::Cuda(ordinal) => open_cuda(device, ordinal),
     }
 }
@@ -132,9 +133,17 @@ fn open_cuda(_device: Device, _ordinal: usize) -> Result<Box<dyn Backend>> {
     Err(Error::NotCompiledWith { feature: "cuda", what: "CUDA devices" })
 }
 
-/// Adapters wgpu sees, as (class, index within class, name).
+/// An adapter wgpu sees: its class (with the index within the class), name and backend.
 #[cfg(feature = "wgpu")]
-fn wgpu_adapters() -> Vec<(WgpuAdapter, String)> {
+#[derive(Clone)]
+struct AdapterEntry {
+    class: WgpuAdapter,
+    name: String,
+    backend: wgpu::Backend,
+}
+
+#[cfg(feature = "wgpu")]
+fn wgpu_adapters() -> Vec<AdapterEntry> {
     // The primary backends only (Vulkan, Metal, DX12): the GL backend is not one CubeCL uses,
     // and probing EGL prints to stderr on headless machines.
     let mut desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
@@ -152,14 +161,14 @@ fn wgpu_adapters() -> Vec<(WgpuAdapter, String)> {
             wgpu::DeviceType::Cpu => WgpuAdapter::Software,
             wgpu::DeviceType::Other => continue,
         };
-        out.push((class, format!("{} ({:?})", info.name, info.backend)));
+        out.push(AdapterEntry { class, name: format!("{} ({:?})", info.name, info.backend), backend: info.backend });
     }
     out
 }
 
 #[cfg(feature = "wgpu")]
 fn hardware_wgpu_adapter() -> Option<WgpuAdapter> {
-    wgpu_adapters().into_iter().map(|(c, _)| c).find(|c| *c != WgpuAdapter::Software)
+    wgpu_adapters().into_iter().map(|a| a.class).find(|c| *c != WgpuAdapter::Software)
 }
 
 #[cfg(not(feature = "wgpu"))]
@@ -167,9 +176,15 @@ fn hardware_wgpu_adapter() -> Option<WgpuAdapter> {
     None
 }
 
+/// Opens a wgpu adapter through CubeCL. `require_spirv` ([`Device::WgpuSpirv`]) turns every
+/// way of not getting CubeCL's SPIR-V compiler into a typed error; otherwise the backend runs
+/// whichever compiler this build gives the adapter and reports it in its kind.
 #[cfg(feature = "wgpu")]
-fn open_wgpu(device: Device, adapter: WgpuAdapter) -> Result<Box<dyn Backend>> {
+fn open_wgpu(device: Device, adapter: WgpuAdapter, require_spirv: bool) -> Result<Box<dyn Backend>> {
     use cubecl::wgpu::{WgpuDevice, WgpuRuntime};
+    if require_spirv && !cfg!(feature = "spirv") {
+        return Err(Error::NotCompiledWith { feature: "spirv", what: "SPIR-V kernels on wgpu (Device::WgpuSpirv)" });
+    }
     let adapters = wgpu_adapters();
     // Resolve `Default` to a concrete adapter so the reported name is the one that runs:
     // a discrete GPU first, then integrated, virtual, software.
@@ -180,13 +195,19 @@ fn open_wgpu(device: Device, adapter: WgpuAdapter) -> Result<Box<dyn Backend>> {
         _ => 3,
     };
     let chosen = match adapter {
-        WgpuAdapter::Default => adapters.iter().min_by_key(|(c, _)| order(c)).cloned(),
-        want => adapters.iter().find(|(c, _)| *c == want).cloned(),
+        WgpuAdapter::Default => adapters.iter().min_by_key(|a| order(&a.class)).cloned(),
+        want => adapters.iter().find(|a| a.class == want).cloned(),
     };
-    let Some((class, name)) = chosen else {
-        let seen: Vec<&str> = adapters.iter().map(|(_, n)| n.as_str()).collect();
+    let Some(AdapterEntry { class, name, backend }) = chosen else {
+        let seen: Vec<&str> = adapters.iter().map(|a| a.name.as_str()).collect();
         return Err(Error::DeviceUnavailable { device, reason: format!("no such wgpu adapter; present: {seen:?}") });
     };
+    if require_spirv && backend != wgpu::Backend::Vulkan {
+        return Err(Error::DeviceUnavailable {
+            device,
+            reason: format!("{name} is not a Vulkan adapter; CubeCL's SPIR-V compiler runs on Vulkan only"),
+        });
+    }
     let wd = match class {
         WgpuAdapter::Discrete(i) => WgpuDevice::DiscreteGpu(i),
         WgpuAdapter::Integrated(i) => WgpuDevice::IntegratedGpu(i),
@@ -194,10 +215,22 @@ fn open_wgpu(device: Device, adapter: WgpuAdapter) -> Result<Box<dyn Backend>> {
         _ => WgpuDevice::Cpu,
     };
     let b = gpu::CubeclBackend::<WgpuRuntime>::open(Device::Wgpu(class), wd, "wgpu", name)?;
-    Ok(Box::new(b))
+    if !gpu::runs_spirv(b.client()) {
+        if require_spirv {
+            return Err(Error::DeviceUnavailable {
+                device,
+                reason: format!(
+                    "CubeCL drives {} with WGSL: its SPIR-V compiler needs the Vulkan driver's vulkanMemoryModel (device scope) and bufferDeviceAddress",
+                    b.info().adapter
+                ),
+            });
+        }
+        return Ok(Box::new(b));
+    }
+    Ok(Box::new(b.relabel(Device::WgpuSpirv(class), "wgpu-spirv")))
 }
 
 #[cfg(not(feature = "wgpu"))]
-fn open_wgpu(_device: Device, _adapter: WgpuAdapter) -> Result<Box<dyn Backend>> {
+fn open_wgpu(_device: Device, _adapter: WgpuAdapter, _require_spirv: bool) -> Result<Box<dyn Backend>> {
     Err(Error::NotCompiledWith { feature: "wgpu", what: "wgpu devices" })
 }

@@ -15,7 +15,7 @@ pub fn open(device: Device) -> Option<Session> {
         Ok(s) => Some(s),
         Err(e) => {
             let ci = std::env::var("CI").map(|v| !v.is_empty() && v != "false").unwrap_or(false);
-            if matches!(device, Device::Wgpu(_)) && ci {
+            if matches!(device, Device::Wgpu(_) | Device::WgpuSpirv(_)) && ci {
                 panic!("CI must have a wgpu adapter (mesa-vulkan-drivers): {e}");
             }
             println!("SKIPPED on {device}: {e}");
