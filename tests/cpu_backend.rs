@@ -79,3 +79,18 @@ fn f16_and_bf16_host_inputs() {
     let c = s.run(&plan, &hb(&q), &hb(&k), &hb(&v)).unwrap();
     assert_ne!(a.o, c.o);
 }
+
+/// Only the native CUDA prepass keeps INT8 operands to read back: the CPU device and the
+/// emulation answer `None` (no error) for INT8 and float plans alike, after an execution.
+#[test]
+fn int8_operands_are_none_off_the_native_cuda_path() {
+    let s = Session::new(Device::Cpu).unwrap();
+    let p = AttentionProblem::new(1, 2, 20, 64).kv_len(30);
+    let (q, k, v) = inputs::qkv(&p, 7);
+    for (prec, strategy) in [(Precision::INT8_DEFAULT, Strategy::Reference), (Precision::F32, Strategy::Auto)] {
+        let plan = s.plan(&p, prec, strategy).unwrap();
+        let mut r = s.upload(&plan, &q, &k, &v).unwrap();
+        s.execute(&mut r).unwrap();
+        assert!(s.int8_operands(&r).unwrap().is_none(), "{prec} {strategy:?}");
+    }
+}
