@@ -533,3 +533,146 @@ fn write_results<E: Float>(
         }
     }
 }
+
+/// CubeCL's shared-memory allocator run offline on the real kernel: compiled for SPIR-V (with
+/// `VK_KHR_workgroup_memory_explicit_layout`, as on NVIDIA) and for CUDA, every tiling of the
+/// table asks for exactly [`CmmaTiles::smem_bytes`](crate::CmmaTiles::smem_bytes), so the
+/// freed Q stage really is reused. Nothing is launched: a wgpu adapter (llvmpipe will do) is
+/// only needed to expand the kernel. `QUATTN_CMMA_CUDA_DIR=<dir>` also writes the CUDA
+/// sources there, for an offline NVRTC compile.
+///
+/// `cargo test --release -p quattn-cubecl --features spirv,cuda --lib cmma`
+#[cfg(all(test, any(feature = "spirv", feature = "cuda")))]
+mod tests {
+    use super::*;
+    use crate::kernel::AttnShapeCompilationArg;
+    use crate::problem::SUPPORTED_HEAD_DIMS;
+    use crate::tiling::cmma_candidates;
+    use crate::CmmaTiles;
+    use cubecl::ir::{ElemType, StorageType, UIntKind};
+    use cubecl::wgpu::{WgpuDevice, WgpuRuntime};
+    #[allow(unused_imports)]
+    use cubecl::Compiler as _;
+
+    fn client() -> Option<ComputeClient<WgpuRuntime>> {
+        let instance = wgpu::Instance::default();
+        let adapters = cubecl::future::block_on(instance.enumerate_adapters(wgpu::Backends::all()));
+        if adapters.is_empty() {
+            println!("SKIPPED: no wgpu adapter to expand the kernel with");
+            return None;
+        }
+        Some(WgpuRuntime::client(&WgpuDevice::DefaultDevice))
+    }
+
+    /// Every table entry at every head dim (and one dv != d), both rescale modes.
+    fn configs() -> Vec<CmmaConfig> {
+        let mut dims: Vec<(usize, usize)> =
+            SUPPORTED_HEAD_DIMS.iter().map(|&d| (d as usize, d as usize)).collect();
+        dims.push((64, 128));
+        let mut out = Vec::new();
+        for (d, dv) in dims {
+            for t in cmma_candidates(d.max(dv) as u32) {
+                for lazy_rescale in [false, true] {
+                    out.push(CmmaConfig {
+                        head_dim: d,
+                        v_head_dim: dv,
+                        warps: t.warps as usize,
+                        bk: t.bk as usize,
+                        vec: 8,
+                        causal: true,
+                        write_lse: true,
+                        lazy_rescale,
+                    });
+                }
+            }
+        }
+        out
+    }
+
+    fn expected(cfg: &CmmaConfig) -> usize {
+        let tiles = CmmaTiles { warps: cfg.warps as u32, bk: cfg.bk as u32 };
+        tiles.smem_bytes(cfg.head_dim as u32, cfg.v_head_dim as u32, 2) as usize
+    }
+
+    fn definition(client: &ComputeClient<WgpuRuntime>, cfg: CmmaConfig) -> KernelDefinition {
+        let array = || ArrayCompilationArg { inplace: None };
+        let shape = AttnShapeCompilationArg {
+            q_len: (),
+            kv_len: (),
+            group: (),
+            q_heads: (),
+            q_s0: (),
+            q_s1: (),
+            q_s2: (),
+            k_s0: (),
+            k_s1: (),
+            k_s2: (),
+            v_s0: (),
+            v_s1: (),
+            v_s2: (),
+            o_s0: (),
+            o_s1: (),
+            o_s2: (),
+            scale: (),
+            lse_empty: (),
+        };
+        let settings = KernelSettings::default()
+            .cube_dim(CubeDim::new_1d(cfg.units() as u32))
+            .address_type(AddressType::U32);
+        fwd_cmma::FwdCmma::<half::f16, WgpuRuntime>::new(
+            settings,
+            client.clone(),
+            array(),
+            array(),
+            array(),
+            array(),
+            array(),
+            shape,
+            cfg.vec,
+            cfg,
+        )
+        .define()
+    }
+
+    const ADDR: StorageType = StorageType::Scalar(ElemType::UInt(UIntKind::U32));
+
+    fn name(cfg: &CmmaConfig) -> String {
+        format!(
+            "d{}v{}_w{}_bk{}_lazy{}",
+            cfg.head_dim, cfg.v_head_dim, cfg.warps, cfg.bk, cfg.lazy_rescale
+        )
+    }
+
+    #[cfg(feature = "spirv")]
+    #[test]
+    fn spirv_shared_memory_is_the_tiling_formula() {
+        use cubecl::wgpu::vulkan::VkSpirvCompiler;
+        let Some(client) = client() else { return };
+        for cfg in configs() {
+            let mut options = <VkSpirvCompiler as cubecl::Compiler>::CompilationOptions::default();
+            options.vulkan.supports_explicit_smem = true;
+            let kernel = VkSpirvCompiler::default()
+                .compile(definition(&client, cfg), &options, ExecutionMode::Unchecked, ADDR)
+                .unwrap();
+            assert_eq!(kernel.shared_size as usize, expected(&cfg), "{}", name(&cfg));
+        }
+    }
+
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn cuda_shared_memory_is_the_tiling_formula() {
+        use cubecl::cuda::CudaCompiler;
+        let Some(client) = client() else { return };
+        let dump = std::env::var_os("QUATTN_CMMA_CUDA_DIR").map(std::path::PathBuf::from);
+        for cfg in configs() {
+            let kernel = CudaCompiler::default()
+                .compile(definition(&client, cfg), &Default::default(), ExecutionMode::Unchecked, ADDR)
+                .unwrap();
+            assert_eq!(kernel.shared_memory_size(), expected(&cfg), "{}", name(&cfg));
+            if let Some(dir) = &dump {
+                std::fs::create_dir_all(dir).unwrap();
+                std::fs::write(dir.join(format!("{}.cu", name(&cfg))), kernel.to_string()).unwrap();
+            }
+        }
+    }
+}
