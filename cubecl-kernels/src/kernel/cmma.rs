@@ -654,7 +654,7 @@ mod tests {
             let kernel = VkSpirvCompiler::default()
                 .compile(definition(&client, cfg), &options, ExecutionMode::Unchecked, ADDR)
                 .unwrap();
-            assert_eq!(kernel.shared_size as usize, expected(&cfg), "{}", name(&cfg));
+            assert_eq!(kernel.shared_size, expected(&cfg), "{}", name(&cfg));
         }
     }
 
