@@ -858,6 +858,8 @@ fn launch_cmma<R: Runtime>(
         write_lse: args.write_lse,
         lazy_rescale: options.lazy_rescale,
     };
+    debug_assert!(cfg.buffers_aligned(bytes as usize));
+    debug_assert_eq!(cfg.smem_bytes(bytes as usize), smem, "tiling formula vs kernel buffers");
     let info = LaunchInfo {
         kernel,
         variant: Variant::Cmma,

@@ -57,8 +57,8 @@
 //!   32 KiB of shared memory, no cmma.
 //! - wgpu/Vulkan on an H100: FMA kernel with 48 KiB, f16 and subgroup row reductions; no
 //!   cooperative matrix there.
-//! - CUDA: the cmma kernel for f16/bf16 (~90 KiB of shared memory at d=128, from the opt-in
-//!   limit), the FMA kernel for f32; plane shuffles for row reductions.
+//! - CUDA: the cmma kernel for f16/bf16 (60 KiB of shared memory at d=128 with 4 planes x
+//!   bk 64, from the opt-in limit), the FMA kernel for f32; plane shuffles for row reductions.
 //!
 //! The vectorized FMA kernel replaced the scalar one as the default after the scalar one
 //! measured ~5 TFLOP/s on an H100 through Vulkan; its module doc says what changed and why.
@@ -78,7 +78,8 @@
 //! On llvmpipe (32 KiB) f32 gets d64 → bq32/bk32, d128 → bq32/bk16, d256 → bq16/bk8.
 //! The vectorized kernel's table ([`fma_vec_candidates`]) is separate; its first entries are
 //! sized for 48 KiB (Vulkan on NVIDIA), the last ones for llvmpipe.
-//! cmma: 4 planes (bq = 64) with bk = 64 up to d=128, bk = 32 at d=256.
+//! cmma: 4 planes (bq = 64) with bk = 64 up to d=128, bk = 32 at d=256; within 48 KiB
+//! (Vulkan on NVIDIA) bk = 64 up to d=64, bk = 32 above.
 //!
 //! Everything is validated before anything is enqueued ([`LaunchError`]); the launch itself is
 //! asynchronous, so device failures surface at the client's next sync or read.

@@ -285,18 +285,31 @@ impl CmmaTiles {
         self.warps * 32
     }
 
-    /// Bytes of shared memory: staged Q, K, V and P in the input type, plus a per-plane f32
-    /// scratch of 16 rows for the score spill and the output rescale.
-    /// Rows are padded by 16 bytes (see the kernel), and each buffer may be rounded up to
-    /// its 32-byte alignment.
+    /// Bytes of shared memory, exactly as the kernel allocates it: K, V and P staged in the
+    /// input type plus a per-plane f32 scratch of 16 rows x `bk` (the score spill; the output
+    /// goes through it 32 columns at a time), all of which reuse the Q stage once Q's
+    /// fragments are in registers, so the total is `max(Q, K + V + P + scratch)`.
+    /// Rows are padded by 8 elements (16 bytes for f16/bf16) and the f32 scratch rows by 4;
+    /// every buffer is then a whole number of 32-byte blocks, so alignment adds nothing.
+    ///
+    /// This counts on the runtime aliasing shared buffers: CUDA does, and so does SPIR-V on
+    /// Vulkan with `VK_KHR_workgroup_memory_explicit_layout` (NVIDIA, RADV, ANV). Without that
+    /// extension CubeCL declares the buffers side by side (`Q + K + V + P + scratch`) and a
+    /// launch past the limit fails in CubeCL's own shared-memory check.
     pub const fn smem_bytes(&self, head_dim: u32, v_head_dim: u32, elem_bytes: u32) -> u32 {
-        let pad16 = 16 / elem_bytes;
-        let staged = self.bq() * (head_dim + pad16)
-            + self.bk * (head_dim + pad16)
-            + self.bk * (v_head_dim + pad16);
-        let p = self.bq() * (self.bk + pad16);
-        let w = if self.bk > v_head_dim { self.bk } else { v_head_dim } + 4;
-        (staged + p) * elem_bytes + 4 * self.warps * 16 * w + 5 * 32
+        const PAD16: u32 = 8;
+        const PAD32: u32 = 4;
+        let q = self.bq() * (head_dim + PAD16) * elem_bytes;
+        let k = self.bk * (head_dim + PAD16) * elem_bytes;
+        let v = self.bk * (v_head_dim + PAD16) * elem_bytes;
+        let p = self.bq() * (self.bk + PAD16) * elem_bytes;
+        let scratch = self.warps * 16 * (self.bk + PAD32) * 4;
+        let rest = k + v + p + scratch;
+        if q > rest {
+            q
+        } else {
+            rest
+        }
     }
 
     pub fn validate(&self) -> Result<(), LaunchError> {
@@ -315,10 +328,14 @@ impl CmmaTiles {
 /// Why: 4 planes (64 query rows) is the FlashAttention-2 shape for 16x16 fragments; the
 /// register budget per lane is `d/16` Q fragments + `bk/16` score fragments + `dv/16` output
 /// fragments (4 + 8 + 8 floats each), which at d=128, bk=64 is ~128 registers. d=256 halves
-/// `bk` to stay under the 255-register limit. Shared memory (~90 KiB at d=128) needs CUDA's
-/// opt-in limit. Through Vulkan (SPIR-V cooperative matrices, 48 KiB on NVIDIA) the same table
-/// yields 4 planes at d = 32 and 64, 2 planes at d = 96 and 128 and nothing at d = 256 (the
-/// FMA kernel runs there).
+/// `bk` to stay under the 255-register limit.
+///
+/// Shared memory (f16/bf16, [`CmmaTiles::smem_bytes`]) is dominated by K and V once the Q stage
+/// is reused: 4 planes x bk 64 take 36 KiB at d=32, 44 KiB at d=64, 52 KiB at d=96 and 60 KiB
+/// at d=128; 4 planes x bk 32 take 27 KiB at d=96, 31 KiB at d=128 and 47 KiB at d=256.
+/// So CUDA (opt-in up to 227 KiB) runs the first entry everywhere, and Vulkan (SPIR-V
+/// cooperative matrices, 48 KiB on NVIDIA) runs 4 planes at every head dim: bk 64 at d = 32
+/// and 64, bk 32 at d = 96, 128 and 256. The 2-plane entries are for smaller limits.
 pub fn cmma_candidates(head_dim: u32) -> &'static [CmmaTiles] {
     const fn t(warps: u32, bk: u32) -> CmmaTiles {
         CmmaTiles { warps, bk }
@@ -388,9 +405,64 @@ mod tests {
     fn cmma_tiles_within_vulkans_48k_in_f16() {
         let pick = |d| select_cmma_tiles(d, d, 2, 48 * 1024, 1024);
         assert_eq!(pick(32), Some(CmmaTiles { warps: 4, bk: 64 }));
-        assert_eq!(pick(64), Some(CmmaTiles { warps: 4, bk: 32 }));
-        assert_eq!(pick(96), Some(CmmaTiles { warps: 2, bk: 32 }));
-        assert_eq!(pick(128), Some(CmmaTiles { warps: 2, bk: 32 }));
-        assert_eq!(pick(256), None);
+        assert_eq!(pick(64), Some(CmmaTiles { warps: 4, bk: 64 }));
+        assert_eq!(pick(96), Some(CmmaTiles { warps: 4, bk: 32 }));
+        assert_eq!(pick(128), Some(CmmaTiles { warps: 4, bk: 32 }));
+        assert_eq!(pick(256), Some(CmmaTiles { warps: 4, bk: 32 }));
+    }
+
+    #[test]
+    fn cmma_tiles_under_cudas_opt_in_limit_in_f16() {
+        // H100: 227 KiB per block with the opt-in attribute.
+        let pick = |d| select_cmma_tiles(d, d, 2, 227 * 1024, 1024);
+        for d in [32, 64, 96, 128] {
+            assert_eq!(pick(d), Some(CmmaTiles { warps: 4, bk: 64 }), "d={d}");
+        }
+        assert_eq!(pick(256), Some(CmmaTiles { warps: 4, bk: 32 }));
+    }
+
+    #[test]
+    fn cmma_smem_numbers() {
+        let t = |warps, bk| CmmaTiles { warps, bk };
+        // max(Q, K + V + P + scratch), f16.
+        assert_eq!(t(4, 64).smem_bytes(128, 128, 2), 17408 + 17408 + 9216 + 17408);
+        assert_eq!(t(4, 32).smem_bytes(128, 128, 2), 8704 + 8704 + 5120 + 9216);
+        assert_eq!(t(4, 64).smem_bytes(64, 64, 2), 9216 + 9216 + 9216 + 17408);
+        assert_eq!(t(4, 32).smem_bytes(256, 256, 2), 16896 + 16896 + 5120 + 9216);
+        // Q is the larger side only with many planes, a large d and a small dv.
+        assert_eq!(t(8, 32).smem_bytes(256, 32, 2), 128 * 264 * 2);
+    }
+
+    /// The host formula and the buffers the kernel allocates (same element counts, same
+    /// padding constants) agree for every candidate and head-dim pair, and every buffer is a
+    /// whole number of 32-byte blocks, so CubeCL's allocator packs them without gaps.
+    #[test]
+    fn cmma_smem_formula_matches_the_kernel() {
+        use crate::kernel::cmma::CmmaConfig;
+        for &d in SUPPORTED_HEAD_DIMS {
+            for &dv in SUPPORTED_HEAD_DIMS {
+                for t in cmma_candidates(d.max(dv)) {
+                    for elem_bytes in [2u32, 4] {
+                        let cfg = CmmaConfig {
+                            head_dim: d as usize,
+                            v_head_dim: dv as usize,
+                            warps: t.warps as usize,
+                            bk: t.bk as usize,
+                            vec: 8,
+                            causal: false,
+                            write_lse: true,
+                            lazy_rescale: true,
+                        };
+                        let what = format!("{t} d={d} dv={dv} elem={elem_bytes}");
+                        assert!(cfg.buffers_aligned(elem_bytes as usize), "{what}");
+                        assert_eq!(
+                            t.smem_bytes(d, dv, elem_bytes) as usize,
+                            cfg.smem_bytes(elem_bytes as usize),
+                            "{what}"
+                        );
+                    }
+                }
+            }
+        }
     }
 }

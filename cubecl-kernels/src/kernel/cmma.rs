@@ -3,14 +3,20 @@
 //!
 //! Per cube: `warps` planes of 32 units; plane `w` owns query rows `16w .. 16w+16` for the
 //! whole KV walk, so the only cube-wide barriers are around the K/V stage loads.
-//! - global: stage Q once (its fragments then live in registers), walk KV tiles like the FMA
-//!   kernel (unmasked tiles first, then the masked tail).
+//! - global: stage Q once (its fragments then live in registers, and its shared memory is freed
+//!   for the K, V, P stages and the scratch), walk KV tiles like the FMA kernel (unmasked tiles
+//!   first, then the masked tail).
 //! - stage, per KV tile: `score_matmul` into accumulator fragments, spilled to a per-plane f32
 //!   scratch; `online_softmax` with two lanes per row (pair max by shuffle), P written to shared
 //!   memory in the input type; `value_matmul` on the output fragments.
 //! - The output fragments' element layout is opaque, so a rescale goes through the scratch
-//!   (store, scale rows, reload). With the lazy (FA4) rescale the plane skips it unless one of
-//!   its 16 rows grew past the threshold, which after the first tiles is rare.
+//!   (store, scale rows, reload), two fragments (32 columns) at a time so that the scratch is
+//!   only as wide as the score tile. With the lazy (FA4) rescale the plane skips it unless one
+//!   of its 16 rows grew past the threshold, which after the first tiles is rare.
+//!
+//! Shared memory is `max(Q, K + V + P + scratch)`: CubeCL's allocator places the later buffers
+//! over the freed Q stage (every buffer is a multiple of 32 bytes, so they pack without gaps);
+//! [`CmmaConfig::smem_bytes`] is that sum and `CmmaTiles::smem_bytes` must agree with it.
 
 use cubecl::cmma::{self, MatrixIdent, MatrixLayout};
 use cubecl::prelude::*;
@@ -21,6 +27,10 @@ use super::{cube_key_ranges, is_visible, AttnShape, LAZY_RESCALE_THRESHOLD, MASK
 const MMA: usize = 16;
 /// Lanes per plane the kernel is written for (validated at launch).
 const PLANE: usize = 32;
+/// Output columns per pass through the scratch (rescale and epilogue): one per lane of a plane,
+/// two fragments. `bk` (a multiple of 32) is never narrower, so the score-wide scratch holds
+/// them, and every supported `dv` is a multiple.
+const O_COLS: usize = PLANE;
 
 /// Compile-time key of the cmma kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -59,11 +69,9 @@ impl CmmaConfig {
     pub const fn p_pitch(&self) -> usize {
         self.bk + PAD16
     }
+    /// Pitch of the f32 scratch: 16 rows of scores (`bk` wide), or of `O_COLS` output columns.
     pub const fn s_pitch(&self) -> usize {
         self.bk + PAD32
-    }
-    pub const fn o_pitch(&self) -> usize {
-        self.v_head_dim + PAD32
     }
     pub const fn bq(&self) -> usize {
         self.warps * MMA
@@ -71,10 +79,50 @@ impl CmmaConfig {
     pub const fn units(&self) -> usize {
         self.warps * PLANE
     }
-    /// f32 scratch per plane: 16 rows of scores (`bk` wide) or of output (`dv` wide).
+    /// f32 scratch per plane: 16 rows of scores (`bk` wide, at least `O_COLS`).
     pub const fn scratch_per_plane(&self) -> usize {
-        let w = if self.s_pitch() > self.o_pitch() { self.s_pitch() } else { self.o_pitch() };
-        MMA * w
+        MMA * self.s_pitch()
+    }
+
+    /// Elements of each shared buffer, as allocated by the kernel: Q, K, V (vectors of `vec`),
+    /// P (input type) and the scratch (f32).
+    pub const fn q_elems(&self) -> usize {
+        self.bq() * self.q_pitch()
+    }
+    pub const fn k_elems(&self) -> usize {
+        self.bk * self.k_pitch()
+    }
+    pub const fn v_elems(&self) -> usize {
+        self.bk * self.v_pitch()
+    }
+    pub const fn p_elems(&self) -> usize {
+        self.bq() * self.p_pitch()
+    }
+    pub const fn scratch_elems(&self) -> usize {
+        self.warps * self.scratch_per_plane()
+    }
+
+    /// Shared memory of the kernel in bytes for `elem_bytes`-sized inputs: the Q stage is freed
+    /// once its fragments are loaded, so the other four buffers reuse it.
+    pub const fn smem_bytes(&self, elem_bytes: usize) -> usize {
+        let q = self.q_elems() * elem_bytes;
+        let rest = (self.k_elems() + self.v_elems() + self.p_elems()) * elem_bytes
+            + self.scratch_elems() * 4;
+        if q > rest {
+            q
+        } else {
+            rest
+        }
+    }
+
+    /// Whether every buffer is a whole number of `SMEM_ALIGN` blocks (so the allocator leaves no
+    /// alignment gaps and [`Self::smem_bytes`] is exact).
+    pub const fn buffers_aligned(&self, elem_bytes: usize) -> bool {
+        (self.q_elems() * elem_bytes).is_multiple_of(SMEM_ALIGN)
+            && (self.k_elems() * elem_bytes).is_multiple_of(SMEM_ALIGN)
+            && (self.v_elems() * elem_bytes).is_multiple_of(SMEM_ALIGN)
+            && (self.p_elems() * elem_bytes).is_multiple_of(SMEM_ALIGN)
+            && (self.scratch_elems() * 4).is_multiple_of(SMEM_ALIGN)
     }
 }
 
@@ -110,24 +158,14 @@ pub fn fwd_cmma<E: Float, N: Size>(
     let k_base = batch * shape.k_s0 as usize + kv_head * shape.k_s1 as usize;
     let v_base = batch * shape.v_s0 as usize + kv_head * shape.v_s1 as usize;
 
-    let mut q_stage = SharedMemory::<Vector<E, N>>::new_aligned(
-        comptime!(cfg.bq() * cfg.q_pitch() / cfg.vec),
-        SMEM_ALIGN,
-    );
-    let mut k_stage = SharedMemory::<Vector<E, N>>::new_aligned(
-        comptime!(cfg.bk * cfg.k_pitch() / cfg.vec),
-        SMEM_ALIGN,
-    );
-    let mut v_stage = SharedMemory::<Vector<E, N>>::new_aligned(
-        comptime!(cfg.bk * cfg.v_pitch() / cfg.vec),
-        SMEM_ALIGN,
-    );
-    let mut p_stage =
-        SharedMemory::<E>::new_aligned(comptime!(cfg.bq() * cfg.p_pitch()), SMEM_ALIGN);
-    let mut scratch = SharedMemory::<f32>::new_aligned(
-        comptime!(cfg.warps * cfg.scratch_per_plane()),
-        SMEM_ALIGN,
-    );
+    let mut q_stage =
+        SharedMemory::<Vector<E, N>>::new_aligned(comptime!(cfg.q_elems() / cfg.vec), SMEM_ALIGN);
+    let mut k_stage =
+        SharedMemory::<Vector<E, N>>::new_aligned(comptime!(cfg.k_elems() / cfg.vec), SMEM_ALIGN);
+    let mut v_stage =
+        SharedMemory::<Vector<E, N>>::new_aligned(comptime!(cfg.v_elems() / cfg.vec), SMEM_ALIGN);
+    let mut p_stage = SharedMemory::<E>::new_aligned(comptime!(cfg.p_elems()), SMEM_ALIGN);
+    let mut scratch = SharedMemory::<f32>::new_aligned(comptime!(cfg.scratch_elems()), SMEM_ALIGN);
 
     cube_load_rows(q, &mut q_stage, q_base, shape.q_s2 as usize, q0, q_len, bq, d, cfg.q_pitch(), cfg);
     sync_cube();
@@ -143,6 +181,11 @@ pub fn fwd_cmma<E: Float, N: Size>(
         cmma::load(&frag, &q_stage.slice(start, q_stage.len()), cfg.q_pitch() as u32);
         q_frags.push(frag);
     }
+    // Every plane has its Q fragments before the stage's memory goes to K, V, P and the scratch
+    // (the first write there may be another plane's epilogue when the cube sees no key).
+    sync_cube();
+    // SAFETY: uniform control flow, and nothing refers to the Q stage past this point.
+    unsafe { q_stage.free() };
     let mut o_frags = Sequence::<cmma::Matrix<f32>>::new();
     #[unroll]
     for _ in 0..dv / MMA {
@@ -377,7 +420,8 @@ fn kv_step<E: Float, N: Size>(
 }
 
 /// Multiplies row `r` of the plane's output fragments by `alpha` (each lane of the row pair
-/// scales half of the columns): store to the scratch, scale, reload.
+/// scales half of the columns), `O_COLS` columns at a time: store two fragments to the
+/// scratch, scale, reload.
 #[cube]
 fn plane_scale_rows(
     o_frags: &mut Sequence<cmma::Matrix<f32>>,
@@ -388,37 +432,43 @@ fn plane_scale_rows(
     half: usize,
     #[comptime] cfg: CmmaConfig,
 ) {
-    let dv = cfg.v_head_dim;
-    let half_dv = comptime!(cfg.v_head_dim / 2);
+    let frags = comptime!(O_COLS / MMA);
+    let half_cols = comptime!(O_COLS / 2);
     #[unroll]
-    for n in 0..dv / MMA {
-        cmma::store(
-            &mut scratch.slice_mut(plane_base + n * MMA, scratch.len()),
-            o_frags.index(n),
-            cfg.o_pitch() as u32,
-            MatrixLayout::RowMajor,
-        );
-    }
-    sync_plane();
-    #[unroll]
-    for c in 0..half_dv {
-        let idx = plane_base + r * cfg.o_pitch() + half * half_dv + c;
-        scratch[idx] = scratch[idx] * alpha;
-    }
-    sync_plane();
-    #[unroll]
-    for n in 0..dv / MMA {
-        cmma::load_with_layout(
-            o_frags.index(n),
-            &scratch.slice(plane_base + n * MMA, scratch.len()),
-            cfg.o_pitch() as u32,
-            MatrixLayout::RowMajor,
-        );
+    for pass in 0..cfg.v_head_dim / O_COLS {
+        #[unroll]
+        for f in 0..frags {
+            cmma::store(
+                &mut scratch.slice_mut(plane_base + f * MMA, scratch.len()),
+                o_frags.index(comptime!(pass * frags + f)),
+                cfg.s_pitch() as u32,
+                MatrixLayout::RowMajor,
+            );
+        }
+        sync_plane();
+        #[unroll]
+        for c in 0..half_cols {
+            let idx = plane_base + r * cfg.s_pitch() + half * half_cols + c;
+            scratch[idx] = scratch[idx] * alpha;
+        }
+        sync_plane();
+        #[unroll]
+        for f in 0..frags {
+            cmma::load_with_layout(
+                o_frags.index(comptime!(pass * frags + f)),
+                &scratch.slice(plane_base + f * MMA, scratch.len()),
+                cfg.s_pitch() as u32,
+                MatrixLayout::RowMajor,
+            );
+        }
+        // The next pass stores over what this one reloads.
+        sync_plane();
     }
 }
 
-/// Epilogue: O = acc / l row by row (the whole plane writes one row at a time, so stores are
-/// coalesced), LSE = m·scale + ln l; rows that saw no key get O = 0, LSE = -inf.
+/// Epilogue: O = acc / l row by row, `O_COLS` columns at a time through the scratch (the whole
+/// plane writes 32 consecutive elements of one row at a time, so stores are coalesced),
+/// LSE = m·scale + ln l; rows that saw no key get O = 0, LSE = -inf.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn write_results<E: Float>(
@@ -436,22 +486,12 @@ fn write_results<E: Float>(
     lane: usize,
     #[comptime] cfg: CmmaConfig,
 ) {
-    let dv = cfg.v_head_dim;
     let plane_base = warp * cfg.scratch_per_plane();
     let q_len = shape.q_len as usize;
-    #[unroll]
-    for n in 0..dv / MMA {
-        cmma::store(
-            &mut scratch.slice_mut(plane_base + n * MMA, scratch.len()),
-            o_frags.index(n),
-            cfg.o_pitch() as u32,
-            MatrixLayout::RowMajor,
-        );
-    }
+    let frags = comptime!(O_COLS / MMA);
     let l = row_sum + plane_shuffle_xor(row_sum, 1u32);
     let seen = l > 0.0;
     let inv = select(seen, 1.0 / l, 0.0);
-    sync_plane();
 
     let r = lane / 2;
     let own_row = q0 + warp * MMA + r;
@@ -468,15 +508,170 @@ fn write_results<E: Float>(
 
     let o_base = batch * shape.o_s0 as usize + head * shape.o_s1 as usize;
     #[unroll]
-    for rr in 0..MMA {
-        let row_inv = plane_shuffle(inv, (2 * rr) as u32);
-        let row = q0 + warp * MMA + rr;
-        if row < q_len {
-            let o_row = o_base + row * shape.o_s2 as usize;
-            #[unroll]
-            for c in 0..dv / PLANE {
-                let col = c * PLANE + lane;
-                o[o_row + col] = E::cast_from(scratch[plane_base + rr * cfg.o_pitch() + col] * row_inv);
+    for pass in 0..cfg.v_head_dim / O_COLS {
+        // The previous pass (or the score spill / rescale before the epilogue) is read.
+        sync_plane();
+        #[unroll]
+        for f in 0..frags {
+            cmma::store(
+                &mut scratch.slice_mut(plane_base + f * MMA, scratch.len()),
+                o_frags.index(comptime!(pass * frags + f)),
+                cfg.s_pitch() as u32,
+                MatrixLayout::RowMajor,
+            );
+        }
+        sync_plane();
+        #[unroll]
+        for rr in 0..MMA {
+            let row_inv = plane_shuffle(inv, (2 * rr) as u32);
+            let row = q0 + warp * MMA + rr;
+            if row < q_len {
+                let col = pass * O_COLS + lane;
+                o[o_base + row * shape.o_s2 as usize + col] =
+                    E::cast_from(scratch[plane_base + rr * cfg.s_pitch() + lane] * row_inv);
+            }
+        }
+    }
+}
+
+/// CubeCL's shared-memory allocator run offline on the real kernel: compiled for SPIR-V (with
+/// `VK_KHR_workgroup_memory_explicit_layout`, as on NVIDIA) and for CUDA, every tiling of the
+/// table asks for exactly [`CmmaTiles::smem_bytes`](crate::CmmaTiles::smem_bytes), so the
+/// freed Q stage really is reused. Nothing is launched: a wgpu adapter (llvmpipe will do) is
+/// only needed to expand the kernel. `QUATTN_CMMA_CUDA_DIR=<dir>` also writes the CUDA
+/// sources there, for an offline NVRTC compile.
+///
+/// `cargo test --release -p quattn-cubecl --features spirv,cuda --lib cmma`
+#[cfg(all(test, any(feature = "spirv", feature = "cuda")))]
+mod tests {
+    use super::*;
+    use crate::kernel::AttnShapeCompilationArg;
+    use crate::problem::SUPPORTED_HEAD_DIMS;
+    use crate::tiling::cmma_candidates;
+    use crate::CmmaTiles;
+    use cubecl::ir::{ElemType, StorageType, UIntKind};
+    use cubecl::wgpu::{WgpuDevice, WgpuRuntime};
+    #[allow(unused_imports)]
+    use cubecl::Compiler as _;
+
+    fn client() -> Option<ComputeClient<WgpuRuntime>> {
+        let instance = wgpu::Instance::default();
+        let adapters = cubecl::future::block_on(instance.enumerate_adapters(wgpu::Backends::all()));
+        if adapters.is_empty() {
+            println!("SKIPPED: no wgpu adapter to expand the kernel with");
+            return None;
+        }
+        Some(WgpuRuntime::client(&WgpuDevice::DefaultDevice))
+    }
+
+    /// Every table entry at every head dim (and one dv != d), both rescale modes.
+    fn configs() -> Vec<CmmaConfig> {
+        let mut dims: Vec<(usize, usize)> =
+            SUPPORTED_HEAD_DIMS.iter().map(|&d| (d as usize, d as usize)).collect();
+        dims.push((64, 128));
+        let mut out = Vec::new();
+        for (d, dv) in dims {
+            for t in cmma_candidates(d.max(dv) as u32) {
+                for lazy_rescale in [false, true] {
+                    out.push(CmmaConfig {
+                        head_dim: d,
+                        v_head_dim: dv,
+                        warps: t.warps as usize,
+                        bk: t.bk as usize,
+                        vec: 8,
+                        causal: true,
+                        write_lse: true,
+                        lazy_rescale,
+                    });
+                }
+            }
+        }
+        out
+    }
+
+    fn expected(cfg: &CmmaConfig) -> usize {
+        let tiles = CmmaTiles { warps: cfg.warps as u32, bk: cfg.bk as u32 };
+        tiles.smem_bytes(cfg.head_dim as u32, cfg.v_head_dim as u32, 2) as usize
+    }
+
+    fn definition(client: &ComputeClient<WgpuRuntime>, cfg: CmmaConfig) -> KernelDefinition {
+        let array = || ArrayCompilationArg { inplace: None };
+        let shape = AttnShapeCompilationArg {
+            q_len: (),
+            kv_len: (),
+            group: (),
+            q_heads: (),
+            q_s0: (),
+            q_s1: (),
+            q_s2: (),
+            k_s0: (),
+            k_s1: (),
+            k_s2: (),
+            v_s0: (),
+            v_s1: (),
+            v_s2: (),
+            o_s0: (),
+            o_s1: (),
+            o_s2: (),
+            scale: (),
+            lse_empty: (),
+        };
+        let settings = KernelSettings::default()
+            .cube_dim(CubeDim::new_1d(cfg.units() as u32))
+            .address_type(AddressType::U32);
+        fwd_cmma::FwdCmma::<half::f16, WgpuRuntime>::new(
+            settings,
+            client.clone(),
+            array(),
+            array(),
+            array(),
+            array(),
+            array(),
+            shape,
+            cfg.vec,
+            cfg,
+        )
+        .define()
+    }
+
+    const ADDR: StorageType = StorageType::Scalar(ElemType::UInt(UIntKind::U32));
+
+    fn name(cfg: &CmmaConfig) -> String {
+        format!(
+            "d{}v{}_w{}_bk{}_lazy{}",
+            cfg.head_dim, cfg.v_head_dim, cfg.warps, cfg.bk, cfg.lazy_rescale
+        )
+    }
+
+    #[cfg(feature = "spirv")]
+    #[test]
+    fn spirv_shared_memory_is_the_tiling_formula() {
+        use cubecl::wgpu::vulkan::VkSpirvCompiler;
+        let Some(client) = client() else { return };
+        for cfg in configs() {
+            let mut options = <VkSpirvCompiler as cubecl::Compiler>::CompilationOptions::default();
+            options.vulkan.supports_explicit_smem = true;
+            let kernel = VkSpirvCompiler::default()
+                .compile(definition(&client, cfg), &options, ExecutionMode::Unchecked, ADDR)
+                .unwrap();
+            assert_eq!(kernel.shared_size, expected(&cfg), "{}", name(&cfg));
+        }
+    }
+
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn cuda_shared_memory_is_the_tiling_formula() {
+        use cubecl::cuda::CudaCompiler;
+        let Some(client) = client() else { return };
+        let dump = std::env::var_os("QUATTN_CMMA_CUDA_DIR").map(std::path::PathBuf::from);
+        for cfg in configs() {
+            let kernel = CudaCompiler::default()
+                .compile(definition(&client, cfg), &Default::default(), ExecutionMode::Unchecked, ADDR)
+                .unwrap();
+            assert_eq!(kernel.shared_memory_size(), expected(&cfg), "{}", name(&cfg));
+            if let Some(dir) = &dump {
+                std::fs::create_dir_all(dir).unwrap();
+                std::fs::write(dir.join(format!("{}.cu", name(&cfg))), kernel.to_string()).unwrap();
             }
         }
     }
