@@ -55,10 +55,11 @@
 //! - wgpu/WGSL on llvmpipe (CI): FMA kernel; f16 yes, bf16 no (refused with
 //!   [`LaunchError::UnsupportedElemType`]), no subgroups (wgpu disables them on CPU adapters),
 //!   32 KiB of shared memory, no cmma.
-//! - wgpu/Vulkan on an H100: FMA kernel with 48 KiB, f16 and subgroup row reductions; no
-//!   cooperative matrix there.
-//! - CUDA: the cmma kernel for f16/bf16 (60 KiB of shared memory at d=128 with 4 planes x
-//!   bk 64, from the opt-in limit), the FMA kernel for f32; plane shuffles for row reductions.
+//! - wgpu/Vulkan on an H100 through WGSL: FMA kernel with 48 KiB, f16 and subgroup row
+//!   reductions; WGSL has no cooperative matrices. Through SPIR-V (feature `spirv`): the cmma
+//!   kernel on the driver's cooperative matrices, 4 planes x bk 32 (31 KiB at d=128).
+//! - CUDA: the cmma kernel for f16/bf16 (4 planes x bk 32, 31 KiB at d=128), the FMA kernel
+//!   for f32; plane shuffles for row reductions.
 //!
 //! The vectorized FMA kernel replaced the scalar one as the default after the scalar one
 //! measured ~5 TFLOP/s on an H100 through Vulkan; its module doc says what changed and why.

@@ -325,22 +325,31 @@ impl CmmaTiles {
 
 /// Candidate cmma tilings per head dim, best first.
 ///
-/// Why: 4 planes (64 query rows) is the FlashAttention-2 shape for 16x16 fragments; the
-/// register budget per lane is `d/16` Q fragments + `bk/16` score fragments + `dv/16` output
-/// fragments (4 + 8 + 8 floats each), which at d=128, bk=64 is ~128 registers. d=256 halves
-/// `bk` to stay under the 255-register limit.
+/// Measured on an H100 (run `q`, `benchmarks/2026-11-22-h100-q/`, `bench_cuda` sweep, seq 4096,
+/// f16, non-causal, host-timed): 4 planes x bk 32 is the best or within 5-12% of the best on
+/// both runtimes, and bk 64 loses everywhere.
+///
+/// | tiling (planes x bk) | CUDA d64 | CUDA d128 | Vulkan SPIR-V d64 | Vulkan SPIR-V d128 |
+/// |---|---|---|---|---|
+/// | 4 x 32 | 130.2 | 97.5 | **51.7** | **51.8** |
+/// | 4 x 64 (the first entry before) | 92.8 | 69.4 | 39.9 | – (over 48 KiB) |
+/// | 8 x 32 | **148.6** | 99.2 | 37.8 | 44.7 |
+/// | 8 x 64 | 86.1 | **102.1** | – | – |
+/// | 2 x 32 | 71.3 | 55.7 | 32.2 | 33.1 |
+///
+/// One table serves both (the best per runtime would need the runtime in the key; 4 x 32
+/// gives up at most 12% on CUDA and is the best on Vulkan). The register budget per lane is
+/// `d/16` Q fragments + `bk/16` score fragments + `dv/16` output fragments.
 ///
 /// Shared memory (f16/bf16, [`CmmaTiles::smem_bytes`]) is dominated by K and V once the Q stage
-/// is reused: 4 planes x bk 64 take 36 KiB at d=32, 44 KiB at d=64, 52 KiB at d=96 and 60 KiB
-/// at d=128; 4 planes x bk 32 take 27 KiB at d=96, 31 KiB at d=128 and 47 KiB at d=256.
-/// So CUDA (opt-in up to 227 KiB) runs the first entry everywhere, and Vulkan (SPIR-V
-/// cooperative matrices, 48 KiB on NVIDIA) runs 4 planes at every head dim: bk 64 at d = 32
-/// and 64, bk 32 at d = 96, 128 and 256. The 2-plane entries are for smaller limits.
+/// is reused: 4 planes x bk 32 take 27 KiB at d=96, 31 KiB at d=128 and 47 KiB at d=256, so
+/// CUDA (opt-in up to 227 KiB) and Vulkan (SPIR-V cooperative matrices, 48 KiB on NVIDIA) both
+/// run 4 planes x bk 32 at every head dim. The other entries are for smaller limits.
 pub fn cmma_candidates(head_dim: u32) -> &'static [CmmaTiles] {
     const fn t(warps: u32, bk: u32) -> CmmaTiles {
         CmmaTiles { warps, bk }
     }
-    const SMALL: &[CmmaTiles] = &[t(4, 64), t(4, 32), t(2, 32)];
+    const SMALL: &[CmmaTiles] = &[t(4, 32), t(4, 64), t(2, 32)];
     const LARGE: &[CmmaTiles] = &[t(4, 32), t(2, 32)];
     match head_dim {
         0..=128 => SMALL,
@@ -404,8 +413,8 @@ mod tests {
     #[test]
     fn cmma_tiles_within_vulkans_48k_in_f16() {
         let pick = |d| select_cmma_tiles(d, d, 2, 48 * 1024, 1024);
-        assert_eq!(pick(32), Some(CmmaTiles { warps: 4, bk: 64 }));
-        assert_eq!(pick(64), Some(CmmaTiles { warps: 4, bk: 64 }));
+        assert_eq!(pick(32), Some(CmmaTiles { warps: 4, bk: 32 }));
+        assert_eq!(pick(64), Some(CmmaTiles { warps: 4, bk: 32 }));
         assert_eq!(pick(96), Some(CmmaTiles { warps: 4, bk: 32 }));
         assert_eq!(pick(128), Some(CmmaTiles { warps: 4, bk: 32 }));
         assert_eq!(pick(256), Some(CmmaTiles { warps: 4, bk: 32 }));
@@ -415,10 +424,11 @@ mod tests {
     fn cmma_tiles_under_cudas_opt_in_limit_in_f16() {
         // H100: 227 KiB per block with the opt-in attribute.
         let pick = |d| select_cmma_tiles(d, d, 2, 227 * 1024, 1024);
-        for d in [32, 64, 96, 128] {
-            assert_eq!(pick(d), Some(CmmaTiles { warps: 4, bk: 64 }), "d={d}");
+        for d in [32, 64, 96, 128, 256] {
+            assert_eq!(pick(d), Some(CmmaTiles { warps: 4, bk: 32 }), "d={d}");
         }
-        assert_eq!(pick(256), Some(CmmaTiles { warps: 4, bk: 32 }));
+        // Where 4 x 32 does not fit, the next entries do.
+        assert_eq!(select_cmma_tiles(128, 128, 2, 24 * 1024, 1024), Some(CmmaTiles { warps: 2, bk: 32 }));
     }
 
     #[test]
