@@ -17,7 +17,7 @@ use half::{bf16, f16};
 use quattn_native::{
     HmmaArgs, HmmaConfig, HmmaKernel, InputType, Int8Args, Int8Config, Int8Kernel, Int8Prepass, Int8PrepassConfig,
     Int8Ptrs, Int8UmmaConfig, Int8UmmaKernel, Int8WgmmaConfig, Int8WgmmaKernel, NativeError, PrepassArgs, PrepassInput,
-    PrepassPtrs, WgmmaConfig, WgmmaKernel,
+    PrepassLens, PrepassPtrs, WgmmaConfig, WgmmaKernel,
 };
 
 use super::gpu::{CubeclBackend, GpuData};
@@ -80,18 +80,23 @@ impl Int8Native {
 }
 
 /// An INT8 plan on a native kernel: the portable upload (f16 Q, K, V; O; LSE), a scratch LSE
-/// when the caller did not ask for one (the kernels always write it), and the prepass outputs
-/// in native buffers, allocated once at upload.
+/// when the caller did not ask for one (the kernels always write it), the prepass outputs in
+/// native buffers, and everything an execution needs, resolved once at upload: the loaded
+/// prepass and kernel, their arguments and every device address.
 struct Int8NativeData {
     portable: ResidentData,
-    /// Held only to keep the scratch LSE allocated while `v_o_lse` points at it.
+    /// Held only to keep the scratch LSE allocated while `kernel_ptrs` points at it.
     _lse_scratch: Option<cubecl::server::Handle>,
-    /// Device addresses of Q, K, V, O and the LSE (or its scratch), looked up once at upload:
-    /// each lookup is a blocking round trip to CubeCL's device thread, and these buffers live as
-    /// long as the plan's data.
-    q_k: [u64; 2],
-    v_o_lse: [u64; 3],
-    prepass: Int8PrepassBuffers,
+    /// The prepass outputs (`prepass_ptrs` and `kernel_ptrs` address them).
+    outputs: Int8PrepassBuffers,
+    prepass: Arc<Int8Prepass>,
+    prepass_args: PrepassArgs,
+    prepass_ptrs: PrepassPtrs,
+    /// Element counts of the prepass buffers (for reading them back).
+    prepass_lens: PrepassLens,
+    kernel: Arc<Int8Loaded>,
+    kernel_args: Int8Args,
+    kernel_ptrs: Int8Ptrs,
     /// The stream the prepass and the kernel run on: dropping the data waits for it, so that
     /// CubeCL never reuses a buffer a native kernel may still touch.
     stream: Arc<CudaStream>,
@@ -407,67 +412,45 @@ impl CudaBackend {
     /// events bracket the kernel alone and the call waits for them, returning the kernel's
     /// milliseconds; otherwise it returns once both are enqueued.
     fn execute_int8(&self, plan: &Plan, data: &mut ResidentData, timed: bool) -> Result<Option<f64>> {
-        let which = int8_native(&plan.problem, plan.precision, self.cc, Some(int8_family_of(&plan.kernel)))
-            .map_err(|reason| Error::Kernel { kernel: plan.kernel.clone(), reason })?;
-        let blocking = plan.blocking.ok_or_else(|| Error::Kernel { kernel: plan.kernel.clone(), reason: "an INT8 plan without its blocking".into() })?;
         let nd = data
-            .downcast_mut::<Int8NativeData>()
+            .downcast_ref::<Int8NativeData>()
             .ok_or_else(|| Error::Kernel { kernel: plan.kernel.clone(), reason: "resident data belongs to another kernel".into() })?;
-        let prepass = self.prepass(prepass_config(&plan.problem, plan.precision, &blocking).map_err(|e| native_err("int8_prepass", e))?)?;
-        let kernel = self.int8_kernel(which)?;
         self.bind(&plan.kernel)?;
         let e = self.driver(&plan.kernel);
         let s = &self.stream;
-        let b = &mut nd.prepass;
-        let [q, k] = nd.q_k;
-        let [v, o, lse] = nd.v_o_lse;
-        {
-            use cudarc::driver::DevicePtrMut;
-            // The guards only record stream use; every buffer here lives on this stream.
-            let addr8 = |x: &mut CudaSlice<u8>| x.device_ptr_mut(s).0;
-            let (q_codes, k_codes) = (addr8(&mut b.q_codes), addr8(&mut b.k_codes));
-            let mut addr = |x: &mut CudaSlice<f32>| x.device_ptr_mut(s).0;
-            let (q_scale, k_scale) = (addr(&mut b.q_scale), addr(&mut b.k_scale));
-            let mean = b.mean.as_mut().map(&mut addr).unwrap_or(0);
-            let lse_shift = b.lse_shift.as_mut().map(&mut addr).unwrap_or(0);
-            let partial = b.partial.as_mut().map(|x| x.device_ptr_mut(s).0).unwrap_or(0);
-            let pre = PrepassPtrs { q, k, q_codes, k_codes, q_scale, k_scale, mean, partial, lse_shift };
-            // SAFETY: Q and K are the plan's live CubeCL buffers (uploaded and synchronized at
-            // upload), the outputs were allocated at upload for this problem and config
-            // (`PrepassArgs::required_lens`); everything stays alive until the stream is idle
-            // (`Int8NativeData`'s drop waits for it).
-            unsafe { prepass.launch_raw(s, &prepass_args(&plan.problem), &pre) }.map_err(|err| native_err("int8_prepass", err))?;
-            let ptrs = Int8Ptrs { q: q_codes, k: k_codes, v, o, lse, q_scale, k_scale, lse_shift };
-            let args = int8_args(&plan.problem, lse_shift != 0);
-            let events = if timed {
-                let f = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
-                Some((self.ctx.new_event(f).map_err(&e)?, self.ctx.new_event(f).map_err(&e)?))
-            } else {
-                None
-            };
-            if let Some((start, _)) = &events {
-                start.record(s).map_err(&e)?;
+        // SAFETY: Q and K are the plan's live CubeCL buffers (uploaded and synchronized at
+        // upload), the outputs were allocated at upload for this problem and config
+        // (`PrepassArgs::required_lens`); everything stays alive until the stream is idle
+        // (`Int8NativeData`'s drop waits for it).
+        unsafe { nd.prepass.launch_raw(s, &nd.prepass_args, &nd.prepass_ptrs) }.map_err(|err| native_err("int8_prepass", err))?;
+        let events = if timed {
+            let f = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+            Some((self.ctx.new_event(f).map_err(&e)?, self.ctx.new_event(f).map_err(&e)?))
+        } else {
+            None
+        };
+        if let Some((start, _)) = &events {
+            start.record(s).map_err(&e)?;
+        }
+        let (args, ptrs) = (&nd.kernel_args, &nd.kernel_ptrs);
+        // SAFETY: as above; V, O and the LSE are the plan's CubeCL buffers, sized by the upload
+        // for this problem; the launchers check arguments, alignment and non-null pointers.
+        let launched = match &*nd.kernel {
+            Int8Loaded::Imma(k) => unsafe { k.launch_raw(s, args, ptrs) },
+            Int8Loaded::Wgmma(k) => unsafe { k.launch_raw(s, args, ptrs) },
+            Int8Loaded::Umma(k) => {
+                let p = [ptrs.q, ptrs.k, ptrs.v, ptrs.o, ptrs.lse, ptrs.q_scale, ptrs.k_scale, ptrs.lse_shift];
+                unsafe { k.launch_raw(s, args, p) }
             }
-            // SAFETY: as above; V, O and the LSE are the plan's CubeCL buffers, sized by the
-            // upload for this problem; the launchers check arguments, alignment and non-null
-            // pointers.
-            let launched = match &*kernel {
-                Int8Loaded::Imma(k) => unsafe { k.launch_raw(s, &args, &ptrs) },
-                Int8Loaded::Wgmma(k) => unsafe { k.launch_raw(s, &args, &ptrs) },
-                Int8Loaded::Umma(k) => {
-                    let p = [ptrs.q, ptrs.k, ptrs.v, ptrs.o, ptrs.lse, ptrs.q_scale, ptrs.k_scale, ptrs.lse_shift];
-                    unsafe { k.launch_raw(s, &args, p) }
-                }
-            };
-            launched.map_err(|err| native_err(&plan.kernel, err))?;
-            match &events {
-                Some((start, end)) => {
-                    end.record(s).map_err(&e)?;
-                    end.synchronize().map_err(&e)?;
-                    Ok(Some(start.elapsed_ms(end).map_err(&e)? as f64))
-                }
-                None => Ok(None),
+        };
+        launched.map_err(|err| native_err(&plan.kernel, err))?;
+        match &events {
+            Some((start, end)) => {
+                end.record(s).map_err(&e)?;
+                end.synchronize().map_err(&e)?;
+                Ok(Some(start.elapsed_ms(end).map_err(&e)? as f64))
             }
+            None => Ok(None),
         }
     }
 
@@ -584,19 +567,24 @@ impl Backend for CudaBackend {
             let lse_scratch = (!plan.problem.return_lse).then(|| self.portable.empty(plan.problem.lse_len_elems() * 4));
             let d: &GpuData = self.portable.data(plan, &portable)?;
             let lse = d.lse.as_ref().or(lse_scratch.as_ref()).ok_or_else(|| Error::Kernel { kernel: plan.kernel.clone(), reason: "no LSE buffer".into() })?;
+            // Each lookup is a blocking round trip to CubeCL's device thread: once, here.
             let ptr = |h: &cubecl::server::Handle| self.portable.device_ptr(h);
-            let (q_k, v_o_lse) = ([ptr(&d.q)?, ptr(&d.k)?], [ptr(&d.v)?, ptr(&d.o)?, ptr(lse)?]);
+            let (q_in, k_in, v, o, lse) = (ptr(&d.q)?, ptr(&d.k)?, ptr(&d.v)?, ptr(&d.o)?, ptr(lse)?);
             // The native stream reads what CubeCL's stream uploaded.
             self.portable.synchronize()?;
-            let blocking = plan.blocking.ok_or_else(|| Error::Kernel { kernel: plan.kernel.clone(), reason: "an INT8 plan without its blocking".into() })?;
-            let config = prepass_config(&plan.problem, plan.precision, &blocking).map_err(|e| native_err("int8_prepass", e))?;
-            let lens = prepass_args(&plan.problem).required_lens(&config).map_err(|e| native_err("int8_prepass", e))?;
+            let kernel_err = |reason: String| Error::Kernel { kernel: plan.kernel.clone(), reason };
+            let which = int8_native(&plan.problem, plan.precision, self.cc, Some(int8_family_of(&plan.kernel))).map_err(kernel_err)?;
+            let kernel = self.int8_kernel(which)?;
+            let blocking = plan.blocking.ok_or_else(|| kernel_err("an INT8 plan without its blocking".into()))?;
+            let prepass = self.prepass(prepass_config(&plan.problem, plan.precision, &blocking).map_err(|e| native_err("int8_prepass", e))?)?;
+            let prepass_args = prepass_args(&plan.problem);
+            let lens = prepass_args.required_lens(prepass.config()).map_err(|e| native_err("int8_prepass", e))?;
             self.bind(&plan.kernel)?;
             let e = self.driver(&plan.kernel);
             let s = &self.stream;
             // SAFETY (alloc): every buffer is written by the prepass before anything reads it.
             let opt = |n: usize| if n == 0 { Ok(None) } else { unsafe { s.alloc::<f32>(n) }.map(Some) };
-            let prepass = Int8PrepassBuffers {
+            let mut outputs = Int8PrepassBuffers {
                 q_codes: unsafe { s.alloc::<u8>(lens.q_codes.max(16)) }.map_err(&e)?,
                 k_codes: unsafe { s.alloc::<u8>(lens.k_codes.max(16)) }.map_err(&e)?,
                 q_scale: unsafe { s.alloc::<f32>(lens.q_scale.max(4)) }.map_err(&e)?,
@@ -605,7 +593,29 @@ impl Backend for CudaBackend {
                 partial: if lens.partial == 0 { None } else { Some(unsafe { s.alloc::<f64>(lens.partial) }.map_err(&e)?) },
                 lse_shift: opt(lens.lse_shift).map_err(&e)?,
             };
-            return Ok(Box::new(Int8NativeData { portable, _lse_scratch: lse_scratch, q_k, v_o_lse, prepass, stream: s.clone() }));
+            // Addresses of allocations that never move; the guards only record stream use and
+            // every buffer here lives on this stream.
+            use cudarc::driver::DevicePtrMut;
+            let b = &mut outputs;
+            let (q_codes, k_codes) = (b.q_codes.device_ptr_mut(s).0, b.k_codes.device_ptr_mut(s).0);
+            let mut addr = |x: &mut CudaSlice<f32>| x.device_ptr_mut(s).0;
+            let (q_scale, k_scale) = (addr(&mut b.q_scale), addr(&mut b.k_scale));
+            let mean = b.mean.as_mut().map(&mut addr).unwrap_or(0);
+            let lse_shift = b.lse_shift.as_mut().map(&mut addr).unwrap_or(0);
+            let partial = b.partial.as_mut().map(|x| x.device_ptr_mut(s).0).unwrap_or(0);
+            return Ok(Box::new(Int8NativeData {
+                portable,
+                _lse_scratch: lse_scratch,
+                outputs,
+                prepass,
+                prepass_args,
+                prepass_ptrs: PrepassPtrs { q: q_in, k: k_in, q_codes, k_codes, q_scale, k_scale, mean, partial, lse_shift },
+                prepass_lens: lens,
+                kernel,
+                kernel_args: int8_args(&plan.problem, lse_shift != 0),
+                kernel_ptrs: Int8Ptrs { q: q_codes, k: k_codes, v, o, lse, q_scale, k_scale, lse_shift },
+                stream: s.clone(),
+            }));
         }
         if !is_native(plan) {
             return self.portable.upload(plan, q, k, v);
@@ -686,14 +696,11 @@ impl Backend for CudaBackend {
         let Some(nd) = data.downcast_ref::<Int8NativeData>() else {
             return Ok(None);
         };
-        let blocking = plan.blocking.ok_or_else(|| Error::Kernel { kernel: plan.kernel.clone(), reason: "an INT8 plan without its blocking".into() })?;
-        let config = prepass_config(&plan.problem, plan.precision, &blocking).map_err(|e| native_err("int8_prepass", e))?;
-        let lens = prepass_args(&plan.problem).required_lens(&config).map_err(|e| native_err("int8_prepass", e))?;
         self.bind(&plan.kernel)?;
         let e = self.driver(&plan.kernel);
         let s = &self.stream;
         s.synchronize().map_err(&e)?;
-        let b = &nd.prepass;
+        let (b, lens) = (&nd.outputs, &nd.prepass_lens);
         let codes = |x: &CudaSlice<u8>, n: usize| -> Result<Vec<i8>> { Ok(s.clone_dtoh(x).map_err(&e)?[..n].iter().map(|&c| c as i8).collect()) };
         let floats = |x: &CudaSlice<f32>, n: usize| -> Result<Vec<f32>> { Ok(s.clone_dtoh(x).map_err(&e)?[..n].to_vec()) };
         Ok(Some(Int8Operands {
