@@ -219,7 +219,7 @@ fn run_case(session: &Session, p: &AttentionProblem, prec: Precision, strategy: 
 /// GQA BHSD shape with ragged lengths and a BSHD one, K with +8σ outlier channels. Strategy
 /// name `prepass-<strategy>`.
 fn prepass_cases(session: &Session) -> Vec<Case> {
-    use quattn::codec::int8::{verify_operands, DeviceSums, Int8Blocking, Int8ScaleLayout};
+    use quattn::codec::int8::{verify_operands, DeviceSums, Int8ScaleLayout};
     use quattn::{Int8Granularity, PvFormat};
     let shapes = [
         AttentionProblem::new(2, 8, 300, 128).kv_heads(2).kv_len(777),
@@ -254,9 +254,7 @@ fn prepass_cases(session: &Session) -> Vec<Case> {
                         let mut r = session.upload(&plan, &q, &k, &v)?;
                         session.execute(&mut r)?;
                         let Some(ops) = session.int8_operands(&r)? else { return Ok(None) };
-                        let b = plan.blocking.unwrap_or_default();
-                        let blocking = Int8Blocking { block_q: b.block_q, block_k: b.block_k, warps: b.warps };
-                        let layout = Int8ScaleLayout::new(&p, granularity, blocking)?;
+                        let layout = Int8ScaleLayout::new(&p, granularity, plan.blocking.unwrap_or_default().int8())?;
                         let fold = p.softmax_scale() * std::f32::consts::LOG2_E;
                         verify_operands(&p, &layout, smooth_k, &q, &k, fold, &ops, DeviceSums::F64MeanCodecShift)?;
                         Ok(Some(()))

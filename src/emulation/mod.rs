@@ -95,6 +95,11 @@ impl Default for Blocking {
 }
 
 impl Blocking {
+    /// The INT8 scale blocking (`codec::int8::Int8Blocking`) of this tiling.
+    pub fn int8(&self) -> crate::codec::int8::Int8Blocking {
+        crate::codec::int8::Int8Blocking { block_q: self.block_q, block_k: self.block_k, warps: self.warps }
+    }
+
     /// Checks the blocking against the problem and mode.
     pub fn validate(&self, problem: &AttentionProblem, precision: Precision) -> Result<()> {
         if self.block_q == 0 || self.block_k == 0 || self.warps == 0 || self.qk_chunk == 0 {
@@ -104,10 +109,7 @@ impl Blocking {
             Precision::F16 { qk: QkAccum::TwoStage, .. } if !self.qk_chunk.is_multiple_of(mma::K_STEP) => Err(
                 Error::Quantization(format!("qk_chunk {} is not a multiple of the 16-wide MMA k-step", self.qk_chunk)),
             ),
-            Precision::Int8Qk { granularity, .. } => {
-                crate::codec::int8::Int8Blocking { block_q: self.block_q, block_k: self.block_k, warps: self.warps }
-                    .validate(granularity)
-            }
+            Precision::Int8Qk { granularity, .. } => self.int8().validate(granularity),
             Precision::Nvfp4 { v } => {
                 if !problem.head_dim.is_multiple_of(16) {
                     return Err(Error::UnsupportedHeadDim {

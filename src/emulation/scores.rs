@@ -5,7 +5,7 @@ use super::mma;
 use crate::codec::fp4::e2m1;
 use crate::codec::fp8::ue4m3;
 use crate::codec::fp8_scaled::{DescaleLayout, Fp8Tensor};
-use crate::codec::int8::{self, Int8Blocking, Int8ScaleLayout, Int8Tensor};
+use crate::codec::int8::{self, Int8ScaleLayout, Int8Tensor};
 use crate::codec::nvfp4::{Nvfp4Tensor, BLOCK as NVFP4_BLOCK};
 use crate::{AttentionProblem, Precision, QkAccum, Result};
 
@@ -64,8 +64,7 @@ impl ScorePlan {
                 ScorePlan::Float { q, k, accum: qk, chunk: blocking.qk_chunk }
             }
             Precision::Int8Qk { granularity, smooth_k, .. } => {
-                let ib = Int8Blocking { block_q: blocking.block_q, block_k: blocking.block_k, warps: blocking.warps };
-                let layout = Int8ScaleLayout::new(problem, granularity, ib)?;
+                let layout = Int8ScaleLayout::new(problem, granularity, blocking.int8())?;
                 let fold = scale * std::f32::consts::LOG2_E;
                 let qt = int8::quantize_q(problem, &layout, &q, fold)?;
                 let (kt, smoothing) = if smooth_k {
