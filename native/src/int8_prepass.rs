@@ -180,9 +180,7 @@ impl Int8PrepassConfig {
                 let Ok(config) = Self::new(*hd as usize, PrepassInput::F16, (128, 128, 8), gran, smooth) else {
                     continue;
                 };
-                let passes: &[PrepassPass] =
-                    if smooth { &[PrepassPass::MeanPartial, PrepassPass::Mean, PrepassPass::Quantize] } else { &[PrepassPass::Quantize] };
-                v.extend(passes.iter().map(|&pass| PrepassVariant { config, pass }));
+                v.extend(config.passes().iter().map(|&pass| PrepassVariant { config, pass }));
             }
         }
         v
@@ -333,6 +331,12 @@ impl PrepassArgs {
         self.kv_len.div_ceil(PREPASS_MEAN_CHUNK)
     }
 
+    /// CTAs of the quantize pass: every block of Q, then every block of K.
+    fn quantize_ctas(&self, config: &Int8PrepassConfig) -> usize {
+        self.batch * self.q_heads * self.q_len.div_ceil(config.block_q as usize)
+            + self.batch * self.kv_heads * self.kv_len.div_ceil(config.block_k as usize)
+    }
+
     pub fn required_lens(&self, config: &Int8PrepassConfig) -> Result<PrepassLens> {
         config.validate()?;
         let hd = config.head_dim as usize;
@@ -372,9 +376,7 @@ impl PrepassArgs {
                 return bad(format!("{what} strides {s:?}: non-negative multiples of 8 elements needed"));
             }
         }
-        let ctas = self.batch * self.q_heads * self.q_len.div_ceil(config.block_q as usize)
-            + self.batch * self.kv_heads * self.kv_len.div_ceil(config.block_k as usize);
-        let lens = [self.q_len, self.kv_len, self.batch, self.q_heads, self.kv_heads, ctas];
+        let lens = [self.q_len, self.kv_len, self.batch, self.q_heads, self.kv_heads, self.quantize_ctas(config)];
         if lens.iter().any(|&x| x > i32::MAX as usize) || self.kv_heads > 65535 || self.batch > 65535 {
             return bad(format!("prepass too large for one launch: {self:?}"));
         }
@@ -432,11 +434,7 @@ impl PrepassArgs {
         match pass {
             PrepassPass::MeanPartial => ((self.chunks() as u32, self.kv_heads as u32, self.batch as u32), (THREADS, 1, 1)),
             PrepassPass::Mean => (((self.batch * self.kv_heads) as u32, 1, 1), (config.head_dim, 1, 1)),
-            PrepassPass::Quantize => {
-                let p = self.params(config, &PrepassPtrs::default());
-                let ctas = self.batch * self.q_heads * p.q_blocks as usize + self.batch * self.kv_heads * p.k_blocks as usize;
-                ((ctas as u32, 1, 1), (THREADS, 1, 1))
-            }
+            PrepassPass::Quantize => ((self.quantize_ctas(config) as u32, 1, 1), (THREADS, 1, 1)),
         }
     }
 }
