@@ -83,8 +83,7 @@ impl<R: Runtime> CubeclBackend<R> {
         self.client.empty(bytes)
     }
 
-    /// The CubeCL client (for backends that hand its buffers to native kernels: on CUDA,
-    /// `client().get_resource(handle)` gives the device pointer, see `quantize_int8`).
+    /// The CubeCL client (e.g. to ask which compiler a wgpu client runs, `runs_spirv`).
     #[allow(dead_code)]
     pub(crate) fn client(&self) -> &ComputeClient<R> {
         &self.client
@@ -95,12 +94,9 @@ impl<R: Runtime> CubeclBackend<R> {
     /// strides), f32 scales laid out for `blocking` as `codec::int8::Int8ScaleLayout` says, Q
     /// scales folded with `softmax_scale · log2 e`, and with `smooth_k` the K mean
     /// `[batch, kv_heads, head_dim]` and the LSE shift `[batch, q_heads, q_len]`. Enqueued on
-    /// the client's stream; the handles are valid as soon as it returns.
-    ///
-    /// A native backend on `R = CudaRuntime` reads the raw pointers with
-    /// `self.client().get_resource(handle.clone())?.resource().ptr` (a `u64` CUdeviceptr with
-    /// the handle's offset applied; the returned `ManagedResource` keeps the allocation alive)
-    /// after ordering its stream after CubeCL's (e.g. `client().sync()`).
+    /// the client's stream; the handles are valid as soon as it returns. The portable INT8
+    /// path's prepass; the native CUDA kernels have their own on their stream
+    /// (`quattn_native::Int8Prepass`).
     pub(crate) fn quantize_int8(
         &self,
         problem: &AttentionProblem,
