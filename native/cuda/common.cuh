@@ -425,6 +425,57 @@ __device__ __forceinline__ void thread_mbarrier_wait(u32 bar, u32 parity) {
                      : "=r"(done) : "r"(bar), "r"(parity) : "memory");
     } while (!done);
 }
+// One arrival (count 1) on the current phase.
+__device__ __forceinline__ void thread_mbarrier_arrive(u32 bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(bar) : "memory");
+}
+// One arrival that also announces `bytes` of asynchronous transactions (TMA) for this phase:
+// the phase completes when every arrival came and every announced byte landed.
+__device__ __forceinline__ void thread_mbarrier_arrive_expect_tx(u32 bar, u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(bar), "r"(bytes) : "memory");
+}
+
+// ---- the tensor memory accelerator (TMA, sm_90+) ---------------------------------------------
+// A CUtensorMap is 128 opaque bytes (aligned to 128 as CUDA 13 declares it), built on the host by
+// cuTensorMapEncodeTiled; kernels take it by value as a `__grid_constant__` parameter and TMA
+// instructions take its generic address.
+struct __align__(128) TmaMap {
+    u64 opaque[16];
+};
+// Loads the box at coordinates (c0 innermost .. c3) of a rank-4 tensor map into shared memory
+// at `dst` (the map's swizzle applied; out-of-bounds elements zero-filled); the bytes complete
+// on `bar`. One thread issues it.
+__device__ __forceinline__ void thread_tma_load_4d(u32 dst, const TmaMap* map, u32 bar, int c0, int c1, int c2, int c3) {
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n"
+                 :: "r"(dst), "l"(reinterpret_cast<u64>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+                 : "memory");
+}
+__device__ __forceinline__ void thread_tma_prefetch_map(const TmaMap* map) {
+    asm volatile("prefetch.tensormap [%0];\n" :: "l"(reinterpret_cast<u64>(map)) : "memory");
+}
+
+// ---- named barriers and register reallocation ------------------------------------------------
+// bar.sync / bar.arrive on barrier `id` (1..15; 0 is __syncthreads) with `count` threads in all
+// (a multiple of 32): the arriving warps do not wait.
+__device__ __forceinline__ void cta_named_sync(int id, int count) {
+    asm volatile("bar.sync %0, %1;\n" :: "r"(id), "r"(count) : "memory");
+}
+__device__ __forceinline__ void cta_named_arrive(int id, int count) {
+    asm volatile("bar.arrive %0, %1;\n" :: "r"(id), "r"(count) : "memory");
+}
+#endif
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// setmaxnreg (sm_90a): a warpgroup gives registers back (dec) or takes them (inc); the whole
+// warpgroup executes it. Needs a register cap at kernel entry (__launch_bounds__(n, 1)).
+template <int N>
+__device__ __forceinline__ void wg_setmaxnreg_dec() {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(N));
+}
+template <int N>
+__device__ __forceinline__ void wg_setmaxnreg_inc() {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(N));
+}
 #endif
 
 // ---- tcgen05: tensor memory and the 5th-generation tensor core (sm_100a only) ----------------

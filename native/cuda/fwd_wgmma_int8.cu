@@ -3,16 +3,23 @@
 // fwd_int8.cu (same host contract: Int8FwdParams, scale layouts, LSE shift) on the CTA and
 // pipeline of fwd_wgmma.cu (read both headers first).
 //
-// Status: compiled and disassembled only (NVRTC 13.0, sm_90a); not yet run on hardware.
-// `examples/int8_check.rs` checks and times it on an H100 against the f64 reference.
+// Two kernels from this source (-D WS):
+//   WS 0  every thread issues cp.async (no producer warp, no TMA), 256 threads, both consumer
+//         warpgroups in lockstep with a CTA barrier per KV tile.
+//   WS 1  warp specialized, 384 threads: a producer warpgroup loads through TMA into KV_STAGES
+//         stages, the two consumer warpgroups ping-pong (see the WS 1 section below). This is
+//         the one quattn dispatches: 1.2-1.3x the WS 0 kernel on the H100 (BENCHMARKS.md, run s).
+// Both are checked on an H100 by `examples/int8_check.rs` and `quattn selftest`.
 //
 // CTA. 2 consumer warpgroups x 64 query rows: BLOCK_M = 128, BLOCK_N = 128 keys per KV tile (=
-// keys per K scale), 256 threads, every thread issues cp.async (no producer warp, no TMA).
+// keys per K scale).
 //
 // Shared memory (base rounded up to 1024 bytes):
 //   Q   int8 [128 rows][HEAD_DIM bytes]                      (resident)
-//   K   int8 [128 keys][HEAD_DIM bytes] x 2 stages
-//   V   f16  [128 keys][HEAD_DIM] x 2 stages, in fwd_wgmma.cu's 128B-swizzle column blocks
+//   K   int8 [128 keys][HEAD_DIM bytes] x 2 stages (WS 1: KV_STAGES)
+//   V   f16  [128 keys][HEAD_DIM] x 2 stages (WS 1: KV_STAGES), in fwd_wgmma.cu's 128B-swizzle
+//        column blocks
+//   WS 1 only: mbarriers, 8 bytes each: Q full, then per stage K full, V full, K empty, V empty
 // int8 rows are HEAD_DIM bytes, stored densely and swizzled in place:
 //   * hd128: a row is 128 bytes = one row of the 128B swizzle atom: chunk c of row r at
 //     c ^ (r & 7) (tile_swizzle<128>), layout type 1, 8-row groups SBO = 1024 bytes.
@@ -48,7 +55,7 @@
 // RESCALE_LOG2 = 8 decided per warp, a row's max starting at the finite M_EMPTY, P rounded to
 // f16, f32 O, O = acc / l, LSE = (m + log2 l) ln 2 + lse_shift.
 //
-// Pipeline: fwd_wgmma.cu's. Tile j: wait for cp.async (K_j, V_{j-1}), fence.proxy.async, barrier;
+// Pipeline (WS 0): fwd_wgmma.cu's. Tile j: wait for cp.async (K_j, V_{j-1}), fence.proxy.async, barrier;
 // prefetch K_{j+1}, V_j; issue S_j, commit; issue P_{j-1}·V_{j-1}, commit; wait_group 1 (S_j
 // done); convert, mask, softmax (overlapping the P·V); wait_group 0; rescale O; pack P_j.
 //
@@ -58,8 +65,10 @@
 // last barrier of the KV loop comes after every warpgroup's last S wgmma completed, and after it
 // only V is read.
 //
-// Compile-time parameters (-D, built by src/wgmma_int8.rs): HEAD_DIM 64 | 128, Q_GRAN 0 | 1 | 2.
-// ABI: `Int8FwdParams` of fwd_int8.cu (Rust mirror `Int8Params` in src/int8.rs).
+// Compile-time parameters (-D, built by src/wgmma_int8.rs): HEAD_DIM 64 | 128, Q_GRAN 0 | 1 | 2,
+// WS 0 | 1; with WS 1 also KV_STAGES (2..4), PRODUCER_REGS and CONSUMER_REGS (setmaxnreg).
+// ABI: `Int8FwdParams` of fwd_int8.cu (Rust mirror `Int8Params` in src/int8.rs); WS 1 takes a
+// second parameter, `Int8TmaMaps` (three CUtensorMaps, built on the host per launch).
 #include "common.cuh"
 
 #if !defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -70,6 +79,12 @@
 #endif
 #ifndef RESCALE_LOG2
 #define RESCALE_LOG2 8
+#endif
+#ifndef WS
+#define WS 0
+#endif
+#if WS && (!defined(KV_STAGES) || !defined(PRODUCER_REGS) || !defined(CONSUMER_REGS))
+#error "fwd_wgmma_int8.cu with WS 1 needs KV_STAGES, PRODUCER_REGS, CONSUMER_REGS"
 #endif
 #define M_EMPTY (-1.7014118e38f)
 
@@ -88,16 +103,18 @@ constexpr int V_BLOCKS = D / 64;           // 128-byte column blocks of an f16 V
 constexpr int Q_BYTES = BM * D;
 constexpr int K_TILE_BYTES = BN * D;
 constexpr int V_TILE_BYTES = BN * D * 2;
+constexpr int O_STAGE_BYTES = BM * D * 2;
+#if !WS
 constexpr int K_OFFSET = Q_BYTES;
 constexpr int V_OFFSET = Q_BYTES + 2 * K_TILE_BYTES;
 constexpr int SMEM_BYTES = Q_BYTES + 2 * K_TILE_BYTES + 2 * V_TILE_BYTES + 1024;   // + alignment slack
-constexpr int O_STAGE_BYTES = BM * D * 2;
+static_assert(SMEM_BYTES <= 227 * 1024, "more shared memory than an sm_90 block may have");
+static_assert(O_STAGE_BYTES <= V_OFFSET, "O is staged through the Q and K regions");
+#endif
 constexpr int Q_SCALES_PER_BLOCK = Q_GRAN == 0 ? 1 : Q_GRAN == 1 ? WARPS : WARPS * 8;
 static_assert(D == 64 || D == 128, "head dim 64 or 128");
 static_assert(Q_GRAN >= 0 && Q_GRAN <= 2, "Q_GRAN 0, 1 or 2");
-static_assert(SMEM_BYTES <= 227 * 1024, "more shared memory than an sm_90 block may have");
 static_assert(Q_BYTES % 1024 == 0 && K_TILE_BYTES % 1024 == 0 && V_TILE_BYTES % 1024 == 0, "aligned tiles");
-static_assert(O_STAGE_BYTES <= V_OFFSET, "O is staged through the Q and K regions");
 }  // namespace cfg
 
 struct Int8FwdParams {
@@ -197,13 +214,13 @@ __device__ __forceinline__ float cta_k_scale(const Int8FwdParams& p, int t) {
     return __ldg(reinterpret_cast<const float*>(p.k_scale) + ((i64)cta_batch() * p.kv_heads + cta_kv_head(p)) * k_blocks + t);
 }
 // This lane's Q scale (rows g and g + 8 of its warp share it in every granularity; header).
-__device__ __forceinline__ float cta_q_scale(const Int8FwdParams& p) {
+// `tid`: the thread's index among the CTA's consumer threads.
+__device__ __forceinline__ float cta_q_scale(const Int8FwdParams& p, int tid) {
     int m_block;
     asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(m_block));
     m_block = gridDim.x - 1 - m_block;
     const float* base = reinterpret_cast<const float*>(p.q_scale) +
                         (((i64)cta_batch() * p.q_heads + cta_head()) * gridDim.x + m_block) * cfg::Q_SCALES_PER_BLOCK;
-    const int tid = cta_tid();
 #if Q_GRAN == 0
     (void)tid;
     return __ldg(base);
@@ -299,7 +316,87 @@ __device__ __forceinline__ void wg_softmax_tile(const int (&s)[cfg::S_REGS], flo
     thread_pack_p(pf, x);
 }
 
-// ---- the kernel ----------------------------------------------------------------------------
+// ---- pieces shared by both kernels -----------------------------------------------------------
+
+// The KV tiles a query block visits: n_tiles in all, processed last tile first (j = 0 is tile
+// n_tiles - 1), the first n_masked of them (in processing order) masked.
+struct CtaTiles {
+    int n_tiles;
+    int n_masked;
+};
+__device__ __forceinline__ CtaTiles cta_tiles(const Int8FwdParams& p, int m0) {
+    const int offset = p.kv_len - p.q_len;       // bottom-right causal alignment
+    int n_end = p.kv_len;
+    int full_end = p.kv_len / cfg::BN;
+    if (p.causal) {
+        n_end = min(n_end, m0 + cfg::BM + offset);
+        const int first_row_sees = m0 + offset + 1;
+        full_end = min(full_end, first_row_sees >= 0 ? first_row_sees / cfg::BN : 0);
+    }
+    CtaTiles t;
+    t.n_tiles = n_end > 0 ? (n_end + cfg::BN - 1) / cfg::BN : 0;
+    t.n_masked = t.n_tiles - min(max(full_end, 0), t.n_tiles);
+    return t;
+}
+
+// Normalises this lane's rows, writes their LSE (+ shift) and stages O (f16) in fwd_wgmma.cu's
+// 128B-swizzle column blocks at `stage` (BM * D * 2 bytes). The caller synchronizes the
+// consumer threads before (nobody still reads the region) and after (before cta_store_o).
+__device__ __forceinline__ void thread_finish_rows(const Int8FwdParams& p, const float (&o)[cfg::O_REGS],
+                                                   const RowState& st, u32 stage, int local_row0, int row0,
+                                                   int lane) {
+    float inv[2];
+    const i64 lse_base = ((i64)cta_batch() * p.q_heads + cta_head()) * p.q_len;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const float sum = quad_sum(st.l[i]);
+        // A row that saw no key (sum 0) writes O = 0 and LSE = -inf; guards NaN sums too.
+        const bool empty = !(sum > 0.f);
+        inv[i] = empty ? 0.f : 1.f / sum;
+        float lse = empty ? QA_NEG_INF : (st.m[i] + thread_log2(sum)) * 0.6931471805599453f;
+        const int row = row0 + 8 * i;
+        if ((lane & 3) == 0 && row < p.q_len) {
+            const float* shift = reinterpret_cast<const float*>(p.lse_shift);
+            if (shift && !empty) lse += __ldg(shift + lse_base + row);
+            reinterpret_cast<float*>(p.lse)[lse_base + row] = lse;
+        }
+    }
+#pragma unroll
+    for (int n = 0; n < cfg::D / 8; ++n)
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const u32 packed = thread_pack_f16x2(o[4 * n + 2 * i] * inv[i], o[4 * n + 2 * i + 1] * inv[i]);
+            const int r = local_row0 + 8 * i;
+            const u32 addr = stage + (u32)((n >> 3) * cfg::BM * 128) + tile_swizzle<128>(r, n & 7) + 4 * (lane & 3);
+            asm volatile("st.shared.b32 [%0], %1;\n" :: "r"(addr), "r"(packed) : "memory");
+        }
+}
+
+// The staged O block to global memory: 16-byte coalesced stores by the `tid`-th of the CTA's
+// cfg::THREADS consumer threads.
+__device__ __forceinline__ void cta_store_o(const Int8FwdParams& p, u32 stage, int m0, int tid) {
+    unsigned short* o_head = reinterpret_cast<unsigned short*>(p.o) + cta_batch() * p.o_batch_stride +
+                             cta_head() * p.o_head_stride;
+    constexpr int CHUNKS = cfg::D / 8;
+#pragma unroll
+    for (int k = 0; k < cfg::BM * CHUNKS / cfg::THREADS; ++k) {
+        const int idx = tid + cfg::THREADS * k;
+        const int r = idx / CHUNKS;
+        const int chunk = idx % CHUNKS;
+        u32 x, y, z, w;
+        asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(x), "=r"(y), "=r"(z), "=r"(w)
+                     : "r"(stage + (u32)((chunk >> 3) * cfg::BM * 128) + tile_swizzle<128>(r, chunk & 7)));
+        if (m0 + r < p.q_len) {
+            unsigned short* dst = o_head + (i64)(m0 + r) * p.o_seq_stride + chunk * 8;
+            asm volatile("st.global.v4.b32 [%0], {%1,%2,%3,%4};\n"
+                         :: "l"(dst), "r"(x), "r"(y), "r"(z), "r"(w) : "memory");
+        }
+    }
+}
+
+#if !WS
+// ---- the kernel: every thread loads (cp.async), both warpgroups in lockstep -------------------
 
 // Grid: x = query block (reversed: causal blocks near the end do the most work and go first),
 // y = query head, z = batch.
@@ -317,21 +414,13 @@ extern "C" __global__ void __launch_bounds__(cfg::THREADS, 1) fwd_wgmma_int8(con
     const int head = blockIdx.y;
     const int batch = blockIdx.z;
     const int m0 = m_block * cfg::BM;
-    const int offset = p.kv_len - p.q_len;       // bottom-right causal alignment
-
-    int n_end = p.kv_len;
-    int full_end = p.kv_len / cfg::BN;
-    if (p.causal) {
-        n_end = min(n_end, m0 + cfg::BM + offset);
-        const int first_row_sees = m0 + offset + 1;
-        full_end = min(full_end, first_row_sees >= 0 ? first_row_sees / cfg::BN : 0);
-    }
-    const int n_tiles = n_end > 0 ? (n_end + cfg::BN - 1) / cfg::BN : 0;
-    const int n_masked = n_tiles - min(max(full_end, 0), n_tiles);
+    const CtaTiles tiles = cta_tiles(p, m0);
+    const int n_tiles = tiles.n_tiles;
+    const int n_masked = tiles.n_masked;
 
     const int local_row0 = 64 * wg + 16 * warp_in_wg + (lane >> 2);   // CTA row of entry 0
     const int row0 = m0 + local_row0;
-    const int diag = p.causal ? row0 + offset + 1 : 0x3fffffff;
+    const int diag = p.causal ? row0 + p.kv_len - p.q_len + 1 : 0x3fffffff;
     const u32 q_wg = q_smem + (u32)(64 * wg * cfg::D);
 
     float o[cfg::O_REGS];
@@ -346,7 +435,7 @@ extern "C" __global__ void __launch_bounds__(cfg::THREADS, 1) fwd_wgmma_int8(con
                                       head * p.q_head_stride + (i64)m0 * p.q_seq_stride;
         const int t0 = n_tiles - 1;
         float ks = cta_k_scale(p, t0);
-        float qs = cta_q_scale(p);
+        float qs = cta_q_scale(p, cta_tid());
         cta_copy_rows<cfg::BM, cfg::D, cfg::THREADS>(q_smem, q_rows, p.q_seq_stride, p.q_len - m0);
         cta_load_k(k_smem, p, t0);
         thread_cp_async_commit();
@@ -370,7 +459,7 @@ extern "C" __global__ void __launch_bounds__(cfg::THREADS, 1) fwd_wgmma_int8(con
         for (int j = 1; j < n_tiles; ++j) {
             const int t = n_tiles - 1 - j;
             ks = cta_k_scale(p, t);      // in flight during the wait and the wgmmas
-            qs = cta_q_scale(p);
+            qs = cta_q_scale(p, cta_tid());
             thread_cp_async_wait<0>();   // K_j and V_{j-1}
             thread_fence_proxy_async_smem();
             __syncthreads();             // and every warpgroup is done with tile j - 1's wgmmas
@@ -403,49 +492,220 @@ extern "C" __global__ void __launch_bounds__(cfg::THREADS, 1) fwd_wgmma_int8(con
         reg_fence(pf);
     }
 
-    // ---- epilogue: normalise, LSE (+ shift), O staged through the Q/K regions, 16-byte stores --
-    float inv[2];
-    const i64 lse_base = ((i64)batch * p.q_heads + head) * p.q_len;
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        const float sum = quad_sum(st.l[i]);
-        // A row that saw no key (sum 0) writes O = 0 and LSE = -inf; guards NaN sums too.
-        const bool empty = !(sum > 0.f);
-        inv[i] = empty ? 0.f : 1.f / sum;
-        float lse = empty ? QA_NEG_INF : (st.m[i] + thread_log2(sum)) * 0.6931471805599453f;
-        const int row = row0 + 8 * i;
-        if ((lane & 3) == 0 && row < p.q_len) {
-            const float* shift = reinterpret_cast<const float*>(p.lse_shift);
-            if (shift && !empty) lse += __ldg(shift + lse_base + row);
-            reinterpret_cast<float*>(p.lse)[lse_base + row] = lse;
-        }
-    }
-    // No barrier needed before overwriting Q and K (see the header).
-#pragma unroll
-    for (int n = 0; n < cfg::D / 8; ++n)
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            const u32 packed = thread_pack_f16x2(o[4 * n + 2 * i] * inv[i], o[4 * n + 2 * i + 1] * inv[i]);
-            const int r = local_row0 + 8 * i;
-            const u32 addr = smem + (u32)((n >> 3) * cfg::BM * 128) + tile_swizzle<128>(r, n & 7) + 4 * (lane & 3);
-            asm volatile("st.shared.b32 [%0], %1;\n" :: "r"(addr), "r"(packed) : "memory");
-        }
+    // Epilogue. No barrier needed before overwriting Q and K (see the header).
+    thread_finish_rows(p, o, st, smem, local_row0, row0, lane);
     __syncthreads();
-    unsigned short* o_head = reinterpret_cast<unsigned short*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride;
-    constexpr int CHUNKS = cfg::D / 8;
+    cta_store_o(p, smem, m0, tid);
+}
+
+#else
+// ---- the kernel: a TMA producer warpgroup and two ping-ponging consumer warpgroups -----------
+//
+// 3 warpgroups, 384 threads. Warpgroup 0 is the producer: it gives registers back
+// (setmaxnreg.dec) and one thread issues every load as a TMA box (Q once; per KV tile the K
+// box and HEAD_DIM / 64 V boxes), each completing on the stage's "full" mbarrier; before it
+// refills a stage it waits on the stage's "empty" mbarrier, on which each consumer warp arrives
+// once its wgmmas have read the stage. The tensor maps apply the same swizzles the cp.async
+// kernel writes by hand (K, Q: 128B / 64B by head dim; V: 128B column blocks), and zero-fill the
+// rows past the sequence ends. Warpgroups 1 and 2 are the consumers (setmaxnreg.inc), each with
+// 64 query rows, running the mainloop above without any CTA-wide barrier. Their wgmma issues
+// alternate (FlashAttention-3's ping-pong): consumer c waits on named barrier 1 + c before it
+// issues a tile's wgmmas and arrives on the other's barrier after, so one warpgroup's softmax
+// runs while the other's matrix products use the tensor cores.
+
+namespace ws {
+constexpr int STAGES = KV_STAGES;
+constexpr int THREADS = 128 * (cfg::WG + 1);
+constexpr int K_OFFSET = cfg::Q_BYTES;
+constexpr int V_OFFSET = cfg::Q_BYTES + STAGES * cfg::K_TILE_BYTES;
+constexpr int BAR_OFFSET = V_OFFSET + STAGES * cfg::V_TILE_BYTES;
+constexpr int BARS = 1 + 4 * STAGES;       // q_full, then per stage k_full, v_full, k_empty, v_empty
+constexpr int SMEM_BYTES = BAR_OFFSET + 8 * BARS + 1024;
+constexpr u32 EMPTY_ARRIVALS = 4 * cfg::WG;   // one per consumer warp
+constexpr int CONSUMERS = cfg::THREADS;       // consumer threads (named barriers 1..3)
+constexpr int BAR_EPILOGUE = 3;
+static_assert(STAGES >= 2 && STAGES <= 4, "2 to 4 K/V stages");
+static_assert(SMEM_BYTES <= 227 * 1024, "more shared memory than an sm_90 block may have");
+static_assert(cfg::O_STAGE_BYTES <= V_OFFSET, "O is staged through the Q and K regions");
+}  // namespace ws
+
+// The three tensor maps (built by src/wgmma_int8.rs): int8 Q and K boxes of [128 rows][HEAD_DIM
+// bytes] and f16 V boxes of [128 rows][64 halves], rank 4 (dim, seq, head, batch).
+struct Int8TmaMaps {
+    TmaMap q, k, v;
+};
+
+// Shared-memory map of the CTA: tiles and mbarriers (stage s: k_full, v_full, k_empty, v_empty
+// at bars + 8 * (1 + 4 s + 0..3); q_full first).
+struct WsSmem {
+    u32 q, k, v, bars;
+    __device__ __forceinline__ explicit WsSmem(u32 base)
+        : q(base), k(base + ws::K_OFFSET), v(base + ws::V_OFFSET), bars(base + ws::BAR_OFFSET) {}
+    __device__ __forceinline__ u32 q_full() const { return bars; }
+    __device__ __forceinline__ u32 k_full(int s) const { return bars + 8u * (1 + 4 * s); }
+    __device__ __forceinline__ u32 v_full(int s) const { return bars + 8u * (2 + 4 * s); }
+    __device__ __forceinline__ u32 k_empty(int s) const { return bars + 8u * (3 + 4 * s); }
+    __device__ __forceinline__ u32 v_empty(int s) const { return bars + 8u * (4 + 4 * s); }
+    __device__ __forceinline__ u32 k_tile(int s) const { return k + (u32)(s * cfg::K_TILE_BYTES); }
+    __device__ __forceinline__ u32 v_tile(int s) const { return v + (u32)(s * cfg::V_TILE_BYTES); }
+};
+
+// Producer: one thread loads Q, then K_j and V_j for j = 0 .. n_tiles - 1 (tile n_tiles - 1 - j),
+// refilling a stage once its empty barrier says both consumers are done with it.
+__device__ __forceinline__ void thread_produce(const Int8FwdParams& p, const Int8TmaMaps& maps, const WsSmem& sm,
+                                               int m0, int n_tiles) {
+    const int head = blockIdx.y;
+    const int batch = blockIdx.z;
+    const int kv_head = head / p.kv_group;
+    thread_mbarrier_arrive_expect_tx(sm.q_full(), cfg::Q_BYTES);
+    thread_tma_load_4d(sm.q, &maps.q, sm.q_full(), 0, m0, head, batch);
+    for (int j = 0; j < n_tiles; ++j) {
+        const int t = n_tiles - 1 - j;
+        const int s = j % ws::STAGES;
+        const u32 parity = ((j / ws::STAGES) & 1) ^ 1;   // the stage's previous use
+        if (j >= ws::STAGES) thread_mbarrier_wait(sm.k_empty(s), parity);
+        thread_mbarrier_arrive_expect_tx(sm.k_full(s), cfg::K_TILE_BYTES);
+        thread_tma_load_4d(sm.k_tile(s), &maps.k, sm.k_full(s), 0, t * cfg::BN, kv_head, batch);
+        if (j >= ws::STAGES) thread_mbarrier_wait(sm.v_empty(s), parity);
+        thread_mbarrier_arrive_expect_tx(sm.v_full(s), cfg::V_TILE_BYTES);
 #pragma unroll
-    for (int k = 0; k < cfg::BM * CHUNKS / cfg::THREADS; ++k) {
-        const int idx = tid + cfg::THREADS * k;
-        const int r = idx / CHUNKS;
-        const int chunk = idx % CHUNKS;
-        u32 x, y, z, w;
-        asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n"
-                     : "=r"(x), "=r"(y), "=r"(z), "=r"(w)
-                     : "r"(smem + (u32)((chunk >> 3) * cfg::BM * 128) + tile_swizzle<128>(r, chunk & 7)));
-        if (m0 + r < p.q_len) {
-            unsigned short* dst = o_head + (i64)(m0 + r) * p.o_seq_stride + chunk * 8;
-            asm volatile("st.global.v4.b32 [%0], {%1,%2,%3,%4};\n"
-                         :: "l"(dst), "r"(x), "r"(y), "r"(z), "r"(w) : "memory");
-        }
+        for (int h = 0; h < cfg::V_BLOCKS; ++h)
+            thread_tma_load_4d(sm.v_tile(s) + h * cfg::BN * 128, &maps.v, sm.v_full(s), 64 * h, t * cfg::BN, kv_head,
+                               batch);
     }
 }
+
+// One consumer warpgroup's state over the KV walk.
+struct WgConsumer {
+    float o[cfg::O_REGS];
+    u32 pf[cfg::P_STEPS][4];
+    int s[cfg::S_REGS];
+    RowState st;
+    float qs, ks;
+    int n_tiles, n_masked, diag, lane, cw;
+    u32 q_wg;
+
+    // Named barriers of the ping-pong: this warpgroup waits on 1 + cw before issuing and
+    // arrives on the other's after; 256 = the waiting warpgroup plus the arriving one.
+    __device__ __forceinline__ void wait_turn() const { cta_named_sync(1 + cw, 2 * 128); }
+    __device__ __forceinline__ void give_turn() const { cta_named_arrive(2 - cw, 2 * 128); }
+
+    // KV tile j (tile n_tiles - 1 - j): issue S_j (and, unless FIRST, P_{j-1}·V_{j-1}) in this
+    // warpgroup's turn, softmax S_j while the P·V runs, then rescale O and pack P_j. FIRST is a
+    // template parameter, not a run-time branch, so that ptxas sees one fixed wgmma pipeline in
+    // each instantiation (a conditional wait makes it serialize every wgmma).
+    template <bool FIRST>
+    __device__ __forceinline__ void step(const Int8FwdParams& p, const WsSmem& sm, int j) {
+        const int t = n_tiles - 1 - j;
+        const int stage = j % ws::STAGES;
+        const int prev = (j + ws::STAGES - 1) % ws::STAGES;
+        const float ks_next = j + 1 < n_tiles ? cta_k_scale(p, t - 1) : 0.f;
+        thread_mbarrier_wait(sm.k_full(stage), (j / ws::STAGES) & 1);
+        if (!FIRST) thread_mbarrier_wait(sm.v_full(prev), ((j - 1) / ws::STAGES) & 1);
+        wait_turn();
+        reg_fence(o);
+        reg_fence(pf);
+        wg_fence();
+        wg_issue_scores(s, q_wg, sm.k_tile(stage));
+        wg_commit();
+        if (!FIRST) {
+            wg_issue_values(o, pf, sm.v_tile(prev));
+            wg_commit();
+        }
+        give_turn();
+        if (FIRST) wg_wait<0>(); else wg_wait<1>();   // S_j done
+        reg_fence(s);
+        if (lane == 0) thread_mbarrier_arrive(sm.k_empty(stage));
+        float x[cfg::S_REGS];
+        float alpha[2];
+        bool rescale;
+        if (j < n_masked) warp_softmax<true>(s, x, st, alpha, rescale, qs * ks, t * cfg::BN, p.kv_len, diag, lane);
+        else warp_softmax<false>(s, x, st, alpha, rescale, qs * ks, t * cfg::BN, p.kv_len, diag, lane);
+        wg_wait<0>();                                 // P_{j-1}·V_{j-1} done
+        reg_fence(o);
+        reg_fence(pf);
+        if (!FIRST && lane == 0) thread_mbarrier_arrive(sm.v_empty(prev));
+        if (rescale) thread_rescale_o(o, alpha);
+        thread_pack_p(pf, x);
+        ks = ks_next;
+    }
+
+    // The last P·V, in its turn too; consumer 1 opens no turn after it (nobody would wait).
+    __device__ __forceinline__ void finish(const WsSmem& sm) {
+        const int last = n_tiles - 1;
+        thread_mbarrier_wait(sm.v_full(last % ws::STAGES), (last / ws::STAGES) & 1);
+        wait_turn();
+        reg_fence(o);
+        reg_fence(pf);
+        wg_fence();
+        wg_issue_values(o, pf, sm.v_tile(last % ws::STAGES));
+        wg_commit();
+        if (cw == 0) give_turn();
+        wg_wait<0>();
+        reg_fence(o);
+        reg_fence(pf);
+    }
+};
+
+extern "C" __global__ void __launch_bounds__(ws::THREADS, 1)
+fwd_wgmma_int8(const Int8FwdParams p, const __grid_constant__ Int8TmaMaps maps) {
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const WsSmem sm((cta_smem_addr(smem_raw) + 1023u) & ~1023u);
+    const int tid = threadIdx.x;
+    const int wg = tid >> 7;
+    const int m0 = (gridDim.x - 1 - blockIdx.x) * cfg::BM;
+    const CtaTiles tiles = cta_tiles(p, m0);
+
+    if (tid == 0) {
+        thread_mbarrier_init(sm.q_full(), 1);
+        for (int s = 0; s < ws::STAGES; ++s) {
+            thread_mbarrier_init(sm.k_full(s), 1);
+            thread_mbarrier_init(sm.v_full(s), 1);
+            thread_mbarrier_init(sm.k_empty(s), ws::EMPTY_ARRIVALS);
+            thread_mbarrier_init(sm.v_empty(s), ws::EMPTY_ARRIVALS);
+        }
+        thread_fence_mbarrier_init();
+    }
+    __syncthreads();
+
+    if (wg == 0) {
+        wg_setmaxnreg_dec<PRODUCER_REGS>();
+        if (tid == 0 && tiles.n_tiles > 0) {
+            thread_tma_prefetch_map(&maps.k);
+            thread_tma_prefetch_map(&maps.v);
+            thread_produce(p, maps, sm, m0, tiles.n_tiles);
+        }
+    } else {
+        wg_setmaxnreg_inc<CONSUMER_REGS>();
+        const int ctid = tid - 128;               // index among the consumer threads
+        WgConsumer c;
+        c.cw = wg - 1;
+        c.lane = tid & 31;
+        c.n_tiles = tiles.n_tiles;
+        c.n_masked = tiles.n_masked;
+        const int local_row0 = 64 * c.cw + 16 * ((tid >> 5) & 3) + (c.lane >> 2);
+        const int row0 = m0 + local_row0;
+        c.diag = p.causal ? row0 + p.kv_len - p.q_len + 1 : 0x3fffffff;
+        c.q_wg = sm.q + (u32)(64 * c.cw * cfg::D);
+#pragma unroll
+        for (int e = 0; e < cfg::O_REGS; ++e) c.o[e] = 0.f;
+        c.st.m[0] = c.st.m[1] = M_EMPTY;
+        c.st.l[0] = c.st.l[1] = 0.f;
+        if (c.n_tiles > 0) {
+            c.qs = cta_q_scale(p, ctid);
+            c.ks = cta_k_scale(p, c.n_tiles - 1);
+            if (c.cw == 1) c.give_turn();         // consumer 0 issues first
+            thread_mbarrier_wait(sm.q_full(), 0);
+            c.step<true>(p, sm, 0);
+            for (int j = 1; j < c.n_tiles; ++j) c.step<false>(p, sm, j);
+            c.finish(sm);
+        }
+        // Epilogue: every consumer is past its last wgmma before O overwrites Q and K (the
+        // producer loaded nothing the consumers did not wait for, so no TMA write is pending).
+        cta_named_sync(ws::BAR_EPILOGUE, ws::CONSUMERS);
+        thread_finish_rows(p, c.o, c.st, sm.q, local_row0, row0, c.lane);
+        cta_named_sync(ws::BAR_EPILOGUE, ws::CONSUMERS);
+        cta_store_o(p, sm.q, m0, ctid);
+    }
+}
+#endif

@@ -59,4 +59,4 @@ pub use wgmma::WgmmaKernel;
 pub use wgmma::{WgmmaArgs, WgmmaConfig, WgmmaParams, WgmmaTile, WGMMA_TILES};
 #[cfg(feature = "cuda")]
 pub use wgmma_int8::Int8WgmmaKernel;
-pub use wgmma_int8::{Int8WgmmaConfig, Int8WgmmaParams};
+pub use wgmma_int8::{Int8WgmmaConfig, Int8WgmmaParams, TmaSpec, WgmmaLoads};

@@ -1,8 +1,12 @@
 //! The INT8 wgmma forward family (`cuda/fwd_wgmma_int8.cu`): SageAttention-style attention with
 //! Q·Kᵀ on Hopper's s8 warpgroup MMA (`wgmma.mma_async ... m64n128k32.s32.s8.s8`, SASS `IGMMA`,
 //! twice the f16 wgmma rate), f32 online softmax in log2 units, and P·V with f16 P in registers
-//! and f16 V on the f16 wgmma (`HGMMA`). sm_90a only. Compiled and disassembled here; not yet
-//! run on hardware (`examples/int8_check.rs` checks and times it on an H100).
+//! and f16 V on the f16 wgmma (`HGMMA`). sm_90a only. Checked and timed on an H100 by
+//! `examples/int8_check.rs` and `quattn selftest`.
+//!
+//! Two load pipelines ([`WgmmaLoads`]): every thread issuing `cp.async`, or (the default) a
+//! TMA producer warpgroup feeding two ping-ponging consumer warpgroups through mbarrier-guarded
+//! stages, the tensor maps built per launch from the strides ([`Int8WgmmaConfig::tma_specs`]).
 //!
 //! Host contract: exactly the IMMA family's ([`crate::int8`]): [`Int8Args`], [`Int8Ptrs`],
 //! [`Int8Buffers`](crate::Int8Buffers), the `Int8FwdParams` ABI ([`Int8Params`], same field
@@ -10,7 +14,8 @@
 //! [`Int8WgmmaConfig::blocking`], LSE shift, f32 P·V only.
 //!
 //! Tile: 2 consumer warpgroups x 64 query rows (block_q = 128), 128 keys per KV tile (block_k
-//! = 128 = keys per K scale), 256 threads; CTA warp `W = tid / 32` owns rows `16W .. 16W + 15`,
+//! = 128 = keys per K scale), 256 consumer threads (plus a 128-thread producer with TMA);
+//! consumer warp `W = tid / 32` (counted from the first consumer) owns rows `16W .. 16W + 15`,
 //! lane quad `g` rows `16W + g` and `16W + g + 8` (the wgmma accumulator layout). The scale
 //! layout is therefore `(block_q, block_k, warps) = (128, 128, 8)` in every granularity:
 //! per warp = 16 rows per warp; per thread = 8 layout warps of 16 rows, 8 row groups each,
@@ -37,21 +42,58 @@ pub const WGMMA_INT8_WARPS: u32 = 8;
 /// Kernel parameter block: `Int8FwdParams`, the IMMA family's layout.
 pub type Int8WgmmaParams = Int8Params;
 
-/// One compiled variant: head dim and Q scale granularity (P·V always accumulates in f32).
+/// How K/V tiles reach shared memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+pub enum WgmmaLoads {
+    /// Every thread issues `cp.async` copies (swizzled by hand), two stages, both consumer
+    /// warpgroups in lockstep with a CTA barrier per KV tile (256 threads).
+    CpAsync,
+    /// Warp specialization (384 threads): a producer warpgroup issues TMA boxes through tensor
+    /// maps into `stages` K/V stages (mbarrier full/empty pairs); the two consumer warpgroups
+    /// take the registers it gives back (setmaxnreg) and ping-pong their wgmma issues.
+    Tma { stages: u32 },
+}
+
+impl WgmmaLoads {
+    /// `cp` | `tma{stages}` (the name suffix).
+    pub fn tag(&self) -> String {
+        match self {
+            WgmmaLoads::CpAsync => "cp".into(),
+            WgmmaLoads::Tma { stages } => format!("tma{stages}"),
+        }
+    }
+}
+
+/// One compiled variant: head dim, Q scale granularity and load pipeline (P·V always
+/// accumulates in f32).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 pub struct Int8WgmmaConfig {
     pub head_dim: u32,
     pub granularity: Int8Granularity,
+    pub loads: WgmmaLoads,
 }
+
+/// Registers per thread of the TMA kernel's producer and consumer warpgroups after
+/// `setmaxnreg` (24 + 2 x 240 per lane of the three warpgroups fits the 64 Ki register file).
+pub const WGMMA_INT8_PRODUCER_REGS: u32 = 24;
+pub const WGMMA_INT8_CONSUMER_REGS: u32 = 240;
 
 impl Int8WgmmaConfig {
     pub const HEAD_DIMS: &'static [usize] = &[64, 128];
     /// wgmma exists only on the `a` target of compute capability 9.0.
     pub const TARGETS: &'static [Arch] = &[Arch::Sm90a];
 
-    /// Validated constructor.
+    /// The load pipeline `new` picks: TMA with two stages.
+    pub const DEFAULT_LOADS: WgmmaLoads = WgmmaLoads::Tma { stages: 2 };
+
+    /// Validated constructor with [`Self::DEFAULT_LOADS`].
     pub fn new(head_dim: usize, granularity: Int8Granularity) -> Result<Self> {
-        let cfg = Int8WgmmaConfig { head_dim: head_dim as u32, granularity };
+        Self::with_loads(head_dim, granularity, Self::DEFAULT_LOADS)
+    }
+
+    /// Validated constructor with an explicit load pipeline.
+    pub fn with_loads(head_dim: usize, granularity: Int8Granularity, loads: WgmmaLoads) -> Result<Self> {
+        let cfg = Int8WgmmaConfig { head_dim: head_dim as u32, granularity, loads };
         cfg.validate()?;
         Ok(cfg)
     }
@@ -64,12 +106,18 @@ impl Int8WgmmaConfig {
         Self::new(c.head_dim as usize, c.granularity)
     }
 
-    /// Every variant the report and tests compile: head dim x granularity.
+    /// The load pipelines the report and tests compile.
+    pub const LOADS: &'static [WgmmaLoads] =
+        &[WgmmaLoads::CpAsync, WgmmaLoads::Tma { stages: 2 }, WgmmaLoads::Tma { stages: 3 }];
+
+    /// Every variant the report and tests compile: head dim x granularity x load pipeline.
     pub fn all() -> Vec<Int8WgmmaConfig> {
         let mut v = Vec::new();
         for head_dim in [64, 128] {
             for granularity in Int8Granularity::ALL {
-                v.push(Int8WgmmaConfig { head_dim, granularity });
+                for &loads in Self::LOADS {
+                    v.push(Int8WgmmaConfig { head_dim, granularity, loads });
+                }
             }
         }
         v
@@ -82,6 +130,14 @@ impl Int8WgmmaConfig {
                 head_dim: self.head_dim as usize,
                 supported: Self::HEAD_DIMS,
             });
+        }
+        if let WgmmaLoads::Tma { stages } = self.loads {
+            if !(2..=4).contains(&stages) {
+                return Err(NativeError::UnsupportedConfig {
+                    kernel: KERNEL,
+                    reason: format!("{stages} TMA stages (2 to 4 supported)"),
+                });
+            }
         }
         Ok(())
     }
@@ -106,12 +162,13 @@ impl Int8WgmmaConfig {
         Ok(b)
     }
 
-    /// `fwd_wgmma_int8_{block|warp|thread}_d{hd}`.
+    /// `fwd_wgmma_int8_{block|warp|thread}_d{hd}_{cp|tma2|tma3}`.
     pub fn name(&self) -> String {
-        format!("{KERNEL}_{}_d{}", self.granularity.tag(), self.head_dim)
+        format!("{KERNEL}_{}_d{}_{}", self.granularity.tag(), self.head_dim, self.loads.tag())
     }
 
-    /// The `-D` defines the kernel reads: HEAD_DIM, Q_GRAN (0 block, 1 warp, 2 thread).
+    /// The `-D` defines the kernel reads: HEAD_DIM, Q_GRAN (0 block, 1 warp, 2 thread); WS 0 for
+    /// cp.async, else WS 1 with KV_STAGES, PRODUCER_REGS and CONSUMER_REGS.
     pub fn defines(&self) -> Result<Vec<(String, String)>> {
         self.validate()?;
         let gran = match self.granularity {
@@ -119,7 +176,25 @@ impl Int8WgmmaConfig {
             Int8Granularity::PerWarp => 1,
             Int8Granularity::PerThread => 2,
         };
-        Ok(vec![("HEAD_DIM".into(), self.head_dim.to_string()), ("Q_GRAN".into(), gran.to_string())])
+        let mut d = vec![("HEAD_DIM".into(), self.head_dim.to_string()), ("Q_GRAN".into(), gran.to_string())];
+        match self.loads {
+            WgmmaLoads::CpAsync => d.push(("WS".into(), "0".into())),
+            WgmmaLoads::Tma { stages } => {
+                d.push(("WS".into(), "1".into()));
+                d.push(("KV_STAGES".into(), stages.to_string()));
+                d.push(("PRODUCER_REGS".into(), WGMMA_INT8_PRODUCER_REGS.to_string()));
+                d.push(("CONSUMER_REGS".into(), WGMMA_INT8_CONSUMER_REGS.to_string()));
+            }
+        }
+        Ok(d)
+    }
+
+    /// Threads per CTA: 256 (two consumer warpgroups), 384 with the TMA producer warpgroup.
+    pub fn threads(&self) -> u32 {
+        match self.loads {
+            WgmmaLoads::CpAsync => 32 * WGMMA_INT8_WARPS,
+            WgmmaLoads::Tma { .. } => 32 * WGMMA_INT8_WARPS + 128,
+        }
     }
 
     /// The compile request for `arch` (only [`Arch::Sm90a`]).
@@ -130,18 +205,29 @@ impl Int8WgmmaConfig {
         Ok(CompileRequest { kernel: self.name(), source: &FWD_WGMMA_INT8, arch, defines: self.defines()? })
     }
 
-    /// Dynamic shared memory, mirror of `cfg::SMEM_BYTES`: int8 Q, two int8 K and two f16 V
-    /// stages, plus 1024 bytes to round the base up to the swizzle alignment.
+    /// Dynamic shared memory, mirror of `cfg::SMEM_BYTES` / `ws::SMEM_BYTES`: int8 Q, int8 K and
+    /// f16 V stages (two, or the TMA stage count), the TMA kernel's mbarriers (8 bytes each:
+    /// one for Q, four per stage), plus 1024 bytes to round the base up to the swizzle alignment.
     pub fn smem_bytes(&self) -> Result<u32> {
         self.validate()?;
         let d = self.head_dim;
-        Ok(WGMMA_INT8_BLOCK_Q * d + 2 * WGMMA_INT8_BLOCK_K * d + 2 * WGMMA_INT8_BLOCK_K * 2 * d + 1024)
+        let (stages, bars) = match self.loads {
+            WgmmaLoads::CpAsync => (2, 0),
+            WgmmaLoads::Tma { stages } => (stages, 8 * (1 + 4 * stages)),
+        };
+        Ok(WGMMA_INT8_BLOCK_Q * d + stages * WGMMA_INT8_BLOCK_K * d + stages * WGMMA_INT8_BLOCK_K * 2 * d + bars + 1024)
     }
 
     /// SASS opcodes that must appear, as nvdisasm 13.x spells them: the s8 Q·Kᵀ wgmma
     /// (m64n128k32, s32 accumulators) and the f16 P·V wgmma m64n{hd}k16 with f32 accumulators.
+    /// The TMA kernel also: the tensor loads and the producer's register release.
     pub fn expected_instructions(&self) -> Vec<String> {
-        vec!["IGMMA.64x128x32.S8.S8".to_string(), format!("HGMMA.64x{}x16.F32", self.head_dim)]
+        let mut v = vec!["IGMMA.64x128x32.S8.S8".to_string(), format!("HGMMA.64x{}x16.F32", self.head_dim)];
+        if let WgmmaLoads::Tma { .. } = self.loads {
+            v.push("UTMALDG.4D".into());
+            v.push("USETMAXREG.DEALLOC.CTAPOOL".into());
+        }
+        v
     }
 
     /// [`Arch::Sm90a`] for compute capability 9.0, else `None`.
@@ -155,13 +241,13 @@ impl Int8WgmmaConfig {
         args.validate(&self.scale_twin())
     }
 
-    /// Grid `(ceil(q_len / 128), q_heads, batch)`, 256 threads. The kernel takes the number of
-    /// Q scale blocks per head from the grid width.
+    /// Grid `(ceil(q_len / 128), q_heads, batch)`, [`Self::threads`] threads. The kernel takes
+    /// the number of Q scale blocks per head from the grid width.
     pub fn launch_shape(&self, args: &Int8Args) -> Result<Int8LaunchShape> {
         let m_blocks = args.q_len.div_ceil(WGMMA_INT8_BLOCK_Q as usize);
         Ok(Int8LaunchShape {
             grid: (m_blocks as u32, args.q_heads as u32, args.batch as u32),
-            block: (32 * WGMMA_INT8_WARPS, 1, 1),
+            block: (self.threads(), 1, 1),
             smem_bytes: self.smem_bytes()?,
         })
     }
@@ -169,6 +255,88 @@ impl Int8WgmmaConfig {
     /// Kernel parameters: the IMMA family's.
     pub fn params(&self, args: &Int8Args, ptrs: &Int8Ptrs) -> Int8WgmmaParams {
         args.params(ptrs)
+    }
+
+    /// What the TMA kernel's three tensor maps describe (Q, K, V), checked against TMA's rules:
+    /// rank 4 `(dim, seq, head, batch)`; int8 Q/K boxes of 128 rows x head-dim bytes with the
+    /// swizzle of the kernel's K-major layout (128B at hd 128, 64B at hd 64); f16 V boxes of 128
+    /// rows x 64 halves, 128B swizzle (one box per 64 columns). `None` for the cp.async kernel.
+    pub fn tma_specs(&self, args: &Int8Args, ptrs: &Int8Ptrs) -> Result<Option<[TmaSpec; 3]>> {
+        if self.loads == WgmmaLoads::CpAsync {
+            return Ok(None);
+        }
+        self.validate_args(args)?;
+        let d = self.head_dim as u64;
+        let int8_swizzle = if self.head_dim == 128 { 128 } else { 64 };
+        let rows = WGMMA_INT8_BLOCK_K;
+        let spec = |name: &'static str, addr: u64, elem_bytes: u64, heads: usize, len: usize, st: &crate::hmma::Strides,
+                    box_inner: u32, swizzle: u32| {
+            TmaSpec::new(
+                name,
+                addr,
+                elem_bytes as u32,
+                [d, len as u64, heads as u64, args.batch as u64],
+                [st.seq, st.head, st.batch].map(|x| x.saturating_mul(elem_bytes as i64)),
+                [box_inner, rows, 1, 1],
+                swizzle,
+            )
+        };
+        Ok(Some([
+            spec("Q", ptrs.q, 1, args.q_heads, args.q_len, &args.q, self.head_dim, int8_swizzle)?,
+            spec("K", ptrs.k, 1, args.kv_heads, args.kv_len, &args.k, self.head_dim, int8_swizzle)?,
+            spec("V", ptrs.v, 2, args.kv_heads, args.kv_len, &args.v, 64, 128)?,
+        ]))
+    }
+}
+
+/// One rank-4 tiled tensor map, as `cuTensorMapEncodeTiled` takes it (dimension 0 innermost).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TmaSpec {
+    pub addr: u64,
+    /// 1 (int8 as UINT8: TMA only moves bytes) or 2 (f16).
+    pub elem_bytes: u32,
+    pub dims: [u64; 4],
+    /// Byte strides of dimensions 1..3.
+    pub strides: [u64; 3],
+    pub box_dims: [u32; 4],
+    /// 64 or 128.
+    pub swizzle_bytes: u32,
+}
+
+impl TmaSpec {
+    /// Checks TMA's rules and names the first one broken: 16-byte aligned address, dims in
+    /// 1..2^32, byte strides positive multiples of 16 below 2^40, boxes of 1..256 elements per
+    /// dimension with the inner box exactly one swizzle span.
+    pub fn new(
+        tensor: &'static str,
+        addr: u64,
+        elem_bytes: u32,
+        dims: [u64; 4],
+        strides: [i64; 3],
+        box_dims: [u32; 4],
+        swizzle_bytes: u32,
+    ) -> Result<Self> {
+        let bad = |what: String| Err(NativeError::InvalidArgs(format!("TMA map of {tensor}: {what}")));
+        if !addr.is_multiple_of(16) {
+            return bad(format!("address {addr:#x} is not 16-byte aligned"));
+        }
+        if let Some(d) = dims.iter().find(|&&d| d == 0 || d > u32::MAX as u64) {
+            return bad(format!("dimension {d} outside 1..2^32"));
+        }
+        let mut s = [0u64; 3];
+        for (i, &x) in strides.iter().enumerate() {
+            if x <= 0 || x % 16 != 0 || x >= 1i64 << 40 {
+                return bad(format!("byte stride {x} of dimension {} is not a positive multiple of 16 below 2^40", i + 1));
+            }
+            s[i] = x as u64;
+        }
+        if box_dims.iter().any(|&b| b == 0 || b > 256) {
+            return bad(format!("box {box_dims:?} has a dimension outside 1..256"));
+        }
+        if box_dims[0] * elem_bytes != swizzle_bytes || !(swizzle_bytes == 64 || swizzle_bytes == 128) {
+            return bad(format!("inner box of {} bytes for a {swizzle_bytes}-byte swizzle", box_dims[0] * elem_bytes));
+        }
+        Ok(TmaSpec { addr, elem_bytes, dims, strides: s, box_dims, swizzle_bytes })
     }
 }
 
@@ -179,7 +347,8 @@ pub use launch::Int8WgmmaKernel;
 mod launch {
     use std::sync::Arc;
 
-    use cudarc::driver::{CudaContext, CudaFunction, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+    use cudarc::driver::sys;
+    use cudarc::driver::{CudaContext, CudaFunction, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg};
 
     use super::*;
     use crate::cache::{CompiledKernel, KernelCache};
@@ -282,13 +451,68 @@ mod launch {
             args.validate_ptrs(ptrs)?;
             let shape = self.config.launch_shape(args)?;
             let params = self.config.params(args, ptrs);
+            let maps = match self.config.tma_specs(args, ptrs)? {
+                Some([q, k, v]) => Some(Int8TmaMaps { q: encode(&q)?, k: encode(&k)?, v: encode(&v)? }),
+                None => None,
+            };
             let cfg = LaunchConfig { grid_dim: shape.grid, block_dim: shape.block, shared_mem_bytes: shape.smem_bytes };
             let mut b = stream.launch_builder(&self.function);
             b.arg(&params);
-            // SAFETY: the parameter struct matches the kernel's signature; memory per contract.
+            if let Some(maps) = &maps {
+                b.arg(maps);
+            }
+            // SAFETY: the parameter structs match the kernel's signature; memory per contract.
             unsafe { b.launch(cfg) }?;
             Ok(())
         }
+    }
+
+    /// The TMA kernel's second parameter: `Int8TmaMaps` (three 128-byte tensor maps).
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    struct Int8TmaMaps {
+        q: sys::CUtensorMap,
+        k: sys::CUtensorMap,
+        v: sys::CUtensorMap,
+    }
+    // SAFETY: plain data with the kernel's layout (three 128-byte maps).
+    unsafe impl DeviceRepr for Int8TmaMaps {}
+
+    /// `cuTensorMapEncodeTiled` of a checked spec.
+    fn encode(spec: &TmaSpec) -> Result<sys::CUtensorMap> {
+        let data_type = if spec.elem_bytes == 1 {
+            sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8
+        } else {
+            sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+        };
+        let swizzle = if spec.swizzle_bytes == 128 {
+            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B
+        } else {
+            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_64B
+        };
+        let element_strides = [1u32; 4];
+        let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::zeroed();
+        // SAFETY: every pointer addresses a local array of the rank's length; the driver only
+        // writes the map.
+        let r = unsafe {
+            sys::cuTensorMapEncodeTiled(
+                map.as_mut_ptr(),
+                data_type,
+                4,
+                spec.addr as *mut std::ffi::c_void,
+                spec.dims.as_ptr(),
+                spec.strides.as_ptr(),
+                spec.box_dims.as_ptr(),
+                element_strides.as_ptr(),
+                sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+                swizzle,
+                sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+            )
+        };
+        r.result()?;
+        // SAFETY: the driver filled the map (the call succeeded).
+        Ok(unsafe { map.assume_init() })
     }
 }
 
@@ -299,21 +523,33 @@ mod tests {
 
     #[test]
     fn names_defines_smem_and_targets() {
-        let c = Int8WgmmaConfig::new(128, Int8Granularity::PerThread).unwrap();
-        assert_eq!(c.name(), "fwd_wgmma_int8_thread_d128");
+        let c = Int8WgmmaConfig::with_loads(128, Int8Granularity::PerThread, WgmmaLoads::CpAsync).unwrap();
+        assert_eq!(c.name(), "fwd_wgmma_int8_thread_d128_cp");
         assert_eq!(c.smem_bytes().unwrap(), 128 * 128 + 2 * 128 * 128 + 2 * 128 * 256 + 1024);
+        assert_eq!(c.threads(), 256);
         let d = c.defines().unwrap();
         assert!(d.contains(&("Q_GRAN".into(), "2".into())) && d.contains(&("HEAD_DIM".into(), "128".into())));
+        assert!(d.contains(&("WS".into(), "0".into())));
+        // The TMA kernel: 3 stages, 13 mbarriers, a producer warpgroup.
+        let t = Int8WgmmaConfig::with_loads(64, Int8Granularity::PerBlock, WgmmaLoads::Tma { stages: 3 }).unwrap();
+        assert_eq!(t.name(), "fwd_wgmma_int8_block_d64_tma3");
+        assert_eq!(t.smem_bytes().unwrap(), 128 * 64 + 3 * 128 * 64 + 3 * 128 * 128 + 8 * 13 + 1024);
+        assert_eq!(t.threads(), 384);
+        let d = t.defines().unwrap();
+        assert!(d.contains(&("WS".into(), "1".into())) && d.contains(&("KV_STAGES".into(), "3".into())));
+        assert!(t.expected_instructions().iter().any(|i| i.starts_with("UTMALDG")));
+        assert!(Int8WgmmaConfig::with_loads(64, Int8Granularity::PerBlock, WgmmaLoads::Tma { stages: 5 }).is_err());
+        assert_eq!(Int8WgmmaConfig::new(64, Int8Granularity::PerBlock).unwrap().loads, Int8WgmmaConfig::DEFAULT_LOADS);
         assert!(matches!(Int8WgmmaConfig::new(96, Int8Granularity::PerBlock), Err(NativeError::UnsupportedHeadDim { .. })));
         assert!(matches!(c.request(Arch::Sm90), Err(NativeError::UnsupportedConfig { .. })));
         assert_eq!(Int8WgmmaConfig::target_for((9, 0)), Some(Arch::Sm90a));
         assert_eq!(Int8WgmmaConfig::target_for((8, 0)), None);
         assert_eq!(Int8WgmmaConfig::target_for((10, 0)), None);
         let mut names: Vec<String> = Int8WgmmaConfig::all().iter().map(|c| c.name()).collect();
-        assert_eq!(names.len(), 6);
+        assert_eq!(names.len(), 6 * Int8WgmmaConfig::LOADS.len());
         names.sort();
         names.dedup();
-        assert_eq!(names.len(), 6);
+        assert_eq!(names.len(), 6 * Int8WgmmaConfig::LOADS.len());
         let f16 = Int8Config::new(128, Int8Granularity::PerBlock, PvAccum::F16PerTile).unwrap();
         assert!(Int8WgmmaConfig::from_int8(&f16).is_err());
     }
@@ -332,7 +568,7 @@ mod tests {
 
     #[test]
     fn args_lengths_and_launch_shape() {
-        let c = Int8WgmmaConfig::new(128, Int8Granularity::PerWarp).unwrap();
+        let c = Int8WgmmaConfig::with_loads(128, Int8Granularity::PerWarp, WgmmaLoads::CpAsync).unwrap();
         let a = Int8Args {
             batch: 2, q_heads: 8, kv_heads: 2, q_len: 1000, kv_len: 777,
             q: Strides::bhsd(8, 1000, 128), k: Strides::bhsd(2, 777, 128), v: Strides::bhsd(2, 777, 128),
@@ -347,5 +583,62 @@ mod tests {
         let mut b = a;
         b.q.seq = 136;
         assert!(c.validate_args(&b).is_err());
+    }
+
+    fn ptrs() -> Int8Ptrs {
+        Int8Ptrs { q: 0x1000, k: 0x2000, v: 0x3000, o: 0x4000, lse: 0x5000, q_scale: 0x6000, k_scale: 0x7000, lse_shift: 0 }
+    }
+
+    #[test]
+    fn tma_specs_describe_the_kernel_boxes_in_both_layouts() {
+        let c = Int8WgmmaConfig::with_loads(128, Int8Granularity::PerBlock, WgmmaLoads::Tma { stages: 2 }).unwrap();
+        let a = Int8Args {
+            batch: 2, q_heads: 8, kv_heads: 2, q_len: 1000, kv_len: 777,
+            q: Strides::bshd(8, 1000, 128), k: Strides::bhsd(2, 777, 128), v: Strides::bshd(2, 777, 128),
+            o: Strides::bshd(8, 1000, 128), causal: false, lse_shift: false,
+        };
+        let [q, k, v] = c.tma_specs(&a, &ptrs()).unwrap().unwrap();
+        // Q int8 BSHD: byte strides seq = heads * d, head = d, batch = seq * heads * d.
+        assert_eq!((q.addr, q.elem_bytes, q.dims), (0x1000, 1, [128, 1000, 8, 2]));
+        assert_eq!(q.strides, [8 * 128, 128, 1000 * 8 * 128]);
+        assert_eq!((q.box_dims, q.swizzle_bytes), ([128, 128, 1, 1], 128));
+        assert_eq!((k.dims, k.strides), ([128, 777, 2, 2], [128, 777 * 128, 2 * 777 * 128]));
+        // V f16: byte strides twice the element strides; boxes of 64 halves (128 bytes).
+        assert_eq!((v.elem_bytes, v.dims), (2, [128, 777, 2, 2]));
+        assert_eq!(v.strides, [2 * 2 * 128, 2 * 128, 2 * 777 * 2 * 128]);
+        assert_eq!((v.box_dims, v.swizzle_bytes), ([64, 128, 1, 1], 128));
+        // hd 64: int8 rows of 64 bytes take the 64-byte swizzle.
+        let c64 = Int8WgmmaConfig::with_loads(64, Int8Granularity::PerBlock, WgmmaLoads::Tma { stages: 2 }).unwrap();
+        let a64 = Int8Args {
+            q: Strides::bhsd(8, 1000, 64), k: Strides::bhsd(2, 777, 64), v: Strides::bhsd(2, 777, 64),
+            o: Strides::bhsd(8, 1000, 64), ..a
+        };
+        let [q, _, v] = c64.tma_specs(&a64, &ptrs()).unwrap().unwrap();
+        assert_eq!((q.box_dims, q.swizzle_bytes), ([64, 128, 1, 1], 64));
+        assert_eq!((v.box_dims, v.swizzle_bytes), ([64, 128, 1, 1], 128));
+        // The cp.async kernel has no maps.
+        let cp = Int8WgmmaConfig::with_loads(128, Int8Granularity::PerBlock, WgmmaLoads::CpAsync).unwrap();
+        assert_eq!(cp.tma_specs(&a, &ptrs()).unwrap(), None);
+    }
+
+    #[test]
+    fn tma_specs_refuse_what_tma_cannot_address() {
+        let c = Int8WgmmaConfig::new(128, Int8Granularity::PerBlock).unwrap();
+        let a = Int8Args {
+            batch: 1, q_heads: 2, kv_heads: 2, q_len: 64, kv_len: 64,
+            q: Strides::bhsd(2, 64, 128), k: Strides::bhsd(2, 64, 128), v: Strides::bhsd(2, 64, 128),
+            o: Strides::bhsd(2, 64, 128), causal: false, lse_shift: false,
+        };
+        let msg = |r: Result<Option<[TmaSpec; 3]>>| match r {
+            Err(NativeError::InvalidArgs(m)) => m,
+            other => panic!("expected InvalidArgs, got {other:?}"),
+        };
+        let m = msg(c.tma_specs(&a, &Int8Ptrs { k: 0x2008, ..ptrs() }));
+        assert!(m.contains("TMA map of K") && m.contains("16-byte aligned"), "{m}");
+        let m = msg(TmaSpec::new("K", 0, 1, [128, 64, 2, 1], [128, 8200, 16400], [128, 128, 1, 1], 128).map(|_| None));
+        assert!(m.contains("TMA map of K") && m.contains("stride 8200"), "{m}");
+        assert!(TmaSpec::new("X", 0, 1, [128, 10, 1, 1], [128, 1280, 1280], [64, 128, 1, 1], 128).is_err());
+        assert!(TmaSpec::new("X", 0, 1, [128, 0, 1, 1], [128, 1280, 1280], [128, 128, 1, 1], 128).is_err());
+        assert!(TmaSpec::new("X", 0, 1, [128, 10, 1, 1], [128, 1280, 1280], [128, 128, 1, 1], 128).is_ok());
     }
 }
