@@ -224,8 +224,13 @@ fn time<R: Runtime>(
     for _ in 0..iters {
         run().map_err(|e| e.to_string())?;
     }
+    let enqueued = start.elapsed().as_secs_f64();
     cubecl::future::block_on(client.sync()).map_err(|e| format!("{e:?}"))?;
-    Ok(start.elapsed().as_secs_f64() / iters as f64)
+    let total = start.elapsed().as_secs_f64();
+    // Where the host clock's time goes: enqueueing (host work per launch) or waiting for the
+    // device. A device-bound loop enqueues in a small fraction of the total.
+    eprintln!("  host: enqueue {:.3} ms/launch, total {:.3} ms/launch ({iters} launches)", enqueued * 1e3 / iters as f64, total * 1e3 / iters as f64);
+    Ok(total / iters as f64)
 }
 
 /// O's relative L2 error against an f64 reference on a small ragged BHSD problem, and the
