@@ -465,6 +465,47 @@ __device__ __forceinline__ void cta_named_arrive(int id, int count) {
 }
 #endif
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// ---- the mbarriers of a warp-specialized K/V pipeline -----------------------------------------
+// 8 bytes each at `base` (8-byte aligned): Q full, then per stage s K full, V full, K empty,
+// V empty. A producer thread arrives on a "full" barrier with the tile's byte count (TMA
+// completes it); each consumer warp arrives on an "empty" barrier once its wgmmas have read the
+// stage. Phases alternate per use of a stage: use u = j / stages waits for parity u & 1 on
+// "full"; the producer's refill waits for parity (u & 1) ^ 1 on "empty" (the previous use).
+struct KvBarriers {
+    u32 base;
+    __host__ __device__ static constexpr int count(int stages) { return 1 + 4 * stages; }
+    __device__ __forceinline__ u32 q_full() const { return base; }
+    __device__ __forceinline__ u32 k_full(int s) const { return base + 8u * (1 + 4 * s); }
+    __device__ __forceinline__ u32 v_full(int s) const { return base + 8u * (2 + 4 * s); }
+    __device__ __forceinline__ u32 k_empty(int s) const { return base + 8u * (3 + 4 * s); }
+    __device__ __forceinline__ u32 v_empty(int s) const { return base + 8u * (4 + 4 * s); }
+    // One thread, before the CTA barrier that publishes them.
+    __device__ __forceinline__ void init(int stages, u32 empty_arrivals) const {
+        thread_mbarrier_init(q_full(), 1);
+        for (int s = 0; s < stages; ++s) {
+            thread_mbarrier_init(k_full(s), 1);
+            thread_mbarrier_init(v_full(s), 1);
+            thread_mbarrier_init(k_empty(s), empty_arrivals);
+            thread_mbarrier_init(v_empty(s), empty_arrivals);
+        }
+        thread_fence_mbarrier_init();
+    }
+};
+
+// Ping-pong of two consumer warpgroups (FlashAttention-3): consumer cw (0 | 1) waits on named
+// barrier 1 + cw before it issues a tile's wgmmas and arrives on the other's after, so the two
+// alternate on the tensor cores and one's softmax overlaps the other's products. 256 threads per
+// barrier: the waiting warpgroup and the arriving one. Consumer 1 gives consumer 0 the first
+// turn; the last issuer gives no turn that nobody would take.
+__device__ __forceinline__ void wg_wait_turn(int cw) {
+    cta_named_sync(1 + cw, 256);
+}
+__device__ __forceinline__ void wg_give_turn(int cw) {
+    cta_named_arrive(2 - cw, 256);
+}
+#endif
+
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // setmaxnreg (sm_90a): a warpgroup gives registers back (dec) or takes them (inc); the whole
 // warpgroup executes it. Needs a register cap at kernel entry (__launch_bounds__(n, 1)).

@@ -519,8 +519,7 @@ constexpr int THREADS = 128 * (cfg::WG + 1);
 constexpr int K_OFFSET = cfg::Q_BYTES;
 constexpr int V_OFFSET = cfg::Q_BYTES + STAGES * cfg::K_TILE_BYTES;
 constexpr int BAR_OFFSET = V_OFFSET + STAGES * cfg::V_TILE_BYTES;
-constexpr int BARS = 1 + 4 * STAGES;       // q_full, then per stage k_full, v_full, k_empty, v_empty
-constexpr int SMEM_BYTES = BAR_OFFSET + 8 * BARS + 1024;
+constexpr int SMEM_BYTES = BAR_OFFSET + 8 * KvBarriers::count(STAGES) + 1024;
 constexpr u32 EMPTY_ARRIVALS = 4 * cfg::WG;   // one per consumer warp
 constexpr int CONSUMERS = cfg::THREADS;       // consumer threads (named barriers 1..3)
 constexpr int BAR_EPILOGUE = 3;
@@ -535,17 +534,17 @@ struct Int8TmaMaps {
     TmaMap q, k, v;
 };
 
-// Shared-memory map of the CTA: tiles and mbarriers (stage s: k_full, v_full, k_empty, v_empty
-// at bars + 8 * (1 + 4 s + 0..3); q_full first).
+// Shared-memory map of the CTA: tiles and the pipeline's mbarriers.
 struct WsSmem {
-    u32 q, k, v, bars;
+    u32 q, k, v;
+    KvBarriers bars;
     __device__ __forceinline__ explicit WsSmem(u32 base)
-        : q(base), k(base + ws::K_OFFSET), v(base + ws::V_OFFSET), bars(base + ws::BAR_OFFSET) {}
-    __device__ __forceinline__ u32 q_full() const { return bars; }
-    __device__ __forceinline__ u32 k_full(int s) const { return bars + 8u * (1 + 4 * s); }
-    __device__ __forceinline__ u32 v_full(int s) const { return bars + 8u * (2 + 4 * s); }
-    __device__ __forceinline__ u32 k_empty(int s) const { return bars + 8u * (3 + 4 * s); }
-    __device__ __forceinline__ u32 v_empty(int s) const { return bars + 8u * (4 + 4 * s); }
+        : q(base), k(base + ws::K_OFFSET), v(base + ws::V_OFFSET), bars{base + ws::BAR_OFFSET} {}
+    __device__ __forceinline__ u32 q_full() const { return bars.q_full(); }
+    __device__ __forceinline__ u32 k_full(int s) const { return bars.k_full(s); }
+    __device__ __forceinline__ u32 v_full(int s) const { return bars.v_full(s); }
+    __device__ __forceinline__ u32 k_empty(int s) const { return bars.k_empty(s); }
+    __device__ __forceinline__ u32 v_empty(int s) const { return bars.v_empty(s); }
     __device__ __forceinline__ u32 k_tile(int s) const { return k + (u32)(s * cfg::K_TILE_BYTES); }
     __device__ __forceinline__ u32 v_tile(int s) const { return v + (u32)(s * cfg::V_TILE_BYTES); }
 };
@@ -585,10 +584,8 @@ struct WgConsumer {
     int n_tiles, n_masked, diag, lane, cw;
     u32 q_wg;
 
-    // Named barriers of the ping-pong: this warpgroup waits on 1 + cw before issuing and
-    // arrives on the other's after; 256 = the waiting warpgroup plus the arriving one.
-    __device__ __forceinline__ void wait_turn() const { cta_named_sync(1 + cw, 2 * 128); }
-    __device__ __forceinline__ void give_turn() const { cta_named_arrive(2 - cw, 2 * 128); }
+    __device__ __forceinline__ void wait_turn() const { wg_wait_turn(cw); }
+    __device__ __forceinline__ void give_turn() const { wg_give_turn(cw); }
 
     // KV tile j (tile n_tiles - 1 - j): issue S_j (and, unless FIRST, P_{j-1}·V_{j-1}) in this
     // warpgroup's turn, softmax S_j while the P·V runs, then rescale O and pack P_j. FIRST is a
@@ -656,16 +653,7 @@ fwd_wgmma_int8(const Int8FwdParams p, const __grid_constant__ Int8TmaMaps maps) 
     const int m0 = (gridDim.x - 1 - blockIdx.x) * cfg::BM;
     const CtaTiles tiles = cta_tiles(p, m0);
 
-    if (tid == 0) {
-        thread_mbarrier_init(sm.q_full(), 1);
-        for (int s = 0; s < ws::STAGES; ++s) {
-            thread_mbarrier_init(sm.k_full(s), 1);
-            thread_mbarrier_init(sm.v_full(s), 1);
-            thread_mbarrier_init(sm.k_empty(s), ws::EMPTY_ARRIVALS);
-            thread_mbarrier_init(sm.v_empty(s), ws::EMPTY_ARRIVALS);
-        }
-        thread_fence_mbarrier_init();
-    }
+    if (tid == 0) sm.bars.init(ws::STAGES, ws::EMPTY_ARRIVALS);
     __syncthreads();
 
     if (wg == 0) {

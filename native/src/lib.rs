@@ -33,6 +33,7 @@ pub mod int8_prepass;
 pub mod nvrtc;
 pub mod report;
 pub mod sass;
+pub mod tma;
 pub mod tools;
 pub mod wgmma;
 pub mod wgmma_int8;
@@ -59,4 +60,5 @@ pub use wgmma::WgmmaKernel;
 pub use wgmma::{WgmmaArgs, WgmmaConfig, WgmmaParams, WgmmaTile, WGMMA_TILES};
 #[cfg(feature = "cuda")]
 pub use wgmma_int8::Int8WgmmaKernel;
-pub use wgmma_int8::{Int8WgmmaConfig, Int8WgmmaParams, TmaSpec, WgmmaLoads};
+pub use tma::TmaSpec;
+pub use wgmma_int8::{Int8WgmmaConfig, Int8WgmmaParams, WgmmaLoads};

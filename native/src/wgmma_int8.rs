@@ -29,6 +29,7 @@ use crate::cache::{CompileRequest, FWD_WGMMA_INT8};
 use crate::error::{NativeError, Result};
 use crate::hmma::PvAccum;
 use crate::int8::{Int8Args, Int8Config, Int8Granularity, Int8LaunchShape, Int8Params, Int8Ptrs, Int8Tile};
+use crate::tma::{RowsTensor, TmaSpec};
 
 const KERNEL: &str = "fwd_wgmma_int8";
 
@@ -266,77 +267,16 @@ impl Int8WgmmaConfig {
             return Ok(None);
         }
         self.validate_args(args)?;
-        let d = self.head_dim as u64;
         let int8_swizzle = if self.head_dim == 128 { 128 } else { 64 };
         let rows = WGMMA_INT8_BLOCK_K;
-        let spec = |name: &'static str, addr: u64, elem_bytes: u64, heads: usize, len: usize, st: &crate::hmma::Strides,
-                    box_inner: u32, swizzle: u32| {
-            TmaSpec::new(
-                name,
-                addr,
-                elem_bytes as u32,
-                [d, len as u64, heads as u64, args.batch as u64],
-                [st.seq, st.head, st.batch].map(|x| x.saturating_mul(elem_bytes as i64)),
-                [box_inner, rows, 1, 1],
-                swizzle,
-            )
+        let t = |addr, elem_bytes, heads, len, strides| RowsTensor {
+            addr, elem_bytes, head_dim: self.head_dim as usize, len, heads, batch: args.batch, strides,
         };
         Ok(Some([
-            spec("Q", ptrs.q, 1, args.q_heads, args.q_len, &args.q, self.head_dim, int8_swizzle)?,
-            spec("K", ptrs.k, 1, args.kv_heads, args.kv_len, &args.k, self.head_dim, int8_swizzle)?,
-            spec("V", ptrs.v, 2, args.kv_heads, args.kv_len, &args.v, 64, 128)?,
+            TmaSpec::rows("Q", t(ptrs.q, 1, args.q_heads, args.q_len, args.q), self.head_dim, rows, int8_swizzle)?,
+            TmaSpec::rows("K", t(ptrs.k, 1, args.kv_heads, args.kv_len, args.k), self.head_dim, rows, int8_swizzle)?,
+            TmaSpec::rows("V", t(ptrs.v, 2, args.kv_heads, args.kv_len, args.v), 64, rows, 128)?,
         ]))
-    }
-}
-
-/// One rank-4 tiled tensor map, as `cuTensorMapEncodeTiled` takes it (dimension 0 innermost).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct TmaSpec {
-    pub addr: u64,
-    /// 1 (int8 as UINT8: TMA only moves bytes) or 2 (f16).
-    pub elem_bytes: u32,
-    pub dims: [u64; 4],
-    /// Byte strides of dimensions 1..3.
-    pub strides: [u64; 3],
-    pub box_dims: [u32; 4],
-    /// 64 or 128.
-    pub swizzle_bytes: u32,
-}
-
-impl TmaSpec {
-    /// Checks TMA's rules and names the first one broken: 16-byte aligned address, dims in
-    /// 1..2^32, byte strides positive multiples of 16 below 2^40, boxes of 1..256 elements per
-    /// dimension with the inner box exactly one swizzle span.
-    pub fn new(
-        tensor: &'static str,
-        addr: u64,
-        elem_bytes: u32,
-        dims: [u64; 4],
-        strides: [i64; 3],
-        box_dims: [u32; 4],
-        swizzle_bytes: u32,
-    ) -> Result<Self> {
-        let bad = |what: String| Err(NativeError::InvalidArgs(format!("TMA map of {tensor}: {what}")));
-        if !addr.is_multiple_of(16) {
-            return bad(format!("address {addr:#x} is not 16-byte aligned"));
-        }
-        if let Some(d) = dims.iter().find(|&&d| d == 0 || d > u32::MAX as u64) {
-            return bad(format!("dimension {d} outside 1..2^32"));
-        }
-        let mut s = [0u64; 3];
-        for (i, &x) in strides.iter().enumerate() {
-            if x <= 0 || x % 16 != 0 || x >= 1i64 << 40 {
-                return bad(format!("byte stride {x} of dimension {} is not a positive multiple of 16 below 2^40", i + 1));
-            }
-            s[i] = x as u64;
-        }
-        if box_dims.iter().any(|&b| b == 0 || b > 256) {
-            return bad(format!("box {box_dims:?} has a dimension outside 1..256"));
-        }
-        if box_dims[0] * elem_bytes != swizzle_bytes || !(swizzle_bytes == 64 || swizzle_bytes == 128) {
-            return bad(format!("inner box of {} bytes for a {swizzle_bytes}-byte swizzle", box_dims[0] * elem_bytes));
-        }
-        Ok(TmaSpec { addr, elem_bytes, dims, strides: s, box_dims, swizzle_bytes })
     }
 }
 
@@ -347,12 +287,12 @@ pub use launch::Int8WgmmaKernel;
 mod launch {
     use std::sync::Arc;
 
-    use cudarc::driver::sys;
-    use cudarc::driver::{CudaContext, CudaFunction, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg};
+    use cudarc::driver::{CudaContext, CudaFunction, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 
     use super::*;
     use crate::cache::{CompiledKernel, KernelCache};
     use crate::int8::{check_lens, Int8Buffers, Int8Lens};
+    use crate::tma::TmaMaps3;
 
     /// One INT8 wgmma variant loaded into a CUDA context (compute capability 9.0 only).
     #[derive(Debug)]
@@ -452,7 +392,7 @@ mod launch {
             let shape = self.config.launch_shape(args)?;
             let params = self.config.params(args, ptrs);
             let maps = match self.config.tma_specs(args, ptrs)? {
-                Some([q, k, v]) => Some(Int8TmaMaps { q: encode(&q)?, k: encode(&k)?, v: encode(&v)? }),
+                Some(specs) => Some(TmaMaps3::encode(&specs)?),
                 None => None,
             };
             let cfg = LaunchConfig { grid_dim: shape.grid, block_dim: shape.block, shared_mem_bytes: shape.smem_bytes };
@@ -467,53 +407,6 @@ mod launch {
         }
     }
 
-    /// The TMA kernel's second parameter: `Int8TmaMaps` (three 128-byte tensor maps).
-    #[repr(C)]
-    #[derive(Clone, Copy)]
-    struct Int8TmaMaps {
-        q: sys::CUtensorMap,
-        k: sys::CUtensorMap,
-        v: sys::CUtensorMap,
-    }
-    // SAFETY: plain data with the kernel's layout (three 128-byte maps).
-    unsafe impl DeviceRepr for Int8TmaMaps {}
-
-    /// `cuTensorMapEncodeTiled` of a checked spec.
-    fn encode(spec: &TmaSpec) -> Result<sys::CUtensorMap> {
-        let data_type = if spec.elem_bytes == 1 {
-            sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8
-        } else {
-            sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16
-        };
-        let swizzle = if spec.swizzle_bytes == 128 {
-            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B
-        } else {
-            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_64B
-        };
-        let element_strides = [1u32; 4];
-        let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::zeroed();
-        // SAFETY: every pointer addresses a local array of the rank's length; the driver only
-        // writes the map.
-        let r = unsafe {
-            sys::cuTensorMapEncodeTiled(
-                map.as_mut_ptr(),
-                data_type,
-                4,
-                spec.addr as *mut std::ffi::c_void,
-                spec.dims.as_ptr(),
-                spec.strides.as_ptr(),
-                spec.box_dims.as_ptr(),
-                element_strides.as_ptr(),
-                sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
-                swizzle,
-                sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
-            )
-        };
-        r.result()?;
-        // SAFETY: the driver filled the map (the call succeeded).
-        Ok(unsafe { map.assume_init() })
-    }
 }
 
 #[cfg(test)]
