@@ -7,9 +7,11 @@
 // canonical layouts).
 //
 // CTA. WARPGROUPS (1 or 2) consumer warpgroups of 4 warps, 64 query rows each (the M of every
-// wgmma is 64): BLOCK_M = 64 * WARPGROUPS rows of one (batch, head). No producer warp: every
-// thread issues cp.async 16-byte copies, so loads overlap compute only through the two-stage
-// buffers below (no TMA, no mbarriers, no setmaxnreg).
+// wgmma is 64): BLOCK_M = 64 * WARPGROUPS rows of one (batch, head). Two kernels (-D WS):
+//   WS 0  no producer warp: every thread issues cp.async 16-byte copies, so loads overlap
+//         compute only through the two-stage buffers below (no TMA, no mbarriers).
+//   WS 1  (2 consumer warpgroups) a TMA producer warpgroup, KV_STAGES stages guarded by
+//         mbarriers, setmaxnreg, ping-pong consumers: the last section, as fwd_wgmma_int8.cu's.
 //
 // Shared memory layout: the canonical K-major 128-byte-swizzle layout of wgmma, for Q, K and V
 // alike. A tile of R rows x D f16 (row = query or key, D = head dim contiguous in global memory)
@@ -67,7 +69,9 @@
 // swizzled layout), then 16-byte coalesced global stores.
 //
 // Compile-time parameters (-D, built by src/wgmma.rs): HEAD_DIM 64 | 128, WARPGROUPS 1 | 2,
-// BLOCK_N 64 | 128. ABI: `FwdParams`, identical to fwd_hmma's (Rust mirror `HmmaParams`).
+// BLOCK_N 64 | 128, WS 0 | 1 (with WS 1: KV_STAGES, PRODUCER_REGS, CONSUMER_REGS). ABI:
+// `FwdParams`, identical to fwd_hmma's (Rust mirror `HmmaParams`); WS 1 takes a second
+// parameter, `TmaMaps` (three CUtensorMaps built on the host per launch, src/tma.rs).
 #include "common.cuh"
 
 #if !defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -78,6 +82,12 @@
 #endif
 #ifndef RESCALE_LOG2
 #define RESCALE_LOG2 8
+#endif
+#ifndef WS
+#define WS 0
+#endif
+#if WS && (!defined(KV_STAGES) || !defined(PRODUCER_REGS) || !defined(CONSUMER_REGS) || WARPGROUPS != 2)
+#error "fwd_wgmma.cu with WS 1 needs WARPGROUPS 2, KV_STAGES, PRODUCER_REGS, CONSUMER_REGS"
 #endif
 
 namespace cfg {
@@ -93,13 +103,15 @@ constexpr int K_STEPS = D / 16;            // k16 steps of Q·Kᵀ
 constexpr int P_STEPS = BN / 16;           // k16 steps of P·V
 constexpr int Q_BYTES = BM * D * 2;
 constexpr int KV_TILE_BYTES = BN * D * 2;
+#if !WS
 constexpr int K_OFFSET = Q_BYTES;                      // two K stages
 constexpr int V_OFFSET = Q_BYTES + 2 * KV_TILE_BYTES;  // two V stages
 constexpr int SMEM_BYTES = Q_BYTES + 4 * KV_TILE_BYTES + 1024;   // + alignment slack
+static_assert(SMEM_BYTES <= 227 * 1024, "more shared memory than an sm_90 block may have");
+#endif
 static_assert(D == 64 || D == 128, "head dim 64 or 128");
 static_assert(WG == 1 || WG == 2, "1 or 2 consumer warpgroups");
 static_assert(BN == 64 || BN == 128, "BLOCK_N 64 or 128");
-static_assert(SMEM_BYTES <= 227 * 1024, "more shared memory than an sm_90 block may have");
 static_assert(Q_BYTES % 1024 == 0 && KV_TILE_BYTES % 1024 == 0, "1024-byte aligned tiles");
 }  // namespace cfg
 
@@ -289,6 +301,81 @@ __device__ __forceinline__ void wg_softmax_tile(float (&s)[cfg::S_REGS], float (
     thread_pack_p(pf, s);
 }
 
+// ---- pieces shared by both kernels -----------------------------------------------------------
+
+// The KV tiles a query block visits: n_tiles, processed last tile first (j = 0 is tile
+// n_tiles - 1), the first n_masked of them (in processing order) masked.
+struct CtaTiles {
+    int n_tiles;
+    int n_masked;
+};
+__device__ __forceinline__ CtaTiles cta_tiles(const FwdParams& p, int m0) {
+    const int offset = p.kv_len - p.q_len;       // bottom-right causal alignment
+    int n_end = p.kv_len;
+    int full_end = p.kv_len / cfg::BN;
+    if (p.causal) {
+        n_end = min(n_end, m0 + cfg::BM + offset);
+        const int first_row_sees = m0 + offset + 1;
+        full_end = min(full_end, first_row_sees >= 0 ? first_row_sees / cfg::BN : 0);
+    }
+    CtaTiles t;
+    t.n_tiles = n_end > 0 ? (n_end + cfg::BN - 1) / cfg::BN : 0;
+    t.n_masked = t.n_tiles - min(max(full_end, 0), t.n_tiles);
+    return t;
+}
+
+// Normalises this lane's rows, writes their LSE and stages O (f16) into the warpgroup's own
+// rows of the Q tile at `q_smem` (same swizzled layout). The caller makes sure every wgmma of
+// this warpgroup completed (the other warpgroup never reads these rows), and synchronizes the
+// consumer threads before cta_store_o.
+__device__ __forceinline__ void thread_finish_rows(const FwdParams& p, const float (&o)[cfg::O_REGS], const RowState& st,
+                                                   u32 q_smem, int local_row0, int row0, int lane) {
+    float inv[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const float sum = quad_sum(st.l[i]);
+        const bool empty = !(sum > 0.f);
+        inv[i] = empty ? 0.f : 1.f / sum;
+        const float lse = empty ? QA_NEG_INF : (st.m[i] * p.scale_log2 + thread_log2(sum)) * 0.6931471805599453f;
+        const int row = row0 + 8 * i;
+        if ((lane & 3) == 0 && row < p.q_len)
+            reinterpret_cast<float*>(p.lse)[((i64)cta_batch() * p.q_heads + cta_head()) * p.q_len + row] = lse;
+    }
+#pragma unroll
+    for (int n = 0; n < cfg::D / 8; ++n)
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const u32 packed = thread_pack_f16x2(o[4 * n + 2 * i] * inv[i], o[4 * n + 2 * i + 1] * inv[i]);
+            const int r = local_row0 + 8 * i;
+            const u32 addr = q_smem + (u32)((n >> 3) * cfg::BM * 128) + tile_swizzle<128>(r, n & 7) + 4 * (lane & 3);
+            asm volatile("st.shared.b32 [%0], %1;\n" :: "r"(addr), "r"(packed) : "memory");
+        }
+}
+
+// The staged O block to global memory: 16-byte coalesced stores by the `tid`-th of the CTA's
+// cfg::THREADS consumer threads.
+__device__ __forceinline__ void cta_store_o(const FwdParams& p, u32 q_smem, int m0, int tid) {
+    unsigned short* o_head = reinterpret_cast<unsigned short*>(p.o) + cta_batch() * p.o_batch_stride +
+                             cta_head() * p.o_head_stride;
+    constexpr int CHUNKS = cfg::D / 8;
+#pragma unroll
+    for (int k = 0; k < cfg::BM * CHUNKS / cfg::THREADS; ++k) {
+        const int idx = tid + cfg::THREADS * k;
+        const int r = idx / CHUNKS;
+        const int chunk = idx % CHUNKS;
+        u32 x, y, z, w;
+        asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(x), "=r"(y), "=r"(z), "=r"(w)
+                     : "r"(q_smem + (u32)((chunk >> 3) * cfg::BM * 128) + tile_swizzle<128>(r, chunk & 7)));
+        if (m0 + r < p.q_len) {
+            unsigned short* dst = o_head + (i64)(m0 + r) * p.o_seq_stride + chunk * 8;
+            asm volatile("st.global.v4.b32 [%0], {%1,%2,%3,%4};\n"
+                         :: "l"(dst), "r"(x), "r"(y), "r"(z), "r"(w) : "memory");
+        }
+    }
+}
+
+#if !WS
 // ---- the kernel ----------------------------------------------------------------------------
 
 // Grid: x = query block (reversed: causal blocks near the end do the most work and go first),
@@ -307,21 +394,13 @@ extern "C" __global__ void __launch_bounds__(cfg::THREADS, 1) fwd_wgmma(const Fw
     const int head = blockIdx.y;
     const int batch = blockIdx.z;
     const int m0 = m_block * cfg::BM;
-    const int offset = p.kv_len - p.q_len;       // bottom-right causal alignment
-
-    int n_end = p.kv_len;
-    int full_end = p.kv_len / cfg::BN;
-    if (p.causal) {
-        n_end = min(n_end, m0 + cfg::BM + offset);
-        const int first_row_sees = m0 + offset + 1;
-        full_end = min(full_end, first_row_sees >= 0 ? first_row_sees / cfg::BN : 0);
-    }
-    const int n_tiles = n_end > 0 ? (n_end + cfg::BN - 1) / cfg::BN : 0;
-    const int n_masked = n_tiles - min(max(full_end, 0), n_tiles);
+    const CtaTiles tiles = cta_tiles(p, m0);
+    const int n_tiles = tiles.n_tiles;
+    const int n_masked = tiles.n_masked;
 
     const int local_row0 = 64 * wg + 16 * warp_in_wg + (lane >> 2);   // CTA row of entry 0
     const int row0 = m0 + local_row0;
-    const int diag = p.causal ? row0 + offset + 1 : 0x3fffffff;
+    const int diag = p.causal ? row0 + p.kv_len - p.q_len + 1 : 0x3fffffff;
     const u32 q_wg = q_smem + (u32)(64 * wg * 128);
 
     float o[cfg::O_REGS];
@@ -389,45 +468,188 @@ extern "C" __global__ void __launch_bounds__(cfg::THREADS, 1) fwd_wgmma(const Fw
         reg_fence(pf);
     }
 
-    // ---- epilogue: normalise, LSE, O through the warpgroup's own Q rows, 16-byte stores ------
-    float inv[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        const float sum = quad_sum(st.l[i]);
-        const bool empty = !(sum > 0.f);
-        inv[i] = empty ? 0.f : 1.f / sum;
-        const float lse = empty ? QA_NEG_INF : (st.m[i] * p.scale_log2 + thread_log2(sum)) * 0.6931471805599453f;
-        const int row = row0 + 8 * i;
-        if ((lane & 3) == 0 && row < p.q_len)
-            reinterpret_cast<float*>(p.lse)[((i64)batch * p.q_heads + head) * p.q_len + row] = lse;
-    }
-    // Every wgmma of this warpgroup has completed (wait_group 0), and the other warpgroup never
-    // reads these rows: the Q rows are free for O.
-#pragma unroll
-    for (int n = 0; n < cfg::D / 8; ++n)
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            const u32 packed = thread_pack_f16x2(o[4 * n + 2 * i] * inv[i], o[4 * n + 2 * i + 1] * inv[i]);
-            const int r = local_row0 + 8 * i;
-            const u32 addr = q_smem + (u32)((n >> 3) * cfg::BM * 128) + tile_swizzle<128>(r, n & 7) + 4 * (lane & 3);
-            asm volatile("st.shared.b32 [%0], %1;\n" :: "r"(addr), "r"(packed) : "memory");
-        }
+    // Epilogue: every wgmma of this warpgroup has completed (wait_group 0), and the other
+    // warpgroup never reads these rows: the Q rows are free for O.
+    thread_finish_rows(p, o, st, q_smem, local_row0, row0, lane);
     __syncthreads();
-    unsigned short* o_head = reinterpret_cast<unsigned short*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride;
-    constexpr int CHUNKS = cfg::D / 8;
+    cta_store_o(p, q_smem, m0, tid);
+}
+#else
+// ---- the kernel: a TMA producer warpgroup and two ping-ponging consumer warpgroups -----------
+//
+// As fwd_wgmma_int8.cu's WS 1 kernel: 3 warpgroups, 384 threads. Warpgroup 0 gives registers
+// back (setmaxnreg.dec) and one of its threads loads Q once and every K and V tile as TMA boxes
+// of [rows][64 halves] (one per 128-byte column block, the map's 128B swizzle = the layout of the
+// header; rows past the sequence end arrive as zeros) into KV_STAGES stages guarded by
+// KvBarriers. Warpgroups 1 and 2 (setmaxnreg.inc) run the mainloop above with no CTA-wide
+// barrier and alternate their wgmma issues (wg_wait_turn / wg_give_turn).
+
+namespace ws {
+constexpr int STAGES = KV_STAGES;
+constexpr int THREADS = 128 * (cfg::WG + 1);
+constexpr int K_OFFSET = cfg::Q_BYTES;
+constexpr int V_OFFSET = cfg::Q_BYTES + STAGES * cfg::KV_TILE_BYTES;
+constexpr int BAR_OFFSET = V_OFFSET + STAGES * cfg::KV_TILE_BYTES;
+constexpr int SMEM_BYTES = BAR_OFFSET + 8 * KvBarriers::count(STAGES) + 1024;
+constexpr u32 EMPTY_ARRIVALS = 4 * cfg::WG;   // one per consumer warp
+constexpr int BAR_EPILOGUE = 3;               // consumers only (1 and 2 are the turns)
+static_assert(STAGES >= 2 && STAGES <= 4, "2 to 4 K/V stages");
+static_assert(SMEM_BYTES <= 227 * 1024, "more shared memory than an sm_90 block may have");
+}  // namespace ws
+
+// Q, K, V tensor maps (built by src/wgmma.rs): f16 boxes of [BM or BN rows][64 halves], rank 4
+// (dim, seq, head, batch).
+struct TmaMaps {
+    TmaMap q, k, v;
+};
+
+struct WsSmem {
+    u32 q, k, v;
+    KvBarriers bars;
+    __device__ __forceinline__ explicit WsSmem(u32 base)
+        : q(base), k(base + ws::K_OFFSET), v(base + ws::V_OFFSET), bars{base + ws::BAR_OFFSET} {}
+    __device__ __forceinline__ u32 k_tile(int s) const { return k + (u32)(s * cfg::KV_TILE_BYTES); }
+    __device__ __forceinline__ u32 v_tile(int s) const { return v + (u32)(s * cfg::KV_TILE_BYTES); }
+};
+
+// ROWS rows starting at `row` of a (batch, head) into the column-block tile at `dst`: one box per
+// 64 columns, all completing on `bar`.
+template <int ROWS>
+__device__ __forceinline__ void thread_tma_rows(u32 dst, const TmaMap* map, u32 bar, int row, int head, int batch) {
 #pragma unroll
-    for (int k = 0; k < cfg::BM * CHUNKS / cfg::THREADS; ++k) {
-        const int idx = tid + cfg::THREADS * k;
-        const int r = idx / CHUNKS;
-        const int chunk = idx % CHUNKS;
-        u32 x, y, z, w;
-        asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n"
-                     : "=r"(x), "=r"(y), "=r"(z), "=r"(w)
-                     : "r"(q_smem + (u32)((chunk >> 3) * cfg::BM * 128) + tile_swizzle<128>(r, chunk & 7)));
-        if (m0 + r < p.q_len) {
-            unsigned short* dst = o_head + (i64)(m0 + r) * p.o_seq_stride + chunk * 8;
-            asm volatile("st.global.v4.b32 [%0], {%1,%2,%3,%4};\n"
-                         :: "l"(dst), "r"(x), "r"(y), "r"(z), "r"(w) : "memory");
-        }
+    for (int h = 0; h < cfg::BLOCKS; ++h) thread_tma_load_4d(dst + (u32)(h * ROWS * 128), map, bar, 64 * h, row, head, batch);
+}
+
+// Producer: one thread loads Q, then K_j and V_j for j = 0 .. n_tiles - 1 (tile n_tiles - 1 - j),
+// refilling a stage once its empty barrier says both consumers are done with it.
+__device__ __forceinline__ void thread_produce(const FwdParams& p, const TmaMaps& maps, const WsSmem& sm, int m0,
+                                               int n_tiles) {
+    const int head = blockIdx.y;
+    const int batch = blockIdx.z;
+    const int kv_head = head / p.kv_group;
+    thread_mbarrier_arrive_expect_tx(sm.bars.q_full(), cfg::Q_BYTES);
+    thread_tma_rows<cfg::BM>(sm.q, &maps.q, sm.bars.q_full(), m0, head, batch);
+    for (int j = 0; j < n_tiles; ++j) {
+        const int t = n_tiles - 1 - j;
+        const int s = j % ws::STAGES;
+        const u32 parity = ((j / ws::STAGES) & 1) ^ 1;   // the stage's previous use
+        if (j >= ws::STAGES) thread_mbarrier_wait(sm.bars.k_empty(s), parity);
+        thread_mbarrier_arrive_expect_tx(sm.bars.k_full(s), cfg::KV_TILE_BYTES);
+        thread_tma_rows<cfg::BN>(sm.k_tile(s), &maps.k, sm.bars.k_full(s), t * cfg::BN, kv_head, batch);
+        if (j >= ws::STAGES) thread_mbarrier_wait(sm.bars.v_empty(s), parity);
+        thread_mbarrier_arrive_expect_tx(sm.bars.v_full(s), cfg::KV_TILE_BYTES);
+        thread_tma_rows<cfg::BN>(sm.v_tile(s), &maps.v, sm.bars.v_full(s), t * cfg::BN, kv_head, batch);
     }
 }
+
+// One consumer warpgroup's state over the KV walk.
+struct WgConsumer {
+    float o[cfg::O_REGS];
+    u32 pf[cfg::P_STEPS][4];
+    float s[cfg::S_REGS];
+    RowState st;
+    int n_tiles, n_masked, diag, lane, cw;
+    u32 q_wg;
+
+    // KV tile j: issue S_j (and, unless FIRST, P_{j-1}·V_{j-1}) in this warpgroup's turn, softmax
+    // S_j while the P·V runs, then rescale O and pack P_j. FIRST is a template parameter so that
+    // ptxas sees one fixed wgmma pipeline per instantiation.
+    template <bool FIRST>
+    __device__ __forceinline__ void step(const FwdParams& p, const WsSmem& sm, int j) {
+        const int t = n_tiles - 1 - j;
+        const int stage = j % ws::STAGES;
+        const int prev = (j + ws::STAGES - 1) % ws::STAGES;
+        thread_mbarrier_wait(sm.bars.k_full(stage), (j / ws::STAGES) & 1);
+        if (!FIRST) thread_mbarrier_wait(sm.bars.v_full(prev), ((j - 1) / ws::STAGES) & 1);
+        wg_wait_turn(cw);
+        reg_fence(o);
+        reg_fence(pf);
+        wg_fence();
+        wg_issue_scores(s, q_wg, sm.k_tile(stage));
+        wg_commit();
+        if (!FIRST) {
+            wg_issue_values(o, pf, sm.v_tile(prev));
+            wg_commit();
+        }
+        wg_give_turn(cw);
+        if (FIRST) wg_wait<0>(); else wg_wait<1>();   // S_j done
+        reg_fence(s);
+        if (lane == 0) thread_mbarrier_arrive(sm.bars.k_empty(stage));
+        float alpha[2];
+        bool rescale;
+        if (j < n_masked) warp_softmax<true>(s, st, alpha, rescale, t * cfg::BN, p.kv_len, diag, p.scale_log2, lane);
+        else warp_softmax<false>(s, st, alpha, rescale, t * cfg::BN, p.kv_len, diag, p.scale_log2, lane);
+        wg_wait<0>();                                 // P_{j-1}·V_{j-1} done
+        reg_fence(o);
+        reg_fence(pf);
+        if (!FIRST && lane == 0) thread_mbarrier_arrive(sm.bars.v_empty(prev));
+        if (rescale) thread_rescale_o(o, alpha);
+        thread_pack_p(pf, s);
+    }
+
+    // The last P·V, in its turn too; consumer 1 opens no turn after it (nobody would wait).
+    __device__ __forceinline__ void finish(const WsSmem& sm) {
+        const int last = n_tiles - 1;
+        thread_mbarrier_wait(sm.bars.v_full(last % ws::STAGES), (last / ws::STAGES) & 1);
+        wg_wait_turn(cw);
+        reg_fence(o);
+        reg_fence(pf);
+        wg_fence();
+        wg_issue_values(o, pf, sm.v_tile(last % ws::STAGES));
+        wg_commit();
+        if (cw == 0) wg_give_turn(cw);
+        wg_wait<0>();
+        reg_fence(o);
+        reg_fence(pf);
+    }
+};
+
+extern "C" __global__ void __launch_bounds__(ws::THREADS, 1)
+fwd_wgmma(const FwdParams p, const __grid_constant__ TmaMaps maps) {
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const WsSmem sm((cta_smem_addr(smem_raw) + 1023u) & ~1023u);
+    const int tid = threadIdx.x;
+    const int wg = tid >> 7;
+    const int m0 = (gridDim.x - 1 - blockIdx.x) * cfg::BM;
+    const CtaTiles tiles = cta_tiles(p, m0);
+
+    if (tid == 0) sm.bars.init(ws::STAGES, ws::EMPTY_ARRIVALS);
+    __syncthreads();
+
+    if (wg == 0) {
+        wg_setmaxnreg_dec<PRODUCER_REGS>();
+        if (tid == 0 && tiles.n_tiles > 0) {
+            thread_tma_prefetch_map(&maps.k);
+            thread_tma_prefetch_map(&maps.v);
+            thread_produce(p, maps, sm, m0, tiles.n_tiles);
+        }
+    } else {
+        wg_setmaxnreg_inc<CONSUMER_REGS>();
+        const int ctid = tid - 128;               // index among the consumer threads
+        WgConsumer c;
+        c.cw = wg - 1;
+        c.lane = tid & 31;
+        c.n_tiles = tiles.n_tiles;
+        c.n_masked = tiles.n_masked;
+        const int local_row0 = 64 * c.cw + 16 * ((tid >> 5) & 3) + (c.lane >> 2);
+        const int row0 = m0 + local_row0;
+        c.diag = p.causal ? row0 + p.kv_len - p.q_len + 1 : 0x3fffffff;
+        c.q_wg = sm.q + (u32)(64 * c.cw * 128);
+#pragma unroll
+        for (int e = 0; e < cfg::O_REGS; ++e) c.o[e] = 0.f;
+        c.st.m[0] = c.st.m[1] = QA_NEG_INF;
+        c.st.l[0] = c.st.l[1] = 0.f;
+        if (c.n_tiles > 0) {
+            if (c.cw == 1) wg_give_turn(c.cw);    // consumer 0 issues first
+            thread_mbarrier_wait(sm.bars.q_full(), 0);
+            c.step<true>(p, sm, 0);
+            for (int j = 1; j < c.n_tiles; ++j) c.step<false>(p, sm, j);
+            c.finish(sm);
+        }
+        // Epilogue: this warpgroup's wgmmas are done and the other never reads its Q rows.
+        thread_finish_rows(p, c.o, c.st, sm.q, local_row0, row0, c.lane);
+        cta_named_sync(ws::BAR_EPILOGUE, cfg::THREADS);
+        cta_store_o(p, sm.q, m0, ctid);
+    }
+}
+#endif

@@ -20,6 +20,7 @@ use crate::arch::Arch;
 use crate::cache::{CompileRequest, FWD_WGMMA};
 use crate::error::{NativeError, Result};
 use crate::hmma::{HmmaArgs, HmmaConfig, HmmaParams, InputType, PvAccum, QkAccum};
+use crate::tma::{RowsTensor, TmaSpec, WgmmaLoads, WS_CONSUMER_REGS, WS_PRODUCER_REGS};
 
 const KERNEL: &str = "fwd_wgmma";
 
@@ -35,24 +36,47 @@ pub struct WgmmaTile {
     pub warpgroups: u32,
     /// Keys per KV tile (64 or 128): the N of the Q·Kᵀ wgmma and the K of P·V.
     pub block_n: u32,
+    /// cp.async from every thread, or a TMA producer warpgroup (2 consumer warpgroups only).
+    pub loads: WgmmaLoads,
 }
 
 impl WgmmaTile {
+    /// The cp.async tile.
+    pub const fn cp(warpgroups: u32, block_n: u32) -> Self {
+        WgmmaTile { warpgroups, block_n, loads: WgmmaLoads::CpAsync }
+    }
+    /// The TMA tile: two consumer warpgroups and a producer.
+    pub const fn tma(block_n: u32, stages: u32) -> Self {
+        WgmmaTile { warpgroups: 2, block_n, loads: WgmmaLoads::Tma { stages } }
+    }
     pub fn block_m(&self) -> u32 {
         64 * self.warpgroups
     }
+    /// Consumer threads, plus the 128-thread producer with TMA.
     pub fn threads(&self) -> u32 {
-        128 * self.warpgroups
+        match self.loads {
+            WgmmaLoads::CpAsync => 128 * self.warpgroups,
+            WgmmaLoads::Tma { .. } => 128 * self.warpgroups + 128,
+        }
     }
-    /// Dynamic shared memory, mirror of `cfg::SMEM_BYTES`: Q, two K and two V stages, and 1024
-    /// bytes of slack to round the base up to the 1024-byte alignment of the 128B swizzle.
+    /// Dynamic shared memory, mirror of `cfg::SMEM_BYTES` / `ws::SMEM_BYTES`: Q, the K and V
+    /// stages (two, or the TMA stage count), the TMA kernel's mbarriers (8 bytes each: one for Q,
+    /// four per stage), and 1024 bytes of slack to round the base up to the 1024-byte alignment
+    /// of the 128B swizzle.
     pub fn smem_bytes(&self, head_dim: u32) -> u32 {
         let row = head_dim * 2;
-        self.block_m() * row + 4 * self.block_n * row + 1024
+        let (stages, bars) = match self.loads {
+            WgmmaLoads::CpAsync => (2, 0),
+            WgmmaLoads::Tma { stages } => (stages, 8 * (1 + 4 * stages)),
+        };
+        self.block_m() * row + 2 * stages * self.block_n * row + bars + 1024
     }
-    /// `w2n128`.
+    /// `w2n128`, `w2n128_tma2`.
     pub fn suffix(&self) -> String {
-        format!("w{}n{}", self.warpgroups, self.block_n)
+        match self.loads {
+            WgmmaLoads::CpAsync => format!("w{}n{}", self.warpgroups, self.block_n),
+            l => format!("w{}n{}_{}", self.warpgroups, self.block_n, l.tag()),
+        }
     }
 }
 
@@ -69,8 +93,9 @@ impl WgmmaTile {
 /// hd128: FA3's CTA (2 consumer warpgroups, 128 keys; 160 KiB of shared memory, one CTA per
 /// SM). hd64: one warpgroup with 128 keys (2 CTAs per SM by shared memory, 74 KiB each): at
 /// hd64 a 128-row CTA leaves the SM with one CTA whose two warpgroups wait on the same loads.
-pub const WGMMA_TILES: [(u32, WgmmaTile); 2] =
-    [(64, WgmmaTile { warpgroups: 1, block_n: 128 }), (128, WgmmaTile { warpgroups: 2, block_n: 128 })];
+///
+/// TMA (2 consumer warpgroups + a producer, run `u`): see BENCHMARKS.md.
+pub const WGMMA_TILES: [(u32, WgmmaTile); 2] = [(64, WgmmaTile::cp(1, 128)), (128, WgmmaTile::tma(128, 2))];
 
 /// Grid, block and shared memory of one launch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -109,6 +134,20 @@ impl WgmmaConfig {
                 reason: format!("tile {t:?} (needs 1 or 2 warpgroups, BLOCK_N 64 or 128)"),
             });
         }
+        if let WgmmaLoads::Tma { stages } = t.loads {
+            if t.warpgroups != 2 || !(2..=4).contains(&stages) {
+                return Err(NativeError::UnsupportedConfig {
+                    kernel: KERNEL,
+                    reason: format!("tile {t:?} (TMA needs 2 consumer warpgroups and 2 to 4 stages)"),
+                });
+            }
+        }
+        if t.smem_bytes(self.head_dim) > 227 * 1024 {
+            return Err(NativeError::UnsupportedConfig {
+                kernel: KERNEL,
+                reason: format!("tile {t:?} needs {} bytes of shared memory", t.smem_bytes(self.head_dim)),
+            });
+        }
         Ok(())
     }
 
@@ -134,13 +173,21 @@ impl WgmmaConfig {
         format!("{KERNEL}_f16_d{}{forced}", self.head_dim)
     }
 
-    /// Every variant the report and tests compile: the table tiles, and the 1-warpgroup /
-    /// 64-key shapes as forced tiles (compiled so that a sweep on the H100 has them ready).
+    /// Every variant the report and tests compile: the table tiles, and the other shapes as
+    /// forced tiles (compiled so that a sweep on the H100 has them ready).
     pub fn all() -> Vec<WgmmaConfig> {
         let mut v = Vec::new();
         for hd in [64u32, 128] {
             v.push(WgmmaConfig { head_dim: hd, tile: None });
-            for t in [WgmmaTile { warpgroups: 1, block_n: 128 }, WgmmaTile { warpgroups: 2, block_n: 64 }] {
+            let table = WGMMA_TILES.iter().find(|(d, _)| *d == hd).map(|(_, t)| *t);
+            let forced = [
+                WgmmaTile::cp(1, 128),
+                WgmmaTile::cp(2, 128),
+                WgmmaTile::cp(2, 64),
+                WgmmaTile::tma(128, 2),
+                WgmmaTile::tma(128, 3),
+            ];
+            for t in forced.into_iter().filter(|t| Some(*t) != table) {
                 v.push(WgmmaConfig { head_dim: hd, tile: Some(t) });
             }
         }
@@ -152,7 +199,17 @@ impl WgmmaConfig {
         self.validate()?;
         let t = self.tile()?;
         let d = |k: &str, v: u32| (k.to_string(), v.to_string());
-        Ok(vec![d("HEAD_DIM", self.head_dim), d("WARPGROUPS", t.warpgroups), d("BLOCK_N", t.block_n)])
+        let mut v = vec![d("HEAD_DIM", self.head_dim), d("WARPGROUPS", t.warpgroups), d("BLOCK_N", t.block_n)];
+        match t.loads {
+            WgmmaLoads::CpAsync => v.push(d("WS", 0)),
+            WgmmaLoads::Tma { stages } => {
+                v.push(d("WS", 1));
+                v.push(d("KV_STAGES", stages));
+                v.push(d("PRODUCER_REGS", WS_PRODUCER_REGS));
+                v.push(d("CONSUMER_REGS", WS_CONSUMER_REGS));
+            }
+        }
+        Ok(v)
     }
 
     /// The compile request for `arch` (only [`Arch::Sm90a`]).
@@ -175,6 +232,10 @@ impl WgmmaConfig {
         let Ok(t) = self.tile() else { return Vec::new() };
         let mut v = vec![format!("HGMMA.64x{}x16.F32", t.block_n), format!("HGMMA.64x{}x16.F32", self.head_dim)];
         v.dedup();
+        if let WgmmaLoads::Tma { .. } = t.loads {
+            v.push("UTMALDG.4D".into());
+            v.push("USETMAXREG.DEALLOC.CTAPOOL".into());
+        }
         v
     }
 
@@ -195,7 +256,25 @@ impl WgmmaConfig {
         args.validate(&self.args_twin()?)
     }
 
-    /// Grid `(query blocks, q_heads, batch)`, block `128 * warpgroups` threads.
+    /// The three tensor maps of the TMA kernel (Q boxes of BLOCK_M rows, K and V boxes of
+    /// BLOCK_N rows, each 64 halves wide with the 128B swizzle); `None` for cp.async.
+    pub fn tma_specs(&self, args: &WgmmaArgs, ptrs: [u64; 5]) -> Result<Option<[TmaSpec; 3]>> {
+        let t = self.tile()?;
+        if t.loads == WgmmaLoads::CpAsync {
+            return Ok(None);
+        }
+        self.validate_args(args)?;
+        let x = |addr, heads, len, strides| RowsTensor {
+            addr, elem_bytes: 2, head_dim: self.head_dim as usize, len, heads, batch: args.batch, strides,
+        };
+        Ok(Some([
+            TmaSpec::rows("Q", x(ptrs[0], args.q_heads, args.q_len, args.q), 64, t.block_m(), 128)?,
+            TmaSpec::rows("K", x(ptrs[1], args.kv_heads, args.kv_len, args.k), 64, t.block_n, 128)?,
+            TmaSpec::rows("V", x(ptrs[2], args.kv_heads, args.kv_len, args.v), 64, t.block_n, 128)?,
+        ]))
+    }
+
+    /// Grid `(query blocks, q_heads, batch)`, block [`WgmmaTile::threads`] threads.
     pub fn launch_shape(&self, args: &WgmmaArgs) -> Result<WgmmaLaunchShape> {
         let t = self.tile()?;
         let m_blocks = args.q_len.div_ceil(t.block_m() as usize);
@@ -218,6 +297,7 @@ mod launch {
 
     use super::*;
     use crate::cache::{CompiledKernel, KernelCache};
+    use crate::tma::TmaMaps3;
 
     /// One wgmma variant loaded into a CUDA context (compute capability 9.0 only).
     #[derive(Debug)]
@@ -307,10 +387,17 @@ mod launch {
             }
             let shape = self.config.launch_shape(args)?;
             let params = args.params(ptrs);
+            let maps = match self.config.tma_specs(args, ptrs)? {
+                Some(specs) => Some(TmaMaps3::encode(&specs)?),
+                None => None,
+            };
             let cfg = LaunchConfig { grid_dim: shape.grid, block_dim: shape.block, shared_mem_bytes: shape.smem_bytes };
             let mut b = stream.launch_builder(&self.function);
             b.arg(&params);
-            // SAFETY: the parameter struct matches the kernel's signature; memory per contract.
+            if let Some(maps) = &maps {
+                b.arg(maps);
+            }
+            // SAFETY: the parameter structs match the kernel's signature; memory per contract.
             unsafe { b.launch(cfg) }?;
             Ok(())
         }
@@ -324,16 +411,32 @@ mod tests {
 
     #[test]
     fn configs_names_defines_and_smem() {
+        // hd 128's table tile: TMA, 2 stages, 9 mbarriers.
         let c = WgmmaConfig::new(128).unwrap();
         assert_eq!(c.name(), "fwd_wgmma_f16_d128");
-        assert_eq!(c.smem_bytes().unwrap(), 128 * 256 + 4 * 128 * 256 + 1024);
-        assert_eq!(c.expected_instructions(), vec!["HGMMA.64x128x16.F32".to_string()]);
+        assert_eq!(c.smem_bytes().unwrap(), 128 * 256 + 4 * 128 * 256 + 8 * 9 + 1024);
+        assert_eq!(
+            c.expected_instructions(),
+            vec!["HGMMA.64x128x16.F32".to_string(), "UTMALDG.4D".into(), "USETMAXREG.DEALLOC.CTAPOOL".into()]
+        );
         let d = c.defines().unwrap();
         assert!(d.contains(&("WARPGROUPS".into(), "2".into())) && d.contains(&("BLOCK_N".into(), "128".into())));
+        assert!(d.contains(&("WS".into(), "1".into())) && d.contains(&("KV_STAGES".into(), "2".into())));
+        // A forced cp.async tile: two stages, no barriers, no producer.
+        let cp = WgmmaConfig { head_dim: 128, tile: Some(WgmmaTile::cp(2, 128)) };
+        assert_eq!(cp.name(), "fwd_wgmma_f16_d128_w2n128");
+        assert_eq!(cp.smem_bytes().unwrap(), 128 * 256 + 4 * 128 * 256 + 1024);
+        assert!(cp.defines().unwrap().contains(&("WS".into(), "0".into())));
+        let t3 = WgmmaConfig { head_dim: 64, tile: Some(WgmmaTile::tma(128, 3)) };
+        assert_eq!(t3.name(), "fwd_wgmma_f16_d64_w2n128_tma3");
+        // TMA needs two consumer warpgroups; four stages at hd 128 exceed shared memory.
+        let one = WgmmaTile { warpgroups: 1, block_n: 128, loads: WgmmaLoads::Tma { stages: 2 } };
+        assert!(WgmmaConfig { head_dim: 64, tile: Some(one) }.validate().is_err());
+        assert!(WgmmaConfig { head_dim: 128, tile: Some(WgmmaTile::tma(128, 4)) }.validate().is_err());
         let c64 = WgmmaConfig::new(64).unwrap();
         assert_eq!(c64.expected_instructions(), vec!["HGMMA.64x128x16.F32".to_string(), "HGMMA.64x64x16.F32".to_string()]);
         assert!(matches!(WgmmaConfig::new(96), Err(NativeError::UnsupportedHeadDim { .. })));
-        let bad = WgmmaConfig { head_dim: 64, tile: Some(WgmmaTile { warpgroups: 3, block_n: 128 }) };
+        let bad = WgmmaConfig { head_dim: 64, tile: Some(WgmmaTile::cp(3, 128)) };
         assert!(bad.validate().is_err());
         assert!(matches!(c.request(Arch::Sm90), Err(NativeError::UnsupportedConfig { .. })));
         let mut names: Vec<String> = WgmmaConfig::all().iter().map(|c| c.name()).collect();
@@ -368,7 +471,11 @@ mod tests {
         };
         c.validate_args(&a).unwrap();
         let shape = c.launch_shape(&a).unwrap();
-        assert_eq!((shape.grid, shape.block, shape.smem_bytes), ((8, 8, 2), (256, 1, 1), c.smem_bytes().unwrap()));
+        assert_eq!((shape.grid, shape.block, shape.smem_bytes), ((8, 8, 2), (384, 1, 1), c.smem_bytes().unwrap()));
+        // Tensor maps: Q boxes of 128 rows, K/V of 128 keys, 64 halves wide, 128B swizzle.
+        let [q, k, v] = c.tma_specs(&a, [0x1000, 0x2000, 0x3000, 0x4000, 0x5000]).unwrap().unwrap();
+        assert_eq!((q.dims, q.strides, q.box_dims), ([128, 1000, 8, 2], [256, 256_000, 2_048_000], [64, 128, 1, 1]));
+        assert_eq!((k.dims, v.addr, v.swizzle_bytes), ([128, 1000, 2, 2], 0x3000, 128));
         let mut b = a;
         b.q.seq = 132;
         assert!(c.validate_args(&b).is_err());

@@ -29,7 +29,7 @@ use crate::cache::{CompileRequest, FWD_WGMMA_INT8};
 use crate::error::{NativeError, Result};
 use crate::hmma::PvAccum;
 use crate::int8::{Int8Args, Int8Config, Int8Granularity, Int8LaunchShape, Int8Params, Int8Ptrs, Int8Tile};
-use crate::tma::{RowsTensor, TmaSpec};
+use crate::tma::{RowsTensor, TmaSpec, WgmmaLoads, WS_CONSUMER_REGS, WS_PRODUCER_REGS};
 
 const KERNEL: &str = "fwd_wgmma_int8";
 
@@ -43,28 +43,6 @@ pub const WGMMA_INT8_WARPS: u32 = 8;
 /// Kernel parameter block: `Int8FwdParams`, the IMMA family's layout.
 pub type Int8WgmmaParams = Int8Params;
 
-/// How K/V tiles reach shared memory.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
-pub enum WgmmaLoads {
-    /// Every thread issues `cp.async` copies (swizzled by hand), two stages, both consumer
-    /// warpgroups in lockstep with a CTA barrier per KV tile (256 threads).
-    CpAsync,
-    /// Warp specialization (384 threads): a producer warpgroup issues TMA boxes through tensor
-    /// maps into `stages` K/V stages (mbarrier full/empty pairs); the two consumer warpgroups
-    /// take the registers it gives back (setmaxnreg) and ping-pong their wgmma issues.
-    Tma { stages: u32 },
-}
-
-impl WgmmaLoads {
-    /// `cp` | `tma{stages}` (the name suffix).
-    pub fn tag(&self) -> String {
-        match self {
-            WgmmaLoads::CpAsync => "cp".into(),
-            WgmmaLoads::Tma { stages } => format!("tma{stages}"),
-        }
-    }
-}
-
 /// One compiled variant: head dim, Q scale granularity and load pipeline (P·V always
 /// accumulates in f32).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
@@ -74,10 +52,6 @@ pub struct Int8WgmmaConfig {
     pub loads: WgmmaLoads,
 }
 
-/// Registers per thread of the TMA kernel's producer and consumer warpgroups after
-/// `setmaxnreg` (24 + 2 x 240 per lane of the three warpgroups fits the 64 Ki register file).
-pub const WGMMA_INT8_PRODUCER_REGS: u32 = 24;
-pub const WGMMA_INT8_CONSUMER_REGS: u32 = 240;
 
 impl Int8WgmmaConfig {
     pub const HEAD_DIMS: &'static [usize] = &[64, 128];
@@ -183,8 +157,8 @@ impl Int8WgmmaConfig {
             WgmmaLoads::Tma { stages } => {
                 d.push(("WS".into(), "1".into()));
                 d.push(("KV_STAGES".into(), stages.to_string()));
-                d.push(("PRODUCER_REGS".into(), WGMMA_INT8_PRODUCER_REGS.to_string()));
-                d.push(("CONSUMER_REGS".into(), WGMMA_INT8_CONSUMER_REGS.to_string()));
+                d.push(("PRODUCER_REGS".into(), WS_PRODUCER_REGS.to_string()));
+                d.push(("CONSUMER_REGS".into(), WS_CONSUMER_REGS.to_string()));
             }
         }
         Ok(d)
