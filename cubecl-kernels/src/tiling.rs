@@ -457,30 +457,39 @@ impl MmaTiles {
 /// and addresses, softmax temporaries and the P fragments of one key step need about 40.
 pub const MMA_FRAGMENT_REGISTERS: u32 = 216;
 
-/// Candidate tilings of the mma kernel per head dim, best first. Not yet measured: sized from
-/// the register budget ([`MmaTiles::fragment_registers`] within [`MMA_FRAGMENT_REGISTERS`]) and
-/// from FlashAttention-2's choices on the same instruction (hd 128: 64-128 query rows,
-/// 32-64 keys, 4 warps).
+/// Candidate tilings of the mma kernel per head dim, best first. Not yet measured on hardware
+/// (the first entries are guesses; `examples/bench_cuda` sweeps them all). Every entry is
+/// checked offline (`kernel::mma` tests: NVRTC for sm_90a, ptxas report): all HMMA, no spills.
+/// Registers per lane from that report (f16; bf16 within 1):
 ///
-/// | head dim | tiling | fragment registers |
-/// | --- | --- | --- |
-/// | ≤ 64 | 4 planes x 2 m-tiles (bq 128), bk 64 | 176 |
-/// | ≤ 64 | 4 planes x 1 m-tile, bk 64 | 96 |
-/// | 96, 128 | 4 planes x 1 m-tile, bk 64 | 160 (d 128) |
-/// | 96, 128 | 4 planes x 1 m-tile, bk 32 | 120 (d 128) |
-/// | 256 | 4 planes x 1 m-tile, bk 16 | 216 |
+/// | head dim | planes x m-tiles, bk | registers | warps per SM (65536 registers) |
+/// | --- | --- | --- | --- |
+/// | 64 | 4 x 2, 64 (bq 128) | 253 | 8 |
+/// | 64 | 4 x 1, 64 | 167 | 12 |
+/// | 64 | 8 x 1, 64 | 156 | 8 |
+/// | 64 | 4 x 1, 32 | 125 | 16 |
+/// | 128 | 4 x 1, 64 | 238 | 8 |
+/// | 128 | 8 x 1, 64 (bq 128) | 219 | 8 |
+/// | 128 | 4 x 1, 32 | 185 | 8 |
+/// | 128 | 8 x 1, 32 | 174 | 8 |
+/// | 256 | 4 x 1, 16 | 255 | 8 |
+/// | 256 | 8 x 1, 16 | 253 | 8 |
 ///
-/// Two m-tiles per plane halve the shared-memory traffic per MMA (each K/V fragment feeds two
-/// MMAs), which matters because `mma.sync` at one m-tile needs about as many `ldmatrix` bytes
-/// per cycle as shared memory delivers; at d 128 they would take 240 registers and spill.
-/// Shared memory is small next to CUDA's limits (d 128, bk 64: 34 KiB).
+/// Why: two m-tiles per plane halve the `ldmatrix` traffic per MMA (each K/V fragment feeds two
+/// MMAs), but at d 128 the second m-tile's Q and O fragments spill (1.1 KiB at bk 32), so d 128
+/// keeps one m-tile; with one m-tile shared memory still bounds the score MMAs only near
+/// 470 TFLOP/s on an H100 (512 bytes of `ldmatrix` per two m16n8k16). Larger `bk` amortizes the
+/// two barriers and the softmax's shuffles per KV step. At d 256 only bk 16 fits the registers.
+/// [`MmaTiles::validate`] also refuses tilings whose fragments alone exceed
+/// [`MMA_FRAGMENT_REGISTERS`]. Shared memory is small next to CUDA's limits (d 128, bk 64:
+/// 34 KiB).
 pub fn mma_candidates(head_dim: u32) -> &'static [MmaTiles] {
     const fn t(warps: u32, mt: u32, bk: u32) -> MmaTiles {
         MmaTiles { warps, mt, bk }
     }
-    const SMALL: &[MmaTiles] = &[t(4, 2, 64), t(4, 1, 64), t(4, 1, 32)];
-    const MEDIUM: &[MmaTiles] = &[t(4, 1, 64), t(4, 1, 32)];
-    const LARGE: &[MmaTiles] = &[t(4, 1, 16)];
+    const SMALL: &[MmaTiles] = &[t(4, 2, 64), t(4, 1, 64), t(8, 1, 64), t(4, 1, 32)];
+    const MEDIUM: &[MmaTiles] = &[t(4, 1, 64), t(8, 1, 64), t(4, 1, 32), t(8, 1, 32)];
+    const LARGE: &[MmaTiles] = &[t(4, 1, 16), t(8, 1, 16)];
     match head_dim {
         0..=64 => SMALL,
         65..=128 => MEDIUM,

@@ -236,7 +236,10 @@ fn acc_zero() -> Array<Vector<f32, Pair>> {
 }
 
 /// This unit's share of `rows` rows of `dim` elements starting at `row0`, as global loads
-/// issued now and consumed later by [`cube_store_rows`]; rows past `len` are zero.
+/// issued now and consumed later by [`cube_store_rows`]; rows past `len` are zero. Vector `e`
+/// of the tile goes to unit `e % units`; when a step of the cube covers whole rows, a unit
+/// keeps its column and moves down a fixed number of rows per step, so its addresses are one
+/// base plus a stride (the general case divides per step).
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn cube_fetch_rows<E: Float, N: Size>(
@@ -252,17 +255,38 @@ fn cube_fetch_rows<E: Float, N: Size>(
     let per_row = comptime!(dim / cfg.vec);
     let count = comptime!(rows * dim / cfg.vec);
     let per_unit = comptime!(count.div_ceil(cfg.units()));
+    let unit = UNIT_POS as usize;
     let mut regs = Array::<Vector<E, N>>::new(per_unit);
-    #[unroll]
-    for step in 0..per_unit {
-        let e = step * cfg.units() + UNIT_POS as usize;
-        let row = e / per_row;
-        let col = e % per_row;
-        let mut value = Vector::<E, N>::new(E::from_int(0));
-        if e < count && row0 + row < len {
-            value = src[(base + (row0 + row) * row_stride) / cfg.vec + col];
+    if comptime!(cfg.units().is_multiple_of(per_row)) {
+        let rows_per_step = comptime!(cfg.units() / per_row);
+        // `base` and `row_stride` are multiples of `vec` (the launch picks `vec` so).
+        let stride = row_stride / cfg.vec;
+        let row = row0 + unit / per_row;
+        let start = base / cfg.vec + row * stride + unit % per_row;
+        #[unroll]
+        for step in 0..per_unit {
+            let mut value = Vector::<E, N>::new(E::from_int(0));
+            let mut in_tile = true;
+            if comptime!(step * cfg.units() + cfg.units() > count) {
+                in_tile = step * cfg.units() + unit < count;
+            }
+            if in_tile && row + step * rows_per_step < len {
+                value = src[start + step * rows_per_step * stride];
+            }
+            regs[step] = value;
         }
-        regs[step] = value;
+    } else {
+        #[unroll]
+        for step in 0..per_unit {
+            let e = step * cfg.units() + unit;
+            let row = e / per_row;
+            let col = e % per_row;
+            let mut value = Vector::<E, N>::new(E::from_int(0));
+            if e < count && row0 + row < len {
+                value = src[(base + (row0 + row) * row_stride) / cfg.vec + col];
+            }
+            regs[step] = value;
+        }
     }
     regs
 }
@@ -281,18 +305,35 @@ fn cube_store_rows<E: Float, N: Size>(
     let stage_row = comptime!(pitch / cfg.vec);
     let count = comptime!(rows * dim / cfg.vec);
     let per_unit = comptime!(count.div_ceil(cfg.units()));
-    #[unroll]
-    for step in 0..per_unit {
-        let e = step * cfg.units() + UNIT_POS as usize;
-        if e < count {
-            stage[(e / per_row) * stage_row + e % per_row] = regs[step];
+    let unit = UNIT_POS as usize;
+    if comptime!(cfg.units().is_multiple_of(per_row)) {
+        let rows_per_step = comptime!(cfg.units() / per_row);
+        let start = (unit / per_row) * stage_row + unit % per_row;
+        #[unroll]
+        for step in 0..per_unit {
+            let mut in_tile = true;
+            if comptime!(step * cfg.units() + cfg.units() > count) {
+                in_tile = step * cfg.units() + unit < count;
+            }
+            if in_tile {
+                stage[start + comptime!(step * rows_per_step * stage_row)] = regs[step];
+            }
+        }
+    } else {
+        #[unroll]
+        for step in 0..per_unit {
+            let e = step * cfg.units() + unit;
+            if e < count {
+                stage[(e / per_row) * stage_row + e % per_row] = regs[step];
+            }
         }
     }
 }
 
-/// Start (in vectors of the stage) of the 16-byte row this lane hands to an `ldmatrix` of four
-/// 8x8 matrices, the matrices being `(row_tile(i), col_tile(i))` for `i = lane / 8`, row
-/// `lane % 8` of each (the three arrangements are checked in the layout tests).
+/// Start (in vectors of the stage) of the 16-byte row at (`row`, `col`) of a stage of
+/// `pitch`-element rows. Every row and column offset the kernel adds to a lane's own start is a
+/// comptime multiple of 8 elements, so it is added after the division, as an immediate: the
+/// dozens of `ldmatrix` addresses of a KV step then cost one register, not one each.
 #[cube]
 fn ldmatrix_start(
     row: usize,
@@ -399,8 +440,7 @@ fn plane_score_matmul<E: Float, N: Size>(
 ) {
     let def = MmaDefinition::<E, E, f32>::new(MMA_M, MMA_N, MMA_K);
     let lane = lane as usize;
-    let row = lane % 8;
-    let col = (lane / 8) * 8;
+    let lane_start = ldmatrix_start(lane % 8, (lane / 8) * 8, cfg.k_pitch(), cfg.vec);
     let st = cfg.s_tiles();
     let qk = cfg.qk_steps();
     #[unroll]
@@ -414,7 +454,7 @@ fn plane_score_matmul<E: Float, N: Size>(
         #[unroll]
         for kp in 0..cfg.qk_steps() / 2 {
             let start =
-                ldmatrix_start(row + j * MMA_N, col + kp * 2 * MMA_K, cfg.k_pitch(), cfg.vec);
+                lane_start + comptime!((j * MMA_N * cfg.k_pitch() + kp * 2 * MMA_K) / cfg.vec);
             let b4 = def.load_matrix::<Vector<E, N>, Pair>(
                 &k_stage.slice(start, start + comptime!(8 / cfg.vec)),
                 MatrixIdent::B,
@@ -563,8 +603,7 @@ fn plane_value_matmul<E: Float, N: Size>(
 ) {
     let def = MmaDefinition::<E, E, f32>::new(MMA_M, MMA_N, MMA_K);
     let lane = lane as usize;
-    let row = lane % 16;
-    let col = (lane / 16) * 8;
+    let lane_start = ldmatrix_start(lane % 16, (lane / 16) * 8, cfg.v_pitch(), cfg.vec);
     let st = cfg.s_tiles();
     let ot = cfg.o_tiles();
     #[unroll]
@@ -583,7 +622,8 @@ fn plane_value_matmul<E: Float, N: Size>(
         }
         #[unroll]
         for np in 0..cfg.o_tiles() / 2 {
-            let start = ldmatrix_start(row + c * MMA_K, col + np * 2 * MMA_N, cfg.v_pitch(), cfg.vec);
+            let start =
+                lane_start + comptime!((c * MMA_K * cfg.v_pitch() + np * 2 * MMA_N) / cfg.vec);
             let b4 = def.load_matrix::<Vector<E, N>, Pair>(
                 &v_stage.slice(start, start + comptime!(8 / cfg.vec)),
                 MatrixIdent::B,
@@ -982,5 +1022,106 @@ pub(crate) mod cuda_tests {
                 std::fs::write(dir.join(format!("{name}.cu")), source).unwrap();
             }
         }
+    }
+
+    /// The CUDA headers CubeCL's sources include (`cuda_fp16.h`, `cuda_runtime.h`, `mma.h`):
+    /// a toolkit's, or the `nvidia-cuda-runtime` + `nvidia-cuda-crt` wheels' next to NVRTC's.
+    fn cuda_include_dir() -> Option<std::path::PathBuf> {
+        let mut candidates: Vec<std::path::PathBuf> = ["CUDA_HOME", "CUDA_PATH", "CUDA_ROOT"]
+            .iter()
+            .filter_map(std::env::var_os)
+            .map(|root| std::path::PathBuf::from(root).join("include"))
+            .collect();
+        candidates.push("/usr/local/cuda/include".into());
+        for lib in quattn_native::tools::nvrtc_lib_dirs() {
+            if let Some(parent) = lib.parent() {
+                candidates.push(parent.join("include"));
+            }
+        }
+        candidates.into_iter().find(|dir| dir.join("cuda_fp16.h").is_file() && dir.join("cuda_runtime.h").is_file())
+    }
+
+    /// NVRTC: `source` to a cubin for `arch`, with the compile log.
+    fn nvrtc_cubin(source: &str, options: &[String]) -> Result<(Vec<u8>, String), String> {
+        use cudarc::nvrtc::{result, sys};
+        use std::ffi::CString;
+        let src = CString::new(source).map_err(|e| e.to_string())?;
+        let prog = result::create_program(&src, None).map_err(|e| format!("{e:?}"))?;
+        // SAFETY: `prog` is a live program until destroyed below; buffers are sized by NVRTC.
+        unsafe {
+            let compiled = result::compile_program(prog, options);
+            let log = result::get_program_log(prog).map_err(|e| format!("{e:?}"))?;
+            let log = std::ffi::CStr::from_ptr(log.as_ptr()).to_string_lossy().into_owned();
+            let out = match compiled {
+                Err(e) => Err(format!("{e:?}: {log}")),
+                Ok(()) => {
+                    let mut n = 0usize;
+                    sys::nvrtcGetCUBINSize(prog, &mut n).result().map_err(|e| format!("{e:?}"))?;
+                    let mut cubin = vec![0u8; n];
+                    sys::nvrtcGetCUBIN(prog, cubin.as_mut_ptr() as *mut std::ffi::c_char)
+                        .result()
+                        .map_err(|e| format!("{e:?}"))?;
+                    Ok((cubin, log))
+                }
+            };
+            let _ = result::destroy_program(prog);
+            out
+        }
+    }
+
+    /// Every table entry, f16 and bf16, compiled by NVRTC for sm_90a (what CubeCL's CUDA
+    /// runtime asks for on an H100) and disassembled: every MMA of the unrolled loops is an
+    /// HMMA.16816.F32 (two KV-step specializations: unmasked and masked), the fragments come
+    /// through LDSM, and ptxas spills nothing. Skips (saying why) without NVRTC, the CUDA
+    /// headers or a disassembler.
+    #[test]
+    fn nvrtc_sm90_hmma_and_no_spills() {
+        let Some(include) = cuda_include_dir() else {
+            println!(
+                "SKIPPED: no CUDA headers (cuda_fp16.h); set CUDA_HOME or \
+                 `pip install nvidia-cuda-runtime nvidia-cuda-crt` next to nvidia-cuda-nvrtc"
+            );
+            return;
+        };
+        if let Err(e) = quattn_native::nvrtc() {
+            println!("SKIPPED: {e}");
+            return;
+        }
+        if quattn_native::tools::find_any_disassembler().is_none() {
+            println!("SKIPPED: no cuobjdump / nvdisasm");
+            return;
+        }
+        let Some(sources) = cuda_sources(false) else { return };
+        let options = vec![
+            "--gpu-architecture=sm_90a".to_string(),
+            format!("--include-path={}", include.display()),
+            "--std=c++17".to_string(),
+            "-Xptxas=-v".to_string(),
+        ];
+        let mut failures = Vec::new();
+        for (name, cfg, source, _) in sources {
+            let (cubin, log) = nvrtc_cubin(&source, &options).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let res = quattn_native::Resources::parse_ptxas_log(&log)
+                .unwrap_or_else(|| panic!("{name}: no ptxas report in {log}"));
+            let sass = quattn_native::sass::disassemble(&cubin).unwrap();
+            let hist = quattn_native::sass::opcode_histogram(&sass);
+            let count = |prefix: &str| -> usize {
+                hist.iter().filter(|(op, _)| op.starts_with(prefix)).map(|(_, n)| n).sum()
+            };
+            let hmma = count("HMMA.16816.F32");
+            let per_step = cfg.mt * (cfg.s_tiles() * cfg.qk_steps() + cfg.pv_steps() * cfg.o_tiles());
+            let ldsm = count("LDSM");
+            println!(
+                "{name}: {} registers, {} B spilled, {hmma} HMMA (expected {}), {ldsm} LDSM, {} LDL/STL",
+                res.registers,
+                res.spill_bytes(),
+                2 * per_step,
+                count("LDL") + count("STL"),
+            );
+            if hmma != 2 * per_step || ldsm == 0 || res.spill_bytes() != 0 {
+                failures.push(name);
+            }
+        }
+        assert!(failures.is_empty(), "HMMA count, LDSM or spills wrong for: {failures:?}");
     }
 }
