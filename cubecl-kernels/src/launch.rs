@@ -189,6 +189,23 @@ pub fn auto_variant<R: Runtime>(
     }
 }
 
+/// Why the variant `options.variant` forces cannot run these arguments on this runtime (`None`
+/// when it can, and always for `Auto` and the FMA kernels, which run everywhere the element
+/// type does). Plans call this to refuse a forced kernel family before anything is uploaded;
+/// the launch makes the same checks.
+pub fn variant_unavailable<R: Runtime>(
+    client: &ComputeClient<R>,
+    args: &AttentionArgs,
+    elem: ElemType,
+    options: &LaunchOptions,
+) -> Option<String> {
+    match options.variant {
+        Variant::Mma => mma_unavailable(client, args, elem, options),
+        Variant::Cmma => cmma_unavailable(client, args, elem, options),
+        Variant::Auto | Variant::PortableFma | Variant::PortableFmaScalar => None,
+    }
+}
+
 /// The manual MMA the mma kernel is written for: m16n8k16, `elem` inputs, f32 accumulation.
 fn mma_config(elem: ElemType) -> cubecl::ir::features::MmaConfig {
     cubecl::ir::features::MmaConfig {

@@ -93,7 +93,10 @@ mod quant;
 mod tiling;
 
 pub use error::LaunchError;
-pub use launch::{auto_variant, check_elem_supported, int8_blocking, launch, launch_int8, launch_with, LaunchInfo, LaunchOptions, Variant};
+pub use launch::{
+    auto_variant, check_elem_supported, int8_blocking, launch, launch_int8, launch_with, variant_unavailable,
+    LaunchInfo, LaunchOptions, Variant,
+};
 pub use quant::{q_scale_fold, quantize_int8, Int8Blocking, Int8Granularity, Int8Operands, Int8Quant};
 pub use problem::{bhsd_strides, bshd_strides, AttentionArgs, ElemType, SUPPORTED_HEAD_DIMS};
 pub use tiling::{

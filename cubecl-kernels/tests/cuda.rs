@@ -1,4 +1,4 @@
-//! Both kernels on CUDA (only built with `--features cuda`; needs an NVIDIA GPU and NVRTC).
+//! The kernels on CUDA (only built with `--features cuda`; needs an NVIDIA GPU and NVRTC).
 #![cfg(feature = "cuda")]
 
 mod common;
@@ -47,6 +47,48 @@ fn cmma_on_cuda() {
             for case in cases(elem) {
                 check(case, &options);
             }
+        }
+    }
+}
+
+#[test]
+fn mma_on_cuda() {
+    for lazy_rescale in [true, false] {
+        let options = LaunchOptions { variant: Variant::Mma, lazy_rescale, ..Default::default() };
+        for elem in [ElemType::F16, ElemType::Bf16] {
+            for case in cases(elem) {
+                check(case, &options);
+            }
+        }
+    }
+}
+
+/// Every tiling of the mma table (the forced ones too), not only the first that fits.
+#[test]
+fn mma_every_tiling_on_cuda() {
+    use quattn_cubecl::mma_candidates;
+    for elem in [ElemType::F16, ElemType::Bf16] {
+        for case in cases(elem) {
+            for &tiles in mma_candidates(case.head_dim.max(case.v_head_dim)) {
+                let options = LaunchOptions { variant: Variant::Mma, mma_tiles: Some(tiles), ..Default::default() };
+                check(case, &options);
+            }
+        }
+    }
+}
+
+/// Auto picks the mma kernel for f16/bf16 on CUDA (sm_80+), and cmma / FMA stay forceable.
+#[test]
+fn auto_prefers_mma_on_cuda() {
+    let Some(client) = cuda_client() else { return };
+    for elem in [ElemType::F16, ElemType::Bf16] {
+        let case = Case::new(64, 64, 128, false, elem);
+        let report = run_case(&client, &case, &LaunchOptions::default()).expect("launch refused");
+        assert_eq!(report.info.variant, Variant::Mma, "{report:?}");
+        for variant in [Variant::Cmma, Variant::PortableFma] {
+            let report = run_case(&client, &case, &LaunchOptions { variant, ..Default::default() }).expect("launch refused");
+            assert_eq!(report.info.variant, variant, "{report:?}");
+            report.assert_within(&case);
         }
     }
 }
