@@ -76,7 +76,11 @@ fn candidates<R: Runtime>(client: &ComputeClient<R>, d: u32) -> Vec<Candidate> {
     // The mma table (every entry is spill-free offline), plus tilings the table leaves out:
     // they are refused with a typed error when their fragments exceed the register budget.
     let mut mma: Vec<MmaTiles> = mma_candidates(d).to_vec();
-    for extra in [MmaTiles { warps: 4, mt: 2, bk: 32 }, MmaTiles { warps: 4, mt: 1, bk: 128 }] {
+    for extra in [
+        MmaTiles { warps: 4, mt: 1, bk: 32 },
+        MmaTiles { warps: 8, mt: 1, bk: 32 },
+        MmaTiles { warps: 4, mt: 2, bk: 32 },
+    ] {
         if !mma.contains(&extra) {
             mma.push(extra);
         }

@@ -460,26 +460,28 @@ pub const MMA_FRAGMENT_REGISTERS: u32 = 216;
 /// Candidate tilings of the mma kernel per head dim, best first. Not yet measured on hardware
 /// (the first entries are guesses; `examples/bench_cuda` sweeps them all). Every entry is
 /// checked offline (`kernel::mma` tests: NVRTC for sm_90a, ptxas report): all HMMA, no spills.
-/// Registers per lane from that report (f16; bf16 within 1):
+/// Registers per lane from that report (f16 and bf16 alike; CubeCL's CUDA compile options,
+/// fast math on), and what 65536 registers per SM then allow:
 ///
-/// | head dim | planes x m-tiles, bk | registers | warps per SM (65536 registers) |
+/// | head dim | planes x m-tiles, bk | registers | warps per SM |
 /// | --- | --- | --- | --- |
-/// | 64 | 4 x 2, 64 (bq 128) | 253 | 8 |
-/// | 64 | 4 x 1, 64 | 167 | 12 |
-/// | 64 | 8 x 1, 64 | 156 | 8 |
-/// | 64 | 4 x 1, 32 | 125 | 16 |
-/// | 128 | 4 x 1, 64 | 238 | 8 |
-/// | 128 | 8 x 1, 64 (bq 128) | 219 | 8 |
-/// | 128 | 4 x 1, 32 | 185 | 8 |
-/// | 128 | 8 x 1, 32 | 174 | 8 |
-/// | 256 | 4 x 1, 16 | 255 | 8 |
-/// | 256 | 8 x 1, 16 | 253 | 8 |
+/// | 64 | 4 x 2, 64 (bq 128) | 249 | 8 |
+/// | 64 | 4 x 1, 64 | 160 | 12 |
+/// | 64 | 8 x 1, 64 | 147 | 8 |
+/// | 128 | 4 x 1, 64 | 241 | 8 |
+/// | 128 | 8 x 1, 64 (bq 128) | 229 | 8 |
+/// | 128 | 4 x 1, 32 | 168 | 12 |
+/// | 256 | 8 x 1, 16 | 254 | 8 |
+///
+/// Left out because ptxas spills there: 4 x 1 at bk 32 for d 32 (88 B), 8 x 1 at bk 32 for
+/// d 96 (36 B), 4 x 1 at bk 16 for d 256 (8 B), 4 x 2 at d 128 (1.1 KiB at bk 32).
 ///
 /// Why: two m-tiles per plane halve the `ldmatrix` traffic per MMA (each K/V fragment feeds two
 /// MMAs), but at d 128 the second m-tile's Q and O fragments spill (1.1 KiB at bk 32), so d 128
 /// keeps one m-tile; with one m-tile shared memory still bounds the score MMAs only near
 /// 470 TFLOP/s on an H100 (512 bytes of `ldmatrix` per two m16n8k16). Larger `bk` amortizes the
-/// two barriers and the softmax's shuffles per KV step. At d 256 only bk 16 fits the registers.
+/// two barriers and the softmax's shuffles per KV step; smaller `bk` buys occupancy (d 128,
+/// bk 32: 12 warps per SM). At d 256 only bk 16 fits the registers.
 /// [`MmaTiles::validate`] also refuses tilings whose fragments alone exceed
 /// [`MMA_FRAGMENT_REGISTERS`]. Shared memory is small next to CUDA's limits (d 128, bk 64:
 /// 34 KiB).
@@ -487,9 +489,9 @@ pub fn mma_candidates(head_dim: u32) -> &'static [MmaTiles] {
     const fn t(warps: u32, mt: u32, bk: u32) -> MmaTiles {
         MmaTiles { warps, mt, bk }
     }
-    const SMALL: &[MmaTiles] = &[t(4, 2, 64), t(4, 1, 64), t(8, 1, 64), t(4, 1, 32)];
-    const MEDIUM: &[MmaTiles] = &[t(4, 1, 64), t(8, 1, 64), t(4, 1, 32), t(8, 1, 32)];
-    const LARGE: &[MmaTiles] = &[t(4, 1, 16), t(8, 1, 16)];
+    const SMALL: &[MmaTiles] = &[t(4, 2, 64), t(4, 1, 64), t(8, 1, 64)];
+    const MEDIUM: &[MmaTiles] = &[t(4, 1, 64), t(8, 1, 64), t(4, 1, 32)];
+    const LARGE: &[MmaTiles] = &[t(8, 1, 16)];
     match head_dim {
         0..=64 => SMALL,
         65..=128 => MEDIUM,
@@ -650,7 +652,7 @@ mod tests {
         // max(Q, K + V), f16, rows padded by 8.
         assert_eq!(t(4, 1, 64).smem_bytes(128, 128, 2), 64 * 136 * 2 * 2);
         assert_eq!(t(4, 2, 64).smem_bytes(64, 64, 2), 128 * 72 * 2);
-        assert_eq!(t(4, 1, 16).smem_bytes(256, 256, 2), 64 * 264 * 2);
+        assert_eq!(t(8, 1, 16).smem_bytes(256, 256, 2), 128 * 264 * 2);
         assert!(t(4, 1, 24).validate(64, 64).is_err());
         assert!(t(4, 1, 32).validate(48, 64).is_err());
         assert!(t(4, 1, 32).validate(64, 40).is_err());
@@ -663,5 +665,6 @@ mod tests {
         // The first choice on CUDA: two m-tiles up to d=64, one above.
         assert_eq!(select_mma_tiles(64, 64, 2, 227 * 1024, 1024), Some(t(4, 2, 64)));
         assert_eq!(select_mma_tiles(128, 128, 2, 227 * 1024, 1024), Some(t(4, 1, 64)));
+        assert_eq!(select_mma_tiles(256, 256, 2, 227 * 1024, 1024), Some(t(8, 1, 16)));
     }
 }

@@ -984,6 +984,13 @@ pub(crate) mod cuda_tests {
     /// CUDA C++ sources of the configurations, f16 and bf16, with their names.
     pub(crate) fn cuda_sources(all_modes: bool) -> Option<Vec<(String, MmaFwdConfig, String, usize)>> {
         let client = client()?;
+        // What CubeCL's CUDA runtime compiles with on sm_90 (cubecl-cuda `runtime.rs`): fast
+        // math (`exp` -> `__expf` under the kernel's flags), grid constants, clusters.
+        let mut options = <CudaCompiler as cubecl::Compiler>::CompilationOptions::default();
+        options.supports_features.fast_math = true;
+        options.supports_features.grid_constants = true;
+        options.supports_features.clusters = true;
+        options.supports_features.elect_sync = true;
         let mut out = Vec::new();
         for cfg in configs(all_modes) {
             for elem in ["f16", "bf16"] {
@@ -992,7 +999,7 @@ pub(crate) mod cuda_tests {
                     _ => definition::<half::bf16>(&client, cfg),
                 };
                 let kernel = CudaCompiler::default()
-                    .compile(def, &Default::default(), ExecutionMode::Unchecked, ADDR)
+                    .compile(def, &options, ExecutionMode::Unchecked, ADDR)
                     .unwrap();
                 out.push((name(&cfg, elem), cfg, kernel.to_string(), kernel.shared_memory_size()));
             }
@@ -1017,6 +1024,7 @@ pub(crate) mod cuda_tests {
             assert!(source.contains("__mma_m16n8k16_"), "{name}: no manual mma call");
             assert!(source.contains("__ldmatrix_"), "{name}: no ldmatrix call");
             assert!(!source.contains("wmma::"), "{name}: WMMA fragments in the mma kernel");
+            assert!(source.contains("__expf("), "{name}: exp is not the fast one");
             if let Some(dir) = &dump {
                 std::fs::create_dir_all(dir).unwrap();
                 std::fs::write(dir.join(format!("{name}.cu")), source).unwrap();
