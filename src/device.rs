@@ -74,6 +74,29 @@ pub enum NativeKind {
     Nvfp4BlockScale,
 }
 
+/// Families of portable (CubeCL) kernels, for forcing one with [`Strategy::PortableFamily`]
+/// (A/B runs, tests); [`Strategy::Portable`] lets the runtime's capabilities choose.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PortableKind {
+    /// The register-tiled FMA kernel; runs on every CubeCL device.
+    Fma,
+    /// Cooperative-matrix (WMMA) kernel, softmax through shared memory: CUDA, and Vulkan with
+    /// cooperative matrices (SPIR-V builds).
+    Cmma,
+    /// Manual-MMA (`mma.sync` m16n8k16) kernel with the softmax in registers: CUDA sm_80+.
+    Mma,
+}
+
+impl PortableKind {
+    pub const fn name(self) -> &'static str {
+        match self {
+            PortableKind::Fma => "fma",
+            PortableKind::Cmma => "cmma",
+            PortableKind::Mma => "mma",
+        }
+    }
+}
+
 /// What the caller forces; `Auto` lets dispatch choose.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Strategy {
@@ -82,6 +105,9 @@ pub enum Strategy {
     Auto,
     /// The CubeCL kernels (or the CPU kernel on [`Device::Cpu`]).
     Portable,
+    /// One portable (CubeCL) kernel family; a typed error if the device or problem does not
+    /// support it.
+    PortableFamily(PortableKind),
     /// One native kernel family; a typed error if it does not support the problem or device.
     Native(NativeKind),
     /// The CPU emulation of the precision (rounds where a kernel rounds); slow, for checking.

@@ -16,7 +16,7 @@ pub mod error;
 pub mod precision;
 pub mod problem;
 
-pub use device::{Device, NativeKind, Strategy, WgpuAdapter};
+pub use device::{Device, NativeKind, PortableKind, Strategy, WgpuAdapter};
 pub use error::{Error, Result, TensorName};
 pub use precision::{
     DescaleGranularity, Dtype, Fp8Format, Int8Granularity, Nvfp4V, Precision, PvAccum, PvFormat, QkAccum,

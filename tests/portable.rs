@@ -168,6 +168,37 @@ macro_rules! testgen_attention {
                 }
             }
 
+            /// Every portable kernel family forced through the public API: it runs and is
+            /// accurate (the plan naming it), or the plan refuses it with a typed error. The FMA
+            /// kernel runs everywhere; on CUDA (sm_80+) mma and cmma run too, so each is checked
+            /// against the f64 reference here; wgpu reports no manual MMA.
+            #[test]
+            fn forced_portable_families() {
+                use quattn::PortableKind;
+                let Some(s) = open(device()) else { return };
+                let p = AttentionProblem::new(1, 2, 77, 64).kv_len(150).kv_heads(1).causal(true);
+                for kind in [PortableKind::Fma, PortableKind::Cmma, PortableKind::Mma] {
+                    let strategy = Strategy::PortableFamily(kind);
+                    match s.plan(&p, Precision::F16_DEFAULT, strategy) {
+                        Ok(plan) => {
+                            let family = if kind == PortableKind::Fma { "fwd_portable_".to_string() } else { format!("fwd_portable_{}_", kind.name()) };
+                            assert!(plan.kernel.starts_with(&family), "{kind:?}: {}", plan.kernel);
+                            check(&s, p, Precision::F16_DEFAULT, strategy, 31);
+                        }
+                        Err(quattn::Error::UnsupportedStrategy { reason, .. }) => {
+                            assert_ne!(kind, PortableKind::Fma, "the FMA kernel runs everywhere: {reason}");
+                            println!("{kind:?} not offered by {:?}: {reason}", s.info());
+                        }
+                        Err(e) => panic!("{kind:?}: {e}"),
+                    }
+                }
+                if s.info().kind == "cuda" {
+                    // Auto's portable choice on sm_80+ is the register-softmax mma kernel.
+                    let plan = s.plan(&p, Precision::F16_DEFAULT, Strategy::Portable).unwrap();
+                    assert!(plan.kernel.starts_with("fwd_portable_mma_cuda_f16"), "{}", plan.kernel);
+                }
+            }
+
             #[test]
             fn unsupported_head_dim_is_a_typed_error() {
                 let Some(s) = open(device()) else { return };

@@ -1,6 +1,6 @@
 //! Every invalid input gets its own typed error, before any work is done.
 
-use quattn::{AttentionProblem, Device, Error, Layout, NativeKind, Precision, Session, Strategy, TensorName};
+use quattn::{AttentionProblem, Device, Error, Layout, NativeKind, PortableKind, Precision, Session, Strategy, TensorName};
 
 fn cpu() -> Session {
     Session::new(Device::Cpu).expect("the CPU device is always present")
@@ -121,6 +121,21 @@ fn native_strategy_needs_a_gpu() {
         plan_err(&p, Precision::F16_DEFAULT, Strategy::Native(NativeKind::Hmma)),
         Error::UnsupportedStrategy { strategy: Strategy::Native(NativeKind::Hmma), .. }
     ));
+}
+
+#[test]
+fn portable_families_are_cubecl_kernels() {
+    let p = AttentionProblem::new(1, 2, 16, 64);
+    for kind in [PortableKind::Fma, PortableKind::Cmma, PortableKind::Mma] {
+        let strategy = Strategy::PortableFamily(kind);
+        match plan_err(&p, Precision::F16_DEFAULT, strategy) {
+            Error::UnsupportedStrategy { strategy: s, reason, .. } => {
+                assert_eq!(s, strategy);
+                assert!(reason.contains(kind.name()), "{reason}");
+            }
+            e => panic!("{kind:?}: wrong error {e}"),
+        }
+    }
 }
 
 #[test]

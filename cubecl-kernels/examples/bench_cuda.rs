@@ -4,7 +4,8 @@
 //!
 //! ```text
 //! cargo build --release -p quattn-cubecl --features cuda --examples
-//! target/release/examples/bench_cuda cuda      # cmma + FMA variants through NVRTC
+//! target/release/examples/bench_cuda cuda      # mma + cmma + FMA variants through NVRTC
+//! target/release/examples/bench_cuda cuda --filter mma_   # the mma tilings only
 //! target/release/examples/bench_cuda wgpu      # FMA variants through WGSL (Vulkan on Linux)
 //! target/release/examples/bench_cuda wgpu --quick   # seq 256, batch 1, 1 iteration (llvmpipe smoke test)
 //! ```
@@ -18,8 +19,8 @@ use std::time::Instant;
 
 use cubecl::prelude::*;
 use quattn_cubecl::{
-    cmma_candidates, fma_candidates, fma_vec_candidates, launch_with, AttentionArgs, CmmaTiles,
-    ElemType, LaunchOptions, Variant,
+    cmma_candidates, fma_candidates, fma_vec_candidates, launch_with, mma_candidates, AttentionArgs,
+    CmmaTiles, ElemType, LaunchOptions, MmaTiles, Variant,
 };
 
 struct Opts {
@@ -72,6 +73,35 @@ struct Candidate {
 fn candidates<R: Runtime>(client: &ComputeClient<R>, d: u32) -> Vec<Candidate> {
     let base = LaunchOptions::default();
     let mut out = vec![Candidate { name: "auto".into(), elem: ElemType::F16, options: base }];
+    // The mma table (every entry is spill-free offline), plus tilings the table leaves out:
+    // they are refused with a typed error when their fragments exceed the register budget.
+    let mut mma: Vec<MmaTiles> = mma_candidates(d).to_vec();
+    for extra in [
+        MmaTiles { warps: 4, mt: 1, bk: 32 },
+        MmaTiles { warps: 8, mt: 1, bk: 32 },
+        MmaTiles { warps: 4, mt: 2, bk: 32 },
+    ] {
+        if !mma.contains(&extra) {
+            mma.push(extra);
+        }
+    }
+    for tiles in mma {
+        for (elem, lazy) in [(ElemType::F16, true), (ElemType::F16, false), (ElemType::Bf16, true)] {
+            if (!lazy || elem == ElemType::Bf16) && tiles != mma_candidates(d)[0] {
+                continue;
+            }
+            out.push(Candidate {
+                name: format!("mma_{tiles}{}", if lazy { "" } else { "_eager" }),
+                elem,
+                options: LaunchOptions {
+                    variant: Variant::Mma,
+                    mma_tiles: Some(tiles),
+                    lazy_rescale: lazy,
+                    ..base
+                },
+            });
+        }
+    }
     let mut cmma: Vec<CmmaTiles> = cmma_candidates(d).to_vec();
     // Beyond the table: 8 planes (128 query rows per cube) and longer key tiles.
     for extra in [
@@ -139,14 +169,15 @@ fn candidates<R: Runtime>(client: &ComputeClient<R>, d: u32) -> Vec<Candidate> {
 fn bench<R: Runtime>(client: &ComputeClient<R>, opts: &Opts) {
     let hw = &client.properties().hardware;
     println!(
-        "runtime {} | smem {} B | units/cube {} | planes {:?} size {}..{} | cmma configs {}",
+        "runtime {} | smem {} B | units/cube {} | planes {:?} size {}..{} | cmma configs {} | mma configs {}",
         R::name(client),
         hw.max_shared_memory_size,
         hw.max_units_per_cube,
         client.features().plane,
         hw.plane_size_min,
         hw.plane_size_max,
-        client.features().matmul.cmma.len()
+        client.features().matmul.cmma.len(),
+        client.features().matmul.mma.len()
     );
     for &d in &opts.dims {
         let heads = (2048 / d).max(1);

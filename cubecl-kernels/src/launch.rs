@@ -9,6 +9,7 @@ use half::{bf16, f16};
 
 use crate::error::LaunchError;
 use crate::kernel::cmma::{fwd_cmma, CmmaConfig};
+use crate::kernel::mma::{fwd_mma, MmaFwdConfig};
 use crate::kernel::fma::{fwd_portable_fma, FmaConfig};
 use crate::kernel::fma_vec::{fwd_portable_fma_vec, FmaVecConfig};
 use crate::kernel::fma_vec_int8::{fwd_portable_fma_vec_int8, Int8Config, Int8ShapeLaunch};
@@ -16,7 +17,8 @@ use crate::kernel::AttnShapeLaunch;
 use crate::problem::{AttentionArgs, ElemType};
 use crate::quant::{check_quant_args, Int8Blocking, Int8Operands, Int8Quant};
 use crate::tiling::{
-    select_cmma_tiles, select_fma_tiles, select_fma_vec_tiles, CmmaTiles, FmaTiles, FmaVecTiles,
+    select_cmma_tiles, select_fma_tiles, select_fma_vec_tiles, select_mma_tiles, CmmaTiles, FmaTiles,
+    FmaVecTiles, MmaTiles,
 };
 
 /// Which kernel to run.
@@ -34,6 +36,22 @@ pub enum Variant {
     /// Matrix-unit kernel (f16/bf16 only); needs 16x16x16 cmma with f32 accumulation and
     /// 32-wide planes (CUDA).
     Cmma,
+    /// Register-resident matrix-unit kernel on manual MMA (f16/bf16 only): needs the runtime's
+    /// m16n8k16 `mma` with f32 accumulation, `ldmatrix`, and 32-wide planes (CUDA sm_80+).
+    Mma,
+}
+
+impl Variant {
+    /// The kernel family's name in plans, logs and errors.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Variant::Auto => "auto",
+            Variant::PortableFma => "portable_fma",
+            Variant::PortableFmaScalar => "portable_fma_scalar",
+            Variant::Cmma => "cmma",
+            Variant::Mma => "mma",
+        }
+    }
 }
 
 /// What the caller may force; `Default` lets the crate choose everything.
@@ -46,6 +64,8 @@ pub struct LaunchOptions {
     pub fma_vec_tiles: Option<FmaVecTiles>,
     /// Pin the cmma tiling (`None`: first fitting entry of the tile table).
     pub cmma_tiles: Option<CmmaTiles>,
+    /// Pin the mma tiling (`None`: first fitting entry of the tile table).
+    pub mma_tiles: Option<MmaTiles>,
     /// FlashAttention-4's conditional rescale (exact either way; a speed knob).
     pub lazy_rescale: bool,
     /// Allow plane (subgroup) shuffles for the row reductions when the runtime reports them.
@@ -59,6 +79,7 @@ impl Default for LaunchOptions {
             fma_tiles: None,
             fma_vec_tiles: None,
             cmma_tiles: None,
+            mma_tiles: None,
             lazy_rescale: true,
             allow_plane_ops: true,
         }
@@ -126,30 +147,152 @@ pub fn launch_with<R: Runtime>(
                 reason,
             }),
         },
-        Variant::Auto => match auto_variant(client, args, elem, options) {
-            (Variant::Cmma, _) => launch_cmma(client, args, elem, options, q, k, v, o, lse),
-            (_, reason) => {
-                log::debug!("cmma kernel not used: {}", reason.unwrap_or_default());
-                launch_fma_any(client, args, elem, options, q, k, v, o, lse)
-            }
+        Variant::Mma => match mma_unavailable(client, args, elem, options) {
+            None => launch_mma(client, args, elem, options, q, k, v, o, lse),
+            Some(reason) => Err(LaunchError::VariantUnavailable {
+                variant: "mma",
+                reason,
+            }),
         },
+        Variant::Auto => {
+            let (variant, reason) = auto_variant(client, args, elem, options);
+            if let Some(reason) = reason {
+                log::debug!("{} kernel chosen: {reason}", variant.name());
+            }
+            match variant {
+                Variant::Mma => launch_mma(client, args, elem, options, q, k, v, o, lse),
+                Variant::Cmma => launch_cmma(client, args, elem, options, q, k, v, o, lse),
+                _ => launch_fma_any(client, args, elem, options, q, k, v, o, lse),
+            }
+        }
     }
 }
 
-/// The kernel family `Variant::Auto` launches for these arguments on this runtime:
-/// `Variant::Cmma` where the runtime reports 16x16x16 cmma with f32 accumulation on 32-wide
-/// planes and a cmma tiling fits, else `Variant::PortableFma` with the reason the cmma kernel
-/// is out. For plans and logs; the launch makes the same call.
+/// The kernel family `Variant::Auto` launches for these arguments on this runtime, best
+/// first: `Variant::Mma` where the runtime reports m16n8k16 manual MMA with f32 accumulation,
+/// `ldmatrix` and 32-wide planes and an mma tiling fits; else `Variant::Cmma` where it reports
+/// 16x16x16 cmma likewise; else `Variant::PortableFma`. The reason says why the better kernels
+/// are out (`None` when the mma kernel is chosen). For plans and logs; the launch makes the
+/// same call.
 pub fn auto_variant<R: Runtime>(
     client: &ComputeClient<R>,
     args: &AttentionArgs,
     elem: ElemType,
     options: &LaunchOptions,
 ) -> (Variant, Option<String>) {
+    let Some(no_mma) = mma_unavailable(client, args, elem, options) else {
+        return (Variant::Mma, None);
+    };
     match cmma_unavailable(client, args, elem, options) {
-        None => (Variant::Cmma, None),
-        Some(reason) => (Variant::PortableFma, Some(reason)),
+        None => (Variant::Cmma, Some(format!("no mma: {no_mma}"))),
+        Some(no_cmma) => (Variant::PortableFma, Some(format!("no mma: {no_mma}; no cmma: {no_cmma}"))),
     }
+}
+
+/// Why the variant `options.variant` forces cannot run these arguments on this runtime (`None`
+/// when it can, and always for `Auto` and the FMA kernels, which run everywhere the element
+/// type does). Plans call this to refuse a forced kernel family before anything is uploaded;
+/// the launch makes the same checks.
+pub fn variant_unavailable<R: Runtime>(
+    client: &ComputeClient<R>,
+    args: &AttentionArgs,
+    elem: ElemType,
+    options: &LaunchOptions,
+) -> Option<String> {
+    match options.variant {
+        Variant::Mma => mma_unavailable(client, args, elem, options),
+        Variant::Cmma => cmma_unavailable(client, args, elem, options),
+        Variant::Auto | Variant::PortableFma | Variant::PortableFmaScalar => None,
+    }
+}
+
+/// The manual MMA the mma kernel is written for: m16n8k16, `elem` inputs, f32 accumulation.
+fn mma_config(elem: ElemType) -> cubecl::ir::features::MmaConfig {
+    cubecl::ir::features::MmaConfig {
+        a_type: elem.storage(),
+        b_type: elem.storage(),
+        cd_type: ElemType::F32.storage(),
+        m: 16,
+        n: 8,
+        k: 16,
+    }
+}
+
+/// Whether the runtime's register layout of manual MMA fragments is the one the mma kernel
+/// indexes (every fragment register a pair of elements, row-major A and accumulator,
+/// column-major B, 32 lanes, no duplication): CUDA's. `None` when it is, else what differs.
+pub(crate) fn mma_layout_mismatch<R: Runtime>(elem: ElemType) -> Option<String> {
+    use cubecl::ir::{Matrix, MatrixIdent, MatrixLayout};
+    let props = R::target_properties().mma;
+    let pair = |ident, storage| {
+        let matrix = Matrix { ident, m: 16, n: 8, k: 16, storage, layout: MatrixLayout::ColMajor };
+        props.contiguous_elements.apply(ident, matrix) == 2
+    };
+    let ok = props.const_plane_size == 32
+        && props.register_layout_a == MatrixLayout::RowMajor
+        && props.register_layout_b == MatrixLayout::ColMajor
+        && props.register_layout_acc == MatrixLayout::RowMajor
+        && props.register_duplication_a == 1
+        && props.register_duplication_b == 1
+        && props.register_duplication_acc == 1
+        && pair(MatrixIdent::A, elem.storage())
+        && pair(MatrixIdent::B, elem.storage())
+        && pair(MatrixIdent::Accumulator, ElemType::F32.storage());
+    (!ok).then(|| format!("the runtime's MMA register layout is not the one the kernel indexes: {props:?}"))
+}
+
+/// Why the mma kernel cannot run this problem on this runtime, if it cannot.
+fn mma_unavailable<R: Runtime>(
+    client: &ComputeClient<R>,
+    args: &AttentionArgs,
+    elem: ElemType,
+    options: &LaunchOptions,
+) -> Option<String> {
+    if elem == ElemType::F32 {
+        return Some("f32 inputs have no m16n8k16 f32-accumulating matrix op".into());
+    }
+    let mma = mma_config(elem);
+    let features = client.features();
+    if !features.matmul.mma.contains(&mma) {
+        return Some(format!("runtime `{}` reports no manual {mma:?}", R::name(client)));
+    }
+    if !features.matmul.ldmatrix.contains(&elem.storage()) {
+        return Some(format!("runtime `{}` reports no ldmatrix for {elem:?}", R::name(client)));
+    }
+    let hw = &client.properties().hardware;
+    if !features.plane.contains(Plane::Ops) || hw.plane_size_min != 32 || hw.plane_size_max != 32 {
+        return Some("the kernel needs plane ops on 32-wide planes".into());
+    }
+    if let Some(reason) = mma_layout_mismatch::<R>(elem) {
+        return Some(reason);
+    }
+    let (d, dv) = (args.head_dim, args.v_head_dim);
+    let bytes = elem.size_bytes() as u32;
+    match options.mma_tiles {
+        Some(t) => {
+            if let Err(e) = t.validate(d, dv) {
+                return Some(e.to_string());
+            }
+            let smem = t.smem_bytes(d, dv, bytes) as usize;
+            if smem > hw.max_shared_memory_size || t.units() > hw.max_units_per_cube {
+                return Some(format!(
+                    "{t} needs {smem} bytes of shared memory and {} units per cube; the runtime allows {} and {}",
+                    t.units(),
+                    hw.max_shared_memory_size,
+                    hw.max_units_per_cube
+                ));
+            }
+        }
+        None => {
+            if select_mma_tiles(d, dv, bytes, hw.max_shared_memory_size, hw.max_units_per_cube).is_none() {
+                return Some(format!(
+                    "no mma tiling fits d={d} dv={dv} in {} bytes of shared memory",
+                    hw.max_shared_memory_size
+                ));
+            }
+        }
+    }
+    None
 }
 
 /// Why the cmma kernel cannot run this problem on this runtime, if it cannot.
@@ -287,9 +430,9 @@ fn int8_tiles<R: Runtime>(
     v_elem: ElemType,
     options: &LaunchOptions,
 ) -> Result<FmaVecTiles, LaunchError> {
-    if matches!(options.variant, Variant::PortableFmaScalar | Variant::Cmma) {
+    if matches!(options.variant, Variant::PortableFmaScalar | Variant::Cmma | Variant::Mma) {
         return Err(LaunchError::VariantUnavailable {
-            variant: if options.variant == Variant::Cmma { "cmma" } else { "portable_fma" },
+            variant: options.variant.name(),
             reason: "INT8 Q/K run on the vectorized FMA kernel only".into(),
         });
     }
@@ -910,6 +1053,121 @@ fn launch_cmma<R: Runtime>(
         ElemType::F32 => {
             return Err(LaunchError::VariantUnavailable {
                 variant: "cmma",
+                reason: "f32 inputs".into(),
+            })
+        }
+    }
+    Ok(info)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn launch_mma<R: Runtime>(
+    client: &ComputeClient<R>,
+    args: &AttentionArgs,
+    elem: ElemType,
+    options: &LaunchOptions,
+    q: &Handle,
+    k: &Handle,
+    v: &Handle,
+    o: &Handle,
+    lse: Option<&Handle>,
+) -> Result<LaunchInfo, LaunchError> {
+    let hw = &client.properties().hardware;
+    let (d, dv) = (args.head_dim, args.v_head_dim);
+    let bytes = elem.size_bytes() as u32;
+    let tiles = match options.mma_tiles {
+        Some(t) => t,
+        None => select_mma_tiles(d, dv, bytes, hw.max_shared_memory_size, hw.max_units_per_cube)
+            .ok_or_else(|| LaunchError::VariantUnavailable {
+                variant: "mma",
+                reason: "no tiling fits".into(),
+            })?,
+    };
+    tiles.validate(d, dv)?;
+    let dims = if d == dv { format!("d{d}") } else { format!("d{d}v{dv}") };
+    let kernel = format!("mma_{}_{dims}_{tiles}", elem_name(elem));
+    let smem = tiles.smem_bytes(d, dv, bytes) as usize;
+    if smem > hw.max_shared_memory_size {
+        return Err(LaunchError::SharedMemoryExceeded {
+            kernel,
+            required: smem,
+            available: hw.max_shared_memory_size,
+        });
+    }
+    if tiles.units() > hw.max_units_per_cube {
+        return Err(LaunchError::TooManyUnits {
+            kernel,
+            required: tiles.units(),
+            available: hw.max_units_per_cube,
+        });
+    }
+    let cube_count = (args.q_len.div_ceil(tiles.bq()), args.q_heads, args.batch);
+    check_grid(cube_count, hw.max_cube_count)?;
+
+    let vec = load_vector_width(args, elem);
+    let cfg = MmaFwdConfig {
+        head_dim: d as usize,
+        v_head_dim: dv as usize,
+        warps: tiles.warps as usize,
+        mt: tiles.mt as usize,
+        bk: tiles.bk as usize,
+        vec,
+        causal: args.causal,
+        write_lse: args.write_lse,
+        lazy_rescale: options.lazy_rescale,
+    };
+    debug_assert_eq!(cfg.smem_bytes(bytes as usize), smem, "tiling formula vs kernel buffers");
+    let info = LaunchInfo {
+        kernel,
+        variant: Variant::Mma,
+        cube_count,
+        units_per_cube: tiles.units(),
+        shared_memory_bytes: smem,
+        lazy_rescale: options.lazy_rescale,
+        plane_reduce: true,
+        launched: cube_count.0 > 0 && cube_count.1 > 0 && cube_count.2 > 0,
+    };
+    if !info.launched {
+        return Ok(info);
+    }
+    log::debug!("launching {} {:?} for {:?}", info.kernel, cfg, args);
+
+    let extents = args.extents();
+    let vectors = |handle: &Handle, elems: u64| {
+        // SAFETY: `check_buffers` proved the handle covers `elems` elements; the kernel reads
+        // whole vectors inside rows, and every row start is a multiple of `vec`.
+        unsafe { ArrayArg::from_raw_parts(handle.clone(), (elems as usize).div_ceil(vec).max(1)) }
+    };
+    let (lse_handle, lse_elems) = lse_binding(client, args, lse);
+    let count = CubeCount::Static(cube_count.0, cube_count.1, cube_count.2);
+    let dim = CubeDim::new_1d(tiles.units());
+    macro_rules! go {
+        ($e:ty) => {
+            // SAFETY: as for the cmma kernel; global loads are guarded by q_len/kv_len, and
+            // stores by q_len.
+            unsafe {
+                fwd_mma::launch_unchecked::<$e, R>(
+                    client,
+                    count,
+                    dim,
+                    vec,
+                    vectors(q, extents[0].1),
+                    vectors(k, extents[1].1),
+                    vectors(v, extents[2].1),
+                    ArrayArg::from_raw_parts(o.clone(), extents[3].1.max(1) as usize),
+                    ArrayArg::from_raw_parts(lse_handle, lse_elems as usize),
+                    shape_arg(args),
+                    cfg,
+                )
+            }
+        };
+    }
+    match elem {
+        ElemType::F16 => go!(f16),
+        ElemType::Bf16 => go!(bf16),
+        ElemType::F32 => {
+            return Err(LaunchError::VariantUnavailable {
+                variant: "mma",
                 reason: "f32 inputs".into(),
             })
         }

@@ -7,8 +7,9 @@
 //! # Levels
 //!
 //! - **tile** (one unit or one plane): `thread_score_matmul` / `thread_value_matmul` (FMA,
-//!   an `rm x rn` register block per unit, on 4-wide vectors in `fma_vec`, scalar in `fma`) or
-//!   16x16x16 `cmma` fragments per plane.
+//!   an `rm x rn` register block per unit, on 4-wide vectors in `fma_vec`, scalar in `fma`),
+//!   16x16x16 `cmma` fragments per plane, or m16n8k16 manual-MMA register fragments per plane
+//!   (`mma`: the softmax runs on the score registers, P is fed back as the A operand).
 //! - **stage** (one cube, one KV tile): stage K and V in shared memory, S = Q·Kᵀ, online
 //!   softmax (row max across the units/lanes of a row, conditional rescale, P to shared memory),
 //!   acc += P·V.
@@ -44,7 +45,8 @@
 //! | --- | --- | --- | --- |
 //! | `portable_fma_vec_*` ([`FmaVecTiles`]) | f32, f16, bf16 where the runtime has it | head dims and strides multiples of 4 | everywhere the cmma kernel is not available |
 //! | `portable_fma_*` ([`FmaTiles`], `Variant::PortableFmaScalar`) | same | nothing | when the vector kernel cannot run (unaligned strides, empty tensors, no tiling fits) |
-//! | `cmma_*` ([`CmmaTiles`]) | f16, bf16 | 16x16x16 cmma with f32 accumulation, 32-wide planes | CUDA (f16/bf16) |
+//! | `mma_*` ([`MmaTiles`], `Variant::Mma`) | f16, bf16 | m16n8k16 manual MMA with f32 accumulation, `ldmatrix`, 32-wide planes, CUDA's register layout | CUDA sm_80+ (f16/bf16); not yet run on hardware |
+//! | `cmma_*` ([`CmmaTiles`]) | f16, bf16 | 16x16x16 cmma with f32 accumulation, 32-wide planes | where the mma kernel is not (SPIR-V cooperative matrices; CUDA before sm_80) |
 //! | `portable_fma_vec_int8_*` ([`launch_int8`]) | INT8 Q/K codes and scales from [`quantize_int8`], f16 or f32 V | the prepass's blocking = the kernel's `bq`/`bk` ([`int8_blocking`]) | always, for INT8 inputs |
 //!
 //! INT8 (SageAttention style) is two launches: [`quantize_int8`] (the prepass: per-block /
@@ -58,8 +60,9 @@
 //! - wgpu/Vulkan on an H100 through WGSL: FMA kernel with 48 KiB, f16 and subgroup row
 //!   reductions; WGSL has no cooperative matrices. Through SPIR-V (feature `spirv`): the cmma
 //!   kernel on the driver's cooperative matrices, 4 planes x bk 32 (31 KiB at d=128).
-//! - CUDA: the cmma kernel for f16/bf16 (4 planes x bk 32, 31 KiB at d=128), the FMA kernel
-//!   for f32; plane shuffles for row reductions.
+//! - CUDA: the mma kernel for f16/bf16 on sm_80+ (4 planes x bk 64 at d=128, 34 KiB, 241
+//!   registers), the cmma kernel where manual MMA is missing (4 planes x bk 32), the FMA kernel
+//!   for f32; plane shuffles for row reductions. `Variant::Cmma` / `Variant::Mma` force one.
 //!
 //! The vectorized FMA kernel replaced the scalar one as the default after the scalar one
 //! measured ~5 TFLOP/s on an H100 through Vulkan; its module doc says what changed and why.
@@ -67,8 +70,8 @@
 //! # Tile tables
 //!
 //! One table per head dim and kernel, filtered by the runtime's shared-memory and
-//! units-per-cube limits ([`fma_candidates`], [`cmma_candidates`]; the reasons are next to the
-//! tables). FMA, first fitting entry wins, `(bq, bk, units)`:
+//! units-per-cube limits ([`fma_candidates`], [`cmma_candidates`], [`mma_candidates`]; the
+//! reasons are next to the tables). FMA, first fitting entry wins, `(bq, bk, units)`:
 //!
 //! | head dim | candidates |
 //! | --- | --- |
@@ -81,6 +84,9 @@
 //! sized for 48 KiB (Vulkan on NVIDIA), the last ones for llvmpipe.
 //! cmma: 4 planes (bq = 64) with bk = 64 up to d=128, bk = 32 at d=256; within 48 KiB
 //! (Vulkan on NVIDIA) bk = 64 up to d=64, bk = 32 above.
+//! mma (first entries): 4 planes x 2 m-tiles (bq = 128), bk = 64 up to d=64; 4 planes,
+//! bk = 64 at d=96 and 128; 8 planes, bk = 16 at d=256 (the register budget decides, not
+//! shared memory).
 //!
 //! Everything is validated before anything is enqueued ([`LaunchError`]); the launch itself is
 //! asynchronous, so device failures surface at the client's next sync or read.
@@ -93,10 +99,14 @@ mod quant;
 mod tiling;
 
 pub use error::LaunchError;
-pub use launch::{auto_variant, check_elem_supported, int8_blocking, launch, launch_int8, launch_with, LaunchInfo, LaunchOptions, Variant};
+pub use launch::{
+    auto_variant, check_elem_supported, int8_blocking, launch, launch_int8, launch_with, variant_unavailable,
+    LaunchInfo, LaunchOptions, Variant,
+};
 pub use quant::{q_scale_fold, quantize_int8, Int8Blocking, Int8Granularity, Int8Operands, Int8Quant};
 pub use problem::{bhsd_strides, bshd_strides, AttentionArgs, ElemType, SUPPORTED_HEAD_DIMS};
 pub use tiling::{
-    cmma_candidates, fma_candidates, fma_vec_candidates, select_cmma_tiles, select_fma_tiles,
-    select_fma_vec_tiles, CmmaTiles, FmaTiles, FmaVecTiles,
+    cmma_candidates, fma_candidates, fma_vec_candidates, mma_candidates, select_cmma_tiles,
+    select_fma_tiles, select_fma_vec_tiles, select_mma_tiles, CmmaTiles, FmaTiles, FmaVecTiles,
+    MmaTiles, MMA_FRAGMENT_REGISTERS,
 };

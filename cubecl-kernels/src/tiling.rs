@@ -371,6 +371,149 @@ pub fn select_cmma_tiles(
     })
 }
 
+/// Tiling of the register-resident manual-MMA kernel (`kernel/mma.rs`): `warps` planes of 32
+/// lanes, each owning `mt` m-tiles of 16 query rows, walking `bk` keys at a time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MmaTiles {
+    pub warps: u32,
+    pub mt: u32,
+    pub bk: u32,
+}
+
+impl core::fmt::Display for MmaTiles {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "bq{}_bk{}_w{}_mt{}", self.bq(), self.bk, self.warps, self.mt)
+    }
+}
+
+impl MmaTiles {
+    pub const fn bq(&self) -> u32 {
+        self.warps * self.mt * 16
+    }
+    pub const fn units(&self) -> u32 {
+        self.warps * 32
+    }
+
+    /// Bytes of shared memory, exactly as the kernel allocates it: `max(Q, K + V)` in the input
+    /// type (the Q stage is freed once its fragments are in registers), rows padded by 8
+    /// elements (16 bytes) against `ldmatrix` bank conflicts.
+    pub const fn smem_bytes(&self, head_dim: u32, v_head_dim: u32, elem_bytes: u32) -> u32 {
+        const PAD: u32 = 8;
+        let q = self.bq() * (head_dim + PAD) * elem_bytes;
+        let kv = self.bk * (head_dim + PAD + v_head_dim + PAD) * elem_bytes;
+        if q > kv {
+            q
+        } else {
+            kv
+        }
+    }
+
+    /// What the kernel's loops rely on: K fragments are loaded two k-steps at a time (head dim
+    /// a multiple of 32), V fragments two n8 tiles at a time (v head dim a multiple of 16),
+    /// P·V steps 16 keys at a time.
+    pub fn validate(&self, head_dim: u32, v_head_dim: u32) -> Result<(), LaunchError> {
+        let err = |reason: &str| {
+            Err(LaunchError::InvalidTiles {
+                tiles: self.to_string(),
+                reason: reason.to_string(),
+            })
+        };
+        if self.warps == 0 || self.mt == 0 || self.bk == 0 || !self.bk.is_multiple_of(16) {
+            return err("warps and mt must be positive and bk a positive multiple of 16");
+        }
+        if !head_dim.is_multiple_of(32) {
+            return err("head_dim must be a multiple of 32 (K fragments come two k-steps per ldmatrix)");
+        }
+        if !v_head_dim.is_multiple_of(16) {
+            return err("v_head_dim must be a multiple of 16 (V fragments come two n8 tiles per ldmatrix)");
+        }
+        let regs = self.fragment_registers(head_dim, v_head_dim);
+        if regs > MMA_FRAGMENT_REGISTERS {
+            return Err(LaunchError::InvalidTiles {
+                tiles: self.to_string(),
+                reason: format!(
+                    "its fragments take {regs} registers per lane at d={head_dim} dv={v_head_dim}, \
+                     over the {MMA_FRAGMENT_REGISTERS} that leave room for the rest (it would spill)"
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// 32-bit registers per lane held by fragments across a KV step: Q (A operands, 4 per
+    /// 16x16), S and O (4 f32 per 16x8 tile), and the larger of the K / V prefetches (16-bit
+    /// elements, spread over the cube's units).
+    pub const fn fragment_registers(&self, head_dim: u32, v_head_dim: u32) -> u32 {
+        let q = self.mt * (head_dim / 16) * 4;
+        let s = self.mt * (self.bk / 8) * 4;
+        let o = self.mt * (v_head_dim / 8) * 4;
+        let kv_dim = if head_dim > v_head_dim { head_dim } else { v_head_dim };
+        let prefetch = (self.bk * kv_dim * 2 / 4).div_ceil(self.units());
+        q + s + o + prefetch
+    }
+}
+
+/// Fragment registers per lane an mma tiling may take: 255 per thread is the hardware limit,
+/// and addresses, softmax temporaries and the P fragments of one key step need about 40.
+pub const MMA_FRAGMENT_REGISTERS: u32 = 216;
+
+/// Candidate tilings of the mma kernel per head dim, best first. Not yet measured on hardware
+/// (the first entries are guesses; `examples/bench_cuda` sweeps them all). Every entry is
+/// checked offline (`kernel::mma` tests: NVRTC for sm_90a, ptxas report): all HMMA, no spills.
+/// Registers per lane from that report (f16 and bf16 alike; CubeCL's CUDA compile options,
+/// fast math on), and what 65536 registers per SM then allow:
+///
+/// | head dim | planes x m-tiles, bk | registers | warps per SM |
+/// | --- | --- | --- | --- |
+/// | 64 | 4 x 2, 64 (bq 128) | 249 | 8 |
+/// | 64 | 4 x 1, 64 | 160 | 12 |
+/// | 64 | 8 x 1, 64 | 147 | 8 |
+/// | 128 | 4 x 1, 64 | 241 | 8 |
+/// | 128 | 8 x 1, 64 (bq 128) | 229 | 8 |
+/// | 128 | 4 x 1, 32 | 168 | 12 |
+/// | 256 | 8 x 1, 16 | 254 | 8 |
+///
+/// Left out because ptxas spills there: 4 x 1 at bk 32 for d 32 (88 B), 8 x 1 at bk 32 for
+/// d 96 (36 B), 4 x 1 at bk 16 for d 256 (8 B), 4 x 2 at d 128 (1.1 KiB at bk 32).
+///
+/// Why: two m-tiles per plane halve the `ldmatrix` traffic per MMA (each K/V fragment feeds two
+/// MMAs), but at d 128 the second m-tile's Q and O fragments spill (1.1 KiB at bk 32), so d 128
+/// keeps one m-tile; with one m-tile shared memory still bounds the score MMAs only near
+/// 470 TFLOP/s on an H100 (512 bytes of `ldmatrix` per two m16n8k16). Larger `bk` amortizes the
+/// two barriers and the softmax's shuffles per KV step; smaller `bk` buys occupancy (d 128,
+/// bk 32: 12 warps per SM). At d 256 only bk 16 fits the registers.
+/// [`MmaTiles::validate`] also refuses tilings whose fragments alone exceed
+/// [`MMA_FRAGMENT_REGISTERS`]. Shared memory is small next to CUDA's limits (d 128, bk 64:
+/// 34 KiB).
+pub fn mma_candidates(head_dim: u32) -> &'static [MmaTiles] {
+    const fn t(warps: u32, mt: u32, bk: u32) -> MmaTiles {
+        MmaTiles { warps, mt, bk }
+    }
+    const SMALL: &[MmaTiles] = &[t(4, 2, 64), t(4, 1, 64), t(8, 1, 64)];
+    const MEDIUM: &[MmaTiles] = &[t(4, 1, 64), t(8, 1, 64), t(4, 1, 32)];
+    const LARGE: &[MmaTiles] = &[t(8, 1, 16)];
+    match head_dim {
+        0..=64 => SMALL,
+        65..=128 => MEDIUM,
+        _ => LARGE,
+    }
+}
+
+/// First mma candidate that is valid for the head dims and fits the runtime limits.
+pub fn select_mma_tiles(
+    head_dim: u32,
+    v_head_dim: u32,
+    elem_bytes: u32,
+    max_shared_bytes: usize,
+    max_units: u32,
+) -> Option<MmaTiles> {
+    mma_candidates(head_dim.max(v_head_dim)).iter().copied().find(|t| {
+        t.validate(head_dim, v_head_dim).is_ok()
+            && t.smem_bytes(head_dim, v_head_dim, elem_bytes) as usize <= max_shared_bytes
+            && t.units() <= max_units
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -474,5 +617,54 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn mma_tiles_fit_every_head_dim_and_match_the_kernel() {
+        use crate::kernel::mma::MmaFwdConfig;
+        for &d in SUPPORTED_HEAD_DIMS {
+            for &dv in SUPPORTED_HEAD_DIMS {
+                let pick = select_mma_tiles(d, dv, 2, 227 * 1024, 1024);
+                assert!(pick.is_some(), "d={d} dv={dv}");
+                for t in mma_candidates(d.max(dv)) {
+                    t.validate(d, dv).unwrap();
+                    let cfg = MmaFwdConfig {
+                        head_dim: d as usize,
+                        v_head_dim: dv as usize,
+                        warps: t.warps as usize,
+                        mt: t.mt as usize,
+                        bk: t.bk as usize,
+                        vec: 8,
+                        causal: false,
+                        write_lse: true,
+                        lazy_rescale: true,
+                    };
+                    assert_eq!(t.smem_bytes(d, dv, 2) as usize, cfg.smem_bytes(2), "{t} d={d} dv={dv}");
+                    assert_eq!(t.bq() as usize, cfg.bq());
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn mma_smem_numbers_and_rules() {
+        let t = |warps, mt, bk| MmaTiles { warps, mt, bk };
+        // max(Q, K + V), f16, rows padded by 8.
+        assert_eq!(t(4, 1, 64).smem_bytes(128, 128, 2), 64 * 136 * 2 * 2);
+        assert_eq!(t(4, 2, 64).smem_bytes(64, 64, 2), 128 * 72 * 2);
+        assert_eq!(t(8, 1, 16).smem_bytes(256, 256, 2), 128 * 264 * 2);
+        assert!(t(4, 1, 24).validate(64, 64).is_err());
+        assert!(t(4, 1, 32).validate(48, 64).is_err());
+        assert!(t(4, 1, 32).validate(64, 40).is_err());
+        assert!(t(0, 1, 32).validate(64, 64).is_err());
+        assert!(t(4, 1, 32).validate(96, 96).is_ok());
+        // Fragment registers: Q 32 + S 32 + O 64 + K/V prefetch 32 at d=128, bk=64.
+        assert_eq!(t(4, 1, 64).fragment_registers(128, 128), 160);
+        assert_eq!(t(4, 2, 32).fragment_registers(128, 128), 64 + 32 + 128 + 16);
+        assert!(t(4, 2, 32).validate(128, 128).is_err(), "240 registers would spill");
+        // The first choice on CUDA: two m-tiles up to d=64, one above.
+        assert_eq!(select_mma_tiles(64, 64, 2, 227 * 1024, 1024), Some(t(4, 2, 64)));
+        assert_eq!(select_mma_tiles(128, 128, 2, 227 * 1024, 1024), Some(t(4, 1, 64)));
+        assert_eq!(select_mma_tiles(256, 256, 2, 227 * 1024, 1024), Some(t(8, 1, 16)));
     }
 }

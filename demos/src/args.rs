@@ -1,7 +1,7 @@
 //! The command line.
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use quattn::{AttentionProblem, Device, Layout, NativeKind, Precision, Strategy, WgpuAdapter};
+use quattn::{AttentionProblem, Device, Layout, NativeKind, PortableKind, Precision, Strategy, WgpuAdapter};
 
 #[derive(Parser)]
 #[command(name = "quattn", version, about = "Fast low-precision flash attention: demo, benchmark and self-test")]
@@ -62,6 +62,16 @@ pub enum NativeArg {
     Nvfp4,
 }
 
+/// Portable (CubeCL) kernel family with `--strategy portable`.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum PortableArg {
+    /// The best the runtime offers: mma, else cmma, else the FMA kernel.
+    Auto,
+    Fma,
+    Cmma,
+    Mma,
+}
+
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum LayoutArg {
     Bhsd,
@@ -85,6 +95,10 @@ pub struct DeviceOpts {
     /// Native kernel family (with --strategy native).
     #[arg(long, value_enum, default_value = "hmma")]
     pub native: NativeArg,
+    /// Portable kernel family (with --strategy portable): auto, fma, cmma (WMMA, softmax through
+    /// shared memory) or mma (mma.sync, softmax in registers; CUDA sm_80+).
+    #[arg(long, value_enum, default_value = "auto")]
+    pub portable: PortableArg,
 }
 
 impl DeviceOpts {
@@ -113,7 +127,12 @@ impl DeviceOpts {
     pub fn strategy(&self) -> Strategy {
         match self.strategy {
             StrategyArg::Auto => Strategy::Auto,
-            StrategyArg::Portable => Strategy::Portable,
+            StrategyArg::Portable => match self.portable {
+                PortableArg::Auto => Strategy::Portable,
+                PortableArg::Fma => Strategy::PortableFamily(PortableKind::Fma),
+                PortableArg::Cmma => Strategy::PortableFamily(PortableKind::Cmma),
+                PortableArg::Mma => Strategy::PortableFamily(PortableKind::Mma),
+            },
             StrategyArg::Reference => Strategy::Reference,
             StrategyArg::Native => Strategy::Native(match self.native {
                 NativeArg::Hmma => NativeKind::Hmma,

@@ -70,8 +70,10 @@ pub fn main(a: &SelftestArgs) -> anyhow::Result<i32> {
         }
     }
     // On CUDA, Auto takes the fastest native kernel where one exists (wgmma for f16 on sm_90a):
-    // Portable runs the CubeCL kernels there too, and Native(Hmma) the mma.sync family that Auto
-    // passes over on Hopper, and Native(Int8Imma) the mma.sync INT8 family (Auto takes s8 wgmma there).
+    // Portable runs the CubeCL kernels there too (the mma kernel for f16/bf16 on sm_80+), and
+    // PortableFamily(Cmma) the cmma kernel it passes over, Native(Hmma) the mma.sync family that
+    // Auto passes over on Hopper, and Native(Int8Imma) the mma.sync INT8 family (Auto takes s8
+    // wgmma there).
     let strategies_of = |s: &Session| -> Vec<Strategy> {
         if s.info().kind == "cuda" {
             vec![
@@ -79,6 +81,7 @@ pub fn main(a: &SelftestArgs) -> anyhow::Result<i32> {
                 Strategy::Native(quattn::NativeKind::Hmma),
                 Strategy::Native(quattn::NativeKind::Int8Imma),
                 Strategy::Portable,
+                Strategy::PortableFamily(quattn::PortableKind::Cmma),
                 Strategy::Reference,
             ]
         } else {

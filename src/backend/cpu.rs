@@ -52,6 +52,13 @@ impl Backend for CpuBackend {
                 reason: "native kernels need a matching GPU".into(),
             });
         }
+        if let Strategy::PortableFamily(kind) = strategy {
+            return Err(Error::UnsupportedStrategy {
+                strategy,
+                device: "cpu".into(),
+                reason: format!("the portable {} kernel is a CubeCL kernel; the CPU device runs the CPU kernel (Strategy::Portable)", kind.name()),
+            });
+        }
         let dtype = match precision {
             Precision::F32 => "f32",
             Precision::F16 { qk: QkAccum::F32, pv: PvAccum::F32 } => "f16",

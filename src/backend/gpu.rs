@@ -19,7 +19,7 @@ use crate::emulation::Blocking;
 use crate::precision::{Int8Granularity, PvAccum, PvFormat, QkAccum};
 use crate::session::{DeviceInfo, Plan};
 use crate::tensor::HostSlice;
-use crate::{AttentionProblem, Device, Precision, Strategy};
+use crate::{AttentionProblem, Device, PortableKind, Precision, Strategy};
 
 pub(crate) struct CubeclBackend<R: Runtime> {
     client: ComputeClient<R>,
@@ -187,6 +187,17 @@ fn portable_mode(precision: Precision) -> std::result::Result<Mode, &'static str
     }
 }
 
+/// The launch options a strategy pins: the forced kernel family, else everything to the crate.
+fn launch_options(strategy: Strategy) -> LaunchOptions {
+    let variant = match strategy {
+        Strategy::PortableFamily(PortableKind::Fma) => Variant::PortableFma,
+        Strategy::PortableFamily(PortableKind::Cmma) => Variant::Cmma,
+        Strategy::PortableFamily(PortableKind::Mma) => Variant::Mma,
+        _ => Variant::Auto,
+    };
+    LaunchOptions { variant, ..LaunchOptions::default() }
+}
+
 fn args_of(p: &AttentionProblem) -> AttentionArgs {
     let s = |x: crate::Strides| [x.batch as u32, x.head as u32, x.seq as u32];
     AttentionArgs {
@@ -258,6 +269,15 @@ impl<R: Runtime> Backend for CubeclBackend<R> {
         }
         quattn_cubecl::check_elem_supported(&self.client, elem)
             .map_err(|e| Error::UnsupportedPrecision { precision, device: device.clone(), reason: e.to_string() })?;
+        if let (Mode::Int8 { .. }, Strategy::PortableFamily(kind)) = (mode, strategy) {
+            if kind != PortableKind::Fma {
+                return Err(Error::UnsupportedStrategy {
+                    strategy,
+                    device,
+                    reason: format!("INT8 Q/K run on the portable FMA kernel only, not {}", kind.name()),
+                });
+            }
+        }
         if let Mode::Int8 { .. } = mode {
             let blocking = self.int8_blocking(problem).map_err(|e| Error::UnsupportedPrecision { precision, device, reason: e.to_string() })?;
             blocking.validate(problem, precision)?;
@@ -268,11 +288,20 @@ impl<R: Runtime> Backend for CubeclBackend<R> {
             });
         }
         // The launch makes the same choice; naming it here shows in every plan and bench row
-        // whether the matrix units ran.
-        let (variant, no_cmma) = quattn_cubecl::auto_variant(&self.client, &args_of(problem), elem, &LaunchOptions::default());
+        // which kernel family ran.
+        let options = launch_options(strategy);
+        let (variant, why) = match options.variant {
+            Variant::Auto => quattn_cubecl::auto_variant(&self.client, &args_of(problem), elem, &options),
+            forced => match quattn_cubecl::variant_unavailable(&self.client, &args_of(problem), elem, &options) {
+                None => (forced, Some("forced".to_string())),
+                Some(reason) => return Err(Error::UnsupportedStrategy { strategy, device, reason }),
+            },
+        };
+        let why = why.map(|w| format!(" ({w})")).unwrap_or_default();
         let (family, reason) = match variant {
-            Variant::Cmma => ("portable_cmma", "portable CubeCL matrix-unit (cmma) kernel".to_string()),
-            _ => ("portable", format!("portable CubeCL FMA kernel (no cmma: {})", no_cmma.unwrap_or_default())),
+            Variant::Mma => ("portable_mma", format!("portable CubeCL register-softmax manual-MMA (mma) kernel{why}")),
+            Variant::Cmma => ("portable_cmma", format!("portable CubeCL matrix-unit (cmma) kernel{why}")),
+            _ => ("portable", format!("portable CubeCL FMA kernel{why}")),
         };
         Ok(KernelChoice {
             name: format!("fwd_{family}_{}_{}_d{}", self.info.kind, precision.input_dtype(), problem.head_dim),
@@ -306,7 +335,8 @@ impl<R: Runtime> Backend for CubeclBackend<R> {
         let args = args_of(&plan.problem);
         match d.mode {
             Mode::Float(elem) => {
-                quattn_cubecl::launch::<R>(&self.client, &args, elem, &d.q, &d.k, &d.v, &d.o, d.lse.as_ref())
+                let options = launch_options(plan.strategy);
+                quattn_cubecl::launch_with::<R>(&self.client, &args, elem, &options, &d.q, &d.k, &d.v, &d.o, d.lse.as_ref())
                     .map_err(|e| launch_error(&plan.kernel, "the portable CubeCL kernel", e))?;
             }
             Mode::Int8 { granularity, smooth_k } => {
