@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs the GPU-less CUDA tools quattn-native needs for its NVRTC compile + SASS tests:
-# NVRTC 13.0 (libnvrtc.so.13 + builtins) and the cuobjdump / nvdisasm disassemblers, all from
+# NVRTC 13.0 (libnvrtc.so.13 + builtins), the CUDA headers, and the cuobjdump / nvdisasm disassemblers, all from
 # PyPI wheels (no toolkit, no GPU). Their files land in <site-packages>/nvidia/cu13/{lib,bin}.
 #
 #   source .ci/install-cuda-tools.sh            # installs and exports the variables below
@@ -14,7 +14,10 @@
 
 _quattn_install_cuda_tools() {
   local py="${QUATTN_PYTHON:-python3}"
-  local pkgs=("nvidia-cuda-nvrtc==13.0.88" "nvidia-cuda-cuobjdump==13.2.51" "nvidia-cuda-nvdisasm==13.2.51")
+  # nvidia-cuda-runtime / nvidia-cuda-crt: the CUDA headers (cuda_fp16.h, ...) that CubeCL's
+  # generated CUDA sources include; quattn-cubecl's offline NVRTC test of the mma kernel needs them.
+  local pkgs=("nvidia-cuda-nvrtc==13.0.88" "nvidia-cuda-cuobjdump==13.2.51" "nvidia-cuda-nvdisasm==13.2.51"
+              "nvidia-cuda-runtime==13.0.96" "nvidia-cuda-crt==13.0.88")
   if ! "$py" -m pip --version >/dev/null 2>&1; then
     "$py" -m ensurepip --upgrade >/dev/null 2>&1 || { echo "install-cuda-tools: no pip for $py" >&2; return 1; }
   fi
