@@ -94,8 +94,20 @@ impl WgmmaTile {
 /// SM). hd64: one warpgroup with 128 keys (2 CTAs per SM by shared memory, 74 KiB each): at
 /// hd64 a 128-row CTA leaves the SM with one CTA whose two warpgroups wait on the same loads.
 ///
-/// TMA (2 consumer warpgroups + a producer, run `u`): see BENCHMARKS.md.
-pub const WGMMA_TILES: [(u32, WgmmaTile); 2] = [(64, WgmmaTile::cp(1, 128)), (128, WgmmaTile::tma(128, 2))];
+/// Then the warp-specialized TMA kernel (2 consumer warpgroups + a producer; run `u`,
+/// benchmarks/2026-11-22-h100-u/wgmma_check.txt, same columns):
+///
+/// | tile                              | hd64          | hd128         |
+/// |-----------------------------------|---------------|---------------|
+/// | cp.async 1 x 64, 128 (hd64's before) | 381 / 382  | 348 / 366     |
+/// | cp.async 2 x 64, 128 (hd128's before) | 292 / 305 | 478 / 487     |
+/// | **TMA 2 x 64, 128, 2 stages**     | **447 / 471** | **659 / 689** |
+/// | TMA 2 x 64, 128, 3 stages         | 446 / 475     | 651 / 674     |
+///
+/// The TMA kernel with two stages is the table tile at both head dims: the producer warpgroup
+/// removes the loads from the consumers' instruction stream and the two consumers' ping-pong
+/// keeps the tensor cores busy through each other's softmax.
+pub const WGMMA_TILES: [(u32, WgmmaTile); 2] = [(64, WgmmaTile::tma(128, 2)), (128, WgmmaTile::tma(128, 2))];
 
 /// Grid, block and shared memory of one launch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -434,7 +446,15 @@ mod tests {
         assert!(WgmmaConfig { head_dim: 64, tile: Some(one) }.validate().is_err());
         assert!(WgmmaConfig { head_dim: 128, tile: Some(WgmmaTile::tma(128, 4)) }.validate().is_err());
         let c64 = WgmmaConfig::new(64).unwrap();
-        assert_eq!(c64.expected_instructions(), vec!["HGMMA.64x128x16.F32".to_string(), "HGMMA.64x64x16.F32".to_string()]);
+        assert_eq!(
+            c64.expected_instructions(),
+            vec![
+                "HGMMA.64x128x16.F32".to_string(),
+                "HGMMA.64x64x16.F32".into(),
+                "UTMALDG.4D".into(),
+                "USETMAXREG.DEALLOC.CTAPOOL".into()
+            ]
+        );
         assert!(matches!(WgmmaConfig::new(96), Err(NativeError::UnsupportedHeadDim { .. })));
         let bad = WgmmaConfig { head_dim: 64, tile: Some(WgmmaTile::cp(3, 128)) };
         assert!(bad.validate().is_err());
