@@ -30,6 +30,33 @@ macro_rules! testgen_attention {
                     .collect()
             }
 
+            /// `Session::time` gives one positive sample per iteration, each inside the wall
+            /// time of the call (host clock on wgpu, CUDA events on CUDA: both time intervals
+            /// of the call itself), and the output it leaves is still the right answer.
+            #[test]
+            fn time_samples_lie_within_the_call() {
+                let Some(s) = open(device()) else { return };
+                let p = AttentionProblem::new(1, 4, 96, 64).causal(true);
+                let plan = s.plan(&p, Precision::F16_DEFAULT, Strategy::Portable).unwrap();
+                // Inputs rounded to f16 first, so that the reference sees what the kernel sees.
+                let round = |x: Vec<f32>| -> Vec<f32> { x.into_iter().map(|a| half::f16::from_f32(a).to_f32()).collect() };
+                let (q, k, v) = quattn::inputs::qkv(&p, 11);
+                let (q, k, v) = (round(q), round(k), round(v));
+                let mut r = s.upload(&plan, &q, &k, &v).unwrap();
+                let t0 = std::time::Instant::now();
+                let samples = s.time(&mut r, 1, 4).unwrap();
+                let wall_ms = t0.elapsed().as_secs_f64() * 1e3;
+                assert_eq!(samples.len(), 4);
+                assert!(samples.iter().all(|&x| x.is_finite() && x > 0.0), "{samples:?}");
+                assert!(samples.iter().sum::<f64>() <= wall_ms, "{samples:?} sum past the call's {wall_ms} ms");
+                let out = s.download(&r).unwrap();
+                let want = quattn::reference::attention_f64(&p, &q, &k, &v).unwrap();
+                let err = quattn::metrics::ErrorMetrics::compare(&out.o, &want.o);
+                let max_ref = want.o.iter().fold(0f64, |m, x| m.max(x.abs()));
+                let tol = quattn::metrics::Tolerance::for_precision(Precision::F16_DEFAULT);
+                assert!(tol.accepts(&err, max_ref), "after timing: {err:?}");
+            }
+
             #[test]
             fn every_head_dim() {
                 let Some(s) = open(device()) else { return };

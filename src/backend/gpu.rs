@@ -1,6 +1,6 @@
 //! The CubeCL backend, generic over the runtime: one implementation serves wgpu (Vulkan, Metal,
 //! DX12, software adapters) and CUDA. Device buffers are CubeCL handles; timing uses CubeCL's
-//! profiler (device timestamps where the runtime has them).
+//! profiler (CUDA events) on CUDA and the host clock on wgpu adapters (see `time`).
 //!
 //! `Int8Qk` runs as two steps on the device: the CubeCL quantization prepass (f16 Q and K to
 //! INT8 codes and scales, K smoothing) then the INT8 attention kernel; the scale layout
@@ -380,7 +380,14 @@ impl<R: Runtime> Backend for CubeclBackend<R> {
         Ok((o[..plan.problem.o_len_elems()].to_vec(), lse.map(|l| l[..plan.problem.lse_len_elems()].to_vec())))
     }
 
+    /// CubeCL's profiler (CUDA events) on CUDA; the host clock on wgpu adapters, whose timestamp
+    /// queries undercount SPIR-V cooperative-matrix kernels on NVIDIA's Vulkan driver 2.5× (a
+    /// device-bound launch loop took 13 ms per launch where the timestamps said 5.2;
+    /// BENCHMARKS.md, runs `t` and `u`). For the WGSL kernels the two agree within 2%.
     fn time(&self, plan: &Plan, data: &mut ResidentData, warmup: usize, iters: usize) -> Result<Vec<f64>> {
+        if matches!(self.info.device, Device::Wgpu(_) | Device::WgpuSpirv(_)) {
+            return super::host_time(self, plan, data, warmup, iters);
+        }
         for _ in 0..warmup {
             self.execute(plan, data)?;
         }

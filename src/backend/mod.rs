@@ -57,19 +57,31 @@ pub(crate) trait Backend: Send + Sync {
     /// Milliseconds per execution, `iters` samples after `warmup` runs. Backends with device
     /// timers override this; the default times each synchronized run on the host.
     fn time(&self, plan: &Plan, data: &mut ResidentData, warmup: usize, iters: usize) -> Result<Vec<f64>> {
-        for _ in 0..warmup {
-            self.execute(plan, data)?;
-        }
-        self.synchronize()?;
-        let mut out = Vec::with_capacity(iters);
-        for _ in 0..iters {
-            let t = Instant::now();
-            self.execute(plan, data)?;
-            self.synchronize()?;
-            out.push(t.elapsed().as_secs_f64() * 1e3);
-        }
-        Ok(out)
+        host_time(self, plan, data, warmup, iters)
     }
+}
+
+/// Milliseconds per execution on the host clock: each sample is one execution from a
+/// synchronized device to a synchronized device (submission and synchronization included).
+pub(crate) fn host_time<B: Backend + ?Sized>(
+    backend: &B,
+    plan: &Plan,
+    data: &mut ResidentData,
+    warmup: usize,
+    iters: usize,
+) -> Result<Vec<f64>> {
+    for _ in 0..warmup {
+        backend.execute(plan, data)?;
+    }
+    backend.synchronize()?;
+    let mut out = Vec::with_capacity(iters);
+    for _ in 0..iters {
+        let t = Instant::now();
+        backend.execute(plan, data)?;
+        backend.synchronize()?;
+        out.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    Ok(out)
 }
 
 /// Opens the backend for `device`; `Device::Auto` resolves to a CUDA GPU, else a hardware wgpu
