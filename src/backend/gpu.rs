@@ -21,6 +21,9 @@ use crate::session::{DeviceInfo, Plan};
 use crate::tensor::HostSlice;
 use crate::{AttentionProblem, Device, PortableKind, Precision, Strategy};
 
+/// Executions per host-timed sample on wgpu adapters.
+const WGPU_TIMING_BATCH: usize = 5;
+
 pub(crate) struct CubeclBackend<R: Runtime> {
     client: ComputeClient<R>,
     info: DeviceInfo,
@@ -383,10 +386,12 @@ impl<R: Runtime> Backend for CubeclBackend<R> {
     /// CubeCL's profiler (CUDA events) on CUDA; the host clock on wgpu adapters, whose timestamp
     /// queries undercount SPIR-V cooperative-matrix kernels on NVIDIA's Vulkan driver 2.5× (a
     /// device-bound launch loop took 13 ms per launch where the timestamps said 5.2;
-    /// BENCHMARKS.md, runs `t` and `u`). For the WGSL kernels the two agree within 2%.
+    /// BENCHMARKS.md, runs `t` and `u`). For the WGSL kernels the two agree within 2%. Each
+    /// wgpu sample is a batch of [`WGPU_TIMING_BATCH`] executions per synchronization: one
+    /// wgpu synchronization per launch added up to 6 ms to a 13 ms launch there (run `w`).
     fn time(&self, plan: &Plan, data: &mut ResidentData, warmup: usize, iters: usize) -> Result<Vec<f64>> {
         if matches!(self.info.device, Device::Wgpu(_) | Device::WgpuSpirv(_)) {
-            return super::host_time(self, plan, data, warmup, iters);
+            return super::host_time(self, plan, data, warmup, iters, WGPU_TIMING_BATCH);
         }
         for _ in 0..warmup {
             self.execute(plan, data)?;
