@@ -465,6 +465,60 @@ __device__ __forceinline__ void cta_named_arrive(int id, int count) {
 }
 #endif
 
+// ---- query-block bookkeeping and the O epilogue of the wgmma kernels -------------------------
+
+// The KV tiles a query block of BM rows starting at m0 visits, with BN keys per tile: n_tiles,
+// processed last tile first (j = 0 is tile n_tiles - 1), the first n_masked of them (in
+// processing order) masked (bottom-right causal alignment; tiles past the diagonal skipped).
+// P: a kernel parameter block with q_len, kv_len and causal.
+struct CtaTiles {
+    int n_tiles;
+    int n_masked;
+};
+template <int BM, int BN, class P>
+__device__ __forceinline__ CtaTiles cta_tiles(const P& p, int m0) {
+    const int offset = p.kv_len - p.q_len;
+    int n_end = p.kv_len;
+    int full_end = p.kv_len / BN;
+    if (p.causal) {
+        n_end = min(n_end, m0 + BM + offset);
+        const int first_row_sees = m0 + offset + 1;
+        full_end = min(full_end, first_row_sees >= 0 ? first_row_sees / BN : 0);
+    }
+    CtaTiles t;
+    t.n_tiles = n_end > 0 ? (n_end + BN - 1) / BN : 0;
+    t.n_masked = t.n_tiles - min(max(full_end, 0), t.n_tiles);
+    return t;
+}
+
+// Stores a staged f16 O block of BM rows x D (128B-swizzle column blocks at `stage`, as the
+// wgmma kernels stage it) to global memory with 16-byte coalesced stores, by the `tid`-th of
+// THREADS threads. P: a kernel parameter block with o, o_batch_stride, o_head_stride,
+// o_seq_stride and q_len; grid y = head, z = batch.
+template <int BM, int D, int THREADS, class P>
+__device__ __forceinline__ void cta_store_o(const P& p, u32 stage, int m0, int tid) {
+    int head, batch;   // volatile reads, as the kernels' cta_head / cta_batch: not kept live
+    asm volatile("mov.u32 %0, %%ctaid.y;" : "=r"(head));
+    asm volatile("mov.u32 %0, %%ctaid.z;" : "=r"(batch));
+    unsigned short* o_head = reinterpret_cast<unsigned short*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride;
+    constexpr int CHUNKS = D / 8;
+#pragma unroll
+    for (int k = 0; k < BM * CHUNKS / THREADS; ++k) {
+        const int idx = tid + THREADS * k;
+        const int r = idx / CHUNKS;
+        const int chunk = idx % CHUNKS;
+        u32 x, y, z, w;
+        asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(x), "=r"(y), "=r"(z), "=r"(w)
+                     : "r"(stage + (u32)((chunk >> 3) * BM * 128) + tile_swizzle<128>(r, chunk & 7)));
+        if (m0 + r < p.q_len) {
+            unsigned short* dst = o_head + (i64)(m0 + r) * p.o_seq_stride + chunk * 8;
+            asm volatile("st.global.v4.b32 [%0], {%1,%2,%3,%4};\n"
+                         :: "l"(dst), "r"(x), "r"(y), "r"(z), "r"(w) : "memory");
+        }
+    }
+}
+
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 // ---- the mbarriers of a warp-specialized K/V pipeline -----------------------------------------
 // 8 bytes each at `base` (8-byte aligned): Q full, then per stage s K full, V full, K empty,

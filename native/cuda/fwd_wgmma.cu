@@ -303,27 +303,6 @@ __device__ __forceinline__ void wg_softmax_tile(float (&s)[cfg::S_REGS], float (
 
 // ---- pieces shared by both kernels -----------------------------------------------------------
 
-// The KV tiles a query block visits: n_tiles, processed last tile first (j = 0 is tile
-// n_tiles - 1), the first n_masked of them (in processing order) masked.
-struct CtaTiles {
-    int n_tiles;
-    int n_masked;
-};
-__device__ __forceinline__ CtaTiles cta_tiles(const FwdParams& p, int m0) {
-    const int offset = p.kv_len - p.q_len;       // bottom-right causal alignment
-    int n_end = p.kv_len;
-    int full_end = p.kv_len / cfg::BN;
-    if (p.causal) {
-        n_end = min(n_end, m0 + cfg::BM + offset);
-        const int first_row_sees = m0 + offset + 1;
-        full_end = min(full_end, first_row_sees >= 0 ? first_row_sees / cfg::BN : 0);
-    }
-    CtaTiles t;
-    t.n_tiles = n_end > 0 ? (n_end + cfg::BN - 1) / cfg::BN : 0;
-    t.n_masked = t.n_tiles - min(max(full_end, 0), t.n_tiles);
-    return t;
-}
-
 // Normalises this lane's rows, writes their LSE and stages O (f16) into the warpgroup's own
 // rows of the Q tile at `q_smem` (same swizzled layout). The caller makes sure every wgmma of
 // this warpgroup completed (the other warpgroup never reads these rows), and synchronizes the
@@ -352,29 +331,6 @@ __device__ __forceinline__ void thread_finish_rows(const FwdParams& p, const flo
         }
 }
 
-// The staged O block to global memory: 16-byte coalesced stores by the `tid`-th of the CTA's
-// cfg::THREADS consumer threads.
-__device__ __forceinline__ void cta_store_o(const FwdParams& p, u32 q_smem, int m0, int tid) {
-    unsigned short* o_head = reinterpret_cast<unsigned short*>(p.o) + cta_batch() * p.o_batch_stride +
-                             cta_head() * p.o_head_stride;
-    constexpr int CHUNKS = cfg::D / 8;
-#pragma unroll
-    for (int k = 0; k < cfg::BM * CHUNKS / cfg::THREADS; ++k) {
-        const int idx = tid + cfg::THREADS * k;
-        const int r = idx / CHUNKS;
-        const int chunk = idx % CHUNKS;
-        u32 x, y, z, w;
-        asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n"
-                     : "=r"(x), "=r"(y), "=r"(z), "=r"(w)
-                     : "r"(q_smem + (u32)((chunk >> 3) * cfg::BM * 128) + tile_swizzle<128>(r, chunk & 7)));
-        if (m0 + r < p.q_len) {
-            unsigned short* dst = o_head + (i64)(m0 + r) * p.o_seq_stride + chunk * 8;
-            asm volatile("st.global.v4.b32 [%0], {%1,%2,%3,%4};\n"
-                         :: "l"(dst), "r"(x), "r"(y), "r"(z), "r"(w) : "memory");
-        }
-    }
-}
-
 #if !WS
 // ---- the kernel ----------------------------------------------------------------------------
 
@@ -394,7 +350,7 @@ extern "C" __global__ void __launch_bounds__(cfg::THREADS, 1) fwd_wgmma(const Fw
     const int head = blockIdx.y;
     const int batch = blockIdx.z;
     const int m0 = m_block * cfg::BM;
-    const CtaTiles tiles = cta_tiles(p, m0);
+    const CtaTiles tiles = cta_tiles<cfg::BM, cfg::BN>(p, m0);
     const int n_tiles = tiles.n_tiles;
     const int n_masked = tiles.n_masked;
 
@@ -472,7 +428,7 @@ extern "C" __global__ void __launch_bounds__(cfg::THREADS, 1) fwd_wgmma(const Fw
     // warpgroup never reads these rows: the Q rows are free for O.
     thread_finish_rows(p, o, st, q_smem, local_row0, row0, lane);
     __syncthreads();
-    cta_store_o(p, q_smem, m0, tid);
+    cta_store_o<cfg::BM, cfg::D, cfg::THREADS>(p, q_smem, m0, tid);
 }
 #else
 // ---- the kernel: a TMA producer warpgroup and two ping-ponging consumer warpgroups -----------
@@ -611,7 +567,7 @@ fwd_wgmma(const FwdParams p, const __grid_constant__ TmaMaps maps) {
     const int tid = threadIdx.x;
     const int wg = tid >> 7;
     const int m0 = (gridDim.x - 1 - blockIdx.x) * cfg::BM;
-    const CtaTiles tiles = cta_tiles(p, m0);
+    const CtaTiles tiles = cta_tiles<cfg::BM, cfg::BN>(p, m0);
 
     if (tid == 0) sm.bars.init(ws::STAGES, ws::EMPTY_ARRIVALS);
     __syncthreads();
@@ -649,7 +605,7 @@ fwd_wgmma(const FwdParams p, const __grid_constant__ TmaMaps maps) {
         // Epilogue: this warpgroup's wgmmas are done and the other never reads its Q rows.
         thread_finish_rows(p, c.o, c.st, sm.q, local_row0, row0, c.lane);
         cta_named_sync(ws::BAR_EPILOGUE, cfg::THREADS);
-        cta_store_o(p, sm.q, m0, ctid);
+        cta_store_o<cfg::BM, cfg::D, cfg::THREADS>(p, sm.q, m0, ctid);
     }
 }
 #endif

@@ -318,27 +318,6 @@ __device__ __forceinline__ void wg_softmax_tile(const int (&s)[cfg::S_REGS], flo
 
 // ---- pieces shared by both kernels -----------------------------------------------------------
 
-// The KV tiles a query block visits: n_tiles in all, processed last tile first (j = 0 is tile
-// n_tiles - 1), the first n_masked of them (in processing order) masked.
-struct CtaTiles {
-    int n_tiles;
-    int n_masked;
-};
-__device__ __forceinline__ CtaTiles cta_tiles(const Int8FwdParams& p, int m0) {
-    const int offset = p.kv_len - p.q_len;       // bottom-right causal alignment
-    int n_end = p.kv_len;
-    int full_end = p.kv_len / cfg::BN;
-    if (p.causal) {
-        n_end = min(n_end, m0 + cfg::BM + offset);
-        const int first_row_sees = m0 + offset + 1;
-        full_end = min(full_end, first_row_sees >= 0 ? first_row_sees / cfg::BN : 0);
-    }
-    CtaTiles t;
-    t.n_tiles = n_end > 0 ? (n_end + cfg::BN - 1) / cfg::BN : 0;
-    t.n_masked = t.n_tiles - min(max(full_end, 0), t.n_tiles);
-    return t;
-}
-
 // Normalises this lane's rows, writes their LSE (+ shift) and stages O (f16) in fwd_wgmma.cu's
 // 128B-swizzle column blocks at `stage` (BM * D * 2 bytes). The caller synchronizes the
 // consumer threads before (nobody still reads the region) and after (before cta_store_o).
@@ -372,29 +351,6 @@ __device__ __forceinline__ void thread_finish_rows(const Int8FwdParams& p, const
         }
 }
 
-// The staged O block to global memory: 16-byte coalesced stores by the `tid`-th of the CTA's
-// cfg::THREADS consumer threads.
-__device__ __forceinline__ void cta_store_o(const Int8FwdParams& p, u32 stage, int m0, int tid) {
-    unsigned short* o_head = reinterpret_cast<unsigned short*>(p.o) + cta_batch() * p.o_batch_stride +
-                             cta_head() * p.o_head_stride;
-    constexpr int CHUNKS = cfg::D / 8;
-#pragma unroll
-    for (int k = 0; k < cfg::BM * CHUNKS / cfg::THREADS; ++k) {
-        const int idx = tid + cfg::THREADS * k;
-        const int r = idx / CHUNKS;
-        const int chunk = idx % CHUNKS;
-        u32 x, y, z, w;
-        asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n"
-                     : "=r"(x), "=r"(y), "=r"(z), "=r"(w)
-                     : "r"(stage + (u32)((chunk >> 3) * cfg::BM * 128) + tile_swizzle<128>(r, chunk & 7)));
-        if (m0 + r < p.q_len) {
-            unsigned short* dst = o_head + (i64)(m0 + r) * p.o_seq_stride + chunk * 8;
-            asm volatile("st.global.v4.b32 [%0], {%1,%2,%3,%4};\n"
-                         :: "l"(dst), "r"(x), "r"(y), "r"(z), "r"(w) : "memory");
-        }
-    }
-}
-
 #if !WS
 // ---- the kernel: every thread loads (cp.async), both warpgroups in lockstep -------------------
 
@@ -414,7 +370,7 @@ extern "C" __global__ void __launch_bounds__(cfg::THREADS, 1) fwd_wgmma_int8(con
     const int head = blockIdx.y;
     const int batch = blockIdx.z;
     const int m0 = m_block * cfg::BM;
-    const CtaTiles tiles = cta_tiles(p, m0);
+    const CtaTiles tiles = cta_tiles<cfg::BM, cfg::BN>(p, m0);
     const int n_tiles = tiles.n_tiles;
     const int n_masked = tiles.n_masked;
 
@@ -495,7 +451,7 @@ extern "C" __global__ void __launch_bounds__(cfg::THREADS, 1) fwd_wgmma_int8(con
     // Epilogue. No barrier needed before overwriting Q and K (see the header).
     thread_finish_rows(p, o, st, smem, local_row0, row0, lane);
     __syncthreads();
-    cta_store_o(p, smem, m0, tid);
+    cta_store_o<cfg::BM, cfg::D, cfg::THREADS>(p, smem, m0, tid);
 }
 
 #else
@@ -651,7 +607,7 @@ fwd_wgmma_int8(const Int8FwdParams p, const __grid_constant__ Int8TmaMaps maps) 
     const int tid = threadIdx.x;
     const int wg = tid >> 7;
     const int m0 = (gridDim.x - 1 - blockIdx.x) * cfg::BM;
-    const CtaTiles tiles = cta_tiles(p, m0);
+    const CtaTiles tiles = cta_tiles<cfg::BM, cfg::BN>(p, m0);
 
     if (tid == 0) sm.bars.init(ws::STAGES, ws::EMPTY_ARRIVALS);
     __syncthreads();
@@ -693,7 +649,7 @@ fwd_wgmma_int8(const Int8FwdParams p, const __grid_constant__ Int8TmaMaps maps) 
         cta_named_sync(ws::BAR_EPILOGUE, ws::CONSUMERS);
         thread_finish_rows(p, c.o, c.st, sm.q, local_row0, row0, c.lane);
         cta_named_sync(ws::BAR_EPILOGUE, ws::CONSUMERS);
-        cta_store_o(p, sm.q, m0, ctid);
+        cta_store_o<cfg::BM, cfg::D, cfg::THREADS>(p, sm.q, m0, ctid);
     }
 }
 #endif
