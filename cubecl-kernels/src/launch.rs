@@ -953,6 +953,70 @@ fn load_vector_width(args: &AttentionArgs, elem: ElemType) -> usize {
     width as usize
 }
 
+/// The end of a matrix-unit launch (cmma, mma), after the tiling and the config: the launch
+/// record (returned without launching on an empty grid), then Q, K, V bound as `vec`-wide
+/// vectors, O and LSE as elements, and the kernel launched for the element type (f16 / bf16;
+/// f32 inputs are refused). The kernel guards every global index by q_len / kv_len.
+macro_rules! launch_matrix_kernel {
+    ($kernel_fn:ident, $name:literal, $variant:expr, $client:expr, $args:expr, $elem:expr, $options:expr,
+     $units:expr, $smem:expr, $cube_count:expr, $vec:expr, $cfg:expr, $kernel:expr,
+     $q:expr, $k:expr, $v:expr, $o:expr, $lse:expr) => {{
+        let (client, args, vec, cube_count) = ($client, $args, $vec, $cube_count);
+        let info = LaunchInfo {
+            kernel: $kernel,
+            variant: $variant,
+            cube_count,
+            units_per_cube: $units,
+            shared_memory_bytes: $smem,
+            lazy_rescale: $options.lazy_rescale,
+            plane_reduce: true,
+            launched: cube_count.0 > 0 && cube_count.1 > 0 && cube_count.2 > 0,
+        };
+        if !info.launched {
+            return Ok(info);
+        }
+        log::debug!("launching {} {:?} for {:?}", info.kernel, $cfg, args);
+        let extents = args.extents();
+        let vectors = |handle: &Handle, elems: u64| {
+            // SAFETY: `check_buffers` proved the handle covers `elems` elements; the kernel reads
+            // whole vectors inside rows, and every row start is a multiple of `vec`.
+            unsafe { ArrayArg::from_raw_parts(handle.clone(), (elems as usize).div_ceil(vec).max(1)) }
+        };
+        let (lse_handle, lse_elems) = lse_binding(client, args, $lse);
+        let count = CubeCount::Static(cube_count.0, cube_count.1, cube_count.2);
+        let dim = CubeDim::new_1d($units);
+        macro_rules! go {
+            ($e:ty) => {
+                // SAFETY: every buffer was checked against the extents above, and the kernel
+                // guards its global indices by q_len / kv_len.
+                unsafe {
+                    $kernel_fn::launch_unchecked::<$e, _>(
+                        client,
+                        count,
+                        dim,
+                        vec,
+                        vectors($q, extents[0].1),
+                        vectors($k, extents[1].1),
+                        vectors($v, extents[2].1),
+                        ArrayArg::from_raw_parts($o.clone(), extents[3].1.max(1) as usize),
+                        ArrayArg::from_raw_parts(lse_handle, lse_elems as usize),
+                        shape_arg(args),
+                        $cfg,
+                    )
+                }
+            };
+        }
+        match $elem {
+            ElemType::F16 => go!(f16),
+            ElemType::Bf16 => go!(bf16),
+            ElemType::F32 => {
+                return Err(LaunchError::VariantUnavailable { variant: $name, reason: "f32 inputs".into() })
+            }
+        }
+        Ok(info)
+    }};
+}
+
 #[allow(clippy::too_many_arguments)]
 fn launch_cmma<R: Runtime>(
     client: &ComputeClient<R>,
@@ -1003,61 +1067,7 @@ fn launch_cmma<R: Runtime>(
     };
     debug_assert!(cfg.buffers_aligned(bytes as usize));
     debug_assert_eq!(cfg.smem_bytes(bytes as usize), smem, "tiling formula vs kernel buffers");
-    let info = LaunchInfo {
-        kernel,
-        variant: Variant::Cmma,
-        cube_count,
-        units_per_cube: tiles.units(),
-        shared_memory_bytes: smem,
-        lazy_rescale: options.lazy_rescale,
-        plane_reduce: true,
-        launched: cube_count.0 > 0 && cube_count.1 > 0 && cube_count.2 > 0,
-    };
-    if !info.launched {
-        return Ok(info);
-    }
-    log::debug!("launching {} {:?} for {:?}", info.kernel, cfg, args);
-
-    let extents = args.extents();
-    let vectors = |handle: &Handle, elems: u64| {
-        // SAFETY: `check_buffers` proved the handle covers `elems` elements; the kernel reads
-        // whole vectors inside rows, and every row start is a multiple of `vec`.
-        unsafe { ArrayArg::from_raw_parts(handle.clone(), (elems as usize).div_ceil(vec).max(1)) }
-    };
-    let (lse_handle, lse_elems) = lse_binding(client, args, lse);
-    let count = CubeCount::Static(cube_count.0, cube_count.1, cube_count.2);
-    let dim = CubeDim::new_1d(tiles.units());
-    macro_rules! go {
-        ($e:ty) => {
-            // SAFETY: as for the FMA kernel; all indices are guarded by q_len/kv_len.
-            unsafe {
-                fwd_cmma::launch_unchecked::<$e, R>(
-                    client,
-                    count,
-                    dim,
-                    vec,
-                    vectors(q, extents[0].1),
-                    vectors(k, extents[1].1),
-                    vectors(v, extents[2].1),
-                    ArrayArg::from_raw_parts(o.clone(), extents[3].1.max(1) as usize),
-                    ArrayArg::from_raw_parts(lse_handle, lse_elems as usize),
-                    shape_arg(args),
-                    cfg,
-                )
-            }
-        };
-    }
-    match elem {
-        ElemType::F16 => go!(f16),
-        ElemType::Bf16 => go!(bf16),
-        ElemType::F32 => {
-            return Err(LaunchError::VariantUnavailable {
-                variant: "cmma",
-                reason: "f32 inputs".into(),
-            })
-        }
-    }
-    Ok(info)
+    launch_matrix_kernel!(fwd_cmma, "cmma", Variant::Cmma, client, args, elem, options, tiles.units(), smem, cube_count, vec, cfg, kernel, q, k, v, o, lse)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -1117,62 +1127,7 @@ fn launch_mma<R: Runtime>(
         lazy_rescale: options.lazy_rescale,
     };
     debug_assert_eq!(cfg.smem_bytes(bytes as usize), smem, "tiling formula vs kernel buffers");
-    let info = LaunchInfo {
-        kernel,
-        variant: Variant::Mma,
-        cube_count,
-        units_per_cube: tiles.units(),
-        shared_memory_bytes: smem,
-        lazy_rescale: options.lazy_rescale,
-        plane_reduce: true,
-        launched: cube_count.0 > 0 && cube_count.1 > 0 && cube_count.2 > 0,
-    };
-    if !info.launched {
-        return Ok(info);
-    }
-    log::debug!("launching {} {:?} for {:?}", info.kernel, cfg, args);
-
-    let extents = args.extents();
-    let vectors = |handle: &Handle, elems: u64| {
-        // SAFETY: `check_buffers` proved the handle covers `elems` elements; the kernel reads
-        // whole vectors inside rows, and every row start is a multiple of `vec`.
-        unsafe { ArrayArg::from_raw_parts(handle.clone(), (elems as usize).div_ceil(vec).max(1)) }
-    };
-    let (lse_handle, lse_elems) = lse_binding(client, args, lse);
-    let count = CubeCount::Static(cube_count.0, cube_count.1, cube_count.2);
-    let dim = CubeDim::new_1d(tiles.units());
-    macro_rules! go {
-        ($e:ty) => {
-            // SAFETY: as for the cmma kernel; global loads are guarded by q_len/kv_len, and
-            // stores by q_len.
-            unsafe {
-                fwd_mma::launch_unchecked::<$e, R>(
-                    client,
-                    count,
-                    dim,
-                    vec,
-                    vectors(q, extents[0].1),
-                    vectors(k, extents[1].1),
-                    vectors(v, extents[2].1),
-                    ArrayArg::from_raw_parts(o.clone(), extents[3].1.max(1) as usize),
-                    ArrayArg::from_raw_parts(lse_handle, lse_elems as usize),
-                    shape_arg(args),
-                    cfg,
-                )
-            }
-        };
-    }
-    match elem {
-        ElemType::F16 => go!(f16),
-        ElemType::Bf16 => go!(bf16),
-        ElemType::F32 => {
-            return Err(LaunchError::VariantUnavailable {
-                variant: "mma",
-                reason: "f32 inputs".into(),
-            })
-        }
-    }
-    Ok(info)
+    launch_matrix_kernel!(fwd_mma, "mma", Variant::Mma, client, args, elem, options, tiles.units(), smem, cube_count, vec, cfg, kernel, q, k, v, o, lse)
 }
 
 fn elem_name(elem: ElemType) -> &'static str {
