@@ -118,7 +118,7 @@ impl TmaSpec {
 }
 
 #[cfg(feature = "cuda")]
-pub(crate) use launch::TmaMaps3;
+pub(crate) use launch::TmaMapCache;
 
 #[cfg(feature = "cuda")]
 mod launch {
@@ -130,7 +130,7 @@ mod launch {
     /// Three encoded maps (Q, K, V) in one kernel parameter: the C layout of `struct { TmaMap q, k, v; }`
     /// of the kernels (128-byte maps, 128-byte aligned as CUDA 13 declares `CUtensorMap`).
     #[repr(C)]
-    #[derive(Clone, Copy)]
+    #[derive(Clone, Copy, Debug)]
     pub(crate) struct TmaMaps3 {
         q: sys::CUtensorMap,
         k: sys::CUtensorMap,
@@ -180,5 +180,24 @@ mod launch {
         r.result()?;
         // SAFETY: the driver filled the map (the call succeeded).
         Ok(unsafe { map.assume_init() })
+    }
+
+    /// The maps of the last launch of one kernel: a launch with the same specs (the same
+    /// buffers and shapes, as in a benchmark or a training loop) skips the three driver encodes.
+    #[derive(Debug, Default)]
+    pub(crate) struct TmaMapCache(std::sync::Mutex<Option<([TmaSpec; 3], TmaMaps3)>>);
+
+    impl TmaMapCache {
+        pub(crate) fn maps(&self, specs: &[TmaSpec; 3]) -> Result<TmaMaps3> {
+            let mut last = self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            if let Some((s, maps)) = last.as_ref() {
+                if s == specs {
+                    return Ok(*maps);
+                }
+            }
+            let maps = TmaMaps3::encode(specs)?;
+            *last = Some((*specs, maps));
+            Ok(maps)
+        }
     }
 }

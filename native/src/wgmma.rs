@@ -309,7 +309,7 @@ mod launch {
 
     use super::*;
     use crate::cache::{CompiledKernel, KernelCache};
-    use crate::tma::TmaMaps3;
+    use crate::tma::TmaMapCache;
 
     /// One wgmma variant loaded into a CUDA context (compute capability 9.0 only).
     #[derive(Debug)]
@@ -317,6 +317,8 @@ mod launch {
         config: WgmmaConfig,
         function: CudaFunction,
         compiled: Arc<CompiledKernel>,
+        /// The TMA kernel's tensor maps of the last launch.
+        maps: TmaMapCache,
     }
 
     impl WgmmaKernel {
@@ -330,7 +332,7 @@ mod launch {
             config.validate()?;
             let arch = crate::device::target_arch(ctx, KERNEL, Arch::Sm90a, WgmmaConfig::target_for)?;
             let (function, compiled) = crate::device::load_function(ctx, cache, &config.request(arch)?, config.smem_bytes()?)?;
-            Ok(WgmmaKernel { config, function, compiled })
+            Ok(WgmmaKernel { config, function, compiled, maps: TmaMapCache::default() })
         }
 
         pub fn config(&self) -> &WgmmaConfig {
@@ -400,7 +402,7 @@ mod launch {
             let shape = self.config.launch_shape(args)?;
             let params = args.params(ptrs);
             let maps = match self.config.tma_specs(args, ptrs)? {
-                Some(specs) => Some(TmaMaps3::encode(&specs)?),
+                Some(specs) => Some(self.maps.maps(&specs)?),
                 None => None,
             };
             let cfg = LaunchConfig { grid_dim: shape.grid, block_dim: shape.block, shared_mem_bytes: shape.smem_bytes };

@@ -266,7 +266,7 @@ mod launch {
     use super::*;
     use crate::cache::{CompiledKernel, KernelCache};
     use crate::int8::{check_lens, Int8Buffers, Int8Lens};
-    use crate::tma::TmaMaps3;
+    use crate::tma::TmaMapCache;
 
     /// One INT8 wgmma variant loaded into a CUDA context (compute capability 9.0 only).
     #[derive(Debug)]
@@ -274,6 +274,8 @@ mod launch {
         config: Int8WgmmaConfig,
         function: CudaFunction,
         compiled: Arc<CompiledKernel>,
+        /// The TMA kernel's tensor maps of the last launch.
+        maps: TmaMapCache,
     }
 
     impl Int8WgmmaKernel {
@@ -287,7 +289,7 @@ mod launch {
             config.validate()?;
             let arch = crate::device::target_arch(ctx, KERNEL, Arch::Sm90a, Int8WgmmaConfig::target_for)?;
             let (function, compiled) = crate::device::load_function(ctx, cache, &config.request(arch)?, config.smem_bytes()?)?;
-            Ok(Int8WgmmaKernel { config, function, compiled })
+            Ok(Int8WgmmaKernel { config, function, compiled, maps: TmaMapCache::default() })
         }
 
         pub fn config(&self) -> &Int8WgmmaConfig {
@@ -366,7 +368,7 @@ mod launch {
             let shape = self.config.launch_shape(args)?;
             let params = self.config.params(args, ptrs);
             let maps = match self.config.tma_specs(args, ptrs)? {
-                Some(specs) => Some(TmaMaps3::encode(&specs)?),
+                Some(specs) => Some(self.maps.maps(&specs)?),
                 None => None,
             };
             let cfg = LaunchConfig { grid_dim: shape.grid, block_dim: shape.block, shared_mem_bytes: shape.smem_bytes };
