@@ -19,7 +19,36 @@ fn cases() -> Vec<(&'static [&'static str], AttentionProblem, Precision)> {
         (&["fwd_portable_f16_d64_causal"], AttentionProblem::new(1, 2, 40, 64).causal(true).with_lse(true), Precision::F16_DEFAULT),
         (&["fwd_portable_f16_d128"], AttentionProblem::new(1, 2, 40, 128).with_lse(true), Precision::F16_DEFAULT),
         (
-            &["quant_int8_k_mean_partial_f16_d64", "quant_int8_k_mean_finish_d64", "quant_int8_k_smoothed_f16_d64", "quant_int8_q_block_shift_f16_d64", "fwd_portable_int8_block_d64"],
+            &["fwd_portable_f32_d64"],
+            AttentionProblem::new(1, 2, 40, 64).with_lse(true),
+            Precision::F32,
+        ),
+        (
+            &["fwd_portable_f16_d64_causal"],
+            AttentionProblem::new(1, 2, 40, 64).causal(true).with_lse(true),
+            Precision::F16_DEFAULT,
+        ),
+        (
+            &["fwd_portable_f16_d128"],
+            AttentionProblem::new(1, 2, 40, 128).with_lse(true),
+            Precision::F16_DEFAULT,
+        ),
+        (
+            &["fwd_portable_half_f16_2stage_pv16_d128"],
+            AttentionProblem::new(1, 2, 40, 128).with_lse(true),
+            Precision::F16 {
+                qk: quattn::QkAccum::TwoStage,
+                pv: quattn::PvAccum::F16PerTile,
+            },
+        ),
+        (
+            &[
+                "quant_int8_k_mean_partial_f16_d64",
+                "quant_int8_k_mean_finish_d64",
+                "quant_int8_k_smoothed_f16_d64",
+                "quant_int8_q_block_shift_f16_d64",
+                "fwd_portable_int8_block_d64",
+            ],
             AttentionProblem::new(1, 2, 40, 64).with_lse(true),
             Precision::INT8_DEFAULT,
         ),

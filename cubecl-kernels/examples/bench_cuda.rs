@@ -19,17 +19,11 @@ use std::time::Instant;
 
 use cubecl::prelude::*;
 use quattn_cubecl::{
-    cmma_candidates, fma_candidates, fma_vec_candidates, launch_with, mma_candidates, AttentionArgs,
-    CmmaTiles, ElemType, LaunchOptions, MmaTiles, Variant,
+    cmma_candidates, fma_candidates, fma_half_candidates, fma_vec_candidates, launch_with, mma_candidates,
+    Accumulation, AttentionArgs, CmmaTiles, ElemType, FmaVecTiles, LaunchOptions, MmaTiles, QkAccumulation, Variant,
 };
 
-struct Opts {
-    seq: u32,
-    iters: usize,
-    dims: Vec<u32>,
-    filter: Option<String>,
-    batch: Option<u32>,
-}
+struct Opts { seq: u32, iters: usize, dims: Vec<u32>, filter: Option<String>, batch: Option<u32> }
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -64,15 +58,68 @@ fn main() {
 }
 
 /// One thing to run: a name and the launch options that pin it.
-struct Candidate {
-    name: String,
-    elem: ElemType,
-    options: LaunchOptions,
+struct Candidate { name: String, elem: ElemType, options: LaunchOptions }
+
+impl Candidate {
+    /// rel-L2 bound of the small correctness check: the element type's, or the f16-accumulating
+    /// mode's (`Tolerance::for_precision` in the facade).
+    fn tolerance(&self) -> f64 {
+        let acc = self.options.accumulation;
+        match (self.elem, acc.qk) {
+            (ElemType::F32, _) => 1e-5,
+            (ElemType::F16, QkAccumulation::F16) => 1e-2,
+            (ElemType::F16, _) if !acc.is_f32() => 4e-3,
+            (ElemType::F16, _) => 2e-3,
+            (ElemType::Bf16, _) => 1.6e-2,
+        }
+    }
 }
 
 fn candidates<R: Runtime>(client: &ComputeClient<R>, d: u32) -> Vec<Candidate> {
     let base = LaunchOptions::default();
     let mut out = vec![Candidate { name: "auto".into(), elem: ElemType::F16, options: base }];
+    // The packed-f16 kernel: every f16-accumulating mode on the table's first tile, and the
+    // fastest mode (two-stage Q·Kᵀ, per-tile P·V) on every tile of the table plus a few more
+    // (refused with a typed error where they do not fit).
+    let two_stage = QkAccumulation::TwoStage { chunk: 32 };
+    for (tag, qk, pv_f16) in [
+        ("2s_pv16", two_stage, true),
+        ("qk16_pv16", QkAccumulation::F16, true),
+        ("2s", two_stage, false),
+        ("qk16", QkAccumulation::F16, false),
+        ("pv16", QkAccumulation::F32, true),
+    ] {
+        let mut tiles: Vec<FmaVecTiles> = fma_half_candidates(d).to_vec();
+        if tag == "2s_pv16" {
+            let t = |bq, bk, tr, tc| FmaVecTiles { bq, bk, tr, tc, stage_f32: false };
+            for extra in [
+                t(64, 64, 16, 8),
+                t(64, 32, 16, 8),
+                t(32, 64, 4, 16),
+                t(64, 64, 8, 8),
+                t(128, 64, 16, 8),
+                t(128, 32, 16, 8),
+            ] {
+                if !tiles.contains(&extra) {
+                    tiles.push(extra);
+                }
+            }
+        } else {
+            tiles.truncate(1);
+        }
+        for t in tiles {
+            out.push(Candidate {
+                name: format!("half_{tag}_{t}"),
+                elem: ElemType::F16,
+                options: LaunchOptions {
+                    variant: Variant::PortableFma,
+                    fma_vec_tiles: Some(t),
+                    accumulation: Accumulation { qk, pv_f16 },
+                    ..base
+                },
+            });
+        }
+    }
     // The mma table (every entry is spill-free offline), plus tilings the table leaves out:
     // they are refused with a typed error when their fragments exceed the register budget.
     let mut mma: Vec<MmaTiles> = mma_candidates(d).to_vec();
@@ -195,12 +242,7 @@ fn bench<R: Runtime>(client: &ComputeClient<R>, opts: &Opts) {
             for causal in [false, true] {
                 match check_small(client, d, causal, cand.elem, &cand.options) {
                     Ok((err, kernel)) => {
-                        let tol = match cand.elem {
-                            ElemType::F32 => 1e-5,
-                            ElemType::F16 => 2e-3,
-                            ElemType::Bf16 => 1.6e-2,
-                        };
-                        ok &= err < tol;
+                        ok &= err < cand.tolerance();
                         if check.is_empty() {
                             check = kernel;
                         }

@@ -11,14 +11,15 @@ use crate::error::LaunchError;
 use crate::kernel::cmma::{fwd_cmma, CmmaConfig};
 use crate::kernel::mma::{fwd_mma, MmaFwdConfig};
 use crate::kernel::fma::{fwd_portable_fma, FmaConfig};
+use crate::kernel::fma_half::{fwd_portable_fma_half, HalfConfig};
 use crate::kernel::fma_vec::{fwd_portable_fma_vec, FmaVecConfig};
 use crate::kernel::fma_vec_int8::{fwd_portable_fma_vec_int8, Int8Config, Int8ShapeLaunch};
 use crate::kernel::AttnShapeLaunch;
-use crate::problem::{AttentionArgs, ElemType};
+use crate::problem::{Accumulation, AttentionArgs, ElemType, QkAccumulation};
 use crate::quant::{check_quant_args, Int8Blocking, Int8Operands, Int8Quant};
 use crate::tiling::{
-    select_cmma_tiles, select_fma_tiles, select_fma_vec_tiles, select_mma_tiles, CmmaTiles, FmaTiles,
-    FmaVecTiles, MmaTiles,
+    select_cmma_tiles, select_fma_half_tiles, select_fma_tiles, select_fma_vec_tiles, select_mma_tiles, CmmaTiles,
+    FmaTiles, FmaVecTiles, MmaTiles,
 };
 
 /// Which kernel to run.
@@ -70,6 +71,9 @@ pub struct LaunchOptions {
     pub lazy_rescale: bool,
     /// Allow plane (subgroup) shuffles for the row reductions when the runtime reports them.
     pub allow_plane_ops: bool,
+    /// Where to accumulate in f16 (default: nowhere). Anything else runs the packed-f16 FMA
+    /// kernel, on f16 inputs; the matrix-unit families refuse it.
+    pub accumulation: Accumulation,
 }
 
 impl Default for LaunchOptions {
@@ -82,6 +86,7 @@ impl Default for LaunchOptions {
             mma_tiles: None,
             lazy_rescale: true,
             allow_plane_ops: true,
+            accumulation: Accumulation::default(),
         }
     }
 }
@@ -137,22 +142,20 @@ pub fn launch_with<R: Runtime>(
     check_elem_supported(client, elem)?;
     check_buffers(args, elem, q, k, v, o, lse)?;
 
+    if !options.accumulation.is_f32() {
+        let tiles = half_tiles(client, args, elem, options)?;
+        return launch_fma_half(client, args, options, tiles, q, k, v, o, lse);
+    }
     match options.variant {
         Variant::PortableFmaScalar => launch_fma(client, args, elem, options, q, k, v, o, lse),
         Variant::PortableFma => launch_fma_any(client, args, elem, options, q, k, v, o, lse),
         Variant::Cmma => match cmma_unavailable(client, args, elem, options) {
             None => launch_cmma(client, args, elem, options, q, k, v, o, lse),
-            Some(reason) => Err(LaunchError::VariantUnavailable {
-                variant: "cmma",
-                reason,
-            }),
+            Some(reason) => Err(LaunchError::VariantUnavailable { variant: "cmma", reason }),
         },
         Variant::Mma => match mma_unavailable(client, args, elem, options) {
             None => launch_mma(client, args, elem, options, q, k, v, o, lse),
-            Some(reason) => Err(LaunchError::VariantUnavailable {
-                variant: "mma",
-                reason,
-            }),
+            Some(reason) => Err(LaunchError::VariantUnavailable { variant: "mma", reason }),
         },
         Variant::Auto => {
             let (variant, reason) = auto_variant(client, args, elem, options);
@@ -180,6 +183,12 @@ pub fn auto_variant<R: Runtime>(
     elem: ElemType,
     options: &LaunchOptions,
 ) -> (Variant, Option<String>) {
+    if !options.accumulation.is_f32() {
+        return (
+            Variant::PortableFma,
+            Some("f16 accumulation runs on the packed-f16 FMA kernel only".into()),
+        );
+    }
     let Some(no_mma) = mma_unavailable(client, args, elem, options) else {
         return (Variant::Mma, None);
     };
@@ -199,6 +208,9 @@ pub fn variant_unavailable<R: Runtime>(
     elem: ElemType,
     options: &LaunchOptions,
 ) -> Option<String> {
+    if !options.accumulation.is_f32() {
+        return half_tiles(client, args, elem, options).err().map(|e| e.to_string());
+    }
     match options.variant {
         Variant::Mma => mma_unavailable(client, args, elem, options),
         Variant::Cmma => cmma_unavailable(client, args, elem, options),
@@ -308,14 +320,7 @@ fn cmma_unavailable<R: Runtime>(
     }
     let storage = elem.storage();
     let f32_storage = ElemType::F32.storage();
-    let mma = MmaConfig {
-        a_type: storage,
-        b_type: storage,
-        cd_type: f32_storage,
-        m: 16,
-        n: 16,
-        k: 16,
-    };
+    let mma = MmaConfig { a_type: storage, b_type: storage, cd_type: f32_storage, m: 16, n: 16, k: 16 };
     let features = client.features();
     if !features.matmul.cmma.contains(&mma) {
         return Some(format!("runtime `{}` reports no {mma:?}", R::name(client)));
@@ -356,10 +361,7 @@ pub fn check_elem_supported<R: Runtime>(
     if usage.contains(TypeUsage::Conversion) && usage.contains(TypeUsage::Buffer) {
         Ok(())
     } else {
-        Err(LaunchError::UnsupportedElemType {
-            elem,
-            runtime: R::name(client),
-        })
+        Err(LaunchError::UnsupportedElemType { elem, runtime: R::name(client) })
     }
 }
 
@@ -378,12 +380,8 @@ fn check_buffers(
     }
     match (args.write_lse, lse) {
         (true, Some(handle)) => check_extent("lse", args.lse_len(), 4, handle),
-        (true, None) => Err(LaunchError::InvalidProblem {
-            reason: "write_lse is set but no lse buffer was given".into(),
-        }),
-        (false, Some(_)) => Err(LaunchError::InvalidProblem {
-            reason: "an lse buffer was given but write_lse is not set".into(),
-        }),
+        (true, None) => Err(LaunchError::InvalidProblem { reason: "write_lse is set but no lse buffer was given".into() }),
+        (false, Some(_)) => Err(LaunchError::InvalidProblem { reason: "an lse buffer was given but write_lse is not set".into() }),
         (false, None) => Ok(()),
     }
 }
@@ -401,11 +399,7 @@ pub(crate) fn check_extent(
     let available_bytes = handle.size_in_used();
     let required_bytes = elems * elem_bytes;
     if required_bytes > available_bytes {
-        return Err(LaunchError::BufferTooSmall {
-            tensor,
-            required_bytes,
-            available_bytes,
-        });
+        return Err(LaunchError::BufferTooSmall { tensor, required_bytes, available_bytes });
     }
     Ok(())
 }
@@ -482,9 +476,7 @@ pub fn launch_int8<R: Runtime>(
         (true, Some(handle)) => check_extent("lse", args.lse_len(), 4, handle)?,
         (false, None) => {}
         _ => {
-            return Err(LaunchError::InvalidProblem {
-                reason: "an lse buffer must be given exactly when write_lse is set".into(),
-            })
+            return Err(LaunchError::InvalidProblem { reason: "an lse buffer must be given exactly when write_lse is set".into() })
         }
     }
     let shift_lse = quant.smooth_k && args.write_lse;
@@ -492,9 +484,7 @@ pub fn launch_int8<R: Runtime>(
         match &ops.lse_shift {
             Some(h) => check_extent("lse shift", args.lse_len(), 4, h)?,
             None => {
-                return Err(LaunchError::InvalidProblem {
-                    reason: "K was smoothed but the operands hold no LSE shift".into(),
-                })
+                return Err(LaunchError::InvalidProblem { reason: "K was smoothed but the operands hold no LSE shift".into() })
             }
         }
     }
@@ -759,6 +749,157 @@ fn launch_fma_vec<R: Runtime>(
     Ok(info)
 }
 
+/// The packed-f16 FMA kernel's tiling for these arguments and `options.accumulation` (not
+/// f32), or why it cannot run them: f16 inputs, the FMA family (or `Auto`), a two-stage chunk
+/// that divides the head dim, 4-aligned head dims and strides, a tiling that fits. Its `bq` /
+/// `bk` are the query block and KV tile the CPU emulation must follow.
+pub fn half_tiles<R: Runtime>(
+    client: &ComputeClient<R>,
+    args: &AttentionArgs,
+    elem: ElemType,
+    options: &LaunchOptions,
+) -> Result<FmaVecTiles, LaunchError> {
+    let unavailable = |reason: String| LaunchError::VariantUnavailable { variant: "portable_fma_half", reason };
+    if elem != ElemType::F16 {
+        return Err(unavailable(format!("f16 accumulation needs f16 inputs, not {elem:?}")));
+    }
+    if !matches!(options.variant, Variant::Auto | Variant::PortableFma) {
+        return Err(LaunchError::VariantUnavailable {
+            variant: options.variant.name(),
+            reason: "it accumulates in f32 only; f16 accumulation runs on the packed-f16 FMA kernel".into(),
+        });
+    }
+    let (d, dv) = (args.head_dim, args.v_head_dim);
+    if let QkAccumulation::TwoStage { chunk } = options.accumulation.qk {
+        if chunk == 0 || !d.is_multiple_of(chunk) {
+            return Err(LaunchError::InvalidProblem {
+                reason: format!("the two-stage chunk {chunk} does not divide the head dim {d}"),
+            });
+        }
+    }
+    let mut all = vec![d, dv];
+    for strides in [args.q_strides, args.k_strides, args.v_strides, args.o_strides] {
+        all.extend(strides);
+    }
+    if all.iter().any(|x| x % fma_vec_width() != 0) {
+        return Err(unavailable("a head dim or stride is not a multiple of 4".into()));
+    }
+    if args.extents().iter().any(|&(_, elems)| elems < fma_vec_width() as u64) {
+        return Err(unavailable("an empty tensor".into()));
+    }
+    let hw = &client.properties().hardware;
+    let tiles = match options.fma_vec_tiles {
+        Some(t) => {
+            t.validate(d, dv)?;
+            if t.stage_f32 {
+                return Err(LaunchError::InvalidTiles { tiles: t.to_string(), reason: "the packed-f16 kernel stages in f16".into() });
+            }
+            t
+        }
+        None => select_fma_half_tiles(d, dv, hw.max_shared_memory_size, hw.max_units_per_cube)
+            .ok_or_else(|| unavailable("no tiling fits".into()))?,
+    };
+    let smem = tiles.smem_bytes_half(d, dv) as usize;
+    if smem > hw.max_shared_memory_size {
+        return Err(LaunchError::SharedMemoryExceeded {
+            kernel: format!("portable_fma_half_{tiles}"),
+            required: smem,
+            available: hw.max_shared_memory_size,
+        });
+    }
+    if tiles.units() > hw.max_units_per_cube {
+        return Err(LaunchError::TooManyUnits {
+            kernel: format!("portable_fma_half_{tiles}"),
+            required: tiles.units(),
+            available: hw.max_units_per_cube,
+        });
+    }
+    Ok(tiles)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn launch_fma_half<R: Runtime>(
+    client: &ComputeClient<R>,
+    args: &AttentionArgs,
+    options: &LaunchOptions,
+    tiles: FmaVecTiles,
+    q: &Handle,
+    k: &Handle,
+    v: &Handle,
+    o: &Handle,
+    lse: Option<&Handle>,
+) -> Result<LaunchInfo, LaunchError> {
+    let hw = &client.properties().hardware;
+    let (d, dv) = (args.head_dim, args.v_head_dim);
+    let cube_count = (args.q_len.div_ceil(tiles.bq), args.q_heads, args.batch);
+    check_grid(cube_count, hw.max_cube_count)?;
+    let plane_reduce = plane_reduce_ok(client, options, tiles.tc);
+    let acc = options.accumulation;
+    // A stale max lets p reach 2^8: a tile's f16 P·V sum could overflow (see fma_half.rs).
+    let lazy_rescale = options.lazy_rescale && !acc.pv_f16;
+    let cfg = FmaVecConfig {
+        head_dim: d as usize,
+        v_head_dim: dv as usize,
+        bq: tiles.bq as usize,
+        bk: tiles.bk as usize,
+        tr: tiles.tr as usize,
+        tc: tiles.tc as usize,
+        causal: args.causal,
+        write_lse: args.write_lse,
+        lazy_rescale,
+        plane_reduce,
+    };
+    let half = HalfConfig { qk_chunk: acc.qk_chunk(d) as usize, pv_f16: acc.pv_f16 };
+    let dims = if d == dv { format!("d{d}") } else { format!("d{d}v{dv}") };
+    let qk = match acc.qk {
+        QkAccumulation::F32 => String::new(),
+        QkAccumulation::F16 => "_qk16".into(),
+        QkAccumulation::TwoStage { chunk } => format!("_qk2s{chunk}"),
+    };
+    let pv = if acc.pv_f16 { "_pv16" } else { "" };
+    let info = LaunchInfo {
+        kernel: format!("portable_fma_half{qk}{pv}_{dims}_{tiles}"),
+        variant: Variant::PortableFma,
+        cube_count,
+        units_per_cube: tiles.units(),
+        shared_memory_bytes: tiles.smem_bytes_half(d, dv) as usize,
+        lazy_rescale,
+        plane_reduce,
+        launched: cube_count.0 > 0 && cube_count.1 > 0 && cube_count.2 > 0,
+    };
+    if !info.launched {
+        return Ok(info);
+    }
+    log::debug!("launching {} {:?} {:?} for {:?}", info.kernel, cfg, half, args);
+
+    let width = fma_vec_width() as usize;
+    let extents = args.extents();
+    let vectors = |handle: &Handle, elems: u64| {
+        // SAFETY: as in `launch_fma_vec`: `check_buffers` proved the extents, rows are 4-aligned.
+        unsafe { ArrayArg::from_raw_parts(handle.clone(), (elems as usize).div_ceil(width).max(1)) }
+    };
+    let (lse_handle, lse_elems) = lse_binding(client, args, lse);
+    // SAFETY: every global index is guarded by q_len/kv_len, and the buffers were checked to
+    // cover the strided extents.
+    unsafe {
+        fwd_portable_fma_half::launch_unchecked::<f16, R>(
+            client,
+            CubeCount::Static(cube_count.0, cube_count.1, cube_count.2),
+            CubeDim::new_1d(tiles.units()),
+            width,
+            vectors(q, extents[0].1),
+            vectors(k, extents[1].1),
+            vectors(v, extents[2].1),
+            vectors(o, extents[3].1),
+            ArrayArg::from_raw_parts(lse_handle, lse_elems as usize),
+            shape_arg(args),
+            cfg,
+            half,
+        )
+    }
+    Ok(info)
+}
+
 #[allow(clippy::too_many_arguments)]
 fn launch_fma<R: Runtime>(
     client: &ComputeClient<R>,
@@ -797,18 +938,10 @@ fn launch_fma<R: Runtime>(
     let kernel = fma_kernel_name(d, dv, &tiles);
     let smem = tiles.smem_bytes(d, dv, stage_bytes) as usize;
     if smem > hw.max_shared_memory_size {
-        return Err(LaunchError::SharedMemoryExceeded {
-            kernel,
-            required: smem,
-            available: hw.max_shared_memory_size,
-        });
+        return Err(LaunchError::SharedMemoryExceeded { kernel, required: smem, available: hw.max_shared_memory_size });
     }
     if tiles.units() > hw.max_units_per_cube {
-        return Err(LaunchError::TooManyUnits {
-            kernel,
-            required: tiles.units(),
-            available: hw.max_units_per_cube,
-        });
+        return Err(LaunchError::TooManyUnits { kernel, required: tiles.units(), available: hw.max_units_per_cube });
     }
 
     let cube_count = (args.q_len.div_ceil(tiles.bq), args.q_heads, args.batch);
@@ -928,12 +1061,7 @@ fn shape_arg<R: Runtime>(args: &AttentionArgs) -> AttnShapeLaunch<R> {
 /// Checks the grid against the runtime limit.
 pub(crate) fn check_grid(cube_count: (u32, u32, u32), max: (u32, u32, u32)) -> Result<(), LaunchError> {
     if cube_count.0 > max.0 || cube_count.1 > max.1 || cube_count.2 > max.2 {
-        return Err(LaunchError::TooManyCubes {
-            x: cube_count.0,
-            y: cube_count.1,
-            z: cube_count.2,
-            max,
-        });
+        return Err(LaunchError::TooManyCubes { x: cube_count.0, y: cube_count.1, z: cube_count.2, max });
     }
     Ok(())
 }
@@ -1035,21 +1163,14 @@ fn launch_cmma<R: Runtime>(
     let tiles = match options.cmma_tiles {
         Some(t) => t,
         None => select_cmma_tiles(d, dv, bytes, hw.max_shared_memory_size, hw.max_units_per_cube)
-            .ok_or_else(|| LaunchError::VariantUnavailable {
-                variant: "cmma",
-                reason: "no tiling fits".into(),
-            })?,
+            .ok_or_else(|| LaunchError::VariantUnavailable { variant: "cmma", reason: "no tiling fits".into() })?,
     };
     tiles.validate()?;
     let dims = if d == dv { format!("d{d}") } else { format!("d{d}v{dv}") };
     let kernel = format!("cmma_{}_{dims}_bq{}_bk{}", elem_name(elem), tiles.bq(), tiles.bk);
     let smem = tiles.smem_bytes(d, dv, bytes) as usize;
     if smem > hw.max_shared_memory_size {
-        return Err(LaunchError::SharedMemoryExceeded {
-            kernel,
-            required: smem,
-            available: hw.max_shared_memory_size,
-        });
+        return Err(LaunchError::SharedMemoryExceeded { kernel, required: smem, available: hw.max_shared_memory_size });
     }
     let cube_count = (args.q_len.div_ceil(tiles.bq()), args.q_heads, args.batch);
     check_grid(cube_count, hw.max_cube_count)?;
@@ -1088,28 +1209,17 @@ fn launch_mma<R: Runtime>(
     let tiles = match options.mma_tiles {
         Some(t) => t,
         None => select_mma_tiles(d, dv, bytes, hw.max_shared_memory_size, hw.max_units_per_cube)
-            .ok_or_else(|| LaunchError::VariantUnavailable {
-                variant: "mma",
-                reason: "no tiling fits".into(),
-            })?,
+            .ok_or_else(|| LaunchError::VariantUnavailable { variant: "mma", reason: "no tiling fits".into() })?,
     };
     tiles.validate(d, dv)?;
     let dims = if d == dv { format!("d{d}") } else { format!("d{d}v{dv}") };
     let kernel = format!("mma_{}_{dims}_{tiles}", elem_name(elem));
     let smem = tiles.smem_bytes(d, dv, bytes) as usize;
     if smem > hw.max_shared_memory_size {
-        return Err(LaunchError::SharedMemoryExceeded {
-            kernel,
-            required: smem,
-            available: hw.max_shared_memory_size,
-        });
+        return Err(LaunchError::SharedMemoryExceeded { kernel, required: smem, available: hw.max_shared_memory_size });
     }
     if tiles.units() > hw.max_units_per_cube {
-        return Err(LaunchError::TooManyUnits {
-            kernel,
-            required: tiles.units(),
-            available: hw.max_units_per_cube,
-        });
+        return Err(LaunchError::TooManyUnits { kernel, required: tiles.units(), available: hw.max_units_per_cube });
     }
     let cube_count = (args.q_len.div_ceil(tiles.bq()), args.q_heads, args.batch);
     check_grid(cube_count, hw.max_cube_count)?;

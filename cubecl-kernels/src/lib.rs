@@ -100,13 +100,15 @@ mod tiling;
 
 pub use error::LaunchError;
 pub use launch::{
-    auto_variant, check_elem_supported, int8_blocking, launch, launch_int8, launch_with, variant_unavailable,
-    LaunchInfo, LaunchOptions, Variant,
+    auto_variant, check_elem_supported, half_tiles, int8_blocking, launch, launch_int8, launch_with,
+    variant_unavailable, LaunchInfo, LaunchOptions, Variant,
+};
+pub use problem::{
+    bhsd_strides, bshd_strides, Accumulation, AttentionArgs, ElemType, QkAccumulation, SUPPORTED_HEAD_DIMS,
 };
 pub use quant::{q_scale_fold, quantize_int8, Int8Blocking, Int8Granularity, Int8Operands, Int8Quant};
-pub use problem::{bhsd_strides, bshd_strides, AttentionArgs, ElemType, SUPPORTED_HEAD_DIMS};
 pub use tiling::{
-    cmma_candidates, fma_candidates, fma_vec_candidates, mma_candidates, select_cmma_tiles,
-    select_fma_tiles, select_fma_vec_tiles, select_mma_tiles, CmmaTiles, FmaTiles, FmaVecTiles,
+    cmma_candidates, fma_candidates, fma_half_candidates, fma_vec_candidates, mma_candidates, select_cmma_tiles,
+    select_fma_half_tiles, select_fma_tiles, select_fma_vec_tiles, select_mma_tiles, CmmaTiles, FmaTiles, FmaVecTiles,
     MmaTiles, MMA_FRAGMENT_REGISTERS,
 };

@@ -2,7 +2,7 @@
 
 use crate::error::LaunchError;
 
-/// Element type of Q, K, V and O. Accumulation is always f32.
+/// Element type of Q, K, V and O. Accumulation is f32 unless [`Accumulation`] says otherwise.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ElemType {
     F32,
@@ -26,6 +26,45 @@ impl ElemType {
             ElemType::Bf16 => FloatKind::BF16,
         };
         IrElem::Float(kind).into()
+    }
+}
+
+/// How Q·Kᵀ is accumulated (f16 inputs only, except `F32`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum QkAccumulation {
+    /// f32 accumulators: the accurate default.
+    #[default]
+    F32,
+    /// f16 accumulators over the whole head dim.
+    F16,
+    /// f16 accumulation over `chunk` head-dim indices, each chunk's partial added into f32.
+    /// `chunk` must divide the head dim.
+    TwoStage { chunk: u32 },
+}
+
+/// Where a kernel may accumulate in f16 (the facade's `Precision::F16 { qk, pv }` modes); the
+/// default is f32 everywhere. Only the packed-f16 FMA kernel (`fma_half.rs`) accumulates in
+/// f16, so anything but the default needs f16 inputs and the FMA family.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Accumulation {
+    pub qk: QkAccumulation,
+    /// P·V accumulated in f16 within each KV tile, added into the f32 accumulator per tile.
+    pub pv_f16: bool,
+}
+
+impl Accumulation {
+    /// f32 everywhere.
+    pub fn is_f32(&self) -> bool {
+        *self == Accumulation::default()
+    }
+
+    /// The f16 partial-sum span of Q·Kᵀ for a head dim (0: f32 accumulation).
+    pub fn qk_chunk(&self, head_dim: u32) -> u32 {
+        match self.qk {
+            QkAccumulation::F32 => 0,
+            QkAccumulation::F16 => head_dim,
+            QkAccumulation::TwoStage { chunk } => chunk,
+        }
     }
 }
 

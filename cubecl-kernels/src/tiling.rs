@@ -54,10 +54,7 @@ impl FmaTiles {
     /// Divisibility the kernel relies on; `Err` names the broken rule.
     pub fn validate(&self, head_dim: u32, v_head_dim: u32) -> Result<(), LaunchError> {
         let err = |reason: &str| {
-            Err(LaunchError::InvalidTiles {
-                tiles: self.to_string(),
-                reason: reason.to_string(),
-            })
+            Err(LaunchError::InvalidTiles { tiles: self.to_string(), reason: reason.to_string() })
         };
         if self.bq == 0 || self.bk == 0 || self.tr == 0 || self.tc == 0 {
             return err("all tile sizes must be positive");
@@ -180,12 +177,18 @@ impl FmaVecTiles {
             + 4 * (self.bk * (self.bq + 4) + self.bq * self.tc)
     }
 
+    /// Shared memory in bytes of the packed-f16 kernel (`fma_half.rs`) on this tiling: Qᵀ,
+    /// one K-then-V buffer and Pᵀ (`bk x (bq + 4)`) in f16, the f32 reduction scratch.
+    pub const fn smem_bytes_half(&self, head_dim: u32, v_head_dim: u32) -> u32 {
+        let k = head_dim * self.bk;
+        let v = self.bk * v_head_dim;
+        let kv = if k > v { k } else { v };
+        2 * (head_dim * self.bq + kv + self.bk * (self.bq + 4)) + 4 * self.bq * self.tc
+    }
+
     pub fn validate(&self, head_dim: u32, v_head_dim: u32) -> Result<(), LaunchError> {
         let err = |reason: &str| {
-            Err(LaunchError::InvalidTiles {
-                tiles: self.to_string(),
-                reason: reason.to_string(),
-            })
+            Err(LaunchError::InvalidTiles { tiles: self.to_string(), reason: reason.to_string() })
         };
         if self.bq == 0 || self.bk == 0 || self.tr == 0 || self.tc == 0 {
             return err("all tile sizes must be positive");
@@ -246,6 +249,43 @@ pub fn fma_vec_candidates(head_dim: u32) -> &'static [FmaVecTiles] {
         65..=128 => MEDIUM,
         _ => LARGE,
     }
+}
+
+/// Candidate tilings of the packed-f16 FMA kernel (`fma_half.rs`) per head dim, best first
+/// (stages always in f16, so `stage_f32` is false).
+///
+/// Measured on an H100 (runs `aa`-`ac`, `bench_cuda`, seq 4096, non-causal): 64 query rows x 32
+/// keys on 16 x 8 units (4 rows x 4 keys and 4 x 16 output columns per unit) is the best or
+/// within noise of it through WGSL on Vulkan (hd 64: 26-29 TFLOP/s against 17-19 for 64 keys
+/// on 8 x 16 units) and on CUDA (hd 128: 44.5 against 42.3), and it fits llvmpipe's 32 KiB at
+/// hd 128 (30 976 bytes). 8 rows per unit (`t8x8`) spills into fewer warps and loses
+/// everywhere. hd 256 is not measured.
+pub fn fma_half_candidates(head_dim: u32) -> &'static [FmaVecTiles] {
+    const fn t(bq: u32, bk: u32, tr: u32, tc: u32) -> FmaVecTiles {
+        FmaVecTiles { bq, bk, tr, tc, stage_f32: false }
+    }
+    const SMALL: &[FmaVecTiles] = &[t(64, 32, 16, 8), t(64, 64, 8, 16), t(64, 32, 8, 8)];
+    const MEDIUM: &[FmaVecTiles] = &[t(64, 32, 16, 8), t(64, 64, 8, 16), t(32, 32, 4, 8)];
+    const LARGE: &[FmaVecTiles] = &[t(16, 64, 4, 16), t(16, 32, 4, 8)];
+    match head_dim {
+        0..=64 => SMALL,
+        65..=128 => MEDIUM,
+        _ => LARGE,
+    }
+}
+
+/// First packed-f16 FMA candidate for `max(head_dim, v_head_dim)` that fits the runtime.
+pub fn select_fma_half_tiles(
+    head_dim: u32,
+    v_head_dim: u32,
+    max_shared_bytes: usize,
+    max_units: u32,
+) -> Option<FmaVecTiles> {
+    fma_half_candidates(head_dim.max(v_head_dim)).iter().copied().find(|t| {
+        t.validate(head_dim, v_head_dim).is_ok()
+            && t.smem_bytes_half(head_dim, v_head_dim) as usize <= max_shared_bytes
+            && t.units() <= max_units
+    })
 }
 
 /// First vectorized FMA candidate for `max(head_dim, v_head_dim)` that fits the runtime.
@@ -413,10 +453,7 @@ impl MmaTiles {
     /// P·V steps 16 keys at a time.
     pub fn validate(&self, head_dim: u32, v_head_dim: u32) -> Result<(), LaunchError> {
         let err = |reason: &str| {
-            Err(LaunchError::InvalidTiles {
-                tiles: self.to_string(),
-                reason: reason.to_string(),
-            })
+            Err(LaunchError::InvalidTiles { tiles: self.to_string(), reason: reason.to_string() })
         };
         if self.warps == 0 || self.mt == 0 || self.bk == 0 || !self.bk.is_multiple_of(16) {
             return err("warps and mt must be positive and bk a positive multiple of 16");
@@ -564,6 +601,28 @@ mod tests {
         // The first choice on Vulkan/NVIDIA (48 KiB) keeps 64 query rows per cube up to d=128.
         assert_eq!(select_fma_vec_tiles(128, 128, 2, 48 * 1024, 1024).unwrap().bq, 64);
         assert_eq!(select_fma_vec_tiles(64, 64, 2, 48 * 1024, 1024).unwrap().bq, 64);
+    }
+
+    #[test]
+    fn half_tiles_fit_vulkan_and_llvmpipe() {
+        for &d in SUPPORTED_HEAD_DIMS {
+            for smem in [32 * 1024, 48 * 1024] {
+                let t = select_fma_half_tiles(d, d, smem, 256).unwrap_or_else(|| panic!("d={d} smem={smem}"));
+                assert!(t.smem_bytes_half(d, d) as usize <= smem);
+                assert!(!t.stage_f32);
+            }
+        }
+        // The measured best at d = 128, on Vulkan/NVIDIA and llvmpipe alike: 64 rows x 32 keys.
+        for smem in [32 * 1024, 48 * 1024] {
+            let t = select_fma_half_tiles(128, 128, smem, 1024).unwrap();
+            assert_eq!((t.bq, t.bk, t.tr, t.tc, t.rm()), (64, 32, 16, 8, 4));
+        }
+        // The f16 P stage is counted: 30976 bytes, of which P is 2 · 32 · 68.
+        let t = select_fma_half_tiles(128, 128, 48 * 1024, 1024).unwrap();
+        assert_eq!(
+            t.smem_bytes_half(128, 128),
+            2 * (128 * 64 + 128 * 32 + 32 * 68) + 4 * 64 * 8
+        );
     }
 
     #[test]

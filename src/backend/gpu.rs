@@ -11,7 +11,10 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use cubecl::prelude::*;
 use cubecl::server::Handle;
 use half::{bf16, f16};
-use quattn_cubecl::{AttentionArgs, ElemType, Int8Operands, Int8Quant, LaunchError, LaunchOptions, Variant, SUPPORTED_HEAD_DIMS};
+use quattn_cubecl::{
+    Accumulation, AttentionArgs, ElemType, Int8Operands, Int8Quant, LaunchError, LaunchOptions, QkAccumulation,
+    Variant, SUPPORTED_HEAD_DIMS,
+};
 
 use super::{Backend, KernelChoice, ResidentData};
 use crate::error::{Error, Result};
@@ -40,11 +43,15 @@ pub(crate) struct GpuData {
     mode: Mode,
 }
 
+/// Head-dim span of each f16 partial sum of the portable two-stage Q·Kᵀ: the native HMMA
+/// kernels' chunk and the emulation's default.
+const TWO_STAGE_CHUNK: u32 = 32;
+
 /// What the portable path computes for a precision.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Mode {
-    /// The float kernel on inputs of this element type.
-    Float(ElemType),
+    /// The float kernels on inputs of this element type, accumulating as the precision says.
+    Float(ElemType, Accumulation),
     /// Prepass to INT8 Q/K, then the INT8 kernel with f16 V.
     Int8 { granularity: Int8Granularity, smooth_k: bool },
 }
@@ -52,7 +59,7 @@ enum Mode {
 impl Mode {
     fn elem(&self) -> ElemType {
         match self {
-            Mode::Float(e) => *e,
+            Mode::Float(e, _) => *e,
             Mode::Int8 { .. } => ElemType::F16,
         }
     }
@@ -173,15 +180,21 @@ fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
     p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_else(|| "unknown panic".into())
 }
 
-/// What the portable path computes for a precision, or why it cannot.
+/// What the portable path computes for a precision, or why it cannot. The f16-accumulating
+/// modes run on the packed-f16 FMA kernel (f16 FMAs: HFMA2 on NVIDIA, packed math elsewhere).
 fn portable_mode(precision: Precision) -> std::result::Result<Mode, &'static str> {
     match precision {
-        Precision::F32 => Ok(Mode::Float(ElemType::F32)),
-        Precision::F16 { qk: QkAccum::F32, pv: PvAccum::F32 } => Ok(Mode::Float(ElemType::F16)),
-        Precision::Bf16 { qk: QkAccum::F32, pv: PvAccum::F32 } => Ok(Mode::Float(ElemType::Bf16)),
-        Precision::F16 { .. } | Precision::Bf16 { .. } => {
-            Err("the portable kernel accumulates in f32; f16 and two-stage accumulation need a matrix unit that offers them (native HMMA kernels)")
+        Precision::F32 => Ok(Mode::Float(ElemType::F32, Accumulation::default())),
+        Precision::F16 { qk, pv } => {
+            let qk = match qk {
+                QkAccum::F32 => QkAccumulation::F32,
+                QkAccum::F16 => QkAccumulation::F16,
+                QkAccum::TwoStage => QkAccumulation::TwoStage { chunk: TWO_STAGE_CHUNK },
+            };
+            Ok(Mode::Float(ElemType::F16, Accumulation { qk, pv_f16: pv == PvAccum::F16PerTile }))
         }
+        Precision::Bf16 { qk: QkAccum::F32, pv: PvAccum::F32 } => Ok(Mode::Float(ElemType::Bf16, Accumulation::default())),
+        Precision::Bf16 { .. } => Err("bf16 is accumulated in f32 only"),
         Precision::Int8Qk { granularity, smooth_k, pv: PvFormat::F16 } => Ok(Mode::Int8 { granularity, smooth_k }),
         Precision::Int8Qk { pv: PvFormat::Fp8, .. } => Err(
             "the portable INT8 kernel computes P·V with f16 P and V; FP8 P·V (e4m3 P, per-channel e4m3 V) needs an FP8 matrix unit and has no portable kernel",
@@ -190,15 +203,24 @@ fn portable_mode(precision: Precision) -> std::result::Result<Mode, &'static str
     }
 }
 
-/// The launch options a strategy pins: the forced kernel family, else everything to the crate.
-fn launch_options(strategy: Strategy) -> LaunchOptions {
+/// The launch options a strategy and a mode pin: the forced kernel family and the
+/// accumulation, everything else to the crate.
+fn launch_options(strategy: Strategy, mode: Mode) -> LaunchOptions {
     let variant = match strategy {
         Strategy::PortableFamily(PortableKind::Fma) => Variant::PortableFma,
         Strategy::PortableFamily(PortableKind::Cmma) => Variant::Cmma,
         Strategy::PortableFamily(PortableKind::Mma) => Variant::Mma,
         _ => Variant::Auto,
     };
-    LaunchOptions { variant, ..LaunchOptions::default() }
+    let accumulation = match mode {
+        Mode::Float(_, a) => a,
+        Mode::Int8 { .. } => Accumulation::default(),
+    };
+    LaunchOptions {
+        variant,
+        accumulation,
+        ..LaunchOptions::default()
+    }
 }
 
 fn args_of(p: &AttentionProblem) -> AttentionArgs {
@@ -292,7 +314,36 @@ impl<R: Runtime> Backend for CubeclBackend<R> {
         }
         // The launch makes the same choice; naming it here shows in every plan and bench row
         // which kernel family ran.
-        let options = launch_options(strategy);
+        let options = launch_options(strategy, mode);
+        if !options.accumulation.is_f32() {
+            // The packed-f16 FMA kernel: its tile is the blocking the emulation must follow
+            // (the F16PerTile fold is per KV tile), and every step is one FMA (k_step 1).
+            let tiles =
+                quattn_cubecl::half_tiles(&self.client, &args_of(problem), elem, &options).map_err(
+                    |e| match strategy {
+                        Strategy::PortableFamily(_) => Error::UnsupportedStrategy { strategy, device: device.clone(), reason: e.to_string() },
+                        _ => Error::UnsupportedPrecision { precision, device: device.clone(), reason: e.to_string() },
+                    },
+                )?;
+            let blocking = Blocking {
+                block_q: tiles.bq as usize,
+                block_k: tiles.bk as usize,
+                warps: 1,
+                qk_chunk: TWO_STAGE_CHUNK as usize,
+                k_step: 1,
+            };
+            blocking.validate(problem, precision)?;
+            return Ok(KernelChoice {
+                name: format!(
+                    "fwd_portable_half_{}_{}_d{}",
+                    self.info.kind,
+                    precision.name(),
+                    problem.head_dim
+                ),
+                reason: format!("portable CubeCL packed-f16 FMA kernel ({tiles}): {precision} accumulates in f16"),
+                blocking: Some(blocking),
+            });
+        }
         let (variant, why) = match options.variant {
             Variant::Auto => quattn_cubecl::auto_variant(&self.client, &args_of(problem), elem, &options),
             forced => match quattn_cubecl::variant_unavailable(&self.client, &args_of(problem), elem, &options) {
@@ -337,16 +388,23 @@ impl<R: Runtime> Backend for CubeclBackend<R> {
         let d = self.data(plan, data)?;
         let args = args_of(&plan.problem);
         match d.mode {
-            Mode::Float(elem) => {
-                let options = launch_options(plan.strategy);
-                quattn_cubecl::launch_with::<R>(&self.client, &args, elem, &options, &d.q, &d.k, &d.v, &d.o, d.lse.as_ref())
-                    .map_err(|e| launch_error(&plan.kernel, "the portable CubeCL kernel", e))?;
+            Mode::Float(elem, _) => {
+                let options = launch_options(plan.strategy, d.mode);
+                quattn_cubecl::launch_with::<R>(
+                    &self.client,
+                    &args,
+                    elem,
+                    &options,
+                    &d.q,
+                    &d.k,
+                    &d.v,
+                    &d.o,
+                    d.lse.as_ref(),
+                )
+                .map_err(|e| launch_error(&plan.kernel, "the portable CubeCL kernel", e))?;
             }
             Mode::Int8 { granularity, smooth_k } => {
-                let blocking = plan.blocking.ok_or_else(|| Error::Kernel {
-                    kernel: plan.kernel.clone(),
-                    reason: "an INT8 plan without the blocking its scales follow".into(),
-                })?;
+                let blocking = plan.blocking.ok_or_else(|| Error::Kernel { kernel: plan.kernel.clone(), reason: "an INT8 plan without the blocking its scales follow".into() })?;
                 let ops = self.quantize_int8(&plan.problem, granularity, smooth_k, &blocking, d.elem, &d.q, &d.k)?;
                 let quant = int8_quant(granularity, smooth_k, &blocking);
                 quattn_cubecl::launch_int8::<R>(

@@ -22,9 +22,10 @@
 //!    log2 units), plus the smoothing shift where K was smoothed. Rows that see no key:
 //!    `O = 0`, `LSE = -inf`.
 //!
-//! Products of two low-precision operands are exact in f32; they are summed in k-steps of 16
-//! (one `m16n8k16` MMA) and each step is added to the accumulator, which is rounded to its own
-//! type. A partial last k-step is a zero-padded one, which changes no sum, so no head-dim
+//! Products of two low-precision operands are exact in f32; they are summed in k-steps of
+//! [`Blocking::k_step`] (16: one `m16n8k16` MMA; 1: an FMA kernel) and each step is added to the
+//! accumulator, which is rounded to its own type (once: an f16 accumulator takes the exact sum
+//! rounded to f16, as a fused multiply-add does). A partial last k-step is a zero-padded one, which changes no sum, so no head-dim
 //! divisibility is needed except NVFP4's 16-element scale blocks. `exp2` and `ln` are the
 //! CPU's (correctly rounded or nearly); device `ex2.approx` differs by a few ulps.
 //!
@@ -84,13 +85,17 @@ pub struct Blocking {
     pub block_k: usize,
     /// Warps per query block (INT8 per-warp / per-thread scales).
     pub warps: usize,
-    /// Head-dim chunk of the TwoStage QK accumulation (a multiple of 16).
+    /// Head-dim chunk of the TwoStage QK accumulation (a multiple of `k_step`).
     pub qk_chunk: usize,
+    /// Products summed (in f32) before each add into an accumulator of the float modes: 16
+    /// for tensor-core kernels (`m16n8k16`), 1 for FMA kernels, whose every step is one fused
+    /// multiply-add (the portable packed-f16 kernel).
+    pub k_step: usize,
 }
 
 impl Default for Blocking {
     fn default() -> Self {
-        Blocking { block_q: 128, block_k: 64, warps: 8, qk_chunk: 32 }
+        Blocking { block_q: 128, block_k: 64, warps: 8, qk_chunk: 32, k_step: mma::K_STEP }
     }
 }
 
@@ -102,13 +107,18 @@ impl Blocking {
 
     /// Checks the blocking against the problem and mode.
     pub fn validate(&self, problem: &AttentionProblem, precision: Precision) -> Result<()> {
-        if self.block_q == 0 || self.block_k == 0 || self.warps == 0 || self.qk_chunk == 0 {
-            return Err(Error::Quantization(format!("emulation blocking has a zero size: {self:?}")));
+        if self.block_q == 0 || self.block_k == 0 || self.warps == 0 || self.qk_chunk == 0 || self.k_step == 0 {
+            return Err(Error::Quantization(format!(
+                "emulation blocking has a zero size: {self:?}"
+            )));
         }
         match precision {
-            Precision::F16 { qk: QkAccum::TwoStage, .. } if !self.qk_chunk.is_multiple_of(mma::K_STEP) => Err(
-                Error::Quantization(format!("qk_chunk {} is not a multiple of the 16-wide MMA k-step", self.qk_chunk)),
-            ),
+            Precision::F16 {
+                qk: QkAccum::TwoStage, ..
+            } if !self.qk_chunk.is_multiple_of(self.k_step) => Err(Error::Quantization(format!(
+                "qk_chunk {} is not a multiple of the k-step {}",
+                self.qk_chunk, self.k_step
+            ))),
             Precision::Int8Qk { granularity, .. } => self.int8().validate(granularity),
             Precision::Nvfp4 { v } => {
                 if !problem.head_dim.is_multiple_of(16) {
@@ -178,8 +188,11 @@ pub fn emulate(
     let results: Vec<(Vec<f32>, f32)> = (0..rows)
         .into_par_iter()
         .map_init(Vec::new, |scratch, r| {
-            let (b, h, i) =
-                (r / (problem.q_heads * problem.q_len), (r / problem.q_len) % problem.q_heads, r % problem.q_len);
+            let (b, h, i) = (
+                r / (problem.q_heads * problem.q_len),
+                (r / problem.q_len) % problem.q_heads,
+                r % problem.q_len,
+            );
             row(problem, blocking, &scores, &values, b, h, i, scratch)
         })
         .collect();
@@ -188,8 +201,11 @@ pub fn emulate(
     let mut lse = vec![0.0f32; rows];
     let st = problem.o_strides();
     for (r, (orow, l)) in results.into_iter().enumerate() {
-        let (b, h, i) =
-            (r / (problem.q_heads * problem.q_len), (r / problem.q_len) % problem.q_heads, r % problem.q_len);
+        let (b, h, i) = (
+            r / (problem.q_heads * problem.q_len),
+            (r / problem.q_len) % problem.q_heads,
+            r % problem.q_len,
+        );
         o[st.offset(b, h, i)..][..problem.v_head_dim].copy_from_slice(&orow);
         lse[r] = l;
     }
@@ -224,7 +240,11 @@ fn row(
         let n = blocking.block_k.min(problem.kv_len - k0);
         for (jj, sj) in s[..n].iter_mut().enumerate() {
             let j = k0 + jj;
-            *sj = if j < visible { scores.score(problem, b, h, kvh, i, j) } else { f32::NEG_INFINITY };
+            *sj = if j < visible {
+                scores.score(problem, b, h, kvh, i, j)
+            } else {
+                f32::NEG_INFINITY
+            };
         }
         let m_new = s[..n].iter().fold(m, |a, &x| a.max(x));
         if m_new == f32::NEG_INFINITY {
@@ -232,9 +252,17 @@ fn row(
         }
         let mc = m_new * c;
         for (pj, &sj) in p[..n].iter_mut().zip(&s[..n]) {
-            *pj = if sj == f32::NEG_INFINITY { 0.0 } else { sj.mul_add(c, -mc).exp2() };
+            *pj = if sj == f32::NEG_INFINITY {
+                0.0
+            } else {
+                sj.mul_add(c, -mc).exp2()
+            };
         }
-        let alpha = if m == f32::NEG_INFINITY { 0.0 } else { ((m - m_new) * c).exp2() };
+        let alpha = if m == f32::NEG_INFINITY {
+            0.0
+        } else {
+            ((m - m_new) * c).exp2()
+        };
         l = l * alpha + p[..n].iter().sum::<f32>();
         values.accumulate(problem, b, kvh, tile, k0, &p[..n], alpha, &mut acc, scratch);
         m = m_new;

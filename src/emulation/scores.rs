@@ -14,7 +14,7 @@ use super::Blocking;
 /// Prepared Q and K of one mode.
 pub(super) enum ScorePlan {
     /// Q and K already rounded to the mode's float type.
-    Float { q: Vec<f32>, k: Vec<f32>, accum: QkAccum, chunk: usize },
+    Float { q: Vec<f32>, k: Vec<f32>, accum: QkAccum, chunk: usize, k_step: usize },
     /// INT8 codes; the Q scales carry `softmax_scale · log2 e`, so logits come out in log2 units.
     Int8 { q: Int8Tensor, k: Int8Tensor, layout: Int8ScaleLayout, smoothing: Option<Smoothing> },
     /// FP8 codes decoded to f32 (exact), with their descales.
@@ -24,10 +24,7 @@ pub(super) enum ScorePlan {
 }
 
 /// What is needed to add `scale · q·μ` back to the LSE.
-pub(super) struct Smoothing {
-    q: Vec<f32>,
-    mean: Vec<f32>,
-}
+pub(super) struct Smoothing { q: Vec<f32>, mean: Vec<f32> }
 
 /// An NVFP4 tensor with its codes decoded: `elems` row-major like the source, `scales`
 /// `[rows, cols / 16]`.
@@ -59,11 +56,11 @@ impl ScorePlan {
     ) -> Result<Self> {
         let scale = problem.softmax_scale();
         Ok(match precision {
-            Precision::F32 => ScorePlan::Float { q, k, accum: QkAccum::F32, chunk: blocking.qk_chunk },
-            Precision::F16 { qk, .. } | Precision::Bf16 { qk, .. } => {
-                ScorePlan::Float { q, k, accum: qk, chunk: blocking.qk_chunk }
-            }
-            Precision::Int8Qk { granularity, smooth_k, .. } => {
+            Precision::F32 => ScorePlan::Float { q, k, accum: QkAccum::F32, chunk: blocking.qk_chunk, k_step: blocking.k_step },
+            Precision::F16 { qk, .. } | Precision::Bf16 { qk, .. } => ScorePlan::Float { q, k, accum: qk, chunk: blocking.qk_chunk, k_step: blocking.k_step },
+            Precision::Int8Qk {
+                granularity, smooth_k, ..
+            } => {
                 let layout = Int8ScaleLayout::new(problem, granularity, blocking.int8())?;
                 let fold = scale * std::f32::consts::LOG2_E;
                 let qt = int8::quantize_q(problem, &layout, &q, fold)?;
@@ -136,7 +133,7 @@ impl ScorePlan {
         let qo = problem.q_strides().offset(b, h, i);
         let ko = problem.k_strides().offset(b, kvh, j);
         match self {
-            ScorePlan::Float { q, k, accum, chunk } => mma::dot(&q[qo..][..d], &k[ko..][..d], *accum, *chunk),
+            ScorePlan::Float { q, k, accum, chunk, k_step } => mma::dot(&q[qo..][..d], &k[ko..][..d], *accum, *chunk, *k_step),
             ScorePlan::Int8 { q, k, layout, .. } => {
                 // Integer products and sums are exact; the i32 → f32 conversion is exact while
                 // |dot| < 2^24, i.e. for head_dim < 1040.
@@ -147,7 +144,7 @@ impl ScorePlan {
                 dot as f32 * (qs * ks)
             }
             ScorePlan::Fp8 { q, k, q_desc, k_desc } => {
-                let dot = mma::dot(&q[qo..][..d], &k[ko..][..d], QkAccum::F32, d);
+                let dot = mma::dot(&q[qo..][..d], &k[ko..][..d], QkAccum::F32, d, mma::K_STEP);
                 dot * (q_desc.0[q_desc.1.index(b, h, i)] * k_desc.0[k_desc.1.index(b, kvh, j)])
             }
             ScorePlan::Nvfp4 { q, k } => {

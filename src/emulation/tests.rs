@@ -110,7 +110,7 @@ fn errors(
 }
 
 fn small_blocking() -> Blocking {
-    Blocking { block_q: 32, block_k: 32, warps: 2, qk_chunk: 32 }
+    Blocking { block_q: 32, block_k: 32, warps: 2, qk_chunk: 32, k_step: 16 }
 }
 
 fn all_supported() -> Vec<Precision> {
@@ -365,7 +365,7 @@ fn f16_accumulation_error_is_ordered_on_a_long_head_dim() {
 fn causal_gqa_ragged_in_every_mode() {
     let p = AttentionProblem::new(2, 4, 17, 32).kv_heads(2).kv_len(45).causal(true).layout(Layout::Bshd);
     let x = inputs(&p, 210);
-    let blk = Blocking { block_q: 32, block_k: 16, warps: 2, qk_chunk: 16 };
+    let blk = Blocking { block_q: 32, block_k: 16, warps: 2, qk_chunk: 16, k_step: 16 };
     for precision in all_supported() {
         let (eo, el) = errors(&p, precision, &blk, &x);
         let (to, tl) = tolerance(precision);
@@ -378,7 +378,7 @@ fn rows_that_see_no_key_give_zero_and_minus_infinity() {
     // q_len 45 > kv_len 17, causal: row i sees i + 17 - 45 + 1 keys, so rows 0..28 see none.
     let p = AttentionProblem::new(1, 2, 45, 32).kv_len(17).causal(true);
     let x = inputs(&p, 211);
-    let blk = Blocking { block_q: 32, block_k: 16, warps: 2, qk_chunk: 32 };
+    let blk = Blocking { block_q: 32, block_k: 16, warps: 2, qk_chunk: 32, k_step: 16 };
     for precision in all_supported() {
         let out = emulate(&p, precision, &blk, &x.0, &x.1, &x.2).unwrap();
         for h in 0..2 {

@@ -1,7 +1,7 @@
 //! The P·V side of each mode: V prepared once, then per KV tile the probabilities rounded to
 //! the mode's P format and the tile's product folded into the running f32 accumulator.
 
-use super::mma::K_STEP;
+use super::mma::{add_f16, K_STEP};
 use super::scores::Decoded4;
 use super::Blocking;
 use crate::codec::float16::{round_bf16, round_f16};
@@ -42,8 +42,9 @@ pub(super) enum PQuant {
 
 /// Prepared V of one mode.
 pub(super) enum ValuePlan {
-    /// P rounded by `round`, V (already rounded), products accumulated as `accum` says.
-    Float { round: Round, v: Vec<f32>, accum: PvAccum },
+    /// P rounded by `round`, V (already rounded), products accumulated as `accum` says, in
+    /// steps of `k_step` keys.
+    Float { round: Round, v: Vec<f32>, accum: PvAccum, k_step: usize },
     /// P as `pq`, V as decoded FP8 codes; the tile's f32 product is multiplied by
     /// `factors[((b · kv_heads + kvh) · tiles + t) · v_head_dim + c]` (`t = 0` unless
     /// `per_tile`) before it is added to the accumulator.
@@ -61,8 +62,8 @@ impl ValuePlan {
         blocking: &Blocking,
         v: Vec<f32>,
     ) -> Result<Self> {
-        let float =
-            |round, accum| ValuePlan::Float { round, v: v.iter().map(|&x| Round::apply(round, x)).collect(), accum };
+        let k_step = blocking.k_step;
+        let float = |round, accum| ValuePlan::Float { round, v: v.iter().map(|&x| Round::apply(round, x)).collect(), accum, k_step };
         Ok(match precision {
             Precision::F32 => float(Round::F32, PvAccum::F32),
             Precision::F16 { pv, .. } => float(Round::F16, pv),
@@ -140,21 +141,25 @@ impl ValuePlan {
         scratch.resize(dv, 0.0);
         let step = scratch.as_mut_slice();
         match self {
-            ValuePlan::Float { round, v, accum } => {
+            ValuePlan::Float { round, v, accum, k_step } => {
                 let pr: Vec<f32> = p.iter().map(|&x| round.apply(x)).collect();
+                let ks = *k_step;
                 match accum {
                     PvAccum::F32 => {
                         acc.iter_mut().for_each(|a| *a *= alpha);
-                        for (s, ps) in pr.chunks(K_STEP).enumerate() {
-                            step_product(ps, v, k0 + s * K_STEP, &off, step);
+                        for (s, ps) in pr.chunks(ks).enumerate() {
+                            step_product(ps, v, k0 + s * ks, &off, step);
                             acc.iter_mut().zip(step.iter()).for_each(|(a, x)| *a += x);
                         }
                     }
                     PvAccum::F16PerTile => {
                         let mut tile16 = vec![0.0f32; dv];
-                        for (s, ps) in pr.chunks(K_STEP).enumerate() {
-                            step_product(ps, v, k0 + s * K_STEP, &off, step);
-                            tile16.iter_mut().zip(step.iter()).for_each(|(a, x)| *a = round_f16(*a + x));
+                        for (s, ps) in pr.chunks(ks).enumerate() {
+                            step_product(ps, v, k0 + s * ks, &off, step);
+                            tile16
+                                .iter_mut()
+                                .zip(step.iter())
+                                .for_each(|(a, x)| *a = add_f16(*a, *x));
                         }
                         acc.iter_mut().zip(&tile16).for_each(|(a, t)| *a = *a * alpha + t);
                     }
@@ -203,7 +208,7 @@ impl ValuePlan {
     }
 }
 
-/// One k-step of P·V over up to 16 keys: for every channel, the exact products summed in f32
+/// One k-step of P·V over up to 16 keys (or `k_step`): for every channel, the exact products summed in f32
 /// in key order (the same model as [`super::mma`]). The step's first key is `key0`; V's row of
 /// key `j` starts at `offset(j)`.
 fn step_product(ps: &[f32], v: &[f32], key0: usize, offset: &dyn Fn(usize) -> usize, out: &mut [f32]) {

@@ -197,3 +197,51 @@ pub fn assert_int8_accuracy(label: &str, p: &AttentionProblem, q: &[f32], k: &[f
         assert!(smoothed.cos_sim >= 0.9995 && smoothed.rel_l1 <= 0.02, "{label} hd{} {g:?} smoothed: {smoothed:?}", p.head_dim);
     }
 }
+
+/// Kernel O against the f64 reference and against two CPU emulations of `precision`: with the
+/// plan's blocking (the kernel's tile and k-step), and with the same blocking at the tensor-core
+/// k-step of 16 (a kernel that rounds at other points). Returns (vs f64, vs the plan's
+/// emulation, vs the k-step-16 emulation, the plan's emulation vs f64), rel-L2 each; checks O
+/// and LSE against f64 with the mode's tolerance.
+pub fn check_accumulation(session: &Session, p: AttentionProblem, precision: Precision, seed: u64) -> [f64; 4] {
+    let p = p.with_lse(true);
+    let plan = session
+        .plan(&p, precision, Strategy::Portable)
+        .unwrap_or_else(|e| panic!("plan {precision} {p:?}: {e}"));
+    let blocking = plan.blocking.expect("an f16-accumulating plan records its blocking");
+    let (q, k, v) = inputs::qkv(&p, seed);
+    let r16 = |x: Vec<f32>| HostSlice::F32(&x).rounded_to(Dtype::F16);
+    let (q, k, v) = (r16(q), r16(k), r16(v));
+    let out = session
+        .run(&plan, &q, &k, &v)
+        .unwrap_or_else(|e| panic!("run {precision} {p:?}: {e}"));
+    let what = format!("{} {precision} {p:?} {blocking:?}", plan.kernel);
+
+    let r = reference::attention_f64(&p, &q, &k, &v).unwrap();
+    let m = ErrorMetrics::compare(&out.o, &r.o);
+    let tol = Tolerance::for_precision(precision);
+    let ref_max = r.o.iter().fold(0.0f64, |a, &x| a.max(x.abs()));
+    assert!(tol.accepts(&m, ref_max), "{what}: {m:?} outside {tol:?}");
+    let lse = out.lse.as_ref().expect("LSE asked for");
+    let lm = compare_lse(lse, &r.lse).unwrap_or_else(|| panic!("{what}: LSE infinities differ"));
+    assert!(lm.max_abs <= tol.max_abs_rel, "{what}: LSE {lm:?}");
+
+    let emu = |blk: &quattn::emulation::Blocking| -> Vec<f64> {
+        quattn::emulation::emulate(&p, precision, blk, &q, &k, &v)
+            .unwrap()
+            .o
+            .iter()
+            .map(|&x| x as f64)
+            .collect()
+    };
+    let same = emu(&blocking);
+    let other = emu(&quattn::emulation::Blocking { k_step: 16, ..blocking });
+    let vs_same = ErrorMetrics::compare(&out.o, &same).rel_l2;
+    let vs_other = ErrorMetrics::compare(&out.o, &other).rel_l2;
+    let emu_err = ErrorMetrics::compare(&same.iter().map(|&x| x as f32).collect::<Vec<_>>(), &r.o).rel_l2;
+    println!(
+        "{what}: vs f64 {:.2e} (emulation {emu_err:.2e}); vs emulation {vs_same:.2e}, vs k-step-16 emulation {vs_other:.2e}",
+        m.rel_l2
+    );
+    [m.rel_l2, vs_same, vs_other, emu_err]
+}

@@ -162,9 +162,17 @@ pub fn fwd_portable_fma_vec<E: Float, S: Float, N: Size>(
             thread_apply_mask::<N>(&mut scores, shape, q0, k0, unit_row, unit_col, cfg);
         }
 
-        online_softmax::<N>(
-            &mut scores, &mut row_max, &mut row_sum, &mut acc, &mut p_stage, &mut red_stage,
-            shape.scale, unit_row, unit_col, cfg,
+        online_softmax::<f32, N>(
+            &mut scores,
+            &mut row_max,
+            &mut row_sum,
+            &mut acc,
+            &mut p_stage,
+            &mut red_stage,
+            shape.scale,
+            unit_row,
+            unit_col,
+            cfg,
         );
         // Every unit is done reading K (the shared-memory reduction already ended with a
         // barrier), and P is complete.
@@ -175,7 +183,7 @@ pub fn fwd_portable_fma_vec<E: Float, S: Float, N: Size>(
         cube_load_v::<E, S, N>(v, &mut kv_stage, v_base, shape.v_s2 as usize, k0, kv_len, cfg);
         sync_cube();
 
-        thread_value_matmul::<S, N>(&p_stage, &kv_stage, &mut acc, unit_row, unit_col, cfg);
+        thread_value_matmul::<f32, S, N>(&p_stage, &kv_stage, &mut acc, unit_row, unit_col, cfg);
         // The next tile overwrites K/V, P and the reduction scratch.
         sync_cube();
     }
@@ -192,7 +200,7 @@ pub fn fwd_portable_fma_vec<E: Float, S: Float, N: Size>(
 /// numbered row-quad fastest so that a plane's writes of one dim are consecutive vectors.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn cube_load_transposed<E: Float, S: Float, N: Size>(
+pub(crate) fn cube_load_transposed<E: Float, S: Float, N: Size>(
     src: &Array<Vector<E, N>>,
     stage: &mut SharedMemory<Vector<S, N>>,
     base: usize,
@@ -394,12 +402,12 @@ fn cube_row_reduce(
 /// `P = exp((S - m)·scale)` written to shared memory as `Pᵀ` (`[key][row quad]`).
 #[cube]
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn online_softmax<N: Size>(
+pub(crate) fn online_softmax<P: Float, N: Size>(
     scores: &mut Array<Vector<f32, N>>,
     row_max: &mut Array<f32>,
     row_sum: &mut Array<f32>,
     acc: &mut Array<Vector<f32, N>>,
-    p_stage: &mut SharedMemory<Vector<f32, N>>,
+    p_stage: &mut SharedMemory<Vector<P, N>>,
     red_stage: &mut SharedMemory<f32>,
     scale: f32,
     unit_row: usize,
@@ -491,7 +499,7 @@ pub(crate) fn online_softmax<N: Size>(
                 for l in 0..W {
                     column[l] = scores[(qi * W + l) * kq + j][e];
                 }
-                p_stage[key * cfg.p_pitch() + unit_row * rq + qi] = column;
+                p_stage[key * cfg.p_pitch() + unit_row * rq + qi] = Vector::cast_from(column);
             }
         }
     }
@@ -499,8 +507,8 @@ pub(crate) fn online_softmax<N: Size>(
 
 /// `acc[i][c] += sum_j P[row_i][key_j] * V[key_j][col_c]` on vectors of W output columns.
 #[cube]
-pub(crate) fn thread_value_matmul<S: Float, N: Size>(
-    p_stage: &SharedMemory<Vector<f32, N>>,
+pub(crate) fn thread_value_matmul<P: Float, S: Float, N: Size>(
+    p_stage: &SharedMemory<Vector<P, N>>,
     kv_stage: &SharedMemory<Vector<S, N>>,
     acc: &mut Array<Vector<f32, N>>,
     unit_row: usize,
@@ -516,7 +524,7 @@ pub(crate) fn thread_value_matmul<S: Float, N: Size>(
     for key in 0..cfg.bk {
         #[unroll]
         for i in 0..rq {
-            p[i] = p_stage[key * cfg.p_pitch() + p_off + i];
+            p[i] = Vector::cast_from(p_stage[key * cfg.p_pitch() + p_off + i]);
         }
         #[unroll]
         for c in 0..cq {

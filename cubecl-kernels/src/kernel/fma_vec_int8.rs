@@ -145,9 +145,17 @@ pub fn fwd_portable_fma_vec_int8<E: Float, S: Float, N: Size>(
             thread_apply_mask::<N>(&mut scores, shape, q0, k0, unit_row, unit_col, cfg);
         }
 
-        online_softmax::<N>(
-            &mut scores, &mut row_max, &mut row_sum, &mut acc, &mut p_stage, &mut red_stage, shape.scale, unit_row,
-            unit_col, cfg,
+        online_softmax::<f32, N>(
+            &mut scores,
+            &mut row_max,
+            &mut row_sum,
+            &mut acc,
+            &mut p_stage,
+            &mut red_stage,
+            shape.scale,
+            unit_row,
+            unit_col,
+            cfg,
         );
         if cfg.plane_reduce {
             sync_cube();
@@ -156,7 +164,7 @@ pub fn fwd_portable_fma_vec_int8<E: Float, S: Float, N: Size>(
         cube_load_v::<E, S, N>(v, &mut kv_stage, v_base, shape.v_s2 as usize, k0, kv_len, cfg);
         sync_cube();
 
-        thread_value_matmul::<S, N>(&p_stage, &kv_stage, &mut acc, unit_row, unit_col, cfg);
+        thread_value_matmul::<f32, S, N>(&p_stage, &kv_stage, &mut acc, unit_row, unit_col, cfg);
         sync_cube();
     }
 

@@ -888,7 +888,7 @@ pub(crate) mod cuda_tests {
     use cubecl::wgpu::{WgpuDevice, WgpuRuntime};
     use cubecl::Compiler as _;
 
-    fn client() -> Option<ComputeClient<WgpuRuntime>> {
+    pub(crate) fn client() -> Option<ComputeClient<WgpuRuntime>> {
         let instance = wgpu::Instance::default();
         let adapters = cubecl::future::block_on(instance.enumerate_adapters(wgpu::Backends::all()));
         if adapters.is_empty() {
@@ -984,7 +984,7 @@ pub(crate) mod cuda_tests {
         .define()
     }
 
-    const ADDR: StorageType = StorageType::Scalar(IrElem::UInt(UIntKind::U32));
+    pub(crate) const ADDR: StorageType = StorageType::Scalar(IrElem::UInt(UIntKind::U32));
 
     /// CUDA C++ sources of the configurations, f16 and bf16, with their names.
     pub(crate) fn cuda_sources(all_modes: bool) -> Option<Vec<(String, MmaFwdConfig, String, usize)>> {
@@ -1022,7 +1022,9 @@ pub(crate) mod cuda_tests {
 
     #[test]
     fn cuda_shared_memory_is_the_tiling_formula_and_mma_sync_is_used() {
-        let Some(sources) = cuda_sources(true) else { return };
+        let Some(sources) = cuda_sources(true) else {
+            return;
+        };
         let dump = std::env::var_os("QUATTN_MMA_CUDA_DIR").map(std::path::PathBuf::from);
         for (name, cfg, source, smem) in sources {
             assert_eq!(smem, expected(&cfg), "{name}");
@@ -1039,7 +1041,7 @@ pub(crate) mod cuda_tests {
 
     /// The CUDA headers CubeCL's sources include (`cuda_fp16.h`, `cuda_runtime.h`, `mma.h`):
     /// a toolkit's, or the `nvidia-cuda-runtime` + `nvidia-cuda-crt` wheels' next to NVRTC's.
-    fn cuda_include_dir() -> Option<std::path::PathBuf> {
+    pub(crate) fn cuda_include_dir() -> Option<std::path::PathBuf> {
         let mut candidates: Vec<std::path::PathBuf> = ["CUDA_HOME", "CUDA_PATH", "CUDA_ROOT"]
             .iter()
             .filter_map(std::env::var_os)
@@ -1055,7 +1057,7 @@ pub(crate) mod cuda_tests {
     }
 
     /// NVRTC: `source` to a cubin for `arch`, with the compile log.
-    fn nvrtc_cubin(source: &str, options: &[String]) -> Result<(Vec<u8>, String), String> {
+    pub(crate) fn nvrtc_cubin(source: &str, options: &[String]) -> Result<(Vec<u8>, String), String> {
         use cudarc::nvrtc::{result, sys};
         use std::ffi::CString;
         let src = CString::new(source).map_err(|e| e.to_string())?;
@@ -1108,7 +1110,9 @@ pub(crate) mod cuda_tests {
         if quattn_native::tools::find_any_disassembler().is_none() {
             return skip("no cuobjdump / nvdisasm".into());
         }
-        let Some(sources) = cuda_sources(false) else { return };
+        let Some(sources) = cuda_sources(false) else {
+            return;
+        };
         let options = vec![
             "--gpu-architecture=sm_90a".to_string(),
             format!("--include-path={}", include.display()),

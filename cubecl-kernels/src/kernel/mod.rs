@@ -9,6 +9,7 @@ use cubecl::prelude::*;
 
 pub(crate) mod cmma;
 pub(crate) mod fma;
+pub(crate) mod fma_half;
 pub(crate) mod fma_vec;
 pub(crate) mod fma_vec_int8;
 pub(crate) mod mma;
@@ -80,13 +81,7 @@ pub(crate) fn cube_key_ranges(
 /// Whether query `row` sees `key`: inside the keys and, when causal, on or below the
 /// bottom-right diagonal (`key <= row + kv_len - q_len`, kept in unsigned arithmetic).
 #[cube]
-pub(crate) fn is_visible(
-    row: usize,
-    key: usize,
-    q_len: usize,
-    kv_len: usize,
-    #[comptime] causal: bool,
-) -> bool {
+pub(crate) fn is_visible(row: usize, key: usize, q_len: usize, kv_len: usize, #[comptime] causal: bool) -> bool {
     let mut visible = key < kv_len;
     if causal {
         visible = visible && key + q_len <= row + kv_len;
