@@ -19,21 +19,6 @@ fn cases() -> Vec<(&'static [&'static str], AttentionProblem, Precision)> {
         (&["fwd_portable_f16_d64_causal"], AttentionProblem::new(1, 2, 40, 64).causal(true).with_lse(true), Precision::F16_DEFAULT),
         (&["fwd_portable_f16_d128"], AttentionProblem::new(1, 2, 40, 128).with_lse(true), Precision::F16_DEFAULT),
         (
-            &["fwd_portable_f32_d64"],
-            AttentionProblem::new(1, 2, 40, 64).with_lse(true),
-            Precision::F32,
-        ),
-        (
-            &["fwd_portable_f16_d64_causal"],
-            AttentionProblem::new(1, 2, 40, 64).causal(true).with_lse(true),
-            Precision::F16_DEFAULT,
-        ),
-        (
-            &["fwd_portable_f16_d128"],
-            AttentionProblem::new(1, 2, 40, 128).with_lse(true),
-            Precision::F16_DEFAULT,
-        ),
-        (
             &["fwd_portable_half_f16_2stage_pv16_d128"],
             AttentionProblem::new(1, 2, 40, 128).with_lse(true),
             Precision::F16 {

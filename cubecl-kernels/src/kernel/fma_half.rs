@@ -320,7 +320,7 @@ fn thread_value_matmul_half<E: Float, N: Size>(
 #[cfg(all(test, feature = "cuda"))]
 mod cuda_tests {
     use super::*;
-    use crate::kernel::mma::cuda_tests::{client, cuda_include_dir, nvrtc_cubin, ADDR};
+    use crate::kernel::mma::cuda_tests::{client, cuda_include_dir, nvrtc_cubin, ADDR, COMPILE_LOCK};
     use crate::kernel::AttnShapeCompilationArg;
     use cubecl::cuda::CudaCompiler;
     use cubecl::wgpu::WgpuRuntime;
@@ -412,9 +412,12 @@ mod cuda_tests {
         options.supports_features.fast_math = true;
         for causal in [false, true] {
             let (cfg, half) = cfg(causal);
-            let kernel = CudaCompiler::default()
-                .compile(definition(&client, cfg, half), &options, ExecutionMode::Unchecked, ADDR)
-                .unwrap();
+            let kernel = {
+                let _serial = COMPILE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+                CudaCompiler::default()
+                    .compile(definition(&client, cfg, half), &options, ExecutionMode::Unchecked, ADDR)
+                    .unwrap()
+            };
             let opts = vec![
                 "--gpu-architecture=sm_90".to_string(),
                 format!("--include-path={}", include.display()),

@@ -986,6 +986,11 @@ pub(crate) mod cuda_tests {
 
     pub(crate) const ADDR: StorageType = StorageType::Scalar(IrElem::UInt(UIntKind::U32));
 
+    /// CubeCL's C++ compiler numbers its temporaries (`_tmp_N`) with process-wide state: two
+    /// tests compiling kernels at once produce sources that declare `_tmp_0` twice. Tests that
+    /// call `CudaCompiler::compile` hold this lock.
+    pub(crate) static COMPILE_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
     /// CUDA C++ sources of the configurations, f16 and bf16, with their names.
     pub(crate) fn cuda_sources(all_modes: bool) -> Option<Vec<(String, MmaFwdConfig, String, usize)>> {
         let client = client()?;
@@ -997,6 +1002,7 @@ pub(crate) mod cuda_tests {
         options.supports_features.clusters = true;
         options.supports_features.elect_sync = true;
         let mut out = Vec::new();
+        let _serial = COMPILE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
         for cfg in configs(all_modes) {
             for elem in ["f16", "bf16"] {
                 let def = match elem {
