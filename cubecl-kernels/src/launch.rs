@@ -628,17 +628,7 @@ fn fma_vec_tiles<R: Runtime>(
     let hw = &client.properties().hardware;
     let (d, dv) = (args.head_dim, args.v_head_dim);
     let bytes = elem.size_bytes() as u32;
-    let mut all = vec![d, dv];
-    for strides in [args.q_strides, args.k_strides, args.v_strides, args.o_strides] {
-        all.extend(strides);
-    }
-    if all.iter().any(|x| x % fma_vec_width() != 0) {
-        return Err("a head dim or stride is not a multiple of 4".into());
-    }
-    // An empty tensor's stand-in buffer holds one element, not one vector.
-    if args.extents().iter().any(|&(_, elems)| elems < fma_vec_width() as u64) {
-        return Err("an empty tensor".into());
-    }
+    check_vector_layout(args)?;
     let tiles = match options.fma_vec_tiles {
         Some(t) => {
             t.validate(d, dv).map_err(|e| e.to_string())?;
@@ -655,6 +645,23 @@ fn fma_vec_tiles<R: Runtime>(
         return Err(format!("{tiles} needs {} units per cube", tiles.units()));
     }
     Ok(tiles)
+}
+
+/// Why the 4-wide vector kernels (`fma_vec`, `fma_half`) cannot read these tensors, if they
+/// cannot: every head dim and stride must be a multiple of 4, and no tensor empty (an empty
+/// tensor's stand-in buffer holds one element, not one vector).
+fn check_vector_layout(args: &AttentionArgs) -> Result<(), String> {
+    let mut all = vec![args.head_dim, args.v_head_dim];
+    for strides in [args.q_strides, args.k_strides, args.v_strides, args.o_strides] {
+        all.extend(strides);
+    }
+    if all.iter().any(|x| x % fma_vec_width() != 0) {
+        return Err("a head dim or stride is not a multiple of 4".into());
+    }
+    if args.extents().iter().any(|&(_, elems)| elems < fma_vec_width() as u64) {
+        return Err("an empty tensor".into());
+    }
+    Ok(())
 }
 
 const fn fma_vec_width() -> u32 {
@@ -777,16 +784,7 @@ pub fn half_tiles<R: Runtime>(
             });
         }
     }
-    let mut all = vec![d, dv];
-    for strides in [args.q_strides, args.k_strides, args.v_strides, args.o_strides] {
-        all.extend(strides);
-    }
-    if all.iter().any(|x| x % fma_vec_width() != 0) {
-        return Err(unavailable("a head dim or stride is not a multiple of 4".into()));
-    }
-    if args.extents().iter().any(|&(_, elems)| elems < fma_vec_width() as u64) {
-        return Err(unavailable("an empty tensor".into()));
-    }
+    check_vector_layout(args).map_err(unavailable)?;
     let hw = &client.properties().hardware;
     let tiles = match options.fma_vec_tiles {
         Some(t) => {
