@@ -55,6 +55,34 @@ impl Variant {
     }
 }
 
+/// How the vector FMA kernels (f32- and f16-accumulating) bring each K and V tile into
+/// shared memory. A speed knob: every choice stages the same values (zero past the keys).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum KvLoads {
+    /// Each load tests its row against the key count (one guarded load per vector). Through
+    /// NVIDIA's Vulkan driver every such load became its own branch region, waiting on the
+    /// previous one: 22.7 TFLOP/s where `TileChecked` runs 34.6 (BENCHMARKS.md, run `ag`).
+    Direct,
+    /// One test per tile: a tile inside the keys loads with no per-row test.
+    TileChecked,
+    /// `TileChecked`, and the loads are issued a phase early into registers: this tile's V
+    /// during Q·Kᵀ and the softmax, the next tile's K during P·V (software pipelining without
+    /// asynchronous copies, which WGSL lacks).
+    #[default]
+    Prefetch,
+}
+
+impl KvLoads {
+    /// Kernel-name suffix.
+    pub const fn suffix(self) -> &'static str {
+        match self {
+            KvLoads::Direct => "_direct",
+            KvLoads::TileChecked => "_tc",
+            KvLoads::Prefetch => "",
+        }
+    }
+}
+
 /// What the caller may force; `Default` lets the crate choose everything.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct LaunchOptions {
@@ -74,6 +102,11 @@ pub struct LaunchOptions {
     /// Where to accumulate in f16 (default: nowhere). Anything else runs the packed-f16 FMA
     /// kernel, on f16 inputs; the matrix-unit families refuse it.
     pub accumulation: Accumulation,
+    /// K/V staging of the vector FMA kernels (`None`: the crate's choice, `Prefetch`).
+    pub kv_loads: Option<KvLoads>,
+    /// Separate K and V stages in the packed-f16 kernel: two barriers per tile instead of
+    /// four, for `bk * dv` more halves of shared memory (`None`: where they fit).
+    pub split_kv: Option<bool>,
 }
 
 impl Default for LaunchOptions {
@@ -87,6 +120,8 @@ impl Default for LaunchOptions {
             lazy_rescale: true,
             allow_plane_ops: true,
             accumulation: Accumulation::default(),
+            kv_loads: None,
+            split_kv: None,
         }
     }
 }
@@ -515,6 +550,9 @@ pub fn launch_int8<R: Runtime>(
         write_lse: args.write_lse,
         lazy_rescale: options.lazy_rescale,
         plane_reduce,
+        // The INT8 kernel stages K/V its own way.
+        tile_checked: false,
+        prefetch: false,
     };
     let icfg = Int8Config { granularity: quant.granularity, warps: blocking.warps as usize, shift_lse };
     let dims = if d == dv { format!("d{d}") } else { format!("d{d}v{dv}") };
@@ -687,6 +725,7 @@ fn launch_fma_vec<R: Runtime>(
     let cube_count = (args.q_len.div_ceil(tiles.bq), args.q_heads, args.batch);
     check_grid(cube_count, hw.max_cube_count)?;
     let plane_reduce = plane_reduce_ok(client, options, tiles.tc);
+    let loads = options.kv_loads.unwrap_or_default();
     let cfg = FmaVecConfig {
         head_dim: d as usize,
         v_head_dim: dv as usize,
@@ -698,10 +737,12 @@ fn launch_fma_vec<R: Runtime>(
         write_lse: args.write_lse,
         lazy_rescale: options.lazy_rescale,
         plane_reduce,
+        tile_checked: loads == KvLoads::TileChecked,
+        prefetch: loads == KvLoads::Prefetch,
     };
     let dims = if d == dv { format!("d{d}") } else { format!("d{d}v{dv}") };
     let info = LaunchInfo {
-        kernel: format!("portable_fma_vec_{}_{dims}_{tiles}", elem_name(elem)),
+        kernel: format!("portable_fma_vec_{}_{dims}_{tiles}{}", elem_name(elem), loads.suffix()),
         variant: Variant::PortableFma,
         cube_count,
         units_per_cube: tiles.units(),
@@ -756,6 +797,19 @@ fn launch_fma_vec<R: Runtime>(
     Ok(info)
 }
 
+/// Whether the packed-f16 kernel gives K and V separate stages: as asked, else where they fit.
+fn half_split_kv(tiles: &FmaVecTiles, d: u32, dv: u32, options: &LaunchOptions, max_shared: usize) -> bool {
+    options.split_kv.unwrap_or(tiles.smem_bytes_half_split(d, dv) as usize <= max_shared)
+}
+
+fn half_smem(tiles: &FmaVecTiles, d: u32, dv: u32, split_kv: bool) -> usize {
+    if split_kv {
+        tiles.smem_bytes_half_split(d, dv) as usize
+    } else {
+        tiles.smem_bytes_half(d, dv) as usize
+    }
+}
+
 /// The packed-f16 FMA kernel's tiling for these arguments and `options.accumulation` (not
 /// f32), or why it cannot run them: f16 inputs, the FMA family (or `Auto`), a two-stage chunk
 /// that divides the head dim, 4-aligned head dims and strides, a tiling that fits. Its `bq` /
@@ -797,10 +851,11 @@ pub fn half_tiles<R: Runtime>(
         None => select_fma_half_tiles(d, dv, hw.max_shared_memory_size, hw.max_units_per_cube)
             .ok_or_else(|| unavailable("no tiling fits".into()))?,
     };
-    let smem = tiles.smem_bytes_half(d, dv) as usize;
+    let split_kv = half_split_kv(&tiles, d, dv, options, hw.max_shared_memory_size);
+    let smem = half_smem(&tiles, d, dv, split_kv);
     if smem > hw.max_shared_memory_size {
         return Err(LaunchError::SharedMemoryExceeded {
-            kernel: format!("portable_fma_half_{tiles}"),
+            kernel: format!("portable_fma_half_{tiles}{}", if split_kv { "_split" } else { "" }),
             required: smem,
             available: hw.max_shared_memory_size,
         });
@@ -835,6 +890,7 @@ fn launch_fma_half<R: Runtime>(
     let acc = options.accumulation;
     // A stale max lets p reach 2^8: a tile's f16 P·V sum could overflow (see fma_half.rs).
     let lazy_rescale = options.lazy_rescale && !acc.pv_f16;
+    let loads = options.kv_loads.unwrap_or_default();
     let cfg = FmaVecConfig {
         head_dim: d as usize,
         v_head_dim: dv as usize,
@@ -846,8 +902,11 @@ fn launch_fma_half<R: Runtime>(
         write_lse: args.write_lse,
         lazy_rescale,
         plane_reduce,
+        tile_checked: loads == KvLoads::TileChecked,
+        prefetch: loads == KvLoads::Prefetch,
     };
-    let half = HalfConfig { qk_chunk: acc.qk_chunk(d) as usize, pv_f16: acc.pv_f16 };
+    let split_kv = half_split_kv(&tiles, d, dv, options, hw.max_shared_memory_size);
+    let half = HalfConfig { qk_chunk: acc.qk_chunk(d) as usize, pv_f16: acc.pv_f16, split_kv };
     let dims = if d == dv { format!("d{d}") } else { format!("d{d}v{dv}") };
     let qk = match acc.qk {
         QkAccumulation::F32 => String::new(),
@@ -856,11 +915,15 @@ fn launch_fma_half<R: Runtime>(
     };
     let pv = if acc.pv_f16 { "_pv16" } else { "" };
     let info = LaunchInfo {
-        kernel: format!("portable_fma_half{qk}{pv}_{dims}_{tiles}"),
+        kernel: format!(
+            "portable_fma_half{qk}{pv}_{dims}_{tiles}{}{}",
+            loads.suffix(),
+            if split_kv { "_split" } else { "" }
+        ),
         variant: Variant::PortableFma,
         cube_count,
         units_per_cube: tiles.units(),
-        shared_memory_bytes: tiles.smem_bytes_half(d, dv) as usize,
+        shared_memory_bytes: half_smem(&tiles, d, dv, split_kv),
         lazy_rescale,
         plane_reduce,
         launched: cube_count.0 > 0 && cube_count.1 > 0 && cube_count.2 > 0,

@@ -101,7 +101,7 @@ mod tiling;
 pub use error::LaunchError;
 pub use launch::{
     auto_variant, check_elem_supported, half_tiles, int8_blocking, launch, launch_int8, launch_with,
-    variant_unavailable, LaunchInfo, LaunchOptions, Variant,
+    variant_unavailable, KvLoads, LaunchInfo, LaunchOptions, Variant,
 };
 pub use problem::{
     bhsd_strides, bshd_strides, Accumulation, AttentionArgs, ElemType, QkAccumulation, SUPPORTED_HEAD_DIMS,

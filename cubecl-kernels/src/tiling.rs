@@ -186,6 +186,14 @@ impl FmaVecTiles {
         2 * (head_dim * self.bq + kv + self.bk * (self.bq + 4)) + 4 * self.bq * self.tc
     }
 
+    /// [`Self::smem_bytes_half`] with K and V in separate stages (the packed-f16 kernel's
+    /// two-barrier tile, `LaunchOptions::split_kv`).
+    pub const fn smem_bytes_half_split(&self, head_dim: u32, v_head_dim: u32) -> u32 {
+        let k = head_dim * self.bk;
+        let v = self.bk * v_head_dim;
+        2 * (head_dim * self.bq + k + v + self.bk * (self.bq + 4)) + 4 * self.bq * self.tc
+    }
+
     pub fn validate(&self, head_dim: u32, v_head_dim: u32) -> Result<(), LaunchError> {
         let err = |reason: &str| {
             Err(LaunchError::InvalidTiles { tiles: self.to_string(), reason: reason.to_string() })
@@ -254,18 +262,22 @@ pub fn fma_vec_candidates(head_dim: u32) -> &'static [FmaVecTiles] {
 /// Candidate tilings of the packed-f16 FMA kernel (`fma_half.rs`) per head dim, best first
 /// (stages always in f16, so `stage_f32` is false).
 ///
-/// Measured on an H100 (runs `aa`-`ac`, `bench_cuda`, seq 4096, non-causal): 64 query rows x 32
-/// keys on 16 x 8 units (4 rows x 4 keys and 4 x 16 output columns per unit) is the best or
-/// within noise of it through WGSL on Vulkan (hd 64: 26-29 TFLOP/s against 17-19 for 64 keys
-/// on 8 x 16 units) and on CUDA (hd 128: 44.5 against 42.3), and it fits llvmpipe's 32 KiB at
-/// hd 128 (30 976 bytes). 8 rows per unit (`t8x8`) spills into fewer warps and loses
-/// everywhere. hd 256 is not measured.
+/// Measured on an H100 (BENCHMARKS.md, session 6, runs `ag`-`ak`, `bench_cuda`, seq 4096,
+/// non-causal, prefetched K/V):
+/// - hd 128: 64 query rows x 64 keys on 16 x 16 units (4 rows x 4 keys and 4 x 8 output
+///   columns per unit) leads through WGSL on Vulkan (38.6 TFLOP/s two-stage, 40.0-40.2 with f16
+///   Q·Kᵀ, against 36.5-37.0 for 64 x 32 on 16 x 8). Through CUDA the order is the other way
+///   round (46.5 against 41.9); one table serves every runtime, and Vulkan is where the portable
+///   path is the fast path. The second entry fits llvmpipe's 32 KiB (30 976 bytes).
+/// - hd <= 64: 64 x 32 on 16 x 8 leads through WGSL (43.5 against 35.5 for 16 x 16).
+/// - 8 rows per unit (`t8x8`, `t4x16`) spills into fewer warps and loses everywhere. hd 256 is
+///   not measured.
 pub fn fma_half_candidates(head_dim: u32) -> &'static [FmaVecTiles] {
     const fn t(bq: u32, bk: u32, tr: u32, tc: u32) -> FmaVecTiles {
         FmaVecTiles { bq, bk, tr, tc, stage_f32: false }
     }
     const SMALL: &[FmaVecTiles] = &[t(64, 32, 16, 8), t(64, 64, 8, 16), t(64, 32, 8, 8)];
-    const MEDIUM: &[FmaVecTiles] = &[t(64, 32, 16, 8), t(64, 64, 8, 16), t(32, 32, 4, 8)];
+    const MEDIUM: &[FmaVecTiles] = &[t(64, 64, 16, 16), t(64, 32, 16, 8), t(64, 64, 8, 16), t(32, 32, 4, 8)];
     const LARGE: &[FmaVecTiles] = &[t(16, 64, 4, 16), t(16, 32, 4, 8)];
     match head_dim {
         0..=64 => SMALL,

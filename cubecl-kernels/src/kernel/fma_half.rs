@@ -1,8 +1,10 @@
 //! The vectorized FMA kernel for the f16-accumulating modes (`Precision::F16` with QK `F16` or
 //! `TwoStage`, or PV `F16PerTile`): the products and sums that the mode allows in f16 run as
 //! f16 multiply-adds on 2-wide f16 vectors, the operand of packed half math (NVIDIA `HFMA2`,
-//! AMD `v_pk_fma_f16`): two FMAs per lane per instruction, twice the f32 rate, and no f16→f32
-//! conversion of the staged operands in the inner loops.
+//! AMD `v_pk_fma_f16`): two FMAs per lane per instruction and no f16→f32 conversion of the
+//! staged operands in the inner loops. Half the instructions of the f32 kernel, not always
+//! twice its FLOP rate: the H100 issues `HFMA2` at half the `FFMA` rate (BENCHMARKS.md,
+//! session 6: 64-66 TFLOP/s for both through CUDA and Vulkan).
 //!
 //! How the inner loops are written, and why (measured on an H100, BENCHMARKS.md runs `ab`/`ac`):
 //! - `a * b + c`, not `fma(a, b, c)`: CubeCL's CUDA lowering turns an f16 `fma` into `fmaf` on
@@ -33,18 +35,21 @@
 use cubecl::prelude::*;
 
 use super::fma_vec::{
-    cube_load_transposed, cube_load_v, online_softmax, thread_apply_mask, thread_score_matmul, thread_value_matmul,
-    write_results, FmaVecConfig, W,
+    cube_load_transposed, gather_transposed_len, gather_v_len, online_softmax, stage_k, stage_v, thread_apply_mask, thread_score_matmul,
+    thread_value_matmul, unit_gather_transposed, unit_gather_v, write_results, FmaVecConfig, W,
 };
 use super::{cube_key_ranges, AttnShape, NO_MAX};
 
 /// Compile-time key of the accumulation: `qk_chunk` is the head-dim span of each f16 partial
 /// sum of Q·Kᵀ (0: f32 accumulation; `head_dim`: the `F16` mode), `pv_f16` the per-tile f16
-/// accumulation of P·V.
+/// accumulation of P·V. `split_kv`: K and V get their own stages, so a tile needs two
+/// barriers instead of four (V is staged while other units still read K; the next K while
+/// others still read V).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct HalfConfig {
     pub qk_chunk: usize,
     pub pv_f16: bool,
+    pub split_kv: bool,
 }
 
 /// The packed-f16 operand: 2 lanes, one 32-bit register.
@@ -78,7 +83,13 @@ pub fn fwd_portable_fma_half<E: Float, N: Size>(
     let v_base = batch * shape.v_s0 as usize + kv_head * shape.v_s1 as usize;
 
     let mut q_stage = SharedMemory::<Vector<E, N>>::new(comptime!(cfg.head_dim * cfg.q_pitch()));
-    let mut kv_stage = SharedMemory::<Vector<E, N>>::new(cfg.kv_stage_len());
+    // K (and V, unless split); with `split_kv` V has its own stage (else a 1-vector stub).
+    let mut kv_stage = SharedMemory::<Vector<E, N>>::new(comptime!(if half.split_kv {
+        cfg.head_dim * cfg.k_pitch()
+    } else {
+        cfg.kv_stage_len()
+    }));
+    let mut v_stage = SharedMemory::<Vector<E, N>>::new(comptime!(if half.split_kv { cfg.bk * cfg.v_pitch() } else { 1 }));
     let mut p_stage = SharedMemory::<Vector<E, N>>::new(comptime!(cfg.bk * cfg.p_pitch()));
     let mut red_stage = SharedMemory::<f32>::new(comptime!(cfg.bq * cfg.tc));
 
@@ -110,24 +121,27 @@ pub fn fwd_portable_fma_half<E: Float, N: Size>(
 
     let (num_full, num_tiles) = cube_key_ranges(q0, q_len, kv_len, cfg.bq, cfg.bk, cfg.causal);
 
+    // Registers of the split loads (unused, and removed by the compiler, with direct loads).
+    let mut k_regs = Array::<Vector<E, N>>::new(comptime!(gather_transposed_len(cfg.bk, cfg.head_dim, cfg.units())));
+    let mut v_regs = Array::<Vector<E, N>>::new(comptime!(gather_v_len(&cfg)));
+    let k_stride = shape.k_s2 as usize;
+    let v_stride = shape.v_s2 as usize;
+    if cfg.prefetch && num_tiles > 0 {
+        unit_gather_transposed::<E, N>(k, &mut k_regs, k_base, k_stride, 0, kv_len, cfg.bk, cfg.head_dim, cfg);
+    }
+
     sync_cube();
 
     for tile in 0..num_tiles {
         let k0 = tile * cfg.bk;
         let masked = tile >= num_full;
 
-        cube_load_transposed::<E, E, N>(
-            k,
-            &mut kv_stage,
-            k_base,
-            shape.k_s2 as usize,
-            k0,
-            kv_len,
-            cfg.bk,
-            cfg.head_dim,
-            cfg,
-        );
+        stage_k::<E, E, N>(k, &mut k_regs, &mut kv_stage, k_base, k_stride, k0, kv_len, cfg);
         sync_cube();
+        // This tile's V is in flight during Q·Kᵀ and the softmax.
+        if cfg.prefetch {
+            unit_gather_v::<E, N>(v, &mut v_regs, v_base, v_stride, k0, kv_len, cfg);
+        }
 
         if comptime!(half.qk_chunk == 0) {
             thread_score_matmul::<E, N>(&q_stage, &kv_stage, &mut scores, unit_row, unit_col, cfg);
@@ -150,19 +164,41 @@ pub fn fwd_portable_fma_half<E: Float, N: Size>(
             unit_col,
             cfg,
         );
-        if cfg.plane_reduce {
+        if comptime!(half.split_kv) {
+            // V's own stage: the last readers of the previous V passed this tile's first barrier.
+            stage_v::<E, E, N>(v, &mut v_regs, &mut v_stage, v_base, v_stride, k0, kv_len, cfg);
+        } else {
+            // Every unit must be done reading K (the shared-memory reduction already ended
+            // with a barrier) before V overwrites it.
+            if cfg.plane_reduce {
+                sync_cube();
+            }
+            stage_v::<E, E, N>(v, &mut v_regs, &mut kv_stage, v_base, v_stride, k0, kv_len, cfg);
+        }
+        sync_cube();
+        // The next tile's K is in flight during P·V.
+        if cfg.prefetch && tile + 1 < num_tiles {
+            unit_gather_transposed::<E, N>(k, &mut k_regs, k_base, k_stride, k0 + cfg.bk, kv_len, cfg.bk, cfg.head_dim, cfg);
+        }
+
+        if comptime!(half.split_kv) {
+            if half.pv_f16 {
+                thread_value_matmul_half::<E, N>(&p_stage, &v_stage, &mut acc, unit_row, unit_col, cfg);
+            } else {
+                thread_value_matmul::<E, E, N>(&p_stage, &v_stage, &mut acc, unit_row, unit_col, cfg);
+            }
+            // No barrier: the next tile writes K (read by Q·Kᵀ before the last barrier), and
+            // P and V only after its first barrier, which every reader of this P and V passes
+            // after this P·V.
+        } else {
+            if half.pv_f16 {
+                thread_value_matmul_half::<E, N>(&p_stage, &kv_stage, &mut acc, unit_row, unit_col, cfg);
+            } else {
+                thread_value_matmul::<E, E, N>(&p_stage, &kv_stage, &mut acc, unit_row, unit_col, cfg);
+            }
+            // The next tile overwrites K/V, P and the reduction scratch.
             sync_cube();
         }
-
-        cube_load_v::<E, E, N>(v, &mut kv_stage, v_base, shape.v_s2 as usize, k0, kv_len, cfg);
-        sync_cube();
-
-        if half.pv_f16 {
-            thread_value_matmul_half::<E, N>(&p_stage, &kv_stage, &mut acc, unit_row, unit_col, cfg);
-        } else {
-            thread_value_matmul::<E, E, N>(&p_stage, &kv_stage, &mut acc, unit_row, unit_col, cfg);
-        }
-        sync_cube();
     }
 
     write_results::<E, N>(
@@ -326,8 +362,9 @@ mod cuda_tests {
     use cubecl::wgpu::WgpuRuntime;
     use cubecl::Compiler as _;
 
-    /// The table tile at hd 128 with every f16 accumulation on (two-stage Q·Kᵀ, f16 P·V).
-    fn cfg(causal: bool) -> (FmaVecConfig, HalfConfig) {
+    /// The table tile at hd 128 with every f16 accumulation on (two-stage Q·Kᵀ, f16 P·V),
+    /// K/V staged per `(tile_checked, prefetch)`.
+    fn cfg(causal: bool, (tile_checked, prefetch): (bool, bool)) -> (FmaVecConfig, HalfConfig) {
         let t = crate::tiling::fma_half_candidates(128)[0];
         (
             FmaVecConfig {
@@ -341,8 +378,10 @@ mod cuda_tests {
                 write_lse: true,
                 lazy_rescale: false,
                 plane_reduce: true,
+                tile_checked,
+                prefetch,
             },
-            HalfConfig { qk_chunk: 32, pv_f16: true },
+            HalfConfig { qk_chunk: 32, pv_f16: true, split_kv: prefetch },
         )
     }
 
@@ -387,9 +426,10 @@ mod cuda_tests {
         .define()
     }
 
-    /// CubeCL's CUDA source of the table tile, compiled by NVRTC for sm_90 and disassembled:
-    /// both matmuls are packed `HFMA2` (at least one per 2-wide multiply-add of the unrolled
-    /// loops: a chunk of Q·Kᵀ and a tile of P·V), and ptxas spills nothing. An `fma` on f16
+    /// CubeCL's CUDA source of the table tile, compiled by NVRTC for sm_90 and disassembled,
+    /// with each K/V staging: both matmuls are packed `HFMA2` (at least one per 2-wide
+    /// multiply-add of the unrolled loops: a chunk of Q·Kᵀ and a tile of P·V), and ptxas spills
+    /// nothing (the prefetch holds a tile's loads in registers across a matmul). An `fma` on f16
     /// vectors would show here as FFMA on converted floats, with no HFMA2. Skips (saying why)
     /// without NVRTC, the CUDA headers or a disassembler, except under CI.
     #[test]
@@ -410,8 +450,8 @@ mod cuda_tests {
         let Some(client) = client() else { return };
         let mut options = <CudaCompiler as cubecl::Compiler>::CompilationOptions::default();
         options.supports_features.fast_math = true;
-        for causal in [false, true] {
-            let (cfg, half) = cfg(causal);
+        for (causal, loads) in [(false, (false, false)), (true, (false, false)), (false, (true, false)), (false, (false, true)), (true, (false, true))] {
+            let (cfg, half) = cfg(causal, loads);
             let kernel = {
                 let _serial = COMPILE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
                 CudaCompiler::default()
@@ -433,16 +473,16 @@ mod cuda_tests {
             let per_chunk = half.qk_chunk * cfg.rm() * cfg.kq() * 2;
             let per_tile = cfg.bk * cfg.rm() * cfg.cq() * 2;
             println!(
-                "causal {causal}: {} registers, {} B spilled, {hfma2} HFMA2 (unrolled loops: {per_chunk} + {per_tile}), {} FFMA",
+                "causal {causal}, staging {loads:?}: {} registers, {} B spilled, {hfma2} HFMA2 (unrolled loops: {per_chunk} + {per_tile}), {} FFMA",
                 res.registers,
                 res.spill_bytes(),
                 hist.get("FFMA").copied().unwrap_or(0)
             );
             assert!(
                 hfma2 >= per_chunk + per_tile,
-                "causal {causal}: {hfma2} HFMA2 < {per_chunk} + {per_tile}"
+                "causal {causal}, staging {loads:?}: {hfma2} HFMA2 < {per_chunk} + {per_tile}"
             );
-            assert_eq!(res.spill_bytes(), 0, "causal {causal}: spills");
+            assert_eq!(res.spill_bytes(), 0, "causal {causal}, staging {loads:?}: spills");
         }
     }
 }

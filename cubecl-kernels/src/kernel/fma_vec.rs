@@ -40,6 +40,12 @@ pub struct FmaVecConfig {
     pub write_lse: bool,
     pub lazy_rescale: bool,
     pub plane_reduce: bool,
+    /// K/V staging (`KvLoads` in the launcher): one bounds decision per tile, so full tiles
+    /// load with no per-row test.
+    pub tile_checked: bool,
+    /// The next K (and this tile's V) are loaded into registers before the compute they
+    /// overlap, and written to shared memory after it (implies `tile_checked`).
+    pub prefetch: bool,
 }
 
 impl FmaVecConfig {
@@ -145,6 +151,15 @@ pub fn fwd_portable_fma_vec<E: Float, S: Float, N: Size>(
 
     let (num_full, num_tiles) = cube_key_ranges(q0, q_len, kv_len, cfg.bq, cfg.bk, cfg.causal);
 
+    // Registers of the split loads (unused, and removed by the compiler, with direct loads).
+    let mut k_regs = Array::<Vector<E, N>>::new(comptime!(gather_transposed_len(cfg.bk, cfg.head_dim, cfg.units())));
+    let mut v_regs = Array::<Vector<E, N>>::new(comptime!(gather_v_len(&cfg)));
+    let k_stride = shape.k_s2 as usize;
+    let v_stride = shape.v_s2 as usize;
+    if cfg.prefetch && num_tiles > 0 {
+        unit_gather_transposed::<E, N>(k, &mut k_regs, k_base, k_stride, 0, kv_len, cfg.bk, cfg.head_dim, cfg);
+    }
+
     sync_cube();
 
     // One copy of the step for all tiles; the mask is a runtime branch (see the module doc).
@@ -152,10 +167,12 @@ pub fn fwd_portable_fma_vec<E: Float, S: Float, N: Size>(
         let k0 = tile * cfg.bk;
         let masked = tile >= num_full;
 
-        cube_load_transposed::<E, S, N>(
-            k, &mut kv_stage, k_base, shape.k_s2 as usize, k0, kv_len, cfg.bk, cfg.head_dim, cfg,
-        );
+        stage_k::<E, S, N>(k, &mut k_regs, &mut kv_stage, k_base, k_stride, k0, kv_len, cfg);
         sync_cube();
+        // This tile's V is in flight during Q·Kᵀ and the softmax.
+        if cfg.prefetch {
+            unit_gather_v::<E, N>(v, &mut v_regs, v_base, v_stride, k0, kv_len, cfg);
+        }
 
         thread_score_matmul::<S, N>(&q_stage, &kv_stage, &mut scores, unit_row, unit_col, cfg);
         if masked {
@@ -180,8 +197,12 @@ pub fn fwd_portable_fma_vec<E: Float, S: Float, N: Size>(
             sync_cube();
         }
 
-        cube_load_v::<E, S, N>(v, &mut kv_stage, v_base, shape.v_s2 as usize, k0, kv_len, cfg);
+        stage_v::<E, S, N>(v, &mut v_regs, &mut kv_stage, v_base, v_stride, k0, kv_len, cfg);
         sync_cube();
+        // The next tile's K is in flight during P·V.
+        if cfg.prefetch && tile + 1 < num_tiles {
+            unit_gather_transposed::<E, N>(k, &mut k_regs, k_base, k_stride, k0 + cfg.bk, kv_len, cfg.bk, cfg.head_dim, cfg);
+        }
 
         thread_value_matmul::<f32, S, N>(&p_stage, &kv_stage, &mut acc, unit_row, unit_col, cfg);
         // The next tile overwrites K/V, P and the reduction scratch.
@@ -241,6 +262,287 @@ pub(crate) fn cube_load_transposed<E: Float, S: Float, N: Size>(
             }
         }
     }
+}
+
+/// Stages the K tile at `k0` into `kv_stage` as `[d][bk/W]`, per the config's staging: with
+/// `prefetch` from the registers a previous [`unit_gather_transposed`] filled, with
+/// `tile_checked` through the registers now, else directly ([`cube_load_transposed`]).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn stage_k<E: Float, S: Float, N: Size>(
+    k: &Array<Vector<E, N>>,
+    k_regs: &mut Array<Vector<E, N>>,
+    kv_stage: &mut SharedMemory<Vector<S, N>>,
+    k_base: usize,
+    k_stride: usize,
+    k0: usize,
+    kv_len: usize,
+    #[comptime] cfg: FmaVecConfig,
+) {
+    if cfg.tile_checked || cfg.prefetch {
+        if !cfg.prefetch {
+            unit_gather_transposed::<E, N>(k, k_regs, k_base, k_stride, k0, kv_len, cfg.bk, cfg.head_dim, cfg);
+        }
+        unit_scatter_transposed::<E, S, N>(k_regs, kv_stage, cfg.bk, cfg.head_dim, cfg);
+    } else {
+        cube_load_transposed::<E, S, N>(k, kv_stage, k_base, k_stride, k0, kv_len, cfg.bk, cfg.head_dim, cfg);
+    }
+}
+
+/// Stages the V tile at `k0` into `kv_stage` as `[key][dv/W]` (see [`stage_k`]).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn stage_v<E: Float, S: Float, N: Size>(
+    v: &Array<Vector<E, N>>,
+    v_regs: &mut Array<Vector<E, N>>,
+    kv_stage: &mut SharedMemory<Vector<S, N>>,
+    v_base: usize,
+    v_stride: usize,
+    k0: usize,
+    kv_len: usize,
+    #[comptime] cfg: FmaVecConfig,
+) {
+    if cfg.tile_checked || cfg.prefetch {
+        if !cfg.prefetch {
+            unit_gather_v::<E, N>(v, v_regs, v_base, v_stride, k0, kv_len, cfg);
+        }
+        unit_scatter_v::<E, S, N>(v_regs, kv_stage, cfg);
+    } else {
+        cube_load_v::<E, S, N>(v, kv_stage, v_base, v_stride, k0, kv_len, cfg);
+    }
+}
+
+/// [`cube_load_transposed`] in two halves, so that the global loads of the next tile can be
+/// issued before the compute they overlap: `unit_gather_transposed` reads this unit's tasks into
+/// registers (`regs[step * W + e]`), `unit_scatter_transposed` writes them transposed into the
+/// stage. A tile wholly inside `len` takes a copy of the loads with no per-row test (one
+/// uniform branch per tile instead of a divergent one per load: on NVIDIA's Vulkan driver each
+/// guarded load is its own branch region, and the next load waits for it).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn unit_gather_transposed<E: Float, N: Size>(
+    src: &Array<Vector<E, N>>,
+    regs: &mut Array<Vector<E, N>>,
+    base: usize,
+    row_stride: usize,
+    row0: usize,
+    len: usize,
+    #[comptime] rows: usize,
+    #[comptime] dim: usize,
+    #[comptime] cfg: FmaVecConfig,
+) {
+    if row0 + rows <= len {
+        gather_transposed::<E, N>(src, regs, base, row_stride, row0, len, rows, dim, false, cfg);
+    } else {
+        gather_transposed::<E, N>(src, regs, base, row_stride, row0, len, rows, dim, true, cfg);
+    }
+}
+
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn gather_transposed<E: Float, N: Size>(
+    src: &Array<Vector<E, N>>,
+    regs: &mut Array<Vector<E, N>>,
+    base: usize,
+    row_stride: usize,
+    row0: usize,
+    len: usize,
+    #[comptime] rows: usize,
+    #[comptime] dim: usize,
+    #[comptime] guarded: bool,
+    #[comptime] cfg: FmaVecConfig,
+) {
+    let row_quads = comptime!(rows / W);
+    let tasks = comptime!(rows / W * (dim / W));
+    let per_unit = comptime!(tasks.div_ceil(cfg.units()));
+    #[unroll]
+    for step in 0..per_unit {
+        let t = step * cfg.units() + UNIT_POS as usize;
+        // No test where every unit has a task at every step.
+        if comptime!(tasks.is_multiple_of(cfg.units())) {
+            gather_transposed_task::<E, N>(src, regs, base, row_stride, row0, len, t, step, row_quads, guarded);
+        } else if t < tasks {
+            gather_transposed_task::<E, N>(src, regs, base, row_stride, row0, len, t, step, row_quads, guarded);
+        }
+    }
+}
+
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn gather_transposed_task<E: Float, N: Size>(
+    src: &Array<Vector<E, N>>,
+    regs: &mut Array<Vector<E, N>>,
+    base: usize,
+    row_stride: usize,
+    row0: usize,
+    len: usize,
+    t: usize,
+    #[comptime] step: usize,
+    #[comptime] row_quads: usize,
+    #[comptime] guarded: bool,
+) {
+    let rq = t % row_quads;
+    let dq = t / row_quads;
+    #[unroll]
+    for e in 0..W {
+        let row = row0 + rq * W + e;
+        let index = (base + row * row_stride) / W + dq;
+        if guarded {
+            let mut value = Vector::<E, N>::new(E::from_int(0));
+            if row < len {
+                value = src[index];
+            }
+            regs[step * W + e] = value;
+        } else {
+            regs[step * W + e] = src[index];
+        }
+    }
+}
+
+/// The second half of [`unit_gather_transposed`]: this unit's W x W blocks, transposed into
+/// `[dim][rows/W]`.
+#[cube]
+pub(crate) fn unit_scatter_transposed<E: Float, S: Float, N: Size>(
+    regs: &Array<Vector<E, N>>,
+    stage: &mut SharedMemory<Vector<S, N>>,
+    #[comptime] rows: usize,
+    #[comptime] dim: usize,
+    #[comptime] cfg: FmaVecConfig,
+) {
+    let row_quads = comptime!(rows / W);
+    let tasks = comptime!(rows / W * (dim / W));
+    let per_unit = comptime!(tasks.div_ceil(cfg.units()));
+    #[unroll]
+    for step in 0..per_unit {
+        let t = step * cfg.units() + UNIT_POS as usize;
+        if comptime!(tasks.is_multiple_of(cfg.units())) {
+            scatter_transposed_task::<E, S, N>(regs, stage, t, step, row_quads);
+        } else if t < tasks {
+            scatter_transposed_task::<E, S, N>(regs, stage, t, step, row_quads);
+        }
+    }
+}
+
+#[cube]
+fn scatter_transposed_task<E: Float, S: Float, N: Size>(
+    regs: &Array<Vector<E, N>>,
+    stage: &mut SharedMemory<Vector<S, N>>,
+    t: usize,
+    #[comptime] step: usize,
+    #[comptime] row_quads: usize,
+) {
+    let rq = t % row_quads;
+    let dq = t / row_quads;
+    #[unroll]
+    for x in 0..W {
+        let mut column = Vector::<S, N>::empty();
+        #[unroll]
+        for e in 0..W {
+            column[e] = S::cast_from(regs[step * W + e][x]);
+        }
+        stage[(dq * W + x) * row_quads + rq] = column;
+    }
+}
+
+/// [`cube_load_v`] in two halves (see [`unit_gather_transposed`]): this unit's vectors of the
+/// value tile into `regs[step]`, zero past `kv_len`.
+#[cube]
+pub(crate) fn unit_gather_v<E: Float, N: Size>(
+    v: &Array<Vector<E, N>>,
+    regs: &mut Array<Vector<E, N>>,
+    v_base: usize,
+    v_row_stride: usize,
+    k0: usize,
+    kv_len: usize,
+    #[comptime] cfg: FmaVecConfig,
+) {
+    if k0 + cfg.bk <= kv_len {
+        gather_v::<E, N>(v, regs, v_base, v_row_stride, k0, kv_len, false, cfg);
+    } else {
+        gather_v::<E, N>(v, regs, v_base, v_row_stride, k0, kv_len, true, cfg);
+    }
+}
+
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn gather_v<E: Float, N: Size>(
+    v: &Array<Vector<E, N>>,
+    regs: &mut Array<Vector<E, N>>,
+    v_base: usize,
+    v_row_stride: usize,
+    k0: usize,
+    kv_len: usize,
+    #[comptime] guarded: bool,
+    #[comptime] cfg: FmaVecConfig,
+) {
+    let per_row = comptime!(cfg.v_pitch());
+    let count = comptime!(cfg.bk * cfg.v_pitch());
+    let per_unit = comptime!(count.div_ceil(cfg.units()));
+    #[unroll]
+    for step in 0..per_unit {
+        let e = step * cfg.units() + UNIT_POS as usize;
+        if comptime!(count.is_multiple_of(cfg.units())) {
+            gather_v_task::<E, N>(v, regs, v_base, v_row_stride, k0, kv_len, e, step, per_row, guarded);
+        } else if e < count {
+            gather_v_task::<E, N>(v, regs, v_base, v_row_stride, k0, kv_len, e, step, per_row, guarded);
+        }
+    }
+}
+
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn gather_v_task<E: Float, N: Size>(
+    v: &Array<Vector<E, N>>,
+    regs: &mut Array<Vector<E, N>>,
+    v_base: usize,
+    v_row_stride: usize,
+    k0: usize,
+    kv_len: usize,
+    e: usize,
+    #[comptime] step: usize,
+    #[comptime] per_row: usize,
+    #[comptime] guarded: bool,
+) {
+    let key = e / per_row;
+    let col = e % per_row;
+    let index = (v_base + (k0 + key) * v_row_stride) / W + col;
+    if guarded {
+        let mut value = Vector::<E, N>::new(E::from_int(0));
+        if k0 + key < kv_len {
+            value = v[index];
+        }
+        regs[step] = value;
+    } else {
+        regs[step] = v[index];
+    }
+}
+
+/// The second half of [`unit_gather_v`].
+#[cube]
+pub(crate) fn unit_scatter_v<E: Float, S: Float, N: Size>(
+    regs: &Array<Vector<E, N>>,
+    kv_stage: &mut SharedMemory<Vector<S, N>>,
+    #[comptime] cfg: FmaVecConfig,
+) {
+    let count = comptime!(cfg.bk * cfg.v_pitch());
+    let per_unit = comptime!(count.div_ceil(cfg.units()));
+    #[unroll]
+    for step in 0..per_unit {
+        let e = step * cfg.units() + UNIT_POS as usize;
+        if comptime!(count.is_multiple_of(cfg.units())) {
+            kv_stage[e] = Vector::cast_from(regs[step]);
+        } else if e < count {
+            kv_stage[e] = Vector::cast_from(regs[step]);
+        }
+    }
+}
+
+/// Registers per unit for [`unit_gather_transposed`] of `rows x dim` and [`unit_gather_v`].
+pub(crate) const fn gather_transposed_len(rows: usize, dim: usize, units: usize) -> usize {
+    (rows / W * (dim / W)).div_ceil(units) * W
+}
+pub(crate) const fn gather_v_len(cfg: &FmaVecConfig) -> usize {
+    (cfg.bk * cfg.v_pitch()).div_ceil(cfg.units())
 }
 
 /// Stages values `[k0, k0+bk)` row-major (`[key][dv/W]`), zero past `kv_len` so that masked

@@ -272,6 +272,9 @@ pub struct Report {
     pub o_non_finite: usize,
     /// Rows expected to see no key whose O is not exactly 0 or whose LSE is not -inf.
     pub empty_row_errors: usize,
+    /// The raw outputs (O's buffer as laid out, LSE), for bitwise comparisons between runs.
+    pub o: Vec<f64>,
+    pub lse: Vec<f64>,
 }
 
 impl Report {
@@ -357,5 +360,7 @@ pub fn run_case<R: Runtime>(
         lse_max_abs: lse_err,
         o_non_finite: non_finite,
         empty_row_errors: empty_errors,
+        o: o_flat,
+        lse: lse_got,
     })
 }
