@@ -624,17 +624,21 @@ mod tests {
                 assert!(!t.stage_f32);
             }
         }
-        // The measured best at d = 128, on Vulkan/NVIDIA and llvmpipe alike: 64 rows x 32 keys.
-        for smem in [32 * 1024, 48 * 1024] {
-            let t = select_fma_half_tiles(128, 128, smem, 1024).unwrap();
-            assert_eq!((t.bq, t.bk, t.tr, t.tc, t.rm()), (64, 32, 16, 8, 4));
-        }
-        // The f16 P stage is counted: 30976 bytes, of which P is 2 · 32 · 68.
+        // The measured best at d = 128 (session 6): 64 rows x 64 keys on 16 x 16 units where
+        // 48 KiB fit it (Vulkan on NVIDIA), 64 x 32 on 16 x 8 on llvmpipe's 32 KiB.
         let t = select_fma_half_tiles(128, 128, 48 * 1024, 1024).unwrap();
-        assert_eq!(
-            t.smem_bytes_half(128, 128),
-            2 * (128 * 64 + 128 * 32 + 32 * 68) + 4 * 64 * 8
-        );
+        assert_eq!((t.bq, t.bk, t.tr, t.tc, t.rm()), (64, 64, 16, 16, 4));
+        assert_eq!(t.smem_bytes_half(128, 128), 2 * (128 * 64 + 128 * 64 + 64 * 68) + 4 * 64 * 16);
+        // Separate K and V stages do not fit it in 48 KiB: the launcher keeps one stage.
+        assert!(t.smem_bytes_half_split(128, 128) as usize > 48 * 1024);
+        let t = select_fma_half_tiles(128, 128, 32 * 1024, 1024).unwrap();
+        assert_eq!((t.bq, t.bk, t.tr, t.tc, t.rm()), (64, 32, 16, 8, 4));
+        // The f16 P stage is counted: 30976 bytes, of which P is 2 · 32 · 68; split K/V add
+        // the V tile (2 · 32 · 128) and fit 48 KiB, not 32.
+        assert_eq!(t.smem_bytes_half(128, 128), 2 * (128 * 64 + 128 * 32 + 32 * 68) + 4 * 64 * 8);
+        assert_eq!(t.smem_bytes_half_split(128, 128), t.smem_bytes_half(128, 128) + 2 * 32 * 128);
+        assert!(t.smem_bytes_half_split(128, 128) as usize <= 48 * 1024);
+        assert!(t.smem_bytes_half_split(128, 128) as usize > 32 * 1024);
     }
 
     #[test]
