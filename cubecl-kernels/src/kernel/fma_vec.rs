@@ -232,36 +232,10 @@ pub(crate) fn cube_load_transposed<E: Float, S: Float, N: Size>(
     #[comptime] dim: usize,
     #[comptime] cfg: FmaVecConfig,
 ) {
-    let row_quads = comptime!(rows / W);
-    let tasks = comptime!(rows / W * (dim / W));
-    let per_unit = comptime!(tasks.div_ceil(cfg.units()));
-    #[unroll]
-    for step in 0..per_unit {
-        let t = step * cfg.units() + UNIT_POS as usize;
-        if t < tasks {
-            let rq = t % row_quads;
-            let dq = t / row_quads;
-            let mut block = Array::<Vector<S, N>>::new(W);
-            #[unroll]
-            for e in 0..W {
-                let row = row0 + rq * W + e;
-                let mut value = Vector::<S, N>::new(S::from_int(0));
-                if row < len {
-                    value = Vector::cast_from(src[(base + row * row_stride) / W + dq]);
-                }
-                block[e] = value;
-            }
-            #[unroll]
-            for x in 0..W {
-                let mut column = Vector::<S, N>::empty();
-                #[unroll]
-                for e in 0..W {
-                    column[e] = block[e][x];
-                }
-                stage[(dq * W + x) * row_quads + rq] = column;
-            }
-        }
-    }
+    // Each load guarded on its own: the two halves of the split loads, back to back.
+    let mut regs = Array::<Vector<E, N>>::new(comptime!(gather_transposed_len(rows, dim, cfg.units())));
+    gather_transposed::<E, N>(src, &mut regs, base, row_stride, row0, len, rows, dim, true, cfg);
+    unit_scatter_transposed::<E, S, N>(&regs, stage, rows, dim, cfg);
 }
 
 /// Stages the K tile at `k0` into `kv_stage` as `[d][bk/W]`, per the config's staging: with
@@ -557,22 +531,9 @@ pub(crate) fn cube_load_v<E: Float, S: Float, N: Size>(
     kv_len: usize,
     #[comptime] cfg: FmaVecConfig,
 ) {
-    let per_row = comptime!(cfg.v_pitch());
-    let count = comptime!(cfg.bk * cfg.v_pitch());
-    let per_unit = comptime!(count.div_ceil(cfg.units()));
-    #[unroll]
-    for step in 0..per_unit {
-        let e = step * cfg.units() + UNIT_POS as usize;
-        if e < count {
-            let key = e / per_row;
-            let col = e % per_row;
-            let mut value = Vector::<S, N>::new(S::from_int(0));
-            if k0 + key < kv_len {
-                value = Vector::cast_from(v[(v_base + (k0 + key) * v_row_stride) / W + col]);
-            }
-            kv_stage[e] = value;
-        }
-    }
+    let mut regs = Array::<Vector<E, N>>::new(comptime!(gather_v_len(&cfg)));
+    gather_v::<E, N>(v, &mut regs, v_base, v_row_stride, k0, kv_len, true, cfg);
+    unit_scatter_v::<E, S, N>(&regs, kv_stage, cfg);
 }
 
 /// `scores[i][j] = sum_d Q[row_i][d] * K[key_j][d]` for the unit's `rm x rn` block, on
