@@ -40,6 +40,18 @@ pub enum Error {
     #[error("{tensor} shape mismatch: expected {expected:?}, got {got:?}")]
     ShapeMismatch { tensor: TensorName, expected: Vec<usize>, got: Vec<usize> },
 
+    #[error("{tensor} must have rank {expected} ([batch, heads, seq, head_dim] or [batch, seq, heads, head_dim]), got shape {got:?}")]
+    Rank { tensor: TensorName, expected: usize, got: Vec<usize> },
+
+    #[error("{tensor} strides {strides:?} are invalid: {reason}")]
+    InvalidStrides { tensor: TensorName, strides: crate::Strides, reason: String },
+
+    #[error("{tensor} is {got}, the plan computes on {expected}")]
+    Dtype { tensor: TensorName, expected: crate::Dtype, got: crate::Dtype },
+
+    #[error("{tensor} lives on {got}, the session runs on {expected}")]
+    WrongDevice { tensor: TensorName, expected: String, got: String },
+
     #[error("{tensor} buffer holds {got} elements, the problem needs {expected}")]
     BufferLength { tensor: TensorName, expected: usize, got: usize },
 

@@ -21,7 +21,7 @@ pub use error::{Error, Result, TensorName};
 pub use precision::{
     DescaleGranularity, Dtype, Fp8Format, Int8Granularity, Nvfp4V, Precision, PvAccum, PvFormat, QkAccum,
 };
-pub use problem::{AttentionProblem, Layout, Strides};
+pub use problem::{AttentionProblem, AttentionShape, Layout, Strides, TensorStrides};
 pub use session::{attention, DeviceInfo, Output, Path, Plan, Resident, Session};
 pub use tensor::{Element, HostSlice};
 

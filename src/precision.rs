@@ -2,40 +2,7 @@
 
 use std::fmt;
 
-/// How Q·Kᵀ is accumulated in the 16-bit float modes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum QkAccum {
-    /// f32 accumulators (HMMA.16816.F32): the accurate default.
-    #[default]
-    F32,
-    /// f16 accumulators (HMMA.16816.F16): twice the rate on consumer GPUs, least accurate.
-    F16,
-    /// f16-accumulating MMAs over one chunk of the head dimension, folded into f32 after each
-    /// chunk: most of the F16 speed with error that grows per chunk, not per head dim.
-    TwoStage,
-}
-
-/// How P·V is accumulated in the 16-bit float modes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum PvAccum {
-    /// f32 accumulators across the whole key sequence.
-    #[default]
-    F32,
-    /// f16 accumulation within one KV tile, folded into f32 once per tile.
-    F16PerTile,
-}
-
-/// Which rows share one INT8 scale for Q (K always uses one scale per block of keys).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum Int8Granularity {
-    /// One scale per block of query rows (a cube's tile).
-    #[default]
-    PerBlock,
-    /// One scale per warp's rows within a block.
-    PerWarp,
-    /// One scale per thread's rows within a warp's MMA fragment.
-    PerThread,
-}
+pub use quattn_core::{Dtype, Int8Granularity, PvAccum, QkAccum};
 
 /// Format of the probabilities P (or V) entering the P·V product.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -228,24 +195,6 @@ fn pv_suffix(pv: PvAccum) -> &'static str {
 impl fmt::Display for Precision {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.name())
-    }
-}
-
-/// Element types of host and device tensors.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Dtype {
-    F32,
-    F16,
-    Bf16,
-}
-
-impl fmt::Display for Dtype {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Dtype::F32 => "f32",
-            Dtype::F16 => "f16",
-            Dtype::Bf16 => "bf16",
-        })
     }
 }
 

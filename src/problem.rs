@@ -2,38 +2,17 @@
 
 use crate::error::{Error, Result, TensorName};
 
-/// Memory layout of Q, K, V and O. Both are row-major over the named axes; the last axis is
-/// always the head dimension and is contiguous.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum Layout {
-    /// `[batch, heads, seq, head_dim]`.
-    #[default]
-    Bhsd,
-    /// `[batch, seq, heads, head_dim]` (the layout of most model code).
-    Bshd,
-}
+pub use quattn_core::{AttentionShape, Layout, Strides};
 
-/// Element strides of a 4-d tensor in one [`Layout`]; the head-dim stride is 1.
+/// Explicit element strides of Q, K, V and O, for tensors that are not contiguous in one
+/// [`Layout`] (views, slices of a larger buffer, packed QKV). The head dimension is always
+/// contiguous (stride 1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Strides {
-    pub batch: usize,
-    pub head: usize,
-    pub seq: usize,
-}
-
-impl Strides {
-    pub fn new(layout: Layout, heads: usize, seq: usize, dim: usize) -> Self {
-        match layout {
-            Layout::Bhsd => Strides { batch: heads * seq * dim, head: seq * dim, seq: dim },
-            Layout::Bshd => Strides { batch: seq * heads * dim, head: dim, seq: heads * dim },
-        }
-    }
-
-    /// Offset of element `(b, h, s, 0)`.
-    #[inline]
-    pub fn offset(&self, b: usize, h: usize, s: usize) -> usize {
-        b * self.batch + h * self.head + s * self.seq
-    }
+pub struct TensorStrides {
+    pub q: Strides,
+    pub k: Strides,
+    pub v: Strides,
+    pub o: Strides,
 }
 
 /// Largest number of elements in one tensor the library accepts: offsets must fit the 32-bit
@@ -62,6 +41,8 @@ pub struct AttentionProblem {
     /// Softmax scale; `None` means `1/sqrt(head_dim)`.
     pub scale: Option<f32>,
     pub layout: Layout,
+    /// Per-tensor strides overriding `layout`'s contiguous ones (`None`: contiguous).
+    pub strides: Option<TensorStrides>,
     pub return_lse: bool,
 }
 
@@ -80,6 +61,7 @@ impl AttentionProblem {
             causal: false,
             scale: None,
             layout: Layout::Bhsd,
+            strides: None,
             return_lse: false,
         }
     }
@@ -105,6 +87,12 @@ impl AttentionProblem {
     }
     pub fn layout(mut self, layout: Layout) -> Self {
         self.layout = layout;
+        self
+    }
+    /// Explicit strides for every tensor (see [`TensorStrides`]); [`AttentionProblem::validate`]
+    /// checks that O's rows do not overlap and that every extent fits.
+    pub fn strides(mut self, strides: TensorStrides) -> Self {
+        self.strides = Some(strides);
         self
     }
     pub fn with_lse(mut self, return_lse: bool) -> Self {
@@ -139,52 +127,88 @@ impl AttentionProblem {
     }
 
     pub fn q_shape(&self) -> [usize; 4] {
-        self.shape(self.q_heads, self.q_len, self.head_dim)
+        self.dims(self.q_heads, self.q_len, self.head_dim)
     }
     pub fn k_shape(&self) -> [usize; 4] {
-        self.shape(self.kv_heads, self.kv_len, self.head_dim)
+        self.dims(self.kv_heads, self.kv_len, self.head_dim)
     }
     pub fn v_shape(&self) -> [usize; 4] {
-        self.shape(self.kv_heads, self.kv_len, self.v_head_dim)
+        self.dims(self.kv_heads, self.kv_len, self.v_head_dim)
     }
     pub fn o_shape(&self) -> [usize; 4] {
-        self.shape(self.q_heads, self.q_len, self.v_head_dim)
+        self.dims(self.q_heads, self.q_len, self.v_head_dim)
     }
     pub fn lse_shape(&self) -> [usize; 3] {
         [self.batch, self.q_heads, self.q_len]
     }
 
-    fn shape(&self, heads: usize, seq: usize, dim: usize) -> [usize; 4] {
+    fn dims(&self, heads: usize, seq: usize, dim: usize) -> [usize; 4] {
         match self.layout {
             Layout::Bhsd => [self.batch, heads, seq, dim],
             Layout::Bshd => [self.batch, seq, heads, dim],
         }
     }
 
+    /// The strides of every tensor in effect: the explicit ones, else `layout`'s contiguous ones.
+    pub fn tensor_strides(&self) -> TensorStrides {
+        self.strides.unwrap_or(TensorStrides {
+            q: Strides::new(self.layout, self.q_heads, self.q_len, self.head_dim),
+            k: Strides::new(self.layout, self.kv_heads, self.kv_len, self.head_dim),
+            v: Strides::new(self.layout, self.kv_heads, self.kv_len, self.v_head_dim),
+            o: Strides::new(self.layout, self.q_heads, self.q_len, self.v_head_dim),
+        })
+    }
     pub fn q_strides(&self) -> Strides {
-        Strides::new(self.layout, self.q_heads, self.q_len, self.head_dim)
+        self.tensor_strides().q
     }
     pub fn k_strides(&self) -> Strides {
-        Strides::new(self.layout, self.kv_heads, self.kv_len, self.head_dim)
+        self.tensor_strides().k
     }
     pub fn v_strides(&self) -> Strides {
-        Strides::new(self.layout, self.kv_heads, self.kv_len, self.v_head_dim)
+        self.tensor_strides().v
     }
     pub fn o_strides(&self) -> Strides {
-        Strides::new(self.layout, self.q_heads, self.q_len, self.v_head_dim)
+        self.tensor_strides().o
     }
 
+    /// The problem as kernels take it: sizes, the strides in effect, the softmax scale in effect.
+    pub fn shape(&self) -> AttentionShape {
+        let s = self.tensor_strides();
+        AttentionShape {
+            batch: self.batch,
+            q_heads: self.q_heads,
+            kv_heads: self.kv_heads,
+            q_len: self.q_len,
+            kv_len: self.kv_len,
+            head_dim: self.head_dim,
+            v_head_dim: self.v_head_dim,
+            causal: self.causal,
+            scale: self.softmax_scale(),
+            q: s.q,
+            k: s.k,
+            v: s.v,
+            o: s.o,
+            write_lse: self.return_lse,
+        }
+    }
+
+    /// Elements a Q buffer must hold: the span of Q's strides (the dense count when contiguous).
     pub fn q_len_elems(&self) -> usize {
-        self.batch * self.q_heads * self.q_len * self.head_dim
+        self.extent(self.q_strides(), self.q_heads, self.q_len, self.head_dim)
     }
     pub fn k_len_elems(&self) -> usize {
-        self.batch * self.kv_heads * self.kv_len * self.head_dim
+        self.extent(self.k_strides(), self.kv_heads, self.kv_len, self.head_dim)
     }
     pub fn v_len_elems(&self) -> usize {
-        self.batch * self.kv_heads * self.kv_len * self.v_head_dim
+        self.extent(self.v_strides(), self.kv_heads, self.kv_len, self.v_head_dim)
     }
     pub fn o_len_elems(&self) -> usize {
-        self.batch * self.q_heads * self.q_len * self.v_head_dim
+        self.extent(self.o_strides(), self.q_heads, self.q_len, self.v_head_dim)
+    }
+
+    /// Saturates on overflow; [`AttentionProblem::validate`] refuses such problems first.
+    fn extent(&self, s: Strides, heads: usize, seq: usize, dim: usize) -> usize {
+        s.extent(self.batch, heads, seq, dim).unwrap_or(usize::MAX)
     }
     pub fn lse_len_elems(&self) -> usize {
         self.batch * self.q_heads * self.q_len
@@ -224,6 +248,53 @@ impl AttentionProblem {
                 return Err(Error::TooLarge { what, value: n, limit: MAX_TENSOR_ELEMS as u128 });
             }
         }
+        if self.strides.is_some() {
+            self.validate_strides()?;
+        }
+        Ok(())
+    }
+
+    /// Explicit strides: every extent fits the kernels' index range, and O, which is written,
+    /// has no two (batch, head, row) positions sharing an element. Inputs may alias (a zero
+    /// batch stride shares one K/V across the batch).
+    fn validate_strides(&self) -> Result<()> {
+        let s = self.tensor_strides();
+        for (tensor, st, heads, seq, dim) in [
+            (TensorName::Q, s.q, self.q_heads, self.q_len, self.head_dim),
+            (TensorName::K, s.k, self.kv_heads, self.kv_len, self.head_dim),
+            (TensorName::V, s.v, self.kv_heads, self.kv_len, self.v_head_dim),
+            (TensorName::Output, s.o, self.q_heads, self.q_len, self.v_head_dim),
+        ] {
+            match st.extent(self.batch, heads, seq, dim) {
+                Some(n) if n <= MAX_TENSOR_ELEMS => {}
+                n => {
+                    return Err(Error::InvalidStrides {
+                        tensor,
+                        strides: st,
+                        reason: format!(
+                            "the tensor spans {} elements, above the limit of {MAX_TENSOR_ELEMS}",
+                            n.map_or("more than usize::MAX".to_string(), |n| n.to_string())
+                        ),
+                    })
+                }
+            }
+        }
+        // Non-overlap of O: sorted by stride, each axis must step past everything the smaller
+        // axes span (axes of size 1 never step).
+        let mut axes: Vec<(usize, usize)> =
+            [(s.o.batch, self.batch), (s.o.head, self.q_heads), (s.o.seq, self.q_len)].into_iter().filter(|a| a.1 > 1).collect();
+        axes.sort();
+        let mut span = self.v_head_dim;
+        for (stride, n) in axes {
+            if stride < span {
+                return Err(Error::InvalidStrides {
+                    tensor: TensorName::Output,
+                    strides: s.o,
+                    reason: format!("rows overlap: a stride of {stride} steps inside the {span} elements the smaller axes span"),
+                });
+            }
+            span = stride * (n - 1) + span;
+        }
         Ok(())
     }
 
@@ -259,11 +330,7 @@ impl AttentionProblem {
     /// caught where tensors meet the library.
     pub fn from_shapes(layout: Layout, q: &[usize], k: &[usize], v: &[usize], causal: bool) -> Result<Self> {
         let rank4 = |t: TensorName, s: &[usize]| -> Result<[usize; 4]> {
-            <[usize; 4]>::try_from(s).map_err(|_| Error::ShapeMismatch {
-                tensor: t,
-                expected: vec![0; 4],
-                got: s.to_vec(),
-            })
+            <[usize; 4]>::try_from(s).map_err(|_| Error::Rank { tensor: t, expected: 4, got: s.to_vec() })
         };
         let (q, k, v) = (rank4(TensorName::Q, q)?, rank4(TensorName::K, k)?, rank4(TensorName::V, v)?);
         let split = |s: [usize; 4]| match layout {
@@ -284,6 +351,7 @@ impl AttentionProblem {
             causal,
             scale: None,
             layout,
+            strides: None,
             return_lse: false,
         };
         p.validate()?;

@@ -142,7 +142,7 @@ fn check_case(c: &ComputeClient<WgpuRuntime>, p: &AttentionProblem, elem: ElemTy
     let (q, k) = inputs_for(p, elem, seed);
     let fold = p.softmax_scale() * std::f32::consts::LOG2_E;
     for g in GRANULARITIES {
-        if blk.validate(g).is_err() {
+        if blk.check(g).is_err() {
             continue;
         }
         let lay = Int8ScaleLayout::new(p, g, blk).unwrap();
@@ -230,7 +230,7 @@ fn scale_index_mapping_gqa() {
     // warp, so it is laid out for block_q 32 with 2 warps.
     let small = Int8Blocking { block_q: 16, block_k: 32, warps: 2 };
     let wide = Int8Blocking { block_q: 32, block_k: 32, warps: 2 };
-    assert!(small.validate(Int8Granularity::PerThread).is_err());
+    assert!(small.check(Int8Granularity::PerThread).is_err());
     let cases = [(Int8Granularity::PerBlock, small), (Int8Granularity::PerWarp, small), (Int8Granularity::PerThread, wide)];
     for (g, blk) in cases {
         let lay = Int8ScaleLayout::new(&p, g, blk).unwrap();

@@ -101,7 +101,7 @@ fn kernel_blocking_is_accepted_by_the_emulation_for_the_supported_granularities(
         assert!(Int8UmmaConfig::new(hd, NativeGranularity::PerThread, PvAccum::F32).is_err());
         let cfg = Int8UmmaConfig::new(hd, NativeGranularity::PerBlock, PvAccum::F32).unwrap();
         let (block_q, block_k, warps) = cfg.blocking().unwrap();
-        assert!(Int8Blocking { block_q, block_k, warps }.validate(Int8Granularity::PerThread).is_err());
+        assert!(Int8Blocking { block_q, block_k, warps }.check(Int8Granularity::PerThread).is_err());
     }
 }
 

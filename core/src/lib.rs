@@ -288,6 +288,13 @@ pub struct Int8Blocking {
     pub warps: usize,
 }
 
+/// The native IMMA kernel's tile: 128 query rows over 8 warps, 64 keys per K scale.
+impl Default for Int8Blocking {
+    fn default() -> Self {
+        Int8Blocking { block_q: 128, block_k: 64, warps: 8 }
+    }
+}
+
 impl Int8Blocking {
     /// Rows owned by one warp.
     pub const fn rows_per_warp(&self) -> usize {

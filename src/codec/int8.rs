@@ -43,10 +43,9 @@ use crate::{AttentionProblem, Error, Int8Granularity, Result};
 
 /// Largest code magnitude; the range is the symmetric `[-127, 127]`.
 pub const QMAX: f32 = 127.0;
-/// Rows of one warp in the `PerThread` fragment model (the M of `mma.m16n8k32`).
-pub const MMA_M: usize = 16;
-/// Row groups (lane quads) per warp in the `PerThread` fragment model.
-pub const THREAD_GROUPS: usize = 8;
+/// Rows of one warp in the `PerThread` fragment model (the M of `mma.m16n8k32`), and its row
+/// groups (lane quads).
+pub use quattn_core::{INT8_MMA_M as MMA_M, INT8_THREAD_GROUPS as THREAD_GROUPS};
 
 /// The scale of a group whose largest magnitude is `amax`.
 #[inline]
@@ -64,47 +63,11 @@ pub fn quantize(x: f32, scale: f32) -> i8 {
     (x / scale).round_ties_even().clamp(-QMAX, QMAX) as i8
 }
 
-/// Tile shape the INT8 scales are laid out for (it must be the kernel's).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Int8Blocking {
-    /// Query rows per block (one cube / CTA).
-    pub block_q: usize,
-    /// Keys per K scale (one KV tile).
-    pub block_k: usize,
-    /// Warps splitting a query block into `block_q / warps` consecutive rows each.
-    pub warps: usize,
-}
+pub use quattn_core::Int8Blocking;
 
-impl Default for Int8Blocking {
-    fn default() -> Self {
-        Int8Blocking { block_q: 128, block_k: 64, warps: 8 }
-    }
-}
-
-impl Int8Blocking {
-    /// Rows owned by one warp.
-    pub fn rows_per_warp(&self) -> usize {
-        self.block_q / self.warps.max(1)
-    }
-
-    pub fn validate(&self, granularity: Int8Granularity) -> Result<()> {
-        if self.block_q == 0 || self.block_k == 0 || self.warps == 0 {
-            return Err(Error::Quantization(format!("INT8 blocking has a zero size: {self:?}")));
-        }
-        if !self.block_q.is_multiple_of(self.warps) {
-            return Err(Error::Quantization(format!(
-                "INT8 block_q {} is not a multiple of warps {}",
-                self.block_q, self.warps
-            )));
-        }
-        if granularity == Int8Granularity::PerThread && self.rows_per_warp() != MMA_M {
-            return Err(Error::Quantization(format!(
-                "per-thread INT8 scales follow a {MMA_M}-row MMA fragment per warp, but block_q / warps = {}",
-                self.rows_per_warp()
-            )));
-        }
-        Ok(())
-    }
+/// `blocking`'s check for `granularity` as the facade's error.
+pub fn check_blocking(blocking: &Int8Blocking, granularity: Int8Granularity) -> Result<()> {
+    blocking.check(granularity).map_err(Error::Quantization)
 }
 
 /// Shapes and index maps of the Q and K scale tensors (see the module docs).
@@ -121,7 +84,7 @@ pub struct Int8ScaleLayout {
 
 impl Int8ScaleLayout {
     pub fn new(problem: &AttentionProblem, granularity: Int8Granularity, blocking: Int8Blocking) -> Result<Self> {
-        blocking.validate(granularity)?;
+        check_blocking(&blocking, granularity)?;
         Ok(Int8ScaleLayout {
             batch: problem.batch,
             q_heads: problem.q_heads,
@@ -565,12 +528,12 @@ mod tests {
 
     #[test]
     fn blocking_validation() {
-        assert!(Int8Blocking::default().validate(Int8Granularity::PerThread).is_ok());
+        assert!(Int8Blocking::default().check(Int8Granularity::PerThread).is_ok());
         let b = Int8Blocking { block_q: 64, block_k: 64, warps: 8 };
-        assert!(b.validate(Int8Granularity::PerWarp).is_ok());
-        assert!(matches!(b.validate(Int8Granularity::PerThread), Err(Error::Quantization(_))));
-        assert!(Int8Blocking { block_q: 100, block_k: 64, warps: 8 }.validate(Int8Granularity::PerBlock).is_err());
-        assert!(Int8Blocking { block_q: 128, block_k: 0, warps: 8 }.validate(Int8Granularity::PerBlock).is_err());
+        assert!(b.check(Int8Granularity::PerWarp).is_ok());
+        assert!(matches!(check_blocking(&b, Int8Granularity::PerThread), Err(Error::Quantization(_))));
+        assert!(Int8Blocking { block_q: 100, block_k: 64, warps: 8 }.check(Int8Granularity::PerBlock).is_err());
+        assert!(Int8Blocking { block_q: 128, block_k: 0, warps: 8 }.check(Int8Granularity::PerBlock).is_err());
     }
 
     /// GQA 4:2, ragged q_len 40 / kv_len 45, block_q 32 with 2 warps of 16 rows, block_k 16.

@@ -119,7 +119,7 @@ impl Blocking {
                 "qk_chunk {} is not a multiple of the k-step {}",
                 self.qk_chunk, self.k_step
             ))),
-            Precision::Int8Qk { granularity, .. } => self.int8().validate(granularity),
+            Precision::Int8Qk { granularity, .. } => crate::codec::int8::check_blocking(&self.int8(), granularity),
             Precision::Nvfp4 { v } => {
                 if !problem.head_dim.is_multiple_of(16) {
                     return Err(Error::UnsupportedHeadDim {
