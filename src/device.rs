@@ -64,14 +64,20 @@ pub enum NativeKind {
     Int8Imma,
     /// INT8 Q/K with s8 warpgroup MMA (sm_90a: H100/H200).
     Int8Wgmma,
-    /// INT8 Q/K with tcgen05 UMMA (sm_100a).
+    /// INT8 Q/K with tcgen05 UMMA (sm_100a; compiled and SASS-checked, not run on hardware).
     Int8Umma,
-    /// FP8 with mma.sync e4m3/e5m2 (sm_89+).
-    Fp8Mma,
-    /// FP8 with MFMA (gfx950).
-    Fp8Mfma,
-    /// NVFP4 with block_scale mma.sync (sm_120a).
-    Nvfp4BlockScale,
+}
+
+impl NativeKind {
+    pub const fn name(self) -> &'static str {
+        match self {
+            NativeKind::Hmma => "hmma",
+            NativeKind::Wgmma => "wgmma",
+            NativeKind::Int8Imma => "int8-imma",
+            NativeKind::Int8Wgmma => "int8-wgmma",
+            NativeKind::Int8Umma => "int8-umma",
+        }
+    }
 }
 
 /// Families of portable (CubeCL) kernels, for forcing one with [`Strategy::PortableFamily`]
@@ -85,6 +91,8 @@ pub enum PortableKind {
     Cmma,
     /// Manual-MMA (`mma.sync` m16n8k16) kernel with the softmax in registers: CUDA sm_80+.
     Mma,
+    /// The INT8 Q/K kernel (after the CubeCL quantization prepass); every CubeCL device.
+    Int8,
 }
 
 impl PortableKind {
@@ -93,6 +101,7 @@ impl PortableKind {
             PortableKind::Fma => "fma",
             PortableKind::Cmma => "cmma",
             PortableKind::Mma => "mma",
+            PortableKind::Int8 => "int8",
         }
     }
 }

@@ -18,14 +18,33 @@ pub mod problem;
 
 pub use device::{Device, NativeKind, PortableKind, Strategy, WgpuAdapter};
 pub use error::{Error, Result, TensorName};
+pub use quattn_core::TWO_STAGE_CHUNK;
 pub use precision::{
     DescaleGranularity, Dtype, Fp8Format, Int8Granularity, Nvfp4V, Precision, PvAccum, PvFormat, QkAccum,
 };
+pub use device_tensor::CubeclTensors;
+#[cfg(feature = "cuda")]
+pub use device_tensor::{CudaTensor, CudaTensorMut};
+pub use registry::{Family, KernelId, NativeChoice};
 pub use problem::{AttentionProblem, AttentionShape, Layout, Strides, TensorStrides};
 pub use session::{attention, DeviceInfo, Output, Path, Plan, Resident, Session};
 pub use tensor::{Element, HostSlice};
 
+/// The cudarc the CUDA entry points take (`CudaSlice`, `CudaStream`): use this one so the
+/// versions match.
+#[cfg(feature = "cuda")]
+pub use cudarc;
+/// The CubeCL the portable kernels and [`Session::run_cubecl`] use (handles, clients, runtimes).
+pub use cubecl;
+
+/// The README's Rust blocks, compiled and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
+
 mod backend;
+pub mod device_tensor;
+pub mod registry;
 pub mod inputs;
 pub mod metrics;
 pub mod reference;

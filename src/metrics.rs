@@ -133,17 +133,10 @@ impl Tolerance {
     }
 }
 
-/// FLOPs of one forward pass, FlashAttention's count: 2 matmuls × 2 FLOP per MAC,
-/// `4 · B · H · Sq · Sk · D` (with D the mean of head_dim and v_head_dim), halved for causal.
+/// FLOPs of one forward pass: [`crate::AttentionShape::flops`], FlashAttention's count
+/// (`4 · B · H · Sq · Sk · D`, D the mean of the head dims, halved for causal).
 pub fn flops(problem: &AttentionProblem) -> f64 {
-    let p = problem;
-    let d = (p.head_dim + p.v_head_dim) as f64 / 2.0;
-    let full = 4.0 * p.batch as f64 * p.q_heads as f64 * p.q_len as f64 * p.kv_len as f64 * d;
-    if p.causal {
-        full / 2.0
-    } else {
-        full
-    }
+    problem.shape().flops()
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@
 use crate::backend::{self, Backend, ResidentData};
 use crate::emulation::{self, Blocking};
 use crate::error::{Error, Result};
+use crate::registry::{Family, KernelId};
 use crate::tensor::{Element, HostSlice};
 use crate::{AttentionProblem, Device, Precision, Strategy};
 
@@ -26,20 +27,47 @@ pub enum Path {
     Emulation,
 }
 
-/// A validated problem with its kernel chosen; reusable across calls.
+/// A validated problem with its kernel chosen and configured; reusable across calls. Every
+/// execution runs exactly [`Plan::kernel`]: nothing is re-selected per call.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Plan {
     pub problem: AttentionProblem,
     pub precision: Precision,
     pub strategy: Strategy,
-    pub path: Path,
-    /// The kernel that will run.
-    pub kernel: String,
+    /// The kernel that will run, with its resolved configuration.
+    pub kernel: KernelId,
     /// The tile shape the path's quantization follows (`block_q`, `block_k`, `warps`,
-    /// `qk_chunk`): the INT8 scale layout depends on it, so the CPU emulation must use the same
-    /// to agree with the kernel. `Some(Blocking::default())` on the emulation path; `None` for
-    /// kernels whose numerics do not depend on a blocking.
+    /// `qk_chunk`, `k_step`): the INT8 scale layout depends on it, so the CPU emulation must use
+    /// the same to agree with the kernel. `Some(Blocking::default())` on the emulation path;
+    /// `None` for kernels whose numerics do not depend on a blocking.
     pub blocking: Option<Blocking>,
+    /// The families the dispatch table tried before this one, with the reason each gave.
+    pub rejected: Vec<(Family, String)>,
+}
+
+impl Plan {
+    /// The kernel's display name (reports and logs; dispatch never reads it).
+    pub fn kernel_name(&self) -> String {
+        self.kernel.name()
+    }
+
+    /// The kernel's family.
+    pub fn family(&self) -> Family {
+        self.kernel.family()
+    }
+
+    /// Which path the plan takes.
+    pub fn path(&self) -> Path {
+        match self.kernel {
+            KernelId::Emulation { .. } => Path::Emulation,
+            _ => Path::Device,
+        }
+    }
+
+    /// Element type of Q, K, V and O on the device.
+    pub fn dtype(&self) -> crate::Dtype {
+        self.precision.input_dtype()
+    }
 }
 
 /// Result of one call: O in the problem's layout (f32), LSE `[batch, q_heads, q_len]` when asked.
@@ -71,7 +99,26 @@ struct EmulationData {
     out: Option<(Vec<f32>, Vec<f32>)>,
 }
 
-/// Device state kept across calls.
+/// Device state kept across calls: the device's clients, compiled kernels and dispatch table.
+/// `Send + Sync`: one session serves many threads.
+///
+/// ```
+/// use quattn::{AttentionProblem, Device, Precision, Session, Strategy};
+///
+/// let session = Session::new(Device::Cpu)?;
+/// let problem = AttentionProblem::new(1, 2, 16, 32).causal(true).with_lse(true);
+/// let plan = session.plan(&problem, Precision::F32, Strategy::Auto)?; // typed errors happen here
+/// assert_eq!(plan.kernel_name(), "fwd_cpu_f32_d32");
+/// let q: Vec<f32> = (0..problem.q_len_elems()).map(|i| (i % 7) as f32 * 0.1).collect();
+/// let v = vec![0.25f32; problem.v_len_elems()];
+/// let out = session.run(&plan, &q, &q, &v)?;
+/// // Every value of V is 0.25, so every weighted average is too.
+/// assert!(out.o.iter().all(|&x| (x - 0.25).abs() < 1e-6));
+/// // Row 0 sees one key (causal): its LSE is that key's scaled logit.
+/// let lse = out.lse.expect("asked for");
+/// assert!(lse[0].is_finite());
+/// # Ok::<(), quattn::Error>(())
+/// ```
 pub struct Session {
     backend: Box<dyn Backend>,
 }
@@ -90,22 +137,26 @@ impl Session {
         self.backend.info()
     }
 
+    pub(crate) fn backend(&self) -> &dyn Backend {
+        self.backend.as_ref()
+    }
+
     /// Validates the problem and picks the kernel; all checks happen here, before any work.
     pub fn plan(&self, problem: &AttentionProblem, precision: Precision, strategy: Strategy) -> Result<Plan> {
         problem.validate()?;
         precision.validate()?;
-        let (path, kernel, blocking) = match strategy {
+        let (kernel, blocking, rejected) = match strategy {
             Strategy::Reference => {
-                Blocking::default().validate(problem, precision)?;
-                (Path::Emulation, format!("emulate_{}", precision.name()), Some(Blocking::default()))
+                let blocking = Blocking::default();
+                blocking.validate(problem, precision)?;
+                (KernelId::Emulation { precision, blocking }, Some(blocking), Vec::new())
             }
             _ => {
-                let choice = self.backend.select(problem, precision, strategy)?;
-                log::debug!("{}: {} (blocking {:?})", choice.name, choice.reason, choice.blocking);
-                (Path::Device, choice.name, choice.blocking)
+                let planned = self.backend.plan(problem, precision, strategy)?;
+                (planned.choice.kernel, planned.choice.blocking, planned.rejected)
             }
         };
-        Ok(Plan { problem: *problem, precision, strategy, path, kernel, blocking })
+        Ok(Plan { problem: *problem, precision, strategy, kernel, blocking, rejected })
     }
 
     /// Plans and runs in one call, host slices in, host vectors out.
@@ -122,7 +173,7 @@ impl Session {
     /// Like [`Session::upload`] with element types chosen at run time.
     pub fn upload_slices(&self, plan: &Plan, q: HostSlice<'_>, k: HostSlice<'_>, v: HostSlice<'_>) -> Result<Resident> {
         plan.problem.check_lengths(q.len(), k.len(), v.len())?;
-        let data: ResidentData = match plan.path {
+        let data: ResidentData = match plan.path() {
             Path::Emulation => Box::new(EmulationData { q: q.to_f32_vec(), k: k.to_f32_vec(), v: v.to_f32_vec(), out: None }),
             Path::Device => self.backend.upload(plan, q, k, v)?,
         };
@@ -131,7 +182,7 @@ impl Session {
 
     /// Launches on the resident data; on GPUs this may return before the device finishes.
     pub fn execute(&self, r: &mut Resident) -> Result<()> {
-        match r.plan.path {
+        match r.plan.path() {
             Path::Emulation => {
                 let d = emulation_data(&r.plan, &mut r.data)?;
                 d.out = Some(run_emulation(&r.plan, &d.q, &d.k, &d.v)?);
@@ -147,10 +198,10 @@ impl Session {
 
     /// Waits for the device and copies O (and LSE) back.
     pub fn download(&self, r: &Resident) -> Result<Output> {
-        let (o, lse) = match r.plan.path {
+        let (o, lse) = match r.plan.path() {
             Path::Emulation => {
                 let d = r.data.downcast_ref::<EmulationData>().and_then(|d| d.out.as_ref()).ok_or_else(|| Error::Kernel {
-                    kernel: r.plan.kernel.clone(),
+                    kernel: r.plan.kernel_name(),
                     reason: "download before execute".into(),
                 })?;
                 (d.0.clone(), r.plan.problem.return_lse.then(|| d.1.clone()))
@@ -160,7 +211,7 @@ impl Session {
                 self.backend.download(&r.plan, &r.data)?
             }
         };
-        Ok(Output { o, lse, kernel: r.plan.kernel.clone() })
+        Ok(Output { o, lse, kernel: r.plan.kernel_name() })
     }
 
     /// The INT8 Q/K codes, scales, K mean and LSE shift the last [`Session::execute`] of an
@@ -168,7 +219,7 @@ impl Session {
     /// them: the native CUDA path. `None` for other plans and backends. For checking a device
     /// prepass against the codec (`codec::int8::verify_operands`).
     pub fn int8_operands(&self, r: &Resident) -> Result<Option<crate::codec::int8::Int8Operands>> {
-        match r.plan.path {
+        match r.plan.path() {
             Path::Device => self.backend.int8_operands(&r.plan, &r.data),
             Path::Emulation => Ok(None),
         }
@@ -177,7 +228,7 @@ impl Session {
     /// Milliseconds of the attention kernel alone where a plan runs in steps (the INT8 prepass
     /// and a native kernel): `None` when [`Session::time`] already measures only the kernel.
     pub fn time_kernel(&self, r: &mut Resident, warmup: usize, iters: usize) -> Result<Option<Vec<f64>>> {
-        match r.plan.path {
+        match r.plan.path() {
             Path::Device => self.backend.time_kernel(&r.plan, &mut r.data, warmup, iters),
             Path::Emulation => Ok(None),
         }
@@ -186,7 +237,7 @@ impl Session {
     /// Milliseconds per execution on resident data: `iters` samples after `warmup` runs, timed
     /// on the device where the backend can.
     pub fn time(&self, r: &mut Resident, warmup: usize, iters: usize) -> Result<Vec<f64>> {
-        match r.plan.path {
+        match r.plan.path() {
             Path::Device => self.backend.time(&r.plan, &mut r.data, warmup, iters),
             Path::Emulation => {
                 let mut v = Vec::with_capacity(iters);
@@ -211,7 +262,7 @@ fn run_emulation(plan: &Plan, q: &[f32], k: &[f32], v: &[f32]) -> Result<(Vec<f3
 
 fn emulation_data<'a>(plan: &Plan, data: &'a mut ResidentData) -> Result<&'a mut EmulationData> {
     data.downcast_mut::<EmulationData>().ok_or_else(|| Error::Kernel {
-        kernel: plan.kernel.clone(),
+        kernel: plan.kernel_name(),
         reason: "resident data belongs to another path".into(),
     })
 }

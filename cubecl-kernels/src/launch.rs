@@ -288,6 +288,70 @@ pub(crate) fn mma_layout_mismatch<R: Runtime>(elem: ElemType) -> Option<String> 
     (!ok).then(|| format!("the runtime's MMA register layout is not the one the kernel indexes: {props:?}"))
 }
 
+/// The cmma tiling: the pinned one, validated, else the first fitting entry of the table.
+pub(crate) fn resolve_cmma_tiles<R: Runtime>(
+    client: &ComputeClient<R>,
+    args: &AttentionArgs,
+    elem: ElemType,
+    options: &LaunchOptions,
+) -> Result<CmmaTiles, LaunchError> {
+    let hw = &client.properties().hardware;
+    let tiles = match options.cmma_tiles {
+        Some(t) => t,
+        None => select_cmma_tiles(args.head_dim, args.v_head_dim, elem.size_bytes() as u32, hw.max_shared_memory_size, hw.max_units_per_cube)
+            .ok_or_else(|| LaunchError::VariantUnavailable { variant: "cmma", reason: "no tiling fits".into() })?,
+    };
+    tiles.validate()?;
+    Ok(tiles)
+}
+
+/// The mma tiling: the pinned one, validated, else the first fitting entry of the table.
+pub(crate) fn resolve_mma_tiles<R: Runtime>(
+    client: &ComputeClient<R>,
+    args: &AttentionArgs,
+    elem: ElemType,
+    options: &LaunchOptions,
+) -> Result<MmaTiles, LaunchError> {
+    let hw = &client.properties().hardware;
+    let tiles = match options.mma_tiles {
+        Some(t) => t,
+        None => select_mma_tiles(args.head_dim, args.v_head_dim, elem.size_bytes() as u32, hw.max_shared_memory_size, hw.max_units_per_cube)
+            .ok_or_else(|| LaunchError::VariantUnavailable { variant: "mma", reason: "no tiling fits".into() })?,
+    };
+    tiles.validate(args.head_dim, args.v_head_dim)?;
+    Ok(tiles)
+}
+
+/// The scalar FMA kernel's tiling: the pinned one, validated, else the first fitting entry.
+pub(crate) fn fma_scalar_tiles<R: Runtime>(
+    client: &ComputeClient<R>,
+    args: &AttentionArgs,
+    elem: ElemType,
+    options: &LaunchOptions,
+) -> Result<FmaTiles, LaunchError> {
+    let hw = &client.properties().hardware;
+    // Shared-memory stages hold the input element type.
+    let stage_bytes = elem.size_bytes() as u32;
+    let (d, dv) = (args.head_dim, args.v_head_dim);
+    match options.fma_tiles {
+        Some(tiles) => {
+            tiles.validate(d, dv)?;
+            Ok(tiles)
+        }
+        None => select_fma_tiles(d, dv, stage_bytes, hw.max_shared_memory_size, hw.max_units_per_cube).ok_or_else(|| {
+            LaunchError::SharedMemoryExceeded {
+                kernel: format!("portable_fma_d{d}"),
+                required: crate::tiling::fma_candidates(d.max(dv))
+                    .iter()
+                    .map(|t| t.smem_bytes(d, dv, stage_bytes) as usize)
+                    .min()
+                    .unwrap_or(0),
+                available: hw.max_shared_memory_size,
+            }
+        }),
+    }
+}
+
 /// Why the mma kernel cannot run this problem on this runtime, if it cannot.
 fn mma_unavailable<R: Runtime>(
     client: &ComputeClient<R>,
@@ -453,7 +517,7 @@ pub fn int8_blocking<R: Runtime>(
     Ok(Int8Blocking { block_q: tiles.bq, block_k: tiles.bk, warps: tiles.bq / 16 })
 }
 
-fn int8_tiles<R: Runtime>(
+pub(crate) fn int8_tiles<R: Runtime>(
     client: &ComputeClient<R>,
     args: &AttentionArgs,
     v_elem: ElemType,
@@ -657,7 +721,7 @@ fn launch_fma_any<R: Runtime>(
 }
 
 /// The vectorized FMA kernel's tiling for this problem, or why it cannot run it.
-fn fma_vec_tiles<R: Runtime>(
+pub(crate) fn fma_vec_tiles<R: Runtime>(
     client: &ComputeClient<R>,
     args: &AttentionArgs,
     elem: ElemType,
@@ -798,7 +862,7 @@ fn launch_fma_vec<R: Runtime>(
 }
 
 /// Whether the packed-f16 kernel gives K and V separate stages: as asked, else where they fit.
-fn half_split_kv(tiles: &FmaVecTiles, d: u32, dv: u32, options: &LaunchOptions, max_shared: usize) -> bool {
+pub(crate) fn half_split_kv(tiles: &FmaVecTiles, d: u32, dv: u32, options: &LaunchOptions, max_shared: usize) -> bool {
     options.split_kv.unwrap_or(tiles.smem_bytes_half_split(d, dv) as usize <= max_shared)
 }
 
@@ -978,23 +1042,7 @@ fn launch_fma<R: Runtime>(
     // Shared-memory stages hold the input element type.
     let stage_bytes = elem.size_bytes() as u32;
     let (d, dv) = (args.head_dim, args.v_head_dim);
-
-    let tiles = match options.fma_tiles {
-        Some(tiles) => {
-            tiles.validate(d, dv)?;
-            tiles
-        }
-        None => select_fma_tiles(d, dv, stage_bytes, hw.max_shared_memory_size, hw.max_units_per_cube)
-            .ok_or_else(|| LaunchError::SharedMemoryExceeded {
-                kernel: format!("portable_fma_d{d}"),
-                required: crate::tiling::fma_candidates(d.max(dv))
-                    .iter()
-                    .map(|t| t.smem_bytes(d, dv, stage_bytes) as usize)
-                    .min()
-                    .unwrap_or(0),
-                available: hw.max_shared_memory_size,
-            })?,
-    };
+    let tiles = fma_scalar_tiles(client, args, elem, options)?;
 
     let kernel = fma_kernel_name(d, dv, &tiles);
     let smem = tiles.smem_bytes(d, dv, stage_bytes) as usize;
@@ -1221,12 +1269,7 @@ fn launch_cmma<R: Runtime>(
     let hw = &client.properties().hardware;
     let (d, dv) = (args.head_dim, args.v_head_dim);
     let bytes = elem.size_bytes() as u32;
-    let tiles = match options.cmma_tiles {
-        Some(t) => t,
-        None => select_cmma_tiles(d, dv, bytes, hw.max_shared_memory_size, hw.max_units_per_cube)
-            .ok_or_else(|| LaunchError::VariantUnavailable { variant: "cmma", reason: "no tiling fits".into() })?,
-    };
-    tiles.validate()?;
+    let tiles = resolve_cmma_tiles(client, args, elem, options)?;
     let dims = if d == dv { format!("d{d}") } else { format!("d{d}v{dv}") };
     let kernel = format!("cmma_{}_{dims}_bq{}_bk{}", elem_name(elem), tiles.bq(), tiles.bk);
     let smem = tiles.smem_bytes(d, dv, bytes) as usize;
@@ -1267,12 +1310,7 @@ fn launch_mma<R: Runtime>(
     let hw = &client.properties().hardware;
     let (d, dv) = (args.head_dim, args.v_head_dim);
     let bytes = elem.size_bytes() as u32;
-    let tiles = match options.mma_tiles {
-        Some(t) => t,
-        None => select_mma_tiles(d, dv, bytes, hw.max_shared_memory_size, hw.max_units_per_cube)
-            .ok_or_else(|| LaunchError::VariantUnavailable { variant: "mma", reason: "no tiling fits".into() })?,
-    };
-    tiles.validate(d, dv)?;
+    let tiles = resolve_mma_tiles(client, args, elem, options)?;
     let dims = if d == dv { format!("d{d}") } else { format!("d{d}v{dv}") };
     let kernel = format!("mma_{}_{dims}_{tiles}", elem_name(elem));
     let smem = tiles.smem_bytes(d, dv, bytes) as usize;

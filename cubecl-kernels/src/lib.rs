@@ -96,6 +96,7 @@ mod kernel;
 mod launch;
 mod problem;
 mod quant;
+mod select;
 mod tiling;
 
 pub use error::LaunchError;
@@ -106,6 +107,7 @@ pub use launch::{
 pub use problem::{
     bhsd_strides, bshd_strides, Accumulation, AttentionArgs, ElemType, QkAccumulation, SUPPORTED_HEAD_DIMS,
 };
+pub use select::{launch_selected, launch_selected_int8, select, PortableFamily, PortableKernel, Selection};
 pub use quant::{q_scale_fold, quantize_int8, Int8Blocking, Int8Granularity, Int8Operands, Int8Quant};
 pub use tiling::{
     cmma_candidates, fma_candidates, fma_half_candidates, fma_vec_candidates, mma_candidates, select_cmma_tiles,

@@ -57,9 +57,6 @@ pub enum NativeArg {
     Int8Imma,
     Int8Wgmma,
     Int8Umma,
-    Fp8Mma,
-    Fp8Mfma,
-    Nvfp4,
 }
 
 /// Portable (CubeCL) kernel family with `--strategy portable`.
@@ -70,6 +67,8 @@ pub enum PortableArg {
     Fma,
     Cmma,
     Mma,
+    /// The INT8 Q/K kernel (with its CubeCL prepass).
+    Int8,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -132,6 +131,7 @@ impl DeviceOpts {
                 PortableArg::Fma => Strategy::PortableFamily(PortableKind::Fma),
                 PortableArg::Cmma => Strategy::PortableFamily(PortableKind::Cmma),
                 PortableArg::Mma => Strategy::PortableFamily(PortableKind::Mma),
+                PortableArg::Int8 => Strategy::PortableFamily(PortableKind::Int8),
             },
             StrategyArg::Reference => Strategy::Reference,
             StrategyArg::Native => Strategy::Native(match self.native {
@@ -140,9 +140,6 @@ impl DeviceOpts {
                 NativeArg::Int8Imma => NativeKind::Int8Imma,
                 NativeArg::Int8Wgmma => NativeKind::Int8Wgmma,
                 NativeArg::Int8Umma => NativeKind::Int8Umma,
-                NativeArg::Fp8Mma => NativeKind::Fp8Mma,
-                NativeArg::Fp8Mfma => NativeKind::Fp8Mfma,
-                NativeArg::Nvfp4 => NativeKind::Nvfp4BlockScale,
             }),
         }
     }

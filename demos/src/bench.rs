@@ -137,9 +137,9 @@ fn bench_one(session: &Session, p: &AttentionProblem, prec: Precision, a: &Bench
         skipped: None,
     };
     let mut t = session.time(&mut r, a.warmup, a.iters.max(1))?;
-    let mut rows = vec![row(plan.kernel.clone(), check::median(&mut t))];
+    let mut rows = vec![row(plan.kernel_name(), check::median(&mut t))];
     if let Some(mut k) = session.time_kernel(&mut r, a.warmup, a.iters.max(1))? {
-        rows.push(row(format!("{} (kernel only)", plan.kernel), check::median(&mut k)));
+        rows.push(row(format!("{} (kernel only)", plan.kernel_name()), check::median(&mut k)));
     }
     Ok(rows)
 }

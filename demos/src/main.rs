@@ -14,6 +14,13 @@ use clap::Parser;
 use args::{Cli, Command};
 
 fn main() {
+    // A closed pipe (`quattn bench | head`) ends the program quietly, as it does other Unix
+    // tools, instead of making `println!` panic.
+    #[cfg(unix)]
+    // SAFETY: restoring the default disposition of one signal before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     let cli = Cli::parse();
     let result = match cli.command {

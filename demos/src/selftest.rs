@@ -3,7 +3,7 @@
 //! library's reason; any failure makes the exit status non-zero.
 
 use indicatif::{ProgressBar, ProgressStyle};
-use quattn::{AttentionProblem, Device, Error, Layout, Precision, Session, Strategy};
+use quattn::{AttentionProblem, Device, Error, Family, Layout, Precision, Session, Strategy};
 use serde::Serialize;
 
 use crate::args::{DeviceArg, SelftestArgs};
@@ -69,24 +69,18 @@ pub fn main(a: &SelftestArgs) -> anyhow::Result<i32> {
             Err(e) => eprintln!("selftest: skipping {d}: {e}"),
         }
     }
-    // On CUDA, Auto takes the fastest native kernel where one exists (wgmma for f16 on sm_90a):
-    // Portable runs the CubeCL kernels there too (the mma kernel for f16/bf16 on sm_80+), and
-    // PortableFamily(Cmma) the cmma kernel it passes over, Native(Hmma) the mma.sync family that
-    // Auto passes over on Hopper, and Native(Int8Imma) the mma.sync INT8 family (Auto takes s8
-    // wgmma there).
-    let strategies_of = |s: &Session| -> Vec<Strategy> {
-        if s.info().kind == "cuda" {
-            vec![
-                Strategy::Auto,
-                Strategy::Native(quattn::NativeKind::Hmma),
-                Strategy::Native(quattn::NativeKind::Int8Imma),
-                Strategy::Portable,
-                Strategy::PortableFamily(quattn::PortableKind::Cmma),
-                Strategy::Reference,
-            ]
-        } else {
-            vec![Strategy::Auto, Strategy::Reference]
-        }
+    // Auto, then every family of the kernel registry forced on its own (a family the device
+    // lacks is a refused plan, reported as a skip with the registry's reason), then the
+    // emulation.
+    let strategies_of = |_: &Session| -> Vec<Strategy> {
+        let mut v = vec![Strategy::Auto];
+        v.extend(Family::ALL.iter().filter_map(|f| match *f {
+            Family::Native(k) => Some(Strategy::Native(k)),
+            Family::Portable(k) => Some(Strategy::PortableFamily(k)),
+            Family::Cpu | Family::Emulation => None,
+        }));
+        v.push(Strategy::Reference);
+        v
     };
     let total: usize = sessions.iter().map(|s| strategies_of(s).len()).sum::<usize>() * shapes.len() * precisions.len();
     let bar = ProgressBar::new(total as u64);
@@ -180,7 +174,7 @@ fn run_case(session: &Session, p: &AttentionProblem, prec: Precision, strategy: 
             return case;
         }
     };
-    case.kernel = Some(plan.kernel.clone());
+    case.kernel = Some(plan.kernel_name());
     let (q, k, v) = check::inputs(p, prec, 0x5e1f ^ (p.q_len as u64 * 131 + p.head_dim as u64));
     let result = session.run(&plan, &q, &k, &v).map_err(anyhow::Error::from).and_then(|out| {
         let acc = check::check(p, prec, &q, &k, &v, &out)?;
@@ -253,7 +247,7 @@ fn prepass_cases(session: &Session) -> Vec<Case> {
                     };
                     let result = (|| -> anyhow::Result<Option<()>> {
                         let plan = session.plan(&p, prec, strategy)?;
-                        case.kernel = Some(plan.kernel.clone());
+                        case.kernel = Some(plan.kernel_name());
                         let mut r = session.upload(&plan, &q, &k, &v)?;
                         session.execute(&mut r)?;
                         let Some(ops) = session.int8_operands(&r)? else { return Ok(None) };

@@ -77,3 +77,21 @@ fn native_kernels_compile_with_their_tensor_core_instructions() {
         assert!(r["missing"].as_array().unwrap().is_empty(), "{r}");
     }
 }
+
+/// `quattn ... | head`: a reader that goes away ends the program quietly, never with a panic.
+#[cfg(unix)]
+#[test]
+fn closed_stdout_is_not_a_panic() {
+    use std::process::Stdio;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_quattn"))
+        .args(["selftest", "--devices", "cpu", "--quick", "--json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn quattn");
+    drop(child.stdout.take()); // the reader leaves before the first line
+    let out = child.wait_with_output().expect("wait");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "stderr: {err}");
+    assert_ne!(out.status.code(), Some(101), "exit code of a Rust panic; stderr: {err}");
+}

@@ -31,6 +31,7 @@ pub mod int8_umma;
 pub mod int8;
 pub mod int8_prepass;
 pub mod nvrtc;
+pub mod registry;
 pub mod report;
 pub mod sass;
 pub mod tma;
@@ -54,7 +55,10 @@ pub use int8::{Int8Args, Int8Config, Int8Granularity, Int8Lens, Int8Params, Int8
 pub use int8_prepass::Int8Prepass;
 pub use int8_prepass::{Int8PrepassConfig, PrepassArgs, PrepassInput, PrepassLens, PrepassPass, PrepassPtrs, PrepassVariant};
 pub use nvrtc::{nvrtc, NvrtcInfo, Resources};
-pub use report::{compile_report, KernelReport};
+pub use registry::NativeKernelId;
+#[cfg(feature = "cuda")]
+pub use registry::{Loaded, ModuleStore};
+pub use report::{compile_report, KernelReport, KernelVariant};
 #[cfg(feature = "cuda")]
 pub use wgmma::WgmmaKernel;
 pub use wgmma::{WgmmaArgs, WgmmaConfig, WgmmaParams, WgmmaTile, WGMMA_TILES};

@@ -10,13 +10,14 @@ use crate::cache::{CompileRequest, KernelCache, Origin};
 use crate::error::{NativeError, Result};
 use crate::hmma::HmmaConfig;
 use crate::int8::Int8Config;
-use crate::int8_prepass::{Int8PrepassConfig, PrepassVariant};
+use crate::int8_prepass::PrepassVariant;
 use crate::int8_umma::Int8UmmaConfig;
 use crate::wgmma::WgmmaConfig;
 use crate::wgmma_int8::Int8WgmmaConfig;
 
-/// What the report needs from one compiled variant of any kernel family. Each family implements
-/// it for its config type and lists itself in [`families`].
+/// What a kernel family declares for one compiled variant: its name, its NVRTC request per
+/// target, the SASS instructions it is built around and its shared memory. Each family
+/// implements it for its config type; [`crate::NativeKernelId`] lists every variant.
 pub trait KernelVariant: Send + Sync {
     /// Variant name, unique across families (it is also the cache key's kernel name).
     fn name(&self) -> String;
@@ -117,44 +118,6 @@ impl KernelVariant for Int8Config {
     fn dynamic_smem_bytes(&self, arch: Arch) -> u32 {
         self.smem_bytes_for(arch).unwrap_or(0)
     }
-}
-
-/// One kernel family: its variants and the targets each variant is built for.
-pub struct Family {
-    /// Family name, the prefix of its variant names (e.g. `fwd_hmma`).
-    pub name: &'static str,
-    pub variants: Vec<Arc<dyn KernelVariant>>,
-    pub targets: &'static [Arch],
-}
-
-/// Every native kernel family the report covers.
-pub fn families() -> Vec<Family> {
-    fn boxed<C: KernelVariant + 'static>(v: Vec<C>) -> Vec<Arc<dyn KernelVariant>> {
-        v.into_iter().map(|c| Arc::new(c) as Arc<dyn KernelVariant>).collect()
-    }
-    vec![
-        Family { name: "fwd_hmma", variants: boxed(HmmaConfig::all()), targets: HmmaConfig::TARGETS },
-        Family { name: "fwd_int8", variants: boxed(Int8Config::all()), targets: Int8Config::TARGETS },
-        Family {
-            name: "int8_prepass",
-            variants: boxed(Int8PrepassConfig::report_variants()),
-            targets: Int8PrepassConfig::TARGETS,
-        },
-        // sm_100a only; compiled and disassembled in CI, not run on hardware.
-        Family {
-            name: "fwd_int8_umma",
-            variants: boxed(Int8UmmaConfig::all()),
-            targets: Int8UmmaConfig::TARGETS,
-        },
-        // sm_90a only; compiled and disassembled in CI, not yet run on hardware.
-        Family { name: "fwd_wgmma", variants: boxed(WgmmaConfig::all()), targets: WgmmaConfig::TARGETS },
-        // sm_90a only; compiled and disassembled in CI, not yet run on hardware.
-        Family {
-            name: "fwd_wgmma_int8",
-            variants: boxed(Int8WgmmaConfig::all()),
-            targets: Int8WgmmaConfig::TARGETS,
-        },
-    ]
 }
 
 /// One (variant, arch) line of the report.
@@ -309,15 +272,14 @@ pub fn report_variant(cache: &KernelCache, config: &dyn KernelVariant, arch: Arc
     r
 }
 
-/// Every (variant, target) pair of every kernel family, restricted to `archs` when given.
+/// Every (variant, target) pair of the registry ([`crate::NativeKernelId::all`]), restricted to
+/// `archs` when given.
 pub fn all_targets(archs: Option<&[Arch]>) -> Vec<(Arc<dyn KernelVariant>, Arch)> {
     let mut jobs = Vec::new();
-    for family in families() {
-        for cfg in family.variants {
-            for &arch in family.targets {
-                if archs.is_none_or(|a| a.contains(&arch)) {
-                    jobs.push((cfg.clone(), arch));
-                }
+    for id in crate::registry::NativeKernelId::all() {
+        for &arch in id.targets() {
+            if archs.is_none_or(|a| a.contains(&arch)) {
+                jobs.push((Arc::new(id) as Arc<dyn KernelVariant>, arch));
             }
         }
     }

@@ -5,9 +5,10 @@
 
 use rayon::prelude::*;
 
-use super::{Backend, KernelChoice, ResidentData};
+use super::{Backend, ResidentData};
 use crate::error::{Error, Result};
 use crate::precision::{Dtype, PvAccum, QkAccum};
+use crate::registry::{self, Choice, Family, KernelId, Planned, Reject, Row};
 use crate::session::{DeviceInfo, Plan};
 use crate::tensor::HostSlice;
 use crate::{AttentionProblem, Device, Precision, Strategy};
@@ -22,6 +23,7 @@ impl CpuBackend {
     }
 }
 
+/// Inputs as the element type rounds them, O and LSE, all f32 on the host.
 struct CpuData {
     q: Vec<f32>,
     k: Vec<f32>,
@@ -30,13 +32,29 @@ struct CpuData {
     lse: Vec<f32>,
 }
 
-fn p_rounding(precision: Precision) -> Option<Dtype> {
-    match precision {
-        Precision::F32 => None,
-        Precision::F16 { .. } => Some(Dtype::F16),
-        Precision::Bf16 { .. } => Some(Dtype::Bf16),
-        _ => None,
-    }
+/// The CPU's dispatch table: one kernel.
+static TABLE: [Row<CpuBackend>; 1] = [Row { family: Family::Cpu, test: cpu_kernel }];
+
+fn cpu_kernel(_: &CpuBackend, problem: &AttentionProblem, precision: Precision) -> std::result::Result<Choice, Reject> {
+    let dtype = match precision {
+        Precision::F32 => Dtype::F32,
+        Precision::F16 { qk: QkAccum::F32, pv: PvAccum::F32 } => Dtype::F16,
+        Precision::Bf16 { qk: QkAccum::F32, pv: PvAccum::F32 } => Dtype::Bf16,
+        _ => {
+            return Err(Reject::Refused(Error::UnsupportedPrecision {
+                precision,
+                device: "cpu".into(),
+                reason: "the CPU kernel computes f32, f16 and bf16 with f32 accumulation; \
+                         Strategy::Reference runs the CPU emulation of this mode"
+                    .into(),
+            }))
+        }
+    };
+    Ok(Choice { kernel: KernelId::Cpu { dtype, head_dim: problem.head_dim }, blocking: None })
+}
+
+fn cpu_data<'a>(plan: &Plan, data: &'a mut ResidentData) -> Result<&'a mut CpuData> {
+    data.downcast_mut::<CpuData>().ok_or_else(|| super::foreign(plan))
 }
 
 impl Backend for CpuBackend {
@@ -44,40 +62,8 @@ impl Backend for CpuBackend {
         DeviceInfo { device: Device::Cpu, kind: "cpu", adapter: format!("CPU ({} threads)", self.threads) }
     }
 
-    fn select(&self, problem: &AttentionProblem, precision: Precision, strategy: Strategy) -> Result<KernelChoice> {
-        if let Strategy::Native(_) = strategy {
-            return Err(Error::UnsupportedStrategy {
-                strategy,
-                device: "cpu".into(),
-                reason: "native kernels need a matching GPU".into(),
-            });
-        }
-        if let Strategy::PortableFamily(kind) = strategy {
-            return Err(Error::UnsupportedStrategy {
-                strategy,
-                device: "cpu".into(),
-                reason: format!("the portable {} kernel is a CubeCL kernel; the CPU device runs the CPU kernel (Strategy::Portable)", kind.name()),
-            });
-        }
-        let dtype = match precision {
-            Precision::F32 => "f32",
-            Precision::F16 { qk: QkAccum::F32, pv: PvAccum::F32 } => "f16",
-            Precision::Bf16 { qk: QkAccum::F32, pv: PvAccum::F32 } => "bf16",
-            _ => {
-                return Err(Error::UnsupportedPrecision {
-                    precision,
-                    device: "cpu".into(),
-                    reason: "the CPU kernel computes f32, f16 and bf16 with f32 accumulation; \
-                             Strategy::Reference runs the CPU emulation of this mode"
-                        .into(),
-                })
-            }
-        };
-        Ok(KernelChoice {
-            name: format!("fwd_cpu_{dtype}_d{}", problem.head_dim),
-            reason: "CPU device".into(),
-            blocking: None,
-        })
+    fn plan(&self, problem: &AttentionProblem, precision: Precision, strategy: Strategy) -> Result<Planned> {
+        registry::walk(&TABLE, self, "cpu", problem, precision, strategy)
     }
 
     fn upload(&self, plan: &Plan, q: HostSlice<'_>, k: HostSlice<'_>, v: HostSlice<'_>) -> Result<ResidentData> {
@@ -93,11 +79,13 @@ impl Backend for CpuBackend {
     }
 
     fn execute(&self, plan: &Plan, data: &mut ResidentData) -> Result<()> {
-        let d = data.downcast_mut::<CpuData>().ok_or_else(|| Error::Kernel {
-            kernel: plan.kernel.clone(),
-            reason: "resident data belongs to another backend".into(),
-        })?;
-        forward(&plan.problem, p_rounding(plan.precision), d);
+        let d = cpu_data(plan, data)?;
+        let p_round = match plan.kernel {
+            KernelId::Cpu { dtype: Dtype::F32, .. } => None,
+            KernelId::Cpu { dtype, .. } => Some(dtype),
+            _ => return Err(super::foreign(plan)),
+        };
+        forward(&plan.problem, p_round, d);
         Ok(())
     }
 
@@ -106,11 +94,12 @@ impl Backend for CpuBackend {
     }
 
     fn download(&self, plan: &Plan, data: &ResidentData) -> Result<(Vec<f32>, Option<Vec<f32>>)> {
-        let d = data.downcast_ref::<CpuData>().ok_or_else(|| Error::Kernel {
-            kernel: plan.kernel.clone(),
-            reason: "resident data belongs to another backend".into(),
-        })?;
+        let d = data.downcast_ref::<CpuData>().ok_or_else(|| super::foreign(plan))?;
         Ok((d.o.clone(), plan.problem.return_lse.then(|| d.lse.clone())))
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 }
 

@@ -2,6 +2,10 @@
 //! DX12, software adapters) and CUDA. Device buffers are CubeCL handles; timing uses CubeCL's
 //! profiler (CUDA events) on CUDA and the host clock on wgpu adapters (see `time`).
 //!
+//! The dispatch table tries the portable families best first (manual MMA, cooperative-matrix
+//! MMA, the INT8 kernel, the FMA kernels); the plan keeps the resolved
+//! [`quattn_cubecl::PortableKernel`], which every execution launches as it is.
+//!
 //! `Int8Qk` runs as two steps on the device: the CubeCL quantization prepass (f16 Q and K to
 //! INT8 codes and scales, K smoothing) then the INT8 attention kernel; the scale layout
 //! follows the kernel's tiles, recorded on the plan as its [`Blocking`].
@@ -12,17 +16,19 @@ use cubecl::prelude::*;
 use cubecl::server::Handle;
 use half::{bf16, f16};
 use quattn_cubecl::{
-    Accumulation, AttentionArgs, ElemType, Int8Operands, Int8Quant, LaunchError, LaunchOptions, QkAccumulation,
-    Variant, SUPPORTED_HEAD_DIMS,
+    AttentionArgs, ElemType, Int8Operands, Int8Quant, LaunchError, LaunchOptions, PortableFamily,
+    QkAccumulation, Selection, Variant, SUPPORTED_HEAD_DIMS,
 };
 
-use super::{Backend, KernelChoice, ResidentData};
-use crate::error::{Error, Result};
+use super::{Backend, ResidentData};
+use crate::device_tensor::CubeclTensors;
 use crate::emulation::Blocking;
+use crate::error::{Error, Result};
 use crate::precision::{Int8Granularity, PvAccum, PvFormat, QkAccum};
+use crate::registry::{self, not_applicable, Choice, Family, KernelId, Planned, Reject, Row};
 use crate::session::{DeviceInfo, Plan};
 use crate::tensor::HostSlice;
-use crate::{AttentionProblem, Device, PortableKind, Precision, Strategy};
+use crate::{AttentionProblem, Device, Dtype, PortableKind, Precision, Strategy, TWO_STAGE_CHUNK};
 
 /// Executions per host-timed sample on wgpu adapters.
 const WGPU_TIMING_BATCH: usize = 5;
@@ -32,37 +38,24 @@ pub(crate) struct CubeclBackend<R: Runtime> {
     info: DeviceInfo,
 }
 
+/// The buffers of one call: the host path's uploads, or a caller's handles.
 pub(crate) struct GpuData {
     pub(crate) q: Handle,
     pub(crate) k: Handle,
     pub(crate) v: Handle,
     pub(crate) o: Handle,
     pub(crate) lse: Option<Handle>,
-    /// Element type of the uploaded Q, K, V and of O.
-    pub(crate) elem: ElemType,
-    mode: Mode,
 }
 
-/// Head-dim span of each f16 partial sum of the portable two-stage Q·Kᵀ: the native HMMA
-/// kernels' chunk and the emulation's default.
-const TWO_STAGE_CHUNK: u32 = 32;
-
-/// What the portable path computes for a precision.
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Mode {
-    /// The float kernels on inputs of this element type, accumulating as the precision says.
-    Float(ElemType, Accumulation),
-    /// Prepass to INT8 Q/K, then the INT8 kernel with f16 V.
-    Int8 { granularity: Int8Granularity, smooth_k: bool },
-}
-
-impl Mode {
-    fn elem(&self) -> ElemType {
-        match self {
-            Mode::Float(e, _) => *e,
-            Mode::Int8 { .. } => ElemType::F16,
-        }
-    }
+/// The portable dispatch table, best first: `Auto` and `Portable` take the first row that
+/// accepts, a forced family its own row.
+fn table<R: Runtime>() -> [Row<CubeclBackend<R>>; 4] {
+    [
+        Row { family: Family::Portable(PortableKind::Mma), test: |b, p, prec| b.float_row(p, prec, Variant::Mma) },
+        Row { family: Family::Portable(PortableKind::Cmma), test: |b, p, prec| b.float_row(p, prec, Variant::Cmma) },
+        Row { family: Family::Portable(PortableKind::Int8), test: CubeclBackend::<R>::int8_row },
+        Row { family: Family::Portable(PortableKind::Fma), test: |b, p, prec| b.float_row(p, prec, Variant::PortableFma) },
+    ]
 }
 
 impl<R: Runtime> CubeclBackend<R> {
@@ -84,48 +77,174 @@ impl<R: Runtime> CubeclBackend<R> {
         self
     }
 
-    pub(crate) fn data<'a>(&self, plan: &Plan, data: &'a ResidentData) -> Result<&'a GpuData> {
-        data.downcast_ref::<GpuData>().ok_or_else(|| foreign(plan))
-    }
-
-    /// An uninitialised device buffer of `bytes` bytes.
-    pub(crate) fn empty(&self, bytes: usize) -> Handle {
-        self.client.empty(bytes)
-    }
-
-    /// The CubeCL client (e.g. to ask which compiler a wgpu client runs, `runs_spirv`).
-    #[allow(dead_code)]
     pub(crate) fn client(&self) -> &ComputeClient<R> {
         &self.client
     }
 
-    /// The INT8 prepass on device-resident Q and K (`elem`, the problem's layout): codes at the
-    /// source's element offsets (4 per `u32` word; as bytes, an int8 tensor with Q's / K's
-    /// strides), f32 scales laid out for `blocking` as `codec::int8::Int8ScaleLayout` says, Q
-    /// scales folded with `softmax_scale · log2 e`, and with `smooth_k` the K mean
-    /// `[batch, kv_heads, head_dim]` and the LSE shift `[batch, q_heads, q_len]`. Enqueued on
-    /// the client's stream; the handles are valid as soon as it returns. The portable INT8
-    /// path's prepass; the native CUDA kernels have their own on their stream
-    /// (`quattn_native::Int8Prepass`).
+    fn device_name(&self) -> String {
+        format!("{} ({})", self.info.kind, self.info.adapter)
+    }
+
+    /// Checks shared by every row: head dims with a tile entry, an element type the runtime has.
+    fn common(&self, problem: &AttentionProblem, precision: Precision, elem: Dtype) -> std::result::Result<(), Reject> {
+        for d in [problem.head_dim, problem.v_head_dim] {
+            if !SUPPORTED_HEAD_DIMS.contains(&(d as u32)) {
+                return Err(Reject::Refused(Error::UnsupportedHeadDim {
+                    head_dim: d,
+                    path: "the portable CubeCL kernels".into(),
+                    supported: SUPPORTED_HEAD_DIMS.iter().map(|&d| d as usize).collect(),
+                }));
+            }
+        }
+        quattn_cubecl::check_elem_supported(&self.client, elem_type(elem))
+            .map_err(|e| Reject::Refused(Error::UnsupportedPrecision { precision, device: self.device_name(), reason: e.to_string() }))
+    }
+
+    /// The float families: f32/f16/bf16 inputs; the f16-accumulating modes on the FMA row only
+    /// (the packed-f16 kernel).
+    pub(crate) fn float_row(&self, problem: &AttentionProblem, precision: Precision, variant: Variant) -> std::result::Result<Choice, Reject> {
+        let (elem, accumulation) = match precision {
+            Precision::F32 => (Dtype::F32, quattn_cubecl::Accumulation::default()),
+            Precision::F16 { qk, pv } => {
+                let qk = match qk {
+                    QkAccum::F32 => QkAccumulation::F32,
+                    QkAccum::F16 => QkAccumulation::F16,
+                    QkAccum::TwoStage => QkAccumulation::TwoStage { chunk: TWO_STAGE_CHUNK as u32 },
+                };
+                (Dtype::F16, quattn_cubecl::Accumulation { qk, pv_f16: pv == PvAccum::F16PerTile })
+            }
+            Precision::Bf16 { qk: QkAccum::F32, pv: PvAccum::F32 } => (Dtype::Bf16, quattn_cubecl::Accumulation::default()),
+            Precision::Bf16 { .. } => {
+                return Err(Reject::Refused(Error::UnsupportedPrecision {
+                    precision,
+                    device: self.device_name(),
+                    reason: "bf16 is accumulated in f32 only".into(),
+                }))
+            }
+            _ => return not_applicable(format!("{precision} is not a float mode")),
+        };
+        if !accumulation.is_f32() && variant != Variant::PortableFma {
+            return not_applicable(format!("{} accumulates in f32 only; {precision} runs on the packed-f16 FMA kernel", variant.name()));
+        }
+        self.common(problem, precision, elem)?;
+        let want = Selection { elem: elem_type(elem), options: LaunchOptions { variant, accumulation, ..LaunchOptions::default() }, int8: false };
+        let kernel = quattn_cubecl::select(&self.client, &args_of(problem), &want).map_err(|e| self.refusal(precision, e))?;
+        let blocking = match kernel.family {
+            // The packed-f16 FMA kernel: its tile is the blocking the emulation must follow
+            // (the F16PerTile fold is per KV tile), and every step is one FMA (k_step 1).
+            PortableFamily::Half => {
+                let b = Blocking {
+                    block_q: kernel.blocking.block_q as usize,
+                    block_k: kernel.blocking.block_k as usize,
+                    warps: 1,
+                    qk_chunk: TWO_STAGE_CHUNK,
+                    k_step: 1,
+                };
+                b.validate(problem, precision)?;
+                Some(b)
+            }
+            _ => None,
+        };
+        let family = match kernel.family {
+            PortableFamily::Mma => "portable_mma",
+            PortableFamily::Cmma => "portable_cmma",
+            PortableFamily::Half => "portable_half",
+            _ => "portable",
+        };
+        let what = if kernel.family == PortableFamily::Half { precision.name() } else { elem.to_string() };
+        let name = format!("fwd_{family}_{}_{what}_d{}", self.info.kind, problem.head_dim);
+        Ok(Choice { kernel: KernelId::Portable { kernel, name }, blocking })
+    }
+
+    /// INT8 Q/K with f16 P·V: the CubeCL prepass, then the INT8 kernel.
+    pub(crate) fn int8_row(&self, problem: &AttentionProblem, precision: Precision) -> std::result::Result<Choice, Reject> {
+        match precision {
+            Precision::Int8Qk { pv: PvFormat::F16, .. } => {}
+            Precision::Int8Qk { pv: PvFormat::Fp8, .. } => {
+                return Err(Reject::Refused(Error::UnsupportedPrecision {
+                    precision,
+                    device: self.device_name(),
+                    reason: "the portable INT8 kernel computes P·V with f16 P and V; FP8 P·V (e4m3 P, per-channel e4m3 V) needs an FP8 matrix unit and has no portable kernel".into(),
+                }))
+            }
+            _ => return not_applicable(format!("{precision} is not an INT8 mode")),
+        }
+        self.common(problem, precision, Dtype::F16)?;
+        let want = Selection { elem: ElemType::F16, options: LaunchOptions::default(), int8: true };
+        let kernel = quattn_cubecl::select(&self.client, &args_of(problem), &want).map_err(|e| self.refusal(precision, e))?;
+        let b = kernel.blocking;
+        let blocking = Blocking { block_q: b.block_q as usize, block_k: b.block_k as usize, warps: b.warps as usize, ..Blocking::default() };
+        blocking.validate(problem, precision)?;
+        let name = format!("fwd_portable_{}_{}_d{}", self.info.kind, precision.name(), problem.head_dim);
+        Ok(Choice { kernel: KernelId::Portable { kernel, name }, blocking: Some(blocking) })
+    }
+
+    fn refusal(&self, precision: Precision, e: LaunchError) -> Reject {
+        match e {
+            LaunchError::UnsupportedHeadDim { .. } => Reject::Refused(launch_error("select", "the portable CubeCL kernels", e)),
+            e => Reject::Refused(Error::UnsupportedPrecision { precision, device: self.device_name(), reason: e.to_string() }),
+        }
+    }
+
+    /// The INT8 prepass on device-resident Q and K (f16, the problem's layout): codes at the
+    /// source's element offsets, f32 scales laid out for `blocking` as
+    /// `codec::int8::Int8ScaleLayout` says, Q scales folded with `softmax_scale · log2 e`, and
+    /// with `smooth_k` the K mean and the LSE shift. Enqueued on the client's stream.
     pub(crate) fn quantize_int8(
         &self,
         problem: &AttentionProblem,
         granularity: Int8Granularity,
         smooth_k: bool,
         blocking: &Blocking,
-        elem: ElemType,
         q: &Handle,
         k: &Handle,
     ) -> Result<Int8Operands> {
         let quant = int8_quant(granularity, smooth_k, blocking);
-        quattn_cubecl::quantize_int8(&self.client, &args_of(problem), elem, &quant, q, k)
+        quattn_cubecl::quantize_int8(&self.client, &args_of(problem), ElemType::F16, &quant, q, k)
             .map_err(|e| launch_error("quantize_int8", "the INT8 prepass", e))
     }
 
-    /// The blocking the portable INT8 kernel runs with for this problem.
-    fn int8_blocking(&self, problem: &AttentionProblem) -> std::result::Result<Blocking, LaunchError> {
-        let b = quattn_cubecl::int8_blocking(&self.client, &args_of(problem), ElemType::F16, &LaunchOptions::default())?;
-        Ok(Blocking { block_q: b.block_q as usize, block_k: b.block_k as usize, warps: b.warps as usize, ..Blocking::default() })
+    /// Launches the plan's portable kernel on `d`.
+    pub(crate) fn launch(&self, plan: &Plan, d: &GpuData) -> Result<()> {
+        let KernelId::Portable { kernel, .. } = &plan.kernel else { return Err(super::foreign(plan)) };
+        let args = args_of(&plan.problem);
+        let elem = elem_type(plan.dtype());
+        let failed = |e| launch_error(&plan.kernel_name(), "the portable CubeCL kernel", e);
+        if kernel.family != PortableFamily::Int8 {
+            quattn_cubecl::launch_selected::<R>(&self.client, kernel, &args, elem, &d.q, &d.k, &d.v, &d.o, d.lse.as_ref()).map_err(failed)?;
+            return Ok(());
+        }
+        let Precision::Int8Qk { granularity, smooth_k, .. } = plan.precision else { return Err(super::foreign(plan)) };
+        let blocking = plan.blocking.ok_or_else(|| Error::Kernel { kernel: plan.kernel_name(), reason: "an INT8 plan without the blocking its scales follow".into() })?;
+        let ops = self.quantize_int8(&plan.problem, granularity, smooth_k, &blocking, &d.q, &d.k)?;
+        let quant = int8_quant(granularity, smooth_k, &blocking);
+        quattn_cubecl::launch_selected_int8::<R>(&self.client, kernel, &args, elem, &quant, &ops, &d.v, &d.o, d.lse.as_ref()).map_err(failed)?;
+        Ok(())
+    }
+
+    pub(crate) fn data<'a>(&self, plan: &Plan, data: &'a ResidentData) -> Result<&'a GpuData> {
+        data.downcast_ref::<GpuData>().ok_or_else(|| super::foreign(plan))
+    }
+
+    /// Device buffers for the plan: inputs uploaded in the plan's element type (host values
+    /// already of that type pass through as bytes), O and the LSE allocated.
+    pub(crate) fn upload_data(&self, plan: &Plan, q: HostSlice<'_>, k: HostSlice<'_>, v: HostSlice<'_>) -> GpuData {
+        let p = &plan.problem;
+        let dtype = plan.dtype();
+        let c = &self.client;
+        GpuData {
+            q: c.create_from_slice(&to_bytes(q, dtype)),
+            k: c.create_from_slice(&to_bytes(k, dtype)),
+            v: c.create_from_slice(&to_bytes(v, dtype)),
+            o: c.empty(p.o_len_elems() * dtype.size_bytes()),
+            lse: p.return_lse.then(|| c.empty(p.lse_len_elems() * 4)),
+        }
+    }
+
+    /// An uninitialised device buffer of `bytes` bytes.
+    #[allow(dead_code)]
+    pub(crate) fn empty(&self, bytes: usize) -> Handle {
+        self.client.empty(bytes)
     }
 }
 
@@ -146,13 +265,20 @@ impl CubeclBackend<cubecl::cuda::CudaRuntime> {
     /// binding, size }` (its module is private: reach it through
     /// `ComputeClient::get_resource(handle).resource()`); the pointer stays valid while `handle`
     /// (or a clone) is alive. Order the native stream after CubeCL's before reading.
-    #[allow(dead_code)]
     pub(crate) fn device_ptr(&self, handle: &Handle) -> Result<u64> {
         let resource = self
             .client
             .get_resource(handle.clone())
             .map_err(|e| Error::Kernel { kernel: "device_ptr".into(), reason: format!("CubeCL resource: {e:?}") })?;
         Ok(resource.resource().ptr)
+    }
+}
+
+pub(crate) fn elem_type(d: Dtype) -> ElemType {
+    match d {
+        Dtype::F32 => ElemType::F32,
+        Dtype::F16 => ElemType::F16,
+        Dtype::Bf16 => ElemType::Bf16,
     }
 }
 
@@ -172,58 +298,11 @@ fn int8_quant(granularity: Int8Granularity, smooth_k: bool, blocking: &Blocking)
     }
 }
 
-fn foreign(plan: &Plan) -> Error {
-    Error::Kernel { kernel: plan.kernel.clone(), reason: "resident data belongs to another backend".into() }
-}
-
 fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
     p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_else(|| "unknown panic".into())
 }
 
-/// What the portable path computes for a precision, or why it cannot. The f16-accumulating
-/// modes run on the packed-f16 FMA kernel (f16 FMAs: HFMA2 on NVIDIA, packed math elsewhere).
-fn portable_mode(precision: Precision) -> std::result::Result<Mode, &'static str> {
-    match precision {
-        Precision::F32 => Ok(Mode::Float(ElemType::F32, Accumulation::default())),
-        Precision::F16 { qk, pv } => {
-            let qk = match qk {
-                QkAccum::F32 => QkAccumulation::F32,
-                QkAccum::F16 => QkAccumulation::F16,
-                QkAccum::TwoStage => QkAccumulation::TwoStage { chunk: TWO_STAGE_CHUNK },
-            };
-            Ok(Mode::Float(ElemType::F16, Accumulation { qk, pv_f16: pv == PvAccum::F16PerTile }))
-        }
-        Precision::Bf16 { qk: QkAccum::F32, pv: PvAccum::F32 } => Ok(Mode::Float(ElemType::Bf16, Accumulation::default())),
-        Precision::Bf16 { .. } => Err("bf16 is accumulated in f32 only"),
-        Precision::Int8Qk { granularity, smooth_k, pv: PvFormat::F16 } => Ok(Mode::Int8 { granularity, smooth_k }),
-        Precision::Int8Qk { pv: PvFormat::Fp8, .. } => Err(
-            "the portable INT8 kernel computes P·V with f16 P and V; FP8 P·V (e4m3 P, per-channel e4m3 V) needs an FP8 matrix unit and has no portable kernel",
-        ),
-        _ => Err("no portable kernel for this quantized mode yet"),
-    }
-}
-
-/// The launch options a strategy and a mode pin: the forced kernel family and the
-/// accumulation, everything else to the crate.
-fn launch_options(strategy: Strategy, mode: Mode) -> LaunchOptions {
-    let variant = match strategy {
-        Strategy::PortableFamily(PortableKind::Fma) => Variant::PortableFma,
-        Strategy::PortableFamily(PortableKind::Cmma) => Variant::Cmma,
-        Strategy::PortableFamily(PortableKind::Mma) => Variant::Mma,
-        _ => Variant::Auto,
-    };
-    let accumulation = match mode {
-        Mode::Float(_, a) => a,
-        Mode::Int8 { .. } => Accumulation::default(),
-    };
-    LaunchOptions {
-        variant,
-        accumulation,
-        ..LaunchOptions::default()
-    }
-}
-
-fn args_of(p: &AttentionProblem) -> AttentionArgs {
+pub(crate) fn args_of(p: &AttentionProblem) -> AttentionArgs {
     let s = |x: crate::Strides| [x.batch as u32, x.head as u32, x.seq as u32];
     AttentionArgs {
         batch: p.batch as u32,
@@ -254,20 +333,25 @@ fn launch_error(kernel: &str, path: &str, e: LaunchError) -> Error {
     }
 }
 
-fn to_bytes(x: HostSlice<'_>, elem: ElemType) -> Vec<u8> {
-    let v = x.to_f32_vec();
-    match elem {
-        ElemType::F32 => bytemuck::cast_slice(&v).to_vec(),
-        ElemType::F16 => bytemuck::cast_slice(&v.iter().map(|&a| f16::from_f32(a)).collect::<Vec<_>>()).to_vec(),
-        ElemType::Bf16 => bytemuck::cast_slice(&v.iter().map(|&a| bf16::from_f32(a)).collect::<Vec<_>>()).to_vec(),
+/// The host values as `dtype` bytes; values already of that type are copied as they are.
+fn to_bytes(x: HostSlice<'_>, dtype: Dtype) -> Vec<u8> {
+    match (x, dtype) {
+        (HostSlice::F32(s), Dtype::F32) => bytemuck::cast_slice(s).to_vec(),
+        (HostSlice::F16(s), Dtype::F16) => bytemuck::cast_slice(s).to_vec(),
+        (HostSlice::Bf16(s), Dtype::Bf16) => bytemuck::cast_slice(s).to_vec(),
+        (x, Dtype::F32) => bytemuck::cast_slice(&x.to_f32_vec()).to_vec(),
+        (HostSlice::F32(s), Dtype::F16) => bytemuck::cast_slice(&s.iter().map(|&a| f16::from_f32(a)).collect::<Vec<_>>()).to_vec(),
+        (HostSlice::Bf16(s), Dtype::F16) => bytemuck::cast_slice(&s.iter().map(|&a| f16::from_f32(a.to_f32())).collect::<Vec<_>>()).to_vec(),
+        (HostSlice::F32(s), Dtype::Bf16) => bytemuck::cast_slice(&s.iter().map(|&a| bf16::from_f32(a)).collect::<Vec<_>>()).to_vec(),
+        (HostSlice::F16(s), Dtype::Bf16) => bytemuck::cast_slice(&s.iter().map(|&a| bf16::from_f32(a.to_f32())).collect::<Vec<_>>()).to_vec(),
     }
 }
 
-fn from_bytes(b: &[u8], elem: ElemType) -> Vec<f32> {
-    match elem {
-        ElemType::F32 => bytemuck::pod_collect_to_vec::<u8, f32>(b),
-        ElemType::F16 => bytemuck::pod_collect_to_vec::<u8, f16>(b).into_iter().map(f16::to_f32).collect(),
-        ElemType::Bf16 => bytemuck::pod_collect_to_vec::<u8, bf16>(b).into_iter().map(bf16::to_f32).collect(),
+pub(crate) fn from_bytes(b: &[u8], dtype: Dtype) -> Vec<f32> {
+    match dtype {
+        Dtype::F32 => bytemuck::pod_collect_to_vec::<u8, f32>(b),
+        Dtype::F16 => bytemuck::pod_collect_to_vec::<u8, f16>(b).into_iter().map(f16::to_f32).collect(),
+        Dtype::Bf16 => bytemuck::pod_collect_to_vec::<u8, bf16>(b).into_iter().map(bf16::to_f32).collect(),
     }
 }
 
@@ -276,152 +360,17 @@ impl<R: Runtime> Backend for CubeclBackend<R> {
         self.info.clone()
     }
 
-    fn select(&self, problem: &AttentionProblem, precision: Precision, strategy: Strategy) -> Result<KernelChoice> {
-        let device = format!("{} ({})", self.info.kind, self.info.adapter);
-        if let Strategy::Native(_) = strategy {
-            return Err(Error::UnsupportedStrategy { strategy, device, reason: "no native kernel is integrated for this device yet".into() });
-        }
-        let mode = portable_mode(precision).map_err(|reason| Error::UnsupportedPrecision { precision, device: device.clone(), reason: reason.into() })?;
-        let elem = mode.elem();
-        for d in [problem.head_dim, problem.v_head_dim] {
-            if !SUPPORTED_HEAD_DIMS.contains(&(d as u32)) {
-                return Err(Error::UnsupportedHeadDim {
-                    head_dim: d,
-                    path: "the portable CubeCL kernel".into(),
-                    supported: SUPPORTED_HEAD_DIMS.iter().map(|&d| d as usize).collect(),
-                });
-            }
-        }
-        quattn_cubecl::check_elem_supported(&self.client, elem)
-            .map_err(|e| Error::UnsupportedPrecision { precision, device: device.clone(), reason: e.to_string() })?;
-        if let (Mode::Int8 { .. }, Strategy::PortableFamily(kind)) = (mode, strategy) {
-            if kind != PortableKind::Fma {
-                return Err(Error::UnsupportedStrategy {
-                    strategy,
-                    device,
-                    reason: format!("INT8 Q/K run on the portable FMA kernel only, not {}", kind.name()),
-                });
-            }
-        }
-        if let Mode::Int8 { .. } = mode {
-            let blocking = self.int8_blocking(problem).map_err(|e| Error::UnsupportedPrecision { precision, device, reason: e.to_string() })?;
-            blocking.validate(problem, precision)?;
-            return Ok(KernelChoice {
-                name: format!("fwd_portable_{}_{}_d{}", self.info.kind, precision.name(), problem.head_dim),
-                reason: "INT8 prepass and portable CubeCL INT8 kernel".into(),
-                blocking: Some(blocking),
-            });
-        }
-        // The launch makes the same choice; naming it here shows in every plan and bench row
-        // which kernel family ran.
-        let options = launch_options(strategy, mode);
-        if !options.accumulation.is_f32() {
-            // The packed-f16 FMA kernel: its tile is the blocking the emulation must follow
-            // (the F16PerTile fold is per KV tile), and every step is one FMA (k_step 1).
-            let tiles =
-                quattn_cubecl::half_tiles(&self.client, &args_of(problem), elem, &options).map_err(
-                    |e| match strategy {
-                        Strategy::PortableFamily(_) => Error::UnsupportedStrategy { strategy, device: device.clone(), reason: e.to_string() },
-                        _ => Error::UnsupportedPrecision { precision, device: device.clone(), reason: e.to_string() },
-                    },
-                )?;
-            let blocking = Blocking {
-                block_q: tiles.bq as usize,
-                block_k: tiles.bk as usize,
-                warps: 1,
-                qk_chunk: TWO_STAGE_CHUNK as usize,
-                k_step: 1,
-            };
-            blocking.validate(problem, precision)?;
-            return Ok(KernelChoice {
-                name: format!(
-                    "fwd_portable_half_{}_{}_d{}",
-                    self.info.kind,
-                    precision.name(),
-                    problem.head_dim
-                ),
-                reason: format!("portable CubeCL packed-f16 FMA kernel ({tiles}): {precision} accumulates in f16"),
-                blocking: Some(blocking),
-            });
-        }
-        let (variant, why) = match options.variant {
-            Variant::Auto => quattn_cubecl::auto_variant(&self.client, &args_of(problem), elem, &options),
-            forced => match quattn_cubecl::variant_unavailable(&self.client, &args_of(problem), elem, &options) {
-                None => (forced, Some("forced".to_string())),
-                Some(reason) => return Err(Error::UnsupportedStrategy { strategy, device, reason }),
-            },
-        };
-        let why = why.map(|w| format!(" ({w})")).unwrap_or_default();
-        let (family, reason) = match variant {
-            Variant::Mma => ("portable_mma", format!("portable CubeCL register-softmax manual-MMA (mma) kernel{why}")),
-            Variant::Cmma => ("portable_cmma", format!("portable CubeCL matrix-unit (cmma) kernel{why}")),
-            _ => ("portable", format!("portable CubeCL FMA kernel{why}")),
-        };
-        Ok(KernelChoice {
-            name: format!("fwd_{family}_{}_{}_d{}", self.info.kind, precision.input_dtype(), problem.head_dim),
-            reason,
-            blocking: None,
-        })
+    fn plan(&self, problem: &AttentionProblem, precision: Precision, strategy: Strategy) -> Result<Planned> {
+        registry::walk(&table::<R>(), self, &self.device_name(), problem, precision, strategy)
     }
 
     fn upload(&self, plan: &Plan, q: HostSlice<'_>, k: HostSlice<'_>, v: HostSlice<'_>) -> Result<ResidentData> {
-        let mode = portable_mode(plan.precision).map_err(|reason| Error::UnsupportedPrecision {
-            precision: plan.precision,
-            device: self.info.kind.into(),
-            reason: reason.into(),
-        })?;
-        let elem = mode.elem();
-        let p = &plan.problem;
-        let c = &self.client;
-        Ok(Box::new(GpuData {
-            q: c.create_from_slice(&to_bytes(q, elem)),
-            k: c.create_from_slice(&to_bytes(k, elem)),
-            v: c.create_from_slice(&to_bytes(v, elem)),
-            o: c.empty(p.o_len_elems() * elem.size_bytes()),
-            lse: p.return_lse.then(|| c.empty(p.lse_len_elems() * 4)),
-            elem,
-            mode,
-        }))
+        Ok(Box::new(self.upload_data(plan, q, k, v)))
     }
 
     fn execute(&self, plan: &Plan, data: &mut ResidentData) -> Result<()> {
         let d = self.data(plan, data)?;
-        let args = args_of(&plan.problem);
-        match d.mode {
-            Mode::Float(elem, _) => {
-                let options = launch_options(plan.strategy, d.mode);
-                quattn_cubecl::launch_with::<R>(
-                    &self.client,
-                    &args,
-                    elem,
-                    &options,
-                    &d.q,
-                    &d.k,
-                    &d.v,
-                    &d.o,
-                    d.lse.as_ref(),
-                )
-                .map_err(|e| launch_error(&plan.kernel, "the portable CubeCL kernel", e))?;
-            }
-            Mode::Int8 { granularity, smooth_k } => {
-                let blocking = plan.blocking.ok_or_else(|| Error::Kernel { kernel: plan.kernel.clone(), reason: "an INT8 plan without the blocking its scales follow".into() })?;
-                let ops = self.quantize_int8(&plan.problem, granularity, smooth_k, &blocking, d.elem, &d.q, &d.k)?;
-                let quant = int8_quant(granularity, smooth_k, &blocking);
-                quattn_cubecl::launch_int8::<R>(
-                    &self.client,
-                    &args,
-                    d.elem,
-                    &LaunchOptions::default(),
-                    &quant,
-                    &ops,
-                    &d.v,
-                    &d.o,
-                    d.lse.as_ref(),
-                )
-                .map_err(|e| launch_error(&plan.kernel, "the portable CubeCL INT8 kernel", e))?;
-            }
-        }
-        Ok(())
+        self.launch(plan, d)
     }
 
     fn synchronize(&self) -> Result<()> {
@@ -431,22 +380,21 @@ impl<R: Runtime> Backend for CubeclBackend<R> {
     fn download(&self, plan: &Plan, data: &ResidentData) -> Result<(Vec<f32>, Option<Vec<f32>>)> {
         let d = self.data(plan, data)?;
         let read = |h: &Handle| {
-            self.client.read_one(h.clone()).map_err(|e| Error::Kernel { kernel: plan.kernel.clone(), reason: format!("read back: {e:?}") })
+            self.client.read_one(h.clone()).map_err(|e| Error::Kernel { kernel: plan.kernel_name(), reason: format!("read back: {e:?}") })
         };
-        let o = from_bytes(&read(&d.o)?, d.elem);
+        let o = from_bytes(&read(&d.o)?, plan.dtype());
         let lse = match &d.lse {
-            Some(h) => Some(from_bytes(&read(h)?, ElemType::F32)),
+            Some(h) => Some(from_bytes(&read(h)?, Dtype::F32)),
             None => None,
         };
         Ok((o[..plan.problem.o_len_elems()].to_vec(), lse.map(|l| l[..plan.problem.lse_len_elems()].to_vec())))
     }
 
     /// CubeCL's profiler (CUDA events) on CUDA; the host clock on wgpu adapters, whose timestamp
-    /// queries undercount SPIR-V cooperative-matrix kernels on NVIDIA's Vulkan driver 2.5× (a
-    /// device-bound launch loop took 13 ms per launch where the timestamps said 5.2;
-    /// BENCHMARKS.md, runs `t` and `u`). For the WGSL kernels the two agree within 2%. Each
-    /// wgpu sample is a batch of [`WGPU_TIMING_BATCH`] executions per synchronization: one
-    /// wgpu synchronization per launch added up to 6 ms to a 13 ms launch there (run `w`).
+    /// queries undercount SPIR-V cooperative-matrix kernels on NVIDIA's Vulkan driver 2.5x (a
+    /// device-bound launch loop takes 13 ms per launch where the timestamps say 5.2). Each wgpu
+    /// sample is a batch of [`WGPU_TIMING_BATCH`] executions per synchronization: one wgpu
+    /// synchronization per launch adds up to 6 ms to a 13 ms launch there.
     fn time(&self, plan: &Plan, data: &mut ResidentData, warmup: usize, iters: usize) -> Result<Vec<f64>> {
         if matches!(self.info.device, Device::Wgpu(_) | Device::WgpuSpirv(_)) {
             return super::host_time(self, plan, data, warmup, iters, WGPU_TIMING_BATCH);
@@ -460,10 +408,25 @@ impl<R: Runtime> Backend for CubeclBackend<R> {
             let (r, dur) = self
                 .client
                 .profile(|| self.execute(plan, data), "quattn attention")
-                .map_err(|e| Error::Kernel { kernel: plan.kernel.clone(), reason: format!("profiling: {e:?}") })?;
+                .map_err(|e| Error::Kernel { kernel: plan.kernel_name(), reason: format!("profiling: {e:?}") })?;
             r?;
             out.push(pollster::block_on(dur.resolve()).duration().as_secs_f64() * 1e3);
         }
         Ok(out)
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
+    fn cubecl(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
+    }
+
+    fn run_handles(&self, plan: &Plan, t: &CubeclTensors<'_>) -> Result<()> {
+        // An LSE handle is written only when the problem asks for the LSE.
+        let lse = if plan.problem.return_lse { t.lse.cloned() } else { None };
+        let d = GpuData { q: t.q.clone(), k: t.k.clone(), v: t.v.clone(), o: t.o.clone(), lse };
+        self.launch(plan, &d)
     }
 }

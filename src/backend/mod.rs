@@ -12,37 +12,28 @@ use std::any::Any;
 use std::time::Instant;
 
 use crate::codec::int8::Int8Operands;
-use crate::emulation::Blocking;
-use crate::error::Result;
+use crate::device_tensor::CubeclTensors;
+use crate::error::{Error, Result};
+use crate::registry::Planned;
 use crate::session::{DeviceInfo, Plan};
 use crate::tensor::HostSlice;
-use crate::error::Error;
 use crate::{AttentionProblem, Device, Precision, Strategy, WgpuAdapter};
 
 /// Device-resident inputs and outputs of one planned call (backend-specific).
 pub(crate) type ResidentData = Box<dyn Any + Send>;
 
-/// What a backend picked for a problem.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct KernelChoice {
-    /// Kernel name, `fwd_{arch}_{qk}_{pv}_d{hd}` style.
-    pub name: String,
-    /// Why this kernel (and not a faster one) was chosen; logged.
-    pub reason: String,
-    /// The tile shape the kernel's quantization follows (INT8 scale layout), when it has one.
-    pub blocking: Option<Blocking>,
-}
-
 pub(crate) trait Backend: Send + Sync {
     fn info(&self) -> DeviceInfo;
-    /// Picks the kernel for `strategy` (never `Reference`, which the session handles) or returns
-    /// the typed error naming what is unsupported.
-    fn select(&self, problem: &AttentionProblem, precision: Precision, strategy: Strategy) -> Result<KernelChoice>;
+    /// Walks the backend's dispatch table for `strategy` (never `Reference`, which the session
+    /// handles): the kernel and its resolved configuration, or the typed error naming what is
+    /// unsupported.
+    fn plan(&self, problem: &AttentionProblem, precision: Precision, strategy: Strategy) -> Result<Planned>;
+    /// Device buffers in the plan's element type holding the host inputs, and O / LSE buffers.
     fn upload(&self, plan: &Plan, q: HostSlice<'_>, k: HostSlice<'_>, v: HostSlice<'_>) -> Result<ResidentData>;
-    /// Launches; may return before the device finishes.
+    /// Launches the plan's kernel; may return before the device finishes.
     fn execute(&self, plan: &Plan, data: &mut ResidentData) -> Result<()>;
     fn synchronize(&self) -> Result<()>;
-    /// O (problem layout) and LSE (`[batch, q_heads, q_len]`, when asked for) as f32.
+    /// O (problem layout) and LSE (`[batch, q_heads, q_len]`, when asked for), widened to f32.
     fn download(&self, plan: &Plan, data: &ResidentData) -> Result<(Vec<f32>, Option<Vec<f32>>)>;
     /// Milliseconds of the attention kernel alone, for plans that run in several steps (the
     /// INT8 prepass, then the kernel): `None` where [`Backend::time`] already is the kernel.
@@ -59,6 +50,25 @@ pub(crate) trait Backend: Send + Sync {
     fn time(&self, plan: &Plan, data: &mut ResidentData, warmup: usize, iters: usize) -> Result<Vec<f64>> {
         host_time(self, plan, data, warmup, iters, 1)
     }
+    /// The concrete backend, for the device-tensor entry points of the session.
+    fn as_any(&self) -> &dyn Any;
+    /// The CubeCL backend inside (a `gpu::CubeclBackend<R>`), for CubeCL handles.
+    fn cubecl(&self) -> Option<&dyn Any> {
+        None
+    }
+    /// Runs the plan on CubeCL handles of the backend's client (checked by the session).
+    fn run_handles(&self, plan: &Plan, _t: &CubeclTensors<'_>) -> Result<()> {
+        Err(Error::WrongDevice {
+            tensor: crate::TensorName::Q,
+            expected: format!("{} ({})", self.info().kind, self.info().adapter),
+            got: format!("CubeCL handles (plan {})", plan.kernel_name()),
+        })
+    }
+}
+
+/// The error for resident data or a kernel id that another backend produced.
+pub(crate) fn foreign(plan: &Plan) -> Error {
+    Error::Kernel { kernel: plan.kernel_name(), reason: "the plan or its data belongs to another backend".into() }
 }
 
 /// Milliseconds per execution on the host clock: each sample is `batch` executions enqueued back

@@ -1,0 +1,226 @@
+//! The native kernel registry: every family's variants behind one typed id ([`NativeKernelId`]),
+//! the list the compile report, the compile tests and the facade's dispatch iterate, and (with
+//! the `cuda` feature) the one module store that loads and caches them per CUDA context.
+//!
+//! A family provides its config type (name, variants, targets, defines, expected SASS
+//! instructions, shared memory: [`KernelVariant`]) and its launcher; adding one means its `.cu`
+//! source, its family file, one variant here and its tests.
+
+use crate::arch::Arch;
+use crate::cache::CompileRequest;
+use crate::error::Result;
+use crate::hmma::HmmaConfig;
+use crate::int8::Int8Config;
+use crate::int8_prepass::{Int8PrepassConfig, PrepassPass, PrepassVariant};
+use crate::int8_umma::Int8UmmaConfig;
+use crate::report::KernelVariant;
+use crate::wgmma::WgmmaConfig;
+use crate::wgmma_int8::Int8WgmmaConfig;
+
+/// One native kernel: its family and resolved config.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+pub enum NativeKernelId {
+    /// mma.sync HMMA forward (f16/bf16; sm_80 and later).
+    Hmma(HmmaConfig),
+    /// Warp-specialized TMA + wgmma forward (f16; sm_90a).
+    Wgmma(WgmmaConfig),
+    /// INT8 Q·Kᵀ on mma.sync IMMA (sm_80 and later).
+    Int8Imma(Int8Config),
+    /// INT8 Q·Kᵀ on s8 wgmma (sm_90a).
+    Int8Wgmma(Int8WgmmaConfig),
+    /// INT8 Q·Kᵀ on tcgen05 UMMA (sm_100a; compiled and SASS-checked, not run on hardware).
+    Int8Umma(Int8UmmaConfig),
+    /// The INT8 quantization prepass of the INT8 families (its three passes load together).
+    Int8Prepass(Int8PrepassConfig),
+    /// One pass of the prepass, as compiled (the report's and the compile tests' unit).
+    Int8PrepassPass(PrepassVariant),
+}
+
+impl NativeKernelId {
+    /// Every compiled unit of every family: the registry. Each appears once; the prepass as its
+    /// separately compiled passes.
+    pub fn all() -> Vec<NativeKernelId> {
+        let mut v: Vec<NativeKernelId> = HmmaConfig::all().into_iter().map(NativeKernelId::Hmma).collect();
+        v.extend(Int8Config::all().into_iter().map(NativeKernelId::Int8Imma));
+        v.extend(Int8PrepassConfig::report_variants().into_iter().map(NativeKernelId::Int8PrepassPass));
+        v.extend(Int8UmmaConfig::all().into_iter().map(NativeKernelId::Int8Umma));
+        v.extend(WgmmaConfig::all().into_iter().map(NativeKernelId::Wgmma));
+        v.extend(Int8WgmmaConfig::all().into_iter().map(NativeKernelId::Int8Wgmma));
+        v
+    }
+
+    /// The variant's name, unique across the registry (also its cache key's kernel name).
+    pub fn name(&self) -> String {
+        self.variant().name()
+    }
+
+    /// The family's name (the kernel source's entry point).
+    pub fn family(&self) -> &'static str {
+        match self {
+            NativeKernelId::Hmma(_) => "fwd_hmma",
+            NativeKernelId::Wgmma(_) => "fwd_wgmma",
+            NativeKernelId::Int8Imma(_) => "fwd_int8",
+            NativeKernelId::Int8Wgmma(_) => "fwd_wgmma_int8",
+            NativeKernelId::Int8Umma(_) => "fwd_int8_umma",
+            NativeKernelId::Int8Prepass(_) | NativeKernelId::Int8PrepassPass(_) => "int8_prepass",
+        }
+    }
+
+    /// The targets the family is compiled for.
+    pub fn targets(&self) -> &'static [Arch] {
+        match self {
+            NativeKernelId::Hmma(_) => HmmaConfig::TARGETS,
+            NativeKernelId::Wgmma(_) => WgmmaConfig::TARGETS,
+            NativeKernelId::Int8Imma(_) => Int8Config::TARGETS,
+            NativeKernelId::Int8Wgmma(_) => Int8WgmmaConfig::TARGETS,
+            NativeKernelId::Int8Umma(_) => Int8UmmaConfig::TARGETS,
+            NativeKernelId::Int8Prepass(_) | NativeKernelId::Int8PrepassPass(_) => Int8PrepassConfig::TARGETS,
+        }
+    }
+
+    /// The target a device of compute capability `cc` runs this kernel as, if any.
+    pub fn target_for(&self, cc: (u32, u32)) -> Option<Arch> {
+        match self {
+            NativeKernelId::Hmma(_) => HmmaConfig::target_for(cc),
+            NativeKernelId::Wgmma(_) => WgmmaConfig::target_for(cc),
+            NativeKernelId::Int8Imma(_) => Int8Config::target_for(cc),
+            NativeKernelId::Int8Wgmma(_) => Int8WgmmaConfig::target_for(cc),
+            NativeKernelId::Int8Umma(_) => Int8UmmaConfig::target_for(cc),
+            NativeKernelId::Int8Prepass(_) | NativeKernelId::Int8PrepassPass(_) => Int8PrepassConfig::target_for(cc),
+        }
+    }
+
+    /// The variant as the compile report sees it (a whole prepass as its quantize pass, the
+    /// one its configuration names).
+    fn variant(&self) -> Box<dyn KernelVariant> {
+        match *self {
+            NativeKernelId::Hmma(c) => Box::new(c),
+            NativeKernelId::Wgmma(c) => Box::new(c),
+            NativeKernelId::Int8Imma(c) => Box::new(c),
+            NativeKernelId::Int8Wgmma(c) => Box::new(c),
+            NativeKernelId::Int8Umma(c) => Box::new(c),
+            NativeKernelId::Int8Prepass(config) => Box::new(PrepassVariant { config, pass: PrepassPass::Quantize }),
+            NativeKernelId::Int8PrepassPass(c) => Box::new(c),
+        }
+    }
+}
+
+impl KernelVariant for NativeKernelId {
+    fn name(&self) -> String {
+        self.variant().name()
+    }
+    fn request(&self, arch: Arch) -> Result<CompileRequest<'static>> {
+        self.variant().request(arch)
+    }
+    fn expected_instructions(&self, arch: Arch) -> Vec<String> {
+        self.variant().expected_instructions(arch)
+    }
+    fn dynamic_smem_bytes(&self, arch: Arch) -> u32 {
+        self.variant().dynamic_smem_bytes(arch)
+    }
+}
+
+impl std::fmt::Display for NativeKernelId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&KernelVariant::name(self))
+    }
+}
+
+#[cfg(feature = "cuda")]
+pub use store::{Loaded, ModuleStore};
+
+#[cfg(feature = "cuda")]
+mod store {
+    use std::collections::HashMap;
+    use std::sync::{Arc, RwLock};
+
+    use cudarc::driver::CudaContext;
+
+    use super::NativeKernelId;
+    use crate::error::{NativeError, Result};
+    use crate::{HmmaKernel, Int8Kernel, Int8Prepass, Int8UmmaKernel, Int8WgmmaKernel, WgmmaKernel};
+
+    /// A loaded kernel of any family.
+    #[derive(Debug)]
+    pub enum Loaded {
+        Hmma(HmmaKernel),
+        Wgmma(WgmmaKernel),
+        Int8Imma(Int8Kernel),
+        Int8Wgmma(Int8WgmmaKernel),
+        Int8Umma(Int8UmmaKernel),
+        Int8Prepass(Int8Prepass),
+    }
+
+    /// The kernels loaded into one CUDA context, by id: compiled (or read from the disk cache)
+    /// and loaded on first use, shared afterwards. Read lock on the hot path, write lock on a
+    /// miss. The one module cache of the native layer.
+    pub struct ModuleStore {
+        ctx: Arc<CudaContext>,
+        loaded: RwLock<HashMap<NativeKernelId, Arc<Loaded>>>,
+    }
+
+    impl ModuleStore {
+        pub fn new(ctx: Arc<CudaContext>) -> Self {
+            ModuleStore { ctx, loaded: RwLock::new(HashMap::new()) }
+        }
+
+        pub fn context(&self) -> &Arc<CudaContext> {
+            &self.ctx
+        }
+
+        /// The loaded kernel for `id`, loading it on first use.
+        pub fn get(&self, id: NativeKernelId) -> Result<Arc<Loaded>> {
+            if let Some(k) = self.loaded.read().ok().and_then(|m| m.get(&id).cloned()) {
+                return Ok(k);
+            }
+            let ctx = &self.ctx;
+            let k = Arc::new(match id {
+                NativeKernelId::Hmma(c) => Loaded::Hmma(HmmaKernel::load(ctx, c)?),
+                NativeKernelId::Wgmma(c) => Loaded::Wgmma(WgmmaKernel::load(ctx, c)?),
+                NativeKernelId::Int8Imma(c) => Loaded::Int8Imma(Int8Kernel::load(ctx, c)?),
+                NativeKernelId::Int8Wgmma(c) => Loaded::Int8Wgmma(Int8WgmmaKernel::load(ctx, c)?),
+                NativeKernelId::Int8Umma(c) => Loaded::Int8Umma(Int8UmmaKernel::load(ctx, c)?),
+                NativeKernelId::Int8Prepass(c) => Loaded::Int8Prepass(Int8Prepass::load(ctx, c)?),
+                NativeKernelId::Int8PrepassPass(v) => {
+                    return Err(NativeError::InvalidArgs(format!(
+                        "{} is one compiled pass; load the prepass through its config",
+                        v.name()
+                    )))
+                }
+            });
+            if let Ok(mut m) = self.loaded.write() {
+                m.entry(id).or_insert_with(|| k.clone());
+            }
+            Ok(k)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn registry_names_are_unique_and_every_id_has_targets() {
+        let all = NativeKernelId::all();
+        assert!(all.len() > 20, "{} variants", all.len());
+        let mut names: Vec<String> = all.iter().map(|k| KernelVariant::name(k)).collect();
+        let n = names.len();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), n, "duplicate variant names");
+        for k in &all {
+            assert!(!k.targets().is_empty(), "{k}");
+            assert!(KernelVariant::name(k).starts_with(k.family()), "{k} is not named after its family {}", k.family());
+            assert!(!k.expected_instructions(k.targets()[0]).is_empty(), "{k} expects no instruction");
+        }
+    }
+
+    #[test]
+    fn every_family_is_in_the_registry() {
+        let all = NativeKernelId::all();
+        for family in ["fwd_hmma", "fwd_wgmma", "fwd_int8", "fwd_wgmma_int8", "fwd_int8_umma", "int8_prepass"] {
+            assert!(all.iter().any(|k| k.family() == family), "{family} missing");
+        }
+    }
+}

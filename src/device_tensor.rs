@@ -1,0 +1,251 @@
+//! Attention on tensors the caller already holds on the device: no host copy, O (and the LSE)
+//! written on the same device in the plan's element type, into buffers the caller provides.
+//!
+//! - **CubeCL** (wgpu and CUDA): [`Session::run_cubecl`] takes CubeCL [`Handle`]s of the
+//!   session's client ([`Session::cubecl_client`]). CubeCL keeps one client per device and
+//!   runtime, so handles a CubeCL program (or burn 0.21, whose CubeCL backends are built on
+//!   CubeCL 0.10 like quattn) allocated on the same device are handles of this client.
+//! - **CUDA** (feature `cuda`): [`Session::run_cuda`] takes caller-owned cudarc memory
+//!   ([`CudaTensor`] / [`CudaTensorMut`] from a `CudaSlice` or `CudaView`, or raw device
+//!   pointers) and the caller's `CudaStream`; quattn enqueues on that stream and does not
+//!   synchronize. Native kernels run there; a plan whose kernel is a portable CubeCL kernel is
+//!   refused with a typed error (CubeCL cannot adopt foreign CUDA memory: pass CubeCL handles
+//!   through [`Session::run_cubecl`] instead).
+//! - **CPU**: host slices through [`Session::run`].
+//!
+//! Every buffer is checked against the plan before anything is enqueued: element type, the
+//! number of elements the problem's strides span (`AttentionProblem::q_len_elems` and
+//! siblings), and the device it lives on. The host path ([`Session::run`]) uploads into such
+//! buffers and runs the same launch.
+
+use cubecl::prelude::{ComputeClient, Runtime};
+use cubecl::server::Handle;
+
+use crate::error::{Error, Result, TensorName};
+use crate::session::{Plan, Session};
+
+/// The tensors of one call on CubeCL handles: Q, K, V in the plan's element type, O written in
+/// it, the LSE (f32 `[batch, q_heads, q_len]`) written when given.
+#[derive(Clone, Copy)]
+pub struct CubeclTensors<'a> {
+    pub q: &'a Handle,
+    pub k: &'a Handle,
+    pub v: &'a Handle,
+    pub o: &'a Handle,
+    pub lse: Option<&'a Handle>,
+}
+
+impl Session {
+    /// The session's CubeCL client for runtime `R` (`cubecl::wgpu::WgpuRuntime` on a wgpu
+    /// device, `cubecl::cuda::CudaRuntime` on a CUDA one): allocate or adopt handles with it.
+    pub fn cubecl_client<R: Runtime>(&self) -> Result<ComputeClient<R>> {
+        Ok(self.cubecl_backend::<R>()?.client().clone())
+    }
+
+    /// Runs `plan` on CubeCL handles of this session's client; returns once the work is
+    /// enqueued on the client's stream (read O with the client, or [`Session::synchronize`]).
+    /// On CUDA a native plan runs on the handles' memory too, ordered after CubeCL's stream.
+    ///
+    /// ```
+    /// use half::f16;
+    /// use quattn::cubecl::wgpu::WgpuRuntime;
+    /// use quattn::{AttentionProblem, CubeclTensors, Device, Precision, Session, Strategy, WgpuAdapter};
+    ///
+    /// // Any wgpu adapter, mesa's software Vulkan included.
+    /// let Ok(session) = Session::new(Device::Wgpu(WgpuAdapter::Default)) else { return Ok(()) };
+    /// let problem = AttentionProblem::new(1, 4, 64, 64).causal(true);
+    /// let plan = session.plan(&problem, Precision::F16_DEFAULT, Strategy::Auto)?;
+    /// let client = session.cubecl_client::<WgpuRuntime>()?;
+    /// let ones = vec![f16::from_f32(1.0); problem.q_len_elems()];
+    /// let q = client.create_from_slice(bytemuck::cast_slice(&ones)); // what a CubeCL/burn program holds
+    /// let o = client.empty(problem.o_len_elems() * 2);
+    /// session.run_cubecl::<WgpuRuntime>(&plan, CubeclTensors { q: &q, k: &q, v: &q, o: &o, lse: None })?;
+    /// let o: Vec<f16> = bytemuck::pod_collect_to_vec(&client.read_one(o).expect("read O"));
+    /// assert!(o.iter().all(|x| x.to_f32() == 1.0)); // the average of ones
+    /// # Ok::<(), quattn::Error>(())
+    /// ```
+    pub fn run_cubecl<R: Runtime>(&self, plan: &Plan, t: CubeclTensors<'_>) -> Result<()> {
+        self.cubecl_backend::<R>()?;
+        check_handles(plan, &t)?;
+        self.backend().run_handles(plan, &t)
+    }
+
+    fn cubecl_backend<R: Runtime>(&self) -> Result<&crate::backend::gpu::CubeclBackend<R>> {
+        self.backend()
+            .cubecl()
+            .and_then(|b| b.downcast_ref::<crate::backend::gpu::CubeclBackend<R>>())
+            .ok_or_else(|| Error::WrongDevice {
+                tensor: TensorName::Q,
+                expected: format!("{} ({})", self.info().kind, self.info().adapter),
+                got: format!("a CubeCL runtime `{}`", std::any::type_name::<R>()),
+            })
+    }
+}
+
+/// Sizes in bytes against what the plan's strides span.
+fn check_handles(plan: &Plan, t: &CubeclTensors<'_>) -> Result<()> {
+    let p = &plan.problem;
+    let es = plan.dtype().size_bytes();
+    for (tensor, h, elems, size) in [
+        (TensorName::Q, t.q, p.q_len_elems(), es),
+        (TensorName::K, t.k, p.k_len_elems(), es),
+        (TensorName::V, t.v, p.v_len_elems(), es),
+        (TensorName::Output, t.o, p.o_len_elems(), es),
+    ] {
+        check_bytes(tensor, h.size_in_used(), elems, size)?;
+    }
+    match (t.lse, p.return_lse) {
+        (Some(h), _) => check_bytes(TensorName::Lse, h.size_in_used(), p.lse_len_elems(), 4),
+        (None, true) => Err(Error::BufferLength { tensor: TensorName::Lse, expected: p.lse_len_elems(), got: 0 }),
+        (None, false) => Ok(()),
+    }
+}
+
+pub(crate) fn check_bytes(tensor: TensorName, bytes: u64, elems: usize, elem_size: usize) -> Result<()> {
+    let got = (bytes / elem_size as u64) as usize;
+    if got < elems {
+        return Err(Error::BufferLength { tensor, expected: elems, got });
+    }
+    Ok(())
+}
+
+#[cfg(feature = "cuda")]
+pub(crate) use cuda::CudaCall;
+#[cfg(feature = "cuda")]
+pub use cuda::{CudaTensor, CudaTensorMut};
+
+#[cfg(feature = "cuda")]
+mod cuda {
+    use std::marker::PhantomData;
+    use std::sync::Arc;
+
+    use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
+
+    use crate::error::{Error, Result, TensorName};
+    use crate::session::{Plan, Session};
+    use crate::tensor::Element;
+    use crate::Dtype;
+
+    /// A caller-owned CUDA buffer quattn reads: its device address, length in elements and
+    /// element type. Made from a cudarc `CudaSlice` / `CudaView` it keeps cudarc's stream
+    /// bookkeeping guard until the call returns, so cudarc orders later work on other streams
+    /// after quattn's kernels.
+    pub struct CudaTensor<'a> {
+        pub(crate) ptr: u64,
+        pub(crate) len: usize,
+        pub(crate) dtype: Dtype,
+        _guard: Option<SyncOnDrop<'a>>,
+    }
+
+    /// A caller-owned CUDA buffer quattn writes (O, LSE).
+    pub struct CudaTensorMut<'a> {
+        pub(crate) ptr: u64,
+        pub(crate) len: usize,
+        pub(crate) dtype: Dtype,
+        _guard: Option<SyncOnDrop<'a>>,
+        _mut: PhantomData<&'a mut ()>,
+    }
+
+    impl<'a> CudaTensor<'a> {
+        /// A cudarc slice or view of `f32`, `half::f16` or `half::bf16`, used on `stream`.
+        pub fn new<T: Element, S: DevicePtr<T>>(s: &'a S, stream: &'a CudaStream) -> Self {
+            let len = s.len();
+            let (ptr, guard) = s.device_ptr(stream);
+            CudaTensor { ptr, len, dtype: T::DTYPE, _guard: Some(guard) }
+        }
+
+        /// Raw device memory of the session's device.
+        ///
+        /// # Safety
+        /// `ptr` must address `len` elements of `dtype` in the session's CUDA context, valid and
+        /// not written by other work until the kernels quattn enqueues on the call's stream
+        /// have finished.
+        pub unsafe fn from_raw(ptr: u64, len: usize, dtype: Dtype) -> Self {
+            CudaTensor { ptr, len, dtype, _guard: None }
+        }
+    }
+
+    impl<'a> CudaTensorMut<'a> {
+        /// A mutable cudarc slice or view of `f32`, `half::f16` or `half::bf16`, used on `stream`.
+        pub fn new<T: Element, S: DevicePtrMut<T>>(s: &'a mut S, stream: &'a CudaStream) -> Self {
+            let len = s.len();
+            let (ptr, guard) = s.device_ptr_mut(stream);
+            CudaTensorMut { ptr, len, dtype: T::DTYPE, _guard: Some(guard), _mut: PhantomData }
+        }
+
+        /// Raw device memory of the session's device, written by the call.
+        ///
+        /// # Safety
+        /// As [`CudaTensor::from_raw`], and nothing else may read or write it until the call's
+        /// kernels have finished.
+        pub unsafe fn from_raw(ptr: u64, len: usize, dtype: Dtype) -> Self {
+            CudaTensorMut { ptr, len, dtype, _guard: None, _mut: PhantomData }
+        }
+    }
+
+    /// The buffers of one CUDA call, checked against a plan.
+    #[derive(Debug, Clone, Copy)]
+    pub(crate) struct CudaCall {
+        pub q: u64,
+        pub k: u64,
+        pub v: u64,
+        pub o: u64,
+        /// 0 when the caller wants no LSE (the backend supplies scratch where a kernel needs one).
+        pub lse: u64,
+    }
+
+    impl Session {
+        /// Runs `plan` on caller-owned CUDA memory, enqueued on `stream` (which must belong to
+        /// the session's device); returns without synchronizing. Q, K, V and O are in the
+        /// plan's element type ([`Plan::dtype`]); `lse`, when given, is f32
+        /// `[batch, q_heads, q_len]`.
+        pub fn run_cuda(
+            &self,
+            plan: &Plan,
+            stream: &Arc<CudaStream>,
+            q: CudaTensor<'_>,
+            k: CudaTensor<'_>,
+            v: CudaTensor<'_>,
+            o: CudaTensorMut<'_>,
+            lse: Option<CudaTensorMut<'_>>,
+        ) -> Result<()> {
+            let p = &plan.problem;
+            let want = plan.dtype();
+            for (tensor, dtype, len, elems) in [
+                (TensorName::Q, q.dtype, q.len, p.q_len_elems()),
+                (TensorName::K, k.dtype, k.len, p.k_len_elems()),
+                (TensorName::V, v.dtype, v.len, p.v_len_elems()),
+                (TensorName::Output, o.dtype, o.len, p.o_len_elems()),
+            ] {
+                if dtype != want {
+                    return Err(Error::Dtype { tensor, expected: want, got: dtype });
+                }
+                if len < elems {
+                    return Err(Error::BufferLength { tensor, expected: elems, got: len });
+                }
+            }
+            if let Some(l) = &lse {
+                if l.dtype != Dtype::F32 {
+                    return Err(Error::Dtype { tensor: TensorName::Lse, expected: Dtype::F32, got: l.dtype });
+                }
+                if l.len < p.lse_len_elems() {
+                    return Err(Error::BufferLength { tensor: TensorName::Lse, expected: p.lse_len_elems(), got: l.len });
+                }
+            } else if p.return_lse {
+                return Err(Error::BufferLength { tensor: TensorName::Lse, expected: p.lse_len_elems(), got: 0 });
+            }
+            let cuda = self
+                .backend()
+                .as_any()
+                .downcast_ref::<crate::backend::cuda::CudaBackend>()
+                .ok_or_else(|| Error::WrongDevice {
+                    tensor: TensorName::Q,
+                    expected: format!("{} ({})", self.info().kind, self.info().adapter),
+                    got: "CUDA memory".into(),
+                })?;
+            let call = CudaCall { q: q.ptr, k: k.ptr, v: v.ptr, o: o.ptr, lse: lse.as_ref().map_or(0, |l| l.ptr) };
+            cuda.run_raw(plan, stream, &call)
+            // The cudarc guards drop here, after the launch is enqueued.
+        }
+    }
+}

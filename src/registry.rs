@@ -1,0 +1,284 @@
+//! The kernel registry: every kernel family quattn can dispatch to ([`Family`]), the typed id of
+//! a chosen kernel with its resolved configuration ([`KernelId`]), and the ordered dispatch
+//! tables the backends plan with.
+//!
+//! A backend's table is an ordered list of rows `(family, capability test)`. [`Session::plan`]
+//! walks it once: the first row whose family the strategy allows and whose test accepts the
+//! problem is the plan's kernel; every row passed over leaves its reason in the plan (and in the
+//! debug log). Executions reuse the plan's [`KernelId`]: nothing is looked up by name and nothing
+//! is re-derived per call.
+//!
+//! [`Session::plan`]: crate::Session::plan
+
+use std::fmt;
+
+use crate::emulation::Blocking;
+use crate::error::{Error, Result};
+use crate::{AttentionProblem, NativeKind, PortableKind, Precision, Strategy};
+
+/// A family of kernels: one source, parameterized by its configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Family {
+    /// The multi-threaded CPU kernel.
+    Cpu,
+    /// The CPU emulation of a precision ([`Strategy::Reference`]).
+    Emulation,
+    /// A portable CubeCL kernel ([`PortableKind`] names the sub-family).
+    Portable(PortableKind),
+    /// A native kernel ([`NativeKind`] names it).
+    Native(NativeKind),
+}
+
+impl Family {
+    /// Every family, in no particular order (each backend's table orders its own rows).
+    pub const ALL: [Family; 11] = [
+        Family::Cpu,
+        Family::Emulation,
+        Family::Portable(PortableKind::Fma),
+        Family::Portable(PortableKind::Cmma),
+        Family::Portable(PortableKind::Mma),
+        Family::Portable(PortableKind::Int8),
+        Family::Native(NativeKind::Hmma),
+        Family::Native(NativeKind::Wgmma),
+        Family::Native(NativeKind::Int8Imma),
+        Family::Native(NativeKind::Int8Wgmma),
+        Family::Native(NativeKind::Int8Umma),
+    ];
+
+    /// Whether `strategy` lets dispatch consider this family.
+    pub fn allowed_by(self, strategy: Strategy) -> bool {
+        match (strategy, self) {
+            (Strategy::Reference, f) => f == Family::Emulation,
+            (_, Family::Emulation) => false,
+            (Strategy::Auto, _) => true,
+            (Strategy::Portable, f) => matches!(f, Family::Cpu | Family::Portable(_)),
+            (Strategy::PortableFamily(k), f) => f == Family::Portable(k),
+            (Strategy::Native(k), f) => f == Family::Native(k),
+        }
+    }
+}
+
+impl fmt::Display for Family {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Family::Cpu => f.write_str("cpu"),
+            Family::Emulation => f.write_str("emulation"),
+            Family::Portable(k) => write!(f, "portable-{}", k.name()),
+            Family::Native(k) => write!(f, "native-{}", k.name()),
+        }
+    }
+}
+
+/// The kernel a plan runs, with everything resolved at plan time.
+#[derive(Debug, Clone, PartialEq)]
+pub enum KernelId {
+    /// The CPU kernel on inputs rounded to `dtype` (P rounded to it too before P·V).
+    Cpu { dtype: crate::Dtype, head_dim: usize },
+    /// The CPU emulation of `precision`, following this blocking.
+    Emulation { precision: Precision, blocking: Blocking },
+    /// A portable CubeCL kernel, its tiles chosen; `name` says which for reports.
+    Portable { kernel: quattn_cubecl::PortableKernel, name: String },
+    /// A native kernel (and, for INT8 plans, its quantization prepass), its variant chosen.
+    Native(NativeChoice),
+}
+
+/// A native kernel with the prepass that feeds it, if any.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct NativeChoice {
+    pub kernel: quattn_native::NativeKernelId,
+    pub prepass: Option<quattn_native::NativeKernelId>,
+}
+
+impl KernelId {
+    /// The family the kernel belongs to.
+    pub fn family(&self) -> Family {
+        match self {
+            KernelId::Cpu { .. } => Family::Cpu,
+            KernelId::Emulation { .. } => Family::Emulation,
+            KernelId::Portable { kernel, .. } => Family::Portable(portable_kind(kernel.family)),
+            KernelId::Native(n) => Family::Native(native_kind(&n.kernel)),
+        }
+    }
+
+    /// A stable display name (`fwd_{family}_{config}`), for reports and logs only: dispatch never
+    /// reads it.
+    pub fn name(&self) -> String {
+        match self {
+            KernelId::Cpu { dtype, head_dim } => format!("fwd_cpu_{dtype}_d{head_dim}"),
+            KernelId::Emulation { precision, .. } => format!("emulate_{}", precision.name()),
+            KernelId::Portable { name, .. } => name.clone(),
+            KernelId::Native(n) => n.kernel.name(),
+        }
+    }
+}
+
+impl fmt::Display for KernelId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.name())
+    }
+}
+
+fn portable_kind(f: quattn_cubecl::PortableFamily) -> PortableKind {
+    use quattn_cubecl::PortableFamily as P;
+    match f {
+        P::Fma | P::FmaScalar | P::Half => PortableKind::Fma,
+        P::Cmma => PortableKind::Cmma,
+        P::Mma => PortableKind::Mma,
+        P::Int8 => PortableKind::Int8,
+    }
+}
+
+fn native_kind(k: &quattn_native::NativeKernelId) -> NativeKind {
+    use quattn_native::NativeKernelId as N;
+    match k {
+        N::Hmma(_) => NativeKind::Hmma,
+        N::Wgmma(_) => NativeKind::Wgmma,
+        N::Int8Imma(_) => NativeKind::Int8Imma,
+        N::Int8Wgmma(_) => NativeKind::Int8Wgmma,
+        N::Int8Umma(_) => NativeKind::Int8Umma,
+        N::Int8Prepass(_) | N::Int8PrepassPass(_) => NativeKind::Int8Imma,
+    }
+}
+
+/// What a row's capability test returns: the kernel, why it fits, and the blocking the
+/// emulation must follow to agree with it (INT8 scale layout, f16 accumulation steps).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Choice {
+    pub kernel: KernelId,
+    pub blocking: Option<Blocking>,
+}
+
+/// Why a row did not take a problem.
+#[derive(Debug)]
+pub(crate) enum Reject {
+    /// The family does not compute this kind of problem at all (another precision, say): a
+    /// reason for the log, not the error a caller sees when another row explains better.
+    NotApplicable(String),
+    /// The family computes this kind of problem but not this one, with the typed error.
+    Refused(Error),
+}
+
+impl From<Error> for Reject {
+    fn from(e: Error) -> Self {
+        Reject::Refused(e)
+    }
+}
+
+impl fmt::Display for Reject {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Reject::NotApplicable(r) => f.write_str(r),
+            Reject::Refused(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+/// A row's test: the configuration for the problem, or why not.
+pub(crate) type Test<B> = fn(&B, &AttentionProblem, Precision) -> std::result::Result<Choice, Reject>;
+
+/// One row of a dispatch table: a family and the test that resolves its configuration for a
+/// problem or says why it does not take it.
+pub(crate) struct Row<B: ?Sized> {
+    pub family: Family,
+    pub test: Test<B>,
+}
+
+/// The outcome of walking a table.
+pub(crate) struct Planned {
+    pub choice: Choice,
+    /// The rows passed over, with the reason each gave.
+    pub rejected: Vec<(Family, String)>,
+}
+
+/// Walks `table` in order for `strategy`: the first allowed row whose test accepts wins. When
+/// none does: a forced family's own reason (as [`Error::UnsupportedStrategy`], typed shape
+/// errors kept as they are); otherwise the last typed refusal, or, when every row found the
+/// problem outside its family, an [`Error::UnsupportedPrecision`] listing why.
+pub(crate) fn walk<B>(
+    table: &[Row<B>],
+    backend: &B,
+    device: &str,
+    problem: &AttentionProblem,
+    precision: Precision,
+    strategy: Strategy,
+) -> Result<Planned> {
+    let mut rejected = Vec::new();
+    let mut refused = None;
+    let mut allowed = 0;
+    for row in table.iter().filter(|r| r.family.allowed_by(strategy)) {
+        allowed += 1;
+        match (row.test)(backend, problem, precision) {
+            Ok(choice) => {
+                for (family, why) in &rejected {
+                    log::debug!("plan on {device}: not {family}: {why}");
+                }
+                log::debug!("plan on {device}: {} ({})", choice.kernel.name(), row.family);
+                return Ok(Planned { choice, rejected });
+            }
+            Err(r) => {
+                rejected.push((row.family, r.to_string()));
+                if let Reject::Refused(e) = r {
+                    refused = Some(e);
+                }
+            }
+        }
+    }
+    let forced = matches!(strategy, Strategy::Native(_) | Strategy::PortableFamily(_));
+    if allowed == 0 {
+        return Err(Error::UnsupportedStrategy {
+            strategy,
+            device: device.into(),
+            reason: format!(
+                "no kernel family of this device answers to it (this device has: {})",
+                table.iter().map(|r| r.family.to_string()).collect::<Vec<_>>().join(", ")
+            ),
+        });
+    }
+    let reasons = || rejected.iter().map(|(f, why)| format!("{f}: {why}")).collect::<Vec<_>>().join("; ");
+    match refused {
+        Some(e) if forced => Err(forced_error(strategy, device, e)),
+        Some(e) => Err(e),
+        None if forced => Err(Error::UnsupportedStrategy { strategy, device: device.into(), reason: reasons() }),
+        None => Err(Error::UnsupportedPrecision { precision, device: device.into(), reason: reasons() }),
+    }
+}
+
+/// A forced family's refusal as [`Error::UnsupportedStrategy`], keeping typed shape errors as
+/// they are (a head dim the family lacks is the same error whoever asks).
+fn forced_error(strategy: Strategy, device: &str, e: Error) -> Error {
+    match e {
+        Error::UnsupportedStrategy { .. } | Error::UnsupportedHeadDim { .. } | Error::UnsupportedVHeadDim { .. } => e,
+        e => Error::UnsupportedStrategy { strategy, device: device.into(), reason: e.to_string() },
+    }
+}
+
+/// Shorthand for a row that does not apply.
+pub(crate) fn not_applicable<T>(reason: impl Into<String>) -> std::result::Result<T, Reject> {
+    Err(Reject::NotApplicable(reason.into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strategies_allow_exactly_their_families() {
+        for f in Family::ALL {
+            assert!(!f.allowed_by(Strategy::Reference) || f == Family::Emulation);
+            assert_eq!(f.allowed_by(Strategy::Auto), f != Family::Emulation, "{f}");
+        }
+        assert!(Family::Native(NativeKind::Wgmma).allowed_by(Strategy::Native(NativeKind::Wgmma)));
+        assert!(!Family::Native(NativeKind::Hmma).allowed_by(Strategy::Native(NativeKind::Wgmma)));
+        assert!(!Family::Native(NativeKind::Hmma).allowed_by(Strategy::Portable));
+        assert!(Family::Cpu.allowed_by(Strategy::Portable));
+        assert!(!Family::Cpu.allowed_by(Strategy::PortableFamily(PortableKind::Fma)));
+    }
+
+    #[test]
+    fn family_names_are_unique() {
+        let mut names: Vec<String> = Family::ALL.iter().map(|f| f.to_string()).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), Family::ALL.len());
+    }
+}
