@@ -252,6 +252,12 @@ pub struct BenchArgs {
     /// shapes (needs the `peer-cubek` build feature; rows say so when it is missing).
     #[arg(long)]
     pub peers: bool,
+    /// Instead of the grid: the host time one call of the device-tensor path costs on CUDA
+    /// (`Session::run_cuda`, caller-owned buffers, enqueue only) next to a launch on the
+    /// session's own buffers (`Session::execute`), at a decode shape (batch 8, 32 q heads over
+    /// 8 KV heads, q_len 1, kv_len 8192, head dim 128, f16).
+    #[arg(long)]
+    pub api_overhead: bool,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]

@@ -45,6 +45,9 @@ pub fn grid(a: &BenchArgs) -> Vec<AttentionProblem> {
 }
 
 pub fn main(a: &BenchArgs) -> anyhow::Result<i32> {
+    if a.api_overhead {
+        return api_overhead(a);
+    }
     let session = Session::new(a.dev.device())?;
     let info = session.info();
     let problems = grid(a);
@@ -142,4 +145,74 @@ fn bench_one(session: &Session, p: &AttentionProblem, prec: Precision, a: &Bench
         rows.push(row(format!("{} (kernel only)", plan.kernel_name()), check::median(&mut k)));
     }
     Ok(rows)
+}
+
+/// Host microseconds per call of the device-tensor path against a launch on resident buffers,
+/// and the device time per call, at a decode shape.
+fn api_overhead(a: &BenchArgs) -> anyhow::Result<i32> {
+    use half::f16;
+    use quattn::cudarc::driver::CudaContext;
+    use quattn::{CudaTensor, CudaTensorMut, Device, Precision, Strategy};
+    use std::time::Instant;
+    let session = Session::new(Device::Cuda(a.dev.ordinal))?;
+    let p = AttentionProblem::new(8, 32, 1, 128).kv_heads(8).kv_len(8192);
+    let plan = session.plan(&p, Precision::F16_DEFAULT, Strategy::Auto)?;
+    let (q, k, v) = check::inputs(&p, Precision::F16_DEFAULT, 5);
+    let half = |x: &[f32]| x.iter().map(|&a| f16::from_f32(a)).collect::<Vec<f16>>();
+    let ctx = CudaContext::new(a.dev.ordinal)?;
+    let stream = ctx.new_stream()?;
+    let (dq, dk, dv) = (stream.clone_htod(&half(&q))?, stream.clone_htod(&half(&k))?, stream.clone_htod(&half(&v))?);
+    let mut o = stream.alloc_zeros::<f16>(p.o_len_elems())?;
+    // Batches short enough that the launch queue never fills (the host then measures its own
+    // work, not the device's), synchronized between batches; only the enqueue is timed.
+    let (batches, per) = (a.iters.max(1), 200usize);
+    let calls = batches * per;
+    let mut enqueue = |n: usize| -> anyhow::Result<f64> {
+        let t = Instant::now();
+        for _ in 0..n {
+            session.run_cuda(
+                &plan,
+                &stream,
+                CudaTensor::new(&dq, &stream),
+                CudaTensor::new(&dk, &stream),
+                CudaTensor::new(&dv, &stream),
+                CudaTensorMut::new(&mut o, &stream),
+                None,
+            )?;
+        }
+        let host = t.elapsed().as_secs_f64();
+        stream.synchronize()?;
+        Ok(host)
+    };
+    enqueue(per)?;
+    let mut host = 0.0;
+    for _ in 0..batches {
+        host += enqueue(per)?;
+    }
+    let mut r = session.upload(&plan, &q, &k, &v)?;
+    let mut resident_host = 0.0;
+    for i in 0..=batches {
+        session.synchronize()?;
+        let t = Instant::now();
+        for _ in 0..per {
+            session.execute(&mut r)?;
+        }
+        if i > 0 {
+            resident_host += t.elapsed().as_secs_f64();
+        }
+    }
+    session.synchronize()?;
+    let mut device = session.time(&mut r, a.warmup, a.iters.max(1))?;
+    let out = serde_json::json!({
+        "bench": "api_overhead",
+        "adapter": session.info().adapter,
+        "kernel": plan.kernel_name(),
+        "shape": Shape::of(&p),
+        "calls": calls,
+        "run_cuda_host_us": host / calls as f64 * 1e6,
+        "execute_host_us": resident_host / calls as f64 * 1e6,
+        "device_us": check::median(&mut device) * 1e3,
+    });
+    println!("{out}");
+    Ok(0)
 }

@@ -117,6 +117,16 @@ pub fn main(a: &SelftestArgs) -> anyhow::Result<i32> {
             cases.push(case);
         }
     }
+    // The device-tensor entry points on every GPU session: caller-held buffers in, O out on
+    // the device, bit-identical to the host path.
+    for session in &sessions {
+        for case in device_tensor_cases(session) {
+            if a.json {
+                println!("{}", serde_json::to_string(&case).unwrap_or_default());
+            }
+            cases.push(case);
+        }
+    }
     let failed: Vec<&Case> = cases.iter().filter(|c| c.status == "fail").collect();
     let passed = cases.iter().filter(|c| c.status == "pass").count();
     let skipped = cases.len() - passed - failed.len();
@@ -270,4 +280,147 @@ fn prepass_cases(session: &Session) -> Vec<Case> {
         }
     }
     out
+}
+
+/// f16 and bf16 through `Session::run_cuda` (CUDA) and `Session::run_cubecl` (every CubeCL
+/// device) against the host path of the same plan: O must match bit for bit.
+fn device_tensor_cases(session: &Session) -> Vec<Case> {
+    let info = session.info();
+    let shapes = [
+        AttentionProblem::new(2, 8, 300, 128).kv_heads(2).kv_len(500).causal(true).with_lse(true),
+        AttentionProblem::new(1, 4, 129, 64).layout(Layout::Bshd).with_lse(true),
+    ];
+    let mut out = Vec::new();
+    for p in &shapes {
+        for prec in [Precision::F16_DEFAULT, Precision::BF16_DEFAULT] {
+            let apis: &[&str] = match info.kind {
+                "cuda" => &["run_cuda", "run_cubecl"],
+                "wgpu" | "wgpu-spirv" => &["run_cubecl"],
+                _ => &[],
+            };
+            for &api in apis {
+                let mut case = Case {
+                    device: info.kind.into(),
+                    adapter: info.adapter.clone(),
+                    strategy: format!("DeviceTensor({api})"),
+                    precision: prec.name(),
+                    kernel: None,
+                    shape: Shape::of(p),
+                    status: "skip",
+                    accuracy: None,
+                    vs_emulation_rel_l2: None,
+                    reason: None,
+                };
+                let plan = match session.plan(p, prec, Strategy::Auto) {
+                    Ok(plan) => plan,
+                    Err(e) => {
+                        case.reason = Some(e.to_string());
+                        out.push(case);
+                        continue;
+                    }
+                };
+                case.kernel = Some(plan.kernel_name());
+                let result = device_tensor_check(session, &plan, api);
+                match result {
+                    Ok(None) => case.status = "pass",
+                    Ok(Some(skip)) => case.reason = Some(skip),
+                    Err(e) => {
+                        case.status = "fail";
+                        case.reason = Some(format!("{e:#}"));
+                    }
+                }
+                out.push(case);
+            }
+        }
+    }
+    out
+}
+
+/// `Ok(None)`: bit-identical to the host path; `Ok(Some(why))`: not applicable here.
+fn device_tensor_check(session: &Session, plan: &quattn::Plan, api: &str) -> anyhow::Result<Option<String>> {
+    use half::{bf16, f16};
+    let p = &plan.problem;
+    let (q, k, v) = quattn::inputs::qkv(p, 77);
+    let host = session.run(plan, &q, &k, &v)?;
+    let bytes: Box<dyn Fn(&[f32]) -> Vec<u8>> = match plan.dtype() {
+        quattn::Dtype::F16 => Box::new(|x: &[f32]| bytemuck::cast_slice(&x.iter().map(|&a| f16::from_f32(a)).collect::<Vec<_>>()).to_vec()),
+        quattn::Dtype::Bf16 => Box::new(|x: &[f32]| bytemuck::cast_slice(&x.iter().map(|&a| bf16::from_f32(a)).collect::<Vec<_>>()).to_vec()),
+        quattn::Dtype::F32 => Box::new(|x: &[f32]| bytemuck::cast_slice(x).to_vec()),
+    };
+    let widen = |b: &[u8]| -> Vec<f32> {
+        match plan.dtype() {
+            quattn::Dtype::F16 => bytemuck::pod_collect_to_vec::<u8, f16>(b).iter().map(|x| x.to_f32()).collect(),
+            quattn::Dtype::Bf16 => bytemuck::pod_collect_to_vec::<u8, bf16>(b).iter().map(|x| x.to_f32()).collect(),
+            quattn::Dtype::F32 => bytemuck::pod_collect_to_vec::<u8, f32>(b),
+        }
+    };
+    let (o, lse): (Vec<f32>, Vec<f32>) = match api {
+        "run_cuda" => {
+            use quattn::cudarc::driver::CudaContext;
+            use quattn::{CudaTensor, CudaTensorMut};
+            if !matches!(plan.kernel, quattn::KernelId::Native(_)) {
+                return Ok(Some(format!("{} is a portable kernel: CubeCL handles only", plan.kernel_name())));
+            }
+            let ctx = CudaContext::new(0)?;
+            let stream = ctx.new_stream()?;
+            let up = |x: &[f32]| -> anyhow::Result<_> { Ok(stream.clone_htod(&bytemuck::pod_collect_to_vec::<u8, u16>(&bytes(x)))?) };
+            let (dq, dk, dv) = (up(&q)?, up(&k)?, up(&v)?);
+            // NaN bits in both 16-bit formats' high byte pattern: a skipped element stays NaN.
+            let d_o = stream.clone_htod(&vec![0x7fffu16; p.o_len_elems()])?;
+            let mut d_lse = stream.clone_htod(&vec![f32::NAN; p.lse_len_elems()])?;
+            // u16 buffers carry f16/bf16 bits: hand them over as raw device memory of the
+            // plan's type.
+            let (qp, kp, vp) = (raw(&dq, &stream), raw(&dk, &stream), raw(&dv, &stream));
+            let op = raw(&d_o, &stream);
+            let dt = plan.dtype();
+            // SAFETY: each buffer holds the problem's elements of `dt` bits and lives until the
+            // stream is synchronized below.
+            unsafe {
+                session.run_cuda(
+                    plan,
+                    &stream,
+                    CudaTensor::from_raw(qp, dq.len(), dt),
+                    CudaTensor::from_raw(kp, dk.len(), dt),
+                    CudaTensor::from_raw(vp, dv.len(), dt),
+                    CudaTensorMut::from_raw(op, d_o.len(), dt),
+                    Some(CudaTensorMut::new(&mut d_lse, &stream)),
+                )?;
+            }
+            let o_bits = stream.clone_dtoh(&d_o)?;
+            let lse = stream.clone_dtoh(&d_lse)?;
+            (widen(bytemuck::cast_slice(&o_bits)), lse)
+        }
+        _ => {
+            let run = |client: &dyn Fn(&[u8]) -> quattn::cubecl::server::Handle,
+                       empty: &dyn Fn(usize) -> quattn::cubecl::server::Handle|
+             -> anyhow::Result<(quattn::cubecl::server::Handle, quattn::cubecl::server::Handle, quattn::cubecl::server::Handle, quattn::cubecl::server::Handle, quattn::cubecl::server::Handle)> {
+                Ok((client(&bytes(&q)), client(&bytes(&k)), client(&bytes(&v)), empty(p.o_len_elems() * plan.dtype().size_bytes()), empty(p.lse_len_elems() * 4)))
+            };
+            macro_rules! on {
+                ($rt:ty) => {{
+                    let c = session.cubecl_client::<$rt>()?;
+                    let (qh, kh, vh, oh, lh) = run(&|b| c.create_from_slice(b), &|n| c.empty(n))?;
+                    session.run_cubecl::<$rt>(plan, quattn::CubeclTensors { q: &qh, k: &kh, v: &vh, o: &oh, lse: Some(&lh) })?;
+                    let o = c.read_one(oh).map_err(|e| anyhow::anyhow!("read O: {e:?}"))?;
+                    let l = c.read_one(lh).map_err(|e| anyhow::anyhow!("read LSE: {e:?}"))?;
+                    (widen(&o)[..p.o_len_elems()].to_vec(), bytemuck::pod_collect_to_vec::<u8, f32>(&l)[..p.lse_len_elems()].to_vec())
+                }};
+            }
+            if session.info().kind == "cuda" {
+                on!(quattn::cubecl::cuda::CudaRuntime)
+            } else {
+                on!(quattn::cubecl::wgpu::WgpuRuntime)
+            }
+        }
+    };
+    let same = o.len() == host.o.len() && o.iter().zip(&host.o).all(|(a, b)| a.to_bits() == b.to_bits());
+    anyhow::ensure!(same, "O differs from the host path");
+    let host_lse = host.lse.unwrap_or_default();
+    anyhow::ensure!(lse.iter().zip(&host_lse).all(|(a, b)| a.to_bits() == b.to_bits()), "LSE differs from the host path");
+    Ok(None)
+}
+
+fn raw(s: &quattn::cudarc::driver::CudaSlice<u16>, stream: &quattn::cudarc::driver::CudaStream) -> u64 {
+    use quattn::cudarc::driver::DevicePtr;
+    s.device_ptr(stream).0
 }
