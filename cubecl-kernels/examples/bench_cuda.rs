@@ -101,7 +101,7 @@ fn candidates<R: Runtime>(client: &ComputeClient<R>, d: u32) -> Vec<Candidate> {
                 t(128, 64, 16, 8),
                 t(128, 32, 16, 8),
                 // 4 rows x 4 keys x 8 columns per unit (half the accumulators of 16 x 8):
-                // fewer registers per unit, for drivers that allocate many (Vulkan, run af).
+                // fewer registers per unit, for drivers that allocate many (Vulkan).
                 t(64, 64, 16, 16),
                 t(32, 64, 8, 16),
                 t(16, 64, 4, 16),
@@ -330,7 +330,7 @@ fn time<R: Runtime>(
     }
     cubecl::future::block_on(client.sync()).map_err(|e| format!("{e:?}"))?;
     // Best of three timed loops: the device's clock and the driver's batching vary between
-    // loops (single loops of the same kernel differed by up to 30% through Vulkan, run af).
+    // loops (single loops of the same kernel differed by up to 30% through Vulkan).
     let mut best = f64::INFINITY;
     for _ in 0..3 {
         let start = Instant::now();

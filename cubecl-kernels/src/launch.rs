@@ -61,7 +61,7 @@ impl Variant {
 pub enum KvLoads {
     /// Each load tests its row against the key count (one guarded load per vector). Through
     /// NVIDIA's Vulkan driver every such load became its own branch region, waiting on the
-    /// previous one: 22.7 TFLOP/s where `TileChecked` runs 34.6 (BENCHMARKS.md, run `ag`).
+    /// previous one: 22.7 TFLOP/s where `TileChecked` runs 34.6.
     Direct,
     /// One test per tile: a tile inside the keys loads with no per-row test.
     TileChecked,

@@ -45,7 +45,7 @@
 //! | --- | --- | --- | --- |
 //! | `portable_fma_vec_*` ([`FmaVecTiles`]) | f32, f16, bf16 where the runtime has it | head dims and strides multiples of 4 | everywhere the cmma kernel is not available |
 //! | `portable_fma_*` ([`FmaTiles`], `Variant::PortableFmaScalar`) | same | nothing | when the vector kernel cannot run (unaligned strides, empty tensors, no tiling fits) |
-//! | `mma_*` ([`MmaTiles`], `Variant::Mma`) | f16, bf16 | m16n8k16 manual MMA with f32 accumulation, `ldmatrix`, 32-wide planes, CUDA's register layout | CUDA sm_80+ (f16/bf16); not yet run on hardware |
+//! | `mma_*` ([`MmaTiles`], `Variant::Mma`) | f16, bf16 | m16n8k16 manual MMA with f32 accumulation, `ldmatrix`, 32-wide planes, CUDA's register layout | CUDA sm_80+ (f16/bf16) |
 //! | `cmma_*` ([`CmmaTiles`]) | f16, bf16 | 16x16x16 cmma with f32 accumulation, 32-wide planes | where the mma kernel is not (SPIR-V cooperative matrices; CUDA before sm_80) |
 //! | `portable_fma_vec_int8_*` ([`launch_int8`]) | INT8 Q/K codes and scales from [`quantize_int8`], f16 or f32 V | the prepass's blocking = the kernel's `bq`/`bk` ([`int8_blocking`]) | always, for INT8 inputs |
 //!

@@ -262,7 +262,7 @@ pub fn fma_vec_candidates(head_dim: u32) -> &'static [FmaVecTiles] {
 /// Candidate tilings of the packed-f16 FMA kernel (`fma_half.rs`) per head dim, best first
 /// (stages always in f16, so `stage_f32` is false).
 ///
-/// Measured on an H100 (BENCHMARKS.md, session 6, runs `ag`-`ak`, `bench_cuda`, seq 4096,
+/// Measured on an H100 (`bench_cuda`, seq 4096,
 /// non-causal, prefetched K/V):
 /// - hd 128: 64 query rows x 64 keys on 16 x 16 units (4 rows x 4 keys and 4 x 8 output
 ///   columns per unit) leads through WGSL on Vulkan (38.6 TFLOP/s two-stage, 40.0-40.2 with f16
@@ -377,7 +377,7 @@ impl CmmaTiles {
 
 /// Candidate cmma tilings per head dim, best first.
 ///
-/// Measured on an H100 (run `q`, `benchmarks/2026-11-22-h100-q/`, `bench_cuda` sweep, seq 4096,
+/// Measured on an H100 (`bench_cuda` sweep, seq 4096,
 /// f16, non-causal, host-timed): 4 planes x bk 32 is the best or within 5-12% of the best on
 /// both runtimes, and bk 64 loses everywhere.
 ///
@@ -507,7 +507,7 @@ impl MmaTiles {
 pub const MMA_FRAGMENT_REGISTERS: u32 = 216;
 
 /// Candidate tilings of the mma kernel per head dim, best first. Measured on the H100 with
-/// `examples/bench_cuda cuda --filter mma_` (runs `u` and `v`, fp16, seq 4k, batch 4, heads =
+/// `examples/bench_cuda cuda --filter mma_` (fp16, seq 4k, batch 4, heads =
 /// 2048/d, host-timed, each tiling first checked against an f64 reference; TFLOP/s non-causal /
 /// causal):
 ///
@@ -624,7 +624,7 @@ mod tests {
                 assert!(!t.stage_f32);
             }
         }
-        // The measured best at d = 128 (session 6): 64 rows x 64 keys on 16 x 16 units where
+        // The measured best at d = 128: 64 rows x 64 keys on 16 x 16 units where
         // 48 KiB fit it (Vulkan on NVIDIA), 64 x 32 on 16 x 8 on llvmpipe's 32 KiB.
         let t = select_fma_half_tiles(128, 128, 48 * 1024, 1024).unwrap();
         assert_eq!((t.bq, t.bk, t.tr, t.tc, t.rm()), (64, 64, 16, 16, 4));

@@ -1,7 +1,7 @@
 // FlashAttention-3-style forward on Hopper's warpgroup MMA (wgmma), fp16 in, f32 accumulation.
 // sm_90a only (wgmma exists on no other target).
 //
-// Run on the H100 (2026-11-22): `examples/wgmma_check.rs` passes on every variant against an f64
+// Run on the H100: `examples/wgmma_check.rs` passes on every variant against an f64
 // reference, and `quattn selftest` checks it through the facade. Descriptor encodings and
 // layouts below follow the PTX ISA ("Matrix Descriptor Format", "Shared Memory Matrix Layout",
 // canonical layouts).

@@ -8,7 +8,7 @@
 //         warpgroups in lockstep with a CTA barrier per KV tile.
 //   WS 1  warp specialized, 384 threads: a producer warpgroup loads through TMA into KV_STAGES
 //         stages, the two consumer warpgroups ping-pong (see the WS 1 section below). This is
-//         the one quattn dispatches: 1.2-1.3x the WS 0 kernel on the H100 (BENCHMARKS.md, run s).
+//         the one quattn dispatches: 1.2-1.3x the WS 0 kernel on the H100.
 // Both are checked on an H100 by `examples/int8_check.rs` and `quattn selftest`.
 //
 // CTA. 2 consumer warpgroups x 64 query rows: BLOCK_M = 128, BLOCK_N = 128 keys per KV tile (=

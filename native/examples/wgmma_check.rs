@@ -1,5 +1,5 @@
 //! On an H100 (compute capability 9.0): check every `fwd_wgmma` variant against an f64 CPU
-//! reference and time it (passed on the H100, benchmarks/2026-11-22-h100-i).
+//! reference and time it.
 //!
 //! ```text
 //! cargo run --release -p quattn-native --example wgmma_check               # check + bench

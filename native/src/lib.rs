@@ -17,9 +17,9 @@
 //! - [`int8_prepass`]: the INT8 quantization prepass of the native INT8 families (codes,
 //!   scales, K smoothing, LSE shift), on the attention kernel's stream.
 //! - [`wgmma`]: the fp16 forward family on Hopper's warpgroup MMA (sm_90a; compiled and
-//!   disassembled, not yet run on hardware).
+//!   disassembled, run on the H100).
 //! - [`wgmma_int8`]: the INT8 Q·Kᵀ forward family on Hopper's s8 wgmma (sm_90a; compiled and
-//!   disassembled, not yet run on hardware), same host contract as [`int8`].
+//!   disassembled, run on the H100), same host contract as [`int8`].
 //! - [`device`]: device queries.
 
 pub mod arch;

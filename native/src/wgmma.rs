@@ -3,7 +3,7 @@
 //! Q·Kᵀ and P·V, head dims 64 and 128. sm_90a only (H100/H200/GH200, compute capability 9.0).
 //!
 //! Run on the H100: `examples/wgmma_check.rs` passes on every variant (f64 reference: non-causal,
-//! causal, GQA, ragged lengths, bshd; benchmarks/2026-11-22-h100-i), and `quattn selftest`
+//! causal, GQA, ragged lengths, bshd), and `quattn selftest`
 //! checks it through the facade, which picks it for fp16 with f32 accumulation on compute
 //! capability 9.0.
 //!
@@ -82,7 +82,7 @@ impl WgmmaTile {
 
 /// Tile per head dim, measured on the H100 with `wgmma_check --bench-only` (fp16, batch·seq =
 /// 16k, heads = 2048/hd, TFLOP/s non-causal at seq 4k / 16k; HMMA's table tile in the same
-/// process in brackets; benchmarks/2026-11-22-h100-i):
+/// process in brackets):
 ///
 /// | tile (warpgroups x 64 rows, keys) | hd64                          | hd128                         |
 /// |-----------------------------------|-------------------------------|-------------------------------|
@@ -94,8 +94,7 @@ impl WgmmaTile {
 /// SM). hd64: one warpgroup with 128 keys (2 CTAs per SM by shared memory, 74 KiB each): at
 /// hd64 a 128-row CTA leaves the SM with one CTA whose two warpgroups wait on the same loads.
 ///
-/// Then the warp-specialized TMA kernel (2 consumer warpgroups + a producer; run `u`,
-/// benchmarks/2026-11-22-h100-u/wgmma_check.txt, same columns):
+/// The warp-specialized TMA kernel (2 consumer warpgroups + a producer; same columns):
 ///
 /// | tile                              | hd64          | hd128         |
 /// |-----------------------------------|---------------|---------------|

@@ -3,10 +3,10 @@
 //! f16 multiply-adds on 2-wide f16 vectors, the operand of packed half math (NVIDIA `HFMA2`,
 //! AMD `v_pk_fma_f16`): two FMAs per lane per instruction and no f16→f32 conversion of the
 //! staged operands in the inner loops. Half the instructions of the f32 kernel, not always
-//! twice its FLOP rate: the H100 issues `HFMA2` at half the `FFMA` rate (BENCHMARKS.md,
-//! session 6: 64-66 TFLOP/s for both through CUDA and Vulkan).
+//! twice its FLOP rate: the H100 issues `HFMA2` at half the `FFMA` rate (64-66 TFLOP/s for
+//! both through CUDA and Vulkan, measured by register-only probes).
 //!
-//! How the inner loops are written, and why (measured on an H100, BENCHMARKS.md runs `ab`/`ac`):
+//! How the inner loops are written, and why (measured on an H100):
 //! - `a * b + c`, not `fma(a, b, c)`: CubeCL's CUDA lowering turns an f16 `fma` into `fmaf` on
 //!   converted floats (FFMA plus conversions, 16 TFLOP/s), while `a * b + c` is contracted by
 //!   NVRTC into `HFMA2` (42). A contracted multiply-add rounds once, like the emulation; a
