@@ -23,6 +23,12 @@ for b in before after; do
   step "portable ($b)"
   timeout 120 "$q" bench --device cuda --strategy portable --precision f16 --iters 10 --json >> "$out/bench_portable_$b.jsonl" 2>> "$out/run.log"; echo "rc $?"
 done
+export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+for f in .gl/*.deb; do dpkg -x $f / 2>/dev/null; done; ldconfig
+for b in before after; do
+  q=$bin/quattn; [ $b = before ] && q=$bin/quattn-before
+  step "wgsl ($b)"; timeout 60 "$q" bench --device wgpu --precision f16,f16-acc16-pv16 --seqs 4096 --head-dims 128 --causal non-causal --iters 10 --warmup 2 --json >> "$out/bench_vulkan_$b.jsonl" 2>> "$out/run.log"; echo "rc $?"
+done
 step "cubek peer"
 timeout 100 "$bin/quattn" bench --device cuda --strategy portable --precision f16 --seqs 4096 --iters 10 --peers --json > "$out/bench_peers.jsonl" 2>> "$out/run.log"; echo "rc $?"
 step torch
@@ -40,7 +46,7 @@ def load(p):
             k = (d["precision"], d["kernel"].endswith("(kernel only)"), s["head_dim"], s["seq"], s["causal"])
             rows.setdefault(k, []).append(d["ms"])
     return rows
-for fam in ["native", "int8", "portable"]:
+for fam in ["native", "int8", "portable", "vulkan"]:
     b, a = load(f"{out}/bench_{fam}_before.jsonl"), load(f"{out}/bench_{fam}_after.jsonl")
     worst = 0
     for k in sorted(set(a) & set(b)):
