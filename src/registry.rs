@@ -229,7 +229,12 @@ pub(crate) fn walk<B>(
             strategy,
             device: device.into(),
             reason: format!(
-                "no kernel family of this device answers to it (this device has: {})",
+                "no kernel family of this device answers to {} (this device has: {})",
+                match strategy {
+                    Strategy::PortableFamily(k) => format!("the portable {} family", k.name()),
+                    Strategy::Native(k) => format!("the native {} family", k.name()),
+                    _ => "it".to_string(),
+                },
                 table.iter().map(|r| r.family.to_string()).collect::<Vec<_>>().join(", ")
             ),
         });
