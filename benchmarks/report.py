@@ -401,7 +401,7 @@ def bar_chart(title, subtitle, out):
     groups = OrderedDict()
     for o in out:
         s = o["shape"]
-        g = f"hd {s['head_dim']} · {s['seq'] // 1024}k" + (" · causal" if s["causal"] else "")
+        g = f"hd {s['head_dim']} · seq {s['seq'] // 1024}k|{'causal' if s['causal'] else 'non-causal'}"
         name = o["kernel"] if o["kernel"] in PEERS else f"{o['kernel']} [{o['precision']}]"
         groups.setdefault(g, {})[name] = o["tflops"]
     colors, ci = {}, 0
@@ -411,12 +411,12 @@ def bar_chart(title, subtitle, out):
         else:
             colors[n] = PALETTE[ci % len(PALETTE)]
             ci += 1
-    bw = 14 if len(series) * len(groups) > 30 else 20
-    gw = bw * len(series) + 24
+    bw = 20
+    gw = max(bw * len(series) + 24, 120)
     left, top, plot_h = 70, 64, 320
     legend_h = 18 * len(series) + 10
-    w = max(left + gw * len(groups) + 30, 640)
-    h = top + plot_h + 50 + legend_h
+    w = int(max(left + gw * len(groups) + 30, 640, left + 9.5 * len(title) + 20))
+    h = top + plot_h + 64 + legend_h
     vmax = max(v for g in groups.values() for v in g.values())
     ticks = nice_ticks(vmax)
     ymax = ticks[-1]
@@ -428,7 +428,7 @@ def bar_chart(title, subtitle, out):
         body.append(f'<text x="{left - 6}" y="{y(t) + 4:.1f}" text-anchor="end">{t:g}</text>')
     body.append(f'<text transform="translate(18,{top + plot_h / 2}) rotate(-90)" text-anchor="middle">TFLOP/s</text>')
     for gi, (g, vals) in enumerate(groups.items()):
-        x0 = left + 12 + gi * gw
+        x0 = left + 12 + gi * gw + (gw - 24 - bw * len(series)) / 2
         for si, n in enumerate(series):
             v = vals.get(n)
             if v is None:
@@ -436,10 +436,11 @@ def bar_chart(title, subtitle, out):
             x = x0 + si * bw
             body.append(f'<rect x="{x}" y="{y(v):.1f}" width="{bw - 2}" height="{top + plot_h - y(v):.1f}" '
                         f'fill="{colors[n]}"><title>{esc(n)}: {v:.1f}</title></rect>')
-            body.append(f'<text x="{x + (bw - 2) / 2:.1f}" y="{y(v) - 3:.1f}" font-size="9" text-anchor="middle">{v:.0f}</text>')
-        body.append(f'<text x="{x0 + bw * len(series) / 2:.1f}" y="{top + plot_h + 18}" text-anchor="middle">{esc(g)}</text>')
+            body.append(f'<text x="{x + (bw - 2) / 2:.1f}" y="{y(v) - 3:.1f}" font-size="8" text-anchor="middle">{v:.0f}</text>')
+        for li, part in enumerate(g.split("|")):
+            body.append(f'<text x="{x0 + bw * len(series) / 2:.1f}" y="{top + plot_h + 18 + 14 * li}" text-anchor="middle">{esc(part)}</text>')
     body.append(f'<line x1="{left}" x2="{w - 20}" y1="{top + plot_h}" y2="{top + plot_h}" stroke="#333"/>')
-    ly = top + plot_h + 44
+    ly = top + plot_h + 58
     for si, n in enumerate(series):
         body.append(f'<rect x="{left}" y="{ly + 18 * si - 10}" width="12" height="12" fill="{colors[n]}"/>')
         body.append(f'<text x="{left + 18}" y="{ly + 18 * si}">{esc(n)}</text>')
@@ -478,17 +479,35 @@ def scatter_log(title, subtitle, points, series_labels):
     body.append(f'<text x="{left + pw / 2}" y="{top + ph + 36}" text-anchor="middle">TFLOP/s (log scale)</text>')
     body.append(f'<text transform="translate(20,{top + ph / 2}) rotate(-90)" text-anchor="middle">worst rel-L2 vs f64 (log scale)</text>')
     colors = {s: PALETTE[i % len(PALETTE)] for i, s in enumerate(series_labels)}
-    placed = []
-    for p in sorted(points, key=lambda p: (p["x"], p["y"])):
+    boxes = [(X(p["x"]) - 6, Y(p["y"]) - 6, X(p["x"]) + 6, Y(p["y"]) + 6) for p in points]
+    hit = lambda b: any(b[0] < o[2] and o[0] < b[2] and b[1] < o[3] and o[1] < b[3] for o in boxes) \
+        or b[0] < left or b[2] > left + pw or b[1] < top or b[3] > top + ph
+    for p in sorted(points, key=lambda p: (-p["y"], p["x"])):
         cx, cy = X(p["x"]), Y(p["y"])
         body.append(f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="5" fill="{colors[p["series"]]}" stroke="#222" stroke-width="0.6">'
                     f'<title>{esc(p["label"])}: {p["x"]:.1f} TFLOP/s, rel-L2 {p["y"]:.2e}</title></circle>')
-        ty = cy + 4
-        while any(abs(ty - py) < 12 and abs(cx - px) < 150 for px, py in placed):
-            ty += 12
-        placed.append((cx, ty))
-        anchor, tx = ("end", cx - 8) if cx > left + pw - 170 else ("start", cx + 8)
-        body.append(f'<text x="{tx:.1f}" y="{ty:.1f}" font-size="10" text-anchor="{anchor}">{esc(p["label"])}</text>')
+    for p in sorted(points, key=lambda p: (-p["y"], p["x"])):
+        cx, cy = X(p["x"]), Y(p["y"])
+        tw = 6.0 * len(p["label"])
+        best = None
+        for dy in (0, -12, 12, -24, 24, -36, 36, -48, 48):
+            for side in ("start", "end"):
+                tx = cx + 8 if side == "start" else cx - 8
+                x0b = tx if side == "start" else tx - tw
+                b = (x0b, cy + dy - 5, x0b + tw, cy + dy + 6)
+                if not hit(b):
+                    best = (side, tx, cy + dy + 4, b)
+                    break
+            if best:
+                break
+        if best is None:
+            best = ("start", cx + 8, cy + 4, (cx + 8, cy - 5, cx + 8 + tw, cy + 6))
+        side, tx, ty, b = best
+        boxes.append(b)
+        if abs(ty - 4 - cy) > 1:
+            lx = b[0] if side == "start" else b[2]
+            body.append(f'<line x1="{cx:.1f}" y1="{cy:.1f}" x2="{lx:.1f}" y2="{ty - 4:.1f}" stroke="#999" stroke-width="0.6"/>')
+        body.append(f'<text x="{tx:.1f}" y="{ty:.1f}" font-size="10" text-anchor="{side}">{esc(p["label"])}</text>')
     ly = top + ph + 60
     for i, s in enumerate(series_labels):
         body.append(f'<circle cx="{left + 6}" cy="{ly + 18 * i - 4}" r="5" fill="{colors[s]}" stroke="#222" stroke-width="0.6"/>')
@@ -595,6 +614,13 @@ def findings(speed, probe):
 # Documents
 
 
+def short_kernel(k):
+    """The kernel family for plot labels: `fwd_portable_half_wgpu_f16-acc16` -> `portable_half`."""
+    k = k.replace("fwd_", "")
+    k = re.sub(r"_(cuda|wgpu-spirv|wgpu)_.*$", "", k)
+    return re.sub(r"_(f16|bf16|int8)(_.*)?$", "", k)
+
+
 def build(manifest):
     files = OrderedDict()
     speed, speed_md, plots_md = {}, [], []
@@ -642,7 +668,7 @@ def build(manifest):
                     if w is None:
                         continue
                     pts.append({"x": o["tflops"], "y": w["rel_l2"], "series": label,
-                                "label": f"{o['precision']} · {o['kernel'].replace('fwd_', '')}"})
+                                "label": f"{o['precision']} · {short_kernel(o['kernel'])}"})
         if pts:
             files[os.path.join(PLOTS, "accuracy-vs-speed.svg")] = scatter_log(
                 to["title"], "x: TFLOP/s from the speed tables · y: worst rel-L2 against f64 over the selftest's cases",
