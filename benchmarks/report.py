@@ -328,7 +328,7 @@ def accuracy_markdown(entry, agg, rows, on_hardware=None):
     if entry.get("note"):
         lines += [entry["note"], ""]
     if entry.get("emulation"):
-        lines.append("| precision | emulation | cases | worst rel-L2 | worst cos-sim | worst max-abs | worst LSE abs err | tolerance rel-L2 / cos-sim | kernel |")
+        lines.append("| precision | emulation | cases | worst rel-L2 | worst cos-sim | worst max-abs | worst LSE abs err | tolerance rel-L2 / cos-sim | kernels |")
         lines.append("|---|---|---|---|---|---|---|---|---|")
     else:
         lines.append("| precision | kernel | cases | worst rel-L2 | worst cos-sim | worst max-abs | worst LSE abs err | tolerance rel-L2 / cos-sim | worst rel-L2 vs emulation |")
@@ -750,6 +750,13 @@ def main():
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(path, "w", encoding="utf-8") as f:
                 f.write(text)
+    if os.path.isdir(PLOTS):
+        for name in sorted(os.listdir(PLOTS)):
+            path = os.path.join(PLOTS, name)
+            if name.endswith(".svg") and path not in files:
+                stale.append(os.path.relpath(path, ROOT))
+                if not args.check:
+                    os.remove(path)
     if args.check:
         if stale:
             print("out of date (run python3 benchmarks/report.py): " + ", ".join(stale), file=sys.stderr)
