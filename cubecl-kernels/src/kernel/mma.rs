@@ -127,7 +127,9 @@ impl MmaFwdConfig {
         self.bk * self.v_pitch()
     }
     /// Shared memory in bytes: the Q stage is freed once its fragments are in registers, and
-    /// the K and V stages take its place.
+    /// the K and V stages take its place. Test-only: the cross-check of `MmaTiles::smem_bytes`,
+    /// the one formula selection and launch use.
+    #[cfg(test)]
     pub const fn smem_bytes(&self, elem_bytes: usize) -> usize {
         let q = self.q_elems() * elem_bytes;
         let kv = (self.k_elems() + self.v_elems()) * elem_bytes;
