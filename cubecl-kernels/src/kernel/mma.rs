@@ -884,7 +884,7 @@ pub(crate) mod cuda_tests {
     use crate::kernel::AttnShapeCompilationArg;
     use crate::problem::SUPPORTED_HEAD_DIMS;
     use crate::tiling::mma_candidates;
-    use crate::{ElemType, MmaTiles};
+    use crate::{Dtype as ElemType, MmaTiles};
     use cubecl::cuda::{CudaCompiler, CudaRuntime};
     use cubecl::ir::{ElemType as IrElem, StorageType, UIntKind};
     use cubecl::wgpu::{WgpuDevice, WgpuRuntime};
