@@ -11,15 +11,12 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use cubecl::prelude::*;
 use cubecl::server::Handle;
 use half::{bf16, f16};
-use quattn_cubecl::{
-    Accumulation, AttentionArgs, ElemType, Int8Operands, Int8Quant, LaunchError, LaunchOptions, QkAccumulation,
-    Variant, SUPPORTED_HEAD_DIMS,
-};
+use quattn_cubecl::{Accumulation, Family, Int8DeviceOperands, Int8Quant, LaunchError, PortableKernel, SUPPORTED_HEAD_DIMS};
 
 use super::{Backend, KernelChoice, ResidentData};
 use crate::error::{Error, Result};
 use crate::emulation::Blocking;
-use crate::precision::{Int8Granularity, PvAccum, PvFormat, QkAccum};
+use crate::precision::{Dtype, Int8Granularity, PvAccum, PvFormat, QkAccum};
 use crate::session::{DeviceInfo, Plan};
 use crate::tensor::HostSlice;
 use crate::{AttentionProblem, Device, PortableKind, Precision, Strategy};
@@ -39,28 +36,26 @@ pub(crate) struct GpuData {
     pub(crate) o: Handle,
     pub(crate) lse: Option<Handle>,
     /// Element type of the uploaded Q, K, V and of O.
-    pub(crate) elem: ElemType,
+    pub(crate) elem: Dtype,
     mode: Mode,
+    /// The kernel every execute launches, selected once at upload.
+    kernel: PortableKernel,
 }
-
-/// Head-dim span of each f16 partial sum of the portable two-stage Q·Kᵀ: the native HMMA
-/// kernels' chunk and the emulation's default.
-const TWO_STAGE_CHUNK: u32 = 32;
 
 /// What the portable path computes for a precision.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Mode {
     /// The float kernels on inputs of this element type, accumulating as the precision says.
-    Float(ElemType, Accumulation),
+    Float(Dtype, Accumulation),
     /// Prepass to INT8 Q/K, then the INT8 kernel with f16 V.
     Int8 { granularity: Int8Granularity, smooth_k: bool },
 }
 
 impl Mode {
-    fn elem(&self) -> ElemType {
+    fn elem(&self) -> Dtype {
         match self {
             Mode::Float(e, _) => *e,
-            Mode::Int8 { .. } => ElemType::F16,
+            Mode::Int8 { .. } => Dtype::F16,
         }
     }
 }
@@ -113,19 +108,40 @@ impl<R: Runtime> CubeclBackend<R> {
         granularity: Int8Granularity,
         smooth_k: bool,
         blocking: &Blocking,
-        elem: ElemType,
+        elem: Dtype,
         q: &Handle,
         k: &Handle,
-    ) -> Result<Int8Operands> {
+    ) -> Result<Int8DeviceOperands> {
         let quant = int8_quant(granularity, smooth_k, blocking);
-        quattn_cubecl::quantize_int8(&self.client, &args_of(problem), elem, &quant, q, k)
+        quattn_cubecl::quantize_int8(&self.client, &problem.shape(), elem, &quant, q, k)
             .map_err(|e| launch_error("quantize_int8", "the INT8 prepass", e))
     }
 
-    /// The blocking the portable INT8 kernel runs with for this problem.
-    fn int8_blocking(&self, problem: &AttentionProblem) -> std::result::Result<Blocking, LaunchError> {
-        let b = quattn_cubecl::int8_blocking(&self.client, &args_of(problem), ElemType::F16, &LaunchOptions::default())?;
-        Ok(Blocking { block_q: b.block_q as usize, block_k: b.block_k as usize, warps: b.warps as usize, ..Blocking::default() })
+    /// The portable kernel of a plan's problem, precision and strategy on this client, and why
+    /// the better families were passed over.
+    fn portable_kernel(&self, problem: &AttentionProblem, mode: Mode, strategy: Strategy) -> std::result::Result<(PortableKernel, String), LaunchError> {
+        let shape = problem.shape();
+        match mode {
+            Mode::Int8 { granularity, smooth_k } => {
+                let kernel = quattn_cubecl::select_int8(&self.client, &shape, Dtype::F16, granularity, smooth_k)?;
+                Ok((kernel, String::new()))
+            }
+            Mode::Float(elem, accumulation) => {
+                let family = match strategy {
+                    Strategy::PortableFamily(PortableKind::Fma) => Some(Family::Fma),
+                    Strategy::PortableFamily(PortableKind::Cmma) => Some(Family::Cmma),
+                    Strategy::PortableFamily(PortableKind::Mma) => Some(Family::Mma),
+                    _ => None,
+                };
+                let selection = quattn_cubecl::select(&self.client, &shape, elem, accumulation, family)?;
+                let why = if family.is_some() {
+                    "forced".to_string()
+                } else {
+                    selection.passed_over.iter().map(|(f, why)| format!("no {f}: {why}")).collect::<Vec<_>>().join("; ")
+                };
+                Ok((selection.kernel, why))
+            }
+        }
     }
 }
 
@@ -158,16 +174,8 @@ impl CubeclBackend<cubecl::cuda::CudaRuntime> {
 
 fn int8_quant(granularity: Int8Granularity, smooth_k: bool, blocking: &Blocking) -> Int8Quant {
     Int8Quant {
-        granularity: match granularity {
-            Int8Granularity::PerBlock => quattn_cubecl::Int8Granularity::PerBlock,
-            Int8Granularity::PerWarp => quattn_cubecl::Int8Granularity::PerWarp,
-            Int8Granularity::PerThread => quattn_cubecl::Int8Granularity::PerThread,
-        },
-        blocking: quattn_cubecl::Int8Blocking {
-            block_q: blocking.block_q as u32,
-            block_k: blocking.block_k as u32,
-            warps: blocking.warps as u32,
-        },
+        granularity,
+        blocking: quattn_cubecl::Int8Blocking { block_q: blocking.block_q, block_k: blocking.block_k, warps: blocking.warps },
         smooth_k,
     }
 }
@@ -184,16 +192,9 @@ fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
 /// modes run on the packed-f16 FMA kernel (f16 FMAs: HFMA2 on NVIDIA, packed math elsewhere).
 fn portable_mode(precision: Precision) -> std::result::Result<Mode, &'static str> {
     match precision {
-        Precision::F32 => Ok(Mode::Float(ElemType::F32, Accumulation::default())),
-        Precision::F16 { qk, pv } => {
-            let qk = match qk {
-                QkAccum::F32 => QkAccumulation::F32,
-                QkAccum::F16 => QkAccumulation::F16,
-                QkAccum::TwoStage => QkAccumulation::TwoStage { chunk: TWO_STAGE_CHUNK },
-            };
-            Ok(Mode::Float(ElemType::F16, Accumulation { qk, pv_f16: pv == PvAccum::F16PerTile }))
-        }
-        Precision::Bf16 { qk: QkAccum::F32, pv: PvAccum::F32 } => Ok(Mode::Float(ElemType::Bf16, Accumulation::default())),
+        Precision::F32 => Ok(Mode::Float(Dtype::F32, Accumulation::default())),
+        Precision::F16 { qk, pv } => Ok(Mode::Float(Dtype::F16, Accumulation { qk, pv })),
+        Precision::Bf16 { qk: QkAccum::F32, pv: PvAccum::F32 } => Ok(Mode::Float(Dtype::Bf16, Accumulation::default())),
         Precision::Bf16 { .. } => Err("bf16 is accumulated in f32 only"),
         Precision::Int8Qk { granularity, smooth_k, pv: PvFormat::F16 } => Ok(Mode::Int8 { granularity, smooth_k }),
         Precision::Int8Qk { pv: PvFormat::Fp8, .. } => Err(
@@ -203,71 +204,38 @@ fn portable_mode(precision: Precision) -> std::result::Result<Mode, &'static str
     }
 }
 
-/// The launch options a strategy and a mode pin: the forced kernel family and the
-/// accumulation, everything else to the crate.
-fn launch_options(strategy: Strategy, mode: Mode) -> LaunchOptions {
-    let variant = match strategy {
-        Strategy::PortableFamily(PortableKind::Fma) => Variant::PortableFma,
-        Strategy::PortableFamily(PortableKind::Cmma) => Variant::Cmma,
-        Strategy::PortableFamily(PortableKind::Mma) => Variant::Mma,
-        _ => Variant::Auto,
-    };
-    let accumulation = match mode {
-        Mode::Float(_, a) => a,
-        Mode::Int8 { .. } => Accumulation::default(),
-    };
-    LaunchOptions {
-        variant,
-        accumulation,
-        ..LaunchOptions::default()
-    }
-}
-
-fn args_of(p: &AttentionProblem) -> AttentionArgs {
-    let s = |x: crate::Strides| [x.batch as u32, x.head as u32, x.seq as u32];
-    AttentionArgs {
-        batch: p.batch as u32,
-        q_heads: p.q_heads as u32,
-        kv_heads: p.kv_heads as u32,
-        q_len: p.q_len as u32,
-        kv_len: p.kv_len as u32,
-        head_dim: p.head_dim as u32,
-        v_head_dim: p.v_head_dim as u32,
-        causal: p.causal,
-        scale: p.softmax_scale(),
-        q_strides: s(p.q_strides()),
-        k_strides: s(p.k_strides()),
-        v_strides: s(p.v_strides()),
-        o_strides: s(p.o_strides()),
-        write_lse: p.return_lse,
-    }
-}
-
 fn launch_error(kernel: &str, path: &str, e: LaunchError) -> Error {
     match e {
         LaunchError::UnsupportedHeadDim { head_dim, supported, .. } => Error::UnsupportedHeadDim {
-            head_dim: head_dim as usize,
+            head_dim,
             path: path.into(),
-            supported: supported.iter().map(|&d| d as usize).collect(),
+            supported: supported.to_vec(),
         },
         e => Error::Kernel { kernel: kernel.into(), reason: e.to_string() },
     }
 }
 
-fn to_bytes(x: HostSlice<'_>, elem: ElemType) -> Vec<u8> {
+/// Device bytes of a host tensor, padded to at least one 4-wide vector: the vector kernels
+/// bind every buffer as vectors, also an empty one.
+fn to_bytes(x: HostSlice<'_>, elem: Dtype) -> Vec<u8> {
     let v = x.to_f32_vec();
-    match elem {
-        ElemType::F32 => bytemuck::cast_slice(&v).to_vec(),
-        ElemType::F16 => bytemuck::cast_slice(&v.iter().map(|&a| f16::from_f32(a)).collect::<Vec<_>>()).to_vec(),
-        ElemType::Bf16 => bytemuck::cast_slice(&v.iter().map(|&a| bf16::from_f32(a)).collect::<Vec<_>>()).to_vec(),
-    }
+    let mut bytes: Vec<u8> = match elem {
+        Dtype::F32 => bytemuck::cast_slice(&v).to_vec(),
+        Dtype::F16 => bytemuck::cast_slice(&v.iter().map(|&a| f16::from_f32(a)).collect::<Vec<_>>()).to_vec(),
+        Dtype::Bf16 => bytemuck::cast_slice(&v.iter().map(|&a| bf16::from_f32(a)).collect::<Vec<_>>()).to_vec(),
+    };
+    bytes.resize(bytes.len().max(MIN_ELEMS * elem.size_bytes()), 0);
+    bytes
 }
 
-fn from_bytes(b: &[u8], elem: ElemType) -> Vec<f32> {
+/// Elements every device tensor holds at least (one vector of the vector kernels).
+const MIN_ELEMS: usize = 4;
+
+fn from_bytes(b: &[u8], elem: Dtype) -> Vec<f32> {
     match elem {
-        ElemType::F32 => bytemuck::pod_collect_to_vec::<u8, f32>(b),
-        ElemType::F16 => bytemuck::pod_collect_to_vec::<u8, f16>(b).into_iter().map(f16::to_f32).collect(),
-        ElemType::Bf16 => bytemuck::pod_collect_to_vec::<u8, bf16>(b).into_iter().map(bf16::to_f32).collect(),
+        Dtype::F32 => bytemuck::pod_collect_to_vec::<u8, f32>(b),
+        Dtype::F16 => bytemuck::pod_collect_to_vec::<u8, f16>(b).into_iter().map(f16::to_f32).collect(),
+        Dtype::Bf16 => bytemuck::pod_collect_to_vec::<u8, bf16>(b).into_iter().map(bf16::to_f32).collect(),
     }
 }
 
@@ -284,15 +252,15 @@ impl<R: Runtime> Backend for CubeclBackend<R> {
         let mode = portable_mode(precision).map_err(|reason| Error::UnsupportedPrecision { precision, device: device.clone(), reason: reason.into() })?;
         let elem = mode.elem();
         for d in [problem.head_dim, problem.v_head_dim] {
-            if !SUPPORTED_HEAD_DIMS.contains(&(d as u32)) {
+            if !SUPPORTED_HEAD_DIMS.contains(&d) {
                 return Err(Error::UnsupportedHeadDim {
                     head_dim: d,
                     path: "the portable CubeCL kernel".into(),
-                    supported: SUPPORTED_HEAD_DIMS.iter().map(|&d| d as usize).collect(),
+                    supported: SUPPORTED_HEAD_DIMS.to_vec(),
                 });
             }
         }
-        quattn_cubecl::check_elem_supported(&self.client, elem)
+        quattn_cubecl::check_dtype_supported(&self.client, elem)
             .map_err(|e| Error::UnsupportedPrecision { precision, device: device.clone(), reason: e.to_string() })?;
         if let (Mode::Int8 { .. }, Strategy::PortableFamily(kind)) = (mode, strategy) {
             if kind != PortableKind::Fma {
@@ -303,65 +271,52 @@ impl<R: Runtime> Backend for CubeclBackend<R> {
                 });
             }
         }
-        if let Mode::Int8 { .. } = mode {
-            let blocking = self.int8_blocking(problem).map_err(|e| Error::UnsupportedPrecision { precision, device, reason: e.to_string() })?;
-            blocking.validate(problem, precision)?;
-            return Ok(KernelChoice {
-                name: format!("fwd_portable_{}_{}_d{}", self.info.kind, precision.name(), problem.head_dim),
-                reason: "INT8 prepass and portable CubeCL INT8 kernel".into(),
-                blocking: Some(blocking),
-            });
+        let (kernel, why) = self.portable_kernel(problem, mode, strategy).map_err(|e| match (strategy, mode) {
+            (Strategy::PortableFamily(_), Mode::Float(..)) => Error::UnsupportedStrategy { strategy, device: device.clone(), reason: e.to_string() },
+            _ => Error::UnsupportedPrecision { precision, device: device.clone(), reason: e.to_string() },
+        })?;
+        match kernel {
+            PortableKernel::Int8(int8) => {
+                let b = int8.blocking();
+                let blocking = Blocking { block_q: b.block_q, block_k: b.block_k, warps: b.warps, ..Blocking::default() };
+                blocking.validate(problem, precision)?;
+                Ok(KernelChoice {
+                    name: format!("fwd_portable_{}_{}_d{}", self.info.kind, precision.name(), problem.head_dim),
+                    reason: "INT8 prepass and portable CubeCL INT8 kernel".into(),
+                    blocking: Some(blocking),
+                })
+            }
+            PortableKernel::Half(half) => {
+                // The packed-f16 FMA kernel: its tile is the blocking the emulation must follow
+                // (the F16PerTile fold is per KV tile), and every step is one FMA (k_step 1).
+                let blocking = Blocking {
+                    block_q: half.tiles.bq as usize,
+                    block_k: half.tiles.bk as usize,
+                    warps: 1,
+                    qk_chunk: quattn_core::TWO_STAGE_CHUNK,
+                    k_step: 1,
+                };
+                blocking.validate(problem, precision)?;
+                Ok(KernelChoice {
+                    name: format!("fwd_portable_half_{}_{}_d{}", self.info.kind, precision.name(), problem.head_dim),
+                    reason: format!("portable CubeCL packed-f16 FMA kernel ({}): {precision} accumulates in f16", half.tiles),
+                    blocking: Some(blocking),
+                })
+            }
+            kernel => {
+                let why = if why.is_empty() { String::new() } else { format!(" ({why})") };
+                let (family, reason) = match kernel.family() {
+                    Family::Mma => ("portable_mma", format!("portable CubeCL register-softmax manual-MMA (mma) kernel{why}")),
+                    Family::Cmma => ("portable_cmma", format!("portable CubeCL matrix-unit (cmma) kernel{why}")),
+                    Family::Fma => ("portable", format!("portable CubeCL FMA kernel{why}")),
+                };
+                Ok(KernelChoice {
+                    name: format!("fwd_{family}_{}_{}_d{}", self.info.kind, precision.input_dtype(), problem.head_dim),
+                    reason,
+                    blocking: None,
+                })
+            }
         }
-        // The launch makes the same choice; naming it here shows in every plan and bench row
-        // which kernel family ran.
-        let options = launch_options(strategy, mode);
-        if !options.accumulation.is_f32() {
-            // The packed-f16 FMA kernel: its tile is the blocking the emulation must follow
-            // (the F16PerTile fold is per KV tile), and every step is one FMA (k_step 1).
-            let tiles =
-                quattn_cubecl::half_tiles(&self.client, &args_of(problem), elem, &options).map_err(
-                    |e| match strategy {
-                        Strategy::PortableFamily(_) => Error::UnsupportedStrategy { strategy, device: device.clone(), reason: e.to_string() },
-                        _ => Error::UnsupportedPrecision { precision, device: device.clone(), reason: e.to_string() },
-                    },
-                )?;
-            let blocking = Blocking {
-                block_q: tiles.bq as usize,
-                block_k: tiles.bk as usize,
-                warps: 1,
-                qk_chunk: TWO_STAGE_CHUNK as usize,
-                k_step: 1,
-            };
-            blocking.validate(problem, precision)?;
-            return Ok(KernelChoice {
-                name: format!(
-                    "fwd_portable_half_{}_{}_d{}",
-                    self.info.kind,
-                    precision.name(),
-                    problem.head_dim
-                ),
-                reason: format!("portable CubeCL packed-f16 FMA kernel ({tiles}): {precision} accumulates in f16"),
-                blocking: Some(blocking),
-            });
-        }
-        let (variant, why) = match options.variant {
-            Variant::Auto => quattn_cubecl::auto_variant(&self.client, &args_of(problem), elem, &options),
-            forced => match quattn_cubecl::variant_unavailable(&self.client, &args_of(problem), elem, &options) {
-                None => (forced, Some("forced".to_string())),
-                Some(reason) => return Err(Error::UnsupportedStrategy { strategy, device, reason }),
-            },
-        };
-        let why = why.map(|w| format!(" ({w})")).unwrap_or_default();
-        let (family, reason) = match variant {
-            Variant::Mma => ("portable_mma", format!("portable CubeCL register-softmax manual-MMA (mma) kernel{why}")),
-            Variant::Cmma => ("portable_cmma", format!("portable CubeCL matrix-unit (cmma) kernel{why}")),
-            _ => ("portable", format!("portable CubeCL FMA kernel{why}")),
-        };
-        Ok(KernelChoice {
-            name: format!("fwd_{family}_{}_{}_d{}", self.info.kind, precision.input_dtype(), problem.head_dim),
-            reason,
-            blocking: None,
-        })
     }
 
     fn upload(&self, plan: &Plan, q: HostSlice<'_>, k: HostSlice<'_>, v: HostSlice<'_>) -> Result<ResidentData> {
@@ -372,29 +327,32 @@ impl<R: Runtime> Backend for CubeclBackend<R> {
         })?;
         let elem = mode.elem();
         let p = &plan.problem;
+        let (kernel, _) = self
+            .portable_kernel(p, mode, plan.strategy)
+            .map_err(|e| launch_error(&plan.kernel, "the portable CubeCL kernel", e))?;
         let c = &self.client;
         Ok(Box::new(GpuData {
             q: c.create_from_slice(&to_bytes(q, elem)),
             k: c.create_from_slice(&to_bytes(k, elem)),
             v: c.create_from_slice(&to_bytes(v, elem)),
-            o: c.empty(p.o_len_elems() * elem.size_bytes()),
+            o: c.empty(p.o_len_elems().max(MIN_ELEMS) * elem.size_bytes()),
             lse: p.return_lse.then(|| c.empty(p.lse_len_elems() * 4)),
             elem,
             mode,
+            kernel,
         }))
     }
 
     fn execute(&self, plan: &Plan, data: &mut ResidentData) -> Result<()> {
         let d = self.data(plan, data)?;
-        let args = args_of(&plan.problem);
+        let shape = plan.problem.shape();
         match d.mode {
             Mode::Float(elem, _) => {
-                let options = launch_options(plan.strategy, d.mode);
-                quattn_cubecl::launch_with::<R>(
+                quattn_cubecl::launch::<R>(
                     &self.client,
-                    &args,
+                    &d.kernel,
+                    &shape,
                     elem,
-                    &options,
                     &d.q,
                     &d.k,
                     &d.v,
@@ -406,13 +364,11 @@ impl<R: Runtime> Backend for CubeclBackend<R> {
             Mode::Int8 { granularity, smooth_k } => {
                 let blocking = plan.blocking.ok_or_else(|| Error::Kernel { kernel: plan.kernel.clone(), reason: "an INT8 plan without the blocking its scales follow".into() })?;
                 let ops = self.quantize_int8(&plan.problem, granularity, smooth_k, &blocking, d.elem, &d.q, &d.k)?;
-                let quant = int8_quant(granularity, smooth_k, &blocking);
                 quattn_cubecl::launch_int8::<R>(
                     &self.client,
-                    &args,
+                    &d.kernel,
+                    &shape,
                     d.elem,
-                    &LaunchOptions::default(),
-                    &quant,
                     &ops,
                     &d.v,
                     &d.o,
@@ -435,7 +391,7 @@ impl<R: Runtime> Backend for CubeclBackend<R> {
         };
         let o = from_bytes(&read(&d.o)?, d.elem);
         let lse = match &d.lse {
-            Some(h) => Some(from_bytes(&read(h)?, ElemType::F32)),
+            Some(h) => Some(from_bytes(&read(h)?, Dtype::F32)),
             None => None,
         };
         Ok((o[..plan.problem.o_len_elems()].to_vec(), lse.map(|l| l[..plan.problem.lse_len_elems()].to_vec())))
