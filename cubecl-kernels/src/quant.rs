@@ -80,7 +80,7 @@ pub fn q_scale_fold(softmax_scale: f32) -> f32 {
     softmax_scale * core::f32::consts::LOG2_E
 }
 
-/// Quantizes Q and K (both `elem`, in `args`' shapes and strides; V and O strides are ignored)
+/// Quantizes Q and K (both `dtype`, in `shape`'s sizes and strides; V and O strides are ignored)
 /// as the module docs say. Launches one to four kernels on the client's stream and returns
 /// the new device buffers; everything is validated before anything is enqueued.
 pub fn quantize_int8<R: Runtime>(

@@ -143,8 +143,7 @@ pub fn fma_vec_candidates(head_dim: u32) -> &'static [FmaVecTiles] {
 /// Candidate tilings of the packed-f16 FMA kernel (`fma_half.rs`) per head dim, best first
 /// (stages always in f16, so `stage_f32` is false).
 ///
-/// Measured on an H100 (BENCHMARKS.md, session 6, runs `ag`-`ak`, `bench_cuda`, seq 4096,
-/// non-causal, prefetched K/V):
+/// Measured on an H100 (seq 4096, non-causal, prefetched K/V):
 /// - hd 128: 64 query rows x 64 keys on 16 x 16 units (4 rows x 4 keys and 4 x 8 output
 ///   columns per unit) leads through WGSL on Vulkan (38.6 TFLOP/s two-stage, 40.0-40.2 with f16
 ///   Q·Kᵀ, against 36.5-37.0 for 64 x 32 on 16 x 8). Through CUDA the order is the other way
@@ -229,14 +228,13 @@ impl CmmaTiles {
 
 /// Candidate cmma tilings per head dim, best first.
 ///
-/// Measured on an H100 (run `q`, `benchmarks/2026-11-22-h100-q/`, `bench_cuda` sweep, seq 4096,
-/// f16, non-causal, host-timed): 4 planes x bk 32 is the best or within 5-12% of the best on
+/// Measured on an H100 (seq 4096, f16, non-causal, host-timed): 4 planes x bk 32 is the best or within 5-12% of the best on
 /// both runtimes, and bk 64 loses everywhere.
 ///
 /// | tiling (planes x bk) | CUDA d64 | CUDA d128 | Vulkan SPIR-V d64 | Vulkan SPIR-V d128 |
 /// |---|---|---|---|---|
 /// | 4 x 32 | 130.2 | 97.5 | **51.7** | **51.8** |
-/// | 4 x 64 (the first entry before) | 92.8 | 69.4 | 39.9 | – (over 48 KiB) |
+/// | 4 x 64 | 92.8 | 69.4 | 39.9 | – (over 48 KiB) |
 /// | 8 x 32 | **148.6** | 99.2 | 37.8 | 44.7 |
 /// | 8 x 64 | 86.1 | **102.1** | – | – |
 /// | 2 x 32 | 71.3 | 55.7 | 32.2 | 33.1 |
@@ -344,10 +342,9 @@ impl MmaTiles {
 /// and addresses, softmax temporaries and the P fragments of one key step need about 40.
 pub const MMA_FRAGMENT_REGISTERS: u32 = 216;
 
-/// Candidate tilings of the mma kernel per head dim, best first. Measured on the H100 with
-/// `examples/bench_cuda cuda --filter mma_` (runs `u` and `v`, fp16, seq 4k, batch 4, heads =
-/// 2048/d, host-timed, each tiling first checked against an f64 reference; TFLOP/s non-causal /
-/// causal):
+/// Candidate tilings of the mma kernel per head dim, best first. Measured on an H100 (fp16,
+/// seq 4k, batch 4, heads = 2048/d, host-timed, each tiling first checked against an f64
+/// reference; TFLOP/s non-causal / causal):
 ///
 /// | head dim | planes x m-tiles, bk | TFLOP/s |
 /// | --- | --- | --- |

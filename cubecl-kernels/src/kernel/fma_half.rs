@@ -3,10 +3,10 @@
 //! f16 multiply-adds on 2-wide f16 vectors, the operand of packed half math (NVIDIA `HFMA2`,
 //! AMD `v_pk_fma_f16`): two FMAs per lane per instruction and no f16→f32 conversion of the
 //! staged operands in the inner loops. Half the instructions of the f32 kernel, not always
-//! twice its FLOP rate: the H100 issues `HFMA2` at half the `FFMA` rate (BENCHMARKS.md,
-//! session 6: 64-66 TFLOP/s for both through CUDA and Vulkan).
+//! twice its FLOP rate: the H100 issues `HFMA2` at half the `FFMA` rate (64-66 TFLOP/s for
+//! both through CUDA and Vulkan).
 //!
-//! How the inner loops are written, and why (measured on an H100, BENCHMARKS.md runs `ab`/`ac`):
+//! How the inner loops are written, and why (measured on an H100):
 //! - `a * b + c`, not `fma(a, b, c)`: CubeCL's CUDA lowering turns an f16 `fma` into `fmaf` on
 //!   converted floats (FFMA plus conversions, 16 TFLOP/s), while `a * b + c` is contracted by
 //!   NVRTC into `HFMA2` (42). A contracted multiply-add rounds once, like the emulation; a
@@ -20,8 +20,8 @@
 //! f32, the epilogue), with the tile layout described there. What differs:
 //! - Q, K and V are staged in f16 (the input type) and P is staged in f16: P is rounded to f16
 //!   for P·V in every `Precision::F16` mode, so this loses nothing against the mode.
-//! - **Q·Kᵀ**, per `QkAccumulation`: `F32` converts each operand and accumulates in f32;
-//!   `F16` accumulates the whole head dim in f16; `TwoStage { chunk }` accumulates `chunk`
+//! - **Q·Kᵀ**, per `QkAccum`: `F32` converts each operand and accumulates in f32;
+//!   `F16` accumulates the whole head dim in f16; `TwoStage` accumulates `TWO_STAGE_CHUNK`
 //!   head-dim indices in f16 and adds each chunk's f16 partial into an f32 score.
 //! - **P·V**: `F16PerTile` accumulates the tile's `bk` keys in f16 and adds the tile into the
 //!   f32 accumulator (after the rescale by `alpha`, which the online softmax applied); `F32`

@@ -1,17 +1,21 @@
 //! Portable forward kernel, vectorized: register-tiled FMA on 4-wide vectors for both matmuls,
 //! stages in shared memory as 4-wide vectors, online softmax in f32. Runs on every CubeCL
 //! runtime (WGSL, SPIR-V, CUDA); needs every row start of Q, K, V and O aligned to 4 elements
-//! (the launcher falls back to the scalar kernel in `fma.rs` otherwise).
+//! (`launch::vector_layout_ok`).
 //!
-//! Why it is shaped like this (against the scalar kernel, which reached ~5 TFLOP/s on an H100
-//! through Vulkan):
+//! Why it is shaped like this:
 //! - Every shared-memory read is a 16-byte vector: the unit's 4 query rows of Qᵀ, 4 keys of Kᵀ,
-//!   4 rows of Pᵀ, 4 output columns of V. The scalar kernel issued one 2-byte load per operand.
+//!   4 rows of Pᵀ, 4 output columns of V; one 2-byte load per operand reached ~5 TFLOP/s on an
+//!   H100 through Vulkan.
 //! - Q, K and V may be staged in f32 (`stage_f32`), converted once when staged, instead of once
-//!   per use: the scalar kernel converted every f16 operand it read, 12 conversions per 32 FMA.
-//! - Masking is a runtime flag of one copy of the KV step, not a second comptime copy: the
-//!   scalar kernel's two unrolled copies doubled the shader, and causal launches (which run both
-//!   copies side by side) were 3x slower per FLOP on the H100's Vulkan driver.
+//!   per use (12 conversions per 32 FMA for f16 operands).
+//! - Masking is a runtime flag of one copy of the KV step, not a second comptime copy: two
+//!   unrolled copies double the shader, and causal launches (which run both copies side by
+//!   side) ran 3x slower per FLOP on the H100's Vulkan driver.
+//! - K and V are prefetched: each tile's global loads are issued into registers a phase early
+//!   (this tile's V during Q·Kᵀ and the softmax, the next tile's K during P·V) and written to
+//!   shared memory after the compute they overlap (software pipelining without asynchronous
+//!   copies, which WGSL lacks). A tile inside the keys loads with no per-row test.
 //!
 //! Units are laid out `tr x tc` (unit `(r, c)` = `r * tc + c`, so the `tc` units of a row are
 //! consecutive lanes). With `W = 4`:

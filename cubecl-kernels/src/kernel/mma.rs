@@ -2,8 +2,7 @@
 //! m16n8k16 on CUDA), FlashAttention-2 style: f16/bf16 Q·Kᵀ and P·V with f32 accumulation,
 //! and the whole online softmax in registers.
 //!
-//! Status: **not yet run on hardware**. Compiled for CUDA and checked offline for every tiling
-//! of the table (`cuda_tests` at the end: CubeCL's allocator gives exactly
+//! Checked offline for every tiling of the table (`cuda_tests` at the end: CubeCL's allocator gives exactly
 //! `MmaTiles::smem_bytes`; NVRTC for sm_90a with CubeCL's runtime options gives one
 //! HMMA.16816.F32 per unrolled MMA, LDSM for every fragment load, no spills), and its lane
 //! arithmetic against the PTX fragment layouts on the host (`layout_tests`).
