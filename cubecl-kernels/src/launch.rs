@@ -591,6 +591,8 @@ pub fn launch<R: Runtime>(
         unsafe { ArrayArg::from_raw_parts(handle.clone(), (elems as usize).div_ceil(width).max(1)) }
     };
     let (lse_handle, lse_len) = lse_binding(client, &args, lse);
+    // SAFETY: `check_lse` proved the caller's LSE buffer holds `lse_len` floats; without one the
+    // kernels write nothing to the 1-float scratch.
     let lse_arg = || unsafe { ArrayArg::from_raw_parts(lse_handle.clone(), lse_len as usize) };
     let count = cube_count(kernel, &args);
     let count_arg = CubeCount::Static(count.0, count.1, count.2);
