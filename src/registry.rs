@@ -95,7 +95,7 @@ impl KernelId {
         match self {
             KernelId::Cpu { .. } => Family::Cpu,
             KernelId::Emulation { .. } => Family::Emulation,
-            KernelId::Portable { kernel, .. } => Family::Portable(portable_kind(kernel.family)),
+            KernelId::Portable { kernel, .. } => Family::Portable(portable_kind(kernel)),
             KernelId::Native(n) => Family::Native(native_kind(&n.kernel)),
         }
     }
@@ -118,13 +118,13 @@ impl fmt::Display for KernelId {
     }
 }
 
-fn portable_kind(f: quattn_cubecl::PortableFamily) -> PortableKind {
-    use quattn_cubecl::PortableFamily as P;
-    match f {
-        P::Fma | P::FmaScalar | P::Half => PortableKind::Fma,
-        P::Cmma => PortableKind::Cmma,
-        P::Mma => PortableKind::Mma,
-        P::Int8 => PortableKind::Int8,
+fn portable_kind(k: &quattn_cubecl::PortableKernel) -> PortableKind {
+    use quattn_cubecl::PortableKernel as P;
+    match k {
+        P::Fma(_) | P::Half(_) => PortableKind::Fma,
+        P::Cmma(_) => PortableKind::Cmma,
+        P::Mma(_) => PortableKind::Mma,
+        P::Int8(_) => PortableKind::Int8,
     }
 }
 

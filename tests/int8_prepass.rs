@@ -13,7 +13,8 @@ use half::f16;
 use quattn::codec::float16::round_f16_vec;
 use quattn::codec::int8::{self, DeviceSums, Int8Blocking, Int8Operands, Int8ScaleLayout};
 use quattn::{inputs, AttentionProblem, Int8Granularity, Layout};
-use quattn_cubecl::{AttentionArgs, ElemType, Int8Quant};
+use quattn::Dtype as ElemType;
+use quattn_cubecl::Int8Quant;
 
 const GRANULARITIES: [Int8Granularity; 3] = [Int8Granularity::PerBlock, Int8Granularity::PerWarp, Int8Granularity::PerThread];
 
@@ -28,34 +29,6 @@ fn client() -> Option<ComputeClient<WgpuRuntime>> {
         return None;
     }
     Some(WgpuRuntime::client(&WgpuDevice::DefaultDevice))
-}
-
-fn args_of(p: &AttentionProblem) -> AttentionArgs {
-    let s = |x: quattn::Strides| [x.batch as u32, x.head as u32, x.seq as u32];
-    AttentionArgs {
-        batch: p.batch as u32,
-        q_heads: p.q_heads as u32,
-        kv_heads: p.kv_heads as u32,
-        q_len: p.q_len as u32,
-        kv_len: p.kv_len as u32,
-        head_dim: p.head_dim as u32,
-        v_head_dim: p.v_head_dim as u32,
-        causal: p.causal,
-        scale: p.softmax_scale(),
-        q_strides: s(p.q_strides()),
-        k_strides: s(p.k_strides()),
-        v_strides: s(p.v_strides()),
-        o_strides: s(p.o_strides()),
-        write_lse: false,
-    }
-}
-
-fn kernel_granularity(g: Int8Granularity) -> quattn_cubecl::Int8Granularity {
-    match g {
-        Int8Granularity::PerBlock => quattn_cubecl::Int8Granularity::PerBlock,
-        Int8Granularity::PerWarp => quattn_cubecl::Int8Granularity::PerWarp,
-        Int8Granularity::PerThread => quattn_cubecl::Int8Granularity::PerThread,
-    }
 }
 
 fn upload(c: &ComputeClient<WgpuRuntime>, x: &[f32], elem: ElemType) -> Handle {
@@ -97,13 +70,10 @@ fn run_device(
     q: &[f32],
     k: &[f32],
 ) -> Int8Operands {
-    let quant = Int8Quant {
-        granularity: kernel_granularity(g),
-        blocking: quattn_cubecl::Int8Blocking { block_q: blk.block_q as u32, block_k: blk.block_k as u32, warps: blk.warps as u32 },
-        smooth_k,
-    };
+    let quant = Int8Quant { granularity: g, blocking: blk, smooth_k };
     let (qh, kh) = (upload(c, q, elem), upload(c, k, elem));
-    let out: quattn_cubecl::Int8Operands = quattn_cubecl::quantize_int8(c, &args_of(p), elem, &quant, &qh, &kh).expect("prepass refused");
+    let shape = quattn::AttentionShape { write_lse: false, ..p.shape() };
+    let out: quattn_cubecl::Int8DeviceOperands = quattn_cubecl::quantize_int8(c, &shape, elem, &quant, &qh, &kh).expect("prepass refused");
     let codes = |h: &Handle, n: usize| read_bytes(c, h)[..n].iter().map(|&b| b as i8).collect::<Vec<i8>>();
     let lay = Int8ScaleLayout::new(p, g, blk).unwrap();
     Int8Operands {
@@ -310,34 +280,47 @@ fn scale_index_mapping_gqa() {
 }
 
 /// Refusals before anything is enqueued: strides that would split a code word, a per-thread
-/// layout without 16 rows per warp, and an attention launch whose tiles differ from the
-/// blocking the scales were laid out for.
+/// layout without 16 rows per warp, and an attention launch on operands quantized for another
+/// blocking than the kernel's.
 #[test]
 fn prepass_and_int8_launch_refusals() {
+    use quattn_cubecl::{LaunchError, PortableKernel};
     let Some(c) = client() else { return };
     let p = AttentionProblem::new(1, 2, 40, 64).kv_len(70).with_lse(true);
-    let mut args = args_of(&p);
-    args.write_lse = true;
+    let shape = p.shape();
+    assert!(shape.write_lse);
     let (q, k, v) = inputs::qkv(&p, 3);
     let (qh, kh, vh) = (upload(&c, &q, ElemType::F16), upload(&c, &k, ElemType::F16), upload(&c, &v, ElemType::F16));
-    let blocking = quattn_cubecl::int8_blocking(&c, &args, ElemType::F16, &Default::default()).unwrap();
+    let kernel = quattn_cubecl::select_int8(&c, &shape, ElemType::F16, Int8Granularity::PerThread, true).unwrap();
+    let PortableKernel::Int8(int8) = kernel else { panic!("{kernel:?}") };
+    let blocking = int8.blocking();
     assert_eq!(blocking.block_q % 16, 0);
     assert_eq!(blocking.warps, blocking.block_q / 16);
-    let quant = Int8Quant { granularity: quattn_cubecl::Int8Granularity::PerThread, blocking, smooth_k: true };
+    assert_eq!(kernel.blocking(), Some(blocking));
+    let quant = int8.quant();
+    assert_eq!(quant, Int8Quant { granularity: Int8Granularity::PerThread, blocking, smooth_k: true });
 
-    let odd = AttentionArgs { q_strides: [2 * 40 * 64, 40 * 64, 66], ..args };
-    assert!(matches!(quattn_cubecl::quantize_int8(&c, &odd, ElemType::F16, &quant, &qh, &kh), Err(quattn_cubecl::LaunchError::InvalidProblem { .. })));
+    let mut odd = shape;
+    odd.q.seq = 66;
+    assert!(matches!(quattn_cubecl::quantize_int8(&c, &odd, ElemType::F16, &quant, &qh, &kh), Err(LaunchError::InvalidProblem { .. })));
     let wide = Int8Quant { blocking: quattn_cubecl::Int8Blocking { warps: 1, ..blocking }, ..quant };
-    assert!(quattn_cubecl::quantize_int8(&c, &args, ElemType::F16, &wide, &qh, &kh).is_err());
+    assert!(quattn_cubecl::quantize_int8(&c, &shape, ElemType::F16, &wide, &qh, &kh).is_err());
 
-    let ops = quattn_cubecl::quantize_int8(&c, &args, ElemType::F16, &quant, &qh, &kh).unwrap();
     let (o, lse) = (c.empty(p.o_len_elems() * 2), c.empty(p.lse_len_elems() * 4));
     let other = Int8Quant { blocking: quattn_cubecl::Int8Blocking { block_k: blocking.block_k * 2, ..blocking }, ..quant };
-    let err = quattn_cubecl::launch_int8(&c, &args, ElemType::F16, &Default::default(), &other, &ops, &vh, &o, Some(&lse)).unwrap_err();
-    assert!(err.to_string().contains("laid out for"), "{err}");
-    let info = quattn_cubecl::launch_int8(&c, &args, ElemType::F16, &Default::default(), &quant, &ops, &vh, &o, Some(&lse)).unwrap();
+    let other_ops = quattn_cubecl::quantize_int8(&c, &shape, ElemType::F16, &other, &qh, &kh).unwrap();
+    let err = quattn_cubecl::launch_int8(&c, &kernel, &shape, ElemType::F16, &other_ops, &vh, &o, Some(&lse)).unwrap_err();
+    assert!(err.to_string().contains("quantized as"), "{err}");
+    let ops = quattn_cubecl::quantize_int8(&c, &shape, ElemType::F16, &quant, &qh, &kh).unwrap();
+    let info = quattn_cubecl::launch_int8(&c, &kernel, &shape, ElemType::F16, &ops, &vh, &o, Some(&lse)).unwrap();
+    assert!(info.launched);
     assert!(info.kernel.starts_with("portable_fma_vec_int8_thread"), "{}", info.kernel);
     // Without the LSE shift a smoothed launch that writes the LSE cannot be right.
-    let no_shift = quattn_cubecl::Int8Operands { lse_shift: None, ..ops };
-    assert!(quattn_cubecl::launch_int8(&c, &args, ElemType::F16, &Default::default(), &quant, &no_shift, &vh, &o, Some(&lse)).is_err());
+    let no_shift = quattn_cubecl::Int8DeviceOperands { lse_shift: None, ..ops };
+    assert!(quattn_cubecl::launch_int8(&c, &kernel, &shape, ElemType::F16, &no_shift, &vh, &o, Some(&lse)).is_err());
+    // The float launch refuses the INT8 kernel.
+    assert!(matches!(
+        quattn_cubecl::launch(&c, &kernel, &shape, ElemType::F16, &qh, &kh, &vh, &o, Some(&lse)),
+        Err(LaunchError::WrongKernel { .. })
+    ));
 }

@@ -1,22 +1,30 @@
 //! Why a launch was refused. Every check runs on the host before anything is enqueued.
 
-use crate::problem::ElemType;
+use quattn_core::Dtype;
+
+use crate::launch::Family;
 
 /// A launch the crate refused, with enough detail to act on.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum LaunchError {
     #[error("head dims (qk {head_dim}, v {v_head_dim}) are not supported; supported: {supported:?}")]
     UnsupportedHeadDim {
-        head_dim: u32,
-        v_head_dim: u32,
-        supported: &'static [u32],
+        head_dim: usize,
+        v_head_dim: usize,
+        supported: &'static [usize],
     },
 
-    #[error("element type {elem:?} is not supported by runtime `{runtime}`")]
-    UnsupportedElemType { elem: ElemType, runtime: &'static str },
+    #[error("element type {dtype} is not supported by `{runtime}`")]
+    UnsupportedDtype { dtype: Dtype, runtime: &'static str },
 
     #[error("invalid problem: {reason}")]
     InvalidProblem { reason: String },
+
+    #[error("{what} = {value} does not fit the kernels' 32-bit indexing")]
+    TooLarge { what: &'static str, value: usize },
+
+    #[error("the vector kernels cannot read these tensors: {reason}; realign or pad them")]
+    UnalignedLayout { reason: String },
 
     #[error("{tensor} buffer holds {available_bytes} bytes but the strides reach {required_bytes}")]
     BufferTooSmall {
@@ -53,9 +61,9 @@ pub enum LaunchError {
     #[error("invalid tile configuration {tiles}: {reason}")]
     InvalidTiles { tiles: String, reason: String },
 
-    #[error("variant `{variant}` is not available: {reason}")]
-    VariantUnavailable {
-        variant: &'static str,
-        reason: String,
-    },
+    #[error("the {family} kernel family cannot run this: {reason}")]
+    FamilyUnavailable { family: Family, reason: String },
+
+    #[error("kernel `{kernel}` does not run this: {reason}")]
+    WrongKernel { kernel: String, reason: String },
 }

@@ -26,79 +26,23 @@
 use cubecl::prelude::*;
 use cubecl::server::Handle;
 use half::{bf16, f16};
+use quattn_core::{AttentionShape, Dtype, Int8Blocking, Int8Granularity};
 
 use crate::error::LaunchError;
-pub use crate::kernel::quant::Int8Granularity;
 use crate::kernel::quant::{
-    k_mean_finish, k_mean_partial, quantize_rows, QuantConfig, QuantShapeLaunch, MEAN_CHUNK,
-    MEAN_UNITS, MMA_M, QUANT_UNITS, THREAD_GROUPS,
+    k_mean_finish, k_mean_partial, quantize_rows, QuantConfig, QuantShapeLaunch, MEAN_CHUNK, MEAN_UNITS, QUANT_UNITS,
 };
-use crate::launch::{check_elem_supported, check_extent, check_grid};
-use crate::problem::{AttentionArgs, ElemType};
+use crate::launch::{check_dtype_supported, check_extent, check_grid};
+use crate::problem::Args;
 
-/// Tile shape the scales are laid out for; the attention kernel that reads them must use the
-/// same `block_q` and `block_k`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Int8Blocking {
-    /// Query rows per block (one cube / CTA).
-    pub block_q: u32,
-    /// Keys per K scale (one KV tile).
-    pub block_k: u32,
-    /// Warps splitting a query block into `block_q / warps` consecutive rows each.
-    pub warps: u32,
-}
-
-impl Int8Blocking {
-    /// `ceil(q_len / block_q)`.
-    pub fn q_blocks(&self, q_len: u32) -> u32 {
-        q_len.div_ceil(self.block_q)
-    }
-
-    /// `ceil(kv_len / block_k)`.
-    pub fn k_blocks(&self, kv_len: u32) -> u32 {
-        kv_len.div_ceil(self.block_k)
-    }
-
-    /// Q scale groups per query block.
-    pub fn q_slots(&self, granularity: Int8Granularity) -> u32 {
-        match granularity {
-            Int8Granularity::PerBlock => 1,
-            Int8Granularity::PerWarp => self.warps,
-            Int8Granularity::PerThread => self.warps * THREAD_GROUPS as u32,
-        }
-    }
-
-    /// Elements of the Q and K scale tensors.
-    pub fn scales_len(&self, args: &AttentionArgs, granularity: Int8Granularity) -> (u64, u64) {
-        let q = args.batch as u64
-            * args.q_heads as u64
-            * self.q_blocks(args.q_len) as u64
-            * self.q_slots(granularity) as u64;
-        let k = args.batch as u64 * args.kv_heads as u64 * self.k_blocks(args.kv_len) as u64;
-        (q, k)
-    }
-
-    /// The codec's rules: positive sizes, `block_q` a multiple of `warps`, 16 rows per warp for
-    /// per-thread scales.
-    pub fn validate(&self, granularity: Int8Granularity) -> Result<(), LaunchError> {
-        let invalid = |reason: String| Err(LaunchError::InvalidProblem { reason });
-        if self.block_q == 0 || self.block_k == 0 || self.warps == 0 {
-            return invalid(format!("INT8 blocking has a zero size: {self:?}"));
-        }
-        if !self.block_q.is_multiple_of(self.warps) {
-            return invalid(format!(
-                "INT8 block_q {} is not a multiple of warps {}",
-                self.block_q, self.warps
-            ));
-        }
-        if granularity == Int8Granularity::PerThread && self.block_q / self.warps != MMA_M as u32 {
-            return invalid(format!(
-                "per-thread INT8 scales follow a {MMA_M}-row MMA fragment per warp, but block_q / warps = {}",
-                self.block_q / self.warps
-            ));
-        }
-        Ok(())
-    }
+/// Elements of the Q and K scale tensors of `blocking` for this problem.
+pub(crate) fn scales_len(blocking: &Int8Blocking, args: &Args, granularity: Int8Granularity) -> (u64, u64) {
+    let q = args.batch as u64
+        * args.q_heads as u64
+        * blocking.q_blocks(args.q_len as usize) as u64
+        * blocking.q_slots(granularity) as u64;
+    let k = args.batch as u64 * args.kv_heads as u64 * blocking.k_blocks(args.kv_len as usize) as u64;
+    (q, k)
 }
 
 /// What the prepass computes.
@@ -110,9 +54,12 @@ pub struct Int8Quant {
     pub smooth_k: bool,
 }
 
-/// Device outputs of [`quantize_int8`].
+/// Device outputs of [`quantize_int8`] (the host codec's counterpart is the facade's
+/// `codec::int8::Int8Operands`).
 #[derive(Debug, Clone)]
-pub struct Int8Operands {
+pub struct Int8DeviceOperands {
+    /// The prepass that produced them.
+    pub quant: Int8Quant,
     /// Q codes: int8 bytes at Q's element offsets (same strides), 4 per `u32` word.
     pub q_codes: Handle,
     /// K codes, likewise at K's offsets.
@@ -133,27 +80,28 @@ pub fn q_scale_fold(softmax_scale: f32) -> f32 {
     softmax_scale * core::f32::consts::LOG2_E
 }
 
-/// Quantizes Q and K (both `elem`, in `args`' shapes and strides; V and O strides are ignored)
+/// Quantizes Q and K (both `dtype`, in `shape`'s sizes and strides; V and O strides are ignored)
 /// as the module docs say. Launches one to four kernels on the client's stream and returns
 /// the new device buffers; everything is validated before anything is enqueued.
 pub fn quantize_int8<R: Runtime>(
     client: &ComputeClient<R>,
-    args: &AttentionArgs,
-    elem: ElemType,
+    shape: &AttentionShape,
+    dtype: Dtype,
     quant: &Int8Quant,
     q: &Handle,
     k: &Handle,
-) -> Result<Int8Operands, LaunchError> {
+) -> Result<Int8DeviceOperands, LaunchError> {
+    let args = &Args::new(shape)?;
     check_quant_args(args, quant)?;
-    check_elem_supported(client, elem)?;
+    check_dtype_supported(client, dtype)?;
     let extents = args.extents();
-    let bytes = elem.size_bytes() as u64;
+    let bytes = dtype.size_bytes() as u64;
     check_extent("q", extents[0].1, bytes, q)?;
     check_extent("k", extents[1].1, bytes, k)?;
     let hw = &client.properties().hardware;
     let blocking = quant.blocking;
-    let q_grid = (blocking.q_blocks(args.q_len), args.q_heads, args.batch);
-    let k_grid = (blocking.k_blocks(args.kv_len), args.kv_heads, args.batch);
+    let q_grid = (grid_len(blocking.q_blocks(args.q_len as usize))?, args.q_heads, args.batch);
+    let k_grid = (grid_len(blocking.k_blocks(args.kv_len as usize))?, args.kv_heads, args.batch);
     check_grid(q_grid, hw.max_cube_count)?;
     check_grid(k_grid, hw.max_cube_count)?;
     let mean_chunks = mean_chunks(args.kv_len);
@@ -168,10 +116,11 @@ pub fn quantize_int8<R: Runtime>(
         });
     }
 
-    let (q_scales_len, k_scales_len) = blocking.scales_len(args, quant.granularity);
+    let (q_scales_len, k_scales_len) = scales_len(&blocking, args, quant.granularity);
     let buffer = |bytes: u64| client.empty((bytes as usize).max(4));
     let d = args.head_dim as usize;
-    let out = Int8Operands {
+    let out = Int8DeviceOperands {
+        quant: *quant,
         q_codes: buffer(extents[0].1),
         k_codes: buffer(extents[1].1),
         q_scales: buffer(4 * q_scales_len),
@@ -181,19 +130,24 @@ pub fn quantize_int8<R: Runtime>(
             .then(|| buffer(4 * (args.batch as u64 * args.kv_heads as u64 * d as u64))),
         lse_shift: quant.smooth_k.then(|| buffer(4 * args.lse_len())),
     };
-    log::debug!("quantize_int8 {quant:?} {elem:?} for {args:?}");
+    log::debug!("quantize_int8 {quant:?} {dtype} for {args:?}");
 
     macro_rules! go {
         ($e:ty) => {
             launch_prepass::<$e, R>(client, args, quant, q, k, &out, q_grid, k_grid)
         };
     }
-    match elem {
-        ElemType::F32 => go!(f32),
-        ElemType::F16 => go!(f16),
-        ElemType::Bf16 => go!(bf16),
+    match dtype {
+        Dtype::F32 => go!(f32),
+        Dtype::F16 => go!(f16),
+        Dtype::Bf16 => go!(bf16),
     }
     Ok(out)
+}
+
+/// A grid extent from a block count.
+fn grid_len(blocks: usize) -> Result<u32, LaunchError> {
+    u32::try_from(blocks).map_err(|_| LaunchError::TooLarge { what: "INT8 block count", value: blocks })
 }
 
 /// Cubes of the K-mean partial sums along the key sequence (one per [`MEAN_CHUNK`] keys).
@@ -202,15 +156,14 @@ fn mean_chunks(kv_len: u32) -> u32 {
 }
 
 /// Cubes of the K-mean finishing pass: one unit per 4 channels of each (batch, kv head).
-fn mean_finish_cubes(args: &AttentionArgs) -> u32 {
+fn mean_finish_cubes(args: &Args) -> u32 {
     let outputs = args.batch as u64 * args.kv_heads as u64 * (args.head_dim as u64 / 4);
     outputs.div_ceil(MEAN_UNITS as u64).min(u32::MAX as u64) as u32
 }
 
-/// Shape rules of the prepass (beyond [`AttentionArgs::validate`]).
-pub(crate) fn check_quant_args(args: &AttentionArgs, quant: &Int8Quant) -> Result<(), LaunchError> {
-    args.validate()?;
-    quant.blocking.validate(quant.granularity)?;
+/// Shape rules of the prepass (beyond those of [`Args::new`]).
+pub(crate) fn check_quant_args(args: &Args, quant: &Int8Quant) -> Result<(), LaunchError> {
+    quant.blocking.check(quant.granularity).map_err(|reason| LaunchError::InvalidProblem { reason })?;
     let mut all = vec![args.head_dim];
     all.extend(args.q_strides);
     all.extend(args.k_strides);
@@ -237,11 +190,11 @@ pub(crate) fn check_quant_args(args: &AttentionArgs, quant: &Int8Quant) -> Resul
 #[allow(clippy::too_many_arguments)]
 fn launch_prepass<E: Float + CubeElement, R: Runtime>(
     client: &ComputeClient<R>,
-    args: &AttentionArgs,
+    args: &Args,
     quant: &Int8Quant,
     q: &Handle,
     k: &Handle,
-    out: &Int8Operands,
+    out: &Int8DeviceOperands,
     q_grid: (u32, u32, u32),
     k_grid: (u32, u32, u32),
 ) {
@@ -263,7 +216,7 @@ fn launch_prepass<E: Float + CubeElement, R: Runtime>(
     };
     let scratch = || client.empty(16);
     let mean_len = args.batch as u64 * args.kv_heads as u64 * d as u64;
-    let (q_scales_len, k_scales_len) = blocking.scales_len(args, quant.granularity);
+    let (q_scales_len, k_scales_len) = scales_len(&blocking, args, quant.granularity);
 
     if let Some(mean) = &out.k_mean {
         if args.kv_len > 0 && args.batch > 0 && args.kv_heads > 0 {

@@ -1,134 +1,12 @@
-//! Tile sizes of the portable FMA kernel: one table per head dim, filtered by the runtime's
+//! Tilings of the portable kernels and their tables, one per kernel and head dim, best first.
+//! The selection (`launch::first_fit`) takes the first entry that fits the runtime's
 //! shared-memory and units-per-cube limits. Pure functions, no device.
 
 use crate::error::LaunchError;
 
-/// Tiling of the FMA kernel's stage: a cube of `tr * tc` units owns `bq` query rows and walks
-/// the keys `bk` at a time. Unit `(r, c)` computes an `rm x rn` block of scores
-/// (`rm = bq/tr`, `rn = bk/tc`) and owns `rm` rows by `dv/tc` columns of the output accumulator.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct FmaTiles {
-    /// Query rows per cube.
-    pub bq: u32,
-    /// Keys per KV tile.
-    pub bk: u32,
-    /// Units along the query rows.
-    pub tr: u32,
-    /// Units along the keys (and along the output columns). They share a row, so they reduce
-    /// the row max together: keeping `tc` at 8 or less keeps them inside one plane.
-    pub tc: u32,
-}
-
-impl core::fmt::Display for FmaTiles {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        write!(f, "bq{}_bk{}_t{}x{}", self.bq, self.bk, self.tr, self.tc)
-    }
-}
-
-/// Padding (in elements) of the transposed Q and K stage rows: an odd pitch spreads the
-/// transposing writes over all banks.
-pub(crate) const STAGE_PAD: u32 = 1;
-
-impl FmaTiles {
-    pub const fn units(&self) -> u32 {
-        self.tr * self.tc
-    }
-    pub const fn rm(&self) -> u32 {
-        self.bq / self.tr
-    }
-    pub const fn rn(&self) -> u32 {
-        self.bk / self.tc
-    }
-
-    /// Shared memory of the stage in bytes: transposed Q (`d x (bq+pad)`), one buffer that holds
-    /// the transposed K tile then the row-major V tile, the f32 probabilities (`bk x bq`) and the
-    /// f32 row-reduction scratch (`bq x tc`).
-    pub const fn smem_bytes(&self, head_dim: u32, v_head_dim: u32, stage_elem_bytes: u32) -> u32 {
-        let q = head_dim * (self.bq + STAGE_PAD);
-        let k = head_dim * (self.bk + STAGE_PAD);
-        let v = self.bk * v_head_dim;
-        let kv = if k > v { k } else { v };
-        (q + kv) * stage_elem_bytes + 4 * (self.bk * self.bq + self.bq * self.tc)
-    }
-
-    /// Divisibility the kernel relies on; `Err` names the broken rule.
-    pub fn validate(&self, head_dim: u32, v_head_dim: u32) -> Result<(), LaunchError> {
-        let err = |reason: &str| {
-            Err(LaunchError::InvalidTiles { tiles: self.to_string(), reason: reason.to_string() })
-        };
-        if self.bq == 0 || self.bk == 0 || self.tr == 0 || self.tc == 0 {
-            return err("all tile sizes must be positive");
-        }
-        if !self.bq.is_multiple_of(self.tr) {
-            return err("bq must be a multiple of tr");
-        }
-        if !self.bk.is_multiple_of(self.tc) {
-            return err("bk must be a multiple of tc");
-        }
-        if !v_head_dim.is_multiple_of(self.tc) {
-            return err("v_head_dim must be a multiple of tc");
-        }
-        if !self.tc.is_power_of_two() || self.tc > 32 {
-            return err("tc must be a power of two up to 32 (it is the reduction width)");
-        }
-        let _ = head_dim;
-        Ok(())
-    }
-}
-
-/// Candidate tilings per head dim, best first. The first that fits the runtime wins.
-///
-/// Why these shapes:
-/// - `tc = 8` everywhere: the 8 units sharing a row are consecutive lanes, so their row max can be
-///   a 3-step plane shuffle when planes exist, and `rn = bk/8` scores per unit keeps the K reads
-///   broadcast across the `tr` groups of a plane.
-/// - `rm = 4` rows per unit when it fits: a 4x4..4x8 score block gives 0.5-0.4 shared loads per
-///   FMA, the usual register-tiling sweet spot.
-/// - The accumulator is `rm * dv/8` floats per unit; for d=256 we drop to fewer rows per unit to
-///   stay near 64 accumulator registers.
-/// - Shared memory is dominated by the transposed Q tile (`d * bq`), so large head dims trade
-///   `bq` down first: llvmpipe and WebGPU give 32 KiB, Vulkan on NVIDIA 48 KiB, CUDA opt-in up
-///   to 227 KiB (the FMA kernel does not need that much; the cmma kernel will).
-pub fn fma_candidates(head_dim: u32) -> &'static [FmaTiles] {
-    const fn t(bq: u32, bk: u32, tr: u32, tc: u32) -> FmaTiles {
-        FmaTiles { bq, bk, tr, tc }
-    }
-    const SMALL: &[FmaTiles] = &[t(64, 64, 16, 8), t(64, 32, 16, 8), t(32, 32, 8, 8), t(16, 16, 4, 8)];
-    const MEDIUM: &[FmaTiles] = &[t(64, 32, 16, 8), t(32, 32, 8, 8), t(32, 16, 8, 8), t(16, 16, 4, 8)];
-    const LARGE: &[FmaTiles] = &[
-        t(32, 32, 16, 8),
-        t(32, 16, 16, 8),
-        t(16, 16, 8, 8),
-        t(16, 8, 8, 8),
-        t(8, 8, 8, 8),
-    ];
-    match head_dim {
-        0..=64 => SMALL,
-        65..=128 => MEDIUM,
-        _ => LARGE,
-    }
-}
-
-/// Picks the first candidate for `max(head_dim, v_head_dim)` that fits the runtime limits.
-pub fn select_fma_tiles(
-    head_dim: u32,
-    v_head_dim: u32,
-    stage_elem_bytes: u32,
-    max_shared_bytes: usize,
-    max_units: u32,
-) -> Option<FmaTiles> {
-    fma_candidates(head_dim.max(v_head_dim))
-        .iter()
-        .copied()
-        .find(|t| {
-            t.validate(head_dim, v_head_dim).is_ok()
-                && t.smem_bytes(head_dim, v_head_dim, stage_elem_bytes) as usize <= max_shared_bytes
-                && t.units() <= max_units
-        })
-}
-
-/// Tiling of the vectorized FMA kernel (`fma_vec.rs`): like [`FmaTiles`], plus where the Q/K/V
-/// stages are converted. Unit `(r, c)` computes an `rm x rn` block of scores on 4-wide vectors,
+/// Tiling of the vectorized FMA kernel (`fma_vec.rs`; also the packed-f16 and INT8 kernels):
+/// a cube of `tr * tc` units owns `bq` query rows and walks the keys `bk` at a time, and where
+/// the Q/K/V stages are converted. Unit `(r, c)` computes an `rm x rn` block of scores on 4-wide vectors,
 /// so `rm` and `rn` are multiples of 4 and `v_head_dim` a multiple of `4 * tc`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct FmaVecTiles {
@@ -217,8 +95,7 @@ impl FmaVecTiles {
     }
 }
 
-/// Candidate tilings of the vectorized FMA kernel per head dim, best first (a guess until
-/// `examples/bench` has ranked them on real GPUs; it prints every candidate).
+/// Candidate tilings of the vectorized FMA kernel per head dim, best first.
 ///
 /// Why these shapes:
 /// - `rm = 4` query rows x `rn = 4` keys per unit (one vector of each per head-dim index,
@@ -228,7 +105,9 @@ impl FmaVecTiles {
 /// - Shared memory is dominated by Qᵀ (`d * bq`). At d ≤ 64 everything fits in f32 within
 ///   48 KiB (Vulkan on NVIDIA) at bq = 64. At d = 128, bq = 64 only fits with the stages in
 ///   the input type (f16), so the f32-staged bq = 32 (half the units per cube) comes next.
-/// - The last entries fit llvmpipe's 32 KiB.
+/// - The last entries fit llvmpipe's 32 KiB. f32 at d = 256 (16 KiB of K tile per 16 keys)
+///   fits 48 KiB only with 16 keys per tile and 32 KiB only with 8 query rows per cube; both
+///   keep 4 x 4 vectors per unit and pay with a large accumulator (256 floats per unit).
 pub fn fma_vec_candidates(head_dim: u32) -> &'static [FmaVecTiles] {
     const fn t(bq: u32, bk: u32, tr: u32, tc: u32, stage_f32: bool) -> FmaVecTiles {
         FmaVecTiles { bq, bk, tr, tc, stage_f32 }
@@ -251,6 +130,8 @@ pub fn fma_vec_candidates(head_dim: u32) -> &'static [FmaVecTiles] {
         t(16, 64, 4, 16, false),
         t(16, 32, 4, 8, false),
         t(16, 32, 4, 8, true),
+        t(16, 16, 4, 4, true),
+        t(8, 16, 2, 4, true),
     ];
     match head_dim {
         0..=64 => SMALL,
@@ -262,8 +143,7 @@ pub fn fma_vec_candidates(head_dim: u32) -> &'static [FmaVecTiles] {
 /// Candidate tilings of the packed-f16 FMA kernel (`fma_half.rs`) per head dim, best first
 /// (stages always in f16, so `stage_f32` is false).
 ///
-/// Measured on an H100 (`bench_cuda`, seq 4096,
-/// non-causal, prefetched K/V):
+/// Measured on an H100 (seq 4096, non-causal, prefetched K/V):
 /// - hd 128: 64 query rows x 64 keys on 16 x 16 units (4 rows x 4 keys and 4 x 8 output
 ///   columns per unit) leads through WGSL on Vulkan (38.6 TFLOP/s two-stage, 40.0-40.2 with f16
 ///   Q·Kᵀ, against 36.5-37.0 for 64 x 32 on 16 x 8). Through CUDA the order is the other way
@@ -284,35 +164,6 @@ pub fn fma_half_candidates(head_dim: u32) -> &'static [FmaVecTiles] {
         65..=128 => MEDIUM,
         _ => LARGE,
     }
-}
-
-/// First packed-f16 FMA candidate for `max(head_dim, v_head_dim)` that fits the runtime.
-pub fn select_fma_half_tiles(
-    head_dim: u32,
-    v_head_dim: u32,
-    max_shared_bytes: usize,
-    max_units: u32,
-) -> Option<FmaVecTiles> {
-    fma_half_candidates(head_dim.max(v_head_dim)).iter().copied().find(|t| {
-        t.validate(head_dim, v_head_dim).is_ok()
-            && t.smem_bytes_half(head_dim, v_head_dim) as usize <= max_shared_bytes
-            && t.units() <= max_units
-    })
-}
-
-/// First vectorized FMA candidate for `max(head_dim, v_head_dim)` that fits the runtime.
-pub fn select_fma_vec_tiles(
-    head_dim: u32,
-    v_head_dim: u32,
-    elem_bytes: u32,
-    max_shared_bytes: usize,
-    max_units: u32,
-) -> Option<FmaVecTiles> {
-    fma_vec_candidates(head_dim.max(v_head_dim)).iter().copied().find(|t| {
-        t.validate(head_dim, v_head_dim).is_ok()
-            && t.smem_bytes(head_dim, v_head_dim, elem_bytes) as usize <= max_shared_bytes
-            && t.units() <= max_units
-    })
 }
 
 /// Tiling of the matrix-unit (cmma) kernel: `warps` planes of 32 units, each owning 16 query
@@ -377,14 +228,13 @@ impl CmmaTiles {
 
 /// Candidate cmma tilings per head dim, best first.
 ///
-/// Measured on an H100 (`bench_cuda` sweep, seq 4096,
-/// f16, non-causal, host-timed): 4 planes x bk 32 is the best or within 5-12% of the best on
+/// Measured on an H100 (seq 4096, f16, non-causal, host-timed): 4 planes x bk 32 is the best or within 5-12% of the best on
 /// both runtimes, and bk 64 loses everywhere.
 ///
 /// | tiling (planes x bk) | CUDA d64 | CUDA d128 | Vulkan SPIR-V d64 | Vulkan SPIR-V d128 |
 /// |---|---|---|---|---|
 /// | 4 x 32 | 130.2 | 97.5 | **51.7** | **51.8** |
-/// | 4 x 64 (the first entry before) | 92.8 | 69.4 | 39.9 | – (over 48 KiB) |
+/// | 4 x 64 | 92.8 | 69.4 | 39.9 | – (over 48 KiB) |
 /// | 8 x 32 | **148.6** | 99.2 | 37.8 | 44.7 |
 /// | 8 x 64 | 86.1 | **102.1** | – | – |
 /// | 2 x 32 | 71.3 | 55.7 | 32.2 | 33.1 |
@@ -407,20 +257,6 @@ pub fn cmma_candidates(head_dim: u32) -> &'static [CmmaTiles] {
         0..=128 => SMALL,
         _ => LARGE,
     }
-}
-
-/// First cmma candidate that fits the shared memory and units limits.
-pub fn select_cmma_tiles(
-    head_dim: u32,
-    v_head_dim: u32,
-    elem_bytes: u32,
-    max_shared_bytes: usize,
-    max_units: u32,
-) -> Option<CmmaTiles> {
-    cmma_candidates(head_dim.max(v_head_dim)).iter().copied().find(|t| {
-        t.smem_bytes(head_dim, v_head_dim, elem_bytes) as usize <= max_shared_bytes
-            && t.units() <= max_units
-    })
 }
 
 /// Tiling of the register-resident manual-MMA kernel (`kernel/mma.rs`): `warps` planes of 32
@@ -506,10 +342,9 @@ impl MmaTiles {
 /// and addresses, softmax temporaries and the P fragments of one key step need about 40.
 pub const MMA_FRAGMENT_REGISTERS: u32 = 216;
 
-/// Candidate tilings of the mma kernel per head dim, best first. Measured on the H100 with
-/// `examples/bench_cuda cuda --filter mma_` (fp16, seq 4k, batch 4, heads =
-/// 2048/d, host-timed, each tiling first checked against an f64 reference; TFLOP/s non-causal /
-/// causal):
+/// Candidate tilings of the mma kernel per head dim, best first. Measured on an H100 (fp16,
+/// seq 4k, batch 4, heads = 2048/d, host-timed, each tiling first checked against an f64
+/// reference; TFLOP/s non-causal / causal):
 ///
 /// | head dim | planes x m-tiles, bk | TFLOP/s |
 /// | --- | --- | --- |
@@ -561,42 +396,80 @@ pub fn mma_candidates(head_dim: u32) -> &'static [MmaTiles] {
     }
 }
 
-/// First mma candidate that is valid for the head dims and fits the runtime limits.
-pub fn select_mma_tiles(
-    head_dim: u32,
-    v_head_dim: u32,
-    elem_bytes: u32,
-    max_shared_bytes: usize,
-    max_units: u32,
-) -> Option<MmaTiles> {
-    mma_candidates(head_dim.max(v_head_dim)).iter().copied().find(|t| {
-        t.validate(head_dim, v_head_dim).is_ok()
-            && t.smem_bytes(head_dim, v_head_dim, elem_bytes) as usize <= max_shared_bytes
-            && t.units() <= max_units
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::problem::SUPPORTED_HEAD_DIMS;
+    use crate::launch::{first_fit, CubeLimits, Family, PortableKernel};
+    use quattn_core::{Accumulation, Dtype, PvAccum, QkAccum};
+
+    /// The supported head dims as the tile functions take them.
+    const DIMS: [u32; 5] = [32, 64, 96, 128, 256];
 
     #[test]
-    fn every_head_dim_fits_32k_in_f32() {
-        for &d in SUPPORTED_HEAD_DIMS {
-            for &dv in SUPPORTED_HEAD_DIMS {
-                let t = select_fma_tiles(d, dv, 4, 32 * 1024, 256);
-                assert!(t.is_some(), "no tiles for d={d} dv={dv}");
+    fn dims_are_the_supported_ones() {
+        assert_eq!(DIMS.map(|d| d as usize).as_slice(), crate::problem::SUPPORTED_HEAD_DIMS);
+    }
+
+    fn limits(max_shared_bytes: usize, max_units: u32) -> CubeLimits {
+        CubeLimits { max_shared_bytes, max_units }
+    }
+
+    fn dtype(bytes: u32) -> Dtype {
+        if bytes == 4 {
+            Dtype::F32
+        } else {
+            Dtype::F16
+        }
+    }
+
+    fn select_fma_vec_tiles(d: u32, dv: u32, bytes: u32, smem: usize, units: u32) -> Option<FmaVecTiles> {
+        match first_fit(Family::Fma, Accumulation::default(), d, dv, dtype(bytes), limits(smem, units)) {
+            Ok(PortableKernel::Fma(t)) => Some(t),
+            _ => None,
+        }
+    }
+
+    fn select_fma_half_tiles(d: u32, dv: u32, smem: usize, units: u32) -> Option<FmaVecTiles> {
+        let acc = Accumulation { qk: QkAccum::TwoStage, pv: PvAccum::F16PerTile };
+        match first_fit(Family::Fma, acc, d, dv, Dtype::F16, limits(smem, units)) {
+            Ok(PortableKernel::Half(h)) => Some(h.tiles),
+            _ => None,
+        }
+    }
+
+    fn select_cmma_tiles(d: u32, dv: u32, bytes: u32, smem: usize, units: u32) -> Option<CmmaTiles> {
+        match first_fit(Family::Cmma, Accumulation::default(), d, dv, dtype(bytes), limits(smem, units)) {
+            Ok(PortableKernel::Cmma(t)) => Some(t),
+            _ => None,
+        }
+    }
+
+    fn select_mma_tiles(d: u32, dv: u32, bytes: u32, smem: usize, units: u32) -> Option<MmaTiles> {
+        match first_fit(Family::Mma, Accumulation::default(), d, dv, dtype(bytes), limits(smem, units)) {
+            Ok(PortableKernel::Mma(t)) => Some(t),
+            _ => None,
+        }
+    }
+
+    /// Every head-dim pair has a vector tiling within llvmpipe's 32 KiB and Vulkan's 48 KiB,
+    /// in f32 and in f16.
+    #[test]
+    fn every_head_dim_fits_32k_and_48k() {
+        for d in DIMS {
+            for dv in DIMS {
+                for bytes in [4, 2] {
+                    for smem in [32 * 1024, 48 * 1024] {
+                        let t = select_fma_vec_tiles(d, dv, bytes, smem, 256);
+                        assert!(t.is_some(), "no tiles for d={d} dv={dv} bytes={bytes} smem={smem}");
+                    }
+                }
             }
         }
     }
 
     #[test]
     fn all_candidates_are_valid() {
-        for &d in SUPPORTED_HEAD_DIMS {
-            for t in fma_candidates(d) {
-                t.validate(d, d).unwrap();
-            }
+        for d in DIMS {
             for t in fma_vec_candidates(d) {
                 t.validate(d, d).unwrap();
             }
@@ -605,7 +478,7 @@ mod tests {
 
     #[test]
     fn vec_tiles_fit_vulkan_and_llvmpipe_in_f16() {
-        for &d in SUPPORTED_HEAD_DIMS {
+        for d in DIMS {
             for smem in [32 * 1024, 48 * 1024] {
                 assert!(select_fma_vec_tiles(d, d, 2, smem, 256).is_some(), "d={d} smem={smem}");
             }
@@ -617,7 +490,7 @@ mod tests {
 
     #[test]
     fn half_tiles_fit_vulkan_and_llvmpipe() {
-        for &d in SUPPORTED_HEAD_DIMS {
+        for d in DIMS {
             for smem in [32 * 1024, 48 * 1024] {
                 let t = select_fma_half_tiles(d, d, smem, 256).unwrap_or_else(|| panic!("d={d} smem={smem}"));
                 assert!(t.smem_bytes_half(d, d) as usize <= smem);
@@ -680,8 +553,8 @@ mod tests {
     #[test]
     fn cmma_smem_formula_matches_the_kernel() {
         use crate::kernel::cmma::CmmaConfig;
-        for &d in SUPPORTED_HEAD_DIMS {
-            for &dv in SUPPORTED_HEAD_DIMS {
+        for d in DIMS {
+            for dv in DIMS {
                 for t in cmma_candidates(d.max(dv)) {
                     for elem_bytes in [2u32, 4] {
                         let cfg = CmmaConfig {
@@ -710,8 +583,8 @@ mod tests {
     #[test]
     fn mma_tiles_fit_every_head_dim_and_match_the_kernel() {
         use crate::kernel::mma::MmaFwdConfig;
-        for &d in SUPPORTED_HEAD_DIMS {
-            for &dv in SUPPORTED_HEAD_DIMS {
+        for d in DIMS {
+            for dv in DIMS {
                 let pick = select_mma_tiles(d, dv, 2, 227 * 1024, 1024);
                 assert!(pick.is_some(), "d={d} dv={dv}");
                 for t in mma_candidates(d.max(dv)) {

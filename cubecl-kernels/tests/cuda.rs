@@ -3,12 +3,12 @@
 
 mod common;
 
-use common::{cuda_client, run_case, Case, Layout};
-use quattn_cubecl::{ElemType, LaunchOptions, Variant};
+use common::{cuda_client, run_case, run_selected, Case, Layout};
+use quattn_cubecl::{Dtype as ElemType, Family, PortableKernel};
 
-fn check(case: Case, options: &LaunchOptions) {
+fn check(case: Case, family: Family) {
     let Some(client) = cuda_client() else { return };
-    let report = run_case(&client, &case, options).expect("launch refused");
+    let report = run_selected(&client, &case, Some(family)).expect("launch refused");
     println!("{case:?}\n  -> {report:?}");
     report.assert_within(&case);
 }
@@ -29,36 +29,27 @@ fn cases(elem: ElemType) -> Vec<Case> {
 
 #[test]
 fn fma_on_cuda() {
-    for lazy_rescale in [true, false] {
-        let options = LaunchOptions { variant: Variant::PortableFma, lazy_rescale, ..Default::default() };
-        for elem in [ElemType::F32, ElemType::F16, ElemType::Bf16] {
-            for case in cases(elem) {
-                check(case, &options);
-            }
+    for elem in [ElemType::F32, ElemType::F16, ElemType::Bf16] {
+        for case in cases(elem) {
+            check(case, Family::Fma);
         }
     }
 }
 
 #[test]
 fn cmma_on_cuda() {
-    for lazy_rescale in [true, false] {
-        let options = LaunchOptions { variant: Variant::Cmma, lazy_rescale, ..Default::default() };
-        for elem in [ElemType::F16, ElemType::Bf16] {
-            for case in cases(elem) {
-                check(case, &options);
-            }
+    for elem in [ElemType::F16, ElemType::Bf16] {
+        for case in cases(elem) {
+            check(case, Family::Cmma);
         }
     }
 }
 
 #[test]
 fn mma_on_cuda() {
-    for lazy_rescale in [true, false] {
-        let options = LaunchOptions { variant: Variant::Mma, lazy_rescale, ..Default::default() };
-        for elem in [ElemType::F16, ElemType::Bf16] {
-            for case in cases(elem) {
-                check(case, &options);
-            }
+    for elem in [ElemType::F16, ElemType::Bf16] {
+        for case in cases(elem) {
+            check(case, Family::Mma);
         }
     }
 }
@@ -67,11 +58,12 @@ fn mma_on_cuda() {
 #[test]
 fn mma_every_tiling_on_cuda() {
     use quattn_cubecl::mma_candidates;
+    let Some(client) = cuda_client() else { return };
     for elem in [ElemType::F16, ElemType::Bf16] {
         for case in cases(elem) {
-            for &tiles in mma_candidates(case.head_dim.max(case.v_head_dim)) {
-                let options = LaunchOptions { variant: Variant::Mma, mma_tiles: Some(tiles), ..Default::default() };
-                check(case, &options);
+            for &tiles in mma_candidates(case.head_dim.max(case.v_head_dim) as u32) {
+                let report = run_case(&client, &case, &PortableKernel::Mma(tiles)).expect("launch refused");
+                report.assert_within(&case);
             }
         }
     }
@@ -83,12 +75,12 @@ fn auto_prefers_mma_on_cuda() {
     let Some(client) = cuda_client() else { return };
     for elem in [ElemType::F16, ElemType::Bf16] {
         let case = Case::new(64, 64, 128, false, elem);
-        let report = run_case(&client, &case, &LaunchOptions::default()).expect("launch refused");
-        assert_eq!(report.info.variant, Variant::Mma, "{report:?}");
-        for variant in [Variant::Cmma, Variant::PortableFma] {
-            let report = run_case(&client, &case, &LaunchOptions { variant, ..Default::default() }).expect("launch refused");
-            assert_eq!(report.info.variant, variant, "{report:?}");
-            report.assert_within(&case);
+        let kernel = common::select(&client, &case, Default::default(), None).expect("selection");
+        assert_eq!(kernel.family(), Family::Mma, "{kernel:?}");
+        for family in [Family::Cmma, Family::Fma] {
+            let kernel = common::select(&client, &case, Default::default(), Some(family)).expect("selection");
+            assert_eq!(kernel.family(), family, "{kernel:?}");
+            run_case(&client, &case, &kernel).expect("launch refused").assert_within(&case);
         }
     }
 }

@@ -1,22 +1,19 @@
-//! The portable FMA kernel on wgpu (llvmpipe on machines without a GPU), against the naive
+//! The portable FMA kernels on wgpu (llvmpipe on machines without a GPU), against the naive
 //! f64 reference in `common`. Shapes are small: llvmpipe on two cores is slow.
 #![cfg(feature = "wgpu")]
 
 mod common;
 
-use common::{run_case, wgpu_client, Case, Layout};
+use common::{run_case, run_selected, select, wgpu_client, Case, Layout};
 use quattn_cubecl::{
-    fma_candidates, fma_vec_candidates, Accumulation, ElemType, KvLoads, LaunchOptions, QkAccumulation, Variant,
+    fma_vec_candidates, Accumulation, Dtype as ElemType, Family, HalfTiles, PortableKernel, PvAccum, QkAccum,
 };
 
 fn check(case: Case) {
-    check_with(case, &LaunchOptions::default());
-}
-
-fn check_with(case: Case, options: &LaunchOptions) {
     let Some(client) = wgpu_client() else { return };
-    let report = run_case(&client, &case, options).expect("launch refused");
+    let report = run_selected(&client, &case, None).expect("launch refused");
     println!("{case:?}\n  -> {report:?}");
+    assert!(report.info.kernel.starts_with("portable_fma_vec_"), "{}", report.info.kernel);
     report.assert_within(&case);
 }
 
@@ -73,7 +70,7 @@ fn f32_gqa_bshd() {
 
 #[test]
 fn f32_kv_len_zero() {
-    // Every row sees nothing.
+    // Every row sees nothing; the empty K and V are one-vector buffers.
     check(Case::new(5, 0, 32, false, ElemType::F32));
 }
 
@@ -104,59 +101,28 @@ fn f16_d32_causal_q_longer_than_kv() {
     check(Case::new(300, 127, 32, true, ElemType::F16));
 }
 
-// Kernel knobs: both rescale policies and every tiling of the table that fits the runtime.
-
+/// The packed-f16 kernel with one K/V stage and with two moves the same values through shared
+/// memory, so both give the same bits. Ragged shapes, so both the full-tile and the
+/// partial-tile loads run.
 #[test]
-fn eager_rescale_is_exact_too() {
-    let options = LaunchOptions { lazy_rescale: false, ..LaunchOptions::default() };
-    check_with(Case::new(127, 300, 64, true, ElemType::F32), &options);
-    check_with(Case::new(17, 127, 128, false, ElemType::F16), &options);
-}
-
-/// Every K/V staging moves the same values into shared memory, so every choice gives the same
-/// bits: per-row guarded loads, one bounds decision per tile, loads prefetched into registers,
-/// and (packed-f16 kernel) separate K and V stages with two barriers per tile. Ragged causal
-/// shapes, so both the full-tile and the partial-tile loads run; f32 and f16 accumulation.
-#[test]
-fn kv_staging_is_bit_identical() {
+fn half_kernel_split_kv_is_bit_identical() {
     let Some(client) = wgpu_client() else { return };
-    let half = Accumulation { qk: QkAccumulation::TwoStage { chunk: 32 }, pv_f16: true };
-    for (case, accumulation) in [
-        (Case::new(127, 300, 64, true, ElemType::F16), Accumulation::default()),
-        (Case::new(77, 150, 64, false, ElemType::F32), Accumulation::default()),
-        (Case::new(127, 300, 64, true, ElemType::F16), half),
-        (Case::new(45, 97, 64, false, ElemType::F16), half),
-    ] {
-        let mut stagings = vec![
-            (KvLoads::Direct, Some(false)),
-            (KvLoads::TileChecked, Some(false)),
-            (KvLoads::Prefetch, Some(false)),
-        ];
-        if accumulation != Accumulation::default() {
-            stagings.push((KvLoads::Direct, Some(true)));
-            stagings.push((KvLoads::Prefetch, Some(true)));
-        }
+    let acc = Accumulation { qk: QkAccum::TwoStage, pv: PvAccum::F16PerTile };
+    for case in [Case::new(127, 300, 64, true, ElemType::F16), Case::new(45, 97, 64, false, ElemType::F16)] {
+        let PortableKernel::Half(selected) = select(&client, &case, acc, None).expect("selection") else {
+            panic!("f16 accumulation must select the packed-f16 kernel");
+        };
         let mut first: Option<common::Report> = None;
-        for (kv_loads, split_kv) in stagings {
-            let options = LaunchOptions {
-                variant: Variant::PortableFma,
-                accumulation,
-                kv_loads: Some(kv_loads),
-                split_kv,
-                ..LaunchOptions::default()
-            };
-            let report = run_case(&client, &case, &options).expect("launch refused");
-            println!("{case:?} {kv_loads:?} split {split_kv:?}\n  -> {}: rel-L2 {:.2e}", report.info.kernel, report.o_rel_l2);
+        for split_kv in [false, true] {
+            let kernel = PortableKernel::Half(HalfTiles { split_kv, ..selected });
+            let report = run_case(&client, &case, &kernel).expect("launch refused");
+            println!("{case:?} split {split_kv}\n  -> {}: rel-L2 {:.2e}", report.info.kernel, report.o_rel_l2);
             assert_eq!(report.o_non_finite, 0, "{}: unwritten O", report.info.kernel);
             match &first {
                 None => {
-                    // The f16-accumulating mode's own bound is checked (against its emulation)
-                    // in the facade's tests; here the reference run must at least be close.
-                    let bound = if accumulation == Accumulation::default() { None } else { Some(1e-2) };
-                    match bound {
-                        None => report.assert_within(&case),
-                        Some(b) => assert!(report.o_rel_l2 < b, "{}: rel-L2 {}", report.info.kernel, report.o_rel_l2),
-                    }
+                    // The mode's own bound is checked against its emulation in the facade's
+                    // tests; here the run must at least be close to the f64 reference.
+                    assert!(report.o_rel_l2 < 1e-2, "{}: rel-L2 {}", report.info.kernel, report.o_rel_l2);
                     first = Some(report);
                 }
                 Some(f) => {
@@ -169,25 +135,23 @@ fn kv_staging_is_bit_identical() {
     }
 }
 
+/// The prefetched K/V staging gives the same bits on every launch of the same kernel, and each
+/// f16-accumulating mode selects the packed-f16 kernel and stays near the reference.
 #[test]
-fn every_fitting_tile_config() {
+fn half_kernel_modes_are_deterministic() {
     let Some(client) = wgpu_client() else { return };
-    let smem = client.properties().hardware.max_shared_memory_size;
-    for (d, elem) in [(64, ElemType::F32), (128, ElemType::F16)] {
-        for &tiles in fma_candidates(d) {
-            if tiles.smem_bytes(d, d, elem.size_bytes() as u32) as usize > smem {
-                continue;
-            }
-            let options = LaunchOptions {
-                variant: Variant::PortableFmaScalar,
-                fma_tiles: Some(tiles),
-                ..LaunchOptions::default()
-            };
-            let case = Case::new(37, 75, d, true, elem);
-            let report = run_case(&client, &case, &options).expect("launch refused");
-            println!("{tiles}: {report:?}");
-            report.assert_within(&case);
-        }
+    let case = Case::new(77, 150, 64, true, ElemType::F16);
+    for acc in [
+        Accumulation { qk: QkAccum::F16, pv: PvAccum::F32 },
+        Accumulation { qk: QkAccum::TwoStage, pv: PvAccum::F32 },
+        Accumulation { qk: QkAccum::F32, pv: PvAccum::F16PerTile },
+    ] {
+        let kernel = select(&client, &case, acc, Some(Family::Fma)).expect("selection");
+        assert!(matches!(kernel, PortableKernel::Half(h) if h.accumulation == acc), "{kernel:?}");
+        let a = run_case(&client, &case, &kernel).expect("launch refused");
+        let b = run_case(&client, &case, &kernel).expect("launch refused");
+        assert!(a.o_rel_l2 < 1e-2, "{}: rel-L2 {}", a.info.kernel, a.o_rel_l2);
+        assert!(a.o.iter().zip(&b.o).all(|(x, y)| x.to_bits() == y.to_bits()), "{}: runs differ", a.info.kernel);
     }
 }
 
@@ -195,31 +159,16 @@ fn every_fitting_tile_config() {
 fn every_fitting_vec_tile_config() {
     let Some(client) = wgpu_client() else { return };
     let smem = client.properties().hardware.max_shared_memory_size;
-    for (d, elem) in [(64, ElemType::F32), (64, ElemType::F16), (128, ElemType::F16), (256, ElemType::F16)] {
+    for (d, elem) in [(64, ElemType::F32), (64, ElemType::F16), (128, ElemType::F16), (256, ElemType::F16), (256, ElemType::F32)] {
         for &tiles in fma_vec_candidates(d) {
             if tiles.smem_bytes(d, d, elem.size_bytes() as u32) as usize > smem {
                 continue;
             }
-            for lazy_rescale in [true, false] {
-                let options = LaunchOptions {
-                    variant: Variant::PortableFma,
-                    fma_vec_tiles: Some(tiles),
-                    lazy_rescale,
-                    ..LaunchOptions::default()
-                };
-                let case = Case { q_heads: 1, ..Case::new(37, 75, d, true, elem) };
-                let report = run_case(&client, &case, &options).expect("launch refused");
-                println!("{tiles} lazy={lazy_rescale}: {report:?}");
-                assert!(report.info.kernel.contains("fma_vec"), "{}", report.info.kernel);
-                report.assert_within(&case);
-            }
+            let case = Case { q_heads: 1, ..Case::new(37, 75, d as usize, true, elem) };
+            let report = run_case(&client, &case, &PortableKernel::Fma(tiles)).expect("launch refused");
+            println!("{tiles}: {report:?}");
+            assert!(report.info.kernel.contains("fma_vec"), "{}", report.info.kernel);
+            report.assert_within(&case);
         }
     }
-}
-
-#[test]
-fn scalar_kernel_still_runs() {
-    let options = LaunchOptions { variant: Variant::PortableFmaScalar, ..LaunchOptions::default() };
-    check_with(Case::new(17, 127, 128, true, ElemType::F16), &options);
-    check_with(Case::new(33, 40, 64, false, ElemType::F32), &options);
 }

@@ -5,8 +5,10 @@ mod common;
 
 use common::wgpu_client;
 use quattn_cubecl::{
-    launch, launch_with, AttentionArgs, ElemType, FmaTiles, FmaVecTiles, LaunchError, LaunchOptions, Variant,
+    launch, select, Accumulation, AttentionShape, Dtype, Family, FmaVecTiles, LaunchError, PortableKernel, PvAccum,
+    QkAccum,
 };
+use quattn_core::Layout;
 
 fn buffers(
     client: &cubecl::prelude::ComputeClient<cubecl::wgpu::WgpuRuntime>,
@@ -18,76 +20,86 @@ fn buffers(
 #[test]
 fn refusals() {
     let Some(client) = wgpu_client() else { return };
-    let ok = AttentionArgs::bhsd(1, 2, 1, 16, 16, 64, false);
+    let ok = AttentionShape::contiguous(Layout::Bhsd, 1, 2, 1, 16, 16, 64, false);
     let [q, k, v, o] = buffers(&client, 2 * 16 * 64 * 4);
+    let kernel = select(&client, &ok, Dtype::F32, Accumulation::default(), None).unwrap().kernel;
+    assert!(matches!(kernel, PortableKernel::Fma(_)), "{kernel:?}");
+    let run = |shape: &AttentionShape, dtype, kernel: &PortableKernel, k: &cubecl::server::Handle, lse| {
+        launch(&client, kernel, shape, dtype, &q, k, &v, &o, lse)
+    };
+    assert!(run(&ok, Dtype::F32, &kernel, &k, None).unwrap().launched);
 
-    let bad_dim = AttentionArgs { head_dim: 80, v_head_dim: 80, ..ok };
+    let bad_dim = AttentionShape { head_dim: 80, v_head_dim: 80, ..ok };
     assert!(matches!(
-        launch(&client, &bad_dim, ElemType::F32, &q, &k, &v, &o, None),
+        select(&client, &bad_dim, Dtype::F32, Accumulation::default(), None),
         Err(LaunchError::UnsupportedHeadDim { head_dim: 80, .. })
     ));
+    assert!(matches!(run(&bad_dim, Dtype::F32, &kernel, &k, None), Err(LaunchError::UnsupportedHeadDim { head_dim: 80, .. })));
 
-    let bad_groups = AttentionArgs { q_heads: 3, kv_heads: 2, ..ok };
-    assert!(matches!(
-        launch(&client, &bad_groups, ElemType::F32, &q, &k, &v, &o, None),
-        Err(LaunchError::InvalidProblem { .. })
-    ));
+    let bad_groups = AttentionShape { q_heads: 3, kv_heads: 2, ..ok };
+    assert!(matches!(run(&bad_groups, Dtype::F32, &kernel, &k, None), Err(LaunchError::InvalidProblem { .. })));
 
-    let bad_scale = AttentionArgs { scale: f32::NAN, ..ok };
-    assert!(matches!(
-        launch(&client, &bad_scale, ElemType::F32, &q, &k, &v, &o, None),
-        Err(LaunchError::InvalidProblem { .. })
-    ));
+    let bad_scale = AttentionShape { scale: f32::NAN, ..ok };
+    assert!(matches!(run(&bad_scale, Dtype::F32, &kernel, &k, None), Err(LaunchError::InvalidProblem { .. })));
+
+    let huge_len = AttentionShape { q_len: 1 << 33, ..ok };
+    assert!(matches!(run(&huge_len, Dtype::F32, &kernel, &k, None), Err(LaunchError::TooLarge { what: "q_len", .. })));
 
     let small = client.empty(16);
-    assert!(matches!(
-        launch(&client, &ok, ElemType::F32, &q, &small, &v, &o, None),
-        Err(LaunchError::BufferTooSmall { tensor: "k", .. })
-    ));
+    assert!(matches!(run(&ok, Dtype::F32, &kernel, &small, None), Err(LaunchError::BufferTooSmall { tensor: "k", .. })));
 
-    let with_lse = AttentionArgs { write_lse: true, ..ok };
-    assert!(matches!(
-        launch(&client, &with_lse, ElemType::F32, &q, &k, &v, &o, None),
-        Err(LaunchError::InvalidProblem { .. })
-    ));
+    // An empty K still needs one vector of buffer: 4 elements.
+    let no_keys = AttentionShape { kv_len: 0, ..ok };
+    let tiny = client.empty(4);
+    assert!(matches!(run(&no_keys, Dtype::F32, &kernel, &tiny, None), Err(LaunchError::BufferTooSmall { tensor: "k", .. })));
+    assert!(run(&no_keys, Dtype::F32, &kernel, &small, None).is_ok());
 
-    let huge = FmaTiles { bq: 256, bk: 256, tr: 16, tc: 8 };
-    let forced = LaunchOptions {
-        variant: Variant::PortableFmaScalar,
-        fma_tiles: Some(huge),
-        ..LaunchOptions::default()
-    };
-    assert!(matches!(
-        launch_with(&client, &ok, ElemType::F32, &forced, &q, &k, &v, &o, None),
-        Err(LaunchError::SharedMemoryExceeded { .. })
-    ));
+    let with_lse = AttentionShape { write_lse: true, ..ok };
+    assert!(matches!(run(&with_lse, Dtype::F32, &kernel, &k, None), Err(LaunchError::InvalidProblem { .. })));
 
-    let uneven = FmaTiles { bq: 30, bk: 32, tr: 8, tc: 8 };
-    let forced = LaunchOptions { fma_tiles: Some(uneven), ..forced };
-    assert!(matches!(
-        launch_with(&client, &ok, ElemType::F32, &forced, &q, &k, &v, &o, None),
-        Err(LaunchError::InvalidTiles { .. })
-    ));
+    // A row start off a 4-element boundary: the vector kernels refuse it by name (the caller
+    // realigns), at selection and at launch.
+    let mut unaligned = ok;
+    unaligned.q.seq = 66;
+    unaligned.q.head = 66 * 16;
+    unaligned.q.batch = 2 * 66 * 16;
+    let err = select(&client, &unaligned, Dtype::F32, Accumulation::default(), None).unwrap_err();
+    assert!(matches!(err, LaunchError::UnalignedLayout { .. }), "{err}");
+    assert!(quattn_cubecl::vector_layout_ok(&unaligned).is_err());
+    assert!(quattn_cubecl::vector_layout_ok(&ok).is_ok());
+    assert!(matches!(run(&unaligned, Dtype::F32, &kernel, &k, None), Err(LaunchError::UnalignedLayout { .. })));
 
-    // A pinned vector tiling that cannot run is refused, not silently replaced.
-    let huge_vec = FmaVecTiles { bq: 256, bk: 256, tr: 16, tc: 8, stage_f32: true };
-    let forced_vec = LaunchOptions {
-        variant: Variant::PortableFma,
-        fma_vec_tiles: Some(huge_vec),
-        ..LaunchOptions::default()
-    };
-    assert!(matches!(
-        launch_with(&client, &ok, ElemType::F32, &forced_vec, &q, &k, &v, &o, None),
-        Err(LaunchError::VariantUnavailable { .. })
-    ));
+    // A hand-built tiling that cannot run is refused, not replaced.
+    let huge_vec = PortableKernel::Fma(FmaVecTiles { bq: 256, bk: 256, tr: 16, tc: 8, stage_f32: true });
+    assert!(matches!(run(&ok, Dtype::F32, &huge_vec, &k, None), Err(LaunchError::SharedMemoryExceeded { .. })));
+    let uneven = PortableKernel::Fma(FmaVecTiles { bq: 30, bk: 32, tr: 8, tc: 8, stage_f32: true });
+    assert!(matches!(run(&ok, Dtype::F32, &uneven, &k, None), Err(LaunchError::InvalidTiles { .. })));
+
+    // Forced families that cannot run say which and why.
+    let f16_acc = Accumulation { qk: QkAccum::F16, pv: PvAccum::F32 };
+    for (dtype, acc, family) in [
+        (Dtype::F32, Accumulation::default(), Family::Cmma),
+        (Dtype::F32, Accumulation::default(), Family::Mma),
+        (Dtype::F16, f16_acc, Family::Cmma),
+        (Dtype::F32, f16_acc, Family::Fma),
+    ] {
+        match select(&client, &ok, dtype, acc, Some(family)) {
+            Err(LaunchError::FamilyUnavailable { family: f, reason }) => {
+                assert_eq!(f, family);
+                assert!(!reason.is_empty());
+            }
+            other => panic!("{dtype} {acc:?} {family}: {other:?}"),
+        }
+    }
+
+    // Without a forced family, f32 passes over both matrix families, saying why.
+    let chosen = select(&client, &ok, Dtype::F32, Accumulation::default(), None).unwrap();
+    assert_eq!(chosen.passed_over.iter().map(|(f, _)| *f).collect::<Vec<_>>(), vec![Family::Mma, Family::Cmma]);
 
     // Whatever the adapter lacks must be refused by name, not fail inside the runtime.
     let bf16_usage = client.features().type_usage(cubecl::ir::ElemType::Float(cubecl::ir::FloatKind::BF16).into());
     if bf16_usage.is_empty() {
-        assert!(matches!(
-            launch(&client, &ok, ElemType::Bf16, &q, &k, &v, &o, None),
-            Err(LaunchError::UnsupportedElemType { elem: ElemType::Bf16, .. })
-        ));
+        assert!(matches!(run(&ok, Dtype::Bf16, &kernel, &k, None), Err(LaunchError::UnsupportedDtype { dtype: Dtype::Bf16, .. })));
     }
 
     // Display is readable, not Debug.

@@ -55,10 +55,10 @@ fn table() -> [Row<CudaBackend>; 9] {
         Row { family: Family::Native(NativeKind::Int8Umma), test: |b, p, prec| b.int8_row(p, prec, NativeKind::Int8Umma) },
         Row { family: Family::Native(NativeKind::Int8Wgmma), test: |b, p, prec| b.int8_row(p, prec, NativeKind::Int8Wgmma) },
         Row { family: Family::Native(NativeKind::Int8Imma), test: |b, p, prec| b.int8_row(p, prec, NativeKind::Int8Imma) },
-        Row { family: Family::Portable(crate::PortableKind::Mma), test: |b, p, prec| b.portable.float_row(p, prec, quattn_cubecl::Variant::Mma) },
-        Row { family: Family::Portable(crate::PortableKind::Cmma), test: |b, p, prec| b.portable.float_row(p, prec, quattn_cubecl::Variant::Cmma) },
+        Row { family: Family::Portable(crate::PortableKind::Mma), test: |b, p, prec| b.portable.float_row(p, prec, quattn_cubecl::Family::Mma) },
+        Row { family: Family::Portable(crate::PortableKind::Cmma), test: |b, p, prec| b.portable.float_row(p, prec, quattn_cubecl::Family::Cmma) },
         Row { family: Family::Portable(crate::PortableKind::Int8), test: |b, p, prec| b.portable.int8_row(p, prec) },
-        Row { family: Family::Portable(crate::PortableKind::Fma), test: |b, p, prec| b.portable.float_row(p, prec, quattn_cubecl::Variant::PortableFma) },
+        Row { family: Family::Portable(crate::PortableKind::Fma), test: |b, p, prec| b.portable.float_row(p, prec, quattn_cubecl::Family::Fma) },
     ]
 }
 

@@ -15,20 +15,21 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use cubecl::prelude::*;
 use cubecl::server::Handle;
 use half::{bf16, f16};
-use quattn_cubecl::{
-    AttentionArgs, ElemType, Int8Operands, Int8Quant, LaunchError, LaunchOptions, PortableFamily,
-    QkAccumulation, Selection, Variant, SUPPORTED_HEAD_DIMS,
-};
+use quattn_cubecl::{Accumulation, Family as Portable, Int8DeviceOperands, LaunchError, PortableKernel, SUPPORTED_HEAD_DIMS};
 
 use super::{Backend, ResidentData};
 use crate::device_tensor::CubeclTensors;
 use crate::emulation::Blocking;
 use crate::error::{Error, Result};
-use crate::precision::{Int8Granularity, PvAccum, PvFormat, QkAccum};
+use crate::precision::{PvAccum, PvFormat, QkAccum};
 use crate::registry::{self, not_applicable, Choice, Family, KernelId, Planned, Reject, Row};
 use crate::session::{DeviceInfo, Plan};
 use crate::tensor::HostSlice;
 use crate::{AttentionProblem, Device, Dtype, PortableKind, Precision, Strategy, TWO_STAGE_CHUNK};
+
+/// Elements every device tensor of the host path holds at least: the vector kernels bind each
+/// buffer as 4-wide vectors, an empty one included.
+const MIN_ELEMS: usize = 4;
 
 /// Executions per host-timed sample on wgpu adapters.
 const WGPU_TIMING_BATCH: usize = 5;
@@ -51,10 +52,10 @@ pub(crate) struct GpuData {
 /// accepts, a forced family its own row.
 fn table<R: Runtime>() -> [Row<CubeclBackend<R>>; 4] {
     [
-        Row { family: Family::Portable(PortableKind::Mma), test: |b, p, prec| b.float_row(p, prec, Variant::Mma) },
-        Row { family: Family::Portable(PortableKind::Cmma), test: |b, p, prec| b.float_row(p, prec, Variant::Cmma) },
+        Row { family: Family::Portable(PortableKind::Mma), test: |b, p, prec| b.float_row(p, prec, Portable::Mma) },
+        Row { family: Family::Portable(PortableKind::Cmma), test: |b, p, prec| b.float_row(p, prec, Portable::Cmma) },
         Row { family: Family::Portable(PortableKind::Int8), test: CubeclBackend::<R>::int8_row },
-        Row { family: Family::Portable(PortableKind::Fma), test: |b, p, prec| b.float_row(p, prec, Variant::PortableFma) },
+        Row { family: Family::Portable(PortableKind::Fma), test: |b, p, prec| b.float_row(p, prec, Portable::Fma) },
     ]
 }
 
@@ -88,32 +89,25 @@ impl<R: Runtime> CubeclBackend<R> {
     /// Checks shared by every row: head dims with a tile entry, an element type the runtime has.
     fn common(&self, problem: &AttentionProblem, precision: Precision, elem: Dtype) -> std::result::Result<(), Reject> {
         for d in [problem.head_dim, problem.v_head_dim] {
-            if !SUPPORTED_HEAD_DIMS.contains(&(d as u32)) {
+            if !SUPPORTED_HEAD_DIMS.contains(&d) {
                 return Err(Reject::Refused(Error::UnsupportedHeadDim {
                     head_dim: d,
                     path: "the portable CubeCL kernels".into(),
-                    supported: SUPPORTED_HEAD_DIMS.iter().map(|&d| d as usize).collect(),
+                    supported: SUPPORTED_HEAD_DIMS.to_vec(),
                 }));
             }
         }
-        quattn_cubecl::check_elem_supported(&self.client, elem_type(elem))
+        quattn_cubecl::check_dtype_supported(&self.client, elem)
             .map_err(|e| Reject::Refused(Error::UnsupportedPrecision { precision, device: self.device_name(), reason: e.to_string() }))
     }
 
     /// The float families: f32/f16/bf16 inputs; the f16-accumulating modes on the FMA row only
     /// (the packed-f16 kernel).
-    pub(crate) fn float_row(&self, problem: &AttentionProblem, precision: Precision, variant: Variant) -> std::result::Result<Choice, Reject> {
+    pub(crate) fn float_row(&self, problem: &AttentionProblem, precision: Precision, family: Portable) -> std::result::Result<Choice, Reject> {
         let (elem, accumulation) = match precision {
-            Precision::F32 => (Dtype::F32, quattn_cubecl::Accumulation::default()),
-            Precision::F16 { qk, pv } => {
-                let qk = match qk {
-                    QkAccum::F32 => QkAccumulation::F32,
-                    QkAccum::F16 => QkAccumulation::F16,
-                    QkAccum::TwoStage => QkAccumulation::TwoStage { chunk: TWO_STAGE_CHUNK as u32 },
-                };
-                (Dtype::F16, quattn_cubecl::Accumulation { qk, pv_f16: pv == PvAccum::F16PerTile })
-            }
-            Precision::Bf16 { qk: QkAccum::F32, pv: PvAccum::F32 } => (Dtype::Bf16, quattn_cubecl::Accumulation::default()),
+            Precision::F32 => (Dtype::F32, Accumulation::default()),
+            Precision::F16 { qk, pv } => (Dtype::F16, Accumulation { qk, pv }),
+            Precision::Bf16 { qk: QkAccum::F32, pv: PvAccum::F32 } => (Dtype::Bf16, Accumulation::default()),
             Precision::Bf16 { .. } => {
                 return Err(Reject::Refused(Error::UnsupportedPrecision {
                     precision,
@@ -123,43 +117,37 @@ impl<R: Runtime> CubeclBackend<R> {
             }
             _ => return not_applicable(format!("{precision} is not a float mode")),
         };
-        if !accumulation.is_f32() && variant != Variant::PortableFma {
-            return not_applicable(format!("{} accumulates in f32 only; {precision} runs on the packed-f16 FMA kernel", variant.name()));
+        if !accumulation.is_f32() && family != Portable::Fma {
+            return not_applicable(format!("the {family} kernel accumulates in f32 only; {precision} runs on the packed-f16 FMA kernel"));
         }
         self.common(problem, precision, elem)?;
-        let want = Selection { elem: elem_type(elem), options: LaunchOptions { variant, accumulation, ..LaunchOptions::default() }, int8: false };
-        let kernel = quattn_cubecl::select(&self.client, &args_of(problem), &want).map_err(|e| self.refusal(precision, e))?;
-        let blocking = match kernel.family {
+        let selection = quattn_cubecl::select(&self.client, &problem.shape(), elem, accumulation, Some(family))
+            .map_err(|e| self.refusal(precision, e))?;
+        let kernel = selection.kernel;
+        let (blocking, name) = match kernel {
             // The packed-f16 FMA kernel: its tile is the blocking the emulation must follow
             // (the F16PerTile fold is per KV tile), and every step is one FMA (k_step 1).
-            PortableFamily::Half => {
-                let b = Blocking {
-                    block_q: kernel.blocking.block_q as usize,
-                    block_k: kernel.blocking.block_k as usize,
-                    warps: 1,
-                    qk_chunk: TWO_STAGE_CHUNK,
-                    k_step: 1,
-                };
+            PortableKernel::Half(h) => {
+                let b = Blocking { block_q: h.tiles.bq as usize, block_k: h.tiles.bk as usize, warps: 1, qk_chunk: TWO_STAGE_CHUNK, k_step: 1 };
                 b.validate(problem, precision)?;
-                Some(b)
+                (Some(b), format!("fwd_portable_half_{}_{}_d{}", self.info.kind, precision.name(), problem.head_dim))
             }
-            _ => None,
+            k => {
+                let family = match k.family() {
+                    Portable::Mma => "portable_mma",
+                    Portable::Cmma => "portable_cmma",
+                    Portable::Fma => "portable",
+                };
+                (None, format!("fwd_{family}_{}_{elem}_d{}", self.info.kind, problem.head_dim))
+            }
         };
-        let family = match kernel.family {
-            PortableFamily::Mma => "portable_mma",
-            PortableFamily::Cmma => "portable_cmma",
-            PortableFamily::Half => "portable_half",
-            _ => "portable",
-        };
-        let what = if kernel.family == PortableFamily::Half { precision.name() } else { elem.to_string() };
-        let name = format!("fwd_{family}_{}_{what}_d{}", self.info.kind, problem.head_dim);
         Ok(Choice { kernel: KernelId::Portable { kernel, name }, blocking })
     }
 
     /// INT8 Q/K with f16 P·V: the CubeCL prepass, then the INT8 kernel.
     pub(crate) fn int8_row(&self, problem: &AttentionProblem, precision: Precision) -> std::result::Result<Choice, Reject> {
-        match precision {
-            Precision::Int8Qk { pv: PvFormat::F16, .. } => {}
+        let (granularity, smooth_k) = match precision {
+            Precision::Int8Qk { pv: PvFormat::F16, granularity, smooth_k } => (granularity, smooth_k),
             Precision::Int8Qk { pv: PvFormat::Fp8, .. } => {
                 return Err(Reject::Refused(Error::UnsupportedPrecision {
                     precision,
@@ -168,12 +156,15 @@ impl<R: Runtime> CubeclBackend<R> {
                 }))
             }
             _ => return not_applicable(format!("{precision} is not an INT8 mode")),
-        }
+        };
         self.common(problem, precision, Dtype::F16)?;
-        let want = Selection { elem: ElemType::F16, options: LaunchOptions::default(), int8: true };
-        let kernel = quattn_cubecl::select(&self.client, &args_of(problem), &want).map_err(|e| self.refusal(precision, e))?;
-        let b = kernel.blocking;
-        let blocking = Blocking { block_q: b.block_q as usize, block_k: b.block_k as usize, warps: b.warps as usize, ..Blocking::default() };
+        let kernel = quattn_cubecl::select_int8(&self.client, &problem.shape(), Dtype::F16, granularity, smooth_k)
+            .map_err(|e| self.refusal(precision, e))?;
+        let PortableKernel::Int8(int8) = kernel else {
+            return Err(Reject::Refused(Error::Kernel { kernel: kernel.name(), reason: "select_int8 chose a float kernel".into() }));
+        };
+        let b = int8.blocking();
+        let blocking = Blocking { block_q: b.block_q, block_k: b.block_k, warps: b.warps, ..Blocking::default() };
         blocking.validate(problem, precision)?;
         let name = format!("fwd_portable_{}_{}_d{}", self.info.kind, precision.name(), problem.head_dim);
         Ok(Choice { kernel: KernelId::Portable { kernel, name }, blocking: Some(blocking) })
@@ -186,39 +177,23 @@ impl<R: Runtime> CubeclBackend<R> {
         }
     }
 
-    /// The INT8 prepass on device-resident Q and K (f16, the problem's layout): codes at the
-    /// source's element offsets, f32 scales laid out for `blocking` as
-    /// `codec::int8::Int8ScaleLayout` says, Q scales folded with `softmax_scale · log2 e`, and
-    /// with `smooth_k` the K mean and the LSE shift. Enqueued on the client's stream.
-    pub(crate) fn quantize_int8(
-        &self,
-        problem: &AttentionProblem,
-        granularity: Int8Granularity,
-        smooth_k: bool,
-        blocking: &Blocking,
-        q: &Handle,
-        k: &Handle,
-    ) -> Result<Int8Operands> {
-        let quant = int8_quant(granularity, smooth_k, blocking);
-        quattn_cubecl::quantize_int8(&self.client, &args_of(problem), ElemType::F16, &quant, q, k)
-            .map_err(|e| launch_error("quantize_int8", "the INT8 prepass", e))
-    }
-
-    /// Launches the plan's portable kernel on `d`.
+    /// Launches the plan's portable kernel on `d`. INT8 plans run the prepass first (f16 Q and
+    /// K to codes and scales laid out for the kernel's tiles, Q scales folded with
+    /// `softmax_scale · log2 e`, K smoothed when asked), on the same stream.
     pub(crate) fn launch(&self, plan: &Plan, d: &GpuData) -> Result<()> {
         let KernelId::Portable { kernel, .. } = &plan.kernel else { return Err(super::foreign(plan)) };
-        let args = args_of(&plan.problem);
-        let elem = elem_type(plan.dtype());
+        let shape = plan.problem.shape();
         let failed = |e| launch_error(&plan.kernel_name(), "the portable CubeCL kernel", e);
-        if kernel.family != PortableFamily::Int8 {
-            quattn_cubecl::launch_selected::<R>(&self.client, kernel, &args, elem, &d.q, &d.k, &d.v, &d.o, d.lse.as_ref()).map_err(failed)?;
-            return Ok(());
+        match kernel {
+            PortableKernel::Int8(int8) => {
+                let ops: Int8DeviceOperands = quattn_cubecl::quantize_int8(&self.client, &shape, Dtype::F16, &int8.quant(), &d.q, &d.k)
+                    .map_err(|e| launch_error("quantize_int8", "the INT8 prepass", e))?;
+                quattn_cubecl::launch_int8::<R>(&self.client, kernel, &shape, Dtype::F16, &ops, &d.v, &d.o, d.lse.as_ref()).map_err(failed)?;
+            }
+            _ => {
+                quattn_cubecl::launch::<R>(&self.client, kernel, &shape, plan.dtype(), &d.q, &d.k, &d.v, &d.o, d.lse.as_ref()).map_err(failed)?;
+            }
         }
-        let Precision::Int8Qk { granularity, smooth_k, .. } = plan.precision else { return Err(super::foreign(plan)) };
-        let blocking = plan.blocking.ok_or_else(|| Error::Kernel { kernel: plan.kernel_name(), reason: "an INT8 plan without the blocking its scales follow".into() })?;
-        let ops = self.quantize_int8(&plan.problem, granularity, smooth_k, &blocking, &d.q, &d.k)?;
-        let quant = int8_quant(granularity, smooth_k, &blocking);
-        quattn_cubecl::launch_selected_int8::<R>(&self.client, kernel, &args, elem, &quant, &ops, &d.v, &d.o, d.lse.as_ref()).map_err(failed)?;
         Ok(())
     }
 
@@ -236,7 +211,7 @@ impl<R: Runtime> CubeclBackend<R> {
             q: c.create_from_slice(&to_bytes(q, dtype)),
             k: c.create_from_slice(&to_bytes(k, dtype)),
             v: c.create_from_slice(&to_bytes(v, dtype)),
-            o: c.empty(p.o_len_elems() * dtype.size_bytes()),
+            o: c.empty(p.o_len_elems().max(MIN_ELEMS) * dtype.size_bytes()),
             lse: p.return_lse.then(|| c.empty(p.lse_len_elems() * 4)),
         }
     }
@@ -274,67 +249,30 @@ impl CubeclBackend<cubecl::cuda::CudaRuntime> {
     }
 }
 
-pub(crate) fn elem_type(d: Dtype) -> ElemType {
-    match d {
-        Dtype::F32 => ElemType::F32,
-        Dtype::F16 => ElemType::F16,
-        Dtype::Bf16 => ElemType::Bf16,
-    }
-}
-
-fn int8_quant(granularity: Int8Granularity, smooth_k: bool, blocking: &Blocking) -> Int8Quant {
-    Int8Quant {
-        granularity: match granularity {
-            Int8Granularity::PerBlock => quattn_cubecl::Int8Granularity::PerBlock,
-            Int8Granularity::PerWarp => quattn_cubecl::Int8Granularity::PerWarp,
-            Int8Granularity::PerThread => quattn_cubecl::Int8Granularity::PerThread,
-        },
-        blocking: quattn_cubecl::Int8Blocking {
-            block_q: blocking.block_q as u32,
-            block_k: blocking.block_k as u32,
-            warps: blocking.warps as u32,
-        },
-        smooth_k,
-    }
-}
-
 fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
     p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_else(|| "unknown panic".into())
-}
-
-pub(crate) fn args_of(p: &AttentionProblem) -> AttentionArgs {
-    let s = |x: crate::Strides| [x.batch as u32, x.head as u32, x.seq as u32];
-    AttentionArgs {
-        batch: p.batch as u32,
-        q_heads: p.q_heads as u32,
-        kv_heads: p.kv_heads as u32,
-        q_len: p.q_len as u32,
-        kv_len: p.kv_len as u32,
-        head_dim: p.head_dim as u32,
-        v_head_dim: p.v_head_dim as u32,
-        causal: p.causal,
-        scale: p.softmax_scale(),
-        q_strides: s(p.q_strides()),
-        k_strides: s(p.k_strides()),
-        v_strides: s(p.v_strides()),
-        o_strides: s(p.o_strides()),
-        write_lse: p.return_lse,
-    }
 }
 
 fn launch_error(kernel: &str, path: &str, e: LaunchError) -> Error {
     match e {
         LaunchError::UnsupportedHeadDim { head_dim, supported, .. } => Error::UnsupportedHeadDim {
-            head_dim: head_dim as usize,
+            head_dim,
             path: path.into(),
-            supported: supported.iter().map(|&d| d as usize).collect(),
+            supported: supported.to_vec(),
         },
         e => Error::Kernel { kernel: kernel.into(), reason: e.to_string() },
     }
 }
 
-/// The host values as `dtype` bytes; values already of that type are copied as they are.
+/// The host values as `dtype` bytes (values already of that type are copied as they are),
+/// padded to [`MIN_ELEMS`].
 fn to_bytes(x: HostSlice<'_>, dtype: Dtype) -> Vec<u8> {
+    let mut bytes = to_bytes_exact(x, dtype);
+    bytes.resize(bytes.len().max(MIN_ELEMS * dtype.size_bytes()), 0);
+    bytes
+}
+
+fn to_bytes_exact(x: HostSlice<'_>, dtype: Dtype) -> Vec<u8> {
     match (x, dtype) {
         (HostSlice::F32(s), Dtype::F32) => bytemuck::cast_slice(s).to_vec(),
         (HostSlice::F16(s), Dtype::F16) => bytemuck::cast_slice(s).to_vec(),

@@ -103,7 +103,9 @@ impl CmmaConfig {
     }
 
     /// Shared memory of the kernel in bytes for `elem_bytes`-sized inputs: the Q stage is freed
-    /// once its fragments are loaded, so the other four buffers reuse it.
+    /// once its fragments are loaded, so the other four buffers reuse it. Test-only: the
+    /// cross-check of `CmmaTiles::smem_bytes`, the one formula selection and launch use.
+    #[cfg(test)]
     pub const fn smem_bytes(&self, elem_bytes: usize) -> usize {
         let q = self.q_elems() * elem_bytes;
         let rest = (self.k_elems() + self.v_elems() + self.p_elems()) * elem_bytes
@@ -117,6 +119,7 @@ impl CmmaConfig {
 
     /// Whether every buffer is a whole number of `SMEM_ALIGN` blocks (so the allocator leaves no
     /// alignment gaps and [`Self::smem_bytes`] is exact).
+    #[cfg(test)]
     pub const fn buffers_aligned(&self, elem_bytes: usize) -> bool {
         (self.q_elems() * elem_bytes).is_multiple_of(SMEM_ALIGN)
             && (self.k_elems() * elem_bytes).is_multiple_of(SMEM_ALIGN)

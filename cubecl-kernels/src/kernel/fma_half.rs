@@ -4,7 +4,7 @@
 //! AMD `v_pk_fma_f16`): two FMAs per lane per instruction and no f16→f32 conversion of the
 //! staged operands in the inner loops. Half the instructions of the f32 kernel, not always
 //! twice its FLOP rate: the H100 issues `HFMA2` at half the `FFMA` rate (64-66 TFLOP/s for
-//! both through CUDA and Vulkan, measured by register-only probes).
+//! both through CUDA and Vulkan).
 //!
 //! How the inner loops are written, and why (measured on an H100):
 //! - `a * b + c`, not `fma(a, b, c)`: CubeCL's CUDA lowering turns an f16 `fma` into `fmaf` on
@@ -20,8 +20,8 @@
 //! f32, the epilogue), with the tile layout described there. What differs:
 //! - Q, K and V are staged in f16 (the input type) and P is staged in f16: P is rounded to f16
 //!   for P·V in every `Precision::F16` mode, so this loses nothing against the mode.
-//! - **Q·Kᵀ**, per `QkAccumulation`: `F32` converts each operand and accumulates in f32;
-//!   `F16` accumulates the whole head dim in f16; `TwoStage { chunk }` accumulates `chunk`
+//! - **Q·Kᵀ**, per `QkAccum`: `F32` converts each operand and accumulates in f32;
+//!   `F16` accumulates the whole head dim in f16; `TwoStage` accumulates `TWO_STAGE_CHUNK`
 //!   head-dim indices in f16 and adds each chunk's f16 partial into an f32 score.
 //! - **P·V**: `F16PerTile` accumulates the tile's `bk` keys in f16 and adds the tile into the
 //!   f32 accumulator (after the rescale by `alpha`, which the online softmax applied); `F32`
@@ -121,12 +121,12 @@ pub fn fwd_portable_fma_half<E: Float, N: Size>(
 
     let (num_full, num_tiles) = cube_key_ranges(q0, q_len, kv_len, cfg.bq, cfg.bk, cfg.causal);
 
-    // Registers of the split loads (unused, and removed by the compiler, with direct loads).
+    // K and V are prefetched into registers, as in `fma_vec`.
     let mut k_regs = Array::<Vector<E, N>>::new(comptime!(gather_transposed_len(cfg.bk, cfg.head_dim, cfg.units())));
     let mut v_regs = Array::<Vector<E, N>>::new(comptime!(gather_v_len(&cfg)));
     let k_stride = shape.k_s2 as usize;
     let v_stride = shape.v_s2 as usize;
-    if cfg.prefetch && num_tiles > 0 {
+    if num_tiles > 0 {
         unit_gather_transposed::<E, N>(k, &mut k_regs, k_base, k_stride, 0, kv_len, cfg.bk, cfg.head_dim, cfg);
     }
 
@@ -136,12 +136,10 @@ pub fn fwd_portable_fma_half<E: Float, N: Size>(
         let k0 = tile * cfg.bk;
         let masked = tile >= num_full;
 
-        stage_k::<E, E, N>(k, &mut k_regs, &mut kv_stage, k_base, k_stride, k0, kv_len, cfg);
+        stage_k::<E, E, N>(&k_regs, &mut kv_stage, cfg);
         sync_cube();
         // This tile's V is in flight during Q·Kᵀ and the softmax.
-        if cfg.prefetch {
-            unit_gather_v::<E, N>(v, &mut v_regs, v_base, v_stride, k0, kv_len, cfg);
-        }
+        unit_gather_v::<E, N>(v, &mut v_regs, v_base, v_stride, k0, kv_len, cfg);
 
         if comptime!(half.qk_chunk == 0) {
             thread_score_matmul::<E, N>(&q_stage, &kv_stage, &mut scores, unit_row, unit_col, cfg);
@@ -166,18 +164,18 @@ pub fn fwd_portable_fma_half<E: Float, N: Size>(
         );
         if comptime!(half.split_kv) {
             // V's own stage: the last readers of the previous V passed this tile's first barrier.
-            stage_v::<E, E, N>(v, &mut v_regs, &mut v_stage, v_base, v_stride, k0, kv_len, cfg);
+            stage_v::<E, E, N>(&v_regs, &mut v_stage, cfg);
         } else {
             // Every unit must be done reading K (the shared-memory reduction already ended
             // with a barrier) before V overwrites it.
             if cfg.plane_reduce {
                 sync_cube();
             }
-            stage_v::<E, E, N>(v, &mut v_regs, &mut kv_stage, v_base, v_stride, k0, kv_len, cfg);
+            stage_v::<E, E, N>(&v_regs, &mut kv_stage, cfg);
         }
         sync_cube();
         // The next tile's K is in flight during P·V.
-        if cfg.prefetch && tile + 1 < num_tiles {
+        if tile + 1 < num_tiles {
             unit_gather_transposed::<E, N>(k, &mut k_regs, k_base, k_stride, k0 + cfg.bk, kv_len, cfg.bk, cfg.head_dim, cfg);
         }
 
@@ -362,9 +360,9 @@ mod cuda_tests {
     use cubecl::wgpu::WgpuRuntime;
     use cubecl::Compiler as _;
 
-    /// The table tile at hd 128 with every f16 accumulation on (two-stage Q·Kᵀ, f16 P·V),
-    /// K/V staged per `(tile_checked, prefetch)`.
-    fn cfg(causal: bool, (tile_checked, prefetch): (bool, bool)) -> (FmaVecConfig, HalfConfig) {
+    /// The table tile at hd 128 with every f16 accumulation on (two-stage Q·Kᵀ, f16 P·V), with
+    /// one K/V stage or two.
+    fn cfg(causal: bool, split_kv: bool) -> (FmaVecConfig, HalfConfig) {
         let t = crate::tiling::fma_half_candidates(128)[0];
         (
             FmaVecConfig {
@@ -378,10 +376,8 @@ mod cuda_tests {
                 write_lse: true,
                 lazy_rescale: false,
                 plane_reduce: true,
-                tile_checked,
-                prefetch,
             },
-            HalfConfig { qk_chunk: 32, pv_f16: true, split_kv: prefetch },
+            HalfConfig { qk_chunk: 32, pv_f16: true, split_kv },
         )
     }
 
@@ -427,7 +423,7 @@ mod cuda_tests {
     }
 
     /// CubeCL's CUDA source of the table tile, compiled by NVRTC for sm_90 and disassembled,
-    /// with each K/V staging: both matmuls are packed `HFMA2` (at least one per 2-wide
+    /// with one K/V stage and with two: both matmuls are packed `HFMA2` (at least one per 2-wide
     /// multiply-add of the unrolled loops: a chunk of Q·Kᵀ and a tile of P·V), and ptxas spills
     /// nothing (the prefetch holds a tile's loads in registers across a matmul). An `fma` on f16
     /// vectors would show here as FFMA on converted floats, with no HFMA2. Skips (saying why)
@@ -450,8 +446,8 @@ mod cuda_tests {
         let Some(client) = client() else { return };
         let mut options = <CudaCompiler as cubecl::Compiler>::CompilationOptions::default();
         options.supports_features.fast_math = true;
-        for (causal, loads) in [(false, (false, false)), (true, (false, false)), (false, (true, false)), (false, (false, true)), (true, (false, true))] {
-            let (cfg, half) = cfg(causal, loads);
+        for (causal, split_kv) in [(false, false), (true, false), (false, true), (true, true)] {
+            let (cfg, half) = cfg(causal, split_kv);
             let kernel = {
                 let _serial = COMPILE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
                 CudaCompiler::default()
@@ -473,16 +469,16 @@ mod cuda_tests {
             let per_chunk = half.qk_chunk * cfg.rm() * cfg.kq() * 2;
             let per_tile = cfg.bk * cfg.rm() * cfg.cq() * 2;
             println!(
-                "causal {causal}, staging {loads:?}: {} registers, {} B spilled, {hfma2} HFMA2 (unrolled loops: {per_chunk} + {per_tile}), {} FFMA",
+                "causal {causal}, split K/V {split_kv}: {} registers, {} B spilled, {hfma2} HFMA2 (unrolled loops: {per_chunk} + {per_tile}), {} FFMA",
                 res.registers,
                 res.spill_bytes(),
                 hist.get("FFMA").copied().unwrap_or(0)
             );
             assert!(
                 hfma2 >= per_chunk + per_tile,
-                "causal {causal}, staging {loads:?}: {hfma2} HFMA2 < {per_chunk} + {per_tile}"
+                "causal {causal}, split K/V {split_kv}: {hfma2} HFMA2 < {per_chunk} + {per_tile}"
             );
-            assert_eq!(res.spill_bytes(), 0, "causal {causal}, staging {loads:?}: spills");
+            assert_eq!(res.spill_bytes(), 0, "causal {causal}, split K/V {split_kv}: spills");
         }
     }
 }

@@ -1,17 +1,21 @@
 //! Portable forward kernel, vectorized: register-tiled FMA on 4-wide vectors for both matmuls,
 //! stages in shared memory as 4-wide vectors, online softmax in f32. Runs on every CubeCL
 //! runtime (WGSL, SPIR-V, CUDA); needs every row start of Q, K, V and O aligned to 4 elements
-//! (the launcher falls back to the scalar kernel in `fma.rs` otherwise).
+//! (`launch::vector_layout_ok`).
 //!
-//! Why it is shaped like this (against the scalar kernel, which reached ~5 TFLOP/s on an H100
-//! through Vulkan):
+//! Why it is shaped like this:
 //! - Every shared-memory read is a 16-byte vector: the unit's 4 query rows of Qᵀ, 4 keys of Kᵀ,
-//!   4 rows of Pᵀ, 4 output columns of V. The scalar kernel issued one 2-byte load per operand.
+//!   4 rows of Pᵀ, 4 output columns of V; one 2-byte load per operand reached ~5 TFLOP/s on an
+//!   H100 through Vulkan.
 //! - Q, K and V may be staged in f32 (`stage_f32`), converted once when staged, instead of once
-//!   per use: the scalar kernel converted every f16 operand it read, 12 conversions per 32 FMA.
-//! - Masking is a runtime flag of one copy of the KV step, not a second comptime copy: the
-//!   scalar kernel's two unrolled copies doubled the shader, and causal launches (which run both
-//!   copies side by side) were 3x slower per FLOP on the H100's Vulkan driver.
+//!   per use (12 conversions per 32 FMA for f16 operands).
+//! - Masking is a runtime flag of one copy of the KV step, not a second comptime copy: two
+//!   unrolled copies double the shader, and causal launches (which run both copies side by
+//!   side) ran 3x slower per FLOP on the H100's Vulkan driver.
+//! - K and V are prefetched: each tile's global loads are issued into registers a phase early
+//!   (this tile's V during Q·Kᵀ and the softmax, the next tile's K during P·V) and written to
+//!   shared memory after the compute they overlap (software pipelining without asynchronous
+//!   copies, which WGSL lacks). A tile inside the keys loads with no per-row test.
 //!
 //! Units are laid out `tr x tc` (unit `(r, c)` = `r * tc + c`, so the `tc` units of a row are
 //! consecutive lanes). With `W = 4`:
@@ -40,12 +44,6 @@ pub struct FmaVecConfig {
     pub write_lse: bool,
     pub lazy_rescale: bool,
     pub plane_reduce: bool,
-    /// K/V staging (`KvLoads` in the launcher): one bounds decision per tile, so full tiles
-    /// load with no per-row test.
-    pub tile_checked: bool,
-    /// The next K (and this tile's V) are loaded into registers before the compute they
-    /// overlap, and written to shared memory after it (implies `tile_checked`).
-    pub prefetch: bool,
 }
 
 impl FmaVecConfig {
@@ -151,12 +149,13 @@ pub fn fwd_portable_fma_vec<E: Float, S: Float, N: Size>(
 
     let (num_full, num_tiles) = cube_key_ranges(q0, q_len, kv_len, cfg.bq, cfg.bk, cfg.causal);
 
-    // Registers of the split loads (unused, and removed by the compiler, with direct loads).
+    // K and V are prefetched: the next K (and this tile's V) are loaded into registers before
+    // the compute they overlap, and written to shared memory after it.
     let mut k_regs = Array::<Vector<E, N>>::new(comptime!(gather_transposed_len(cfg.bk, cfg.head_dim, cfg.units())));
     let mut v_regs = Array::<Vector<E, N>>::new(comptime!(gather_v_len(&cfg)));
     let k_stride = shape.k_s2 as usize;
     let v_stride = shape.v_s2 as usize;
-    if cfg.prefetch && num_tiles > 0 {
+    if num_tiles > 0 {
         unit_gather_transposed::<E, N>(k, &mut k_regs, k_base, k_stride, 0, kv_len, cfg.bk, cfg.head_dim, cfg);
     }
 
@@ -167,12 +166,10 @@ pub fn fwd_portable_fma_vec<E: Float, S: Float, N: Size>(
         let k0 = tile * cfg.bk;
         let masked = tile >= num_full;
 
-        stage_k::<E, S, N>(k, &mut k_regs, &mut kv_stage, k_base, k_stride, k0, kv_len, cfg);
+        stage_k::<E, S, N>(&k_regs, &mut kv_stage, cfg);
         sync_cube();
         // This tile's V is in flight during Q·Kᵀ and the softmax.
-        if cfg.prefetch {
-            unit_gather_v::<E, N>(v, &mut v_regs, v_base, v_stride, k0, kv_len, cfg);
-        }
+        unit_gather_v::<E, N>(v, &mut v_regs, v_base, v_stride, k0, kv_len, cfg);
 
         thread_score_matmul::<S, N>(&q_stage, &kv_stage, &mut scores, unit_row, unit_col, cfg);
         if masked {
@@ -197,10 +194,10 @@ pub fn fwd_portable_fma_vec<E: Float, S: Float, N: Size>(
             sync_cube();
         }
 
-        stage_v::<E, S, N>(v, &mut v_regs, &mut kv_stage, v_base, v_stride, k0, kv_len, cfg);
+        stage_v::<E, S, N>(&v_regs, &mut kv_stage, cfg);
         sync_cube();
         // The next tile's K is in flight during P·V.
-        if cfg.prefetch && tile + 1 < num_tiles {
+        if tile + 1 < num_tiles {
             unit_gather_transposed::<E, N>(k, &mut k_regs, k_base, k_stride, k0 + cfg.bk, kv_len, cfg.bk, cfg.head_dim, cfg);
         }
 
@@ -238,52 +235,25 @@ pub(crate) fn cube_load_transposed<E: Float, S: Float, N: Size>(
     unit_scatter_transposed::<E, S, N>(&regs, stage, rows, dim, cfg);
 }
 
-/// Stages the K tile at `k0` into `kv_stage` as `[d][bk/W]`, per the config's staging: with
-/// `prefetch` from the registers a previous [`unit_gather_transposed`] filled, with
-/// `tile_checked` through the registers now, else directly ([`cube_load_transposed`]).
+/// Stages the prefetched K tile (the registers a previous [`unit_gather_transposed`] filled)
+/// into `kv_stage` as `[d][bk/W]`.
 #[cube]
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn stage_k<E: Float, S: Float, N: Size>(
-    k: &Array<Vector<E, N>>,
-    k_regs: &mut Array<Vector<E, N>>,
+    k_regs: &Array<Vector<E, N>>,
     kv_stage: &mut SharedMemory<Vector<S, N>>,
-    k_base: usize,
-    k_stride: usize,
-    k0: usize,
-    kv_len: usize,
     #[comptime] cfg: FmaVecConfig,
 ) {
-    if cfg.tile_checked || cfg.prefetch {
-        if !cfg.prefetch {
-            unit_gather_transposed::<E, N>(k, k_regs, k_base, k_stride, k0, kv_len, cfg.bk, cfg.head_dim, cfg);
-        }
-        unit_scatter_transposed::<E, S, N>(k_regs, kv_stage, cfg.bk, cfg.head_dim, cfg);
-    } else {
-        cube_load_transposed::<E, S, N>(k, kv_stage, k_base, k_stride, k0, kv_len, cfg.bk, cfg.head_dim, cfg);
-    }
+    unit_scatter_transposed::<E, S, N>(k_regs, kv_stage, cfg.bk, cfg.head_dim, cfg);
 }
 
-/// Stages the V tile at `k0` into `kv_stage` as `[key][dv/W]` (see [`stage_k`]).
+/// Stages the prefetched V tile (from [`unit_gather_v`]) into `kv_stage` as `[key][dv/W]`.
 #[cube]
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn stage_v<E: Float, S: Float, N: Size>(
-    v: &Array<Vector<E, N>>,
-    v_regs: &mut Array<Vector<E, N>>,
+    v_regs: &Array<Vector<E, N>>,
     kv_stage: &mut SharedMemory<Vector<S, N>>,
-    v_base: usize,
-    v_stride: usize,
-    k0: usize,
-    kv_len: usize,
     #[comptime] cfg: FmaVecConfig,
 ) {
-    if cfg.tile_checked || cfg.prefetch {
-        if !cfg.prefetch {
-            unit_gather_v::<E, N>(v, v_regs, v_base, v_stride, k0, kv_len, cfg);
-        }
-        unit_scatter_v::<E, S, N>(v_regs, kv_stage, cfg);
-    } else {
-        cube_load_v::<E, S, N>(v, kv_stage, v_base, v_stride, k0, kv_len, cfg);
-    }
+    unit_scatter_v::<E, S, N>(v_regs, kv_stage, cfg);
 }
 
 /// [`cube_load_transposed`] in two halves, so that the global loads of the next tile can be

@@ -2,8 +2,7 @@
 //! m16n8k16 on CUDA), FlashAttention-2 style: f16/bf16 Q·Kᵀ and P·V with f32 accumulation,
 //! and the whole online softmax in registers.
 //!
-//! Run on the H100 (`quattn selftest`, `quattn bench --strategy portable`). Compiled for CUDA and checked offline for every tiling
-//! of the table (`cuda_tests` at the end: CubeCL's allocator gives exactly
+//! Checked offline for every tiling of the table (`cuda_tests` at the end: CubeCL's allocator gives exactly
 //! `MmaTiles::smem_bytes`; NVRTC for sm_90a with CubeCL's runtime options gives one
 //! HMMA.16816.F32 per unrolled MMA, LDSM for every fragment load, no spills), and its lane
 //! arithmetic against the PTX fragment layouts on the host (`layout_tests`).
@@ -127,7 +126,9 @@ impl MmaFwdConfig {
         self.bk * self.v_pitch()
     }
     /// Shared memory in bytes: the Q stage is freed once its fragments are in registers, and
-    /// the K and V stages take its place.
+    /// the K and V stages take its place. Test-only: the cross-check of `MmaTiles::smem_bytes`,
+    /// the one formula selection and launch use.
+    #[cfg(test)]
     pub const fn smem_bytes(&self, elem_bytes: usize) -> usize {
         let q = self.q_elems() * elem_bytes;
         let kv = (self.k_elems() + self.v_elems()) * elem_bytes;
@@ -882,7 +883,7 @@ pub(crate) mod cuda_tests {
     use crate::kernel::AttnShapeCompilationArg;
     use crate::problem::SUPPORTED_HEAD_DIMS;
     use crate::tiling::mma_candidates;
-    use crate::{ElemType, MmaTiles};
+    use crate::{Dtype as ElemType, MmaTiles};
     use cubecl::cuda::{CudaCompiler, CudaRuntime};
     use cubecl::ir::{ElemType as IrElem, StorageType, UIntKind};
     use cubecl::wgpu::{WgpuDevice, WgpuRuntime};

@@ -8,7 +8,6 @@
 use cubecl::prelude::*;
 
 pub(crate) mod cmma;
-pub(crate) mod fma;
 pub(crate) mod fma_half;
 pub(crate) mod fma_vec;
 pub(crate) mod fma_vec_int8;

@@ -12,23 +12,9 @@
 
 use cubecl::prelude::*;
 
-/// Which rows of a block share a Q scale. Restated from the facade (this crate does not depend
-/// on it); K always has one scale per block.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum Int8Granularity {
-    /// One scale per block of rows.
-    #[default]
-    PerBlock,
-    /// One scale per warp's `rows / warps` consecutive rows.
-    PerWarp,
-    /// One scale per lane quad of a 16-row `mma.m16n8k32` A fragment: rows `g` and `g + 8` of
-    /// each warp's 16 rows.
-    PerThread,
-}
-
+pub(crate) use quattn_core::Int8Granularity;
 /// Rows of one warp in the per-thread fragment model, and the row groups (lane quads) in it.
-pub(crate) const MMA_M: usize = 16;
-pub(crate) const THREAD_GROUPS: usize = 8;
+pub(crate) use quattn_core::{INT8_MMA_M as MMA_M, INT8_THREAD_GROUPS as THREAD_GROUPS};
 /// Largest code magnitude.
 pub(crate) const QMAX: f32 = 127.0;
 /// `QMAX.to_bits()`, for [`div_rn_bits`].

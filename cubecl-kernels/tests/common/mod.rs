@@ -6,7 +6,8 @@ use cubecl::prelude::*;
 use cubecl::server::Handle;
 use cubecl::wgpu::{WgpuDevice, WgpuRuntime};
 use half::f16;
-use quattn_cubecl::{AttentionArgs, ElemType, LaunchError, LaunchInfo, LaunchOptions};
+use quattn_core::Strides;
+use quattn_cubecl::{AttentionShape, Dtype as ElemType, LaunchError, LaunchInfo, PortableKernel};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::StandardNormal;
@@ -98,29 +99,27 @@ pub fn random_tensor(rng: &mut StdRng, shape: [usize; 4], elem: ElemType) -> Hos
     HostTensor { shape, data }
 }
 
-pub fn strides(layout: Layout, heads: u32, seq: u32, dim: u32) -> [u32; 3] {
-    match layout {
-        Layout::Bhsd => quattn_cubecl::bhsd_strides(heads, seq, dim),
-        Layout::Bshd => quattn_cubecl::bshd_strides(heads, seq, dim),
-    }
+pub fn strides(layout: Layout, heads: usize, seq: usize, dim: usize) -> Strides {
+    let layout = match layout {
+        Layout::Bhsd => CoreLayout::Bhsd,
+        Layout::Bshd => CoreLayout::Bshd,
+    };
+    Strides::new(layout, heads, seq, dim)
 }
+
+use quattn_core::Layout as CoreLayout;
 
 /// Naive f64 two-pass softmax attention: full score row, max, exp, sum, then P·V. Shares
 /// nothing with the kernel's online structure. Returns (O `[b,h,s,dv]`, LSE `[b,h,s]`).
 pub fn reference(
-    args: &AttentionArgs,
+    args: &AttentionShape,
     q: &HostTensor,
     k: &HostTensor,
     v: &HostTensor,
 ) -> (Vec<f64>, Vec<f64>) {
-    let (b_n, h_n, q_n, kv_n) = (
-        args.batch as usize,
-        args.q_heads as usize,
-        args.q_len as usize,
-        args.kv_len as usize,
-    );
-    let (d, dv) = (args.head_dim as usize, args.v_head_dim as usize);
-    let group = (args.q_heads / args.kv_heads) as usize;
+    let (b_n, h_n, q_n, kv_n) = (args.batch, args.q_heads, args.q_len, args.kv_len);
+    let (d, dv) = (args.head_dim, args.v_head_dim);
+    let group = args.q_heads / args.kv_heads;
     let offset = kv_n as i64 - q_n as i64;
     let scale = args.scale as f64;
     let mut o = vec![0.0; b_n * h_n * q_n * dv];
@@ -158,14 +157,14 @@ pub fn reference(
 }
 
 /// Writes a logical tensor into a flat buffer with the given strides (head-dim stride 1).
-fn scatter(t: &HostTensor, st: [u32; 3], len: usize, fill: f64) -> Vec<f64> {
+fn scatter(t: &HostTensor, st: Strides, len: usize, fill: f64) -> Vec<f64> {
     let mut out = vec![fill; len];
     let [bn, hn, sn, dn] = t.shape;
     for b in 0..bn {
         for h in 0..hn {
             for s in 0..sn {
                 for d in 0..dn {
-                    let idx = b * st[0] as usize + h * st[1] as usize + s * st[2] as usize + d;
+                    let idx = st.offset(b, h, s) + d;
                     out[idx] = t.at(b, h, s, d);
                 }
             }
@@ -174,12 +173,10 @@ fn scatter(t: &HostTensor, st: [u32; 3], len: usize, fill: f64) -> Vec<f64> {
     out
 }
 
-fn buffer_len(shape: [usize; 4], st: [u32; 3]) -> usize {
+/// The strided extent, and at least one 4-wide vector (what the vector kernels bind).
+fn buffer_len(shape: [usize; 4], st: Strides) -> usize {
     let [bn, hn, sn, dn] = shape;
-    if bn * hn * sn * dn == 0 {
-        return 1;
-    }
-    (bn - 1) * st[0] as usize + (hn - 1) * st[1] as usize + (sn - 1) * st[2] as usize + dn
+    st.extent(bn, hn, sn, dn).unwrap().max(4)
 }
 
 pub fn upload<R: Runtime>(client: &ComputeClient<R>, elem: ElemType, data: &[f64]) -> Handle {
@@ -211,13 +208,13 @@ pub fn download<R: Runtime>(client: &ComputeClient<R>, elem: ElemType, handle: H
 /// One test problem.
 #[derive(Debug, Clone, Copy)]
 pub struct Case {
-    pub batch: u32,
-    pub q_heads: u32,
-    pub kv_heads: u32,
-    pub q_len: u32,
-    pub kv_len: u32,
-    pub head_dim: u32,
-    pub v_head_dim: u32,
+    pub batch: usize,
+    pub q_heads: usize,
+    pub kv_heads: usize,
+    pub q_len: usize,
+    pub kv_len: usize,
+    pub head_dim: usize,
+    pub v_head_dim: usize,
     pub causal: bool,
     pub layout: Layout,
     pub elem: ElemType,
@@ -225,7 +222,7 @@ pub struct Case {
 }
 
 impl Case {
-    pub fn new(q_len: u32, kv_len: u32, head_dim: u32, causal: bool, elem: ElemType) -> Self {
+    pub fn new(q_len: usize, kv_len: usize, head_dim: usize, causal: bool, elem: ElemType) -> Self {
         Self {
             batch: 1,
             q_heads: 2,
@@ -241,9 +238,9 @@ impl Case {
         }
     }
 
-    pub fn args(&self) -> AttentionArgs {
+    pub fn args(&self) -> AttentionShape {
         let (l, d, dv) = (self.layout, self.head_dim, self.v_head_dim);
-        AttentionArgs {
+        AttentionShape {
             batch: self.batch,
             q_heads: self.q_heads,
             kv_heads: self.kv_heads,
@@ -253,10 +250,10 @@ impl Case {
             v_head_dim: dv,
             causal: self.causal,
             scale: 1.0 / (d as f32).sqrt(),
-            q_strides: strides(l, self.q_heads, self.q_len, d),
-            k_strides: strides(l, self.kv_heads, self.kv_len, d),
-            v_strides: strides(l, self.kv_heads, self.kv_len, dv),
-            o_strides: strides(l, self.q_heads, self.q_len, dv),
+            q: strides(l, self.q_heads, self.q_len, d),
+            k: strides(l, self.kv_heads, self.kv_len, d),
+            v: strides(l, self.kv_heads, self.kv_len, dv),
+            o: strides(l, self.q_heads, self.q_len, dv),
             write_lse: true,
         }
     }
@@ -287,32 +284,31 @@ impl Report {
     }
 }
 
+/// Runs `kernel` on the case's problem (the kernel is launched as given; see [`select`]).
 pub fn run_case<R: Runtime>(
     client: &ComputeClient<R>,
     case: &Case,
-    options: &LaunchOptions,
+    kernel: &PortableKernel,
 ) -> Result<Report, LaunchError> {
     let args = case.args();
     let mut rng = StdRng::seed_from_u64(case.seed);
-    let (b, hq, hk) = (case.batch as usize, case.q_heads as usize, case.kv_heads as usize);
-    let (sq, sk) = (case.q_len as usize, case.kv_len as usize);
-    let (d, dv) = (case.head_dim as usize, case.v_head_dim as usize);
+    let (b, hq, hk) = (case.batch, case.q_heads, case.kv_heads);
+    let (sq, sk) = (case.q_len, case.kv_len);
+    let (d, dv) = (case.head_dim, case.v_head_dim);
     let q = random_tensor(&mut rng, [b, hq, sq, d], case.elem);
     let k = random_tensor(&mut rng, [b, hk, sk, d], case.elem);
     let v = random_tensor(&mut rng, [b, hk, sk, dv], case.elem);
 
     let o_shape = [b, hq, sq, dv];
-    let q_h = upload(client, case.elem, &scatter(&q, args.q_strides, buffer_len(q.shape, args.q_strides), 0.0));
-    let k_h = upload(client, case.elem, &scatter(&k, args.k_strides, buffer_len(k.shape, args.k_strides), 0.0));
-    let v_h = upload(client, case.elem, &scatter(&v, args.v_strides, buffer_len(v.shape, args.v_strides), 0.0));
+    let q_h = upload(client, case.elem, &scatter(&q, args.q, buffer_len(q.shape, args.q), 0.0));
+    let k_h = upload(client, case.elem, &scatter(&k, args.k, buffer_len(k.shape, args.k), 0.0));
+    let v_h = upload(client, case.elem, &scatter(&v, args.v, buffer_len(v.shape, args.v), 0.0));
     // Poison: every O and LSE entry must be written by the kernel.
-    let o_len = buffer_len(o_shape, args.o_strides);
+    let o_len = buffer_len(o_shape, args.o);
     let o_h = upload(client, case.elem, &vec![f64::NAN; o_len]);
     let lse_h = upload(client, ElemType::F32, &vec![f64::NAN; (b * hq * sq).max(1)]);
 
-    let info = quattn_cubecl::launch_with(
-        client, &args, case.elem, options, &q_h, &k_h, &v_h, &o_h, Some(&lse_h),
-    )?;
+    let info = quattn_cubecl::launch(client, kernel, &args, case.elem, &q_h, &k_h, &v_h, &o_h, Some(&lse_h))?;
 
     let o_flat = download(client, case.elem, o_h);
     let lse_got = download(client, ElemType::F32, lse_h);
@@ -325,10 +321,7 @@ pub fn run_case<R: Runtime>(
                 let row = (bi * hq + h) * sq + i;
                 let empty = lse_ref[row] == f64::NEG_INFINITY;
                 for c in 0..dv {
-                    let idx = bi * args.o_strides[0] as usize
-                        + h * args.o_strides[1] as usize
-                        + i * args.o_strides[2] as usize
-                        + c;
+                    let idx = args.o.offset(bi, h, i) + c;
                     let got = o_flat[idx];
                     let want = o_ref[row * dv + c];
                     if !got.is_finite() {
@@ -363,4 +356,24 @@ pub fn run_case<R: Runtime>(
         o: o_flat,
         lse: lse_got,
     })
+}
+
+/// The kernel [`quattn_cubecl::select`] chooses for the case (`family` forced or not).
+pub fn select<R: Runtime>(
+    client: &ComputeClient<R>,
+    case: &Case,
+    accumulation: quattn_cubecl::Accumulation,
+    family: Option<quattn_cubecl::Family>,
+) -> Result<PortableKernel, LaunchError> {
+    quattn_cubecl::select(client, &case.args(), case.elem, accumulation, family).map(|s| s.kernel)
+}
+
+/// Selects with f32 accumulation, then runs.
+pub fn run_selected<R: Runtime>(
+    client: &ComputeClient<R>,
+    case: &Case,
+    family: Option<quattn_cubecl::Family>,
+) -> Result<Report, LaunchError> {
+    let kernel = select(client, case, Default::default(), family)?;
+    run_case(client, case, &kernel)
 }
