@@ -3,6 +3,7 @@
 # (every registry family forced, device-tensor cases), the CUDA device-tensor example, the
 # device-tensor path's host cost at a decode shape.
 #   benchmarks/2026-11-24-h100-b/run.sh OUT BIN     (BIN: quattn, cuda_tensors)
+# The results are packed into OUT/b.tar.gz (one file to bring back).
 set -u
 out=${1:?OUT}; bin=${2:?BIN}
 mkdir -p "$out"
@@ -17,4 +18,5 @@ step torch; timeout 60 python3 demos/peers/torch_sdpa.py --backends flash,cudnn 
 step selftest-wgpu; timeout 150 "$bin/quattn" selftest --devices wgpu --quick --json > "$out/selftest_wgpu.jsonl" 2>> "$out/run.log"; echo "rc $?"; tail -1 "$out/selftest_wgpu.jsonl"
 step selftest-cuda; timeout 330 "$bin/quattn" selftest --devices cuda --quick --json > "$out/selftest_cuda.jsonl" 2>> "$out/run.log"; echo "rc $?"; tail -1 "$out/selftest_cuda.jsonl"
 grep '"fail"' "$out"/selftest_*.jsonl | head -5 | cut -c1-600
+tar -czf "$out.tar.gz" -C "$out" . && rm -rf "$out" && mkdir -p "$out" && mv "$out.tar.gz" "$out/b.tar.gz"
 step done

@@ -147,8 +147,10 @@ fn bench_one(session: &Session, p: &AttentionProblem, prec: Precision, a: &Bench
     Ok(rows)
 }
 
-/// Host microseconds per call of the device-tensor path against a launch on resident buffers,
-/// and the device time per call, at a decode shape.
+/// Host microseconds per call of the device-tensor path, of a launch on the session's resident
+/// buffers, and of a bare cudarc launch of an empty kernel on the same stream with the same
+/// tensors as arguments (the driver's and cudarc's share, which any caller pays): what quattn
+/// adds is the difference. Plus the device time per call, at a decode shape.
 fn api_overhead(a: &BenchArgs) -> anyhow::Result<i32> {
     use half::f16;
     use quattn::cudarc::driver::CudaContext;
@@ -189,6 +191,32 @@ fn api_overhead(a: &BenchArgs) -> anyhow::Result<i32> {
     for _ in 0..batches {
         host += enqueue(per)?;
     }
+    // The floor: an empty kernel with the same five pointers, launched through cudarc's builder
+    // (which orders the tensors' streams as the device-tensor path does).
+    let ptx = quattn::cudarc::nvrtc::compile_ptx(
+        "extern \"C\" __global__ void nop(const void* q, const void* k, const void* v, void* o, void* lse) {}",
+    )?;
+    let nop = ctx.load_module(ptx)?.load_function("nop")?;
+    let cfg = quattn::cudarc::driver::LaunchConfig { grid_dim: (1, 1, 1), block_dim: (32, 1, 1), shared_mem_bytes: 0 };
+    let lse_null = 0u64;
+    let mut bare_batch = |n: usize| -> anyhow::Result<f64> {
+        use quattn::cudarc::driver::PushKernelArg;
+        let t = Instant::now();
+        for _ in 0..n {
+            let mut b = stream.launch_builder(&nop);
+            b.arg(&dq).arg(&dk).arg(&dv).arg(&mut o).arg(&lse_null);
+            // SAFETY: the kernel reads and writes nothing.
+            unsafe { b.launch(cfg) }?;
+        }
+        let host = t.elapsed().as_secs_f64();
+        stream.synchronize()?;
+        Ok(host)
+    };
+    bare_batch(per)?;
+    let mut bare = 0.0;
+    for _ in 0..batches {
+        bare += bare_batch(per)?;
+    }
     let mut r = session.upload(&plan, &q, &k, &v)?;
     let mut resident_host = 0.0;
     for i in 0..=batches {
@@ -211,6 +239,8 @@ fn api_overhead(a: &BenchArgs) -> anyhow::Result<i32> {
         "calls": calls,
         "run_cuda_host_us": host / calls as f64 * 1e6,
         "execute_host_us": resident_host / calls as f64 * 1e6,
+        "bare_launch_host_us": bare / calls as f64 * 1e6,
+        "added_host_us": (host - bare) / calls as f64 * 1e6,
         "device_us": check::median(&mut device) * 1e3,
     });
     println!("{out}");

@@ -194,16 +194,17 @@ impl CudaBackend {
     }
 
     /// Loads a native kernel (compiling it on first use) in the primary context.
+    /// The loaded module of `id` (compiled and loaded on first use); the caller has bound the
+    /// context. Names are formatted only for errors: this runs on every launch.
     fn load(&self, id: NativeKernelId) -> Result<Arc<Loaded>> {
-        self.bind(&id.to_string())?;
         self.store.get(id).map_err(|e| native_err(&id.to_string(), e))
     }
 
     /// CubeCL's CUDA runtime keeps its own context current on the thread; the native kernels,
     /// their buffers and events live in the primary context, so every native call binds it first
     /// (a launch or event in the wrong context fails with CUDA_ERROR_INVALID_HANDLE).
-    fn bind(&self, kernel: &str) -> Result<()> {
-        self.ctx.bind_to_thread().map_err(driver(kernel))
+    fn bind(&self, plan: &Plan) -> Result<()> {
+        self.ctx.bind_to_thread().map_err(|e| Error::Kernel { kernel: plan.kernel_name(), reason: e.to_string() })
     }
 
     fn wgmma_row(&self, problem: &AttentionProblem, precision: Precision) -> std::result::Result<Choice, Reject> {
@@ -275,6 +276,7 @@ impl CudaBackend {
 
     /// Loads the kernels (compiling on first use) so a plan that succeeds can run.
     fn native_choice(&self, kernel: NativeKernelId, prepass: Option<NativeKernelId>, blocking: Option<Blocking>) -> std::result::Result<Choice, Reject> {
+        self.ctx.bind_to_thread().map_err(|e| Reject::NotApplicable(format!("the CUDA context does not bind: {e}")))?;
         for id in std::iter::once(kernel).chain(prepass) {
             self.load(id).map_err(|e| Reject::NotApplicable(format!("{id} does not load: {e}")))?;
         }
@@ -316,22 +318,23 @@ impl CudaBackend {
         timed: bool,
     ) -> Result<Option<f64>> {
         let KernelId::Native(choice) = &plan.kernel else { return Err(super::foreign(plan)) };
-        let name = plan.kernel_name();
-        self.bind(&name)?;
+        self.bind(plan)?;
         let kernel = self.load(choice.kernel)?;
         let p = &plan.problem;
-        let failed = |e: NativeError| native_err(&name, e);
+        // The name is formatted only for an error: this runs on every call.
+        let name = || plan.kernel_name();
+        let failed = |e: NativeError| native_err(&name(), e);
         let ptrs5 = [call.q, call.k, call.v, call.o, call.lse];
         let (start, end) = if timed {
             let f = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
-            let e = driver(&name);
+            let e = driver_of(plan);
             (Some(self.ctx.new_event(f).map_err(&e)?), Some(self.ctx.new_event(f).map_err(&e)?))
         } else {
             (None, None)
         };
         let record = |ev: &Option<cudarc::driver::CudaEvent>| -> Result<()> {
             if let Some(ev) = ev {
-                ev.record(stream).map_err(driver(&name))?;
+                ev.record(stream).map_err(driver_of(plan))?;
             }
             Ok(())
         };
@@ -350,7 +353,7 @@ impl CudaBackend {
             }
             Loaded::Int8Imma(_) | Loaded::Int8Wgmma(_) | Loaded::Int8Umma(_) => {
                 let (Some(prepass_id), Some(b)) = (choice.prepass, int8) else {
-                    return Err(Error::Kernel { kernel: name, reason: "an INT8 plan without its prepass buffers".into() });
+                    return Err(Error::Kernel { kernel: name(), reason: "an INT8 plan without its prepass buffers".into() });
                 };
                 let prepass = self.load(prepass_id)?;
                 let Loaded::Int8Prepass(prepass) = &*prepass else { return Err(super::foreign(plan)) };
@@ -384,7 +387,7 @@ impl CudaBackend {
         }
         match (start, end) {
             (Some(start), Some(end)) => {
-                let e = driver(&name);
+                let e = driver_of(plan);
                 end.record(stream).map_err(&e)?;
                 end.synchronize().map_err(&e)?;
                 Ok(Some(start.elapsed_ms(&end).map_err(&e)? as f64))
@@ -409,7 +412,7 @@ impl CudaBackend {
                 got: format!("a stream of device {}'s context {:?}", stream.context().ordinal(), stream.context().cu_ctx()),
             });
         }
-        self.bind(&plan.kernel_name())?;
+        self.bind(plan)?;
         let mut scratch = self.scratch.lock().map_err(|_| Error::Kernel { kernel: plan.kernel_name(), reason: "scratch lock poisoned".into() })?;
         let s = scratch.entry(stream.cu_stream() as usize).or_default();
         let mut call = *call;
@@ -464,6 +467,11 @@ fn unreachable_kernel() -> std::result::Result<(), NativeError> {
     Err(NativeError::InvalidArgs("not an INT8 kernel".into()))
 }
 
+/// A driver error of `plan`'s kernel, its name formatted only when there is one.
+fn driver_of(plan: &Plan) -> impl Fn(cudarc::driver::DriverError) -> Error + '_ {
+    move |e| Error::Kernel { kernel: plan.kernel_name(), reason: e.to_string() }
+}
+
 fn driver(kernel: &str) -> impl Fn(cudarc::driver::DriverError) -> Error + '_ {
     move |e| Error::Kernel { kernel: kernel.to_string(), reason: e.to_string() }
 }
@@ -496,9 +504,8 @@ impl Backend for CudaBackend {
             return self.portable.upload(plan, q, k, v);
         };
         let p = &plan.problem;
-        let name = plan.kernel_name();
-        self.bind(&name)?;
-        let e = driver(&name);
+        self.bind(plan)?;
+        let e = driver_of(plan);
         let s = &self.stream;
         let dtype = plan.dtype();
         let int8 = match choice.prepass {
@@ -523,7 +530,7 @@ impl Backend for CudaBackend {
     }
 
     fn synchronize(&self) -> Result<()> {
-        self.bind("synchronize")?;
+        self.ctx.bind_to_thread().map_err(driver("synchronize"))?;
         self.stream.synchronize().map_err(driver("synchronize"))?;
         self.portable.synchronize()
     }
@@ -533,9 +540,8 @@ impl Backend for CudaBackend {
             return self.portable.download(plan, data);
         };
         let d = data.downcast_ref::<NativeData>().ok_or_else(|| super::foreign(plan))?;
-        let name = plan.kernel_name();
-        self.bind(&name)?;
-        let e = driver(&name);
+        self.bind(plan)?;
+        let e = driver_of(plan);
         let o = self.stream.clone_dtoh(&d.o).map_err(&e)?;
         let o = match plan.dtype() {
             Dtype::Bf16 => o.into_iter().map(|b| bf16::from_bits(b).to_f32()).collect(),
@@ -564,9 +570,8 @@ impl Backend for CudaBackend {
         let Some(Some(b)) = data.downcast_ref::<NativeData>().map(|d| d.int8.as_ref()) else {
             return Ok(None);
         };
-        let name = plan.kernel_name();
-        self.bind(&name)?;
-        let e = driver(&name);
+        self.bind(plan)?;
+        let e = driver_of(plan);
         let s = &self.stream;
         s.synchronize().map_err(&e)?;
         let lens = &b.lens;
@@ -590,9 +595,8 @@ impl Backend for CudaBackend {
         for _ in 0..warmup {
             self.execute(plan, data)?;
         }
-        let name = plan.kernel_name();
-        self.bind(&name)?;
-        let e = driver(&name);
+        self.bind(plan)?;
+        let e = driver_of(plan);
         // cudarc's default event flags disable timing; elapsed time needs CU_EVENT_DEFAULT.
         let timed = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
         let start = self.ctx.new_event(timed).map_err(&e)?;
