@@ -13,7 +13,7 @@ loops (backward branches) with their opcode mix. The disassembly goes to OUT/fNN
     python3 benchmarks/nvcache_sass.py DIR/GLCache/*/*/*.bin --out /tmp/sass [--arch SM90]
 
 Needs `zstd` and `nvdisasm` (the nvidia-cuda-nvdisasm wheel: `source .ci/install-cuda-tools.sh`
-exports QUATTN_NVDISASM). Used in BENCHMARKS.md, session 6 (runs `ae`-`ag`).
+exports QUATTN_NVDISASM).
 """
 import argparse
 import collections

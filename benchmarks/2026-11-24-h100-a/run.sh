@@ -4,6 +4,8 @@
 # alternating order, next to torch SDPA (flash, cuDNN) and cubek-attention.
 #   benchmarks/2026-11-24-h100-a/run.sh OUT BIN     (BIN holds quattn-before and quattn, both
 #   built with --features peer-cubek)
+# Also the device-tensor path's host cost (`quattn bench --api-overhead`). The results are
+# packed into OUT/a.tar.gz (one file to bring back).
 set -u
 out=${1:?OUT}; bin=${2:?BIN}
 mkdir -p "$out"
@@ -33,6 +35,7 @@ step "cubek peer"
 timeout 100 "$bin/quattn" bench --device cuda --strategy portable --precision f16 --seqs 4096 --iters 10 --peers --json > "$out/bench_peers.jsonl" 2>> "$out/run.log"; echo "rc $?"
 step torch
 timeout 100 python3 demos/peers/torch_sdpa.py --backends flash,cudnn --seqs 1024,4096,16384 > "$out/torch.jsonl" 2>> "$out/run.log"; echo "rc $?"
+step api-overhead; timeout 60 "$bin/quattn" bench --api-overhead --iters 20 > "$out/api_overhead.json" 2>> "$out/run.log"; echo "rc $?"; cat "$out/api_overhead.json"
 python3 - "$out" <<'PY'
 import json, sys, glob, statistics
 out = sys.argv[1]
@@ -55,4 +58,5 @@ for fam in ["native", "int8", "portable", "vulkan"]:
         print(fam, k, "before %.4f after %.4f ratio %.3f" % (min(b[k]), min(a[k]), r))
     print(fam, "worst after/before time ratio %.3f over %d rows" % (worst, len(set(a) & set(b))))
 PY
+tar -czf "$out.tar.gz" -C "$out" . && rm -rf "$out" && mkdir -p "$out" && mv "$out.tar.gz" "$out/a.tar.gz"
 step done

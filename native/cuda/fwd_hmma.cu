@@ -12,7 +12,7 @@
 //   * Q_IN_REGS 1 loads Q's A fragments once (MT * D/16 * 4 registers); 0 keeps Q resident in
 //     its own shared-memory region and reloads one A fragment per (m tile, k step), which costs
 //     MT ldmatrix per D/16 step but frees those registers (FA2's default at hd128, where Q in
-//     registers plus 32 rows of O no longer fit in 255).
+//     registers plus 32 rows of O do not fit in 255).
 //   * Rows g and g+8 of each m tile live in the lane's c0,c1 / c2,c3 accumulator halves, so
 //     every per-row quantity (max, sum, causal limit, LSE) is indexed [mt][half], flattened
 //     to ROWS = 2 * MT entries: row of entry i = warp_row0 + 16 * (i / 2) + 8 * (i % 2) + g.
