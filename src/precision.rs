@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-pub use quattn_core::{Dtype, Int8Granularity, PvAccum, QkAccum};
+pub use quattn_core::{DescaleGranularity, Dtype, Fp8Format, Int8Granularity, PvAccum, QkAccum};
 
 /// Format of the probabilities P (or V) entering the P·V product.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -10,28 +10,6 @@ pub enum PvFormat {
     #[default]
     F16,
     Fp8,
-}
-
-/// The two OCP FP8 formats.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum Fp8Format {
-    /// 4 exponent bits, 3 mantissa bits, finite only (max 448), NaN = S.1111.111.
-    #[default]
-    E4M3,
-    /// 5 exponent bits, 2 mantissa bits, IEEE-like (max 57344, inf and NaN).
-    E5M2,
-}
-
-/// Granularity of the FP8 descale factors of Q, K and V.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum DescaleGranularity {
-    /// One f32 descale per tensor.
-    #[default]
-    PerTensor,
-    /// One f32 descale per (batch, head).
-    PerHead,
-    /// One f32 descale per (batch, head, block of rows).
-    PerBlock,
 }
 
 /// Format of V in the NVFP4 mode.

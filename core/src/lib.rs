@@ -340,6 +340,66 @@ impl Int8Blocking {
     }
 }
 
+/// The two OCP FP8 formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Fp8Format {
+    /// 4 exponent bits, 3 mantissa bits, finite only (max 448), NaN = S.1111.111.
+    #[default]
+    E4M3,
+    /// 5 exponent bits, 2 mantissa bits, IEEE-like (max 57344, inf and NaN).
+    E5M2,
+}
+
+impl Fp8Format {
+    pub const fn name(self) -> &'static str {
+        match self {
+            Fp8Format::E4M3 => "e4m3",
+            Fp8Format::E5M2 => "e5m2",
+        }
+    }
+
+    /// The largest finite value.
+    pub const fn max_finite(self) -> f32 {
+        match self {
+            Fp8Format::E4M3 => 448.0,
+            Fp8Format::E5M2 => 57344.0,
+        }
+    }
+}
+
+impl fmt::Display for Fp8Format {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Granularity of the FP8 descale factors of Q, K and V. The descale tensors of a tensor with
+/// `heads` heads and `len` rows per head: `PerTensor` `[1]`; `PerHead` `[batch, heads]`;
+/// `PerBlock` `[batch, heads, ceil(len / block_rows)]`, row `i` in block `i / block_rows`
+/// (Q: `block_rows` = the kernel's query tile; K and V: its key tile). Q descales are per Q
+/// head, K and V descales per KV head (GQA).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum DescaleGranularity {
+    /// One f32 descale per tensor.
+    #[default]
+    PerTensor,
+    /// One f32 descale per (batch, head).
+    PerHead,
+    /// One f32 descale per (batch, head, block of rows).
+    PerBlock,
+}
+
+impl DescaleGranularity {
+    /// Number of descales of a tensor of `batch × heads × len` rows with blocks of `block_rows`.
+    pub const fn count(self, batch: usize, heads: usize, len: usize, block_rows: usize) -> usize {
+        match self {
+            DescaleGranularity::PerTensor => 1,
+            DescaleGranularity::PerHead => batch * heads,
+            DescaleGranularity::PerBlock => batch * heads * len.div_ceil(if block_rows == 0 { 1 } else { block_rows }),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
