@@ -74,6 +74,8 @@ impl fmt::Display for Family {
 pub enum KernelId {
     /// The CPU kernel on inputs rounded to `dtype` (P rounded to it too before P·V).
     Cpu { dtype: crate::Dtype, head_dim: usize },
+    /// The CPU kernel on FP8 codes with f32 descales (blocks of the plan's blocking).
+    CpuFp8 { format: crate::Fp8Format, descale: crate::DescaleGranularity, p: crate::PvFormat, head_dim: usize },
     /// The CPU emulation of `precision`, following this blocking.
     Emulation { precision: Precision, blocking: Blocking },
     /// A portable CubeCL kernel, its tiles chosen; `name` says which for reports.
@@ -93,7 +95,7 @@ impl KernelId {
     /// The family the kernel belongs to.
     pub fn family(&self) -> Family {
         match self {
-            KernelId::Cpu { .. } => Family::Cpu,
+            KernelId::Cpu { .. } | KernelId::CpuFp8 { .. } => Family::Cpu,
             KernelId::Emulation { .. } => Family::Emulation,
             KernelId::Portable { kernel, .. } => Family::Portable(portable_kind(kernel)),
             KernelId::Native(n) => Family::Native(native_kind(&n.kernel)),
@@ -105,6 +107,9 @@ impl KernelId {
     pub fn name(&self) -> String {
         match self {
             KernelId::Cpu { dtype, head_dim } => format!("fwd_cpu_{dtype}_d{head_dim}"),
+            KernelId::CpuFp8 { format, descale, p, head_dim } => {
+                format!("fwd_cpu_{}_d{head_dim}", Precision::Fp8 { format: *format, descale: *descale, p: *p }.name())
+            }
             KernelId::Emulation { precision, .. } => format!("emulate_{}", precision.name()),
             KernelId::Portable { name, .. } => name.clone(),
             KernelId::Native(n) => n.kernel.name(),

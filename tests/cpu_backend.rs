@@ -94,3 +94,64 @@ fn int8_operands_are_none_off_the_native_cuda_path() {
         assert!(s.int8_operands(&r).unwrap().is_none(), "{prec} {strategy:?}");
     }
 }
+
+/// The CPU FP8 kernel (codes and descales at upload, decoded in the kernel): within the mode's
+/// tolerance of f64, and next to its emulation (the same quantization; only summation order and
+/// the place of the V descale differ).
+#[test]
+fn fp8_reads_codes_and_follows_its_emulation() {
+    use quattn::{DescaleGranularity, Fp8Format, PvFormat};
+    let shapes = [
+        AttentionProblem::new(1, 4, 1, 64).kv_heads(2).kv_len(300),
+        AttentionProblem::new(1, 2, 130, 128).kv_len(200).causal(true),
+        AttentionProblem::new(2, 2, 33, 64).kv_len(65).layout(Layout::Bshd),
+    ];
+    let s = Session::new(Device::Cpu).unwrap();
+    for (i, p) in shapes.into_iter().enumerate() {
+        for format in [Fp8Format::E4M3, Fp8Format::E5M2] {
+            for descale in [DescaleGranularity::PerTensor, DescaleGranularity::PerHead, DescaleGranularity::PerBlock] {
+                {
+                    let pf = PvFormat::F16;
+                    let prec = Precision::Fp8 { format, descale, p: pf };
+                    let seed = 300 + i as u64;
+                    check(p, prec, seed);
+                    let p = p.with_lse(true);
+                    let plan = s.plan(&p, prec, Strategy::Auto).unwrap();
+                    assert!(plan.kernel_name().starts_with("fwd_cpu_fp8"), "{}", plan.kernel_name());
+                    let (q, k, v) = inputs::qkv(&p, seed);
+                    let out = s.run(&plan, &q, &k, &v).unwrap();
+                    // The emulation with the kernel's descale blocks.
+                    let emu = quattn::emulation::emulate(&p, prec, &plan.blocking.unwrap(), &q, &k, &v).unwrap();
+                    let e: Vec<f64> = emu.o.iter().map(|&x| x as f64).collect();
+                    let m = ErrorMetrics::compare(&out.o, &e);
+                    assert!(m.rel_l2 < 1e-3, "{prec} {p:?}: kernel vs emulation {m:?}");
+                    let lm = compare_lse(out.lse.as_ref().unwrap(), &emu.lse.iter().map(|&x| x as f64).collect::<Vec<_>>()).unwrap();
+                    assert!(lm.max_abs < 1e-4, "{prec} LSE vs emulation {lm:?}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn fp8_p_on_the_cpu_kernel_is_a_typed_error() {
+    use quattn::{DescaleGranularity, Fp8Format, PvFormat};
+    let p = AttentionProblem::new(1, 1, 4, 16).kv_len(8);
+    let s = Session::new(Device::Cpu).unwrap();
+    let prec = Precision::Fp8 { format: Fp8Format::E4M3, descale: DescaleGranularity::PerTensor, p: PvFormat::Fp8 };
+    let err = s.plan(&p, prec, Strategy::Auto).unwrap_err();
+    assert!(matches!(err, quattn::Error::UnsupportedPrecision { .. }), "{err}");
+    assert!(s.plan(&p, prec, Strategy::Reference).is_ok());
+}
+
+#[test]
+fn fp8_rejects_non_finite_inputs_with_a_typed_error() {
+    let p = AttentionProblem::new(1, 1, 4, 16).kv_len(8);
+    let s = Session::new(Device::Cpu).unwrap();
+    let plan = s.plan(&p, Precision::FP8_DEFAULT, Strategy::Auto).unwrap();
+    let (q, mut k, v) = inputs::qkv(&p, 5);
+    k[17] = f32::NAN;
+    let err = s.run(&plan, &q, &k, &v).unwrap_err();
+    assert!(matches!(err, quattn::Error::Quantization(_)), "{err}");
+    assert!(err.to_string().contains("NaN"), "{err}");
+}

@@ -104,7 +104,7 @@ fn too_large_for_32_bit_offsets() {
 #[test]
 fn unsupported_precision_on_the_cpu_kernel() {
     let p = AttentionProblem::new(1, 2, 16, 64);
-    for prec in [Precision::INT8_DEFAULT, Precision::FP8_DEFAULT, Precision::NVFP4_DEFAULT, Precision::parse("f16-acc16").unwrap()] {
+    for prec in [Precision::INT8_DEFAULT, Precision::parse("fp8-e4m3-pfp8").unwrap(), Precision::NVFP4_DEFAULT, Precision::parse("f16-acc16").unwrap()] {
         match plan_err(&p, prec, Strategy::Auto) {
             Error::UnsupportedPrecision { precision, device, .. } => {
                 assert_eq!(precision, prec);

@@ -2,12 +2,20 @@
 //! machine. Inputs are rounded to the precision's element type (what a GPU kernel would read),
 //! logits, softmax and accumulation are f32, and P is rounded to the 16-bit type before P·V as a
 //! tensor-core kernel does.
+//!
+//! FP8 (`Precision::Fp8`): the inputs are quantized at upload to codes with f32 descales
+//! (`codec::fp8_scaled`, descale blocks of the plan's blocking), and the kernel reads the codes:
+//! `s = (Σ q·k) · (q_descale · k_descale)` on decoded values, P rounded to f16, each key's V
+//! term scaled by its V descale.
 
 use rayon::prelude::*;
 
 use super::{Backend, ResidentData};
 use crate::error::{Error, Result};
-use crate::precision::{Dtype, PvAccum, QkAccum};
+use crate::codec::fp8;
+use crate::codec::fp8_scaled::{DescaleLayout, Fp8Tensor};
+use crate::emulation::Blocking;
+use crate::precision::{Dtype, PvAccum, PvFormat, QkAccum};
 use crate::registry::{self, Choice, Family, KernelId, Planned, Reject, Row};
 use crate::session::{DeviceInfo, Plan};
 use crate::tensor::HostSlice;
@@ -23,23 +31,53 @@ impl CpuBackend {
     }
 }
 
-/// Inputs as the element type rounds them, O and LSE, all f32 on the host.
+/// Inputs as the kernel reads them, O and LSE (f32) on the host.
 struct CpuData {
-    q: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
+    inputs: Inputs,
     o: Vec<f32>,
     lse: Vec<f32>,
 }
 
-/// The CPU's dispatch table: one kernel.
-static TABLE: [Row<CpuBackend>; 1] = [Row { family: Family::Cpu, test: cpu_kernel }];
+enum Inputs {
+    /// Values as the element type rounds them.
+    Float { q: Vec<f32>, k: Vec<f32>, v: Vec<f32> },
+    /// FP8 codes and descales.
+    Fp8 { q: Fp8Tensor, k: Fp8Tensor, v: Fp8Tensor },
+}
+
+/// The CPU's dispatch table: the float kernel, the FP8 kernel.
+static TABLE: [Row<CpuBackend>; 2] =
+    [Row { family: Family::Cpu, test: cpu_kernel }, Row { family: Family::Cpu, test: cpu_fp8_kernel }];
+
+/// Rows of Q and keys of K/V per FP8 descale block (`DescaleGranularity::PerBlock`).
+const CPU_FP8_BLOCK: usize = 64;
+
+fn cpu_fp8_kernel(_: &CpuBackend, problem: &AttentionProblem, precision: Precision) -> std::result::Result<Choice, Reject> {
+    let Precision::Fp8 { format, descale, p } = precision else {
+        return registry::not_applicable(format!("{precision} is not an FP8 mode"));
+    };
+    if p == PvFormat::Fp8 {
+        // FP8 P is quantized against the running row max of each KV tile: its value depends on
+        // the kernel's tiling, which a two-pass softmax does not have.
+        return Err(Reject::Refused(Error::UnsupportedPrecision {
+            precision,
+            device: "cpu".into(),
+            reason: "the CPU FP8 kernel rounds P to f16; FP8 P (quantized per KV tile against the running max) \
+                     runs in the CPU emulation (Strategy::Reference)"
+                .into(),
+        }));
+    }
+    let blocking = Blocking { block_q: CPU_FP8_BLOCK, block_k: CPU_FP8_BLOCK, ..Blocking::default() };
+    blocking.validate(problem, precision)?;
+    Ok(Choice { kernel: KernelId::CpuFp8 { format, descale, p, head_dim: problem.head_dim }, blocking: Some(blocking) })
+}
 
 fn cpu_kernel(_: &CpuBackend, problem: &AttentionProblem, precision: Precision) -> std::result::Result<Choice, Reject> {
     let dtype = match precision {
         Precision::F32 => Dtype::F32,
         Precision::F16 { qk: QkAccum::F32, pv: PvAccum::F32 } => Dtype::F16,
         Precision::Bf16 { qk: QkAccum::F32, pv: PvAccum::F32 } => Dtype::Bf16,
+        Precision::Fp8 { .. } => return registry::not_applicable("FP8 runs on the FP8 row"),
         _ => {
             return Err(Reject::Refused(Error::UnsupportedPrecision {
                 precision,
@@ -67,12 +105,26 @@ impl Backend for CpuBackend {
     }
 
     fn upload(&self, plan: &Plan, q: HostSlice<'_>, k: HostSlice<'_>, v: HostSlice<'_>) -> Result<ResidentData> {
-        let dtype = plan.precision.input_dtype();
         let p = &plan.problem;
+        let inputs = match plan.kernel {
+            KernelId::CpuFp8 { format, descale, .. } => {
+                let b = plan.blocking.unwrap_or_default();
+                // Quantized from the values a device receives (f16), as the emulation does.
+                let dtype = plan.precision.input_dtype();
+                let layout = |heads, len, block_rows| DescaleLayout { granularity: descale, batch: p.batch, heads, len, block_rows };
+                Inputs::Fp8 {
+                    q: Fp8Tensor::quantize(format, &q.rounded_to(dtype), p.q_strides(), p.head_dim, layout(p.q_heads, p.q_len, b.block_q))?,
+                    k: Fp8Tensor::quantize(format, &k.rounded_to(dtype), p.k_strides(), p.head_dim, layout(p.kv_heads, p.kv_len, b.block_k))?,
+                    v: Fp8Tensor::quantize(format, &v.rounded_to(dtype), p.v_strides(), p.v_head_dim, layout(p.kv_heads, p.kv_len, b.block_k))?,
+                }
+            }
+            _ => {
+                let dtype = plan.precision.input_dtype();
+                Inputs::Float { q: q.rounded_to(dtype), k: k.rounded_to(dtype), v: v.rounded_to(dtype) }
+            }
+        };
         Ok(Box::new(CpuData {
-            q: q.rounded_to(dtype),
-            k: k.rounded_to(dtype),
-            v: v.rounded_to(dtype),
+            inputs,
             o: vec![f32::NAN; p.o_len_elems()],
             lse: vec![f32::NAN; p.lse_len_elems()],
         }))
@@ -81,8 +133,9 @@ impl Backend for CpuBackend {
     fn execute(&self, plan: &Plan, data: &mut ResidentData) -> Result<()> {
         let d = cpu_data(plan, data)?;
         let p_round = match plan.kernel {
-            KernelId::Cpu { dtype: Dtype::F32, .. } => None,
-            KernelId::Cpu { dtype, .. } => Some(dtype),
+            KernelId::Cpu { dtype: Dtype::F32, .. } => PRound::None,
+            KernelId::Cpu { dtype, .. } => PRound::To(dtype),
+            KernelId::CpuFp8 { .. } => PRound::To(Dtype::F16),
             _ => return Err(super::foreign(plan)),
         };
         forward(&plan.problem, p_round, d);
@@ -103,25 +156,67 @@ impl Backend for CpuBackend {
     }
 }
 
-fn round(x: f32, dtype: Option<Dtype>) -> f32 {
-    match dtype {
-        None | Some(Dtype::F32) => x,
-        Some(Dtype::F16) => half::f16::from_f32(x).to_f32(),
-        Some(Dtype::Bf16) => half::bf16::from_f32(x).to_f32(),
+/// How P is rounded before P·V.
+#[derive(Clone, Copy)]
+enum PRound {
+    None,
+    To(Dtype),
+}
+
+fn round(x: f32, r: PRound) -> f32 {
+    match r {
+        PRound::None | PRound::To(Dtype::F32) => x,
+        PRound::To(Dtype::F16) => half::f16::from_f32(x).to_f32(),
+        PRound::To(Dtype::Bf16) => half::bf16::from_f32(x).to_f32(),
+    }
+}
+
+/// Read access to one input tensor: a row's values (FP8: decoded codes, without the descale) and
+/// the row's factor (FP8: its descale; floats: 1).
+trait Rows: Sync {
+    fn row(&self, offset: usize, len: usize, out: &mut [f32]);
+    fn factor(&self, b: usize, h: usize, row: usize) -> f32;
+}
+
+impl Rows for Vec<f32> {
+    fn row(&self, offset: usize, len: usize, out: &mut [f32]) {
+        out[..len].copy_from_slice(&self[offset..][..len]);
+    }
+    fn factor(&self, _: usize, _: usize, _: usize) -> f32 {
+        1.0
+    }
+}
+
+impl Rows for Fp8Tensor {
+    fn row(&self, offset: usize, len: usize, out: &mut [f32]) {
+        for (o, &c) in out[..len].iter_mut().zip(&self.codes[offset..][..len]) {
+            *o = fp8::decode(self.format, c);
+        }
+    }
+    fn factor(&self, b: usize, h: usize, row: usize) -> f32 {
+        self.descales[self.layout.index(b, h, row)]
+    }
+}
+
+fn forward(p: &AttentionProblem, p_round: PRound, data: &mut CpuData) {
+    let CpuData { inputs, o, lse } = data;
+    match inputs {
+        Inputs::Float { q, k, v } => forward_rows(p, p_round, q, k, v, o, lse),
+        Inputs::Fp8 { q, k, v } => forward_rows(p, p_round, q, k, v, o, lse),
     }
 }
 
 /// Rows are independent: one task per (batch, head, query row), each a two-pass softmax in f32.
-fn forward(p: &AttentionProblem, p_round: Option<Dtype>, data: &mut CpuData) {
-    let CpuData { q, k, v, o, lse } = data;
+/// `s = (q · k) · (q_factor · k_factor)`; each key's P·V term is `round(p) · v_factor · v`.
+fn forward_rows<T: Rows>(p: &AttentionProblem, p_round: PRound, q: &T, k: &T, v: &T, o: &mut [f32], lse: &mut [f32]) {
     let scale = p.softmax_scale();
     let (qs, ks, vs, os) = (p.q_strides(), p.k_strides(), p.v_strides(), p.o_strides());
     let (hd, dv) = (p.head_dim, p.v_head_dim);
     let rows: Vec<(usize, usize, usize, Vec<f32>, f32)> = (0..p.batch * p.q_heads * p.q_len)
         .into_par_iter()
         .map_init(
-            || vec![0.0f32; p.kv_len],
-            |s, r| {
+            || (vec![0.0f32; p.kv_len], vec![0.0f32; hd], vec![0.0f32; hd.max(dv)]),
+            |(s, qrow, row), r| {
                 let (b, h, i) = (r / (p.q_heads * p.q_len), (r / p.q_len) % p.q_heads, r % p.q_len);
                 let kh = p.kv_head_of(h);
                 let n = p.visible_keys(i);
@@ -129,20 +224,23 @@ fn forward(p: &AttentionProblem, p_round: Option<Dtype>, data: &mut CpuData) {
                 if n == 0 {
                     return (b, h, i, out, f32::NEG_INFINITY);
                 }
-                let qrow = &q[qs.offset(b, h, i)..][..hd];
+                q.row(qs.offset(b, h, i), hd, qrow);
+                let qf = q.factor(b, h, i);
                 let mut m = f32::NEG_INFINITY;
                 for (j, sj) in s.iter_mut().enumerate().take(n) {
-                    let krow = &k[ks.offset(b, kh, j)..][..hd];
-                    *sj = qrow.iter().zip(krow).map(|(a, b)| a * b).sum::<f32>() * scale;
-                    m = m.max(*sj);
+                    k.row(ks.offset(b, kh, j), hd, row);
+                    let dot = qrow.iter().zip(row.iter()).map(|(a, b)| a * b).sum::<f32>();
+                    *sj = dot * (qf * k.factor(b, kh, j)) * scale;
+                    // NaN scores (NaN codes) make the row NaN, as they do on a GPU.
+                    m = if sj.is_nan() { f32::NAN } else { m.max(*sj) };
                 }
                 let mut l = 0.0f32;
                 for (j, &sj) in s.iter().enumerate().take(n) {
                     let e = (sj - m).exp();
                     l += e;
-                    let pj = round(e, p_round);
-                    let vrow = &v[vs.offset(b, kh, j)..][..dv];
-                    for (oc, &vc) in out.iter_mut().zip(vrow) {
+                    let pj = round(e, p_round) * v.factor(b, kh, j);
+                    v.row(vs.offset(b, kh, j), dv, row);
+                    for (oc, &vc) in out.iter_mut().zip(row.iter()) {
                         *oc += pj * vc;
                     }
                 }
