@@ -238,6 +238,12 @@ pub struct BenchArgs {
     /// Model width: heads = width / head_dim.
     #[arg(long, default_value_t = 2048)]
     pub width: usize,
+    /// Query length of every row (decode: 1); the keys then number `seq`. Default: `seq`.
+    #[arg(long)]
+    pub q_len: Option<usize>,
+    /// KV heads of every row (GQA/MQA; must divide the query heads). Default: the query heads.
+    #[arg(long)]
+    pub kv_heads: Option<usize>,
     /// Causal rows: both, only causal, or only non-causal.
     #[arg(long, value_enum, default_value = "both")]
     pub causal: CausalArg,
