@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run aa (session 5): the packed-f16 FMA kernel (fma_half.rs, the f16-accumulating modes) on
+# Run aa: the packed-f16 FMA kernel (fma_half.rs, the f16-accumulating modes) on
 # Vulkan through WGSL and on CUDA: tile sweep and every mode (bench_cuda), the f32-accumulating
 # FMA kernel beside it, then the facade (quattn bench / selftest on wgpu).
 # BIN: quattn (--features peer-cubek), bench_cuda (quattn-cubecl --features cuda --example bench_cuda).

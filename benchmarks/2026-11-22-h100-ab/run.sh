@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run ab (session 5): what the packed-f16 kernel's inner loops cost on Vulkan (WGSL) and CUDA:
+# Run ab: what the packed-f16 kernel's inner loops cost on Vulkan (WGSL) and CUDA:
 # the head-dim / key loops unrolled or not (QUATTN_X_UNROLL), `fma(a, b, c)` or `a * b + c`
 # (QUATTN_X_MULADD; CubeCL's CUDA lowering turns f16 `fma` into f32 fmaf, so only `a * b + c`
 # becomes HFMA2 there), two tiles, hd 128 and 64. BIN: bench_cuda.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run ac (session 5): the packed-f16 kernel on 2-wide f16 accumulators (QUATTN_X_VEC2: one
+# Run ac: the packed-f16 kernel on 2-wide f16 accumulators (QUATTN_X_VEC2: one
 # 32-bit register per vector, the shape of an HFMA2 operand) against the 4-wide ones, through
 # WGSL on Vulkan, with the loop unrolling and mul+add knobs of run ab. BIN: bench_cuda.
 set -u

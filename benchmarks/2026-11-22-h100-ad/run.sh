@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run ad (session 5): the final packed-f16 kernel (2-wide f16 accumulators, a*b+c, unrolled
+# Run ad: the final packed-f16 kernel (2-wide f16 accumulators, a*b+c, unrolled
 # loops, 64 x 32 tile): selftest on CUDA and Vulkan (every precision, the f16-accumulating
 # modes included), quattn bench through WGSL for every f16 mode, the same kernel through CUDA
 # (bench_cuda), torch SDPA in the same call.

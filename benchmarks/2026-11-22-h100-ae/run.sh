@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run ae (session 6): does NVIDIA's Vulkan driver execute WGSL f16 math as packed f16?
+# Run ae: does NVIDIA's Vulkan driver execute WGSL f16 math as packed f16?
 # 1. examples/wgsl_fma_peak: register-only multiply-add throughput per WGSL form, and whether
 #    each f16 form rounds every step in f16 (read back).
 # 2. The driver's shader disk cache after the probe and after one WGSL attention bench (f16

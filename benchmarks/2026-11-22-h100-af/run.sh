@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run af (session 6; second call: CUDA probe fixed, five more tiles in the sweep): packed-f16 multiply-add peak through CUDA and through Vulkan on the same
+# Run af (second call: CUDA probe fixed, five more tiles in the sweep): packed-f16 multiply-add peak through CUDA and through Vulkan on the same
 # GPU (fma_peak_cuda / wgsl_fma_peak, the same chains), the mixed f16x2 + f32 form, and the
 # WGSL tile sweep of the packed-f16 attention kernel with the driver's shader cache kept
 # (per-tile SASS and registers read offline from it).

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run ag (session 6): K/V staging of the packed-f16 kernel (KvLoads: Direct, TileChecked,
+# Run ag: K/V staging of the packed-f16 kernel (KvLoads: Direct, TileChecked,
 # Prefetch) on four tiles, through WGSL (Vulkan) and through CUDA, bench_cuda best of 3 loops;
 # the driver's shader cache kept for the Vulkan SASS (registers) of each variant.
 # BIN: bench_cuda (quattn-cubecl --features cuda --example bench_cuda).

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run ah (session 6): the K/V staging (KvLoads) on the packed-f16 and the f32-accumulating
+# Run ah: the K/V staging (KvLoads) on the packed-f16 and the f32-accumulating
 # vector FMA kernels, the new hd-128 table tile (64 x 64 on 16 x 16 units), through WGSL and
 # CUDA (bench_cuda, best of 3 loops); then quattn bench through WGSL for every f16 mode and
 # torch SDPA in the same call; the wgpu selftest.

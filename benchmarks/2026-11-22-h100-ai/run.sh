@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run ai (session 6): separate K and V stages in the packed-f16 kernel (two barriers per tile
+# Run ai: separate K and V stages in the packed-f16 kernel (two barriers per tile
 # instead of four; `split_kv`), against the four-barrier prefetch (`_pf4`), tile-checked (`_tc`)
 # and direct loads, through WGSL (d128, d64) and CUDA (d128); bench_cuda, best of 3 loops.
 # BIN: bench_cuda (quattn-cubecl --features cuda --example bench_cuda).

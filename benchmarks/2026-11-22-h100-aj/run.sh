@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run aj (session 6): the final tree of the session. Part 1: quattn bench through WGSL for
+# Run aj: the final tree of the session. Part 1: quattn bench through WGSL for
 # every f16 mode (table tiles, prefetched K/V, split stages where they fit) and torch SDPA in
 # the same call, then the wgpu selftest. Part 2: the CUDA selftest.
 # BIN: quattn (--features peer-cubek).

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run ak (session 6): hd-128 tiles of the packed-f16 kernel in its fastest mode (f16 Q·Kᵀ,
+# Run ak: hd-128 tiles of the packed-f16 kernel in its fastest mode (f16 Q·Kᵀ,
 # f16 P·V: `qk16_pv16`) through WGSL, with prefetched K/V (split stages where they fit);
 # bench_cuda, best of 3 loops, two passes to see the spread.
 # BIN: bench_cuda (quattn-cubecl --features cuda --example bench_cuda).

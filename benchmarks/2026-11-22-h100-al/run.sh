@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run al (session 6): the tree of commit cb865cc (Q and direct K/V loads now the guarded gather
+# Run al: the tree of commit cb865cc (Q and direct K/V loads now the guarded gather
 # plus the scatter): quattn bench through WGSL for the two f16-P·V modes and the f32-accumulating
 # default at hd 128 / 64, and the wgpu selftest.
 # BIN: quattn (--features peer-cubek).

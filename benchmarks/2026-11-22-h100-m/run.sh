@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run m (session 3): the native INT8 prepass (one stream, no host wait) and the 3-stage s8
+# Run m: the native INT8 prepass (one stream, no host wait) and the 3-stage s8
 # wgmma pipeline as an A/B (QUATTN_WGMMA_INT8_STAGES=3), torch in the same call.
 # benchmarks/2026-11-22-h100-m/run.sh OUT BIN (BIN: stripped quattn --features peer-cubek, int8_check)
 set -u

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run n (session 3): native INT8 prepass with batched loads in the mean pass; INT8 end to end
+# Run n: native INT8 prepass with batched loads in the mean pass; INT8 end to end
 # and kernel only, torch in the same call; ncu durations of the prepass passes; selftest.
 # benchmarks/2026-11-22-h100-n/run.sh OUT BIN (BIN: stripped quattn built --features peer-cubek)
 set -u

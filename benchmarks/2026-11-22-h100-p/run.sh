@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run p (session 3): the cmma kernel with the slimmer shared memory (Q stage reused, 32-column
+# Run p: the cmma kernel with the slimmer shared memory (Q stage reused, 32-column
 # rescale) on CUDA and through SPIR-V on Vulkan; portable CUDA with torch in the same call.
 # benchmarks/2026-11-22-h100-p/run.sh OUT BIN (BIN: quattn --features peer-cubek, quattn-spirv --features spirv)
 set -u

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run q (session 3): cmma tile sweep after the shared-memory slimming, on CUDA (NVRTC) and on
+# Run q: cmma tile sweep after the shared-memory slimming, on CUDA (NVRTC) and on
 # Vulkan through SPIR-V, with quattn-cubecl's bench_cuda example (correctness check on a small
 # shape against an f64 CPU reference, then seq 4096 throughput, one line per tiling).
 # BIN: bench_cuda (`cargo build --release -p quattn-cubecl --features cuda --example bench_cuda`)

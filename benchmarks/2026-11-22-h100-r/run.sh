@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run r (session 3): the cmma table's new first entry (4 planes x bk 32) on CUDA and on Vulkan
+# Run r: the cmma table's new first entry (4 planes x bk 32) on CUDA and on Vulkan
 # SPIR-V: selftests, portable CUDA against torch in the same call, SPIR-V bench; and the WGSL FMA
 # kernels host-timed by bench_cuda (to compare with quattn bench's wgpu timestamps).
 # BIN: quattn (--features peer-cubek), quattn-spirv (--features spirv), bench_cuda

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run s (session 4): the warp-specialized TMA INT8 wgmma kernel (producer warpgroup, TMA K/V
+# Run s: the warp-specialized TMA INT8 wgmma kernel (producer warpgroup, TMA K/V
 # stages, ping-pong consumers) against the cp.async one: int8_check (kernel only, check + time,
 # every variant), quattn selftest (the facade now runs tma2), INT8 end to end with torch in the
 # same call, and an ncu profile of both kernels at hd 128 s8k.

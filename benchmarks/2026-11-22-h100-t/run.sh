@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run t (session 4): the TMA INT8 kernel's accuracy with outlier K channels (issue #5's case) and
+# Run t: the TMA INT8 kernel's accuracy with outlier K channels (issue #5's case) and
 # compute-sanitizer on it; the SPIR-V timing discrepancy of run r (CubeCL wgpu timestamps vs the
 # host clock) looked at with nsys's Vulkan GPU trace.
 # BIN: quattn (--features peer-cubek), quattn-spirv (--features spirv), bench_spirv

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run u (session 4): first run of the portable mma kernel (CubeCL manual MMA, register softmax)
+# Run u: first run of the portable mma kernel (CubeCL manual MMA, register softmax)
 # and of the TMA f16 wgmma kernel. selftest; f16 Auto (native) and portable (mma, cmma) against
 # torch and cubek-attention in the same call; wgmma_check (f16 variants checked + timed); the
 # mma tiling sweep (bench_cubecl cuda, each tiling checked first); SPIR-V cmma enqueue vs total

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run v (session 4): selftest after hd 64's f16 table tile became TMA; the portable mma kernel
+# Run v: selftest after hd 64's f16 table tile became TMA; the portable mma kernel
 # against cubek-attention and torch at issue #3's target shape (hd 128, seq 4k, non-causal) in
 # one call; the mma tilings at hd 128; an ncu profile of the portable FMA kernel (the one WGSL
 # runs) through its CUDA lowering, to see what bounds it.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run w (session 4): the final state of the session. selftest; f16 Auto (TMA wgmma) and the
+# Run w: the final state of the session. selftest; f16 Auto (TMA wgmma) and the
 # portable mma kernel (hd 128 now on 8 planes x 64 keys) over the grid, cubek-attention at #3's
 # target shape, torch in the same call; Vulkan through WGSL and SPIR-V, both now timed by
 # quattn bench on the host clock.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run x (session 4): Vulkan through WGSL and SPIR-V with quattn bench's batched host clock (5
+# Run x: Vulkan through WGSL and SPIR-V with quattn bench's batched host clock (5
 # launches per synchronization), seq 4k, non-causal and causal.
 # BIN: quattn, quattn-spirv (--features spirv).
 set -u

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run y (session 4): selftest after the review refactors (cta_tiles / cta_store_o in
+# Run y: selftest after the review refactors (cta_tiles / cta_store_o in
 # common.cuh: SASS opcode-identical; launch_matrix_kernel! for the cmma and mma launches), and
 # the portable cmma / mma kernels forced once each at hd 128 seq 4k.
 # BIN: quattn (--features peer-cubek).

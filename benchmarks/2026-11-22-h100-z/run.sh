@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run z (session 4): after the tensor-map cache (TmaMapCache): every f16 and INT8 wgmma variant
+# Run z: after the tensor-map cache (TmaMapCache): every f16 and INT8 wgmma variant
 # checked against f64 (many launches on changing buffers: cache misses and hits), the selftest,
 # and f16 / INT8 Auto timed (repeated launches on the same buffers: cache hits).
 # BIN: quattn (--features peer-cubek), wgmma_check, int8_check (quattn-native --features cuda).
