@@ -37,6 +37,12 @@ pub enum Error {
     #[error("softmax scale {scale} is not a finite number")]
     NonFiniteScale { scale: f32 },
 
+    /// Every kernel tracks the running maximum of the raw scores, which is the maximum of the
+    /// scaled scores only when the scale is positive; so every plan refuses the rest, the same
+    /// way on every backend.
+    #[error("softmax scale {scale} is not positive: pass |scale| and negate Q for a negative one (scale·Q·Kᵀ = |scale|·(−Q)·Kᵀ); a zero scale is uniform attention over the visible keys")]
+    NonPositiveScale { scale: f32 },
+
     #[error("{tensor} shape mismatch: expected {expected:?}, got {got:?}")]
     ShapeMismatch { tensor: TensorName, expected: Vec<usize>, got: Vec<usize> },
 

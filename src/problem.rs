@@ -236,6 +236,9 @@ impl AttentionProblem {
             if !scale.is_finite() {
                 return Err(Error::NonFiniteScale { scale });
             }
+            if scale <= 0.0 {
+                return Err(Error::NonPositiveScale { scale });
+            }
         }
         for (what, dims) in [
             ("Q elements", [self.batch, self.q_heads, self.q_len, self.head_dim]),

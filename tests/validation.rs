@@ -50,6 +50,28 @@ fn non_finite_scale() {
     }
 }
 
+/// A zero or negative scale is refused by `plan` with the same typed error on every device and
+/// strategy (kernels track the max of the raw scores), never accepted on one backend and failed
+/// at execution on another.
+#[test]
+fn non_positive_scale_is_the_same_plan_error_everywhere() {
+    let mut sessions = vec![cpu()];
+    sessions.extend(Session::new(Device::Wgpu(quattn::WgpuAdapter::Default)).ok());
+    for s in &sessions {
+        for scale in [0.0f32, -0.0, -0.125, -1.0] {
+            let p = AttentionProblem::new(1, 2, 8, 64).scale(scale);
+            for (prec, strategy) in [(Precision::F32, Strategy::Auto), (Precision::F16_DEFAULT, Strategy::Auto), (Precision::INT8_DEFAULT, Strategy::Reference)] {
+                match s.plan(&p, prec, strategy) {
+                    Err(Error::NonPositiveScale { scale: got }) => assert_eq!(got.to_bits(), scale.to_bits()),
+                    r => panic!("{} {prec} {strategy:?} scale {scale}: {:?}", s.info().kind, r.map(|pl| pl.kernel_name())),
+                }
+            }
+        }
+        // The smallest positive scale plans.
+        assert!(s.plan(&AttentionProblem::new(1, 2, 8, 64).scale(f32::MIN_POSITIVE), Precision::F32, Strategy::Auto).is_ok());
+    }
+}
+
 #[test]
 fn buffer_lengths_name_the_tensor() {
     let s = cpu();

@@ -30,6 +30,8 @@ fn invalid_inputs_exit_non_zero_with_a_message() {
         (vec!["run", "--device", "cpu", "--seq", "0"], "q_len"),
         (vec!["run", "--device", "cpu", "--head-dim", "0"], "head_dim"),
         (vec!["run", "--device", "cpu", "--scale", "nan"], "not a finite"),
+        (vec!["run", "--device", "cpu", "--scale", "-1"], "not positive"),
+        (vec!["run", "--device", "cpu", "--scale", "0"], "not positive"),
         (vec!["run", "--device", "cpu", "--precision", "int8"], "not supported on cpu"),
         (vec!["run", "--device", "cpu", "--precision", "f64"], "unknown precision"),
         (vec!["run", "--device", "cpu", "--strategy", "native"], "not available on cpu"),
