@@ -89,12 +89,14 @@ mod tiling;
 
 pub use error::LaunchError;
 pub use launch::{
-    check_dtype_supported, first_fit, launch, launch_int8, select, select_int8, vector_layout_ok, CubeLimits, Family,
-    HalfTiles, Int8Tiles, LaunchInfo, PortableKernel, Selection,
+    check_dtype_supported, first_fit, launch, launch_fp8, launch_int8, select, select_fp8, select_int8, vector_layout_ok,
+    CubeLimits, Family, Fp8Tiles, HalfTiles, Int8Tiles, LaunchInfo, PortableKernel, Selection,
 };
 pub use problem::SUPPORTED_HEAD_DIMS;
 pub use quant::{q_scale_fold, quantize_int8, Int8DeviceOperands, Int8Quant};
-pub use quattn_core::{Accumulation, AttentionShape, Dtype, Int8Blocking, Int8Granularity, PvAccum, QkAccum};
+pub use quattn_core::{
+    Accumulation, AttentionShape, DescaleGranularity, Dtype, Fp8Format, Int8Blocking, Int8Granularity, PvAccum, QkAccum,
+};
 pub use tiling::{
     cmma_candidates, fma_half_candidates, fma_vec_candidates, mma_candidates, CmmaTiles, FmaVecTiles, MmaTiles,
     MMA_FRAGMENT_REGISTERS,
