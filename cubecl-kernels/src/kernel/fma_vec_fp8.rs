@@ -433,3 +433,150 @@ fn thread_value_matmul_descaled<S: Float, N: Size>(
         }
     }
 }
+
+/// The CUDA C++ CubeCL generates for the FP8 kernel, compiled offline by NVRTC (no GPU): the
+/// table tiles at head dims 64 and 128, both formats, every descale granularity, f16 O with
+/// shared-memory row reductions and bf16 O with plane shuffles. The source declares the shared
+/// memory `FmaVecTiles::smem_bytes_fp8` counts (what the selection's fit check uses; less the
+/// unused reduction scratch with plane shuffles) and ptxas accepts it for sm_90; the variants
+/// CUDA runs (plane shuffles: CUDA always has them) spill nothing.
+///
+/// `cargo test --release -p quattn-cubecl --features cuda --lib fp8`
+#[cfg(all(test, feature = "cuda"))]
+mod cuda_tests {
+    use super::*;
+    use crate::kernel::mma::cuda_tests::{client, cuda_include_dir, nvrtc_cubin, ADDR, COMPILE_LOCK};
+    use crate::kernel::AttnShapeCompilationArg;
+    use crate::tiling::{fma_vec_candidates, FmaVecTiles};
+    use cubecl::cuda::CudaCompiler;
+    use cubecl::wgpu::WgpuRuntime;
+    use cubecl::Compiler as _;
+
+    fn cfg(tiles: &FmaVecTiles, d: usize, causal: bool) -> FmaVecConfig {
+        FmaVecConfig {
+            head_dim: d,
+            v_head_dim: d,
+            bq: tiles.bq as usize,
+            bk: tiles.bk as usize,
+            tr: tiles.tr as usize,
+            tc: tiles.tc as usize,
+            causal,
+            write_lse: true,
+            lazy_rescale: true,
+            plane_reduce: true,
+        }
+    }
+
+    fn definition<E: Float + CubeElement, S: Float + CubeElement>(
+        client: &ComputeClient<WgpuRuntime>,
+        cfg: FmaVecConfig,
+        fcfg: Fp8Config,
+    ) -> KernelDefinition {
+        let array = || ArrayCompilationArg { inplace: None };
+        let shape = AttnShapeCompilationArg {
+            q_len: (),
+            kv_len: (),
+            group: (),
+            q_heads: (),
+            q_s0: (),
+            q_s1: (),
+            q_s2: (),
+            k_s0: (),
+            k_s1: (),
+            k_s2: (),
+            v_s0: (),
+            v_s1: (),
+            v_s2: (),
+            o_s0: (),
+            o_s1: (),
+            o_s2: (),
+            scale: (),
+            lse_empty: (),
+        };
+        let fp8 = Fp8ShapeCompilationArg { kv_heads: (), q_blocks: (), k_blocks: (), nan: () };
+        let settings = KernelSettings::default()
+            .cube_dim(CubeDim::new_1d((cfg.tr * cfg.tc) as u32))
+            .address_type(AddressType::U32);
+        fwd_portable_fma_vec_fp8::FwdPortableFmaVecFp8::<E, S, WgpuRuntime>::new(
+            settings,
+            client.clone(),
+            array(),
+            array(),
+            array(),
+            array(),
+            array(),
+            array(),
+            array(),
+            array(),
+            shape,
+            fp8,
+            W,
+            cfg,
+            fcfg,
+        )
+        .define()
+    }
+
+    #[test]
+    fn nvrtc_sm90_compiles_with_the_tiling_shared_memory_and_no_spills() {
+        let skip = |why: String| {
+            assert!(std::env::var_os("CI").is_none(), "CUDA tools required under CI: {why}");
+            println!("SKIPPED: {why}");
+        };
+        let Some(include) = cuda_include_dir() else {
+            return skip("no CUDA headers (cuda_fp16.h)".into());
+        };
+        if let Err(e) = quattn_native::nvrtc() {
+            return skip(e.to_string());
+        }
+        let Some(client) = client() else { return };
+        let mut options = <CudaCompiler as cubecl::Compiler>::CompilationOptions::default();
+        options.supports_features.fast_math = true;
+        let nvrtc_options = vec![
+            "--gpu-architecture=sm_90".to_string(),
+            format!("--include-path={}", include.display()),
+            "--std=c++17".to_string(),
+            "-Xptxas=-v".to_string(),
+        ];
+        let mut failures = Vec::new();
+        for d in [64usize, 128] {
+            let tiles = fma_vec_candidates(d as u32)[0];
+            for format in [Fp8Format::E4M3, Fp8Format::E5M2] {
+                for granularity in [DescaleGranularity::PerTensor, DescaleGranularity::PerHead, DescaleGranularity::PerBlock] {
+                    for (o, plane_reduce) in [("f16", false), ("bf16", true)] {
+                        let cfg = FmaVecConfig { plane_reduce, ..cfg(&tiles, d, true) };
+                        let fcfg = Fp8Config { format, granularity };
+                        let def = match (o, tiles.stage_f32) {
+                            ("f16", true) => definition::<half::f16, f32>(&client, cfg, fcfg),
+                            ("f16", false) => definition::<half::f16, half::f16>(&client, cfg, fcfg),
+                            (_, true) => definition::<half::bf16, f32>(&client, cfg, fcfg),
+                            (_, false) => definition::<half::bf16, half::f16>(&client, cfg, fcfg),
+                        };
+                        let kernel = {
+                            let _serial = COMPILE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+                            CudaCompiler::default().compile(def, &options, ExecutionMode::Unchecked, ADDR).unwrap()
+                        };
+                        let name = format!("fp8_{format}_{granularity:?}_{o}_d{d}_{tiles}_plane{plane_reduce}");
+                        let formula = tiles.smem_bytes_fp8(d as u32, d as u32) as usize;
+                        let declared = kernel.shared_memory_size();
+                        if plane_reduce {
+                            // The reduction scratch is unused and dropped.
+                            assert_eq!(declared + 4 * tiles.bq as usize * tiles.tc as usize, formula, "{name}");
+                        } else {
+                            assert_eq!(declared, formula, "{name}: declared shared memory");
+                        }
+                        let (_, log) = nvrtc_cubin(&kernel.to_string(), &nvrtc_options).unwrap_or_else(|e| panic!("{name}: {e}"));
+                        let res = quattn_native::Resources::parse_ptxas_log(&log)
+                            .unwrap_or_else(|| panic!("{name}: no ptxas report in {log}"));
+                        println!("{name}: {} registers, {} B spilled", res.registers, res.spill_bytes());
+                        // CUDA always has plane shuffles, so only those variants run there.
+                        if plane_reduce && res.spill_bytes() != 0 {
+                            failures.push(name);
+                        }
+                    }
+                }
+            }
+        }
+        assert!(failures.is_empty(), "spills: {failures:?}");
+    }
+}
