@@ -117,7 +117,7 @@ impl Fp8Tiles {
         (self.tiles.bq as usize, self.tiles.bk as usize)
     }
 
-    /// `(Q, K, V)` descale counts of `DescaleGranularity::count` for this shape.
+    /// `(Q, K and V)` descale counts of `DescaleGranularity::count` for this shape.
     fn descale_counts(&self, args: &Args) -> (u64, u64) {
         let (bq, bk) = self.descale_blocks();
         let (b, hq, hk) = (args.batch as usize, args.q_heads as usize, args.kv_heads as usize);
@@ -1088,9 +1088,13 @@ pub fn launch_fp8<R: Runtime>(
     log::debug!("launching {} {fcfg:?} for {args:?}", info.kernel);
 
     // SAFETY (both): checked above to cover `max(elems, W)` elements (bytes for the codes) and
-    // to hold `len` floats; a descale tensor of 0 entries (PerBlock, no keys) is never read.
+    // to hold `len` floats. A descale tensor of no entries (PerBlock without keys, never read)
+    // is bound as a 1-float scratch: the caller's buffer may be empty.
     let vectors = |handle: &Handle, elems: u64| unsafe { vector_arg(handle, elems) };
-    let floats = |handle: &Handle, len: u64| unsafe { float_arg(handle, len) };
+    let floats = |handle: &Handle, len: u64| match len {
+        0 => unsafe { float_arg(&client.empty(4), 1) },
+        _ => unsafe { float_arg(handle, len) },
+    };
     let (lse_handle, lse_len) = lse_binding(client, &args, lse);
     let fp8_shape = Fp8ShapeLaunch::new(
         args.kv_heads,

@@ -546,6 +546,21 @@ fn e5m2_per_tensor_d64_causal_bshd_o_f16() {
     check(Fp8Case { layout: Layout::Bshd, ..Fp8Case::new(70, 70, 64, true, E5M2, PerTensor, Dtype::F16) });
 }
 
+#[test]
+fn e4m3_per_block_no_keys() {
+    // Every row sees nothing: O = 0, LSE = -inf; the K and V descale tensors have no entries.
+    let out = check(Fp8Case::new(5, 0, 64, false, E4M3, PerBlock, Dtype::F16));
+    assert!(out.is_none_or(|o| o.rel_l2 == 0.0));
+    let Some(client) = wgpu_client() else { return };
+    let shape = Fp8Case::new(5, 0, 64, false, E4M3, PerBlock, Dtype::F32).shape();
+    let kernel = select_fp8(&client, &shape, Dtype::F32, E4M3, PerBlock).unwrap();
+    let (codes, none) = (client.empty(2 * 5 * 64), client.empty(0));
+    let (qd, o, lse) = (client.empty(8), client.empty(4 * 2 * 5 * 64), client.empty(4 * 10));
+    let info = launch_fp8(&client, &kernel, &shape, Dtype::F32, &codes, &codes, &codes, &qd, &none, &none, &o, Some(&lse));
+    assert!(info.unwrap().launched);
+    assert!(download(&client, Dtype::F32, lse).iter().all(|&x| x == f64::NEG_INFINITY));
+}
+
 /// Every finite code through the kernel bit-exactly: Q all zero codes makes every score 0, so
 /// with one key p = 1 exactly, l = 1, and O = (1 · v_descale) · decode(code) with a descale
 /// whose products with the codes are exact (1.5). Non-finite codes are left out (0 in their
