@@ -126,7 +126,7 @@ impl fmt::Display for KernelId {
 fn portable_kind(k: &quattn_cubecl::PortableKernel) -> PortableKind {
     use quattn_cubecl::PortableKernel as P;
     match k {
-        P::Fma(_) | P::Half(_) => PortableKind::Fma,
+        P::Fma(_) | P::Half(_) | P::Fp8(_) => PortableKind::Fma,
         P::Cmma(_) => PortableKind::Cmma,
         P::Mma(_) => PortableKind::Mma,
         P::Int8(_) => PortableKind::Int8,

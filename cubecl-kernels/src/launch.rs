@@ -11,12 +11,15 @@ use cubecl::ir::features::TypeUsage;
 use cubecl::prelude::*;
 use cubecl::server::Handle;
 use half::{bf16, f16};
-use quattn_core::{Accumulation, AttentionShape, Dtype, Int8Blocking, Int8Granularity, PvAccum, QkAccum};
+use quattn_core::{
+    Accumulation, AttentionShape, DescaleGranularity, Dtype, Fp8Format, Int8Blocking, Int8Granularity, PvAccum, QkAccum,
+};
 
 use crate::error::LaunchError;
 use crate::kernel::cmma::{fwd_cmma, CmmaConfig};
 use crate::kernel::fma_half::{fwd_portable_fma_half, HalfConfig};
 use crate::kernel::fma_vec::{fwd_portable_fma_vec, FmaVecConfig, W};
+use crate::kernel::fma_vec_fp8::{fwd_portable_fma_vec_fp8, Fp8Config, Fp8ShapeLaunch};
 use crate::kernel::fma_vec_int8::{fwd_portable_fma_vec_int8, Int8Config, Int8ShapeLaunch};
 use crate::kernel::mma::{fwd_mma, MmaFwdConfig};
 use crate::kernel::AttnShapeLaunch;
@@ -96,6 +99,43 @@ impl Int8Tiles {
     }
 }
 
+/// The FP8 kernel (`fma_vec_fp8.rs`) resolved: the vector tiling it runs with, the code format
+/// of Q, K and V, and the granularity of their descales. With `DescaleGranularity::PerBlock` the
+/// descales must be computed over the blocks of [`Fp8Tiles::descale_blocks`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Fp8Tiles {
+    pub tiles: FmaVecTiles,
+    pub format: Fp8Format,
+    pub granularity: DescaleGranularity,
+}
+
+impl Fp8Tiles {
+    /// `(block rows of the Q descales, block rows of the K and V descales)` for
+    /// `DescaleGranularity::PerBlock`: the query tile `bq` and the key tile `bk` (one Q descale
+    /// per cube, one K and one V descale per KV tile).
+    pub fn descale_blocks(&self) -> (usize, usize) {
+        (self.tiles.bq as usize, self.tiles.bk as usize)
+    }
+
+    /// `(Q, K and V)` descale counts of `DescaleGranularity::count` for this shape.
+    fn descale_counts(&self, args: &Args) -> (u64, u64) {
+        let (bq, bk) = self.descale_blocks();
+        let (b, hq, hk) = (args.batch as usize, args.q_heads as usize, args.kv_heads as usize);
+        (
+            self.granularity.count(b, hq, args.q_len as usize, bq) as u64,
+            self.granularity.count(b, hk, args.kv_len as usize, bk) as u64,
+        )
+    }
+}
+
+fn descale_tag(granularity: DescaleGranularity) -> &'static str {
+    match granularity {
+        DescaleGranularity::PerTensor => "tensor",
+        DescaleGranularity::PerHead => "head",
+        DescaleGranularity::PerBlock => "block",
+    }
+}
+
 /// One portable kernel with everything resolved: a plan stores it and every launch runs it as
 /// is. The element type and the shape are not part of it (they come with each launch).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -110,6 +150,8 @@ pub enum PortableKernel {
     Mma(MmaTiles),
     /// The vector FMA kernel on INT8 Q/K codes from the prepass, f16 or f32 V.
     Int8(Int8Tiles),
+    /// The vector FMA kernel on FP8 Q/K/V codes with f32 descales, f16 P.
+    Fp8(Fp8Tiles),
 }
 
 /// What a runtime allows a cube: shared memory and units.
@@ -131,7 +173,9 @@ impl PortableKernel {
         match self {
             PortableKernel::Mma(_) => Family::Mma,
             PortableKernel::Cmma(_) => Family::Cmma,
-            PortableKernel::Fma(_) | PortableKernel::Half(_) | PortableKernel::Int8(_) => Family::Fma,
+            PortableKernel::Fma(_) | PortableKernel::Half(_) | PortableKernel::Int8(_) | PortableKernel::Fp8(_) => {
+                Family::Fma
+            }
         }
     }
 
@@ -143,7 +187,8 @@ impl PortableKernel {
 
     /// [`Self::name`] with the element type and head dims: `portable_fma_vec_f16_d128_…`,
     /// `portable_fma_half_qk2s32_pv16_d128_…`, `cmma_f16_d64_bq64_bk32`, `mma_bf16_d128_…`,
-    /// `portable_fma_vec_int8_block_f16_d64_…` (`d64v128` where the head dims differ).
+    /// `portable_fma_vec_int8_block_f16_d64_…`, `portable_fma_vec_fp8_e4m3_head_f16_d128_…` (the
+    /// element type of the FP8 kernel is O's; `d64v128` where the head dims differ).
     pub fn kernel_name(&self, dtype: Dtype, head_dim: usize, v_head_dim: usize) -> String {
         let dims = if head_dim == v_head_dim { format!("d{head_dim}") } else { format!("d{head_dim}v{v_head_dim}") };
         match self {
@@ -169,19 +214,26 @@ impl PortableKernel {
             PortableKernel::Cmma(t) => format!("cmma{mid}_bq{}_bk{}", t.bq(), t.bk),
             PortableKernel::Mma(t) => format!("mma{mid}_{t}"),
             PortableKernel::Int8(i) => format!("portable_fma_vec_int8_{}{mid}_{}", i.granularity.tag(), i.tiles),
+            PortableKernel::Fp8(f) => {
+                format!("portable_fma_vec_fp8_{}_{}{mid}_{}", f.format, descale_tag(f.granularity), f.tiles)
+            }
         }
     }
 
     /// The blocking the kernel's numerics follow, where they depend on it: the query block and
     /// KV tile of the packed-f16 kernel (its F16PerTile fold is per tile; one "warp", every row
-    /// its own), the INT8 scale layout of the INT8 kernel. `None` for the f32-accumulating
-    /// kernels.
+    /// its own), the INT8 scale layout of the INT8 kernel, the descale blocks of the FP8 kernel
+    /// (its query block and KV tile). `None` for the other f32-accumulating kernels.
     pub fn blocking(&self) -> Option<Int8Blocking> {
         match self {
             PortableKernel::Half(h) => {
                 Some(Int8Blocking { block_q: h.tiles.bq as usize, block_k: h.tiles.bk as usize, warps: 1 })
             }
             PortableKernel::Int8(i) => Some(i.blocking()),
+            PortableKernel::Fp8(f) => {
+                let (block_q, block_k) = f.descale_blocks();
+                Some(Int8Blocking { block_q, block_k, warps: 1 })
+            }
             _ => None,
         }
     }
@@ -192,6 +244,7 @@ impl PortableKernel {
             PortableKernel::Fma(t) => t.bq,
             PortableKernel::Half(h) => h.tiles.bq,
             PortableKernel::Int8(i) => i.tiles.bq,
+            PortableKernel::Fp8(f) => f.tiles.bq,
             PortableKernel::Cmma(t) => t.bq(),
             PortableKernel::Mma(t) => t.bq(),
         }
@@ -203,6 +256,7 @@ impl PortableKernel {
             PortableKernel::Fma(t) => t.bk,
             PortableKernel::Half(h) => h.tiles.bk,
             PortableKernel::Int8(i) => i.tiles.bk,
+            PortableKernel::Fp8(f) => f.tiles.bk,
             PortableKernel::Cmma(t) => t.bk,
             PortableKernel::Mma(t) => t.bk,
         }
@@ -214,17 +268,20 @@ impl PortableKernel {
             PortableKernel::Fma(t) => t.units(),
             PortableKernel::Half(h) => h.tiles.units(),
             PortableKernel::Int8(i) => i.tiles.units(),
+            PortableKernel::Fp8(f) => f.tiles.units(),
             PortableKernel::Cmma(t) => t.units(),
             PortableKernel::Mma(t) => t.units(),
         }
     }
 
-    /// Shared memory of one cube in bytes, on `dtype` inputs (V's type for INT8).
+    /// Shared memory of one cube in bytes, on `dtype` inputs (V's type for INT8; FP8 stages
+    /// decoded codes, whatever O's type).
     pub const fn smem_bytes(&self, head_dim: u32, v_head_dim: u32, dtype: Dtype) -> usize {
         let bytes = dtype.size_bytes() as u32;
         (match self {
             PortableKernel::Fma(t) => t.smem_bytes(head_dim, v_head_dim, bytes),
             PortableKernel::Int8(i) => i.tiles.smem_bytes(head_dim, v_head_dim, bytes),
+            PortableKernel::Fp8(f) => f.tiles.smem_bytes_fp8(head_dim, v_head_dim),
             PortableKernel::Half(h) if h.split_kv => h.tiles.smem_bytes_half_split(head_dim, v_head_dim),
             PortableKernel::Half(h) => h.tiles.smem_bytes_half(head_dim, v_head_dim),
             PortableKernel::Cmma(t) => t.smem_bytes(head_dim, v_head_dim, bytes),
@@ -262,6 +319,7 @@ impl PortableKernel {
                 }
                 i.blocking().check(i.granularity).map_err(|reason| LaunchError::InvalidProblem { reason })
             }
+            PortableKernel::Fp8(f) => f.tiles.validate(head_dim, v_head_dim),
             PortableKernel::Cmma(t) => t.validate(),
             PortableKernel::Mma(t) => t.validate(head_dim, v_head_dim),
         }
@@ -315,14 +373,7 @@ pub fn first_fit(
     limits: CubeLimits,
 ) -> Result<PortableKernel, LaunchError> {
     let all = candidates(family, accumulation, head_dim, v_head_dim, limits);
-    let mut last = None;
-    for kernel in all {
-        match kernel.check_fits(limits, head_dim, v_head_dim, dtype) {
-            Ok(()) => return Ok(kernel),
-            Err(e) => last = Some(e),
-        }
-    }
-    Err(LaunchError::FamilyUnavailable {
+    first_fitting(all, limits, head_dim, v_head_dim, dtype).map_err(|last| LaunchError::FamilyUnavailable {
         family,
         reason: format!(
             "no tiling fits d={head_dim} dv={v_head_dim} in {} bytes of shared memory and {} units{}",
@@ -331,6 +382,24 @@ pub fn first_fit(
             last.map(|e| format!(" (last candidate: {e})")).unwrap_or_default()
         ),
     })
+}
+
+/// The first of `kernels` that passes [`PortableKernel::check_fits`], or the last refusal.
+fn first_fitting(
+    kernels: impl IntoIterator<Item = PortableKernel>,
+    limits: CubeLimits,
+    head_dim: u32,
+    v_head_dim: u32,
+    dtype: Dtype,
+) -> Result<PortableKernel, Option<LaunchError>> {
+    let mut last = None;
+    for kernel in kernels {
+        match kernel.check_fits(limits, head_dim, v_head_dim, dtype) {
+            Ok(()) => return Ok(kernel),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last)
 }
 
 /// What [`select`] chose, and why each better family was passed over.
@@ -557,8 +626,14 @@ pub fn launch<R: Runtime>(
 ) -> Result<LaunchInfo, LaunchError> {
     let args = Args::new(shape)?;
     check_dtype_supported(client, dtype)?;
-    if let PortableKernel::Int8(_) = kernel {
-        return Err(LaunchError::WrongKernel { kernel: kernel.name(), reason: "INT8 inputs launch through launch_int8".into() });
+    match kernel {
+        PortableKernel::Int8(_) => {
+            return Err(LaunchError::WrongKernel { kernel: kernel.name(), reason: "INT8 inputs launch through launch_int8".into() })
+        }
+        PortableKernel::Fp8(_) => {
+            return Err(LaunchError::WrongKernel { kernel: kernel.name(), reason: "FP8 inputs launch through launch_fp8".into() })
+        }
+        _ => {}
     }
     if let Some(reason) = family_unavailable(client, kernel.family(), dtype, accumulation_of(kernel)) {
         return Err(LaunchError::FamilyUnavailable { family: kernel.family(), reason });
@@ -679,7 +754,7 @@ pub fn launch<R: Runtime>(
                 Dtype::F32 => unreachable!("family_unavailable refuses f32 inputs"),
             }
         }
-        PortableKernel::Int8(_) => unreachable!("refused above"),
+        PortableKernel::Int8(_) | PortableKernel::Fp8(_) => unreachable!("refused above"),
     }
     info.launched = true;
     Ok(info)
@@ -704,7 +779,7 @@ fn cube_count(kernel: &PortableKernel, args: &Args) -> (u32, u32, u32) {
     (args.q_len.div_ceil(kernel.block_q()), args.q_heads, args.batch)
 }
 
-/// Fit and grid checks shared by [`launch`] and [`launch_int8`]: the record of the launch, or
+/// Fit and grid checks shared by [`launch`], [`launch_int8`] and [`launch_fp8`]: the record of the launch, or
 /// `None` when the grid is empty (nothing to enqueue).
 fn prepare<R: Runtime>(
     client: &ComputeClient<R>,
@@ -720,9 +795,10 @@ fn prepare<R: Runtime>(
         return Ok(None);
     }
     let plane_reduce = match kernel {
-        PortableKernel::Fma(t) | PortableKernel::Int8(Int8Tiles { tiles: t, .. }) | PortableKernel::Half(HalfTiles { tiles: t, .. }) => {
-            plane_reduce_ok(client, t.tc)
-        }
+        PortableKernel::Fma(t)
+        | PortableKernel::Int8(Int8Tiles { tiles: t, .. })
+        | PortableKernel::Fp8(Fp8Tiles { tiles: t, .. })
+        | PortableKernel::Half(HalfTiles { tiles: t, .. }) => plane_reduce_ok(client, t.tc),
         PortableKernel::Cmma(_) | PortableKernel::Mma(_) => true,
     };
     Ok(Some(LaunchInfo {
@@ -777,18 +853,14 @@ pub fn select_int8<R: Runtime>(
         return Err(LaunchError::UnsupportedDtype { dtype: v_dtype, runtime: "the INT8 kernel (f16 or f32 V)" });
     }
     vector_layout_ok(shape).map_err(|reason| LaunchError::UnalignedLayout { reason })?;
-    let limits = CubeLimits::of(client);
-    let mut last = None;
-    for &tiles in fma_vec_candidates(args.head_dim.max(args.v_head_dim)) {
-        let kernel = PortableKernel::Int8(Int8Tiles { tiles, granularity, smooth_k });
-        match kernel.check_fits(limits, args.head_dim, args.v_head_dim, v_dtype) {
-            Ok(()) => return Ok(kernel),
-            Err(e) => last = Some(e),
+    let kernels = fma_vec_candidates(args.head_dim.max(args.v_head_dim))
+        .iter()
+        .map(|&tiles| PortableKernel::Int8(Int8Tiles { tiles, granularity, smooth_k }));
+    first_fitting(kernels, CubeLimits::of(client), args.head_dim, args.v_head_dim, v_dtype).map_err(|last| {
+        LaunchError::FamilyUnavailable {
+            family: Family::Fma,
+            reason: format!("no INT8 tiling fits{}", last.map(|e| format!(": {e}")).unwrap_or_default()),
         }
-    }
-    Err(LaunchError::FamilyUnavailable {
-        family: Family::Fma,
-        reason: format!("no INT8 tiling fits{}", last.map(|e| format!(": {e}")).unwrap_or_default()),
     })
 }
 
@@ -853,14 +925,9 @@ pub fn launch_int8<R: Runtime>(
     let icfg = Int8Config { granularity: quant.granularity, warps: blocking.warps, shift_lse };
     log::debug!("launching {} {icfg:?} for {args:?}", info.kernel);
 
-    let vectors = |handle: &Handle, elems: u64| {
-        // SAFETY: checked above to cover `max(elems, W)` elements; whole vectors inside rows.
-        unsafe { ArrayArg::from_raw_parts(handle.clone(), (elems as usize).div_ceil(W).max(1)) }
-    };
-    let floats = |handle: &Handle, len: u64| {
-        // SAFETY: checked above to hold `len` floats.
-        unsafe { ArrayArg::from_raw_parts(handle.clone(), (len as usize).max(1)) }
-    };
+    // SAFETY (both): checked above to cover `max(elems, W)` elements and to hold `len` floats.
+    let vectors = |handle: &Handle, elems: u64| unsafe { vector_arg(handle, elems) };
+    let floats = |handle: &Handle, len: u64| unsafe { float_arg(handle, len) };
     let shift = match (&ops.lse_shift, shift_lse) {
         (Some(h), true) => floats(h, args.lse_len()),
         _ => floats(&client.empty(4), 1),
@@ -906,6 +973,171 @@ pub fn launch_int8<R: Runtime>(
         (Dtype::F16, true) => go!(f16, f32),
         (Dtype::F16, false) => go!(f16, f16),
         (Dtype::Bf16, _) => unreachable!("refused above"),
+    }
+    info.launched = true;
+    Ok(info)
+}
+
+/// `handle` bound as `ceil(elems / W)` vectors (or words of 4 codes), at least one.
+///
+/// # Safety
+/// The handle must hold `max(elems, W)` elements (bytes for codes), rounded up to whole vectors
+/// (`check_extent`; row starts and head dims are multiples of W, so every vector the kernels
+/// read lies inside a row).
+unsafe fn vector_arg<R: Runtime>(handle: &Handle, elems: u64) -> ArrayArg<R> {
+    unsafe { ArrayArg::from_raw_parts(handle.clone(), (elems as usize).div_ceil(W).max(1)) }
+}
+
+/// `handle` bound as `max(len, 1)` f32.
+///
+/// # Safety
+/// The handle must hold `len` floats, and one at least where the kernel reads one.
+unsafe fn float_arg<R: Runtime>(handle: &Handle, len: u64) -> ArrayArg<R> {
+    unsafe { ArrayArg::from_raw_parts(handle.clone(), (len as usize).max(1)) }
+}
+
+/// The dtypes the FP8 kernel needs on this runtime: O's type, and f16 (P is rounded to f16 and
+/// the stages may be f16).
+fn check_fp8_dtypes<R: Runtime>(client: &ComputeClient<R>, o_dtype: Dtype) -> Result<(), LaunchError> {
+    check_dtype_supported(client, o_dtype)?;
+    check_dtype_supported(client, Dtype::F16)
+}
+
+/// The FP8 kernel for `shape` with `format` codes, `granularity` descales and `o_dtype` O (f32,
+/// f16, or bf16 where the runtime has it): the first vector FMA tiling that fits the runtime,
+/// through the same fit check as every kernel. With `DescaleGranularity::PerBlock` the caller
+/// computes the descales over [`Fp8Tiles::descale_blocks`] of the result. Needs f16 on the
+/// runtime ([`LaunchError::UnsupportedDtype`] otherwise), and head dims and strides that are
+/// multiples of 4 ([`LaunchError::UnalignedLayout`]).
+pub fn select_fp8<R: Runtime>(
+    client: &ComputeClient<R>,
+    shape: &AttentionShape,
+    o_dtype: Dtype,
+    format: Fp8Format,
+    granularity: DescaleGranularity,
+) -> Result<PortableKernel, LaunchError> {
+    let args = Args::new(shape)?;
+    check_fp8_dtypes(client, o_dtype)?;
+    vector_layout_ok(shape).map_err(|reason| LaunchError::UnalignedLayout { reason })?;
+    let kernels = fma_vec_candidates(args.head_dim.max(args.v_head_dim))
+        .iter()
+        .map(|&tiles| PortableKernel::Fp8(Fp8Tiles { tiles, format, granularity }));
+    first_fitting(kernels, CubeLimits::of(client), args.head_dim, args.v_head_dim, o_dtype).map_err(|last| {
+        LaunchError::FamilyUnavailable {
+            family: Family::Fma,
+            reason: format!("no FP8 tiling fits{}", last.map(|e| format!(": {e}")).unwrap_or_default()),
+        }
+    })
+}
+
+/// Attention on FP8 Q, K, V with `kernel` (from [`select_fp8`]): `O = softmax(scale · Q·Kᵀ) · V`
+/// on the values `decode(code) · descale`, O in `o_dtype`, LSE f32 `[batch, q_heads, q_len]`
+/// when `shape.write_lse`.
+///
+/// - `q`, `k`, `v`: the codes (one byte each, the kernel's format), laid out by the shape's
+///   strides in elements = bytes, head-dim stride 1. Head dims and strides must be multiples of
+///   4 (the kernel reads words of 4 codes), and each buffer must hold the strided extent in
+///   bytes, at least 4: a caller allocating a ragged size pads it to a multiple of 4.
+/// - `q_descale`, `k_descale`, `v_descale`: f32, `DescaleGranularity::count` entries each:
+///   Q over `(batch, q_heads, q_len)` with blocks of `bq`, K and V over `(batch, kv_heads,
+///   kv_len)` with blocks of `bk` ([`Fp8Tiles::descale_blocks`]). Their values are not checked
+///   (that needs a read): a non-finite or non-positive descale gives non-finite or wrong rows,
+///   never a fault.
+///
+/// Codes that are not finite (NaN; e5m2 inf) make every row that sees them NaN (O and LSE);
+/// see `kernel/fma_vec_fp8.rs`. Everything is checked before anything is enqueued.
+#[allow(clippy::too_many_arguments)]
+pub fn launch_fp8<R: Runtime>(
+    client: &ComputeClient<R>,
+    kernel: &PortableKernel,
+    shape: &AttentionShape,
+    o_dtype: Dtype,
+    q: &Handle,
+    k: &Handle,
+    v: &Handle,
+    q_descale: &Handle,
+    k_descale: &Handle,
+    v_descale: &Handle,
+    o: &Handle,
+    lse: Option<&Handle>,
+) -> Result<LaunchInfo, LaunchError> {
+    let PortableKernel::Fp8(fp8) = *kernel else {
+        return Err(LaunchError::WrongKernel { kernel: kernel.name(), reason: "launch_fp8 runs the FP8 kernel only".into() });
+    };
+    let args = Args::new(shape)?;
+    check_fp8_dtypes(client, o_dtype)?;
+    vector_layout_ok(shape).map_err(|reason| LaunchError::UnalignedLayout { reason })?;
+    // Codes in bytes (4 per word), O in elements of o_dtype.
+    let extents = args.extents();
+    let min = W as u64;
+    check_extent("q codes", extents[0].1.max(min), 1, q)?;
+    check_extent("k codes", extents[1].1.max(min), 1, k)?;
+    check_extent("v codes", extents[2].1.max(min), 1, v)?;
+    check_extent("o", extents[3].1.max(min), o_dtype.size_bytes() as u64, o)?;
+    let (q_descales, kv_descales) = fp8.descale_counts(&args);
+    check_extent("q descales", q_descales, 4, q_descale)?;
+    check_extent("k descales", kv_descales, 4, k_descale)?;
+    check_extent("v descales", kv_descales, 4, v_descale)?;
+    check_lse(&args, lse)?;
+    let Some(mut info) = prepare(client, kernel, &args, o_dtype)? else {
+        return Ok(empty_info(kernel, &args, o_dtype));
+    };
+    let tiles = fp8.tiles;
+    let cfg = fma_vec_config(&tiles, &args, true, info.plane_reduce);
+    let fcfg = Fp8Config { format: fp8.format, granularity: fp8.granularity };
+    log::debug!("launching {} {fcfg:?} for {args:?}", info.kernel);
+
+    // SAFETY (both): checked above to cover `max(elems, W)` elements (bytes for the codes) and
+    // to hold `len` floats. A descale tensor of no entries (PerBlock without keys, never read)
+    // is bound as a 1-float scratch: the caller's buffer may be empty.
+    let vectors = |handle: &Handle, elems: u64| unsafe { vector_arg(handle, elems) };
+    let floats = |handle: &Handle, len: u64| match len {
+        0 => unsafe { float_arg(&client.empty(4), 1) },
+        _ => unsafe { float_arg(handle, len) },
+    };
+    let (lse_handle, lse_len) = lse_binding(client, &args, lse);
+    let fp8_shape = Fp8ShapeLaunch::new(
+        args.kv_heads,
+        args.q_len.div_ceil(tiles.bq),
+        args.kv_len.div_ceil(tiles.bk),
+        f32::NAN,
+    );
+    let count = info.cube_count;
+    let count = CubeCount::Static(count.0, count.1, count.2);
+    let dim = CubeDim::new_1d(tiles.units());
+    macro_rules! go {
+        ($e:ty, $s:ty) => {
+            // SAFETY: every global index is guarded by q_len/kv_len, and the buffers were
+            // checked to cover the strided extents and the descale layouts.
+            unsafe {
+                fwd_portable_fma_vec_fp8::launch_unchecked::<$e, $s, R>(
+                    client,
+                    count,
+                    dim,
+                    W,
+                    vectors(q, extents[0].1),
+                    vectors(k, extents[1].1),
+                    vectors(v, extents[2].1),
+                    floats(q_descale, q_descales),
+                    floats(k_descale, kv_descales),
+                    floats(v_descale, kv_descales),
+                    vectors(o, extents[3].1),
+                    ArrayArg::from_raw_parts(lse_handle, lse_len as usize),
+                    shape_arg::<R>(&args),
+                    fp8_shape,
+                    cfg,
+                    fcfg,
+                )
+            }
+        };
+    }
+    match (o_dtype, tiles.stage_f32) {
+        (Dtype::F32, true) => go!(f32, f32),
+        (Dtype::F32, false) => go!(f32, f16),
+        (Dtype::F16, true) => go!(f16, f32),
+        (Dtype::F16, false) => go!(f16, f16),
+        (Dtype::Bf16, true) => go!(bf16, f32),
+        (Dtype::Bf16, false) => go!(bf16, f16),
     }
     info.launched = true;
     Ok(info)

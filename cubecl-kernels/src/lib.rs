@@ -5,8 +5,9 @@
 //! handles, and does not depend on the `quattn` facade.
 //!
 //! Selection and launch are apart: [`select`] resolves a [`PortableKernel`] for a shape, an
-//! element type and an accumulation on one runtime (or [`select_int8`] for INT8 Q/K), a plan
-//! stores it, and [`launch`] / [`launch_int8`] run exactly that kernel every time.
+//! element type and an accumulation on one runtime (or [`select_int8`] for INT8 Q/K,
+//! [`select_fp8`] for FP8 Q/K/V), a plan stores it, and [`launch`] / [`launch_int8`] /
+//! [`launch_fp8`] run exactly that kernel every time.
 //!
 //! # Levels
 //!
@@ -54,13 +55,28 @@
 //! | `Fma` ([`FmaVecTiles`]) | f32, f16, bf16 where the runtime has it | head dims and strides multiples of 4 ([`vector_layout_ok`]), every buffer at least 4 elements | everywhere else |
 //! | `Half` ([`HalfTiles`]) | f16 | as `Fma` | the f16-accumulating modes (any `Accumulation` but f32 everywhere) |
 //! | `Int8` ([`Int8Tiles`]) | INT8 Q/K codes and scales from [`quantize_int8`], f16 or f32 V | as `Fma`; the prepass's blocking = [`Int8Tiles::blocking`] | INT8 inputs ([`select_int8`]) |
+//! | `Fp8` ([`Fp8Tiles`]) | FP8 Q/K/V codes (e4m3 or e5m2) with f32 descales per tensor, head or block; O f32, f16, bf16 where the runtime has it | as `Fma`, code buffers in bytes (the strided extent, at least 4), f16 on the runtime; per-block descales over [`Fp8Tiles::descale_blocks`] | FP8 inputs ([`select_fp8`]) |
 //!
 //! INT8 (SageAttention style) is two launches: [`quantize_int8`] (the prepass: per-block /
 //! per-warp / per-thread Q scales with `softmax_scale · log2 e` folded in, per-block K scales,
 //! optional K smoothing with its LSE shift; bit-exact with the facade's CPU codec) and
 //! [`launch_int8`], the vectorized FMA kernel decoding the codes when it stages Q and K.
 //!
-//! - wgpu/WGSL on llvmpipe (CI): FMA kernels; f16 yes, bf16 no (refused with
+//! FP8 ([`launch_fp8`], one launch, the codes quantized by the caller): Q, K and V arrive as
+//! one-byte OCP codes in the float kernels' layout (strides in elements = bytes), read as words
+//! of 4 codes (so head dims and strides are multiples of 4) and decoded bit-exactly when staged
+//! (normal codes assembled as f32 bit patterns, subnormal ones as exact products; the decoded
+//! values are exact in f16 too, so the f16-staged tilings lose nothing). Descales are folded
+//! where they are constant: `s = (Σ q·k) · (q_descale · k_descale)` per (query block, key
+//! tile), and the tile's V descale scales P after its rounding, `Σ_j (p̃_j · v_descale) · v_j`
+//! (exact products up to f32 rounding). P is rounded to f16 before P·V, as the facade's FP8
+//! emulation and CPU kernel do; scores, softmax, row sums (of the unrounded P) and accumulation
+//! are f32. Non-finite codes (NaN; e5m2 ±inf) are staged as 0 and make every row that sees them
+//! NaN in O and LSE (a NaN in K row j: every query row that sees key j; in Q row i: O row i
+//! only), through explicit records rather than NaN arithmetic, which WGSL does not promise.
+//! Descale values are not checked (that needs a read): the facade checks them on the host.
+//!
+//! - wgpu/WGSL on llvmpipe (CI): FMA kernels (FP8 too); f16 yes, bf16 no (refused with
 //!   [`LaunchError::UnsupportedDtype`]), no subgroups (wgpu disables them on CPU adapters),
 //!   32 KiB of shared memory, no cmma.
 //! - wgpu/Vulkan on an H100 through WGSL: FMA kernels with 48 KiB, f16 and subgroup row
@@ -72,8 +88,9 @@
 //!
 //! # Tile tables
 //!
-//! One table per kernel and head dim ([`fma_vec_candidates`], [`fma_half_candidates`],
-//! [`cmma_candidates`], [`mma_candidates`]; the reasons are next to the tables); the first entry
+//! One table per kernel and head dim ([`fma_vec_candidates`], also for the INT8 and FP8
+//! kernels, [`fma_half_candidates`], [`cmma_candidates`], [`mma_candidates`]; the reasons are
+//! next to the tables); the first entry
 //! that fits the runtime's shared-memory and units-per-cube limits wins
 //! ([`PortableKernel::check_fits`], the one check of the selection and of every launch).
 //!
@@ -89,12 +106,14 @@ mod tiling;
 
 pub use error::LaunchError;
 pub use launch::{
-    check_dtype_supported, first_fit, launch, launch_int8, select, select_int8, vector_layout_ok, CubeLimits, Family,
-    HalfTiles, Int8Tiles, LaunchInfo, PortableKernel, Selection,
+    check_dtype_supported, first_fit, launch, launch_fp8, launch_int8, select, select_fp8, select_int8, vector_layout_ok,
+    CubeLimits, Family, Fp8Tiles, HalfTiles, Int8Tiles, LaunchInfo, PortableKernel, Selection,
 };
 pub use problem::SUPPORTED_HEAD_DIMS;
 pub use quant::{q_scale_fold, quantize_int8, Int8DeviceOperands, Int8Quant};
-pub use quattn_core::{Accumulation, AttentionShape, Dtype, Int8Blocking, Int8Granularity, PvAccum, QkAccum};
+pub use quattn_core::{
+    Accumulation, AttentionShape, DescaleGranularity, Dtype, Fp8Format, Int8Blocking, Int8Granularity, PvAccum, QkAccum,
+};
 pub use tiling::{
     cmma_candidates, fma_half_candidates, fma_vec_candidates, mma_candidates, CmmaTiles, FmaVecTiles, MmaTiles,
     MMA_FRAGMENT_REGISTERS,

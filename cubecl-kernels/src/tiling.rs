@@ -72,6 +72,22 @@ impl FmaVecTiles {
         2 * (head_dim * self.bq + k + v + self.bk * (self.bq + 4)) + 4 * self.bq * self.tc
     }
 
+    /// Shared memory in bytes of the FP8 kernel (`fma_vec_fp8.rs`) on this tiling: Qᵀ and one
+    /// K-then-V buffer in the stage type (f32, or f16: decoded codes are exact in either), f16
+    /// Pᵀ (`bk x (bq + 4)`), the f32 reduction scratch and `bq + 1` u32 records of non-finite
+    /// codes; the total padded to the stage vector (4 stage elements), the widest alignment
+    /// among the buffers, as the CUDA declarations are. Without plane reductions this is the
+    /// kernel's allocation; with them the scratch is unused and dropped, so an upper bound.
+    pub const fn smem_bytes_fp8(&self, head_dim: u32, v_head_dim: u32) -> u32 {
+        let k = head_dim * self.bk;
+        let v = self.bk * v_head_dim;
+        let kv = if k > v { k } else { v };
+        let bytes = (head_dim * self.bq + kv) * self.stage_bytes(2)
+            + 2 * self.bk * (self.bq + 4)
+            + 4 * (self.bq * self.tc + self.bq + 1);
+        bytes.next_multiple_of(4 * self.stage_bytes(2))
+    }
+
     pub fn validate(&self, head_dim: u32, v_head_dim: u32) -> Result<(), LaunchError> {
         let err = |reason: &str| {
             Err(LaunchError::InvalidTiles { tiles: self.to_string(), reason: reason.to_string() })

@@ -10,6 +10,7 @@ use cubecl::prelude::*;
 pub(crate) mod cmma;
 pub(crate) mod fma_half;
 pub(crate) mod fma_vec;
+pub(crate) mod fma_vec_fp8;
 pub(crate) mod fma_vec_int8;
 pub(crate) mod mma;
 pub(crate) mod quant;
