@@ -93,6 +93,9 @@ pub enum PortableKind {
     Mma,
     /// The INT8 Q/K kernel (after the CubeCL quantization prepass); every CubeCL device.
     Int8,
+    /// The FP8 kernel: e4m3/e5m2 codes of Q, K and V with f32 descales, decoded as they are
+    /// staged, f32 softmax and accumulation, P rounded to f16; every CubeCL device.
+    Fp8,
 }
 
 impl PortableKind {
@@ -102,6 +105,7 @@ impl PortableKind {
             PortableKind::Cmma => "cmma",
             PortableKind::Mma => "mma",
             PortableKind::Int8 => "int8",
+            PortableKind::Fp8 => "fp8",
         }
     }
 }

@@ -66,8 +66,69 @@ impl Session {
     /// ```
     pub fn run_cubecl<R: Runtime>(&self, plan: &Plan, t: CubeclTensors<'_>) -> Result<()> {
         self.cubecl_backend::<R>()?;
-        check_handles(plan, &t)?;
+        if plan.fp8_descale_lens().is_some() {
+            return Err(Error::EntryPoint {
+                kernel: plan.kernel_name(),
+                reason: "an FP8 plan reads codes and descales: use Session::run_cubecl_fp8".into(),
+            });
+        }
+        check_handles(plan, &t, plan.dtype().size_bytes())?;
         self.backend().run_handles(plan, &t)
+    }
+
+    /// Runs an FP8 plan (a [`crate::Precision::Fp8`] plan on the portable FP8 kernel) on CubeCL
+    /// handles: Q, K and V hold FP8 codes (one byte per element, in the problem's layout, each
+    /// buffer padded with any bytes to a multiple of 16), the descales are f32 with the shapes
+    /// of the plan's granularity ([`Plan::fp8_descale_lens`]: `[1]` per tensor, `[batch,
+    /// heads]` per head, `[batch, heads, ceil(len / block)]` per block, Q per q head, K and V per
+    /// kv head); O is written in f16, the LSE in f32 when given. Real values are
+    /// `decode(code) · descale`. Descale values are not read on the host: a non-finite or
+    /// non-positive descale gives non-finite or wrong rows, never a fault.
+    ///
+    /// ```
+    /// use quattn::cubecl::wgpu::WgpuRuntime;
+    /// use quattn::{AttentionProblem, CubeclTensors, DescaleGranularity, Device, Fp8Descales, Fp8Format, Precision, PvFormat, Session, Strategy, WgpuAdapter};
+    ///
+    /// let Ok(session) = Session::new(Device::Wgpu(WgpuAdapter::Default)) else { return Ok(()) };
+    /// let problem = AttentionProblem::new(1, 4, 64, 64);
+    /// let precision = Precision::Fp8 { format: Fp8Format::E4M3, descale: DescaleGranularity::PerTensor, p: PvFormat::F16 };
+    /// let plan = session.plan(&problem, precision, Strategy::Auto)?;
+    /// let client = session.cubecl_client::<WgpuRuntime>()?;
+    /// // e4m3 code 0x38 is 1.0; with descale 0.5 every element is 0.5 (an FP8 KV cache, say).
+    /// let codes = client.create_from_slice(&vec![0x38u8; problem.q_len_elems().next_multiple_of(16)]);
+    /// let half = client.create_from_slice(bytemuck::cast_slice(&[0.5f32; 4]));
+    /// let o = client.empty(problem.o_len_elems() * 2);
+    /// let t = CubeclTensors { q: &codes, k: &codes, v: &codes, o: &o, lse: None };
+    /// session.run_cubecl_fp8::<WgpuRuntime>(&plan, t, Fp8Descales { q: &half, k: &half, v: &half })?;
+    /// let o: Vec<half::f16> = bytemuck::pod_collect_to_vec(&client.read_one(o).expect("read O"));
+    /// assert!(o.iter().all(|x| x.to_f32() == 0.5));
+    /// # Ok::<(), quattn::Error>(())
+    /// ```
+    pub fn run_cubecl_fp8<R: Runtime>(&self, plan: &Plan, t: CubeclTensors<'_>, descales: Fp8Descales<'_>) -> Result<()> {
+        let backend = self.cubecl_backend::<R>()?;
+        let Some(lens) = plan.fp8_descale_lens() else {
+            return Err(Error::EntryPoint {
+                kernel: plan.kernel_name(),
+                reason: "run_cubecl_fp8 runs FP8 plans on the portable FP8 kernel; this plan's kernel reads no FP8 codes".into(),
+            });
+        };
+        check_handles(plan, &t, 1)?;
+        for ((tensor, h), len) in [(TensorName::Q, descales.q), (TensorName::K, descales.k), (TensorName::V, descales.v)].into_iter().zip(lens) {
+            let got = (h.size_in_used() / 4) as usize;
+            if got < len {
+                return Err(Error::Descales { tensor, reason: format!("the buffer holds {got} f32 descales, the plan's granularity needs {len}") });
+            }
+        }
+        let lse = if plan.problem.return_lse { t.lse.cloned() } else { None };
+        let d = crate::backend::gpu::GpuData {
+            q: t.q.clone(),
+            k: t.k.clone(),
+            v: t.v.clone(),
+            o: t.o.clone(),
+            lse,
+            descales: Some(crate::backend::gpu::Fp8Descales { q: descales.q.clone(), k: descales.k.clone(), v: descales.v.clone() }),
+        };
+        backend.launch(plan, &d)
     }
 
     fn cubecl_backend<R: Runtime>(&self) -> Result<&crate::backend::gpu::CubeclBackend<R>> {
@@ -82,14 +143,23 @@ impl Session {
     }
 }
 
-/// Sizes in bytes against what the plan's strides span.
-fn check_handles(plan: &Plan, t: &CubeclTensors<'_>) -> Result<()> {
+/// The f32 descale buffers of an FP8 call on CubeCL handles ([`Session::run_cubecl_fp8`]).
+#[derive(Clone, Copy)]
+pub struct Fp8Descales<'a> {
+    pub q: &'a Handle,
+    pub k: &'a Handle,
+    pub v: &'a Handle,
+}
+
+/// Sizes in bytes against what the plan's strides span, with inputs of `in_size` bytes per
+/// element (FP8 codes: 1) and O in the plan's element type.
+fn check_handles(plan: &Plan, t: &CubeclTensors<'_>, in_size: usize) -> Result<()> {
     let p = &plan.problem;
     let es = plan.dtype().size_bytes();
     for (tensor, h, elems, size) in [
-        (TensorName::Q, t.q, p.q_len_elems(), es),
-        (TensorName::K, t.k, p.k_len_elems(), es),
-        (TensorName::V, t.v, p.v_len_elems(), es),
+        (TensorName::Q, t.q, p.q_len_elems(), in_size),
+        (TensorName::K, t.k, p.k_len_elems(), in_size),
+        (TensorName::V, t.v, p.v_len_elems(), in_size),
         (TensorName::Output, t.o, p.o_len_elems(), es),
     ] {
         check_bytes(tensor, h.size_in_used(), elems, size)?;

@@ -85,6 +85,12 @@ pub enum Error {
     #[error("invalid quantization parameter: {0}")]
     Quantization(String),
 
+    #[error("{tensor} descales are invalid: {reason}")]
+    Descales { tensor: TensorName, reason: String },
+
+    #[error("plan `{kernel}` cannot run through this entry point: {reason}")]
+    EntryPoint { kernel: String, reason: String },
+
     #[error("kernel `{kernel}` failed: {reason}")]
     Kernel { kernel: String, reason: String },
 }

@@ -22,7 +22,7 @@ pub use quattn_core::TWO_STAGE_CHUNK;
 pub use precision::{
     DescaleGranularity, Dtype, Fp8Format, Int8Granularity, Nvfp4V, Precision, PvAccum, PvFormat, QkAccum,
 };
-pub use device_tensor::CubeclTensors;
+pub use device_tensor::{CubeclTensors, Fp8Descales};
 #[cfg(feature = "cuda")]
 pub use device_tensor::{CudaTensor, CudaTensorMut};
 pub use registry::{Family, KernelId, NativeChoice};

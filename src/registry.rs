@@ -31,13 +31,14 @@ pub enum Family {
 
 impl Family {
     /// Every family, in no particular order (each backend's table orders its own rows).
-    pub const ALL: [Family; 11] = [
+    pub const ALL: [Family; 12] = [
         Family::Cpu,
         Family::Emulation,
         Family::Portable(PortableKind::Fma),
         Family::Portable(PortableKind::Cmma),
         Family::Portable(PortableKind::Mma),
         Family::Portable(PortableKind::Int8),
+        Family::Portable(PortableKind::Fp8),
         Family::Native(NativeKind::Hmma),
         Family::Native(NativeKind::Wgmma),
         Family::Native(NativeKind::Int8Imma),
@@ -126,10 +127,11 @@ impl fmt::Display for KernelId {
 fn portable_kind(k: &quattn_cubecl::PortableKernel) -> PortableKind {
     use quattn_cubecl::PortableKernel as P;
     match k {
-        P::Fma(_) | P::Half(_) | P::Fp8(_) => PortableKind::Fma,
+        P::Fma(_) | P::Half(_) => PortableKind::Fma,
         P::Cmma(_) => PortableKind::Cmma,
         P::Mma(_) => PortableKind::Mma,
         P::Int8(_) => PortableKind::Int8,
+        P::Fp8(_) => PortableKind::Fp8,
     }
 }
 

@@ -64,9 +64,23 @@ impl Plan {
         }
     }
 
-    /// Element type of Q, K, V and O on the device.
+    /// Element type of Q, K, V and O on the device (O only, for FP8 plans: their inputs are
+    /// FP8 codes).
     pub fn dtype(&self) -> crate::Dtype {
         self.precision.input_dtype()
+    }
+
+    /// For a plan on the portable FP8 kernel, the number of f32 descales of Q, K and V its
+    /// granularity takes (descale blocks of the kernel's query and key tiles, `blocking`'s
+    /// `block_q` and `block_k`); `None` for other plans.
+    pub fn fp8_descale_lens(&self) -> Option<[usize; 3]> {
+        let KernelId::Portable { kernel: quattn_cubecl::PortableKernel::Fp8(fp8), .. } = &self.kernel else {
+            return None;
+        };
+        let (bq, bk) = fp8.descale_blocks();
+        let p = &self.problem;
+        let g = fp8.granularity;
+        Some([g.count(p.batch, p.q_heads, p.q_len, bq), g.count(p.batch, p.kv_heads, p.kv_len, bk), g.count(p.batch, p.kv_heads, p.kv_len, bk)])
     }
 }
 

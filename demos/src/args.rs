@@ -69,6 +69,8 @@ pub enum PortableArg {
     Mma,
     /// The INT8 Q/K kernel (with its CubeCL prepass).
     Int8,
+    /// The FP8 kernel (e4m3/e5m2 codes decoded as they are staged).
+    Fp8,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -132,6 +134,7 @@ impl DeviceOpts {
                 PortableArg::Cmma => Strategy::PortableFamily(PortableKind::Cmma),
                 PortableArg::Mma => Strategy::PortableFamily(PortableKind::Mma),
                 PortableArg::Int8 => Strategy::PortableFamily(PortableKind::Int8),
+                PortableArg::Fp8 => Strategy::PortableFamily(PortableKind::Fp8),
             },
             StrategyArg::Reference => Strategy::Reference,
             StrategyArg::Native => Strategy::Native(match self.native {

@@ -48,7 +48,7 @@ pub(crate) struct CudaBackend {
 }
 
 /// The dispatch table of a CUDA device, best first.
-fn table() -> [Row<CudaBackend>; 9] {
+fn table() -> [Row<CudaBackend>; 10] {
     [
         Row { family: Family::Native(NativeKind::Wgmma), test: CudaBackend::wgmma_row },
         Row { family: Family::Native(NativeKind::Hmma), test: CudaBackend::hmma_row },
@@ -58,6 +58,7 @@ fn table() -> [Row<CudaBackend>; 9] {
         Row { family: Family::Portable(crate::PortableKind::Mma), test: |b, p, prec| b.portable.float_row(p, prec, quattn_cubecl::Family::Mma) },
         Row { family: Family::Portable(crate::PortableKind::Cmma), test: |b, p, prec| b.portable.float_row(p, prec, quattn_cubecl::Family::Cmma) },
         Row { family: Family::Portable(crate::PortableKind::Int8), test: |b, p, prec| b.portable.int8_row(p, prec) },
+        Row { family: Family::Portable(crate::PortableKind::Fp8), test: |b, p, prec| b.portable.fp8_row(p, prec) },
         Row { family: Family::Portable(crate::PortableKind::Fma), test: |b, p, prec| b.portable.float_row(p, prec, quattn_cubecl::Family::Fma) },
     ]
 }
@@ -627,7 +628,7 @@ impl Backend for CudaBackend {
         if !matches!(plan.kernel, KernelId::Native(_)) {
             // An LSE handle is written only when the problem asks for the LSE.
         let lse = if plan.problem.return_lse { t.lse.cloned() } else { None };
-        let d = GpuData { q: t.q.clone(), k: t.k.clone(), v: t.v.clone(), o: t.o.clone(), lse };
+        let d = GpuData { q: t.q.clone(), k: t.k.clone(), v: t.v.clone(), o: t.o.clone(), lse, descales: None };
             return self.portable.launch(plan, &d);
         }
         let ptr = |h: &cubecl::server::Handle| self.portable.device_ptr(h);

@@ -6,6 +6,11 @@
 //! MMA, the INT8 kernel, the FMA kernels); the plan keeps the resolved
 //! [`quattn_cubecl::PortableKernel`], which every execution launches as it is.
 //!
+//! `Fp8` runs on FP8 codes with f32 descales: the host path quantizes Q, K and V at upload
+//! (`codec::fp8_scaled`, descale blocks of the kernel's tiles, recorded on the plan as its
+//! [`Blocking`], as the CPU FP8 kernel does), the device path takes the caller's codes and
+//! descales ([`crate::Session::run_cubecl_fp8`]); the kernel decodes as it stages.
+//!
 //! `Int8Qk` runs as two steps on the device: the CubeCL quantization prepass (f16 Q and K to
 //! INT8 codes and scales, K smoothing) then the INT8 attention kernel; the scale layout
 //! follows the kernel's tiles, recorded on the plan as its [`Blocking`].
@@ -19,6 +24,7 @@ use quattn_cubecl::{Accumulation, Family as Portable, Int8DeviceOperands, Launch
 
 use super::{Backend, ResidentData};
 use crate::device_tensor::CubeclTensors;
+use crate::codec::fp8_scaled::{DescaleLayout, Fp8Tensor};
 use crate::emulation::Blocking;
 use crate::error::{Error, Result};
 use crate::precision::{PvAccum, PvFormat, QkAccum};
@@ -46,15 +52,25 @@ pub(crate) struct GpuData {
     pub(crate) v: Handle,
     pub(crate) o: Handle,
     pub(crate) lse: Option<Handle>,
+    /// The f32 descales of FP8 codes in `q`, `k`, `v` (FP8 plans only).
+    pub(crate) descales: Option<Fp8Descales>,
+}
+
+/// The descale buffers of an FP8 call (f32, [`quattn_cubecl::DescaleGranularity`]'s shapes).
+pub(crate) struct Fp8Descales {
+    pub(crate) q: Handle,
+    pub(crate) k: Handle,
+    pub(crate) v: Handle,
 }
 
 /// The portable dispatch table, best first: `Auto` and `Portable` take the first row that
 /// accepts, a forced family its own row.
-fn table<R: Runtime>() -> [Row<CubeclBackend<R>>; 4] {
+fn table<R: Runtime>() -> [Row<CubeclBackend<R>>; 5] {
     [
         Row { family: Family::Portable(PortableKind::Mma), test: |b, p, prec| b.float_row(p, prec, Portable::Mma) },
         Row { family: Family::Portable(PortableKind::Cmma), test: |b, p, prec| b.float_row(p, prec, Portable::Cmma) },
         Row { family: Family::Portable(PortableKind::Int8), test: CubeclBackend::<R>::int8_row },
+        Row { family: Family::Portable(PortableKind::Fp8), test: CubeclBackend::<R>::fp8_row },
         Row { family: Family::Portable(PortableKind::Fma), test: |b, p, prec| b.float_row(p, prec, Portable::Fma) },
     ]
 }
@@ -170,6 +186,36 @@ impl<R: Runtime> CubeclBackend<R> {
         Ok(Choice { kernel: KernelId::Portable { kernel, name }, blocking: Some(blocking) })
     }
 
+    /// FP8 Q/K/V codes with f32 descales and f16 P: the FP8 kernel. Its tiles set the descale
+    /// blocks (`DescaleGranularity::PerBlock`), which the plan's blocking records for the
+    /// emulation and for callers laying out descales.
+    pub(crate) fn fp8_row(&self, problem: &AttentionProblem, precision: Precision) -> std::result::Result<Choice, Reject> {
+        let Precision::Fp8 { format, descale, p } = precision else {
+            return not_applicable(format!("{precision} is not an FP8 mode"));
+        };
+        if p == PvFormat::Fp8 {
+            return Err(Reject::Refused(Error::UnsupportedPrecision {
+                precision,
+                device: self.device_name(),
+                reason: "the portable FP8 kernel rounds P to f16 for P·V; FP8 P (quantized per KV tile against the running \
+                         max) needs an FP8 matrix unit and runs in the CPU emulation (Strategy::Reference)"
+                    .into(),
+            }));
+        }
+        let o_dtype = precision.input_dtype();
+        self.common(problem, precision, o_dtype)?;
+        let kernel = quattn_cubecl::select_fp8(&self.client, &problem.shape(), o_dtype, format, descale)
+            .map_err(|e| self.refusal(precision, e))?;
+        let PortableKernel::Fp8(fp8) = kernel else {
+            return Err(Reject::Refused(Error::Kernel { kernel: kernel.name(), reason: "select_fp8 chose another kernel".into() }));
+        };
+        let (block_q, block_k) = fp8.descale_blocks();
+        let blocking = Blocking { block_q, block_k, ..Blocking::default() };
+        blocking.validate(problem, precision)?;
+        let name = format!("fwd_portable_{}_{}_d{}", self.info.kind, precision.name(), problem.head_dim);
+        Ok(Choice { kernel: KernelId::Portable { kernel, name }, blocking: Some(blocking) })
+    }
+
     fn refusal(&self, precision: Precision, e: LaunchError) -> Reject {
         match e {
             LaunchError::UnsupportedHeadDim { .. } => Reject::Refused(launch_error("select", "the portable CubeCL kernels", e)),
@@ -190,6 +236,13 @@ impl<R: Runtime> CubeclBackend<R> {
                     .map_err(|e| launch_error("quantize_int8", "the INT8 prepass", e))?;
                 quattn_cubecl::launch_int8::<R>(&self.client, kernel, &shape, Dtype::F16, &ops, &d.v, &d.o, d.lse.as_ref()).map_err(failed)?;
             }
+            PortableKernel::Fp8(_) => {
+                let Some(ds) = &d.descales else {
+                    return Err(Error::Kernel { kernel: plan.kernel_name(), reason: "an FP8 plan needs descale buffers".into() });
+                };
+                quattn_cubecl::launch_fp8::<R>(&self.client, kernel, &shape, plan.dtype(), &d.q, &d.k, &d.v, &ds.q, &ds.k, &ds.v, &d.o, d.lse.as_ref())
+                    .map_err(failed)?;
+            }
             _ => {
                 quattn_cubecl::launch::<R>(&self.client, kernel, &shape, plan.dtype(), &d.q, &d.k, &d.v, &d.o, d.lse.as_ref()).map_err(failed)?;
             }
@@ -202,18 +255,45 @@ impl<R: Runtime> CubeclBackend<R> {
     }
 
     /// Device buffers for the plan: inputs uploaded in the plan's element type (host values
-    /// already of that type pass through as bytes), O and the LSE allocated.
-    pub(crate) fn upload_data(&self, plan: &Plan, q: HostSlice<'_>, k: HostSlice<'_>, v: HostSlice<'_>) -> GpuData {
+    /// already of that type pass through as bytes), O and the LSE allocated. FP8 plans upload
+    /// codes and descales quantized here from the values rounded to f16 (what a device holding
+    /// f16 tensors would quantize), in the plan's descale blocks.
+    pub(crate) fn upload_data(&self, plan: &Plan, q: HostSlice<'_>, k: HostSlice<'_>, v: HostSlice<'_>) -> Result<GpuData> {
         let p = &plan.problem;
         let dtype = plan.dtype();
         let c = &self.client;
-        GpuData {
+        let o = c.empty(p.o_len_elems().max(MIN_ELEMS) * dtype.size_bytes());
+        let lse = p.return_lse.then(|| c.empty(p.lse_len_elems() * 4));
+        if let KernelId::Portable { kernel: PortableKernel::Fp8(fp8), .. } = &plan.kernel {
+            let (block_q, block_k) = fp8.descale_blocks();
+            let layout = |heads, len, block_rows| DescaleLayout { granularity: fp8.granularity, batch: p.batch, heads, len, block_rows };
+            let quant = |x: HostSlice<'_>, strides, dim, layout| Fp8Tensor::quantize(fp8.format, &x.rounded_to(dtype), strides, dim, layout);
+            let tq = quant(q, p.q_strides(), p.head_dim, layout(p.q_heads, p.q_len, block_q))?;
+            let tk = quant(k, p.k_strides(), p.head_dim, layout(p.kv_heads, p.kv_len, block_k))?;
+            let tv = quant(v, p.v_strides(), p.v_head_dim, layout(p.kv_heads, p.kv_len, block_k))?;
+            let codes = |t: &Fp8Tensor| c.create_from_slice(&padded_codes(&t.codes));
+            let descales = |t: &Fp8Tensor| {
+                let mut d = t.descales.clone();
+                d.resize(d.len().max(MIN_ELEMS), 1.0);
+                c.create_from_slice(bytemuck::cast_slice(&d))
+            };
+            return Ok(GpuData {
+                q: codes(&tq),
+                k: codes(&tk),
+                v: codes(&tv),
+                o,
+                lse,
+                descales: Some(Fp8Descales { q: descales(&tq), k: descales(&tk), v: descales(&tv) }),
+            });
+        }
+        Ok(GpuData {
             q: c.create_from_slice(&to_bytes(q, dtype)),
             k: c.create_from_slice(&to_bytes(k, dtype)),
             v: c.create_from_slice(&to_bytes(v, dtype)),
-            o: c.empty(p.o_len_elems().max(MIN_ELEMS) * dtype.size_bytes()),
-            lse: p.return_lse.then(|| c.empty(p.lse_len_elems() * 4)),
-        }
+            o,
+            lse,
+            descales: None,
+        })
     }
 
     /// An uninitialised device buffer of `bytes` bytes.
@@ -264,6 +344,14 @@ fn launch_error(kernel: &str, path: &str, e: LaunchError) -> Error {
     }
 }
 
+/// FP8 codes padded with zero codes to whole 16-byte vectors of 32-bit words (the kernel reads
+/// codes four to a word), at least one vector.
+fn padded_codes(codes: &[u8]) -> Vec<u8> {
+    let mut v = codes.to_vec();
+    v.resize(codes.len().next_multiple_of(16).max(16), 0);
+    v
+}
+
 /// The host values as `dtype` bytes (values already of that type are copied as they are),
 /// padded to [`MIN_ELEMS`].
 fn to_bytes(x: HostSlice<'_>, dtype: Dtype) -> Vec<u8> {
@@ -303,7 +391,7 @@ impl<R: Runtime> Backend for CubeclBackend<R> {
     }
 
     fn upload(&self, plan: &Plan, q: HostSlice<'_>, k: HostSlice<'_>, v: HostSlice<'_>) -> Result<ResidentData> {
-        Ok(Box::new(self.upload_data(plan, q, k, v)))
+        Ok(Box::new(self.upload_data(plan, q, k, v)?))
     }
 
     fn execute(&self, plan: &Plan, data: &mut ResidentData) -> Result<()> {
@@ -364,7 +452,7 @@ impl<R: Runtime> Backend for CubeclBackend<R> {
     fn run_handles(&self, plan: &Plan, t: &CubeclTensors<'_>) -> Result<()> {
         // An LSE handle is written only when the problem asks for the LSE.
         let lse = if plan.problem.return_lse { t.lse.cloned() } else { None };
-        let d = GpuData { q: t.q.clone(), k: t.k.clone(), v: t.v.clone(), o: t.o.clone(), lse };
+        let d = GpuData { q: t.q.clone(), k: t.k.clone(), v: t.v.clone(), o: t.o.clone(), lse, descales: None };
         self.launch(plan, &d)
     }
 }

@@ -1,0 +1,209 @@
+//! The portable FP8 kernel through the facade, on a wgpu adapter (mesa's software Vulkan in CI):
+//! `Precision::Fp8` plans on it, its output against the f64 reference (the mode's tolerance) and
+//! against the CPU emulation with the kernel's descale blocks (the same quantization: only the
+//! summation order, the O rounding to f16 and the place of the descales differ), the device path
+//! on CubeCL handles bit-identical to the host path, NaN codes confined to the rows that see
+//! them, and the typed errors of the FP8 entry points.
+
+mod common;
+
+use cubecl::wgpu::WgpuRuntime;
+use half::f16;
+use quattn::codec::fp8_scaled::{DescaleLayout, Fp8Tensor};
+use quattn::metrics::{compare_lse, ErrorMetrics, Tolerance};
+use quattn::{
+    cubecl, inputs, reference, AttentionProblem, CubeclTensors, DescaleGranularity, Device, Error, Family, Fp8Descales, Fp8Format,
+    HostSlice, Layout, PortableKind, Precision, PvFormat, Session, Strategy, WgpuAdapter,
+};
+
+fn session() -> Option<Session> {
+    common::open(Device::Wgpu(WgpuAdapter::Default))
+}
+
+fn fp8(format: Fp8Format, descale: DescaleGranularity) -> Precision {
+    Precision::Fp8 { format, descale, p: PvFormat::F16 }
+}
+
+fn f16_inputs(p: &AttentionProblem, seed: u64) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let (q, k, v) = inputs::qkv(p, seed);
+    let r = |x: Vec<f32>| HostSlice::F32(&x).rounded_to(quattn::Dtype::F16);
+    (r(q), r(k), r(v))
+}
+
+#[test]
+fn fp8_plans_on_the_portable_kernel_and_follows_its_emulation() {
+    let Some(s) = session() else { return };
+    let shapes = [
+        AttentionProblem::new(1, 4, 1, 64).kv_heads(2).kv_len(300),
+        AttentionProblem::new(1, 2, 70, 128).kv_len(130).causal(true),
+        AttentionProblem::new(2, 2, 33, 64).kv_len(65).layout(Layout::Bshd),
+    ];
+    for (i, p) in shapes.into_iter().enumerate() {
+        let p = p.with_lse(true);
+        for format in [Fp8Format::E4M3, Fp8Format::E5M2] {
+            for descale in [DescaleGranularity::PerTensor, DescaleGranularity::PerHead, DescaleGranularity::PerBlock] {
+                let prec = fp8(format, descale);
+                let plan = s.plan(&p, prec, Strategy::Auto).unwrap_or_else(|e| panic!("plan {prec} {p:?}: {e}"));
+                assert_eq!(plan.family(), Family::Portable(PortableKind::Fp8), "{}", plan.kernel);
+                let (q, k, v) = f16_inputs(&p, 700 + i as u64);
+                let out = s.run(&plan, &q, &k, &v).unwrap();
+                // Against f64 on the f16 values: the mode's tolerance (FP8 quantization error).
+                let r = reference::attention_f64(&p, &q, &k, &v).unwrap();
+                let m = ErrorMetrics::compare(&out.o, &r.o);
+                let tol = Tolerance::for_precision(prec);
+                let ref_max = r.o.iter().fold(0.0f64, |a, &x| a.max(x.abs()));
+                assert!(tol.accepts(&m, ref_max), "{} {p:?}: {m:?} vs {tol:?}", plan.kernel);
+                // Against the emulation with the kernel's descale blocks: the same codes, so what
+                // is left is O's f16 rounding (2^-11 relative) and f32 summation order.
+                let emu = quattn::emulation::emulate(&p, prec, &plan.blocking.unwrap(), &q, &k, &v).unwrap();
+                let e: Vec<f64> = emu.o.iter().map(|&x| x as f64).collect();
+                let me = ErrorMetrics::compare(&out.o, &e);
+                assert!(me.rel_l2 < 1e-3, "{} {p:?}: kernel vs emulation {me:?}", plan.kernel);
+                let el: Vec<f64> = emu.lse.iter().map(|&x| x as f64).collect();
+                let lm = compare_lse(out.lse.as_ref().unwrap(), &el).expect("LSE infinities match");
+                assert!(lm.max_abs < 1e-4, "{} LSE vs emulation {lm:?}", plan.kernel);
+            }
+        }
+    }
+}
+
+/// Codes and descales as a caller holding an FP8 KV cache would: quantized on the host with the
+/// plan's descale blocks, uploaded as CubeCL handles.
+struct DeviceFp8 {
+    q: cubecl::server::Handle,
+    k: cubecl::server::Handle,
+    v: cubecl::server::Handle,
+    dq: cubecl::server::Handle,
+    dk: cubecl::server::Handle,
+    dv: cubecl::server::Handle,
+}
+
+fn quantize(p: &AttentionProblem, plan: &quattn::Plan, format: Fp8Format, descale: DescaleGranularity, qkv: (&[f32], &[f32], &[f32])) -> [Fp8Tensor; 3] {
+    let b = plan.blocking.unwrap();
+    let layout = |heads, len, block_rows| DescaleLayout { granularity: descale, batch: p.batch, heads, len, block_rows };
+    [
+        Fp8Tensor::quantize(format, qkv.0, p.q_strides(), p.head_dim, layout(p.q_heads, p.q_len, b.block_q)).unwrap(),
+        Fp8Tensor::quantize(format, qkv.1, p.k_strides(), p.head_dim, layout(p.kv_heads, p.kv_len, b.block_k)).unwrap(),
+        Fp8Tensor::quantize(format, qkv.2, p.v_strides(), p.v_head_dim, layout(p.kv_heads, p.kv_len, b.block_k)).unwrap(),
+    ]
+}
+
+fn upload(client: &cubecl::prelude::ComputeClient<WgpuRuntime>, t: &[Fp8Tensor; 3]) -> DeviceFp8 {
+    let codes = |x: &Fp8Tensor| {
+        let mut c = x.codes.clone();
+        c.resize(c.len().next_multiple_of(16), 0xAA);
+        client.create_from_slice(&c)
+    };
+    let ds = |x: &Fp8Tensor| client.create_from_slice(bytemuck::cast_slice(&x.descales));
+    DeviceFp8 { q: codes(&t[0]), k: codes(&t[1]), v: codes(&t[2]), dq: ds(&t[0]), dk: ds(&t[1]), dv: ds(&t[2]) }
+}
+
+fn run_device(s: &Session, plan: &quattn::Plan, d: &DeviceFp8) -> (Vec<f16>, Vec<f32>) {
+    let client = s.cubecl_client::<WgpuRuntime>().unwrap();
+    let p = &plan.problem;
+    let poison_o = vec![f16::NAN; p.o_len_elems()];
+    let o = client.create_from_slice(bytemuck::cast_slice(&poison_o));
+    let lse = client.create_from_slice(bytemuck::cast_slice(&vec![f32::NAN; p.lse_len_elems()]));
+    let t = CubeclTensors { q: &d.q, k: &d.k, v: &d.v, o: &o, lse: Some(&lse) };
+    s.run_cubecl_fp8::<WgpuRuntime>(plan, t, Fp8Descales { q: &d.dq, k: &d.dk, v: &d.dv }).unwrap();
+    let o = bytemuck::pod_collect_to_vec(&client.read_one(o).unwrap());
+    let lse = bytemuck::pod_collect_to_vec(&client.read_one(lse).unwrap());
+    (o, lse)
+}
+
+#[test]
+fn device_codes_and_descales_give_the_host_paths_bits() {
+    let Some(s) = session() else { return };
+    let client = s.cubecl_client::<WgpuRuntime>().unwrap();
+    for (p, format, descale) in [
+        (AttentionProblem::new(1, 4, 3, 128).kv_heads(2).kv_len(200), Fp8Format::E4M3, DescaleGranularity::PerBlock),
+        (AttentionProblem::new(2, 2, 40, 64).kv_len(90).causal(true).layout(Layout::Bshd), Fp8Format::E5M2, DescaleGranularity::PerHead),
+    ] {
+        let p = p.with_lse(true);
+        let prec = fp8(format, descale);
+        let plan = s.plan(&p, prec, Strategy::Auto).unwrap();
+        let (q, k, v) = f16_inputs(&p, 41);
+        let host = s.run(&plan, &q, &k, &v).unwrap();
+        let t = quantize(&p, &plan, format, descale, (&q, &k, &v));
+        let lens = plan.fp8_descale_lens().unwrap();
+        assert_eq!(lens, [t[0].descales.len(), t[1].descales.len(), t[2].descales.len()], "{}", plan.kernel);
+        let (o, lse) = run_device(&s, &plan, &upload(&client, &t));
+        for (i, (d, h)) in o.iter().zip(&host.o).enumerate() {
+            // The host path's O is the same f16 widened: equal bits, NaN never.
+            assert_eq!(d.to_f32().to_bits(), h.to_bits(), "{} O[{i}]: device {d} vs host {h}", plan.kernel);
+        }
+        assert_eq!(lse, host.lse.unwrap(), "{} LSE", plan.kernel);
+    }
+}
+
+#[test]
+fn nan_codes_poison_only_the_rows_that_see_them() {
+    let Some(s) = session() else { return };
+    let client = s.cubecl_client::<WgpuRuntime>().unwrap();
+    for format in [Fp8Format::E4M3, Fp8Format::E5M2] {
+        // q_len == kv_len, causal: query i sees keys 0..=i.
+        let p = AttentionProblem::new(1, 2, 80, 64).causal(true).with_lse(true);
+        let descale = DescaleGranularity::PerTensor;
+        let plan = s.plan(&p, fp8(format, descale), Strategy::Auto).unwrap();
+        let (q, k, v) = f16_inputs(&p, 9);
+        let mut t = quantize(&p, &plan, format, descale, (&q, &k, &v));
+        let nan = match format {
+            Fp8Format::E4M3 => 0x7F,
+            Fp8Format::E5M2 => 0x7E,
+        };
+        let (key, row) = (50, 20);
+        // Head 0: a NaN in K's key 50 (rows 50.. see it); head 1: a NaN in Q's row 20.
+        t[1].codes[p.k_strides().offset(0, 0, key) + 3] = nan;
+        t[0].codes[p.q_strides().offset(0, 1, row) + 5] = nan;
+        let (o, _) = run_device(&s, &plan, &upload(&client, &t));
+        let os = p.o_strides();
+        for h in 0..2 {
+            for i in 0..p.q_len {
+                let r = &o[os.offset(0, h, i)..][..p.v_head_dim];
+                let poisoned = if h == 0 { i >= key } else { i == row };
+                if poisoned {
+                    assert!(r.iter().all(|x| x.is_nan()), "{format} head {h} row {i} must be NaN");
+                } else {
+                    assert!(r.iter().all(|x| x.is_finite()), "{format} head {h} row {i} must stay finite");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn fp8_entry_points_refuse_what_they_cannot_run() {
+    let Some(s) = session() else { return };
+    let client = s.cubecl_client::<WgpuRuntime>().unwrap();
+    let p = AttentionProblem::new(1, 2, 16, 64).kv_len(40);
+    // FP8 P needs an FP8 matrix unit: a typed refusal, the emulation still plans.
+    let pfp8 = Precision::Fp8 { format: Fp8Format::E4M3, descale: DescaleGranularity::PerTensor, p: PvFormat::Fp8 };
+    let err = s.plan(&p, pfp8, Strategy::Auto).unwrap_err();
+    assert!(matches!(err, Error::UnsupportedPrecision { .. }), "{err}");
+    assert!(s.plan(&p, pfp8, Strategy::Reference).is_ok());
+    // A head dim the kernel lacks.
+    let err = s.plan(&AttentionProblem::new(1, 1, 8, 48), Precision::FP8_DEFAULT, Strategy::Auto).unwrap_err();
+    assert!(matches!(err, Error::UnsupportedHeadDim { .. }), "{err}");
+
+    let descale = DescaleGranularity::PerBlock;
+    let plan = s.plan(&p, fp8(Fp8Format::E4M3, descale), Strategy::Auto).unwrap();
+    let (q, k, v) = f16_inputs(&p, 3);
+    let d = upload(&client, &quantize(&p, &plan, Fp8Format::E4M3, descale, (&q, &k, &v)));
+    let o = client.empty(p.o_len_elems() * 2);
+    let t = CubeclTensors { q: &d.q, k: &d.k, v: &d.v, o: &o, lse: None };
+    // An FP8 plan through the float entry point, a float plan through the FP8 one.
+    let err = s.run_cubecl::<WgpuRuntime>(&plan, t).unwrap_err();
+    assert!(matches!(err, Error::EntryPoint { .. }), "{err}");
+    let f16_plan = s.plan(&p, Precision::F16_DEFAULT, Strategy::Auto).unwrap();
+    let err = s.run_cubecl_fp8::<WgpuRuntime>(&f16_plan, t, Fp8Descales { q: &d.dq, k: &d.dk, v: &d.dv }).unwrap_err();
+    assert!(matches!(err, Error::EntryPoint { .. }), "{err}");
+    // Per-block descales of K passed where V's are expected is fine (same count); a per-tensor
+    // descale where blocks are expected is not.
+    let one = client.create_from_slice(bytemuck::cast_slice(&[1.0f32]));
+    let err = s.run_cubecl_fp8::<WgpuRuntime>(&plan, t, Fp8Descales { q: &d.dq, k: &one, v: &d.dv }).unwrap_err();
+    assert!(matches!(err, Error::Descales { tensor: quattn::TensorName::K, .. }), "{err}");
+    // Codes too short for the shape.
+    let short = client.create_from_slice(&[0x38u8; 16]);
+    let err = s.run_cubecl_fp8::<WgpuRuntime>(&plan, CubeclTensors { v: &short, ..t }, Fp8Descales { q: &d.dq, k: &d.dk, v: &d.dv }).unwrap_err();
+    assert!(matches!(err, Error::BufferLength { tensor: quattn::TensorName::V, .. }), "{err}");
+}
