@@ -64,5 +64,5 @@ pub use wgmma::WgmmaKernel;
 pub use wgmma::{WgmmaArgs, WgmmaConfig, WgmmaParams, WgmmaTile, WGMMA_TILES};
 #[cfg(feature = "cuda")]
 pub use wgmma_int8::Int8WgmmaKernel;
-pub use tma::{TmaSpec, WgmmaLoads};
+pub use tma::TmaSpec;
 pub use wgmma_int8::{Int8WgmmaConfig, Int8WgmmaParams};

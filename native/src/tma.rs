@@ -10,28 +10,6 @@
 use crate::error::{NativeError, Result};
 use crate::hmma::Strides;
 
-/// How the wgmma kernels' K/V tiles reach shared memory.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
-pub enum WgmmaLoads {
-    /// Every thread issues `cp.async` copies (swizzled by hand), two stages, both consumer
-    /// warpgroups in lockstep with a CTA barrier per KV tile (256 threads).
-    CpAsync,
-    /// Warp specialization (384 threads): a producer warpgroup issues TMA boxes through tensor
-    /// maps into `stages` K/V stages (mbarrier full/empty pairs); the two consumer warpgroups
-    /// take the registers it gives back (setmaxnreg) and ping-pong their wgmma issues.
-    Tma { stages: u32 },
-}
-
-impl WgmmaLoads {
-    /// `cp` | `tma{stages}` (the name suffix).
-    pub fn tag(&self) -> String {
-        match self {
-            WgmmaLoads::CpAsync => "cp".into(),
-            WgmmaLoads::Tma { stages } => format!("tma{stages}"),
-        }
-    }
-}
-
 /// Registers per thread of a TMA kernel's producer and consumer warpgroups after `setmaxnreg`
 /// (24 + 2 x 240 per lane of the three warpgroups fits the 64 Ki register file).
 pub const WS_PRODUCER_REGS: u32 = 24;
