@@ -13,20 +13,19 @@
 //! operands by descriptor, P converted to f16 in registers as the register-A operand of P·V, V
 //! by descriptor with the transpose bit (MN-major, no transposed copy), and the S wgmma of tile
 //! j issued before the P·V of tile j - 1 so that the softmax of tile j overlaps that P·V (FA3's
-//! intra-warpgroup pipelining). Same `FwdParams`
-//! ABI, masks (sequence end, bottom-right causal), GQA and LSE as [`crate::hmma`]; its
-//! [`HmmaArgs`] / [`HmmaParams`] are reused as they are.
+//! intra-warpgroup pipelining). Same `FwdParams` ABI ([`HmmaParams`]), launch arguments (an
+//! [`AttentionShape`]), masks (sequence end, bottom-right causal), GQA and LSE as
+//! [`crate::hmma`].
 
 use crate::arch::Arch;
 use crate::cache::{CompileRequest, FWD_WGMMA};
 use crate::error::{NativeError, Result};
-use crate::hmma::{HmmaArgs, HmmaConfig, HmmaParams, InputType, PvAccum, QkAccum};
+use crate::hmma::{HmmaConfig, HmmaParams};
 use crate::tma::{RowsTensor, TmaSpec, WS_CONSUMER_REGS, WS_PRODUCER_REGS};
+use quattn_core::{AttentionShape, Dtype, PvAccum, QkAccum};
 
 const KERNEL: &str = "fwd_wgmma";
 
-/// Launch arguments: exactly those of the HMMA family (shapes, strides, scale, causal).
-pub type WgmmaArgs = HmmaArgs;
 /// Kernel parameter block: the same `FwdParams` C layout as `fwd_hmma.cu`.
 pub type WgmmaParams = HmmaParams;
 
@@ -214,18 +213,18 @@ impl WgmmaConfig {
     /// The HMMA config whose argument checks (head dim, strides, scale, grid limits) are exactly
     /// the ones this kernel needs.
     fn args_twin(&self) -> Result<HmmaConfig> {
-        HmmaConfig::new(self.head_dim as usize, InputType::F16, QkAccum::F32, PvAccum::F32)
+        HmmaConfig::new(self.head_dim as usize, Dtype::F16, QkAccum::F32, PvAccum::F32)
     }
 
     /// Validates launch arguments (the HMMA family's rules: same ABI, same layouts).
-    pub fn validate_args(&self, args: &WgmmaArgs) -> Result<()> {
+    pub fn validate_args(&self, args: &AttentionShape) -> Result<()> {
         self.validate()?;
-        args.validate(&self.args_twin()?)
+        self.args_twin()?.validate_args(args)
     }
 
     /// The three tensor maps of the kernel (Q boxes of BLOCK_M rows, K and V boxes of BLOCK_N
     /// rows, each 64 halves wide with the 128B swizzle).
-    pub fn tma_specs(&self, args: &WgmmaArgs, ptrs: [u64; 5]) -> Result<[TmaSpec; 3]> {
+    pub fn tma_specs(&self, args: &AttentionShape, ptrs: [u64; 5]) -> Result<[TmaSpec; 3]> {
         let t = self.tile()?;
         self.validate_args(args)?;
         let x = |addr, heads, len, strides| RowsTensor {
@@ -239,7 +238,7 @@ impl WgmmaConfig {
     }
 
     /// Grid `(query blocks, q_heads, batch)`, block [`WgmmaTile::threads`] threads.
-    pub fn launch_shape(&self, args: &WgmmaArgs) -> Result<WgmmaLaunchShape> {
+    pub fn launch_shape(&self, args: &AttentionShape) -> Result<WgmmaLaunchShape> {
         let t = self.tile()?;
         let m_blocks = args.q_len.div_ceil(t.block_m() as usize);
         Ok(WgmmaLaunchShape {
@@ -300,7 +299,7 @@ mod launch {
         pub fn launch<T, Q, K, V, O, L>(
             &self,
             stream: &Arc<CudaStream>,
-            args: &WgmmaArgs,
+            args: &AttentionShape,
             q: &Q,
             k: &K,
             v: &V,
@@ -321,7 +320,7 @@ mod launch {
                 )));
             }
             self.config.validate_args(args)?;
-            let need = args.required_lens(self.config.head_dim as usize);
+            let need = self.config.args_twin()?.required_lens(args);
             let have = [q.len(), k.len(), v.len(), o.len(), lse.len()];
             for ((name, n), h) in ["q", "k", "v", "o", "lse"].iter().zip(need).zip(have) {
                 if h < n {
@@ -340,9 +339,9 @@ mod launch {
         /// Launches with raw device addresses `[q, k, v, o, lse]`.
         ///
         /// # Safety
-        /// Each pointer must address device memory of at least [`HmmaArgs::required_lens`]
+        /// Each pointer must address device memory of at least [`HmmaConfig::required_lens`]
         /// elements (2-byte elements; f32 for LSE), valid until the kernel finishes on `stream`.
-        pub unsafe fn launch_raw(&self, stream: &Arc<CudaStream>, args: &WgmmaArgs, ptrs: [u64; 5]) -> Result<()> {
+        pub unsafe fn launch_raw(&self, stream: &Arc<CudaStream>, args: &AttentionShape, ptrs: [u64; 5]) -> Result<()> {
             self.config.validate_args(args)?;
             if let Some(i) = ptrs.iter().position(|p| p % 16 != 0) {
                 return Err(NativeError::InvalidArgs(format!(
@@ -352,7 +351,7 @@ mod launch {
                 )));
             }
             let shape = self.config.launch_shape(args)?;
-            let params = args.params(ptrs);
+            let params = HmmaParams::new(args, ptrs);
             let maps = self.maps.maps(&self.config.tma_specs(args, ptrs)?)?;
             let cfg = LaunchConfig { grid_dim: shape.grid, block_dim: shape.block, shared_mem_bytes: shape.smem_bytes };
             let mut b = stream.launch_builder(&self.function);
@@ -368,7 +367,7 @@ mod launch {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hmma::Strides;
+    use quattn_core::Layout;
 
     #[test]
     fn configs_names_defines_and_smem() {
@@ -430,12 +429,7 @@ mod tests {
     #[test]
     fn launch_shape_and_args() {
         let c = WgmmaConfig::new(128).unwrap();
-        let s = Strides::bhsd(8, 1000, 128);
-        let a = WgmmaArgs {
-            batch: 2, q_heads: 8, kv_heads: 2, q_len: 1000, kv_len: 1000,
-            q: s, k: Strides::bhsd(2, 1000, 128), v: Strides::bhsd(2, 1000, 128), o: s,
-            scale: 0.088, causal: true,
-        };
+        let a = AttentionShape::contiguous(Layout::Bhsd, 2, 8, 2, 1000, 1000, 128, true);
         c.validate_args(&a).unwrap();
         let shape = c.launch_shape(&a).unwrap();
         assert_eq!((shape.grid, shape.block, shape.smem_bytes), ((8, 8, 2), (384, 1, 1), c.smem_bytes().unwrap()));

@@ -27,9 +27,9 @@
 use crate::arch::Arch;
 use crate::cache::{CompileRequest, FWD_WGMMA_INT8};
 use crate::error::{NativeError, Result};
-use crate::hmma::PvAccum;
-use crate::int8::{Int8Args, Int8Config, Int8Granularity, Int8LaunchShape, Int8Params, Int8Ptrs, Int8Tile};
+use crate::int8::{Int8Args, Int8Config, Int8LaunchShape, Int8Params, Int8Ptrs, Int8Tile};
 use crate::tma::{RowsTensor, TmaSpec, WS_CONSUMER_REGS, WS_PRODUCER_REGS};
+use quattn_core::{Int8Blocking, Int8Granularity, PvAccum};
 
 const KERNEL: &str = "fwd_wgmma_int8";
 
@@ -127,10 +127,14 @@ impl Int8WgmmaConfig {
         }
     }
 
-    /// `(block_q, block_k, warps)` of the scale layout: `(128, 128, 8)` in every granularity.
-    pub fn blocking(&self) -> Result<(usize, usize, usize)> {
+    /// The scale layout: `(block_q, block_k, warps)` = `(128, 128, 8)` in every granularity.
+    pub fn blocking(&self) -> Result<Int8Blocking> {
         self.validate()?;
-        let b = (WGMMA_INT8_BLOCK_Q as usize, WGMMA_INT8_BLOCK_K as usize, WGMMA_INT8_WARPS as usize);
+        let b = Int8Blocking {
+            block_q: WGMMA_INT8_BLOCK_Q as usize,
+            block_k: WGMMA_INT8_BLOCK_K as usize,
+            warps: WGMMA_INT8_WARPS as usize,
+        };
         debug_assert_eq!(self.scale_twin().blocking().ok(), Some(b));
         Ok(b)
     }
@@ -208,9 +212,9 @@ impl Int8WgmmaConfig {
     /// Grid `(ceil(q_len / 128), q_heads, batch)`, [`Self::threads`] threads. The kernel takes
     /// the number of Q scale blocks per head from the grid width.
     pub fn launch_shape(&self, args: &Int8Args) -> Result<Int8LaunchShape> {
-        let m_blocks = args.q_len.div_ceil(WGMMA_INT8_BLOCK_Q as usize);
+        let m_blocks = args.shape.q_len.div_ceil(WGMMA_INT8_BLOCK_Q as usize);
         Ok(Int8LaunchShape {
-            grid: (m_blocks as u32, args.q_heads as u32, args.batch as u32),
+            grid: (m_blocks as u32, args.shape.q_heads as u32, args.shape.batch as u32),
             block: (self.threads(), 1, 1),
             smem_bytes: self.smem_bytes()?,
         })
@@ -230,12 +234,12 @@ impl Int8WgmmaConfig {
         let int8_swizzle = if self.head_dim == 128 { 128 } else { 64 };
         let rows = WGMMA_INT8_BLOCK_K;
         let t = |addr, elem_bytes, heads, len, strides| RowsTensor {
-            addr, elem_bytes, head_dim: self.head_dim as usize, len, heads, batch: args.batch, strides,
+            addr, elem_bytes, head_dim: self.head_dim as usize, len, heads, batch: args.shape.batch, strides,
         };
         Ok([
-            TmaSpec::rows("Q", t(ptrs.q, 1, args.q_heads, args.q_len, args.q), self.head_dim, rows, int8_swizzle)?,
-            TmaSpec::rows("K", t(ptrs.k, 1, args.kv_heads, args.kv_len, args.k), self.head_dim, rows, int8_swizzle)?,
-            TmaSpec::rows("V", t(ptrs.v, 2, args.kv_heads, args.kv_len, args.v), 64, rows, 128)?,
+            TmaSpec::rows("Q", t(ptrs.q, 1, args.shape.q_heads, args.shape.q_len, args.shape.q), self.head_dim, rows, int8_swizzle)?,
+            TmaSpec::rows("K", t(ptrs.k, 1, args.shape.kv_heads, args.shape.kv_len, args.shape.k), self.head_dim, rows, int8_swizzle)?,
+            TmaSpec::rows("V", t(ptrs.v, 2, args.shape.kv_heads, args.shape.kv_len, args.shape.v), 64, rows, 128)?,
         ])
     }
 }
@@ -369,7 +373,7 @@ mod launch {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hmma::Strides;
+    use quattn_core::{AttentionShape, Layout, Strides};
 
     #[test]
     fn names_defines_smem_and_targets() {
@@ -409,22 +413,21 @@ mod tests {
     fn blocking_is_the_codec_model_in_every_granularity() {
         for c in Int8WgmmaConfig::all() {
             let b = c.blocking().unwrap();
-            assert_eq!(b, (128, 128, 8));
+            assert_eq!(b, Int8Blocking { block_q: 128, block_k: 128, warps: 8 });
             assert_eq!(c.scale_twin().blocking().unwrap(), b);
             c.scale_twin().validate().unwrap();
             // Per thread: 16 rows per layout warp (the codec's requirement).
-            assert_eq!(b.0 / b.2, 16);
+            assert_eq!(b.rows_per_warp(), 16);
+            b.check(c.granularity).unwrap();
         }
     }
 
     #[test]
     fn args_lengths_and_launch_shape() {
         let c = Int8WgmmaConfig::new(128, Int8Granularity::PerWarp).unwrap();
-        let a = Int8Args {
-            batch: 2, q_heads: 8, kv_heads: 2, q_len: 1000, kv_len: 777,
-            q: Strides::bhsd(8, 1000, 128), k: Strides::bhsd(2, 777, 128), v: Strides::bhsd(2, 777, 128),
-            o: Strides::bshd(8, 1000, 128), causal: true, lse_shift: true,
-        };
+        let mut shape = AttentionShape::contiguous(Layout::Bhsd, 2, 8, 2, 1000, 777, 128, true);
+        shape.o = Strides::new(Layout::Bshd, 8, 1000, 128);
+        let a = Int8Args { shape, lse_shift: true };
         c.validate_args(&a).unwrap();
         let lens = a.required_lens(&c.scale_twin()).unwrap();
         assert_eq!(lens.q_scale, 2 * 8 * 1000usize.div_ceil(128) * 8);
@@ -432,7 +435,7 @@ mod tests {
         let s = c.launch_shape(&a).unwrap();
         assert_eq!((s.grid, s.block, s.smem_bytes), ((8, 8, 2), (384, 1, 1), c.smem_bytes().unwrap()));
         let mut b = a;
-        b.q.seq = 136;
+        b.shape.q.seq = 136;
         assert!(c.validate_args(&b).is_err());
     }
 
@@ -443,11 +446,9 @@ mod tests {
     #[test]
     fn tma_specs_describe_the_kernel_boxes_in_both_layouts() {
         let c = Int8WgmmaConfig::new(128, Int8Granularity::PerBlock).unwrap();
-        let a = Int8Args {
-            batch: 2, q_heads: 8, kv_heads: 2, q_len: 1000, kv_len: 777,
-            q: Strides::bshd(8, 1000, 128), k: Strides::bhsd(2, 777, 128), v: Strides::bshd(2, 777, 128),
-            o: Strides::bshd(8, 1000, 128), causal: false, lse_shift: false,
-        };
+        let mut shape = AttentionShape::contiguous(Layout::Bshd, 2, 8, 2, 1000, 777, 128, false);
+        shape.k = Strides::new(Layout::Bhsd, 2, 777, 128);
+        let a = Int8Args { shape, lse_shift: false };
         let [q, k, v] = c.tma_specs(&a, &ptrs()).unwrap();
         // Q int8 BSHD: byte strides seq = heads * d, head = d, batch = seq * heads * d.
         assert_eq!((q.addr, q.elem_bytes, q.dims), (0x1000, 1, [128, 1000, 8, 2]));
@@ -460,10 +461,7 @@ mod tests {
         assert_eq!((v.box_dims, v.swizzle_bytes), ([64, 128, 1, 1], 128));
         // hd 64: int8 rows of 64 bytes take the 64-byte swizzle.
         let c64 = Int8WgmmaConfig::new(64, Int8Granularity::PerBlock).unwrap();
-        let a64 = Int8Args {
-            q: Strides::bhsd(8, 1000, 64), k: Strides::bhsd(2, 777, 64), v: Strides::bhsd(2, 777, 64),
-            o: Strides::bhsd(8, 1000, 64), ..a
-        };
+        let a64 = Int8Args { shape: AttentionShape::contiguous(Layout::Bhsd, 2, 8, 2, 1000, 777, 64, false), ..a };
         let [q, _, v] = c64.tma_specs(&a64, &ptrs()).unwrap();
         assert_eq!((q.box_dims, q.swizzle_bytes), ([64, 128, 1, 1], 64));
         assert_eq!((v.box_dims, v.swizzle_bytes), ([64, 128, 1, 1], 128));
@@ -472,11 +470,7 @@ mod tests {
     #[test]
     fn tma_specs_refuse_what_tma_cannot_address() {
         let c = Int8WgmmaConfig::new(128, Int8Granularity::PerBlock).unwrap();
-        let a = Int8Args {
-            batch: 1, q_heads: 2, kv_heads: 2, q_len: 64, kv_len: 64,
-            q: Strides::bhsd(2, 64, 128), k: Strides::bhsd(2, 64, 128), v: Strides::bhsd(2, 64, 128),
-            o: Strides::bhsd(2, 64, 128), causal: false, lse_shift: false,
-        };
+        let a = Int8Args { shape: AttentionShape::contiguous(Layout::Bhsd, 1, 2, 2, 64, 64, 128, false), lse_shift: false };
         let msg = |r: Result<[TmaSpec; 3]>| match r {
             Err(NativeError::InvalidArgs(m)) => m,
             other => panic!("expected InvalidArgs, got {other:?}"),
