@@ -12,7 +12,9 @@ const KERNEL: &str = "fwd_hmma";
 
 // `QkAccum::TwoStage` folds every TWO_STAGE_CHUNK head dims: whole k16 MMA steps, dividing both
 // head dims of the family (the kernel's static_assert, checked here before any compile).
-const _: () = assert!(TWO_STAGE_CHUNK % 16 == 0 && 64 % TWO_STAGE_CHUNK == 0 && 128 % TWO_STAGE_CHUNK == 0);
+const _: () = assert!(
+    TWO_STAGE_CHUNK.is_multiple_of(16) && 64usize.is_multiple_of(TWO_STAGE_CHUNK) && 128usize.is_multiple_of(TWO_STAGE_CHUNK)
+);
 
 /// Tile shape of one head dim. One table ([`HMMA_TILES`]), no branches elsewhere.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
@@ -315,7 +317,7 @@ pub(crate) fn span(s: &Strides, batch: usize, heads: usize, seq: usize, dim: usi
 /// 16-byte pieces of rows) and fit the kernels' i64 stride fields.
 pub(crate) fn check_strides(name: &str, s: &Strides, align: usize) -> Result<()> {
     let x = s.to_array();
-    if x.iter().any(|&v| v % align != 0 || v > i64::MAX as usize) {
+    if x.iter().any(|&v| !v.is_multiple_of(align) || v > i64::MAX as usize) {
         return Err(NativeError::InvalidArgs(format!("{name} strides {s:?} must be multiples of {align} elements below 2^63")));
     }
     Ok(())
@@ -386,7 +388,7 @@ impl HmmaConfig {
         if s.batch == 0 || s.q_heads == 0 || s.kv_heads == 0 || s.q_len == 0 {
             return bad(format!("empty problem: {s:?}"));
         }
-        if s.q_heads % s.kv_heads != 0 {
+        if !s.q_heads.is_multiple_of(s.kv_heads) {
             return bad(format!("q_heads {} not a multiple of kv_heads {}", s.q_heads, s.kv_heads));
         }
         if s.q_len > i32::MAX as usize || s.kv_len > i32::MAX as usize {

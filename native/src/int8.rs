@@ -440,7 +440,7 @@ impl Int8Args {
         if s.batch == 0 || s.q_heads == 0 || s.kv_heads == 0 || s.q_len == 0 || s.kv_len == 0 {
             return bad(format!("empty problem: {self:?}"));
         }
-        if s.q_heads % s.kv_heads != 0 {
+        if !s.q_heads.is_multiple_of(s.kv_heads) {
             return bad(format!("q_heads {} not a multiple of kv_heads {}", s.q_heads, s.kv_heads));
         }
         if s.q_len > i32::MAX as usize || s.kv_len > i32::MAX as usize {

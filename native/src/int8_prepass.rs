@@ -322,7 +322,7 @@ impl Int8PrepassConfig {
         if s.batch == 0 || s.q_heads == 0 || s.kv_heads == 0 || s.q_len == 0 || s.kv_len == 0 {
             return bad(format!("empty prepass: {s:?}"));
         }
-        if s.q_heads % s.kv_heads != 0 {
+        if !s.q_heads.is_multiple_of(s.kv_heads) {
             return bad(format!("q_heads {} is not a multiple of kv_heads {}", s.q_heads, s.kv_heads));
         }
         if !(s.scale.is_finite() && s.scale > 0.0) {
