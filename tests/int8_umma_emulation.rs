@@ -26,19 +26,11 @@ use quattn::metrics::{compare_lse, ErrorMetrics, Tolerance};
 use quattn::reference::attention_f64;
 use quattn::{AttentionProblem, Int8Granularity, Layout, Precision, PvFormat};
 use quattn_native::int8_umma::{BLOCK_Q, WARPS};
-use quattn_native::{Int8Granularity as NativeGranularity, Int8UmmaConfig, PvAccum};
-
-fn facade_granularity(g: NativeGranularity) -> Int8Granularity {
-    match g {
-        NativeGranularity::PerBlock => Int8Granularity::PerBlock,
-        NativeGranularity::PerWarp => Int8Granularity::PerWarp,
-        NativeGranularity::PerThread => Int8Granularity::PerThread,
-    }
-}
+use quattn_native::{Int8UmmaConfig, PvAccum};
 
 /// The emulation's blocking for a kernel config (qk_chunk is unused by INT8).
 fn kernel_blocking(cfg: &Int8UmmaConfig) -> Blocking {
-    let (block_q, block_k, warps) = cfg.blocking().expect("table head dim");
+    let Int8Blocking { block_q, block_k, warps } = cfg.blocking().expect("table head dim");
     Blocking { block_q, block_k, warps, ..Blocking::default() }
 }
 
@@ -89,19 +81,18 @@ fn check(p: &AttentionProblem, precision: Precision, blocking: &Blocking, seed: 
 fn kernel_blocking_is_accepted_by_the_emulation_for_the_supported_granularities() {
     let p = AttentionProblem::new(1, 2, 300, 128).kv_len(300);
     for hd in [64, 128] {
-        for g in [NativeGranularity::PerBlock, NativeGranularity::PerWarp] {
+        for g in [Int8Granularity::PerBlock, Int8Granularity::PerWarp] {
             let cfg = Int8UmmaConfig::new(hd, g, PvAccum::F32).unwrap();
             let blk = kernel_blocking(&cfg);
             assert_eq!((blk.block_q, blk.warps), (BLOCK_Q as usize, WARPS as usize));
-            let precision = Precision::Int8Qk { granularity: facade_granularity(g), smooth_k: true, pv: PvFormat::F16 };
+            let precision = Precision::Int8Qk { granularity: g, smooth_k: true, pv: PvFormat::F16 };
             blk.validate(&p, precision).unwrap();
         }
         // Per-thread scales: the kernel refuses them, and so does the facade's layout for this
         // blocking (32 rows per warp is not a 16-row MMA fragment): the two agree.
-        assert!(Int8UmmaConfig::new(hd, NativeGranularity::PerThread, PvAccum::F32).is_err());
-        let cfg = Int8UmmaConfig::new(hd, NativeGranularity::PerBlock, PvAccum::F32).unwrap();
-        let (block_q, block_k, warps) = cfg.blocking().unwrap();
-        assert!(Int8Blocking { block_q, block_k, warps }.check(Int8Granularity::PerThread).is_err());
+        assert!(Int8UmmaConfig::new(hd, Int8Granularity::PerThread, PvAccum::F32).is_err());
+        let cfg = Int8UmmaConfig::new(hd, Int8Granularity::PerBlock, PvAccum::F32).unwrap();
+        assert!(cfg.blocking().unwrap().check(Int8Granularity::PerThread).is_err());
     }
 }
 
@@ -110,12 +101,12 @@ fn kernel_blocking_is_accepted_by_the_emulation_for_the_supported_granularities(
 #[test]
 fn kernel_scale_indexing_matches_the_facade_layout() {
     for hd in [64, 128] {
-        for g in [NativeGranularity::PerBlock, NativeGranularity::PerWarp] {
+        for g in [Int8Granularity::PerBlock, Int8Granularity::PerWarp] {
             let cfg = Int8UmmaConfig::new(hd, g, PvAccum::F32).unwrap();
-            let (block_q, block_k, warps) = cfg.blocking().unwrap();
+            let b = cfg.blocking().unwrap();
+            let (block_q, block_k, warps) = (b.block_q, b.block_k, b.warps);
             let p = AttentionProblem::new(2, 6, 300, hd).kv_heads(3).kv_len(517);
-            let lay =
-                Int8ScaleLayout::new(&p, facade_granularity(g), Int8Blocking { block_q, block_k, warps }).unwrap();
+            let lay = Int8ScaleLayout::new(&p, g, b).unwrap();
             let (q_blocks, k_blocks) = (p.q_len.div_ceil(block_q), p.kv_len.div_ceil(block_k));
             assert_eq!((lay.q_blocks(), lay.k_blocks()), (q_blocks, k_blocks));
             let group = p.q_heads / p.kv_heads;
@@ -124,7 +115,7 @@ fn kernel_scale_indexing_matches_the_facade_layout() {
                     for row in 0..p.q_len {
                         let q_block_index = (b * p.q_heads + h) * q_blocks + row / block_q;
                         let kernel = match g {
-                            NativeGranularity::PerWarp => q_block_index * warps + (row % block_q) / 32,
+                            Int8Granularity::PerWarp => q_block_index * warps + (row % block_q) / 32,
                             _ => q_block_index,
                         };
                         assert_eq!(kernel, lay.q_scale_index(b, h, row), "{g:?} ({b},{h},{row})");
@@ -135,7 +126,7 @@ fn kernel_scale_indexing_matches_the_facade_layout() {
                     }
                 }
             }
-            assert_eq!(lay.q_scales_len(), p.batch * p.q_heads * q_blocks * if g == NativeGranularity::PerWarp { 4 } else { 1 });
+            assert_eq!(lay.q_scales_len(), p.batch * p.q_heads * q_blocks * if g == Int8Granularity::PerWarp { 4 } else { 1 });
         }
     }
 }
@@ -144,12 +135,12 @@ fn kernel_scale_indexing_matches_the_facade_layout() {
 fn emulation_with_the_kernel_blocking_is_within_the_int8_tolerance() {
     let mut seed = 9000;
     for hd in [64, 128] {
-        for g in [NativeGranularity::PerBlock, NativeGranularity::PerWarp] {
+        for g in [Int8Granularity::PerBlock, Int8Granularity::PerWarp] {
             let cfg = Int8UmmaConfig::new(hd, g, PvAccum::F32).unwrap();
             let blk = kernel_blocking(&cfg);
             for (n, p) in problems(hd).iter().enumerate() {
                 for smooth_k in [true, false] {
-                    let precision = Precision::Int8Qk { granularity: facade_granularity(g), smooth_k, pv: PvFormat::F16 };
+                    let precision = Precision::Int8Qk { granularity: g, smooth_k, pv: PvFormat::F16 };
                     seed += 1;
                     check(p, precision, &blk, seed, &format!("{} shape {n} smooth_k {smooth_k}", cfg.name()));
                 }
@@ -162,7 +153,7 @@ fn emulation_with_the_kernel_blocking_is_within_the_int8_tolerance() {
 /// K-scale blocks differ), i.e. the test above really runs the kernel's blocking.
 #[test]
 fn kernel_blocking_changes_the_result() {
-    let cfg = Int8UmmaConfig::new(64, NativeGranularity::PerBlock, PvAccum::F32).unwrap();
+    let cfg = Int8UmmaConfig::new(64, Int8Granularity::PerBlock, PvAccum::F32).unwrap();
     let blk = kernel_blocking(&cfg);
     assert_ne!(blk.block_k, Blocking::default().block_k);
     let p = AttentionProblem::new(1, 2, 150, 64).kv_len(300);

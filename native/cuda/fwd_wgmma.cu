@@ -6,12 +6,10 @@
 // layouts below follow the PTX ISA ("Matrix Descriptor Format", "Shared Memory Matrix Layout",
 // canonical layouts).
 //
-// CTA. WARPGROUPS (1 or 2) consumer warpgroups of 4 warps, 64 query rows each (the M of every
-// wgmma is 64): BLOCK_M = 64 * WARPGROUPS rows of one (batch, head). Two kernels (-D WS):
-//   WS 0  no producer warp: every thread issues cp.async 16-byte copies, so loads overlap
-//         compute only through the two-stage buffers below (no TMA, no mbarriers).
-//   WS 1  (2 consumer warpgroups) a TMA producer warpgroup, KV_STAGES stages guarded by
-//         mbarriers, setmaxnreg, ping-pong consumers: the last section, as fwd_wgmma_int8.cu's.
+// CTA. Warp specialized, 3 warpgroups of 4 warps (384 threads): a TMA producer warpgroup and
+// 2 consumer warpgroups of 64 query rows each (the M of every wgmma is 64), BLOCK_M = 128 rows
+// of one (batch, head). KV_STAGES K/V stages guarded by mbarriers, setmaxnreg, ping-pong
+// consumers: the kernel section below, as fwd_wgmma_int8.cu's.
 //
 // Shared memory layout: the canonical K-major 128-byte-swizzle layout of wgmma, for Q, K and V
 // alike. A tile of R rows x D f16 (row = query or key, D = head dim contiguous in global memory)
@@ -22,8 +20,7 @@
 // With every tile base 1024-byte aligned (the dynamic base is rounded up in the kernel), bits 7-9
 // of the address are r & 7, so this is exactly the hardware's 128B swizzle (address bits 4-6 ^=
 // bits 7-9) applied to a dense [R][64] block: the Swizzle<3,4,3> of the PTX canonical layouts.
-// cp.async writes chunk c of row r to that position (common.cuh's cta_copy_rows with 128-byte
-// rows computes exactly this offset).
+// A TMA box of [rows][64 halves] with the 128B swizzle writes chunk c of row r to that position.
 //
 // Descriptors (PTX "Matrix Descriptor Format", sm_90): start address >> 4 in bits 0-13, leading
 // byte offset >> 4 in 16-29, stride byte offset >> 4 in 32-45, base offset 0, layout type 1 =
@@ -49,16 +46,15 @@
 // scores of key step kk (n groups 2kk, 2kk + 1) pack into P's A operand as pack(d[8kk + 0, 1]),
 // pack(d[8kk + 2, 3]), pack(d[8kk + 4, 5]), pack(d[8kk + 6, 7]) and P never leaves registers.
 //
-// Pipeline (per warpgroup; FA3's intra-warpgroup overlap). K and V have separate two-stage rings.
-// Tile j (keys of KV tile t = n_tiles - 1 - j: masked tiles first, like fwd_hmma):
-//   wait for cp.async (K_j, V_{j-1} landed), fence.proxy.async, __syncthreads  (also: every
-//     warpgroup finished the wgmmas of tile j - 1, so K stage (j+1)&1 and V stage j&1 are free)
-//   cp.async K_{j+1} -> K stage (j+1)&1, V_j -> V stage j&1, commit
+// Pipeline (per consumer warpgroup; FA3's intra-warpgroup overlap). K and V have separate
+// KV_STAGES-deep rings filled by the producer. Tile j (keys of KV tile t = n_tiles - 1 - j:
+// masked tiles first, like fwd_hmma):
+//   wait on the full barriers of K_j (and V_{j-1}), then for this warpgroup's turn
 //   wgmma.fence; issue S_j = Q·K_jᵀ (D/16 wgmmas), commit; issue O += P_{j-1}·V_{j-1}
-//     (BLOCK_N/16 register-A wgmmas), commit
-//   wait_group 1: S_j is done while P_{j-1}·V_{j-1} may still run on the tensor cores;
-//     mask, row max, rescale decision, exp2 in place, row sums  (overlaps the P·V)
-//   wait_group 0: P·V done; rescale O if needed; pack P_j from S_j.
+//     (BLOCK_N/16 register-A wgmmas), commit; hand the turn to the other consumer
+//   wait_group 1: S_j is done while P_{j-1}·V_{j-1} may still run on the tensor cores; release
+//     K_j's stage; mask, row max, rescale decision, exp2 in place, row sums  (overlaps the P·V)
+//   wait_group 0: P·V done; release V_{j-1}'s stage; rescale O if needed; pack P_j from S_j.
 // After the last tile one more P·V. Register operands of in-flight wgmmas (S, O, P) are pinned
 // with empty asm "+r/+f" fences around every issue and wait so that the compiler neither reads
 // an accumulator before its wait_group nor reuses P's registers while a P·V reads them.
@@ -68,34 +64,29 @@
 // rows). Epilogue: O · 1/l packed to f16 into the warpgroup's own rows of the Q region (same
 // swizzled layout), then 16-byte coalesced global stores.
 //
-// Compile-time parameters (-D, built by src/wgmma.rs): HEAD_DIM 64 | 128, WARPGROUPS 1 | 2,
-// BLOCK_N 64 | 128, WS 0 | 1 (with WS 1: KV_STAGES, PRODUCER_REGS, CONSUMER_REGS). ABI:
-// `FwdParams`, identical to fwd_hmma's (Rust mirror `HmmaParams`); WS 1 takes a second
-// parameter, `TmaMaps` (three CUtensorMaps built on the host per launch, src/tma.rs).
+// Compile-time parameters (-D, built by src/wgmma.rs): HEAD_DIM 64 | 128, BLOCK_N 64 | 128,
+// KV_STAGES 2..4, PRODUCER_REGS, CONSUMER_REGS (setmaxnreg). ABI: `FwdParams`, identical to
+// fwd_hmma's (Rust mirror `HmmaParams`), and `TmaMaps` (three CUtensorMaps built on the host per
+// launch, src/tma.rs).
 #include "common.cuh"
 
 #if !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "fwd_wgmma.cu compiles for sm_90a only (wgmma)"
 #endif
-#if !defined(HEAD_DIM) || !defined(WARPGROUPS) || !defined(BLOCK_N)
-#error "fwd_wgmma.cu needs HEAD_DIM, WARPGROUPS, BLOCK_N"
+#if !defined(HEAD_DIM) || !defined(BLOCK_N) || !defined(KV_STAGES) || !defined(PRODUCER_REGS) || \
+    !defined(CONSUMER_REGS)
+#error "fwd_wgmma.cu needs HEAD_DIM, BLOCK_N, KV_STAGES, PRODUCER_REGS, CONSUMER_REGS"
 #endif
 #ifndef RESCALE_LOG2
 #define RESCALE_LOG2 8
 #endif
-#ifndef WS
-#define WS 0
-#endif
-#if WS && (!defined(KV_STAGES) || !defined(PRODUCER_REGS) || !defined(CONSUMER_REGS) || WARPGROUPS != 2)
-#error "fwd_wgmma.cu with WS 1 needs WARPGROUPS 2, KV_STAGES, PRODUCER_REGS, CONSUMER_REGS"
-#endif
 
 namespace cfg {
 constexpr int D = HEAD_DIM;
-constexpr int WG = WARPGROUPS;
+constexpr int WG = 2;                      // consumer warpgroups
 constexpr int BM = 64 * WG;
 constexpr int BN = BLOCK_N;
-constexpr int THREADS = 128 * WG;
+constexpr int THREADS = 128 * WG;          // consumer threads
 constexpr int BLOCKS = D / 64;             // 128-byte column blocks per row
 constexpr int S_REGS = BN / 2;             // f32 scores per thread (m64nBN accumulator)
 constexpr int O_REGS = D / 2;              // f32 outputs per thread (m64nD accumulator)
@@ -103,14 +94,7 @@ constexpr int K_STEPS = D / 16;            // k16 steps of Q·Kᵀ
 constexpr int P_STEPS = BN / 16;           // k16 steps of P·V
 constexpr int Q_BYTES = BM * D * 2;
 constexpr int KV_TILE_BYTES = BN * D * 2;
-#if !WS
-constexpr int K_OFFSET = Q_BYTES;                      // two K stages
-constexpr int V_OFFSET = Q_BYTES + 2 * KV_TILE_BYTES;  // two V stages
-constexpr int SMEM_BYTES = Q_BYTES + 4 * KV_TILE_BYTES + 1024;   // + alignment slack
-static_assert(SMEM_BYTES <= 227 * 1024, "more shared memory than an sm_90 block may have");
-#endif
 static_assert(D == 64 || D == 128, "head dim 64 or 128");
-static_assert(WG == 1 || WG == 2, "1 or 2 consumer warpgroups");
 static_assert(BN == 64 || BN == 128, "BLOCK_N 64 or 128");
 static_assert(Q_BYTES % 1024 == 0 && KV_TILE_BYTES % 1024 == 0, "1024-byte aligned tiles");
 }  // namespace cfg
@@ -179,18 +163,7 @@ __device__ __forceinline__ void wg_issue_values(float (&o)[cfg::O_REGS], const u
     }
 }
 
-// ---- global -> shared ----------------------------------------------------------------------
-
-// ROWS rows of D f16 (row stride `stride` elements) into the swizzled column-block layout of the
-// header; rows at or past rows_valid are zero-filled.
-template <int ROWS>
-__device__ __forceinline__ void cta_load_sw128(u32 dst, const unsigned short* src, i64 stride, int rows_valid) {
-#pragma unroll
-    for (int h = 0; h < cfg::BLOCKS; ++h)
-        cta_copy_rows<ROWS, 128, cfg::THREADS>(dst + (u32)(h * ROWS * 128),
-                                               reinterpret_cast<const unsigned char*>(src + 64 * h),
-                                               stride * 2, rows_valid);
-}
+// ---- block indices ------------------------------------------------------------------------
 
 // Volatile reads of the block indices: recomputed where used rather than kept live (fwd_hmma).
 __device__ __forceinline__ int cta_head() {
@@ -203,20 +176,6 @@ __device__ __forceinline__ int cta_batch() {
     asm volatile("mov.u32 %0, %%ctaid.z;" : "=r"(v));
     return v;
 }
-template <bool IS_V>
-__device__ __forceinline__ const unsigned short* cta_kv_head(const FwdParams& p) {
-    const int kv_head = cta_head() / p.kv_group;
-    const int batch = cta_batch();
-    return IS_V ? reinterpret_cast<const unsigned short*>(p.v) + batch * p.v_batch_stride + kv_head * p.v_head_stride
-                : reinterpret_cast<const unsigned short*>(p.k) + batch * p.k_batch_stride + kv_head * p.k_head_stride;
-}
-// KV tile t of K (IS_V false) or V into the tile at `dst`.
-template <bool IS_V>
-__device__ __forceinline__ void cta_load_kv(u32 dst, const FwdParams& p, int t) {
-    const i64 stride = IS_V ? p.v_seq_stride : p.k_seq_stride;
-    cta_load_sw128<cfg::BN>(dst, cta_kv_head<IS_V>(p) + (i64)t * cfg::BN * stride, stride, p.kv_len - t * cfg::BN);
-}
-
 // ---- softmax -------------------------------------------------------------------------------
 
 struct RowState {
@@ -286,22 +245,7 @@ __device__ __forceinline__ void thread_pack_p(u32 (&pf)[cfg::P_STEPS][4], const 
         for (int x = 0; x < 4; ++x) pf[kk][x] = thread_pack_f16x2(s[8 * kk + 2 * x], s[8 * kk + 2 * x + 1]);
 }
 
-// Softmax of tile j (masked tiles first), then: wait for the P·V in flight, rescale O, pack P.
-__device__ __forceinline__ void wg_softmax_tile(float (&s)[cfg::S_REGS], float (&o)[cfg::O_REGS],
-                                                u32 (&pf)[cfg::P_STEPS][4], RowState& st, bool masked,
-                                                int key0, const FwdParams& p, int diag, int lane) {
-    float alpha[2];
-    bool rescale;
-    if (masked) warp_softmax<true>(s, st, alpha, rescale, key0, p.kv_len, diag, p.scale_log2, lane);
-    else warp_softmax<false>(s, st, alpha, rescale, key0, p.kv_len, diag, p.scale_log2, lane);
-    wg_wait<0>();
-    reg_fence(o);
-    reg_fence(pf);
-    if (rescale) thread_rescale_o(o, alpha);
-    thread_pack_p(pf, s);
-}
-
-// ---- pieces shared by both kernels -----------------------------------------------------------
+// ---- epilogue ----------------------------------------------------------------------------------
 
 // Normalises this lane's rows, writes their LSE and stages O (f16) into the warpgroup's own
 // rows of the Q tile at `q_smem` (same swizzled layout). The caller makes sure every wgmma of
@@ -331,114 +275,14 @@ __device__ __forceinline__ void thread_finish_rows(const FwdParams& p, const flo
         }
 }
 
-#if !WS
-// ---- the kernel ----------------------------------------------------------------------------
-
-// Grid: x = query block (reversed: causal blocks near the end do the most work and go first),
-// y = query head, z = batch.
-extern "C" __global__ void __launch_bounds__(cfg::THREADS, 1) fwd_wgmma(const FwdParams p) {
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    const u32 smem = (cta_smem_addr(smem_raw) + 1023u) & ~1023u;
-    const u32 q_smem = smem;
-    const u32 k_smem = smem + cfg::K_OFFSET;
-    const u32 v_smem = smem + cfg::V_OFFSET;
-    const int tid = threadIdx.x;
-    const int lane = tid & 31;
-    const int wg = tid >> 7;
-    const int warp_in_wg = (tid >> 5) & 3;
-    const int m_block = gridDim.x - 1 - blockIdx.x;
-    const int head = blockIdx.y;
-    const int batch = blockIdx.z;
-    const int m0 = m_block * cfg::BM;
-    const CtaTiles tiles = cta_tiles<cfg::BM, cfg::BN>(p, m0);
-    const int n_tiles = tiles.n_tiles;
-    const int n_masked = tiles.n_masked;
-
-    const int local_row0 = 64 * wg + 16 * warp_in_wg + (lane >> 2);   // CTA row of entry 0
-    const int row0 = m0 + local_row0;
-    const int diag = p.causal ? row0 + p.kv_len - p.q_len + 1 : 0x3fffffff;
-    const u32 q_wg = q_smem + (u32)(64 * wg * 128);
-
-    float o[cfg::O_REGS];
-#pragma unroll
-    for (int e = 0; e < cfg::O_REGS; ++e) o[e] = 0.f;
-    RowState st;
-    st.m[0] = st.m[1] = QA_NEG_INF;
-    st.l[0] = st.l[1] = 0.f;
-
-    if (n_tiles > 0) {
-        const unsigned short* q_head = reinterpret_cast<const unsigned short*>(p.q) + batch * p.q_batch_stride +
-                                       head * p.q_head_stride;
-        const int t0 = n_tiles - 1;
-        cta_load_sw128<cfg::BM>(q_smem, q_head + (i64)m0 * p.q_seq_stride, p.q_seq_stride, p.q_len - m0);
-        cta_load_kv<false>(k_smem, p, t0);
-        thread_cp_async_commit();
-        thread_cp_async_wait<0>();
-        thread_fence_proxy_async_smem();
-        __syncthreads();
-        // Tile 0: K_1 and V_0 in flight while S_0 and its softmax run.
-        if (n_tiles > 1) cta_load_kv<false>(k_smem + cfg::KV_TILE_BYTES, p, t0 - 1);
-        cta_load_kv<true>(v_smem, p, t0);
-        thread_cp_async_commit();
-
-        float s[cfg::S_REGS];
-        u32 pf[cfg::P_STEPS][4];
-        wg_fence();
-        wg_issue_scores(s, q_wg, k_smem);
-        wg_commit();
-        wg_wait<0>();
-        reg_fence(s);
-        wg_softmax_tile(s, o, pf, st, 0 < n_masked, t0 * cfg::BN, p, diag, lane);
-
-        for (int j = 1; j < n_tiles; ++j) {
-            const int t = n_tiles - 1 - j;
-            thread_cp_async_wait<0>();   // K_j and V_{j-1}
-            thread_fence_proxy_async_smem();
-            __syncthreads();             // and every warpgroup is done with tile j - 1's wgmmas
-            if (j + 1 < n_tiles) cta_load_kv<false>(k_smem + ((j + 1) & 1) * cfg::KV_TILE_BYTES, p, t - 1);
-            cta_load_kv<true>(v_smem + (j & 1) * cfg::KV_TILE_BYTES, p, t);
-            thread_cp_async_commit();
-
-            reg_fence(o);
-            reg_fence(pf);
-            wg_fence();
-            wg_issue_scores(s, q_wg, k_smem + (j & 1) * cfg::KV_TILE_BYTES);
-            wg_commit();
-            wg_issue_values(o, pf, v_smem + ((j - 1) & 1) * cfg::KV_TILE_BYTES);
-            wg_commit();
-            wg_wait<1>();                // S_j done; P_{j-1}·V_{j-1} may still run
-            reg_fence(s);
-            wg_softmax_tile(s, o, pf, st, j < n_masked, t * cfg::BN, p, diag, lane);
-        }
-        // The last P·V.
-        thread_cp_async_wait<0>();
-        thread_fence_proxy_async_smem();
-        __syncthreads();
-        reg_fence(o);
-        reg_fence(pf);
-        wg_fence();
-        wg_issue_values(o, pf, v_smem + ((n_tiles - 1) & 1) * cfg::KV_TILE_BYTES);
-        wg_commit();
-        wg_wait<0>();
-        reg_fence(o);
-        reg_fence(pf);
-    }
-
-    // Epilogue: every wgmma of this warpgroup has completed (wait_group 0), and the other
-    // warpgroup never reads these rows: the Q rows are free for O.
-    thread_finish_rows(p, o, st, q_smem, local_row0, row0, lane);
-    __syncthreads();
-    cta_store_o<cfg::BM, cfg::D, cfg::THREADS>(p, q_smem, m0, tid);
-}
-#else
 // ---- the kernel: a TMA producer warpgroup and two ping-ponging consumer warpgroups -----------
 //
-// As fwd_wgmma_int8.cu's WS 1 kernel: 3 warpgroups, 384 threads. Warpgroup 0 gives registers
+// As fwd_wgmma_int8.cu's kernel: 3 warpgroups, 384 threads. Warpgroup 0 gives registers
 // back (setmaxnreg.dec) and one of its threads loads Q once and every K and V tile as TMA boxes
 // of [rows][64 halves] (one per 128-byte column block, the map's 128B swizzle = the layout of the
 // header; rows past the sequence end arrive as zeros) into KV_STAGES stages guarded by
-// KvBarriers. Warpgroups 1 and 2 (setmaxnreg.inc) run the mainloop above with no CTA-wide
-// barrier and alternate their wgmma issues (wg_wait_turn / wg_give_turn).
+// KvBarriers. Warpgroups 1 and 2 (setmaxnreg.inc) run the pipeline of the header with no
+// CTA-wide barrier and alternate their wgmma issues (wg_wait_turn / wg_give_turn).
 
 namespace ws {
 constexpr int STAGES = KV_STAGES;
@@ -608,4 +452,3 @@ fwd_wgmma(const FwdParams p, const __grid_constant__ TmaMaps maps) {
         cta_store_o<cfg::BM, cfg::D, cfg::THREADS>(p, sm.q, m0, ctid);
     }
 }
-#endif

@@ -3,31 +3,28 @@
 // fwd_int8.cu (same host contract: Int8FwdParams, scale layouts, LSE shift) on the CTA and
 // pipeline of fwd_wgmma.cu (read both headers first).
 //
-// Two kernels from this source (-D WS):
-//   WS 0  every thread issues cp.async (no producer warp, no TMA), 256 threads, both consumer
-//         warpgroups in lockstep with a CTA barrier per KV tile.
-//   WS 1  warp specialized, 384 threads: a producer warpgroup loads through TMA into KV_STAGES
-//         stages, the two consumer warpgroups ping-pong (see the WS 1 section below). This is
-//         the one quattn dispatches: 1.2-1.3x the WS 0 kernel on the H100.
-// Both are checked on an H100 by `examples/int8_check.rs` and `quattn selftest`.
+// Warp specialized, 384 threads: a producer warpgroup loads through TMA into KV_STAGES stages,
+// the two consumer warpgroups ping-pong (see the kernel section below). On the H100 this is
+// 1.2-1.3x a kernel in which every thread issues cp.async and both consumer warpgroups run in
+// lockstep with a CTA barrier per KV tile. Checked on an H100 by `examples/int8_check.rs` and
+// `quattn selftest`.
 //
 // CTA. 2 consumer warpgroups x 64 query rows: BLOCK_M = 128, BLOCK_N = 128 keys per KV tile (=
 // keys per K scale).
 //
 // Shared memory (base rounded up to 1024 bytes):
 //   Q   int8 [128 rows][HEAD_DIM bytes]                      (resident)
-//   K   int8 [128 keys][HEAD_DIM bytes] x 2 stages (WS 1: KV_STAGES)
-//   V   f16  [128 keys][HEAD_DIM] x 2 stages (WS 1: KV_STAGES), in fwd_wgmma.cu's 128B-swizzle
-//        column blocks
-//   WS 1 only: mbarriers, 8 bytes each: Q full, then per stage K full, V full, K empty, V empty
+//   K   int8 [128 keys][HEAD_DIM bytes] x KV_STAGES
+//   V   f16  [128 keys][HEAD_DIM] x KV_STAGES, in fwd_wgmma.cu's 128B-swizzle column blocks
+//   mbarriers, 8 bytes each: Q full, then per stage K full, V full, K empty, V empty
 // int8 rows are HEAD_DIM bytes, stored densely and swizzled in place:
 //   * hd128: a row is 128 bytes = one row of the 128B swizzle atom: chunk c of row r at
 //     c ^ (r & 7) (tile_swizzle<128>), layout type 1, 8-row groups SBO = 1024 bytes.
 //   * hd64: a row is 64 bytes; the 64B swizzle (layout type 2, Swizzle<2,4,3>: address bits 4-5
 //     ^= bits 7-8) of a dense [R][64 B] tile is chunk c of row r at c ^ ((r >> 1) & 3), which is
 //     exactly tile_swizzle<64> of common.cuh; 8-row atoms of 512 bytes, SBO = 512. Chosen over
-//     padding to 128-byte rows: no wasted shared memory or copy bandwidth, the same cp.async
-//     helper (cta_copy_rows with 64-byte rows) writes it.
+//     padding to 128-byte rows: no wasted shared memory or copy bandwidth, and a TMA box of
+//     64-byte rows with the map's 64B swizzle writes it.
 //   Both are the canonical K-major layouts for 8-bit elements (T = 128 resp. 64 elements per
 //   swizzle row). A k32 step of s8 is 32 bytes: step kk starts 32 * kk bytes into the first row
 //   (the hardware swizzles the computed addresses, as for fwd_wgmma's k16 steps of f16); LBO is
@@ -55,36 +52,31 @@
 // RESCALE_LOG2 = 8 decided per warp, a row's max starting at the finite M_EMPTY, P rounded to
 // f16, f32 O, O = acc / l, LSE = (m + log2 l) ln 2 + lse_shift.
 //
-// Pipeline (WS 0): fwd_wgmma.cu's. Tile j: wait for cp.async (K_j, V_{j-1}), fence.proxy.async, barrier;
-// prefetch K_{j+1}, V_j; issue S_j, commit; issue P_{j-1}·V_{j-1}, commit; wait_group 1 (S_j
-// done); convert, mask, softmax (overlapping the P·V); wait_group 0; rescale O; pack P_j.
+// Pipeline (per consumer warpgroup): fwd_wgmma.cu's. Tile j: wait on the full barriers of K_j
+// and V_{j-1}; in this warpgroup's turn issue S_j, commit, issue P_{j-1}·V_{j-1}, commit;
+// wait_group 1 (S_j done), release K_j's stage; convert, mask, softmax (overlapping the P·V);
+// wait_group 0, release V_{j-1}'s stage; rescale O; pack P_j.
 //
 // Epilogue: O · 1/l packed to f16 and staged through the start of shared memory (Q and K
-// regions: 2 * 128 * HEAD_DIM bytes needed, 3 * 128 * HEAD_DIM there) in fwd_wgmma.cu's
-// 128B-swizzle column blocks, then 16-byte coalesced stores. Safe without another barrier: the
-// last barrier of the KV loop comes after every warpgroup's last S wgmma completed, and after it
-// only V is read.
+// regions: 2 * 128 * HEAD_DIM bytes needed, at least 3 * 128 * HEAD_DIM there) in
+// fwd_wgmma.cu's 128B-swizzle column blocks, then 16-byte coalesced stores, after a consumer
+// barrier that every consumer reaches past its last wgmma.
 //
 // Compile-time parameters (-D, built by src/wgmma_int8.rs): HEAD_DIM 64 | 128, Q_GRAN 0 | 1 | 2,
-// WS 0 | 1; with WS 1 also KV_STAGES (2..4), PRODUCER_REGS and CONSUMER_REGS (setmaxnreg).
-// ABI: `Int8FwdParams` of fwd_int8.cu (Rust mirror `Int8Params` in src/int8.rs); WS 1 takes a
-// second parameter, `Int8TmaMaps` (three CUtensorMaps, built on the host per launch).
+// KV_STAGES (2..4), PRODUCER_REGS and CONSUMER_REGS (setmaxnreg). ABI: `Int8FwdParams` of
+// fwd_int8.cu (Rust mirror `Int8Params` in src/int8.rs) and `Int8TmaMaps` (three CUtensorMaps,
+// built on the host per launch).
 #include "common.cuh"
 
 #if !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "fwd_wgmma_int8.cu compiles for sm_90a only (wgmma)"
 #endif
-#if !defined(HEAD_DIM) || !defined(Q_GRAN)
-#error "fwd_wgmma_int8.cu needs HEAD_DIM, Q_GRAN"
+#if !defined(HEAD_DIM) || !defined(Q_GRAN) || !defined(KV_STAGES) || !defined(PRODUCER_REGS) || \
+    !defined(CONSUMER_REGS)
+#error "fwd_wgmma_int8.cu needs HEAD_DIM, Q_GRAN, KV_STAGES, PRODUCER_REGS, CONSUMER_REGS"
 #endif
 #ifndef RESCALE_LOG2
 #define RESCALE_LOG2 8
-#endif
-#ifndef WS
-#define WS 0
-#endif
-#if WS && (!defined(KV_STAGES) || !defined(PRODUCER_REGS) || !defined(CONSUMER_REGS))
-#error "fwd_wgmma_int8.cu with WS 1 needs KV_STAGES, PRODUCER_REGS, CONSUMER_REGS"
 #endif
 #define M_EMPTY (-1.7014118e38f)
 
@@ -93,7 +85,7 @@ constexpr int D = HEAD_DIM;
 constexpr int WG = 2;
 constexpr int BM = 64 * WG;
 constexpr int BN = 128;
-constexpr int THREADS = 128 * WG;
+constexpr int THREADS = 128 * WG;          // consumer threads
 constexpr int WARPS = THREADS / 32;
 constexpr int S_REGS = BN / 2;             // s32 scores per thread (m64n128 accumulator)
 constexpr int O_REGS = D / 2;              // f32 outputs per thread (m64nD accumulator)
@@ -104,13 +96,6 @@ constexpr int Q_BYTES = BM * D;
 constexpr int K_TILE_BYTES = BN * D;
 constexpr int V_TILE_BYTES = BN * D * 2;
 constexpr int O_STAGE_BYTES = BM * D * 2;
-#if !WS
-constexpr int K_OFFSET = Q_BYTES;
-constexpr int V_OFFSET = Q_BYTES + 2 * K_TILE_BYTES;
-constexpr int SMEM_BYTES = Q_BYTES + 2 * K_TILE_BYTES + 2 * V_TILE_BYTES + 1024;   // + alignment slack
-static_assert(SMEM_BYTES <= 227 * 1024, "more shared memory than an sm_90 block may have");
-static_assert(O_STAGE_BYTES <= V_OFFSET, "O is staged through the Q and K regions");
-#endif
 constexpr int Q_SCALES_PER_BLOCK = Q_GRAN == 0 ? 1 : Q_GRAN == 1 ? WARPS : WARPS * 8;
 static_assert(D == 64 || D == 128, "head dim 64 or 128");
 static_assert(Q_GRAN >= 0 && Q_GRAN <= 2, "Q_GRAN 0, 1 or 2");
@@ -175,7 +160,7 @@ __device__ __forceinline__ void wg_issue_values(float (&o)[cfg::O_REGS], const u
     }
 }
 
-// ---- global -> shared ----------------------------------------------------------------------
+// ---- block indices ------------------------------------------------------------------------
 
 __device__ __forceinline__ int cta_head() {
     int v;
@@ -188,23 +173,6 @@ __device__ __forceinline__ int cta_batch() {
     return v;
 }
 __device__ __forceinline__ int cta_kv_head(const Int8FwdParams& p) { return cta_head() / p.kv_group; }
-
-// K tile t (int8, rows of D bytes, swizzled in place) into `dst`.
-__device__ __forceinline__ void cta_load_k(u32 dst, const Int8FwdParams& p, int t) {
-    const unsigned char* src = reinterpret_cast<const unsigned char*>(p.k) + cta_batch() * p.k_batch_stride +
-                               cta_kv_head(p) * p.k_head_stride + (i64)t * cfg::BN * p.k_seq_stride;
-    cta_copy_rows<cfg::BN, cfg::D, cfg::THREADS>(dst, src, p.k_seq_stride, p.kv_len - t * cfg::BN);
-}
-// V tile t (f16) into fwd_wgmma.cu's column-block layout at `dst`.
-__device__ __forceinline__ void cta_load_v(u32 dst, const Int8FwdParams& p, int t) {
-    const unsigned short* src = reinterpret_cast<const unsigned short*>(p.v) + cta_batch() * p.v_batch_stride +
-                                cta_kv_head(p) * p.v_head_stride + (i64)t * cfg::BN * p.v_seq_stride;
-#pragma unroll
-    for (int h = 0; h < cfg::V_BLOCKS; ++h)
-        cta_copy_rows<cfg::BN, 128, cfg::THREADS>(dst + (u32)(h * cfg::BN * 128),
-                                                  reinterpret_cast<const unsigned char*>(src + 64 * h),
-                                                  p.v_seq_stride * 2, p.kv_len - t * cfg::BN);
-}
 
 // ---- scales ----------------------------------------------------------------------------------
 
@@ -300,23 +268,7 @@ __device__ __forceinline__ void thread_pack_p(u32 (&pf)[cfg::P_STEPS][4], const 
         for (int c = 0; c < 4; ++c) pf[kk][c] = thread_pack_f16x2(x[8 * kk + 2 * c], x[8 * kk + 2 * c + 1]);
 }
 
-// Softmax of one tile, then: wait for the P·V in flight, rescale O, pack P.
-__device__ __forceinline__ void wg_softmax_tile(const int (&s)[cfg::S_REGS], float (&o)[cfg::O_REGS],
-                                                u32 (&pf)[cfg::P_STEPS][4], RowState& st, bool masked, float sc,
-                                                int key0, int kv_len, int diag, int lane) {
-    float x[cfg::S_REGS];
-    float alpha[2];
-    bool rescale;
-    if (masked) warp_softmax<true>(s, x, st, alpha, rescale, sc, key0, kv_len, diag, lane);
-    else warp_softmax<false>(s, x, st, alpha, rescale, sc, key0, kv_len, diag, lane);
-    wg_wait<0>();
-    reg_fence(o);
-    reg_fence(pf);
-    if (rescale) thread_rescale_o(o, alpha);
-    thread_pack_p(pf, x);
-}
-
-// ---- pieces shared by both kernels -----------------------------------------------------------
+// ---- epilogue ----------------------------------------------------------------------------------
 
 // Normalises this lane's rows, writes their LSE (+ shift) and stages O (f16) in fwd_wgmma.cu's
 // 128B-swizzle column blocks at `stage` (BM * D * 2 bytes). The caller synchronizes the
@@ -351,120 +303,16 @@ __device__ __forceinline__ void thread_finish_rows(const Int8FwdParams& p, const
         }
 }
 
-#if !WS
-// ---- the kernel: every thread loads (cp.async), both warpgroups in lockstep -------------------
-
-// Grid: x = query block (reversed: causal blocks near the end do the most work and go first),
-// y = query head, z = batch.
-extern "C" __global__ void __launch_bounds__(cfg::THREADS, 1) fwd_wgmma_int8(const Int8FwdParams p) {
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    const u32 smem = (cta_smem_addr(smem_raw) + 1023u) & ~1023u;
-    const u32 q_smem = smem;
-    const u32 k_smem = smem + cfg::K_OFFSET;
-    const u32 v_smem = smem + cfg::V_OFFSET;
-    const int tid = threadIdx.x;
-    const int lane = tid & 31;
-    const int wg = tid >> 7;
-    const int warp_in_wg = (tid >> 5) & 3;
-    const int m_block = gridDim.x - 1 - blockIdx.x;
-    const int head = blockIdx.y;
-    const int batch = blockIdx.z;
-    const int m0 = m_block * cfg::BM;
-    const CtaTiles tiles = cta_tiles<cfg::BM, cfg::BN>(p, m0);
-    const int n_tiles = tiles.n_tiles;
-    const int n_masked = tiles.n_masked;
-
-    const int local_row0 = 64 * wg + 16 * warp_in_wg + (lane >> 2);   // CTA row of entry 0
-    const int row0 = m0 + local_row0;
-    const int diag = p.causal ? row0 + p.kv_len - p.q_len + 1 : 0x3fffffff;
-    const u32 q_wg = q_smem + (u32)(64 * wg * cfg::D);
-
-    float o[cfg::O_REGS];
-#pragma unroll
-    for (int e = 0; e < cfg::O_REGS; ++e) o[e] = 0.f;
-    RowState st;
-    st.m[0] = st.m[1] = M_EMPTY;
-    st.l[0] = st.l[1] = 0.f;
-
-    if (n_tiles > 0) {
-        const unsigned char* q_rows = reinterpret_cast<const unsigned char*>(p.q) + batch * p.q_batch_stride +
-                                      head * p.q_head_stride + (i64)m0 * p.q_seq_stride;
-        const int t0 = n_tiles - 1;
-        float ks = cta_k_scale(p, t0);
-        float qs = cta_q_scale(p, cta_tid());
-        cta_copy_rows<cfg::BM, cfg::D, cfg::THREADS>(q_smem, q_rows, p.q_seq_stride, p.q_len - m0);
-        cta_load_k(k_smem, p, t0);
-        thread_cp_async_commit();
-        thread_cp_async_wait<0>();
-        thread_fence_proxy_async_smem();
-        __syncthreads();
-        // Tile 0: K_1 and V_0 in flight while S_0 and its softmax run.
-        if (n_tiles > 1) cta_load_k(k_smem + cfg::K_TILE_BYTES, p, t0 - 1);
-        cta_load_v(v_smem, p, t0);
-        thread_cp_async_commit();
-
-        int s[cfg::S_REGS];
-        u32 pf[cfg::P_STEPS][4];
-        wg_fence();
-        wg_issue_scores(s, q_wg, k_smem);
-        wg_commit();
-        wg_wait<0>();
-        reg_fence(s);
-        wg_softmax_tile(s, o, pf, st, 0 < n_masked, qs * ks, t0 * cfg::BN, p.kv_len, diag, lane);
-
-        for (int j = 1; j < n_tiles; ++j) {
-            const int t = n_tiles - 1 - j;
-            ks = cta_k_scale(p, t);      // in flight during the wait and the wgmmas
-            qs = cta_q_scale(p, cta_tid());
-            thread_cp_async_wait<0>();   // K_j and V_{j-1}
-            thread_fence_proxy_async_smem();
-            __syncthreads();             // and every warpgroup is done with tile j - 1's wgmmas
-            if (j + 1 < n_tiles) cta_load_k(k_smem + ((j + 1) & 1) * cfg::K_TILE_BYTES, p, t - 1);
-            cta_load_v(v_smem + (j & 1) * cfg::V_TILE_BYTES, p, t);
-            thread_cp_async_commit();
-
-            reg_fence(o);
-            reg_fence(pf);
-            wg_fence();
-            wg_issue_scores(s, q_wg, k_smem + (j & 1) * cfg::K_TILE_BYTES);
-            wg_commit();
-            wg_issue_values(o, pf, v_smem + ((j - 1) & 1) * cfg::V_TILE_BYTES);
-            wg_commit();
-            wg_wait<1>();                // S_j done; P_{j-1}·V_{j-1} may still run
-            reg_fence(s);
-            wg_softmax_tile(s, o, pf, st, j < n_masked, qs * ks, t * cfg::BN, p.kv_len, diag, lane);
-        }
-        // The last P·V.
-        thread_cp_async_wait<0>();
-        thread_fence_proxy_async_smem();
-        __syncthreads();
-        reg_fence(o);
-        reg_fence(pf);
-        wg_fence();
-        wg_issue_values(o, pf, v_smem + ((n_tiles - 1) & 1) * cfg::V_TILE_BYTES);
-        wg_commit();
-        wg_wait<0>();
-        reg_fence(o);
-        reg_fence(pf);
-    }
-
-    // Epilogue. No barrier needed before overwriting Q and K (see the header).
-    thread_finish_rows(p, o, st, smem, local_row0, row0, lane);
-    __syncthreads();
-    cta_store_o<cfg::BM, cfg::D, cfg::THREADS>(p, smem, m0, tid);
-}
-
-#else
 // ---- the kernel: a TMA producer warpgroup and two ping-ponging consumer warpgroups -----------
 //
 // 3 warpgroups, 384 threads. Warpgroup 0 is the producer: it gives registers back
 // (setmaxnreg.dec) and one thread issues every load as a TMA box (Q once; per KV tile the K
 // box and HEAD_DIM / 64 V boxes), each completing on the stage's "full" mbarrier; before it
 // refills a stage it waits on the stage's "empty" mbarrier, on which each consumer warp arrives
-// once its wgmmas have read the stage. The tensor maps apply the same swizzles the cp.async
-// kernel writes by hand (K, Q: 128B / 64B by head dim; V: 128B column blocks), and zero-fill the
-// rows past the sequence ends. Warpgroups 1 and 2 are the consumers (setmaxnreg.inc), each with
-// 64 query rows, running the mainloop above without any CTA-wide barrier. Their wgmma issues
+// once its wgmmas have read the stage. The tensor maps apply the swizzles of the header (K, Q:
+// 128B / 64B by head dim; V: 128B column blocks), and zero-fill the rows past the sequence ends.
+// Warpgroups 1 and 2 are the consumers (setmaxnreg.inc), each with 64 query rows, running the
+// pipeline of the header without any CTA-wide barrier. Their wgmma issues
 // alternate (FlashAttention-3's ping-pong): consumer c waits on named barrier 1 + c before it
 // issues a tile's wgmmas and arrives on the other's barrier after, so one warpgroup's softmax
 // runs while the other's matrix products use the tensor cores.
@@ -652,4 +500,3 @@ fwd_wgmma_int8(const Int8FwdParams p, const __grid_constant__ Int8TmaMaps maps) 
         cta_store_o<cfg::BM, cfg::D, cfg::THREADS>(p, sm.q, m0, ctid);
     }
 }
-#endif

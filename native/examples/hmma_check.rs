@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaStream};
 use half::{bf16, f16};
-use quattn_native::{HmmaArgs, HmmaConfig, HmmaKernel, HmmaTile, InputType, PvAccum, QkAccum, Strides};
+use quattn_native::{AttentionShape, Layout, HmmaConfig, HmmaKernel, HmmaTile, Dtype, PvAccum, QkAccum, Strides};
 
 type BoxErr = Box<dyn std::error::Error>;
 
@@ -38,16 +38,18 @@ fn samples(n: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
-fn to_bits(x: &[f32], input: InputType) -> Vec<u16> {
+fn to_bits(x: &[f32], input: Dtype) -> Vec<u16> {
     match input {
-        InputType::F16 => x.iter().map(|v| f16::from_f32(*v).to_bits()).collect(),
-        InputType::Bf16 => x.iter().map(|v| bf16::from_f32(*v).to_bits()).collect(),
+        Dtype::F16 => x.iter().map(|v| f16::from_f32(*v).to_bits()).collect(),
+        Dtype::Bf16 => x.iter().map(|v| bf16::from_f32(*v).to_bits()).collect(),
+        Dtype::F32 => unreachable!("HmmaConfig refuses f32 inputs"),
     }
 }
-fn from_bits(x: &[u16], input: InputType) -> Vec<f32> {
+fn from_bits(x: &[u16], input: Dtype) -> Vec<f32> {
     match input {
-        InputType::F16 => x.iter().map(|v| f16::from_bits(*v).to_f32()).collect(),
-        InputType::Bf16 => x.iter().map(|v| bf16::from_bits(*v).to_f32()).collect(),
+        Dtype::F16 => x.iter().map(|v| f16::from_bits(*v).to_f32()).collect(),
+        Dtype::Bf16 => x.iter().map(|v| bf16::from_bits(*v).to_f32()).collect(),
+        Dtype::F32 => unreachable!("HmmaConfig refuses f32 inputs"),
     }
 }
 
@@ -64,20 +66,8 @@ struct Case {
 fn check(stream: &Arc<CudaStream>, kernel: &HmmaKernel, c: &Case) -> Result<(f64, f64), BoxErr> {
     let cfg = *kernel.config();
     let d = cfg.head_dim as usize;
-    let layout = |h, n| if c.bshd { Strides::bshd(h, n, d) } else { Strides::bhsd(h, n, d) };
-    let args = HmmaArgs {
-        batch: c.batch,
-        q_heads: c.q_heads,
-        kv_heads: c.kv_heads,
-        q_len: c.q_len,
-        kv_len: c.kv_len,
-        q: layout(c.q_heads, c.q_len),
-        k: layout(c.kv_heads, c.kv_len),
-        v: layout(c.kv_heads, c.kv_len),
-        o: layout(c.q_heads, c.q_len),
-        scale: 1.0 / (d as f32).sqrt(),
-        causal: c.causal,
-    };
+    let layout = if c.bshd { Layout::Bshd } else { Layout::Bhsd };
+    let args = AttentionShape::contiguous(layout, c.batch, c.q_heads, c.kv_heads, c.q_len, c.kv_len, d, c.causal);
     let nq = c.batch * c.q_heads * c.q_len * d;
     let nk = c.batch * c.kv_heads * c.kv_len * d;
     // Inputs rounded to the kernel's dtype; the reference sees exactly those values.
@@ -93,7 +83,7 @@ fn check(stream: &Arc<CudaStream>, kernel: &HmmaKernel, c: &Case) -> Result<(f64
     let o = from_bits(&stream.clone_dtoh(&od)?, cfg.input);
     let lse = stream.clone_dtoh(&ld)?;
 
-    let at = |s: &Strides, b: usize, h: usize, i: usize| b * s.batch as usize + h * s.head as usize + i * s.seq as usize;
+    let at = |s: &Strides, b: usize, h: usize, i: usize| s.offset(b, h, i);
     let (mut err_o, mut err_lse) = (0f64, 0f64);
     let group = c.q_heads / c.kv_heads;
     for b in 0..c.batch {
@@ -145,11 +135,7 @@ fn check(stream: &Arc<CudaStream>, kernel: &HmmaKernel, c: &Case) -> Result<(f64
 fn bench(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, kernel: &HmmaKernel, seq: usize, causal: bool) -> Result<f64, BoxErr> {
     let d = kernel.config().head_dim as usize;
     let (batch, heads) = ((16384 / seq).max(1), 2048 / d);
-    let s = Strides::bhsd(heads, seq, d);
-    let args = HmmaArgs {
-        batch, q_heads: heads, kv_heads: heads, q_len: seq, kv_len: seq, q: s, k: s, v: s, o: s,
-        scale: 1.0 / (d as f32).sqrt(), causal,
-    };
+    let args = AttentionShape::contiguous(Layout::Bhsd, batch, heads, heads, seq, seq, d, causal);
     let n = batch * heads * seq * d;
     let x = to_bits(&samples(n, 7), kernel.config().input);
     let qd = stream.clone_htod(&x)?;
@@ -195,7 +181,7 @@ fn run_one(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, cfg: HmmaConfig, ch
         }
     };
     let tol = match (cfg.input, cfg.qk, cfg.pv) {
-        (InputType::Bf16, _, _) => 2e-2,
+        (Dtype::Bf16, _, _) => 2e-2,
         (_, QkAccum::F32, PvAccum::F32) => 4e-3,
         _ => 1.5e-2,
     };
@@ -260,7 +246,7 @@ fn main() -> Result<(), BoxErr> {
                 continue;
             };
             for (qk, pv) in [(QkAccum::F32, PvAccum::F32), (QkAccum::F16, PvAccum::F16PerTile)] {
-                let mut cfg = HmmaConfig::new(hd, InputType::F16, qk, pv)?;
+                let mut cfg = HmmaConfig::new(hd, Dtype::F16, qk, pv)?;
                 cfg.tile = Some(tile);
                 if let Err(e) = cfg.validate() {
                     println!("SKIP {t}: {e}");

@@ -32,7 +32,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use half::f16;
-use quattn_native::{
+use quattn_native::{AttentionShape, Layout, 
     Int8Args, Int8Buffers, Int8Config, Int8Granularity, Int8Kernel, Int8Tile, Int8WgmmaConfig, Int8WgmmaKernel,
     PvAccum, Strides,
 };
@@ -120,10 +120,11 @@ struct Inputs {
 /// Index of query row `i`'s Q scale, from the codec's documented layout
 /// (`quattn::codec::int8::Int8ScaleLayout`), written out independently of the kernel.
 fn q_scale_index(cfg: &Int8Config, a: &Int8Args, b: usize, h: usize, i: usize) -> usize {
-    let (bq, _, warps) = cfg.blocking().expect("valid config");
-    let nqb = a.q_len.div_ceil(bq);
+    let blk = cfg.blocking().expect("valid config");
+    let (bq, warps) = (blk.block_q, blk.warps);
+    let nqb = a.shape.q_len.div_ceil(bq);
     let (blk, r) = (i / bq, i % bq);
-    let head = b * a.q_heads + h;
+    let head = b * a.shape.q_heads + h;
     match cfg.granularity {
         Int8Granularity::PerBlock => head * nqb + blk,
         Int8Granularity::PerWarp => (head * nqb + blk) * warps + r / (bq / warps),
@@ -133,20 +134,9 @@ fn q_scale_index(cfg: &Int8Config, a: &Int8Args, b: usize, h: usize, i: usize) -
 
 fn inputs(cfg: &Int8Config, c: &Case, seed: u64) -> Result<Inputs, BoxErr> {
     let d = cfg.head_dim as usize;
-    let layout = |h, n| if c.bshd { Strides::bshd(h, n, d) } else { Strides::bhsd(h, n, d) };
-    let args = Int8Args {
-        batch: c.batch,
-        q_heads: c.q_heads,
-        kv_heads: c.kv_heads,
-        q_len: c.q_len,
-        kv_len: c.kv_len,
-        q: layout(c.q_heads, c.q_len),
-        k: layout(c.kv_heads, c.kv_len),
-        v: layout(c.kv_heads, c.kv_len),
-        o: layout(c.q_heads, c.q_len),
-        causal: c.causal,
-        lse_shift: c.shift,
-    };
+    let layout = if c.bshd { Layout::Bshd } else { Layout::Bhsd };
+    let shape = AttentionShape::contiguous(layout, c.batch, c.q_heads, c.kv_heads, c.q_len, c.kv_len, d, c.causal);
+    let args = Int8Args { shape, lse_shift: c.shift };
     let lens = args.required_lens(cfg)?;
     // Scales: amax/127 of unit-variance data, times the folded softmax_scale·log2 e for Q, so
     // logits span a few units in log2 and softmax is neither flat nor one-hot.
@@ -166,44 +156,44 @@ fn inputs(cfg: &Int8Config, c: &Case, seed: u64) -> Result<Inputs, BoxErr> {
 fn compare(cfg: &Int8Config, x: &Inputs, o: &[u16], lse: &[f32]) -> (f64, f64) {
     let a = &x.args;
     let d = cfg.head_dim as usize;
-    let (_, bk, _) = cfg.blocking().expect("valid config");
-    let at = |s: &Strides, b: usize, h: usize, i: usize| b * s.batch as usize + h * s.head as usize + i * s.seq as usize;
-    let nkb = a.kv_len.div_ceil(bk);
-    let group = a.q_heads / a.kv_heads;
+    let bk = cfg.blocking().expect("valid config").block_k;
+    let at = |s: &Strides, b: usize, h: usize, i: usize| s.offset(b, h, i);
+    let nkb = a.shape.kv_len.div_ceil(bk);
+    let group = a.shape.q_heads / a.shape.kv_heads;
     let (mut err_o, mut err_lse) = (0f64, 0f64);
     let bad = |e: f64| if e.is_nan() { f64::INFINITY } else { e };
-    for b in 0..a.batch {
-        for h in 0..a.q_heads {
+    for b in 0..a.shape.batch {
+        for h in 0..a.shape.q_heads {
             let kh = h / group;
-            for i in 0..a.q_len {
-                let visible = if a.causal {
-                    (i as i64 + a.kv_len as i64 - a.q_len as i64 + 1).clamp(0, a.kv_len as i64) as usize
+            for i in 0..a.shape.q_len {
+                let visible = if a.shape.causal {
+                    (i as i64 + a.shape.kv_len as i64 - a.shape.q_len as i64 + 1).clamp(0, a.shape.kv_len as i64) as usize
                 } else {
-                    a.kv_len
+                    a.shape.kv_len
                 };
-                let qo = at(&a.q, b, h, i);
+                let qo = at(&a.shape.q, b, h, i);
                 let qs = x.q_scale[q_scale_index(cfg, a, b, h, i)] as f64;
                 let s: Vec<f64> = (0..visible)
                     .map(|j| {
-                        let ko = at(&a.k, b, kh, j);
+                        let ko = at(&a.shape.k, b, kh, j);
                         let dot: i64 = (0..d).map(|c| x.q[qo + c] as i64 * x.k[ko + c] as i64).sum();
-                        let ks = x.k_scale[(b * a.kv_heads + kh) * nkb + j / bk] as f64;
+                        let ks = x.k_scale[(b * a.shape.kv_heads + kh) * nkb + j / bk] as f64;
                         dot as f64 * qs * ks
                     })
                     .collect();
                 let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                 let p: Vec<f64> = s.iter().map(|v| (v - m).exp2()).collect();
                 let sum: f64 = p.iter().sum();
-                let oo = at(&a.o, b, h, i);
+                let oo = at(&a.shape.o, b, h, i);
                 for c in 0..d {
                     let r = if visible == 0 {
                         0.0
                     } else {
-                        (0..visible).map(|j| p[j] * f16_at(&x.v, at(&a.v, b, kh, j) + c)).sum::<f64>() / sum
+                        (0..visible).map(|j| p[j] * f16_at(&x.v, at(&a.shape.v, b, kh, j) + c)).sum::<f64>() / sum
                     };
                     err_o = err_o.max(bad((r - f16_at(o, oo + c)).abs()));
                 }
-                let row = (b * a.q_heads + h) * a.q_len + i;
+                let row = (b * a.shape.q_heads + h) * a.shape.q_len + i;
                 let got = lse[row] as f64;
                 let e = if visible == 0 {
                     if got == f64::NEG_INFINITY { 0.0 } else { f64::INFINITY }
@@ -314,11 +304,8 @@ fn bench(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, kernel: &AnyKernel, s
     let cfg = kernel.scale_cfg();
     let d = cfg.head_dim as usize;
     let (batch, heads) = ((16384 / seq).max(1), 2048 / d);
-    let s = Strides::bhsd(heads, seq, d);
-    let args = Int8Args {
-        batch, q_heads: heads, kv_heads: heads, q_len: seq, kv_len: seq, q: s, k: s, v: s, o: s, causal,
-        lse_shift: false,
-    };
+    let shape = AttentionShape::contiguous(Layout::Bhsd, batch, heads, heads, seq, seq, d, causal);
+    let args = Int8Args { shape, lse_shift: false };
     let lens = args.required_lens(&cfg)?;
     let fold = std::f64::consts::LOG2_E / (d as f64).sqrt();
     let x = Inputs {

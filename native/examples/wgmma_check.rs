@@ -32,7 +32,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaStream};
 use half::f16;
-use quattn_native::{HmmaArgs, HmmaConfig, HmmaKernel, InputType, PvAccum, QkAccum, Strides, WgmmaConfig, WgmmaKernel};
+use quattn_native::{AttentionShape, Layout, HmmaConfig, HmmaKernel, Dtype, PvAccum, QkAccum, Strides, WgmmaConfig, WgmmaKernel};
 
 type BoxErr = Box<dyn std::error::Error>;
 
@@ -95,20 +95,8 @@ fn cases() -> Vec<Case> {
 /// Max |dO|, max |dLSE| of one case (infinite if anything is NaN or unexpectedly infinite).
 fn check(stream: &Arc<CudaStream>, kernel: &WgmmaKernel, c: &Case) -> Result<(f64, f64), BoxErr> {
     let d = kernel.config().head_dim as usize;
-    let layout = |h, n| if c.bshd { Strides::bshd(h, n, d) } else { Strides::bhsd(h, n, d) };
-    let args = HmmaArgs {
-        batch: c.batch,
-        q_heads: c.q_heads,
-        kv_heads: c.kv_heads,
-        q_len: c.q_len,
-        kv_len: c.kv_len,
-        q: layout(c.q_heads, c.q_len),
-        k: layout(c.kv_heads, c.kv_len),
-        v: layout(c.kv_heads, c.kv_len),
-        o: layout(c.q_heads, c.q_len),
-        scale: 1.0 / (d as f32).sqrt(),
-        causal: c.causal,
-    };
+    let layout = if c.bshd { Layout::Bshd } else { Layout::Bhsd };
+    let args = AttentionShape::contiguous(layout, c.batch, c.q_heads, c.kv_heads, c.q_len, c.kv_len, d, c.causal);
     let nq = c.batch * c.q_heads * c.q_len * d;
     let nk = c.batch * c.kv_heads * c.kv_len * d;
     let nl = c.batch * c.q_heads * c.q_len;
@@ -125,7 +113,7 @@ fn check(stream: &Arc<CudaStream>, kernel: &WgmmaKernel, c: &Case) -> Result<(f6
     let o = f16_vals(&stream.clone_dtoh(&od)?);
     let lse = stream.clone_dtoh(&ld)?;
 
-    let at = |s: &Strides, b: usize, h: usize, i: usize| b * s.batch as usize + h * s.head as usize + i * s.seq as usize;
+    let at = |s: &Strides, b: usize, h: usize, i: usize| s.offset(b, h, i);
     let diff = |r: f64, g: f64| if g.is_nan() || (r.is_finite() && !g.is_finite()) { f64::INFINITY } else { (r - g).abs() };
     let (mut err_o, mut err_lse) = (0f64, 0f64);
     let group = c.q_heads / c.kv_heads;
@@ -173,20 +161,16 @@ fn check(stream: &Arc<CudaStream>, kernel: &WgmmaKernel, c: &Case) -> Result<(f6
     Ok((err_o, err_lse))
 }
 
-fn bench_args(d: usize, seq: usize, causal: bool) -> HmmaArgs {
+fn bench_args(d: usize, seq: usize, causal: bool) -> AttentionShape {
     let (batch, heads) = ((16384 / seq).max(1), 2048 / d);
-    let s = Strides::bhsd(heads, seq, d);
-    HmmaArgs {
-        batch, q_heads: heads, kv_heads: heads, q_len: seq, kv_len: seq, q: s, k: s, v: s, o: s,
-        scale: 1.0 / (d as f32).sqrt(), causal,
-    }
+    AttentionShape::contiguous(Layout::Bhsd, batch, heads, heads, seq, seq, d, causal)
 }
 
 /// Median TFLOP/s of 20 individually event-timed launches of `launch`.
 fn time_median(
     ctx: &Arc<CudaContext>,
     stream: &Arc<CudaStream>,
-    args: &HmmaArgs,
+    args: &AttentionShape,
     d: usize,
     mut launch: impl FnMut() -> Result<(), BoxErr>,
 ) -> Result<f64, BoxErr> {
@@ -284,7 +268,7 @@ fn main() -> Result<(), BoxErr> {
         if !check_only {
             // The table variants are compared with the HMMA family's table variant.
             let hmma = if cfg.tile.is_none() {
-                HmmaConfig::new(cfg.head_dim as usize, InputType::F16, QkAccum::F32, PvAccum::F32)
+                HmmaConfig::new(cfg.head_dim as usize, Dtype::F16, QkAccum::F32, PvAccum::F32)
                     .and_then(|h| HmmaKernel::load(&ctx, h))
                     .ok()
             } else {

@@ -6,37 +6,15 @@
 use crate::arch::Arch;
 use crate::cache::{CompileRequest, FWD_HMMA};
 use crate::error::{NativeError, Result};
+use quattn_core::{AttentionShape, Dtype, PvAccum, QkAccum, Strides, TWO_STAGE_CHUNK};
 
 const KERNEL: &str = "fwd_hmma";
 
-/// Element type of Q, K, V and O.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
-pub enum InputType {
-    F16,
-    Bf16,
-}
-
-/// How Q·Kᵀ accumulates.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
-pub enum QkAccum {
-    /// f32 accumulators (HMMA.16816.F32): scores exact to f32 before scale/mask/max/exp.
-    F32,
-    /// f16 accumulators over the whole head dim (HMMA.16816.F16): full rate on parts where
-    /// f32 accumulation runs at half rate, ~1e-3 relative score error.
-    F16,
-    /// f16-accumulating MMAs over `chunk` head dims, folded into f32 registers after each
-    /// chunk: most of the F16 speed, an order of magnitude less error (seed note 004).
-    TwoStage { chunk: u32 },
-}
-
-/// How P·V accumulates.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
-pub enum PvAccum {
-    /// f32 accumulators throughout.
-    F32,
-    /// f16 accumulators within one KV tile, folded into the f32 O registers once per tile.
-    F16PerTile,
-}
+// `QkAccum::TwoStage` folds every TWO_STAGE_CHUNK head dims: whole k16 MMA steps, dividing both
+// head dims of the family (the kernel's static_assert, checked here before any compile).
+const _: () = assert!(
+    TWO_STAGE_CHUNK.is_multiple_of(16) && 64usize.is_multiple_of(TWO_STAGE_CHUNK) && 128usize.is_multiple_of(TWO_STAGE_CHUNK)
+);
 
 /// Tile shape of one head dim. One table ([`HMMA_TILES`]), no branches elsewhere.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
@@ -114,10 +92,6 @@ pub const HMMA_TILES: [HmmaTileRow; 2] = [
     },
 ];
 
-/// Two-stage chunk used by [`HmmaConfig::all`]: 32 dims = 2 MMAs per fold, short enough that
-/// the f16 partial sum of |q|·|k| ~ 32 stays far from fp16 overflow for normalised inputs.
-pub const DEFAULT_TWO_STAGE_CHUNK: u32 = 32;
-
 impl HmmaTile {
     /// The original layout: 16 rows per warp, Q in registers.
     pub const fn new(warps: u32, block_n: u32) -> Self {
@@ -148,7 +122,8 @@ impl HmmaTile {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 pub struct HmmaConfig {
     pub head_dim: u32,
-    pub input: InputType,
+    /// f16 or bf16 ([`Dtype::F32`] is refused: mma.sync has no f32 inputs).
+    pub input: Dtype,
     pub qk: QkAccum,
     pub pv: PvAccum,
     /// `None`: the tile from [`HMMA_TILES`]; `Some`: forced (tests, tuning sweeps).
@@ -167,14 +142,14 @@ impl HmmaConfig {
     pub const TARGETS: &'static [Arch] = &[Arch::Sm80, Arch::Sm86, Arch::Sm89, Arch::Sm90, Arch::Sm100a, Arch::Sm120a];
 
     /// Validated constructor.
-    pub fn new(head_dim: usize, input: InputType, qk: QkAccum, pv: PvAccum) -> Result<Self> {
+    pub fn new(head_dim: usize, input: Dtype, qk: QkAccum, pv: PvAccum) -> Result<Self> {
         let cfg = HmmaConfig { head_dim: head_dim as u32, input, qk, pv, tile: None };
         cfg.validate()?;
         Ok(cfg)
     }
 
-    /// Checks the combination exists (head dim in the table, bf16 only with f32 accumulation,
-    /// two-stage chunk a multiple of 16 dividing the head dim).
+    /// Checks the combination exists (head dim in the table, f16 or bf16 inputs, bf16 only with
+    /// f32 accumulation).
     pub fn validate(&self) -> Result<()> {
         if self.tile_opt(Arch::Sm90).is_none() {
             return Err(NativeError::UnsupportedHeadDim {
@@ -204,16 +179,11 @@ impl HmmaConfig {
                 return bad(format!("tile {t:?} needs {} bytes of shared memory", t.smem_bytes(self.head_dim)));
             }
         }
-        if self.input == InputType::Bf16 && (self.qk != QkAccum::F32 || self.pv != PvAccum::F32) {
-            return bad("bf16 mma.sync accumulates in f32 only".into());
+        if self.input == Dtype::F32 {
+            return bad("f32 inputs (mma.sync takes f16 or bf16)".into());
         }
-        if let QkAccum::TwoStage { chunk } = self.qk {
-            if chunk == 0 || chunk % 16 != 0 || self.head_dim % chunk != 0 {
-                return bad(format!(
-                    "two-stage chunk {chunk} must be a multiple of 16 dividing {}",
-                    self.head_dim
-                ));
-            }
+        if self.input == Dtype::Bf16 && (self.qk != QkAccum::F32 || self.pv != PvAccum::F32) {
+            return bad("bf16 mma.sync accumulates in f32 only".into());
         }
         Ok(())
     }
@@ -247,16 +217,14 @@ impl HmmaConfig {
         self.tile_for(Arch::Sm90)
     }
 
-    /// `fwd_hmma_{in}_{qk}_{pv}_d{hd}`, e.g. `fwd_hmma_f16_2s32_f32_d128`.
+    /// `fwd_hmma_{in}_{qk}_{pv}_d{hd}`, e.g. `fwd_hmma_f16_2s32_f32_d128` (`2s32`: two-stage
+    /// Q·Kᵀ with [`TWO_STAGE_CHUNK`] dims per fold).
     pub fn name(&self) -> String {
-        let input = match self.input {
-            InputType::F16 => "f16",
-            InputType::Bf16 => "bf16",
-        };
+        let input = self.input.name();
         let qk = match self.qk {
             QkAccum::F32 => "f32".to_string(),
             QkAccum::F16 => "f16".to_string(),
-            QkAccum::TwoStage { chunk } => format!("2s{chunk}"),
+            QkAccum::TwoStage => format!("2s{TWO_STAGE_CHUNK}"),
         };
         let pv = match self.pv {
             PvAccum::F32 => "f32",
@@ -270,12 +238,12 @@ impl HmmaConfig {
     pub fn all() -> Vec<HmmaConfig> {
         let mut v = Vec::new();
         for hd in [64, 128] {
-            for qk in [QkAccum::F32, QkAccum::F16, QkAccum::TwoStage { chunk: DEFAULT_TWO_STAGE_CHUNK }] {
+            for qk in [QkAccum::F32, QkAccum::F16, QkAccum::TwoStage] {
                 for pv in [PvAccum::F32, PvAccum::F16PerTile] {
-                    v.push(HmmaConfig { head_dim: hd, input: InputType::F16, qk, pv, tile: None });
+                    v.push(HmmaConfig { head_dim: hd, input: Dtype::F16, qk, pv, tile: None });
                 }
             }
-            v.push(HmmaConfig { head_dim: hd, input: InputType::Bf16, qk: QkAccum::F32, pv: PvAccum::F32, tile: None });
+            v.push(HmmaConfig { head_dim: hd, input: Dtype::Bf16, qk: QkAccum::F32, pv: PvAccum::F32, tile: None });
         }
         v
     }
@@ -284,11 +252,13 @@ impl HmmaConfig {
     pub fn defines(&self, arch: Arch) -> Result<Vec<(String, String)>> {
         self.validate()?;
         let tile = self.tile_for(arch)?;
-        let (qk, chunk) = match self.qk {
-            QkAccum::F32 => (0, DEFAULT_TWO_STAGE_CHUNK),
-            QkAccum::F16 => (1, DEFAULT_TWO_STAGE_CHUNK),
-            QkAccum::TwoStage { chunk } => (2, chunk),
+        // QK_CHUNK is read by the two-stage mode only; the others pass the same value.
+        let qk = match self.qk {
+            QkAccum::F32 => 0,
+            QkAccum::F16 => 1,
+            QkAccum::TwoStage => 2,
         };
+        let chunk = TWO_STAGE_CHUNK as u32;
         let d = |k: &str, v: u32| (k.to_string(), v.to_string());
         Ok(vec![
             d("HEAD_DIM", self.head_dim),
@@ -296,7 +266,7 @@ impl HmmaConfig {
             d("BLOCK_N", tile.block_n),
             d("ROWS_PER_WARP", tile.rows_per_warp),
             d("Q_IN_REGS", tile.q_in_regs as u32),
-            d("IN_BF16", (self.input == InputType::Bf16) as u32),
+            d("IN_BF16", (self.input == Dtype::Bf16) as u32),
             d("QK_ACC", qk),
             d("QK_CHUNK", chunk),
             d("PV_ACC", (self.pv == PvAccum::F16PerTile) as u32),
@@ -309,15 +279,17 @@ impl HmmaConfig {
     }
 
     /// SASS opcodes that must appear (and only these HMMA forms): the proof that the mode is
-    /// really built on the intended tensor-core instruction.
+    /// really built on the intended tensor-core instruction. None for f32 inputs, which
+    /// [`Self::validate`] refuses.
     pub fn expected_instructions(&self) -> Vec<&'static str> {
         let f32acc = match self.input {
-            InputType::F16 => "HMMA.16816.F32",
-            InputType::Bf16 => "HMMA.16816.F32.BF16",
+            Dtype::F16 => "HMMA.16816.F32",
+            Dtype::Bf16 => "HMMA.16816.F32.BF16",
+            Dtype::F32 => return Vec::new(),
         };
         let qk = match self.qk {
             QkAccum::F32 => f32acc,
-            QkAccum::F16 | QkAccum::TwoStage { .. } => "HMMA.16816.F16",
+            QkAccum::F16 | QkAccum::TwoStage => "HMMA.16816.F16",
         };
         let pv = match self.pv {
             PvAccum::F32 => f32acc,
@@ -335,42 +307,20 @@ impl HmmaConfig {
     }
 }
 
-/// Element strides of one tensor; the head dim is always contiguous.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Strides {
-    pub batch: i64,
-    pub head: i64,
-    pub seq: i64,
+/// Elements a `[batch, heads, seq, dim]` view with strides `s` spans; `usize::MAX` when that
+/// overflows (no buffer is that long, so a length check against it fails).
+pub(crate) fn span(s: &Strides, batch: usize, heads: usize, seq: usize, dim: usize) -> usize {
+    s.extent(batch, heads, seq, dim).unwrap_or(usize::MAX)
 }
 
-impl Strides {
-    /// `[batch, heads, seq, head_dim]` contiguous.
-    pub fn bhsd(heads: usize, seq: usize, head_dim: usize) -> Self {
-        Strides { batch: (heads * seq * head_dim) as i64, head: (seq * head_dim) as i64, seq: head_dim as i64 }
+/// Checks that the strides of tensor `name` are multiples of `align` elements (the kernels move
+/// 16-byte pieces of rows) and fit the kernels' i64 stride fields.
+pub(crate) fn check_strides(name: &str, s: &Strides, align: usize) -> Result<()> {
+    let x = s.to_array();
+    if x.iter().any(|&v| !v.is_multiple_of(align) || v > i64::MAX as usize) {
+        return Err(NativeError::InvalidArgs(format!("{name} strides {s:?} must be multiples of {align} elements below 2^63")));
     }
-    /// `[batch, seq, heads, head_dim]` contiguous.
-    pub fn bshd(heads: usize, seq: usize, head_dim: usize) -> Self {
-        Strides { batch: (heads * seq * head_dim) as i64, head: head_dim as i64, seq: (heads * head_dim) as i64 }
-    }
-}
-
-/// Shapes, strides and softmax parameters of one launch.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct HmmaArgs {
-    pub batch: usize,
-    pub q_heads: usize,
-    /// `q_heads % kv_heads == 0`; query head `h` reads KV head `h / (q_heads / kv_heads)`.
-    pub kv_heads: usize,
-    pub q_len: usize,
-    pub kv_len: usize,
-    pub q: Strides,
-    pub k: Strides,
-    pub v: Strides,
-    pub o: Strides,
-    /// Softmax scale, > 0 (usually 1/sqrt(head_dim)).
-    pub scale: f32,
-    /// Bottom-right aligned causal mask: query i sees key j iff j <= i + kv_len - q_len.
-    pub causal: bool,
+    Ok(())
 }
 
 /// Mirror of `FwdParams` in `fwd_hmma.cu`: same field order, C layout.
@@ -412,96 +362,98 @@ pub struct HmmaLaunchShape {
     pub smem_bytes: u32,
 }
 
-impl HmmaArgs {
-    /// Minimum element count of a tensor with these strides and lengths.
-    pub(crate) fn required_len(s: &Strides, batch: usize, heads: usize, seq: usize, head_dim: usize) -> i64 {
-        (batch as i64 - 1) * s.batch + (heads as i64 - 1) * s.head + (seq as i64 - 1) * s.seq + head_dim as i64
+/// The launch arguments of the HMMA and wgmma families: one [`AttentionShape`] (sizes, strides,
+/// softmax scale, causal mask). These kernels always write the LSE, whatever `write_lse` says,
+/// so an LSE buffer is always passed.
+impl HmmaConfig {
+    /// Element counts Q, K, V, O and LSE must at least have (`usize::MAX` where a span
+    /// overflows: no buffer passes that check).
+    pub fn required_lens(&self, s: &AttentionShape) -> [usize; 5] {
+        let [q, k, v, o] = s.extents().unwrap_or([usize::MAX; 4]);
+        [q, k, v, o, s.lse_len()]
     }
 
-    /// Element counts Q, K, V, O and LSE must at least have.
-    pub fn required_lens(&self, head_dim: usize) -> [usize; 5] {
-        let r = |s: &Strides, h, n| Self::required_len(s, self.batch, h, n, head_dim).max(0) as usize;
-        let kv = self.kv_len.max(1);
-        [
-            r(&self.q, self.q_heads, self.q_len),
-            if self.kv_len == 0 { 0 } else { r(&self.k, self.kv_heads, kv) },
-            if self.kv_len == 0 { 0 } else { r(&self.v, self.kv_heads, kv) },
-            r(&self.o, self.q_heads, self.q_len),
-            self.batch * self.q_heads * self.q_len,
-        ]
-    }
-
-    /// Validates everything that does not need device pointers.
-    pub fn validate(&self, config: &HmmaConfig) -> Result<()> {
-        config.validate()?;
+    /// Validates everything that does not need device pointers: the shape's head dims are this
+    /// config's, sizes fit the grid and the kernel's i32 fields, a finite positive scale, strides
+    /// in whole 16-byte pieces.
+    pub fn validate_args(&self, s: &AttentionShape) -> Result<()> {
+        self.validate()?;
         let bad = |m: String| Err(NativeError::InvalidArgs(m));
-        if self.batch == 0 || self.q_heads == 0 || self.kv_heads == 0 || self.q_len == 0 {
-            return bad(format!("empty problem: {self:?}"));
+        if s.head_dim != self.head_dim as usize || s.v_head_dim != s.head_dim {
+            return bad(format!(
+                "head dims {} / {} (V) for a kernel of head dim {}",
+                s.head_dim, s.v_head_dim, self.head_dim
+            ));
         }
-        if self.q_heads % self.kv_heads != 0 {
-            return bad(format!("q_heads {} not a multiple of kv_heads {}", self.q_heads, self.kv_heads));
+        if s.batch == 0 || s.q_heads == 0 || s.kv_heads == 0 || s.q_len == 0 {
+            return bad(format!("empty problem: {s:?}"));
         }
-        if self.q_len > i32::MAX as usize || self.kv_len > i32::MAX as usize {
+        if !s.q_heads.is_multiple_of(s.kv_heads) {
+            return bad(format!("q_heads {} not a multiple of kv_heads {}", s.q_heads, s.kv_heads));
+        }
+        if s.q_len > i32::MAX as usize || s.kv_len > i32::MAX as usize {
             return bad("sequence length exceeds i32".into());
         }
         // Grid y/z limits.
-        if self.q_heads > 65535 || self.batch > 65535 {
-            return bad(format!("batch {} / heads {} exceed the grid limit 65535", self.batch, self.q_heads));
+        if s.q_heads > 65535 || s.batch > 65535 {
+            return bad(format!("batch {} / heads {} exceed the grid limit 65535", s.batch, s.q_heads));
         }
-        if !(self.scale.is_finite() && self.scale > 0.0) {
+        if !(s.scale.is_finite() && s.scale > 0.0) {
             // The kernel tracks the row max of raw scores; a non-positive scale would flip it.
-            return bad(format!("softmax scale must be finite and > 0, got {}", self.scale));
+            return bad(format!("softmax scale must be finite and > 0, got {}", s.scale));
         }
-        for (name, s) in [("q", &self.q), ("k", &self.k), ("v", &self.v), ("o", &self.o)] {
+        for (name, st) in [("q", &s.q), ("k", &s.k), ("v", &s.v), ("o", &s.o)] {
             // cp.async / vector stores move 16-byte rows pieces: 8 elements.
-            if [s.batch, s.head, s.seq].iter().any(|&x| x < 0 || x % 8 != 0) {
-                return bad(format!("{name} strides {s:?} must be non-negative multiples of 8 elements"));
-            }
+            check_strides(name, st, 8)?;
         }
         Ok(())
     }
 
-    /// Kernel parameters for the given device pointers.
-    pub fn params(&self, ptrs: [u64; 5]) -> HmmaParams {
-        let scale_log2 = self.scale * std::f32::consts::LOG2_E;
+    /// Grid `(query blocks, q_heads, batch)`, one CTA of `rows_per_warp * warps` rows each.
+    pub fn launch_shape(&self, s: &AttentionShape, arch: Arch) -> Result<HmmaLaunchShape> {
+        let tile = self.tile_for(arch)?;
+        let m_blocks = s.q_len.div_ceil(tile.block_m() as usize);
+        Ok(HmmaLaunchShape {
+            grid: (m_blocks as u32, s.q_heads as u32, s.batch as u32),
+            block: (tile.threads(), 1, 1),
+            smem_bytes: tile.smem_bytes(self.head_dim),
+        })
+    }
+}
+
+impl HmmaParams {
+    /// Kernel parameters of `s` for the device pointers `[q, k, v, o, lse]` (strides as checked
+    /// by [`HmmaConfig::validate_args`]: below 2^63).
+    pub fn new(s: &AttentionShape, ptrs: [u64; 5]) -> HmmaParams {
+        let scale_log2 = s.scale * std::f32::consts::LOG2_E;
+        let [q, k, v, o] = [s.q, s.k, s.v, s.o].map(|x| x.to_array().map(|v| v as i64));
         HmmaParams {
             q: ptrs[0],
             k: ptrs[1],
             v: ptrs[2],
             o: ptrs[3],
             lse: ptrs[4],
-            q_batch_stride: self.q.batch,
-            q_head_stride: self.q.head,
-            q_seq_stride: self.q.seq,
-            k_batch_stride: self.k.batch,
-            k_head_stride: self.k.head,
-            k_seq_stride: self.k.seq,
-            v_batch_stride: self.v.batch,
-            v_head_stride: self.v.head,
-            v_seq_stride: self.v.seq,
-            o_batch_stride: self.o.batch,
-            o_head_stride: self.o.head,
-            o_seq_stride: self.o.seq,
-            q_len: self.q_len as i32,
-            kv_len: self.kv_len as i32,
-            q_heads: self.q_heads as i32,
-            kv_group: (self.q_heads / self.kv_heads) as i32,
+            q_batch_stride: q[0],
+            q_head_stride: q[1],
+            q_seq_stride: q[2],
+            k_batch_stride: k[0],
+            k_head_stride: k[1],
+            k_seq_stride: k[2],
+            v_batch_stride: v[0],
+            v_head_stride: v[1],
+            v_seq_stride: v[2],
+            o_batch_stride: o[0],
+            o_head_stride: o[1],
+            o_seq_stride: o[2],
+            q_len: s.q_len as i32,
+            kv_len: s.kv_len as i32,
+            q_heads: s.q_heads as i32,
+            kv_group: (s.q_heads / s.kv_heads.max(1)) as i32,
             scale_log2,
-            scale: self.scale,
-            causal: self.causal as i32,
+            scale: s.scale,
+            causal: s.causal as i32,
             pad_: 0,
         }
-    }
-
-    /// Grid `(query blocks, q_heads, batch)`, one CTA of `rows_per_warp * warps` rows each.
-    pub fn launch_shape(&self, config: &HmmaConfig, arch: Arch) -> Result<HmmaLaunchShape> {
-        let tile = config.tile_for(arch)?;
-        let m_blocks = self.q_len.div_ceil(tile.block_m() as usize);
-        Ok(HmmaLaunchShape {
-            grid: (m_blocks as u32, self.q_heads as u32, self.batch as u32),
-            block: (tile.threads(), 1, 1),
-            smem_bytes: tile.smem_bytes(config.head_dim),
-        })
     }
 }
 
@@ -564,7 +516,7 @@ mod launch {
         pub fn launch<T, Q, K, V, O, L>(
             &self,
             stream: &Arc<CudaStream>,
-            args: &HmmaArgs,
+            args: &AttentionShape,
             q: &Q,
             k: &K,
             v: &V,
@@ -584,8 +536,8 @@ mod launch {
                     std::mem::size_of::<T>()
                 )));
             }
-            args.validate(&self.config)?;
-            let need = args.required_lens(self.config.head_dim as usize);
+            self.config.validate_args(args)?;
+            let need = self.config.required_lens(args);
             let have = [q.len(), k.len(), v.len(), o.len(), lse.len()];
             for ((name, n), h) in ["q", "k", "v", "o", "lse"].iter().zip(need).zip(have) {
                 if h < n {
@@ -605,10 +557,10 @@ mod launch {
         ///
         /// # Safety
         /// Each pointer must address device memory of at least
-        /// [`HmmaArgs::required_lens`] elements (2-byte elements; f32 for LSE), valid until the
-        /// kernel finishes on `stream`.
-        pub unsafe fn launch_raw(&self, stream: &Arc<CudaStream>, args: &HmmaArgs, ptrs: [u64; 5]) -> Result<()> {
-            args.validate(&self.config)?;
+        /// [`HmmaConfig::required_lens`] elements (2-byte elements; f32 for LSE), valid until
+        /// the kernel finishes on `stream`.
+        pub unsafe fn launch_raw(&self, stream: &Arc<CudaStream>, args: &AttentionShape, ptrs: [u64; 5]) -> Result<()> {
+            self.config.validate_args(args)?;
             if let Some(i) = ptrs.iter().position(|p| p % 16 != 0) {
                 return Err(NativeError::InvalidArgs(format!(
                     "{} pointer {:#x} is not 16-byte aligned",
@@ -616,8 +568,8 @@ mod launch {
                     ptrs[i]
                 )));
             }
-            let shape = args.launch_shape(&self.config, self.arch)?;
-            let params = args.params(ptrs);
+            let shape = self.config.launch_shape(args, self.arch)?;
+            let params = HmmaParams::new(args, ptrs);
             let cfg = LaunchConfig { grid_dim: shape.grid, block_dim: shape.block, shared_mem_bytes: shape.smem_bytes };
             let mut b = stream.launch_builder(&self.function);
             b.arg(&params);
@@ -631,25 +583,29 @@ mod launch {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use quattn_core::Layout;
 
     #[test]
     fn unsupported_head_dim_is_typed() {
-        let e = HmmaConfig::new(96, InputType::F16, QkAccum::F32, PvAccum::F32).unwrap_err();
+        let e = HmmaConfig::new(96, Dtype::F16, QkAccum::F32, PvAccum::F32).unwrap_err();
         assert!(matches!(e, NativeError::UnsupportedHeadDim { head_dim: 96, .. }), "{e}");
-        let e = HmmaConfig::new(128, InputType::Bf16, QkAccum::F16, PvAccum::F32).unwrap_err();
+        let e = HmmaConfig::new(128, Dtype::Bf16, QkAccum::F16, PvAccum::F32).unwrap_err();
         assert!(matches!(e, NativeError::UnsupportedConfig { .. }), "{e}");
-        let e = HmmaConfig::new(128, InputType::F16, QkAccum::TwoStage { chunk: 48 }, PvAccum::F32).unwrap_err();
-        assert!(matches!(e, NativeError::UnsupportedConfig { .. }), "{e}");
+        let e = HmmaConfig::new(128, Dtype::F32, QkAccum::F32, PvAccum::F32).unwrap_err();
+        assert!(matches!(&e, NativeError::UnsupportedConfig { reason, .. } if reason.contains("f32 inputs")), "{e}");
+        assert!(HmmaConfig { head_dim: 128, input: Dtype::F32, qk: QkAccum::F32, pv: PvAccum::F32, tile: None }
+            .expected_instructions()
+            .is_empty());
     }
 
     #[test]
     fn tiles_validate_and_name_like_the_kernel() {
-        let mut cfg = HmmaConfig::new(128, InputType::F16, QkAccum::F32, PvAccum::F32).unwrap();
+        let mut cfg = HmmaConfig::new(128, Dtype::F16, QkAccum::F32, PvAccum::F32).unwrap();
         // Table: 32 rows per warp with Q in shared memory for f32 accumulation at hd128,
         // the 16-row tile for the f16-accumulating modes.
         let t = cfg.tile().unwrap();
         assert_eq!((t.block_m(), t.threads(), t.smem_bytes(128)), (128, 128, 2 * 2 * 64 * 256 + 128 * 256));
-        let f16 = HmmaConfig::new(128, InputType::F16, QkAccum::F16, PvAccum::F32).unwrap();
+        let f16 = HmmaConfig::new(128, Dtype::F16, QkAccum::F16, PvAccum::F32).unwrap();
         assert_eq!(f16.tile().unwrap(), HmmaTile::new(4, 64));
         cfg.tile = Some(HmmaTile::new(8, 64));
         assert!(cfg.name().ends_with("_d128_w8n64"), "{}", cfg.name());
@@ -690,8 +646,8 @@ mod tests {
     #[test]
     fn blackwell_targets_take_the_compact_tile_for_f32_modes_only() {
         for row in HMMA_TILES {
-            let f32 = HmmaConfig::new(row.head_dim as usize, InputType::F16, QkAccum::F32, PvAccum::F32).unwrap();
-            let f16 = HmmaConfig::new(row.head_dim as usize, InputType::F16, QkAccum::F16, PvAccum::F16PerTile).unwrap();
+            let f32 = HmmaConfig::new(row.head_dim as usize, Dtype::F16, QkAccum::F32, PvAccum::F32).unwrap();
+            let f16 = HmmaConfig::new(row.head_dim as usize, Dtype::F16, QkAccum::F16, PvAccum::F16PerTile).unwrap();
             assert_eq!(f32.tile_for(Arch::Sm90).unwrap(), row.tile);
             assert_eq!(f32.tile_for(Arch::Sm100a).unwrap(), row.compact);
             assert_eq!(f32.tile_for(Arch::Sm120a).unwrap(), row.compact);
@@ -711,20 +667,27 @@ mod tests {
 
     #[test]
     fn args_validation() {
-        let cfg = HmmaConfig::new(128, InputType::F16, QkAccum::F32, PvAccum::F32).unwrap();
-        let s = Strides::bhsd(8, 1000, 128);
-        let mut a = HmmaArgs {
-            batch: 2, q_heads: 8, kv_heads: 2, q_len: 1000, kv_len: 1000,
-            q: s, k: Strides::bhsd(2, 1000, 128), v: Strides::bhsd(2, 1000, 128), o: s,
-            scale: 0.088, causal: true,
-        };
-        a.validate(&cfg).unwrap();
-        assert_eq!(a.launch_shape(&cfg, Arch::Sm90).unwrap().grid, (8, 8, 2));
-        assert_eq!(a.required_lens(128)[0], 2 * 8 * 1000 * 128);
+        let cfg = HmmaConfig::new(128, Dtype::F16, QkAccum::F32, PvAccum::F32).unwrap();
+        let mut a = AttentionShape::contiguous(Layout::Bhsd, 2, 8, 2, 1000, 1000, 128, true);
+        cfg.validate_args(&a).unwrap();
+        assert_eq!(cfg.launch_shape(&a, Arch::Sm90).unwrap().grid, (8, 8, 2));
+        assert_eq!(cfg.required_lens(&a), [2 * 8 * 1000 * 128, 2 * 2 * 1000 * 128, 2 * 2 * 1000 * 128, 2 * 8 * 1000 * 128, 2 * 8 * 1000]);
+        let p = HmmaParams::new(&a, [16, 32, 48, 64, 80]);
+        assert_eq!((p.q_seq_stride, p.k_head_stride, p.kv_group, p.causal), (128, 1000 * 128, 4, 1));
+        assert_eq!((p.scale, p.scale_log2), (a.scale, a.scale * std::f32::consts::LOG2_E));
         a.kv_heads = 3;
-        assert!(a.validate(&cfg).is_err());
+        assert!(cfg.validate_args(&a).is_err());
         a.kv_heads = 2;
         a.q.seq = 132;
-        assert!(a.validate(&cfg).is_err());
+        assert!(cfg.validate_args(&a).is_err());
+        a.q.seq = 128;
+        // The shape's head dims must be the kernel's.
+        let other = AttentionShape { v_head_dim: 64, ..a };
+        assert!(matches!(cfg.validate_args(&other), Err(NativeError::InvalidArgs(_))));
+        let other = AttentionShape::contiguous(Layout::Bhsd, 2, 8, 2, 1000, 1000, 64, true);
+        assert!(matches!(cfg.validate_args(&other), Err(NativeError::InvalidArgs(_))));
+        // A stride above 2^63 does not fit the kernel's i64 fields.
+        a.k.batch = 1 << 63;
+        assert!(cfg.validate_args(&a).is_err());
     }
 }

@@ -12,35 +12,10 @@
 use crate::arch::Arch;
 use crate::cache::{CompileRequest, FWD_INT8};
 use crate::error::{NativeError, Result};
-use crate::hmma::{HmmaArgs, HmmaTile, PvAccum, Strides};
+use crate::hmma::{check_strides, HmmaTile};
+use quattn_core::{AttentionShape, Int8Blocking, Int8Granularity, PvAccum, INT8_MMA_M};
 
 const KERNEL: &str = "fwd_int8";
-
-/// Which query rows share one Q scale (mirror of the facade's `Int8Granularity`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
-pub enum Int8Granularity {
-    /// One scale per CTA block of `block_q` rows.
-    PerBlock,
-    /// One scale per warp's `block_q / warps` rows.
-    PerWarp,
-    /// One scale per MMA row group: the 4 lanes of a quad share rows `g` and `g + 8` of a
-    /// 16-row m tile. The scale layout models one 16-row "warp" per m tile, so
-    /// [`Int8Config::blocking`] reports `warps = block_q / 16` for it whatever the CTA's warps.
-    PerThread,
-}
-
-impl Int8Granularity {
-    pub const ALL: [Int8Granularity; 3] = [Int8Granularity::PerBlock, Int8Granularity::PerWarp, Int8Granularity::PerThread];
-
-    /// `block`, `warp` or `thread` (the name part of a variant).
-    pub fn tag(self) -> &'static str {
-        match self {
-            Int8Granularity::PerBlock => "block",
-            Int8Granularity::PerWarp => "warp",
-            Int8Granularity::PerThread => "thread",
-        }
-    }
-}
 
 /// Tile shape of one head dim: the HMMA tile's fields ([`HmmaTile`]: warps, keys per KV
 /// tile, rows per warp, Q in registers or shared memory) plus how Q·Kᵀ walks the warp's m tiles.
@@ -227,17 +202,17 @@ impl Int8Config {
         2 * t.block_n * 3 * d + if t.q_in_regs { 0 } else { t.block_m() * d }
     }
 
-    /// `(block_q, block_k, warps)` of the Q/K scale layout (`Int8Blocking` in the facade):
-    /// block_q = the CTA's rows, block_k = keys per KV tile (one K scale each), warps = the
-    /// CTA's warps, except per-thread scales, whose layout has one 16-row group per m tile
-    /// (`block_q / 16`, see [`Int8Granularity::PerThread`]).
-    pub fn blocking(&self) -> Result<(usize, usize, usize)> {
+    /// The Q/K scale layout: block_q = the CTA's rows, block_k = keys per KV tile (one K scale
+    /// each), warps = the CTA's warps, except per-thread scales: the 4 lanes of a quad share
+    /// rows `g` and `g + 8` of a 16-row m tile, so their layout has one 16-row "warp" per m tile
+    /// (`block_q / INT8_MMA_M`) whatever the CTA's warps.
+    pub fn blocking(&self) -> Result<Int8Blocking> {
         let t = self.tile()?;
         let warps = match self.granularity {
-            Int8Granularity::PerThread => t.block_m() / 16,
+            Int8Granularity::PerThread => t.block_m() / INT8_MMA_M as u32,
             _ => t.warps,
         };
-        Ok((t.block_m() as usize, t.block_n as usize, warps as usize))
+        Ok(Int8Blocking { block_q: t.block_m() as usize, block_k: t.block_n as usize, warps: warps as usize })
     }
 
     /// Checks the combination exists and mirrors the kernel's static_asserts for forced tiles.
@@ -343,27 +318,14 @@ impl Int8Config {
     }
 }
 
-/// Shapes and strides of one launch. The softmax scale is not here: it is folded into the Q
-/// scales (`q_scale = amax / 127 · softmax_scale · log2 e`), so logits come out in log2 units.
+/// Launch arguments of the INT8 families.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Int8Args {
-    pub batch: usize,
-    pub q_heads: usize,
-    /// `q_heads % kv_heads == 0`; query head `h` reads KV head `h / (q_heads / kv_heads)`.
-    pub kv_heads: usize,
-    pub q_len: usize,
-    pub kv_len: usize,
-    /// Element strides of the int8 Q codes (= byte strides), the same as the tensor they were
-    /// quantized from.
-    pub q: Strides,
-    /// Element strides of the int8 K codes.
-    pub k: Strides,
-    /// Element strides of the f16 V.
-    pub v: Strides,
-    /// Element strides of the f16 O.
-    pub o: Strides,
-    /// Bottom-right aligned causal mask: query i sees key j iff j <= i + kv_len - q_len.
-    pub causal: bool,
+    /// Sizes, strides and causal mask. The int8 Q and K codes have the strides of the tensors
+    /// they were quantized from (one byte per element); V and O are f16. `scale` is not read
+    /// by the attention kernels: the prepass folds it into the Q scales (`q_scale = amax / 127 ·
+    /// softmax_scale · log2 e`), so logits come out in log2 units. The LSE is always written.
+    pub shape: AttentionShape,
     /// Whether an `lse_shift` buffer (`[batch, q_heads, q_len]` f32) is passed.
     pub lse_shift: bool,
 }
@@ -447,24 +409,19 @@ impl Int8Args {
     /// Element counts of every buffer (int8 codes, f16 V/O, f32 LSE/scales/shift) for
     /// `config`'s blocking and granularity.
     pub fn required_lens(&self, config: &Int8Config) -> Result<Int8Lens> {
-        let hd = config.head_dim as usize;
-        let r = |s: &Strides, h, n| HmmaArgs::required_len(s, self.batch, h, n, hd).max(0) as usize;
-        let (block_q, block_k, warps) = config.blocking()?;
-        let q_blocks = self.q_len.div_ceil(block_q);
-        let per_block = match config.granularity {
-            Int8Granularity::PerBlock => 1,
-            Int8Granularity::PerWarp => warps,
-            Int8Granularity::PerThread => warps * 8,
-        };
-        let rows = self.batch * self.q_heads * self.q_len;
+        let s = &self.shape;
+        // The spans of the shape's strides; `usize::MAX` where one overflows (no buffer passes).
+        let [q, k, v, o] = s.extents().unwrap_or([usize::MAX; 4]);
+        let b = config.blocking()?;
+        let rows = s.lse_len();
         Ok(Int8Lens {
-            q: r(&self.q, self.q_heads, self.q_len),
-            k: r(&self.k, self.kv_heads, self.kv_len),
-            v: r(&self.v, self.kv_heads, self.kv_len),
-            o: r(&self.o, self.q_heads, self.q_len),
+            q,
+            k,
+            v,
+            o,
             lse: rows,
-            q_scale: self.batch * self.q_heads * q_blocks * per_block,
-            k_scale: self.batch * self.kv_heads * self.kv_len.div_ceil(block_k),
+            q_scale: s.batch * s.q_heads * b.q_blocks(s.q_len) * b.q_slots(config.granularity),
+            k_scale: s.batch * s.kv_heads * b.k_blocks(s.kv_len),
             lse_shift: if self.lse_shift { rows } else { 0 },
         })
     }
@@ -473,23 +430,28 @@ impl Int8Args {
     pub fn validate(&self, config: &Int8Config) -> Result<()> {
         config.validate()?;
         let bad = |m: String| Err(NativeError::InvalidArgs(m));
-        if self.batch == 0 || self.q_heads == 0 || self.kv_heads == 0 || self.q_len == 0 || self.kv_len == 0 {
+        let s = &self.shape;
+        if s.head_dim != config.head_dim as usize || s.v_head_dim != s.head_dim {
+            return bad(format!(
+                "head dims {} / {} (V) for a kernel of head dim {}",
+                s.head_dim, s.v_head_dim, config.head_dim
+            ));
+        }
+        if s.batch == 0 || s.q_heads == 0 || s.kv_heads == 0 || s.q_len == 0 || s.kv_len == 0 {
             return bad(format!("empty problem: {self:?}"));
         }
-        if self.q_heads % self.kv_heads != 0 {
-            return bad(format!("q_heads {} not a multiple of kv_heads {}", self.q_heads, self.kv_heads));
+        if !s.q_heads.is_multiple_of(s.kv_heads) {
+            return bad(format!("q_heads {} not a multiple of kv_heads {}", s.q_heads, s.kv_heads));
         }
-        if self.q_len > i32::MAX as usize || self.kv_len > i32::MAX as usize {
+        if s.q_len > i32::MAX as usize || s.kv_len > i32::MAX as usize {
             return bad("sequence length exceeds i32".into());
         }
-        if self.q_heads > 65535 || self.batch > 65535 {
-            return bad(format!("batch {} / heads {} exceed the grid limit 65535", self.batch, self.q_heads));
+        if s.q_heads > 65535 || s.batch > 65535 {
+            return bad(format!("batch {} / heads {} exceed the grid limit 65535", s.batch, s.q_heads));
         }
         // cp.async and the O stores move 16-byte pieces of rows: 16 int8 or 8 f16 elements.
-        for (name, s, align) in [("q", &self.q, 16), ("k", &self.k, 16), ("v", &self.v, 8), ("o", &self.o, 8)] {
-            if [s.batch, s.head, s.seq].iter().any(|&x| x < 0 || x % align != 0) {
-                return bad(format!("{name} strides {s:?} must be non-negative multiples of {align} elements"));
-            }
+        for (name, s, align) in [("q", &s.q, 16), ("k", &s.k, 16), ("v", &s.v, 8), ("o", &s.o, 8)] {
+            check_strides(name, s, align)?;
         }
         Ok(())
     }
@@ -524,8 +486,10 @@ impl Int8Args {
         Ok(())
     }
 
-    /// Kernel parameters for the given device pointers.
+    /// Kernel parameters for the given device pointers (strides as checked by
+    /// [`Self::validate`]: below 2^63).
     pub fn params(&self, ptrs: &Int8Ptrs) -> Int8Params {
+        let [q, k, v, o] = [self.shape.q, self.shape.k, self.shape.v, self.shape.o].map(|s| s.to_array().map(|x| x as i64));
         Int8Params {
             q: ptrs.q,
             k: ptrs.k,
@@ -535,24 +499,24 @@ impl Int8Args {
             q_scale: ptrs.q_scale,
             k_scale: ptrs.k_scale,
             lse_shift: ptrs.lse_shift,
-            q_batch_stride: self.q.batch,
-            q_head_stride: self.q.head,
-            q_seq_stride: self.q.seq,
-            k_batch_stride: self.k.batch,
-            k_head_stride: self.k.head,
-            k_seq_stride: self.k.seq,
-            v_batch_stride: self.v.batch,
-            v_head_stride: self.v.head,
-            v_seq_stride: self.v.seq,
-            o_batch_stride: self.o.batch,
-            o_head_stride: self.o.head,
-            o_seq_stride: self.o.seq,
-            q_len: self.q_len as i32,
-            kv_len: self.kv_len as i32,
-            q_heads: self.q_heads as i32,
-            kv_heads: self.kv_heads as i32,
-            kv_group: (self.q_heads / self.kv_heads) as i32,
-            causal: self.causal as i32,
+            q_batch_stride: q[0],
+            q_head_stride: q[1],
+            q_seq_stride: q[2],
+            k_batch_stride: k[0],
+            k_head_stride: k[1],
+            k_seq_stride: k[2],
+            v_batch_stride: v[0],
+            v_head_stride: v[1],
+            v_seq_stride: v[2],
+            o_batch_stride: o[0],
+            o_head_stride: o[1],
+            o_seq_stride: o[2],
+            q_len: self.shape.q_len as i32,
+            kv_len: self.shape.kv_len as i32,
+            q_heads: self.shape.q_heads as i32,
+            kv_heads: self.shape.kv_heads as i32,
+            kv_group: (self.shape.q_heads / self.shape.kv_heads) as i32,
+            causal: self.shape.causal as i32,
         }
     }
 
@@ -570,9 +534,9 @@ impl Int8Args {
 
     fn launch_shape_of(&self, config: &Int8Config, tile: Int8Tile, smem_bytes: u32) -> Result<Int8LaunchShape> {
         debug_assert_eq!(tile.block_m(), config.tile()?.block_m());
-        let m_blocks = self.q_len.div_ceil(tile.block_m() as usize);
+        let m_blocks = self.shape.q_len.div_ceil(tile.block_m() as usize);
         Ok(Int8LaunchShape {
-            grid: (m_blocks as u32, self.q_heads as u32, self.batch as u32),
+            grid: (m_blocks as u32, self.shape.q_heads as u32, self.shape.batch as u32),
             block: (tile.threads(), 1, 1),
             smem_bytes,
         })
@@ -752,21 +716,12 @@ pub fn check_lens(need: &Int8Lens, have: &Int8Lens) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use quattn_core::{Layout, Strides};
 
     fn args() -> Int8Args {
-        Int8Args {
-            batch: 2,
-            q_heads: 8,
-            kv_heads: 2,
-            q_len: 1000,
-            kv_len: 777,
-            q: Strides::bhsd(8, 1000, 128),
-            k: Strides::bhsd(2, 777, 128),
-            v: Strides::bhsd(2, 777, 128),
-            o: Strides::bshd(8, 1000, 128),
-            causal: true,
-            lse_shift: true,
-        }
+        let mut shape = AttentionShape::contiguous(Layout::Bhsd, 2, 8, 2, 1000, 777, 128, true);
+        shape.o = Strides::new(Layout::Bshd, 8, 1000, 128);
+        Int8Args { shape, lse_shift: true }
     }
 
     #[test]
@@ -795,15 +750,15 @@ mod tests {
         for hd in [64, 128] {
             let block = Int8Config::new(hd, Int8Granularity::PerBlock, PvAccum::F32).unwrap();
             let t = block.tile().unwrap();
-            assert_eq!(block.blocking().unwrap(), (t.block_m() as usize, t.block_n as usize, t.warps as usize));
+            assert_eq!(block.blocking().unwrap(), Int8Blocking { block_q: t.block_m() as usize, block_k: t.block_n as usize, warps: t.warps as usize });
             let thread = Int8Config::new(hd, Int8Granularity::PerThread, PvAccum::F32).unwrap();
-            let (bq, _, w) = thread.blocking().unwrap();
+            let Int8Blocking { block_q: bq, warps: w, .. } = thread.blocking().unwrap();
             // The codec's per-thread model: 16 rows per layout warp.
             assert_eq!(bq / w, 16);
         }
         let mut forced = Int8Config::new(128, Int8Granularity::PerWarp, PvAccum::F32).unwrap();
         forced.tile = Some(Int8Tile::new(8, 64, 16));
-        assert_eq!(forced.blocking().unwrap(), (128, 64, 8));
+        assert_eq!(forced.blocking().unwrap(), Int8Blocking { block_q: 128, block_k: 64, warps: 8 });
         assert!(forced.name().ends_with("_d128_w8n64"), "{}", forced.name());
     }
 
@@ -886,7 +841,7 @@ mod tests {
     fn required_lengths_cover_every_buffer() {
         let a = args();
         let block = Int8Config::new(128, Int8Granularity::PerBlock, PvAccum::F32).unwrap();
-        let (bq, bk, w) = block.blocking().unwrap();
+        let Int8Blocking { block_q: bq, block_k: bk, warps: w } = block.blocking().unwrap();
         let lens = a.required_lens(&block).unwrap();
         assert_eq!(lens.q, 2 * 8 * 1000 * 128);
         assert_eq!(lens.k, 2 * 2 * 777 * 128);
@@ -916,19 +871,19 @@ mod tests {
         let mut a = args();
         a.validate(&cfg).unwrap();
         assert_eq!(a.launch_shape(&cfg).unwrap().grid, (8, 8, 2));
-        a.kv_heads = 3;
+        a.shape.kv_heads = 3;
         assert!(matches!(a.validate(&cfg), Err(NativeError::InvalidArgs(_))));
-        a.kv_heads = 2;
+        a.shape.kv_heads = 2;
         // int8 rows are copied in 16-byte pieces: a seq stride of 136 int8 elements is refused,
         // while 136 is fine for the f16 V.
-        a.q.seq = 136;
+        a.shape.q.seq = 136;
         assert!(a.validate(&cfg).is_err());
-        a.q.seq = 128;
-        a.v.seq = 136;
+        a.shape.q.seq = 128;
+        a.shape.v.seq = 136;
         a.validate(&cfg).unwrap();
-        a.kv_len = 0;
+        a.shape.kv_len = 0;
         assert!(a.validate(&cfg).is_err());
-        a.kv_len = 777;
+        a.shape.kv_len = 777;
         let good = Int8Ptrs { q: 256, k: 512, v: 768, o: 1024, lse: 1280, q_scale: 1536, k_scale: 1792, lse_shift: 2048 };
         a.validate_ptrs(&good).unwrap();
         assert!(a.validate_ptrs(&Int8Ptrs { k: 520, ..good }).is_err());

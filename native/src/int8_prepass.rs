@@ -15,8 +15,8 @@
 use crate::arch::Arch;
 use crate::cache::{CompileRequest, INT8_PREPASS};
 use crate::error::{NativeError, Result};
-use crate::hmma::{HmmaArgs, Strides};
-use crate::int8::Int8Granularity;
+use crate::hmma::{check_strides, span};
+use quattn_core::{AttentionShape, Dtype, Int8Blocking, Int8Granularity, Strides, INT8_MMA_M};
 
 const KERNEL: &str = "int8_prepass";
 /// Keys per CTA of the mean-partials pass (`CHUNK` in the kernel).
@@ -24,35 +24,12 @@ pub const PREPASS_MEAN_CHUNK: usize = 256;
 /// Threads per CTA of the partials and quantize passes.
 const THREADS: u32 = 256;
 
-/// Element type of the Q and K the prepass reads.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
-pub enum PrepassInput {
-    F16,
-    Bf16,
-    F32,
-}
-
-impl PrepassInput {
-    fn define(self) -> u32 {
-        match self {
-            PrepassInput::F16 => 0,
-            PrepassInput::Bf16 => 1,
-            PrepassInput::F32 => 2,
-        }
-    }
-    fn tag(self) -> &'static str {
-        match self {
-            PrepassInput::F16 => "f16",
-            PrepassInput::Bf16 => "bf16",
-            PrepassInput::F32 => "f32",
-        }
-    }
-    /// Bytes per element.
-    pub fn bytes(self) -> usize {
-        match self {
-            PrepassInput::F32 => 4,
-            _ => 2,
-        }
+/// The `ELEM` define of the prepass: the element type of the Q and K it reads.
+fn elem_define(input: Dtype) -> u32 {
+    match input {
+        Dtype::F16 => 0,
+        Dtype::Bf16 => 1,
+        Dtype::F32 => 2,
     }
 }
 
@@ -61,13 +38,10 @@ impl PrepassInput {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 pub struct Int8PrepassConfig {
     pub head_dim: u32,
-    pub input: PrepassInput,
-    /// Query rows per Q scale block.
-    pub block_q: u32,
-    /// Keys per K scale.
-    pub block_k: u32,
-    /// Warps of the Q scale layout (`block_q / warps` rows each).
-    pub warps: u32,
+    /// Element type of the Q and K the prepass reads.
+    pub input: Dtype,
+    /// Query rows per Q scale block, keys per K scale, warps of the Q scale layout.
+    pub blocking: Int8Blocking,
     pub granularity: Int8Granularity,
     pub smooth_k: bool,
 }
@@ -106,24 +80,15 @@ impl Int8PrepassConfig {
     pub const TARGETS: &'static [Arch] =
         &[Arch::Sm80, Arch::Sm86, Arch::Sm89, Arch::Sm90, Arch::Sm100a, Arch::Sm120a];
 
-    /// Validated constructor from an attention kernel's `(block_q, block_k, warps)` blocking.
+    /// Validated constructor from an attention kernel's blocking.
     pub fn new(
         head_dim: usize,
-        input: PrepassInput,
-        blocking: (usize, usize, usize),
+        input: Dtype,
+        blocking: Int8Blocking,
         granularity: Int8Granularity,
         smooth_k: bool,
     ) -> Result<Self> {
-        let (block_q, block_k, warps) = blocking;
-        let cfg = Int8PrepassConfig {
-            head_dim: head_dim as u32,
-            input,
-            block_q: block_q as u32,
-            block_k: block_k as u32,
-            warps: warps as u32,
-            granularity,
-            smooth_k,
-        };
+        let cfg = Int8PrepassConfig { head_dim: head_dim as u32, input, blocking, granularity, smooth_k };
         cfg.validate()?;
         Ok(cfg)
     }
@@ -134,27 +99,24 @@ impl Int8PrepassConfig {
         if !Self::HEAD_DIMS.contains(&self.head_dim) {
             return bad(format!("head dim {} (the prepass takes {:?})", self.head_dim, Self::HEAD_DIMS));
         }
-        for (what, rows) in [("block_q", self.block_q), ("block_k", self.block_k)] {
+        let Int8Blocking { block_q, block_k, warps } = self.blocking;
+        for (what, rows) in [("block_q", block_q), ("block_k", block_k)] {
             if rows == 0 || rows % 16 != 0 || rows > 128 {
                 return bad(format!("{what} {rows} (a multiple of 16, at most 128)"));
             }
         }
-        if self.warps == 0 || self.block_q % self.warps != 0 || (self.block_q / self.warps) % 16 != 0 {
-            return bad(format!("{} layout warps over block_q {} (16k rows per warp needed)", self.warps, self.block_q));
+        if warps == 0 || block_q % warps != 0 || (block_q / warps) % 16 != 0 {
+            return bad(format!("{warps} layout warps over block_q {block_q} (16k rows per warp needed)"));
         }
-        if self.granularity == Int8Granularity::PerThread && self.block_q / self.warps != 16 {
-            return bad(format!("per-thread scales need 16 rows per layout warp, not {}", self.block_q / self.warps));
+        if self.granularity == Int8Granularity::PerThread && block_q / warps != INT8_MMA_M {
+            return bad(format!("per-thread scales need {INT8_MMA_M} rows per layout warp, not {}", block_q / warps));
         }
         Ok(())
     }
 
     /// Q scales per (batch, head, block).
     pub fn q_slots(&self) -> usize {
-        match self.granularity {
-            Int8Granularity::PerBlock => 1,
-            Int8Granularity::PerWarp => self.warps as usize,
-            Int8Granularity::PerThread => self.warps as usize * 8,
-        }
+        self.blocking.q_slots(self.granularity)
     }
 
     /// The passes a launch runs, in order.
@@ -177,7 +139,8 @@ impl Int8PrepassConfig {
         let mut v = Vec::new();
         for hd in Self::HEAD_DIMS {
             for (gran, smooth) in [(Int8Granularity::PerBlock, false), (Int8Granularity::PerThread, true)] {
-                let Ok(config) = Self::new(*hd as usize, PrepassInput::F16, (128, 128, 8), gran, smooth) else {
+                let blocking = Int8Blocking { block_q: 128, block_k: 128, warps: 8 };
+                let Ok(config) = Self::new(*hd as usize, Dtype::F16, blocking, gran, smooth) else {
                     continue;
                 };
                 v.extend(config.passes().iter().map(|&pass| PrepassVariant { config, pass }));
@@ -192,15 +155,15 @@ impl PrepassVariant {
     /// granularity and smoothing: e.g. `int8_prepass_quant_f16_d128_q128k128w8_thread_smooth`.
     pub fn name(&self) -> String {
         let c = &self.config;
-        let head = format!("{}_d{}", c.input.tag(), c.head_dim);
+        let head = format!("{}_d{}", c.input.name(), c.head_dim);
         match self.pass {
             PrepassPass::MeanPartial => format!("int8_prepass_meanpart_{head}"),
             PrepassPass::Mean => format!("int8_prepass_mean_{head}"),
             PrepassPass::Quantize => format!(
                 "int8_prepass_quant_{head}_q{}k{}w{}_{}{}",
-                c.block_q,
-                c.block_k,
-                c.warps,
+                c.blocking.block_q,
+                c.blocking.block_k,
+                c.blocking.warps,
                 c.granularity.tag(),
                 if c.smooth_k { "_smooth" } else { "" }
             ),
@@ -212,18 +175,19 @@ impl PrepassVariant {
         let c = &self.config;
         c.validate()?;
         let d = |k: &str, v: u32| (k.to_string(), v.to_string());
-        let mut out = vec![d("HEAD_DIM", c.head_dim), d("ELEM", c.input.define()), d("PASS", self.pass.define())];
+        let mut out = vec![d("HEAD_DIM", c.head_dim), d("ELEM", elem_define(c.input)), d("PASS", self.pass.define())];
         if self.pass == PrepassPass::Quantize {
             let gran = match c.granularity {
                 Int8Granularity::PerBlock => 0,
                 Int8Granularity::PerWarp => 1,
                 Int8Granularity::PerThread => 2,
             };
+            let b = &c.blocking;
             out.extend([
-                d("BLOCK_Q", c.block_q),
-                d("BLOCK_K", c.block_k),
+                d("BLOCK_Q", b.block_q as u32),
+                d("BLOCK_K", b.block_k as u32),
                 d("Q_GRAN", gran),
-                d("Q_RPW", c.block_q / c.warps),
+                d("Q_RPW", b.rows_per_warp() as u32),
                 d("SMOOTH", c.smooth_k as u32),
             ]);
         }
@@ -242,21 +206,6 @@ impl PrepassVariant {
             PrepassPass::Quantize => vec!["F2I.NTZ"],
         }
     }
-}
-
-/// Shapes and strides of one prepass. Q and K strides are in elements (head dim contiguous);
-/// the codes are written with the same strides (one byte per element).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct PrepassArgs {
-    pub batch: usize,
-    pub q_heads: usize,
-    pub kv_heads: usize,
-    pub q_len: usize,
-    pub kv_len: usize,
-    pub q: Strides,
-    pub k: Strides,
-    /// Folded with log2 e into the stored Q scales; multiplies the LSE shift.
-    pub softmax_scale: f32,
 }
 
 /// Device addresses of one prepass (0 for buffers the configuration does not use).
@@ -279,7 +228,7 @@ pub struct PrepassPtrs {
     pub lse_shift: u64,
 }
 
-/// Element counts of every buffer ([`PrepassArgs::required_lens`]).
+/// Element counts of every buffer ([`Int8PrepassConfig::required_lens`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PrepassLens {
     pub q: usize,
@@ -325,68 +274,74 @@ pub struct PrepassParams {
     pub softmax_scale: f32,
 }
 
-impl PrepassArgs {
-    /// Chunks of [`PREPASS_MEAN_CHUNK`] keys of the mean-partials pass.
-    pub fn chunks(&self) -> usize {
-        self.kv_len.div_ceil(PREPASS_MEAN_CHUNK)
-    }
+/// Chunks of [`PREPASS_MEAN_CHUNK`] keys of the mean-partials pass.
+fn chunks(s: &AttentionShape) -> usize {
+    s.kv_len.div_ceil(PREPASS_MEAN_CHUNK)
+}
 
+/// The launch arguments of a prepass: the [`AttentionShape`] of the attention call it feeds (its
+/// `scale` is folded with log2 e into the stored Q scales and multiplies the LSE shift). The
+/// codes are written with the strides of Q and K (one byte per element).
+impl Int8PrepassConfig {
     /// CTAs of the quantize pass: every block of Q, then every block of K.
-    fn quantize_ctas(&self, config: &Int8PrepassConfig) -> usize {
-        self.batch * self.q_heads * self.q_len.div_ceil(config.block_q as usize)
-            + self.batch * self.kv_heads * self.kv_len.div_ceil(config.block_k as usize)
+    fn quantize_ctas(&self, s: &AttentionShape) -> usize {
+        s.batch * s.q_heads * self.blocking.q_blocks(s.q_len)
+            + s.batch * s.kv_heads * self.blocking.k_blocks(s.kv_len)
     }
 
-    pub fn required_lens(&self, config: &Int8PrepassConfig) -> Result<PrepassLens> {
-        config.validate()?;
-        let hd = config.head_dim as usize;
-        let r = |s: &Strides, h, n| HmmaArgs::required_len(s, self.batch, h, n, hd).max(0) as usize;
-        let (q, k) = (r(&self.q, self.q_heads, self.q_len), r(&self.k, self.kv_heads, self.kv_len));
-        let smooth = config.smooth_k;
-        let kvh = self.batch * self.kv_heads;
+    /// Element counts of every buffer of a prepass over `s`.
+    pub fn required_lens(&self, s: &AttentionShape) -> Result<PrepassLens> {
+        self.validate()?;
+        let hd = self.head_dim as usize;
+        let r = |st: &Strides, h, n| span(st, s.batch, h, n, hd);
+        let (q, k) = (r(&s.q, s.q_heads, s.q_len), r(&s.k, s.kv_heads, s.kv_len));
+        let smooth = self.smooth_k;
+        let kvh = s.batch * s.kv_heads;
         Ok(PrepassLens {
             q,
             k,
             q_codes: q,
             k_codes: k,
-            q_scale: self.batch * self.q_heads * self.q_len.div_ceil(config.block_q as usize) * config.q_slots(),
-            k_scale: kvh * self.kv_len.div_ceil(config.block_k as usize),
+            q_scale: s.batch * s.q_heads * self.blocking.q_blocks(s.q_len) * self.q_slots(),
+            k_scale: kvh * self.blocking.k_blocks(s.kv_len),
             mean: if smooth { kvh * hd } else { 0 },
-            partial: if smooth { kvh * self.chunks() * hd } else { 0 },
-            lse_shift: if smooth { self.batch * self.q_heads * self.q_len } else { 0 },
+            partial: if smooth { kvh * chunks(s) * hd } else { 0 },
+            lse_shift: if smooth { s.batch * s.q_heads * s.q_len } else { 0 },
         })
     }
 
-    /// Everything that does not need device pointers: sizes, GQA, strides that keep every
-    /// 8-channel access aligned, a finite positive softmax scale, a grid that fits.
-    pub fn validate(&self, config: &Int8PrepassConfig) -> Result<()> {
-        config.validate()?;
-        let bad = |s: String| Err(NativeError::InvalidArgs(s));
-        if self.batch == 0 || self.q_heads == 0 || self.kv_heads == 0 || self.q_len == 0 || self.kv_len == 0 {
-            return bad(format!("empty prepass: {self:?}"));
+    /// Everything about `s` that does not need device pointers: the head dim, sizes, GQA,
+    /// strides that keep every 8-channel access aligned, a finite positive softmax scale, a
+    /// grid that fits. The prepass reads Q and K only (`v`, `o`, `write_lse` are not used).
+    pub fn validate_args(&self, s: &AttentionShape) -> Result<()> {
+        self.validate()?;
+        let bad = |m: String| Err(NativeError::InvalidArgs(m));
+        if s.head_dim != self.head_dim as usize {
+            return bad(format!("head dim {} for a prepass of head dim {}", s.head_dim, self.head_dim));
         }
-        if self.q_heads % self.kv_heads != 0 {
-            return bad(format!("q_heads {} is not a multiple of kv_heads {}", self.q_heads, self.kv_heads));
+        if s.batch == 0 || s.q_heads == 0 || s.kv_heads == 0 || s.q_len == 0 || s.kv_len == 0 {
+            return bad(format!("empty prepass: {s:?}"));
         }
-        if !(self.softmax_scale.is_finite() && self.softmax_scale > 0.0) {
-            return bad(format!("softmax scale {} (finite and positive needed)", self.softmax_scale));
+        if !s.q_heads.is_multiple_of(s.kv_heads) {
+            return bad(format!("q_heads {} is not a multiple of kv_heads {}", s.q_heads, s.kv_heads));
         }
-        for (what, s) in [("q", self.q), ("k", self.k)] {
-            if [s.batch, s.head, s.seq].iter().any(|x| *x < 0 || x % 8 != 0) {
-                return bad(format!("{what} strides {s:?}: non-negative multiples of 8 elements needed"));
-            }
+        if !(s.scale.is_finite() && s.scale > 0.0) {
+            return bad(format!("softmax scale {} (finite and positive needed)", s.scale));
         }
-        let lens = [self.q_len, self.kv_len, self.batch, self.q_heads, self.kv_heads, self.quantize_ctas(config)];
-        if lens.iter().any(|&x| x > i32::MAX as usize) || self.kv_heads > 65535 || self.batch > 65535 {
-            return bad(format!("prepass too large for one launch: {self:?}"));
+        for (what, st) in [("q", &s.q), ("k", &s.k)] {
+            check_strides(what, st, 8)?;
+        }
+        let lens = [s.q_len, s.kv_len, s.batch, s.q_heads, s.kv_heads, self.quantize_ctas(s)];
+        if lens.iter().any(|&x| x > i32::MAX as usize) || s.kv_heads > 65535 || s.batch > 65535 {
+            return bad(format!("prepass too large for one launch: {s:?}"));
         }
         Ok(())
     }
 
     /// Every address non-null where the configuration uses it, 16-byte aligned.
-    pub fn validate_ptrs(&self, config: &Int8PrepassConfig, p: &PrepassPtrs) -> Result<()> {
+    pub fn validate_ptrs(&self, p: &PrepassPtrs) -> Result<()> {
         let mut need = vec![("q", p.q), ("k", p.k), ("q_codes", p.q_codes), ("k_codes", p.k_codes), ("q_scale", p.q_scale), ("k_scale", p.k_scale)];
-        if config.smooth_k {
+        if self.smooth_k {
             need.extend([("mean", p.mean), ("partial", p.partial), ("lse_shift", p.lse_shift)]);
         }
         for (what, ptr) in need {
@@ -397,7 +352,10 @@ impl PrepassArgs {
         Ok(())
     }
 
-    pub fn params(&self, config: &Int8PrepassConfig, p: &PrepassPtrs) -> PrepassParams {
+    /// Kernel parameters of a prepass over `s` (strides as checked by [`Self::validate_args`]:
+    /// below 2^63).
+    pub fn params(&self, s: &AttentionShape, p: &PrepassPtrs) -> PrepassParams {
+        let [q, k] = [s.q, s.k].map(|x| x.to_array().map(|v| v as i64));
         PrepassParams {
             q: p.q,
             k: p.k,
@@ -408,33 +366,33 @@ impl PrepassArgs {
             mean: p.mean,
             partial: p.partial,
             lse_shift: p.lse_shift,
-            q_batch_stride: self.q.batch,
-            q_head_stride: self.q.head,
-            q_seq_stride: self.q.seq,
-            k_batch_stride: self.k.batch,
-            k_head_stride: self.k.head,
-            k_seq_stride: self.k.seq,
-            batch: self.batch as i32,
-            q_heads: self.q_heads as i32,
-            kv_heads: self.kv_heads as i32,
-            q_len: self.q_len as i32,
-            kv_len: self.kv_len as i32,
-            kv_group: (self.q_heads / self.kv_heads.max(1)) as i32,
-            q_blocks: self.q_len.div_ceil(config.block_q as usize) as i32,
-            k_blocks: self.kv_len.div_ceil(config.block_k as usize) as i32,
-            chunks: self.chunks() as i32,
+            q_batch_stride: q[0],
+            q_head_stride: q[1],
+            q_seq_stride: q[2],
+            k_batch_stride: k[0],
+            k_head_stride: k[1],
+            k_seq_stride: k[2],
+            batch: s.batch as i32,
+            q_heads: s.q_heads as i32,
+            kv_heads: s.kv_heads as i32,
+            q_len: s.q_len as i32,
+            kv_len: s.kv_len as i32,
+            kv_group: (s.q_heads / s.kv_heads.max(1)) as i32,
+            q_blocks: self.blocking.q_blocks(s.q_len) as i32,
+            k_blocks: self.blocking.k_blocks(s.kv_len) as i32,
+            chunks: chunks(s) as i32,
             // The codec's caller computes the fold the same way (one f32 product).
-            fold: self.softmax_scale * std::f32::consts::LOG2_E,
-            softmax_scale: self.softmax_scale,
+            fold: s.scale * std::f32::consts::LOG2_E,
+            softmax_scale: s.scale,
         }
     }
 
     /// Grid and block of one pass.
-    pub fn launch_dims(&self, config: &Int8PrepassConfig, pass: PrepassPass) -> ((u32, u32, u32), (u32, u32, u32)) {
+    pub fn launch_dims(&self, s: &AttentionShape, pass: PrepassPass) -> ((u32, u32, u32), (u32, u32, u32)) {
         match pass {
-            PrepassPass::MeanPartial => ((self.chunks() as u32, self.kv_heads as u32, self.batch as u32), (THREADS, 1, 1)),
-            PrepassPass::Mean => (((self.batch * self.kv_heads) as u32, 1, 1), (config.head_dim, 1, 1)),
-            PrepassPass::Quantize => ((self.quantize_ctas(config) as u32, 1, 1), (THREADS, 1, 1)),
+            PrepassPass::MeanPartial => ((chunks(s) as u32, s.kv_heads as u32, s.batch as u32), (THREADS, 1, 1)),
+            PrepassPass::Mean => (((s.batch * s.kv_heads) as u32, 1, 1), (self.head_dim, 1, 1)),
+            PrepassPass::Quantize => ((self.quantize_ctas(s) as u32, 1, 1), (THREADS, 1, 1)),
         }
     }
 }
@@ -491,14 +449,15 @@ mod launch {
         ///
         /// # Safety
         /// Each pointer must address device memory of at least the element counts of
-        /// [`PrepassArgs::required_lens`] (input type for Q/K, bytes for codes, f32 for scales,
-        /// mean and shift, f64 for the partials), valid until the passes finish on `stream`.
-        pub unsafe fn launch_raw(&self, stream: &Arc<CudaStream>, args: &PrepassArgs, ptrs: &PrepassPtrs) -> Result<()> {
-            args.validate(&self.config)?;
-            args.validate_ptrs(&self.config, ptrs)?;
-            let params = args.params(&self.config, ptrs);
+        /// [`Int8PrepassConfig::required_lens`] (input type for Q/K, bytes for codes, f32 for
+        /// scales, mean and shift, f64 for the partials), valid until the passes finish on
+        /// `stream`.
+        pub unsafe fn launch_raw(&self, stream: &Arc<CudaStream>, args: &AttentionShape, ptrs: &PrepassPtrs) -> Result<()> {
+            self.config.validate_args(args)?;
+            self.config.validate_ptrs(ptrs)?;
+            let params = self.config.params(args, ptrs);
             for (pass, function) in &self.functions {
-                let (grid_dim, block_dim) = args.launch_dims(&self.config, *pass);
+                let (grid_dim, block_dim) = self.config.launch_dims(args, *pass);
                 let cfg = LaunchConfig { grid_dim, block_dim, shared_mem_bytes: 0 };
                 let mut b = stream.launch_builder(function);
                 b.arg(&params);
@@ -516,24 +475,20 @@ pub use launch::Int8Prepass;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use quattn_core::Layout;
 
-    fn args() -> PrepassArgs {
-        PrepassArgs {
-            batch: 2,
-            q_heads: 8,
-            kv_heads: 2,
-            q_len: 300,
-            kv_len: 777,
-            q: Strides::bhsd(8, 300, 128),
-            k: Strides::bhsd(2, 777, 128),
-            softmax_scale: 128f32.sqrt().recip(),
-        }
+    fn bl(block_q: usize, block_k: usize, warps: usize) -> Int8Blocking {
+        Int8Blocking { block_q, block_k, warps }
+    }
+
+    fn args() -> AttentionShape {
+        AttentionShape::contiguous(Layout::Bhsd, 2, 8, 2, 300, 777, 128, false)
     }
 
     #[test]
     fn lens_follow_the_codec_layout() {
-        let c = Int8PrepassConfig::new(128, PrepassInput::F16, (128, 128, 8), Int8Granularity::PerThread, true).unwrap();
-        let l = args().required_lens(&c).unwrap();
+        let c = Int8PrepassConfig::new(128, Dtype::F16, bl(128, 128, 8), Int8Granularity::PerThread, true).unwrap();
+        let l = c.required_lens(&args()).unwrap();
         assert_eq!(l.q_scale, 2 * 8 * 3 * 64);
         assert_eq!(l.k_scale, 2 * 2 * 7);
         assert_eq!(l.mean, 2 * 2 * 128);
@@ -541,34 +496,34 @@ mod tests {
         assert_eq!(l.lse_shift, 2 * 8 * 300);
         assert_eq!((l.q, l.q_codes), (2 * 8 * 300 * 128, 2 * 8 * 300 * 128));
         let plain = Int8PrepassConfig { smooth_k: false, granularity: Int8Granularity::PerBlock, ..c };
-        let l = args().required_lens(&plain).unwrap();
+        let l = plain.required_lens(&args()).unwrap();
         assert_eq!((l.q_scale, l.mean, l.partial, l.lse_shift), (2 * 8 * 3, 0, 0, 0));
         assert_eq!(plain.passes(), &[PrepassPass::Quantize]);
     }
 
     #[test]
     fn invalid_configs_and_args_are_typed() {
-        let ok = |hd, b, g| Int8PrepassConfig::new(hd, PrepassInput::F16, b, g, false);
+        let ok = |hd, (q, k, w), g| Int8PrepassConfig::new(hd, Dtype::F16, bl(q, k, w), g, false);
         assert!(ok(96, (128, 128, 8), Int8Granularity::PerBlock).is_err());
         assert!(ok(128, (128, 120, 8), Int8Granularity::PerBlock).is_err());
         assert!(ok(128, (256, 128, 8), Int8Granularity::PerBlock).is_err());
         assert!(ok(128, (128, 64, 4), Int8Granularity::PerThread).is_err());
         assert!(ok(128, (128, 64, 4), Int8Granularity::PerWarp).is_ok());
         let c = ok(64, (128, 64, 4), Int8Granularity::PerWarp).unwrap();
-        let mut a = args();
-        a.q = Strides::bhsd(8, 300, 64);
-        a.k = Strides::bhsd(2, 777, 64);
-        assert!(a.validate(&c).is_ok());
+        let a = AttentionShape::contiguous(Layout::Bhsd, 2, 8, 2, 300, 777, 64, false);
+        assert!(c.validate_args(&a).is_ok());
         for bad in [
-            PrepassArgs { kv_heads: 3, ..a },
-            PrepassArgs { q_len: 0, ..a },
-            PrepassArgs { softmax_scale: f32::NAN, ..a },
-            PrepassArgs { q: Strides { batch: 8 * 300 * 64, head: 300 * 64, seq: 68 }, ..a },
+            AttentionShape { kv_heads: 3, ..a },
+            AttentionShape { q_len: 0, ..a },
+            AttentionShape { scale: f32::NAN, ..a },
+            AttentionShape { q: Strides { batch: 8 * 300 * 64, head: 300 * 64, seq: 68 }, ..a },
+            // The shape's head dim is the prepass's.
+            args(),
         ] {
-            assert!(matches!(bad.validate(&c), Err(NativeError::InvalidArgs(_))), "{bad:?}");
+            assert!(matches!(c.validate_args(&bad), Err(NativeError::InvalidArgs(_))), "{bad:?}");
         }
-        assert!(a.validate_ptrs(&c, &PrepassPtrs { q: 16, k: 16, q_codes: 16, k_codes: 16, q_scale: 16, k_scale: 8, ..Default::default() }).is_err());
-        assert!(a.validate_ptrs(&c, &PrepassPtrs { q: 16, k: 16, q_codes: 16, k_codes: 16, q_scale: 16, k_scale: 16, ..Default::default() }).is_ok());
+        assert!(c.validate_ptrs(&PrepassPtrs { q: 16, k: 16, q_codes: 16, k_codes: 16, q_scale: 16, k_scale: 8, ..Default::default() }).is_err());
+        assert!(c.validate_ptrs(&PrepassPtrs { q: 16, k: 16, q_codes: 16, k_codes: 16, q_scale: 16, k_scale: 16, ..Default::default() }).is_ok());
     }
 
     /// `thread_div_inline` of the kernel, step for step (`mul_add` is the exact FMA), from a

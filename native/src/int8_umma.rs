@@ -27,7 +27,7 @@
 use crate::arch::Arch;
 use crate::cache::{CompileRequest, FWD_INT8_UMMA};
 use crate::error::{NativeError, Result};
-use crate::hmma::{PvAccum, Strides};
+use crate::hmma::check_strides;
 use crate::int8::Int8Args;
 
 const KERNEL: &str = "fwd_int8_umma";
@@ -37,10 +37,9 @@ pub const BLOCK_Q: u32 = 128;
 /// Softmax warps per CTA: warp `w` owns TMEM lanes (= query rows) `32w .. 32w + 31`.
 pub const WARPS: u32 = 4;
 
-/// Q-scale granularity: the IMMA family's [`Int8Granularity`]. Here `PerWarp` is 32 consecutive
-/// rows, exactly one TMEM lane quarter; `PerThread` (a lane quad of an m16 `mma.sync` fragment)
-/// has no counterpart and is refused.
-pub use crate::int8::Int8Granularity;
+// Q-scale granularity: `PerWarp` is 32 consecutive rows, exactly one TMEM lane quarter;
+// `PerThread` (a lane quad of an m16 `mma.sync` fragment) has no counterpart and is refused.
+use quattn_core::{Int8Blocking, Int8Granularity, PvAccum};
 
 /// One row of the tile table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
@@ -108,20 +107,14 @@ impl Int8UmmaConfig {
         )
     }
 
-    /// `(block_q, block_k, warps)`: the blocking the Q and K scales must be laid out for (the
-    /// facade's `Int8Blocking` / emulation `Blocking`).
-    pub fn blocking(&self) -> Result<(usize, usize, usize)> {
-        Ok((BLOCK_Q as usize, self.tile()?.block_k as usize, WARPS as usize))
+    /// The blocking the Q and K scales must be laid out for.
+    pub fn blocking(&self) -> Result<Int8Blocking> {
+        Ok(Int8Blocking { block_q: BLOCK_Q as usize, block_k: self.tile()?.block_k as usize, warps: WARPS as usize })
     }
 
     /// `fwd_int8_umma_{block|warp|thread}_d{hd}`, e.g. `fwd_int8_umma_block_d128`.
     pub fn name(&self) -> String {
-        let g = match self.granularity {
-            Int8Granularity::PerBlock => "block",
-            Int8Granularity::PerWarp => "warp",
-            Int8Granularity::PerThread => "thread",
-        };
-        format!("{KERNEL}_{g}_d{}", self.head_dim)
+        format!("{KERNEL}_{}_d{}", self.granularity.tag(), self.head_dim)
     }
 
     /// Every variant the report and tests compile.
@@ -234,44 +227,37 @@ pub struct Int8UmmaLaunchShape {
 pub const POINTER_NAMES: [&str; 8] = ["q", "k", "v", "o", "lse", "q_scale", "k_scale", "lse_shift"];
 
 impl Int8UmmaConfig {
-    fn required_len_of(s: &Strides, batch: usize, heads: usize, seq: usize, head_dim: usize) -> usize {
-        if batch == 0 || heads == 0 || seq == 0 {
-            return 0;
-        }
-        ((batch as i64 - 1) * s.batch + (heads as i64 - 1) * s.head + (seq as i64 - 1) * s.seq + head_dim as i64)
-            .max(0) as usize
-    }
-
     /// `ceil(q_len / 128)`.
     pub fn q_blocks(&self, args: &Int8Args) -> usize {
-        args.q_len.div_ceil(BLOCK_Q as usize)
+        args.shape.q_len.div_ceil(BLOCK_Q as usize)
     }
 
     /// `ceil(kv_len / block_k)`.
     pub fn k_blocks(&self, args: &Int8Args) -> Result<usize> {
-        Ok(args.kv_len.div_ceil(self.tile()?.block_k as usize))
+        Ok(args.shape.kv_len.div_ceil(self.tile()?.block_k as usize))
     }
 
     /// Element counts of Q, K, V, O, LSE, Q scales, K scales and `lse_shift` (0 when absent),
     /// in the order of [`POINTER_NAMES`].
     pub fn required_lens(&self, args: &Int8Args) -> Result<[usize; 8]> {
-        let hd = self.head_dim as usize;
-        let rows = args.batch * args.q_heads * args.q_len;
-        let q_scales = args.batch
-            * args.q_heads
+        // The spans of the shape's strides; `usize::MAX` where one overflows (no buffer passes).
+        let [q, k, v, o] = args.shape.extents().unwrap_or([usize::MAX; 4]);
+        let rows = args.shape.batch * args.shape.q_heads * args.shape.q_len;
+        let q_scales = args.shape.batch
+            * args.shape.q_heads
             * self.q_blocks(args)
             * match self.granularity {
                 Int8Granularity::PerWarp => WARPS as usize,
                 _ => 1,
             };
         Ok([
-            Self::required_len_of(&args.q, args.batch, args.q_heads, args.q_len, hd),
-            Self::required_len_of(&args.k, args.batch, args.kv_heads, args.kv_len, hd),
-            Self::required_len_of(&args.v, args.batch, args.kv_heads, args.kv_len, hd),
-            Self::required_len_of(&args.o, args.batch, args.q_heads, args.q_len, hd),
+            q,
+            k,
+            v,
+            o,
             rows,
             q_scales,
-            args.batch * args.kv_heads * self.k_blocks(args)?,
+            args.shape.batch * args.shape.kv_heads * self.k_blocks(args)?,
             if args.lse_shift { rows } else { 0 },
         ])
     }
@@ -280,29 +266,36 @@ impl Int8UmmaConfig {
     pub fn validate_args(&self, args: &Int8Args) -> Result<()> {
         self.validate()?;
         let bad = |m: String| Err(NativeError::InvalidArgs(m));
-        if args.batch == 0 || args.q_heads == 0 || args.kv_heads == 0 || args.q_len == 0 {
+        let s = &args.shape;
+        if s.head_dim != self.head_dim as usize || s.v_head_dim != s.head_dim {
+            return bad(format!(
+                "head dims {} / {} (V) for a kernel of head dim {}",
+                s.head_dim, s.v_head_dim, self.head_dim
+            ));
+        }
+        if args.shape.batch == 0 || args.shape.q_heads == 0 || args.shape.kv_heads == 0 || args.shape.q_len == 0 {
             return bad(format!("empty problem: {args:?}"));
         }
-        if !args.q_heads.is_multiple_of(args.kv_heads) {
-            return bad(format!("q_heads {} not a multiple of kv_heads {}", args.q_heads, args.kv_heads));
+        if !args.shape.q_heads.is_multiple_of(args.shape.kv_heads) {
+            return bad(format!("q_heads {} not a multiple of kv_heads {}", args.shape.q_heads, args.shape.kv_heads));
         }
-        if args.q_len > i32::MAX as usize || args.kv_len > i32::MAX as usize {
+        if args.shape.q_len > i32::MAX as usize || args.shape.kv_len > i32::MAX as usize {
             return bad("sequence length exceeds i32".into());
         }
-        if self.q_blocks(args) > i32::MAX as usize || args.q_heads > 65535 || args.batch > 65535 {
-            return bad(format!("batch {} / heads {} exceed the grid limit 65535", args.batch, args.q_heads));
+        if self.q_blocks(args) > i32::MAX as usize || args.shape.q_heads > 65535 || args.shape.batch > 65535 {
+            return bad(format!("batch {} / heads {} exceed the grid limit 65535", args.shape.batch, args.shape.q_heads));
         }
         // cp.async copies and the O stores move 16 bytes: 16 int8 codes, 8 f16 elements.
-        for (name, s, unit) in [("q", &args.q, 16), ("k", &args.k, 16), ("v", &args.v, 8), ("o", &args.o, 8)] {
-            if [s.batch, s.head, s.seq].iter().any(|&x| x < 0 || x % unit != 0) {
-                return bad(format!("{name} strides {s:?} must be non-negative multiples of {unit} elements"));
-            }
+        for (name, s, unit) in [("q", &args.shape.q, 16), ("k", &args.shape.k, 16), ("v", &args.shape.v, 8), ("o", &args.shape.o, 8)] {
+            check_strides(name, s, unit)?;
         }
         Ok(())
     }
 
-    /// Kernel parameters for device pointers in the order of [`POINTER_NAMES`].
+    /// Kernel parameters for device pointers in the order of [`POINTER_NAMES`] (strides as
+    /// checked by [`Self::validate_args`]: below 2^63).
     pub fn params(&self, args: &Int8Args, ptrs: [u64; 8]) -> Result<Int8UmmaParams> {
+        let [q, k, v, o] = [args.shape.q, args.shape.k, args.shape.v, args.shape.o].map(|s| s.to_array().map(|x| x as i64));
         Ok(Int8UmmaParams {
             q: ptrs[0],
             k: ptrs[1],
@@ -312,25 +305,25 @@ impl Int8UmmaConfig {
             q_scale: ptrs[5],
             k_scale: ptrs[6],
             lse_shift: if args.lse_shift { ptrs[7] } else { 0 },
-            q_batch_stride: args.q.batch,
-            q_head_stride: args.q.head,
-            q_seq_stride: args.q.seq,
-            k_batch_stride: args.k.batch,
-            k_head_stride: args.k.head,
-            k_seq_stride: args.k.seq,
-            v_batch_stride: args.v.batch,
-            v_head_stride: args.v.head,
-            v_seq_stride: args.v.seq,
-            o_batch_stride: args.o.batch,
-            o_head_stride: args.o.head,
-            o_seq_stride: args.o.seq,
-            q_len: args.q_len as i32,
-            kv_len: args.kv_len as i32,
-            q_heads: args.q_heads as i32,
-            kv_group: (args.q_heads / args.kv_heads) as i32,
+            q_batch_stride: q[0],
+            q_head_stride: q[1],
+            q_seq_stride: q[2],
+            k_batch_stride: k[0],
+            k_head_stride: k[1],
+            k_seq_stride: k[2],
+            v_batch_stride: v[0],
+            v_head_stride: v[1],
+            v_seq_stride: v[2],
+            o_batch_stride: o[0],
+            o_head_stride: o[1],
+            o_seq_stride: o[2],
+            q_len: args.shape.q_len as i32,
+            kv_len: args.shape.kv_len as i32,
+            q_heads: args.shape.q_heads as i32,
+            kv_group: (args.shape.q_heads / args.shape.kv_heads) as i32,
             q_blocks: self.q_blocks(args) as i32,
             k_blocks: self.k_blocks(args)? as i32,
-            causal: args.causal as i32,
+            causal: args.shape.causal as i32,
             pad_: 0,
         })
     }
@@ -338,7 +331,7 @@ impl Int8UmmaConfig {
     /// Grid `(query blocks, q_heads, batch)`, 128 threads and 128 query rows per CTA.
     pub fn launch_shape(&self, args: &Int8Args) -> Result<Int8UmmaLaunchShape> {
         Ok(Int8UmmaLaunchShape {
-            grid: (self.q_blocks(args) as u32, args.q_heads as u32, args.batch as u32),
+            grid: (self.q_blocks(args) as u32, args.shape.q_heads as u32, args.shape.batch as u32),
             block: (32 * WARPS, 1, 1),
             smem_bytes: self.smem_bytes()?,
         })
@@ -509,6 +502,7 @@ mod launch {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use quattn_core::{AttentionShape, Layout, Strides};
 
     fn cfg(hd: usize, g: Int8Granularity) -> Int8UmmaConfig {
         Int8UmmaConfig::new(hd, g, PvAccum::F32).unwrap()
@@ -546,7 +540,7 @@ mod tests {
         names.dedup();
         assert_eq!(names.len(), 4);
         let c = cfg(128, Int8Granularity::PerWarp);
-        assert_eq!(c.blocking().unwrap(), (128, 128, 4));
+        assert_eq!(c.blocking().unwrap(), Int8Blocking { block_q: 128, block_k: 128, warps: 4 });
         let d = c.defines().unwrap();
         for (k, v) in [("HEAD_DIM", "128"), ("BLOCK_K", "128"), ("Q_SCALE_WARP", "1")] {
             assert!(d.contains(&(k.into(), v.into())), "{d:?}");
@@ -574,19 +568,9 @@ mod tests {
     }
 
     fn args() -> Int8UmmaArgs {
-        Int8UmmaArgs {
-            batch: 2,
-            q_heads: 8,
-            kv_heads: 2,
-            q_len: 300,
-            kv_len: 1000,
-            q: Strides::bhsd(8, 300, 128),
-            k: Strides::bhsd(2, 1000, 128),
-            v: Strides::bhsd(2, 1000, 128),
-            o: Strides::bshd(8, 300, 128),
-            causal: true,
-            lse_shift: false,
-        }
+        let mut shape = AttentionShape::contiguous(Layout::Bhsd, 2, 8, 2, 300, 1000, 128, true);
+        shape.o = Strides::new(Layout::Bshd, 8, 300, 128);
+        Int8UmmaArgs { shape, lse_shift: false }
     }
 
     #[test]
@@ -617,17 +601,17 @@ mod tests {
         a.lse_shift = false;
         assert!(c.check_pointers(&a, &[16, 32, 48, 64, 4, 8, 12, 0]).is_ok());
         // No keys: K, V and the K scales are never touched and may be null.
-        a.kv_len = 0;
+        a.shape.kv_len = 0;
         assert!(c.check_pointers(&a, &[16, 0, 0, 64, 4, 8, 0, 0]).is_ok());
-        a.kv_len = 1000;
+        a.shape.kv_len = 1000;
         // Int8 rows move in 16-byte chunks: a Q sequence stride of 8 codes is refused.
-        a.q.seq = 136;
+        a.shape.q.seq = 136;
         assert!(matches!(c.validate_args(&a), Err(NativeError::InvalidArgs(_))));
-        a.q.seq = 128;
-        a.kv_heads = 3;
+        a.shape.q.seq = 128;
+        a.shape.kv_heads = 3;
         assert!(c.validate_args(&a).is_err());
-        a.kv_heads = 2;
-        a.q_len = 0;
+        a.shape.kv_heads = 2;
+        a.shape.q_len = 0;
         assert!(c.validate_args(&a).is_err());
     }
 }

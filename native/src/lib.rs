@@ -42,18 +42,21 @@ pub mod wgmma_int8;
 pub use arch::Arch;
 pub use cache::{default_cache_dir, CacheKey, CompileRequest, CompiledKernel, KernelCache, Origin};
 pub use error::{NativeError, Result};
+/// The shared types of quattn's crates that this crate's API takes: launch shape, element type, strides,
+/// accumulation modes, INT8 scale granularity and blocking.
+pub use quattn_core::{AttentionShape, Dtype, Int8Blocking, Int8Granularity, Layout, PvAccum, QkAccum, Strides, TWO_STAGE_CHUNK};
 #[cfg(feature = "cuda")]
 pub use hmma::HmmaKernel;
 #[cfg(feature = "cuda")]
 pub use int8_umma::Int8UmmaKernel;
 pub use int8_umma::{Int8UmmaArgs, Int8UmmaConfig, Int8UmmaParams, INT8_UMMA_TILES};
-pub use hmma::{HmmaArgs, HmmaConfig, HmmaParams, HmmaTile, InputType, PvAccum, QkAccum, Strides, HMMA_TILES};
+pub use hmma::{HmmaConfig, HmmaParams, HmmaTile, HMMA_TILES};
 #[cfg(feature = "cuda")]
 pub use int8::{Int8Buffers, Int8Kernel};
-pub use int8::{Int8Args, Int8Config, Int8Granularity, Int8Lens, Int8Params, Int8Ptrs, Int8Tile, INT8_TILES};
+pub use int8::{Int8Args, Int8Config, Int8Lens, Int8Params, Int8Ptrs, Int8Tile, INT8_TILES};
 #[cfg(feature = "cuda")]
 pub use int8_prepass::Int8Prepass;
-pub use int8_prepass::{Int8PrepassConfig, PrepassArgs, PrepassInput, PrepassLens, PrepassPass, PrepassPtrs, PrepassVariant};
+pub use int8_prepass::{Int8PrepassConfig, PrepassLens, PrepassPass, PrepassPtrs, PrepassVariant};
 pub use nvrtc::{nvrtc, NvrtcInfo, Resources};
 pub use registry::NativeKernelId;
 #[cfg(feature = "cuda")]
@@ -61,8 +64,8 @@ pub use registry::{Loaded, ModuleStore};
 pub use report::{compile_report, KernelReport, KernelVariant};
 #[cfg(feature = "cuda")]
 pub use wgmma::WgmmaKernel;
-pub use wgmma::{WgmmaArgs, WgmmaConfig, WgmmaParams, WgmmaTile, WGMMA_TILES};
+pub use wgmma::{WgmmaConfig, WgmmaParams, WgmmaTile, WGMMA_TILES};
 #[cfg(feature = "cuda")]
 pub use wgmma_int8::Int8WgmmaKernel;
-pub use tma::{TmaSpec, WgmmaLoads};
+pub use tma::TmaSpec;
 pub use wgmma_int8::{Int8WgmmaConfig, Int8WgmmaParams};

@@ -8,29 +8,7 @@
 //! Out-of-bounds rows (past the sequence end) arrive as zeros.
 
 use crate::error::{NativeError, Result};
-use crate::hmma::Strides;
-
-/// How the wgmma kernels' K/V tiles reach shared memory.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
-pub enum WgmmaLoads {
-    /// Every thread issues `cp.async` copies (swizzled by hand), two stages, both consumer
-    /// warpgroups in lockstep with a CTA barrier per KV tile (256 threads).
-    CpAsync,
-    /// Warp specialization (384 threads): a producer warpgroup issues TMA boxes through tensor
-    /// maps into `stages` K/V stages (mbarrier full/empty pairs); the two consumer warpgroups
-    /// take the registers it gives back (setmaxnreg) and ping-pong their wgmma issues.
-    Tma { stages: u32 },
-}
-
-impl WgmmaLoads {
-    /// `cp` | `tma{stages}` (the name suffix).
-    pub fn tag(&self) -> String {
-        match self {
-            WgmmaLoads::CpAsync => "cp".into(),
-            WgmmaLoads::Tma { stages } => format!("tma{stages}"),
-        }
-    }
-}
+use quattn_core::Strides;
 
 /// Registers per thread of a TMA kernel's producer and consumer warpgroups after `setmaxnreg`
 /// (24 + 2 x 240 per lane of the three warpgroups fits the 64 Ki register file).
@@ -68,13 +46,13 @@ impl TmaSpec {
     /// The map of a tensor whose boxes are `rows` rows x `box_inner` elements (one swizzle
     /// span of `swizzle_bytes`), from its element strides.
     pub fn rows(tensor: &'static str, t: RowsTensor, box_inner: u32, rows: u32, swizzle_bytes: u32) -> Result<Self> {
-        let e = t.elem_bytes as i64;
+        let e = t.elem_bytes as u64;
         TmaSpec::new(
             tensor,
             t.addr,
             t.elem_bytes,
             [t.head_dim as u64, t.len as u64, t.heads as u64, t.batch as u64],
-            [t.strides.seq, t.strides.head, t.strides.batch].map(|x| x.saturating_mul(e)),
+            [t.strides.seq, t.strides.head, t.strides.batch].map(|x| (x as u64).saturating_mul(e)),
             [box_inner, rows, 1, 1],
             swizzle_bytes,
         )
@@ -89,7 +67,7 @@ impl TmaSpec {
         addr: u64,
         elem_bytes: u32,
         dims: [u64; 4],
-        strides: [i64; 3],
+        strides: [u64; 3],
         box_dims: [u32; 4],
         swizzle_bytes: u32,
     ) -> Result<Self> {
@@ -100,12 +78,10 @@ impl TmaSpec {
         if let Some(d) = dims.iter().find(|&&d| d == 0 || d > u32::MAX as u64) {
             return bad(format!("dimension {d} outside 1..2^32"));
         }
-        let mut s = [0u64; 3];
         for (i, &x) in strides.iter().enumerate() {
-            if x <= 0 || x % 16 != 0 || x >= 1i64 << 40 {
+            if x == 0 || x % 16 != 0 || x >= 1u64 << 40 {
                 return bad(format!("byte stride {x} of dimension {} is not a positive multiple of 16 below 2^40", i + 1));
             }
-            s[i] = x as u64;
         }
         if box_dims.iter().any(|&b| b == 0 || b > 256) {
             return bad(format!("box {box_dims:?} has a dimension outside 1..256"));
@@ -113,7 +89,7 @@ impl TmaSpec {
         if box_dims[0] * elem_bytes != swizzle_bytes || !(swizzle_bytes == 64 || swizzle_bytes == 128) {
             return bad(format!("inner box of {} bytes for a {swizzle_bytes}-byte swizzle", box_dims[0] * elem_bytes));
         }
-        Ok(TmaSpec { addr, elem_bytes, dims, strides: s, box_dims, swizzle_bytes })
+        Ok(TmaSpec { addr, elem_bytes, dims, strides, box_dims, swizzle_bytes })
     }
 }
 

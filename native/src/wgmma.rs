@@ -7,106 +7,80 @@
 //! checks it through the facade, which picks it for fp16 with f32 accumulation on compute
 //! capability 9.0.
 //!
-//! Structure (the kernel header has the details): 1 or 2 consumer warpgroups of 64 query rows,
-//! Q/K/V in shared memory in the canonical 128-byte-swizzle layout written by cp.async, S =
-//! Q·Kᵀ with both operands by descriptor, P converted to f16 in registers as the register-A
-//! operand of P·V, V by descriptor with the transpose bit (MN-major, no transposed copy), K and
-//! V double-buffered, and the S wgmma of tile j issued before the P·V of tile j - 1 so that the
-//! softmax of tile j overlaps that P·V (FA3's intra-warpgroup pipelining). Same `FwdParams`
-//! ABI, masks (sequence end, bottom-right causal), GQA and LSE as [`crate::hmma`]; its
-//! [`HmmaArgs`] / [`HmmaParams`] are reused as they are.
+//! Structure (the kernel header has the details): warp specialized, a TMA producer warpgroup and
+//! 2 ping-ponging consumer warpgroups of 64 query rows, Q/K/V in shared memory in the canonical
+//! 128-byte-swizzle layout written by TMA into mbarrier-guarded K/V stages, S = Q·Kᵀ with both
+//! operands by descriptor, P converted to f16 in registers as the register-A operand of P·V, V
+//! by descriptor with the transpose bit (MN-major, no transposed copy), and the S wgmma of tile
+//! j issued before the P·V of tile j - 1 so that the softmax of tile j overlaps that P·V (FA3's
+//! intra-warpgroup pipelining). Same `FwdParams` ABI ([`HmmaParams`]), launch arguments (an
+//! [`AttentionShape`]), masks (sequence end, bottom-right causal), GQA and LSE as
+//! [`crate::hmma`].
 
 use crate::arch::Arch;
 use crate::cache::{CompileRequest, FWD_WGMMA};
 use crate::error::{NativeError, Result};
-use crate::hmma::{HmmaArgs, HmmaConfig, HmmaParams, InputType, PvAccum, QkAccum};
-use crate::tma::{RowsTensor, TmaSpec, WgmmaLoads, WS_CONSUMER_REGS, WS_PRODUCER_REGS};
+use crate::hmma::{HmmaConfig, HmmaParams};
+use crate::tma::{RowsTensor, TmaSpec, WS_CONSUMER_REGS, WS_PRODUCER_REGS};
+use quattn_core::{AttentionShape, Dtype, PvAccum, QkAccum};
 
 const KERNEL: &str = "fwd_wgmma";
 
-/// Launch arguments: exactly those of the HMMA family (shapes, strides, scale, causal).
-pub type WgmmaArgs = HmmaArgs;
 /// Kernel parameter block: the same `FwdParams` C layout as `fwd_hmma.cu`.
 pub type WgmmaParams = HmmaParams;
 
-/// CTA shape of one variant.
+/// CTA shape of one variant: 2 consumer warpgroups of 64 query rows (BLOCK_M = 128) and a
+/// 128-thread TMA producer warpgroup, `block_n` keys per KV tile in `stages` K/V stages.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 pub struct WgmmaTile {
-    /// Consumer warpgroups (1 or 2), 64 query rows each: BLOCK_M = 64 * warpgroups.
-    pub warpgroups: u32,
     /// Keys per KV tile (64 or 128): the N of the Q·Kᵀ wgmma and the K of P·V.
     pub block_n: u32,
-    /// cp.async from every thread, or a TMA producer warpgroup (2 consumer warpgroups only).
-    pub loads: WgmmaLoads,
+    /// K/V stages of the producer's ring (2 to 4).
+    pub stages: u32,
 }
 
 impl WgmmaTile {
-    /// The cp.async tile.
-    pub const fn cp(warpgroups: u32, block_n: u32) -> Self {
-        WgmmaTile { warpgroups, block_n, loads: WgmmaLoads::CpAsync }
-    }
-    /// The TMA tile: two consumer warpgroups and a producer.
-    pub const fn tma(block_n: u32, stages: u32) -> Self {
-        WgmmaTile { warpgroups: 2, block_n, loads: WgmmaLoads::Tma { stages } }
+    /// Consumer warpgroups, 64 query rows each.
+    pub const WARPGROUPS: u32 = 2;
+
+    pub const fn new(block_n: u32, stages: u32) -> Self {
+        WgmmaTile { block_n, stages }
     }
     pub fn block_m(&self) -> u32 {
-        64 * self.warpgroups
+        64 * Self::WARPGROUPS
     }
-    /// Consumer threads, plus the 128-thread producer with TMA.
+    /// Consumer threads plus the 128-thread producer.
     pub fn threads(&self) -> u32 {
-        match self.loads {
-            WgmmaLoads::CpAsync => 128 * self.warpgroups,
-            WgmmaLoads::Tma { .. } => 128 * self.warpgroups + 128,
-        }
+        128 * Self::WARPGROUPS + 128
     }
-    /// Dynamic shared memory, mirror of `cfg::SMEM_BYTES` / `ws::SMEM_BYTES`: Q, the K and V
-    /// stages (two, or the TMA stage count), the TMA kernel's mbarriers (8 bytes each: one for Q,
-    /// four per stage), and 1024 bytes of slack to round the base up to the 1024-byte alignment
-    /// of the 128B swizzle.
+    /// Dynamic shared memory, mirror of `ws::SMEM_BYTES`: Q, the K and V stages, the mbarriers
+    /// (8 bytes each: one for Q, four per stage), and 1024 bytes of slack to round the base up
+    /// to the 1024-byte alignment of the 128B swizzle.
     pub fn smem_bytes(&self, head_dim: u32) -> u32 {
         let row = head_dim * 2;
-        let (stages, bars) = match self.loads {
-            WgmmaLoads::CpAsync => (2, 0),
-            WgmmaLoads::Tma { stages } => (stages, 8 * (1 + 4 * stages)),
-        };
-        self.block_m() * row + 2 * stages * self.block_n * row + bars + 1024
+        self.block_m() * row + 2 * self.stages * self.block_n * row + 8 * (1 + 4 * self.stages) + 1024
     }
-    /// `w2n128`, `w2n128_tma2`.
+    /// `w2n128_tma2`.
     pub fn suffix(&self) -> String {
-        match self.loads {
-            WgmmaLoads::CpAsync => format!("w{}n{}", self.warpgroups, self.block_n),
-            l => format!("w{}n{}_{}", self.warpgroups, self.block_n, l.tag()),
-        }
+        format!("w{}n{}_tma{}", Self::WARPGROUPS, self.block_n, self.stages)
     }
 }
 
 /// Tile per head dim, measured on the H100 with `wgmma_check --bench-only` (fp16, batch·seq =
-/// 16k, heads = 2048/hd, TFLOP/s non-causal at seq 4k / 16k; HMMA's table tile in the same
-/// process in brackets):
-///
-/// | tile (warpgroups x 64 rows, keys) | hd64                          | hd128                         |
-/// |-----------------------------------|-------------------------------|-------------------------------|
-/// | 2 x 64, 128                       | 300 / 312 (HMMA 321 / 329)    | **457 / 470** (HMMA 358 / 366) |
-/// | 1 x 64, 128                       | **350 / 351**                 | 360 / 374                     |
-/// | 2 x 64, 64                        | 333 / 340                     | 441 / 461                     |
-///
-/// hd128: FA3's CTA (2 consumer warpgroups, 128 keys; 160 KiB of shared memory, one CTA per
-/// SM). hd64: one warpgroup with 128 keys (2 CTAs per SM by shared memory, 74 KiB each): at
-/// hd64 a 128-row CTA leaves the SM with one CTA whose two warpgroups wait on the same loads.
-///
-/// The warp-specialized TMA kernel (2 consumer warpgroups + a producer; same columns):
+/// 16k, heads = 2048/hd, TFLOP/s non-causal at seq 4k / 16k), against the best tiles (warpgroups
+/// x 64 rows, keys) of a kernel without a producer in which every thread loads with cp.async:
 ///
 /// | tile                              | hd64          | hd128         |
 /// |-----------------------------------|---------------|---------------|
-/// | cp.async 1 x 64, 128 (hd64's before) | 381 / 382  | 348 / 366     |
-/// | cp.async 2 x 64, 128 (hd128's before) | 292 / 305 | 478 / 487     |
+/// | cp.async 1 x 64, 128              | 381 / 382     | 348 / 366     |
+/// | cp.async 2 x 64, 128              | 292 / 305     | 478 / 487     |
 /// | **TMA 2 x 64, 128, 2 stages**     | **447 / 471** | **659 / 689** |
 /// | TMA 2 x 64, 128, 3 stages         | 446 / 475     | 651 / 674     |
 ///
-/// The TMA kernel with two stages is the table tile at both head dims: the producer warpgroup
-/// removes the loads from the consumers' instruction stream and the two consumers' ping-pong
-/// keeps the tensor cores busy through each other's softmax.
-pub const WGMMA_TILES: [(u32, WgmmaTile); 2] = [(64, WgmmaTile::tma(128, 2)), (128, WgmmaTile::tma(128, 2))];
+/// Two stages is the table tile at both head dims: the producer warpgroup removes the loads
+/// from the consumers' instruction stream and the two consumers' ping-pong keeps the tensor
+/// cores busy through each other's softmax.
+pub const WGMMA_TILES: [(u32, WgmmaTile); 2] = [(64, WgmmaTile::new(128, 2)), (128, WgmmaTile::new(128, 2))];
 
 /// Grid, block and shared memory of one launch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -136,22 +110,14 @@ impl WgmmaConfig {
         Ok(cfg)
     }
 
-    /// Head dim in the table; a forced tile has 1 or 2 warpgroups and 64 or 128 keys.
+    /// Head dim in the table; a forced tile has 64 or 128 keys and 2 to 4 stages.
     pub fn validate(&self) -> Result<()> {
         let t = self.tile()?;
-        if !(t.warpgroups == 1 || t.warpgroups == 2) || !(t.block_n == 64 || t.block_n == 128) {
+        if !(t.block_n == 64 || t.block_n == 128) || !(2..=4).contains(&t.stages) {
             return Err(NativeError::UnsupportedConfig {
                 kernel: KERNEL,
-                reason: format!("tile {t:?} (needs 1 or 2 warpgroups, BLOCK_N 64 or 128)"),
+                reason: format!("tile {t:?} (needs BLOCK_N 64 or 128 and 2 to 4 stages)"),
             });
-        }
-        if let WgmmaLoads::Tma { stages } = t.loads {
-            if t.warpgroups != 2 || !(2..=4).contains(&stages) {
-                return Err(NativeError::UnsupportedConfig {
-                    kernel: KERNEL,
-                    reason: format!("tile {t:?} (TMA needs 2 consumer warpgroups and 2 to 4 stages)"),
-                });
-            }
         }
         if t.smem_bytes(self.head_dim) > 227 * 1024 {
             return Err(NativeError::UnsupportedConfig {
@@ -178,7 +144,7 @@ impl WgmmaConfig {
         WGMMA_TILES.iter().find(|(hd, _)| *hd == self.head_dim).map(|(_, t)| *t).ok_or(unsupported)
     }
 
-    /// `fwd_wgmma_f16_d128`, with `_w1n64` etc. for a forced tile.
+    /// `fwd_wgmma_f16_d128`, with `_w2n128_tma3` etc. for a forced tile.
     pub fn name(&self) -> String {
         let forced = self.tile.map(|t| format!("_{}", t.suffix())).unwrap_or_default();
         format!("{KERNEL}_f16_d{}{forced}", self.head_dim)
@@ -191,13 +157,7 @@ impl WgmmaConfig {
         for hd in [64u32, 128] {
             v.push(WgmmaConfig { head_dim: hd, tile: None });
             let table = WGMMA_TILES.iter().find(|(d, _)| *d == hd).map(|(_, t)| *t);
-            let forced = [
-                WgmmaTile::cp(1, 128),
-                WgmmaTile::cp(2, 128),
-                WgmmaTile::cp(2, 64),
-                WgmmaTile::tma(128, 2),
-                WgmmaTile::tma(128, 3),
-            ];
+            let forced = [WgmmaTile::new(128, 2), WgmmaTile::new(128, 3)];
             for t in forced.into_iter().filter(|t| Some(*t) != table) {
                 v.push(WgmmaConfig { head_dim: hd, tile: Some(t) });
             }
@@ -210,17 +170,13 @@ impl WgmmaConfig {
         self.validate()?;
         let t = self.tile()?;
         let d = |k: &str, v: u32| (k.to_string(), v.to_string());
-        let mut v = vec![d("HEAD_DIM", self.head_dim), d("WARPGROUPS", t.warpgroups), d("BLOCK_N", t.block_n)];
-        match t.loads {
-            WgmmaLoads::CpAsync => v.push(d("WS", 0)),
-            WgmmaLoads::Tma { stages } => {
-                v.push(d("WS", 1));
-                v.push(d("KV_STAGES", stages));
-                v.push(d("PRODUCER_REGS", WS_PRODUCER_REGS));
-                v.push(d("CONSUMER_REGS", WS_CONSUMER_REGS));
-            }
-        }
-        Ok(v)
+        Ok(vec![
+            d("HEAD_DIM", self.head_dim),
+            d("BLOCK_N", t.block_n),
+            d("KV_STAGES", t.stages),
+            d("PRODUCER_REGS", WS_PRODUCER_REGS),
+            d("CONSUMER_REGS", WS_CONSUMER_REGS),
+        ])
     }
 
     /// The compile request for `arch` (only [`Arch::Sm90a`]).
@@ -238,15 +194,14 @@ impl WgmmaConfig {
 
     /// SASS opcodes that must appear, as nvdisasm 13.x spells the wgmma of sm_90a: Q·Kᵀ is
     /// m64n{BLOCK_N}k16 with both operands in shared memory, P·V m64n{D}k16 with A in
-    /// registers; both f16 x f16 -> f32.
+    /// registers; both f16 x f16 -> f32. Also the tensor loads and the producer's register
+    /// release.
     pub fn expected_instructions(&self) -> Vec<String> {
         let Ok(t) = self.tile() else { return Vec::new() };
         let mut v = vec![format!("HGMMA.64x{}x16.F32", t.block_n), format!("HGMMA.64x{}x16.F32", self.head_dim)];
         v.dedup();
-        if let WgmmaLoads::Tma { .. } = t.loads {
-            v.push("UTMALDG.4D".into());
-            v.push("USETMAXREG.DEALLOC.CTAPOOL".into());
-        }
+        v.push("UTMALDG.4D".into());
+        v.push("USETMAXREG.DEALLOC.CTAPOOL".into());
         v
     }
 
@@ -258,35 +213,32 @@ impl WgmmaConfig {
     /// The HMMA config whose argument checks (head dim, strides, scale, grid limits) are exactly
     /// the ones this kernel needs.
     fn args_twin(&self) -> Result<HmmaConfig> {
-        HmmaConfig::new(self.head_dim as usize, InputType::F16, QkAccum::F32, PvAccum::F32)
+        HmmaConfig::new(self.head_dim as usize, Dtype::F16, QkAccum::F32, PvAccum::F32)
     }
 
     /// Validates launch arguments (the HMMA family's rules: same ABI, same layouts).
-    pub fn validate_args(&self, args: &WgmmaArgs) -> Result<()> {
+    pub fn validate_args(&self, args: &AttentionShape) -> Result<()> {
         self.validate()?;
-        args.validate(&self.args_twin()?)
+        self.args_twin()?.validate_args(args)
     }
 
-    /// The three tensor maps of the TMA kernel (Q boxes of BLOCK_M rows, K and V boxes of
-    /// BLOCK_N rows, each 64 halves wide with the 128B swizzle); `None` for cp.async.
-    pub fn tma_specs(&self, args: &WgmmaArgs, ptrs: [u64; 5]) -> Result<Option<[TmaSpec; 3]>> {
+    /// The three tensor maps of the kernel (Q boxes of BLOCK_M rows, K and V boxes of BLOCK_N
+    /// rows, each 64 halves wide with the 128B swizzle).
+    pub fn tma_specs(&self, args: &AttentionShape, ptrs: [u64; 5]) -> Result<[TmaSpec; 3]> {
         let t = self.tile()?;
-        if t.loads == WgmmaLoads::CpAsync {
-            return Ok(None);
-        }
         self.validate_args(args)?;
         let x = |addr, heads, len, strides| RowsTensor {
             addr, elem_bytes: 2, head_dim: self.head_dim as usize, len, heads, batch: args.batch, strides,
         };
-        Ok(Some([
+        Ok([
             TmaSpec::rows("Q", x(ptrs[0], args.q_heads, args.q_len, args.q), 64, t.block_m(), 128)?,
             TmaSpec::rows("K", x(ptrs[1], args.kv_heads, args.kv_len, args.k), 64, t.block_n, 128)?,
             TmaSpec::rows("V", x(ptrs[2], args.kv_heads, args.kv_len, args.v), 64, t.block_n, 128)?,
-        ]))
+        ])
     }
 
     /// Grid `(query blocks, q_heads, batch)`, block [`WgmmaTile::threads`] threads.
-    pub fn launch_shape(&self, args: &WgmmaArgs) -> Result<WgmmaLaunchShape> {
+    pub fn launch_shape(&self, args: &AttentionShape) -> Result<WgmmaLaunchShape> {
         let t = self.tile()?;
         let m_blocks = args.q_len.div_ceil(t.block_m() as usize);
         Ok(WgmmaLaunchShape {
@@ -347,7 +299,7 @@ mod launch {
         pub fn launch<T, Q, K, V, O, L>(
             &self,
             stream: &Arc<CudaStream>,
-            args: &WgmmaArgs,
+            args: &AttentionShape,
             q: &Q,
             k: &K,
             v: &V,
@@ -368,7 +320,7 @@ mod launch {
                 )));
             }
             self.config.validate_args(args)?;
-            let need = args.required_lens(self.config.head_dim as usize);
+            let need = self.config.args_twin()?.required_lens(args);
             let have = [q.len(), k.len(), v.len(), o.len(), lse.len()];
             for ((name, n), h) in ["q", "k", "v", "o", "lse"].iter().zip(need).zip(have) {
                 if h < n {
@@ -387,9 +339,9 @@ mod launch {
         /// Launches with raw device addresses `[q, k, v, o, lse]`.
         ///
         /// # Safety
-        /// Each pointer must address device memory of at least [`HmmaArgs::required_lens`]
+        /// Each pointer must address device memory of at least [`HmmaConfig::required_lens`]
         /// elements (2-byte elements; f32 for LSE), valid until the kernel finishes on `stream`.
-        pub unsafe fn launch_raw(&self, stream: &Arc<CudaStream>, args: &WgmmaArgs, ptrs: [u64; 5]) -> Result<()> {
+        pub unsafe fn launch_raw(&self, stream: &Arc<CudaStream>, args: &AttentionShape, ptrs: [u64; 5]) -> Result<()> {
             self.config.validate_args(args)?;
             if let Some(i) = ptrs.iter().position(|p| p % 16 != 0) {
                 return Err(NativeError::InvalidArgs(format!(
@@ -399,17 +351,12 @@ mod launch {
                 )));
             }
             let shape = self.config.launch_shape(args)?;
-            let params = args.params(ptrs);
-            let maps = match self.config.tma_specs(args, ptrs)? {
-                Some(specs) => Some(self.maps.maps(&specs)?),
-                None => None,
-            };
+            let params = HmmaParams::new(args, ptrs);
+            let maps = self.maps.maps(&self.config.tma_specs(args, ptrs)?)?;
             let cfg = LaunchConfig { grid_dim: shape.grid, block_dim: shape.block, shared_mem_bytes: shape.smem_bytes };
             let mut b = stream.launch_builder(&self.function);
             b.arg(&params);
-            if let Some(maps) = &maps {
-                b.arg(maps);
-            }
+            b.arg(&maps);
             // SAFETY: the parameter structs match the kernel's signature; memory per contract.
             unsafe { b.launch(cfg) }?;
             Ok(())
@@ -420,7 +367,7 @@ mod launch {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hmma::Strides;
+    use quattn_core::Layout;
 
     #[test]
     fn configs_names_defines_and_smem() {
@@ -433,19 +380,19 @@ mod tests {
             vec!["HGMMA.64x128x16.F32".to_string(), "UTMALDG.4D".into(), "USETMAXREG.DEALLOC.CTAPOOL".into()]
         );
         let d = c.defines().unwrap();
-        assert!(d.contains(&("WARPGROUPS".into(), "2".into())) && d.contains(&("BLOCK_N".into(), "128".into())));
-        assert!(d.contains(&("WS".into(), "1".into())) && d.contains(&("KV_STAGES".into(), "2".into())));
-        // A forced cp.async tile: two stages, no barriers, no producer.
-        let cp = WgmmaConfig { head_dim: 128, tile: Some(WgmmaTile::cp(2, 128)) };
-        assert_eq!(cp.name(), "fwd_wgmma_f16_d128_w2n128");
-        assert_eq!(cp.smem_bytes().unwrap(), 128 * 256 + 4 * 128 * 256 + 1024);
-        assert!(cp.defines().unwrap().contains(&("WS".into(), "0".into())));
-        let t3 = WgmmaConfig { head_dim: 64, tile: Some(WgmmaTile::tma(128, 3)) };
+        assert!(d.contains(&("BLOCK_N".into(), "128".into())) && d.contains(&("KV_STAGES".into(), "2".into())));
+        assert!(d.contains(&("PRODUCER_REGS".into(), "24".into())) && d.contains(&("CONSUMER_REGS".into(), "240".into())));
+        // A forced tile: 3 stages, 13 mbarriers.
+        let t3 = WgmmaConfig { head_dim: 64, tile: Some(WgmmaTile::new(128, 3)) };
         assert_eq!(t3.name(), "fwd_wgmma_f16_d64_w2n128_tma3");
-        // TMA needs two consumer warpgroups; four stages at hd 128 exceed shared memory.
-        let one = WgmmaTile { warpgroups: 1, block_n: 128, loads: WgmmaLoads::Tma { stages: 2 } };
-        assert!(WgmmaConfig { head_dim: 64, tile: Some(one) }.validate().is_err());
-        assert!(WgmmaConfig { head_dim: 128, tile: Some(WgmmaTile::tma(128, 4)) }.validate().is_err());
+        assert_eq!(t3.smem_bytes().unwrap(), 128 * 128 + 6 * 128 * 128 + 8 * 13 + 1024);
+        assert!(t3.defines().unwrap().contains(&("KV_STAGES".into(), "3".into())));
+        // 64 keys fit; 96 keys, 1 or 5 stages do not; four stages at hd 128 exceed shared memory.
+        assert!(WgmmaConfig { head_dim: 128, tile: Some(WgmmaTile::new(64, 4)) }.validate().is_ok());
+        for bad in [WgmmaTile::new(96, 2), WgmmaTile::new(128, 1), WgmmaTile::new(64, 5)] {
+            assert!(WgmmaConfig { head_dim: 64, tile: Some(bad) }.validate().is_err(), "{bad:?}");
+        }
+        assert!(WgmmaConfig { head_dim: 128, tile: Some(WgmmaTile::new(128, 4)) }.validate().is_err());
         let c64 = WgmmaConfig::new(64).unwrap();
         assert_eq!(
             c64.expected_instructions(),
@@ -457,8 +404,6 @@ mod tests {
             ]
         );
         assert!(matches!(WgmmaConfig::new(96), Err(NativeError::UnsupportedHeadDim { .. })));
-        let bad = WgmmaConfig { head_dim: 64, tile: Some(WgmmaTile::cp(3, 128)) };
-        assert!(bad.validate().is_err());
         assert!(matches!(c.request(Arch::Sm90), Err(NativeError::UnsupportedConfig { .. })));
         let mut names: Vec<String> = WgmmaConfig::all().iter().map(|c| c.name()).collect();
         let n = names.len();
@@ -484,17 +429,12 @@ mod tests {
     #[test]
     fn launch_shape_and_args() {
         let c = WgmmaConfig::new(128).unwrap();
-        let s = Strides::bhsd(8, 1000, 128);
-        let a = WgmmaArgs {
-            batch: 2, q_heads: 8, kv_heads: 2, q_len: 1000, kv_len: 1000,
-            q: s, k: Strides::bhsd(2, 1000, 128), v: Strides::bhsd(2, 1000, 128), o: s,
-            scale: 0.088, causal: true,
-        };
+        let a = AttentionShape::contiguous(Layout::Bhsd, 2, 8, 2, 1000, 1000, 128, true);
         c.validate_args(&a).unwrap();
         let shape = c.launch_shape(&a).unwrap();
         assert_eq!((shape.grid, shape.block, shape.smem_bytes), ((8, 8, 2), (384, 1, 1), c.smem_bytes().unwrap()));
         // Tensor maps: Q boxes of 128 rows, K/V of 128 keys, 64 halves wide, 128B swizzle.
-        let [q, k, v] = c.tma_specs(&a, [0x1000, 0x2000, 0x3000, 0x4000, 0x5000]).unwrap().unwrap();
+        let [q, k, v] = c.tma_specs(&a, [0x1000, 0x2000, 0x3000, 0x4000, 0x5000]).unwrap();
         assert_eq!((q.dims, q.strides, q.box_dims), ([128, 1000, 8, 2], [256, 256_000, 2_048_000], [64, 128, 1, 1]));
         assert_eq!((k.dims, v.addr, v.swizzle_bytes), ([128, 1000, 2, 2], 0x3000, 128));
         let mut b = a;

@@ -4,9 +4,9 @@
 //! and f16 V on the f16 wgmma (`HGMMA`). sm_90a only. Checked and timed on an H100 by
 //! `examples/int8_check.rs` and `quattn selftest`.
 //!
-//! Two load pipelines ([`WgmmaLoads`]): every thread issuing `cp.async`, or (the default) a
-//! TMA producer warpgroup feeding two ping-ponging consumer warpgroups through mbarrier-guarded
-//! stages, the tensor maps built per launch from the strides ([`Int8WgmmaConfig::tma_specs`]).
+//! Warp specialized: a TMA producer warpgroup feeds two ping-ponging consumer warpgroups through
+//! mbarrier-guarded K/V stages (2 by default, [`Int8WgmmaConfig::stages`]), the tensor maps built
+//! per launch from the strides ([`Int8WgmmaConfig::tma_specs`]).
 //!
 //! Host contract: exactly the IMMA family's ([`crate::int8`]): [`Int8Args`], [`Int8Ptrs`],
 //! [`Int8Buffers`](crate::Int8Buffers), the `Int8FwdParams` ABI ([`Int8Params`], same field
@@ -14,7 +14,7 @@
 //! [`Int8WgmmaConfig::blocking`], LSE shift, f32 P·V only.
 //!
 //! Tile: 2 consumer warpgroups x 64 query rows (block_q = 128), 128 keys per KV tile (block_k
-//! = 128 = keys per K scale), 256 consumer threads (plus a 128-thread producer with TMA);
+//! = 128 = keys per K scale), 256 consumer threads plus a 128-thread producer;
 //! consumer warp `W = tid / 32` (counted from the first consumer) owns rows `16W .. 16W + 15`,
 //! lane quad `g` rows `16W + g` and `16W + g + 8` (the wgmma accumulator layout). The scale
 //! layout is therefore `(block_q, block_k, warps) = (128, 128, 8)` in every granularity:
@@ -27,9 +27,9 @@
 use crate::arch::Arch;
 use crate::cache::{CompileRequest, FWD_WGMMA_INT8};
 use crate::error::{NativeError, Result};
-use crate::hmma::PvAccum;
-use crate::int8::{Int8Args, Int8Config, Int8Granularity, Int8LaunchShape, Int8Params, Int8Ptrs, Int8Tile};
-use crate::tma::{RowsTensor, TmaSpec, WgmmaLoads, WS_CONSUMER_REGS, WS_PRODUCER_REGS};
+use crate::int8::{Int8Args, Int8Config, Int8LaunchShape, Int8Params, Int8Ptrs, Int8Tile};
+use crate::tma::{RowsTensor, TmaSpec, WS_CONSUMER_REGS, WS_PRODUCER_REGS};
+use quattn_core::{Int8Blocking, Int8Granularity, PvAccum};
 
 const KERNEL: &str = "fwd_wgmma_int8";
 
@@ -43,13 +43,14 @@ pub const WGMMA_INT8_WARPS: u32 = 8;
 /// Kernel parameter block: `Int8FwdParams`, the IMMA family's layout.
 pub type Int8WgmmaParams = Int8Params;
 
-/// One compiled variant: head dim, Q scale granularity and load pipeline (P·V always
-/// accumulates in f32).
+/// One compiled variant: head dim, Q scale granularity and K/V stages of the TMA pipeline (P·V
+/// always accumulates in f32).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 pub struct Int8WgmmaConfig {
     pub head_dim: u32,
     pub granularity: Int8Granularity,
-    pub loads: WgmmaLoads,
+    /// K/V stages of the producer's ring (2 to 4).
+    pub stages: u32,
 }
 
 
@@ -58,17 +59,17 @@ impl Int8WgmmaConfig {
     /// wgmma exists only on the `a` target of compute capability 9.0.
     pub const TARGETS: &'static [Arch] = &[Arch::Sm90a];
 
-    /// The load pipeline `new` picks: TMA with two stages.
-    pub const DEFAULT_LOADS: WgmmaLoads = WgmmaLoads::Tma { stages: 2 };
+    /// The K/V stages `new` picks.
+    pub const DEFAULT_STAGES: u32 = 2;
 
-    /// Validated constructor with [`Self::DEFAULT_LOADS`].
+    /// Validated constructor with [`Self::DEFAULT_STAGES`].
     pub fn new(head_dim: usize, granularity: Int8Granularity) -> Result<Self> {
-        Self::with_loads(head_dim, granularity, Self::DEFAULT_LOADS)
+        Self::with_stages(head_dim, granularity, Self::DEFAULT_STAGES)
     }
 
-    /// Validated constructor with an explicit load pipeline.
-    pub fn with_loads(head_dim: usize, granularity: Int8Granularity, loads: WgmmaLoads) -> Result<Self> {
-        let cfg = Int8WgmmaConfig { head_dim: head_dim as u32, granularity, loads };
+    /// Validated constructor with an explicit stage count.
+    pub fn with_stages(head_dim: usize, granularity: Int8Granularity, stages: u32) -> Result<Self> {
+        let cfg = Int8WgmmaConfig { head_dim: head_dim as u32, granularity, stages };
         cfg.validate()?;
         Ok(cfg)
     }
@@ -81,17 +82,16 @@ impl Int8WgmmaConfig {
         Self::new(c.head_dim as usize, c.granularity)
     }
 
-    /// The load pipelines the report and tests compile.
-    pub const LOADS: &'static [WgmmaLoads] =
-        &[WgmmaLoads::CpAsync, WgmmaLoads::Tma { stages: 2 }, WgmmaLoads::Tma { stages: 3 }];
+    /// The stage counts the report and tests compile.
+    pub const STAGES: &'static [u32] = &[2, 3];
 
-    /// Every variant the report and tests compile: head dim x granularity x load pipeline.
+    /// Every variant the report and tests compile: head dim x granularity x stages.
     pub fn all() -> Vec<Int8WgmmaConfig> {
         let mut v = Vec::new();
         for head_dim in [64, 128] {
             for granularity in Int8Granularity::ALL {
-                for &loads in Self::LOADS {
-                    v.push(Int8WgmmaConfig { head_dim, granularity, loads });
+                for &stages in Self::STAGES {
+                    v.push(Int8WgmmaConfig { head_dim, granularity, stages });
                 }
             }
         }
@@ -106,13 +106,11 @@ impl Int8WgmmaConfig {
                 supported: Self::HEAD_DIMS,
             });
         }
-        if let WgmmaLoads::Tma { stages } = self.loads {
-            if !(2..=4).contains(&stages) {
-                return Err(NativeError::UnsupportedConfig {
-                    kernel: KERNEL,
-                    reason: format!("{stages} TMA stages (2 to 4 supported)"),
-                });
-            }
+        if !(2..=4).contains(&self.stages) {
+            return Err(NativeError::UnsupportedConfig {
+                kernel: KERNEL,
+                reason: format!("{} TMA stages (2 to 4 supported)", self.stages),
+            });
         }
         Ok(())
     }
@@ -129,21 +127,25 @@ impl Int8WgmmaConfig {
         }
     }
 
-    /// `(block_q, block_k, warps)` of the scale layout: `(128, 128, 8)` in every granularity.
-    pub fn blocking(&self) -> Result<(usize, usize, usize)> {
+    /// The scale layout: `(block_q, block_k, warps)` = `(128, 128, 8)` in every granularity.
+    pub fn blocking(&self) -> Result<Int8Blocking> {
         self.validate()?;
-        let b = (WGMMA_INT8_BLOCK_Q as usize, WGMMA_INT8_BLOCK_K as usize, WGMMA_INT8_WARPS as usize);
+        let b = Int8Blocking {
+            block_q: WGMMA_INT8_BLOCK_Q as usize,
+            block_k: WGMMA_INT8_BLOCK_K as usize,
+            warps: WGMMA_INT8_WARPS as usize,
+        };
         debug_assert_eq!(self.scale_twin().blocking().ok(), Some(b));
         Ok(b)
     }
 
-    /// `fwd_wgmma_int8_{block|warp|thread}_d{hd}_{cp|tma2|tma3}`.
+    /// `fwd_wgmma_int8_{block|warp|thread}_d{hd}_tma{stages}`.
     pub fn name(&self) -> String {
-        format!("{KERNEL}_{}_d{}_{}", self.granularity.tag(), self.head_dim, self.loads.tag())
+        format!("{KERNEL}_{}_d{}_tma{}", self.granularity.tag(), self.head_dim, self.stages)
     }
 
-    /// The `-D` defines the kernel reads: HEAD_DIM, Q_GRAN (0 block, 1 warp, 2 thread); WS 0 for
-    /// cp.async, else WS 1 with KV_STAGES, PRODUCER_REGS and CONSUMER_REGS.
+    /// The `-D` defines the kernel reads: HEAD_DIM, Q_GRAN (0 block, 1 warp, 2 thread),
+    /// KV_STAGES, PRODUCER_REGS and CONSUMER_REGS.
     pub fn defines(&self) -> Result<Vec<(String, String)>> {
         self.validate()?;
         let gran = match self.granularity {
@@ -151,25 +153,19 @@ impl Int8WgmmaConfig {
             Int8Granularity::PerWarp => 1,
             Int8Granularity::PerThread => 2,
         };
-        let mut d = vec![("HEAD_DIM".into(), self.head_dim.to_string()), ("Q_GRAN".into(), gran.to_string())];
-        match self.loads {
-            WgmmaLoads::CpAsync => d.push(("WS".into(), "0".into())),
-            WgmmaLoads::Tma { stages } => {
-                d.push(("WS".into(), "1".into()));
-                d.push(("KV_STAGES".into(), stages.to_string()));
-                d.push(("PRODUCER_REGS".into(), WS_PRODUCER_REGS.to_string()));
-                d.push(("CONSUMER_REGS".into(), WS_CONSUMER_REGS.to_string()));
-            }
-        }
-        Ok(d)
+        let d = |k: &str, v: u32| (k.to_string(), v.to_string());
+        Ok(vec![
+            d("HEAD_DIM", self.head_dim),
+            d("Q_GRAN", gran),
+            d("KV_STAGES", self.stages),
+            d("PRODUCER_REGS", WS_PRODUCER_REGS),
+            d("CONSUMER_REGS", WS_CONSUMER_REGS),
+        ])
     }
 
-    /// Threads per CTA: 256 (two consumer warpgroups), 384 with the TMA producer warpgroup.
+    /// Threads per CTA: 384, two consumer warpgroups and the TMA producer warpgroup.
     pub fn threads(&self) -> u32 {
-        match self.loads {
-            WgmmaLoads::CpAsync => 32 * WGMMA_INT8_WARPS,
-            WgmmaLoads::Tma { .. } => 32 * WGMMA_INT8_WARPS + 128,
-        }
+        32 * WGMMA_INT8_WARPS + 128
     }
 
     /// The compile request for `arch` (only [`Arch::Sm90a`]).
@@ -180,29 +176,26 @@ impl Int8WgmmaConfig {
         Ok(CompileRequest { kernel: self.name(), source: &FWD_WGMMA_INT8, arch, defines: self.defines()? })
     }
 
-    /// Dynamic shared memory, mirror of `cfg::SMEM_BYTES` / `ws::SMEM_BYTES`: int8 Q, int8 K and
-    /// f16 V stages (two, or the TMA stage count), the TMA kernel's mbarriers (8 bytes each:
-    /// one for Q, four per stage), plus 1024 bytes to round the base up to the swizzle alignment.
+    /// Dynamic shared memory, mirror of `ws::SMEM_BYTES`: int8 Q, the int8 K and f16 V stages,
+    /// the mbarriers (8 bytes each: one for Q, four per stage), plus 1024 bytes to round the base
+    /// up to the swizzle alignment.
     pub fn smem_bytes(&self) -> Result<u32> {
         self.validate()?;
-        let d = self.head_dim;
-        let (stages, bars) = match self.loads {
-            WgmmaLoads::CpAsync => (2, 0),
-            WgmmaLoads::Tma { stages } => (stages, 8 * (1 + 4 * stages)),
-        };
+        let (d, stages) = (self.head_dim, self.stages);
+        let bars = 8 * (1 + 4 * stages);
         Ok(WGMMA_INT8_BLOCK_Q * d + stages * WGMMA_INT8_BLOCK_K * d + stages * WGMMA_INT8_BLOCK_K * 2 * d + bars + 1024)
     }
 
     /// SASS opcodes that must appear, as nvdisasm 13.x spells them: the s8 Q·Kᵀ wgmma
     /// (m64n128k32, s32 accumulators) and the f16 P·V wgmma m64n{hd}k16 with f32 accumulators.
-    /// The TMA kernel also: the tensor loads and the producer's register release.
+    /// Also the tensor loads and the producer's register release.
     pub fn expected_instructions(&self) -> Vec<String> {
-        let mut v = vec!["IGMMA.64x128x32.S8.S8".to_string(), format!("HGMMA.64x{}x16.F32", self.head_dim)];
-        if let WgmmaLoads::Tma { .. } = self.loads {
-            v.push("UTMALDG.4D".into());
-            v.push("USETMAXREG.DEALLOC.CTAPOOL".into());
-        }
-        v
+        vec![
+            "IGMMA.64x128x32.S8.S8".to_string(),
+            format!("HGMMA.64x{}x16.F32", self.head_dim),
+            "UTMALDG.4D".into(),
+            "USETMAXREG.DEALLOC.CTAPOOL".into(),
+        ]
     }
 
     /// [`Arch::Sm90a`] for compute capability 9.0, else `None`.
@@ -219,9 +212,9 @@ impl Int8WgmmaConfig {
     /// Grid `(ceil(q_len / 128), q_heads, batch)`, [`Self::threads`] threads. The kernel takes
     /// the number of Q scale blocks per head from the grid width.
     pub fn launch_shape(&self, args: &Int8Args) -> Result<Int8LaunchShape> {
-        let m_blocks = args.q_len.div_ceil(WGMMA_INT8_BLOCK_Q as usize);
+        let m_blocks = args.shape.q_len.div_ceil(WGMMA_INT8_BLOCK_Q as usize);
         Ok(Int8LaunchShape {
-            grid: (m_blocks as u32, args.q_heads as u32, args.batch as u32),
+            grid: (m_blocks as u32, args.shape.q_heads as u32, args.shape.batch as u32),
             block: (self.threads(), 1, 1),
             smem_bytes: self.smem_bytes()?,
         })
@@ -232,25 +225,22 @@ impl Int8WgmmaConfig {
         args.params(ptrs)
     }
 
-    /// What the TMA kernel's three tensor maps describe (Q, K, V), checked against TMA's rules:
+    /// What the kernel's three tensor maps describe (Q, K, V), checked against TMA's rules:
     /// rank 4 `(dim, seq, head, batch)`; int8 Q/K boxes of 128 rows x head-dim bytes with the
     /// swizzle of the kernel's K-major layout (128B at hd 128, 64B at hd 64); f16 V boxes of 128
-    /// rows x 64 halves, 128B swizzle (one box per 64 columns). `None` for the cp.async kernel.
-    pub fn tma_specs(&self, args: &Int8Args, ptrs: &Int8Ptrs) -> Result<Option<[TmaSpec; 3]>> {
-        if self.loads == WgmmaLoads::CpAsync {
-            return Ok(None);
-        }
+    /// rows x 64 halves, 128B swizzle (one box per 64 columns).
+    pub fn tma_specs(&self, args: &Int8Args, ptrs: &Int8Ptrs) -> Result<[TmaSpec; 3]> {
         self.validate_args(args)?;
         let int8_swizzle = if self.head_dim == 128 { 128 } else { 64 };
         let rows = WGMMA_INT8_BLOCK_K;
         let t = |addr, elem_bytes, heads, len, strides| RowsTensor {
-            addr, elem_bytes, head_dim: self.head_dim as usize, len, heads, batch: args.batch, strides,
+            addr, elem_bytes, head_dim: self.head_dim as usize, len, heads, batch: args.shape.batch, strides,
         };
-        Ok(Some([
-            TmaSpec::rows("Q", t(ptrs.q, 1, args.q_heads, args.q_len, args.q), self.head_dim, rows, int8_swizzle)?,
-            TmaSpec::rows("K", t(ptrs.k, 1, args.kv_heads, args.kv_len, args.k), self.head_dim, rows, int8_swizzle)?,
-            TmaSpec::rows("V", t(ptrs.v, 2, args.kv_heads, args.kv_len, args.v), 64, rows, 128)?,
-        ]))
+        Ok([
+            TmaSpec::rows("Q", t(ptrs.q, 1, args.shape.q_heads, args.shape.q_len, args.shape.q), self.head_dim, rows, int8_swizzle)?,
+            TmaSpec::rows("K", t(ptrs.k, 1, args.shape.kv_heads, args.shape.kv_len, args.shape.k), self.head_dim, rows, int8_swizzle)?,
+            TmaSpec::rows("V", t(ptrs.v, 2, args.shape.kv_heads, args.shape.kv_len, args.shape.v), 64, rows, 128)?,
+        ])
     }
 }
 
@@ -367,16 +357,11 @@ mod launch {
             args.validate_ptrs(ptrs)?;
             let shape = self.config.launch_shape(args)?;
             let params = self.config.params(args, ptrs);
-            let maps = match self.config.tma_specs(args, ptrs)? {
-                Some(specs) => Some(self.maps.maps(&specs)?),
-                None => None,
-            };
+            let maps = self.maps.maps(&self.config.tma_specs(args, ptrs)?)?;
             let cfg = LaunchConfig { grid_dim: shape.grid, block_dim: shape.block, shared_mem_bytes: shape.smem_bytes };
             let mut b = stream.launch_builder(&self.function);
             b.arg(&params);
-            if let Some(maps) = &maps {
-                b.arg(maps);
-            }
+            b.arg(&maps);
             // SAFETY: the parameter structs match the kernel's signature; memory per contract.
             unsafe { b.launch(cfg) }?;
             Ok(())
@@ -388,37 +373,38 @@ mod launch {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hmma::Strides;
+    use quattn_core::{AttentionShape, Layout, Strides};
 
     #[test]
     fn names_defines_smem_and_targets() {
-        let c = Int8WgmmaConfig::with_loads(128, Int8Granularity::PerThread, WgmmaLoads::CpAsync).unwrap();
-        assert_eq!(c.name(), "fwd_wgmma_int8_thread_d128_cp");
-        assert_eq!(c.smem_bytes().unwrap(), 128 * 128 + 2 * 128 * 128 + 2 * 128 * 256 + 1024);
-        assert_eq!(c.threads(), 256);
+        let c = Int8WgmmaConfig::new(128, Int8Granularity::PerThread).unwrap();
+        assert_eq!(c.name(), "fwd_wgmma_int8_thread_d128_tma2");
+        assert_eq!(c.smem_bytes().unwrap(), 128 * 128 + 2 * 128 * 128 + 2 * 128 * 256 + 8 * 9 + 1024);
+        assert_eq!(c.threads(), 384);
         let d = c.defines().unwrap();
         assert!(d.contains(&("Q_GRAN".into(), "2".into())) && d.contains(&("HEAD_DIM".into(), "128".into())));
-        assert!(d.contains(&("WS".into(), "0".into())));
-        // The TMA kernel: 3 stages, 13 mbarriers, a producer warpgroup.
-        let t = Int8WgmmaConfig::with_loads(64, Int8Granularity::PerBlock, WgmmaLoads::Tma { stages: 3 }).unwrap();
+        assert!(d.contains(&("KV_STAGES".into(), "2".into())));
+        // 3 stages: 13 mbarriers.
+        let t = Int8WgmmaConfig::with_stages(64, Int8Granularity::PerBlock, 3).unwrap();
         assert_eq!(t.name(), "fwd_wgmma_int8_block_d64_tma3");
         assert_eq!(t.smem_bytes().unwrap(), 128 * 64 + 3 * 128 * 64 + 3 * 128 * 128 + 8 * 13 + 1024);
         assert_eq!(t.threads(), 384);
         let d = t.defines().unwrap();
-        assert!(d.contains(&("WS".into(), "1".into())) && d.contains(&("KV_STAGES".into(), "3".into())));
+        assert!(d.contains(&("Q_GRAN".into(), "0".into())) && d.contains(&("KV_STAGES".into(), "3".into())));
         assert!(t.expected_instructions().iter().any(|i| i.starts_with("UTMALDG")));
-        assert!(Int8WgmmaConfig::with_loads(64, Int8Granularity::PerBlock, WgmmaLoads::Tma { stages: 5 }).is_err());
-        assert_eq!(Int8WgmmaConfig::new(64, Int8Granularity::PerBlock).unwrap().loads, Int8WgmmaConfig::DEFAULT_LOADS);
+        assert!(Int8WgmmaConfig::with_stages(64, Int8Granularity::PerBlock, 5).is_err());
+        assert!(Int8WgmmaConfig::with_stages(64, Int8Granularity::PerBlock, 1).is_err());
+        assert_eq!(Int8WgmmaConfig::new(64, Int8Granularity::PerBlock).unwrap().stages, Int8WgmmaConfig::DEFAULT_STAGES);
         assert!(matches!(Int8WgmmaConfig::new(96, Int8Granularity::PerBlock), Err(NativeError::UnsupportedHeadDim { .. })));
         assert!(matches!(c.request(Arch::Sm90), Err(NativeError::UnsupportedConfig { .. })));
         assert_eq!(Int8WgmmaConfig::target_for((9, 0)), Some(Arch::Sm90a));
         assert_eq!(Int8WgmmaConfig::target_for((8, 0)), None);
         assert_eq!(Int8WgmmaConfig::target_for((10, 0)), None);
         let mut names: Vec<String> = Int8WgmmaConfig::all().iter().map(|c| c.name()).collect();
-        assert_eq!(names.len(), 6 * Int8WgmmaConfig::LOADS.len());
+        assert_eq!(names.len(), 6 * Int8WgmmaConfig::STAGES.len());
         names.sort();
         names.dedup();
-        assert_eq!(names.len(), 6 * Int8WgmmaConfig::LOADS.len());
+        assert_eq!(names.len(), 6 * Int8WgmmaConfig::STAGES.len());
         let f16 = Int8Config::new(128, Int8Granularity::PerBlock, PvAccum::F16PerTile).unwrap();
         assert!(Int8WgmmaConfig::from_int8(&f16).is_err());
     }
@@ -427,30 +413,29 @@ mod tests {
     fn blocking_is_the_codec_model_in_every_granularity() {
         for c in Int8WgmmaConfig::all() {
             let b = c.blocking().unwrap();
-            assert_eq!(b, (128, 128, 8));
+            assert_eq!(b, Int8Blocking { block_q: 128, block_k: 128, warps: 8 });
             assert_eq!(c.scale_twin().blocking().unwrap(), b);
             c.scale_twin().validate().unwrap();
             // Per thread: 16 rows per layout warp (the codec's requirement).
-            assert_eq!(b.0 / b.2, 16);
+            assert_eq!(b.rows_per_warp(), 16);
+            b.check(c.granularity).unwrap();
         }
     }
 
     #[test]
     fn args_lengths_and_launch_shape() {
-        let c = Int8WgmmaConfig::with_loads(128, Int8Granularity::PerWarp, WgmmaLoads::CpAsync).unwrap();
-        let a = Int8Args {
-            batch: 2, q_heads: 8, kv_heads: 2, q_len: 1000, kv_len: 777,
-            q: Strides::bhsd(8, 1000, 128), k: Strides::bhsd(2, 777, 128), v: Strides::bhsd(2, 777, 128),
-            o: Strides::bshd(8, 1000, 128), causal: true, lse_shift: true,
-        };
+        let c = Int8WgmmaConfig::new(128, Int8Granularity::PerWarp).unwrap();
+        let mut shape = AttentionShape::contiguous(Layout::Bhsd, 2, 8, 2, 1000, 777, 128, true);
+        shape.o = Strides::new(Layout::Bshd, 8, 1000, 128);
+        let a = Int8Args { shape, lse_shift: true };
         c.validate_args(&a).unwrap();
         let lens = a.required_lens(&c.scale_twin()).unwrap();
         assert_eq!(lens.q_scale, 2 * 8 * 1000usize.div_ceil(128) * 8);
         assert_eq!(lens.k_scale, 2 * 2 * 777usize.div_ceil(128));
         let s = c.launch_shape(&a).unwrap();
-        assert_eq!((s.grid, s.block, s.smem_bytes), ((8, 8, 2), (256, 1, 1), c.smem_bytes().unwrap()));
+        assert_eq!((s.grid, s.block, s.smem_bytes), ((8, 8, 2), (384, 1, 1), c.smem_bytes().unwrap()));
         let mut b = a;
-        b.q.seq = 136;
+        b.shape.q.seq = 136;
         assert!(c.validate_args(&b).is_err());
     }
 
@@ -460,13 +445,11 @@ mod tests {
 
     #[test]
     fn tma_specs_describe_the_kernel_boxes_in_both_layouts() {
-        let c = Int8WgmmaConfig::with_loads(128, Int8Granularity::PerBlock, WgmmaLoads::Tma { stages: 2 }).unwrap();
-        let a = Int8Args {
-            batch: 2, q_heads: 8, kv_heads: 2, q_len: 1000, kv_len: 777,
-            q: Strides::bshd(8, 1000, 128), k: Strides::bhsd(2, 777, 128), v: Strides::bshd(2, 777, 128),
-            o: Strides::bshd(8, 1000, 128), causal: false, lse_shift: false,
-        };
-        let [q, k, v] = c.tma_specs(&a, &ptrs()).unwrap().unwrap();
+        let c = Int8WgmmaConfig::new(128, Int8Granularity::PerBlock).unwrap();
+        let mut shape = AttentionShape::contiguous(Layout::Bshd, 2, 8, 2, 1000, 777, 128, false);
+        shape.k = Strides::new(Layout::Bhsd, 2, 777, 128);
+        let a = Int8Args { shape, lse_shift: false };
+        let [q, k, v] = c.tma_specs(&a, &ptrs()).unwrap();
         // Q int8 BSHD: byte strides seq = heads * d, head = d, batch = seq * heads * d.
         assert_eq!((q.addr, q.elem_bytes, q.dims), (0x1000, 1, [128, 1000, 8, 2]));
         assert_eq!(q.strides, [8 * 128, 128, 1000 * 8 * 128]);
@@ -477,34 +460,24 @@ mod tests {
         assert_eq!(v.strides, [2 * 2 * 128, 2 * 128, 2 * 777 * 2 * 128]);
         assert_eq!((v.box_dims, v.swizzle_bytes), ([64, 128, 1, 1], 128));
         // hd 64: int8 rows of 64 bytes take the 64-byte swizzle.
-        let c64 = Int8WgmmaConfig::with_loads(64, Int8Granularity::PerBlock, WgmmaLoads::Tma { stages: 2 }).unwrap();
-        let a64 = Int8Args {
-            q: Strides::bhsd(8, 1000, 64), k: Strides::bhsd(2, 777, 64), v: Strides::bhsd(2, 777, 64),
-            o: Strides::bhsd(8, 1000, 64), ..a
-        };
-        let [q, _, v] = c64.tma_specs(&a64, &ptrs()).unwrap().unwrap();
+        let c64 = Int8WgmmaConfig::new(64, Int8Granularity::PerBlock).unwrap();
+        let a64 = Int8Args { shape: AttentionShape::contiguous(Layout::Bhsd, 2, 8, 2, 1000, 777, 64, false), ..a };
+        let [q, _, v] = c64.tma_specs(&a64, &ptrs()).unwrap();
         assert_eq!((q.box_dims, q.swizzle_bytes), ([64, 128, 1, 1], 64));
         assert_eq!((v.box_dims, v.swizzle_bytes), ([64, 128, 1, 1], 128));
-        // The cp.async kernel has no maps.
-        let cp = Int8WgmmaConfig::with_loads(128, Int8Granularity::PerBlock, WgmmaLoads::CpAsync).unwrap();
-        assert_eq!(cp.tma_specs(&a, &ptrs()).unwrap(), None);
     }
 
     #[test]
     fn tma_specs_refuse_what_tma_cannot_address() {
         let c = Int8WgmmaConfig::new(128, Int8Granularity::PerBlock).unwrap();
-        let a = Int8Args {
-            batch: 1, q_heads: 2, kv_heads: 2, q_len: 64, kv_len: 64,
-            q: Strides::bhsd(2, 64, 128), k: Strides::bhsd(2, 64, 128), v: Strides::bhsd(2, 64, 128),
-            o: Strides::bhsd(2, 64, 128), causal: false, lse_shift: false,
-        };
-        let msg = |r: Result<Option<[TmaSpec; 3]>>| match r {
+        let a = Int8Args { shape: AttentionShape::contiguous(Layout::Bhsd, 1, 2, 2, 64, 64, 128, false), lse_shift: false };
+        let msg = |r: Result<[TmaSpec; 3]>| match r {
             Err(NativeError::InvalidArgs(m)) => m,
             other => panic!("expected InvalidArgs, got {other:?}"),
         };
         let m = msg(c.tma_specs(&a, &Int8Ptrs { k: 0x2008, ..ptrs() }));
         assert!(m.contains("TMA map of K") && m.contains("16-byte aligned"), "{m}");
-        let m = msg(TmaSpec::new("K", 0, 1, [128, 64, 2, 1], [128, 8200, 16400], [128, 128, 1, 1], 128).map(|_| None));
+        let m = msg(TmaSpec::new("K", 0, 1, [128, 64, 2, 1], [128, 8200, 16400], [128, 128, 1, 1], 128).map(|s| [s; 3]));
         assert!(m.contains("TMA map of K") && m.contains("stride 8200"), "{m}");
         assert!(TmaSpec::new("X", 0, 1, [128, 10, 1, 1], [128, 1280, 1280], [64, 128, 1, 1], 128).is_err());
         assert!(TmaSpec::new("X", 0, 1, [128, 0, 1, 1], [128, 1280, 1280], [128, 128, 1, 1], 128).is_err());

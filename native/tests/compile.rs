@@ -10,7 +10,7 @@ use common::tools_or_skip;
 use std::sync::Arc;
 
 use quattn_native::{
-    compile_report, report::report_variant, Arch, CompileRequest, HmmaConfig, InputType, Int8Config,
+    compile_report, report::report_variant, Arch, CompileRequest, HmmaConfig, Dtype, Int8Config,
     Int8Granularity, Int8Tile, KernelCache, NativeError, Origin, PvAccum, QkAccum,
 };
 
@@ -51,15 +51,15 @@ fn accumulation_modes_select_distinct_mma_forms() {
     }
     let cache = KernelCache::new(None);
     let case = |qk, pv, input| HmmaConfig::new(128, input, qk, pv).unwrap();
-    let f32 = report_variant(&cache, &case(QkAccum::F32, PvAccum::F32, InputType::F16), Arch::Sm90);
+    let f32 = report_variant(&cache, &case(QkAccum::F32, PvAccum::F32, Dtype::F16), Arch::Sm90);
     assert!(f32.ok(), "{}", f32.summary());
     assert!(f32.instructions.contains_key("HMMA.16816.F32"));
     assert!(!f32.instructions.contains_key("HMMA.16816.F16"));
-    let f16 = report_variant(&cache, &case(QkAccum::F16, PvAccum::F16PerTile, InputType::F16), Arch::Sm90);
+    let f16 = report_variant(&cache, &case(QkAccum::F16, PvAccum::F16PerTile, Dtype::F16), Arch::Sm90);
     assert!(f16.ok(), "{}", f16.summary());
     assert!(f16.instructions.contains_key("HMMA.16816.F16"));
     assert!(!f16.instructions.contains_key("HMMA.16816.F32"));
-    let bf16 = report_variant(&cache, &case(QkAccum::F32, PvAccum::F32, InputType::Bf16), Arch::Sm80);
+    let bf16 = report_variant(&cache, &case(QkAccum::F32, PvAccum::F32, Dtype::Bf16), Arch::Sm80);
     assert!(bf16.ok(), "{}", bf16.summary());
     assert!(bf16.instructions.contains_key("HMMA.16816.F32.BF16"));
 }
@@ -70,7 +70,7 @@ fn second_cache_instance_hits_the_disk() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let cfg = HmmaConfig::new(64, InputType::F16, QkAccum::TwoStage { chunk: 32 }, PvAccum::F32).unwrap();
+    let cfg = HmmaConfig::new(64, Dtype::F16, QkAccum::TwoStage, PvAccum::F32).unwrap();
     let req = cfg.request(Arch::Sm89).unwrap();
 
     let first = KernelCache::new(Some(dir.path().to_path_buf()));
@@ -98,7 +98,7 @@ fn nvrtc_diagnostics_come_back_as_a_typed_error() {
     if !tools_or_skip("nvrtc_diagnostics_come_back_as_a_typed_error") {
         return;
     }
-    let cfg = HmmaConfig::new(128, InputType::F16, QkAccum::F32, PvAccum::F32).unwrap();
+    let cfg = HmmaConfig::new(128, Dtype::F16, QkAccum::F32, PvAccum::F32).unwrap();
     let mut req: CompileRequest<'static> = cfg.request(Arch::Sm90).unwrap();
     // A head dim without a tile entry trips the kernel's static_assert.
     req.defines.retain(|(k, _)| k != "HEAD_DIM");
@@ -120,7 +120,7 @@ fn forced_tiles_compile_and_report() {
         return;
     }
     let cache = KernelCache::new(None);
-    let mut cfg = HmmaConfig::new(64, InputType::F16, QkAccum::F32, PvAccum::F32).unwrap();
+    let mut cfg = HmmaConfig::new(64, Dtype::F16, QkAccum::F32, PvAccum::F32).unwrap();
     cfg.tile = Some(quattn_native::HmmaTile::new(8, 64));
     let r = report_variant(&cache, &cfg, Arch::Sm90);
     assert!(r.ok(), "{}", r.summary());
@@ -153,7 +153,7 @@ fn sweep_tiles_compile_on_sm90() {
         (128, r32(4, 32, false)),
     ];
     for (hd, tile) in tiles {
-        let mut cfg = HmmaConfig::new(hd, InputType::F16, QkAccum::F32, PvAccum::F32).unwrap();
+        let mut cfg = HmmaConfig::new(hd, Dtype::F16, QkAccum::F32, PvAccum::F32).unwrap();
         cfg.tile = Some(tile);
         let r = report_variant(&cache, &cfg, Arch::Sm90);
         println!("{}", r.summary());

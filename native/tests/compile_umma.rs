@@ -35,7 +35,7 @@ fn every_umma_variant_compiles_for_sm100a_with_umma_and_tmem_instructions_and_no
         let regs = r.registers.expect("ptxas reported registers");
         assert!(regs > 0 && regs <= 255, "{}: {regs} registers", r.kernel);
         let count = |op: &str| r.instructions.get(op).copied().unwrap_or(0);
-        let (_, block_k, _) = cfg.blocking().unwrap();
+        let block_k = cfg.blocking().unwrap().block_k;
         let hd = cfg.head_dim as usize;
         // One UMMA per 32-byte k-step, issued once in the tile loop: Q·Kᵀ has hd / 32 s8 steps,
         // P·V block_k / 16 f16 steps (the compiler may not duplicate an issue site).

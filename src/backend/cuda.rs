@@ -17,9 +17,8 @@ use cubecl::cuda::CudaRuntime;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtrMut};
 use half::{bf16, f16};
 use quattn_native::{
-    HmmaArgs, HmmaConfig, InputType, Int8Args, Int8Config, Int8PrepassConfig, Int8Ptrs, Int8UmmaConfig,
-    Int8WgmmaConfig, Loaded, ModuleStore, NativeError, NativeKernelId, PrepassArgs, PrepassInput, PrepassLens,
-    PrepassPtrs, WgmmaConfig,
+    HmmaConfig, Int8Args, Int8Config, Int8PrepassConfig, Int8Ptrs, Int8UmmaConfig, Int8WgmmaConfig, Loaded,
+    ModuleStore, NativeError, NativeKernelId, PrepassLens, PrepassPtrs, WgmmaConfig,
 };
 
 use super::gpu::{CubeclBackend, GpuData};
@@ -28,7 +27,7 @@ use crate::codec::int8::Int8Operands;
 use crate::device_tensor::{CubeclTensors, CudaCall};
 use crate::emulation::Blocking;
 use crate::error::{Error, Result};
-use crate::precision::{Int8Granularity, PvAccum, PvFormat, QkAccum};
+use crate::precision::{PvAccum, PvFormat};
 use crate::registry::{self, not_applicable, Choice, Family, KernelId, NativeChoice, Planned, Reject, Row};
 use crate::session::{DeviceInfo, Plan};
 use crate::tensor::HostSlice;
@@ -100,80 +99,14 @@ fn native_err(kernel: &str, e: NativeError) -> Error {
 /// The HMMA config for a problem, or why the native kernels do not take it.
 fn hmma_config(problem: &AttentionProblem, precision: Precision) -> std::result::Result<HmmaConfig, String> {
     let (input, qk, pv) = match precision {
-        Precision::F16 { qk, pv } => (InputType::F16, qk, pv),
-        Precision::Bf16 { qk, pv } => (InputType::Bf16, qk, pv),
+        Precision::F16 { qk, pv } => (Dtype::F16, qk, pv),
+        Precision::Bf16 { qk, pv } => (Dtype::Bf16, qk, pv),
         _ => return Err(format!("HMMA kernels compute f16/bf16 inputs, not {precision}")),
     };
     if problem.v_head_dim != problem.head_dim {
         return Err(format!("HMMA kernels need v_head_dim == head_dim (got {} and {})", problem.v_head_dim, problem.head_dim));
     }
-    let qk = match qk {
-        QkAccum::F32 => quattn_native::QkAccum::F32,
-        QkAccum::F16 => quattn_native::QkAccum::F16,
-        QkAccum::TwoStage => quattn_native::QkAccum::TwoStage { chunk: crate::TWO_STAGE_CHUNK as u32 },
-    };
-    let pv = match pv {
-        PvAccum::F32 => quattn_native::PvAccum::F32,
-        PvAccum::F16PerTile => quattn_native::PvAccum::F16PerTile,
-    };
     HmmaConfig::new(problem.head_dim, input, qk, pv).map_err(|e| e.to_string())
-}
-
-fn native_strides(x: crate::Strides) -> quattn_native::Strides {
-    quattn_native::Strides { batch: x.batch as i64, head: x.head as i64, seq: x.seq as i64 }
-}
-
-fn hmma_args(p: &AttentionProblem) -> HmmaArgs {
-    HmmaArgs {
-        batch: p.batch,
-        q_heads: p.q_heads,
-        kv_heads: p.kv_heads,
-        q_len: p.q_len,
-        kv_len: p.kv_len,
-        q: native_strides(p.q_strides()),
-        k: native_strides(p.k_strides()),
-        v: native_strides(p.v_strides()),
-        o: native_strides(p.o_strides()),
-        scale: p.softmax_scale(),
-        causal: p.causal,
-    }
-}
-
-fn native_granularity(g: Int8Granularity) -> quattn_native::Int8Granularity {
-    match g {
-        Int8Granularity::PerBlock => quattn_native::Int8Granularity::PerBlock,
-        Int8Granularity::PerWarp => quattn_native::Int8Granularity::PerWarp,
-        Int8Granularity::PerThread => quattn_native::Int8Granularity::PerThread,
-    }
-}
-
-fn int8_args(p: &AttentionProblem, lse_shift: bool) -> Int8Args {
-    Int8Args {
-        batch: p.batch,
-        q_heads: p.q_heads,
-        kv_heads: p.kv_heads,
-        q_len: p.q_len,
-        kv_len: p.kv_len,
-        q: native_strides(p.q_strides()),
-        k: native_strides(p.k_strides()),
-        v: native_strides(p.v_strides()),
-        o: native_strides(p.o_strides()),
-        causal: p.causal,
-        lse_shift,
-    }
-}
-
-fn prepass_args(p: &AttentionProblem) -> PrepassArgs {
-    PrepassArgs {
-        batch: p.batch,
-        q_heads: p.q_heads,
-        kv_heads: p.kv_heads,
-        q_len: p.q_len,
-        kv_len: p.kv_len,
-        q: native_strides(p.q_strides()),
-        k: native_strides(p.k_strides()),
-        softmax_scale: p.softmax_scale(),
-    }
 }
 
 impl CudaBackend {
@@ -217,7 +150,7 @@ impl CudaBackend {
         }
         let hmma = hmma_config(problem, precision).map_err(Reject::NotApplicable)?;
         let config = WgmmaConfig::new(problem.head_dim).map_err(|e| Reject::NotApplicable(e.to_string()))?;
-        hmma_args(problem).validate(&hmma).map_err(|e| Reject::NotApplicable(e.to_string()))?;
+        hmma.validate_args(&problem.shape()).map_err(|e| Reject::NotApplicable(e.to_string()))?;
         self.native_choice(NativeKernelId::Wgmma(config), None, None)
     }
 
@@ -226,7 +159,7 @@ impl CudaBackend {
         if HmmaConfig::target_for(self.cc).is_none() {
             return not_applicable(format!("the HMMA kernels need sm_80 or newer, this device is {}.{}", self.cc.0, self.cc.1));
         }
-        hmma_args(problem).validate(&config).map_err(|e| Reject::NotApplicable(e.to_string()))?;
+        config.validate_args(&problem.shape()).map_err(|e| Reject::NotApplicable(e.to_string()))?;
         self.native_choice(NativeKernelId::Hmma(config), None, None)
     }
 
@@ -242,13 +175,13 @@ impl CudaBackend {
         if problem.v_head_dim != problem.head_dim {
             return not_applicable(format!("native INT8 kernels need v_head_dim == head_dim (got {} and {})", problem.v_head_dim, problem.head_dim));
         }
-        let g = native_granularity(granularity);
-        let (id, (block_q, block_k, warps)) = match family {
+        let g = granularity;
+        let (id, b) = match family {
             NativeKind::Int8Umma => {
                 if !Int8UmmaConfig::supported(self.cc) {
                     return not_applicable(format!("the tcgen05 UMMA kernel needs compute capability 10.0, this device is {}.{}", self.cc.0, self.cc.1));
                 }
-                let c = Int8UmmaConfig::new(problem.head_dim, g, quattn_native::PvAccum::F32).map_err(|e| na(e.to_string()))?;
+                let c = Int8UmmaConfig::new(problem.head_dim, g, PvAccum::F32).map_err(|e| na(e.to_string()))?;
                 (NativeKernelId::Int8Umma(c), c.blocking().map_err(|e| na(e.to_string()))?)
             }
             NativeKind::Int8Wgmma => {
@@ -262,16 +195,16 @@ impl CudaBackend {
                 if Int8Config::target_for(self.cc).is_none() {
                     return not_applicable(format!("the IMMA kernel needs sm_80 or newer, this device is {}.{}", self.cc.0, self.cc.1));
                 }
-                let c = Int8Config::new(problem.head_dim, g, quattn_native::PvAccum::F32).map_err(|e| na(e.to_string()))?;
+                let c = Int8Config::new(problem.head_dim, g, PvAccum::F32).map_err(|e| na(e.to_string()))?;
                 (NativeKernelId::Int8Imma(c), c.blocking().map_err(|e| na(e.to_string()))?)
             }
         };
-        let blocking = Blocking { block_q, block_k, warps, ..Blocking::default() };
+        let blocking = Blocking { block_q: b.block_q, block_k: b.block_k, warps: b.warps, ..Blocking::default() };
         blocking.validate(problem, precision).map_err(|e| na(e.to_string()))?;
         // The INT8 plans take f16 Q, K and V.
-        let prepass = Int8PrepassConfig::new(problem.head_dim, PrepassInput::F16, (block_q, block_k, warps), g, smooth_k)
+        let prepass = Int8PrepassConfig::new(problem.head_dim, Dtype::F16, b, g, smooth_k)
             .map_err(|e| na(e.to_string()))?;
-        prepass_args(problem).validate(&prepass).map_err(|e| na(e.to_string()))?;
+        prepass.validate_args(&problem.shape()).map_err(|e| na(e.to_string()))?;
         self.native_choice(id, Some(NativeKernelId::Int8Prepass(prepass)), Some(blocking))
     }
 
@@ -287,7 +220,7 @@ impl CudaBackend {
     /// Prepass buffers for `plan` (allocated on the host-path stream, which is synchronized
     /// once so that any stream may use them).
     fn alloc_int8(&self, plan: &Plan, config: &Int8PrepassConfig) -> Result<Int8Buffers> {
-        let lens = prepass_args(&plan.problem).required_lens(config).map_err(|e| native_err("int8_prepass", e))?;
+        let lens = config.required_lens(&plan.problem.shape()).map_err(|e| native_err("int8_prepass", e))?;
         let name = plan.kernel_name();
         let e = driver(&name);
         let s = &self.stream;
@@ -322,6 +255,7 @@ impl CudaBackend {
         self.bind(plan)?;
         let kernel = self.load(choice.kernel)?;
         let p = &plan.problem;
+        let shape = p.shape();
         // The name is formatted only for an error: this runs on every call.
         let name = || plan.kernel_name();
         let failed = |e: NativeError| native_err(&name(), e);
@@ -345,12 +279,12 @@ impl CudaBackend {
                 // SAFETY: the caller's buffers were checked against the problem's extents
                 // (`Session::run_cuda`) or allocated for it (upload); the launcher checks
                 // the arguments, alignment and lengths it can see.
-                unsafe { k.launch_raw(stream, &hmma_args(p), ptrs5) }.map_err(failed)?;
+                unsafe { k.launch_raw(stream, &shape, ptrs5) }.map_err(failed)?;
             }
             Loaded::Wgmma(k) => {
                 record(&start)?;
                 // SAFETY: as above.
-                unsafe { k.launch_raw(stream, &hmma_args(p), ptrs5) }.map_err(failed)?;
+                unsafe { k.launch_raw(stream, &shape, ptrs5) }.map_err(failed)?;
             }
             Loaded::Int8Imma(_) | Loaded::Int8Wgmma(_) | Loaded::Int8Umma(_) => {
                 let (Some(prepass_id), Some(b)) = (choice.prepass, int8) else {
@@ -367,10 +301,10 @@ impl CudaBackend {
                 let partial = b.partial.as_mut().map(|x| x.device_ptr_mut(ps).0).unwrap_or(0);
                 let pre = PrepassPtrs { q: call.q, k: call.k, q_codes, k_codes, q_scale, k_scale, mean, partial, lse_shift };
                 // SAFETY: Q and K cover the problem (checked or allocated for it); the outputs
-                // were allocated for this problem and config (`PrepassArgs::required_lens`).
-                unsafe { prepass.launch_raw(stream, &prepass_args(p), &pre) }.map_err(|e| native_err("int8_prepass", e))?;
+                // were allocated for this problem and config (`Int8PrepassConfig::required_lens`).
+                unsafe { prepass.launch_raw(stream, &shape, &pre) }.map_err(|e| native_err("int8_prepass", e))?;
                 record(&start)?;
-                let args = int8_args(p, lse_shift != 0);
+                let args = Int8Args { shape, lse_shift: lse_shift != 0 };
                 let ptrs = Int8Ptrs { q: q_codes, k: k_codes, v: call.v, o: call.o, lse: call.lse, q_scale, k_scale, lse_shift };
                 // SAFETY: as above; the launchers check arguments, alignment and non-null pointers.
                 match &*kernel {
@@ -427,7 +361,7 @@ impl CudaBackend {
             call.lse = s.lse.as_mut().map(|l| l.device_ptr_mut(stream).0).unwrap_or(0);
         }
         if let Some(NativeKernelId::Int8Prepass(config)) = choice.prepass {
-            let need = prepass_args(&plan.problem).required_lens(&config).map_err(|e| native_err("int8_prepass", e))?;
+            let need = config.required_lens(&plan.problem.shape()).map_err(|e| native_err("int8_prepass", e))?;
             let fits = |b: &Int8Buffers| {
                 let (h, n) = (&b.lens, &need);
                 h.q_codes >= n.q_codes && h.k_codes >= n.k_codes && h.q_scale >= n.q_scale && h.k_scale >= n.k_scale
