@@ -1,37 +1,47 @@
 // FP8 (E4M3) attention forward on Hopper's warpgroup MMA: Q·Kᵀ and P·V both on dense
-// `wgmma.mma_async ... k32.f32.e4m3.e4m3` (SASS HGMMA ...E4M3.E4M3), f32 accumulation, f32 online
+// `wgmma.mma_async ... k32.f32.e4m3.e4m3` (SASS QGMMA ...E4M3.E4M3), f32 accumulators, f32 online
 // softmax, P rounded to E4M3 in registers. sm_90a only. The CTA and pipeline are those of the
 // warp-specialized kernels of fwd_wgmma.cu / fwd_wgmma_int8.cu (read their headers first): a TMA
 // producer warpgroup and two ping-ponging consumer warpgroups of 64 query rows each.
+//
+// Run on the H100: `examples/wgmma_fp8_check.rs` passes on every variant (f64 reference,
+// emulation of this arithmetic, Vᵀ read back; stale-max, GQA, causal, ragged, bshd, 16k-key
+// cases) and times it against fwd_wgmma.cu.
 //
 // Two kernels from this file:
 //   VT_PREPASS 0 (default)  fwd_wgmma_fp8: the attention kernel.
 //   VT_PREPASS 1            fp8_vt_prepass: writes Vᵀ codes for the attention kernel (below).
 //
 // ---- Inputs ----------------------------------------------------------------------------------
-// Q [b][q_heads][q_len][D] and K [b][kv_heads][kv_len][D]: E4M3 codes (one byte per element, any
-// strides that are multiples of 16 bytes; TMA reads them). V reaches the attention kernel only as
-// Vᵀ, written by the prepass: [b][kv_heads][D][kv_pad] codes, kv_pad = kv_len rounded up to 128,
-// keys permuted inside every group of 32 (below), keys >= kv_len zero. Descales: f32, one per
-// tensor (DESCALE per_head 0) or one per (batch, head) (per_head 1; Q per Q head, K and V per KV
-// head). O: f16 or bf16 (OUT_BF16), LSE: f32 [b][q_heads][q_len], natural log.
+// Q [b][q_heads][q_len][D], K and V [b][kv_heads][kv_len][D]: E4M3 codes (one byte per element,
+// strides multiples of 16 bytes; TMA reads Q and K, the prepass V). V reaches the attention
+// kernel only as Vᵀ, written by the prepass: [b][kv_heads][D][kv_pad] codes, kv_pad = kv_len
+// rounded up to 128, keys permuted inside every group of 32 (below), keys >= kv_len zero.
+// Descales: f32, one per tensor (descale_per_head 0) or one per (batch, head) (descale_per_head
+// 1; Q per Q head, K and V per KV head). O: f16 or bf16 (OUT_BF16), LSE: f32 [b][q_heads][q_len],
+// natural log.
 //
 // ---- Shared memory (base rounded up to 1024 bytes) ---------------------------------------------
+// BLOCK_N (BN) keys per KV tile: 128 or 192.
 //   Q   [128 rows][D bytes]                       resident
-//   K   [128 keys][D bytes] x KV_STAGES
-//   Vᵀ  [D rows][128 keys] x KV_STAGES            one 128-byte row per head-dim index
+//   K   [BN keys][D bytes] x KV_STAGES
+//   Vᵀ  [BN / VT_BLOCK][D rows][VT_BLOCK keys] x KV_STAGES   (VT_BLOCK = 128 at BN 128, else 64)
 //   mbarriers (8 bytes each): Q full, then per stage K full, V full, K empty, V empty
 // Q and K rows are D bytes, swizzled exactly as fwd_wgmma_int8.cu's int8 tiles (hd128: 128B
 // swizzle, layout type 1, SBO 1024; hd64: 64B swizzle, layout type 2, SBO 512), written by TMA
-// boxes of [128 rows][D bytes] with the matching CU_TENSOR_MAP_SWIZZLE. Vᵀ rows are 128 bytes =
-// one 128B-swizzle row: the B operand of P·V in the canonical K-major SW128 layout (K = keys
-// contiguous, N = head dim rows, 8-row groups SBO = 1024), one TMA box of [D rows][128 bytes].
-// A k32 step of 8-bit operands is 32 bytes: step kk starts 32 * kk bytes into the first row of
-// the tile (the hardware applies the swizzle to the computed addresses), LBO unused (1).
+// boxes of [rows][D bytes] with the matching CU_TENSOR_MAP_SWIZZLE. Vᵀ is the B operand of P·V
+// in the canonical K-major layout (K = keys contiguous, N = head dim rows): column blocks of
+// VT_BLOCK keys, each [D rows][VT_BLOCK bytes], one row per head-dim index; VT_BLOCK 128 is one
+// 128B-swizzle row (layout type 1, 8-row groups SBO = 1024), VT_BLOCK 64 one 64B-swizzle row
+// (layout type 2, SBO = 512, BN 192 = 3 blocks); one TMA box of [D rows][VT_BLOCK bytes] per
+// block with that swizzle. A k32 step of 8-bit operands is 32 bytes: step kk starts 32 * kk
+// bytes into the first row (of Q and K), or at byte (32 kk) % VT_BLOCK of Vᵀ block (32 kk) /
+// VT_BLOCK (the hardware applies the swizzle to the computed addresses); LBO unused (1).
 //
 // ---- MMAs per KV tile and consumer warpgroup ---------------------------------------------------
-//   S[64 x 128] = Q_wg · K_tileᵀ   D / 32 wgmmas m64n128k32.f32.e4m3.e4m3, A and B by descriptor
-//   O[64 x D]  += P · V_tile        4 wgmmas m64nDk32.f32.e4m3.e4m3, A (P) in registers, B = Vᵀ
+//   S[64 x BN] = Q_wg · K_tileᵀ    D / 32 wgmmas m64nBNk32.f32.e4m3.e4m3, A and B by descriptor
+//   O[64 x D]  += P · V_tile        BN / 32 wgmmas m64nDk32.f32.e4m3.e4m3, A (P) in registers,
+//                                   B = Vᵀ
 // FP8 wgmma has no transpose immediates: both shared operands must be K-major, which Q, K and Vᵀ
 // are.
 //
@@ -53,10 +63,11 @@
 //     a3 = bytes (d[16kk + 10], d[16kk + 11], d[16kk + 14], d[16kk + 15]) row g + 8
 // and the prepass stores key 32c + sigma(k) of V at Vᵀ column 32c + k, so that B's k index
 // matches: P·V sums the same products, no shuffle at run time. sigma permutes each aligned group
-// of 32 keys, and tiles are 128 keys, so the prepass needs no knowledge of the tiles.
+// of 32 keys, and tiles are multiples of 32 keys, so the prepass needs no knowledge of the tiles.
 //
 // ---- Softmax and numerics --------------------------------------------------------------------
-// s = the f32 dot product of the codes (exact products, f32 accumulation in the tensor core);
+// s = the dot product of the codes (exact products, summed by the tensor core into f32 registers
+// with a significand of about 13 bits: ~1e-3 relative, measured);
 // c = softmax_scale * log2(e) * q_descale * k_descale (per CTA), the row max m kept in raw score
 // units (c > 0, so max commutes with the scaling), p = exp2(fma(s, c, -(m c - P_LOG2))) with
 // P_LOG2 = log2(448) - RESCALE_LOG2: P is stored as e4m3(p), i.e. the probability relative to the
@@ -73,7 +84,10 @@
 // column blocks, then 16-byte coalesced stores (cta_store_o); as fwd_wgmma_int8.cu's WS kernel.
 //
 // Compile-time parameters (-D, built by src/wgmma_fp8.rs): HEAD_DIM 64 | 128, OUT_BF16 0 | 1,
-// KV_STAGES 2..4, PRODUCER_REGS, CONSUMER_REGS, RESCALE_LOG2; VT_PREPASS 1 with HEAD_DIM only.
+// BLOCK_N 128 | 192, KV_STAGES 2..4, PRODUCER_REGS, CONSUMER_REGS, RESCALE_LOG2, EXP2_POLY (0:
+// every exp2 on MUFU.EX2; k: every k-th score of the unmasked tiles by thread_exp2_poly on the
+// FMA pipes, relieving the MUFU unit; measured slower on the H100, kept for sweeps); with
+// VT_PREPASS 1 only HEAD_DIM.
 // ABI: `Fp8FwdParams` (Rust mirror `Fp8WgmmaParams`) and `Fp8TmaMaps` (three CUtensorMaps).
 #include "common.cuh"
 
@@ -89,10 +103,12 @@
 
 #if VT_PREPASS
 // ---- the Vᵀ prepass -------------------------------------------------------------------------
-// Vt[b][kvh][d][kv_pad], column 32c + k = V[b][kvh][32c + sigma(k)][d] (0 past kv_len). One
-// thread writes 16 consecutive columns of one row d (16 one-byte reads; lanes of a warp take
-// consecutive d, so each read instruction of a warp touches one 32-byte sector of one key row)
-// as one 16-byte store.
+// Vt[b][kvh][d][kv_pad], column 32c + k = V[b][kvh][32c + sigma(k)][d] (0 past kv_len). One CTA
+// per 64 keys of one (batch, kv head): the 64 V rows are copied into shared memory with 16-byte
+// loads (rows past kv_len as zeros), then each thread gathers 16 consecutive columns of one Vᵀ
+// row d from shared memory (one byte per column; the 32 lanes of a warp take consecutive d, so a
+// read instruction touches 32 consecutive bytes of one key row: no bank conflict) and writes
+// them as one 16-byte store. V strides and address are multiples of 16 bytes (host checks).
 struct Fp8VtParams {
     u64 v, vt;                                 // E4M3 codes
     i64 v_batch_stride, v_head_stride, v_seq_stride;   // bytes
@@ -103,53 +119,74 @@ __device__ __forceinline__ int vt_sigma(int k) {
     return 16 * (k >> 4) + 8 * ((k & 3) >> 1) + 2 * ((k & 15) >> 2) + (k & 1);
 }
 
+// Grid: x = 64-key tile, y = kv head, z = batch; 256 threads.
 extern "C" __global__ void __launch_bounds__(256) fp8_vt_prepass(const Fp8VtParams p) {
     constexpr int D = HEAD_DIM;
-    const i64 chunks = p.kv_pad / 16;
-    const i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-    const i64 total = (i64)p.batch * p.kv_heads * D * chunks;
-    if (idx >= total) return;
-    const int d = (int)(idx % D);
-    const i64 rest = idx / D;
-    const int chunk = (int)(rest % chunks);
-    const i64 bh = rest / chunks;
-    const int kvh = (int)(bh % p.kv_heads);
-    const int b = (int)(bh / p.kv_heads);
-    const unsigned char* v = reinterpret_cast<const unsigned char*>(p.v) + b * p.v_batch_stride + kvh * p.v_head_stride + d;
-    u32 w[4];
+    constexpr int KT = 64;
+    constexpr int THREADS = 256;
+    __shared__ __align__(16) unsigned char tile[KT * D];
+    const int tid = threadIdx.x;
+    const int k0 = blockIdx.x * KT;
+    const int kvh = blockIdx.y;
+    const int b = blockIdx.z;
+    const unsigned char* v = reinterpret_cast<const unsigned char*>(p.v) + b * p.v_batch_stride + kvh * p.v_head_stride;
 #pragma unroll
-    for (int x = 0; x < 4; ++x) {
-        u32 acc = 0;
-#pragma unroll
-        for (int y = 0; y < 4; ++y) {
-            const int col = 16 * chunk + 4 * x + y;
-            const int key = (col & ~31) + vt_sigma(col & 31);
-            const u32 byte = key < p.kv_len ? (u32)__ldg(v + (i64)key * p.v_seq_stride) : 0u;
-            acc |= byte << (8 * y);
-        }
-        w[x] = acc;
+    for (int i = tid; i < KT * D / 16; i += THREADS) {
+        const int r = i / (D / 16);
+        const int c = i % (D / 16);
+        u32 x = 0, y = 0, z = 0, w = 0;
+        if (k0 + r < p.kv_len)
+            asm volatile("ld.global.nc.v4.b32 {%0,%1,%2,%3}, [%4];\n"
+                         : "=r"(x), "=r"(y), "=r"(z), "=r"(w) : "l"(v + (i64)(k0 + r) * p.v_seq_stride + 16 * c));
+        asm volatile("st.shared.v4.b32 [%0], {%1,%2,%3,%4};\n"
+                     :: "r"(cta_smem_addr(tile + r * D + 16 * c)), "r"(x), "r"(y), "r"(z), "r"(w) : "memory");
     }
-    unsigned char* dst = reinterpret_cast<unsigned char*>(p.vt) + (bh * D + d) * (i64)p.kv_pad + 16 * chunk;
-    asm volatile("st.global.v4.b32 [%0], {%1,%2,%3,%4};\n" :: "l"(dst), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3]) : "memory");
+    __syncthreads();
+    unsigned char* vt = reinterpret_cast<unsigned char*>(p.vt) + ((i64)(b * p.kv_heads + kvh) * D) * p.kv_pad + k0;
+#pragma unroll
+    for (int i = tid; i < D * KT / 16; i += THREADS) {
+        const int d = i % D;
+        const int c = i / D;
+        u32 w[4];
+#pragma unroll
+        for (int x = 0; x < 4; ++x) {
+            u32 acc = 0;
+#pragma unroll
+            for (int y = 0; y < 4; ++y) {
+                const int col = 16 * c + 4 * x + y;
+                const int key = (col & ~31) + vt_sigma(col & 31);
+                acc |= (u32)tile[key * D + d] << (8 * y);
+            }
+            w[x] = acc;
+        }
+        asm volatile("st.global.v4.b32 [%0], {%1,%2,%3,%4};\n"
+                     :: "l"(vt + (i64)d * p.kv_pad + 16 * c), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3]) : "memory");
+    }
 }
 
 #else
 // ---- the attention kernel ----------------------------------------------------------------------
 
-#if !defined(KV_STAGES) || !defined(PRODUCER_REGS) || !defined(CONSUMER_REGS) || !defined(OUT_BF16)
-#error "fwd_wgmma_fp8.cu needs KV_STAGES, PRODUCER_REGS, CONSUMER_REGS, OUT_BF16"
+#if !defined(KV_STAGES) || !defined(PRODUCER_REGS) || !defined(CONSUMER_REGS) || !defined(OUT_BF16) || !defined(BLOCK_N)
+#error "fwd_wgmma_fp8.cu needs KV_STAGES, PRODUCER_REGS, CONSUMER_REGS, OUT_BF16, BLOCK_N"
 #endif
 #ifndef RESCALE_LOG2
 #define RESCALE_LOG2 0
+#endif
+#ifndef EXP2_POLY
+#define EXP2_POLY 0
 #endif
 
 namespace cfg {
 constexpr int D = HEAD_DIM;
 constexpr int WG = 2;
 constexpr int BM = 64 * WG;
-constexpr int BN = 128;
+constexpr int BN = BLOCK_N;
+constexpr int VT_BLOCK = BN == 128 ? 128 : 64;   // keys per Vᵀ column block (= its swizzle span)
+constexpr int VT_BLOCK_BYTES = D * VT_BLOCK;
+constexpr int VT_BLOCKS = BN / VT_BLOCK;
 constexpr int THREADS = 128 * WG;          // consumer threads
-constexpr int S_REGS = BN / 2;             // f32 scores per thread (m64n128 accumulator)
+constexpr int S_REGS = BN / 2;             // f32 scores per thread (m64nBN accumulator)
 constexpr int O_REGS = D / 2;              // f32 outputs per thread (m64nD accumulator)
 constexpr int K_STEPS = D / 32;            // k32 steps of Q·Kᵀ
 constexpr int P_STEPS = BN / 32;           // k32 steps of P·V
@@ -161,6 +198,7 @@ constexpr int O_STAGE_BYTES = BM * D * 2;
 // largest a stale max allows) exactly 448, the largest finite E4M3.
 constexpr float P_LOG2 = 8.807354922057604f - (float)RESCALE_LOG2;
 static_assert(D == 64 || D == 128, "head dim 64 or 128");
+static_assert(BN == 128 || BN == 192, "BLOCK_N 128 or 192");
 static_assert(RESCALE_LOG2 >= 0 && RESCALE_LOG2 <= 8, "a stale max must keep P within E4M3");
 static_assert(Q_BYTES % 1024 == 0 && K_TILE_BYTES % 1024 == 0 && V_TILE_BYTES % 1024 == 0, "aligned tiles");
 }  // namespace cfg
@@ -185,6 +223,15 @@ __device__ __forceinline__ void wg_mma_e4m3_ss_n128(float (&d)[64], u64 a_desc, 
     asm volatile("{ .reg .pred p; setp.ne.b32 p, %66, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1; }\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "l"(a_desc), "l"(b_desc), "n"(ACC) : "memory");
+}
+
+// S[64 x 192] (+)= A[64 x 32] * B[32 x 192], as wg_mma_e4m3_ss_n128 (BLOCK_N 192).
+template <int ACC>
+__device__ __forceinline__ void wg_mma_e4m3_ss_n192(float (&d)[96], u64 a_desc, u64 b_desc) {
+    asm volatile("{ .reg .pred p; setp.ne.b32 p, %98, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n192k32.f32.e4m3.e4m3 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95}, %96, %97, p, 1, 1; }\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
                  : "l"(a_desc), "l"(b_desc), "n"(ACC) : "memory");
 }
 
@@ -217,16 +264,29 @@ __device__ __forceinline__ void wg_issue_scores(float (&s)[cfg::S_REGS], u32 q_w
     for (int kk = 0; kk < cfg::K_STEPS; ++kk) {
         const u64 a = qk_desc(q_wg + (u32)kk * 32u);
         const u64 b = qk_desc(k_tile + (u32)kk * 32u);
+#if BLOCK_N == 192
+        if (kk == 0) wg_mma_e4m3_ss_n192<0>(s, a, b); else wg_mma_e4m3_ss_n192<1>(s, a, b);
+#else
         if (kk == 0) wg_mma_e4m3_ss_n128<0>(s, a, b); else wg_mma_e4m3_ss_n128<1>(s, a, b);
+#endif
     }
 }
 
-// O[64 x D] += P[64 x 128] · V_tile[128 x D]: P_STEPS register-A wgmmas, B = the Vᵀ tile
-// ([D rows][128 bytes], K-major SW128), k32 step kk at byte 32 * kk.
+// O[64 x D] += P[64 x BN] · V_tile[BN x D]: P_STEPS register-A wgmmas, B = the Vᵀ tile (column
+// blocks of [D rows][VT_BLOCK keys], K-major, see the header), k32 step kk at byte 32 * kk of
+// the keys: block (32 kk) / VT_BLOCK, byte (32 kk) % VT_BLOCK of its first row.
+__device__ __forceinline__ u64 vt_desc(u32 addr) {
+#if BLOCK_N == 128
+    return sw128_desc(addr, 16, 1024);
+#else
+    return sw64_desc(addr, 16, 512);
+#endif
+}
 __device__ __forceinline__ void wg_issue_values(float (&o)[cfg::O_REGS], const u32 (&pf)[cfg::P_STEPS][4], u32 vt_tile) {
 #pragma unroll
     for (int kk = 0; kk < cfg::P_STEPS; ++kk) {
-        const u64 b = sw128_desc(vt_tile + (u32)kk * 32u, 16, 1024);
+        const int key_byte = 32 * kk;
+        const u64 b = vt_desc(vt_tile + (u32)((key_byte / cfg::VT_BLOCK) * cfg::VT_BLOCK_BYTES + key_byte % cfg::VT_BLOCK));
 #if HEAD_DIM == 128
         wg_mma_e4m3_rs_n128(o, pf[kk], b);
 #else
@@ -269,6 +329,27 @@ __device__ __forceinline__ u32 thread_pack_out(float lo, float hi) {
 }
 
 // ---- softmax ---------------------------------------------------------------------------------
+
+// 2^x on the FMA pipes, for x in [-125, 9] (scores of unmasked tiles: finite, at most P_LOG2 plus
+// rounding; anything below -125 is clamped there, which E4M3 stores as 0 and which the row sum,
+// holding the row max's 448 * 2^-RESCALE_LOG2, cannot notice). x = j + f with j = rint(x) (the
+// 1.5 * 2^23 shift leaves j in the low significand bits of t), f in [-0.5, 0.5]; 2^f by its
+// degree-6 Taylor polynomial (truncation < ln(2)^7 / 7! / 2^7 = 1.2e-7 relative, as accurate as
+// ex2.approx), then j added to the exponent field: (bits(t) << 23) is j << 23 because the
+// shift constant's bits above the low 9 fall off the word.
+__device__ __forceinline__ float thread_exp2_poly(float x) {
+    x = fmaxf(x, -125.f);
+    const float t = x + 12582912.f;
+    const float f = x - (t - 12582912.f);
+    float p = 1.5403530e-4f;
+    p = fmaf(p, f, 1.3333558e-3f);
+    p = fmaf(p, f, 9.6181291e-3f);
+    p = fmaf(p, f, 5.5504109e-2f);
+    p = fmaf(p, f, 2.4022651e-1f);
+    p = fmaf(p, f, 6.9314718e-1f);
+    p = fmaf(p, f, 1.f);
+    return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
+}
 
 struct RowState {
     float m[2];   // running max (raw score units) of row entries 0 (g) and 1 (g + 8)
@@ -320,7 +401,9 @@ __device__ __forceinline__ void warp_softmax(float (&s)[cfg::S_REGS], RowState& 
 #pragma unroll
     for (int e = 0; e < cfg::S_REGS; ++e) {
         const int i = (e >> 1) & 1;
-        s[e] = thread_exp2(fmaf(s[e], c, -mc[i]));
+        const float x = fmaf(s[e], c, -mc[i]);
+        // EXP2_POLY k > 0: every k-th score of an unmasked tile goes through the FMA pipes.
+        s[e] = (!MASK && EXP2_POLY > 0 && e % (EXP2_POLY > 0 ? EXP2_POLY : 1) == 0) ? thread_exp2_poly(x) : thread_exp2(x);
         st.l[i] += s[e];
     }
 }
@@ -393,8 +476,9 @@ static_assert(SMEM_BYTES <= 227 * 1024, "more shared memory than an sm_90 block 
 static_assert(cfg::O_STAGE_BYTES <= V_OFFSET, "O is staged through the Q and K regions");
 }  // namespace ws
 
-// Q and K boxes of [128 rows][D bytes] (rank 4: dim, seq, head, batch), Vᵀ boxes of [D rows][128
-// keys] (rank 4: key, dim, kv head, batch). Built by src/wgmma_fp8.rs per launch.
+// Q boxes of [128 rows][D bytes], K boxes of [BN rows][D bytes] (rank 4: dim, seq, head, batch),
+// Vᵀ boxes of [D rows][VT_BLOCK keys] (rank 4: key, dim, kv head, batch). Built by
+// src/wgmma_fp8.rs per launch.
 struct Fp8TmaMaps {
     TmaMap q, k, v;
 };
@@ -426,7 +510,10 @@ __device__ __forceinline__ void thread_produce(const Fp8FwdParams& p, const Fp8T
         thread_tma_load_4d(sm.k_tile(s), &maps.k, sm.bars.k_full(s), 0, t * cfg::BN, kv_head, batch);
         if (j >= ws::STAGES) thread_mbarrier_wait(sm.bars.v_empty(s), parity);
         thread_mbarrier_arrive_expect_tx(sm.bars.v_full(s), cfg::V_TILE_BYTES);
-        thread_tma_load_4d(sm.v_tile(s), &maps.v, sm.bars.v_full(s), t * cfg::BN, 0, kv_head, batch);
+#pragma unroll
+        for (int b = 0; b < cfg::VT_BLOCKS; ++b)
+            thread_tma_load_4d(sm.v_tile(s) + b * cfg::VT_BLOCK_BYTES, &maps.v, sm.bars.v_full(s),
+                               t * cfg::BN + b * cfg::VT_BLOCK, 0, kv_head, batch);
     }
 }
 

@@ -18,26 +18,37 @@
 //! and one in the tile processed first that gives row 1 its max at once (the max only shrinks
 //! relative to it afterwards). O (f16 / bf16) and LSE are poisoned with NaN before each launch.
 //!
+//! Two exact-S cases use Q and K codes in {-2, -1.5, .., 2}: every partial sum of Q·Kᵀ is then a
+//! multiple of 1/4 below 2^10, exact in any accumulator. The long case (table variants only):
+//! q_len 128, kv_len 16384, for the accumulation of O over 128 tiles.
+//!
 //! Two comparisons per case:
-//! * `ref`: f64 attention on the dequantized inputs. The kernel differs by P's E4M3 rounding
-//!   (relative 2^-4 per probability at most, unbiased), O's 16-bit rounding and f32 arithmetic:
-//!   a few percent relative L2 on these flat random softmaxes. Thresholds: rel-L2 <= 0.06, cos >=
-//!   0.998, |dLSE| <= 2e-3 (the row sum adds the unrounded f32 probabilities, so LSE sees only f32
-//!   and ex2/lg2.approx error).
+//! * `ref`, the gate of every case: f64 attention on the dequantized inputs. The kernel differs
+//!   by P's E4M3 rounding (relative 2^-4 per probability at most, unbiased), O's 16-bit rounding
+//!   and the tensor cores' arithmetic: about 1% relative L2 on these flat random softmaxes.
+//!   Thresholds: rel-L2 <= 0.06, cos >= 0.998, P <= 448 (1 + 1e-5) (the unclamped probability
+//!   of the emulation: an ulp of rounding above 448 at the row max is what cvt .satfinite
+//!   clamps), and per row |dLSE| <= 2e-3 + ln 2 ·
+//!   2^-10 · max_j Σ_x |q_x k_x| c: FP8 wgmma adds its products into the accumulator with a
+//!   significand of about 13 bits (measured here, and DeepSeek-V3's report of ~14 bits on H800),
+//!   so a score may be off by a few 2^-13 of its sum of |products| (2^-10: eight such
+//!   truncations), and LSE moves by at most the largest score error of its row (the row sum adds
+//!   the unrounded f32 probabilities).
 //! * `emu`: the kernel's algorithm on the CPU: the same codes and descales, the same tile order
-//!   (last tile first, 128 keys), the same f32 formulas (`c = scale_log2 * qd * kd`, `p =
+//!   (last tile first, BLOCK_N keys), the same f32 formulas (`c = scale_log2 * qd * kd`, `p =
 //!   exp2(fma(s, c, -(m c - P_LOG2)))`, the per-warp rescale rule over 16-row groups including the
-//!   zero rows past q_len, P = e4m3(p) exactly, `alpha`, `l`, `O = acc * (vd / l)`), scores as
-//!   the exact dot product rounded once to f32. What remains: the tensor cores' f32 summation
-//!   order (and FP8 wgmma's accumulator precision) in S and P·V, ex2.approx (<= 2 ulp) against
-//!   exp2, and O's final 16-bit rounding. Those move p by ~1e-6 relative, so only the rare p
-//!   within that distance of an E4M3 rounding midpoint comes out one E4M3 step (1/16 to 1/8
-//!   relative) apart; everything else agrees to f32 accuracy plus one 16-bit ulp of O. Threshold:
-//!   max |dO| <= 2 ulp of the output type at max |O| plus 1e-3 max |O| for such flips, rel-L2 <=
-//!   2e-3, |dLSE| <= 1e-4 + 1e-6 |LSE|.
+//!   zero rows past q_len, P = e4m3(p) exactly, `alpha`, `l`, `O = acc * (vd / l)` rounded to the
+//!   output type), scores as the exact dot product rounded once to f32. Gated on the exact-S
+//!   cases only: there the scores agree exactly, and what remains is ex2.approx (<= 2 ulp) against
+//!   exp2 (a P one E4M3 step apart only within ~1e-6 of a rounding midpoint), O's accumulation in
+//!   the tensor core (relative 2^-13 per k32 step at most: <= 1.5e-3 over the 12 steps of these
+//!   cases) and one 16-bit ulp where the roundings straddle. Thresholds: rel-L2 <= 2e-3,
+//!   |dLSE| <= 1e-4. On the random cases the emulation is reported, not gated: the scores differ
+//!   by the accumulator's truncation, which moves every probability of a row alike (LSE) and
+//!   flips E4M3 roundings of P near midpoints.
 //!
 //! # Bench
-//! hd 128, (seq, batch, heads) = (4k, 16, 16), (8k, 8, 16), (16k, 4, 16), non-causal and causal;
+//! hd 128 then 64, (seq, batch, heads) = (4k, 16, 16), (8k, 8, 16), (16k, 4, 16), non-causal and causal;
 //! median of 20 launches each timed by its own CUDA events after 3 warm-ups; TFLOP/s =
 //! 4·b·h·s²·d / t (half for causal). FP8: attention alone and prepass + attention; the f16 wgmma
 //! table variant on the same shapes in the same process, and the ratio.
@@ -102,7 +113,7 @@ fn samples(n: usize, seed: u64) -> Vec<f32> {
                 s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
                 acc += ((s >> 40) as f32) / ((1u64 << 24) as f32) - 0.5;
             }
-            acc * 1.732 * if (i as u64 + seed) % 97 == 0 { 6.0 } else { 1.0 }
+            acc * 1.732 * if (i as u64 + seed).is_multiple_of(97) { 6.0 } else { 1.0 }
         })
         .collect()
 }
@@ -152,12 +163,18 @@ struct Case {
     descale: Fp8Descale,
     /// The stale-max case: big scores in the last and the first processed tile.
     spikes: bool,
+    /// Q and K codes in {-2, -1.5, .., 2}: every partial sum of Q·Kᵀ is a multiple of 1/4 below
+    /// 2^10 in magnitude, exact in any accumulator with 12 or more significand bits.
+    exact_s: bool,
 }
 
 fn cases() -> Vec<Case> {
     use Fp8Descale::{PerHead as H, PerTensor as T};
     let c = |name, batch, q_heads, kv_heads, q_len, kv_len, causal, bshd, descale, spikes| Case {
-        name, batch, q_heads, kv_heads, q_len, kv_len, causal, bshd, descale, spikes,
+        name, batch, q_heads, kv_heads, q_len, kv_len, causal, bshd, descale, spikes, exact_s: false,
+    };
+    let exact = |name, q_heads, kv_heads, q_len, kv_len, causal, descale| Case {
+        exact_s: true, ..c(name, 1, q_heads, kv_heads, q_len, kv_len, causal, false, descale, false)
     };
     vec![
         c("non-causal", 1, 2, 2, 256, 256, false, false, T, false),
@@ -171,7 +188,17 @@ fn cases() -> Vec<Case> {
         c("q300 non-causal bshd", 2, 2, 2, 300, 129, false, true, H, false),
         c("max grows late / shrinks", 1, 2, 2, 256, 1024, false, false, T, true),
         c("max grows late causal per-head", 1, 2, 2, 256, 1024, true, false, H, true),
+        exact("exact S non-causal", 2, 2, 256, 256, false, T),
+        exact("exact S gqa causal per-head", 4, 2, 200, 333, true, H),
     ]
+}
+
+/// The long-sequence case (table variants only: its f64 reference is the slow part).
+fn long_case() -> Case {
+    Case {
+        name: "long kv 16k", batch: 1, q_heads: 1, kv_heads: 1, q_len: 128, kv_len: 16384, causal: false, bshd: false,
+        descale: Fp8Descale::PerTensor, spikes: false, exact_s: false,
+    }
 }
 
 struct Inputs {
@@ -204,7 +231,8 @@ fn inputs(c: &Case, d: usize) -> Inputs {
         causal: c.causal,
         descale: c.descale,
     };
-    let q = samples(c.batch * c.q_heads * c.q_len * d, 11);
+    let q_f = samples(c.batch * c.q_heads * c.q_len * d, 11);
+    let q = &q_f;
     let mut k = samples(c.batch * c.kv_heads * c.kv_len * d, 12);
     let v = samples(c.batch * c.kv_heads * c.kv_len * d, 13);
     if c.spikes {
@@ -224,8 +252,16 @@ fn inputs(c: &Case, d: usize) -> Inputs {
             }
         }
     }
-    let (q, qd) = quantize(&q, &args.q, c.batch, c.q_heads, c.q_len, d, c.descale);
-    let (k, kd) = quantize(&k, &args.k, c.batch, c.kv_heads, c.kv_len, d, c.descale);
+    let (mut q, mut qd) = quantize(&q_f, &args.q, c.batch, c.q_heads, c.q_len, d, c.descale);
+    let (mut k, mut kd) = quantize(&k, &args.k, c.batch, c.kv_heads, c.kv_len, d, c.descale);
+    if c.exact_s {
+        let small = |x: &f32| e4m3_encode(((x * 2.0).round().clamp(-4.0, 4.0)) / 2.0);
+        let k_f = samples(c.batch * c.kv_heads * c.kv_len * d, 12);
+        q = q_f.iter().map(small).collect();
+        k = k_f.iter().map(small).collect();
+        qd.iter_mut().for_each(|x| *x = 0.25);
+        kd.iter_mut().for_each(|x| *x = 0.25);
+    }
     let (v, vd) = quantize(&v, &args.v, c.batch, c.kv_heads, c.kv_len, d, c.descale);
     let dec = |x: &[u8]| x.iter().map(|&c| e4m3_decode(c)).collect::<Vec<f32>>();
     let (qf, kf, vf) = (dec(&q), dec(&k), dec(&v));
@@ -246,12 +282,14 @@ fn visible(a: &Fp8WgmmaArgs, i: usize) -> usize {
     }
 }
 
-/// f64 attention on the dequantized codes: (O [b, h, q, d] dense, LSE [b, h, q]).
-fn reference(inp: &Inputs, d: usize) -> (Vec<f64>, Vec<f64>) {
+/// f64 attention on the dequantized codes: (O [b, h, q, d] dense, LSE [b, h, q], per row the
+/// largest sum of |products| of a visible key in log2 units: max_j Σ_x |q_x k_x| · c).
+fn reference(inp: &Inputs, d: usize) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
     let a = &inp.args;
     let group = a.q_heads / a.kv_heads;
     let mut o = vec![0f64; a.batch * a.q_heads * a.q_len * d];
     let mut lse = vec![f64::NEG_INFINITY; a.batch * a.q_heads * a.q_len];
+    let mut sabs = vec![0f64; a.batch * a.q_heads * a.q_len];
     for b in 0..a.batch {
         for h in 0..a.q_heads {
             let kh = h / group;
@@ -273,6 +311,17 @@ fn reference(inp: &Inputs, d: usize) -> (Vec<f64>, Vec<f64>) {
                             * qd * kd * a.scale as f64
                     })
                     .collect();
+                let qo2 = at(&a.q, b, h, i);
+                sabs[(b * a.q_heads + h) * a.q_len + i] = (0..n)
+                    .map(|j| {
+                        let ko = at(&a.k, b, kh, j);
+                        (0..d).map(|x| (inp.qf[qo2 + x] as f64 * inp.kf[ko + x] as f64).abs()).sum::<f64>()
+                    })
+                    .fold(0f64, f64::max)
+                    * qd
+                    * kd
+                    * a.scale as f64
+                    * std::f64::consts::LOG2_E;
                 let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                 let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
                 let l: f64 = e.iter().sum();
@@ -284,14 +333,16 @@ fn reference(inp: &Inputs, d: usize) -> (Vec<f64>, Vec<f64>) {
             }
         }
     }
-    (o, lse)
+    (o, lse, sabs)
 }
 
 /// The kernel's arithmetic on the CPU (module docs): (O [b, h, q, d] dense before the 16-bit
 /// rounding, LSE, the largest stored P seen).
-fn emulate(inp: &Inputs, d: usize, rescale_log2: u32) -> (Vec<f32>, Vec<f32>, f32) {
+fn emulate(inp: &Inputs, d: usize, rescale_log2: u32, bn: usize) -> (Vec<f32>, Vec<f32>, f32) {
     let a = &inp.args;
     let group = a.q_heads / a.kv_heads;
+    // The kernel's constant: log2(448) as the same decimal literal, so the same f32.
+    #[allow(clippy::excessive_precision)]
     let p_log2 = 8.807354922057604f32 - rescale_log2 as f32;
     let scale_log2 = a.scale * std::f32::consts::LOG2_E;
     let mut o = vec![0f32; a.batch * a.q_heads * a.q_len * d];
@@ -309,7 +360,7 @@ fn emulate(inp: &Inputs, d: usize, rescale_log2: u32) -> (Vec<f32>, Vec<f32>, f3
                 let m0 = mb * 128;
                 // cta_tiles: the keys the CTA visits.
                 let n_end = if a.causal { a.kv_len.min((m0 + 128 + a.kv_len).saturating_sub(a.q_len)) } else { a.kv_len };
-                let n_tiles = n_end.div_ceil(128);
+                let n_tiles = n_end.div_ceil(bn);
                 for g0 in (m0..m0 + 128).step_by(16) {
                     // 16 rows of one warp; rows past q_len read zero Q rows (scores 0).
                     let rows: Vec<usize> = (g0..g0 + 16).collect();
@@ -319,15 +370,15 @@ fn emulate(inp: &Inputs, d: usize, rescale_log2: u32) -> (Vec<f32>, Vec<f32>, f3
                     let diag = |i: usize| -> usize {
                         if a.causal { (i as i64 + a.kv_len as i64 - a.q_len as i64 + 1).clamp(0, a.kv_len as i64) as usize } else { a.kv_len }
                     };
-                    let mut s = vec![0f32; 16 * 128];
+                    let mut s = vec![0f32; 16 * bn];
                     for t in (0..n_tiles).rev() {
-                        let k0 = t * 128;
+                        let k0 = t * bn;
                         let mut mx = m;
                         for (r, &i) in rows.iter().enumerate() {
                             let vis = diag(i).min(a.kv_len);
-                            for jj in 0..128 {
+                            for jj in 0..bn {
                                 let j = k0 + jj;
-                                s[r * 128 + jj] = if j >= vis {
+                                s[r * bn + jj] = if j >= vis {
                                     f32::NEG_INFINITY
                                 } else if i >= a.q_len {
                                     0.0
@@ -336,7 +387,7 @@ fn emulate(inp: &Inputs, d: usize, rescale_log2: u32) -> (Vec<f32>, Vec<f32>, f3
                                     let ko = at(&a.k, b, kh, j);
                                     (0..d).map(|x| inp.qf[qo + x] as f64 * inp.kf[ko + x] as f64).sum::<f64>() as f32
                                 };
-                                mx[r] = mx[r].max(s[r * 128 + jj]);
+                                mx[r] = mx[r].max(s[r * bn + jj]);
                             }
                         }
                         let need = (0..16).any(|r| (mx[r] - m[r]) * c > rescale_log2 as f32);
@@ -348,8 +399,8 @@ fn emulate(inp: &Inputs, d: usize, rescale_log2: u32) -> (Vec<f32>, Vec<f32>, f3
                             l[r] *= alpha[r];
                             let mc = (if mn == f32::NEG_INFINITY { 0.0 } else { mn * c }) - p_log2;
                             let mut tile = vec![0f64; d];
-                            for jj in 0..128 {
-                                let p = s[r * 128 + jj].mul_add(c, -mc).exp2();
+                            for jj in 0..bn {
+                                let p = s[r * bn + jj].mul_add(c, -mc).exp2();
                                 l[r] += p;
                                 if p == 0.0 {
                                     continue;
@@ -358,12 +409,12 @@ fn emulate(inp: &Inputs, d: usize, rescale_log2: u32) -> (Vec<f32>, Vec<f32>, f3
                                 let pq = e4m3_decode(e4m3_encode(p)) as f64;
                                 let j = k0 + jj;
                                 let vo = at(&a.v, b, kh, j);
-                                for x in 0..d {
-                                    tile[x] += pq * inp.vf[vo + x] as f64;
+                                for (t, &v) in tile.iter_mut().zip(&inp.vf[vo..vo + d]) {
+                                    *t += pq * v as f64;
                                 }
                             }
-                            for x in 0..d {
-                                acc[r * d + x] = acc[r * d + x] * alpha[r] + tile[x] as f32;
+                            for (a, &t) in acc[r * d..(r + 1) * d].iter_mut().zip(&tile) {
+                                *a = *a * alpha[r] + t as f32;
                             }
                         }
                     }
@@ -372,7 +423,7 @@ fn emulate(inp: &Inputs, d: usize, rescale_log2: u32) -> (Vec<f32>, Vec<f32>, f3
                             continue;
                         }
                         let idx = (b * a.q_heads + h) * a.q_len + i;
-                        let empty = !(l[r] > 0.0);
+                        let empty = l[r].is_nan() || l[r] <= 0.0;
                         let inv = if empty { 0.0 } else { vd / l[r] };
                         for x in 0..d {
                             o[idx * d + x] = acc[r * d + x] * inv;
@@ -395,12 +446,16 @@ struct Stats {
     rel_l2: f64,
     max_abs: f64,
     cos: f64,
+    /// <got, want> / <want, want>: 1 without a systematic scale error.
+    gain: f64,
     max_o: f64,
     lse: f64,
-    lse_rel: f64,
+    /// Rows whose |dLSE| exceeds their tolerance.
+    lse_bad: usize,
 }
 
-fn compare(got: &[f64], want: &[f64], lse_got: &[f32], lse_want: &[f64]) -> Stats {
+/// `lse_tol[row]`: the allowed |dLSE| of each row.
+fn compare(got: &[f64], want: &[f64], lse_got: &[f32], lse_want: &[f64], lse_tol: &[f64]) -> Stats {
     let (mut num, mut den, mut dot, mut gg, mut st) = (0f64, 0f64, 0f64, 0f64, Stats::default());
     for (&g, &w) in got.iter().zip(want) {
         let e = if g.is_nan() { f64::INFINITY } else { (g - w).abs() };
@@ -413,7 +468,8 @@ fn compare(got: &[f64], want: &[f64], lse_got: &[f32], lse_want: &[f64]) -> Stat
     }
     st.rel_l2 = (num / den.max(1e-300)).sqrt();
     st.cos = dot / (gg.sqrt() * den.sqrt()).max(1e-300);
-    for (&g, &w) in lse_got.iter().zip(lse_want) {
+    st.gain = dot / den.max(1e-300);
+    for ((&g, &w), &tol) in lse_got.iter().zip(lse_want).zip(lse_tol) {
         let e = if w == f64::NEG_INFINITY {
             if g == f32::NEG_INFINITY { 0.0 } else { f64::INFINITY }
         } else if !g.is_finite() {
@@ -422,9 +478,7 @@ fn compare(got: &[f64], want: &[f64], lse_got: &[f32], lse_want: &[f64]) -> Stat
             (g as f64 - w).abs()
         };
         st.lse = st.lse.max(e);
-        if w.is_finite() {
-            st.lse_rel = st.lse_rel.max(e / (1.0 + w.abs()));
-        }
+        st.lse_bad += (e > tol) as usize;
     }
     st
 }
@@ -448,10 +502,7 @@ fn check(stream: &Arc<CudaStream>, kernel: &Fp8WgmmaKernel, c: &Case) -> Result<
     kernel.launch(
         stream,
         &a,
-        Fp8Buffers::<u16, _, _, _, _, _, _, _> {
-            q: &qg, k: &kg, v: &vg, vt: &mut vt, o: &mut og, lse: &mut lg,
-            q_descale: &qdg, k_descale: &kdg, v_descale: &vdg, _elem: std::marker::PhantomData,
-        },
+        Fp8Buffers::<u16, _, _, _, _, _, _, _>::new(&qg, &kg, &vg, &mut vt, &mut og, &mut lg, &qdg, &kdg, &vdg),
     )?;
     // The prepass: Vᵀ column 32c + k holds key 32c + sigma(k), zeros past kv_len.
     let vt_host = stream.clone_dtoh(&vt)?;
@@ -488,11 +539,26 @@ fn check(stream: &Arc<CudaStream>, kernel: &Fp8WgmmaKernel, c: &Case) -> Result<
             }
         }
     }
-    let (ro, rl) = reference(&inp, d);
-    let (eo, el, p_max) = emulate(&inp, d, cfg.rescale_log2);
-    let eo64: Vec<f64> = eo.iter().map(|&x| x as f64).collect();
+    let ((ro, rl, sabs), (eo, el, p_max)) = std::thread::scope(|sc| {
+        let r = sc.spawn(|| reference(&inp, d));
+        let e = emulate(&inp, d, cfg.rescale_log2, cfg.block_n as usize);
+        (r.join().expect("reference thread"), e)
+    });
+    // The emulation's O rounded to the output type as the kernel's is.
+    let eo64: Vec<f64> = eo
+        .iter()
+        .map(|&x| match cfg.out {
+            Fp8Out::F16 => f16::from_f32(x).to_f64(),
+            Fp8Out::Bf16 => bf16::from_f32(x).to_f64(),
+        })
+        .collect();
     let el64: Vec<f64> = el.iter().map(|&x| x as f64).collect();
-    Ok((compare(&got, &ro, &lse, &rl), compare(&got, &eo64, &lse, &el64), p_max))
+    // LSE against the reference: the FP8 wgmma sums Q·Kᵀ with a ~13-bit significand (module
+    // docs), so a score may be off by a few 2^-13 of its sum of |products|; LSE moves by at most
+    // the largest such error of the row's keys. 2^-10 allows eight truncations.
+    let ref_tol: Vec<f64> = sabs.iter().map(|x| 2e-3 + std::f64::consts::LN_2 * x * 2f64.powi(-10)).collect();
+    let emu_tol = vec![1e-4; el.len()];
+    Ok((compare(&got, &ro, &lse, &rl, &ref_tol), compare(&got, &eo64, &lse, &el64, &emu_tol), p_max))
 }
 
 // ---- bench ------------------------------------------------------------------------------------
@@ -515,8 +581,7 @@ fn median_ms(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, mut launch: impl 
     Ok(0.5 * (ms[9] + ms[10]))
 }
 
-fn bench(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, kernels: &[Fp8WgmmaKernel], f16k: Option<&WgmmaKernel>) -> Result<(), BoxErr> {
-    let d = 128;
+fn bench(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, d: usize, kernels: &[&Fp8WgmmaKernel], f16k: Option<&WgmmaKernel>) -> Result<(), BoxErr> {
     // A pool of quantized normal samples (with outliers), tiled over the tensors.
     let pool: Vec<u8> = samples(1 << 20, 5).iter().map(|&x| e4m3_encode(x / (6.0 * 1.732 * 2.0 / 448.0))).collect();
     let pool16: Vec<u16> = samples(1 << 20, 5).iter().map(|&x| f16::from_f32(x).to_bits()).collect();
@@ -541,7 +606,7 @@ fn bench(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, kernels: &[Fp8WgmmaKe
             let flops = 4.0 * (batch * heads * seq * seq * d) as f64 * if causal { 0.5 } else { 1.0 };
             let tf = |ms: f64| flops / (ms * 1e-3) / 1e12;
             let mut vt = stream.alloc_zeros::<u8>(a.required_lens(d).vt)?;
-            let mut line = format!("s{:>2}k b{:>2} h{} {:10}", seq / 1024, batch, heads, if causal { "causal" } else { "non-causal" });
+            let mut line = format!("d{d} s{:>2}k b{:>2} h{} {:10}", seq / 1024, batch, heads, if causal { "causal" } else { "non-causal" });
             let f16_tf = match f16k {
                 Some(w) => {
                     let ha = HmmaArgs {
@@ -565,11 +630,11 @@ fn bench(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, kernels: &[Fp8WgmmaKe
                 let (dp, _g) = desc.device_ptr(stream);
                 let ptrs = Fp8Ptrs { q: qp, k: kp, vt: vtp, o: op, lse: lp, q_descale: dp, k_descale: dp, v_descale: dp };
                 // SAFETY: buffers sized by required_lens above, alive for the whole bench.
-                let attn = median_ms(ctx, stream, || Ok(unsafe { k.launch_attention_raw(stream, &a, &ptrs, qp, kp) }?))?;
+                let attn = median_ms(ctx, stream, || Ok(unsafe { k.launch_attention_raw(stream, &a, &ptrs) }?))?;
                 let total = median_ms(ctx, stream, || {
                     unsafe {
                         k.launch_prepass_raw(stream, &a, vp, vtp)?;
-                        k.launch_attention_raw(stream, &a, &ptrs, qp, kp)?;
+                        k.launch_attention_raw(stream, &a, &ptrs)?;
                     }
                     Ok(())
                 })?;
@@ -606,13 +671,13 @@ fn main() -> Result<(), BoxErr> {
         for d in [64usize, 128] {
             for c in cases() {
                 let inp = inputs(&c, d);
-                let (ro, rl) = reference(&inp, d);
+                let (ro, rl, _) = reference(&inp, d);
                 for r in [0u32, 8] {
-                    let (eo, el, p_max) = emulate(&inp, d, r);
-                    let st = compare(&eo.iter().map(|&x| x as f64).collect::<Vec<_>>(), &ro, &el, &rl);
+                    let (eo, el, p_max) = emulate(&inp, d, r, 128);
+                    let st = compare(&eo.iter().map(|&x| x as f64).collect::<Vec<_>>(), &ro, &el, &rl, &vec![1e-4; rl.len()]);
                     println!(
-                        "d{d} r{r} {:32} emu vs ref rel-L2 {:.2e} max-abs {:.2e} cos {:.6} dLSE {:.1e} P max {:.1}",
-                        c.name, st.rel_l2, st.max_abs, st.cos, st.lse, p_max
+                        "d{d} r{r} {:32} emu vs ref rel-L2 {:.2e} max-abs {:.2e} cos {:.6} gain {:.5} dLSE {:.1e} ({} rows > 1e-4) P max {:.1}",
+                        c.name, st.rel_l2, st.max_abs, st.cos, st.gain, st.lse, st.lse_bad, p_max
                     );
                 }
             }
@@ -626,6 +691,28 @@ fn main() -> Result<(), BoxErr> {
     if Fp8WgmmaConfig::target_for((cc.0 as u32, cc.1 as u32)).is_none() {
         println!("FAIL: fwd_wgmma_fp8 runs on compute capability 9.0 (sm_90a) only");
         std::process::exit(2);
+    }
+    // Compile every variant in parallel first (NVRTC is single-threaded per program); the loads
+    // below then hit the in-memory cache.
+    {
+        let mut reqs = Vec::new();
+        for cfg in Fp8WgmmaConfig::all() {
+            reqs.push(cfg.request(quattn_native::Arch::Sm90a)?);
+            reqs.push(cfg.prepass_request(quattn_native::Arch::Sm90a)?);
+        }
+        reqs.push(WgmmaConfig::new(128)?.request(quattn_native::Arch::Sm90a)?);
+        reqs.push(WgmmaConfig::new(64)?.request(quattn_native::Arch::Sm90a)?);
+        let t0 = std::time::Instant::now();
+        std::thread::scope(|sc| {
+            for req in &reqs {
+                sc.spawn(move || {
+                    if let Err(e) = quattn_native::KernelCache::global().get_or_compile(req) {
+                        println!("compile {}: {e}", req.kernel);
+                    }
+                });
+            }
+        });
+        println!("compiled {} programs in {:.1} s", reqs.len(), t0.elapsed().as_secs_f64());
     }
     let mut all_ok = true;
     let mut bench_kernels = Vec::new();
@@ -641,11 +728,12 @@ fn main() -> Result<(), BoxErr> {
         let res = kernel.compiled().resources;
         println!("{:36} regs {:3} spill {:3}", cfg.name(), res.map(|r| r.registers).unwrap_or(0), res.map(|r| r.spill_store_bytes).unwrap_or(0));
         if !bench_only {
-            let ulp = match cfg.out {
-                Fp8Out::F16 => 2f64.powi(-10),
-                Fp8Out::Bf16 => 2f64.powi(-7),
-            };
-            for c in cases() {
+            let table = Fp8WgmmaConfig::new(cfg.head_dim as usize, cfg.out).ok() == Some(cfg);
+            let mut list = cases();
+            if table {
+                list.push(long_case());
+            }
+            for c in list {
                 let (r, e, p_max) = match check(&stream, &kernel, &c) {
                     Ok(x) => x,
                     Err(err) => {
@@ -654,25 +742,34 @@ fn main() -> Result<(), BoxErr> {
                         continue;
                     }
                 };
-                let ref_ok = r.rel_l2 <= 0.06 && r.cos >= 0.998 && r.lse <= 2e-3;
-                let emu_ok = e.max_abs <= (2.0 * ulp + 1e-3) * e.max_o && e.rel_l2 <= 2e-3 && e.lse <= 1e-4 + 1e-6 * 20.0
-                    && p_max <= 448.0;
+                // Gate A (every case): the f64 reference. Gate B (exact-S cases): the emulation,
+                // where only P·V's accumulation, ex2/lg2.approx and O's rounding remain.
+                // P: the largest unclamped probability the emulation met. At the row max the exp2
+                // argument is P_LOG2 up to the rounding of m c - P_LOG2 (an ulp of |m c| < 64 is
+                // <= 2^-18), so P may exceed 448 by that much (cvt .satfinite clamps it), never by
+                // a stale max's factor.
+                let ref_ok = r.rel_l2 <= 0.06 && r.cos >= 0.998 && r.lse_bad == 0 && p_max <= 448.0 * (1.0 + 1e-5);
+                let emu_ok = !c.exact_s || (e.rel_l2 <= 2e-3 && e.lse_bad == 0);
                 let ok = ref_ok && emu_ok;
                 all_ok &= ok;
                 println!(
-                    "  {} {:32} ref rel-L2 {:.2e} max-abs {:.2e} cos {:.6} dLSE {:.1e} | emu rel-L2 {:.2e} max-abs {:.2e} (max|O| {:.2}) dLSE {:.1e} | P max {:.1}",
+                    "  {} {:32} ref rel-L2 {:.2e} max-abs {:.2e} cos {:.6} gain {:.5} dLSE {:.1e} ({} rows over) | emu{} rel-L2 {:.2e} max-abs {:.2e} (max|O| {:.2}) gain {:.5} dLSE {:.1e} | P max {:.1}",
                     if ok { "PASS" } else { "FAIL" },
-                    c.name, r.rel_l2, r.max_abs, r.cos, r.lse, e.rel_l2, e.max_abs, e.max_o, e.lse, p_max
+                    c.name, r.rel_l2, r.max_abs, r.cos, r.gain, r.lse, r.lse_bad,
+                    if c.exact_s { "(gated)" } else { "" }, e.rel_l2, e.max_abs, e.max_o, e.gain, e.lse, p_max
                 );
             }
         }
-        if cfg.head_dim == 128 && cfg.out == Fp8Out::F16 {
+        if cfg.out == Fp8Out::F16 {
             bench_kernels.push(kernel);
         }
     }
     if !check_only {
-        let f16k = WgmmaConfig::new(128).and_then(|c| WgmmaKernel::load(&ctx, c)).ok();
-        bench(&ctx, &stream, &bench_kernels, f16k.as_ref())?;
+        for d in [128usize, 64] {
+            let f16k = WgmmaConfig::new(d).and_then(|c| WgmmaKernel::load(&ctx, c)).ok();
+            let ks: Vec<&Fp8WgmmaKernel> = bench_kernels.iter().filter(|k| k.config().head_dim as usize == d).collect();
+            bench(&ctx, &stream, d, &ks, f16k.as_ref())?;
+        }
     }
     println!("{}", if all_ok { "ALL PASS" } else { "SOME FAILED" });
     if !all_ok {

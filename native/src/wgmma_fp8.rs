@@ -6,9 +6,10 @@
 //! warpgroups of 64 query rows, 128 keys per KV tile, `stages` K/V stages.
 //!
 //! # Host contract
-//! * Q `[b, q_heads, q_len, d]`, K and V `[b, kv_heads, kv_len, d]`: E4M3 codes (`u8`), any
-//!   strides in bytes (Q and K strides multiples of 16: TMA reads them; V strides any), `d` 64
-//!   or 128. Value `x = decode(code) * descale`.
+//! * Q `[b, q_heads, q_len, d]`, K and V `[b, kv_heads, kv_len, d]`: E4M3 codes (`u8`), strides
+//!   in bytes, `d` 64
+//!   or 128. Value `x = decode(code) * descale`. Q, K and V strides are multiples of 16 bytes,
+//!   their addresses 16-byte aligned (TMA reads Q and K, the prepass V in 16-byte pieces).
 //! * Descales (f32, positive, finite) per [`Fp8Descale`]: one per tensor (`[1]` each), or one
 //!   per (batch, head) (`q_descale [b * q_heads]`, `k_descale` / `v_descale [b * kv_heads]`).
 //! * FP8 wgmma reads only K-major operands, so V reaches the attention kernel as Vᵀ: the
@@ -29,6 +30,19 @@
 //! have `r = 0` (the max moves whenever it grows, `P = e4m3(448 p)`, `p ≤ 1`: the quantization
 //! of quattn's FP8 emulation with `PvFormat::Fp8`). `l` sums the unrounded values, O = acc ·
 //! v_descale / l, LSE = (m c + log2 l − log2(448 · 2^−r)) ln 2.
+//!
+//! The E4M3 wgmma adds its products into the f32 accumulator with a significand of about 13
+//! bits, not 24 (measured on the H100: scores differ from their exact f32 sums by ~1e-3
+//! relative, O of a 16k-key row is ~7e-4 low; with Q·Kᵀ partial sums that are exact in 12 bits
+//! the kernel matches an emulation of its arithmetic to 3e-4 relative L2 and 3e-6 in LSE). So
+//! LSE is off by up to ~1e-3 of the largest score (log2 units) and O by a few 1e-3 relative on
+//! top of P's E4M3 rounding (~1% relative L2 against f64 attention on the dequantized inputs).
+//!
+//! # Run on the H100
+//! `examples/wgmma_fp8_check.rs` passes on every variant (f64 reference, emulation on exact-S
+//! inputs, Vᵀ prepass read back, stale-max cases, GQA, causal, ragged, bshd, 16k keys) and
+//! times it against the f16 wgmma family: the table tiles ([`FP8_TILES`]) run at 1.2-1.5x its
+//! TFLOP/s at hd 128 and 1.0-1.3x at hd 64.
 
 use crate::arch::Arch;
 use crate::cache::{CompileRequest, KernelSource};
@@ -50,8 +64,9 @@ pub static FP8_VT_PREPASS: KernelSource =
 
 /// Query rows per CTA (2 consumer warpgroups x 64).
 pub const FP8_BLOCK_M: u32 = 128;
-/// Keys per KV tile; Vᵀ rows are padded to a multiple of it.
-pub const FP8_BLOCK_N: u32 = 128;
+/// Vᵀ rows are padded to a multiple of this many keys (the KV tile of 128 keys; the 192-key tile
+/// reads past the padding as TMA zeros).
+pub const FP8_KV_PAD: u32 = 128;
 
 /// O's element type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
@@ -79,15 +94,54 @@ pub enum Fp8Descale {
     PerHead,
 }
 
+/// `(head dim, keys per KV tile, stages)` of the table variants, measured on one H100 80GB HBM3
+/// with `examples/wgmma_fp8_check.rs`: TFLOP/s of the attention kernel alone (median of 20),
+/// (seq, batch, heads) = (4k, 16, 16) / (8k, 8, 16) / (16k, 4, 16), non-causal and causal, two
+/// runs of the same binary on two machines (run-to-run spread up to ~10%); the f16 wgmma table
+/// kernel in the same processes for reference.
+///
+/// | hd 128 (keys, stages)  | 4k nc / c             | 8k nc / c             | 16k nc / c            |
+/// |------------------------|-----------------------|-----------------------|-----------------------|
+/// | 128, 2                 | 701-811 / 614-705     | 850-871 / 747-750     | 752-895 / 839-876     |
+/// | 128, 3                 | 811-822 / 687-727     | 727-838 / 779-810     | 773-793 / 813-814     |
+/// | **192, 2**             | **776-860 / 721-767** | **863-946 / 697-805** | **864-976 / 875-901** |
+/// | 192, 3                 | 730-731 / 713-768     | 875-892 / 804-855     | 869-886 / 873         |
+/// | 192, 2, exp2_poly 4    | 765 / 651             | 796 / 715             | 780 / 787             |
+/// | f16 wgmma              | 630-670 / 592-603     | 617-635 / 569-580     | 635-636 / 595-597     |
+///
+/// | hd 64 (one run)        | 4k nc / c             | 8k nc / c             | 16k nc / c            |
+/// |------------------------|-----------------------|-----------------------|-----------------------|
+/// | 128, 2                 | 420 / 377             | 449 / 402             | 461 / 429             |
+/// | **192, 2**             | **497 / 418**         | **557 / 493**         | **588 / 551**         |
+/// | f16 wgmma              | 454 / 405             | 455 / 395             | 457 / 432             |
+///
+/// 192 keys with 2 stages is the best or within the spread of the best everywhere; the stale-max
+/// threshold 8 (`rescale_log2`) is within the spread too, and moving exp2 onto the FMA pipes
+/// (`exp2_poly`) is slower: the softmax is not limited by the MUFU unit.
+pub const FP8_TILES: [(u32, u32, u32); 2] = [(64, 192, 2), (128, 192, 2)];
+
 /// One compiled attention variant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 pub struct Fp8WgmmaConfig {
     pub head_dim: u32,
     pub out: Fp8Out,
+    /// Keys per KV tile: 128 or 192.
+    pub block_n: u32,
     /// K/V TMA stages (2 to 4).
     pub stages: u32,
     /// The stale-max threshold `r` in log2 units (0 to 8); P is stored as `e4m3(448 · 2^−r · p)`.
     pub rescale_log2: u32,
+    /// 0: every exp2 on the MUFU unit; k (2 to 8): every k-th score of the unmasked tiles by a
+    /// polynomial on the FMA pipes (as accurate as `ex2.approx`).
+    pub exp2_poly: u32,
+}
+
+/// Grid, block and dynamic shared memory of one attention launch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fp8LaunchShape {
+    pub grid: (u32, u32, u32),
+    pub block: (u32, u32, u32),
+    pub smem_bytes: u32,
 }
 
 /// A compiled unit of the family: an attention variant or the Vᵀ prepass of a head dim (the
@@ -102,12 +156,14 @@ impl Fp8WgmmaConfig {
     pub const HEAD_DIMS: &'static [usize] = &[64, 128];
     /// wgmma exists only on the `a` target of compute capability 9.0.
     pub const TARGETS: &'static [Arch] = &[Arch::Sm90a];
-    /// The stage count [`Self::new`] picks.
-    pub const DEFAULT_STAGES: u32 = 2;
 
-    /// Validated constructor: the table variant (2 stages, `rescale_log2` 0).
+    /// Validated constructor: the table variant of the head dim ([`FP8_TILES`], `rescale_log2`
+    /// 0: the max moves whenever it grows, the facade emulation's quantization of P).
     pub fn new(head_dim: usize, out: Fp8Out) -> Result<Self> {
-        let c = Fp8WgmmaConfig { head_dim: head_dim as u32, out, stages: Self::DEFAULT_STAGES, rescale_log2: 0 };
+        let Some(&(_, block_n, stages)) = FP8_TILES.iter().find(|(d, _, _)| *d as usize == head_dim) else {
+            return Err(NativeError::UnsupportedHeadDim { kernel: KERNEL, head_dim, supported: Self::HEAD_DIMS });
+        };
+        let c = Fp8WgmmaConfig { head_dim: head_dim as u32, out, block_n, stages, rescale_log2: 0, exp2_poly: 0 };
         c.validate()?;
         Ok(c)
     }
@@ -120,8 +176,20 @@ impl Fp8WgmmaConfig {
                 supported: Self::HEAD_DIMS,
             });
         }
+        if !(self.block_n == 128 || self.block_n == 192) {
+            return Err(NativeError::UnsupportedConfig { kernel: KERNEL, reason: format!("BLOCK_N {} (128 or 192)", self.block_n) });
+        }
         if !(2..=4).contains(&self.stages) {
             return Err(NativeError::UnsupportedConfig { kernel: KERNEL, reason: format!("{} stages (2 to 4)", self.stages) });
+        }
+        if self.smem_bytes_unchecked() > 227 * 1024 {
+            return Err(NativeError::UnsupportedConfig {
+                kernel: KERNEL,
+                reason: format!("{} bytes of shared memory", self.smem_bytes_unchecked()),
+            });
+        }
+        if !(self.exp2_poly == 0 || (2..=8).contains(&self.exp2_poly)) {
+            return Err(NativeError::UnsupportedConfig { kernel: KERNEL, reason: format!("exp2_poly {} (0 or 2 to 8)", self.exp2_poly) });
         }
         if self.rescale_log2 > 8 {
             return Err(NativeError::UnsupportedConfig {
@@ -132,25 +200,39 @@ impl Fp8WgmmaConfig {
         Ok(())
     }
 
-    /// Every attention variant the report and tests compile: head dim x O type at the table
-    /// stage count, 3 stages and the stale-max threshold 8 at hd 128 f16 (kept compiled for
-    /// sweeps on the H100).
+    /// Every attention variant the report and tests compile: head dim x O type with the table
+    /// tile, and at f16 the other tiles (128 / 192 keys, 2 / 3 stages), the stale-max threshold 8
+    /// and (hd 128) polynomial exp2 on every 4th score, kept compiled for sweeps on the H100.
     pub fn all() -> Vec<Fp8WgmmaConfig> {
         let mut v = Vec::new();
         for head_dim in [64, 128] {
             for out in [Fp8Out::F16, Fp8Out::Bf16] {
-                v.push(Fp8WgmmaConfig { head_dim, out, stages: 2, rescale_log2: 0 });
+                v.extend(Fp8WgmmaConfig::new(head_dim, out));
             }
-            v.push(Fp8WgmmaConfig { head_dim, out: Fp8Out::F16, stages: 3, rescale_log2: 0 });
+            let Ok(base) = Fp8WgmmaConfig::new(head_dim, Fp8Out::F16) else { continue };
+            for block_n in [128, 192] {
+                for stages in [2, 3] {
+                    for rescale_log2 in [0, 8] {
+                        let c = Fp8WgmmaConfig { block_n, stages, rescale_log2, ..base };
+                        if c != base {
+                            v.push(c);
+                        }
+                    }
+                }
+            }
+            if head_dim == 128 {
+                v.push(Fp8WgmmaConfig { exp2_poly: 4, ..base });
+            }
         }
-        v.push(Fp8WgmmaConfig { head_dim: 128, out: Fp8Out::F16, stages: 2, rescale_log2: 8 });
         v
     }
 
-    /// `fwd_fp8_wgmma_e4m3_f16_d128_tma2`, `_r8` for a stale-max threshold.
+    /// `fwd_fp8_wgmma_e4m3_f16_d128_n128_tma2`, `_r8` for a stale-max threshold, `_p4` for
+    /// polynomial exp2 on every 4th score.
     pub fn name(&self) -> String {
         let r = if self.rescale_log2 == 0 { String::new() } else { format!("_r{}", self.rescale_log2) };
-        format!("{KERNEL}_e4m3_{}_d{}_tma{}{r}", self.out.tag(), self.head_dim, self.stages)
+        let p = if self.exp2_poly == 0 { String::new() } else { format!("_p{}", self.exp2_poly) };
+        format!("{KERNEL}_e4m3_{}_d{}_n{}_tma{}{r}{p}", self.out.tag(), self.head_dim, self.block_n, self.stages)
     }
 
     pub fn defines(&self) -> Result<Vec<(String, String)>> {
@@ -159,10 +241,12 @@ impl Fp8WgmmaConfig {
         Ok(vec![
             d("HEAD_DIM", self.head_dim),
             d("OUT_BF16", (self.out == Fp8Out::Bf16) as u32),
+            d("BLOCK_N", self.block_n),
             d("KV_STAGES", self.stages),
             d("PRODUCER_REGS", WS_PRODUCER_REGS),
             d("CONSUMER_REGS", WS_CONSUMER_REGS),
             d("RESCALE_LOG2", self.rescale_log2),
+            d("EXP2_POLY", self.exp2_poly),
         ])
     }
 
@@ -180,16 +264,25 @@ impl Fp8WgmmaConfig {
     /// element), the mbarriers (one for Q, four per stage) and 1024 bytes of alignment slack.
     pub fn smem_bytes(&self) -> Result<u32> {
         self.validate()?;
+        Ok(self.smem_bytes_unchecked())
+    }
+
+    fn smem_bytes_unchecked(&self) -> u32 {
         let d = self.head_dim;
-        Ok(FP8_BLOCK_M * d + self.stages * 2 * FP8_BLOCK_N * d + 8 * (1 + 4 * self.stages) + 1024)
+        FP8_BLOCK_M * d + self.stages * 2 * self.block_n * d + 8 * (1 + 4 * self.stages) + 1024
+    }
+
+    /// Keys per Vᵀ column block (its swizzle span in bytes): 128 at BLOCK_N 128, else 64.
+    pub fn vt_block(&self) -> u32 {
+        if self.block_n == 128 { 128 } else { 64 }
     }
 
     /// SASS opcodes that must appear (nvdisasm 13.x spells the 8-bit float wgmma `QGMMA`): the
-    /// E4M3 wgmma of Q·Kᵀ (m64n128k32) and of P·V (m64n{hd}k32), the TMA loads and the
+    /// E4M3 wgmma of Q·Kᵀ (m64n{block_n}k32) and of P·V (m64n{hd}k32), the TMA loads and the
     /// producer's register release.
     pub fn expected_instructions(&self) -> Vec<String> {
         let mut v = vec![
-            "QGMMA.64x128x32.F32.E4M3.E4M3".to_string(),
+            format!("QGMMA.64x{}x32.F32.E4M3.E4M3", self.block_n),
             format!("QGMMA.64x{}x32.F32.E4M3.E4M3", self.head_dim),
             "UTMALDG.4D".into(),
             "USETMAXREG.DEALLOC.CTAPOOL".into(),
@@ -204,13 +297,18 @@ impl Fp8WgmmaConfig {
     }
 
     /// Grid `(ceil(q_len / 128), q_heads, batch)`, 384 threads.
-    pub fn launch_shape(&self, args: &Fp8WgmmaArgs) -> Result<((u32, u32, u32), (u32, u32, u32), u32)> {
+    pub fn launch_shape(&self, args: &Fp8WgmmaArgs) -> Result<Fp8LaunchShape> {
         let m_blocks = args.q_len.div_ceil(FP8_BLOCK_M as usize);
-        Ok(((m_blocks as u32, args.q_heads as u32, args.batch as u32), (384, 1, 1), self.smem_bytes()?))
+        Ok(Fp8LaunchShape {
+            grid: (m_blocks as u32, args.q_heads as u32, args.batch as u32),
+            block: (384, 1, 1),
+            smem_bytes: self.smem_bytes()?,
+        })
     }
 
-    /// The three tensor maps: Q and K boxes of 128 rows x hd bytes (128B swizzle at hd 128, 64B
-    /// at hd 64), Vᵀ boxes of hd rows x 128 keys (128B swizzle), all rank 4.
+    /// The three tensor maps: Q boxes of 128 rows and K boxes of `block_n` rows, hd bytes wide
+    /// (128B swizzle at hd 128, 64B at hd 64), Vᵀ boxes of hd rows x [`Self::vt_block`] keys
+    /// (the swizzle of that span), all rank 4.
     pub fn tma_specs(&self, args: &Fp8WgmmaArgs, q: u64, k: u64, vt: u64) -> Result<[TmaSpec; 3]> {
         args.validate(self)?;
         let d = self.head_dim as usize;
@@ -220,13 +318,13 @@ impl Fp8WgmmaConfig {
         let vt_strides = Strides { seq: pad as i64, head: (d * pad) as i64, batch: (args.kv_heads * d * pad) as i64 };
         Ok([
             TmaSpec::rows("Q", t(q, args.q_heads, args.q_len, args.q), d as u32, FP8_BLOCK_M, swizzle)?,
-            TmaSpec::rows("K", t(k, args.kv_heads, args.kv_len.max(1), args.k), d as u32, FP8_BLOCK_N, swizzle)?,
+            TmaSpec::rows("K", t(k, args.kv_heads, args.kv_len.max(1), args.k), d as u32, self.block_n, swizzle)?,
             TmaSpec::rows(
                 "Vt",
                 RowsTensor { addr: vt, elem_bytes: 1, head_dim: pad, len: d, heads: args.kv_heads, batch: args.batch, strides: vt_strides },
-                FP8_BLOCK_N,
+                self.vt_block(),
                 d as u32,
-                128,
+                self.vt_block(),
             )?,
         ])
     }
@@ -379,7 +477,7 @@ pub struct Fp8Ptrs {
 impl Fp8WgmmaArgs {
     /// Keys per Vᵀ row: kv_len rounded up to 128 (at least 128).
     pub fn kv_pad(&self) -> usize {
-        self.kv_len.max(1).div_ceil(FP8_BLOCK_N as usize) * FP8_BLOCK_N as usize
+        self.kv_len.max(1).div_ceil(FP8_KV_PAD as usize) * FP8_KV_PAD as usize
     }
 
     /// Validates everything that does not need device pointers.
@@ -389,7 +487,7 @@ impl Fp8WgmmaArgs {
         if self.batch == 0 || self.q_heads == 0 || self.kv_heads == 0 || self.q_len == 0 {
             return bad(format!("empty problem: {self:?}"));
         }
-        if self.q_heads % self.kv_heads != 0 {
+        if !self.q_heads.is_multiple_of(self.kv_heads) {
             return bad(format!("q_heads {} not a multiple of kv_heads {}", self.q_heads, self.kv_heads));
         }
         if self.q_len > i32::MAX as usize || self.kv_pad() > i32::MAX as usize {
@@ -401,7 +499,7 @@ impl Fp8WgmmaArgs {
         if !(self.scale.is_finite() && self.scale > 0.0) {
             return bad(format!("softmax scale must be finite and > 0, got {}", self.scale));
         }
-        for (name, s, m) in [("q", &self.q, 16), ("k", &self.k, 16), ("v", &self.v, 1), ("o", &self.o, 8)] {
+        for (name, s, m) in [("q", &self.q, 16), ("k", &self.k, 16), ("v", &self.v, 16), ("o", &self.o, 8)] {
             if [s.batch, s.head, s.seq].iter().any(|&x| x < 0 || x % m != 0) {
                 return bad(format!("{name} strides {s:?} must be non-negative multiples of {m}"));
             }
@@ -507,6 +605,23 @@ mod launch {
         pub _elem: std::marker::PhantomData<T>,
     }
 
+    impl<'a, T, Q, K, V, VT, O, L, S> Fp8Buffers<'a, T, Q, K, V, VT, O, L, S> {
+        #[allow(clippy::too_many_arguments)]
+        pub fn new(
+            q: &'a Q,
+            k: &'a K,
+            v: &'a V,
+            vt: &'a mut VT,
+            o: &'a mut O,
+            lse: &'a mut L,
+            q_descale: &'a S,
+            k_descale: &'a S,
+            v_descale: &'a S,
+        ) -> Self {
+            Fp8Buffers { q, k, v, vt, o, lse, q_descale, k_descale, v_descale, _elem: std::marker::PhantomData }
+        }
+    }
+
     /// One FP8 wgmma variant and its Vᵀ prepass, loaded into a CUDA context (cc 9.0 only).
     #[derive(Debug)]
     pub struct Fp8WgmmaKernel {
@@ -587,7 +702,7 @@ mod launch {
             // SAFETY: every buffer's length was checked against what the kernels touch.
             unsafe {
                 self.launch_prepass_raw(stream, args, v, vt)?;
-                self.launch_attention_raw(stream, args, &Fp8Ptrs { q, k, vt, o, lse, q_descale, k_descale, v_descale }, q, k)
+                self.launch_attention_raw(stream, args, &Fp8Ptrs { q, k, vt, o, lse, q_descale, k_descale, v_descale })
             }
         }
 
@@ -598,17 +713,22 @@ mod launch {
         /// aligned), valid until the kernel finishes on `stream`.
         pub unsafe fn launch_prepass_raw(&self, stream: &Arc<CudaStream>, args: &Fp8WgmmaArgs, v: u64, vt: u64) -> Result<()> {
             args.validate(&self.config)?;
-            if vt % 16 != 0 || vt == 0 || (v == 0 && args.kv_len > 0) {
-                return Err(NativeError::InvalidArgs(format!("vt pointer {vt:#x} must be non-null and 16-byte aligned")));
+            if !vt.is_multiple_of(16) || vt == 0 || !v.is_multiple_of(16) || (v == 0 && args.kv_len > 0) {
+                return Err(NativeError::InvalidArgs(format!(
+                    "v {v:#x} / vt {vt:#x} pointers must be 16-byte aligned (vt non-null)"
+                )));
             }
-            let d = self.config.head_dim as u64;
-            let total = (args.batch * args.kv_heads) as u64 * d * (args.kv_pad() as u64 / 16);
-            let blocks = total.div_ceil(256);
-            if blocks > i32::MAX as u64 {
-                return Err(NativeError::InvalidArgs(format!("prepass grid of {blocks} blocks")));
+            // One CTA per 64 keys of a (batch, kv head); kv_pad is a multiple of 64.
+            let tiles = args.kv_pad() / 64;
+            if tiles > i32::MAX as usize {
+                return Err(NativeError::InvalidArgs(format!("prepass grid of {tiles} key tiles")));
             }
             let params = args.vt_params(v, vt);
-            let cfg = LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+            let cfg = LaunchConfig {
+                grid_dim: (tiles as u32, args.kv_heads as u32, args.batch as u32),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
             let mut b = stream.launch_builder(&self.prepass);
             b.arg(&params);
             // SAFETY: parameter struct matches the kernel; memory per contract.
@@ -619,21 +739,14 @@ mod launch {
         /// The attention kernel alone, reading the Vᵀ that a prepass wrote.
         ///
         /// # Safety
-        /// Every pointer must address at least [`Fp8WgmmaArgs::required_lens`] elements (Q, K
-        /// at `q` / `k`, 16-byte aligned), `vt` written by the prepass for the same V shape,
-        /// descales positive and finite, all valid until the kernel finishes on `stream`.
-        pub unsafe fn launch_attention_raw(
-            &self,
-            stream: &Arc<CudaStream>,
-            args: &Fp8WgmmaArgs,
-            ptrs: &Fp8Ptrs,
-            q: u64,
-            k: u64,
-        ) -> Result<()> {
+        /// Every pointer must address at least [`Fp8WgmmaArgs::required_lens`] elements, `vt`
+        /// written by the prepass for the same V shape, descales positive and finite, all valid
+        /// until the kernel finishes on `stream`.
+        pub unsafe fn launch_attention_raw(&self, stream: &Arc<CudaStream>, args: &Fp8WgmmaArgs, ptrs: &Fp8Ptrs) -> Result<()> {
             args.validate(&self.config)?;
             for (name, p, align) in [
-                ("q", q, 16),
-                ("k", k, 16),
+                ("q", ptrs.q, 16),
+                ("k", ptrs.k, 16),
                 ("vt", ptrs.vt, 16),
                 ("o", ptrs.o, 16),
                 ("lse", ptrs.lse, 4),
@@ -645,10 +758,10 @@ mod launch {
                     return Err(NativeError::InvalidArgs(format!("{name} pointer {p:#x} is null or not {align}-byte aligned")));
                 }
             }
-            let (grid, block, smem) = self.config.launch_shape(args)?;
+            let shape = self.config.launch_shape(args)?;
             let params = args.params(ptrs);
-            let maps = self.maps.maps(&self.config.tma_specs(args, q, k, ptrs.vt)?)?;
-            let cfg = LaunchConfig { grid_dim: grid, block_dim: block, shared_mem_bytes: smem };
+            let maps = self.maps.maps(&self.config.tma_specs(args, ptrs.q, ptrs.k, ptrs.vt)?)?;
+            let cfg = LaunchConfig { grid_dim: shape.grid, block_dim: shape.block, shared_mem_bytes: shape.smem_bytes };
             let mut b = stream.launch_builder(&self.function);
             b.arg(&params);
             b.arg(&maps);
@@ -666,16 +779,16 @@ mod tests {
     #[test]
     fn names_defines_smem_and_targets() {
         let c = Fp8WgmmaConfig::new(128, Fp8Out::F16).unwrap();
-        assert_eq!(c.name(), "fwd_fp8_wgmma_e4m3_f16_d128_tma2");
-        assert_eq!(c.smem_bytes().unwrap(), 128 * 128 + 2 * 2 * 128 * 128 + 8 * 9 + 1024);
+        assert_eq!(c.name(), "fwd_fp8_wgmma_e4m3_f16_d128_n192_tma2");
+        assert_eq!(c.smem_bytes().unwrap(), 128 * 128 + 2 * 2 * 192 * 128 + 8 * 9 + 1024);
         let d = c.defines().unwrap();
         assert!(d.contains(&("OUT_BF16".into(), "0".into())) && d.contains(&("RESCALE_LOG2".into(), "0".into())));
         let b = Fp8WgmmaConfig::new(64, Fp8Out::Bf16).unwrap();
-        assert_eq!(b.name(), "fwd_fp8_wgmma_e4m3_bf16_d64_tma2");
+        assert_eq!(b.name(), "fwd_fp8_wgmma_e4m3_bf16_d64_n192_tma2");
         assert_eq!(
             b.expected_instructions(),
             vec![
-                "QGMMA.64x128x32.F32.E4M3.E4M3".to_string(),
+                "QGMMA.64x192x32.F32.E4M3.E4M3".to_string(),
                 "QGMMA.64x64x32.F32.E4M3.E4M3".into(),
                 "UTMALDG.4D".into(),
                 "USETMAXREG.DEALLOC.CTAPOOL".into()
@@ -683,6 +796,14 @@ mod tests {
         );
         assert!(Fp8WgmmaConfig { rescale_log2: 9, ..c }.validate().is_err());
         assert!(Fp8WgmmaConfig { stages: 5, ..c }.validate().is_err());
+        assert!(Fp8WgmmaConfig { block_n: 256, ..c }.validate().is_err());
+        let n192 = Fp8WgmmaConfig { block_n: 192, stages: 3, ..c };
+        assert_eq!(Fp8WgmmaConfig { block_n: 128, ..c }.name(), "fwd_fp8_wgmma_e4m3_f16_d128_n128_tma2");
+        assert_eq!(n192.smem_bytes().unwrap(), 128 * 128 + 3 * 2 * 192 * 128 + 8 * 13 + 1024);
+        assert_eq!(
+            n192.expected_instructions()[..2],
+            ["QGMMA.64x192x32.F32.E4M3.E4M3".to_string(), "QGMMA.64x128x32.F32.E4M3.E4M3".into()]
+        );
         assert!(matches!(Fp8WgmmaConfig::new(96, Fp8Out::F16), Err(NativeError::UnsupportedHeadDim { .. })));
         assert!(matches!(c.request(Arch::Sm90), Err(NativeError::UnsupportedConfig { .. })));
         assert_eq!(Fp8WgmmaConfig::target_for((9, 0)), Some(Arch::Sm90a));
@@ -694,6 +815,7 @@ mod tests {
         names.dedup();
         assert_eq!(names.len(), n);
         assert!(names.contains(&"fwd_fp8_wgmma_vt_d64".to_string()));
+        assert!(names.contains(&"fwd_fp8_wgmma_e4m3_f16_d64_n192_tma3_r8".to_string()));
     }
 
     #[test]
@@ -718,7 +840,7 @@ mod tests {
     fn params_layout_and_args() {
         assert_eq!(std::mem::size_of::<Fp8WgmmaParams>(), 8 * 8 + 8 * 4);
         assert_eq!(std::mem::size_of::<Fp8VtParams>(), 5 * 8 + 4 * 4);
-        let c = Fp8WgmmaConfig::new(128, Fp8Out::F16).unwrap();
+        let c = Fp8WgmmaConfig { block_n: 128, ..Fp8WgmmaConfig::new(128, Fp8Out::F16).unwrap() };
         let a = Fp8WgmmaArgs {
             batch: 2, q_heads: 8, kv_heads: 2, q_len: 1000, kv_len: 777,
             q: Strides::bhsd(8, 1000, 128), k: Strides::bshd(2, 777, 128), v: Strides::bhsd(2, 777, 128),
@@ -737,7 +859,7 @@ mod tests {
         let mut bad = a;
         bad.q.seq = 136;
         assert!(bad.validate(&c).is_err());
-        let c64 = Fp8WgmmaConfig::new(64, Fp8Out::F16).unwrap();
+        let c64 = Fp8WgmmaConfig { block_n: 128, ..Fp8WgmmaConfig::new(64, Fp8Out::F16).unwrap() };
         let a64 = Fp8WgmmaArgs {
             q: Strides::bhsd(8, 1000, 64), k: Strides::bhsd(2, 777, 64), v: Strides::bhsd(2, 777, 64),
             o: Strides::bhsd(8, 1000, 64), ..a
@@ -745,5 +867,8 @@ mod tests {
         let [q, _, vt] = c64.tma_specs(&a64, 0x1000, 0x2000, 0x3000).unwrap();
         assert_eq!((q.box_dims, q.swizzle_bytes), ([64, 128, 1, 1], 64));
         assert_eq!((vt.box_dims, vt.swizzle_bytes), ([128, 64, 1, 1], 128));
+        // 192-key tiles: K boxes of 192 rows, Vᵀ in 64-key blocks with the 64B swizzle.
+        let [_, k, vt] = Fp8WgmmaConfig { block_n: 192, ..c64 }.tma_specs(&a64, 0x1000, 0x2000, 0x3000).unwrap();
+        assert_eq!((k.box_dims, vt.box_dims, vt.swizzle_bytes), ([64, 192, 1, 1], [64, 64, 1, 1], 64));
     }
 }
