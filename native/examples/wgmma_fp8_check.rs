@@ -6,6 +6,8 @@
 //! cargo run --release -p quattn-native --example wgmma_fp8_check               # check + bench
 //! cargo run --release -p quattn-native --example wgmma_fp8_check -- --check-only
 //! cargo run --release -p quattn-native --example wgmma_fp8_check -- --bench-only
+//! cargo run --release -p quattn-native --example wgmma_fp8_check -- --cpu-selftest  # no GPU:
+//!                                                  # the emulation against the f64 reference
 //! ```
 //!
 //! # Check
@@ -13,10 +15,12 @@
 //! host to E4M3 (round to nearest even, saturating) with descale `amax / 448` per tensor or per
 //! (batch, head). Cases: non-causal, causal, GQA 8/2 with bshd strides, ragged q_len 1 / 17 / 127
 //! / 300 with kv_len != q_len (kv_len < q_len under the causal mask: rows that see no key), and
-//! two stale-max cases: a key in the tile processed last (keys 0..127; the kernel walks tiles
-//! from the end) that gives row 0 a score far above everything before it (the max grows late),
+//! two stale-max cases: a key in the tile processed last (the first BLOCK_N keys; the kernel
+//! walks tiles from the end) that gives row 0 a score far above everything before it (the max grows late),
 //! and one in the tile processed first that gives row 1 its max at once (the max only shrinks
-//! relative to it afterwards). O (f16 / bf16) and LSE are poisoned with NaN before each launch.
+//! relative to it afterwards). O (f16 / bf16), LSE and the Vᵀ scratch are poisoned with NaN
+//! before each launch; the prepass's Vᵀ is read back and compared byte for byte with the
+//! permutation of `vt_key_of_column`.
 //!
 //! Two exact-S cases use Q and K codes in {-2, -1.5, .., 2}: every partial sum of Q·Kᵀ is then a
 //! multiple of 1/4 below 2^10, exact in any accumulator. The long case (table variants only):
