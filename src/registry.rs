@@ -144,6 +144,8 @@ fn native_kind(k: &quattn_native::NativeKernelId) -> NativeKind {
         N::Int8Wgmma(_) => NativeKind::Int8Wgmma,
         N::Int8Umma(_) => NativeKind::Int8Umma,
         N::Int8Prepass(_) | N::Int8PrepassPass(_) => NativeKind::Int8Imma,
+        // No row of the CUDA table chooses the FP8 wgmma family: it has no kind of its own.
+        N::Fp8Wgmma(_) => NativeKind::Wgmma,
     }
 }
 

@@ -38,6 +38,7 @@ pub mod tma;
 pub mod tools;
 pub mod wgmma;
 pub mod wgmma_int8;
+pub mod wgmma_fp8;
 
 pub use arch::Arch;
 pub use cache::{default_cache_dir, CacheKey, CompileRequest, CompiledKernel, KernelCache, Origin};

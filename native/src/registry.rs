@@ -16,6 +16,7 @@ use crate::int8_umma::Int8UmmaConfig;
 use crate::report::KernelVariant;
 use crate::wgmma::WgmmaConfig;
 use crate::wgmma_int8::Int8WgmmaConfig;
+use crate::wgmma_fp8::{Fp8WgmmaConfig, Fp8WgmmaUnit};
 
 /// One native kernel: its family and resolved config.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
@@ -30,6 +31,9 @@ pub enum NativeKernelId {
     Int8Wgmma(Int8WgmmaConfig),
     /// INT8 Q·Kᵀ on tcgen05 UMMA (sm_100a; compiled and SASS-checked, not run on hardware).
     Int8Umma(Int8UmmaConfig),
+    /// FP8 (E4M3) Q·Kᵀ and P·V on e4m3 wgmma (sm_90a): an attention variant (it loads with its
+    /// Vᵀ prepass) or, as compiled, the prepass of a head dim.
+    Fp8Wgmma(Fp8WgmmaUnit),
     /// The INT8 quantization prepass of the INT8 families (its three passes load together).
     Int8Prepass(Int8PrepassConfig),
     /// One pass of the prepass, as compiled (the report's and the compile tests' unit).
@@ -46,6 +50,7 @@ impl NativeKernelId {
         v.extend(Int8UmmaConfig::all().into_iter().map(NativeKernelId::Int8Umma));
         v.extend(WgmmaConfig::all().into_iter().map(NativeKernelId::Wgmma));
         v.extend(Int8WgmmaConfig::all().into_iter().map(NativeKernelId::Int8Wgmma));
+        v.extend(Fp8WgmmaUnit::all().into_iter().map(NativeKernelId::Fp8Wgmma));
         v
     }
 
@@ -62,6 +67,7 @@ impl NativeKernelId {
             NativeKernelId::Int8Imma(_) => "fwd_int8",
             NativeKernelId::Int8Wgmma(_) => "fwd_wgmma_int8",
             NativeKernelId::Int8Umma(_) => "fwd_int8_umma",
+            NativeKernelId::Fp8Wgmma(_) => "fwd_fp8_wgmma",
             NativeKernelId::Int8Prepass(_) | NativeKernelId::Int8PrepassPass(_) => "int8_prepass",
         }
     }
@@ -74,6 +80,7 @@ impl NativeKernelId {
             NativeKernelId::Int8Imma(_) => Int8Config::TARGETS,
             NativeKernelId::Int8Wgmma(_) => Int8WgmmaConfig::TARGETS,
             NativeKernelId::Int8Umma(_) => Int8UmmaConfig::TARGETS,
+            NativeKernelId::Fp8Wgmma(_) => Fp8WgmmaConfig::TARGETS,
             NativeKernelId::Int8Prepass(_) | NativeKernelId::Int8PrepassPass(_) => Int8PrepassConfig::TARGETS,
         }
     }
@@ -86,6 +93,7 @@ impl NativeKernelId {
             NativeKernelId::Int8Imma(_) => Int8Config::target_for(cc),
             NativeKernelId::Int8Wgmma(_) => Int8WgmmaConfig::target_for(cc),
             NativeKernelId::Int8Umma(_) => Int8UmmaConfig::target_for(cc),
+            NativeKernelId::Fp8Wgmma(_) => Fp8WgmmaConfig::target_for(cc),
             NativeKernelId::Int8Prepass(_) | NativeKernelId::Int8PrepassPass(_) => Int8PrepassConfig::target_for(cc),
         }
     }
@@ -99,6 +107,7 @@ impl NativeKernelId {
             NativeKernelId::Int8Imma(c) => Box::new(c),
             NativeKernelId::Int8Wgmma(c) => Box::new(c),
             NativeKernelId::Int8Umma(c) => Box::new(c),
+            NativeKernelId::Fp8Wgmma(u) => Box::new(u),
             NativeKernelId::Int8Prepass(config) => Box::new(PrepassVariant { config, pass: PrepassPass::Quantize }),
             NativeKernelId::Int8PrepassPass(c) => Box::new(c),
         }
@@ -138,6 +147,7 @@ mod store {
 
     use super::NativeKernelId;
     use crate::error::{NativeError, Result};
+    use crate::wgmma_fp8::{Fp8WgmmaKernel, Fp8WgmmaUnit};
     use crate::{HmmaKernel, Int8Kernel, Int8Prepass, Int8UmmaKernel, Int8WgmmaKernel, WgmmaKernel};
 
     /// A loaded kernel of any family.
@@ -148,6 +158,7 @@ mod store {
         Int8Imma(Int8Kernel),
         Int8Wgmma(Int8WgmmaKernel),
         Int8Umma(Int8UmmaKernel),
+        Fp8Wgmma(Fp8WgmmaKernel),
         Int8Prepass(Int8Prepass),
     }
 
@@ -180,6 +191,13 @@ mod store {
                 NativeKernelId::Int8Imma(c) => Loaded::Int8Imma(Int8Kernel::load(ctx, c)?),
                 NativeKernelId::Int8Wgmma(c) => Loaded::Int8Wgmma(Int8WgmmaKernel::load(ctx, c)?),
                 NativeKernelId::Int8Umma(c) => Loaded::Int8Umma(Int8UmmaKernel::load(ctx, c)?),
+                NativeKernelId::Fp8Wgmma(Fp8WgmmaUnit::Attention(c)) => Loaded::Fp8Wgmma(Fp8WgmmaKernel::load(ctx, c)?),
+                NativeKernelId::Fp8Wgmma(u @ Fp8WgmmaUnit::VTranspose { .. }) => {
+                    return Err(NativeError::InvalidArgs(format!(
+                        "{} is the Vᵀ prepass; it loads with an attention variant",
+                        crate::report::KernelVariant::name(&u)
+                    )))
+                }
                 NativeKernelId::Int8Prepass(c) => Loaded::Int8Prepass(Int8Prepass::load(ctx, c)?),
                 NativeKernelId::Int8PrepassPass(v) => {
                     return Err(NativeError::InvalidArgs(format!(
@@ -219,7 +237,7 @@ mod tests {
     #[test]
     fn every_family_is_in_the_registry() {
         let all = NativeKernelId::all();
-        for family in ["fwd_hmma", "fwd_wgmma", "fwd_int8", "fwd_wgmma_int8", "fwd_int8_umma", "int8_prepass"] {
+        for family in ["fwd_hmma", "fwd_wgmma", "fwd_int8", "fwd_wgmma_int8", "fwd_int8_umma", "int8_prepass", "fwd_fp8_wgmma"] {
             assert!(all.iter().any(|k| k.family() == family), "{family} missing");
         }
     }

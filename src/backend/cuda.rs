@@ -319,6 +319,8 @@ impl CudaBackend {
                 .map_err(failed)?;
             }
             Loaded::Int8Prepass(_) => return Err(super::foreign(plan)),
+            // No row of the CUDA table plans the FP8 wgmma family.
+            Loaded::Fp8Wgmma(_) => return Err(super::foreign(plan)),
         }
         match (start, end) {
             (Some(start), Some(end)) => {

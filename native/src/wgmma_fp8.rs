@@ -1,0 +1,874 @@
+//! The FP8 wgmma forward family (`cuda/fwd_wgmma_fp8.cu`): FlashAttention-3-FP8-style attention
+//! on Hopper with Q·Kᵀ and P·V both on E4M3 warpgroup MMAs (`wgmma.mma_async ...
+//! k32.f32.e4m3.e4m3`), f32 accumulation, f32 online softmax, P rounded to E4M3 in registers and
+//! fed to P·V as its register A operand. sm_90a only. Same CTA as the TMA kernels of
+//! [`crate::wgmma`] / [`crate::wgmma_int8`]: a TMA producer warpgroup, two ping-ponging consumer
+//! warpgroups of 64 query rows, 128 keys per KV tile, `stages` K/V stages.
+//!
+//! # Host contract
+//! * Q `[b, q_heads, q_len, d]`, K and V `[b, kv_heads, kv_len, d]`: E4M3 codes (`u8`), strides
+//!   in bytes, `d` 64
+//!   or 128. Value `x = decode(code) * descale`. Q, K and V strides are multiples of 16 bytes,
+//!   their addresses 16-byte aligned (TMA reads Q and K, the prepass V in 16-byte pieces).
+//! * Descales (f32, positive, finite) per [`Fp8Descale`]: one per tensor (`[1]` each), or one
+//!   per (batch, head) (`q_descale [b * q_heads]`, `k_descale` / `v_descale [b * kv_heads]`).
+//! * FP8 wgmma reads only K-major operands, so V reaches the attention kernel as Vᵀ: the
+//!   prepass ([`Fp8WgmmaKernel::launch_prepass`]) writes `vt [b, kv_heads, d, kv_pad]` codes,
+//!   `kv_pad = `[`Fp8WgmmaArgs::kv_pad`] (kv_len rounded up to 128), keys permuted inside each
+//!   group of 32 so that the S accumulator registers are P's A fragment as they are (the kernel
+//!   header derives the permutation), zeros past kv_len. It runs on the same stream; a caller
+//!   that reuses V (a KV cache) may keep `vt` and skip it.
+//! * O `[b, q_heads, q_len, d]` (any strides, multiples of 8 elements) in f16 or bf16
+//!   ([`Fp8Out`]); LSE `[b, q_heads, q_len]` f32, natural log, `-inf` for rows that see no key.
+//! * Softmax scale > 0; bottom-right causal mask; GQA (`q_heads % kv_heads == 0`).
+//!
+//! # Numerics
+//! `s` = f32 dot product of the codes, `c = scale · log2 e · q_descale · k_descale`, online
+//! softmax with the running max `m` (raw units), `p = exp2(s c − m c)`, P stored as
+//! `e4m3(448 · 2^−r · p)` with `r = rescale_log2`: the max moves once some row of a warp grew by
+//! more than `r` (log2 units), so a stale max leaves `p ≤ 2^r` and P ≤ 448. The table variants
+//! have `r = 0` (the max moves whenever it grows, `P = e4m3(448 p)`, `p ≤ 1`: the quantization
+//! of quattn's FP8 emulation with `PvFormat::Fp8`). `l` sums the unrounded values, O = acc ·
+//! v_descale / l, LSE = (m c + log2 l − log2(448 · 2^−r)) ln 2.
+//!
+//! The E4M3 wgmma adds its products into the f32 accumulator with a significand of about 13
+//! bits, not 24 (measured on the H100: scores differ from their exact f32 sums by ~1e-3
+//! relative, O of a 16k-key row is ~7e-4 low; with Q·Kᵀ partial sums that are exact in 12 bits
+//! the kernel matches an emulation of its arithmetic to 3e-4 relative L2 and 3e-6 in LSE). So
+//! LSE is off by up to ~1e-3 of the largest score (log2 units) and O by a few 1e-3 relative on
+//! top of P's E4M3 rounding (~1% relative L2 against f64 attention on the dequantized inputs).
+//!
+//! # Run on the H100
+//! `examples/wgmma_fp8_check.rs` passes on every variant (f64 reference, emulation on exact-S
+//! inputs, Vᵀ prepass read back, stale-max cases, GQA, causal, ragged, bshd, 16k keys) and
+//! times it against the f16 wgmma family: the table tiles ([`FP8_TILES`]) run at 1.16-1.54x its
+//! TFLOP/s at hd 128 (median of the two runs 1.36x) and 1.03-1.29x at hd 64.
+
+use crate::arch::Arch;
+use crate::cache::{CompileRequest, KernelSource};
+use crate::error::{NativeError, Result};
+use crate::hmma::{HmmaArgs, Strides};
+use crate::report::KernelVariant;
+use crate::tma::{RowsTensor, TmaSpec, WS_CONSUMER_REGS, WS_PRODUCER_REGS};
+
+/// Prefix of every variant name (and the family name of the registry). Not `fwd_wgmma_...`:
+/// the f16 family's tests select their variants by that prefix.
+const KERNEL: &str = "fwd_fp8_wgmma";
+
+/// The attention kernel's source (entry `fwd_wgmma_fp8`).
+pub static FWD_WGMMA_FP8: KernelSource =
+    KernelSource { file: "fwd_wgmma_fp8.cu", entry: "fwd_wgmma_fp8", text: include_str!("../cuda/fwd_wgmma_fp8.cu") };
+/// The Vᵀ prepass: the same file compiled with `VT_PREPASS=1` (entry `fp8_vt_prepass`).
+pub static FP8_VT_PREPASS: KernelSource =
+    KernelSource { file: "fwd_wgmma_fp8.cu", entry: "fp8_vt_prepass", text: include_str!("../cuda/fwd_wgmma_fp8.cu") };
+
+/// Query rows per CTA (2 consumer warpgroups x 64).
+pub const FP8_BLOCK_M: u32 = 128;
+/// Vᵀ rows are padded to a multiple of this many keys (the KV tile of 128 keys; the 192-key tile
+/// reads past the padding as TMA zeros).
+pub const FP8_KV_PAD: u32 = 128;
+
+/// O's element type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+pub enum Fp8Out {
+    F16,
+    Bf16,
+}
+
+impl Fp8Out {
+    pub fn tag(&self) -> &'static str {
+        match self {
+            Fp8Out::F16 => "f16",
+            Fp8Out::Bf16 => "bf16",
+        }
+    }
+}
+
+/// Granularity of the Q, K, V descales (quattn-core's `DescaleGranularity::PerTensor` /
+/// `PerHead`; per-block descales are not supported by this family).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+pub enum Fp8Descale {
+    /// One f32 per tensor.
+    PerTensor,
+    /// One f32 per (batch, head): Q per Q head, K and V per KV head.
+    PerHead,
+}
+
+/// `(head dim, keys per KV tile, stages)` of the table variants, measured on one H100 80GB HBM3
+/// with `examples/wgmma_fp8_check.rs`: TFLOP/s of the attention kernel alone (median of 20),
+/// (seq, batch, heads) = (4k, 16, 16) / (8k, 8, 16) / (16k, 4, 16), non-causal and causal, two
+/// runs of the same binary on two machines (run-to-run spread up to ~10%); the f16 wgmma table
+/// kernel in the same processes for reference.
+///
+/// | hd 128 (keys, stages)  | 4k nc / c             | 8k nc / c             | 16k nc / c            |
+/// |------------------------|-----------------------|-----------------------|-----------------------|
+/// | 128, 2                 | 701-811 / 614-705     | 850-871 / 747-750     | 752-895 / 839-876     |
+/// | 128, 3                 | 811-822 / 687-727     | 727-838 / 779-810     | 773-793 / 813-814     |
+/// | **192, 2**             | **776-860 / 721-767** | **863-946 / 697-805** | **864-976 / 875-901** |
+/// | 192, 3                 | 730-731 / 713-768     | 875-892 / 804-855     | 869-886 / 873         |
+/// | 192, 2, exp2_poly 4    | 765 / 651             | 796 / 715             | 780 / 787             |
+/// | f16 wgmma              | 630-670 / 592-603     | 617-635 / 569-580     | 635-636 / 595-597     |
+///
+/// | hd 64 (one run)        | 4k nc / c             | 8k nc / c             | 16k nc / c            |
+/// |------------------------|-----------------------|-----------------------|-----------------------|
+/// | 128, 2                 | 420 / 377             | 449 / 402             | 461 / 429             |
+/// | **192, 2**             | **497 / 418**         | **557 / 493**         | **588 / 551**         |
+/// | f16 wgmma              | 454 / 405             | 455 / 395             | 457 / 432             |
+///
+/// 192 keys with 2 stages is the best or within the spread of the best everywhere; the stale-max
+/// threshold 8 (`rescale_log2`) is within the spread too, and moving exp2 onto the FMA pipes
+/// (`exp2_poly`) is slower: the softmax is not limited by the MUFU unit.
+pub const FP8_TILES: [(u32, u32, u32); 2] = [(64, 192, 2), (128, 192, 2)];
+
+/// One compiled attention variant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+pub struct Fp8WgmmaConfig {
+    pub head_dim: u32,
+    pub out: Fp8Out,
+    /// Keys per KV tile: 128 or 192.
+    pub block_n: u32,
+    /// K/V TMA stages (2 to 4).
+    pub stages: u32,
+    /// The stale-max threshold `r` in log2 units (0 to 8); P is stored as `e4m3(448 · 2^−r · p)`.
+    pub rescale_log2: u32,
+    /// 0: every exp2 on the MUFU unit; k (2 to 8): every k-th score of the unmasked tiles by a
+    /// polynomial on the FMA pipes (as accurate as `ex2.approx`).
+    pub exp2_poly: u32,
+}
+
+/// Grid, block and dynamic shared memory of one attention launch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fp8LaunchShape {
+    pub grid: (u32, u32, u32),
+    pub block: (u32, u32, u32),
+    pub smem_bytes: u32,
+}
+
+/// A compiled unit of the family: an attention variant or the Vᵀ prepass of a head dim (the
+/// registry's and the compile report's unit).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+pub enum Fp8WgmmaUnit {
+    Attention(Fp8WgmmaConfig),
+    VTranspose { head_dim: u32 },
+}
+
+impl Fp8WgmmaConfig {
+    pub const HEAD_DIMS: &'static [usize] = &[64, 128];
+    /// wgmma exists only on the `a` target of compute capability 9.0.
+    pub const TARGETS: &'static [Arch] = &[Arch::Sm90a];
+
+    /// Validated constructor: the table variant of the head dim ([`FP8_TILES`], `rescale_log2`
+    /// 0: the max moves whenever it grows, the facade emulation's quantization of P).
+    pub fn new(head_dim: usize, out: Fp8Out) -> Result<Self> {
+        let Some(&(_, block_n, stages)) = FP8_TILES.iter().find(|(d, _, _)| *d as usize == head_dim) else {
+            return Err(NativeError::UnsupportedHeadDim { kernel: KERNEL, head_dim, supported: Self::HEAD_DIMS });
+        };
+        let c = Fp8WgmmaConfig { head_dim: head_dim as u32, out, block_n, stages, rescale_log2: 0, exp2_poly: 0 };
+        c.validate()?;
+        Ok(c)
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        if !Self::HEAD_DIMS.contains(&(self.head_dim as usize)) {
+            return Err(NativeError::UnsupportedHeadDim {
+                kernel: KERNEL,
+                head_dim: self.head_dim as usize,
+                supported: Self::HEAD_DIMS,
+            });
+        }
+        if !(self.block_n == 128 || self.block_n == 192) {
+            return Err(NativeError::UnsupportedConfig { kernel: KERNEL, reason: format!("BLOCK_N {} (128 or 192)", self.block_n) });
+        }
+        if !(2..=4).contains(&self.stages) {
+            return Err(NativeError::UnsupportedConfig { kernel: KERNEL, reason: format!("{} stages (2 to 4)", self.stages) });
+        }
+        if self.smem_bytes_unchecked() > 227 * 1024 {
+            return Err(NativeError::UnsupportedConfig {
+                kernel: KERNEL,
+                reason: format!("{} bytes of shared memory", self.smem_bytes_unchecked()),
+            });
+        }
+        if !(self.exp2_poly == 0 || (2..=8).contains(&self.exp2_poly)) {
+            return Err(NativeError::UnsupportedConfig { kernel: KERNEL, reason: format!("exp2_poly {} (0 or 2 to 8)", self.exp2_poly) });
+        }
+        if self.rescale_log2 > 8 {
+            return Err(NativeError::UnsupportedConfig {
+                kernel: KERNEL,
+                reason: format!("rescale_log2 {} would let a stale max push P past 448 (0 to 8)", self.rescale_log2),
+            });
+        }
+        Ok(())
+    }
+
+    /// Every attention variant the report and tests compile: head dim x O type with the table
+    /// tile, and at f16 the other tiles (128 / 192 keys, 2 / 3 stages), the stale-max threshold 8
+    /// and (hd 128) polynomial exp2 on every 4th score, kept compiled for sweeps on the H100.
+    pub fn all() -> Vec<Fp8WgmmaConfig> {
+        let mut v = Vec::new();
+        for head_dim in [64, 128] {
+            for out in [Fp8Out::F16, Fp8Out::Bf16] {
+                v.extend(Fp8WgmmaConfig::new(head_dim, out));
+            }
+            let Ok(base) = Fp8WgmmaConfig::new(head_dim, Fp8Out::F16) else { continue };
+            for block_n in [128, 192] {
+                for stages in [2, 3] {
+                    for rescale_log2 in [0, 8] {
+                        let c = Fp8WgmmaConfig { block_n, stages, rescale_log2, ..base };
+                        if c != base {
+                            v.push(c);
+                        }
+                    }
+                }
+            }
+            if head_dim == 128 {
+                v.push(Fp8WgmmaConfig { exp2_poly: 4, ..base });
+            }
+        }
+        v
+    }
+
+    /// `fwd_fp8_wgmma_e4m3_f16_d128_n128_tma2`, `_r8` for a stale-max threshold, `_p4` for
+    /// polynomial exp2 on every 4th score.
+    pub fn name(&self) -> String {
+        let r = if self.rescale_log2 == 0 { String::new() } else { format!("_r{}", self.rescale_log2) };
+        let p = if self.exp2_poly == 0 { String::new() } else { format!("_p{}", self.exp2_poly) };
+        format!("{KERNEL}_e4m3_{}_d{}_n{}_tma{}{r}{p}", self.out.tag(), self.head_dim, self.block_n, self.stages)
+    }
+
+    pub fn defines(&self) -> Result<Vec<(String, String)>> {
+        self.validate()?;
+        let d = |k: &str, v: u32| (k.to_string(), v.to_string());
+        Ok(vec![
+            d("HEAD_DIM", self.head_dim),
+            d("OUT_BF16", (self.out == Fp8Out::Bf16) as u32),
+            d("BLOCK_N", self.block_n),
+            d("KV_STAGES", self.stages),
+            d("PRODUCER_REGS", WS_PRODUCER_REGS),
+            d("CONSUMER_REGS", WS_CONSUMER_REGS),
+            d("RESCALE_LOG2", self.rescale_log2),
+            d("EXP2_POLY", self.exp2_poly),
+        ])
+    }
+
+    pub fn request(&self, arch: Arch) -> Result<CompileRequest<'static>> {
+        check_target(arch)?;
+        Ok(CompileRequest { kernel: self.name(), source: &FWD_WGMMA_FP8, arch, defines: self.defines()? })
+    }
+
+    /// The prepass compile request for this head dim.
+    pub fn prepass_request(&self, arch: Arch) -> Result<CompileRequest<'static>> {
+        Fp8WgmmaUnit::VTranspose { head_dim: self.head_dim }.request(arch)
+    }
+
+    /// Dynamic shared memory, mirror of `ws::SMEM_BYTES`: Q, the K and Vᵀ stages (one byte per
+    /// element), the mbarriers (one for Q, four per stage) and 1024 bytes of alignment slack.
+    pub fn smem_bytes(&self) -> Result<u32> {
+        self.validate()?;
+        Ok(self.smem_bytes_unchecked())
+    }
+
+    fn smem_bytes_unchecked(&self) -> u32 {
+        let d = self.head_dim;
+        FP8_BLOCK_M * d + self.stages * 2 * self.block_n * d + 8 * (1 + 4 * self.stages) + 1024
+    }
+
+    /// Keys per Vᵀ column block (its swizzle span in bytes): 128 at BLOCK_N 128, else 64.
+    pub fn vt_block(&self) -> u32 {
+        if self.block_n == 128 { 128 } else { 64 }
+    }
+
+    /// SASS opcodes that must appear (nvdisasm 13.x spells the 8-bit float wgmma `QGMMA`): the
+    /// E4M3 wgmma of Q·Kᵀ (m64n{block_n}k32) and of P·V (m64n{hd}k32), the TMA loads and the
+    /// producer's register release.
+    pub fn expected_instructions(&self) -> Vec<String> {
+        let mut v = vec![
+            format!("QGMMA.64x{}x32.F32.E4M3.E4M3", self.block_n),
+            format!("QGMMA.64x{}x32.F32.E4M3.E4M3", self.head_dim),
+            "UTMALDG.4D".into(),
+            "USETMAXREG.DEALLOC.CTAPOOL".into(),
+        ];
+        v.dedup();
+        v
+    }
+
+    /// [`Arch::Sm90a`] for compute capability 9.0, else `None`.
+    pub fn target_for(cc: (u32, u32)) -> Option<Arch> {
+        Arch::for_compute_capability(cc.0, cc.1).into_iter().find(|a| Self::TARGETS.contains(a))
+    }
+
+    /// Grid `(ceil(q_len / 128), q_heads, batch)`, 384 threads.
+    pub fn launch_shape(&self, args: &Fp8WgmmaArgs) -> Result<Fp8LaunchShape> {
+        let m_blocks = args.q_len.div_ceil(FP8_BLOCK_M as usize);
+        Ok(Fp8LaunchShape {
+            grid: (m_blocks as u32, args.q_heads as u32, args.batch as u32),
+            block: (384, 1, 1),
+            smem_bytes: self.smem_bytes()?,
+        })
+    }
+
+    /// The three tensor maps: Q boxes of 128 rows and K boxes of `block_n` rows, hd bytes wide
+    /// (128B swizzle at hd 128, 64B at hd 64), Vᵀ boxes of hd rows x [`Self::vt_block`] keys
+    /// (the swizzle of that span), all rank 4.
+    pub fn tma_specs(&self, args: &Fp8WgmmaArgs, q: u64, k: u64, vt: u64) -> Result<[TmaSpec; 3]> {
+        args.validate(self)?;
+        let d = self.head_dim as usize;
+        let swizzle = if d == 128 { 128 } else { 64 };
+        let t = |addr, heads, len, strides| RowsTensor { addr, elem_bytes: 1, head_dim: d, len, heads, batch: args.batch, strides };
+        let pad = args.kv_pad();
+        let vt_strides = Strides { seq: pad as i64, head: (d * pad) as i64, batch: (args.kv_heads * d * pad) as i64 };
+        Ok([
+            TmaSpec::rows("Q", t(q, args.q_heads, args.q_len, args.q), d as u32, FP8_BLOCK_M, swizzle)?,
+            TmaSpec::rows("K", t(k, args.kv_heads, args.kv_len.max(1), args.k), d as u32, self.block_n, swizzle)?,
+            TmaSpec::rows(
+                "Vt",
+                RowsTensor { addr: vt, elem_bytes: 1, head_dim: pad, len: d, heads: args.kv_heads, batch: args.batch, strides: vt_strides },
+                self.vt_block(),
+                d as u32,
+                self.vt_block(),
+            )?,
+        ])
+    }
+}
+
+fn check_target(arch: Arch) -> Result<()> {
+    if Fp8WgmmaConfig::TARGETS.contains(&arch) {
+        Ok(())
+    } else {
+        Err(NativeError::UnsupportedConfig { kernel: KERNEL, reason: format!("wgmma needs sm_90a, not {arch}") })
+    }
+}
+
+impl Fp8WgmmaUnit {
+    /// Every compiled unit: the attention variants, then the prepass per head dim.
+    pub fn all() -> Vec<Fp8WgmmaUnit> {
+        let mut v: Vec<Fp8WgmmaUnit> = Fp8WgmmaConfig::all().into_iter().map(Fp8WgmmaUnit::Attention).collect();
+        v.extend([64u32, 128].map(|head_dim| Fp8WgmmaUnit::VTranspose { head_dim }));
+        v
+    }
+}
+
+impl KernelVariant for Fp8WgmmaUnit {
+    fn name(&self) -> String {
+        match self {
+            Fp8WgmmaUnit::Attention(c) => c.name(),
+            Fp8WgmmaUnit::VTranspose { head_dim } => format!("{KERNEL}_vt_d{head_dim}"),
+        }
+    }
+    fn request(&self, arch: Arch) -> Result<CompileRequest<'static>> {
+        match self {
+            Fp8WgmmaUnit::Attention(c) => c.request(arch),
+            Fp8WgmmaUnit::VTranspose { head_dim } => {
+                check_target(arch)?;
+                if !Fp8WgmmaConfig::HEAD_DIMS.contains(&(*head_dim as usize)) {
+                    return Err(NativeError::UnsupportedHeadDim {
+                        kernel: KERNEL,
+                        head_dim: *head_dim as usize,
+                        supported: Fp8WgmmaConfig::HEAD_DIMS,
+                    });
+                }
+                Ok(CompileRequest {
+                    kernel: self.name(),
+                    source: &FP8_VT_PREPASS,
+                    arch,
+                    defines: vec![("HEAD_DIM".into(), head_dim.to_string()), ("VT_PREPASS".into(), "1".into())],
+                })
+            }
+        }
+    }
+    fn expected_instructions(&self, _arch: Arch) -> Vec<String> {
+        match self {
+            Fp8WgmmaUnit::Attention(c) => c.expected_instructions(),
+            // One 16-byte store of 16 transposed codes per thread.
+            Fp8WgmmaUnit::VTranspose { .. } => vec!["STG.E.128".into()],
+        }
+    }
+    fn dynamic_smem_bytes(&self, _arch: Arch) -> u32 {
+        match self {
+            Fp8WgmmaUnit::Attention(c) => c.smem_bytes().unwrap_or(0),
+            Fp8WgmmaUnit::VTranspose { .. } => 0,
+        }
+    }
+}
+
+/// Shapes, strides (Q, K, V in bytes = codes; O in elements), softmax scale, mask and descale
+/// granularity of one launch.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Fp8WgmmaArgs {
+    pub batch: usize,
+    pub q_heads: usize,
+    /// `q_heads % kv_heads == 0`; query head `h` reads KV head `h / (q_heads / kv_heads)`.
+    pub kv_heads: usize,
+    pub q_len: usize,
+    pub kv_len: usize,
+    pub q: Strides,
+    pub k: Strides,
+    pub v: Strides,
+    pub o: Strides,
+    /// Softmax scale, > 0.
+    pub scale: f32,
+    /// Bottom-right aligned causal mask: query i sees key j iff j <= i + kv_len - q_len.
+    pub causal: bool,
+    pub descale: Fp8Descale,
+}
+
+/// Element counts every buffer must at least have.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fp8Lens {
+    pub q: usize,
+    pub k: usize,
+    pub v: usize,
+    pub vt: usize,
+    pub o: usize,
+    pub lse: usize,
+    pub q_descale: usize,
+    pub kv_descale: usize,
+}
+
+/// Mirror of `Fp8FwdParams` in `fwd_wgmma_fp8.cu`: same field order, C layout.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Fp8WgmmaParams {
+    pub o: u64,
+    pub lse: u64,
+    pub q_descale: u64,
+    pub k_descale: u64,
+    pub v_descale: u64,
+    pub o_batch_stride: i64,
+    pub o_head_stride: i64,
+    pub o_seq_stride: i64,
+    pub q_len: i32,
+    pub kv_len: i32,
+    pub q_heads: i32,
+    pub kv_heads: i32,
+    pub kv_group: i32,
+    pub causal: i32,
+    pub descale_per_head: i32,
+    pub scale_log2: f32,
+}
+
+/// Mirror of `Fp8VtParams` (the prepass).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Fp8VtParams {
+    pub v: u64,
+    pub vt: u64,
+    pub v_batch_stride: i64,
+    pub v_head_stride: i64,
+    pub v_seq_stride: i64,
+    pub kv_len: i32,
+    pub kv_pad: i32,
+    pub kv_heads: i32,
+    pub batch: i32,
+}
+
+/// Device addresses of one launch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fp8Ptrs {
+    pub q: u64,
+    pub k: u64,
+    pub vt: u64,
+    pub o: u64,
+    pub lse: u64,
+    pub q_descale: u64,
+    pub k_descale: u64,
+    pub v_descale: u64,
+}
+
+impl Fp8WgmmaArgs {
+    /// Keys per Vᵀ row: kv_len rounded up to 128 (at least 128).
+    pub fn kv_pad(&self) -> usize {
+        self.kv_len.max(1).div_ceil(FP8_KV_PAD as usize) * FP8_KV_PAD as usize
+    }
+
+    /// Validates everything that does not need device pointers.
+    pub fn validate(&self, config: &Fp8WgmmaConfig) -> Result<()> {
+        config.validate()?;
+        let bad = |m: String| Err(NativeError::InvalidArgs(m));
+        if self.batch == 0 || self.q_heads == 0 || self.kv_heads == 0 || self.q_len == 0 {
+            return bad(format!("empty problem: {self:?}"));
+        }
+        if !self.q_heads.is_multiple_of(self.kv_heads) {
+            return bad(format!("q_heads {} not a multiple of kv_heads {}", self.q_heads, self.kv_heads));
+        }
+        if self.q_len > i32::MAX as usize || self.kv_pad() > i32::MAX as usize {
+            return bad("sequence length exceeds i32".into());
+        }
+        if self.q_heads > 65535 || self.batch > 65535 {
+            return bad(format!("batch {} / heads {} exceed the grid limit 65535", self.batch, self.q_heads));
+        }
+        if !(self.scale.is_finite() && self.scale > 0.0) {
+            return bad(format!("softmax scale must be finite and > 0, got {}", self.scale));
+        }
+        for (name, s, m) in [("q", &self.q, 16), ("k", &self.k, 16), ("v", &self.v, 16), ("o", &self.o, 8)] {
+            if [s.batch, s.head, s.seq].iter().any(|&x| x < 0 || x % m != 0) {
+                return bad(format!("{name} strides {s:?} must be non-negative multiples of {m}"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Minimum lengths (elements) of every buffer for head dim `d`.
+    pub fn required_lens(&self, d: usize) -> Fp8Lens {
+        let r = |s: &Strides, h, n: usize| {
+            if n == 0 { 0 } else { HmmaArgs::required_len(s, self.batch, h, n, d).max(0) as usize }
+        };
+        let per = |heads| match self.descale {
+            Fp8Descale::PerTensor => 1,
+            Fp8Descale::PerHead => self.batch * heads,
+        };
+        Fp8Lens {
+            q: r(&self.q, self.q_heads, self.q_len),
+            k: r(&self.k, self.kv_heads, self.kv_len),
+            v: r(&self.v, self.kv_heads, self.kv_len),
+            vt: self.batch * self.kv_heads * d * self.kv_pad(),
+            o: r(&self.o, self.q_heads, self.q_len),
+            lse: self.batch * self.q_heads * self.q_len,
+            q_descale: per(self.q_heads),
+            kv_descale: per(self.kv_heads),
+        }
+    }
+
+    /// The attention kernel's parameters.
+    pub fn params(&self, ptrs: &Fp8Ptrs) -> Fp8WgmmaParams {
+        Fp8WgmmaParams {
+            o: ptrs.o,
+            lse: ptrs.lse,
+            q_descale: ptrs.q_descale,
+            k_descale: ptrs.k_descale,
+            v_descale: ptrs.v_descale,
+            o_batch_stride: self.o.batch,
+            o_head_stride: self.o.head,
+            o_seq_stride: self.o.seq,
+            q_len: self.q_len as i32,
+            kv_len: self.kv_len as i32,
+            q_heads: self.q_heads as i32,
+            kv_heads: self.kv_heads as i32,
+            kv_group: (self.q_heads / self.kv_heads) as i32,
+            causal: self.causal as i32,
+            descale_per_head: (self.descale == Fp8Descale::PerHead) as i32,
+            scale_log2: self.scale * std::f32::consts::LOG2_E,
+        }
+    }
+
+    /// The prepass's parameters.
+    pub fn vt_params(&self, v: u64, vt: u64) -> Fp8VtParams {
+        Fp8VtParams {
+            v,
+            vt,
+            v_batch_stride: self.v.batch,
+            v_head_stride: self.v.head,
+            v_seq_stride: self.v.seq,
+            kv_len: self.kv_len as i32,
+            kv_pad: self.kv_pad() as i32,
+            kv_heads: self.kv_heads as i32,
+            batch: self.batch as i32,
+        }
+    }
+}
+
+/// Column `k` of a group of 32 Vᵀ columns holds key `sigma(k)` of the group (the kernel header
+/// derives it from the wgmma fragment layouts); host mirror of the prepass's `vt_sigma`.
+pub fn vt_key_of_column(k: usize) -> usize {
+    16 * (k / 16) + 8 * ((k % 4) / 2) + 2 * ((k % 16) / 4) + (k % 2)
+}
+
+#[cfg(feature = "cuda")]
+pub use launch::{Fp8Buffers, Fp8WgmmaKernel};
+
+#[cfg(feature = "cuda")]
+mod launch {
+    use std::sync::Arc;
+
+    use cudarc::driver::{CudaContext, CudaFunction, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg};
+
+    use super::*;
+    use crate::cache::{CompiledKernel, KernelCache};
+    use crate::tma::TmaMapCache;
+
+    // SAFETY: plain data with the kernels' C layouts (mirrors above).
+    unsafe impl DeviceRepr for Fp8WgmmaParams {}
+    unsafe impl DeviceRepr for Fp8VtParams {}
+
+    /// Typed buffers of [`Fp8WgmmaKernel::launch`]: `u8` E4M3 codes for Q, K, V and Vᵀ, 2-byte
+    /// `T` (f16 or bf16 bits, per the config's [`Fp8Out`]) for O, f32 LSE and descales.
+    pub struct Fp8Buffers<'a, T, Q, K, V, VT, O, L, S> {
+        pub q: &'a Q,
+        pub k: &'a K,
+        pub v: &'a V,
+        /// Scratch written by the prepass, [`Fp8Lens::vt`] bytes.
+        pub vt: &'a mut VT,
+        pub o: &'a mut O,
+        pub lse: &'a mut L,
+        pub q_descale: &'a S,
+        pub k_descale: &'a S,
+        pub v_descale: &'a S,
+        pub _elem: std::marker::PhantomData<T>,
+    }
+
+    impl<'a, T, Q, K, V, VT, O, L, S> Fp8Buffers<'a, T, Q, K, V, VT, O, L, S> {
+        #[allow(clippy::too_many_arguments)]
+        pub fn new(
+            q: &'a Q,
+            k: &'a K,
+            v: &'a V,
+            vt: &'a mut VT,
+            o: &'a mut O,
+            lse: &'a mut L,
+            q_descale: &'a S,
+            k_descale: &'a S,
+            v_descale: &'a S,
+        ) -> Self {
+            Fp8Buffers { q, k, v, vt, o, lse, q_descale, k_descale, v_descale, _elem: std::marker::PhantomData }
+        }
+    }
+
+    /// One FP8 wgmma variant and its Vᵀ prepass, loaded into a CUDA context (cc 9.0 only).
+    #[derive(Debug)]
+    pub struct Fp8WgmmaKernel {
+        config: Fp8WgmmaConfig,
+        function: CudaFunction,
+        prepass: CudaFunction,
+        compiled: Arc<CompiledKernel>,
+        maps: TmaMapCache,
+    }
+
+    fn short(name: &str, have: usize, need: usize) -> Result<()> {
+        if have < need {
+            return Err(NativeError::InvalidArgs(format!("{name} has {have} elements, needs {need}")));
+        }
+        Ok(())
+    }
+
+    impl Fp8WgmmaKernel {
+        pub fn load(ctx: &Arc<CudaContext>, config: Fp8WgmmaConfig) -> Result<Self> {
+            Self::load_with_cache(ctx, config, KernelCache::global())
+        }
+
+        pub fn load_with_cache(ctx: &Arc<CudaContext>, config: Fp8WgmmaConfig, cache: &KernelCache) -> Result<Self> {
+            config.validate()?;
+            let arch = crate::device::target_arch(ctx, KERNEL, Arch::Sm90a, Fp8WgmmaConfig::target_for)?;
+            let (function, compiled) = crate::device::load_function(ctx, cache, &config.request(arch)?, config.smem_bytes()?)?;
+            let (prepass, _) = crate::device::load_function(ctx, cache, &config.prepass_request(arch)?, 0)?;
+            Ok(Fp8WgmmaKernel { config, function, prepass, compiled, maps: TmaMapCache::default() })
+        }
+
+        pub fn config(&self) -> &Fp8WgmmaConfig {
+            &self.config
+        }
+        pub fn compiled(&self) -> &CompiledKernel {
+            &self.compiled
+        }
+
+        /// Prepass then attention on `stream`, every length and alignment checked first.
+        #[allow(clippy::type_complexity)]
+        pub fn launch<T, Q, K, V, VT, O, L, S>(
+            &self,
+            stream: &Arc<CudaStream>,
+            args: &Fp8WgmmaArgs,
+            bufs: Fp8Buffers<'_, T, Q, K, V, VT, O, L, S>,
+        ) -> Result<()>
+        where
+            Q: DevicePtr<u8>,
+            K: DevicePtr<u8>,
+            V: DevicePtr<u8>,
+            VT: DevicePtrMut<u8>,
+            O: DevicePtrMut<T>,
+            L: DevicePtrMut<f32>,
+            S: DevicePtr<f32>,
+        {
+            if std::mem::size_of::<T>() != 2 {
+                return Err(NativeError::InvalidArgs(format!("O element type must be 2 bytes, got {}", std::mem::size_of::<T>())));
+            }
+            args.validate(&self.config)?;
+            let need = args.required_lens(self.config.head_dim as usize);
+            short("q", bufs.q.len(), need.q)?;
+            short("k", bufs.k.len(), need.k)?;
+            short("v", bufs.v.len(), need.v)?;
+            short("vt", bufs.vt.len(), need.vt)?;
+            short("o", bufs.o.len(), need.o)?;
+            short("lse", bufs.lse.len(), need.lse)?;
+            short("q_descale", bufs.q_descale.len(), need.q_descale)?;
+            short("k_descale", bufs.k_descale.len(), need.kv_descale)?;
+            short("v_descale", bufs.v_descale.len(), need.kv_descale)?;
+            let (q, _gq) = bufs.q.device_ptr(stream);
+            let (k, _gk) = bufs.k.device_ptr(stream);
+            let (v, _gv) = bufs.v.device_ptr(stream);
+            let (vt, _gvt) = bufs.vt.device_ptr_mut(stream);
+            let (o, _go) = bufs.o.device_ptr_mut(stream);
+            let (lse, _gl) = bufs.lse.device_ptr_mut(stream);
+            let (q_descale, _g1) = bufs.q_descale.device_ptr(stream);
+            let (k_descale, _g2) = bufs.k_descale.device_ptr(stream);
+            let (v_descale, _g3) = bufs.v_descale.device_ptr(stream);
+            // SAFETY: every buffer's length was checked against what the kernels touch.
+            unsafe {
+                self.launch_prepass_raw(stream, args, v, vt)?;
+                self.launch_attention_raw(stream, args, &Fp8Ptrs { q, k, vt, o, lse, q_descale, k_descale, v_descale })
+            }
+        }
+
+        /// The Vᵀ prepass alone (raw addresses: V codes, Vᵀ scratch of [`Fp8Lens::vt`] bytes).
+        ///
+        /// # Safety
+        /// `v` must address [`Fp8Lens::v`] bytes and `vt` [`Fp8Lens::vt`] writable bytes (16-byte
+        /// aligned), valid until the kernel finishes on `stream`.
+        pub unsafe fn launch_prepass_raw(&self, stream: &Arc<CudaStream>, args: &Fp8WgmmaArgs, v: u64, vt: u64) -> Result<()> {
+            args.validate(&self.config)?;
+            if !vt.is_multiple_of(16) || vt == 0 || !v.is_multiple_of(16) || (v == 0 && args.kv_len > 0) {
+                return Err(NativeError::InvalidArgs(format!(
+                    "v {v:#x} / vt {vt:#x} pointers must be 16-byte aligned (vt non-null)"
+                )));
+            }
+            // One CTA per 64 keys of a (batch, kv head); kv_pad is a multiple of 64.
+            let tiles = args.kv_pad() / 64;
+            if tiles > i32::MAX as usize {
+                return Err(NativeError::InvalidArgs(format!("prepass grid of {tiles} key tiles")));
+            }
+            let params = args.vt_params(v, vt);
+            let cfg = LaunchConfig {
+                grid_dim: (tiles as u32, args.kv_heads as u32, args.batch as u32),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let mut b = stream.launch_builder(&self.prepass);
+            b.arg(&params);
+            // SAFETY: parameter struct matches the kernel; memory per contract.
+            unsafe { b.launch(cfg) }?;
+            Ok(())
+        }
+
+        /// The attention kernel alone, reading the Vᵀ that a prepass wrote.
+        ///
+        /// # Safety
+        /// Every pointer must address at least [`Fp8WgmmaArgs::required_lens`] elements, `vt`
+        /// written by the prepass for the same V shape, descales positive and finite, all valid
+        /// until the kernel finishes on `stream`.
+        pub unsafe fn launch_attention_raw(&self, stream: &Arc<CudaStream>, args: &Fp8WgmmaArgs, ptrs: &Fp8Ptrs) -> Result<()> {
+            args.validate(&self.config)?;
+            for (name, p, align) in [
+                ("q", ptrs.q, 16),
+                ("k", ptrs.k, 16),
+                ("vt", ptrs.vt, 16),
+                ("o", ptrs.o, 16),
+                ("lse", ptrs.lse, 4),
+                ("q_descale", ptrs.q_descale, 4),
+                ("k_descale", ptrs.k_descale, 4),
+                ("v_descale", ptrs.v_descale, 4),
+            ] {
+                if p == 0 || p % align != 0 {
+                    return Err(NativeError::InvalidArgs(format!("{name} pointer {p:#x} is null or not {align}-byte aligned")));
+                }
+            }
+            let shape = self.config.launch_shape(args)?;
+            let params = args.params(ptrs);
+            let maps = self.maps.maps(&self.config.tma_specs(args, ptrs.q, ptrs.k, ptrs.vt)?)?;
+            let cfg = LaunchConfig { grid_dim: shape.grid, block_dim: shape.block, shared_mem_bytes: shape.smem_bytes };
+            let mut b = stream.launch_builder(&self.function);
+            b.arg(&params);
+            b.arg(&maps);
+            // SAFETY: the parameter structs match the kernel's signature; memory per contract.
+            unsafe { b.launch(cfg) }?;
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_defines_smem_and_targets() {
+        let c = Fp8WgmmaConfig::new(128, Fp8Out::F16).unwrap();
+        assert_eq!(c.name(), "fwd_fp8_wgmma_e4m3_f16_d128_n192_tma2");
+        assert_eq!(c.smem_bytes().unwrap(), 128 * 128 + 2 * 2 * 192 * 128 + 8 * 9 + 1024);
+        let d = c.defines().unwrap();
+        assert!(d.contains(&("OUT_BF16".into(), "0".into())) && d.contains(&("RESCALE_LOG2".into(), "0".into())));
+        let b = Fp8WgmmaConfig::new(64, Fp8Out::Bf16).unwrap();
+        assert_eq!(b.name(), "fwd_fp8_wgmma_e4m3_bf16_d64_n192_tma2");
+        assert_eq!(
+            b.expected_instructions(),
+            vec![
+                "QGMMA.64x192x32.F32.E4M3.E4M3".to_string(),
+                "QGMMA.64x64x32.F32.E4M3.E4M3".into(),
+                "UTMALDG.4D".into(),
+                "USETMAXREG.DEALLOC.CTAPOOL".into()
+            ]
+        );
+        assert!(Fp8WgmmaConfig { rescale_log2: 9, ..c }.validate().is_err());
+        assert!(Fp8WgmmaConfig { stages: 5, ..c }.validate().is_err());
+        assert!(Fp8WgmmaConfig { block_n: 256, ..c }.validate().is_err());
+        let n192 = Fp8WgmmaConfig { block_n: 192, stages: 3, ..c };
+        assert_eq!(Fp8WgmmaConfig { block_n: 128, ..c }.name(), "fwd_fp8_wgmma_e4m3_f16_d128_n128_tma2");
+        assert_eq!(n192.smem_bytes().unwrap(), 128 * 128 + 3 * 2 * 192 * 128 + 8 * 13 + 1024);
+        assert_eq!(
+            n192.expected_instructions()[..2],
+            ["QGMMA.64x192x32.F32.E4M3.E4M3".to_string(), "QGMMA.64x128x32.F32.E4M3.E4M3".into()]
+        );
+        assert!(matches!(Fp8WgmmaConfig::new(96, Fp8Out::F16), Err(NativeError::UnsupportedHeadDim { .. })));
+        assert!(matches!(c.request(Arch::Sm90), Err(NativeError::UnsupportedConfig { .. })));
+        assert_eq!(Fp8WgmmaConfig::target_for((9, 0)), Some(Arch::Sm90a));
+        assert_eq!(Fp8WgmmaConfig::target_for((8, 9)), None);
+        assert_eq!(Fp8WgmmaConfig::target_for((10, 0)), None);
+        let mut names: Vec<String> = Fp8WgmmaUnit::all().iter().map(|u| u.name()).collect();
+        let n = names.len();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), n);
+        assert!(names.contains(&"fwd_fp8_wgmma_vt_d64".to_string()));
+        assert!(names.contains(&"fwd_fp8_wgmma_e4m3_f16_d64_n192_tma3_r8".to_string()));
+    }
+
+    #[test]
+    fn vt_permutation_is_a_permutation_matching_the_fragments() {
+        let mut seen = [false; 32];
+        for k in 0..32 {
+            seen[vt_key_of_column(k)] = true;
+        }
+        assert!(seen.iter().all(|&s| s));
+        // Lane t, row g: A positions 4t..4t+3 carry its accumulator keys 2t, 2t+1, 8+2t, 9+2t;
+        // positions 16+4t.. carry 16+2t, 17+2t, 24+2t, 25+2t.
+        for t in 0..4 {
+            assert_eq!([0, 1, 2, 3].map(|e| vt_key_of_column(4 * t + e)), [2 * t, 2 * t + 1, 8 + 2 * t, 9 + 2 * t]);
+            assert_eq!(
+                [0, 1, 2, 3].map(|e| vt_key_of_column(16 + 4 * t + e)),
+                [16 + 2 * t, 17 + 2 * t, 24 + 2 * t, 25 + 2 * t]
+            );
+        }
+    }
+
+    #[test]
+    fn params_layout_and_args() {
+        assert_eq!(std::mem::size_of::<Fp8WgmmaParams>(), 8 * 8 + 8 * 4);
+        assert_eq!(std::mem::size_of::<Fp8VtParams>(), 5 * 8 + 4 * 4);
+        let c = Fp8WgmmaConfig { block_n: 128, ..Fp8WgmmaConfig::new(128, Fp8Out::F16).unwrap() };
+        let a = Fp8WgmmaArgs {
+            batch: 2, q_heads: 8, kv_heads: 2, q_len: 1000, kv_len: 777,
+            q: Strides::bhsd(8, 1000, 128), k: Strides::bshd(2, 777, 128), v: Strides::bhsd(2, 777, 128),
+            o: Strides::bshd(8, 1000, 128), scale: 0.088, causal: true, descale: Fp8Descale::PerHead,
+        };
+        a.validate(&c).unwrap();
+        assert_eq!(a.kv_pad(), 896);
+        let l = a.required_lens(128);
+        assert_eq!((l.vt, l.q_descale, l.kv_descale, l.lse), (2 * 2 * 128 * 896, 16, 4, 2 * 8 * 1000));
+        let [q, k, vt] = c.tma_specs(&a, 0x1000, 0x2000, 0x3000).unwrap();
+        assert_eq!((q.elem_bytes, q.dims, q.box_dims, q.swizzle_bytes), (1, [128, 1000, 8, 2], [128, 128, 1, 1], 128));
+        assert_eq!((k.dims, k.strides), ([128, 777, 2, 2], [256, 128, 777 * 256]));
+        assert_eq!((vt.dims, vt.strides, vt.box_dims), ([896, 128, 2, 2], [896, 128 * 896, 2 * 128 * 896], [128, 128, 1, 1]));
+        let p = a.params(&Fp8Ptrs { q: 0, k: 0, vt: 0, o: 1, lse: 2, q_descale: 3, k_descale: 4, v_descale: 5 });
+        assert_eq!((p.kv_group, p.descale_per_head, p.causal), (4, 1, 1));
+        let mut bad = a;
+        bad.q.seq = 136;
+        assert!(bad.validate(&c).is_err());
+        let c64 = Fp8WgmmaConfig { block_n: 128, ..Fp8WgmmaConfig::new(64, Fp8Out::F16).unwrap() };
+        let a64 = Fp8WgmmaArgs {
+            q: Strides::bhsd(8, 1000, 64), k: Strides::bhsd(2, 777, 64), v: Strides::bhsd(2, 777, 64),
+            o: Strides::bhsd(8, 1000, 64), ..a
+        };
+        let [q, _, vt] = c64.tma_specs(&a64, 0x1000, 0x2000, 0x3000).unwrap();
+        assert_eq!((q.box_dims, q.swizzle_bytes), ([64, 128, 1, 1], 64));
+        assert_eq!((vt.box_dims, vt.swizzle_bytes), ([128, 64, 1, 1], 128));
+        // 192-key tiles: K boxes of 192 rows, Vᵀ in 64-key blocks with the 64B swizzle.
+        let [_, k, vt] = Fp8WgmmaConfig { block_n: 192, ..c64 }.tma_specs(&a64, 0x1000, 0x2000, 0x3000).unwrap();
+        assert_eq!((k.box_dims, vt.box_dims, vt.swizzle_bytes), ([64, 192, 1, 1], [64, 64, 1, 1], 64));
+    }
+}
