@@ -7,10 +7,17 @@
 //! epilogue.
 //!
 //! **Not run on sm_89 / sm_120 hardware.** The native e4m3 `mma.sync` exists on sm_89 (Ada) and
-//! sm_120a (consumer Blackwell); they are compiled and SASS-checked here. sm_90 accepts the same
-//! PTX and ptxas lowers the e4m3 MMA to a conversion + f16 MMA sequence (see
-//! [`Fp8MmaConfig::expected_instructions`]); an H100 runs that build, which checks the numerics
-//! (`examples/mma_fp8_check.rs`), not the speed of the FP8 tensor cores.
+//! sm_120a (consumer Blackwell); they are compiled and SASS-checked here (nvdisasm prints
+//! `QMMA.16832.F32.E4M3.E4M3` on both, `F2FP.F16.E4M3.UNPACK_B` for the V decode of P in f16,
+//! `F2FP.SATFINITE.E4M3.F32.PACK_AB_MERGE_C` for P in e4m3). sm_90 accepts the same PTX and
+//! ptxas lowers each e4m3 m16n8k32 to `F2FP.F16.E4M3.UNPACK_B` conversions of both operands and
+//! two `HMMA.16816.F32` (see [`Fp8MmaConfig::expected_instructions`]); an H100 runs that build,
+//! which checks the numerics (`examples/mma_fp8_check.rs`: every case within one output ulp of an
+//! emulation that rounds where the kernel rounds), not the speed of FP8 tensor cores.
+//!
+//! Measured on the H100 (that sm_90 build, 8 warps x 16 rows, 64 keys per tile), seq 4096, head
+//! dim 128, batch 4, 16 heads, median of 10 launches: P in f16 2.27 ms (243 TFLOP/s), causal
+//! 1.22 ms (225); P in e4m3 2.41 ms (228), causal 1.31 ms (210); the V prepass 0.03-0.04 ms.
 //!
 //! # Host contract
 //! * Q, K, V: e4m3 codes (`u8`) in `[batch, heads, seq, head_dim]` with any strides (bytes =
@@ -182,7 +189,7 @@ impl Fp8MmaConfig {
                 let chunks = row_bytes / 16;
                 chunks > 0 && threads % chunks == 0 && {
                     let step = threads / chunks;
-                    step % 8 == 0 && rows % step == 0
+                    step.is_multiple_of(8) && rows.is_multiple_of(step)
                 }
             };
             let stage = 2 * t.block_n * d;
@@ -502,7 +509,7 @@ impl Fp8MmaArgs {
         if self.batch == 0 || self.q_heads == 0 || self.kv_heads == 0 || self.q_len == 0 || self.kv_len == 0 {
             return bad(format!("empty problem: {self:?}"));
         }
-        if self.q_heads % self.kv_heads != 0 {
+        if !self.q_heads.is_multiple_of(self.kv_heads) {
             return bad(format!("q_heads {} not a multiple of kv_heads {}", self.q_heads, self.kv_heads));
         }
         // vt_len and the Vt head offsets are i32 / i64 on the device; keep vt_len in i32.

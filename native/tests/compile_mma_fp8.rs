@@ -12,8 +12,7 @@ use common::tools_or_skip;
 
 use quattn_native::report::{report_variant, KernelReport};
 use quattn_native::{
-    compile_report, sass, Arch, Fp8MmaConfig, Fp8MmaUnit, Fp8P, HmmaTile, InputType, KernelCache, KernelVariant,
-    NativeError,
+    compile_report, sass, Arch, Fp8MmaConfig, Fp8MmaUnit, Fp8P, HmmaTile, InputType, KernelCache, NativeError,
 };
 
 fn count(r: &KernelReport, op: &str) -> usize {
