@@ -383,7 +383,7 @@ impl CudaBackend {
                 }
                 .map_err(failed)?;
             }
-            Loaded::Int8Prepass(_) => return Err(super::foreign(plan)),
+            Loaded::Int8Prepass(_) | Loaded::Fp8Mma(_) => return Err(super::foreign(plan)),
         }
         match (start, end) {
             (Some(start), Some(end)) => {
