@@ -146,6 +146,9 @@ fn native_kind(k: &quattn_native::NativeKernelId) -> NativeKind {
         N::Int8Prepass(_) | N::Int8PrepassPass(_) => NativeKind::Int8Imma,
         // No row of the CUDA table chooses the FP8 wgmma family: it has no kind of its own.
         N::Fp8Wgmma(_) => NativeKind::Wgmma,
+        // No plan chooses the FP8 mma.sync family until the facade wires it (it then gets its
+        // own kind); the arm keeps the match exhaustive.
+        N::Fp8Mma(_) => NativeKind::Hmma,
     }
 }
 

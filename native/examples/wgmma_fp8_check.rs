@@ -62,7 +62,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use half::{bf16, f16};
 use quattn_native::wgmma_fp8::{vt_key_of_column, Fp8Buffers, Fp8Descale, Fp8Out, Fp8Ptrs, Fp8WgmmaArgs, Fp8WgmmaConfig, Fp8WgmmaKernel};
-use quattn_native::{HmmaArgs, Strides, WgmmaConfig, WgmmaKernel};
+use quattn_native::{AttentionShape, Layout, Strides, WgmmaConfig, WgmmaKernel};
 
 type BoxErr = Box<dyn std::error::Error>;
 
@@ -220,7 +220,7 @@ struct Inputs {
 }
 
 fn inputs(c: &Case, d: usize) -> Inputs {
-    let layout = |h, n| if c.bshd { Strides::bshd(h, n, d) } else { Strides::bhsd(h, n, d) };
+    let layout = |h, n| if c.bshd { Strides::new(Layout::Bshd, h, n, d) } else { Strides::new(Layout::Bhsd, h, n, d) };
     let args = Fp8WgmmaArgs {
         batch: c.batch,
         q_heads: c.q_heads,
@@ -602,7 +602,7 @@ fn bench(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, d: usize, kernels: &[
         let (q16, k16, v16) = (stream.clone_htod(&halves)?, stream.clone_htod(&halves)?, stream.clone_htod(&halves)?);
         drop(halves);
         for causal in [false, true] {
-            let s = Strides::bhsd(heads, seq, d);
+            let s = Strides::new(Layout::Bhsd, heads, seq, d);
             let a = Fp8WgmmaArgs {
                 batch, q_heads: heads, kv_heads: heads, q_len: seq, kv_len: seq, q: s, k: s, v: s, o: s,
                 scale: 1.0 / (d as f32).sqrt(), causal, descale: Fp8Descale::PerTensor,
@@ -613,9 +613,9 @@ fn bench(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, d: usize, kernels: &[
             let mut line = format!("d{d} s{:>2}k b{:>2} h{} {:10}", seq / 1024, batch, heads, if causal { "causal" } else { "non-causal" });
             let f16_tf = match f16k {
                 Some(w) => {
-                    let ha = HmmaArgs {
-                        batch, q_heads: heads, kv_heads: heads, q_len: seq, kv_len: seq, q: s, k: s, v: s, o: s,
-                        scale: a.scale, causal,
+                    let ha = AttentionShape {
+                        batch, q_heads: heads, kv_heads: heads, q_len: seq, kv_len: seq, head_dim: d, v_head_dim: d, q: s, k: s, v: s, o: s,
+                        scale: a.scale, causal, write_lse: true,
                     };
                     let ms = median_ms(ctx, stream, || Ok(w.launch(stream, &ha, &q16, &k16, &v16, &mut og, &mut lg)?))?;
                     line.push_str(&format!(" | f16 wgmma {:6.1}", tf(ms)));

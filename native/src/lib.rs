@@ -20,6 +20,9 @@
 //!   disassembled, run on the H100).
 //! - [`wgmma_int8`]: the INT8 Q·Kᵀ forward family on Hopper's s8 wgmma (sm_90a; compiled and
 //!   disassembled, run on the H100), same host contract as [`int8`].
+//! - [`mma_fp8`]: the FP8 (e4m3) forward family on mma.sync, Q·Kᵀ and P·V on e4m3 MMAs
+//!   (sm_89 / sm_120a native, compiled and disassembled, not run on such hardware; sm_90
+//!   lowered by ptxas and run on the H100 for the numerics), with its V prepass.
 //! - [`device`]: device queries.
 
 pub mod arch;
@@ -30,6 +33,7 @@ pub mod hmma;
 pub mod int8_umma;
 pub mod int8;
 pub mod int8_prepass;
+pub mod mma_fp8;
 pub mod nvrtc;
 pub mod registry;
 pub mod report;
@@ -58,6 +62,9 @@ pub use int8::{Int8Args, Int8Config, Int8Lens, Int8Params, Int8Ptrs, Int8Tile, I
 #[cfg(feature = "cuda")]
 pub use int8_prepass::Int8Prepass;
 pub use int8_prepass::{Int8PrepassConfig, PrepassLens, PrepassPass, PrepassPtrs, PrepassVariant};
+#[cfg(feature = "cuda")]
+pub use mma_fp8::{Fp8MmaBuffers, Fp8MmaKernel};
+pub use mma_fp8::{Fp8Descale, Fp8MmaArgs, Fp8MmaConfig, Fp8MmaLens, Fp8MmaParams, Fp8MmaPtrs, Fp8MmaUnit, Fp8MmaTileRow, Fp8P, Fp8VtConfig, FP8_MMA_TILES};
 pub use nvrtc::{nvrtc, NvrtcInfo, Resources};
 pub use registry::NativeKernelId;
 #[cfg(feature = "cuda")]

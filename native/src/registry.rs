@@ -13,6 +13,7 @@ use crate::hmma::HmmaConfig;
 use crate::int8::Int8Config;
 use crate::int8_prepass::{Int8PrepassConfig, PrepassPass, PrepassVariant};
 use crate::int8_umma::Int8UmmaConfig;
+use crate::mma_fp8::{Fp8MmaConfig, Fp8MmaUnit};
 use crate::report::KernelVariant;
 use crate::wgmma::WgmmaConfig;
 use crate::wgmma_int8::Int8WgmmaConfig;
@@ -38,6 +39,9 @@ pub enum NativeKernelId {
     Int8Prepass(Int8PrepassConfig),
     /// One pass of the prepass, as compiled (the report's and the compile tests' unit).
     Int8PrepassPass(PrepassVariant),
+    /// FP8 (e4m3) Q·Kᵀ and P·V on mma.sync (sm_89, sm_120a native; sm_90 lowered by ptxas),
+    /// a forward variant or its V prepass.
+    Fp8Mma(Fp8MmaUnit),
 }
 
 impl NativeKernelId {
@@ -51,6 +55,7 @@ impl NativeKernelId {
         v.extend(WgmmaConfig::all().into_iter().map(NativeKernelId::Wgmma));
         v.extend(Int8WgmmaConfig::all().into_iter().map(NativeKernelId::Int8Wgmma));
         v.extend(Fp8WgmmaUnit::all().into_iter().map(NativeKernelId::Fp8Wgmma));
+        v.extend(Fp8MmaUnit::all().into_iter().map(NativeKernelId::Fp8Mma));
         v
     }
 
@@ -69,6 +74,7 @@ impl NativeKernelId {
             NativeKernelId::Int8Umma(_) => "fwd_int8_umma",
             NativeKernelId::Fp8Wgmma(_) => "fwd_fp8_wgmma",
             NativeKernelId::Int8Prepass(_) | NativeKernelId::Int8PrepassPass(_) => "int8_prepass",
+            NativeKernelId::Fp8Mma(_) => "fwd_mma_fp8",
         }
     }
 
@@ -82,6 +88,7 @@ impl NativeKernelId {
             NativeKernelId::Int8Umma(_) => Int8UmmaConfig::TARGETS,
             NativeKernelId::Fp8Wgmma(_) => Fp8WgmmaConfig::TARGETS,
             NativeKernelId::Int8Prepass(_) | NativeKernelId::Int8PrepassPass(_) => Int8PrepassConfig::TARGETS,
+            NativeKernelId::Fp8Mma(_) => Fp8MmaConfig::TARGETS,
         }
     }
 
@@ -95,6 +102,7 @@ impl NativeKernelId {
             NativeKernelId::Int8Umma(_) => Int8UmmaConfig::target_for(cc),
             NativeKernelId::Fp8Wgmma(_) => Fp8WgmmaConfig::target_for(cc),
             NativeKernelId::Int8Prepass(_) | NativeKernelId::Int8PrepassPass(_) => Int8PrepassConfig::target_for(cc),
+            NativeKernelId::Fp8Mma(_) => Fp8MmaConfig::target_for(cc),
         }
     }
 
@@ -110,6 +118,7 @@ impl NativeKernelId {
             NativeKernelId::Fp8Wgmma(u) => Box::new(u),
             NativeKernelId::Int8Prepass(config) => Box::new(PrepassVariant { config, pass: PrepassPass::Quantize }),
             NativeKernelId::Int8PrepassPass(c) => Box::new(c),
+            NativeKernelId::Fp8Mma(u) => Box::new(u),
         }
     }
 }
@@ -148,6 +157,7 @@ mod store {
     use super::NativeKernelId;
     use crate::error::{NativeError, Result};
     use crate::wgmma_fp8::{Fp8WgmmaKernel, Fp8WgmmaUnit};
+    use crate::mma_fp8::{Fp8MmaKernel, Fp8MmaUnit};
     use crate::{HmmaKernel, Int8Kernel, Int8Prepass, Int8UmmaKernel, Int8WgmmaKernel, WgmmaKernel};
 
     /// A loaded kernel of any family.
@@ -160,6 +170,7 @@ mod store {
         Int8Umma(Int8UmmaKernel),
         Fp8Wgmma(Fp8WgmmaKernel),
         Int8Prepass(Int8Prepass),
+        Fp8Mma(Fp8MmaKernel),
     }
 
     /// The kernels loaded into one CUDA context, by id: compiled (or read from the disk cache)
@@ -199,6 +210,13 @@ mod store {
                     )))
                 }
                 NativeKernelId::Int8Prepass(c) => Loaded::Int8Prepass(Int8Prepass::load(ctx, c)?),
+                NativeKernelId::Fp8Mma(Fp8MmaUnit::Fwd(c)) => Loaded::Fp8Mma(Fp8MmaKernel::load(ctx, c)?),
+                NativeKernelId::Fp8Mma(Fp8MmaUnit::VPrepass(v)) => {
+                    return Err(NativeError::InvalidArgs(format!(
+                        "{} is the V prepass; it loads with its forward variant",
+                        v.name()
+                    )))
+                }
                 NativeKernelId::Int8PrepassPass(v) => {
                     return Err(NativeError::InvalidArgs(format!(
                         "{} is one compiled pass; load the prepass through its config",
@@ -237,7 +255,7 @@ mod tests {
     #[test]
     fn every_family_is_in_the_registry() {
         let all = NativeKernelId::all();
-        for family in ["fwd_hmma", "fwd_wgmma", "fwd_int8", "fwd_wgmma_int8", "fwd_int8_umma", "int8_prepass", "fwd_fp8_wgmma"] {
+        for family in ["fwd_hmma", "fwd_wgmma", "fwd_int8", "fwd_wgmma_int8", "fwd_int8_umma", "int8_prepass", "fwd_fp8_wgmma", "fwd_mma_fp8"] {
             assert!(all.iter().any(|k| k.family() == family), "{family} missing");
         }
     }

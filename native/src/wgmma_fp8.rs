@@ -47,7 +47,7 @@
 use crate::arch::Arch;
 use crate::cache::{CompileRequest, KernelSource};
 use crate::error::{NativeError, Result};
-use crate::hmma::{HmmaArgs, Strides};
+use quattn_core::Strides;
 use crate::report::KernelVariant;
 use crate::tma::{RowsTensor, TmaSpec, WS_CONSUMER_REGS, WS_PRODUCER_REGS};
 
@@ -315,7 +315,7 @@ impl Fp8WgmmaConfig {
         let swizzle = if d == 128 { 128 } else { 64 };
         let t = |addr, heads, len, strides| RowsTensor { addr, elem_bytes: 1, head_dim: d, len, heads, batch: args.batch, strides };
         let pad = args.kv_pad();
-        let vt_strides = Strides { seq: pad as i64, head: (d * pad) as i64, batch: (args.kv_heads * d * pad) as i64 };
+        let vt_strides = Strides { seq: pad, head: d * pad, batch: args.kv_heads * d * pad };
         Ok([
             TmaSpec::rows("Q", t(q, args.q_heads, args.q_len, args.q), d as u32, FP8_BLOCK_M, swizzle)?,
             TmaSpec::rows("K", t(k, args.kv_heads, args.kv_len.max(1), args.k), d as u32, self.block_n, swizzle)?,
@@ -500,7 +500,7 @@ impl Fp8WgmmaArgs {
             return bad(format!("softmax scale must be finite and > 0, got {}", self.scale));
         }
         for (name, s, m) in [("q", &self.q, 16), ("k", &self.k, 16), ("v", &self.v, 16), ("o", &self.o, 8)] {
-            if [s.batch, s.head, s.seq].iter().any(|&x| x < 0 || x % m != 0) {
+            if [s.batch, s.head, s.seq].iter().any(|&x| x % m != 0) {
                 return bad(format!("{name} strides {s:?} must be non-negative multiples of {m}"));
             }
         }
@@ -510,7 +510,7 @@ impl Fp8WgmmaArgs {
     /// Minimum lengths (elements) of every buffer for head dim `d`.
     pub fn required_lens(&self, d: usize) -> Fp8Lens {
         let r = |s: &Strides, h, n: usize| {
-            if n == 0 { 0 } else { HmmaArgs::required_len(s, self.batch, h, n, d).max(0) as usize }
+            if n == 0 { 0 } else { s.extent(self.batch, h, n, d).unwrap_or(usize::MAX) }
         };
         let per = |heads| match self.descale {
             Fp8Descale::PerTensor => 1,
@@ -536,9 +536,9 @@ impl Fp8WgmmaArgs {
             q_descale: ptrs.q_descale,
             k_descale: ptrs.k_descale,
             v_descale: ptrs.v_descale,
-            o_batch_stride: self.o.batch,
-            o_head_stride: self.o.head,
-            o_seq_stride: self.o.seq,
+            o_batch_stride: self.o.batch as i64,
+            o_head_stride: self.o.head as i64,
+            o_seq_stride: self.o.seq as i64,
             q_len: self.q_len as i32,
             kv_len: self.kv_len as i32,
             q_heads: self.q_heads as i32,
@@ -555,9 +555,9 @@ impl Fp8WgmmaArgs {
         Fp8VtParams {
             v,
             vt,
-            v_batch_stride: self.v.batch,
-            v_head_stride: self.v.head,
-            v_seq_stride: self.v.seq,
+            v_batch_stride: self.v.batch as i64,
+            v_head_stride: self.v.head as i64,
+            v_seq_stride: self.v.seq as i64,
             kv_len: self.kv_len as i32,
             kv_pad: self.kv_pad() as i32,
             kv_heads: self.kv_heads as i32,
@@ -843,8 +843,8 @@ mod tests {
         let c = Fp8WgmmaConfig { block_n: 128, ..Fp8WgmmaConfig::new(128, Fp8Out::F16).unwrap() };
         let a = Fp8WgmmaArgs {
             batch: 2, q_heads: 8, kv_heads: 2, q_len: 1000, kv_len: 777,
-            q: Strides::bhsd(8, 1000, 128), k: Strides::bshd(2, 777, 128), v: Strides::bhsd(2, 777, 128),
-            o: Strides::bshd(8, 1000, 128), scale: 0.088, causal: true, descale: Fp8Descale::PerHead,
+            q: Strides::new(quattn_core::Layout::Bhsd, 8, 1000, 128), k: Strides::new(quattn_core::Layout::Bshd, 2, 777, 128), v: Strides::new(quattn_core::Layout::Bhsd, 2, 777, 128),
+            o: Strides::new(quattn_core::Layout::Bshd, 8, 1000, 128), scale: 0.088, causal: true, descale: Fp8Descale::PerHead,
         };
         a.validate(&c).unwrap();
         assert_eq!(a.kv_pad(), 896);
@@ -861,8 +861,8 @@ mod tests {
         assert!(bad.validate(&c).is_err());
         let c64 = Fp8WgmmaConfig { block_n: 128, ..Fp8WgmmaConfig::new(64, Fp8Out::F16).unwrap() };
         let a64 = Fp8WgmmaArgs {
-            q: Strides::bhsd(8, 1000, 64), k: Strides::bhsd(2, 777, 64), v: Strides::bhsd(2, 777, 64),
-            o: Strides::bhsd(8, 1000, 64), ..a
+            q: Strides::new(quattn_core::Layout::Bhsd, 8, 1000, 64), k: Strides::new(quattn_core::Layout::Bhsd, 2, 777, 64), v: Strides::new(quattn_core::Layout::Bhsd, 2, 777, 64),
+            o: Strides::new(quattn_core::Layout::Bhsd, 8, 1000, 64), ..a
         };
         let [q, _, vt] = c64.tma_specs(&a64, 0x1000, 0x2000, 0x3000).unwrap();
         assert_eq!((q.box_dims, q.swizzle_bytes), ([64, 128, 1, 1], 64));

@@ -321,6 +321,7 @@ impl CudaBackend {
             Loaded::Int8Prepass(_) => return Err(super::foreign(plan)),
             // No row of the CUDA table plans the FP8 wgmma family.
             Loaded::Fp8Wgmma(_) => return Err(super::foreign(plan)),
+            Loaded::Int8Prepass(_) | Loaded::Fp8Mma(_) => return Err(super::foreign(plan)),
         }
         match (start, end) {
             (Some(start), Some(end)) => {
