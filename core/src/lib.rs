@@ -342,6 +342,7 @@ impl Int8Blocking {
 
 /// The two OCP FP8 formats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[cfg_attr(feature = "serde", derive(Serialize))]
 pub enum Fp8Format {
     /// 4 exponent bits, 3 mantissa bits, finite only (max 448), NaN = S.1111.111.
     #[default]
@@ -379,6 +380,7 @@ impl fmt::Display for Fp8Format {
 /// (Q: `block_rows` = the kernel's query tile; K and V: its key tile). Q descales are per Q
 /// head, K and V descales per KV head (GQA).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[cfg_attr(feature = "serde", derive(Serialize))]
 pub enum DescaleGranularity {
     /// One f32 descale per tensor.
     #[default]

@@ -50,7 +50,7 @@ use cudarc::driver::{CudaContext, CudaStream};
 use half::{bf16, f16};
 use quattn_native::mma_fp8::vt_key_at;
 use quattn_native::{
-    Fp8Descale, Fp8MmaArgs, Fp8MmaBuffers, Fp8MmaConfig, Fp8MmaKernel, Fp8P, Fp8VtConfig, Dtype, Layout, KernelCache,
+    DescaleGranularity, Fp8MmaArgs, Fp8MmaBuffers, Fp8MmaConfig, Fp8MmaKernel, Fp8P, Fp8VtConfig, Dtype, Layout, KernelCache,
     Strides,
 };
 
@@ -307,7 +307,7 @@ fn inputs(c: &Case) -> Inputs {
         o: o_strides,
         scale: 1.0 / (d as f32).sqrt(),
         causal: c.causal,
-        descale: if c.per_head { Fp8Descale::PerHead } else { Fp8Descale::PerTensor },
+        descale: if c.per_head { DescaleGranularity::PerHead } else { DescaleGranularity::PerTensor },
     };
     Inputs { q, k, v, args }
 }
@@ -647,7 +647,7 @@ fn bench(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, kernel: &Fp8MmaKernel
     let s = Strides::new(Layout::Bhsd, heads, seq, d);
     let args = Fp8MmaArgs {
         batch, q_heads: heads, kv_heads: heads, q_len: seq, kv_len: seq, q: s, k: s, v: s, o: s,
-        scale: 1.0 / (d as f32).sqrt(), causal, descale: Fp8Descale::PerTensor,
+        scale: 1.0 / (d as f32).sqrt(), causal, descale: DescaleGranularity::PerTensor,
     };
     let lens = args.required_lens(d);
     let mut r = Lcg::new(99);

@@ -61,8 +61,8 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use half::{bf16, f16};
-use quattn_native::wgmma_fp8::{vt_key_of_column, Fp8Buffers, Fp8Descale, Fp8Out, Fp8Ptrs, Fp8WgmmaArgs, Fp8WgmmaConfig, Fp8WgmmaKernel};
-use quattn_native::{AttentionShape, Layout, Strides, WgmmaConfig, WgmmaKernel};
+use quattn_native::wgmma_fp8::{vt_key_of_column, Fp8Buffers, Fp8Ptrs, Fp8WgmmaArgs, Fp8WgmmaConfig, Fp8WgmmaKernel};
+use quattn_native::{AttentionShape, DescaleGranularity, Dtype, Layout, Strides, WgmmaConfig, WgmmaKernel};
 
 type BoxErr = Box<dyn std::error::Error>;
 
@@ -124,7 +124,7 @@ fn samples(n: usize, seed: u64) -> Vec<f32> {
 
 /// E4M3 codes and descales of a `[batch, heads, len, d]` tensor (strides `st`), per tensor or
 /// per (batch, head): descale = amax / 448.
-fn quantize(x: &[f32], st: &Strides, batch: usize, heads: usize, len: usize, d: usize, g: Fp8Descale) -> (Vec<u8>, Vec<f32>) {
+fn quantize(x: &[f32], st: &Strides, batch: usize, heads: usize, len: usize, d: usize, g: DescaleGranularity) -> (Vec<u8>, Vec<f32>) {
     let at = |b: usize, h: usize, i: usize| b * st.batch as usize + h * st.head as usize + i * st.seq as usize;
     let mut amax = vec![0f32; batch * heads];
     for b in 0..batch {
@@ -137,13 +137,13 @@ fn quantize(x: &[f32], st: &Strides, batch: usize, heads: usize, len: usize, d: 
         }
     }
     let desc: Vec<f32> = match g {
-        Fp8Descale::PerTensor => vec![amax.iter().cloned().fold(0f32, f32::max).max(1e-30) / 448.0],
-        Fp8Descale::PerHead => amax.iter().map(|a| a.max(1e-30) / 448.0).collect(),
+        DescaleGranularity::PerTensor => vec![amax.iter().cloned().fold(0f32, f32::max).max(1e-30) / 448.0],
+        DescaleGranularity::PerHead | DescaleGranularity::PerBlock => amax.iter().map(|a| a.max(1e-30) / 448.0).collect(),
     };
     let mut codes = vec![0u8; x.len()];
     for b in 0..batch {
         for h in 0..heads {
-            let dq = desc[if g == Fp8Descale::PerTensor { 0 } else { b * heads + h }];
+            let dq = desc[if g == DescaleGranularity::PerTensor { 0 } else { b * heads + h }];
             for i in 0..len {
                 for c in 0..d {
                     codes[at(b, h, i) + c] = e4m3_encode(x[at(b, h, i) + c] / dq);
@@ -164,7 +164,7 @@ struct Case {
     kv_len: usize,
     causal: bool,
     bshd: bool,
-    descale: Fp8Descale,
+    descale: DescaleGranularity,
     /// The stale-max case: big scores in the last and the first processed tile.
     spikes: bool,
     /// Q and K codes in {-2, -1.5, .., 2}: every partial sum of Q·Kᵀ is a multiple of 1/4 below
@@ -173,7 +173,7 @@ struct Case {
 }
 
 fn cases() -> Vec<Case> {
-    use Fp8Descale::{PerHead as H, PerTensor as T};
+    use DescaleGranularity::{PerHead as H, PerTensor as T};
     let c = |name, batch, q_heads, kv_heads, q_len, kv_len, causal, bshd, descale, spikes| Case {
         name, batch, q_heads, kv_heads, q_len, kv_len, causal, bshd, descale, spikes, exact_s: false,
     };
@@ -201,7 +201,7 @@ fn cases() -> Vec<Case> {
 fn long_case() -> Case {
     Case {
         name: "long kv 16k", batch: 1, q_heads: 1, kv_heads: 1, q_len: 128, kv_len: 16384, causal: false, bshd: false,
-        descale: Fp8Descale::PerTensor, spikes: false, exact_s: false,
+        descale: DescaleGranularity::PerTensor, spikes: false, exact_s: false,
     }
 }
 
@@ -275,8 +275,8 @@ fn inputs(c: &Case, d: usize) -> Inputs {
 fn at(s: &Strides, b: usize, h: usize, i: usize) -> usize {
     b * s.batch as usize + h * s.head as usize + i * s.seq as usize
 }
-fn descale(x: &[f32], g: Fp8Descale, b: usize, heads: usize, h: usize) -> f32 {
-    if g == Fp8Descale::PerTensor { x[0] } else { x[b * heads + h] }
+fn descale(x: &[f32], g: DescaleGranularity, b: usize, heads: usize, h: usize) -> f32 {
+    if g == DescaleGranularity::PerTensor { x[0] } else { x[b * heads + h] }
 }
 fn visible(a: &Fp8WgmmaArgs, i: usize) -> usize {
     if a.causal {
@@ -528,8 +528,8 @@ fn check(stream: &Arc<CudaStream>, kernel: &Fp8WgmmaKernel, c: &Case) -> Result<
     let o_bits = stream.clone_dtoh(&og)?;
     let lse = stream.clone_dtoh(&lg)?;
     let to_f = |x: u16| match cfg.out {
-        Fp8Out::F16 => f16::from_bits(x).to_f64(),
-        Fp8Out::Bf16 => bf16::from_bits(x).to_f64(),
+        Dtype::F16 | Dtype::F32 => f16::from_bits(x).to_f64(),
+        Dtype::Bf16 => bf16::from_bits(x).to_f64(),
     };
     let mut got = vec![0f64; a.batch * a.q_heads * a.q_len * d];
     for b in 0..a.batch {
@@ -552,8 +552,8 @@ fn check(stream: &Arc<CudaStream>, kernel: &Fp8WgmmaKernel, c: &Case) -> Result<
     let eo64: Vec<f64> = eo
         .iter()
         .map(|&x| match cfg.out {
-            Fp8Out::F16 => f16::from_f32(x).to_f64(),
-            Fp8Out::Bf16 => bf16::from_f32(x).to_f64(),
+            Dtype::F16 | Dtype::F32 => f16::from_f32(x).to_f64(),
+            Dtype::Bf16 => bf16::from_f32(x).to_f64(),
         })
         .collect();
     let el64: Vec<f64> = el.iter().map(|&x| x as f64).collect();
@@ -605,7 +605,7 @@ fn bench(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, d: usize, kernels: &[
             let s = Strides::new(Layout::Bhsd, heads, seq, d);
             let a = Fp8WgmmaArgs {
                 batch, q_heads: heads, kv_heads: heads, q_len: seq, kv_len: seq, q: s, k: s, v: s, o: s,
-                scale: 1.0 / (d as f32).sqrt(), causal, descale: Fp8Descale::PerTensor,
+                scale: 1.0 / (d as f32).sqrt(), causal, descale: DescaleGranularity::PerTensor,
             };
             let flops = 4.0 * (batch * heads * seq * seq * d) as f64 * if causal { 0.5 } else { 1.0 };
             let tf = |ms: f64| flops / (ms * 1e-3) / 1e12;
@@ -764,7 +764,7 @@ fn main() -> Result<(), BoxErr> {
                 );
             }
         }
-        if cfg.out == Fp8Out::F16 {
+        if cfg.out == Dtype::F16 {
             bench_kernels.push(kernel);
         }
     }

@@ -49,7 +49,7 @@ pub use cache::{default_cache_dir, CacheKey, CompileRequest, CompiledKernel, Ker
 pub use error::{NativeError, Result};
 /// The shared types of quattn's crates that this crate's API takes: launch shape, element type, strides,
 /// accumulation modes, INT8 scale granularity and blocking.
-pub use quattn_core::{AttentionShape, Dtype, Int8Blocking, Int8Granularity, Layout, PvAccum, QkAccum, Strides, TWO_STAGE_CHUNK};
+pub use quattn_core::{AttentionShape, DescaleGranularity, Dtype, Fp8Format, Int8Blocking, Int8Granularity, Layout, PvAccum, QkAccum, Strides, TWO_STAGE_CHUNK};
 #[cfg(feature = "cuda")]
 pub use hmma::HmmaKernel;
 #[cfg(feature = "cuda")]
@@ -64,7 +64,7 @@ pub use int8_prepass::Int8Prepass;
 pub use int8_prepass::{Int8PrepassConfig, PrepassLens, PrepassPass, PrepassPtrs, PrepassVariant};
 #[cfg(feature = "cuda")]
 pub use mma_fp8::{Fp8MmaBuffers, Fp8MmaKernel};
-pub use mma_fp8::{Fp8Descale, Fp8MmaArgs, Fp8MmaConfig, Fp8MmaLens, Fp8MmaParams, Fp8MmaPtrs, Fp8MmaUnit, Fp8MmaTileRow, Fp8P, Fp8VtConfig, FP8_MMA_TILES};
+pub use mma_fp8::{Fp8MmaArgs, Fp8MmaConfig, Fp8MmaLens, Fp8MmaParams, Fp8MmaPtrs, Fp8MmaUnit, Fp8MmaTileRow, Fp8P, Fp8VtConfig, FP8_MMA_TILES};
 pub use nvrtc::{nvrtc, NvrtcInfo, Resources};
 pub use registry::NativeKernelId;
 #[cfg(feature = "cuda")]

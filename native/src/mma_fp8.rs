@@ -23,7 +23,7 @@
 //! * Q, K, V: e4m3 codes (`u8`) in `[batch, heads, seq, head_dim]` with any strides (bytes =
 //!   elements, multiples of 16), the head dim contiguous. Descales: f32 buffers, per tensor
 //!   (`[1]` each) or per (batch, head) (`[batch, q_heads]` for Q, `[batch, kv_heads]` for K and
-//!   V), [`Fp8Descale`]. A value is `decode(code) · descale`.
+//!   V), [`DescaleGranularity`]. A value is `decode(code) · descale`.
 //! * The V prepass ([`Fp8MmaKernel::launch_vt_raw`]) writes `Vt`: `[batch, kv_heads,
 //!   head_dim, vt_len]` e4m3 with `vt_len = kv_len` rounded up to [`VT_ALIGN`] keys, keys
 //!   permuted within groups of 16 (the header of `fwd_mma_fp8.cu` says how and why), zero past
@@ -38,7 +38,7 @@ use crate::arch::Arch;
 use crate::cache::{CompileRequest, KernelSource};
 use crate::error::{NativeError, Result};
 use crate::hmma::HmmaTile;
-use quattn_core::{Dtype, Strides};
+use quattn_core::{DescaleGranularity, Dtype, Strides};
 use crate::report::KernelVariant;
 
 const KERNEL: &str = "fwd_mma_fp8";
@@ -67,15 +67,6 @@ pub enum Fp8P {
     /// P as `e4m3(448 p)` (RNE, saturating), V's codes as they are, e4m3 `m16n8k32` MMA, f32
     /// accumulation ("variant B"; the facade's `PvFormat::Fp8`).
     E4m3,
-}
-
-/// Granularity of the three descale buffers.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
-pub enum Fp8Descale {
-    /// One f32 each for Q, K and V.
-    PerTensor,
-    /// `[batch, q_heads]` for Q, `[batch, kv_heads]` for K and V.
-    PerHead,
 }
 
 /// The tiles of one head dim.
@@ -386,7 +377,7 @@ pub struct Fp8MmaArgs {
     pub scale: f32,
     /// Bottom-right aligned causal mask: query i sees key j iff j <= i + kv_len - q_len.
     pub causal: bool,
-    pub descale: Fp8Descale,
+    pub descale: DescaleGranularity,
 }
 
 /// Device addresses of one launch.
@@ -491,8 +482,8 @@ impl Fp8MmaArgs {
     pub fn required_lens(&self, head_dim: usize) -> Fp8MmaLens {
         let r = |s: &Strides, h, n| s.extent(self.batch, h, n, head_dim).unwrap_or(usize::MAX);
         let (qd, kvd) = match self.descale {
-            Fp8Descale::PerTensor => (1, 1),
-            Fp8Descale::PerHead => (self.batch * self.q_heads, self.batch * self.kv_heads),
+            DescaleGranularity::PerTensor => (1, 1),
+            DescaleGranularity::PerHead | DescaleGranularity::PerBlock => (self.batch * self.q_heads, self.batch * self.kv_heads),
         };
         Fp8MmaLens {
             q: r(&self.q, self.q_heads, self.q_len),
@@ -511,6 +502,9 @@ impl Fp8MmaArgs {
     pub fn validate(&self, config: &Fp8MmaConfig) -> Result<()> {
         config.validate()?;
         let bad = |m: String| Err(NativeError::InvalidArgs(m));
+        if self.descale == DescaleGranularity::PerBlock {
+            return bad("per-block descales are not supported by this family (per tensor or per head)".into());
+        }
         if self.batch == 0 || self.q_heads == 0 || self.kv_heads == 0 || self.q_len == 0 || self.kv_len == 0 {
             return bad(format!("empty problem: {self:?}"));
         }
@@ -563,8 +557,8 @@ impl Fp8MmaArgs {
     /// Forward kernel parameters.
     pub fn params(&self, ptrs: &Fp8MmaPtrs) -> Fp8MmaParams {
         let (qb, qh, kb, kh) = match self.descale {
-            Fp8Descale::PerTensor => (0, 0, 0, 0),
-            Fp8Descale::PerHead => (self.q_heads as i32, 1, self.kv_heads as i32, 1),
+            DescaleGranularity::PerTensor => (0, 0, 0, 0),
+            DescaleGranularity::PerHead | DescaleGranularity::PerBlock => (self.q_heads as i32, 1, self.kv_heads as i32, 1),
         };
         Fp8MmaParams {
             q: ptrs.q,
@@ -861,7 +855,7 @@ mod tests {
             o: Strides::new(quattn_core::Layout::Bshd, 8, 1000, 128),
             scale: 0.088,
             causal: true,
-            descale: Fp8Descale::PerHead,
+            descale: DescaleGranularity::PerHead,
         }
     }
 
@@ -945,7 +939,7 @@ mod tests {
         let p = a.params(&ptrs);
         assert_eq!((p.q_len, p.kv_len, p.kv_group, p.causal, p.vt_len), (1000, 777, 4, 1, 896));
         assert_eq!((p.q_desc_batch, p.q_desc_head, p.kv_desc_batch, p.kv_desc_head), (8, 1, 2, 1));
-        let pt = Fp8MmaArgs { descale: Fp8Descale::PerTensor, ..a }.params(&ptrs);
+        let pt = Fp8MmaArgs { descale: DescaleGranularity::PerTensor, ..a }.params(&ptrs);
         assert_eq!((pt.q_desc_batch, pt.q_desc_head, pt.kv_desc_batch, pt.kv_desc_head), (0, 0, 0, 0));
         let vp = a.vt_params(&ptrs);
         assert_eq!((vp.v_seq_stride, vp.vt_len, vp.kv_heads), (2 * 128, 896, 2));

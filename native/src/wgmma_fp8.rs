@@ -10,7 +10,7 @@
 //!   in bytes, `d` 64
 //!   or 128. Value `x = decode(code) * descale`. Q, K and V strides are multiples of 16 bytes,
 //!   their addresses 16-byte aligned (TMA reads Q and K, the prepass V in 16-byte pieces).
-//! * Descales (f32, positive, finite) per [`Fp8Descale`]: one per tensor (`[1]` each), or one
+//! * Descales (f32, positive, finite) per [`DescaleGranularity`]: one per tensor (`[1]` each), or one
 //!   per (batch, head) (`q_descale [b * q_heads]`, `k_descale` / `v_descale [b * kv_heads]`).
 //! * FP8 wgmma reads only K-major operands, so V reaches the attention kernel as Vᵀ: the
 //!   prepass ([`Fp8WgmmaKernel::launch_prepass`]) writes `vt [b, kv_heads, d, kv_pad]` codes,
@@ -19,7 +19,7 @@
 //!   header derives the permutation), zeros past kv_len. It runs on the same stream; a caller
 //!   that reuses V (a KV cache) may keep `vt` and skip it.
 //! * O `[b, q_heads, q_len, d]` (any strides, multiples of 8 elements) in f16 or bf16
-//!   ([`Fp8Out`]); LSE `[b, q_heads, q_len]` f32, natural log, `-inf` for rows that see no key.
+//!   ([`Dtype`]); LSE `[b, q_heads, q_len]` f32, natural log, `-inf` for rows that see no key.
 //! * Softmax scale > 0; bottom-right causal mask; GQA (`q_heads % kv_heads == 0`).
 //!
 //! # Numerics
@@ -47,7 +47,7 @@
 use crate::arch::Arch;
 use crate::cache::{CompileRequest, KernelSource};
 use crate::error::{NativeError, Result};
-use quattn_core::Strides;
+use quattn_core::{DescaleGranularity, Dtype, Strides};
 use crate::report::KernelVariant;
 use crate::tma::{RowsTensor, TmaSpec, WS_CONSUMER_REGS, WS_PRODUCER_REGS};
 
@@ -67,32 +67,6 @@ pub const FP8_BLOCK_M: u32 = 128;
 /// Vᵀ rows are padded to a multiple of this many keys (the KV tile of 128 keys; the 192-key tile
 /// reads past the padding as TMA zeros).
 pub const FP8_KV_PAD: u32 = 128;
-
-/// O's element type.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
-pub enum Fp8Out {
-    F16,
-    Bf16,
-}
-
-impl Fp8Out {
-    pub fn tag(&self) -> &'static str {
-        match self {
-            Fp8Out::F16 => "f16",
-            Fp8Out::Bf16 => "bf16",
-        }
-    }
-}
-
-/// Granularity of the Q, K, V descales (quattn-core's `DescaleGranularity::PerTensor` /
-/// `PerHead`; per-block descales are not supported by this family).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
-pub enum Fp8Descale {
-    /// One f32 per tensor.
-    PerTensor,
-    /// One f32 per (batch, head): Q per Q head, K and V per KV head.
-    PerHead,
-}
 
 /// `(head dim, keys per KV tile, stages)` of the table variants, measured on one H100 80GB HBM3
 /// with `examples/wgmma_fp8_check.rs`: TFLOP/s of the attention kernel alone (median of 20),
@@ -124,7 +98,7 @@ pub const FP8_TILES: [(u32, u32, u32); 2] = [(64, 192, 2), (128, 192, 2)];
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 pub struct Fp8WgmmaConfig {
     pub head_dim: u32,
-    pub out: Fp8Out,
+    pub out: Dtype,
     /// Keys per KV tile: 128 or 192.
     pub block_n: u32,
     /// K/V TMA stages (2 to 4).
@@ -159,7 +133,7 @@ impl Fp8WgmmaConfig {
 
     /// Validated constructor: the table variant of the head dim ([`FP8_TILES`], `rescale_log2`
     /// 0: the max moves whenever it grows, the facade emulation's quantization of P).
-    pub fn new(head_dim: usize, out: Fp8Out) -> Result<Self> {
+    pub fn new(head_dim: usize, out: Dtype) -> Result<Self> {
         let Some(&(_, block_n, stages)) = FP8_TILES.iter().find(|(d, _, _)| *d as usize == head_dim) else {
             return Err(NativeError::UnsupportedHeadDim { kernel: KERNEL, head_dim, supported: Self::HEAD_DIMS });
         };
@@ -169,6 +143,9 @@ impl Fp8WgmmaConfig {
     }
 
     pub fn validate(&self) -> Result<()> {
+        if self.out == Dtype::F32 {
+            return Err(NativeError::UnsupportedConfig { kernel: KERNEL, reason: "O is f16 or bf16".into() });
+        }
         if !Self::HEAD_DIMS.contains(&(self.head_dim as usize)) {
             return Err(NativeError::UnsupportedHeadDim {
                 kernel: KERNEL,
@@ -206,10 +183,10 @@ impl Fp8WgmmaConfig {
     pub fn all() -> Vec<Fp8WgmmaConfig> {
         let mut v = Vec::new();
         for head_dim in [64, 128] {
-            for out in [Fp8Out::F16, Fp8Out::Bf16] {
+            for out in [Dtype::F16, Dtype::Bf16] {
                 v.extend(Fp8WgmmaConfig::new(head_dim, out));
             }
-            let Ok(base) = Fp8WgmmaConfig::new(head_dim, Fp8Out::F16) else { continue };
+            let Ok(base) = Fp8WgmmaConfig::new(head_dim, Dtype::F16) else { continue };
             for block_n in [128, 192] {
                 for stages in [2, 3] {
                     for rescale_log2 in [0, 8] {
@@ -232,7 +209,7 @@ impl Fp8WgmmaConfig {
     pub fn name(&self) -> String {
         let r = if self.rescale_log2 == 0 { String::new() } else { format!("_r{}", self.rescale_log2) };
         let p = if self.exp2_poly == 0 { String::new() } else { format!("_p{}", self.exp2_poly) };
-        format!("{KERNEL}_e4m3_{}_d{}_n{}_tma{}{r}{p}", self.out.tag(), self.head_dim, self.block_n, self.stages)
+        format!("{KERNEL}_e4m3_{}_d{}_n{}_tma{}{r}{p}", self.out.name(), self.head_dim, self.block_n, self.stages)
     }
 
     pub fn defines(&self) -> Result<Vec<(String, String)>> {
@@ -240,7 +217,7 @@ impl Fp8WgmmaConfig {
         let d = |k: &str, v: u32| (k.to_string(), v.to_string());
         Ok(vec![
             d("HEAD_DIM", self.head_dim),
-            d("OUT_BF16", (self.out == Fp8Out::Bf16) as u32),
+            d("OUT_BF16", (self.out == Dtype::Bf16) as u32),
             d("BLOCK_N", self.block_n),
             d("KV_STAGES", self.stages),
             d("PRODUCER_REGS", WS_PRODUCER_REGS),
@@ -408,7 +385,7 @@ pub struct Fp8WgmmaArgs {
     pub scale: f32,
     /// Bottom-right aligned causal mask: query i sees key j iff j <= i + kv_len - q_len.
     pub causal: bool,
-    pub descale: Fp8Descale,
+    pub descale: DescaleGranularity,
 }
 
 /// Element counts every buffer must at least have.
@@ -484,6 +461,9 @@ impl Fp8WgmmaArgs {
     pub fn validate(&self, config: &Fp8WgmmaConfig) -> Result<()> {
         config.validate()?;
         let bad = |m: String| Err(NativeError::InvalidArgs(m));
+        if self.descale == DescaleGranularity::PerBlock {
+            return bad("per-block descales are not supported by this family (per tensor or per head)".into());
+        }
         if self.batch == 0 || self.q_heads == 0 || self.kv_heads == 0 || self.q_len == 0 {
             return bad(format!("empty problem: {self:?}"));
         }
@@ -513,8 +493,8 @@ impl Fp8WgmmaArgs {
             if n == 0 { 0 } else { s.extent(self.batch, h, n, d).unwrap_or(usize::MAX) }
         };
         let per = |heads| match self.descale {
-            Fp8Descale::PerTensor => 1,
-            Fp8Descale::PerHead => self.batch * heads,
+            DescaleGranularity::PerTensor => 1,
+            DescaleGranularity::PerHead | DescaleGranularity::PerBlock => self.batch * heads,
         };
         Fp8Lens {
             q: r(&self.q, self.q_heads, self.q_len),
@@ -545,7 +525,7 @@ impl Fp8WgmmaArgs {
             kv_heads: self.kv_heads as i32,
             kv_group: (self.q_heads / self.kv_heads) as i32,
             causal: self.causal as i32,
-            descale_per_head: (self.descale == Fp8Descale::PerHead) as i32,
+            descale_per_head: (self.descale == DescaleGranularity::PerHead) as i32,
             scale_log2: self.scale * std::f32::consts::LOG2_E,
         }
     }
@@ -590,7 +570,7 @@ mod launch {
     unsafe impl DeviceRepr for Fp8VtParams {}
 
     /// Typed buffers of [`Fp8WgmmaKernel::launch`]: `u8` E4M3 codes for Q, K, V and Vᵀ, 2-byte
-    /// `T` (f16 or bf16 bits, per the config's [`Fp8Out`]) for O, f32 LSE and descales.
+    /// `T` (f16 or bf16 bits, per the config's [`Dtype`]) for O, f32 LSE and descales.
     pub struct Fp8Buffers<'a, T, Q, K, V, VT, O, L, S> {
         pub q: &'a Q,
         pub k: &'a K,
@@ -778,12 +758,12 @@ mod tests {
 
     #[test]
     fn names_defines_smem_and_targets() {
-        let c = Fp8WgmmaConfig::new(128, Fp8Out::F16).unwrap();
+        let c = Fp8WgmmaConfig::new(128, Dtype::F16).unwrap();
         assert_eq!(c.name(), "fwd_fp8_wgmma_e4m3_f16_d128_n192_tma2");
         assert_eq!(c.smem_bytes().unwrap(), 128 * 128 + 2 * 2 * 192 * 128 + 8 * 9 + 1024);
         let d = c.defines().unwrap();
         assert!(d.contains(&("OUT_BF16".into(), "0".into())) && d.contains(&("RESCALE_LOG2".into(), "0".into())));
-        let b = Fp8WgmmaConfig::new(64, Fp8Out::Bf16).unwrap();
+        let b = Fp8WgmmaConfig::new(64, Dtype::Bf16).unwrap();
         assert_eq!(b.name(), "fwd_fp8_wgmma_e4m3_bf16_d64_n192_tma2");
         assert_eq!(
             b.expected_instructions(),
@@ -804,7 +784,7 @@ mod tests {
             n192.expected_instructions()[..2],
             ["QGMMA.64x192x32.F32.E4M3.E4M3".to_string(), "QGMMA.64x128x32.F32.E4M3.E4M3".into()]
         );
-        assert!(matches!(Fp8WgmmaConfig::new(96, Fp8Out::F16), Err(NativeError::UnsupportedHeadDim { .. })));
+        assert!(matches!(Fp8WgmmaConfig::new(96, Dtype::F16), Err(NativeError::UnsupportedHeadDim { .. })));
         assert!(matches!(c.request(Arch::Sm90), Err(NativeError::UnsupportedConfig { .. })));
         assert_eq!(Fp8WgmmaConfig::target_for((9, 0)), Some(Arch::Sm90a));
         assert_eq!(Fp8WgmmaConfig::target_for((8, 9)), None);
@@ -840,11 +820,11 @@ mod tests {
     fn params_layout_and_args() {
         assert_eq!(std::mem::size_of::<Fp8WgmmaParams>(), 8 * 8 + 8 * 4);
         assert_eq!(std::mem::size_of::<Fp8VtParams>(), 5 * 8 + 4 * 4);
-        let c = Fp8WgmmaConfig { block_n: 128, ..Fp8WgmmaConfig::new(128, Fp8Out::F16).unwrap() };
+        let c = Fp8WgmmaConfig { block_n: 128, ..Fp8WgmmaConfig::new(128, Dtype::F16).unwrap() };
         let a = Fp8WgmmaArgs {
             batch: 2, q_heads: 8, kv_heads: 2, q_len: 1000, kv_len: 777,
             q: Strides::new(quattn_core::Layout::Bhsd, 8, 1000, 128), k: Strides::new(quattn_core::Layout::Bshd, 2, 777, 128), v: Strides::new(quattn_core::Layout::Bhsd, 2, 777, 128),
-            o: Strides::new(quattn_core::Layout::Bshd, 8, 1000, 128), scale: 0.088, causal: true, descale: Fp8Descale::PerHead,
+            o: Strides::new(quattn_core::Layout::Bshd, 8, 1000, 128), scale: 0.088, causal: true, descale: DescaleGranularity::PerHead,
         };
         a.validate(&c).unwrap();
         assert_eq!(a.kv_pad(), 896);
@@ -859,7 +839,7 @@ mod tests {
         let mut bad = a;
         bad.q.seq = 136;
         assert!(bad.validate(&c).is_err());
-        let c64 = Fp8WgmmaConfig { block_n: 128, ..Fp8WgmmaConfig::new(64, Fp8Out::F16).unwrap() };
+        let c64 = Fp8WgmmaConfig { block_n: 128, ..Fp8WgmmaConfig::new(64, Dtype::F16).unwrap() };
         let a64 = Fp8WgmmaArgs {
             q: Strides::new(quattn_core::Layout::Bhsd, 8, 1000, 64), k: Strides::new(quattn_core::Layout::Bhsd, 2, 777, 64), v: Strides::new(quattn_core::Layout::Bhsd, 2, 777, 64),
             o: Strides::new(quattn_core::Layout::Bhsd, 8, 1000, 64), ..a

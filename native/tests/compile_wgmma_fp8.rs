@@ -9,8 +9,8 @@
 mod common;
 use common::tools_or_skip;
 
-use quattn_native::wgmma_fp8::{Fp8Out, Fp8WgmmaConfig, Fp8WgmmaUnit};
-use quattn_native::{compile_report, Arch, KernelCache, KernelVariant, NativeError};
+use quattn_native::wgmma_fp8::{Fp8WgmmaConfig, Fp8WgmmaUnit};
+use quattn_native::{compile_report, Dtype, Arch, KernelCache, KernelVariant, NativeError};
 
 #[test]
 fn every_fp8_wgmma_unit_compiles_for_sm90a_with_e4m3_hgmma_and_no_spill() {
@@ -87,7 +87,7 @@ fn ptxas_keeps_the_fp8_wgmma_pipeline_and_refuses_other_targets() {
         println!("{}: {}", cfg.name(), c.log.trim());
         assert!(!c.log.contains("serialized"), "{}: {}", cfg.name(), c.log);
     }
-    let cfg = Fp8WgmmaConfig::new(128, Fp8Out::F16).unwrap();
+    let cfg = Fp8WgmmaConfig::new(128, Dtype::F16).unwrap();
     assert!(matches!(cfg.request(Arch::Sm90), Err(NativeError::UnsupportedConfig { .. })));
     let mut req = cfg.request(Arch::Sm90a).unwrap();
     req.arch = Arch::Sm90;
