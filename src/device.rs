@@ -66,6 +66,11 @@ pub enum NativeKind {
     Int8Wgmma,
     /// INT8 Q/K with tcgen05 UMMA (sm_100a; compiled and SASS-checked, not run on hardware).
     Int8Umma,
+    /// FP8 e4m3 Q·Kᵀ and P·V on warpgroup MMA, warp-specialized with TMA (sm_90a: H100/H200).
+    Fp8Wgmma,
+    /// FP8 e4m3 Q·Kᵀ on mma.sync (native on sm_89 and sm_120a, compiled and SASS-checked, not
+    /// run on such hardware; on sm_90 the same PTX runs as an f16 sequence).
+    Fp8Mma,
 }
 
 impl NativeKind {
@@ -76,6 +81,8 @@ impl NativeKind {
             NativeKind::Int8Imma => "int8-imma",
             NativeKind::Int8Wgmma => "int8-wgmma",
             NativeKind::Int8Umma => "int8-umma",
+            NativeKind::Fp8Wgmma => "fp8-wgmma",
+            NativeKind::Fp8Mma => "fp8-mma",
         }
     }
 }

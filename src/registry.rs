@@ -31,7 +31,7 @@ pub enum Family {
 
 impl Family {
     /// Every family, in no particular order (each backend's table orders its own rows).
-    pub const ALL: [Family; 12] = [
+    pub const ALL: [Family; 14] = [
         Family::Cpu,
         Family::Emulation,
         Family::Portable(PortableKind::Fma),
@@ -44,6 +44,8 @@ impl Family {
         Family::Native(NativeKind::Int8Imma),
         Family::Native(NativeKind::Int8Wgmma),
         Family::Native(NativeKind::Int8Umma),
+        Family::Native(NativeKind::Fp8Wgmma),
+        Family::Native(NativeKind::Fp8Mma),
     ];
 
     /// Whether `strategy` lets dispatch consider this family.
@@ -144,11 +146,8 @@ fn native_kind(k: &quattn_native::NativeKernelId) -> NativeKind {
         N::Int8Wgmma(_) => NativeKind::Int8Wgmma,
         N::Int8Umma(_) => NativeKind::Int8Umma,
         N::Int8Prepass(_) | N::Int8PrepassPass(_) => NativeKind::Int8Imma,
-        // No row of the CUDA table chooses the FP8 wgmma family: it has no kind of its own.
-        N::Fp8Wgmma(_) => NativeKind::Wgmma,
-        // No plan chooses the FP8 mma.sync family until the facade wires it (it then gets its
-        // own kind); the arm keeps the match exhaustive.
-        N::Fp8Mma(_) => NativeKind::Hmma,
+        N::Fp8Wgmma(_) => NativeKind::Fp8Wgmma,
+        N::Fp8Mma(_) => NativeKind::Fp8Mma,
     }
 }
 

@@ -2,7 +2,7 @@
 # Before/after the kernel registry and device-tensor API, in one device call: the same bench
 # grid with the previous binary (quattn-before, commit 8a4002b) and this tree's (quattn), in
 # alternating order, next to torch SDPA (flash, cuDNN) and cubek-attention.
-#   benchmarks/2026-11-24-h100-a/run.sh OUT BIN     (BIN holds quattn-before and quattn, both
+#   benchmarks/2026-11-25-h100-a/run.sh OUT BIN     (BIN holds quattn-before and quattn, both
 #   built with --features peer-cubek)
 # Also the device-tensor path's host cost (`quattn bench --api-overhead`). The results are
 # packed into OUT/a.tar.gz (one file to bring back).

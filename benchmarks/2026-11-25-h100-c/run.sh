@@ -30,7 +30,7 @@ timeout $(lim 90) "$q" bench --device cuda --strategy portable --precision f16,f
 step "compute: portable f16 vs fp8"
 timeout $(lim 120) "$q" bench --device cuda --strategy portable --precision f16,fp8-e4m3-head --seqs 4096,16384 --head-dims 64,128 --causal both --iters 10 --json > "$out/bench_compute.jsonl" 2>> "$out/run.log"; echo "rc $?"
 step "native fp8 vs f16"
-timeout $(lim 90) "$q" bench --device cuda --precision f16,fp8-e4m3-head-pfp8,fp8-e4m3-pfp8 --seqs 4096,8192,16384 --head-dims 128 --causal both --iters 20 --json > "$out/bench_native.jsonl" 2>> "$out/run.log"; echo "rc $?"
+timeout $(lim 120) "$q" bench --device cuda --precision f16,fp8-e4m3-head-pfp8,fp8-e4m3-pfp8,fp8-e4m3-head --seqs 4096,8192,16384 --head-dims 64,128 --causal both --iters 20 --json > "$out/bench_native.jsonl" 2>> "$out/run.log"; echo "rc $?"
 step "vulkan: portable f16 vs fp8"
 timeout $(lim 60) "$q" bench --device wgpu --precision f16,fp8-e4m3-head --seqs 4096 --head-dims 128 --causal non-causal --iters 5 --warmup 2 --json > "$out/bench_vulkan.jsonl" 2>> "$out/run.log"; echo "rc $?"
 step torch

@@ -57,6 +57,8 @@ pub enum NativeArg {
     Int8Imma,
     Int8Wgmma,
     Int8Umma,
+    Fp8Wgmma,
+    Fp8Mma,
 }
 
 /// Portable (CubeCL) kernel family with `--strategy portable`.
@@ -143,6 +145,8 @@ impl DeviceOpts {
                 NativeArg::Int8Imma => NativeKind::Int8Imma,
                 NativeArg::Int8Wgmma => NativeKind::Int8Wgmma,
                 NativeArg::Int8Umma => NativeKind::Int8Umma,
+                NativeArg::Fp8Wgmma => NativeKind::Fp8Wgmma,
+                NativeArg::Fp8Mma => NativeKind::Fp8Mma,
             }),
         }
     }

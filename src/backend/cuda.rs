@@ -2,7 +2,12 @@
 //! otherwise. The dispatch table, best first: the warp-specialized wgmma kernel (f16, sm_90a),
 //! the mma.sync HMMA kernels (f16/bf16, sm_80+), the native INT8 kernels (tcgen05 UMMA on
 //! compute capability 10.0, s8 wgmma on 9.0, IMMA from sm_80, each after the native
-//! quantization prepass), then the portable rows of [`CubeclBackend`].
+//! quantization prepass), the native FP8 kernels (e4m3 wgmma on 9.0, e4m3 mma.sync from 8.9,
+//! each after its Vᵀ prepass), then the portable rows of [`CubeclBackend`].
+//!
+//! FP8 on the host path: Q, K and V are quantized on the host at upload to e4m3 codes with f32
+//! descales (`codec::fp8_scaled`, as the CPU and portable FP8 kernels do), and each execution
+//! runs the Vᵀ prepass then the attention kernel.
 //!
 //! Native kernels are loaded once into the device's primary context through one
 //! [`ModuleStore`] and launched with raw device addresses: the host path's own buffers, or a
@@ -16,13 +21,15 @@ use std::sync::{Arc, Mutex};
 use cubecl::cuda::CudaRuntime;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtrMut};
 use half::{bf16, f16};
+use quattn_native::wgmma_fp8::{Fp8Ptrs, Fp8WgmmaArgs, Fp8WgmmaConfig, Fp8WgmmaUnit};
 use quattn_native::{
-    HmmaConfig, Int8Args, Int8Config, Int8PrepassConfig, Int8Ptrs, Int8UmmaConfig, Int8WgmmaConfig, Loaded,
+    DescaleGranularity, Fp8MmaArgs, Fp8MmaConfig, Fp8MmaPtrs, Fp8MmaUnit, Fp8P, HmmaConfig, Int8Args, Int8Config, Int8PrepassConfig, Int8Ptrs, Int8UmmaConfig, Int8WgmmaConfig, Loaded,
     ModuleStore, NativeError, NativeKernelId, PrepassLens, PrepassPtrs, WgmmaConfig,
 };
 
 use super::gpu::{CubeclBackend, GpuData};
 use super::{Backend, ResidentData};
+use crate::codec::fp8_scaled::{DescaleLayout, Fp8Tensor};
 use crate::codec::int8::Int8Operands;
 use crate::device_tensor::{CubeclTensors, CudaCall};
 use crate::emulation::Blocking;
@@ -31,7 +38,7 @@ use crate::precision::{PvAccum, PvFormat};
 use crate::registry::{self, not_applicable, Choice, Family, KernelId, NativeChoice, Planned, Reject, Row};
 use crate::session::{DeviceInfo, Plan};
 use crate::tensor::HostSlice;
-use crate::{AttentionProblem, Device, Dtype, NativeKind, Precision, Strategy};
+use crate::{AttentionProblem, Device, Dtype, Fp8Format, NativeKind, Precision, Strategy};
 
 pub(crate) struct CudaBackend {
     portable: CubeclBackend<CudaRuntime>,
@@ -47,13 +54,15 @@ pub(crate) struct CudaBackend {
 }
 
 /// The dispatch table of a CUDA device, best first.
-fn table() -> [Row<CudaBackend>; 10] {
+fn table() -> [Row<CudaBackend>; 12] {
     [
         Row { family: Family::Native(NativeKind::Wgmma), test: CudaBackend::wgmma_row },
         Row { family: Family::Native(NativeKind::Hmma), test: CudaBackend::hmma_row },
         Row { family: Family::Native(NativeKind::Int8Umma), test: |b, p, prec| b.int8_row(p, prec, NativeKind::Int8Umma) },
         Row { family: Family::Native(NativeKind::Int8Wgmma), test: |b, p, prec| b.int8_row(p, prec, NativeKind::Int8Wgmma) },
         Row { family: Family::Native(NativeKind::Int8Imma), test: |b, p, prec| b.int8_row(p, prec, NativeKind::Int8Imma) },
+        Row { family: Family::Native(NativeKind::Fp8Wgmma), test: |b, p, prec| b.fp8_row(p, prec, NativeKind::Fp8Wgmma) },
+        Row { family: Family::Native(NativeKind::Fp8Mma), test: |b, p, prec| b.fp8_row(p, prec, NativeKind::Fp8Mma) },
         Row { family: Family::Portable(crate::PortableKind::Mma), test: |b, p, prec| b.portable.float_row(p, prec, quattn_cubecl::Family::Mma) },
         Row { family: Family::Portable(crate::PortableKind::Cmma), test: |b, p, prec| b.portable.float_row(p, prec, quattn_cubecl::Family::Cmma) },
         Row { family: Family::Portable(crate::PortableKind::Int8), test: |b, p, prec| b.portable.int8_row(p, prec) },
@@ -90,6 +99,56 @@ struct NativeData {
     /// Always allocated: the native kernels always write the LSE.
     lse: CudaSlice<f32>,
     int8: Option<Int8Buffers>,
+    /// FP8 plans: codes, descales and the Vᵀ scratch (`q`, `k`, `v` above are then unused).
+    fp8: Option<Fp8Buffers>,
+}
+
+/// The host path's buffers of a native FP8 plan.
+struct Fp8Buffers {
+    q: CudaSlice<u8>,
+    k: CudaSlice<u8>,
+    v: CudaSlice<u8>,
+    vt: CudaSlice<u8>,
+    q_descale: CudaSlice<f32>,
+    k_descale: CudaSlice<f32>,
+    v_descale: CudaSlice<f32>,
+}
+
+/// The FP8 launch arguments of the two native FP8 families: the problem's strides (codes are one
+/// byte, so element strides are byte strides), its scale and mask, the descale granularity.
+fn fp8_args(problem: &AttentionProblem, descale: DescaleGranularity) -> Fp8MmaArgs {
+    let sh = problem.shape();
+    Fp8MmaArgs {
+        batch: sh.batch,
+        q_heads: sh.q_heads,
+        kv_heads: sh.kv_heads,
+        q_len: sh.q_len,
+        kv_len: sh.kv_len,
+        q: sh.q,
+        k: sh.k,
+        v: sh.v,
+        o: sh.o,
+        scale: sh.scale,
+        causal: sh.causal,
+        descale,
+    }
+}
+
+fn wgmma_fp8_args(a: &Fp8MmaArgs) -> Fp8WgmmaArgs {
+    Fp8WgmmaArgs {
+        batch: a.batch,
+        q_heads: a.q_heads,
+        kv_heads: a.kv_heads,
+        q_len: a.q_len,
+        kv_len: a.kv_len,
+        q: a.q,
+        k: a.k,
+        v: a.v,
+        o: a.o,
+        scale: a.scale,
+        causal: a.causal,
+        descale: a.descale,
+    }
 }
 
 fn native_err(kernel: &str, e: NativeError) -> Error {
@@ -208,6 +267,84 @@ impl CudaBackend {
         self.native_choice(id, Some(NativeKernelId::Int8Prepass(prepass)), Some(blocking))
     }
 
+    /// A native FP8 family: e4m3 codes with per-tensor or per-head descales (e5m2 and per-block
+    /// descales run on the portable FP8 kernel). The wgmma family computes P·V in e4m3 only; the
+    /// mma.sync family in f16 (V decoded) or e4m3.
+    fn fp8_row(&self, problem: &AttentionProblem, precision: Precision, family: NativeKind) -> std::result::Result<Choice, Reject> {
+        let na = |e: String| Reject::NotApplicable(e);
+        let Precision::Fp8 { format, descale, p } = precision else {
+            return not_applicable(format!("the native FP8 kernels compute FP8 inputs, not {precision}"));
+        };
+        if format != Fp8Format::E4M3 {
+            return not_applicable("the native FP8 kernels read e4m3 codes");
+        }
+        if descale == DescaleGranularity::PerBlock {
+            return not_applicable("the native FP8 kernels take per-tensor or per-head descales");
+        }
+        if problem.v_head_dim != problem.head_dim {
+            return not_applicable(format!("native FP8 kernels need v_head_dim == head_dim (got {} and {})", problem.v_head_dim, problem.head_dim));
+        }
+        let out = Dtype::F16;
+        let args = fp8_args(problem, descale);
+        let (id, block_k) = match family {
+            NativeKind::Fp8Wgmma => {
+                if p != PvFormat::Fp8 {
+                    return not_applicable("the FP8 wgmma kernel rounds P to e4m3 (PvFormat::Fp8)");
+                }
+                if Fp8WgmmaConfig::target_for(self.cc).is_none() {
+                    return not_applicable(format!("the FP8 wgmma kernel needs compute capability 9.0 (sm_90a), this device is {}.{}", self.cc.0, self.cc.1));
+                }
+                let c = Fp8WgmmaConfig::new(problem.head_dim, out).map_err(|e| na(e.to_string()))?;
+                wgmma_fp8_args(&args).validate(&c).map_err(|e| na(e.to_string()))?;
+                (NativeKernelId::Fp8Wgmma(Fp8WgmmaUnit::Attention(c)), c.block_n as usize)
+            }
+            _ => {
+                if Fp8MmaConfig::target_for(self.cc).is_none() {
+                    return not_applicable(format!("the FP8 mma.sync kernel needs compute capability 8.9 or newer, this device is {}.{}", self.cc.0, self.cc.1));
+                }
+                let pf = if p == PvFormat::Fp8 { Fp8P::E4m3 } else { Fp8P::F16 };
+                let c = Fp8MmaConfig::new(problem.head_dim, pf, out).map_err(|e| na(e.to_string()))?;
+                args.validate(&c).map_err(|e| na(e.to_string()))?;
+                let t = c.tile().map_err(|e| na(e.to_string()))?;
+                (NativeKernelId::Fp8Mma(Fp8MmaUnit::Fwd(c)), t.block_n as usize)
+            }
+        };
+        // The emulation's FP8 P is quantized per KV tile: the kernel's key tile.
+        let blocking = Blocking { block_k, ..Blocking::default() };
+        blocking.validate(problem, precision).map_err(|e| na(e.to_string()))?;
+        self.native_choice(id, None, Some(blocking))
+    }
+
+    /// Device buffers of a native FP8 plan: Q, K, V quantized on the host to e4m3 codes with
+    /// descales of the plan's granularity, and the Vᵀ scratch.
+    fn alloc_fp8(&self, plan: &Plan, q: HostSlice<'_>, k: HostSlice<'_>, v: HostSlice<'_>) -> Result<Fp8Buffers> {
+        let Precision::Fp8 { format, descale, .. } = plan.precision else { return Err(super::foreign(plan)) };
+        let p = &plan.problem;
+        let dtype = plan.dtype();
+        let layout = |heads, len| DescaleLayout { granularity: descale, batch: p.batch, heads, len, block_rows: 1 };
+        let tq = Fp8Tensor::quantize(format, &q.rounded_to(dtype), p.q_strides(), p.head_dim, layout(p.q_heads, p.q_len))?;
+        let tk = Fp8Tensor::quantize(format, &k.rounded_to(dtype), p.k_strides(), p.head_dim, layout(p.kv_heads, p.kv_len))?;
+        let tv = Fp8Tensor::quantize(format, &v.rounded_to(dtype), p.v_strides(), p.v_head_dim, layout(p.kv_heads, p.kv_len))?;
+        let args = fp8_args(p, descale);
+        let vt_len = match plan.kernel {
+            KernelId::Native(NativeChoice { kernel: NativeKernelId::Fp8Wgmma(_), .. }) => wgmma_fp8_args(&args).required_lens(p.head_dim).vt,
+            _ => args.required_lens(p.head_dim).vt,
+        };
+        let e = driver_of(plan);
+        let s = &self.stream;
+        let b = Fp8Buffers {
+            q: s.clone_htod(&tq.codes).map_err(&e)?,
+            k: s.clone_htod(&tk.codes).map_err(&e)?,
+            v: s.clone_htod(&tv.codes).map_err(&e)?,
+            // SAFETY: written by the Vᵀ prepass before the attention kernel reads it.
+            vt: unsafe { s.alloc::<u8>(vt_len.max(16)) }.map_err(&e)?,
+            q_descale: s.clone_htod(&tq.descales).map_err(&e)?,
+            k_descale: s.clone_htod(&tk.descales).map_err(&e)?,
+            v_descale: s.clone_htod(&tv.descales).map_err(&e)?,
+        };
+        Ok(b)
+    }
+
     /// Loads the kernels (compiling on first use) so a plan that succeeds can run.
     fn native_choice(&self, kernel: NativeKernelId, prepass: Option<NativeKernelId>, blocking: Option<Blocking>) -> std::result::Result<Choice, Reject> {
         self.ctx.bind_to_thread().map_err(|e| Reject::NotApplicable(format!("the CUDA context does not bind: {e}")))?;
@@ -249,6 +386,7 @@ impl CudaBackend {
         stream: &Arc<CudaStream>,
         call: &CudaCall,
         int8: Option<&mut Int8Buffers>,
+        fp8: Option<&mut Fp8Buffers>,
         timed: bool,
     ) -> Result<Option<f64>> {
         let KernelId::Native(choice) = &plan.kernel else { return Err(super::foreign(plan)) };
@@ -318,10 +456,35 @@ impl CudaBackend {
                 }
                 .map_err(failed)?;
             }
+            Loaded::Fp8Wgmma(_) | Loaded::Fp8Mma(_) => {
+                let (Precision::Fp8 { descale, .. }, Some(b)) = (plan.precision, fp8) else {
+                    return Err(Error::Kernel { kernel: name(), reason: "an FP8 plan without its code and descale buffers".into() });
+                };
+                let args = fp8_args(p, descale);
+                let ps = stream;
+                let (q, k, v, vt) = (b.q.device_ptr_mut(ps).0, b.k.device_ptr_mut(ps).0, b.v.device_ptr_mut(ps).0, b.vt.device_ptr_mut(ps).0);
+                let (qd, kd, vd) = (b.q_descale.device_ptr_mut(ps).0, b.k_descale.device_ptr_mut(ps).0, b.v_descale.device_ptr_mut(ps).0);
+                // SAFETY: the buffers were allocated for this problem and config (`alloc_fp8`:
+                // codes and descales from the quantizer, Vᵀ of `required_lens`); the launchers
+                // check the arguments and alignment.
+                match &*kernel {
+                    Loaded::Fp8Wgmma(k8) => {
+                        let wa = wgmma_fp8_args(&args);
+                        unsafe { k8.launch_prepass_raw(stream, &wa, v, vt) }.map_err(failed)?;
+                        record(&start)?;
+                        let ptrs = Fp8Ptrs { q, k, vt, o: call.o, lse: call.lse, q_descale: qd, k_descale: kd, v_descale: vd };
+                        unsafe { k8.launch_attention_raw(stream, &wa, &ptrs) }.map_err(failed)?;
+                    }
+                    Loaded::Fp8Mma(k8) => {
+                        let ptrs = Fp8MmaPtrs { q, k, v, vt, o: call.o, lse: call.lse, q_desc: qd, k_desc: kd, v_desc: vd };
+                        unsafe { k8.launch_vt_raw(stream, &args, &ptrs) }.map_err(failed)?;
+                        record(&start)?;
+                        unsafe { k8.launch_fwd_raw(stream, &args, &ptrs) }.map_err(failed)?;
+                    }
+                    _ => return Err(super::foreign(plan)),
+                }
+            }
             Loaded::Int8Prepass(_) => return Err(super::foreign(plan)),
-            // No row of the CUDA table plans the FP8 wgmma family.
-            Loaded::Fp8Wgmma(_) => return Err(super::foreign(plan)),
-            Loaded::Int8Prepass(_) | Loaded::Fp8Mma(_) => return Err(super::foreign(plan)),
         }
         match (start, end) {
             (Some(start), Some(end)) => {
@@ -336,6 +499,12 @@ impl CudaBackend {
 
     /// The device-tensor path: `plan` on caller memory, enqueued on the caller's stream.
     pub(crate) fn run_raw(&self, plan: &Plan, stream: &Arc<CudaStream>, call: &CudaCall) -> Result<()> {
+        if matches!(plan.precision, Precision::Fp8 { .. }) {
+            return Err(Error::EntryPoint {
+                kernel: plan.kernel_name(),
+                reason: "native FP8 plans run on host inputs (Session::run), which they quantize; FP8 codes held on the device run through Session::run_cubecl_fp8 on the portable FP8 kernel".into(),
+            });
+        }
         let KernelId::Native(choice) = &plan.kernel else {
             return Err(Error::WrongDevice {
                 tensor: crate::TensorName::Q,
@@ -374,7 +543,7 @@ impl CudaBackend {
                 s.int8 = Some(self.alloc_int8(plan, &config)?);
             }
         }
-        self.launch_native(plan, stream, &call, s.int8.as_mut(), false).map(|_| ())
+        self.launch_native(plan, stream, &call, s.int8.as_mut(), None, false).map(|_| ())
     }
 
     fn native_data<'a>(&self, plan: &Plan, data: &'a mut ResidentData) -> Result<&'a mut NativeData> {
@@ -397,7 +566,7 @@ impl CudaBackend {
         let d = self.native_data(plan, data)?;
         let call = self.call_of(d);
         let stream = self.stream.clone();
-        self.launch_native(plan, &stream, &call, d.int8.as_mut(), timed)
+        self.launch_native(plan, &stream, &call, d.int8.as_mut(), d.fp8.as_mut(), timed)
     }
 }
 
@@ -450,13 +619,21 @@ impl Backend for CudaBackend {
             Some(NativeKernelId::Int8Prepass(config)) => Some(self.alloc_int8(plan, &config)?),
             _ => None,
         };
+        let o = s.alloc_zeros::<u16>(p.o_len_elems()).map_err(&e)?;
+        let lse = s.alloc_zeros::<f32>(p.lse_len_elems().max(1)).map_err(&e)?;
+        if matches!(plan.precision, Precision::Fp8 { .. }) {
+            let fp8 = self.alloc_fp8(plan, q, k, v)?;
+            let unused = || s.alloc_zeros::<u16>(1).map_err(&e);
+            return Ok(Box::new(NativeData { q: unused()?, k: unused()?, v: unused()?, o, lse, int8: None, fp8: Some(fp8) }));
+        }
         Ok(Box::new(NativeData {
             q: s.clone_htod(&bits(q, dtype)).map_err(&e)?,
             k: s.clone_htod(&bits(k, dtype)).map_err(&e)?,
             v: s.clone_htod(&bits(v, dtype)).map_err(&e)?,
-            o: s.alloc_zeros::<u16>(p.o_len_elems()).map_err(&e)?,
-            lse: s.alloc_zeros::<f32>(p.lse_len_elems().max(1)).map_err(&e)?,
+            o,
+            lse,
             int8,
+            fp8: None,
         }))
     }
 
@@ -492,6 +669,8 @@ impl Backend for CudaBackend {
     fn time_kernel(&self, plan: &Plan, data: &mut ResidentData, warmup: usize, iters: usize) -> Result<Option<Vec<f64>>> {
         match &plan.kernel {
             KernelId::Native(NativeChoice { prepass: Some(_), .. }) => {}
+            // The FP8 families run their Vᵀ prepass first.
+            KernelId::Native(NativeChoice { kernel: NativeKernelId::Fp8Wgmma(_) | NativeKernelId::Fp8Mma(_), .. }) => {}
             _ => return Ok(None),
         }
         for _ in 0..warmup {
