@@ -98,7 +98,7 @@ def command_for(run, filename):
         s = s.split(f'"$out/{filename}"')[0]
         s = re.sub(r" *(2>&1)? *\| *tee *$", "", s)
         s = re.sub(r"^step [\w-]+; *", "", s)
-        s = re.sub(r"timeout \d+ +", "", s)
+        s = re.sub(r"timeout (\d+|\$\(lim \d+\)) +", "", s)
         s = s.replace('"$q"', "quattn").replace('"$qs"', "quattn-spirv")
         s = re.sub(r'"\$bin/([\w-]+)"', r"\1", s)
         s = re.sub(r" *2>>? *\"\$out/[\w.]+\"", "", s)
@@ -151,6 +151,14 @@ def speed_table(entry):
             if not k.startswith("torch") and entry.get("exclude") and re.search(entry["exclude"], k):
                 continue
             rows.append(r)
+    # A shape measured more than once in the folder (alternating runs): its fastest sample,
+    # the statistic the run scripts compare.
+    best = {}
+    for r in rows:
+        key = (r["kernel"], r["precision"], shape_key(r["shape"]))
+        if key not in best or r["tflops"] > best[key]["tflops"]:
+            best[key] = r
+    rows = list(best.values())
     peers = {}
     for r in rows:
         if r["kernel"] in PEERS:
