@@ -107,7 +107,7 @@ mod tiling;
 pub use error::LaunchError;
 pub use launch::{
     check_dtype_supported, first_fit, launch, launch_fp8, launch_int8, select, select_fp8, select_int8, vector_layout_ok,
-    CubeLimits, Family, Fp8Tiles, HalfTiles, Int8Tiles, LaunchInfo, PortableKernel, Selection,
+    CubeLimits, Family, Fp8Tiles, Fp8Tiling, HalfTiles, Int8Tiles, LaunchInfo, PortableKernel, Selection,
 };
 pub use problem::SUPPORTED_HEAD_DIMS;
 pub use quant::{q_scale_fold, quantize_int8, Int8DeviceOperands, Int8Quant};
@@ -115,6 +115,7 @@ pub use quattn_core::{
     Accumulation, AttentionShape, DescaleGranularity, Dtype, Fp8Format, Int8Blocking, Int8Granularity, PvAccum, QkAccum,
 };
 pub use tiling::{
-    cmma_candidates, fma_half_candidates, fma_vec_candidates, mma_candidates, CmmaTiles, FmaVecTiles, MmaTiles,
+    cmma_candidates, fma_half_candidates, fma_vec_candidates, mma_candidates, mma_fp8_candidates, CmmaTiles, FmaVecTiles,
+    MmaTiles,
     MMA_FRAGMENT_REGISTERS,
 };
