@@ -1061,7 +1061,8 @@ fn check_fp8_dtypes<R: Runtime>(client: &ComputeClient<R>, o_dtype: Dtype) -> Re
 
 /// The FP8 kernel for `shape` with `format` codes, `granularity` descales and `o_dtype` O (f32,
 /// f16, or bf16 where the runtime has it), through the same fit check as every kernel: the
-/// manual-MMA one ([`Fp8Tiling::Mma`], the first entry of [`mma_fp8_candidates`] that fits) where
+/// manual-MMA one ([`Fp8Tiling::Mma`], the first entry of [`mma_fp8_candidates`] that fits,
+/// the smallest query tiles first when `q_len` fits them) where
 /// the f16 mma kernel runs (the capability check of [`Family::Mma`]) and the head dims and
 /// strides are multiples of 8 ([`fp8_mma_layout_ok`]), else the first vector FMA tiling that
 /// fits. With `DescaleGranularity::PerBlock` the caller computes the descales over
@@ -1084,7 +1085,9 @@ pub fn select_fp8<R: Runtime>(
     let mma_why = mma_unavailable(client, Dtype::F16).or_else(|| fp8_mma_layout_ok(&args).err());
     match mma_why {
         None => {
-            let kernels = mma_fp8_candidates(dmax, granularity).iter().map(|&t| fp8(Fp8Tiling::Mma(t)));
+            let kernels = fp8_mma_order(mma_fp8_candidates(dmax, granularity), args.q_len)
+                .into_iter()
+                .map(|t| fp8(Fp8Tiling::Mma(t)));
             match first_fitting(kernels, limits, args.head_dim, args.v_head_dim, o_dtype) {
                 Ok(kernel) => return Ok(kernel),
                 Err(last) => log::debug!("FP8 mma kernel not chosen: no tiling fits ({last:?})"),
@@ -1099,6 +1102,23 @@ pub fn select_fp8<R: Runtime>(
             reason: format!("no FP8 tiling fits{}", last.map(|e| format!(": {e}")).unwrap_or_default()),
         }
     })
+}
+
+/// The FP8 mma table in the order to try for `q_len` query rows: as listed, except that when
+/// every query row fits the smallest query tile of the table (decode-like shapes), the tilings
+/// with that smallest tile come first. Rows past `q_len` are computed and thrown away, so a
+/// larger tile adds only idle planes; the smaller cube does the same useful work with fewer
+/// units and registers (d 128: 4 x 1 at bk 64 is 128 units of ~230 registers, two cubes per
+/// SM where 8 x 1 allows one).
+fn fp8_mma_order(table: &[MmaTiles], q_len: u32) -> Vec<MmaTiles> {
+    let mut order = table.to_vec();
+    if let Some(smallest) = table.iter().map(MmaTiles::bq).min() {
+        if q_len <= smallest {
+            // Stable: the table's order among equal tiles.
+            order.sort_by_key(|t| t.bq() != smallest);
+        }
+    }
+    order
 }
 
 /// Whether the FP8 mma kernel can read the codes: it loads 8 codes (8 bytes) at a time, so the
@@ -1377,4 +1397,25 @@ fn load_vector_width(args: &Args, dtype: Dtype) -> usize {
         width /= 2;
     }
     width as usize
+}
+
+#[cfg(test)]
+mod fp8_order_tests {
+    use super::*;
+
+    #[test]
+    fn decode_shapes_take_the_smallest_query_tile_first() {
+        let table = mma_fp8_candidates(128, DescaleGranularity::PerHead);
+        let bqs = |q_len| fp8_mma_order(table, q_len).iter().map(MmaTiles::bq).collect::<Vec<_>>();
+        assert_eq!(bqs(4096), table.iter().map(MmaTiles::bq).collect::<Vec<_>>());
+        assert_eq!(bqs(1), vec![64, 128]);
+        assert_eq!(bqs(64), vec![64, 128]);
+        assert_eq!(bqs(65), vec![128, 64]);
+        // The same entries either way.
+        let mut sorted = fp8_mma_order(table, 1);
+        sorted.sort_by_key(|t| (t.warps, t.mt, t.bk));
+        let mut listed = table.to_vec();
+        listed.sort_by_key(|t| (t.warps, t.mt, t.bk));
+        assert_eq!(sorted, listed);
+    }
 }
