@@ -1128,7 +1128,7 @@ fn fp8_mma_layout_ok(args: &Args) -> Result<(), String> {
     all.extend(args.q_strides);
     all.extend(args.k_strides);
     all.extend(args.v_strides);
-    if all.iter().any(|&x| x as usize % FP8_VEC != 0) {
+    if all.iter().any(|&x| !(x as usize).is_multiple_of(FP8_VEC)) {
         return Err(format!("the FP8 mma kernel reads {FP8_VEC} codes at a time: head dims and Q/K/V strides must be multiples of {FP8_VEC}"));
     }
     Ok(())
