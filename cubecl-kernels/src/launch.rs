@@ -22,11 +22,13 @@ use crate::kernel::fma_vec::{fwd_portable_fma_vec, FmaVecConfig, W};
 use crate::kernel::fma_vec_fp8::{fwd_portable_fma_vec_fp8, Fp8Config, Fp8ShapeLaunch};
 use crate::kernel::fma_vec_int8::{fwd_portable_fma_vec_int8, Int8Config, Int8ShapeLaunch};
 use crate::kernel::mma::{fwd_mma, MmaFwdConfig};
+use crate::kernel::mma_fp8::{fwd_mma_fp8, FP8_VEC};
 use crate::kernel::AttnShapeLaunch;
 use crate::problem::{storage, Args};
 use crate::quant::{check_quant_args, scales_len, Int8DeviceOperands, Int8Quant};
 use crate::tiling::{
-    cmma_candidates, fma_half_candidates, fma_vec_candidates, mma_candidates, CmmaTiles, FmaVecTiles, MmaTiles,
+    cmma_candidates, fma_half_candidates, fma_vec_candidates, mma_candidates, mma_fp8_candidates, mma_fp8_record_bytes,
+    CmmaTiles, FmaVecTiles, MmaTiles,
 };
 
 /// A family of portable kernels, as a caller may force it.
@@ -99,12 +101,53 @@ impl Int8Tiles {
     }
 }
 
-/// The FP8 kernel (`fma_vec_fp8.rs`) resolved: the vector tiling it runs with, the code format
-/// of Q, K and V, and the granularity of their descales. With `DescaleGranularity::PerBlock` the
+/// Which FP8 kernel, with its tiling: the vector FMA kernel (`fma_vec_fp8.rs`, every runtime
+/// with f16) or the manual-MMA kernel (`mma_fp8.rs`, where the f16 mma kernel runs: CUDA
+/// sm_80+). Both decode the codes when they stage them and share the numerics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Fp8Tiling {
+    Fma(FmaVecTiles),
+    Mma(MmaTiles),
+}
+
+impl Fp8Tiling {
+    /// Query rows per cube.
+    pub const fn bq(&self) -> u32 {
+        match self {
+            Fp8Tiling::Fma(t) => t.bq,
+            Fp8Tiling::Mma(t) => t.bq(),
+        }
+    }
+    /// Keys per KV tile.
+    pub const fn bk(&self) -> u32 {
+        match self {
+            Fp8Tiling::Fma(t) => t.bk,
+            Fp8Tiling::Mma(t) => t.bk,
+        }
+    }
+    pub const fn units(&self) -> u32 {
+        match self {
+            Fp8Tiling::Fma(t) => t.units(),
+            Fp8Tiling::Mma(t) => t.units(),
+        }
+    }
+}
+
+impl fmt::Display for Fp8Tiling {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Fp8Tiling::Fma(t) => write!(f, "{t}"),
+            Fp8Tiling::Mma(t) => write!(f, "{t}"),
+        }
+    }
+}
+
+/// The FP8 kernel resolved: which kernel and tiling ([`Fp8Tiling`]), the code format of Q, K
+/// and V, and the granularity of their descales. With `DescaleGranularity::PerBlock` the
 /// descales must be computed over the blocks of [`Fp8Tiles::descale_blocks`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Fp8Tiles {
-    pub tiles: FmaVecTiles,
+    pub tiles: Fp8Tiling,
     pub format: Fp8Format,
     pub granularity: DescaleGranularity,
 }
@@ -114,7 +157,7 @@ impl Fp8Tiles {
     /// `DescaleGranularity::PerBlock`: the query tile `bq` and the key tile `bk` (one Q descale
     /// per cube, one K and one V descale per KV tile).
     pub fn descale_blocks(&self) -> (usize, usize) {
-        (self.tiles.bq as usize, self.tiles.bk as usize)
+        (self.tiles.bq() as usize, self.tiles.bk() as usize)
     }
 
     /// `(Q, K and V)` descale counts of `DescaleGranularity::count` for this shape.
@@ -150,7 +193,8 @@ pub enum PortableKernel {
     Mma(MmaTiles),
     /// The vector FMA kernel on INT8 Q/K codes from the prepass, f16 or f32 V.
     Int8(Int8Tiles),
-    /// The vector FMA kernel on FP8 Q/K/V codes with f32 descales, f16 P.
+    /// The FP8 kernel on Q/K/V codes with f32 descales, f16 P: the vector FMA one or the
+    /// manual-MMA one ([`Fp8Tiling`]).
     Fp8(Fp8Tiles),
 }
 
@@ -171,7 +215,7 @@ impl CubeLimits {
 impl PortableKernel {
     pub const fn family(&self) -> Family {
         match self {
-            PortableKernel::Mma(_) => Family::Mma,
+            PortableKernel::Mma(_) | PortableKernel::Fp8(Fp8Tiles { tiles: Fp8Tiling::Mma(_), .. }) => Family::Mma,
             PortableKernel::Cmma(_) => Family::Cmma,
             PortableKernel::Fma(_) | PortableKernel::Half(_) | PortableKernel::Int8(_) | PortableKernel::Fp8(_) => {
                 Family::Fma
@@ -187,7 +231,8 @@ impl PortableKernel {
 
     /// [`Self::name`] with the element type and head dims: `portable_fma_vec_f16_d128_…`,
     /// `portable_fma_half_qk2s32_pv16_d128_…`, `cmma_f16_d64_bq64_bk32`, `mma_bf16_d128_…`,
-    /// `portable_fma_vec_int8_block_f16_d64_…`, `portable_fma_vec_fp8_e4m3_head_f16_d128_…` (the
+    /// `portable_fma_vec_int8_block_f16_d64_…`, `portable_fma_vec_fp8_e4m3_head_f16_d128_…`,
+    /// `mma_fp8_e4m3_head_f16_d128_…` (the
     /// element type of the FP8 kernel is O's; `d64v128` where the head dims differ).
     pub fn kernel_name(&self, dtype: Dtype, head_dim: usize, v_head_dim: usize) -> String {
         let dims = if head_dim == v_head_dim { format!("d{head_dim}") } else { format!("d{head_dim}v{v_head_dim}") };
@@ -215,7 +260,11 @@ impl PortableKernel {
             PortableKernel::Mma(t) => format!("mma{mid}_{t}"),
             PortableKernel::Int8(i) => format!("portable_fma_vec_int8_{}{mid}_{}", i.granularity.tag(), i.tiles),
             PortableKernel::Fp8(f) => {
-                format!("portable_fma_vec_fp8_{}_{}{mid}_{}", f.format, descale_tag(f.granularity), f.tiles)
+                let kernel = match f.tiles {
+                    Fp8Tiling::Fma(_) => "portable_fma_vec_fp8",
+                    Fp8Tiling::Mma(_) => "mma_fp8",
+                };
+                format!("{kernel}_{}_{}{mid}_{}", f.format, descale_tag(f.granularity), f.tiles)
             }
         }
     }
@@ -244,7 +293,7 @@ impl PortableKernel {
             PortableKernel::Fma(t) => t.bq,
             PortableKernel::Half(h) => h.tiles.bq,
             PortableKernel::Int8(i) => i.tiles.bq,
-            PortableKernel::Fp8(f) => f.tiles.bq,
+            PortableKernel::Fp8(f) => f.tiles.bq(),
             PortableKernel::Cmma(t) => t.bq(),
             PortableKernel::Mma(t) => t.bq(),
         }
@@ -256,7 +305,7 @@ impl PortableKernel {
             PortableKernel::Fma(t) => t.bk,
             PortableKernel::Half(h) => h.tiles.bk,
             PortableKernel::Int8(i) => i.tiles.bk,
-            PortableKernel::Fp8(f) => f.tiles.bk,
+            PortableKernel::Fp8(f) => f.tiles.bk(),
             PortableKernel::Cmma(t) => t.bk,
             PortableKernel::Mma(t) => t.bk,
         }
@@ -281,7 +330,11 @@ impl PortableKernel {
         (match self {
             PortableKernel::Fma(t) => t.smem_bytes(head_dim, v_head_dim, bytes),
             PortableKernel::Int8(i) => i.tiles.smem_bytes(head_dim, v_head_dim, bytes),
-            PortableKernel::Fp8(f) => f.tiles.smem_bytes_fp8(head_dim, v_head_dim),
+            PortableKernel::Fp8(Fp8Tiles { tiles: Fp8Tiling::Fma(t), .. }) => t.smem_bytes_fp8(head_dim, v_head_dim),
+            // The codes are staged decoded, in f16, after the non-finite records.
+            PortableKernel::Fp8(Fp8Tiles { tiles: Fp8Tiling::Mma(t), .. }) => {
+                t.smem_bytes(head_dim, v_head_dim, 2) + mma_fp8_record_bytes(t)
+            }
             PortableKernel::Half(h) if h.split_kv => h.tiles.smem_bytes_half_split(head_dim, v_head_dim),
             PortableKernel::Half(h) => h.tiles.smem_bytes_half(head_dim, v_head_dim),
             PortableKernel::Cmma(t) => t.smem_bytes(head_dim, v_head_dim, bytes),
@@ -319,7 +372,8 @@ impl PortableKernel {
                 }
                 i.blocking().check(i.granularity).map_err(|reason| LaunchError::InvalidProblem { reason })
             }
-            PortableKernel::Fp8(f) => f.tiles.validate(head_dim, v_head_dim),
+            PortableKernel::Fp8(Fp8Tiles { tiles: Fp8Tiling::Fma(t), .. }) => t.validate(head_dim, v_head_dim),
+            PortableKernel::Fp8(Fp8Tiles { tiles: Fp8Tiling::Mma(t), .. }) => t.validate(head_dim, v_head_dim),
             PortableKernel::Cmma(t) => t.validate(),
             PortableKernel::Mma(t) => t.validate(head_dim, v_head_dim),
         }
@@ -797,9 +851,11 @@ fn prepare<R: Runtime>(
     let plane_reduce = match kernel {
         PortableKernel::Fma(t)
         | PortableKernel::Int8(Int8Tiles { tiles: t, .. })
-        | PortableKernel::Fp8(Fp8Tiles { tiles: t, .. })
+        | PortableKernel::Fp8(Fp8Tiles { tiles: Fp8Tiling::Fma(t), .. })
         | PortableKernel::Half(HalfTiles { tiles: t, .. }) => plane_reduce_ok(client, t.tc),
-        PortableKernel::Cmma(_) | PortableKernel::Mma(_) => true,
+        PortableKernel::Cmma(_) | PortableKernel::Mma(_) | PortableKernel::Fp8(Fp8Tiles { tiles: Fp8Tiling::Mma(_), .. }) => {
+            true
+        }
     };
     Ok(Some(LaunchInfo {
         kernel: kernel.kernel_name(dtype, args.head_dim as usize, args.v_head_dim as usize),
@@ -1004,11 +1060,15 @@ fn check_fp8_dtypes<R: Runtime>(client: &ComputeClient<R>, o_dtype: Dtype) -> Re
 }
 
 /// The FP8 kernel for `shape` with `format` codes, `granularity` descales and `o_dtype` O (f32,
-/// f16, or bf16 where the runtime has it): the first vector FMA tiling that fits the runtime,
-/// through the same fit check as every kernel. With `DescaleGranularity::PerBlock` the caller
-/// computes the descales over [`Fp8Tiles::descale_blocks`] of the result. Needs f16 on the
-/// runtime ([`LaunchError::UnsupportedDtype`] otherwise), and head dims and strides that are
-/// multiples of 4 ([`LaunchError::UnalignedLayout`]).
+/// f16, or bf16 where the runtime has it), through the same fit check as every kernel: the
+/// manual-MMA one ([`Fp8Tiling::Mma`], the first entry of [`mma_fp8_candidates`] that fits,
+/// the smallest query tiles first when `q_len` fits them) where
+/// the f16 mma kernel runs (the capability check of [`Family::Mma`]) and the head dims and
+/// strides are multiples of 8 ([`fp8_mma_layout_ok`]), else the first vector FMA tiling that
+/// fits. With `DescaleGranularity::PerBlock` the caller computes the descales over
+/// [`Fp8Tiles::descale_blocks`] of the result. Needs f16 on the runtime
+/// ([`LaunchError::UnsupportedDtype`] otherwise), and head dims and strides that are multiples
+/// of 4 ([`LaunchError::UnalignedLayout`]).
 pub fn select_fp8<R: Runtime>(
     client: &ComputeClient<R>,
     shape: &AttentionShape,
@@ -1019,15 +1079,59 @@ pub fn select_fp8<R: Runtime>(
     let args = Args::new(shape)?;
     check_fp8_dtypes(client, o_dtype)?;
     vector_layout_ok(shape).map_err(|reason| LaunchError::UnalignedLayout { reason })?;
-    let kernels = fma_vec_candidates(args.head_dim.max(args.v_head_dim))
-        .iter()
-        .map(|&tiles| PortableKernel::Fp8(Fp8Tiles { tiles, format, granularity }));
-    first_fitting(kernels, CubeLimits::of(client), args.head_dim, args.v_head_dim, o_dtype).map_err(|last| {
+    let limits = CubeLimits::of(client);
+    let dmax = args.head_dim.max(args.v_head_dim);
+    let fp8 = |tiles| PortableKernel::Fp8(Fp8Tiles { tiles, format, granularity });
+    let mma_why = mma_unavailable(client, Dtype::F16).or_else(|| fp8_mma_layout_ok(&args).err());
+    match mma_why {
+        None => {
+            let kernels = fp8_mma_order(mma_fp8_candidates(dmax, granularity), args.q_len)
+                .into_iter()
+                .map(|t| fp8(Fp8Tiling::Mma(t)));
+            match first_fitting(kernels, limits, args.head_dim, args.v_head_dim, o_dtype) {
+                Ok(kernel) => return Ok(kernel),
+                Err(last) => log::debug!("FP8 mma kernel not chosen: no tiling fits ({last:?})"),
+            }
+        }
+        Some(why) => log::debug!("FP8 mma kernel not chosen: {why}"),
+    }
+    let kernels = fma_vec_candidates(dmax).iter().map(|&t| fp8(Fp8Tiling::Fma(t)));
+    first_fitting(kernels, limits, args.head_dim, args.v_head_dim, o_dtype).map_err(|last| {
         LaunchError::FamilyUnavailable {
             family: Family::Fma,
             reason: format!("no FP8 tiling fits{}", last.map(|e| format!(": {e}")).unwrap_or_default()),
         }
     })
+}
+
+/// The FP8 mma table in the order to try for `q_len` query rows: as listed, except that when
+/// every query row fits the smallest query tile of the table (decode-like shapes), the tilings
+/// with that smallest tile come first. Rows past `q_len` are computed and thrown away, so a
+/// larger tile adds only idle planes; the smaller cube does the same useful work with fewer
+/// units and registers (d 128: 4 x 1 at bk 64 is 128 units of ~230 registers, two cubes per
+/// SM where 8 x 1 allows one).
+fn fp8_mma_order(table: &[MmaTiles], q_len: u32) -> Vec<MmaTiles> {
+    let mut order = table.to_vec();
+    if let Some(smallest) = table.iter().map(MmaTiles::bq).min() {
+        if q_len <= smallest {
+            // Stable: the table's order among equal tiles.
+            order.sort_by_key(|t| t.bq() != smallest);
+        }
+    }
+    order
+}
+
+/// Whether the FP8 mma kernel can read the codes: it loads 8 codes (8 bytes) at a time, so the
+/// head dims and every (batch, head, seq) stride must be multiples of 8.
+fn fp8_mma_layout_ok(args: &Args) -> Result<(), String> {
+    let mut all = vec![args.head_dim, args.v_head_dim];
+    all.extend(args.q_strides);
+    all.extend(args.k_strides);
+    all.extend(args.v_strides);
+    if all.iter().any(|&x| !(x as usize).is_multiple_of(FP8_VEC)) {
+        return Err(format!("the FP8 mma kernel reads {FP8_VEC} codes at a time: head dims and Q/K/V strides must be multiples of {FP8_VEC}"));
+    }
+    Ok(())
 }
 
 /// Attention on FP8 Q, K, V with `kernel` (from [`select_fp8`]): `O = softmax(scale · Q·Kᵀ) · V`
@@ -1043,6 +1147,10 @@ pub fn select_fp8<R: Runtime>(
 ///   kv_len)` with blocks of `bk` ([`Fp8Tiles::descale_blocks`]). Their values are not checked
 ///   (that needs a read): a non-finite or non-positive descale gives non-finite or wrong rows,
 ///   never a fault.
+///
+/// The mma variant ([`Fp8Tiling::Mma`]) also needs the f16 mma kernel's runtime
+/// ([`LaunchError::FamilyUnavailable`]) and head dims and Q/K/V strides that are multiples of 8
+/// ([`LaunchError::UnalignedLayout`]).
 ///
 /// Codes that are not finite (NaN; e5m2 inf) make every row that sees them NaN (O and LSE);
 /// see `kernel/fma_vec_fp8.rs`. Everything is checked before anything is enqueued.
@@ -1067,6 +1175,12 @@ pub fn launch_fp8<R: Runtime>(
     let args = Args::new(shape)?;
     check_fp8_dtypes(client, o_dtype)?;
     vector_layout_ok(shape).map_err(|reason| LaunchError::UnalignedLayout { reason })?;
+    if let Fp8Tiling::Mma(_) = fp8.tiles {
+        if let Some(reason) = mma_unavailable(client, Dtype::F16) {
+            return Err(LaunchError::FamilyUnavailable { family: Family::Mma, reason });
+        }
+        fp8_mma_layout_ok(&args).map_err(|reason| LaunchError::UnalignedLayout { reason })?;
+    }
     // Codes in bytes (4 per word), O in elements of o_dtype.
     let extents = args.extents();
     let min = W as u64;
@@ -1082,8 +1196,6 @@ pub fn launch_fp8<R: Runtime>(
     let Some(mut info) = prepare(client, kernel, &args, o_dtype)? else {
         return Ok(empty_info(kernel, &args, o_dtype));
     };
-    let tiles = fp8.tiles;
-    let cfg = fma_vec_config(&tiles, &args, true, info.plane_reduce);
     let fcfg = Fp8Config { format: fp8.format, granularity: fp8.granularity };
     log::debug!("launching {} {fcfg:?} for {args:?}", info.kernel);
 
@@ -1098,13 +1210,70 @@ pub fn launch_fp8<R: Runtime>(
     let (lse_handle, lse_len) = lse_binding(client, &args, lse);
     let fp8_shape = Fp8ShapeLaunch::new(
         args.kv_heads,
-        args.q_len.div_ceil(tiles.bq),
-        args.kv_len.div_ceil(tiles.bk),
+        args.q_len.div_ceil(fp8.tiles.bq()),
+        args.kv_len.div_ceil(fp8.tiles.bk()),
         f32::NAN,
     );
     let count = info.cube_count;
     let count = CubeCount::Static(count.0, count.1, count.2);
-    let dim = CubeDim::new_1d(tiles.units());
+    let dim = CubeDim::new_1d(fp8.tiles.units());
+    let tiles = match fp8.tiles {
+        Fp8Tiling::Fma(tiles) => tiles,
+        Fp8Tiling::Mma(t) => {
+            let cfg = MmaFwdConfig {
+                head_dim: args.head_dim as usize,
+                v_head_dim: args.v_head_dim as usize,
+                warps: t.warps as usize,
+                mt: t.mt as usize,
+                bk: t.bk as usize,
+                vec: FP8_VEC,
+                causal: args.causal,
+                write_lse: args.write_lse,
+                lazy_rescale: true,
+            };
+            // SAFETY: checked above to cover the strided extents (at least 4 bytes); every row
+            // start and head dim is a multiple of 8 (`fp8_mma_layout_ok`), so every 8-code
+            // vector the kernel reads lies inside a row of the extent. O is bound by element.
+            let codes = |handle: &Handle, elems: u64| unsafe {
+                ArrayArg::from_raw_parts(handle.clone(), (elems as usize).div_ceil(FP8_VEC).max(1))
+            };
+            let words = FP8_VEC / 4;
+            macro_rules! go_mma {
+                ($e:ty) => {
+                    // SAFETY: every global index is guarded by q_len/kv_len, and the buffers were
+                    // checked to cover the strided extents and the descale layouts.
+                    unsafe {
+                        fwd_mma_fp8::launch_unchecked::<$e, R>(
+                            client,
+                            count,
+                            dim,
+                            words,
+                            codes(q, extents[0].1),
+                            codes(k, extents[1].1),
+                            codes(v, extents[2].1),
+                            floats(q_descale, q_descales),
+                            floats(k_descale, kv_descales),
+                            floats(v_descale, kv_descales),
+                            ArrayArg::from_raw_parts(o.clone(), (extents[3].1 as usize).max(1)),
+                            ArrayArg::from_raw_parts(lse_handle, lse_len as usize),
+                            shape_arg::<R>(&args),
+                            fp8_shape,
+                            cfg,
+                            fcfg,
+                        )
+                    }
+                };
+            }
+            match o_dtype {
+                Dtype::F32 => go_mma!(f32),
+                Dtype::F16 => go_mma!(f16),
+                Dtype::Bf16 => go_mma!(bf16),
+            }
+            info.launched = true;
+            return Ok(info);
+        }
+    };
+    let cfg = fma_vec_config(&tiles, &args, true, info.plane_reduce);
     macro_rules! go {
         ($e:ty, $s:ty) => {
             // SAFETY: every global index is guarded by q_len/kv_len, and the buffers were
@@ -1228,4 +1397,25 @@ fn load_vector_width(args: &Args, dtype: Dtype) -> usize {
         width /= 2;
     }
     width as usize
+}
+
+#[cfg(test)]
+mod fp8_order_tests {
+    use super::*;
+
+    #[test]
+    fn decode_shapes_take_the_smallest_query_tile_first() {
+        let table = mma_fp8_candidates(128, DescaleGranularity::PerHead);
+        let bqs = |q_len| fp8_mma_order(table, q_len).iter().map(MmaTiles::bq).collect::<Vec<_>>();
+        assert_eq!(bqs(4096), table.iter().map(MmaTiles::bq).collect::<Vec<_>>());
+        assert_eq!(bqs(1), vec![64, 128]);
+        assert_eq!(bqs(64), vec![64, 128]);
+        assert_eq!(bqs(65), vec![128, 64]);
+        // The same entries either way.
+        let mut sorted = fp8_mma_order(table, 1);
+        sorted.sort_by_key(|t| (t.warps, t.mt, t.bk));
+        let mut listed = table.to_vec();
+        listed.sort_by_key(|t| (t.warps, t.mt, t.bk));
+        assert_eq!(sorted, listed);
+    }
 }

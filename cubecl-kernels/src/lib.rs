@@ -55,7 +55,8 @@
 //! | `Fma` ([`FmaVecTiles`]) | f32, f16, bf16 where the runtime has it | head dims and strides multiples of 4 ([`vector_layout_ok`]), every buffer at least 4 elements | everywhere else |
 //! | `Half` ([`HalfTiles`]) | f16 | as `Fma` | the f16-accumulating modes (any `Accumulation` but f32 everywhere) |
 //! | `Int8` ([`Int8Tiles`]) | INT8 Q/K codes and scales from [`quantize_int8`], f16 or f32 V | as `Fma`; the prepass's blocking = [`Int8Tiles::blocking`] | INT8 inputs ([`select_int8`]) |
-//! | `Fp8` ([`Fp8Tiles`]) | FP8 Q/K/V codes (e4m3 or e5m2) with f32 descales per tensor, head or block; O f32, f16, bf16 where the runtime has it | as `Fma`, code buffers in bytes (the strided extent, at least 4), f16 on the runtime; per-block descales over [`Fp8Tiles::descale_blocks`] | FP8 inputs ([`select_fp8`]) |
+//! | `Fp8` ([`Fp8Tiles`], [`Fp8Tiling::Mma`]) | FP8 Q/K/V codes (e4m3 or e5m2) with f32 descales per tensor, head or block; O f32, f16, bf16 | as `Mma` (on f16), head dims and Q/K/V strides multiples of 8, code buffers in bytes; per-block descales over [`Fp8Tiles::descale_blocks`] | FP8 inputs ([`select_fp8`]) where the f16 mma kernel runs |
+//! | `Fp8` ([`Fp8Tiles`], [`Fp8Tiling::Fma`]) | as above; bf16 O where the runtime has it | as `Fma`, code buffers in bytes (the strided extent, at least 4), f16 on the runtime; per-block descales over [`Fp8Tiles::descale_blocks`] | FP8 inputs ([`select_fp8`]) elsewhere |
 //!
 //! INT8 (SageAttention style) is two launches: [`quantize_int8`] (the prepass: per-block /
 //! per-warp / per-thread Q scales with `softmax_scale · log2 e` folded in, per-block K scales,
@@ -75,6 +76,10 @@
 //! NaN in O and LSE (a NaN in K row j: every query row that sees key j; in Q row i: O row i
 //! only), through explicit records rather than NaN arithmetic, which WGSL does not promise.
 //! Descale values are not checked (that needs a read): the facade checks them on the host.
+//! Two kernels do this: the vector FMA one (`fma_vec_fp8`, every runtime) and, where the f16
+//! mma kernel runs (CUDA sm_80+), the manual-MMA one (`mma_fp8`: 8 codes per load, decoded to
+//! f16 pairs with bit operations and one f16 multiply, staged for `ldmatrix`; constant descales
+//! folded into the softmax scale and the epilogue, per-block ones applied per KV tile).
 //!
 //! - wgpu/WGSL on llvmpipe (CI): FMA kernels (FP8 too); f16 yes, bf16 no (refused with
 //!   [`LaunchError::UnsupportedDtype`]), no subgroups (wgpu disables them on CPU adapters),
@@ -89,7 +94,8 @@
 //! # Tile tables
 //!
 //! One table per kernel and head dim ([`fma_vec_candidates`], also for the INT8 and FP8
-//! kernels, [`fma_half_candidates`], [`cmma_candidates`], [`mma_candidates`]; the reasons are
+//! kernels, [`fma_half_candidates`], [`cmma_candidates`], [`mma_candidates`],
+//! [`mma_fp8_candidates`]; the reasons are
 //! next to the tables); the first entry
 //! that fits the runtime's shared-memory and units-per-cube limits wins
 //! ([`PortableKernel::check_fits`], the one check of the selection and of every launch).
@@ -107,7 +113,7 @@ mod tiling;
 pub use error::LaunchError;
 pub use launch::{
     check_dtype_supported, first_fit, launch, launch_fp8, launch_int8, select, select_fp8, select_int8, vector_layout_ok,
-    CubeLimits, Family, Fp8Tiles, HalfTiles, Int8Tiles, LaunchInfo, PortableKernel, Selection,
+    CubeLimits, Family, Fp8Tiles, Fp8Tiling, HalfTiles, Int8Tiles, LaunchInfo, PortableKernel, Selection,
 };
 pub use problem::SUPPORTED_HEAD_DIMS;
 pub use quant::{q_scale_fold, quantize_int8, Int8DeviceOperands, Int8Quant};
@@ -115,6 +121,7 @@ pub use quattn_core::{
     Accumulation, AttentionShape, DescaleGranularity, Dtype, Fp8Format, Int8Blocking, Int8Granularity, PvAccum, QkAccum,
 };
 pub use tiling::{
-    cmma_candidates, fma_half_candidates, fma_vec_candidates, mma_candidates, CmmaTiles, FmaVecTiles, MmaTiles,
+    cmma_candidates, fma_half_candidates, fma_vec_candidates, mma_candidates, mma_fp8_candidates, CmmaTiles, FmaVecTiles,
+    MmaTiles,
     MMA_FRAGMENT_REGISTERS,
 };

@@ -3,6 +3,7 @@
 //! shared-memory and units-per-cube limits. Pure functions, no device.
 
 use crate::error::LaunchError;
+use quattn_core::DescaleGranularity;
 
 /// Tiling of the vectorized FMA kernel (`fma_vec.rs`; also the packed-f16 and INT8 kernels):
 /// a cube of `tr * tc` units owns `bq` query rows and walks the keys `bk` at a time, and where
@@ -410,6 +411,33 @@ pub fn mma_candidates(head_dim: u32) -> &'static [MmaTiles] {
         65..=128 => MEDIUM,
         _ => LARGE,
     }
+}
+
+/// Candidate tilings of the FP8 mma kernel (`mma_fp8.rs`) per head dim and descale
+/// granularity, best first: the f16 mma kernel's table ([`mma_candidates`]) without the tilings
+/// where the decode's registers make ptxas spill (checked offline by `kernel::mma_fp8`'s NVRTC
+/// test, sm_90a): 4 x 1 at bk 64 for d 32 (up to 56 B at 96 registers), 4 x 1 at bk 32 for
+/// d 65..=128 (up to 24 B at 168 registers), and with per-block descales (P·V accumulated per
+/// tile) 4 x 2 at d 64 (up to 204 B).
+pub fn mma_fp8_candidates(head_dim: u32, granularity: DescaleGranularity) -> &'static [MmaTiles] {
+    const fn t(warps: u32, mt: u32, bk: u32) -> MmaTiles {
+        MmaTiles { warps, mt, bk }
+    }
+    const TINY: &[MmaTiles] = &[t(4, 2, 64), t(8, 1, 64)];
+    const SMALL_PER_BLOCK: &[MmaTiles] = &[t(4, 1, 64), t(8, 1, 64)];
+    const MEDIUM: &[MmaTiles] = &[t(8, 1, 64), t(4, 1, 64)];
+    match (head_dim, granularity) {
+        (0..=32, _) => TINY,
+        (33..=64, DescaleGranularity::PerBlock) => SMALL_PER_BLOCK,
+        (65..=128, _) => MEDIUM,
+        _ => mma_candidates(head_dim),
+    }
+}
+
+/// Bytes of the FP8 mma kernel's non-finite records (`bq + 1` words), as allocated before the
+/// 16-byte aligned stages.
+pub const fn mma_fp8_record_bytes(tiles: &MmaTiles) -> u32 {
+    (4 * (tiles.bq() + 1)).div_ceil(16) * 16
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@ use cubecl::server::Handle;
 use cubecl::wgpu::WgpuRuntime;
 use quattn_core::Strides;
 use quattn_cubecl::{
-    launch, launch_fp8, select_fp8, AttentionShape, DescaleGranularity, Dtype, Fp8Format, Fp8Tiles, FmaVecTiles,
+    launch, launch_fp8, select_fp8, AttentionShape, DescaleGranularity, Dtype, Fp8Format, Fp8Tiles, Fp8Tiling, FmaVecTiles,
     LaunchError, LaunchInfo, PortableKernel,
 };
 use rand::rngs::StdRng;
@@ -661,7 +661,9 @@ fn fp8_refusals() {
     let shape = case.shape();
     let kernel = select_fp8(&client, &shape, Dtype::F32, E4M3, PerBlock).unwrap();
     let PortableKernel::Fp8(tiles) = kernel else { panic!("{kernel:?}") };
-    assert_eq!(tiles.descale_blocks(), (tiles.tiles.bq as usize, tiles.tiles.bk as usize));
+    // No manual MMA on wgpu: the FMA variant.
+    let Fp8Tiling::Fma(fma_tiles) = tiles.tiles else { panic!("{kernel:?}") };
+    assert_eq!(tiles.descale_blocks(), (fma_tiles.bq as usize, fma_tiles.bk as usize));
     assert_eq!(kernel.blocking().map(|b| (b.block_q, b.block_k)), Some(tiles.descale_blocks()));
     assert!(kernel.name().starts_with("portable_fma_vec_fp8_e4m3_block_bq"), "{}", kernel.name());
     assert!(kernel.kernel_name(Dtype::F16, 64, 64).starts_with("portable_fma_vec_fp8_e4m3_block_f16_d64_"));
@@ -678,7 +680,7 @@ fn fp8_refusals() {
     assert!(go(&shape_no_lse(&shape), &kernel, &k, &ds, Dtype::F32).unwrap().launched);
 
     // The wrong kernel kind, both ways.
-    let fma = PortableKernel::Fma(tiles.tiles);
+    let fma = PortableKernel::Fma(fma_tiles);
     assert!(matches!(go(&shape_no_lse(&shape), &fma, &k, &ds, Dtype::F32), Err(LaunchError::WrongKernel { .. })));
     assert!(matches!(
         launch(&client, &kernel, &shape_no_lse(&shape), Dtype::F32, &q, &k, &v, &o, None),
@@ -715,7 +717,7 @@ fn fp8_refusals() {
     // K and V: PerBlock over 40 keys is 2 tiles of 32 (one KV head).
     let longer = AttentionShape { kv_len: 40, k: shape.k, v: shape.v, ..shape_no_lse(&shape) };
     let (k40, v40) = (bytes(40 * 64), bytes(40 * 64));
-    assert_eq!(tiles.tiles.bk, 32);
+    assert_eq!(tiles.tiles.bk(), 32);
     assert!(matches!(
         launch_fp8(&client, &kernel, &longer, Dtype::F32, &q, &k40, &v40, &ds, &one, &ds, &o, None),
         Err(LaunchError::BufferTooSmall { tensor: "k descales", .. })
@@ -742,7 +744,7 @@ fn fp8_refusals() {
     assert!(launch_fp8(&client, &kernel, &shape, Dtype::F32, &q, &k, &v, &ds, &ds, &ds, &o, Some(&lse)).is_ok());
 
     // A hand-built tiling that cannot run is refused, not replaced.
-    let huge = PortableKernel::Fp8(Fp8Tiles { tiles: FmaVecTiles { bq: 256, bk: 256, tr: 16, tc: 8, stage_f32: true }, ..tiles });
+    let huge = PortableKernel::Fp8(Fp8Tiles { tiles: Fp8Tiling::Fma(FmaVecTiles { bq: 256, bk: 256, tr: 16, tc: 8, stage_f32: true }), ..tiles });
     assert!(matches!(go(&shape_no_lse(&shape), &huge, &k, &ds, Dtype::F32), Err(LaunchError::SharedMemoryExceeded { .. })));
 
     // bf16 O where the adapter lacks bf16 (llvmpipe): refused by name.

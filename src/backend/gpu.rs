@@ -212,7 +212,12 @@ impl<R: Runtime> CubeclBackend<R> {
         let (block_q, block_k) = fp8.descale_blocks();
         let blocking = Blocking { block_q, block_k, ..Blocking::default() };
         blocking.validate(problem, precision)?;
-        let name = format!("fwd_portable_{}_{}_d{}", self.info.kind, precision.name(), problem.head_dim);
+        // The variant in the name: the manual-MMA FP8 kernel where the f16 mma kernel runs.
+        let variant = match fp8.tiles {
+            quattn_cubecl::Fp8Tiling::Mma(_) => "mma_",
+            quattn_cubecl::Fp8Tiling::Fma(_) => "",
+        };
+        let name = format!("fwd_portable_{variant}{}_{}_d{}", self.info.kind, precision.name(), problem.head_dim);
         Ok(Choice { kernel: KernelId::Portable { kernel, name }, blocking: Some(blocking) })
     }
 

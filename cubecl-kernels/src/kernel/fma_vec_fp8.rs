@@ -290,7 +290,7 @@ pub(crate) fn decode_fp8(byte: u32, #[comptime] fcfg: Fp8Config) -> f32 {
 
 /// Whether any of the 4 codes of `word` is non-finite.
 #[cube]
-fn word_has_non_finite(word: u32, #[comptime] fcfg: Fp8Config) -> bool {
+pub(crate) fn word_has_non_finite(word: u32, #[comptime] fcfg: Fp8Config) -> bool {
     ((word & comptime!(fcfg.non_finite_mask())) + comptime!(fcfg.non_finite_carry())) & 0x8080_8080u32 != 0u32
 }
 

@@ -59,7 +59,7 @@ pub(crate) const PLANE: usize = 32;
 /// bank groups (a pitch of `d + 8` elements is `16 mod 128` bytes for every supported `d`).
 pub(crate) const PAD: usize = 8;
 /// `ldmatrix` wants 16-byte aligned rows.
-const SMEM_ALIGN: usize = 16;
+pub(crate) const SMEM_ALIGN: usize = 16;
 
 /// Registers of every fragment hold two elements (one 32-bit register of f16/bf16 pairs, or
 /// two f32 accumulators). `launch` checks that the runtime's `MmaProperties` agree.
@@ -227,12 +227,12 @@ pub fn fwd_mma<E: Float, N: Size>(
         );
     }
 
-    write_results(o, lse, &o_frags, &stats, shape, batch, head, plane_q0, lane, cfg);
+    write_results(o, lse, &o_frags, &stats, shape, shape.scale, 1.0f32, batch, head, plane_q0, lane, cfg);
 }
 
 /// An f32 accumulator fragment (m16n8) set to zero.
 #[cube]
-fn acc_zero() -> Array<Vector<f32, Pair>> {
+pub(crate) fn acc_zero() -> Array<Vector<f32, Pair>> {
     let mut frag = Array::<Vector<f32, Pair>>::new(2usize);
     frag[0] = Vector::new(0.0f32);
     frag[1] = Vector::new(0.0f32);
@@ -246,7 +246,7 @@ fn acc_zero() -> Array<Vector<f32, Pair>> {
 /// base plus a stride (the general case divides per step).
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn cube_fetch_rows<E: Float, N: Size>(
+pub(crate) fn cube_fetch_rows<E: Numeric, N: Size>(
     src: &Array<Vector<E, N>>,
     base: usize,
     row_stride: usize,
@@ -339,7 +339,7 @@ fn cube_store_rows<E: Float, N: Size>(
 /// comptime multiple of 8 elements, so it is added after the division, as an immediate: the
 /// dozens of `ldmatrix` addresses of a KV step then cost one register, not one each.
 #[cube]
-fn ldmatrix_start(
+pub(crate) fn ldmatrix_start(
     row: usize,
     col: usize,
     #[comptime] pitch: usize,
@@ -352,7 +352,7 @@ fn ldmatrix_start(
 /// `l` points at row `l % 16`, columns `8 * (l / 16)` of the 16x16 block (host twin in the
 /// layout tests: `ldmatrix_a`).
 #[cube]
-fn plane_load_q<E: Float, N: Size>(
+pub(crate) fn plane_load_q<E: Float, N: Size>(
     q_stage: &SharedMemory<Vector<E, N>>,
     plane: usize,
     lane: u32,
@@ -413,7 +413,7 @@ fn kv_step<E: Float, N: Size>(
     let v_regs = cube_fetch_rows(v, v_base, shape.v_s2 as usize, k0, kv_len, bk, dv, cfg);
 
     plane_score_matmul::<E, N>(q_frags, k_stage, s_frags, lane, cfg);
-    plane_online_softmax(s_frags, o_frags, stats, shape, plane_q0, k0, lane, masked, cfg);
+    plane_online_softmax(s_frags, o_frags, stats, shape, shape.scale, plane_q0, k0, lane, masked, cfg);
 
     cube_store_rows(&v_regs, v_stage, bk, dv, cfg.v_pitch(), cfg);
     // K(t+1) is loaded while P·V runs; past the last tile every load is predicated off.
@@ -435,7 +435,7 @@ fn kv_step<E: Float, N: Size>(
 /// (Kᵀ column-major is K row-major): one `ldmatrix.x4` (no transpose) gives the B fragments of
 /// two consecutive k-steps (host twin in the layout tests: `ldmatrix_k`).
 #[cube]
-fn plane_score_matmul<E: Float, N: Size>(
+pub(crate) fn plane_score_matmul<E: Float, N: Size>(
     q_frags: &Sequence<Array<Vector<E, Pair>>>,
     k_stage: &SharedMemory<Vector<E, N>>,
     s_frags: &mut Sequence<Array<Vector<f32, Pair>>>,
@@ -488,17 +488,18 @@ fn plane_score_matmul<E: Float, N: Size>(
     }
 }
 
-/// Online softmax of the plane's score tile, in registers. Vector `h` of accumulator tile `j`
+/// Online softmax of the plane's score tile, in registers, with softmax scale `scale`. Vector `h` of accumulator tile `j`
 /// holds row `g + 8h` (g = lane / 4), keys `8j + 2t, 8j + 2t + 1` (t = lane % 4); the four
 /// lanes of a quad share the rows, so the row max is two shuffles. Scores become
 /// probabilities in place; the output fragments are rescaled when a row max moved.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn plane_online_softmax(
+pub(crate) fn plane_online_softmax(
     s_frags: &mut Sequence<Array<Vector<f32, Pair>>>,
     o_frags: &mut Sequence<Array<Vector<f32, Pair>>>,
     stats: &mut Array<f32>,
     shape: &AttnShape,
+    scale: f32,
     plane_q0: usize,
     k0: usize,
     lane: u32,
@@ -506,7 +507,6 @@ fn plane_online_softmax(
     #[comptime] cfg: MmaFwdConfig,
 ) {
     let def = MmaDefinition::<f32, f32, f32>::new(MMA_M, MMA_N, MMA_K);
-    let scale = shape.scale;
     let q_len = shape.q_len as usize;
     let kv_len = shape.kv_len as usize;
     let st = cfg.s_tiles();
@@ -598,7 +598,7 @@ fn plane_online_softmax(
 /// S tiles `2c` and `2c + 1` (vectors 0, 1 of each: rows g and g + 8); V's B fragments of two
 /// adjacent n8 tiles come from one `ldmatrix.x4.trans` (host twin in the layout tests: `ldmatrix_v`).
 #[cube]
-fn plane_value_matmul<E: Float, N: Size>(
+pub(crate) fn plane_value_matmul<E: Float, N: Size>(
     s_frags: &Sequence<Array<Vector<f32, Pair>>>,
     v_stage: &SharedMemory<Vector<E, N>>,
     o_frags: &mut Sequence<Array<Vector<f32, Pair>>>,
@@ -657,17 +657,21 @@ fn plane_value_matmul<E: Float, N: Size>(
     }
 }
 
-/// Epilogue: the quad reduces its partial row sums, `O = acc / l` straight from the registers
-/// (each lane writes its two adjacent columns of rows g and g + 8), `LSE = m·scale + ln l` by
-/// the quad's first lane; rows that saw no key get `O = 0` and `LSE = lse_empty`.
+/// Epilogue: the quad reduces its partial row sums, `O = acc · (o_factor / l)` straight from the
+/// registers (each lane writes its two adjacent columns of rows g and g + 8), `LSE = m·scale +
+/// ln l` by the quad's first lane; rows that saw no key get `O = 0` and `LSE = lse_empty`.
+/// `scale` is the softmax's (the FP8 kernel folds its Q·K descales into it), `o_factor` a
+/// constant factor of every P·V product (1, or the FP8 kernel's V descale).
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn write_results<E: Float>(
+pub(crate) fn write_results<E: Float>(
     o: &mut Array<E>,
     lse: &mut Array<f32>,
     o_frags: &Sequence<Array<Vector<f32, Pair>>>,
     stats: &Array<f32>,
     shape: &AttnShape,
+    scale: f32,
+    o_factor: f32,
     batch: usize,
     head: usize,
     plane_q0: usize,
@@ -687,7 +691,7 @@ fn write_results<E: Float>(
             l += plane_shuffle_xor(l, 1u32);
             l += plane_shuffle_xor(l, 2u32);
             let seen = l > 0.0;
-            let inv = select(seen, 1.0 / l, 0.0);
+            let inv = select(seen, o_factor / l, 0.0);
             let (r, c0) = def.position_of_nth(lane, comptime!((2 * h) as u32), MatrixIdent::Accumulator);
             let row = plane_q0 + m * MMA_M + r as usize;
             if row < q_len {
@@ -695,7 +699,7 @@ fn write_results<E: Float>(
                     if c0 == 0 {
                         let value = select(
                             seen,
-                            stats[comptime!(2 * m + h)] * shape.scale + f32::ln(select(seen, l, 1.0)),
+                            stats[comptime!(2 * m + h)] * scale + f32::ln(select(seen, l, 1.0)),
                             shape.lse_empty,
                         );
                         lse[(batch * shape.q_heads as usize + head) * q_len + row] = value;

@@ -13,6 +13,7 @@ pub(crate) mod fma_vec;
 pub(crate) mod fma_vec_fp8;
 pub(crate) mod fma_vec_int8;
 pub(crate) mod mma;
+pub(crate) mod mma_fp8;
 pub(crate) mod quant;
 
 /// Row max of rows that have seen no key yet. Finite on purpose: WGSL has no infinity literal
