@@ -33,6 +33,7 @@ pub mod hmma;
 pub mod int8_umma;
 pub mod int8;
 pub mod int8_prepass;
+mod fp8;
 pub mod mma_fp8;
 pub mod nvrtc;
 pub mod registry;

@@ -501,33 +501,11 @@ impl Fp8MmaArgs {
     /// Validates everything that does not need device pointers.
     pub fn validate(&self, config: &Fp8MmaConfig) -> Result<()> {
         config.validate()?;
-        let bad = |m: String| Err(NativeError::InvalidArgs(m));
-        if self.descale == DescaleGranularity::PerBlock {
-            return bad("per-block descales are not supported by this family (per tensor or per head)".into());
-        }
-        if self.batch == 0 || self.q_heads == 0 || self.kv_heads == 0 || self.q_len == 0 || self.kv_len == 0 {
-            return bad(format!("empty problem: {self:?}"));
-        }
-        if !self.q_heads.is_multiple_of(self.kv_heads) {
-            return bad(format!("q_heads {} not a multiple of kv_heads {}", self.q_heads, self.kv_heads));
-        }
+        let s = self;
         // vt_len and the Vt head offsets are i32 / i64 on the device; keep vt_len in i32.
-        if self.q_len > i32::MAX as usize || self.vt_len() > i32::MAX as usize {
-            return bad("sequence length exceeds i32".into());
-        }
-        if self.q_heads > 65535 || self.batch > 65535 {
-            return bad(format!("batch {} / heads {} exceed the grid limit 65535", self.batch, self.q_heads));
-        }
-        if !(self.scale.is_finite() && self.scale > 0.0) {
-            return bad(format!("softmax scale must be finite and > 0, got {}", self.scale));
-        }
-        // cp.async and the prepass move 16-byte / 4-byte pieces of 8-bit rows; O stores 16 bytes.
-        for (name, s, align) in [("q", &self.q, 16), ("k", &self.k, 16), ("v", &self.v, 16), ("o", &self.o, 8)] {
-            if [s.batch, s.head, s.seq].iter().any(|&x| x % align != 0) {
-                return bad(format!("{name} strides {s:?} must be non-negative multiples of {align} elements"));
-            }
-        }
-        Ok(())
+        crate::fp8::check_args(
+            s.batch, s.q_heads, s.kv_heads, s.q_len, s.kv_len, false, s.vt_len(), s.scale, s.descale, [&s.q, &s.k, &s.v, &s.o],
+        )
     }
 
     /// Checks device addresses: 16-byte alignment of what is copied in 16-byte pieces, 4-byte
