@@ -291,6 +291,21 @@ pub struct SelftestArgs {
     /// One JSON object per case on stdout.
     #[arg(long)]
     pub json: bool,
+    /// Run only shard I of N (`I/N`, 0-based): cases are dealt round-robin, so N processes with
+    /// I = 0..N together run the whole matrix once (compiles dominate on a GPU and run in
+    /// parallel across processes).
+    #[arg(long, value_parser = parse_shard)]
+    pub shard: Option<(usize, usize)>,
+}
+
+fn parse_shard(s: &str) -> Result<(usize, usize), String> {
+    let (i, n) = s.split_once('/').ok_or_else(|| format!("expected I/N, got `{s}`"))?;
+    let i: usize = i.trim().parse().map_err(|e| format!("shard index `{i}`: {e}"))?;
+    let n: usize = n.trim().parse().map_err(|e| format!("shard count `{n}`: {e}"))?;
+    if n == 0 || i >= n {
+        return Err(format!("shard {i}/{n}: need 0 <= I < N"));
+    }
+    Ok((i, n))
 }
 
 #[derive(Args, Clone, Debug)]

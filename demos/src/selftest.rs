@@ -82,34 +82,39 @@ pub fn main(a: &SelftestArgs) -> anyhow::Result<i32> {
         v.push(Strategy::Reference);
         v
     };
-    let total: usize = sessions.iter().map(|s| strategies_of(s).len()).sum::<usize>() * shapes.len() * precisions.len();
-    let bar = ProgressBar::new(total as u64);
-    bar.set_style(ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}").unwrap_or_else(|_| ProgressStyle::default_bar()));
+    // Every (session, strategy, shape, precision) in a fixed order; a shard keeps every N-th.
+    // The emulation is device-independent: it runs once, on the first session.
+    let (shard, shards) = a.shard.unwrap_or((0, 1));
+    let mut jobs = Vec::new();
     for (si, session) in sessions.iter().enumerate() {
-        let info = session.info();
         for strategy in strategies_of(session) {
-            // The emulation is device-independent: run it once, on the first session.
             if strategy == Strategy::Reference && si > 0 {
-                bar.inc((shapes.len() * precisions.len()) as u64);
                 continue;
             }
             for p in &shapes {
                 for &prec in &precisions {
-                    bar.set_message(format!("{} {:?} {}", info.kind, strategy, prec));
-                    let case = run_case(session, p, prec, strategy);
-                    if a.json {
-                        bar.suspend(|| println!("{}", serde_json::to_string(&case).unwrap_or_default()));
-                    }
-                    cases.push(case);
-                    bar.inc(1);
+                    jobs.push((si, strategy, p, prec));
                 }
             }
         }
     }
+    let jobs: Vec<_> = jobs.into_iter().enumerate().filter(|(i, _)| i % shards == shard).map(|(_, j)| j).collect();
+    let bar = ProgressBar::new(jobs.len() as u64);
+    bar.set_style(ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}").unwrap_or_else(|_| ProgressStyle::default_bar()));
+    for (si, strategy, p, prec) in jobs {
+        let session = &sessions[si];
+        bar.set_message(format!("{} {:?} {}", session.info().kind, strategy, prec));
+        let case = run_case(session, p, prec, strategy);
+        if a.json {
+            bar.suspend(|| println!("{}", serde_json::to_string(&case).unwrap_or_default()));
+        }
+        cases.push(case);
+        bar.inc(1);
+    }
     bar.finish_and_clear();
     // The native INT8 prepass against the codec, bit for bit (only the CUDA backend keeps the
     // operands; elsewhere `int8_operands` is None and nothing is added).
-    for session in sessions.iter().filter(|s| s.info().kind == "cuda") {
+    for session in sessions.iter().filter(|s| s.info().kind == "cuda" && shard == 0) {
         for case in prepass_cases(session) {
             if a.json {
                 println!("{}", serde_json::to_string(&case).unwrap_or_default());
@@ -119,7 +124,7 @@ pub fn main(a: &SelftestArgs) -> anyhow::Result<i32> {
     }
     // The device-tensor entry points on every GPU session: caller-held buffers in, O out on
     // the device, bit-identical to the host path.
-    for session in &sessions {
+    for session in sessions.iter().filter(|_| shard == 1 % shards) {
         for case in device_tensor_cases(session) {
             if a.json {
                 println!("{}", serde_json::to_string(&case).unwrap_or_default());

@@ -97,3 +97,27 @@ fn closed_stdout_is_not_a_panic() {
     assert!(!err.contains("panicked"), "stderr: {err}");
     assert_ne!(out.status.code(), Some(101), "exit code of a Rust panic; stderr: {err}");
 }
+
+/// `--shard I/N`: the N shards together run each case of the matrix exactly once.
+#[test]
+fn selftest_shards_partition_the_matrix() {
+    let cases = |extra: &[&str]| -> Vec<String> {
+        let mut args = vec!["selftest", "--devices", "cpu", "--quick", "--json"];
+        args.extend_from_slice(extra);
+        let out = quattn(&args);
+        assert!(out.status.success(), "{extra:?}: {}", String::from_utf8_lossy(&out.stderr));
+        let mut v: Vec<String> = String::from_utf8(out.stdout).unwrap().lines().filter(|l| l.starts_with('{')).map(String::from).collect();
+        v.sort();
+        v
+    };
+    let whole = cases(&[]);
+    let mut parts = [cases(&["--shard", "0/3"]), cases(&["--shard", "1/3"]), cases(&["--shard", "2/3"])];
+    assert!(parts.iter().all(|p| !p.is_empty() && p.len() < whole.len()), "each shard runs a part");
+    let mut joined: Vec<String> = parts.iter_mut().flat_map(std::mem::take).collect();
+    joined.sort();
+    assert_eq!(joined, whole);
+    for bad in ["3/3", "1", "a/2", "0/0"] {
+        let out = quattn(&["selftest", "--devices", "cpu", "--quick", "--shard", bad]);
+        assert!(!out.status.success(), "--shard {bad} accepted");
+    }
+}
