@@ -179,7 +179,7 @@ impl Fp8WgmmaConfig {
 
     /// Every attention variant the report and tests compile: head dim x O type with the table
     /// tile, and at f16 the other tiles (128 / 192 keys, 2 / 3 stages), the stale-max threshold 8
-    /// and (hd 128) polynomial exp2 on every 4th score, kept compiled for sweeps on the H100.
+    /// and polynomial exp2 on every 4th or 8th score, kept compiled for sweeps on the H100.
     pub fn all() -> Vec<Fp8WgmmaConfig> {
         let mut v = Vec::new();
         for head_dim in [64, 128] {
@@ -197,8 +197,8 @@ impl Fp8WgmmaConfig {
                     }
                 }
             }
-            if head_dim == 128 {
-                v.push(Fp8WgmmaConfig { exp2_poly: 4, ..base });
+            for exp2_poly in [4, 8] {
+                v.push(Fp8WgmmaConfig { exp2_poly, ..base });
             }
         }
         v
