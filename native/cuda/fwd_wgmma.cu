@@ -201,8 +201,12 @@ __device__ __forceinline__ void warp_softmax(float (&s)[cfg::S_REGS], RowState& 
                     if (n * 8 + x >= limit) s[4 * n + 2 * i + x] = QA_NEG_INF;
         }
     }
-    float mx[2];
-    thread_row_max<cfg::BN>(s, st.m, mx);
+    float mx[2] = {st.m[0], st.m[1]};
+#pragma unroll
+    for (int n = 0; n < cfg::BN / 8; ++n) {
+        mx[0] = fmaxf(mx[0], fmaxf(s[4 * n], s[4 * n + 1]));
+        mx[1] = fmaxf(mx[1], fmaxf(s[4 * n + 2], s[4 * n + 3]));
+    }
     // Conditional rescale (see fwd_hmma): the max only moves when some row of the warp grew by
     // more than RESCALE_LOG2 in log2 units; m = -inf with finite mx always moves (+inf > 8).
     bool need = false;
@@ -222,8 +226,11 @@ __device__ __forceinline__ void warp_softmax(float (&s)[cfg::S_REGS], RowState& 
         mc[i] = (mn == QA_NEG_INF) ? 0.f : mn * c;
     }
 #pragma unroll
-    for (int e = 0; e < cfg::S_REGS; ++e) s[e] = thread_exp2(fmaf(s[e], c, -mc[(e >> 1) & 1]));
-    thread_row_sum_add<cfg::BN>(s, st.l);
+    for (int e = 0; e < cfg::S_REGS; ++e) {
+        const int i = (e >> 1) & 1;
+        s[e] = thread_exp2(fmaf(s[e], c, -mc[i]));
+        st.l[i] += s[e];
+    }
 }
 
 __device__ __forceinline__ void thread_rescale_o(float (&o)[cfg::O_REGS], const float (&alpha)[2]) {
