@@ -94,8 +94,9 @@ pub const FP8_KV_PAD: u32 = 128;
 ///
 /// 192 keys with 2 stages is the best or within the spread of the best everywhere; the stale-max
 /// threshold 8 (`rescale_log2`) is within the spread too, and moving exp2 onto the FMA pipes
-/// (`exp2_poly`, every 4th or 8th score) is slower at both head dims: the consumer warps' issue
-/// slots, which the polynomial's FMAs take, run out before the MUFU unit does.
+/// (`exp2_poly`, every 4th or 8th score) is slower at both head dims: the degree-6 polynomial's
+/// eleven instructions per score cost the softmax warp more issue time than the MUFU time they
+/// free.
 pub const FP8_TILES: [(u32, u32, u32); 2] = [(64, 192, 2), (128, 192, 2)];
 
 /// One compiled attention variant.
