@@ -21,9 +21,9 @@ use std::sync::{Arc, Mutex};
 use cubecl::cuda::CudaRuntime;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtrMut};
 use half::{bf16, f16};
-use quattn_native::wgmma_fp8::{Fp8Ptrs, Fp8WgmmaArgs, Fp8WgmmaConfig, Fp8WgmmaUnit};
+use quattn_native::wgmma_fp8::{Fp8WgmmaConfig, Fp8WgmmaUnit};
 use quattn_native::{
-    DescaleGranularity, Fp8MmaArgs, Fp8MmaConfig, Fp8MmaPtrs, Fp8MmaUnit, Fp8P, HmmaConfig, Int8Args, Int8Config, Int8PrepassConfig, Int8Ptrs, Int8UmmaConfig, Int8WgmmaConfig, Loaded,
+    DescaleGranularity, Fp8Args, Fp8MmaConfig, Fp8MmaUnit, Fp8Ptrs, Fp8P, HmmaConfig, Int8Args, Int8Config, Int8PrepassConfig, Int8Ptrs, Int8UmmaConfig, Int8WgmmaConfig, Loaded,
     ModuleStore, NativeError, NativeKernelId, PrepassLens, PrepassPtrs, WgmmaConfig,
 };
 
@@ -112,43 +112,6 @@ struct Fp8Buffers {
     q_descale: CudaSlice<f32>,
     k_descale: CudaSlice<f32>,
     v_descale: CudaSlice<f32>,
-}
-
-/// The FP8 launch arguments of the two native FP8 families: the problem's strides (codes are one
-/// byte, so element strides are byte strides), its scale and mask, the descale granularity.
-fn fp8_args(problem: &AttentionProblem, descale: DescaleGranularity) -> Fp8MmaArgs {
-    let sh = problem.shape();
-    Fp8MmaArgs {
-        batch: sh.batch,
-        q_heads: sh.q_heads,
-        kv_heads: sh.kv_heads,
-        q_len: sh.q_len,
-        kv_len: sh.kv_len,
-        q: sh.q,
-        k: sh.k,
-        v: sh.v,
-        o: sh.o,
-        scale: sh.scale,
-        causal: sh.causal,
-        descale,
-    }
-}
-
-fn wgmma_fp8_args(a: &Fp8MmaArgs) -> Fp8WgmmaArgs {
-    Fp8WgmmaArgs {
-        batch: a.batch,
-        q_heads: a.q_heads,
-        kv_heads: a.kv_heads,
-        q_len: a.q_len,
-        kv_len: a.kv_len,
-        q: a.q,
-        k: a.k,
-        v: a.v,
-        o: a.o,
-        scale: a.scale,
-        causal: a.causal,
-        descale: a.descale,
-    }
 }
 
 fn native_err(kernel: &str, e: NativeError) -> Error {
@@ -285,7 +248,7 @@ impl CudaBackend {
             return not_applicable(format!("native FP8 kernels need v_head_dim == head_dim (got {} and {})", problem.v_head_dim, problem.head_dim));
         }
         let out = Dtype::F16;
-        let args = fp8_args(problem, descale);
+        let args = Fp8Args::new(problem.shape(), descale);
         let (id, block_k) = match family {
             NativeKind::Fp8Wgmma => {
                 if p != PvFormat::Fp8 {
@@ -295,7 +258,7 @@ impl CudaBackend {
                     return not_applicable(format!("the FP8 wgmma kernel needs compute capability 9.0 (sm_90a), this device is {}.{}", self.cc.0, self.cc.1));
                 }
                 let c = Fp8WgmmaConfig::new(problem.head_dim, out).map_err(|e| na(e.to_string()))?;
-                wgmma_fp8_args(&args).validate(&c).map_err(|e| na(e.to_string()))?;
+                c.validate_args(&args).map_err(|e| na(e.to_string()))?;
                 (NativeKernelId::Fp8Wgmma(Fp8WgmmaUnit::Attention(c)), c.block_n as usize)
             }
             _ => {
@@ -304,7 +267,7 @@ impl CudaBackend {
                 }
                 let pf = if p == PvFormat::Fp8 { Fp8P::E4m3 } else { Fp8P::F16 };
                 let c = Fp8MmaConfig::new(problem.head_dim, pf, out).map_err(|e| na(e.to_string()))?;
-                args.validate(&c).map_err(|e| na(e.to_string()))?;
+                c.validate_args(&args).map_err(|e| na(e.to_string()))?;
                 let t = c.tile().map_err(|e| na(e.to_string()))?;
                 (NativeKernelId::Fp8Mma(Fp8MmaUnit::Fwd(c)), t.block_n as usize)
             }
@@ -325,10 +288,11 @@ impl CudaBackend {
         let tq = Fp8Tensor::quantize(format, &q.rounded_to(dtype), p.q_strides(), p.head_dim, layout(p.q_heads, p.q_len))?;
         let tk = Fp8Tensor::quantize(format, &k.rounded_to(dtype), p.k_strides(), p.head_dim, layout(p.kv_heads, p.kv_len))?;
         let tv = Fp8Tensor::quantize(format, &v.rounded_to(dtype), p.v_strides(), p.v_head_dim, layout(p.kv_heads, p.kv_len))?;
-        let args = fp8_args(p, descale);
+        let args = Fp8Args::new(p.shape(), descale);
         let vt_len = match plan.kernel {
-            KernelId::Native(NativeChoice { kernel: NativeKernelId::Fp8Wgmma(_), .. }) => wgmma_fp8_args(&args).required_lens(p.head_dim).vt,
-            _ => args.required_lens(p.head_dim).vt,
+            KernelId::Native(NativeChoice { kernel: NativeKernelId::Fp8Wgmma(Fp8WgmmaUnit::Attention(c)), .. }) => c.required_lens(&args).vt,
+            KernelId::Native(NativeChoice { kernel: NativeKernelId::Fp8Mma(Fp8MmaUnit::Fwd(c)), .. }) => c.required_lens(&args).vt,
+            _ => return Err(super::foreign(plan)),
         };
         let e = driver_of(plan);
         let s = &self.stream;
@@ -460,7 +424,7 @@ impl CudaBackend {
                 let (Precision::Fp8 { descale, .. }, Some(b)) = (plan.precision, fp8) else {
                     return Err(Error::Kernel { kernel: name(), reason: "an FP8 plan without its code and descale buffers".into() });
                 };
-                let args = fp8_args(p, descale);
+                let args = Fp8Args::new(shape, descale);
                 let ps = stream;
                 let (q, k, v, vt) = (b.q.device_ptr_mut(ps).0, b.k.device_ptr_mut(ps).0, b.v.device_ptr_mut(ps).0, b.vt.device_ptr_mut(ps).0);
                 let (qd, kd, vd) = (b.q_descale.device_ptr_mut(ps).0, b.k_descale.device_ptr_mut(ps).0, b.v_descale.device_ptr_mut(ps).0);
@@ -469,14 +433,13 @@ impl CudaBackend {
                 // check the arguments and alignment.
                 match &*kernel {
                     Loaded::Fp8Wgmma(k8) => {
-                        let wa = wgmma_fp8_args(&args);
-                        unsafe { k8.launch_prepass_raw(stream, &wa, v, vt) }.map_err(failed)?;
+                        unsafe { k8.launch_prepass_raw(stream, &args, v, vt) }.map_err(failed)?;
                         record(&start)?;
-                        let ptrs = Fp8Ptrs { q, k, vt, o: call.o, lse: call.lse, q_descale: qd, k_descale: kd, v_descale: vd };
-                        unsafe { k8.launch_attention_raw(stream, &wa, &ptrs) }.map_err(failed)?;
+                        let ptrs = Fp8Ptrs { q, k, v, vt, o: call.o, lse: call.lse, q_descale: qd, k_descale: kd, v_descale: vd };
+                        unsafe { k8.launch_attention_raw(stream, &args, &ptrs) }.map_err(failed)?;
                     }
                     Loaded::Fp8Mma(k8) => {
-                        let ptrs = Fp8MmaPtrs { q, k, v, vt, o: call.o, lse: call.lse, q_desc: qd, k_desc: kd, v_desc: vd };
+                        let ptrs = Fp8Ptrs { q, k, v, vt, o: call.o, lse: call.lse, q_descale: qd, k_descale: kd, v_descale: vd };
                         unsafe { k8.launch_vt_raw(stream, &args, &ptrs) }.map_err(failed)?;
                         record(&start)?;
                         unsafe { k8.launch_fwd_raw(stream, &args, &ptrs) }.map_err(failed)?;
