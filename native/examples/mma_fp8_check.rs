@@ -50,7 +50,7 @@ use cudarc::driver::{CudaContext, CudaStream};
 use half::{bf16, f16};
 use quattn_native::mma_fp8::vt_key_at;
 use quattn_native::{
-    DescaleGranularity, Fp8MmaArgs, Fp8MmaBuffers, Fp8MmaConfig, Fp8MmaKernel, Fp8P, Fp8VtConfig, Dtype, Layout, KernelCache,
+    AttentionShape, DescaleGranularity, Fp8Args, Fp8Buffers, Fp8MmaConfig, Fp8MmaKernel, Fp8P, Fp8VtConfig, Dtype, Layout, KernelCache,
     Strides,
 };
 
@@ -272,7 +272,7 @@ struct Inputs {
     q: Codes,
     k: Codes,
     v: Codes,
-    args: Fp8MmaArgs,
+    args: Fp8Args,
 }
 
 fn inputs(c: &Case) -> Inputs {
@@ -295,20 +295,23 @@ fn inputs(c: &Case) -> Inputs {
     });
     let v = Codes::quantize(c.batch, c.kv_heads, c.kv_len, d, c.bshd, c.per_head, |b, h, s, x| xv[lk(b, h, s, x)]);
     let o_strides = if c.bshd { Strides::new(Layout::Bshd, c.q_heads, c.q_len, d) } else { Strides::new(Layout::Bhsd, c.q_heads, c.q_len, d) };
-    let args = Fp8MmaArgs {
+    let shape = AttentionShape {
         batch: c.batch,
         q_heads: c.q_heads,
         kv_heads: c.kv_heads,
         q_len: c.q_len,
         kv_len: c.kv_len,
+        head_dim: d,
+        v_head_dim: d,
         q: q.strides,
         k: k.strides,
         v: v.strides,
         o: o_strides,
         scale: 1.0 / (d as f32).sqrt(),
         causal: c.causal,
-        descale: if c.per_head { DescaleGranularity::PerHead } else { DescaleGranularity::PerTensor },
+        write_lse: true,
     };
+    let args = Fp8Args::new(shape, if c.per_head { DescaleGranularity::PerHead } else { DescaleGranularity::PerTensor });
     Inputs { q, k, v, args }
 }
 
@@ -321,7 +324,7 @@ struct Outputs {
 
 fn run_gpu(stream: &Arc<CudaStream>, kernel: &Fp8MmaKernel, c: &Case, inp: &Inputs) -> Result<Outputs, BoxErr> {
     let Inputs { q, k, v, args } = inp;
-    let lens = args.required_lens(c.head_dim);
+    let lens = kernel.config().required_lens(args);
     let qd = stream.clone_htod(&q.codes)?;
     let kd = stream.clone_htod(&k.codes)?;
     let vd = stream.clone_htod(&v.codes)?;
@@ -339,14 +342,14 @@ fn run_gpu(stream: &Arc<CudaStream>, kernel: &Fp8MmaKernel, c: &Case, inp: &Inpu
     kernel.launch(
         stream,
         args,
-        Fp8MmaBuffers { q: &qd, k: &kd, v: &vd, vt: &mut vtd, o: &mut od, lse: &mut ld, q_desc: &qs, k_desc: &ks, v_desc: &vs, _elem: std::marker::PhantomData::<u16> },
+        Fp8Buffers::<u16, _, _, _, _, _, _, _>::new(&qd, &kd, &vd, &mut vtd, &mut od, &mut ld, &qs, &ks, &vs),
     )?;
     Ok(Outputs { o_bits: stream.clone_dtoh(&od)?, lse: stream.clone_dtoh(&ld)?, vt: stream.clone_dtoh(&vtd)? })
 }
 
 /// The host permutation of the V prepass.
 fn host_vt(c: &Case, inp: &Inputs) -> Vec<u8> {
-    let (d, vt_len) = (c.head_dim, inp.args.vt_len());
+    let (d, vt_len) = (c.head_dim, quattn_native::mma_fp8::vt_len(&inp.args.shape));
     let mut vt = vec![0u8; c.batch * c.kv_heads * d * vt_len];
     for b in 0..c.batch {
         for h in 0..c.kv_heads {
@@ -370,10 +373,10 @@ fn host_vt(c: &Case, inp: &Inputs) -> Vec<u8> {
 fn run_model(c: &Case, inp: &Inputs, p_fmt: Fp8P, block_n: usize) -> Outputs {
     let Inputs { q, k, v, args } = inp;
     let d = c.head_dim;
-    let o_strides = args.o;
+    let o_strides = args.shape.o;
     let mut o_bits = vec![0u16; c.batch * c.q_heads * c.q_len * d];
     let mut lse = vec![0f32; c.batch * c.q_heads * c.q_len];
-    let scale_log2 = args.scale * std::f32::consts::LOG2_E;
+    let scale_log2 = args.shape.scale * std::f32::consts::LOG2_E;
     #[allow(clippy::excessive_precision)]
     let pl: f32 = if p_fmt == Fp8P::E4m3 { 8.807354922057604 } else { 0.0 };
     let group = c.q_heads / c.kv_heads;
@@ -445,7 +448,7 @@ fn compare(label: &str, c: &Case, inp: &Inputs, p_fmt: Fp8P, block_n: usize, out
     let Inputs { q, k, v, args } = inp;
     let args = *args;
     let d = c.head_dim;
-    let o_strides = args.o;
+    let o_strides = args.shape.o;
     let (o_bits, lse, vt) = (&out.o_bits, &out.lse, &out.vt);
     // Decoded codes (without descales), indexed like the codes.
     let kdec: Vec<f64> = k.codes.iter().map(|&x| e4m3_decode(x) as f64).collect();
@@ -460,7 +463,7 @@ fn compare(label: &str, c: &Case, inp: &Inputs, p_fmt: Fp8P, block_n: usize, out
     let vt_bad = if vt.len() < want_vt.len() { usize::MAX } else { want_vt.iter().zip(vt.iter()).filter(|(a, b)| a != b).count() };
 
     let mut st = Stats::default();
-    let scale_log2 = args.scale * std::f32::consts::LOG2_E;
+    let scale_log2 = args.shape.scale * std::f32::consts::LOG2_E;
     // The kernel's P_LOG2_SCALE literal (log2 448), rounded to f32 alike.
     #[allow(clippy::excessive_precision)]
     let pl: f32 = if p_fmt == Fp8P::E4m3 { 8.807354922057604 } else { 0.0 };
@@ -491,7 +494,7 @@ fn compare(label: &str, c: &Case, inp: &Inputs, p_fmt: Fp8P, block_n: usize, out
                 // The dot error of the row's max moves every P of the row (through m).
                 let sabs_max = dots.iter().map(|t| t.1).fold(0f64, f64::max);
                 // ---- f64 reference on the dequantized inputs ----
-                let logit_scale = args.scale as f64 * qdesc as f64 * kdesc as f64;
+                let logit_scale = args.shape.scale as f64 * qdesc as f64 * kdesc as f64;
                 let mref = dots.iter().map(|t| t.0).fold(f64::NEG_INFINITY, f64::max);
                 let w: Vec<f64> = dots.iter().map(|t| ((t.0 - mref) * logit_scale).exp()).collect();
                 let wsum: f64 = w.iter().sum();
@@ -645,11 +648,12 @@ fn bench(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, kernel: &Fp8MmaKernel
     let d = kernel.config().head_dim as usize;
     let (batch, heads) = (4usize, 16usize);
     let s = Strides::new(Layout::Bhsd, heads, seq, d);
-    let args = Fp8MmaArgs {
-        batch, q_heads: heads, kv_heads: heads, q_len: seq, kv_len: seq, q: s, k: s, v: s, o: s,
-        scale: 1.0 / (d as f32).sqrt(), causal, descale: DescaleGranularity::PerTensor,
+    let shape = AttentionShape {
+        batch, q_heads: heads, kv_heads: heads, q_len: seq, kv_len: seq, head_dim: d, v_head_dim: d, q: s, k: s, v: s, o: s,
+        scale: 1.0 / (d as f32).sqrt(), causal, write_lse: true,
     };
-    let lens = args.required_lens(d);
+    let args = Fp8Args::new(shape, DescaleGranularity::PerTensor);
+    let lens = kernel.config().required_lens(&args);
     let mut r = Lcg::new(99);
     let codes: Vec<u8> = (0..lens.q).map(|_| e4m3_encode(r.sample() * 56.0)).collect();
     let qd = stream.clone_htod(&codes)?;
@@ -667,7 +671,7 @@ fn bench(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, kernel: &Fp8MmaKernel
     let (lse, _g3) = ld.device_ptr_mut(stream);
     let (dp, _g4) = desc.device_ptr(stream);
     // Q, K and V share one code buffer (lens.q = lens.k = lens.v here).
-    let ptrs = quattn_native::Fp8MmaPtrs { q, k: q, v: q, vt, o, lse, q_desc: dp, k_desc: dp, v_desc: dp };
+    let ptrs = quattn_native::Fp8Ptrs { q, k: q, v: q, vt, o, lse, q_descale: dp, k_descale: dp, v_descale: dp };
     for it in 0..13 {
         // Prepass, then forward, each between two events.
         e0.record(stream)?;

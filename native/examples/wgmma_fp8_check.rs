@@ -61,7 +61,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use half::{bf16, f16};
-use quattn_native::wgmma_fp8::{vt_key_of_column, Fp8Buffers, Fp8Ptrs, Fp8WgmmaArgs, Fp8WgmmaConfig, Fp8WgmmaKernel};
+use quattn_native::wgmma_fp8::{kv_pad, vt_key_of_column, Fp8Args, Fp8Buffers, Fp8Ptrs, Fp8WgmmaConfig, Fp8WgmmaKernel};
 use quattn_native::{AttentionShape, DescaleGranularity, Dtype, Layout, Strides, WgmmaConfig, WgmmaKernel};
 
 type BoxErr = Box<dyn std::error::Error>;
@@ -206,7 +206,8 @@ fn long_case() -> Case {
 }
 
 struct Inputs {
-    args: Fp8WgmmaArgs,
+    /// Shapes and code strides of the case (`shape`); descales per `descale`.
+    args: Fp8Args,
     q: Vec<u8>,
     k: Vec<u8>,
     v: Vec<u8>,
@@ -221,20 +222,23 @@ struct Inputs {
 
 fn inputs(c: &Case, d: usize) -> Inputs {
     let layout = |h, n| if c.bshd { Strides::new(Layout::Bshd, h, n, d) } else { Strides::new(Layout::Bhsd, h, n, d) };
-    let args = Fp8WgmmaArgs {
+    let shape = AttentionShape {
         batch: c.batch,
         q_heads: c.q_heads,
         kv_heads: c.kv_heads,
         q_len: c.q_len,
         kv_len: c.kv_len,
+        head_dim: d,
+        v_head_dim: d,
         q: layout(c.q_heads, c.q_len),
         k: layout(c.kv_heads, c.kv_len),
         v: layout(c.kv_heads, c.kv_len),
         o: layout(c.q_heads, c.q_len),
         scale: 1.0 / (d as f32).sqrt(),
         causal: c.causal,
-        descale: c.descale,
+        write_lse: true,
     };
+    let args = Fp8Args::new(shape, c.descale);
     let q_f = samples(c.batch * c.q_heads * c.q_len * d, 11);
     let q = &q_f;
     let mut k = samples(c.batch * c.kv_heads * c.kv_len * d, 12);
@@ -248,16 +252,16 @@ fn inputs(c: &Case, d: usize) -> Inputs {
                 let h = kh * group;
                 for (key, row) in [(5usize, 0usize), (c.kv_len - 1, 1)] {
                     for x in 0..d {
-                        let qo = b * args.q.batch as usize + h * args.q.head as usize + row * args.q.seq as usize + x;
-                        let ko = b * args.k.batch as usize + kh * args.k.head as usize + key * args.k.seq as usize + x;
+                        let qo = b * shape.q.batch as usize + h * shape.q.head as usize + row * shape.q.seq as usize + x;
+                        let ko = b * shape.k.batch as usize + kh * shape.k.head as usize + key * shape.k.seq as usize + x;
                         k[ko] = 3.0 * q[qo];
                     }
                 }
             }
         }
     }
-    let (mut q, mut qd) = quantize(&q_f, &args.q, c.batch, c.q_heads, c.q_len, d, c.descale);
-    let (mut k, mut kd) = quantize(&k, &args.k, c.batch, c.kv_heads, c.kv_len, d, c.descale);
+    let (mut q, mut qd) = quantize(&q_f, &shape.q, c.batch, c.q_heads, c.q_len, d, c.descale);
+    let (mut k, mut kd) = quantize(&k, &shape.k, c.batch, c.kv_heads, c.kv_len, d, c.descale);
     if c.exact_s {
         let small = |x: &f32| e4m3_encode(((x * 2.0).round().clamp(-4.0, 4.0)) / 2.0);
         let k_f = samples(c.batch * c.kv_heads * c.kv_len * d, 12);
@@ -266,7 +270,7 @@ fn inputs(c: &Case, d: usize) -> Inputs {
         qd.iter_mut().for_each(|x| *x = 0.25);
         kd.iter_mut().for_each(|x| *x = 0.25);
     }
-    let (v, vd) = quantize(&v, &args.v, c.batch, c.kv_heads, c.kv_len, d, c.descale);
+    let (v, vd) = quantize(&v, &shape.v, c.batch, c.kv_heads, c.kv_len, d, c.descale);
     let dec = |x: &[u8]| x.iter().map(|&c| e4m3_decode(c)).collect::<Vec<f32>>();
     let (qf, kf, vf) = (dec(&q), dec(&k), dec(&v));
     Inputs { args, q, k, v, qd, kd, vd, qf, kf, vf }
@@ -278,7 +282,7 @@ fn at(s: &Strides, b: usize, h: usize, i: usize) -> usize {
 fn descale(x: &[f32], g: DescaleGranularity, b: usize, heads: usize, h: usize) -> f32 {
     if g == DescaleGranularity::PerTensor { x[0] } else { x[b * heads + h] }
 }
-fn visible(a: &Fp8WgmmaArgs, i: usize) -> usize {
+fn visible(a: &AttentionShape, i: usize) -> usize {
     if a.causal {
         (i as i64 + a.kv_len as i64 - a.q_len as i64 + 1).clamp(0, a.kv_len as i64) as usize
     } else {
@@ -289,7 +293,7 @@ fn visible(a: &Fp8WgmmaArgs, i: usize) -> usize {
 /// f64 attention on the dequantized codes: (O [b, h, q, d] dense, LSE [b, h, q], per row the
 /// largest sum of |products| of a visible key in log2 units: max_j Σ_x |q_x k_x| · c).
 fn reference(inp: &Inputs, d: usize) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
-    let a = &inp.args;
+    let a = &inp.args.shape;
     let group = a.q_heads / a.kv_heads;
     let mut o = vec![0f64; a.batch * a.q_heads * a.q_len * d];
     let mut lse = vec![f64::NEG_INFINITY; a.batch * a.q_heads * a.q_len];
@@ -298,9 +302,9 @@ fn reference(inp: &Inputs, d: usize) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
         for h in 0..a.q_heads {
             let kh = h / group;
             let (qd, kd, vd) = (
-                descale(&inp.qd, a.descale, b, a.q_heads, h) as f64,
-                descale(&inp.kd, a.descale, b, a.kv_heads, kh) as f64,
-                descale(&inp.vd, a.descale, b, a.kv_heads, kh) as f64,
+                descale(&inp.qd, inp.args.descale, b, a.q_heads, h) as f64,
+                descale(&inp.kd, inp.args.descale, b, a.kv_heads, kh) as f64,
+                descale(&inp.vd, inp.args.descale, b, a.kv_heads, kh) as f64,
             );
             for i in 0..a.q_len {
                 let n = visible(a, i);
@@ -343,7 +347,7 @@ fn reference(inp: &Inputs, d: usize) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
 /// The kernel's arithmetic on the CPU (module docs): (O [b, h, q, d] dense before the 16-bit
 /// rounding, LSE, the largest stored P seen).
 fn emulate(inp: &Inputs, d: usize, rescale_log2: u32, bn: usize) -> (Vec<f32>, Vec<f32>, f32) {
-    let a = &inp.args;
+    let a = &inp.args.shape;
     let group = a.q_heads / a.kv_heads;
     // The kernel's constant: log2(448) as the same decimal literal, so the same f32.
     #[allow(clippy::excessive_precision)]
@@ -356,9 +360,9 @@ fn emulate(inp: &Inputs, d: usize, rescale_log2: u32, bn: usize) -> (Vec<f32>, V
     for b in 0..a.batch {
         for h in 0..a.q_heads {
             let kh = h / group;
-            let qd = descale(&inp.qd, a.descale, b, a.q_heads, h);
-            let kd = descale(&inp.kd, a.descale, b, a.kv_heads, kh);
-            let vd = descale(&inp.vd, a.descale, b, a.kv_heads, kh);
+            let qd = descale(&inp.qd, inp.args.descale, b, a.q_heads, h);
+            let kd = descale(&inp.kd, inp.args.descale, b, a.kv_heads, kh);
+            let vd = descale(&inp.vd, inp.args.descale, b, a.kv_heads, kh);
             let c = scale_log2 * qd * kd;
             for mb in 0..m_blocks {
                 let m0 = mb * 128;
@@ -492,8 +496,8 @@ fn check(stream: &Arc<CudaStream>, kernel: &Fp8WgmmaKernel, c: &Case) -> Result<
     let cfg = *kernel.config();
     let d = cfg.head_dim as usize;
     let inp = inputs(c, d);
-    let a = inp.args;
-    let lens = a.required_lens(d);
+    let lens = cfg.required_lens(&inp.args);
+    let a = inp.args.shape;
     let qg = stream.clone_htod(&inp.q)?;
     let kg = stream.clone_htod(&inp.k)?;
     let vg = stream.clone_htod(&inp.v)?;
@@ -505,12 +509,12 @@ fn check(stream: &Arc<CudaStream>, kernel: &Fp8WgmmaKernel, c: &Case) -> Result<
     let vdg = stream.clone_htod(&inp.vd)?;
     kernel.launch(
         stream,
-        &a,
+        &inp.args,
         Fp8Buffers::<u16, _, _, _, _, _, _, _>::new(&qg, &kg, &vg, &mut vt, &mut og, &mut lg, &qdg, &kdg, &vdg),
     )?;
     // The prepass: Vᵀ column 32c + k holds key 32c + sigma(k), zeros past kv_len.
     let vt_host = stream.clone_dtoh(&vt)?;
-    let pad = a.kv_pad();
+    let pad = kv_pad(&a);
     for b in 0..a.batch {
         for kh in 0..a.kv_heads {
             for x in 0..d {
@@ -603,20 +607,18 @@ fn bench(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, d: usize, kernels: &[
         drop(halves);
         for causal in [false, true] {
             let s = Strides::new(Layout::Bhsd, heads, seq, d);
-            let a = Fp8WgmmaArgs {
-                batch, q_heads: heads, kv_heads: heads, q_len: seq, kv_len: seq, q: s, k: s, v: s, o: s,
-                scale: 1.0 / (d as f32).sqrt(), causal, descale: DescaleGranularity::PerTensor,
+            let ha = AttentionShape {
+                batch, q_heads: heads, kv_heads: heads, q_len: seq, kv_len: seq, head_dim: d, v_head_dim: d, q: s, k: s, v: s, o: s,
+                scale: 1.0 / (d as f32).sqrt(), causal, write_lse: true,
             };
+            let a = Fp8Args::new(ha, DescaleGranularity::PerTensor);
             let flops = 4.0 * (batch * heads * seq * seq * d) as f64 * if causal { 0.5 } else { 1.0 };
             let tf = |ms: f64| flops / (ms * 1e-3) / 1e12;
-            let mut vt = stream.alloc_zeros::<u8>(a.required_lens(d).vt)?;
+            let Some(first) = kernels.first() else { return Ok(()) };
+            let mut vt = stream.alloc_zeros::<u8>(first.config().required_lens(&a).vt)?;
             let mut line = format!("d{d} s{:>2}k b{:>2} h{} {:10}", seq / 1024, batch, heads, if causal { "causal" } else { "non-causal" });
             let f16_tf = match f16k {
                 Some(w) => {
-                    let ha = AttentionShape {
-                        batch, q_heads: heads, kv_heads: heads, q_len: seq, kv_len: seq, head_dim: d, v_head_dim: d, q: s, k: s, v: s, o: s,
-                        scale: a.scale, causal, write_lse: true,
-                    };
                     let ms = median_ms(ctx, stream, || Ok(w.launch(stream, &ha, &q16, &k16, &v16, &mut og, &mut lg)?))?;
                     line.push_str(&format!(" | f16 wgmma {:6.1}", tf(ms)));
                     Some(tf(ms))
@@ -632,7 +634,7 @@ fn bench(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, d: usize, kernels: &[
                 let (op, _e) = og.device_ptr_mut(stream);
                 let (lp, _f) = lg.device_ptr_mut(stream);
                 let (dp, _g) = desc.device_ptr(stream);
-                let ptrs = Fp8Ptrs { q: qp, k: kp, vt: vtp, o: op, lse: lp, q_descale: dp, k_descale: dp, v_descale: dp };
+                let ptrs = Fp8Ptrs { q: qp, k: kp, v: vp, vt: vtp, o: op, lse: lp, q_descale: dp, k_descale: dp, v_descale: dp };
                 // SAFETY: buffers sized by required_lens above, alive for the whole bench.
                 let attn = median_ms(ctx, stream, || Ok(unsafe { k.launch_attention_raw(stream, &a, &ptrs) }?))?;
                 let total = median_ms(ctx, stream, || {

@@ -20,6 +20,7 @@
 //!   disassembled, run on the H100).
 //! - [`wgmma_int8`]: the INT8 Q·Kᵀ forward family on Hopper's s8 wgmma (sm_90a; compiled and
 //!   disassembled, run on the H100), same host contract as [`int8`].
+//! - [`fp8`]: the launch arguments, buffer lengths and addresses both native FP8 families take.
 //! - [`mma_fp8`]: the FP8 (e4m3) forward family on mma.sync, Q·Kᵀ and P·V on e4m3 MMAs
 //!   (sm_89 / sm_120a native, compiled and disassembled, not run on such hardware; sm_90
 //!   lowered by ptxas and run on the H100 for the numerics), with its V prepass.
@@ -33,7 +34,7 @@ pub mod hmma;
 pub mod int8_umma;
 pub mod int8;
 pub mod int8_prepass;
-mod fp8;
+pub mod fp8;
 pub mod mma_fp8;
 pub mod nvrtc;
 pub mod registry;
@@ -64,8 +65,11 @@ pub use int8::{Int8Args, Int8Config, Int8Lens, Int8Params, Int8Ptrs, Int8Tile, I
 pub use int8_prepass::Int8Prepass;
 pub use int8_prepass::{Int8PrepassConfig, PrepassLens, PrepassPass, PrepassPtrs, PrepassVariant};
 #[cfg(feature = "cuda")]
-pub use mma_fp8::{Fp8MmaBuffers, Fp8MmaKernel};
-pub use mma_fp8::{Fp8MmaArgs, Fp8MmaConfig, Fp8MmaLens, Fp8MmaParams, Fp8MmaPtrs, Fp8MmaUnit, Fp8MmaTileRow, Fp8P, Fp8VtConfig, FP8_MMA_TILES};
+pub use mma_fp8::Fp8MmaKernel;
+#[cfg(feature = "cuda")]
+pub use fp8::Fp8Buffers;
+pub use fp8::{Fp8Args, Fp8LaunchShape, Fp8Lens, Fp8Ptrs};
+pub use mma_fp8::{Fp8MmaConfig, Fp8MmaParams, Fp8MmaUnit, Fp8MmaTileRow, Fp8P, Fp8VtConfig, FP8_MMA_TILES};
 pub use nvrtc::{nvrtc, NvrtcInfo, Resources};
 pub use registry::NativeKernelId;
 #[cfg(feature = "cuda")]

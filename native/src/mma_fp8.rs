@@ -25,7 +25,7 @@
 //!   (`[1]` each) or per (batch, head) (`[batch, q_heads]` for Q, `[batch, kv_heads]` for K and
 //!   V), [`DescaleGranularity`]. A value is `decode(code) · descale`.
 //! * The V prepass ([`Fp8MmaKernel::launch_vt_raw`]) writes `Vt`: `[batch, kv_heads,
-//!   head_dim, vt_len]` e4m3 with `vt_len = kv_len` rounded up to [`VT_ALIGN`] keys, keys
+//!   head_dim, vt_len]` e4m3 with [`vt_len`] = `kv_len` rounded up to [`VT_ALIGN`] keys, keys
 //!   permuted within groups of 16 (the header of `fwd_mma_fp8.cu` says how and why), zero past
 //!   `kv_len`. [`Fp8MmaKernel::launch_raw`] runs the prepass and the forward on one stream; a
 //!   caller that keeps V fixed across calls (a KV cache) may run the prepass once and call
@@ -38,7 +38,9 @@ use crate::arch::Arch;
 use crate::cache::{CompileRequest, KernelSource};
 use crate::error::{NativeError, Result};
 use crate::hmma::HmmaTile;
-use quattn_core::{DescaleGranularity, Dtype, Strides};
+use quattn_core::{AttentionShape, DescaleGranularity, Dtype};
+
+pub use crate::fp8::{Fp8Args, Fp8LaunchShape, Fp8Lens, Fp8Ptrs};
 use crate::report::KernelVariant;
 
 const KERNEL: &str = "fwd_mma_fp8";
@@ -356,64 +358,6 @@ impl KernelVariant for Fp8MmaUnit {
     }
 }
 
-/// Shapes and strides of one launch.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Fp8MmaArgs {
-    pub batch: usize,
-    pub q_heads: usize,
-    /// `q_heads % kv_heads == 0`; query head `h` reads KV head `h / (q_heads / kv_heads)`.
-    pub kv_heads: usize,
-    pub q_len: usize,
-    pub kv_len: usize,
-    /// Strides of the e4m3 Q codes (elements = bytes; multiples of 16).
-    pub q: Strides,
-    /// Strides of the e4m3 K codes.
-    pub k: Strides,
-    /// Strides of the e4m3 V codes (the prepass input; multiples of 16).
-    pub v: Strides,
-    /// Strides of O (16-bit elements; multiples of 8).
-    pub o: Strides,
-    /// Softmax scale, > 0 (usually 1/sqrt(head_dim)); the descales are applied on top.
-    pub scale: f32,
-    /// Bottom-right aligned causal mask: query i sees key j iff j <= i + kv_len - q_len.
-    pub causal: bool,
-    pub descale: DescaleGranularity,
-}
-
-/// Device addresses of one launch.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Fp8MmaPtrs {
-    /// e4m3 Q codes.
-    pub q: u64,
-    /// e4m3 K codes.
-    pub k: u64,
-    /// e4m3 V codes (read by the prepass only).
-    pub v: u64,
-    /// Vt (written by the prepass, read by the forward): [`Fp8MmaLens::vt`] bytes.
-    pub vt: u64,
-    /// O, f16 or bf16 (written).
-    pub o: u64,
-    /// f32 LSE `[batch, q_heads, q_len]` (written).
-    pub lse: u64,
-    pub q_desc: u64,
-    pub k_desc: u64,
-    pub v_desc: u64,
-}
-
-/// Element counts every buffer must at least have.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Fp8MmaLens {
-    pub q: usize,
-    pub k: usize,
-    pub v: usize,
-    pub vt: usize,
-    pub o: usize,
-    pub lse: usize,
-    pub q_desc: usize,
-    pub k_desc: usize,
-    pub v_desc: usize,
-}
-
 /// Mirror of `Fp8FwdParams` in `fwd_mma_fp8.cu`: same field order, C layout.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -464,79 +408,68 @@ pub struct Fp8VtParams {
     pub pad_: i32,
 }
 
-/// Grid, block and shared memory of one launch.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Fp8LaunchShape {
-    pub grid: (u32, u32, u32),
-    pub block: (u32, u32, u32),
-    pub smem_bytes: u32,
+/// Keys per Vt row: `kv_len` rounded up to [`VT_ALIGN`].
+pub fn vt_len(s: &AttentionShape) -> usize {
+    s.kv_len.div_ceil(VT_ALIGN) * VT_ALIGN
 }
 
-impl Fp8MmaArgs {
-    /// Keys per Vt row: `kv_len` rounded up to [`VT_ALIGN`].
-    pub fn vt_len(&self) -> usize {
-        self.kv_len.div_ceil(VT_ALIGN) * VT_ALIGN
-    }
-
-    /// Element counts of every buffer for head dim `head_dim`.
-    pub fn required_lens(&self, head_dim: usize) -> Fp8MmaLens {
-        let r = |s: &Strides, h, n| s.extent(self.batch, h, n, head_dim).unwrap_or(usize::MAX);
-        let (qd, kvd) = match self.descale {
-            DescaleGranularity::PerTensor => (1, 1),
-            DescaleGranularity::PerHead | DescaleGranularity::PerBlock => (self.batch * self.q_heads, self.batch * self.kv_heads),
-        };
-        Fp8MmaLens {
-            q: r(&self.q, self.q_heads, self.q_len),
-            k: r(&self.k, self.kv_heads, self.kv_len),
-            v: r(&self.v, self.kv_heads, self.kv_len),
-            vt: self.batch * self.kv_heads * head_dim * self.vt_len(),
-            o: r(&self.o, self.q_heads, self.q_len),
-            lse: self.batch * self.q_heads * self.q_len,
-            q_desc: qd,
-            k_desc: kvd,
-            v_desc: kvd,
-        }
-    }
-
-    /// Validates everything that does not need device pointers.
-    pub fn validate(&self, config: &Fp8MmaConfig) -> Result<()> {
-        config.validate()?;
-        let s = self;
+impl Fp8MmaConfig {
+    /// Validates everything about `args` that does not need device pointers (`kv_len >= 1`).
+    pub fn validate_args(&self, args: &Fp8Args) -> Result<()> {
+        self.validate()?;
         // vt_len and the Vt head offsets are i32 / i64 on the device; keep vt_len in i32.
-        crate::fp8::check_args(
-            s.batch, s.q_heads, s.kv_heads, s.q_len, s.kv_len, false, s.vt_len(), s.scale, s.descale, [&s.q, &s.k, &s.v, &s.o],
-        )
+        args.check(self.head_dim, vt_len(&args.shape), false)
     }
 
-    /// Checks device addresses: 16-byte alignment of what is copied in 16-byte pieces, 4-byte
-    /// alignment of the f32 buffers, no null pointer.
-    pub fn validate_ptrs(&self, ptrs: &Fp8MmaPtrs) -> Result<()> {
-        for (name, p, align) in [
-            ("q", ptrs.q, 16),
-            ("k", ptrs.k, 16),
-            ("v", ptrs.v, 16),
-            ("vt", ptrs.vt, 16),
-            ("o", ptrs.o, 16),
-            ("lse", ptrs.lse, 4),
-            ("q_desc", ptrs.q_desc, 4),
-            ("k_desc", ptrs.k_desc, 4),
-            ("v_desc", ptrs.v_desc, 4),
-        ] {
-            if p == 0 {
-                return Err(NativeError::InvalidArgs(format!("{name} pointer is null")));
-            }
-            if p % align != 0 {
-                return Err(NativeError::InvalidArgs(format!("{name} pointer {p:#x} is not {align}-byte aligned")));
-            }
+    /// Element counts of every buffer, Vt `[batch, kv_heads, head_dim, vt_len]` included.
+    pub fn required_lens(&self, args: &Fp8Args) -> Fp8Lens {
+        let s = &args.shape;
+        args.lens(s.batch * s.kv_heads * self.head_dim as usize * vt_len(s))
+    }
+
+    /// Forward grid `(query blocks, q_heads, batch)` of the tile built for `arch`.
+    pub fn launch_shape(&self, args: &Fp8Args, arch: Arch) -> Result<Fp8LaunchShape> {
+        let t = self.tile_for(arch)?;
+        let s = &args.shape;
+        Ok(Fp8LaunchShape {
+            grid: (s.q_len.div_ceil(t.block_m() as usize) as u32, s.q_heads as u32, s.batch as u32),
+            block: (t.threads(), 1, 1),
+            smem_bytes: self.smem_bytes_for(arch)?,
+        })
+    }
+}
+
+/// Checks device addresses: 16-byte alignment of what is copied in 16-byte pieces, 4-byte
+/// alignment of the f32 buffers, no null pointer.
+pub fn validate_ptrs(ptrs: &Fp8Ptrs) -> Result<()> {
+    for (name, p, align) in [
+        ("q", ptrs.q, 16),
+        ("k", ptrs.k, 16),
+        ("v", ptrs.v, 16),
+        ("vt", ptrs.vt, 16),
+        ("o", ptrs.o, 16),
+        ("lse", ptrs.lse, 4),
+        ("q_descale", ptrs.q_descale, 4),
+        ("k_descale", ptrs.k_descale, 4),
+        ("v_descale", ptrs.v_descale, 4),
+    ] {
+        if p == 0 {
+            return Err(NativeError::InvalidArgs(format!("{name} pointer is null")));
         }
-        Ok(())
+        if p % align != 0 {
+            return Err(NativeError::InvalidArgs(format!("{name} pointer {p:#x} is not {align}-byte aligned")));
+        }
     }
+    Ok(())
+}
 
+impl Fp8MmaParams {
     /// Forward kernel parameters.
-    pub fn params(&self, ptrs: &Fp8MmaPtrs) -> Fp8MmaParams {
-        let (qb, qh, kb, kh) = match self.descale {
+    pub fn new(args: &Fp8Args, ptrs: &Fp8Ptrs) -> Fp8MmaParams {
+        let s = &args.shape;
+        let (qb, qh, kb, kh) = match args.descale {
             DescaleGranularity::PerTensor => (0, 0, 0, 0),
-            DescaleGranularity::PerHead | DescaleGranularity::PerBlock => (self.q_heads as i32, 1, self.kv_heads as i32, 1),
+            DescaleGranularity::PerHead | DescaleGranularity::PerBlock => (s.q_heads as i32, 1, s.kv_heads as i32, 1),
         };
         Fp8MmaParams {
             q: ptrs.q,
@@ -544,91 +477,64 @@ impl Fp8MmaArgs {
             vt: ptrs.vt,
             o: ptrs.o,
             lse: ptrs.lse,
-            q_desc: ptrs.q_desc,
-            k_desc: ptrs.k_desc,
-            v_desc: ptrs.v_desc,
-            q_batch_stride: self.q.batch as i64,
-            q_head_stride: self.q.head as i64,
-            q_seq_stride: self.q.seq as i64,
-            k_batch_stride: self.k.batch as i64,
-            k_head_stride: self.k.head as i64,
-            k_seq_stride: self.k.seq as i64,
-            o_batch_stride: self.o.batch as i64,
-            o_head_stride: self.o.head as i64,
-            o_seq_stride: self.o.seq as i64,
-            q_len: self.q_len as i32,
-            kv_len: self.kv_len as i32,
-            q_heads: self.q_heads as i32,
-            kv_heads: self.kv_heads as i32,
-            kv_group: (self.q_heads / self.kv_heads) as i32,
-            causal: self.causal as i32,
-            vt_len: self.vt_len() as i32,
+            q_desc: ptrs.q_descale,
+            k_desc: ptrs.k_descale,
+            v_desc: ptrs.v_descale,
+            q_batch_stride: s.q.batch as i64,
+            q_head_stride: s.q.head as i64,
+            q_seq_stride: s.q.seq as i64,
+            k_batch_stride: s.k.batch as i64,
+            k_head_stride: s.k.head as i64,
+            k_seq_stride: s.k.seq as i64,
+            o_batch_stride: s.o.batch as i64,
+            o_head_stride: s.o.head as i64,
+            o_seq_stride: s.o.seq as i64,
+            q_len: s.q_len as i32,
+            kv_len: s.kv_len as i32,
+            q_heads: s.q_heads as i32,
+            kv_heads: s.kv_heads as i32,
+            kv_group: (s.q_heads / s.kv_heads) as i32,
+            causal: s.causal as i32,
+            vt_len: vt_len(s) as i32,
             q_desc_batch: qb,
             q_desc_head: qh,
             kv_desc_batch: kb,
             kv_desc_head: kh,
-            scale_log2: self.scale * std::f32::consts::LOG2_E,
+            scale_log2: s.scale * std::f32::consts::LOG2_E,
         }
     }
+}
 
+impl Fp8VtParams {
     /// Prepass parameters.
-    pub fn vt_params(&self, ptrs: &Fp8MmaPtrs) -> Fp8VtParams {
+    pub fn new(s: &AttentionShape, ptrs: &Fp8Ptrs) -> Fp8VtParams {
         Fp8VtParams {
             v: ptrs.v,
             vt: ptrs.vt,
-            v_batch_stride: self.v.batch as i64,
-            v_head_stride: self.v.head as i64,
-            v_seq_stride: self.v.seq as i64,
-            kv_len: self.kv_len as i32,
-            kv_heads: self.kv_heads as i32,
-            vt_len: self.vt_len() as i32,
+            v_batch_stride: s.v.batch as i64,
+            v_head_stride: s.v.head as i64,
+            v_seq_stride: s.v.seq as i64,
+            kv_len: s.kv_len as i32,
+            kv_heads: s.kv_heads as i32,
+            vt_len: vt_len(s) as i32,
             pad_: 0,
         }
     }
 
-    /// Forward grid `(query blocks, q_heads, batch)` of the tile built for `arch`.
-    pub fn launch_shape(&self, config: &Fp8MmaConfig, arch: Arch) -> Result<Fp8LaunchShape> {
-        let t = config.tile_for(arch)?;
-        Ok(Fp8LaunchShape {
-            grid: (self.q_len.div_ceil(t.block_m() as usize) as u32, self.q_heads as u32, self.batch as u32),
-            block: (t.threads(), 1, 1),
-            smem_bytes: config.smem_bytes_for(arch)?,
-        })
-    }
-
     /// Prepass grid `(vt_len / 64, kv_heads, batch)`, 256 threads, static shared memory.
-    pub fn vt_launch_shape(&self) -> Fp8LaunchShape {
+    pub fn launch_shape(s: &AttentionShape) -> Fp8LaunchShape {
         Fp8LaunchShape {
-            grid: ((self.vt_len() / VT_CTA_KEYS) as u32, self.kv_heads as u32, self.batch as u32),
+            grid: ((vt_len(s) / VT_CTA_KEYS) as u32, s.kv_heads as u32, s.batch as u32),
             block: (VT_THREADS, 1, 1),
             smem_bytes: 0,
         }
     }
 }
 
-/// `have` against `need`, buffer by buffer, as a typed error naming the first short one.
-pub fn check_lens(need: &Fp8MmaLens, have: &Fp8MmaLens) -> Result<()> {
-    let pairs = [
-        ("q", need.q, have.q),
-        ("k", need.k, have.k),
-        ("v", need.v, have.v),
-        ("vt", need.vt, have.vt),
-        ("o", need.o, have.o),
-        ("lse", need.lse, have.lse),
-        ("q_desc", need.q_desc, have.q_desc),
-        ("k_desc", need.k_desc, have.k_desc),
-        ("v_desc", need.v_desc, have.v_desc),
-    ];
-    for (name, n, h) in pairs {
-        if h < n {
-            return Err(NativeError::InvalidArgs(format!("{name} has {h} elements, needs {n}")));
-        }
-    }
-    Ok(())
-}
-
 #[cfg(feature = "cuda")]
-pub use launch::{Fp8MmaBuffers, Fp8MmaKernel};
+pub use crate::fp8::Fp8Buffers;
+#[cfg(feature = "cuda")]
+pub use launch::Fp8MmaKernel;
 
 #[cfg(feature = "cuda")]
 mod launch {
@@ -642,29 +548,6 @@ mod launch {
     // SAFETY: #[repr(C)] plain-old-data mirrors of the kernels' by-value parameter structs.
     unsafe impl DeviceRepr for Fp8MmaParams {}
     unsafe impl DeviceRepr for Fp8VtParams {}
-
-    /// Device buffers of one [`Fp8MmaKernel::launch`]; `T` is the 2-byte O element (f16 or
-    /// bf16 bits).
-    pub struct Fp8MmaBuffers<'a, T, C, W, O, L, S>
-    where
-        C: DevicePtr<u8>,
-        W: DevicePtrMut<u8>,
-        O: DevicePtrMut<T>,
-        L: DevicePtrMut<f32>,
-        S: DevicePtr<f32>,
-    {
-        pub q: &'a C,
-        pub k: &'a C,
-        pub v: &'a C,
-        /// Scratch for Vt ([`Fp8MmaLens::vt`] bytes), written by the prepass.
-        pub vt: &'a mut W,
-        pub o: &'a mut O,
-        pub lse: &'a mut L,
-        pub q_desc: &'a S,
-        pub k_desc: &'a S,
-        pub v_desc: &'a S,
-        pub _elem: std::marker::PhantomData<T>,
-    }
 
     /// One forward variant and its V prepass, loaded into a CUDA context.
     #[derive(Debug)]
@@ -711,15 +594,18 @@ mod launch {
 
         /// Prepass then forward on `stream`, with typed buffers. Shapes, strides, every
         /// buffer's length and alignment are checked before anything is enqueued.
-        pub fn launch<T, C, W, O, L, S>(
+        #[allow(clippy::type_complexity)]
+        pub fn launch<T, Q, K, V, VT, O, L, S>(
             &self,
             stream: &Arc<CudaStream>,
-            args: &Fp8MmaArgs,
-            bufs: Fp8MmaBuffers<'_, T, C, W, O, L, S>,
+            args: &Fp8Args,
+            bufs: Fp8Buffers<'_, T, Q, K, V, VT, O, L, S>,
         ) -> Result<()>
         where
-            C: DevicePtr<u8>,
-            W: DevicePtrMut<u8>,
+            Q: DevicePtr<u8>,
+            K: DevicePtr<u8>,
+            V: DevicePtr<u8>,
+            VT: DevicePtrMut<u8>,
             O: DevicePtrMut<T>,
             L: DevicePtrMut<f32>,
             S: DevicePtr<f32>,
@@ -730,30 +616,18 @@ mod launch {
                     std::mem::size_of::<T>()
                 )));
             }
-            args.validate(&self.config)?;
-            let need = args.required_lens(self.config.head_dim as usize);
-            let have = Fp8MmaLens {
-                q: bufs.q.len(),
-                k: bufs.k.len(),
-                v: bufs.v.len(),
-                vt: bufs.vt.len(),
-                o: bufs.o.len(),
-                lse: bufs.lse.len(),
-                q_desc: bufs.q_desc.len(),
-                k_desc: bufs.k_desc.len(),
-                v_desc: bufs.v_desc.len(),
-            };
-            check_lens(&need, &have)?;
+            self.config.validate_args(args)?;
+            self.config.required_lens(args).check(&bufs.lens())?;
             let (q, _gq) = bufs.q.device_ptr(stream);
             let (k, _gk) = bufs.k.device_ptr(stream);
             let (v, _gv) = bufs.v.device_ptr(stream);
             let (vt, _gvt) = bufs.vt.device_ptr_mut(stream);
             let (o, _go) = bufs.o.device_ptr_mut(stream);
             let (lse, _gl) = bufs.lse.device_ptr_mut(stream);
-            let (q_desc, _gqd) = bufs.q_desc.device_ptr(stream);
-            let (k_desc, _gkd) = bufs.k_desc.device_ptr(stream);
-            let (v_desc, _gvd) = bufs.v_desc.device_ptr(stream);
-            let ptrs = Fp8MmaPtrs { q, k, v, vt, o, lse, q_desc, k_desc, v_desc };
+            let (q_descale, _gqd) = bufs.q_descale.device_ptr(stream);
+            let (k_descale, _gkd) = bufs.k_descale.device_ptr(stream);
+            let (v_descale, _gvd) = bufs.v_descale.device_ptr(stream);
+            let ptrs = Fp8Ptrs { q, k, v, vt, o, lse, q_descale, k_descale, v_descale };
             // SAFETY: every buffer's length was checked against what the kernels touch.
             unsafe { self.launch_raw(stream, args, &ptrs) }
         }
@@ -761,10 +635,10 @@ mod launch {
         /// Prepass (V -> Vt) then forward, with raw device addresses.
         ///
         /// # Safety
-        /// Each pointer must address device memory of at least [`Fp8MmaArgs::required_lens`]
+        /// Each pointer must address device memory of at least [`Fp8MmaConfig::required_lens`]
         /// elements (bytes for the codes and Vt, 2-byte elements for O, f32 for LSE and the
         /// descales), valid until both kernels finish on `stream`; descales positive and finite.
-        pub unsafe fn launch_raw(&self, stream: &Arc<CudaStream>, args: &Fp8MmaArgs, ptrs: &Fp8MmaPtrs) -> Result<()> {
+        pub unsafe fn launch_raw(&self, stream: &Arc<CudaStream>, args: &Fp8Args, ptrs: &Fp8Ptrs) -> Result<()> {
             // SAFETY: forwarded contract.
             unsafe {
                 self.launch_vt_raw(stream, args, ptrs)?;
@@ -776,11 +650,11 @@ mod launch {
         ///
         /// # Safety
         /// As [`Self::launch_raw`] for `v` and `vt`.
-        pub unsafe fn launch_vt_raw(&self, stream: &Arc<CudaStream>, args: &Fp8MmaArgs, ptrs: &Fp8MmaPtrs) -> Result<()> {
-            args.validate(&self.config)?;
-            args.validate_ptrs(ptrs)?;
-            let shape = args.vt_launch_shape();
-            let params = args.vt_params(ptrs);
+        pub unsafe fn launch_vt_raw(&self, stream: &Arc<CudaStream>, args: &Fp8Args, ptrs: &Fp8Ptrs) -> Result<()> {
+            self.config.validate_args(args)?;
+            validate_ptrs(ptrs)?;
+            let shape = Fp8VtParams::launch_shape(&args.shape);
+            let params = Fp8VtParams::new(&args.shape, ptrs);
             let cfg = LaunchConfig { grid_dim: shape.grid, block_dim: shape.block, shared_mem_bytes: 0 };
             let mut b = stream.launch_builder(&self.vt);
             b.arg(&params);
@@ -794,11 +668,11 @@ mod launch {
         /// # Safety
         /// As [`Self::launch_raw`]; `ptrs.vt` must hold the prepass output of the same
         /// `batch`, `kv_heads`, `kv_len` and head dim.
-        pub unsafe fn launch_fwd_raw(&self, stream: &Arc<CudaStream>, args: &Fp8MmaArgs, ptrs: &Fp8MmaPtrs) -> Result<()> {
-            args.validate(&self.config)?;
-            args.validate_ptrs(ptrs)?;
-            let shape = args.launch_shape(&self.config, self.arch)?;
-            let params = args.params(ptrs);
+        pub unsafe fn launch_fwd_raw(&self, stream: &Arc<CudaStream>, args: &Fp8Args, ptrs: &Fp8Ptrs) -> Result<()> {
+            self.config.validate_args(args)?;
+            validate_ptrs(ptrs)?;
+            let shape = self.config.launch_shape(args, self.arch)?;
+            let params = Fp8MmaParams::new(args, ptrs);
             let cfg = LaunchConfig { grid_dim: shape.grid, block_dim: shape.block, shared_mem_bytes: shape.smem_bytes };
             let mut b = stream.launch_builder(&self.fwd);
             b.arg(&params);
@@ -820,21 +694,13 @@ pub fn vt_key_at(pos: usize) -> usize {
 mod tests {
     use super::*;
 
-    fn args() -> Fp8MmaArgs {
-        Fp8MmaArgs {
-            batch: 2,
-            q_heads: 8,
-            kv_heads: 2,
-            q_len: 1000,
-            kv_len: 777,
-            q: Strides::new(quattn_core::Layout::Bhsd, 8, 1000, 128),
-            k: Strides::new(quattn_core::Layout::Bhsd, 2, 777, 128),
-            v: Strides::new(quattn_core::Layout::Bshd, 2, 777, 128),
-            o: Strides::new(quattn_core::Layout::Bshd, 8, 1000, 128),
-            scale: 0.088,
-            causal: true,
-            descale: DescaleGranularity::PerHead,
-        }
+    fn args() -> Fp8Args {
+        use quattn_core::{Layout, Strides};
+        let mut s = AttentionShape::contiguous(Layout::Bhsd, 2, 8, 2, 1000, 777, 128, true);
+        s.scale = 0.088;
+        s.v = Strides::new(Layout::Bshd, 2, 777, 128);
+        s.o = Strides::new(Layout::Bshd, 8, 1000, 128);
+        Fp8Args::new(s, DescaleGranularity::PerHead)
     }
 
     #[test]
@@ -913,46 +779,47 @@ mod tests {
         // 2 pointers + 3 strides + 4 four-byte fields.
         assert_eq!(std::mem::size_of::<Fp8VtParams>(), 5 * 8 + 4 * 4);
         let a = args();
-        let ptrs = Fp8MmaPtrs { q: 16, k: 32, v: 48, vt: 64, o: 80, lse: 96, q_desc: 100, k_desc: 104, v_desc: 108 };
-        let p = a.params(&ptrs);
+        let ptrs = Fp8Ptrs { q: 16, k: 32, v: 48, vt: 64, o: 80, lse: 96, q_descale: 100, k_descale: 104, v_descale: 108 };
+        let p = Fp8MmaParams::new(&a, &ptrs);
         assert_eq!((p.q_len, p.kv_len, p.kv_group, p.causal, p.vt_len), (1000, 777, 4, 1, 896));
         assert_eq!((p.q_desc_batch, p.q_desc_head, p.kv_desc_batch, p.kv_desc_head), (8, 1, 2, 1));
-        let pt = Fp8MmaArgs { descale: DescaleGranularity::PerTensor, ..a }.params(&ptrs);
+        assert_eq!((p.q_desc, p.k_desc, p.v_desc, p.vt), (100, 104, 108, 64));
+        let pt = Fp8MmaParams::new(&Fp8Args { descale: DescaleGranularity::PerTensor, ..a }, &ptrs);
         assert_eq!((pt.q_desc_batch, pt.q_desc_head, pt.kv_desc_batch, pt.kv_desc_head), (0, 0, 0, 0));
-        let vp = a.vt_params(&ptrs);
-        assert_eq!((vp.v_seq_stride, vp.vt_len, vp.kv_heads), (2 * 128, 896, 2));
-        assert_eq!(a.vt_launch_shape().grid, (14, 2, 2));
+        let vp = Fp8VtParams::new(&a.shape, &ptrs);
+        assert_eq!((vp.v_seq_stride, vp.vt_len, vp.kv_heads, vp.v), (2 * 128, 896, 2, 48));
+        assert_eq!(Fp8VtParams::launch_shape(&a.shape).grid, (14, 2, 2));
     }
 
     #[test]
     fn required_lengths_and_validation() {
         let cfg = Fp8MmaConfig::new(128, Fp8P::F16, Dtype::F16).unwrap();
         let mut a = args();
-        a.validate(&cfg).unwrap();
-        let lens = a.required_lens(128);
+        cfg.validate_args(&a).unwrap();
+        let lens = cfg.required_lens(&a);
         assert_eq!(lens.vt, 2 * 2 * 128 * 896);
-        assert_eq!((lens.q_desc, lens.k_desc, lens.v_desc), (16, 4, 4));
+        assert_eq!((lens.q_descale, lens.k_descale, lens.v_descale), (16, 4, 4));
         assert_eq!(lens.o, 2 * 8 * 1000 * 128);
-        let mut have = lens;
-        have.vt -= 1;
-        assert!(check_lens(&lens, &have).unwrap_err().to_string().contains("vt"));
-        check_lens(&lens, &lens).unwrap();
         for arch in Fp8MmaConfig::TARGETS {
-            assert_eq!(a.launch_shape(&cfg, *arch).unwrap().grid, (8, 8, 2));
+            assert_eq!(cfg.launch_shape(&a, *arch).unwrap().grid, (8, 8, 2));
         }
-        assert_eq!(a.launch_shape(&cfg, Arch::Sm90).unwrap().block, (256, 1, 1));
-        a.v.seq = 136;
-        assert!(a.validate(&cfg).is_err());
-        a.v.seq = 256;
-        a.kv_heads = 3;
-        assert!(a.validate(&cfg).is_err());
-        a.kv_heads = 2;
-        a.scale = 0.0;
-        assert!(a.validate(&cfg).is_err());
-        a.scale = 0.088;
-        let good = Fp8MmaPtrs { q: 256, k: 512, v: 768, vt: 1024, o: 1280, lse: 1536, q_desc: 1540, k_desc: 1544, v_desc: 1548 };
-        a.validate_ptrs(&good).unwrap();
-        assert!(a.validate_ptrs(&Fp8MmaPtrs { vt: 1032, ..good }).is_err());
-        assert!(a.validate_ptrs(&Fp8MmaPtrs { v_desc: 0, ..good }).is_err());
+        assert_eq!(cfg.launch_shape(&a, Arch::Sm90).unwrap().block, (256, 1, 1));
+        a.shape.v.seq = 136;
+        assert!(cfg.validate_args(&a).is_err());
+        a.shape.v.seq = 256;
+        a.shape.kv_heads = 3;
+        assert!(cfg.validate_args(&a).is_err());
+        a.shape.kv_heads = 2;
+        a.shape.scale = 0.0;
+        assert!(cfg.validate_args(&a).is_err());
+        a.shape.scale = 0.088;
+        a.shape.kv_len = 0;
+        assert!(cfg.validate_args(&a).is_err(), "the mma family needs a key");
+        a.shape.kv_len = 777;
+        cfg.validate_args(&a).unwrap();
+        let good = Fp8Ptrs { q: 256, k: 512, v: 768, vt: 1024, o: 1280, lse: 1536, q_descale: 1540, k_descale: 1544, v_descale: 1548 };
+        validate_ptrs(&good).unwrap();
+        assert!(validate_ptrs(&Fp8Ptrs { vt: 1032, ..good }).is_err());
+        assert!(validate_ptrs(&Fp8Ptrs { v_descale: 0, ..good }).is_err());
     }
 }

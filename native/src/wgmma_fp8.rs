@@ -14,7 +14,7 @@
 //!   per (batch, head) (`q_descale [b * q_heads]`, `k_descale` / `v_descale [b * kv_heads]`).
 //! * FP8 wgmma reads only K-major operands, so V reaches the attention kernel as Vᵀ: the
 //!   prepass ([`Fp8WgmmaKernel::launch_prepass`]) writes `vt [b, kv_heads, d, kv_pad]` codes,
-//!   `kv_pad = `[`Fp8WgmmaArgs::kv_pad`] (kv_len rounded up to 128), keys permuted inside each
+//!   `kv_pad = `[`kv_pad`] (kv_len rounded up to 128), keys permuted inside each
 //!   group of 32 so that the S accumulator registers are P's A fragment as they are (the kernel
 //!   header derives the permutation), zeros past kv_len. It runs on the same stream; a caller
 //!   that reuses V (a KV cache) may keep `vt` and skip it.
@@ -47,7 +47,9 @@
 use crate::arch::Arch;
 use crate::cache::{CompileRequest, KernelSource};
 use crate::error::{NativeError, Result};
-use quattn_core::{DescaleGranularity, Dtype, Strides};
+use quattn_core::{AttentionShape, DescaleGranularity, Dtype, Strides};
+
+pub use crate::fp8::{Fp8Args, Fp8LaunchShape, Fp8Lens, Fp8Ptrs};
 use crate::report::KernelVariant;
 use crate::tma::{RowsTensor, TmaSpec, WS_CONSUMER_REGS, WS_PRODUCER_REGS};
 
@@ -113,14 +115,6 @@ pub struct Fp8WgmmaConfig {
     /// 0: every exp2 on the MUFU unit; k (2 to 8): every k-th score of the unmasked tiles by a
     /// polynomial on the FMA pipes (as accurate as `ex2.approx`).
     pub exp2_poly: u32,
-}
-
-/// Grid, block and dynamic shared memory of one attention launch.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Fp8LaunchShape {
-    pub grid: (u32, u32, u32),
-    pub block: (u32, u32, u32),
-    pub smem_bytes: u32,
 }
 
 /// A compiled unit of the family: an attention variant or the Vᵀ prepass of a head dim (the
@@ -279,10 +273,11 @@ impl Fp8WgmmaConfig {
     }
 
     /// Grid `(ceil(q_len / 128), q_heads, batch)`, 384 threads.
-    pub fn launch_shape(&self, args: &Fp8WgmmaArgs) -> Result<Fp8LaunchShape> {
-        let m_blocks = args.q_len.div_ceil(FP8_BLOCK_M as usize);
+    pub fn launch_shape(&self, args: &Fp8Args) -> Result<Fp8LaunchShape> {
+        let s = &args.shape;
+        let m_blocks = s.q_len.div_ceil(FP8_BLOCK_M as usize);
         Ok(Fp8LaunchShape {
-            grid: (m_blocks as u32, args.q_heads as u32, args.batch as u32),
+            grid: (m_blocks as u32, s.q_heads as u32, s.batch as u32),
             block: (384, 1, 1),
             smem_bytes: self.smem_bytes()?,
         })
@@ -291,19 +286,20 @@ impl Fp8WgmmaConfig {
     /// The three tensor maps: Q boxes of 128 rows and K boxes of `block_n` rows, hd bytes wide
     /// (128B swizzle at hd 128, 64B at hd 64), Vᵀ boxes of hd rows x [`Self::vt_block`] keys
     /// (the swizzle of that span), all rank 4.
-    pub fn tma_specs(&self, args: &Fp8WgmmaArgs, q: u64, k: u64, vt: u64) -> Result<[TmaSpec; 3]> {
-        args.validate(self)?;
+    pub fn tma_specs(&self, args: &Fp8Args, q: u64, k: u64, vt: u64) -> Result<[TmaSpec; 3]> {
+        self.validate_args(args)?;
+        let s = &args.shape;
         let d = self.head_dim as usize;
         let swizzle = if d == 128 { 128 } else { 64 };
-        let t = |addr, heads, len, strides| RowsTensor { addr, elem_bytes: 1, head_dim: d, len, heads, batch: args.batch, strides };
-        let pad = args.kv_pad();
-        let vt_strides = Strides { seq: pad, head: d * pad, batch: args.kv_heads * d * pad };
+        let t = |addr, heads, len, strides| RowsTensor { addr, elem_bytes: 1, head_dim: d, len, heads, batch: s.batch, strides };
+        let pad = kv_pad(s);
+        let vt_strides = Strides { seq: pad, head: d * pad, batch: s.kv_heads * d * pad };
         Ok([
-            TmaSpec::rows("Q", t(q, args.q_heads, args.q_len, args.q), d as u32, FP8_BLOCK_M, swizzle)?,
-            TmaSpec::rows("K", t(k, args.kv_heads, args.kv_len.max(1), args.k), d as u32, self.block_n, swizzle)?,
+            TmaSpec::rows("Q", t(q, s.q_heads, s.q_len, s.q), d as u32, FP8_BLOCK_M, swizzle)?,
+            TmaSpec::rows("K", t(k, s.kv_heads, s.kv_len.max(1), s.k), d as u32, self.block_n, swizzle)?,
             TmaSpec::rows(
                 "Vt",
-                RowsTensor { addr: vt, elem_bytes: 1, head_dim: pad, len: d, heads: args.kv_heads, batch: args.batch, strides: vt_strides },
+                RowsTensor { addr: vt, elem_bytes: 1, head_dim: pad, len: d, heads: s.kv_heads, batch: s.batch, strides: vt_strides },
                 self.vt_block(),
                 d as u32,
                 self.vt_block(),
@@ -372,38 +368,9 @@ impl KernelVariant for Fp8WgmmaUnit {
     }
 }
 
-/// Shapes, strides (Q, K, V in bytes = codes; O in elements), softmax scale, mask and descale
-/// granularity of one launch.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Fp8WgmmaArgs {
-    pub batch: usize,
-    pub q_heads: usize,
-    /// `q_heads % kv_heads == 0`; query head `h` reads KV head `h / (q_heads / kv_heads)`.
-    pub kv_heads: usize,
-    pub q_len: usize,
-    pub kv_len: usize,
-    pub q: Strides,
-    pub k: Strides,
-    pub v: Strides,
-    pub o: Strides,
-    /// Softmax scale, > 0.
-    pub scale: f32,
-    /// Bottom-right aligned causal mask: query i sees key j iff j <= i + kv_len - q_len.
-    pub causal: bool,
-    pub descale: DescaleGranularity,
-}
-
-/// Element counts every buffer must at least have.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Fp8Lens {
-    pub q: usize,
-    pub k: usize,
-    pub v: usize,
-    pub vt: usize,
-    pub o: usize,
-    pub lse: usize,
-    pub q_descale: usize,
-    pub kv_descale: usize,
+/// Keys per Vᵀ row: kv_len rounded up to [`FP8_KV_PAD`] (at least one tile).
+pub fn kv_pad(s: &AttentionShape) -> usize {
+    s.kv_len.max(1).div_ceil(FP8_KV_PAD as usize) * FP8_KV_PAD as usize
 }
 
 /// Mirror of `Fp8FwdParams` in `fwd_wgmma_fp8.cu`: same field order, C layout.
@@ -443,89 +410,59 @@ pub struct Fp8VtParams {
     pub batch: i32,
 }
 
-/// Device addresses of one launch.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Fp8Ptrs {
-    pub q: u64,
-    pub k: u64,
-    pub vt: u64,
-    pub o: u64,
-    pub lse: u64,
-    pub q_descale: u64,
-    pub k_descale: u64,
-    pub v_descale: u64,
+impl Fp8WgmmaConfig {
+    /// Validates everything about `args` that does not need device pointers (`kv_len == 0` is
+    /// legal: every row then sees no key).
+    pub fn validate_args(&self, args: &Fp8Args) -> Result<()> {
+        self.validate()?;
+        args.check(self.head_dim, kv_pad(&args.shape), true)
+    }
+
+    /// Minimum lengths (elements) of every buffer, Vᵀ `[b, kv_heads, d, kv_pad]` included.
+    pub fn required_lens(&self, args: &Fp8Args) -> Fp8Lens {
+        let s = &args.shape;
+        args.lens(s.batch * s.kv_heads * self.head_dim as usize * kv_pad(s))
+    }
 }
 
-impl Fp8WgmmaArgs {
-    /// Keys per Vᵀ row: kv_len rounded up to 128 (at least 128).
-    pub fn kv_pad(&self) -> usize {
-        self.kv_len.max(1).div_ceil(FP8_KV_PAD as usize) * FP8_KV_PAD as usize
-    }
-
-    /// Validates everything that does not need device pointers.
-    pub fn validate(&self, config: &Fp8WgmmaConfig) -> Result<()> {
-        config.validate()?;
-        let s = self;
-        crate::fp8::check_args(
-            s.batch, s.q_heads, s.kv_heads, s.q_len, s.kv_len, true, s.kv_pad(), s.scale, s.descale, [&s.q, &s.k, &s.v, &s.o],
-        )
-    }
-
-    /// Minimum lengths (elements) of every buffer for head dim `d`.
-    pub fn required_lens(&self, d: usize) -> Fp8Lens {
-        let r = |s: &Strides, h, n: usize| {
-            if n == 0 { 0 } else { s.extent(self.batch, h, n, d).unwrap_or(usize::MAX) }
-        };
-        let per = |heads| match self.descale {
-            DescaleGranularity::PerTensor => 1,
-            DescaleGranularity::PerHead | DescaleGranularity::PerBlock => self.batch * heads,
-        };
-        Fp8Lens {
-            q: r(&self.q, self.q_heads, self.q_len),
-            k: r(&self.k, self.kv_heads, self.kv_len),
-            v: r(&self.v, self.kv_heads, self.kv_len),
-            vt: self.batch * self.kv_heads * d * self.kv_pad(),
-            o: r(&self.o, self.q_heads, self.q_len),
-            lse: self.batch * self.q_heads * self.q_len,
-            q_descale: per(self.q_heads),
-            kv_descale: per(self.kv_heads),
-        }
-    }
-
-    /// The attention kernel's parameters.
-    pub fn params(&self, ptrs: &Fp8Ptrs) -> Fp8WgmmaParams {
+impl Fp8WgmmaParams {
+    /// The attention kernel's parameters (`ptrs.v` is not read).
+    pub fn new(args: &Fp8Args, ptrs: &Fp8Ptrs) -> Fp8WgmmaParams {
+        let s = &args.shape;
         Fp8WgmmaParams {
             o: ptrs.o,
             lse: ptrs.lse,
             q_descale: ptrs.q_descale,
             k_descale: ptrs.k_descale,
             v_descale: ptrs.v_descale,
-            o_batch_stride: self.o.batch as i64,
-            o_head_stride: self.o.head as i64,
-            o_seq_stride: self.o.seq as i64,
-            q_len: self.q_len as i32,
-            kv_len: self.kv_len as i32,
-            q_heads: self.q_heads as i32,
-            kv_heads: self.kv_heads as i32,
-            kv_group: (self.q_heads / self.kv_heads) as i32,
-            causal: self.causal as i32,
-            descale_per_head: (self.descale == DescaleGranularity::PerHead) as i32,
-            scale_log2: self.scale * std::f32::consts::LOG2_E,
+            o_batch_stride: s.o.batch as i64,
+            o_head_stride: s.o.head as i64,
+            o_seq_stride: s.o.seq as i64,
+            q_len: s.q_len as i32,
+            kv_len: s.kv_len as i32,
+            q_heads: s.q_heads as i32,
+            kv_heads: s.kv_heads as i32,
+            kv_group: (s.q_heads / s.kv_heads) as i32,
+            causal: s.causal as i32,
+            descale_per_head: (args.descale == DescaleGranularity::PerHead) as i32,
+            scale_log2: s.scale * std::f32::consts::LOG2_E,
         }
     }
+}
 
+impl Fp8VtParams {
     /// The prepass's parameters.
-    pub fn vt_params(&self, v: u64, vt: u64) -> Fp8VtParams {
+    pub fn new(s: &AttentionShape, v: u64, vt: u64) -> Fp8VtParams {
         Fp8VtParams {
             v,
             vt,
-            v_batch_stride: self.v.batch as i64,
-            v_head_stride: self.v.head as i64,
-            v_seq_stride: self.v.seq as i64,
-            kv_len: self.kv_len as i32,
-            kv_pad: self.kv_pad() as i32,
-            kv_heads: self.kv_heads as i32,
-            batch: self.batch as i32,
+            v_batch_stride: s.v.batch as i64,
+            v_head_stride: s.v.head as i64,
+            v_seq_stride: s.v.seq as i64,
+            kv_len: s.kv_len as i32,
+            kv_pad: kv_pad(s) as i32,
+            kv_heads: s.kv_heads as i32,
+            batch: s.batch as i32,
         }
     }
 }
@@ -537,7 +474,9 @@ pub fn vt_key_of_column(k: usize) -> usize {
 }
 
 #[cfg(feature = "cuda")]
-pub use launch::{Fp8Buffers, Fp8WgmmaKernel};
+pub use crate::fp8::Fp8Buffers;
+#[cfg(feature = "cuda")]
+pub use launch::Fp8WgmmaKernel;
 
 #[cfg(feature = "cuda")]
 mod launch {
@@ -553,39 +492,6 @@ mod launch {
     unsafe impl DeviceRepr for Fp8WgmmaParams {}
     unsafe impl DeviceRepr for Fp8VtParams {}
 
-    /// Typed buffers of [`Fp8WgmmaKernel::launch`]: `u8` E4M3 codes for Q, K, V and Vᵀ, 2-byte
-    /// `T` (f16 or bf16 bits, per the config's [`Dtype`]) for O, f32 LSE and descales.
-    pub struct Fp8Buffers<'a, T, Q, K, V, VT, O, L, S> {
-        pub q: &'a Q,
-        pub k: &'a K,
-        pub v: &'a V,
-        /// Scratch written by the prepass, [`Fp8Lens::vt`] bytes.
-        pub vt: &'a mut VT,
-        pub o: &'a mut O,
-        pub lse: &'a mut L,
-        pub q_descale: &'a S,
-        pub k_descale: &'a S,
-        pub v_descale: &'a S,
-        pub _elem: std::marker::PhantomData<T>,
-    }
-
-    impl<'a, T, Q, K, V, VT, O, L, S> Fp8Buffers<'a, T, Q, K, V, VT, O, L, S> {
-        #[allow(clippy::too_many_arguments)]
-        pub fn new(
-            q: &'a Q,
-            k: &'a K,
-            v: &'a V,
-            vt: &'a mut VT,
-            o: &'a mut O,
-            lse: &'a mut L,
-            q_descale: &'a S,
-            k_descale: &'a S,
-            v_descale: &'a S,
-        ) -> Self {
-            Fp8Buffers { q, k, v, vt, o, lse, q_descale, k_descale, v_descale, _elem: std::marker::PhantomData }
-        }
-    }
-
     /// One FP8 wgmma variant and its Vᵀ prepass, loaded into a CUDA context (cc 9.0 only).
     #[derive(Debug)]
     pub struct Fp8WgmmaKernel {
@@ -594,13 +500,6 @@ mod launch {
         prepass: CudaFunction,
         compiled: Arc<CompiledKernel>,
         maps: TmaMapCache,
-    }
-
-    fn short(name: &str, have: usize, need: usize) -> Result<()> {
-        if have < need {
-            return Err(NativeError::InvalidArgs(format!("{name} has {have} elements, needs {need}")));
-        }
-        Ok(())
     }
 
     impl Fp8WgmmaKernel {
@@ -628,7 +527,7 @@ mod launch {
         pub fn launch<T, Q, K, V, VT, O, L, S>(
             &self,
             stream: &Arc<CudaStream>,
-            args: &Fp8WgmmaArgs,
+            args: &Fp8Args,
             bufs: Fp8Buffers<'_, T, Q, K, V, VT, O, L, S>,
         ) -> Result<()>
         where
@@ -643,17 +542,8 @@ mod launch {
             if std::mem::size_of::<T>() != 2 {
                 return Err(NativeError::InvalidArgs(format!("O element type must be 2 bytes, got {}", std::mem::size_of::<T>())));
             }
-            args.validate(&self.config)?;
-            let need = args.required_lens(self.config.head_dim as usize);
-            short("q", bufs.q.len(), need.q)?;
-            short("k", bufs.k.len(), need.k)?;
-            short("v", bufs.v.len(), need.v)?;
-            short("vt", bufs.vt.len(), need.vt)?;
-            short("o", bufs.o.len(), need.o)?;
-            short("lse", bufs.lse.len(), need.lse)?;
-            short("q_descale", bufs.q_descale.len(), need.q_descale)?;
-            short("k_descale", bufs.k_descale.len(), need.kv_descale)?;
-            short("v_descale", bufs.v_descale.len(), need.kv_descale)?;
+            self.config.validate_args(args)?;
+            self.config.required_lens(args).check(&bufs.lens())?;
             let (q, _gq) = bufs.q.device_ptr(stream);
             let (k, _gk) = bufs.k.device_ptr(stream);
             let (v, _gv) = bufs.v.device_ptr(stream);
@@ -666,7 +556,7 @@ mod launch {
             // SAFETY: every buffer's length was checked against what the kernels touch.
             unsafe {
                 self.launch_prepass_raw(stream, args, v, vt)?;
-                self.launch_attention_raw(stream, args, &Fp8Ptrs { q, k, vt, o, lse, q_descale, k_descale, v_descale })
+                self.launch_attention_raw(stream, args, &Fp8Ptrs { q, k, v, vt, o, lse, q_descale, k_descale, v_descale })
             }
         }
 
@@ -675,21 +565,22 @@ mod launch {
         /// # Safety
         /// `v` must address [`Fp8Lens::v`] bytes and `vt` [`Fp8Lens::vt`] writable bytes (16-byte
         /// aligned), valid until the kernel finishes on `stream`.
-        pub unsafe fn launch_prepass_raw(&self, stream: &Arc<CudaStream>, args: &Fp8WgmmaArgs, v: u64, vt: u64) -> Result<()> {
-            args.validate(&self.config)?;
-            if !vt.is_multiple_of(16) || vt == 0 || !v.is_multiple_of(16) || (v == 0 && args.kv_len > 0) {
+        pub unsafe fn launch_prepass_raw(&self, stream: &Arc<CudaStream>, args: &Fp8Args, v: u64, vt: u64) -> Result<()> {
+            self.config.validate_args(args)?;
+            let s = &args.shape;
+            if !vt.is_multiple_of(16) || vt == 0 || !v.is_multiple_of(16) || (v == 0 && s.kv_len > 0) {
                 return Err(NativeError::InvalidArgs(format!(
                     "v {v:#x} / vt {vt:#x} pointers must be 16-byte aligned (vt non-null)"
                 )));
             }
             // One CTA per 64 keys of a (batch, kv head); kv_pad is a multiple of 64.
-            let tiles = args.kv_pad() / 64;
+            let tiles = kv_pad(s) / 64;
             if tiles > i32::MAX as usize {
                 return Err(NativeError::InvalidArgs(format!("prepass grid of {tiles} key tiles")));
             }
-            let params = args.vt_params(v, vt);
+            let params = Fp8VtParams::new(s, v, vt);
             let cfg = LaunchConfig {
-                grid_dim: (tiles as u32, args.kv_heads as u32, args.batch as u32),
+                grid_dim: (tiles as u32, s.kv_heads as u32, s.batch as u32),
                 block_dim: (256, 1, 1),
                 shared_mem_bytes: 0,
             };
@@ -703,11 +594,12 @@ mod launch {
         /// The attention kernel alone, reading the Vᵀ that a prepass wrote.
         ///
         /// # Safety
-        /// Every pointer must address at least [`Fp8WgmmaArgs::required_lens`] elements, `vt`
+        /// Every pointer but `v` (not read) must address at least
+        /// [`Fp8WgmmaConfig::required_lens`] elements, `vt`
         /// written by the prepass for the same V shape, descales positive and finite, all valid
         /// until the kernel finishes on `stream`.
-        pub unsafe fn launch_attention_raw(&self, stream: &Arc<CudaStream>, args: &Fp8WgmmaArgs, ptrs: &Fp8Ptrs) -> Result<()> {
-            args.validate(&self.config)?;
+        pub unsafe fn launch_attention_raw(&self, stream: &Arc<CudaStream>, args: &Fp8Args, ptrs: &Fp8Ptrs) -> Result<()> {
+            self.config.validate_args(args)?;
             for (name, p, align) in [
                 ("q", ptrs.q, 16),
                 ("k", ptrs.k, 16),
@@ -723,7 +615,7 @@ mod launch {
                 }
             }
             let shape = self.config.launch_shape(args)?;
-            let params = args.params(ptrs);
+            let params = Fp8WgmmaParams::new(args, ptrs);
             let maps = self.maps.maps(&self.config.tma_specs(args, ptrs.q, ptrs.k, ptrs.vt)?)?;
             let cfg = LaunchConfig { grid_dim: shape.grid, block_dim: shape.block, shared_mem_bytes: shape.smem_bytes };
             let mut b = stream.launch_builder(&self.function);
@@ -805,29 +697,30 @@ mod tests {
         assert_eq!(std::mem::size_of::<Fp8WgmmaParams>(), 8 * 8 + 8 * 4);
         assert_eq!(std::mem::size_of::<Fp8VtParams>(), 5 * 8 + 4 * 4);
         let c = Fp8WgmmaConfig { block_n: 128, ..Fp8WgmmaConfig::new(128, Dtype::F16).unwrap() };
-        let a = Fp8WgmmaArgs {
-            batch: 2, q_heads: 8, kv_heads: 2, q_len: 1000, kv_len: 777,
-            q: Strides::new(quattn_core::Layout::Bhsd, 8, 1000, 128), k: Strides::new(quattn_core::Layout::Bshd, 2, 777, 128), v: Strides::new(quattn_core::Layout::Bhsd, 2, 777, 128),
-            o: Strides::new(quattn_core::Layout::Bshd, 8, 1000, 128), scale: 0.088, causal: true, descale: DescaleGranularity::PerHead,
-        };
-        a.validate(&c).unwrap();
-        assert_eq!(a.kv_pad(), 896);
-        let l = a.required_lens(128);
-        assert_eq!((l.vt, l.q_descale, l.kv_descale, l.lse), (2 * 2 * 128 * 896, 16, 4, 2 * 8 * 1000));
+        let mut shape = AttentionShape::contiguous(quattn_core::Layout::Bhsd, 2, 8, 2, 1000, 777, 128, true);
+        shape.scale = 0.088;
+        shape.k = Strides::new(quattn_core::Layout::Bshd, 2, 777, 128);
+        shape.o = Strides::new(quattn_core::Layout::Bshd, 8, 1000, 128);
+        let a = Fp8Args::new(shape, DescaleGranularity::PerHead);
+        c.validate_args(&a).unwrap();
+        assert_eq!(kv_pad(&a.shape), 896);
+        let l = c.required_lens(&a);
+        assert_eq!((l.vt, l.q_descale, l.k_descale, l.lse), (2 * 2 * 128 * 896, 16, 4, 2 * 8 * 1000));
         let [q, k, vt] = c.tma_specs(&a, 0x1000, 0x2000, 0x3000).unwrap();
         assert_eq!((q.elem_bytes, q.dims, q.box_dims, q.swizzle_bytes), (1, [128, 1000, 8, 2], [128, 128, 1, 1], 128));
         assert_eq!((k.dims, k.strides), ([128, 777, 2, 2], [256, 128, 777 * 256]));
         assert_eq!((vt.dims, vt.strides, vt.box_dims), ([896, 128, 2, 2], [896, 128 * 896, 2 * 128 * 896], [128, 128, 1, 1]));
-        let p = a.params(&Fp8Ptrs { q: 0, k: 0, vt: 0, o: 1, lse: 2, q_descale: 3, k_descale: 4, v_descale: 5 });
-        assert_eq!((p.kv_group, p.descale_per_head, p.causal), (4, 1, 1));
+        let p = Fp8WgmmaParams::new(&a, &Fp8Ptrs { o: 1, lse: 2, q_descale: 3, k_descale: 4, v_descale: 5, ..Default::default() });
+        assert_eq!((p.kv_group, p.descale_per_head, p.causal, p.scale_log2), (4, 1, 1, 0.088 * std::f32::consts::LOG2_E));
+        let vp = Fp8VtParams::new(&a.shape, 16, 32);
+        assert_eq!((vp.kv_pad, vp.kv_len, vp.v_seq_stride), (896, 777, 128));
         let mut bad = a;
-        bad.q.seq = 136;
-        assert!(bad.validate(&c).is_err());
+        bad.shape.q.seq = 136;
+        assert!(c.validate_args(&bad).is_err());
         let c64 = Fp8WgmmaConfig { block_n: 128, ..Fp8WgmmaConfig::new(64, Dtype::F16).unwrap() };
-        let a64 = Fp8WgmmaArgs {
-            q: Strides::new(quattn_core::Layout::Bhsd, 8, 1000, 64), k: Strides::new(quattn_core::Layout::Bhsd, 2, 777, 64), v: Strides::new(quattn_core::Layout::Bhsd, 2, 777, 64),
-            o: Strides::new(quattn_core::Layout::Bhsd, 8, 1000, 64), ..a
-        };
+        assert!(c64.validate_args(&a).is_err(), "head dim 128 arguments for a head dim 64 kernel");
+        let mut a64 = a;
+        a64.shape = AttentionShape { scale: 0.088, causal: true, ..AttentionShape::contiguous(quattn_core::Layout::Bhsd, 2, 8, 2, 1000, 777, 64, true) };
         let [q, _, vt] = c64.tma_specs(&a64, 0x1000, 0x2000, 0x3000).unwrap();
         assert_eq!((q.box_dims, q.swizzle_bytes), ([64, 128, 1, 1], 64));
         assert_eq!((vt.box_dims, vt.swizzle_bytes), ([128, 64, 1, 1], 128));

@@ -6,8 +6,8 @@
 //! each after its Vᵀ prepass), then the portable rows of [`CubeclBackend`].
 //!
 //! FP8 on the host path: Q, K and V are quantized on the host at upload to e4m3 codes with f32
-//! descales (`codec::fp8_scaled`, as the CPU and portable FP8 kernels do), and each execution
-//! runs the Vᵀ prepass then the attention kernel.
+//! descales (`codec::fp8_scaled`, as the CPU and portable FP8 kernels do) and V's Vᵀ prepass
+//! runs once there (V is fixed for resident data); each execution runs the attention kernel.
 //!
 //! Native kernels are loaded once into the device's primary context through one
 //! [`ModuleStore`] and launched with raw device addresses: the host path's own buffers, or a
@@ -21,9 +21,9 @@ use std::sync::{Arc, Mutex};
 use cubecl::cuda::CudaRuntime;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtrMut};
 use half::{bf16, f16};
-use quattn_native::wgmma_fp8::{Fp8Ptrs, Fp8WgmmaArgs, Fp8WgmmaConfig, Fp8WgmmaUnit};
+use quattn_native::wgmma_fp8::{Fp8WgmmaConfig, Fp8WgmmaUnit};
 use quattn_native::{
-    DescaleGranularity, Fp8MmaArgs, Fp8MmaConfig, Fp8MmaPtrs, Fp8MmaUnit, Fp8P, HmmaConfig, Int8Args, Int8Config, Int8PrepassConfig, Int8Ptrs, Int8UmmaConfig, Int8WgmmaConfig, Loaded,
+    DescaleGranularity, Fp8Args, Fp8MmaConfig, Fp8MmaUnit, Fp8Ptrs, Fp8P, HmmaConfig, Int8Args, Int8Config, Int8PrepassConfig, Int8Ptrs, Int8UmmaConfig, Int8WgmmaConfig, Loaded,
     ModuleStore, NativeError, NativeKernelId, PrepassLens, PrepassPtrs, WgmmaConfig,
 };
 
@@ -92,18 +92,22 @@ struct Scratch {
 
 /// The host path's buffers of a native plan, on the backend's stream.
 struct NativeData {
-    q: CudaSlice<u16>,
-    k: CudaSlice<u16>,
-    v: CudaSlice<u16>,
     o: CudaSlice<u16>,
     /// Always allocated: the native kernels always write the LSE.
     lse: CudaSlice<f32>,
-    int8: Option<Int8Buffers>,
-    /// FP8 plans: codes, descales and the Vᵀ scratch (`q`, `k`, `v` above are then unused).
-    fp8: Option<Fp8Buffers>,
+    inputs: NativeInputs,
 }
 
-/// The host path's buffers of a native FP8 plan.
+/// What the host path keeps of Q, K and V.
+enum NativeInputs {
+    /// f16/bf16 bits, and the INT8 prepass outputs of INT8 plans (rewritten every execution).
+    Float { q: CudaSlice<u16>, k: CudaSlice<u16>, v: CudaSlice<u16>, int8: Option<Int8Buffers> },
+    /// FP8 codes and descales, and the Vᵀ the family's prepass wrote once at upload: V is fixed
+    /// for resident data, so an execution runs the attention kernel alone.
+    Fp8(Fp8Buffers),
+}
+
+/// The codes, descales and Vᵀ scratch of a native FP8 plan.
 struct Fp8Buffers {
     q: CudaSlice<u8>,
     k: CudaSlice<u8>,
@@ -114,40 +118,21 @@ struct Fp8Buffers {
     v_descale: CudaSlice<f32>,
 }
 
-/// The FP8 launch arguments of the two native FP8 families: the problem's strides (codes are one
-/// byte, so element strides are byte strides), its scale and mask, the descale granularity.
-fn fp8_args(problem: &AttentionProblem, descale: DescaleGranularity) -> Fp8MmaArgs {
-    let sh = problem.shape();
-    Fp8MmaArgs {
-        batch: sh.batch,
-        q_heads: sh.q_heads,
-        kv_heads: sh.kv_heads,
-        q_len: sh.q_len,
-        kv_len: sh.kv_len,
-        q: sh.q,
-        k: sh.k,
-        v: sh.v,
-        o: sh.o,
-        scale: sh.scale,
-        causal: sh.causal,
-        descale,
-    }
-}
-
-fn wgmma_fp8_args(a: &Fp8MmaArgs) -> Fp8WgmmaArgs {
-    Fp8WgmmaArgs {
-        batch: a.batch,
-        q_heads: a.q_heads,
-        kv_heads: a.kv_heads,
-        q_len: a.q_len,
-        kv_len: a.kv_len,
-        q: a.q,
-        k: a.k,
-        v: a.v,
-        o: a.o,
-        scale: a.scale,
-        causal: a.causal,
-        descale: a.descale,
+impl Fp8Buffers {
+    /// Their addresses on `stream`, with O and the LSE of the call.
+    fn ptrs(&mut self, stream: &Arc<CudaStream>, o: u64, lse: u64) -> Fp8Ptrs {
+        let s = stream;
+        Fp8Ptrs {
+            q: self.q.device_ptr_mut(s).0,
+            k: self.k.device_ptr_mut(s).0,
+            v: self.v.device_ptr_mut(s).0,
+            vt: self.vt.device_ptr_mut(s).0,
+            o,
+            lse,
+            q_descale: self.q_descale.device_ptr_mut(s).0,
+            k_descale: self.k_descale.device_ptr_mut(s).0,
+            v_descale: self.v_descale.device_ptr_mut(s).0,
+        }
     }
 }
 
@@ -285,7 +270,7 @@ impl CudaBackend {
             return not_applicable(format!("native FP8 kernels need v_head_dim == head_dim (got {} and {})", problem.v_head_dim, problem.head_dim));
         }
         let out = Dtype::F16;
-        let args = fp8_args(problem, descale);
+        let args = Fp8Args::new(problem.shape(), descale);
         let (id, block_k) = match family {
             NativeKind::Fp8Wgmma => {
                 if p != PvFormat::Fp8 {
@@ -295,7 +280,7 @@ impl CudaBackend {
                     return not_applicable(format!("the FP8 wgmma kernel needs compute capability 9.0 (sm_90a), this device is {}.{}", self.cc.0, self.cc.1));
                 }
                 let c = Fp8WgmmaConfig::new(problem.head_dim, out).map_err(|e| na(e.to_string()))?;
-                wgmma_fp8_args(&args).validate(&c).map_err(|e| na(e.to_string()))?;
+                c.validate_args(&args).map_err(|e| na(e.to_string()))?;
                 (NativeKernelId::Fp8Wgmma(Fp8WgmmaUnit::Attention(c)), c.block_n as usize)
             }
             _ => {
@@ -304,7 +289,7 @@ impl CudaBackend {
                 }
                 let pf = if p == PvFormat::Fp8 { Fp8P::E4m3 } else { Fp8P::F16 };
                 let c = Fp8MmaConfig::new(problem.head_dim, pf, out).map_err(|e| na(e.to_string()))?;
-                args.validate(&c).map_err(|e| na(e.to_string()))?;
+                c.validate_args(&args).map_err(|e| na(e.to_string()))?;
                 let t = c.tile().map_err(|e| na(e.to_string()))?;
                 (NativeKernelId::Fp8Mma(Fp8MmaUnit::Fwd(c)), t.block_n as usize)
             }
@@ -325,10 +310,11 @@ impl CudaBackend {
         let tq = Fp8Tensor::quantize(format, &q.rounded_to(dtype), p.q_strides(), p.head_dim, layout(p.q_heads, p.q_len))?;
         let tk = Fp8Tensor::quantize(format, &k.rounded_to(dtype), p.k_strides(), p.head_dim, layout(p.kv_heads, p.kv_len))?;
         let tv = Fp8Tensor::quantize(format, &v.rounded_to(dtype), p.v_strides(), p.v_head_dim, layout(p.kv_heads, p.kv_len))?;
-        let args = fp8_args(p, descale);
+        let args = Fp8Args::new(p.shape(), descale);
         let vt_len = match plan.kernel {
-            KernelId::Native(NativeChoice { kernel: NativeKernelId::Fp8Wgmma(_), .. }) => wgmma_fp8_args(&args).required_lens(p.head_dim).vt,
-            _ => args.required_lens(p.head_dim).vt,
+            KernelId::Native(NativeChoice { kernel: NativeKernelId::Fp8Wgmma(Fp8WgmmaUnit::Attention(c)), .. }) => c.required_lens(&args).vt,
+            KernelId::Native(NativeChoice { kernel: NativeKernelId::Fp8Mma(Fp8MmaUnit::Fwd(c)), .. }) => c.required_lens(&args).vt,
+            _ => return Err(super::foreign(plan)),
         };
         let e = driver_of(plan);
         let s = &self.stream;
@@ -386,7 +372,6 @@ impl CudaBackend {
         stream: &Arc<CudaStream>,
         call: &CudaCall,
         int8: Option<&mut Int8Buffers>,
-        fp8: Option<&mut Fp8Buffers>,
         timed: bool,
     ) -> Result<Option<f64>> {
         let KernelId::Native(choice) = &plan.kernel else { return Err(super::foreign(plan)) };
@@ -457,32 +442,7 @@ impl CudaBackend {
                 .map_err(failed)?;
             }
             Loaded::Fp8Wgmma(_) | Loaded::Fp8Mma(_) => {
-                let (Precision::Fp8 { descale, .. }, Some(b)) = (plan.precision, fp8) else {
-                    return Err(Error::Kernel { kernel: name(), reason: "an FP8 plan without its code and descale buffers".into() });
-                };
-                let args = fp8_args(p, descale);
-                let ps = stream;
-                let (q, k, v, vt) = (b.q.device_ptr_mut(ps).0, b.k.device_ptr_mut(ps).0, b.v.device_ptr_mut(ps).0, b.vt.device_ptr_mut(ps).0);
-                let (qd, kd, vd) = (b.q_descale.device_ptr_mut(ps).0, b.k_descale.device_ptr_mut(ps).0, b.v_descale.device_ptr_mut(ps).0);
-                // SAFETY: the buffers were allocated for this problem and config (`alloc_fp8`:
-                // codes and descales from the quantizer, Vᵀ of `required_lens`); the launchers
-                // check the arguments and alignment.
-                match &*kernel {
-                    Loaded::Fp8Wgmma(k8) => {
-                        let wa = wgmma_fp8_args(&args);
-                        unsafe { k8.launch_prepass_raw(stream, &wa, v, vt) }.map_err(failed)?;
-                        record(&start)?;
-                        let ptrs = Fp8Ptrs { q, k, vt, o: call.o, lse: call.lse, q_descale: qd, k_descale: kd, v_descale: vd };
-                        unsafe { k8.launch_attention_raw(stream, &wa, &ptrs) }.map_err(failed)?;
-                    }
-                    Loaded::Fp8Mma(k8) => {
-                        let ptrs = Fp8MmaPtrs { q, k, v, vt, o: call.o, lse: call.lse, q_desc: qd, k_desc: kd, v_desc: vd };
-                        unsafe { k8.launch_vt_raw(stream, &args, &ptrs) }.map_err(failed)?;
-                        record(&start)?;
-                        unsafe { k8.launch_fwd_raw(stream, &args, &ptrs) }.map_err(failed)?;
-                    }
-                    _ => return Err(super::foreign(plan)),
-                }
+                return Err(Error::Kernel { kernel: name(), reason: "an FP8 plan launched without its code buffers".into() });
             }
             Loaded::Int8Prepass(_) => return Err(super::foreign(plan)),
         }
@@ -543,30 +503,87 @@ impl CudaBackend {
                 s.int8 = Some(self.alloc_int8(plan, &config)?);
             }
         }
-        self.launch_native(plan, stream, &call, s.int8.as_mut(), None, false).map(|_| ())
+        self.launch_native(plan, stream, &call, s.int8.as_mut(), false).map(|_| ())
     }
 
     fn native_data<'a>(&self, plan: &Plan, data: &'a mut ResidentData) -> Result<&'a mut NativeData> {
         data.downcast_mut::<NativeData>().ok_or_else(|| super::foreign(plan))
     }
 
-    /// Pointers of the host path's buffers.
-    fn call_of(&self, d: &mut NativeData) -> CudaCall {
-        let s = &self.stream;
-        CudaCall {
-            q: d.q.device_ptr_mut(s).0,
-            k: d.k.device_ptr_mut(s).0,
-            v: d.v.device_ptr_mut(s).0,
-            o: d.o.device_ptr_mut(s).0,
-            lse: d.lse.device_ptr_mut(s).0,
+    fn execute_native(&self, plan: &Plan, data: &mut ResidentData, timed: bool) -> Result<Option<f64>> {
+        let d = self.native_data(plan, data)?;
+        let stream = self.stream.clone();
+        let (o, lse) = (d.o.device_ptr_mut(&stream).0, d.lse.device_ptr_mut(&stream).0);
+        match &mut d.inputs {
+            NativeInputs::Float { q, k, v, int8 } => {
+                let call = CudaCall { q: q.device_ptr_mut(&stream).0, k: k.device_ptr_mut(&stream).0, v: v.device_ptr_mut(&stream).0, o, lse };
+                self.launch_native(plan, &stream, &call, int8.as_mut(), timed)
+            }
+            NativeInputs::Fp8(b) => {
+                let ptrs = b.ptrs(&stream, o, lse);
+                self.launch_fp8(plan, &stream, &ptrs, false, timed)
+            }
         }
     }
 
-    fn execute_native(&self, plan: &Plan, data: &mut ResidentData, timed: bool) -> Result<Option<f64>> {
-        let d = self.native_data(plan, data)?;
-        let call = self.call_of(d);
-        let stream = self.stream.clone();
-        self.launch_native(plan, &stream, &call, d.int8.as_mut(), d.fp8.as_mut(), timed)
+    /// The loaded kernel of an FP8 plan (context bound) and its launch arguments.
+    fn fp8_kernel(&self, plan: &Plan) -> Result<(Arc<Loaded>, Fp8Args)> {
+        let (KernelId::Native(choice), Precision::Fp8 { descale, .. }) = (&plan.kernel, plan.precision) else {
+            return Err(super::foreign(plan));
+        };
+        self.bind(plan)?;
+        Ok((self.load(choice.kernel)?, Fp8Args::new(plan.problem.shape(), descale)))
+    }
+
+    /// The family's Vᵀ prepass of `ptrs.v` into `ptrs.vt`, on `stream`.
+    fn launch_fp8_vt(&self, plan: &Plan, stream: &Arc<CudaStream>, ptrs: &Fp8Ptrs) -> Result<()> {
+        let (kernel, args) = self.fp8_kernel(plan)?;
+        // SAFETY: V and Vᵀ were allocated for this problem and config or checked against it;
+        // the launchers check the arguments and alignment.
+        match &*kernel {
+            Loaded::Fp8Wgmma(k8) => unsafe { k8.launch_prepass_raw(stream, &args, ptrs.v, ptrs.vt) },
+            Loaded::Fp8Mma(k8) => unsafe { k8.launch_vt_raw(stream, &args, ptrs) },
+            _ => return Err(super::foreign(plan)),
+        }
+        .map_err(|e| native_err(&plan.kernel_name(), e))
+    }
+
+    /// Enqueues an FP8 plan's attention kernel on `stream` over `ptrs` (codes, descales, Vᵀ, O,
+    /// LSE), after the family's Vᵀ prepass of `ptrs.v` when `vt` is set (V changes per call;
+    /// resident data wrote Vᵀ at upload). With `timed`, events bracket the attention kernel
+    /// alone and the call waits for them, returning its milliseconds.
+    fn launch_fp8(&self, plan: &Plan, stream: &Arc<CudaStream>, ptrs: &Fp8Ptrs, vt: bool, timed: bool) -> Result<Option<f64>> {
+        if vt {
+            self.launch_fp8_vt(plan, stream, ptrs)?;
+        }
+        let (kernel, args) = self.fp8_kernel(plan)?;
+        let failed = |e: NativeError| native_err(&plan.kernel_name(), e);
+        let e = driver_of(plan);
+        let events = if timed {
+            let f = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+            let (start, end) = (self.ctx.new_event(f).map_err(&e)?, self.ctx.new_event(f).map_err(&e)?);
+            start.record(stream).map_err(&e)?;
+            Some((start, end))
+        } else {
+            None
+        };
+        // SAFETY: the buffers were allocated for this problem and config (`alloc_fp8`, Vᵀ of
+        // `required_lens`) or checked against it (the device-tensor entry points), Vᵀ written by
+        // the family's prepass of this V; the launchers check the arguments and alignment.
+        match &*kernel {
+            Loaded::Fp8Wgmma(k8) => unsafe { k8.launch_attention_raw(stream, &args, ptrs) },
+            Loaded::Fp8Mma(k8) => unsafe { k8.launch_fwd_raw(stream, &args, ptrs) },
+            _ => return Err(super::foreign(plan)),
+        }
+        .map_err(failed)?;
+        match events {
+            Some((start, end)) => {
+                end.record(stream).map_err(&e)?;
+                end.synchronize().map_err(&e)?;
+                Ok(Some(start.elapsed_ms(&end).map_err(&e)? as f64))
+            }
+            None => Ok(None),
+        }
     }
 }
 
@@ -619,21 +636,24 @@ impl Backend for CudaBackend {
             Some(NativeKernelId::Int8Prepass(config)) => Some(self.alloc_int8(plan, &config)?),
             _ => None,
         };
-        let o = s.alloc_zeros::<u16>(p.o_len_elems()).map_err(&e)?;
-        let lse = s.alloc_zeros::<f32>(p.lse_len_elems().max(1)).map_err(&e)?;
+        let mut o = s.alloc_zeros::<u16>(p.o_len_elems()).map_err(&e)?;
+        let mut lse = s.alloc_zeros::<f32>(p.lse_len_elems().max(1)).map_err(&e)?;
         if matches!(plan.precision, Precision::Fp8 { .. }) {
-            let fp8 = self.alloc_fp8(plan, q, k, v)?;
-            let unused = || s.alloc_zeros::<u16>(1).map_err(&e);
-            return Ok(Box::new(NativeData { q: unused()?, k: unused()?, v: unused()?, o, lse, int8: None, fp8: Some(fp8) }));
+            let mut fp8 = self.alloc_fp8(plan, q, k, v)?;
+            // V is fixed from here on: its Vᵀ once, on the stream every execution runs on.
+            let ptrs = fp8.ptrs(s, o.device_ptr_mut(s).0, lse.device_ptr_mut(s).0);
+            self.launch_fp8_vt(plan, s, &ptrs)?;
+            return Ok(Box::new(NativeData { o, lse, inputs: NativeInputs::Fp8(fp8) }));
         }
         Ok(Box::new(NativeData {
-            q: s.clone_htod(&bits(q, dtype)).map_err(&e)?,
-            k: s.clone_htod(&bits(k, dtype)).map_err(&e)?,
-            v: s.clone_htod(&bits(v, dtype)).map_err(&e)?,
             o,
             lse,
-            int8,
-            fp8: None,
+            inputs: NativeInputs::Float {
+                q: s.clone_htod(&bits(q, dtype)).map_err(&e)?,
+                k: s.clone_htod(&bits(k, dtype)).map_err(&e)?,
+                v: s.clone_htod(&bits(v, dtype)).map_err(&e)?,
+                int8,
+            },
         }))
     }
 
@@ -668,9 +688,9 @@ impl Backend for CudaBackend {
 
     fn time_kernel(&self, plan: &Plan, data: &mut ResidentData, warmup: usize, iters: usize) -> Result<Option<Vec<f64>>> {
         match &plan.kernel {
-            KernelId::Native(NativeChoice { prepass: Some(_), .. }) => {}
-            // The FP8 families run their Vᵀ prepass first.
-            KernelId::Native(NativeChoice { kernel: NativeKernelId::Fp8Wgmma(_) | NativeKernelId::Fp8Mma(_), .. }) => {}
+            // The INT8 prepass runs before the kernel at every execution. (FP8 plans quantize
+            // and transpose V at upload: their executions are the attention kernel alone.)
+            KernelId::Native(NativeChoice { prepass: Some(_), .. }) if !matches!(plan.precision, Precision::Fp8 { .. }) => {}
             _ => return Ok(None),
         }
         for _ in 0..warmup {
@@ -684,7 +704,7 @@ impl Backend for CudaBackend {
     }
 
     fn int8_operands(&self, plan: &Plan, data: &ResidentData) -> Result<Option<Int8Operands>> {
-        let Some(Some(b)) = data.downcast_ref::<NativeData>().map(|d| d.int8.as_ref()) else {
+        let Some(NativeData { inputs: NativeInputs::Float { int8: Some(b), .. }, .. }) = data.downcast_ref::<NativeData>() else {
             return Ok(None);
         };
         self.bind(plan)?;
