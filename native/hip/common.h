@@ -54,10 +54,14 @@ constexpr int DT = D / 32;           // 32-dim Oᵀ tiles
 constexpr int KPL = MFMA_K / 2;      // operand elements per lane per Q·Kᵀ MFMA
 constexpr int PV_KPL = PV_MFMA_K / 2;// operand elements per lane per P·V MFMA
 constexpr int QK_STEPS = D / MFMA_K; // MFMAs per 32x32 Sᵀ tile
-constexpr int PV_STEPS = 32 / PV_MFMA_K; // MFMAs per (32-key tile, 32-dim Oᵀ tile)
+// P·V MFMAs per (KV tile, 32-dim Oᵀ tile). Step ps reads Pᵀ slots j = ps * PV_KPL + i of the
+// lane's Sᵀ registers flattened over the tile's 32-key tiles (tile j / 16, register j % 16).
+constexpr int PV_STEPS = BN / PV_MFMA_K;
 static_assert(D == 64 || D == 128, "head dims 64 and 128");
 static_assert(BN % 32 == 0 && BN >= 32, "KV tiles are whole 32-key Sᵀ tiles");
-static_assert((MFMA_K == 8 || MFMA_K == 16) && (PV_MFMA_K == 8 || PV_MFMA_K == 16), "32x32x8 or 32x32x16 MFMAs");
+static_assert(MFMA_K == 8 || MFMA_K == 16 || MFMA_K == 64, "32x32x8, 32x32x16 or 32x32x64 MFMAs");
+static_assert(PV_MFMA_K == 8 || PV_MFMA_K == 16 || PV_MFMA_K == 64, "32x32x8, 32x32x16 or 32x32x64 MFMAs");
+static_assert(BN % PV_MFMA_K == 0 && D % MFMA_K == 0, "whole MFMAs per tile");
 }  // namespace cfg
 
 __device__ inline int thread_id() { return __builtin_amdgcn_workitem_id_x(); }

@@ -152,26 +152,27 @@ extern "C" __global__ QA_LAUNCH_BOUNDS(cfg::THREADS) void fwd_mfma(FwdParams p) 
 
         // ---- mainloop, P·V: Oᵀ[dim][query] += Vᵀ[dim][key] Pᵀ[key][query] ----
 #pragma unroll
-        for (int t = 0; t < cfg::NT; ++t)
+        for (int ps = 0; ps < cfg::PV_STEPS; ++ps) {
+            opnd_t b;
 #pragma unroll
-            for (int ps = 0; ps < cfg::PV_STEPS; ++ps) {
-                opnd_t b;
-#pragma unroll
-                for (int i = 0; i < KPL; ++i) b[i] = (elem_t)s[t][ps * KPL + i];
-#pragma unroll
-                for (int dt = 0; dt < cfg::DT; ++dt) {
-                    // Keys mfma_c_row(g, ps * KPL + i) of tile t come in runs of 4.
-                    const elem_t* vrow = vt + (32 * dt + c) * lds::VT_ROW + 32 * t;
-                    opnd_t a;
-#pragma unroll
-                    for (int run = 0; run < KPL / 4; ++run) {
-                        const elem4_t x = *reinterpret_cast<const elem4_t*>(vrow + mfma_c_row(g, ps * KPL + 4 * run));
-#pragma unroll
-                        for (int e = 0; e < 4; ++e) a[4 * run + e] = x[e];
-                    }
-                    o[dt] = wave_mfma(a, b, o[dt]);
-                }
+            for (int i = 0; i < KPL; ++i) {
+                const int j = ps * KPL + i;
+                b[i] = (elem_t)s[j / 16][j % 16];
             }
+#pragma unroll
+            for (int dt = 0; dt < cfg::DT; ++dt) {
+                // Slot j holds key 32 (j / 16) + mfma_c_row(g, j % 16): runs of 4 keys.
+                opnd_t a;
+#pragma unroll
+                for (int run = 0; run < KPL / 4; ++run) {
+                    const int j = ps * KPL + 4 * run;
+                    const elem4_t x = *reinterpret_cast<const elem4_t*>(vt + (32 * dt + c) * lds::VT_ROW + 32 * (j / 16) + mfma_c_row(g, j % 16));
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) a[4 * run + e] = x[e];
+                }
+                o[dt] = wave_mfma(a, b, o[dt]);
+            }
+        }
     }
 
     // ---- epilogue: O = acc / l, LSE = m·scale + ln l ----

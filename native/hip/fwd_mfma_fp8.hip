@@ -7,7 +7,10 @@
 //
 // Same layout as fwd_mfma.hip (read its header): Sᵀ = K·Qᵀ so that a lane holds one query,
 // Oᵀ = Vᵀ·Pᵀ with Pᵀ taken from the lane's own Sᵀ registers and Vᵀ staged transposed in LDS.
-// Q·Kᵀ: v_mfma_f32_32x32x16_fp8_fp8 on both targets (8 codes = 64 bits per lane and operand).
+// Q·Kᵀ: v_mfma_f32_32x32x16_fp8_fp8 on both targets (8 codes = 64 bits per lane and operand),
+// or (MFMA_K 64, gfx950 only) v_mfma_scale_f32_32x32x64_f8f6f4 with unit scales (E8M0 127):
+// 32 codes per lane and operand, a quarter of the MFMAs at twice the issue cycles of the
+// 32x32x16 form per the CDNA4 ISA guide, so half the matrix-core time.
 // P·V, by P_FP8:
 //   1 (the seed's option B): P quantized to the device's e4m3 as e4m3(P_MAX · p), p ≤ 1 relative
 //     to the running max, which moves whenever it grows (v_cvt_pk_fp8_f32, round to nearest
@@ -19,16 +22,21 @@
 // k_descale; O = acc / l · v_descale.
 //
 // Compile-time parameters (-D, from native/src/hip/config.rs): HEAD_DIM 64 | 128, WAVES,
-// BLOCK_N, MFMA_K 16, PV_MFMA_K (16, or 8 for f16 P on gfx942), P_FP8 0 | 1, OUT_BF16 0 | 1.
+// BLOCK_N, MFMA_K 16 | 64 (gfx950), PV_MFMA_K (8 or 16 for f16 P; 16 or 64 (gfx950) for FP8 P),
+// P_FP8 0 | 1, OUT_BF16 0 | 1.
 // ABI: `FwdParams` in common.h; grid (ceil(q_len / BM), q_heads, batch), block 64 * WAVES.
 #include "common.h"
 
 #if !defined(P_FP8) || !defined(OUT_BF16)
 #error "fwd_mfma_fp8.hip needs P_FP8 and OUT_BF16"
 #endif
-static_assert(MFMA_K == 16, "Q·Kᵀ runs on v_mfma_f32_32x32x16_fp8_fp8");
+#if defined(__gfx950__)
+static_assert(MFMA_K == 16 || MFMA_K == 64, "Q·Kᵀ on 32x32x16_fp8_fp8 or 32x32x64_f8f6f4");
+#else
+static_assert(MFMA_K == 16, "Q·Kᵀ on 32x32x16_fp8_fp8 (gfx942 has no f8f6f4 MFMA)");
+#endif
 #if P_FP8
-static_assert(PV_MFMA_K == 16, "FP8 P·V runs on v_mfma_f32_32x32x16_fp8_fp8");
+static_assert(PV_MFMA_K == MFMA_K, "FP8 P·V uses the Q·Kᵀ MFMA");
 #elif defined(__gfx950__)
 static_assert(PV_MFMA_K == 16, "f16 P·V on gfx950: v_mfma_f32_32x32x16_f16");
 #else
@@ -46,9 +54,16 @@ typedef __bf16 out_t;
 typedef _Float16 out_t;
 #endif
 typedef out_t out4_t __attribute__((ext_vector_type(4)));
+typedef int i32x8 __attribute__((ext_vector_type(8)));
+#if MFMA_K == 64
+typedef i32x8 qk_opnd_t;         // 32 codes
+#else
+typedef long qk_opnd_t;          // 8 codes
+#endif
 #if P_FP8
 typedef unsigned char vt_t;      // V's codes
-typedef long pv_opnd_t;          // 8 codes
+typedef qk_opnd_t pv_opnd_t;
+typedef unsigned pv_words_t __attribute__((ext_vector_type(cfg::PV_KPL / 4)));
 #define VT_PAD 16
 #else
 typedef _Float16 vt_t;           // V decoded
@@ -63,8 +78,13 @@ constexpr int K_BYTES = cfg::BN * K_ROW;
 constexpr int VT_ELEMS = cfg::D * VT_ROW;
 }  // namespace lds
 
-__device__ inline f32x16 wave_mfma_fp8(long a, long b, f32x16 c) {
+__device__ inline f32x16 wave_mfma_fp8(qk_opnd_t a, qk_opnd_t b, f32x16 c) {
+#if MFMA_K == 64
+    // A and B formats 0 (fp8 e4m3), scales 127 (E8M0 2^0).
+    return __builtin_amdgcn_mfma_scale_f32_32x32x64_f8f6f4(a, b, c, 0, 0, 0, 127, 0, 127);
+#else
     return __builtin_amdgcn_mfma_f32_32x32x16_fp8_fp8(a, b, c, 0, 0, 0);
+#endif
 }
 
 #if !P_FP8
@@ -145,11 +165,13 @@ extern "C" __global__ QA_LAUNCH_BOUNDS(cfg::THREADS) void fwd_mfma_fp8(FwdParams
     const unsigned char* k = reinterpret_cast<const unsigned char*>(p.k) + batch * p.k_stride[0] + kv_head * p.k_stride[1];
     const unsigned char* v = reinterpret_cast<const unsigned char*>(p.v) + batch * p.v_stride[0] + kv_head * p.v_stride[1];
 
-    // Qᵀ fragments: 8 codes Q[row][s * 16 + g * 8 + i] per MFMA.
-    long qf[cfg::QK_STEPS];
+    // Qᵀ fragments: KPL codes Q[row][s * MFMA_K + g * KPL + i] per MFMA.
+    qk_opnd_t qf[cfg::QK_STEPS];
 #pragma unroll
-    for (int s = 0; s < cfg::QK_STEPS; ++s)
-        qf[s] = row < p.q_len ? *reinterpret_cast<const long*>(q + (i64)row * p.q_stride[2] + s * 16 + g * 8) : 0;
+    for (int s = 0; s < cfg::QK_STEPS; ++s) {
+        qf[s] = qk_opnd_t{};
+        if (row < p.q_len) qf[s] = *reinterpret_cast<const qk_opnd_t*>(q + (i64)row * p.q_stride[2] + s * MFMA_K + g * cfg::KPL);
+    }
 
     f32x16 o[cfg::DT];
 #pragma unroll
@@ -169,7 +191,7 @@ extern "C" __global__ QA_LAUNCH_BOUNDS(cfg::THREADS) void fwd_mfma_fp8(FwdParams
             s[t] = f32x16{};
 #pragma unroll
             for (int st = 0; st < cfg::QK_STEPS; ++st) {
-                const long a = *reinterpret_cast<const long*>(ks + (32 * t + c) * lds::K_ROW + st * 16 + g * 8);
+                const qk_opnd_t a = *reinterpret_cast<const qk_opnd_t*>(ks + (32 * t + c) * lds::K_ROW + st * MFMA_K + g * cfg::KPL);
                 s[t] = wave_mfma_fp8(a, qf[st], s[t]);
             }
         }
@@ -181,40 +203,51 @@ extern "C" __global__ QA_LAUNCH_BOUNDS(cfg::THREADS) void fwd_mfma_fp8(FwdParams
         for (int dt = 0; dt < cfg::DT; ++dt) o[dt] *= alpha;
 
         // ---- mainloop, P·V ----
+        // Slot j = ps * PV_KPL + i of a step is register j % 16 of Sᵀ tile j / 16, i.e. key
+        // 32 (j / 16) + mfma_c_row(g, j % 16); Vᵀ is read at the same keys, in runs of 4.
 #pragma unroll
-        for (int t = 0; t < cfg::NT; ++t)
-#pragma unroll
-            for (int ps = 0; ps < cfg::PV_STEPS; ++ps) {
-                const int r0 = ps * cfg::PV_KPL;
+        for (int ps = 0; ps < cfg::PV_STEPS; ++ps) {
 #if P_FP8
-                const unsigned lo = thread_pack_fp8x4(s[t][r0 + 0], s[t][r0 + 1], s[t][r0 + 2], s[t][r0 + 3]);
-                const unsigned hi = thread_pack_fp8x4(s[t][r0 + 4], s[t][r0 + 5], s[t][r0 + 6], s[t][r0 + 7]);
-                const long b = (long)lo | ((long)hi << 32);
-#else
-                pv_opnd_t b;
+            pv_words_t bw;
 #pragma unroll
-                for (int i = 0; i < cfg::PV_KPL; ++i) b[i] = (_Float16)s[t][r0 + i];
-#endif
-#pragma unroll
-                for (int dt = 0; dt < cfg::DT; ++dt) {
-                    const vt_t* vrow = vt + (32 * dt + c) * lds::VT_ROW + 32 * t;
-#if P_FP8
-                    // Keys mfma_c_row(g, r0 + i): two runs of 4 codes.
-                    const unsigned a_lo = *reinterpret_cast<const unsigned*>(vrow + mfma_c_row(g, r0));
-                    const unsigned a_hi = *reinterpret_cast<const unsigned*>(vrow + mfma_c_row(g, r0 + 4));
-                    o[dt] = wave_mfma_fp8((long)a_lo | ((long)a_hi << 32), b, o[dt]);
-#else
-                    pv_opnd_t a;
-#pragma unroll
-                    for (int run = 0; run < cfg::PV_KPL / 4; ++run) {
-                        const f16x4 x = *reinterpret_cast<const f16x4*>(vrow + mfma_c_row(g, r0 + 4 * run));
-#pragma unroll
-                        for (int e = 0; e < 4; ++e) a[4 * run + e] = x[e];
-                    }
-                    o[dt] = wave_mfma_pv(a, b, o[dt]);
-#endif
-                }
+            for (int w = 0; w < cfg::PV_KPL / 4; ++w) {
+                const int j = ps * cfg::PV_KPL + 4 * w;
+                const f32x16& st = s[j / 16];
+                bw[w] = thread_pack_fp8x4(st[j % 16], st[j % 16 + 1], st[j % 16 + 2], st[j % 16 + 3]);
             }
+            const pv_opnd_t b = __builtin_bit_cast(pv_opnd_t, bw);
+#else
+            pv_opnd_t b;
+#pragma unroll
+            for (int i = 0; i < cfg::PV_KPL; ++i) {
+                const int j = ps * cfg::PV_KPL + i;
+                b[i] = (_Float16)s[j / 16][j % 16];
+            }
+#endif
+#pragma unroll
+            for (int dt = 0; dt < cfg::DT; ++dt) {
+                const vt_t* vrow = vt + (32 * dt + c) * lds::VT_ROW;
+#if P_FP8
+                pv_words_t aw;
+#pragma unroll
+                for (int w = 0; w < cfg::PV_KPL / 4; ++w) {
+                    const int j = ps * cfg::PV_KPL + 4 * w;
+                    aw[w] = *reinterpret_cast<const unsigned*>(vrow + 32 * (j / 16) + mfma_c_row(g, j % 16));
+                }
+                o[dt] = wave_mfma_fp8(__builtin_bit_cast(pv_opnd_t, aw), b, o[dt]);
+#else
+                pv_opnd_t a;
+#pragma unroll
+                for (int run = 0; run < cfg::PV_KPL / 4; ++run) {
+                    const int j = ps * cfg::PV_KPL + 4 * run;
+                    const f16x4 x = *reinterpret_cast<const f16x4*>(vrow + 32 * (j / 16) + mfma_c_row(g, j % 16));
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) a[4 * run + e] = x[e];
+                }
+                o[dt] = wave_mfma_pv(a, b, o[dt]);
+#endif
+            }
+        }
     }
 
     // ---- epilogue: O = acc · v_descale / l, LSE = (m·c + log2 l − log2 P_MAX) · ln 2 ----

@@ -11,7 +11,7 @@ use std::sync::{Arc, RwLock};
 
 use half::{bf16, f16};
 use quattn_native::hip::runtime::{DeviceBuffer, HipModule, HipRuntime, Hiprtc};
-use quattn_native::hip::{Fp8Encoding, GfxArch, HipCache, HipFp8P, HipFwdParams, HipKernelId, MfmaConfig, MfmaFp8Config, HIP_HEAD_DIMS};
+use quattn_native::hip::{Fp8Encoding, Fp8Mfma, GfxArch, HipCache, HipFp8P, HipFwdParams, HipKernelId, MfmaConfig, MfmaFp8Config, HIP_HEAD_DIMS};
 use quattn_native::NativeError;
 
 use super::{Backend, ResidentData};
@@ -123,7 +123,9 @@ fn mfma_fp8_row(b: &HipBackend, p: &AttentionProblem, precision: Precision) -> s
         PvFormat::F16 => HipFp8P::F16,
         PvFormat::Fp8 => HipFp8P::Fp8,
     };
-    let id = HipKernelId::MfmaFp8(MfmaFp8Config { head_dim: p.head_dim as u32, p: p_fmt, out: Dtype::F16 });
+    // gfx950: the f8f6f4 32x32x64 form (half the matrix-core time of 32x32x16_fp8_fp8).
+    let mfma = if b.arch == GfxArch::Gfx950 { Fp8Mfma::X64 } else { Fp8Mfma::X16 };
+    let id = HipKernelId::MfmaFp8(MfmaFp8Config { head_dim: p.head_dim as u32, p: p_fmt, out: Dtype::F16, mfma });
     check_shape(NativeKind::HipMfmaFp8, b, p, id, Some(descale))?;
     Ok(Choice { kernel: KernelId::Hip { kernel: id, arch: b.arch }, blocking: None })
 }
@@ -268,6 +270,24 @@ impl Backend for HipBackend {
             None => None,
         };
         Ok((o, lse))
+    }
+
+    /// Milliseconds per execution from HIP events around each launch.
+    fn time(&self, plan: &Plan, data: &mut ResidentData, warmup: usize, iters: usize) -> Result<Vec<f64>> {
+        for _ in 0..warmup {
+            self.execute(plan, data)?;
+        }
+        (0..iters)
+            .map(|_| {
+                let mut launched = Ok(());
+                let ms = self.rt.time_ms(self.ordinal, || {
+                    launched = self.execute(plan, data);
+                    Ok(())
+                });
+                launched?;
+                ms.map_err(|e| self.kernel_error(plan, e))
+            })
+            .collect()
     }
 
     fn as_any(&self) -> &dyn std::any::Any {

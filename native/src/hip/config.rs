@@ -78,9 +78,12 @@ impl GfxArch {
         }
     }
 
-    /// `v_mfma_f32_32x32x16_fp8_fp8` on both targets.
-    pub const fn mfma_fp8(self) -> MfmaShape {
-        MfmaShape { k: 16 }
+    /// The FP8 MFMA of a [`Fp8Mfma`] form.
+    pub const fn mfma_fp8(self, form: Fp8Mfma) -> MfmaShape {
+        match form {
+            Fp8Mfma::X16 => MfmaShape { k: 16 },
+            Fp8Mfma::X64 => MfmaShape { k: 64 },
+        }
     }
 }
 
@@ -133,6 +136,17 @@ pub enum HipFp8P {
     Fp8,
 }
 
+/// The FP8 MFMA instruction of Q·Kᵀ (and of P·V with FP8 P).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+pub enum Fp8Mfma {
+    /// `v_mfma_f32_32x32x16_fp8_fp8` (gfx942 and gfx950): the same K and issue cost as
+    /// gfx950's bf16 `32x32x16`.
+    X16,
+    /// `v_mfma_scale_f32_32x32x64_f8f6f4` with unit scales (gfx950 only): 4× the K at 2× the
+    /// issue cycles of `X16` (CDNA4 ISA guide), so half the matrix-core time per tile.
+    X64,
+}
+
 /// The FP8 MFMA forward (`native/hip/fwd_mfma_fp8.hip`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 pub struct MfmaFp8Config {
@@ -140,6 +154,7 @@ pub struct MfmaFp8Config {
     pub p: HipFp8P,
     /// f16 or bf16 O.
     pub out: Dtype,
+    pub mfma: Fp8Mfma,
 }
 
 /// One compiled HIP variant.
@@ -174,8 +189,8 @@ impl MfmaConfig {
 }
 
 impl MfmaFp8Config {
-    pub fn new(head_dim: usize, p: HipFp8P, out: Dtype) -> Result<Self> {
-        let c = MfmaFp8Config { head_dim: head_dim as u32, p, out };
+    pub fn new(head_dim: usize, p: HipFp8P, out: Dtype, mfma: Fp8Mfma) -> Result<Self> {
+        let c = MfmaFp8Config { head_dim: head_dim as u32, p, out, mfma };
         check_head_dim("fwd_mfma_fp8", c.head_dim)?;
         check_16bit("fwd_mfma_fp8", "O", out)?;
         Ok(c)
@@ -190,17 +205,24 @@ impl HipKernelId {
             for input in [Dtype::F16, Dtype::Bf16] {
                 v.push(HipKernelId::Mfma(MfmaConfig { head_dim: hd, input }));
             }
-            for p in [HipFp8P::F16, HipFp8P::Fp8] {
-                for out in [Dtype::F16, Dtype::Bf16] {
-                    v.push(HipKernelId::MfmaFp8(MfmaFp8Config { head_dim: hd, p, out }));
+            for mfma in [Fp8Mfma::X16, Fp8Mfma::X64] {
+                for p in [HipFp8P::F16, HipFp8P::Fp8] {
+                    for out in [Dtype::F16, Dtype::Bf16] {
+                        v.push(HipKernelId::MfmaFp8(MfmaFp8Config { head_dim: hd, p, out, mfma }));
+                    }
                 }
             }
         }
         v
     }
 
-    /// Targets each variant is built and checked for.
-    pub const TARGETS: &'static [GfxArch] = &GfxArch::ALL;
+    /// Targets the variant is built and checked for (the f8f6f4 form exists on gfx950 only).
+    pub fn targets(&self) -> &'static [GfxArch] {
+        match self {
+            HipKernelId::MfmaFp8(MfmaFp8Config { mfma: Fp8Mfma::X64, .. }) => &[GfxArch::Gfx950],
+            _ => &GfxArch::ALL,
+        }
+    }
 
     pub fn family(&self) -> &'static str {
         match self {
@@ -209,18 +231,19 @@ impl HipKernelId {
         }
     }
 
-    /// `fwd_mfma_{bf16|f16}_d{hd}`, `fwd_mfma_fp8_p{f16|fp8}_o{f16|bf16}_d{hd}`.
+    /// `fwd_mfma_{bf16|f16}_d{hd}`, `fwd_mfma_fp8_p{f16|fp8}_o{f16|bf16}_d{hd}[_x64]`.
     pub fn name(&self) -> String {
         match self {
             HipKernelId::Mfma(c) => format!("fwd_mfma_{}_d{}", c.input.name(), c.head_dim),
             HipKernelId::MfmaFp8(c) => format!(
-                "fwd_mfma_fp8_p{}_o{}_d{}",
+                "fwd_mfma_fp8_p{}_o{}_d{}{}",
                 match c.p {
                     HipFp8P::F16 => "f16",
                     HipFp8P::Fp8 => "fp8",
                 },
                 c.out.name(),
-                c.head_dim
+                c.head_dim,
+                if c.mfma == Fp8Mfma::X64 { "_x64" } else { "" }
             ),
         }
     }
@@ -248,10 +271,10 @@ impl HipKernelId {
         match self {
             HipKernelId::Mfma(_) => (arch.mfma_16bit(), arch.mfma_16bit()),
             HipKernelId::MfmaFp8(c) => (
-                arch.mfma_fp8(),
+                arch.mfma_fp8(c.mfma),
                 match c.p {
                     HipFp8P::F16 => arch.mfma_16bit(),
-                    HipFp8P::Fp8 => arch.mfma_fp8(),
+                    HipFp8P::Fp8 => arch.mfma_fp8(c.mfma),
                 },
             ),
         }
@@ -279,6 +302,12 @@ impl HipKernelId {
             HipKernelId::MfmaFp8(c) => {
                 check_head_dim("fwd_mfma_fp8", c.head_dim)?;
                 check_16bit("fwd_mfma_fp8", "O", c.out)?;
+                if !self.targets().contains(&arch) {
+                    return Err(NativeError::UnsupportedConfig {
+                        kernel: "fwd_mfma_fp8",
+                        reason: format!("{} has no {:?} MFMA", arch, c.mfma),
+                    });
+                }
                 v.push(d("P_FP8", (c.p == HipFp8P::Fp8) as usize));
                 v.push(d("OUT_BF16", (c.out == Dtype::Bf16) as usize));
             }
@@ -296,19 +325,25 @@ impl HipKernelId {
         };
         match self {
             HipKernelId::Mfma(c) => vec![mfma16(c.input.name())],
-            HipKernelId::MfmaFp8(c) => match c.p {
-                HipFp8P::F16 => vec!["v_mfma_f32_32x32x16_fp8_fp8".into(), mfma16("f16")],
-                HipFp8P::Fp8 => vec!["v_mfma_f32_32x32x16_fp8_fp8".into(), "v_cvt_pk_fp8_f32".into()],
-            },
+            HipKernelId::MfmaFp8(c) => {
+                let qk = match c.mfma {
+                    Fp8Mfma::X16 => "v_mfma_f32_32x32x16_fp8_fp8",
+                    Fp8Mfma::X64 => "v_mfma_scale_f32_32x32x64_f8f6f4",
+                };
+                match c.p {
+                    HipFp8P::F16 => vec![qk.into(), mfma16("f16")],
+                    HipFp8P::Fp8 => vec![qk.into(), "v_cvt_pk_fp8_f32".into()],
+                }
+            }
         }
     }
 
-    /// MFMAs one wave issues per KV tile: Q·Kᵀ (tiles × D/K) plus P·V (tiles × 32/K × D/32).
+    /// MFMAs one wave issues per KV tile: Q·Kᵀ (32-key tiles × D/K) plus P·V (BN/K × D/32).
     pub fn mfma_per_tile(&self, arch: GfxArch) -> usize {
         let (qk, pv) = self.mfma(arch);
-        let nt = (self.tile().block_n / 32) as usize;
+        let bn = self.tile().block_n as usize;
         let d = self.head_dim();
-        nt * d / qk.k + nt * (32 / pv.k) * (d / 32)
+        (bn / 32) * d / qk.k + (bn / pv.k) * (d / 32)
     }
 
     /// The kernel's rounding and tiling for [`super::layout::emulate_forward`]. `round_p` is P's
@@ -458,8 +493,12 @@ mod tests {
         assert!(defs.contains(&("IN_BF16".into(), "1".into())));
         assert!(id.defines(GfxArch::Gfx950).unwrap().contains(&("MFMA_K".into(), "16".into())));
         // FP8 with f16 P on gfx942 runs P·V on the 32x32x8 f16 MFMA.
-        let f = HipKernelId::MfmaFp8(MfmaFp8Config { head_dim: 64, p: HipFp8P::F16, out: Dtype::F16 });
+        let f = HipKernelId::MfmaFp8(MfmaFp8Config { head_dim: 64, p: HipFp8P::F16, out: Dtype::F16, mfma: Fp8Mfma::X16 });
         assert!(f.defines(GfxArch::Gfx942).unwrap().contains(&("PV_MFMA_K".into(), "8".into())));
+        // The f8f6f4 form is refused on gfx942, which lacks it.
+        let w = HipKernelId::MfmaFp8(MfmaFp8Config { head_dim: 64, p: HipFp8P::Fp8, out: Dtype::F16, mfma: Fp8Mfma::X64 });
+        assert!(w.defines(GfxArch::Gfx942).is_err());
+        assert!(w.defines(GfxArch::Gfx950).unwrap().contains(&("MFMA_K".into(), "64".into())));
         assert!(MfmaConfig::new(96, Dtype::F16).is_err());
         assert!(MfmaConfig::new(64, Dtype::F32).is_err());
     }
@@ -479,8 +518,11 @@ mod tests {
         let bf16 = HipKernelId::Mfma(MfmaConfig { head_dim: 128, input: Dtype::Bf16 });
         assert_eq!(bf16.mfma_per_tile(GfxArch::Gfx950), 32);
         assert_eq!(bf16.mfma_per_tile(GfxArch::Gfx942), 64);
-        let fp8 = HipKernelId::MfmaFp8(MfmaFp8Config { head_dim: 128, p: HipFp8P::Fp8, out: Dtype::Bf16 });
+        let fp8 = HipKernelId::MfmaFp8(MfmaFp8Config { head_dim: 128, p: HipFp8P::Fp8, out: Dtype::Bf16, mfma: Fp8Mfma::X16 });
         assert_eq!(fp8.mfma_per_tile(GfxArch::Gfx950), 32);
         assert_eq!(fp8.mfma_per_tile(GfxArch::Gfx942), 32);
+        // f8f6f4: Q·Kᵀ 2 tiles × 2 + P·V 1 × 4.
+        let x64 = HipKernelId::MfmaFp8(MfmaFp8Config { head_dim: 128, p: HipFp8P::Fp8, out: Dtype::Bf16, mfma: Fp8Mfma::X64 });
+        assert_eq!(x64.mfma_per_tile(GfxArch::Gfx950), 8);
     }
 }

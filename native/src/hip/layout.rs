@@ -19,6 +19,11 @@
 //! reference see.
 
 /// One 32×32×K MFMA shape: which lane holds which element of A, B and C/D.
+///
+/// For the `32x32x64` f8f6f4 form the k order within a lane's 32 codes is taken as
+/// `g·32 + i` like the smaller forms. The kernels do not depend on it: A and B of every MFMA
+/// share one k map, and each kernel loads the A and B slot `i` of a lane with the same k (the
+/// same head dim for Q·Kᵀ, the same key for P·V), so any map pairs the right products.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 pub struct MfmaShape {
     /// The reduction depth: 8 (`32x32x8` f16/bf16) or 16 (`32x32x16` f16/bf16 on gfx950,
@@ -58,16 +63,18 @@ pub const fn c_row(g: usize, r: usize) -> usize {
     8 * (r / 4) + 4 * g + r % 4
 }
 
-/// Per-lane operand registers of one MFMA (`KPL` used entries of 8).
-pub type Operand = [[f32; 8]; WAVE];
+/// Operand elements per lane of the widest form (`32x32x64`).
+pub const MAX_KPL: usize = 32;
+/// Per-lane operand registers of one MFMA (`KPL` used entries of [`MAX_KPL`]).
+pub type Operand = [[f32; MAX_KPL]; WAVE];
 /// Per-lane accumulator registers of one 32×32 tile.
 pub type Accum = [[f32; C_REGS]; WAVE];
 
 /// One MFMA on lane registers: D = A·B + C through the operand maps, exact products summed in
 /// f64 and rounded once to f32 per element.
 pub fn wave_mfma(shape: MfmaShape, a: &Operand, b: &Operand, c: &mut Accum) {
-    let mut am = [[0f64; 16]; 32];
-    let mut bm = [[0f64; 32]; 16];
+    let mut am = [[0f64; 64]; 32];
+    let mut bm = [[0f64; 32]; 64];
     for lane in 0..WAVE {
         for i in 0..shape.kpl() {
             let (row, k) = shape.a_elem(lane, i);
@@ -149,7 +156,7 @@ pub fn emulate_forward(h: &EmulatedHead<'_>, kern: &EmulatedKernel) -> EmulatedO
             // Qᵀ fragments: Q[row][s·K + g·KPL + i].
             let qf: Vec<Operand> = (0..d / qk.k)
                 .map(|s| {
-                    let mut f = [[0f32; 8]; WAVE];
+                    let mut f = [[0f32; MAX_KPL]; WAVE];
                     for (lane, regs) in f.iter_mut().enumerate() {
                         let row = row_of(lane);
                         for (i, x) in regs.iter_mut().take(qk.kpl()).enumerate() {
@@ -172,7 +179,7 @@ pub fn emulate_forward(h: &EmulatedHead<'_>, kern: &EmulatedKernel) -> EmulatedO
                 let mut s: Vec<Accum> = vec![[[0f32; C_REGS]; WAVE]; nt];
                 for (t, st) in s.iter_mut().enumerate() {
                     for (step, qfs) in qf.iter().enumerate() {
-                        let mut a = [[0f32; 8]; WAVE];
+                        let mut a = [[0f32; MAX_KPL]; WAVE];
                         for (lane, regs) in a.iter_mut().enumerate() {
                             let key = n + 32 * t + lane % 32;
                             for (i, x) in regs.iter_mut().take(qk.kpl()).enumerate() {
@@ -229,30 +236,30 @@ pub fn emulate_forward(h: &EmulatedHead<'_>, kern: &EmulatedKernel) -> EmulatedO
                         }
                     }
                 }
-                // Oᵀ += Vᵀ·Pᵀ: B = P from the lane's own register r0 + i; A = V[key of that
-                // register][32·dt + c].
-                for (t, st) in s.iter().enumerate() {
-                    for ps in 0..32 / pv.k {
-                        let r0 = ps * pv.kpl();
-                        let mut b = [[0f32; 8]; WAVE];
-                        for (lane, regs) in b.iter_mut().enumerate() {
-                            for (i, x) in regs.iter_mut().take(pv.kpl()).enumerate() {
-                                *x = (kern.round_p)(st[lane][r0 + i]);
-                            }
+                // Oᵀ += Vᵀ·Pᵀ: step ps takes slots j = ps·KPL + i of the lane's Sᵀ registers
+                // flattened over the 32-key tiles (tile j / 16, register j % 16) as B, and
+                // A = V[key of that register][32·dt + c].
+                for ps in 0..kern.block_n / pv.k {
+                    let mut b: Operand = [[0f32; MAX_KPL]; WAVE];
+                    for (lane, regs) in b.iter_mut().enumerate() {
+                        for (i, x) in regs.iter_mut().take(pv.kpl()).enumerate() {
+                            let j = ps * pv.kpl() + i;
+                            *x = (kern.round_p)(s[j / 16][lane][j % 16]);
                         }
-                        for (dt, ot) in o.iter_mut().enumerate() {
-                            let mut a = [[0f32; 8]; WAVE];
-                            for (lane, regs) in a.iter_mut().enumerate() {
-                                let dim = 32 * dt + lane % 32;
-                                for (i, x) in regs.iter_mut().take(pv.kpl()).enumerate() {
-                                    let key = n + 32 * t + c_row(lane / 32, r0 + i);
-                                    if key_ok(key) {
-                                        *x = h.v[key * d + dim];
-                                    }
+                    }
+                    for (dt, ot) in o.iter_mut().enumerate() {
+                        let mut a: Operand = [[0f32; MAX_KPL]; WAVE];
+                        for (lane, regs) in a.iter_mut().enumerate() {
+                            let dim = 32 * dt + lane % 32;
+                            for (i, x) in regs.iter_mut().take(pv.kpl()).enumerate() {
+                                let j = ps * pv.kpl() + i;
+                                let key = n + 32 * (j / 16) + c_row(lane / 32, j % 16);
+                                if key_ok(key) {
+                                    *x = h.v[key * d + dim];
                                 }
                             }
-                            wave_mfma(pv, &a, &b, ot);
                         }
+                        wave_mfma(pv, &a, &b, ot);
                     }
                 }
                 n0 += kern.block_n as i64;
@@ -290,7 +297,7 @@ mod tests {
 
     #[test]
     fn operand_maps_are_bijections() {
-        for k in [8, 16] {
+        for k in [8, 16, 64] {
             let s = MfmaShape { k };
             let mut a = vec![0u32; 32 * k];
             let mut b = vec![0u32; 32 * k];
@@ -330,12 +337,12 @@ mod tests {
 
     #[test]
     fn one_mfma_is_a_matrix_product() {
-        for k in [8, 16] {
+        for k in [8, 16, 64] {
             let s = MfmaShape { k };
             let am = |r: usize, kk: usize| ((r * 7 + kk * 3) % 11) as f32 - 5.0;
             let bm = |kk: usize, c: usize| ((kk * 5 + c * 2) % 13) as f32 - 6.0;
-            let mut a = [[0f32; 8]; WAVE];
-            let mut b = [[0f32; 8]; WAVE];
+            let mut a = [[0f32; MAX_KPL]; WAVE];
+            let mut b = [[0f32; MAX_KPL]; WAVE];
             for lane in 0..WAVE {
                 for i in 0..s.kpl() {
                     let (r, kk) = s.a_elem(lane, i);

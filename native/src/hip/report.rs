@@ -235,7 +235,7 @@ pub fn report_variant(cache: &HipCache, clang: &Clang, id: &HipKernelId, arch: G
 pub fn hip_compile_report(cache: &HipCache) -> Result<Vec<HipKernelReport>> {
     let clang = Clang::find()?;
     let jobs: Vec<(HipKernelId, GfxArch)> =
-        HipKernelId::all().into_iter().flat_map(|id| HipKernelId::TARGETS.iter().map(move |&a| (id, a))).collect();
+        HipKernelId::all().into_iter().flat_map(|id| id.targets().iter().map(move |&a| (id, a))).collect();
     let workers = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).min(jobs.len().max(1));
     let next = std::sync::atomic::AtomicUsize::new(0);
     let results = std::sync::Mutex::new(Vec::with_capacity(jobs.len()));
