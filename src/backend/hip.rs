@@ -236,7 +236,7 @@ impl Backend for HipBackend {
         let ptrs = [d.q.device_ptr(), d.k.device_ptr(), d.v.device_ptr(), d.o.device_ptr(), d.lse.as_ref().map_or(0, |l| l.device_ptr())];
         let desc = d.descales.as_ref().zip(descale).map(|(b, g)| (b.each_ref().map(|x| x.device_ptr()), g));
         let params = HipFwdParams::new(&s, ptrs, desc);
-        let (grid, block) = id.launch_dims(&s);
+        let (grid, block) = id.launch_dims(&s, self.arch);
         // SAFETY: the params are the kernel's FwdParams; every buffer was sized from the
         // problem's extents at upload, and validate_args checked the shape against them.
         unsafe { module.launch(grid, block, &params) }.map_err(|e| self.kernel_error(plan, e))

@@ -100,12 +100,17 @@ pub struct HipTile {
     pub block_n: u32,
 }
 
-/// The one tiling of both families and head dims. 4 waves (256 threads) share each K/V tile in
-/// LDS; 64-key tiles make two Sᵀ accumulator tiles per wave (32 VGPRs), next to Oᵀ (16·D/32)
-/// and Qᵀ (D/4 VGPRs at 16 bits). At hd 128 that is ~170 VGPRs of the 512 a lane may have and
-/// 35 KiB of LDS, inside gfx942's 64 KiB. Chosen from register and LDS counts of the
-/// disassembly, not measured (no AMD device).
+/// The tiling of both families: 4 waves (256 threads) share each K/V tile in LDS; 64-key tiles
+/// make two Sᵀ accumulator tiles per wave (32 VGPRs), next to Oᵀ (16·D/32) and Qᵀ (D/4 VGPRs at
+/// 16 bits): ~170 VGPRs of the 512 a lane may have at hd 128. The f8f6f4 `32x32x64` P·V needs
+/// the 64 keys. One exception ([`HipKernelId::tile`]): [`HIP_TILE_GFX942_D128`].
 pub const HIP_TILE: HipTile = HipTile { waves: 4, block_n: 64 };
+
+/// The 16-bit family at hd 128 on gfx942: 64-key tiles take 35 KiB of LDS, one workgroup
+/// (one wave per SIMD) on gfx942's 64 KiB; 32-key tiles take 18.5 KiB, three workgroups by LDS
+/// and two waves per SIMD by registers. Chosen from the LDS and register counts of the
+/// disassembly, not measured (no AMD device).
+pub const HIP_TILE_GFX942_D128: HipTile = HipTile { waves: 4, block_n: 32 };
 
 impl HipTile {
     pub const fn block_m(self) -> u32 {
@@ -262,8 +267,12 @@ impl HipKernelId {
         }
     }
 
-    pub fn tile(&self) -> HipTile {
-        HIP_TILE
+    /// The variant's tiling on `arch` (see [`HIP_TILE`]).
+    pub fn tile(&self, arch: GfxArch) -> HipTile {
+        match (self, arch) {
+            (HipKernelId::Mfma(c), GfxArch::Gfx942) if c.head_dim == 128 => HIP_TILE_GFX942_D128,
+            _ => HIP_TILE,
+        }
     }
 
     /// The Q·Kᵀ and P·V MFMA shapes on `arch`.
@@ -283,7 +292,7 @@ impl HipKernelId {
     /// The `-D` defines the source reads (its header lists them), from [`HIP_TILE`] and the
     /// MFMA table.
     pub fn defines(&self, arch: GfxArch) -> Result<Vec<(String, String)>> {
-        let tile = self.tile();
+        let tile = self.tile(arch);
         let (qk, pv) = self.mfma(arch);
         let d = |k: &str, v: usize| (k.to_string(), v.to_string());
         let mut v = vec![
@@ -341,7 +350,7 @@ impl HipKernelId {
     /// MFMAs one wave issues per KV tile: Q·Kᵀ (32-key tiles × D/K) plus P·V (BN/K × D/32).
     pub fn mfma_per_tile(&self, arch: GfxArch) -> usize {
         let (qk, pv) = self.mfma(arch);
-        let bn = self.tile().block_n as usize;
+        let bn = self.tile(arch).block_n as usize;
         let d = self.head_dim();
         (bn / 32) * d / qk.k + (bn / pv.k) * (d / 32)
     }
@@ -356,7 +365,8 @@ impl HipKernelId {
             HipKernelId::MfmaFp8(MfmaFp8Config { p: HipFp8P::Fp8, .. }) => arch.fp8().max().log2(),
             _ => 0.0,
         };
-        EmulatedKernel { qk, pv, waves: HIP_TILE.waves as usize, block_n: HIP_TILE.block_n as usize, p_log2, round_p }
+        let t = self.tile(arch);
+        EmulatedKernel { qk, pv, waves: t.waves as usize, block_n: t.block_n as usize, p_log2, round_p }
     }
 
     /// Checks a launch before anything touches the device (sizes, strides, scale, descales).
@@ -396,8 +406,8 @@ impl HipKernelId {
     }
 
     /// Grid `(query blocks, q_heads, batch)` and block size.
-    pub fn launch_dims(&self, s: &AttentionShape) -> ((u32, u32, u32), (u32, u32, u32)) {
-        let t = self.tile();
+    pub fn launch_dims(&self, s: &AttentionShape, arch: GfxArch) -> ((u32, u32, u32), (u32, u32, u32)) {
+        let t = self.tile(arch);
         ((s.q_len.div_ceil(t.block_m() as usize) as u32, s.q_heads as u32, s.batch as u32), (t.threads(), 1, 1))
     }
 }
@@ -513,11 +523,11 @@ mod tests {
 
     #[test]
     fn mfma_count_per_tile() {
-        // hd 128, 64-key tiles: Q·Kᵀ 2 tiles × 8 steps + P·V 2 × 2 × 4 on gfx950 (K 16);
-        // twice that with the K 8 forms of gfx942.
+        // hd 128, 64-key tiles: Q·Kᵀ 2 tiles × 8 steps + P·V 2 × 2 × 4 on gfx950 (K 16).
         let bf16 = HipKernelId::Mfma(MfmaConfig { head_dim: 128, input: Dtype::Bf16 });
         assert_eq!(bf16.mfma_per_tile(GfxArch::Gfx950), 32);
-        assert_eq!(bf16.mfma_per_tile(GfxArch::Gfx942), 64);
+        // gfx942 at hd 128: 32-key tiles of K 8 forms: 1 × 16 + 4 × 4.
+        assert_eq!(bf16.mfma_per_tile(GfxArch::Gfx942), 32);
         let fp8 = HipKernelId::MfmaFp8(MfmaFp8Config { head_dim: 128, p: HipFp8P::Fp8, out: Dtype::Bf16, mfma: Fp8Mfma::X16 });
         assert_eq!(fp8.mfma_per_tile(GfxArch::Gfx950), 32);
         assert_eq!(fp8.mfma_per_tile(GfxArch::Gfx942), 32);

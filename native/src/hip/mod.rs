@@ -24,6 +24,6 @@ pub mod runtime;
 pub mod source;
 
 pub use compile::{Clang, HipCache, HipCodeObject, HipCompiler};
-pub use config::{Fp8Encoding, Fp8Mfma, GfxArch, HipFp8P, HipFwdParams, HipKernelId, HipTile, MfmaConfig, MfmaFp8Config, HIP_HEAD_DIMS, HIP_TILE};
+pub use config::{Fp8Encoding, Fp8Mfma, GfxArch, HipFp8P, HipFwdParams, HipKernelId, HipTile, MfmaConfig, MfmaFp8Config, HIP_HEAD_DIMS, HIP_TILE, HIP_TILE_GFX942_D128};
 pub use layout::{emulate_forward, EmulatedHead, EmulatedKernel, EmulatedOutput, MfmaShape};
 pub use report::{hip_compile_report, HipKernelReport};

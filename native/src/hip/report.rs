@@ -219,7 +219,7 @@ pub fn report_variant(cache: &HipCache, clang: &Clang, id: &HipKernelId, arch: G
         r.vgpr_spills = get("vgpr_spill_count");
         r.sgpr_spills = get("sgpr_spill_count");
         if let (Some(v), Some(a), Some(l)) = (r.vgprs, r.agprs, r.lds_bytes) {
-            r.waves_per_simd = Some(waves_per_simd(arch, v, a, l, id.tile().waves));
+            r.waves_per_simd = Some(waves_per_simd(arch, v, a, l, id.tile(arch).waves));
         }
         Ok(())
     })();
