@@ -728,6 +728,11 @@ def build(manifest):
          "A plot of these errors against the speed tables of BENCHMARKS.md: "
          "[accuracy vs speed](benchmarks/plots/accuracy-vs-speed.svg).", ""]
     a += acc_md + peer_md
+    a += ["## AMD (HIP): not run on hardware", "",
+          "The HIP MFMA kernels (`native/hip/`, gfx942 and gfx950) have no rows here: no AMD GPU has run them. "
+          "CI holds their CPU mirror, which moves every operand through the MFMA lane layout the kernels use, "
+          "to the f64 reference with `Tolerance::for_precision` of f16, bf16 and FP8 e4m3 (both P formats), and "
+          "for FP8 on gfx950 to the emulation of its mode (`tests/hip_mfma_emulation.rs`).", ""]
     a += ["## Raw data", "",
           "Each table names its run folder under `benchmarks/` (`run.sh` holds the commands). Earlier runs stay in "
           "that directory and in git history; `python3 benchmarks/report.py` rebuilds this file from the folders "

@@ -31,7 +31,7 @@ pub enum Family {
 
 impl Family {
     /// Every family, in no particular order (each backend's table orders its own rows).
-    pub const ALL: [Family; 14] = [
+    pub const ALL: [Family; 16] = [
         Family::Cpu,
         Family::Emulation,
         Family::Portable(PortableKind::Fma),
@@ -46,6 +46,8 @@ impl Family {
         Family::Native(NativeKind::Int8Umma),
         Family::Native(NativeKind::Fp8Wgmma),
         Family::Native(NativeKind::Fp8Mma),
+        Family::Native(NativeKind::HipMfma),
+        Family::Native(NativeKind::HipMfmaFp8),
     ];
 
     /// Whether `strategy` lets dispatch consider this family.
@@ -85,6 +87,8 @@ pub enum KernelId {
     Portable { kernel: quattn_cubecl::PortableKernel, name: String },
     /// A native kernel (and, for INT8 plans, its quantization prepass), its variant chosen.
     Native(NativeChoice),
+    /// A native HIP kernel (AMD MFMA) and the arch it is compiled for (not run on hardware).
+    Hip { kernel: quattn_native::hip::HipKernelId, arch: quattn_native::hip::GfxArch },
 }
 
 /// A native kernel with the prepass that feeds it, if any.
@@ -102,6 +106,8 @@ impl KernelId {
             KernelId::Emulation { .. } => Family::Emulation,
             KernelId::Portable { kernel, .. } => Family::Portable(portable_kind(kernel)),
             KernelId::Native(n) => Family::Native(native_kind(&n.kernel)),
+            KernelId::Hip { kernel: quattn_native::hip::HipKernelId::Mfma(_), .. } => Family::Native(NativeKind::HipMfma),
+            KernelId::Hip { kernel: quattn_native::hip::HipKernelId::MfmaFp8(_), .. } => Family::Native(NativeKind::HipMfmaFp8),
         }
     }
 
@@ -116,6 +122,7 @@ impl KernelId {
             KernelId::Emulation { precision, .. } => format!("emulate_{}", precision.name()),
             KernelId::Portable { name, .. } => name.clone(),
             KernelId::Native(n) => n.kernel.name(),
+            KernelId::Hip { kernel, arch } => format!("{kernel}_{arch}"),
         }
     }
 }

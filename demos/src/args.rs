@@ -31,6 +31,8 @@ pub enum DeviceArg {
     /// wgpu on Vulkan with CubeCL's SPIR-V compiler (cooperative matrices); needs `--features spirv`.
     WgpuSpirv,
     Cuda,
+    /// AMD GPU through ROCm's HIP runtime (gfx942 / gfx950; kernels not run on hardware).
+    Hip,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -59,6 +61,10 @@ pub enum NativeArg {
     Int8Umma,
     Fp8Wgmma,
     Fp8Mma,
+    /// AMD MFMA f16/bf16 (HIP; not run on hardware).
+    Mfma,
+    /// AMD MFMA FP8 e4m3 (HIP; not run on hardware).
+    MfmaFp8,
 }
 
 /// Portable (CubeCL) kernel family with `--strategy portable`.
@@ -111,6 +117,7 @@ impl DeviceOpts {
             DeviceArg::Auto => Device::Auto,
             DeviceArg::Cpu => Device::Cpu,
             DeviceArg::Cuda => Device::Cuda(n),
+            DeviceArg::Hip => Device::Hip(n),
             DeviceArg::Wgpu => Device::Wgpu(self.wgpu_adapter()),
             DeviceArg::WgpuSpirv => Device::WgpuSpirv(self.wgpu_adapter()),
         }
@@ -147,6 +154,8 @@ impl DeviceOpts {
                 NativeArg::Int8Umma => NativeKind::Int8Umma,
                 NativeArg::Fp8Wgmma => NativeKind::Fp8Wgmma,
                 NativeArg::Fp8Mma => NativeKind::Fp8Mma,
+                NativeArg::Mfma => NativeKind::HipMfma,
+                NativeArg::MfmaFp8 => NativeKind::HipMfmaFp8,
             }),
         }
     }

@@ -45,7 +45,7 @@ pub fn shapes(quick: bool) -> Vec<AttentionProblem> {
 }
 
 fn devices(a: &SelftestArgs) -> Vec<Device> {
-    let wanted: Vec<DeviceArg> = if a.devices.is_empty() { vec![DeviceArg::Cpu, DeviceArg::Wgpu, DeviceArg::Cuda] } else { a.devices.clone() };
+    let wanted: Vec<DeviceArg> = if a.devices.is_empty() { vec![DeviceArg::Cpu, DeviceArg::Wgpu, DeviceArg::Cuda, DeviceArg::Hip] } else { a.devices.clone() };
     wanted
         .into_iter()
         .filter_map(|d| match d {
@@ -54,6 +54,7 @@ fn devices(a: &SelftestArgs) -> Vec<Device> {
             DeviceArg::Wgpu => Some(Device::Wgpu(quattn::WgpuAdapter::Default)),
             DeviceArg::WgpuSpirv => Some(Device::WgpuSpirv(quattn::WgpuAdapter::Default)),
             DeviceArg::Cuda => Some(Device::Cuda(0)),
+            DeviceArg::Hip => Some(Device::Hip(0)),
         })
         .collect()
 }

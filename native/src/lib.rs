@@ -24,12 +24,16 @@
 //! - [`mma_fp8`]: the FP8 (e4m3) forward family on mma.sync, Q·Kᵀ and P·V on e4m3 MMAs
 //!   (sm_89 / sm_120a native, compiled and disassembled, not run on such hardware; sm_90
 //!   lowered by ptxas and run on the H100 for the numerics), with its V prepass.
+//! - [`hip`]: the AMD layer: MFMA kernels for gfx942 / gfx950 (`native/hip/`), compiled and
+//!   disassembly-checked with clang, mirrored on the CPU through the MFMA lane layout, and the
+//!   HIP runtime (feature `hip`); not run on hardware.
 //! - [`device`]: device queries.
 
 pub mod arch;
 pub mod cache;
 pub mod device;
 pub mod error;
+pub mod hip;
 pub mod hmma;
 pub mod int8_umma;
 pub mod int8;
