@@ -23,10 +23,13 @@
 //! - [`mma_fp8`]: the FP8 (e4m3) forward family on mma.sync, Q·Kᵀ and P·V on e4m3 MMAs
 //!   (sm_89 / sm_120a native, compiled and disassembled, not run on such hardware; sm_90
 //!   lowered by ptxas and run on the H100 for the numerics), with its V prepass.
+//! - [`decode`]: split-KV decode (flash-decoding) on mma.sync, few query rows per KV head
+//!   against a long KV sequence, with the LSE merge of its splits.
 //! - [`device`]: device queries.
 
 pub mod arch;
 pub mod cache;
+pub mod decode;
 pub mod device;
 pub mod error;
 pub mod hmma;
@@ -46,6 +49,9 @@ pub mod wgmma_int8;
 pub mod wgmma_fp8;
 
 pub use arch::Arch;
+#[cfg(feature = "cuda")]
+pub use decode::DecodeKernel;
+pub use decode::{decode_split, DecodeConfig, DecodeParams, DecodePtrs, DecodeSplit, DecodeTile, DecodeUnit, MergeConfig, MergeParams, DECODE_TILES};
 pub use cache::{default_cache_dir, CacheKey, CompileRequest, CompiledKernel, KernelCache, Origin};
 pub use error::{NativeError, Result};
 /// The shared types of quattn's crates that this crate's API takes: launch shape, element type, strides,
