@@ -71,6 +71,10 @@ pub enum NativeKind {
     /// FP8 e4m3 Q·Kᵀ on mma.sync (native on sm_89 and sm_120a, compiled and SASS-checked, not
     /// run on such hardware; on sm_90 the same PTX runs as an f16 sequence).
     Fp8Mma,
+    /// Split-KV decode (flash-decoding) on mma.sync, f16/bf16 with f32 accumulation (sm_80+):
+    /// the query rows of a GQA group (times q_len, at most 64) in one tile against a slice of
+    /// the keys, the slices merged by their LSE.
+    Decode,
 }
 
 impl NativeKind {
@@ -83,6 +87,7 @@ impl NativeKind {
             NativeKind::Int8Umma => "int8-umma",
             NativeKind::Fp8Wgmma => "fp8-wgmma",
             NativeKind::Fp8Mma => "fp8-mma",
+            NativeKind::Decode => "decode",
         }
     }
 }

@@ -31,7 +31,7 @@ pub enum Family {
 
 impl Family {
     /// Every family, in no particular order (each backend's table orders its own rows).
-    pub const ALL: [Family; 14] = [
+    pub const ALL: [Family; 15] = [
         Family::Cpu,
         Family::Emulation,
         Family::Portable(PortableKind::Fma),
@@ -46,6 +46,7 @@ impl Family {
         Family::Native(NativeKind::Int8Umma),
         Family::Native(NativeKind::Fp8Wgmma),
         Family::Native(NativeKind::Fp8Mma),
+        Family::Native(NativeKind::Decode),
     ];
 
     /// Whether `strategy` lets dispatch consider this family.
@@ -92,6 +93,9 @@ pub enum KernelId {
 pub struct NativeChoice {
     pub kernel: quattn_native::NativeKernelId,
     pub prepass: Option<quattn_native::NativeKernelId>,
+    /// Decode plans: how the KV sequence is split across CTAs on this device
+    /// ([`quattn_native::decode_split`]); `None` for the other families.
+    pub split: Option<quattn_native::DecodeSplit>,
 }
 
 impl KernelId {
@@ -115,7 +119,10 @@ impl KernelId {
             }
             KernelId::Emulation { precision, .. } => format!("emulate_{}", precision.name()),
             KernelId::Portable { name, .. } => name.clone(),
-            KernelId::Native(n) => n.kernel.name(),
+            KernelId::Native(n) => match n.split {
+                Some(s) => format!("{}_split{}", n.kernel.name(), s.splits),
+                None => n.kernel.name(),
+            },
         }
     }
 }
@@ -148,6 +155,7 @@ fn native_kind(k: &quattn_native::NativeKernelId) -> NativeKind {
         N::Int8Prepass(_) | N::Int8PrepassPass(_) => NativeKind::Int8Imma,
         N::Fp8Wgmma(_) => NativeKind::Fp8Wgmma,
         N::Fp8Mma(_) => NativeKind::Fp8Mma,
+        N::Decode(_) => NativeKind::Decode,
     }
 }
 

@@ -59,6 +59,8 @@ pub enum NativeArg {
     Int8Umma,
     Fp8Wgmma,
     Fp8Mma,
+    /// Split-KV decode (q_len x GQA group <= 64 rows per KV head).
+    Decode,
 }
 
 /// Portable (CubeCL) kernel family with `--strategy portable`.
@@ -147,6 +149,7 @@ impl DeviceOpts {
                 NativeArg::Int8Umma => NativeKind::Int8Umma,
                 NativeArg::Fp8Wgmma => NativeKind::Fp8Wgmma,
                 NativeArg::Fp8Mma => NativeKind::Fp8Mma,
+                NativeArg::Decode => NativeKind::Decode,
             }),
         }
     }
