@@ -13,7 +13,9 @@
 # Every step's limit is cut to what is left of DEADLINE seconds (default 145).
 #
 # Pass: checks.txt ends with `ALL OK`, every line of run.jsonl has "passed":true (the summary
-# counts them), and summary.txt says which targets hold (lines `target ... PASS|FAIL`).
+# counts them), the sanitizer steps print `rc 0`, and summary.txt says which targets hold (lines
+# `target ... PASS|FAIL`). Steps run in order of importance: the native checks, the timed
+# comparison with the peers, the facade checks, the native sweep, the sanitizer.
 set -u
 out=${OUT:?set OUT to the output folder}
 bin=${BIN:-.bin/decode}
@@ -30,33 +32,6 @@ nvidia-smi --query-gpu=name,driver_version,compute_cap,clocks.max.sm,clocks.max.
 step "decode_check: every variant against f64 (1 split, the device's split, many splits)"
 timeout "$(lim 45)" "$bin/decode_check" --check-only > "$out/checks.txt" 2>> "$out/run.log"; echo "rc $?"
 grep -E "FAIL|ALL OK|SOME FAILED" "$out/checks.txt" | tail -5
-
-step "quattn run: Auto and --native decode against f64"
-# Each line: one problem, checked against the f64 reference by `quattn run` (exit 1 on FAIL).
-cases=(
-  "--batch 8 --heads 32 --kv-heads 8 --seq 1 --kv-seq 8192 --head-dim 128"
-  "--batch 8 --heads 32 --kv-heads 8 --seq 1 --kv-seq 32768 --head-dim 128"
-  "--batch 2 --heads 32 --kv-heads 8 --seq 16 --kv-seq 8192 --head-dim 128"
-  "--batch 3 --heads 16 --kv-heads 4 --seq 1 --kv-seq 3001 --head-dim 128 --layout bshd"
-  "--batch 2 --heads 8 --kv-heads 2 --seq 7 --kv-seq 1000 --head-dim 128 --causal"
-  "--batch 2 --heads 8 --kv-heads 1 --seq 8 --kv-seq 5000 --head-dim 64 --causal --layout bshd"
-  "--batch 1 --heads 4 --kv-heads 1 --seq 12 --kv-seq 5 --head-dim 128 --causal"
-  "--batch 4 --heads 8 --kv-heads 8 --seq 1 --kv-seq 2049 --head-dim 64"
-  "--batch 8 --heads 32 --kv-heads 8 --seq 1 --kv-seq 8192 --head-dim 128 --precision bf16"
-  "--batch 2 --heads 16 --kv-heads 2 --seq 4 --kv-seq 777 --head-dim 64 --precision bf16 --causal"
-)
-: > "$out/run.jsonl"
-for c in "${cases[@]}"; do
-  for s in "--strategy auto" "--strategy native --native decode"; do
-    # shellcheck disable=SC2086
-    timeout "$(lim 20)" "$q" run --device cuda $s $c --iters 3 --json >> "$out/run.jsonl" 2>> "$out/run.log"
-    echo "rc $? $s $c"
-  done
-done
-
-step "decode_check: the native family at the decode shapes, split counts and pipelines"
-QUATTN_DECODE_SWEEP=${SWEEP:-64x4,64x2,128x2} timeout "$(lim 30)" "$bin/decode_check" --bench-only > "$out/native_bench.txt" 2>> "$out/run.log"; echo "rc $?"
-grep "chosen=true" "$out/native_bench.txt"
 
 step "quattn bench: decode shapes, Auto and the wgmma kernel"
 dec="--device cuda --precision f16 --head-dims 128 --width 4096 --kv-heads 8 --causal non-causal --iters 30 --json"
@@ -80,6 +55,46 @@ timeout "$(lim 20)" python3 "$torch_py" $tdec --seqs 32768 --tokens 262144 --q-l
 # shellcheck disable=SC2086
 timeout "$(lim 20)" python3 "$torch_py" $tdec --seqs 32768 --tokens 262144 --q-len 16 >> "$out/torch.jsonl" 2>> "$out/run.log"; echo "rc $?"
 
+step "quattn run: Auto and --native decode against f64"
+# Each line: one problem, checked against the f64 reference by `quattn run` (exit 1 on FAIL).
+cases=(
+  "--batch 8 --heads 32 --kv-heads 8 --seq 1 --kv-seq 8192 --head-dim 128"
+  "--batch 8 --heads 32 --kv-heads 8 --seq 1 --kv-seq 32768 --head-dim 128"
+  "--batch 2 --heads 32 --kv-heads 8 --seq 16 --kv-seq 8192 --head-dim 128"
+  "--batch 3 --heads 16 --kv-heads 4 --seq 1 --kv-seq 3001 --head-dim 128 --layout bshd"
+  "--batch 2 --heads 8 --kv-heads 2 --seq 7 --kv-seq 1000 --head-dim 128 --causal"
+  "--batch 2 --heads 8 --kv-heads 1 --seq 8 --kv-seq 5000 --head-dim 64 --causal --layout bshd"
+  "--batch 1 --heads 4 --kv-heads 1 --seq 12 --kv-seq 5 --head-dim 128 --causal"
+  "--batch 4 --heads 8 --kv-heads 8 --seq 1 --kv-seq 2049 --head-dim 64"
+  "--batch 8 --heads 32 --kv-heads 8 --seq 1 --kv-seq 8192 --head-dim 128 --precision bf16"
+  "--batch 2 --heads 16 --kv-heads 2 --seq 4 --kv-seq 777 --head-dim 64 --precision bf16 --causal"
+)
+: > "$out/run.jsonl"
+# Auto on every case (the summary shows it picked fwd_decode_*), the family forced on two.
+for run in "auto|${cases[0]}" "auto|${cases[1]}" "auto|${cases[2]}" "auto|${cases[3]}" "auto|${cases[4]}" \
+           "auto|${cases[5]}" "auto|${cases[6]}" "auto|${cases[7]}" "auto|${cases[8]}" "auto|${cases[9]}" \
+           "native --native decode|${cases[1]}" "native --native decode|${cases[4]}"; do
+  s=${run%%|*}; c=${run#*|}
+  # shellcheck disable=SC2086
+  timeout "$(lim 20)" "$q" run --device cuda --strategy $s $c --iters 3 --json >> "$out/run.jsonl" 2>> "$out/run.log"
+  echo "rc $? --strategy $s $c"
+done
+
+step "decode_check: the native family at the decode shapes, split counts and pipelines"
+QUATTN_DECODE_SWEEP=${SWEEP:-64x4,64x2,128x2} timeout "$(lim 30)" "$bin/decode_check" --bench-only > "$out/native_bench.txt" 2>> "$out/run.log"; echo "rc $?"
+grep "chosen=true" "$out/native_bench.txt"
+
+step "compute-sanitizer: memcheck and racecheck on a split decode (ragged, causal, BSHD) and the merge"
+san=/usr/local/cuda/bin/compute-sanitizer
+small="--batch 1 --heads 8 --kv-heads 2 --seq 3 --kv-seq 1500 --head-dim 128 --causal --layout bshd --iters 1"
+: > "$out/sanitizer.txt"
+for tool in memcheck racecheck; do
+  echo "-- $tool" >> "$out/sanitizer.txt"
+  # shellcheck disable=SC2086
+  timeout "$(lim 30)" $san --tool $tool --error-exitcode 9 "$q" run --device cuda --strategy native --native decode $small >> "$out/sanitizer.txt" 2>&1
+  echo "rc $? ($tool)" | tee -a "$out/sanitizer.txt"
+done
+
 step summary
 python3 - "$out" > "$out/summary.txt" <<'PY'
 import json, sys, os
@@ -99,7 +114,7 @@ def rows(name):
     return r
 runs = rows("run.jsonl")
 ok = sum(1 for r in runs if (r.get("accuracy") or {}).get("passed"))
-print(f"run: {ok}/{len(runs)} passed against f64 (expected {2 * 10})")
+print(f"run: {ok}/{len(runs)} passed against f64 (expected 12: 10 Auto, 2 forced)")
 for r in runs:
     a = r.get("accuracy") or {}
     s = r["shape"]
