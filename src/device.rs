@@ -83,6 +83,10 @@ pub enum NativeKind {
     /// FP8 e4m3 flash attention on AMD MFMA (`32x32x16_fp8_fp8`; OCP e4m3 on gfx950, e4m3fnuz
     /// on gfx942). Compiled and disassembly-checked, not run on hardware.
     HipMfmaFp8,
+    /// Split-KV decode (flash-decoding) on mma.sync, f16/bf16 with f32 accumulation (sm_80+):
+    /// the query rows of a GQA group (times q_len, at most 64) in one tile against a slice of
+    /// the keys, the slices merged by their LSE.
+    Decode,
 }
 
 impl NativeKind {
@@ -97,6 +101,7 @@ impl NativeKind {
             NativeKind::Fp8Mma => "fp8-mma",
             NativeKind::HipMfma => "mfma",
             NativeKind::HipMfmaFp8 => "mfma-fp8",
+            NativeKind::Decode => "decode",
         }
     }
 }

@@ -93,6 +93,9 @@ pub enum Error {
 
     #[error("kernel `{kernel}` failed: {reason}")]
     Kernel { kernel: String, reason: String },
+
+    #[error("LSE value {value} at row {index} is not a log-sum-exp: it must be finite, or -inf for a row that saw no key")]
+    InvalidLse { index: usize, value: f32 },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

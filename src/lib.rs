@@ -13,11 +13,13 @@ pub mod codec;
 pub mod device;
 pub mod emulation;
 pub mod error;
+pub mod merge;
 pub mod precision;
 pub mod problem;
 
 pub use device::{Device, NativeKind, PortableKind, Strategy, WgpuAdapter};
 pub use error::{Error, Result, TensorName};
+pub use merge::{merge_outputs, merge_states, merge_states_into, MergedState};
 pub use quattn_core::TWO_STAGE_CHUNK;
 pub use precision::{
     DescaleGranularity, Dtype, Fp8Format, Int8Granularity, Nvfp4V, Precision, PvAccum, PvFormat, QkAccum,

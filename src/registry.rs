@@ -31,7 +31,7 @@ pub enum Family {
 
 impl Family {
     /// Every family, in no particular order (each backend's table orders its own rows).
-    pub const ALL: [Family; 16] = [
+    pub const ALL: [Family; 17] = [
         Family::Cpu,
         Family::Emulation,
         Family::Portable(PortableKind::Fma),
@@ -48,6 +48,7 @@ impl Family {
         Family::Native(NativeKind::Fp8Mma),
         Family::Native(NativeKind::HipMfma),
         Family::Native(NativeKind::HipMfmaFp8),
+        Family::Native(NativeKind::Decode),
     ];
 
     /// Whether `strategy` lets dispatch consider this family.
@@ -96,6 +97,9 @@ pub enum KernelId {
 pub struct NativeChoice {
     pub kernel: quattn_native::NativeKernelId,
     pub prepass: Option<quattn_native::NativeKernelId>,
+    /// Decode plans: how the KV sequence is split across CTAs on this device
+    /// ([`quattn_native::decode_split`]); `None` for the other families.
+    pub split: Option<quattn_native::DecodeSplit>,
 }
 
 impl KernelId {
@@ -121,7 +125,10 @@ impl KernelId {
             }
             KernelId::Emulation { precision, .. } => format!("emulate_{}", precision.name()),
             KernelId::Portable { name, .. } => name.clone(),
-            KernelId::Native(n) => n.kernel.name(),
+            KernelId::Native(n) => match n.split {
+                Some(s) => format!("{}_split{}", n.kernel.name(), s.splits),
+                None => n.kernel.name(),
+            },
             KernelId::Hip { kernel, arch } => format!("{kernel}_{arch}"),
         }
     }
@@ -155,6 +162,7 @@ fn native_kind(k: &quattn_native::NativeKernelId) -> NativeKind {
         N::Int8Prepass(_) | N::Int8PrepassPass(_) => NativeKind::Int8Imma,
         N::Fp8Wgmma(_) => NativeKind::Fp8Wgmma,
         N::Fp8Mma(_) => NativeKind::Fp8Mma,
+        N::Decode(_) => NativeKind::Decode,
     }
 }
 

@@ -65,6 +65,8 @@ pub enum NativeArg {
     Mfma,
     /// AMD MFMA FP8 e4m3 (HIP; not run on hardware).
     MfmaFp8,
+    /// Split-KV decode (q_len x GQA group <= 64 rows per KV head).
+    Decode,
 }
 
 /// Portable (CubeCL) kernel family with `--strategy portable`.
@@ -156,6 +158,7 @@ impl DeviceOpts {
                 NativeArg::Fp8Mma => NativeKind::Fp8Mma,
                 NativeArg::Mfma => NativeKind::HipMfma,
                 NativeArg::MfmaFp8 => NativeKind::HipMfmaFp8,
+                NativeArg::Decode => NativeKind::Decode,
             }),
         }
     }

@@ -27,7 +27,7 @@ struct Case {
 }
 
 /// Shape classes: single query row, GQA with ragged lengths, causal with q_len > kv_len, both
-/// layouts, every head dim the kernels know.
+/// layouts, every head dim the kernels know, a decode shape.
 pub fn shapes(quick: bool) -> Vec<AttentionProblem> {
     let mut v = vec![
         AttentionProblem::new(1, 2, 1, 64).kv_len(77),
@@ -36,6 +36,9 @@ pub fn shapes(quick: bool) -> Vec<AttentionProblem> {
         AttentionProblem::new(1, 2, 300, 128).kv_len(200).causal(true),
         AttentionProblem::new(1, 2, 64, 96).kv_len(130),
         AttentionProblem::new(1, 1, 33, 256).kv_len(65).layout(Layout::Bshd),
+        // Decode: a GQA group of 4 at 3 positions against a ragged cache, causal, BSHD (the
+        // split-KV decode kernel on CUDA).
+        AttentionProblem::new(2, 8, 3, 128).kv_heads(2).kv_len(1500).causal(true).layout(Layout::Bshd),
     ];
     if !quick {
         v.push(AttentionProblem::new(2, 8, 256, 128).kv_heads(1).causal(true));

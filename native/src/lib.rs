@@ -27,10 +27,13 @@
 //! - [`hip`]: the AMD layer: MFMA kernels for gfx942 / gfx950 (`native/hip/`), compiled and
 //!   disassembly-checked with clang, mirrored on the CPU through the MFMA lane layout, and the
 //!   HIP runtime (feature `hip`); not run on hardware.
+//! - [`decode`]: split-KV decode (flash-decoding) on mma.sync, few query rows per KV head
+//!   against a long KV sequence, with the LSE merge of its splits.
 //! - [`device`]: device queries.
 
 pub mod arch;
 pub mod cache;
+pub mod decode;
 pub mod device;
 pub mod error;
 pub mod hip;
@@ -51,6 +54,9 @@ pub mod wgmma_int8;
 pub mod wgmma_fp8;
 
 pub use arch::Arch;
+#[cfg(feature = "cuda")]
+pub use decode::DecodeKernel;
+pub use decode::{decode_split, DecodeConfig, DecodeParams, DecodePtrs, DecodeSplit, DecodeTile, DecodeUnit, MergeConfig, MergeParams, DECODE_TILES};
 pub use cache::{default_cache_dir, CacheKey, CompileRequest, CompiledKernel, KernelCache, Origin};
 pub use error::{NativeError, Result};
 /// The shared types of quattn's crates that this crate's API takes: launch shape, element type, strides,

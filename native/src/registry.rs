@@ -8,6 +8,7 @@
 
 use crate::arch::Arch;
 use crate::cache::CompileRequest;
+use crate::decode::{DecodeConfig, DecodeUnit};
 use crate::error::Result;
 use crate::hmma::HmmaConfig;
 use crate::int8::Int8Config;
@@ -42,6 +43,9 @@ pub enum NativeKernelId {
     /// FP8 (e4m3) Q·Kᵀ and P·V on mma.sync (sm_89, sm_120a native; sm_90 lowered by ptxas),
     /// a forward variant or its V prepass.
     Fp8Mma(Fp8MmaUnit),
+    /// Split-KV decode on mma.sync (f16/bf16; sm_80 and later): a decode variant (it loads with
+    /// its merge) or, as compiled, the LSE merge of a head dim and output type.
+    Decode(DecodeUnit),
 }
 
 impl NativeKernelId {
@@ -56,6 +60,7 @@ impl NativeKernelId {
         v.extend(Int8WgmmaConfig::all().into_iter().map(NativeKernelId::Int8Wgmma));
         v.extend(Fp8WgmmaUnit::all().into_iter().map(NativeKernelId::Fp8Wgmma));
         v.extend(Fp8MmaUnit::all().into_iter().map(NativeKernelId::Fp8Mma));
+        v.extend(DecodeUnit::all().into_iter().map(NativeKernelId::Decode));
         v
     }
 
@@ -75,6 +80,7 @@ impl NativeKernelId {
             NativeKernelId::Fp8Wgmma(_) => "fwd_fp8_wgmma",
             NativeKernelId::Int8Prepass(_) | NativeKernelId::Int8PrepassPass(_) => "int8_prepass",
             NativeKernelId::Fp8Mma(_) => "fwd_mma_fp8",
+            NativeKernelId::Decode(_) => "fwd_decode",
         }
     }
 
@@ -89,6 +95,7 @@ impl NativeKernelId {
             NativeKernelId::Fp8Wgmma(_) => Fp8WgmmaConfig::TARGETS,
             NativeKernelId::Int8Prepass(_) | NativeKernelId::Int8PrepassPass(_) => Int8PrepassConfig::TARGETS,
             NativeKernelId::Fp8Mma(_) => Fp8MmaConfig::TARGETS,
+            NativeKernelId::Decode(_) => DecodeConfig::TARGETS,
         }
     }
 
@@ -103,6 +110,7 @@ impl NativeKernelId {
             NativeKernelId::Fp8Wgmma(_) => Fp8WgmmaConfig::target_for(cc),
             NativeKernelId::Int8Prepass(_) | NativeKernelId::Int8PrepassPass(_) => Int8PrepassConfig::target_for(cc),
             NativeKernelId::Fp8Mma(_) => Fp8MmaConfig::target_for(cc),
+            NativeKernelId::Decode(_) => DecodeConfig::target_for(cc),
         }
     }
 
@@ -119,6 +127,7 @@ impl NativeKernelId {
             NativeKernelId::Int8Prepass(config) => Box::new(PrepassVariant { config, pass: PrepassPass::Quantize }),
             NativeKernelId::Int8PrepassPass(c) => Box::new(c),
             NativeKernelId::Fp8Mma(u) => Box::new(u),
+            NativeKernelId::Decode(u) => Box::new(u),
         }
     }
 }
@@ -158,6 +167,7 @@ mod store {
     use crate::error::{NativeError, Result};
     use crate::wgmma_fp8::{Fp8WgmmaKernel, Fp8WgmmaUnit};
     use crate::mma_fp8::{Fp8MmaKernel, Fp8MmaUnit};
+    use crate::decode::{DecodeKernel, DecodeUnit};
     use crate::{HmmaKernel, Int8Kernel, Int8Prepass, Int8UmmaKernel, Int8WgmmaKernel, WgmmaKernel};
 
     /// A loaded kernel of any family.
@@ -171,6 +181,7 @@ mod store {
         Fp8Wgmma(Fp8WgmmaKernel),
         Int8Prepass(Int8Prepass),
         Fp8Mma(Fp8MmaKernel),
+        Decode(DecodeKernel),
     }
 
     /// The kernels loaded into one CUDA context, by id: compiled (or read from the disk cache)
@@ -217,6 +228,13 @@ mod store {
                         v.name()
                     )))
                 }
+                NativeKernelId::Decode(DecodeUnit::Attention(c)) => Loaded::Decode(DecodeKernel::load(ctx, c)?),
+                NativeKernelId::Decode(u @ DecodeUnit::Merge(_)) => {
+                    return Err(NativeError::InvalidArgs(format!(
+                        "{} is the LSE merge; it loads with a decode variant",
+                        crate::report::KernelVariant::name(&u)
+                    )))
+                }
                 NativeKernelId::Int8PrepassPass(v) => {
                     return Err(NativeError::InvalidArgs(format!(
                         "{} is one compiled pass; load the prepass through its config",
@@ -255,7 +273,7 @@ mod tests {
     #[test]
     fn every_family_is_in_the_registry() {
         let all = NativeKernelId::all();
-        for family in ["fwd_hmma", "fwd_wgmma", "fwd_int8", "fwd_wgmma_int8", "fwd_int8_umma", "int8_prepass", "fwd_fp8_wgmma", "fwd_mma_fp8"] {
+        for family in ["fwd_hmma", "fwd_wgmma", "fwd_int8", "fwd_wgmma_int8", "fwd_int8_umma", "int8_prepass", "fwd_fp8_wgmma", "fwd_mma_fp8", "fwd_decode"] {
             assert!(all.iter().any(|k| k.family() == family), "{family} missing");
         }
     }

@@ -1,5 +1,7 @@
 //! The CUDA device: native kernels where they support the problem, the portable CubeCL kernels
-//! otherwise. The dispatch table, best first: the warp-specialized wgmma kernel (f16, sm_90a),
+//! otherwise. The dispatch table, best first: the split-KV decode kernel (f16/bf16, sm_80+, at
+//! most 64 query rows per KV head: decode and short chunks, never prefill), the
+//! warp-specialized wgmma kernel (f16, sm_90a),
 //! the mma.sync HMMA kernels (f16/bf16, sm_80+), the native INT8 kernels (tcgen05 UMMA on
 //! compute capability 10.0, s8 wgmma on 9.0, IMMA from sm_80, each after the native
 //! quantization prepass), the native FP8 kernels (e4m3 wgmma on 9.0, e4m3 mma.sync from 8.9,
@@ -22,6 +24,7 @@ use cubecl::cuda::CudaRuntime;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtrMut};
 use half::{bf16, f16};
 use quattn_native::wgmma_fp8::{Fp8WgmmaConfig, Fp8WgmmaUnit};
+use quattn_native::decode::{DecodeConfig, DecodePtrs, DecodeUnit};
 use quattn_native::{
     DescaleGranularity, Fp8Args, Fp8MmaConfig, Fp8MmaUnit, Fp8Ptrs, Fp8P, HmmaConfig, Int8Args, Int8Config, Int8PrepassConfig, Int8Ptrs, Int8UmmaConfig, Int8WgmmaConfig, Loaded,
     ModuleStore, NativeError, NativeKernelId, PrepassLens, PrepassPtrs, WgmmaConfig,
@@ -51,11 +54,24 @@ pub(crate) struct CudaBackend {
     /// Per caller stream: the INT8 prepass outputs and an LSE for kernels that always write
     /// one, grown on demand. Keyed by stream, so work on one stream never races another's.
     scratch: Mutex<HashMap<usize, Scratch>>,
+    /// Per stream: the partial O and LSE of the decode splits, grown on demand (a separate
+    /// lock: decode launches take it inside `launch_native`, which `run_raw` calls holding
+    /// `scratch`).
+    decode_scratch: Mutex<HashMap<usize, DecodeBuffers>>,
+}
+
+/// The f32 partial states of split-KV decode, with their element counts.
+struct DecodeBuffers {
+    part_o: CudaSlice<f32>,
+    part_lse: CudaSlice<f32>,
 }
 
 /// The dispatch table of a CUDA device, best first.
-fn table() -> [Row<CudaBackend>; 12] {
+fn table() -> [Row<CudaBackend>; 13] {
     [
+        // First: it takes only shapes with at most 64 query rows per KV head, where it reads K
+        // and V once per GQA group and splits the sequence to fill the device.
+        Row { family: Family::Native(NativeKind::Decode), test: CudaBackend::decode_row },
         Row { family: Family::Native(NativeKind::Wgmma), test: CudaBackend::wgmma_row },
         Row { family: Family::Native(NativeKind::Hmma), test: CudaBackend::hmma_row },
         Row { family: Family::Native(NativeKind::Int8Umma), test: |b, p, prec| b.int8_row(p, prec, NativeKind::Int8Umma) },
@@ -168,6 +184,7 @@ impl CudaBackend {
             stream,
             cc: (major, minor),
             scratch: Mutex::new(HashMap::new()),
+            decode_scratch: Mutex::new(HashMap::new()),
         })
     }
 
@@ -196,6 +213,77 @@ impl CudaBackend {
         let config = WgmmaConfig::new(problem.head_dim).map_err(|e| Reject::NotApplicable(e.to_string()))?;
         hmma.validate_args(&problem.shape()).map_err(|e| Reject::NotApplicable(e.to_string()))?;
         self.native_choice(NativeKernelId::Wgmma(config), None, None)
+    }
+
+    /// Split-KV decode: f16 or bf16 with f32 accumulation, at most
+    /// [`DecodeConfig::MAX_ROWS`] query rows (`group · q_len`) per KV head. The plan records the
+    /// split the device's occupancy gives ([`quattn_native::decode_split`]).
+    fn decode_row(&self, problem: &AttentionProblem, precision: Precision) -> std::result::Result<Choice, Reject> {
+        let na = |e: String| Reject::NotApplicable(e);
+        let input = match precision {
+            Precision::F16_DEFAULT => Dtype::F16,
+            Precision::BF16_DEFAULT => Dtype::Bf16,
+            _ => return not_applicable(format!("the decode kernel computes f16 or bf16 with f32 accumulation, not {precision}")),
+        };
+        if DecodeConfig::target_for(self.cc).is_none() {
+            return not_applicable(format!("the decode kernel needs sm_80 or newer, this device is {}.{}", self.cc.0, self.cc.1));
+        }
+        if problem.v_head_dim != problem.head_dim {
+            return not_applicable(format!("the decode kernel needs v_head_dim == head_dim (got {} and {})", problem.v_head_dim, problem.head_dim));
+        }
+        let rows = problem.group_size().saturating_mul(problem.q_len);
+        if rows > DecodeConfig::MAX_ROWS {
+            return not_applicable(format!(
+                "{rows} query rows per KV head (group {} x q_len {}): the decode kernel packs at most {} (a prefill shape)",
+                problem.group_size(),
+                problem.q_len,
+                DecodeConfig::MAX_ROWS
+            ));
+        }
+        let config = DecodeConfig::new(problem.head_dim, input, rows).map_err(|e| na(e.to_string()))?;
+        let shape = problem.shape();
+        config.validate_args(&shape).map_err(|e| na(e.to_string()))?;
+        let id = NativeKernelId::Decode(DecodeUnit::Attention(config));
+        let choice = self.native_choice(id, None, None)?;
+        let loaded = self.load(id).map_err(|e| na(e.to_string()))?;
+        let Loaded::Decode(kernel) = &*loaded else {
+            return not_applicable(format!("{id} loaded as another family"));
+        };
+        let split = kernel.split_for(&shape);
+        config.validate_split(&shape, split).map_err(|e| na(e.to_string()))?;
+        log::debug!("decode plan {id}: {} splits of {} keys ({:?} SMs x CTAs per SM)", split.splits, split.keys_per_split, kernel.occupancy());
+        let KernelId::Native(mut n) = choice.kernel else { return Err(Reject::NotApplicable("not a native choice".into())) };
+        n.split = Some(split);
+        Ok(Choice { kernel: KernelId::Native(n), blocking: choice.blocking })
+    }
+
+    /// The partial-state buffers of a decode launch of `need` (O, LSE) elements on `stream`,
+    /// grown on demand; returns their addresses.
+    fn decode_partials(&self, plan: &Plan, stream: &Arc<CudaStream>, need: (usize, usize)) -> Result<(u64, u64)> {
+        let mut map = self.decode_scratch.lock().map_err(|_| Error::Kernel { kernel: plan.kernel_name(), reason: "decode scratch lock poisoned".into() })?;
+        let e = driver_of(plan);
+        let fits = |b: &DecodeBuffers| b.part_o.len() >= need.0 && b.part_lse.len() >= need.1;
+        let key = stream.cu_stream() as usize;
+        if map.get(&key).is_none_or(|b| !fits(b)) {
+            // The old buffers may still be read by work queued on `stream`: let it finish
+            // before they are freed.
+            if map.contains_key(&key) {
+                stream.synchronize().map_err(&e)?;
+            }
+            let s = &self.stream;
+            // SAFETY: every partial state is written by the decode kernel before the merge
+            // reads it.
+            let b = DecodeBuffers {
+                part_o: unsafe { s.alloc::<f32>(need.0.max(4)) }.map_err(&e)?,
+                part_lse: unsafe { s.alloc::<f32>(need.1.max(4)) }.map_err(&e)?,
+            };
+            s.synchronize().map_err(&e)?;
+            map.insert(key, b);
+        }
+        let b = map.get_mut(&key).ok_or_else(|| Error::Kernel { kernel: plan.kernel_name(), reason: "decode scratch missing".into() })?;
+        let part_o = b.part_o.device_ptr_mut(stream).0;
+        let part_lse = b.part_lse.device_ptr_mut(stream).0;
+        Ok((part_o, part_lse))
     }
 
     fn hmma_row(&self, problem: &AttentionProblem, precision: Precision) -> std::result::Result<Choice, Reject> {
@@ -337,7 +425,7 @@ impl CudaBackend {
         for id in std::iter::once(kernel).chain(prepass) {
             self.load(id).map_err(|e| Reject::NotApplicable(format!("{id} does not load: {e}")))?;
         }
-        Ok(Choice { kernel: KernelId::Native(NativeChoice { kernel, prepass }), blocking })
+        Ok(Choice { kernel: KernelId::Native(NativeChoice { kernel, prepass, split: None }), blocking })
     }
 
     /// Prepass buffers for `plan` (allocated on the host-path stream, which is synchronized
@@ -408,6 +496,19 @@ impl CudaBackend {
                 record(&start)?;
                 // SAFETY: as above.
                 unsafe { k.launch_raw(stream, &shape, ptrs5) }.map_err(failed)?;
+            }
+            Loaded::Decode(k) => {
+                let Some(split) = choice.split else {
+                    return Err(Error::Kernel { kernel: name(), reason: "a decode plan without its split".into() });
+                };
+                let (part_o, part_lse) = match split.partial_lens(&shape) {
+                    (0, 0) => (0, 0),
+                    need => self.decode_partials(plan, stream, need)?,
+                };
+                let ptrs = DecodePtrs { q: call.q, k: call.k, v: call.v, o: call.o, lse: call.lse, part_o, part_lse };
+                record(&start)?;
+                // SAFETY: as above; the partial buffers hold `partial_lens` elements.
+                unsafe { k.launch_raw(stream, &shape, split, &ptrs) }.map_err(failed)?;
             }
             Loaded::Int8Imma(_) | Loaded::Int8Wgmma(_) | Loaded::Int8Umma(_) => {
                 let (Some(prepass_id), Some(b)) = (choice.prepass, int8) else {
