@@ -636,14 +636,28 @@ mod tests {
             }
         }
         assert!(top >= 2 * 2 * 64, "every channel's amax is ±448");
-        // Dividing would change some codes: the rounding point is observable, and the codec
-        // (and the emulation, which decodes these codes) follows the product.
+        // Dividing would change some codes: values within an f32 ulp of an E4M3 rounding
+        // midpoint (x = midpoint · scale and its neighbours) tell the product from the quotient,
+        // and there the codec (and the emulation, which decodes its codes) takes the product.
         let mut hunt = 0usize;
-        for i in 0..200_000u32 {
-            let amax = 1.0 + (i % 977) as f32 / 977.0;
+        for i in 0..4000u32 {
+            let amax = 1.0 + i as f32 * 0.000_731;
             let s = amax / 448.0;
-            let x = amax * ((i / 977) as f32 / 205.0);
-            hunt += (e4m3::encode(x * (1.0 / s), Saturation::Saturate) != e4m3::encode(x / s, Saturation::Saturate)) as usize;
+            for mid in [1.0625f32, 1.3125, 1.9375, 12.5, 208.0] {
+                let x0 = mid * s;
+                for d in -3i32..=3 {
+                    let x = f32::from_bits((x0.to_bits() as i32 + d) as u32);
+                    let (prod, quot) = (e4m3::encode(x * (1.0 / s), Saturation::Saturate), e4m3::encode(x / s, Saturation::Saturate));
+                    if prod != quot {
+                        hunt += 1;
+                        // The codec's code of x in a one-key, one-channel V whose amax is amax.
+                        let one = AttentionProblem::new(1, 1, 1, 1).kv_len(2);
+                        let q = quantize_v_e4m3(&one, &[x, amax]).unwrap();
+                        assert_eq!(q.scales[0].to_bits(), s.to_bits());
+                        assert_eq!(q.codes[0], prod, "x {x:e} scale {s:e}: product {prod:#04x}, quotient {quot:#04x}");
+                    }
+                }
+            }
         }
         assert!(differ + hunt > 0, "no value tells the product from the quotient");
         // An all-zero channel takes scale 1 and code 0.
