@@ -232,10 +232,11 @@ fn run_case(session: &Session, p: &AttentionProblem, prec: Precision, strategy: 
 /// The native INT8 prepass's codes, scales, mean and LSE shift against `codec::int8` with
 /// `verify_operands` (bit for bit; the f64 mean within one f32 rounding), for every granularity
 /// with and without smoothing, on the s8 wgmma blocking (Auto on an H100) and the IMMA one, a
-/// GQA BHSD shape with ragged lengths and a BSHD one, K with +8σ outlier channels. Strategy
-/// name `prepass-<strategy>`.
+/// GQA BHSD shape with ragged lengths and a BSHD one, K with +8σ outlier channels; with FP8 P·V
+/// (Auto: the s8 wgmma kernel's e4m3 P·V variant on an H100) also the e4m3 V codes and scales
+/// with `verify_v_operands`. Strategy name `prepass-<strategy>`.
 fn prepass_cases(session: &Session) -> Vec<Case> {
-    use quattn::codec::int8::{verify_operands, DeviceSums, Int8ScaleLayout};
+    use quattn::codec::int8::{verify_operands, verify_v_operands, DeviceSums, Int8ScaleLayout};
     use quattn::{Int8Granularity, PvFormat};
     let shapes = [
         AttentionProblem::new(2, 8, 300, 128).kv_heads(2).kv_len(777),
@@ -248,10 +249,11 @@ fn prepass_cases(session: &Session) -> Vec<Case> {
         // INT8 plans upload f16: check against what the device read.
         let f16 = |x: &[f32]| quattn::codec::float16::round_f16_vec(x);
         let (q, k, v) = (f16(&q), f16(&k), f16(&v));
-        for strategy in [Strategy::Auto, Strategy::Native(quattn::NativeKind::Int8Imma)] {
+        let runs = [(Strategy::Auto, PvFormat::F16), (Strategy::Native(quattn::NativeKind::Int8Imma), PvFormat::F16), (Strategy::Auto, PvFormat::Fp8)];
+        for (strategy, pv) in runs {
             for granularity in [Int8Granularity::PerBlock, Int8Granularity::PerWarp, Int8Granularity::PerThread] {
                 for smooth_k in [false, true] {
-                    let prec = Precision::Int8Qk { granularity, smooth_k, pv: PvFormat::F16 };
+                    let prec = Precision::Int8Qk { granularity, smooth_k, pv };
                     let mut case = Case {
                         device: info.kind.into(),
                         adapter: info.adapter.clone(),
@@ -265,7 +267,11 @@ fn prepass_cases(session: &Session) -> Vec<Case> {
                         reason: None,
                     };
                     let result = (|| -> anyhow::Result<Option<()>> {
-                        let plan = session.plan(&p, prec, strategy)?;
+                        let plan = match session.plan(&p, prec, strategy) {
+                            // FP8 P·V has a native kernel on sm_90a only: elsewhere nothing to check.
+                            Err(Error::UnsupportedPrecision { .. }) if pv == PvFormat::Fp8 => return Ok(None),
+                            other => other?,
+                        };
                         case.kernel = Some(plan.kernel_name());
                         let mut r = session.upload(&plan, &q, &k, &v)?;
                         session.execute(&mut r)?;
@@ -273,13 +279,19 @@ fn prepass_cases(session: &Session) -> Vec<Case> {
                         let layout = Int8ScaleLayout::new(&p, granularity, plan.blocking.unwrap_or_default().int8())?;
                         let fold = p.softmax_scale() * std::f32::consts::LOG2_E;
                         verify_operands(&p, &layout, smooth_k, &q, &k, fold, &ops, DeviceSums::F64MeanCodecShift)?;
+                        match (&ops.v, pv) {
+                            (Some(vo), PvFormat::Fp8) => verify_v_operands(&p, &v, vo)?,
+                            (None, PvFormat::F16) => {}
+                            (Some(_), PvFormat::F16) => anyhow::bail!("an f16 P·V prepass wrote e4m3 V"),
+                            (None, PvFormat::Fp8) => anyhow::bail!("the FP8 P·V prepass wrote no e4m3 V"),
+                        }
                         Ok(Some(()))
                     })();
                     match result {
                         Ok(Some(())) => case.status = "pass",
                         Ok(None) => {
                             case.status = "skip";
-                            case.reason = Some("this plan keeps no INT8 operands (not the native prepass)".into());
+                            case.reason = Some("this plan keeps no INT8 operands (not the native prepass, or FP8 P·V has no native kernel here)".into());
                         }
                         Err(e) => case.reason = Some(format!("{e:#}")),
                     }

@@ -91,4 +91,4 @@ pub use wgmma::{WgmmaConfig, WgmmaParams, WgmmaTile, WGMMA_TILES};
 #[cfg(feature = "cuda")]
 pub use wgmma_int8::Int8WgmmaKernel;
 pub use tma::TmaSpec;
-pub use wgmma_int8::{Int8WgmmaConfig, Int8WgmmaParams};
+pub use wgmma_int8::{vt_key, Int8WgmmaConfig, Int8WgmmaParams, Int8WgmmaPv, INT8_FP8_FLUSH, INT8_FP8_TILES};

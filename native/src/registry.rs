@@ -93,7 +93,8 @@ impl NativeKernelId {
             NativeKernelId::Int8Wgmma(_) => Int8WgmmaConfig::TARGETS,
             NativeKernelId::Int8Umma(_) => Int8UmmaConfig::TARGETS,
             NativeKernelId::Fp8Wgmma(_) => Fp8WgmmaConfig::TARGETS,
-            NativeKernelId::Int8Prepass(_) | NativeKernelId::Int8PrepassPass(_) => Int8PrepassConfig::TARGETS,
+            NativeKernelId::Int8Prepass(c) => c.targets(),
+            NativeKernelId::Int8PrepassPass(v) => v.config.targets(),
             NativeKernelId::Fp8Mma(_) => Fp8MmaConfig::TARGETS,
             NativeKernelId::Decode(_) => DecodeConfig::TARGETS,
         }
@@ -108,7 +109,8 @@ impl NativeKernelId {
             NativeKernelId::Int8Wgmma(_) => Int8WgmmaConfig::target_for(cc),
             NativeKernelId::Int8Umma(_) => Int8UmmaConfig::target_for(cc),
             NativeKernelId::Fp8Wgmma(_) => Fp8WgmmaConfig::target_for(cc),
-            NativeKernelId::Int8Prepass(_) | NativeKernelId::Int8PrepassPass(_) => Int8PrepassConfig::target_for(cc),
+            NativeKernelId::Int8Prepass(c) => c.target_of(cc),
+            NativeKernelId::Int8PrepassPass(v) => v.config.target_of(cc),
             NativeKernelId::Fp8Mma(_) => Fp8MmaConfig::target_for(cc),
             NativeKernelId::Decode(_) => DecodeConfig::target_for(cc),
         }

@@ -33,7 +33,7 @@ use quattn_native::{
 use super::gpu::{CubeclBackend, GpuData};
 use super::{Backend, ResidentData};
 use crate::codec::fp8_scaled::{DescaleLayout, Fp8Tensor};
-use crate::codec::int8::Int8Operands;
+use crate::codec::int8::{E4m3VOperands, Int8Operands};
 use crate::device_tensor::{CubeclTensors, CudaCall};
 use crate::emulation::Blocking;
 use crate::error::{Error, Result};
@@ -95,8 +95,15 @@ struct Int8Buffers {
     q_scale: CudaSlice<f32>,
     k_scale: CudaSlice<f32>,
     mean: Option<CudaSlice<f32>>,
-    partial: Option<CudaSlice<f64>>,
+    k_partial: Option<CudaSlice<f64>>,
     lse_shift: Option<CudaSlice<f32>>,
+    /// e4m3 P·V: the Vᵀ codes, V scales and reciprocals, the stats pass's V scratch.
+    vt_codes: Option<CudaSlice<u8>>,
+    v_scale: Option<CudaSlice<f32>>,
+    v_inv: Option<CudaSlice<f32>>,
+    v_partial: Option<CudaSlice<f32>>,
+    /// The stats pass's tickets (zeroed once; every launch leaves them zero).
+    tickets: Option<CudaSlice<u32>>,
 }
 
 /// Scratch of one stream.
@@ -295,14 +302,16 @@ impl CudaBackend {
         self.native_choice(NativeKernelId::Hmma(config), None, None)
     }
 
-    /// An INT8 family: its kernel, the blocking its scales need, and the prepass for them.
+    /// An INT8 family: its kernel, the blocking its scales need, and the prepass for them. FP8
+    /// P·V runs on the s8 wgmma family only (its e4m3 P·V variant, V quantized by the prepass).
     fn int8_row(&self, problem: &AttentionProblem, precision: Precision, family: NativeKind) -> std::result::Result<Choice, Reject> {
         let na = |e: String| Reject::NotApplicable(e);
         let Precision::Int8Qk { granularity, smooth_k, pv } = precision else {
             return not_applicable(format!("the native INT8 kernels compute INT8 Q/K, not {precision}"));
         };
-        if pv != PvFormat::F16 {
-            return not_applicable("the native INT8 kernels take f16 P·V only");
+        let fp8_pv = pv == PvFormat::Fp8;
+        if fp8_pv && family != NativeKind::Int8Wgmma {
+            return not_applicable("this native INT8 kernel takes f16 P·V only; FP8 P·V runs on the s8 wgmma kernel (sm_90a)");
         }
         if problem.v_head_dim != problem.head_dim {
             return not_applicable(format!("native INT8 kernels need v_head_dim == head_dim (got {} and {})", problem.v_head_dim, problem.head_dim));
@@ -320,7 +329,8 @@ impl CudaBackend {
                 if Int8WgmmaConfig::target_for(self.cc).is_none() {
                     return not_applicable(format!("the s8 wgmma kernel needs compute capability 9.0 (sm_90a), this device is {}.{}", self.cc.0, self.cc.1));
                 }
-                let c = Int8WgmmaConfig::new(problem.head_dim, g).map_err(|e| na(e.to_string()))?;
+                let c = if fp8_pv { Int8WgmmaConfig::new_fp8(problem.head_dim, g) } else { Int8WgmmaConfig::new(problem.head_dim, g) }
+                    .map_err(|e| na(e.to_string()))?;
                 (NativeKernelId::Int8Wgmma(c), c.blocking().map_err(|e| na(e.to_string()))?)
             }
             _ => {
@@ -334,8 +344,8 @@ impl CudaBackend {
         let blocking = Blocking { block_q: b.block_q, block_k: b.block_k, warps: b.warps, ..Blocking::default() };
         blocking.validate(problem, precision).map_err(|e| na(e.to_string()))?;
         // The INT8 plans take f16 Q, K and V.
-        let prepass = Int8PrepassConfig::new(problem.head_dim, Dtype::F16, b, g, smooth_k)
-            .map_err(|e| na(e.to_string()))?;
+        let prepass = Int8PrepassConfig::new(problem.head_dim, Dtype::F16, b, g, smooth_k).map_err(|e| na(e.to_string()))?;
+        let prepass = if fp8_pv { prepass.with_v_fp8() } else { prepass };
         prepass.validate_args(&problem.shape()).map_err(|e| na(e.to_string()))?;
         self.native_choice(id, Some(NativeKernelId::Int8Prepass(prepass)), Some(blocking))
     }
@@ -435,7 +445,8 @@ impl CudaBackend {
         let name = plan.kernel_name();
         let e = driver(&name);
         let s = &self.stream;
-        // SAFETY (alloc): every buffer is written by the prepass before anything reads it.
+        // SAFETY (alloc): every buffer but the tickets is written by the prepass before
+        // anything reads it; the tickets start at zero.
         let opt = |n: usize| if n == 0 { Ok(None) } else { unsafe { s.alloc::<f32>(n) }.map(Some) };
         let b = Int8Buffers {
             q_codes: unsafe { s.alloc::<u8>(lens.q_codes.max(16)) }.map_err(&e)?,
@@ -443,8 +454,13 @@ impl CudaBackend {
             q_scale: unsafe { s.alloc::<f32>(lens.q_scale.max(4)) }.map_err(&e)?,
             k_scale: unsafe { s.alloc::<f32>(lens.k_scale.max(4)) }.map_err(&e)?,
             mean: opt(lens.mean).map_err(&e)?,
-            partial: if lens.partial == 0 { None } else { Some(unsafe { s.alloc::<f64>(lens.partial) }.map_err(&e)?) },
+            k_partial: if lens.k_partial == 0 { None } else { Some(unsafe { s.alloc::<f64>(lens.k_partial) }.map_err(&e)?) },
             lse_shift: opt(lens.lse_shift).map_err(&e)?,
+            vt_codes: if lens.vt_codes == 0 { None } else { Some(unsafe { s.alloc::<u8>(lens.vt_codes) }.map_err(&e)?) },
+            v_scale: opt(lens.v_scale).map_err(&e)?,
+            v_inv: opt(lens.v_inv).map_err(&e)?,
+            v_partial: opt(lens.v_partial).map_err(&e)?,
+            tickets: if lens.tickets == 0 { None } else { Some(s.alloc_zeros::<u32>(lens.tickets).map_err(&e)?) },
             lens,
         };
         s.synchronize().map_err(&e)?;
@@ -520,11 +536,18 @@ impl CudaBackend {
                 let (q_codes, k_codes) = (b.q_codes.device_ptr_mut(ps).0, b.k_codes.device_ptr_mut(ps).0);
                 let mut addr = |x: &mut CudaSlice<f32>| x.device_ptr_mut(ps).0;
                 let (q_scale, k_scale) = (addr(&mut b.q_scale), addr(&mut b.k_scale));
-                let mean = b.mean.as_mut().map(&mut addr).unwrap_or(0);
-                let lse_shift = b.lse_shift.as_mut().map(&mut addr).unwrap_or(0);
-                let partial = b.partial.as_mut().map(|x| x.device_ptr_mut(ps).0).unwrap_or(0);
-                let pre = PrepassPtrs { q: call.q, k: call.k, q_codes, k_codes, q_scale, k_scale, mean, partial, lse_shift };
-                // SAFETY: Q and K cover the problem (checked or allocated for it); the outputs
+                let mut opt = |x: &mut Option<CudaSlice<f32>>| x.as_mut().map(&mut addr).unwrap_or(0);
+                let (mean, lse_shift) = (opt(&mut b.mean), opt(&mut b.lse_shift));
+                let (v_scale, v_inv, v_partial) = (opt(&mut b.v_scale), opt(&mut b.v_inv), opt(&mut b.v_partial));
+                let k_partial = b.k_partial.as_mut().map(|x| x.device_ptr_mut(ps).0).unwrap_or(0);
+                let vt_codes = b.vt_codes.as_mut().map(|x| x.device_ptr_mut(ps).0).unwrap_or(0);
+                let tickets = b.tickets.as_mut().map(|x| x.device_ptr_mut(ps).0).unwrap_or(0);
+                let v = if vt_codes != 0 { call.v } else { 0 };
+                let pre = PrepassPtrs {
+                    q: call.q, k: call.k, v, q_codes, k_codes, vt_codes, q_scale, k_scale, mean, k_partial, v_scale, v_inv, v_partial,
+                    tickets, lse_shift,
+                };
+                // SAFETY: Q, K and V cover the problem (checked or allocated for it); the outputs
                 // were allocated for this problem and config (`Int8PrepassConfig::required_lens`).
                 unsafe { prepass.launch_raw(stream, &shape, &pre) }.map_err(|e| native_err("int8_prepass", e))?;
                 record(&start)?;
@@ -533,6 +556,8 @@ impl CudaBackend {
                 // SAFETY: as above; the launchers check arguments, alignment and non-null pointers.
                 match &*kernel {
                     Loaded::Int8Imma(k) => unsafe { k.launch_raw(stream, &args, &ptrs) },
+                    // e4m3 P·V reads the prepass's Vᵀ codes and V scales instead of V.
+                    Loaded::Int8Wgmma(k) if k.config().pv_fp8() => unsafe { k.launch_fp8_raw(stream, &args, &Int8Ptrs { v: vt_codes, ..ptrs }, v_scale) },
                     Loaded::Int8Wgmma(k) => unsafe { k.launch_raw(stream, &args, &ptrs) },
                     Loaded::Int8Umma(k) => {
                         let a = [ptrs.q, ptrs.k, ptrs.v, ptrs.o, ptrs.lse, ptrs.q_scale, ptrs.k_scale, ptrs.lse_shift];
@@ -595,12 +620,7 @@ impl CudaBackend {
         }
         if let Some(NativeKernelId::Int8Prepass(config)) = choice.prepass {
             let need = config.required_lens(&plan.problem.shape()).map_err(|e| native_err("int8_prepass", e))?;
-            let fits = |b: &Int8Buffers| {
-                let (h, n) = (&b.lens, &need);
-                h.q_codes >= n.q_codes && h.k_codes >= n.k_codes && h.q_scale >= n.q_scale && h.k_scale >= n.k_scale
-                    && h.mean >= n.mean && h.partial >= n.partial && h.lse_shift >= n.lse_shift
-            };
-            if s.int8.as_ref().is_none_or(|b| !fits(b)) {
+            if s.int8.as_ref().is_none_or(|b| !b.lens.covers(&need)) {
                 s.int8 = Some(self.alloc_int8(plan, &config)?);
             }
         }
@@ -815,6 +835,33 @@ impl Backend for CudaBackend {
         let lens = &b.lens;
         let codes = |x: &CudaSlice<u8>, n: usize| -> Result<Vec<i8>> { Ok(s.clone_dtoh(x).map_err(&e)?[..n].iter().map(|&c| c as i8).collect()) };
         let floats = |x: &CudaSlice<f32>, n: usize| -> Result<Vec<f32>> { Ok(s.clone_dtoh(x).map_err(&e)?[..n].to_vec()) };
+        let v = match (&b.vt_codes, &b.v_scale) {
+            (Some(vt), Some(vs)) => {
+                // Vᵀ [b, kv_heads, d, kv_pad] with the kernel's key permutation, back to dense
+                // [b, kv_heads, kv_len, d]; the padding past kv_len must be zero.
+                let p = &plan.problem;
+                let (d, n) = (p.head_dim, p.kv_len);
+                let pad = Int8PrepassConfig::kv_pad(&p.shape());
+                let raw = s.clone_dtoh(vt).map_err(&e)?;
+                let mut codes = vec![0u8; p.batch * p.kv_heads * n * d];
+                let mut padding_nonzero = 0;
+                for bh in 0..p.batch * p.kv_heads {
+                    for c in 0..d {
+                        let row = &raw[(bh * d + c) * pad..][..pad];
+                        for (col, &x) in row.iter().enumerate() {
+                            let key = quattn_native::vt_key(col);
+                            if key < n {
+                                codes[(bh * n + key) * d + c] = x;
+                            } else {
+                                padding_nonzero += (x != 0) as usize;
+                            }
+                        }
+                    }
+                }
+                Some(E4m3VOperands { codes, scales: floats(vs, lens.v_scale)?, padding_nonzero })
+            }
+            _ => None,
+        };
         Ok(Some(Int8Operands {
             q_codes: codes(&b.q_codes, lens.q_codes)?,
             q_scales: floats(&b.q_scale, lens.q_scale)?,
@@ -822,6 +869,7 @@ impl Backend for CudaBackend {
             k_scales: floats(&b.k_scale, lens.k_scale)?,
             k_mean: b.mean.as_ref().map(|m| floats(m, lens.mean)).transpose()?,
             lse_shift: b.lse_shift.as_ref().map(|m| floats(m, lens.lse_shift)).transpose()?,
+            v,
         }))
     }
 
