@@ -35,6 +35,8 @@ pub mod int8;
 pub mod int8_prepass;
 mod fp8;
 pub mod mma_fp8;
+pub mod nvfp4;
+pub mod nvfp4_quant;
 pub mod nvrtc;
 pub mod registry;
 pub mod report;

@@ -14,6 +14,8 @@ use crate::int8::Int8Config;
 use crate::int8_prepass::{Int8PrepassConfig, PrepassPass, PrepassVariant};
 use crate::int8_umma::Int8UmmaConfig;
 use crate::mma_fp8::{Fp8MmaConfig, Fp8MmaUnit};
+use crate::nvfp4::Nvfp4Config;
+use crate::nvfp4_quant::Nvfp4QuantConfig;
 use crate::report::KernelVariant;
 use crate::wgmma::WgmmaConfig;
 use crate::wgmma_int8::Int8WgmmaConfig;
@@ -42,6 +44,11 @@ pub enum NativeKernelId {
     /// FP8 (e4m3) Q·Kᵀ and P·V on mma.sync (sm_89, sm_120a native; sm_90 lowered by ptxas),
     /// a forward variant or its V prepass.
     Fp8Mma(Fp8MmaUnit),
+    /// NVFP4 Q·Kᵀ on the block-scaled mma.sync (sm_120a; compiled and SASS-checked, not run on
+    /// hardware).
+    Nvfp4(Nvfp4Config),
+    /// The NVFP4 / MXFP4 quantization prepass (every target).
+    Nvfp4Quant(Nvfp4QuantConfig),
 }
 
 impl NativeKernelId {
@@ -56,6 +63,8 @@ impl NativeKernelId {
         v.extend(Int8WgmmaConfig::all().into_iter().map(NativeKernelId::Int8Wgmma));
         v.extend(Fp8WgmmaUnit::all().into_iter().map(NativeKernelId::Fp8Wgmma));
         v.extend(Fp8MmaUnit::all().into_iter().map(NativeKernelId::Fp8Mma));
+        v.extend(Nvfp4Config::all().into_iter().map(NativeKernelId::Nvfp4));
+        v.extend(Nvfp4QuantConfig::all().into_iter().map(NativeKernelId::Nvfp4Quant));
         v
     }
 
@@ -75,6 +84,8 @@ impl NativeKernelId {
             NativeKernelId::Fp8Wgmma(_) => "fwd_fp8_wgmma",
             NativeKernelId::Int8Prepass(_) | NativeKernelId::Int8PrepassPass(_) => "int8_prepass",
             NativeKernelId::Fp8Mma(_) => "fwd_mma_fp8",
+            NativeKernelId::Nvfp4(_) => "fwd_nvfp4",
+            NativeKernelId::Nvfp4Quant(_) => "nvfp4_quant",
         }
     }
 
@@ -89,6 +100,8 @@ impl NativeKernelId {
             NativeKernelId::Fp8Wgmma(_) => Fp8WgmmaConfig::TARGETS,
             NativeKernelId::Int8Prepass(_) | NativeKernelId::Int8PrepassPass(_) => Int8PrepassConfig::TARGETS,
             NativeKernelId::Fp8Mma(_) => Fp8MmaConfig::TARGETS,
+            NativeKernelId::Nvfp4(_) => Nvfp4Config::TARGETS,
+            NativeKernelId::Nvfp4Quant(_) => Nvfp4QuantConfig::TARGETS,
         }
     }
 
@@ -103,6 +116,8 @@ impl NativeKernelId {
             NativeKernelId::Fp8Wgmma(_) => Fp8WgmmaConfig::target_for(cc),
             NativeKernelId::Int8Prepass(_) | NativeKernelId::Int8PrepassPass(_) => Int8PrepassConfig::target_for(cc),
             NativeKernelId::Fp8Mma(_) => Fp8MmaConfig::target_for(cc),
+            NativeKernelId::Nvfp4(_) => Nvfp4Config::target_for(cc),
+            NativeKernelId::Nvfp4Quant(_) => Nvfp4QuantConfig::target_for(cc),
         }
     }
 
@@ -119,6 +134,8 @@ impl NativeKernelId {
             NativeKernelId::Int8Prepass(config) => Box::new(PrepassVariant { config, pass: PrepassPass::Quantize }),
             NativeKernelId::Int8PrepassPass(c) => Box::new(c),
             NativeKernelId::Fp8Mma(u) => Box::new(u),
+            NativeKernelId::Nvfp4(c) => Box::new(c),
+            NativeKernelId::Nvfp4Quant(c) => Box::new(c),
         }
     }
 }
@@ -171,6 +188,8 @@ mod store {
         Fp8Wgmma(Fp8WgmmaKernel),
         Int8Prepass(Int8Prepass),
         Fp8Mma(Fp8MmaKernel),
+        Nvfp4(crate::nvfp4::Nvfp4Kernel),
+        Nvfp4Quant(crate::nvfp4_quant::Nvfp4Quant),
     }
 
     /// The kernels loaded into one CUDA context, by id: compiled (or read from the disk cache)
@@ -217,6 +236,8 @@ mod store {
                         v.name()
                     )))
                 }
+                NativeKernelId::Nvfp4(c) => Loaded::Nvfp4(crate::nvfp4::Nvfp4Kernel::load(ctx, c)?),
+                NativeKernelId::Nvfp4Quant(c) => Loaded::Nvfp4Quant(crate::nvfp4_quant::Nvfp4Quant::load(ctx, c)?),
                 NativeKernelId::Int8PrepassPass(v) => {
                     return Err(NativeError::InvalidArgs(format!(
                         "{} is one compiled pass; load the prepass through its config",
@@ -255,7 +276,7 @@ mod tests {
     #[test]
     fn every_family_is_in_the_registry() {
         let all = NativeKernelId::all();
-        for family in ["fwd_hmma", "fwd_wgmma", "fwd_int8", "fwd_wgmma_int8", "fwd_int8_umma", "int8_prepass", "fwd_fp8_wgmma", "fwd_mma_fp8"] {
+        for family in ["fwd_hmma", "fwd_wgmma", "fwd_int8", "fwd_wgmma_int8", "fwd_int8_umma", "int8_prepass", "fwd_fp8_wgmma", "fwd_mma_fp8", "fwd_nvfp4", "nvfp4_quant"] {
             assert!(all.iter().any(|k| k.family() == family), "{family} missing");
         }
     }
