@@ -71,6 +71,9 @@ pub enum NativeKind {
     /// FP8 e4m3 Q·Kᵀ on mma.sync (native on sm_89 and sm_120a, compiled and SASS-checked, not
     /// run on such hardware; on sm_90 the same PTX runs as an f16 sequence).
     Fp8Mma,
+    /// NVFP4 Q·Kᵀ on the block-scaled mma.sync (sm_120a; compiled and SASS-checked, not run on
+    /// hardware, no launch path in the facade yet: its row never selects it).
+    Nvfp4,
 }
 
 impl NativeKind {
@@ -83,6 +86,7 @@ impl NativeKind {
             NativeKind::Int8Umma => "int8-umma",
             NativeKind::Fp8Wgmma => "fp8-wgmma",
             NativeKind::Fp8Mma => "fp8-mma",
+            NativeKind::Nvfp4 => "nvfp4",
         }
     }
 }

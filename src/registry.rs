@@ -31,7 +31,7 @@ pub enum Family {
 
 impl Family {
     /// Every family, in no particular order (each backend's table orders its own rows).
-    pub const ALL: [Family; 14] = [
+    pub const ALL: [Family; 15] = [
         Family::Cpu,
         Family::Emulation,
         Family::Portable(PortableKind::Fma),
@@ -46,6 +46,7 @@ impl Family {
         Family::Native(NativeKind::Int8Umma),
         Family::Native(NativeKind::Fp8Wgmma),
         Family::Native(NativeKind::Fp8Mma),
+        Family::Native(NativeKind::Nvfp4),
     ];
 
     /// Whether `strategy` lets dispatch consider this family.
@@ -148,6 +149,7 @@ fn native_kind(k: &quattn_native::NativeKernelId) -> NativeKind {
         N::Int8Prepass(_) | N::Int8PrepassPass(_) => NativeKind::Int8Imma,
         N::Fp8Wgmma(_) => NativeKind::Fp8Wgmma,
         N::Fp8Mma(_) => NativeKind::Fp8Mma,
+        N::Nvfp4(_) | N::Nvfp4Quant(_) => NativeKind::Nvfp4,
     }
 }
 

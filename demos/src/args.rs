@@ -59,6 +59,7 @@ pub enum NativeArg {
     Int8Umma,
     Fp8Wgmma,
     Fp8Mma,
+    Nvfp4,
 }
 
 /// Portable (CubeCL) kernel family with `--strategy portable`.
@@ -147,6 +148,7 @@ impl DeviceOpts {
                 NativeArg::Int8Umma => NativeKind::Int8Umma,
                 NativeArg::Fp8Wgmma => NativeKind::Fp8Wgmma,
                 NativeArg::Fp8Mma => NativeKind::Fp8Mma,
+                NativeArg::Nvfp4 => NativeKind::Nvfp4,
             }),
         }
     }

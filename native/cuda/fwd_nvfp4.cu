@@ -467,7 +467,8 @@ extern "C" __global__ void __launch_bounds__(cfg::THREADS, 1) fwd_nvfp4(const Nv
                 float tile[4] = {0.f, 0.f, 0.f, 0.f};
                 warp_mma_nvfp4(tile, pa, b0, b1, sa, sb);
 #pragma unroll
-                for (int e = 0; e < 4; ++e) o[n][e] = fmaf(tile[e], ts_pv, o[n][e]);
+                // acc·alpha + tile·(ts_p·ts_v), two roundings: the emulation's order.
+                for (int e = 0; e < 4; ++e) o[n][e] = __fadd_rn(o[n][e], __fmul_rn(tile[e], ts_pv));
             }
         }
 #endif

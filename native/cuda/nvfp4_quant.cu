@@ -38,6 +38,8 @@
 static_assert(HEAD_DIM % 32 == 0, "HEAD_DIM must be a multiple of 32 (16-byte loads of whole blocks)");
 #define BLOCKS_PER_ROW (HEAD_DIM / BLOCK)
 #define THREADS 256
+// Largest grid of the amax pass (a few CTAs per SM on every target; more would only add atomics).
+#define AMAX_CTAS 1024
 
 struct Nvfp4QuantParams {
     u64 src;          // f16 / bf16 elements with the strides below (head dim contiguous)
@@ -139,6 +141,29 @@ extern "C" __global__ void __launch_bounds__(THREADS) nvfp4_quant(const Nvfp4Qua
     const int blk = blockIdx.x * THREADS + threadIdx.x;
     const int n_blocks = p.rows * BLOCKS_PER_ROW;
     float x[BLOCK];
+#if FORMAT == 0
+    if (p.mode == 0) {
+        // Grid-stride over the blocks with a grid of at most AMAX_CTAS, then one atomic per CTA:
+        // atomics on one word serialize in L2, so their count, not the read, would set the time.
+        float m = 0.f;
+        for (int i = blk; i < n_blocks; i += gridDim.x * THREADS) {
+            thread_load_block(p, i, x);
+#pragma unroll
+            for (int j = 0; j < BLOCK; ++j) m = fmaxf(m, fabsf(x[j]));
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        __shared__ float warp_max[THREADS / 32];
+        if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = m;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+#pragma unroll
+            for (int w = 1; w < THREADS / 32; ++w) m = fmaxf(m, warp_max[w]);
+            atomicMax(reinterpret_cast<u32*>(p.amax), __float_as_uint(m));
+        }
+        return;
+    }
+#endif
     float bamax = 0.f;
     if (blk < n_blocks) {
         thread_load_block(p, blk, x);
@@ -146,12 +171,6 @@ extern "C" __global__ void __launch_bounds__(THREADS) nvfp4_quant(const Nvfp4Qua
         for (int i = 0; i < BLOCK; ++i) bamax = fmaxf(bamax, fabsf(x[i]));
     }
 #if FORMAT == 0
-    if (p.mode == 0) {
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) bamax = fmaxf(bamax, __shfl_xor_sync(0xffffffffu, bamax, o));
-        if ((threadIdx.x & 31) == 0) atomicMax(reinterpret_cast<u32*>(p.amax), __float_as_uint(bamax));
-        return;
-    }
     const float amax = __uint_as_float(*reinterpret_cast<const u32*>(p.amax));
     float ts = 1.f;
     if (amax != 0.f) ts = fmaxf(__fdiv_rn(amax, 2688.f), 1.175494351e-38f);

@@ -34,6 +34,9 @@ use crate::report::KernelVariant;
 const KERNEL: &str = "nvfp4_quant";
 /// Threads per CTA, one per scale block (mirror of `THREADS`).
 pub const THREADS: u32 = 256;
+/// Largest grid of the NVFP4 amax pass, a grid-stride loop with one atomic per CTA (mirror of
+/// `AMAX_CTAS`).
+pub const AMAX_CTAS: u32 = 1024;
 
 /// The 4-bit block-scaled format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
@@ -152,7 +155,11 @@ impl Nvfp4QuantConfig {
         let rows = batch.checked_mul(heads).and_then(|x| x.checked_mul(seq));
         match rows {
             None | Some(0) => return bad(format!("empty or oversized source {batch}x{heads}x{seq}")),
-            Some(r) if r.saturating_mul(self.head_dim as usize / self.format.block()) > i32::MAX as usize => {
+            // The kernel's block index and the amax pass's grid stride stay within i32.
+            Some(r)
+                if r.saturating_mul(self.head_dim as usize / self.format.block())
+                    > (i32::MAX as usize - (AMAX_CTAS * THREADS) as usize) =>
+            {
                 return bad(format!("{r} rows exceed the i32 block index"))
             }
             _ => {}
@@ -436,7 +443,6 @@ mod launch {
                 return Err(NativeError::InvalidArgs("source and codes must be 16-byte aligned, scales non-null".into()));
             }
             let rows = batch * heads * seq;
-            let cfg = LaunchConfig { grid_dim: (self.config.grid(rows), 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
             let modes: &[u32] = match self.config.format {
                 Fp4Format::Nvfp4 => {
                     if ptrs.amax == 0 || ptrs.tensor_scale == 0 {
@@ -451,6 +457,8 @@ mod launch {
                 Fp4Format::Mxfp4 => &[1],
             };
             for &mode in modes {
+                let grid = if mode == 0 { self.config.grid(rows).min(AMAX_CTAS) } else { self.config.grid(rows) };
+                let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
                 let params = self.config.params(mode, batch, heads, seq, strides, ptrs);
                 let mut b = stream.launch_builder(&self.function);
                 b.arg(&params);

@@ -55,6 +55,7 @@ fn the_polynomial_exp2_moves_scores_off_mufu() {
         r.instructions.get("MUFU.EX2").copied().unwrap_or(0)
     };
     let (mufu, poly) = (ex2(0), ex2(2));
+    println!("MUFU.EX2 in the SASS: {mufu} without the polynomial, {poly} with it");
     // 2 rows x 16 scores per lane per tile on MUFU without the polynomial; half of them with it.
     assert!(mufu >= 32, "{mufu}");
     assert!(poly + 16 <= mufu, "MUFU.EX2: {poly} with the polynomial, {mufu} without");
