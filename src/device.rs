@@ -87,6 +87,9 @@ pub enum NativeKind {
     /// the query rows of a GQA group (times q_len, at most 64) in one tile against a slice of
     /// the keys, the slices merged by their LSE.
     Decode,
+    /// NVFP4 Q·Kᵀ on the block-scaled mma.sync (sm_120a; compiled and SASS-checked, not run on
+    /// hardware, no launch path in the facade yet: its row never selects it).
+    Nvfp4,
 }
 
 impl NativeKind {
@@ -102,6 +105,7 @@ impl NativeKind {
             NativeKind::HipMfma => "mfma",
             NativeKind::HipMfmaFp8 => "mfma-fp8",
             NativeKind::Decode => "decode",
+            NativeKind::Nvfp4 => "nvfp4",
         }
     }
 }

@@ -31,7 +31,7 @@ pub enum Family {
 
 impl Family {
     /// Every family, in no particular order (each backend's table orders its own rows).
-    pub const ALL: [Family; 17] = [
+    pub const ALL: [Family; 18] = [
         Family::Cpu,
         Family::Emulation,
         Family::Portable(PortableKind::Fma),
@@ -49,6 +49,7 @@ impl Family {
         Family::Native(NativeKind::HipMfma),
         Family::Native(NativeKind::HipMfmaFp8),
         Family::Native(NativeKind::Decode),
+        Family::Native(NativeKind::Nvfp4),
     ];
 
     /// Whether `strategy` lets dispatch consider this family.
@@ -163,6 +164,7 @@ fn native_kind(k: &quattn_native::NativeKernelId) -> NativeKind {
         N::Fp8Wgmma(_) => NativeKind::Fp8Wgmma,
         N::Fp8Mma(_) => NativeKind::Fp8Mma,
         N::Decode(_) => NativeKind::Decode,
+        N::Nvfp4(_) | N::Nvfp4Quant(_) => NativeKind::Nvfp4,
     }
 }
 

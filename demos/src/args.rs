@@ -67,6 +67,7 @@ pub enum NativeArg {
     MfmaFp8,
     /// Split-KV decode (q_len x GQA group <= 64 rows per KV head).
     Decode,
+    Nvfp4,
 }
 
 /// Portable (CubeCL) kernel family with `--strategy portable`.
@@ -159,6 +160,7 @@ impl DeviceOpts {
                 NativeArg::Mfma => NativeKind::HipMfma,
                 NativeArg::MfmaFp8 => NativeKind::HipMfmaFp8,
                 NativeArg::Decode => NativeKind::Decode,
+                NativeArg::Nvfp4 => NativeKind::Nvfp4,
             }),
         }
     }

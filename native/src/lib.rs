@@ -43,6 +43,8 @@ pub mod int8;
 pub mod int8_prepass;
 pub mod fp8;
 pub mod mma_fp8;
+pub mod nvfp4;
+pub mod nvfp4_quant;
 pub mod nvrtc;
 pub mod registry;
 pub mod report;

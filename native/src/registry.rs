@@ -15,6 +15,8 @@ use crate::int8::Int8Config;
 use crate::int8_prepass::{Int8PrepassConfig, PrepassPass, PrepassVariant};
 use crate::int8_umma::Int8UmmaConfig;
 use crate::mma_fp8::{Fp8MmaConfig, Fp8MmaUnit};
+use crate::nvfp4::Nvfp4Config;
+use crate::nvfp4_quant::Nvfp4QuantConfig;
 use crate::report::KernelVariant;
 use crate::wgmma::WgmmaConfig;
 use crate::wgmma_int8::Int8WgmmaConfig;
@@ -46,6 +48,11 @@ pub enum NativeKernelId {
     /// Split-KV decode on mma.sync (f16/bf16; sm_80 and later): a decode variant (it loads with
     /// its merge) or, as compiled, the LSE merge of a head dim and output type.
     Decode(DecodeUnit),
+    /// NVFP4 Q·Kᵀ on the block-scaled mma.sync (sm_120a; compiled and SASS-checked, not run on
+    /// hardware).
+    Nvfp4(Nvfp4Config),
+    /// The NVFP4 / MXFP4 quantization prepass (every target).
+    Nvfp4Quant(Nvfp4QuantConfig),
 }
 
 impl NativeKernelId {
@@ -61,6 +68,8 @@ impl NativeKernelId {
         v.extend(Fp8WgmmaUnit::all().into_iter().map(NativeKernelId::Fp8Wgmma));
         v.extend(Fp8MmaUnit::all().into_iter().map(NativeKernelId::Fp8Mma));
         v.extend(DecodeUnit::all().into_iter().map(NativeKernelId::Decode));
+        v.extend(Nvfp4Config::all().into_iter().map(NativeKernelId::Nvfp4));
+        v.extend(Nvfp4QuantConfig::all().into_iter().map(NativeKernelId::Nvfp4Quant));
         v
     }
 
@@ -81,6 +90,8 @@ impl NativeKernelId {
             NativeKernelId::Int8Prepass(_) | NativeKernelId::Int8PrepassPass(_) => "int8_prepass",
             NativeKernelId::Fp8Mma(_) => "fwd_mma_fp8",
             NativeKernelId::Decode(_) => "fwd_decode",
+            NativeKernelId::Nvfp4(_) => "fwd_nvfp4",
+            NativeKernelId::Nvfp4Quant(_) => "nvfp4_quant",
         }
     }
 
@@ -97,6 +108,8 @@ impl NativeKernelId {
             NativeKernelId::Int8PrepassPass(v) => v.config.targets(),
             NativeKernelId::Fp8Mma(_) => Fp8MmaConfig::TARGETS,
             NativeKernelId::Decode(_) => DecodeConfig::TARGETS,
+            NativeKernelId::Nvfp4(_) => Nvfp4Config::TARGETS,
+            NativeKernelId::Nvfp4Quant(_) => Nvfp4QuantConfig::TARGETS,
         }
     }
 
@@ -113,6 +126,8 @@ impl NativeKernelId {
             NativeKernelId::Int8PrepassPass(v) => v.config.target_of(cc),
             NativeKernelId::Fp8Mma(_) => Fp8MmaConfig::target_for(cc),
             NativeKernelId::Decode(_) => DecodeConfig::target_for(cc),
+            NativeKernelId::Nvfp4(_) => Nvfp4Config::target_for(cc),
+            NativeKernelId::Nvfp4Quant(_) => Nvfp4QuantConfig::target_for(cc),
         }
     }
 
@@ -130,6 +145,8 @@ impl NativeKernelId {
             NativeKernelId::Int8PrepassPass(c) => Box::new(c),
             NativeKernelId::Fp8Mma(u) => Box::new(u),
             NativeKernelId::Decode(u) => Box::new(u),
+            NativeKernelId::Nvfp4(c) => Box::new(c),
+            NativeKernelId::Nvfp4Quant(c) => Box::new(c),
         }
     }
 }
@@ -184,6 +201,8 @@ mod store {
         Int8Prepass(Int8Prepass),
         Fp8Mma(Fp8MmaKernel),
         Decode(DecodeKernel),
+        Nvfp4(crate::nvfp4::Nvfp4Kernel),
+        Nvfp4Quant(crate::nvfp4_quant::Nvfp4Quant),
     }
 
     /// The kernels loaded into one CUDA context, by id: compiled (or read from the disk cache)
@@ -237,6 +256,8 @@ mod store {
                         crate::report::KernelVariant::name(&u)
                     )))
                 }
+                NativeKernelId::Nvfp4(c) => Loaded::Nvfp4(crate::nvfp4::Nvfp4Kernel::load(ctx, c)?),
+                NativeKernelId::Nvfp4Quant(c) => Loaded::Nvfp4Quant(crate::nvfp4_quant::Nvfp4Quant::load(ctx, c)?),
                 NativeKernelId::Int8PrepassPass(v) => {
                     return Err(NativeError::InvalidArgs(format!(
                         "{} is one compiled pass; load the prepass through its config",
@@ -275,7 +296,7 @@ mod tests {
     #[test]
     fn every_family_is_in_the_registry() {
         let all = NativeKernelId::all();
-        for family in ["fwd_hmma", "fwd_wgmma", "fwd_int8", "fwd_wgmma_int8", "fwd_int8_umma", "int8_prepass", "fwd_fp8_wgmma", "fwd_mma_fp8", "fwd_decode"] {
+        for family in ["fwd_hmma", "fwd_wgmma", "fwd_int8", "fwd_wgmma_int8", "fwd_int8_umma", "int8_prepass", "fwd_fp8_wgmma", "fwd_mma_fp8", "fwd_decode", "fwd_nvfp4", "nvfp4_quant"] {
             assert!(all.iter().any(|k| k.family() == family), "{family} missing");
         }
     }

@@ -67,7 +67,7 @@ struct DecodeBuffers {
 }
 
 /// The dispatch table of a CUDA device, best first.
-fn table() -> [Row<CudaBackend>; 13] {
+fn table() -> [Row<CudaBackend>; 14] {
     [
         // First: it takes only shapes with at most 64 query rows per KV head, where it reads K
         // and V once per GQA group and splits the sequence to fill the device.
@@ -79,6 +79,7 @@ fn table() -> [Row<CudaBackend>; 13] {
         Row { family: Family::Native(NativeKind::Int8Imma), test: |b, p, prec| b.int8_row(p, prec, NativeKind::Int8Imma) },
         Row { family: Family::Native(NativeKind::Fp8Wgmma), test: |b, p, prec| b.fp8_row(p, prec, NativeKind::Fp8Wgmma) },
         Row { family: Family::Native(NativeKind::Fp8Mma), test: |b, p, prec| b.fp8_row(p, prec, NativeKind::Fp8Mma) },
+        Row { family: Family::Native(NativeKind::Nvfp4), test: |b, p, prec| b.nvfp4_row(p, prec) },
         Row { family: Family::Portable(crate::PortableKind::Mma), test: |b, p, prec| b.portable.float_row(p, prec, quattn_cubecl::Family::Mma) },
         Row { family: Family::Portable(crate::PortableKind::Cmma), test: |b, p, prec| b.portable.float_row(p, prec, quattn_cubecl::Family::Cmma) },
         Row { family: Family::Portable(crate::PortableKind::Int8), test: |b, p, prec| b.portable.int8_row(p, prec) },
@@ -300,6 +301,25 @@ impl CudaBackend {
         }
         config.validate_args(&problem.shape()).map_err(|e| Reject::NotApplicable(e.to_string()))?;
         self.native_choice(NativeKernelId::Hmma(config), None, None)
+    }
+
+    /// The sm_120a NVFP4 family: compute capability 12.0 only, so Auto never considers it on
+    /// other devices; compiled and SASS-checked, not run on hardware, and without a launch path
+    /// here yet, so on 12.0 it is refused with that reason too.
+    fn nvfp4_row(&self, problem: &AttentionProblem, precision: Precision) -> std::result::Result<Choice, Reject> {
+        if !matches!(precision, Precision::Nvfp4 { .. }) {
+            return not_applicable(format!("the native NVFP4 kernel computes NVFP4 Q/K, not {precision}"));
+        }
+        if !quattn_native::nvfp4::Nvfp4Config::supported(self.cc) {
+            return not_applicable(format!(
+                "the block-scaled NVFP4 kernel needs compute capability 12.0 (sm_120a), this device is {}.{}",
+                self.cc.0, self.cc.1
+            ));
+        }
+        not_applicable(format!(
+            "the sm_120a NVFP4 kernel (head dim {}) is compiled and SASS-checked but not run on hardware and has no launch path in the facade",
+            problem.head_dim
+        ))
     }
 
     /// An INT8 family: its kernel, the blocking its scales need, and the prepass for them. FP8
@@ -570,7 +590,7 @@ impl CudaBackend {
             Loaded::Fp8Wgmma(_) | Loaded::Fp8Mma(_) => {
                 return Err(Error::Kernel { kernel: name(), reason: "an FP8 plan launched without its code buffers".into() });
             }
-            Loaded::Int8Prepass(_) => return Err(super::foreign(plan)),
+            Loaded::Int8Prepass(_) | Loaded::Nvfp4(_) | Loaded::Nvfp4Quant(_) => return Err(super::foreign(plan)),
         }
         match (start, end) {
             (Some(start), Some(end)) => {
