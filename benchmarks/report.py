@@ -185,7 +185,7 @@ def speed_table(entry):
     for o in out:
         order.setdefault(o["kernel"], len(order))
     peer_first = lambda o: (0 if o["kernel"] in PEERS else 1, PEERS.index(o["kernel"]) if o["kernel"] in PEERS else order[o["kernel"]])
-    out.sort(key=lambda o: (o["shape"]["head_dim"], o["shape"]["seq"], o["shape"]["causal"]) + peer_first(o))
+    out.sort(key=lambda o: (o["shape"]["head_dim"], o["shape"]["seq"], o["shape"]["kv_seq"], o["shape"]["causal"]) + peer_first(o))
     return out, rows
 
 
@@ -217,7 +217,9 @@ def speed_markdown(entry, out, rows):
         s = o["shape"]
         bold = o["kernel"] not in PEERS
         t = fmt_f(o["tflops"])
-        cells = [o["device"], f"`{o['kernel']}`", o["precision"], str(s["head_dim"]), str(s["seq"]),
+        # q_len x kv_len where they differ (decode shapes), else the one length.
+        seq = str(s["seq"]) if s["seq"] == s["kv_seq"] else f"{s['seq']} × {s['kv_seq']}"
+        cells = [o["device"], f"`{o['kernel']}`", o["precision"], str(s["head_dim"]), seq,
                  f"{s['batch']} × {s['heads']}", "yes" if s["causal"] else "no", f"**{t}**" if bold else t]
         if has_peers:
             cells += [fmt_f(o["vs_flash"], 2), fmt_f(o["vs_cudnn"], 2)]
