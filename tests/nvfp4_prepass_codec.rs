@@ -76,3 +76,34 @@ fn the_inputs_exercise_the_edge_cases() {
     let h = host::quantize(Fp4Format::Nvfp4, &round_f16_vec(outl), d);
     assert!(h.codes.iter().any(|&b| b & 0x7 == 0x7 || b >> 4 & 0x7 == 0x7), "no saturated code");
 }
+
+#[test]
+fn vt_prepass_recipe_equals_the_emulations_nvfp4_v() {
+    // quattn's emulation of `nvfp4-v4` quantizes Vᵀ `[batch·kv_heads·d, ceil16(kv_len)]` with
+    // one tensor scale; the Vᵀ prepass pads to 64 keys. Padding adds zero blocks only: each row's
+    // first ceil16(kv_len) keys must match byte for byte, the rest be zero codes and scales.
+    let (batch, heads, seq, d) = (2, 2, 77, 64);
+    let st = Strides::new(Layout::Bshd, heads, seq, d);
+    let v = round_f16_vec(&quattn::inputs::normal_with_outliers(batch * heads * seq * d, 9));
+    let cols = seq.div_ceil(16) * 16;
+    let mut vt = vec![0.0f32; batch * heads * d * cols];
+    for b in 0..batch {
+        for h in 0..heads {
+            for s in 0..seq {
+                for c in 0..d {
+                    vt[((b * heads + h) * d + c) * cols + s] = v[b * st.batch + h * st.head + s * st.seq + c];
+                }
+            }
+        }
+    }
+    let t = Nvfp4Tensor::quantize(&vt, batch * heads * d, cols).unwrap();
+    let pad = seq.div_ceil(64) * 64;
+    let h = host::quantize(Fp4Format::Nvfp4, &host::vt_rows(&v, batch, heads, seq, d, &st), pad);
+    assert_eq!(h.tensor_scale.to_bits(), t.tensor_scale.to_bits());
+    for r in 0..batch * heads * d {
+        assert_eq!(&h.codes[r * pad / 2..][..cols / 2], &t.packed[r * cols / 2..][..cols / 2], "row {r} codes");
+        assert!(h.codes[r * pad / 2 + cols / 2..(r + 1) * pad / 2].iter().all(|&c| c == 0), "row {r} padding codes");
+        assert_eq!(&h.scales[r * pad / 16..][..cols / 16], &t.block_scales[r * cols / 16..][..cols / 16], "row {r} scales");
+        assert!(h.scales[r * pad / 16 + cols / 16..(r + 1) * pad / 16].iter().all(|&c| c == 0), "row {r} padding scales");
+    }
+}

@@ -19,7 +19,13 @@
 // row are then one little-endian u32 (byte j = elements 16j..16j+15), which is exactly the
 // scale_vec::4X operand of `mma...kind::mxf4nvf4.block_scale`.
 //
-// Defines: HEAD_DIM (multiple of 32), FORMAT (0 NVFP4, 1 MXFP4), DTYPE (0 f16, 1 bf16 source).
+// VT 1 (the V operand of the FP4 P·V MMA): the quantize pass reads V and writes Vᵀ, rows
+// (batch, head, channel), `kv_pad = ceil(seq / 64) · 64` keys per row, blocks along the keys;
+// keys past seq are zeros (code 0; an all-padding block gets scale 0). The amax pass is the same
+// (it reads every element once in any order).
+//
+// Defines: HEAD_DIM (multiple of 32), FORMAT (0 NVFP4, 1 MXFP4), DTYPE (0 f16, 1 bf16 source),
+// VT (0 | 1).
 // One thread per scale block: two (NVFP4) or four (MXFP4) 16-byte loads, one 8- or 16-byte code
 // store, one scale byte.
 #include "common.cuh"
@@ -33,6 +39,11 @@
 #ifndef DTYPE
 #define DTYPE 0
 #endif
+#ifndef VT
+#define VT 0
+#endif
+// Keys per Vᵀ row are padded to the attention kernel's K/V tile.
+#define VT_PAD 64
 
 #define BLOCK (FORMAT == 0 ? 16 : 32)
 static_assert(HEAD_DIM % 32 == 0, "HEAD_DIM must be a multiple of 32 (16-byte loads of whole blocks)");
@@ -137,6 +148,24 @@ __device__ __forceinline__ void thread_load_block(const Nvfp4QuantParams& p, int
     }
 }
 
+#if VT
+// The BLOCK keys of Vᵀ block `blk`, channel fastest across threads (coalesced 2-byte loads):
+// blk = ((bh · key_blocks) + kb) · HEAD_DIM + c. Returns the output row.
+__device__ __forceinline__ int thread_load_vt_block(const Nvfp4QuantParams& p, int blk, int key_blocks, float (&x)[BLOCK]) {
+    const int c = blk % HEAD_DIM;
+    const int kb = (blk / HEAD_DIM) % key_blocks;
+    const int bh = blk / (HEAD_DIM * key_blocks);
+    const int h = bh % p.heads, b = bh / p.heads;
+    const unsigned short* src = reinterpret_cast<const unsigned short*>(p.src) + b * p.batch_stride + h * p.head_stride + c;
+#pragma unroll
+    for (int i = 0; i < BLOCK; ++i) {
+        const int key = kb * BLOCK + i;
+        x[i] = key < p.seq_len ? thread_half_to_f32(__ldg(src + (i64)key * p.seq_stride)) : 0.f;
+    }
+    return bh * HEAD_DIM + c;
+}
+#endif
+
 extern "C" __global__ void __launch_bounds__(THREADS) nvfp4_quant(const Nvfp4QuantParams p) {
     const int blk = blockIdx.x * THREADS + threadIdx.x;
     const int n_blocks = p.rows * BLOCKS_PER_ROW;
@@ -165,8 +194,18 @@ extern "C" __global__ void __launch_bounds__(THREADS) nvfp4_quant(const Nvfp4Qua
     }
 #endif
     float bamax = 0.f;
+#if VT
+    const int kv_pad = (p.seq_len + VT_PAD - 1) / VT_PAD * VT_PAD;
+    const int key_blocks = kv_pad / BLOCK;
+    const int out_blocks = (p.rows / p.seq_len) * HEAD_DIM * key_blocks;
+    int out_row = 0;
+    if (blk < out_blocks) {
+        out_row = thread_load_vt_block(p, blk, key_blocks, x);
+#else
+    const int out_blocks = n_blocks;
     if (blk < n_blocks) {
         thread_load_block(p, blk, x);
+#endif
 #pragma unroll
         for (int i = 0; i < BLOCK; ++i) bamax = fmaxf(bamax, fabsf(x[i]));
     }
@@ -175,11 +214,11 @@ extern "C" __global__ void __launch_bounds__(THREADS) nvfp4_quant(const Nvfp4Qua
     float ts = 1.f;
     if (amax != 0.f) ts = fmaxf(__fdiv_rn(amax, 2688.f), 1.175494351e-38f);
     if (blk == 0) *reinterpret_cast<float*>(p.tensor_scale) = ts;
-    if (blk >= n_blocks) return;
+    if (blk >= out_blocks) return;
     const u32 sc = thread_ue4m3_encode(__fdiv_rn(__fdiv_rn(bamax, 6.f), ts));
     const float denom = __fmul_rn(thread_ue4m3_decode(sc), ts);
 #else
-    if (blk >= n_blocks) return;
+    if (blk >= out_blocks) return;
     const int e = bamax == 0.f ? -127 : max(-127, min(127, thread_floor_log2(bamax) - 2));
     const u32 sc = (u32)(e + 127);
     const float denom = thread_pow2(e);
@@ -195,11 +234,16 @@ extern "C" __global__ void __launch_bounds__(THREADS) nvfp4_quant(const Nvfp4Qua
         }
         packed[w] = word;
     }
-    unsigned char* codes = reinterpret_cast<unsigned char*>(p.codes) + (i64)blk * (BLOCK / 2);
+#if VT
+    const i64 out_blk = (i64)out_row * key_blocks + (blk / HEAD_DIM) % key_blocks;
+#else
+    const i64 out_blk = blk;
+#endif
+    unsigned char* codes = reinterpret_cast<unsigned char*>(p.codes) + out_blk * (BLOCK / 2);
 #if FORMAT == 0
     *reinterpret_cast<uint2*>(codes) = make_uint2(packed[0], packed[1]);
 #else
     *reinterpret_cast<uint4*>(codes) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
 #endif
-    reinterpret_cast<unsigned char*>(p.scales)[blk] = (unsigned char)sc;
+    reinterpret_cast<unsigned char*>(p.scales)[out_blk] = (unsigned char)sc;
 }

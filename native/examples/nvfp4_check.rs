@@ -1,5 +1,5 @@
 //! On a GPU: the 4-bit quantization prepass (`nvfp4_quant`, NVFP4 and MXFP4, f16 and bf16
-//! sources, head dims 64 and 128) checked byte for byte against its CPU recipe
+//! sources, head dims 64 and 128, and the NVFP4 Vᵀ of the FP4 P·V kernel) checked byte for byte against its CPU recipe
 //! (`nvfp4_quant::host`, which quattn's `tests/nvfp4_prepass_codec.rs` holds equal to
 //! `codec::nvfp4` / `codec::mxfp4`), then timed.
 //!
@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use half::{bf16, f16};
-use quattn_native::nvfp4_quant::{host, Fp4Format, Nvfp4Quant, Nvfp4QuantConfig, Nvfp4QuantPtrs};
+use quattn_native::nvfp4_quant::{host, Fp4Format, Nvfp4Quant, Nvfp4QuantConfig, Nvfp4QuantPtrs, VT_PAD};
 use quattn_native::{Dtype, Layout, Strides};
 
 type BoxErr = Box<dyn std::error::Error>;
@@ -89,8 +89,8 @@ struct DevOut {
     ts: CudaSlice<f32>,
 }
 
-fn alloc_out(stream: &Arc<CudaStream>, cfg: &Nvfp4QuantConfig, rows: usize) -> Result<DevOut, BoxErr> {
-    let (nc, ns) = cfg.output_lens(rows);
+fn alloc_out(stream: &Arc<CudaStream>, cfg: &Nvfp4QuantConfig, b: usize, h: usize, s: usize) -> Result<DevOut, BoxErr> {
+    let (nc, ns) = cfg.output_lens(b, h, s);
     Ok(DevOut {
         // Poison: a byte the kernel does not write differs from the reference.
         codes: stream.clone_htod(&vec![0xA5u8; nc])?,
@@ -130,13 +130,18 @@ fn check(stream: &Arc<CudaStream>, k: &Nvfp4Quant, layout: Layout, input: Input,
     let x = make(input, b * h * s * d, seed);
     let (bits, vals) = to_source(cfg.dtype, &x);
     let src = stream.clone_htod(&bits)?;
-    let mut out = alloc_out(stream, &cfg, b * h * s)?;
+    let mut out = alloc_out(stream, &cfg, b, h, s)?;
     run(stream, k, &src, &mut out, b, h, s, &st)?;
     stream.synchronize()?;
     let codes = stream.clone_dtoh(&out.codes)?;
     let scales = stream.clone_dtoh(&out.scales)?;
     let ts = stream.clone_dtoh(&out.ts)?[0];
-    let want = host::quantize(cfg.format, &host::rows_from_strided(&vals, b, h, s, d, &st), d);
+    let want = if cfg.vt {
+        let pad = s.div_ceil(VT_PAD) * VT_PAD;
+        host::quantize(cfg.format, &host::vt_rows(&vals, b, h, s, d, &st), pad)
+    } else {
+        host::quantize(cfg.format, &host::rows_from_strided(&vals, b, h, s, d, &st), d)
+    };
     let bad_codes = codes.iter().zip(&want.codes).filter(|(a, b)| a != b).count();
     let bad_scales = scales.iter().zip(&want.scales).filter(|(a, b)| a != b).count();
     let ts_ok = cfg.format == Fp4Format::Mxfp4 || ts.to_bits() == want.tensor_scale.to_bits();
@@ -193,7 +198,7 @@ fn bench(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, k: &Nvfp4Quant, bits:
     let st = Strides::new(Layout::Bhsd, h, s, d);
     assert_eq!(bits.len(), n);
     let src = stream.clone_htod(bits)?;
-    let mut out = alloc_out(stream, &cfg, b * h * s)?;
+    let mut out = alloc_out(stream, &cfg, b, h, s)?;
     for _ in 0..3 {
         run(stream, k, &src, &mut out, b, h, s, &st)?;
     }
@@ -210,7 +215,7 @@ fn bench(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, k: &Nvfp4Quant, bits:
     ms.sort_by(|a, b| a.total_cmp(b));
     let med = ms[ms.len() / 2];
     let input = (n * 2) as f64;
-    let (nc, ns) = cfg.output_lens(b * h * s);
+    let (nc, ns) = cfg.output_lens(b, h, s);
     let reads = if cfg.format == Fp4Format::Nvfp4 { 2.0 } else { 1.0 };
     let moved = reads * input + (nc + ns) as f64;
     Ok((moved / (med * 1e-3) / 1e9, input / (med * 1e-3) / 1e9, med))

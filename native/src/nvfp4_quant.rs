@@ -70,7 +70,13 @@ pub struct Nvfp4QuantConfig {
     pub format: Fp4Format,
     /// Source element type: f16 or bf16.
     pub dtype: Dtype,
+    /// Write Vᵀ (rows (batch, head, channel), [`VT_PAD`]-padded keys, blocks along the keys):
+    /// the V operand of the sm_120a kernel's FP4 P·V.
+    pub vt: bool,
 }
+
+/// Keys per Vᵀ row are padded to a multiple of this (the attention kernel's K/V tile).
+pub const VT_PAD: usize = 64;
 
 impl Nvfp4QuantConfig {
     /// Plain CUDA (no tensor-core or arch-specific instruction): every target of the project.
@@ -78,7 +84,7 @@ impl Nvfp4QuantConfig {
         &[Arch::Sm80, Arch::Sm86, Arch::Sm89, Arch::Sm90, Arch::Sm100a, Arch::Sm120a];
 
     pub fn new(head_dim: usize, format: Fp4Format, dtype: Dtype) -> Result<Self> {
-        let c = Nvfp4QuantConfig { head_dim: head_dim as u32, format, dtype };
+        let c = Nvfp4QuantConfig { head_dim: head_dim as u32, format, dtype, vt: false };
         c.validate()?;
         Ok(c)
     }
@@ -101,21 +107,29 @@ impl Nvfp4QuantConfig {
         Ok(())
     }
 
-    /// `nvfp4_quant_{nvfp4|mxfp4}_{f16|bf16}_d{hd}`.
-    pub fn name(&self) -> String {
-        let dt = if self.dtype == Dtype::Bf16 { "bf16" } else { "f16" };
-        format!("{KERNEL}_{}_{dt}_d{}", self.format.tag(), self.head_dim)
+    /// The Vᵀ variant of this config.
+    pub fn transposed(self) -> Self {
+        Nvfp4QuantConfig { vt: true, ..self }
     }
 
-    /// The report's variants: both formats and source types at head dims 64 and 128.
+    /// `nvfp4_quant_{nvfp4|mxfp4}_{f16|bf16}[_vt]_d{hd}`.
+    pub fn name(&self) -> String {
+        let dt = if self.dtype == Dtype::Bf16 { "bf16" } else { "f16" };
+        let vt = if self.vt { "_vt" } else { "" };
+        format!("{KERNEL}_{}_{dt}{vt}_d{}", self.format.tag(), self.head_dim)
+    }
+
+    /// The report's variants: both formats and source types at head dims 64 and 128, and the
+    /// f16 NVFP4 Vᵀ of the FP4 P·V kernel (its inputs are f16).
     pub fn all() -> Vec<Nvfp4QuantConfig> {
         let mut v = Vec::new();
         for head_dim in [64, 128] {
             for format in [Fp4Format::Nvfp4, Fp4Format::Mxfp4] {
                 for dtype in [Dtype::F16, Dtype::Bf16] {
-                    v.push(Nvfp4QuantConfig { head_dim, format, dtype });
+                    v.push(Nvfp4QuantConfig { head_dim, format, dtype, vt: false });
                 }
             }
+            v.push(Nvfp4QuantConfig { head_dim, format: Fp4Format::Nvfp4, dtype: Dtype::F16, vt: true });
         }
         v
     }
@@ -138,14 +152,25 @@ impl Nvfp4QuantConfig {
                 d("HEAD_DIM", self.head_dim),
                 d("FORMAT", (self.format == Fp4Format::Mxfp4) as u32),
                 d("DTYPE", (self.dtype == Dtype::Bf16) as u32),
+                d("VT", self.vt as u32),
             ],
         })
     }
 
-    /// Byte counts of codes and scales for `rows` rows.
-    pub fn output_lens(&self, rows: usize) -> (usize, usize) {
+    /// Byte counts of codes and scales for a source of `batch · heads` heads of `seq` rows.
+    pub fn output_lens(&self, batch: usize, heads: usize, seq: usize) -> (usize, usize) {
+        let n = self.output_elems(batch, heads, seq);
+        (n / 2, n / self.format.block())
+    }
+
+    /// Elements (codes) of the output: the source's, or Vᵀ's with padded keys.
+    fn output_elems(&self, batch: usize, heads: usize, seq: usize) -> usize {
         let d = self.head_dim as usize;
-        (rows * d / 2, rows * d / self.format.block())
+        if self.vt {
+            batch * heads * d * seq.div_ceil(VT_PAD) * VT_PAD
+        } else {
+            batch * heads * seq * d
+        }
     }
 
     /// Checks a source tensor of `batch × heads × seq` rows with `strides` (elements).
@@ -158,7 +183,8 @@ impl Nvfp4QuantConfig {
             // The kernel's block index and the amax pass's grid stride stay within i32.
             Some(r)
                 if r.saturating_mul(self.head_dim as usize / self.format.block())
-                    > (i32::MAX as usize - (AMAX_CTAS * THREADS) as usize) =>
+                    > (i32::MAX as usize - (AMAX_CTAS * THREADS) as usize)
+                    || self.output_elems(batch, heads, seq) / self.format.block() > i32::MAX as usize / 2 =>
             {
                 return bad(format!("{r} rows exceed the i32 block index"))
             }
@@ -195,9 +221,15 @@ impl Nvfp4QuantConfig {
         }
     }
 
-    /// Grid of one launch: one thread per scale block.
-    pub fn grid(&self, rows: usize) -> u32 {
-        (rows * self.head_dim as usize / self.format.block()).div_ceil(THREADS as usize) as u32
+    /// Grid of the quantize launch: one thread per output scale block.
+    pub fn grid(&self, batch: usize, heads: usize, seq: usize) -> u32 {
+        (self.output_elems(batch, heads, seq) / self.format.block()).div_ceil(THREADS as usize) as u32
+    }
+
+    /// Grid of the amax launch: a grid-stride loop over the source's blocks.
+    pub fn amax_grid(&self, batch: usize, heads: usize, seq: usize) -> u32 {
+        let blocks = batch * heads * seq * self.head_dim as usize / self.format.block();
+        (blocks.div_ceil(THREADS as usize) as u32).min(AMAX_CTAS)
     }
 }
 
@@ -237,9 +269,16 @@ impl KernelVariant for Nvfp4QuantConfig {
     fn request(&self, arch: Arch) -> Result<CompileRequest<'static>> {
         Nvfp4QuantConfig::request(self, arch)
     }
-    /// No matrix instruction: the report checks that none appears and that nothing spills.
-    fn expected_instructions(&self, _arch: Arch) -> Vec<String> {
-        Vec::new()
+    /// The rounding conversion of every E2M1 / scale code (`rintf` then the cast: one
+    /// `F2I.U32.NTZ`) and, for NVFP4, the amax reduction (`atomicMax` with its result unused:
+    /// `RED` before sm_90, `REDG` from sm_90 on). No matrix instruction may appear.
+    fn expected_instructions(&self, arch: Arch) -> Vec<String> {
+        let mut v = vec!["F2I.U32.NTZ".to_string()];
+        if self.format == Fp4Format::Nvfp4 {
+            let red = if arch.compute_capability().0 >= 9 { "REDG" } else { "RED" };
+            v.push(format!("{red}.E.MAX.STRONG.GPU"));
+        }
+        v
     }
     fn dynamic_smem_bytes(&self, _arch: Arch) -> u32 {
         0
@@ -365,6 +404,31 @@ pub mod host {
         Quantized { codes, scales, tensor_scale: ts }
     }
 
+    /// Vᵀ of a strided `[batch, heads, seq, head_dim]` source as the `vt` prepass lays it out:
+    /// rows (batch, head, channel) of `seq` rounded up to [`super::VT_PAD`] keys, zeros past `seq`.
+    pub fn vt_rows(
+        src: &[f32],
+        batch: usize,
+        heads: usize,
+        seq: usize,
+        head_dim: usize,
+        strides: &quattn_core::Strides,
+    ) -> Vec<f32> {
+        let pad = seq.div_ceil(super::VT_PAD) * super::VT_PAD;
+        let mut out = vec![0.0f32; batch * heads * head_dim * pad];
+        for b in 0..batch {
+            for h in 0..heads {
+                for s in 0..seq {
+                    let o = b * strides.batch + h * strides.head + s * strides.seq;
+                    for c in 0..head_dim {
+                        out[((b * heads + h) * head_dim + c) * pad + s] = src[o + c];
+                    }
+                }
+            }
+        }
+        out
+    }
+
     /// The rows of a strided `[batch, heads, seq, head_dim]` source in the prepass's row order.
     pub fn rows_from_strided(
         src: &[f32],
@@ -442,7 +506,6 @@ mod launch {
             if ptrs.src % 16 != 0 || ptrs.codes % 16 != 0 || ptrs.scales == 0 {
                 return Err(NativeError::InvalidArgs("source and codes must be 16-byte aligned, scales non-null".into()));
             }
-            let rows = batch * heads * seq;
             let modes: &[u32] = match self.config.format {
                 Fp4Format::Nvfp4 => {
                     if ptrs.amax == 0 || ptrs.tensor_scale == 0 {
@@ -457,7 +520,7 @@ mod launch {
                 Fp4Format::Mxfp4 => &[1],
             };
             for &mode in modes {
-                let grid = if mode == 0 { self.config.grid(rows).min(AMAX_CTAS) } else { self.config.grid(rows) };
+                let grid = if mode == 0 { self.config.amax_grid(batch, heads, seq) } else { self.config.grid(batch, heads, seq) };
                 let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
                 let params = self.config.params(mode, batch, heads, seq, strides, ptrs);
                 let mut b = stream.launch_builder(&self.function);
@@ -484,8 +547,13 @@ mod tests {
         assert!(matches!(Nvfp4QuantConfig::new(64, Fp4Format::Mxfp4, Dtype::F32), Err(NativeError::UnsupportedConfig { .. })));
         let c = Nvfp4QuantConfig::new(128, Fp4Format::Mxfp4, Dtype::Bf16).unwrap();
         assert_eq!(c.name(), "nvfp4_quant_mxfp4_bf16_d128");
-        assert_eq!(c.output_lens(10), (640, 40));
-        assert_eq!(c.grid(1000), (1000 * 4usize).div_ceil(256) as u32);
+        assert_eq!(c.output_lens(1, 2, 5), (640, 40));
+        assert_eq!(c.grid(2, 5, 100), (1000 * 4usize).div_ceil(256) as u32);
+        assert_eq!(c.amax_grid(64, 64, 4096), AMAX_CTAS);
+        // Vᵀ: 2·8·128 rows of 100 keys padded to 128.
+        let t = Nvfp4QuantConfig::new(128, Fp4Format::Nvfp4, Dtype::F16).unwrap().transposed();
+        assert_eq!(t.name(), "nvfp4_quant_nvfp4_f16_vt_d128");
+        assert_eq!(t.output_lens(2, 8, 100), (2 * 8 * 128 * 64, 2 * 8 * 128 * 8));
         let s = Strides { batch: 8 * 100 * 128, head: 100 * 128, seq: 128 };
         assert!(c.validate_source(2, 8, 100, &s).is_ok());
         assert!(c.validate_source(2, 8, 0, &s).is_err());
@@ -536,5 +604,10 @@ mod tests {
         // Row (b 0, h 1, s 2) starts at 0*.. + 1*2 + 2*6 = 14 in BSHD.
         let r = (0 * h + 1) * s + 2;
         assert_eq!(&rows[r * d..r * d + 2], &[14.0, 15.0]);
+        // Vᵀ row (b 1, h 2, channel 1), key 3: source (1, 3, 2) at 1·24 + 3·6 + 2·2 + 1 = 47.
+        let vt = host::vt_rows(&src, b, h, s, d, &st);
+        assert_eq!(vt.len(), b * h * d * VT_PAD);
+        assert_eq!(vt[((h + 2) * d + 1) * VT_PAD + 3], 47.0);
+        assert_eq!(vt[((h + 2) * d + 1) * VT_PAD + s], 0.0);
     }
 }
