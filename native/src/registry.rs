@@ -9,6 +9,7 @@
 use crate::arch::Arch;
 use crate::cache::CompileRequest;
 use crate::error::Result;
+use crate::fp8_prepass::{Fp8PrepassConfig, Fp8PrepassPass, Fp8PrepassVariant};
 use crate::hmma::HmmaConfig;
 use crate::int8::Int8Config;
 use crate::int8_prepass::{Int8PrepassConfig, PrepassPass, PrepassVariant};
@@ -42,6 +43,10 @@ pub enum NativeKernelId {
     /// FP8 (e4m3) Q·Kᵀ and P·V on mma.sync (sm_89, sm_120a native; sm_90 lowered by ptxas),
     /// a forward variant or its V prepass.
     Fp8Mma(Fp8MmaUnit),
+    /// The FP8 quantization prepass of the FP8 families (its two passes load together).
+    Fp8Prepass(Fp8PrepassConfig),
+    /// One pass of the FP8 prepass, as compiled (the report's and the compile tests' unit).
+    Fp8PrepassPass(Fp8PrepassVariant),
 }
 
 impl NativeKernelId {
@@ -56,6 +61,11 @@ impl NativeKernelId {
         v.extend(Int8WgmmaConfig::all().into_iter().map(NativeKernelId::Int8Wgmma));
         v.extend(Fp8WgmmaUnit::all().into_iter().map(NativeKernelId::Fp8Wgmma));
         v.extend(Fp8MmaUnit::all().into_iter().map(NativeKernelId::Fp8Mma));
+        v.extend(
+            Fp8PrepassConfig::all()
+                .into_iter()
+                .flat_map(|config| config.passes().map(|pass| NativeKernelId::Fp8PrepassPass(Fp8PrepassVariant { config, pass }))),
+        );
         v
     }
 
@@ -75,6 +85,7 @@ impl NativeKernelId {
             NativeKernelId::Fp8Wgmma(_) => "fwd_fp8_wgmma",
             NativeKernelId::Int8Prepass(_) | NativeKernelId::Int8PrepassPass(_) => "int8_prepass",
             NativeKernelId::Fp8Mma(_) => "fwd_mma_fp8",
+            NativeKernelId::Fp8Prepass(_) | NativeKernelId::Fp8PrepassPass(_) => "fp8_prepass",
         }
     }
 
@@ -89,6 +100,7 @@ impl NativeKernelId {
             NativeKernelId::Fp8Wgmma(_) => Fp8WgmmaConfig::TARGETS,
             NativeKernelId::Int8Prepass(_) | NativeKernelId::Int8PrepassPass(_) => Int8PrepassConfig::TARGETS,
             NativeKernelId::Fp8Mma(_) => Fp8MmaConfig::TARGETS,
+            NativeKernelId::Fp8Prepass(_) | NativeKernelId::Fp8PrepassPass(_) => Fp8PrepassConfig::TARGETS,
         }
     }
 
@@ -103,6 +115,7 @@ impl NativeKernelId {
             NativeKernelId::Fp8Wgmma(_) => Fp8WgmmaConfig::target_for(cc),
             NativeKernelId::Int8Prepass(_) | NativeKernelId::Int8PrepassPass(_) => Int8PrepassConfig::target_for(cc),
             NativeKernelId::Fp8Mma(_) => Fp8MmaConfig::target_for(cc),
+            NativeKernelId::Fp8Prepass(_) | NativeKernelId::Fp8PrepassPass(_) => Fp8PrepassConfig::target_for(cc),
         }
     }
 
@@ -119,6 +132,8 @@ impl NativeKernelId {
             NativeKernelId::Int8Prepass(config) => Box::new(PrepassVariant { config, pass: PrepassPass::Quantize }),
             NativeKernelId::Int8PrepassPass(c) => Box::new(c),
             NativeKernelId::Fp8Mma(u) => Box::new(u),
+            NativeKernelId::Fp8Prepass(config) => Box::new(Fp8PrepassVariant { config, pass: Fp8PrepassPass::Quantize }),
+            NativeKernelId::Fp8PrepassPass(v) => Box::new(v),
         }
     }
 }
@@ -158,7 +173,7 @@ mod store {
     use crate::error::{NativeError, Result};
     use crate::wgmma_fp8::{Fp8WgmmaKernel, Fp8WgmmaUnit};
     use crate::mma_fp8::{Fp8MmaKernel, Fp8MmaUnit};
-    use crate::{HmmaKernel, Int8Kernel, Int8Prepass, Int8UmmaKernel, Int8WgmmaKernel, WgmmaKernel};
+    use crate::{Fp8Prepass, HmmaKernel, Int8Kernel, Int8Prepass, Int8UmmaKernel, Int8WgmmaKernel, WgmmaKernel};
 
     /// A loaded kernel of any family.
     #[derive(Debug)]
@@ -171,6 +186,7 @@ mod store {
         Fp8Wgmma(Fp8WgmmaKernel),
         Int8Prepass(Int8Prepass),
         Fp8Mma(Fp8MmaKernel),
+        Fp8Prepass(Fp8Prepass),
     }
 
     /// The kernels loaded into one CUDA context, by id: compiled (or read from the disk cache)
@@ -217,6 +233,13 @@ mod store {
                         v.name()
                     )))
                 }
+                NativeKernelId::Fp8Prepass(c) => Loaded::Fp8Prepass(Fp8Prepass::load(ctx, c)?),
+                NativeKernelId::Fp8PrepassPass(v) => {
+                    return Err(NativeError::InvalidArgs(format!(
+                        "{} is one compiled pass; load the prepass through its config",
+                        v.name()
+                    )))
+                }
                 NativeKernelId::Int8PrepassPass(v) => {
                     return Err(NativeError::InvalidArgs(format!(
                         "{} is one compiled pass; load the prepass through its config",
@@ -255,7 +278,7 @@ mod tests {
     #[test]
     fn every_family_is_in_the_registry() {
         let all = NativeKernelId::all();
-        for family in ["fwd_hmma", "fwd_wgmma", "fwd_int8", "fwd_wgmma_int8", "fwd_int8_umma", "int8_prepass", "fwd_fp8_wgmma", "fwd_mma_fp8"] {
+        for family in ["fwd_hmma", "fwd_wgmma", "fwd_int8", "fwd_wgmma_int8", "fwd_int8_umma", "int8_prepass", "fwd_fp8_wgmma", "fwd_mma_fp8", "fp8_prepass"] {
             assert!(all.iter().any(|k| k.family() == family), "{family} missing");
         }
     }
