@@ -21,6 +21,8 @@
 //! - [`wgmma_int8`]: the INT8 Q·Kᵀ forward family on Hopper's s8 wgmma (sm_90a; compiled and
 //!   disassembled, run on the H100), same host contract as [`int8`].
 //! - [`fp8`]: the launch arguments, buffer lengths and addresses both native FP8 families take.
+//! - [`fp8_prepass`]: the FP8 quantization prepass of the native FP8 families (f16/bf16 Q, K, V
+//!   to e4m3/e5m2 codes and descales, bit-exact with the codec), on the attention kernel's stream.
 //! - [`mma_fp8`]: the FP8 (e4m3) forward family on mma.sync, Q·Kᵀ and P·V on e4m3 MMAs
 //!   (sm_89 / sm_120a native, compiled and disassembled, not run on such hardware; sm_90
 //!   lowered by ptxas and run on the H100 for the numerics), with its V prepass.
@@ -42,6 +44,7 @@ pub mod int8_umma;
 pub mod int8;
 pub mod int8_prepass;
 pub mod fp8;
+pub mod fp8_prepass;
 pub mod mma_fp8;
 pub mod nvfp4;
 pub mod nvfp4_quant;
@@ -81,6 +84,9 @@ pub use mma_fp8::Fp8MmaKernel;
 #[cfg(feature = "cuda")]
 pub use fp8::Fp8Buffers;
 pub use fp8::{Fp8Args, Fp8LaunchShape, Fp8Lens, Fp8Ptrs};
+#[cfg(feature = "cuda")]
+pub use fp8_prepass::Fp8Prepass;
+pub use fp8_prepass::{Fp8PrepassConfig, Fp8PrepassLens, Fp8PrepassPass, Fp8PrepassPtrs, Fp8PrepassVariant};
 pub use mma_fp8::{Fp8MmaConfig, Fp8MmaParams, Fp8MmaUnit, Fp8MmaTileRow, Fp8P, Fp8VtConfig, FP8_MMA_TILES};
 pub use nvrtc::{nvrtc, NvrtcInfo, Resources};
 pub use registry::NativeKernelId;

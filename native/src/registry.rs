@@ -10,6 +10,7 @@ use crate::arch::Arch;
 use crate::cache::CompileRequest;
 use crate::decode::{DecodeConfig, DecodeUnit};
 use crate::error::Result;
+use crate::fp8_prepass::{Fp8PrepassConfig, Fp8PrepassPass, Fp8PrepassVariant};
 use crate::hmma::HmmaConfig;
 use crate::int8::Int8Config;
 use crate::int8_prepass::{Int8PrepassConfig, PrepassPass, PrepassVariant};
@@ -53,6 +54,10 @@ pub enum NativeKernelId {
     Nvfp4(Nvfp4Config),
     /// The NVFP4 / MXFP4 quantization prepass (every target).
     Nvfp4Quant(Nvfp4QuantConfig),
+    /// The FP8 quantization prepass of the FP8 families (its two passes load together).
+    Fp8Prepass(Fp8PrepassConfig),
+    /// One pass of the FP8 prepass, as compiled (the report's and the compile tests' unit).
+    Fp8PrepassPass(Fp8PrepassVariant),
 }
 
 impl NativeKernelId {
@@ -70,6 +75,11 @@ impl NativeKernelId {
         v.extend(DecodeUnit::all().into_iter().map(NativeKernelId::Decode));
         v.extend(Nvfp4Config::all().into_iter().map(NativeKernelId::Nvfp4));
         v.extend(Nvfp4QuantConfig::all().into_iter().map(NativeKernelId::Nvfp4Quant));
+        v.extend(
+            Fp8PrepassConfig::all()
+                .into_iter()
+                .flat_map(|config| config.passes().map(|pass| NativeKernelId::Fp8PrepassPass(Fp8PrepassVariant { config, pass }))),
+        );
         v
     }
 
@@ -92,6 +102,7 @@ impl NativeKernelId {
             NativeKernelId::Decode(_) => "fwd_decode",
             NativeKernelId::Nvfp4(_) => "fwd_nvfp4",
             NativeKernelId::Nvfp4Quant(_) => "nvfp4_quant",
+            NativeKernelId::Fp8Prepass(_) | NativeKernelId::Fp8PrepassPass(_) => "fp8_prepass",
         }
     }
 
@@ -110,6 +121,7 @@ impl NativeKernelId {
             NativeKernelId::Decode(_) => DecodeConfig::TARGETS,
             NativeKernelId::Nvfp4(_) => Nvfp4Config::TARGETS,
             NativeKernelId::Nvfp4Quant(_) => Nvfp4QuantConfig::TARGETS,
+            NativeKernelId::Fp8Prepass(_) | NativeKernelId::Fp8PrepassPass(_) => Fp8PrepassConfig::TARGETS,
         }
     }
 
@@ -128,6 +140,7 @@ impl NativeKernelId {
             NativeKernelId::Decode(_) => DecodeConfig::target_for(cc),
             NativeKernelId::Nvfp4(_) => Nvfp4Config::target_for(cc),
             NativeKernelId::Nvfp4Quant(_) => Nvfp4QuantConfig::target_for(cc),
+            NativeKernelId::Fp8Prepass(_) | NativeKernelId::Fp8PrepassPass(_) => Fp8PrepassConfig::target_for(cc),
         }
     }
 
@@ -147,6 +160,8 @@ impl NativeKernelId {
             NativeKernelId::Decode(u) => Box::new(u),
             NativeKernelId::Nvfp4(c) => Box::new(c),
             NativeKernelId::Nvfp4Quant(c) => Box::new(c),
+            NativeKernelId::Fp8Prepass(config) => Box::new(Fp8PrepassVariant { config, pass: Fp8PrepassPass::Quantize }),
+            NativeKernelId::Fp8PrepassPass(v) => Box::new(v),
         }
     }
 }
@@ -188,6 +203,7 @@ mod store {
     use crate::mma_fp8::{Fp8MmaKernel, Fp8MmaUnit};
     use crate::decode::{DecodeKernel, DecodeUnit};
     use crate::{HmmaKernel, Int8Kernel, Int8Prepass, Int8UmmaKernel, Int8WgmmaKernel, WgmmaKernel};
+    use crate::{Fp8Prepass, HmmaKernel, Int8Kernel, Int8Prepass, Int8UmmaKernel, Int8WgmmaKernel, WgmmaKernel};
 
     /// A loaded kernel of any family.
     #[derive(Debug)]
@@ -203,6 +219,7 @@ mod store {
         Decode(DecodeKernel),
         Nvfp4(crate::nvfp4::Nvfp4Kernel),
         Nvfp4Quant(crate::nvfp4_quant::Nvfp4Quant),
+        Fp8Prepass(Fp8Prepass),
     }
 
     /// The kernels loaded into one CUDA context, by id: compiled (or read from the disk cache)
@@ -258,6 +275,13 @@ mod store {
                 }
                 NativeKernelId::Nvfp4(c) => Loaded::Nvfp4(crate::nvfp4::Nvfp4Kernel::load(ctx, c)?),
                 NativeKernelId::Nvfp4Quant(c) => Loaded::Nvfp4Quant(crate::nvfp4_quant::Nvfp4Quant::load(ctx, c)?),
+                NativeKernelId::Fp8Prepass(c) => Loaded::Fp8Prepass(Fp8Prepass::load(ctx, c)?),
+                NativeKernelId::Fp8PrepassPass(v) => {
+                    return Err(NativeError::InvalidArgs(format!(
+                        "{} is one compiled pass; load the prepass through its config",
+                        v.name()
+                    )))
+                }
                 NativeKernelId::Int8PrepassPass(v) => {
                     return Err(NativeError::InvalidArgs(format!(
                         "{} is one compiled pass; load the prepass through its config",
@@ -296,7 +320,7 @@ mod tests {
     #[test]
     fn every_family_is_in_the_registry() {
         let all = NativeKernelId::all();
-        for family in ["fwd_hmma", "fwd_wgmma", "fwd_int8", "fwd_wgmma_int8", "fwd_int8_umma", "int8_prepass", "fwd_fp8_wgmma", "fwd_mma_fp8", "fwd_decode", "fwd_nvfp4", "nvfp4_quant"] {
+        for family in ["fwd_hmma", "fwd_wgmma", "fwd_int8", "fwd_wgmma_int8", "fwd_int8_umma", "int8_prepass", "fwd_fp8_wgmma", "fwd_mma_fp8", "fwd_decode", "fwd_nvfp4", "nvfp4_quant", "fp8_prepass"] {
             assert!(all.iter().any(|k| k.family() == family), "{family} missing");
         }
     }

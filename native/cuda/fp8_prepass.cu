@@ -1,0 +1,225 @@
+// FP8 quantization prepass of the native FP8 families: Q, K and V (f16 or bf16) to e4m3 or e5m2
+// codes with f32 descales, one per tensor or one per (batch, head), on the stream the attention
+// kernel then runs on. The numerics are the CPU codec's (`quattn::codec::fp8_scaled`), rounding
+// at the same points, so codes and descales are bit-exact:
+//   amax    = max |x| over the descale group (exact; fmaxf skips NaN elements)
+//   descale = amax / MAX (div.rn.f32: IEEE, subnormals kept), 1 when amax = 0; MAX = 448 (e4m3) or 57344 (e5m2)
+//   code    = cvt.rn.satfinite(x / descale): the quotient rounded to f32 (div.rn.f32), then to
+//             the format, ties to even, saturating to +-MAX
+// Codes keep the input's strides (one byte per element).
+//
+// Work unit: a tile of TILE = 8192 elements, whole rows of one (batch, head) (TILE / HEAD_DIM
+// rows; the last tile of a head is partial). 256 threads; thread t loads the 16-byte pieces
+// (8 elements) t + 256 j, j < PIECES, all before using any: consecutive threads read consecutive
+// pieces of a row (coalesced), and each thread has PIECES loads in flight. The tiles of Q, K and
+// V form one sequence (tensor, batch, head, tile) in which every descale group is a contiguous
+// range of tiles.
+//
+// One source, two passes (-D PASS), each its own cubin with the entry `fp8_prepass`:
+//   PASS 0  amax: each tile writes its partial max; the last tile of a group to finish (an atomic
+//           arrival counter per group, which that tile resets to 0) reduces the group's partials
+//           and writes the descale.
+//   PASS 1  quantize: each tile reads its group's descale and writes its codes, tiles in reverse
+//           order of the amax pass so that the first ones read what that pass read last (still
+//           in L2).
+// A launch covers the tiles [tile_begin, tile_end), whole groups; the host splits a call into
+// such slabs of about the L2's size, each amax launch followed by its quantize launch, so that
+// the quantize pass finds its input in L2 instead of reading it from DRAM a second time.
+//
+// Compile-time parameters: ELEM 0 f16 | 1 bf16, FORMAT 0 e4m3 | 1 e5m2, PASS 0 | 1.
+// ABI: `Fp8PrepassParams` (Rust mirror `Fp8PrepassParams` in src/fp8_prepass.rs).
+#include "common.cuh"
+
+#if !defined(ELEM) || !defined(FORMAT) || !defined(PASS)
+#error "fp8_prepass.cu needs ELEM, FORMAT, PASS"
+#endif
+static_assert(ELEM == 0 || ELEM == 1, "ELEM 0 (f16) or 1 (bf16)");
+static_assert(FORMAT == 0 || FORMAT == 1, "FORMAT 0 (e4m3) or 1 (e5m2)");
+
+namespace cfg {
+constexpr int THREADS = 256;
+constexpr int PIECES = 4;                      // 16-byte input pieces per thread per tile
+constexpr int TILE_PIECES = THREADS * PIECES;  // 1024 pieces = 8192 elements
+constexpr float MAX_FINITE = FORMAT == 0 ? 448.f : 57344.f;
+}  // namespace cfg
+
+// One of Q, K, V.
+struct Fp8PrepassTensor {
+    u64 x;                                  // input, ELEM
+    u64 codes;                              // u8, the input's strides
+    u64 descale;                            // f32 [groups of the tensor]
+    i64 batch_stride, head_stride, seq_stride;  // elements; head dim contiguous
+    int batch, heads, len;
+    int tiles_per_head;                     // ceil(len / rows per tile)
+    int tile_begin;                         // its first tile in the sequence
+    int group_begin;                        // its first arrival counter
+};
+
+struct Fp8PrepassParams {
+    Fp8PrepassTensor t[3];                  // Q, K, V
+    u64 partial;                            // f32 [tiles of the sequence]
+    u64 counter;                            // u32 [groups of the sequence], 0 between launches
+    int tile_begin, tile_end;               // this launch's tiles
+    int piece_shift;                        // log2(pieces per row) = log2(HEAD_DIM / 8)
+    int per_head;                           // 1: a group per (batch, head); 0: per tensor
+};
+
+// Where tile g lies: its tensor, the row offset of its first element, its rows, its group.
+struct TileAt {
+    Fp8PrepassTensor t;
+    i64 base;           // element offset of (b, h, row 0 of the tile)
+    int row0;           // first row of the tile within the head
+    int group;          // descale index within the tensor
+    int counter;        // arrival counter index
+    int group_tiles;    // tiles of the group
+    int group_tile0;    // first tile of the group in the sequence
+};
+
+__device__ __forceinline__ TileAt tile_at(const Fp8PrepassParams& p, int g) {
+    // Selects, not an indexed read of the parameter array.
+    const int i = g >= p.t[2].tile_begin ? 2 : (g >= p.t[1].tile_begin ? 1 : 0);
+    TileAt a;
+    a.t = i == 0 ? p.t[0] : (i == 1 ? p.t[1] : p.t[2]);
+    const int local = g - a.t.tile_begin;
+    const int bh = local / a.t.tiles_per_head;
+    const int tt = local - bh * a.t.tiles_per_head;
+    const int b = bh / a.t.heads, h = bh - b * a.t.heads;
+    const int rows_per_tile = cfg::TILE_PIECES >> p.piece_shift;
+    a.row0 = tt * rows_per_tile;
+    a.base = (i64)b * a.t.batch_stride + (i64)h * a.t.head_stride;
+    a.group = p.per_head ? bh : 0;
+    a.counter = a.t.group_begin + a.group;
+    a.group_tiles = p.per_head ? a.t.tiles_per_head : a.t.batch * a.t.heads * a.t.tiles_per_head;
+    a.group_tile0 = a.t.tile_begin + (p.per_head ? bh * a.t.tiles_per_head : 0);
+    return a;
+}
+
+// Element offset of piece j of this thread, or -1 past the head's last row.
+__device__ __forceinline__ i64 piece_offset(const Fp8PrepassParams& p, const TileAt& a, int j) {
+    const int pc = threadIdx.x + cfg::THREADS * j;
+    const int row = a.row0 + (pc >> p.piece_shift);
+    if (row >= a.t.len) return -1;
+    const int col = (pc & ((1 << p.piece_shift) - 1)) * 8;
+    return a.base + (i64)row * a.t.seq_stride + col;
+}
+
+// The 16-byte pieces of this thread, loaded before any is used (zeros past the last row).
+__device__ __forceinline__ void thread_load_pieces(const Fp8PrepassParams& p, const TileAt& a, uint4 (&v)[cfg::PIECES],
+                                                   i64 (&off)[cfg::PIECES]) {
+    const unsigned char* x = reinterpret_cast<const unsigned char*>(a.t.x);
+#pragma unroll
+    for (int j = 0; j < cfg::PIECES; ++j) {
+        off[j] = piece_offset(p, a, j);
+        v[j] = off[j] >= 0 ? __ldg(reinterpret_cast<const uint4*>(x + off[j] * 2)) : make_uint4(0, 0, 0, 0);
+    }
+}
+
+// The two 16-bit elements of w as f32 (exact): low half first.
+__device__ __forceinline__ void thread_unpack2(u32 w, float& lo, float& hi) {
+#if ELEM == 0
+    thread_unpack_f16x2(w, lo, hi);
+#else
+    lo = __uint_as_float(w << 16);
+    hi = __uint_as_float(w & 0xffff0000u);
+#endif
+}
+
+__device__ __forceinline__ float warp_max(float m) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    return m;
+}
+
+// The max over the CTA, in every thread.
+__device__ __forceinline__ float cta_max(float m, float* scratch) {
+    m = warp_max(m);
+    if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = m;
+    __syncthreads();
+    m = threadIdx.x < cfg::THREADS / 32 ? scratch[threadIdx.x] : 0.f;
+    m = warp_max(m);
+    __syncthreads();
+    return m;
+}
+
+#if PASS == 0
+extern "C" __global__ void __launch_bounds__(cfg::THREADS) fp8_prepass(const Fp8PrepassParams p) {
+    __shared__ float scratch[cfg::THREADS / 32];
+    __shared__ int last;
+    const int g = p.tile_begin + blockIdx.x;
+    const TileAt a = tile_at(p, g);
+    uint4 v[cfg::PIECES];
+    i64 off[cfg::PIECES];
+    thread_load_pieces(p, a, v, off);
+    float m = 0.f;
+#pragma unroll
+    for (int j = 0; j < cfg::PIECES; ++j) {
+        const u32 w[4] = {v[j].x, v[j].y, v[j].z, v[j].w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            float lo, hi;
+            thread_unpack2(w[i], lo, hi);
+            m = fmaxf(m, fmaxf(fabsf(lo), fabsf(hi)));
+        }
+    }
+    m = cta_max(m, scratch);
+    float* partial = reinterpret_cast<float*>(p.partial);
+    unsigned* counter = reinterpret_cast<unsigned*>(p.counter);
+    if (threadIdx.x == 0) {
+        partial[g] = m;
+        // The partial is visible device-wide before the arrival that may let another CTA read it.
+        __threadfence();
+        last = atomicAdd(counter + a.counter, 1u) == (unsigned)(a.group_tiles - 1);
+    }
+    __syncthreads();
+    if (!last) return;
+    // Every partial of the group was written before its tile's arrival (fence above); read them
+    // from L2 (ld.cg), not a stale L1 line.
+    __threadfence();
+    float gm = 0.f;
+    for (int i = threadIdx.x; i < a.group_tiles; i += cfg::THREADS) gm = fmaxf(gm, __ldcg(partial + a.group_tile0 + i));
+    gm = cta_max(gm, scratch);
+    if (threadIdx.x == 0) {
+        reinterpret_cast<float*>(a.t.descale)[a.group] = gm > 0.f ? thread_div_rn(gm, cfg::MAX_FINITE) : 1.f;
+        // Ready for the next launch on this scratch.
+        counter[a.counter] = 0u;
+    }
+}
+#else
+// Codes of 2 values in one 16-bit word: `lo` in the low byte. cvt.{e4m3,e5m2}x2.f32 puts its
+// FIRST source in the UPPER byte.
+__device__ __forceinline__ u32 thread_code2(float lo, float hi) {
+    unsigned short r;
+#if FORMAT == 0
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+#else
+    asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+#endif
+    return r;
+}
+
+extern "C" __global__ void __launch_bounds__(cfg::THREADS) fp8_prepass(const Fp8PrepassParams p) {
+    const int g = p.tile_end - 1 - blockIdx.x;
+    const TileAt a = tile_at(p, g);
+    uint4 v[cfg::PIECES];
+    i64 off[cfg::PIECES];
+    thread_load_pieces(p, a, v, off);
+    // Written by the amax launch before this one on the stream.
+    const float d = __ldg(reinterpret_cast<const float*>(a.t.descale) + a.group);
+    unsigned char* codes = reinterpret_cast<unsigned char*>(a.t.codes);
+#pragma unroll
+    for (int j = 0; j < cfg::PIECES; ++j) {
+        if (off[j] < 0) continue;
+        const u32 w[4] = {v[j].x, v[j].y, v[j].z, v[j].w};
+        u32 c[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            float lo, hi;
+            thread_unpack2(w[i], lo, hi);
+            c[i] = thread_code2(thread_div_rn(lo, d), thread_div_rn(hi, d));
+        }
+        // st.global spelled out: from a u64 address some targets emit a generic store.
+        asm volatile("st.global.v2.u32 [%0], {%1, %2};" ::"l"(codes + off[j]), "r"(c[0] | (c[1] << 16)), "r"(c[2] | (c[3] << 16))
+                     : "memory");
+    }
+}
+#endif

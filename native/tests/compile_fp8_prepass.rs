@@ -1,0 +1,58 @@
+//! NVRTC compiles and SASS checks of the FP8 quantization prepass (`fp8_prepass_*`, both passes,
+//! f16 and bf16 inputs, e4m3 and e5m2) for every target; runs on machines without a GPU. The
+//! H100 runs the sm_90 build (`quattn selftest --only fp8` checks it against the codec).
+//!
+//! Needs libnvrtc 13.x and cuobjdump/nvdisasm (`.ci/install-cuda-tools.sh`). Without them the
+//! tests print why and pass, except under `CI`, where a missing tool is a failure.
+#![cfg(feature = "cuda")]
+
+mod common;
+use common::tools_or_skip;
+
+use quattn_native::{compile_report, sass, Fp8PrepassConfig, KernelCache, KernelVariant, NativeKernelId};
+
+#[test]
+fn every_fp8_prepass_pass_compiles_without_local_memory_and_rounds_like_the_codec() {
+    if !tools_or_skip("every_fp8_prepass_pass_compiles") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let cache = KernelCache::new(Some(dir.path().to_path_buf()));
+    let reports: Vec<_> = compile_report(&cache, Some(Fp8PrepassConfig::TARGETS))
+        .into_iter()
+        .filter(|r| r.kernel.starts_with("fp8_prepass"))
+        .collect();
+    assert_eq!(reports.len(), Fp8PrepassConfig::all().len() * 2 * Fp8PrepassConfig::TARGETS.len());
+    for r in &reports {
+        println!("{}", r.summary());
+    }
+    let failed: Vec<String> = reports.iter().filter(|r| !r.ok()).map(|r| r.summary()).collect();
+    assert!(failed.is_empty(), "failing variants:\n{}", failed.join("\n"));
+    for r in &reports {
+        assert_eq!(r.spill_store_bytes, Some(0), "{}", r.summary());
+        assert_eq!(r.stack_frame_bytes, Some(0), "{}: local memory", r.summary());
+    }
+    // The whole opcode histogram (the report keeps only the matrix and memory opcodes).
+    for id in NativeKernelId::all().into_iter().filter(|id| id.family() == "fp8_prepass") {
+        for &arch in id.targets() {
+            let compiled = cache.get_or_compile(&KernelVariant::request(&id, arch).unwrap()).unwrap();
+            let hist = sass::opcode_histogram(&sass::disassemble(&compiled.cubin).unwrap());
+            let op = |prefix: &str| hist.iter().filter(|(k, _)| k.starts_with(prefix)).map(|(_, v)| v).sum::<usize>();
+            let name = format!("{} {arch}", KernelVariant::name(&id));
+            // Every thread loads its 4 pieces as 16-byte loads; no tensor-core op.
+            assert!(op("LDG.E.128") >= 4, "{name}: {hist:?}");
+            assert_eq!(op("HMMA") + op("QMMA") + op("IMMA"), 0, "{name}");
+            if name.contains("_quant_") {
+                // 32 values per thread: 32 IEEE divisions (each with its FCHK range check), 16
+                // saturating pair conversions, four 8-byte code stores.
+                assert!(op("FCHK") >= 32, "{name}: {hist:?}");
+                assert!(op("F2FP.SATFINITE") >= 16, "{name}: {hist:?}");
+                assert!(op("STG.E.64") >= 4, "{name}: {hist:?}");
+            } else {
+                // One arrival per CTA; the group's partials read from L2 (ld.global.cg).
+                assert_eq!(op("ATOMG.E.ADD"), 1, "{name}: {hist:?}");
+                assert!(op("LDG.E.STRONG.GPU") >= 1, "{name}: {hist:?}");
+            }
+        }
+    }
+}
