@@ -47,6 +47,7 @@ pub mod device_tensor;
 pub mod registry;
 pub mod inputs;
 pub mod metrics;
+pub mod nonfinite;
 pub mod reference;
 pub mod session;
 pub mod tensor;
