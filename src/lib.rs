@@ -13,6 +13,7 @@ pub mod codec;
 pub mod device;
 pub mod emulation;
 pub mod error;
+pub mod fuzz;
 pub mod precision;
 pub mod problem;
 
