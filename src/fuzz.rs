@@ -22,6 +22,8 @@
 //! magnitudes. Inputs that leave that regime on purpose (overflow, non-finite scores) are the
 //! NaN-policy tests' business.
 
+pub mod policy;
+
 use std::collections::BTreeMap;
 use std::fmt;
 
