@@ -326,6 +326,7 @@ impl Generator {
         let mut rng = stream(self.seed, index, 1);
         let config = match prof.palette {
             Some(n) => {
+                let n = n.max(1);
                 let mut palette_rng = stream(self.seed, 0, 3);
                 let palette: Vec<Config> = (0..n).map(|_| self.config(&mut palette_rng)).collect();
                 palette[rng.random_range(0..palette.len())]
@@ -501,9 +502,12 @@ impl Case {
                     out[off + c] = round(round(x, self.host), self.precision.input_dtype());
                 }
             }
+            // Plants outside the problem (a caller changed its shape after drawing) are dropped.
             for nf in d.non_finite.iter().filter(|nf| nf.tensor == name) {
                 let (b, h, s) = nf.row;
-                out[st.offset(b, h, s) + nf.channel] = nf.value;
+                if b < p.batch && h < heads && s < len && nf.channel < dim {
+                    out[st.offset(b, h, s) + nf.channel] = nf.value;
+                }
             }
             out
         };

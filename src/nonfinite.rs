@@ -239,6 +239,9 @@ pub(crate) fn finish(p: &AttentionProblem, precision: Precision, kernel: &str, p
     let os = p.o_strides();
     let dv = p.v_head_dim;
     let rows = p.batch * p.q_heads * p.q_len;
+    if o.len() < p.o_len_elems() || lse.as_deref().is_some_and(|l| l.len() < rows) {
+        return Err(Error::Kernel { kernel: kernel.to_string(), reason: format!("read back {} O elements for {}", o.len(), p.o_len_elems()) });
+    }
     let coords = |r: usize| (r / (p.q_heads * p.q_len), (r / p.q_len) % p.q_heads, r % p.q_len);
     if let Some(poison) = poison {
         for r in 0..rows {
