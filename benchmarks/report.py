@@ -740,6 +740,20 @@ def build(manifest):
           "CI holds their CPU mirror, which moves every operand through the MFMA lane layout the kernels use, "
           "to the f64 reference with `Tolerance::for_precision` of f16, bf16 and FP8 e4m3 (both P formats), and "
           "for FP8 on gfx950 to the emulation of its mode (`tests/hip_mfma_emulation.rs`).", ""]
+    a += ["## NaN policy", "",
+          "Through the host entry points (`Session::run`, `upload`/`download`), on every backend and kernel family "
+          "(`quattn::nonfinite`; tested by `tests/nan_policy.rs` on the CPU and llvmpipe, by `quattn selftest --fuzz` "
+          "on GPUs): a query row whose softmax sees a NaN or ±inf (its own Q row, or the K or V row of a key it sees "
+          "after the causal mask) is NaN in its whole O row and its LSE; every other row is bit for bit what it is "
+          "with those values replaced by 0 (in the INT8 and FP8 modes they count as 0 in their block's scales); a row "
+          "that sees no key is O = 0, LSE = -inf. A finite input the plan's element type cannot hold is "
+          "`Error::InputOverflow`; rows whose inputs are finite and whose output is not (an f16 accumulator or an "
+          "f32 score overflowed) are `Error::Overflow`. The device-tensor entry points read the caller's buffers as "
+          "they are: only the portable FP8 kernel applies the rule there (README, \"NaN policy\").", "",
+          "PyTorch's SDPA computes with IEEE arithmetic instead: a NaN in one V channel reaches only that channel of "
+          "the rows that see the key, a -inf score drops its key like a mask, a NaN in a masked-out position still "
+          "makes rows NaN; its `is_causal` mask is top-left aligned, so no row is empty when q_len > kv_len, and since "
+          "2.5 its math path returns 0 for rows whose every key is masked.", ""]
     a += ["## Raw data", "",
           "Each table names its run folder under `benchmarks/` (`run.sh` holds the commands). Earlier runs stay in "
           "that directory and in git history; `python3 benchmarks/report.py` rebuilds this file from the folders "

@@ -14,6 +14,7 @@ pub mod device;
 pub mod emulation;
 pub mod error;
 pub mod merge;
+pub mod fuzz;
 pub mod precision;
 pub mod problem;
 
@@ -49,6 +50,7 @@ pub mod device_tensor;
 pub mod registry;
 pub mod inputs;
 pub mod metrics;
+pub mod nonfinite;
 pub mod reference;
 pub mod session;
 pub mod tensor;

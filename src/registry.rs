@@ -163,6 +163,8 @@ fn native_kind(k: &quattn_native::NativeKernelId) -> NativeKind {
         N::Int8Prepass(_) | N::Int8PrepassPass(_) => NativeKind::Int8Imma,
         N::Fp8Wgmma(_) => NativeKind::Fp8Wgmma,
         N::Fp8Mma(_) => NativeKind::Fp8Mma,
+        // The FP8 quantization prepass serves both FP8 families; it is never a plan's kernel.
+        N::Fp8Prepass(_) | N::Fp8PrepassPass(_) => NativeKind::Fp8Wgmma,
         N::Decode(_) => NativeKind::Decode,
         N::Nvfp4(_) | N::Nvfp4Quant(_) => NativeKind::Nvfp4,
     }

@@ -11,19 +11,22 @@ use crate::check::{self, Accuracy};
 use crate::run::Shape;
 
 #[derive(Serialize)]
-struct Case {
-    device: String,
-    adapter: String,
-    strategy: String,
-    precision: String,
-    kernel: Option<String>,
-    shape: Shape,
-    status: &'static str,
-    accuracy: Option<Accuracy>,
+pub(crate) struct Case {
+    pub(crate) device: String,
+    pub(crate) adapter: String,
+    pub(crate) strategy: String,
+    pub(crate) precision: String,
+    pub(crate) kernel: Option<String>,
+    pub(crate) shape: Shape,
+    pub(crate) status: &'static str,
+    pub(crate) accuracy: Option<Accuracy>,
     /// rel-L2 of the kernel's O against the CPU emulation of the same mode (which rounds where
     /// the kernel rounds); must stay within the mode's tolerance.
-    vs_emulation_rel_l2: Option<f64>,
-    reason: Option<String>,
+    pub(crate) vs_emulation_rel_l2: Option<f64>,
+    pub(crate) reason: Option<String>,
+    /// Fuzz cases: the largest error / tolerance of the case's checks (`quattn::fuzz`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) error_over_tolerance: Option<f64>,
 }
 
 /// Shape classes: single query row, GQA with ragged lengths, causal with q_len > kv_len, both
@@ -90,7 +93,7 @@ pub fn main(a: &SelftestArgs) -> anyhow::Result<i32> {
     // The emulation is device-independent: it runs once, on the first session.
     let (shard, shards) = a.shard.unwrap_or((0, 1));
     let mut jobs = Vec::new();
-    for (si, session) in sessions.iter().enumerate() {
+    for (si, session) in sessions.iter().enumerate().filter(|_| !a.no_matrix) {
         for strategy in strategies_of(session) {
             if strategy == Strategy::Reference && si > 0 {
                 continue;
@@ -116,9 +119,16 @@ pub fn main(a: &SelftestArgs) -> anyhow::Result<i32> {
         bar.inc(1);
     }
     bar.finish_and_clear();
+    // The reliability cases (`--fuzz N`): generator cases, the NaN policy and determinism on
+    // every family, dealt by the same shard rule.
+    if let Some(n) = a.fuzz {
+        for case in crate::reliability::cases(&sessions, n, a.fuzz_seed, (shard, shards), a.json) {
+            cases.push(case);
+        }
+    }
     // The native INT8 prepass against the codec, bit for bit (only the CUDA backend keeps the
     // operands; elsewhere `int8_operands` is None and nothing is added).
-    for session in sessions.iter().filter(|s| s.info().kind == "cuda" && shard == 0) {
+    for session in sessions.iter().filter(|s| s.info().kind == "cuda" && shard == 0 && !a.no_matrix) {
         for case in prepass_cases(session) {
             if a.json {
                 println!("{}", serde_json::to_string(&case).unwrap_or_default());
@@ -128,7 +138,7 @@ pub fn main(a: &SelftestArgs) -> anyhow::Result<i32> {
     }
     // The device-tensor entry points on every GPU session: caller-held buffers in, O out on
     // the device, bit-identical to the host path.
-    for session in sessions.iter().filter(|_| shard == 1 % shards) {
+    for session in sessions.iter().filter(|_| shard == 1 % shards && !a.no_matrix) {
         for case in device_tensor_cases(session) {
             if a.json {
                 println!("{}", serde_json::to_string(&case).unwrap_or_default());
@@ -180,6 +190,7 @@ fn run_case(session: &Session, p: &AttentionProblem, prec: Precision, strategy: 
         accuracy: None,
         vs_emulation_rel_l2: None,
         reason: None,
+        error_over_tolerance: None,
     };
     let plan = match session.plan(p, prec, strategy) {
         Ok(plan) => plan,
@@ -265,6 +276,7 @@ fn prepass_cases(session: &Session) -> Vec<Case> {
                         accuracy: None,
                         vs_emulation_rel_l2: None,
                         reason: None,
+                        error_over_tolerance: None,
                     };
                     let result = (|| -> anyhow::Result<Option<()>> {
                         let plan = match session.plan(&p, prec, strategy) {
@@ -331,6 +343,7 @@ fn device_tensor_cases(session: &Session) -> Vec<Case> {
                     accuracy: None,
                     vs_emulation_rel_l2: None,
                     reason: None,
+                    error_over_tolerance: None,
                 };
                 let plan = match session.plan(p, prec, Strategy::Auto) {
                     Ok(plan) => plan,

@@ -202,7 +202,6 @@ mod store {
     use crate::wgmma_fp8::{Fp8WgmmaKernel, Fp8WgmmaUnit};
     use crate::mma_fp8::{Fp8MmaKernel, Fp8MmaUnit};
     use crate::decode::{DecodeKernel, DecodeUnit};
-    use crate::{HmmaKernel, Int8Kernel, Int8Prepass, Int8UmmaKernel, Int8WgmmaKernel, WgmmaKernel};
     use crate::{Fp8Prepass, HmmaKernel, Int8Kernel, Int8Prepass, Int8UmmaKernel, Int8WgmmaKernel, WgmmaKernel};
 
     /// A loaded kernel of any family.

@@ -590,7 +590,7 @@ impl CudaBackend {
             Loaded::Fp8Wgmma(_) | Loaded::Fp8Mma(_) => {
                 return Err(Error::Kernel { kernel: name(), reason: "an FP8 plan launched without its code buffers".into() });
             }
-            Loaded::Int8Prepass(_) | Loaded::Nvfp4(_) | Loaded::Nvfp4Quant(_) => return Err(super::foreign(plan)),
+            Loaded::Int8Prepass(_) | Loaded::Fp8Prepass(_) | Loaded::Nvfp4(_) | Loaded::Nvfp4Quant(_) => return Err(super::foreign(plan)),
         }
         match (start, end) {
             (Some(start), Some(end)) => {

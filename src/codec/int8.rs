@@ -180,11 +180,20 @@ pub struct Int8Tensor {
     pub scales: Vec<f32>,
 }
 
-fn check_finite(what: &str, x: &[f32]) -> Result<()> {
-    match x.iter().position(|v| !v.is_finite()) {
-        Some(i) => Err(Error::Quantization(format!("{what} element {i} is {} (must be finite)", x[i]))),
-        None => Ok(()),
+/// Every element of the `[batch, heads, len, dim]` view is finite (elements between strided
+/// rows are not part of it).
+fn check_finite(what: &str, x: &[f32], st: crate::Strides, batch: usize, heads: usize, len: usize, dim: usize) -> Result<()> {
+    for b in 0..batch {
+        for h in 0..heads {
+            for j in 0..len {
+                let o = st.offset(b, h, j);
+                if let Some(c) = x[o..o + dim].iter().position(|v| !v.is_finite()) {
+                    return Err(Error::Quantization(format!("{what} element {} is {} (must be finite)", o + c, x[o + c])));
+                }
+            }
+        }
     }
+    Ok(())
 }
 
 fn check_len(what: &str, got: usize, expected: usize) -> Result<()> {
@@ -198,8 +207,8 @@ fn check_len(what: &str, got: usize, expected: usize) -> Result<()> {
 /// multiplied into the stored scales (1.0 for none).
 pub fn quantize_q(problem: &AttentionProblem, layout: &Int8ScaleLayout, q: &[f32], fold: f32) -> Result<Int8Tensor> {
     check_len("Q", q.len(), problem.q_len_elems())?;
-    check_finite("Q", q)?;
     let (st, d) = (problem.q_strides(), problem.head_dim);
+    check_finite("Q", q, st, problem.batch, problem.q_heads, problem.q_len, d)?;
     let mut amax = vec![0.0f32; layout.q_scales_len()];
     for b in 0..problem.batch {
         for h in 0..problem.q_heads {
@@ -229,8 +238,8 @@ pub fn quantize_q(problem: &AttentionProblem, layout: &Int8ScaleLayout, q: &[f32
 /// Quantizes K (problem layout; smoothed or not) with one scale per block of `block_k` keys.
 pub fn quantize_k(problem: &AttentionProblem, layout: &Int8ScaleLayout, k: &[f32]) -> Result<Int8Tensor> {
     check_len("K", k.len(), problem.k_len_elems())?;
-    check_finite("K", k)?;
     let (st, d) = (problem.k_strides(), problem.head_dim);
+    check_finite("K", k, st, problem.batch, problem.kv_heads, problem.kv_len, d)?;
     let mut amax = vec![0.0f32; layout.k_scales_len()];
     for b in 0..problem.batch {
         for h in 0..problem.kv_heads {
@@ -268,8 +277,8 @@ pub struct SmoothedK {
 /// Subtracts the per-(batch, KV head, channel) mean over the key sequence (module docs).
 pub fn smooth_k(problem: &AttentionProblem, k: &[f32]) -> Result<SmoothedK> {
     check_len("K", k.len(), problem.k_len_elems())?;
-    check_finite("K", k)?;
     let (st, d) = (problem.k_strides(), problem.head_dim);
+    check_finite("K", k, st, problem.batch, problem.kv_heads, problem.kv_len, d)?;
     let mut mean = vec![0.0f32; problem.batch * problem.kv_heads * d];
     let mut values = k.to_vec();
     for b in 0..problem.batch {
@@ -316,7 +325,7 @@ pub struct E4m3V {
 pub fn quantize_v_e4m3(problem: &AttentionProblem, v: &[f32]) -> Result<E4m3V> {
     use crate::codec::fp8::{e4m3, Saturation};
     check_len("V", v.len(), problem.v_len_elems())?;
-    check_finite("V", v)?;
+    check_finite("V", v, problem.v_strides(), problem.batch, problem.kv_heads, problem.kv_len, problem.v_head_dim)?;
     let (dv, st) = (problem.v_head_dim, problem.v_strides());
     let mut amax = vec![0.0f32; problem.batch * problem.kv_heads * dv];
     for b in 0..problem.batch {
