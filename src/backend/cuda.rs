@@ -361,6 +361,15 @@ impl CudaBackend {
                 (NativeKernelId::Int8Imma(c), c.blocking().map_err(|e| na(e.to_string()))?)
             }
         };
+        // The prepass writes the Q and K codes in the problem's strides, which the kernel then
+        // copies in 16-byte pieces: its launch checks (strides, grid limits) belong to the plan.
+        let args = Int8Args { shape: problem.shape(), lse_shift: false };
+        match &id {
+            NativeKernelId::Int8Wgmma(c) => c.validate_args(&args),
+            NativeKernelId::Int8Imma(c) => args.validate(c),
+            _ => Ok(()),
+        }
+        .map_err(|e| na(e.to_string()))?;
         let blocking = Blocking { block_q: b.block_q, block_k: b.block_k, warps: b.warps, ..Blocking::default() };
         blocking.validate(problem, precision).map_err(|e| na(e.to_string()))?;
         // The INT8 plans take f16 Q, K and V.
