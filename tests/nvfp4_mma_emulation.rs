@@ -4,7 +4,8 @@
 //! through the PTX fragment layout of `quattn_native::nvfp4::lanes` (which lane holds which A, B,
 //! C element and which scale byte), and the CTA / warp / KV-tile loop, masking, online softmax,
 //! P packing (and, for FP4 P·V, the quad byte transpose of P's codes) follow the kernel. The
-//! result is held to the f64 reference with the NVFP4 tolerance and to quattn's NVFP4 emulation
+//! result is held to the f64 reference with the NVFP4 tolerance, its LSE to the f64 LSE of the
+//! dequantized Q and K within 1e-4, and O to quattn's NVFP4 emulation
 //! (`Blocking { block_q: 64, block_k: 64 }`) within one ulp of the output type.
 //!
 //! The kernel has been compiled and disassembled, never run (no sm_120 device): this shows that
@@ -411,10 +412,24 @@ fn check(cfg: Nvfp4Config, precision: Option<Precision>, p: &AttentionProblem, s
     let m = ErrorMetrics::compare(&out.o, &reference.o);
     assert!(tol.accepts(&m, ref_max), "{what}: {m:?} outside {tol:?}");
     assert!(m.rel_l2 > 1e-3, "{what}: suspiciously exact {m:?} (no 4-bit error?)");
-    for (x, r) in out.lse.iter().zip(&reference.lse) {
+    // LSE against the f64 reference of the dequantized NVFP4 Q and K (the quantization error
+    // removed, so only the kernel's index math and f32 rounding remain): within 1e-4.
+    let d = p.head_dim;
+    let deq = |x: &[f32]| Nvfp4Tensor::quantize(x, x.len() / d, d).unwrap().dequantize();
+    let qref = attention_f64(p, &deq(&qr), &deq(&kr), &vr).unwrap();
+    for (x, r) in out.lse.iter().zip(&qref.lse) {
         assert_eq!(x.is_finite(), r.is_finite(), "{what}: -inf rows differ");
         if r.is_finite() {
-            assert!((*x as f64 - r).abs() / (1.0 + r.abs()) <= 0.06, "{what}: LSE {x} vs {r}");
+            assert!((*x as f64 - r).abs() / (1.0 + r.abs()) < 1e-4, "{what}: LSE {x} vs dequantized-input reference {r}");
+        }
+    }
+    // And against the true f64 reference, for the modes the emulation has, the bound
+    // src/emulation/tests.rs holds every NVFP4 mode to (|ΔLSE| / (1 + |LSE|) < 0.3).
+    if precision.is_some() {
+        for (x, r) in out.lse.iter().zip(&reference.lse) {
+            if r.is_finite() {
+                assert!((*x as f64 - r).abs() / (1.0 + r.abs()) < 0.3, "{what}: LSE {x} vs {r}");
+            }
         }
     }
     if let Some(precision) = precision {
