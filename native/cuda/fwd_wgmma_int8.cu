@@ -8,7 +8,8 @@
 // the two consumer warpgroups ping-pong (see the kernel section below). On the H100 this is
 // 1.2-1.3x a kernel in which every thread issues cp.async and both consumer warpgroups run in
 // lockstep with a CTA barrier per KV tile. The f16 P·V variant is checked on an H100 by
-// `examples/int8_check.rs` and `quattn selftest`.
+// `examples/int8_check.rs` and `quattn selftest`; the e4m3 P·V variants' check is the facade's
+// `examples/int8_fp8_check.rs` (f64, the emulation, the prepass's operands, timings).
 //
 // CTA. 2 consumer warpgroups x 64 query rows: BLOCK_M = 128, BLOCK_N (BN) keys per KV tile (128;
 // PV_FP8 also 192), K_BLOCK keys per K scale (BN or, with PV_FP8, 64: a tile then holds

@@ -84,9 +84,11 @@ pub struct Int8WgmmaConfig {
 }
 
 /// `(head dim, keys per tile, keys per K scale, stages)` of the e4m3 P·V variants that
-/// [`Int8WgmmaConfig::new_fp8`] picks. Not measured on this family yet: the FP8 wgmma family's
-/// table (`crate::wgmma_fp8::FP8_TILES`, the same pipeline with e4m3 Q·Kᵀ) found 192-key tiles
-/// with 2 stages the fastest at both head dims; 192 keys take three 64-key K scales.
+/// [`Int8WgmmaConfig::new_fp8`] picks, taken from the FP8 wgmma family's table
+/// (`crate::wgmma_fp8::FP8_TILES`, the same pipeline with e4m3 Q·Kᵀ), where 192-key tiles with 2
+/// stages were the fastest at both head dims; 192 keys take three 64-key K scales.
+/// `examples/int8_fp8_check.rs` of the facade times the alternatives of
+/// [`Int8WgmmaConfig::fp8_alternatives`] against it.
 pub const INT8_FP8_TILES: [(u32, u32, u32, u32); 2] = [(64, 192, 64, 2), (128, 192, 64, 2)];
 
 /// KV tiles per flush of the two-level P·V accumulation that [`Int8WgmmaConfig::new_fp8`]
