@@ -293,9 +293,12 @@ pub fn smooth_k(problem: &AttentionProblem, k: &[f32]) -> Result<SmoothedK> {
             for (m, s) in mu.iter_mut().zip(&sum) {
                 *m = (s / problem.kv_len as f64) as f32;
             }
+            // From `k`, not in place: views that share rows across the batch (batch stride 0)
+            // would be smoothed once per batch.
             for j in 0..problem.kv_len {
-                for (x, m) in values[st.offset(b, h, j)..][..d].iter_mut().zip(mu.iter()) {
-                    *x -= m;
+                let o = st.offset(b, h, j);
+                for ((x, &k), m) in values[o..o + d].iter_mut().zip(&k[o..o + d]).zip(mu.iter()) {
+                    *x = k - m;
                 }
             }
         }
@@ -772,6 +775,20 @@ mod tests {
         assert_eq!(block.k_scale_index(1, 1, 32), 11);
         assert_eq!(block.k_scale_index(1, 1, 31), 10);
         assert_eq!(block.k_scale_index(0, 1, 0), 3);
+    }
+
+    #[test]
+    fn smoothing_a_view_shared_across_the_batch_smooths_once() {
+        // K of one batch shared by three (batch stride 0), against the same K copied per batch.
+        let dense = AttentionProblem::new(3, 1, 2, 16).kv_len(5);
+        let st = crate::Strides { batch: 0, head: 5 * 16, seq: 16 };
+        let shared = dense.strides(crate::TensorStrides { q: dense.q_strides(), k: st, v: st, o: dense.o_strides() });
+        let k: Vec<f32> = (0..5 * 16).map(|i| ((i * 37 % 23) as f32 - 11.0) / 4.0).collect();
+        let copied: Vec<f32> = (0..3).flat_map(|_| k.iter().copied()).collect();
+        let a = smooth_k(&shared, &k).unwrap();
+        let b = smooth_k(&dense, &copied).unwrap();
+        assert_eq!(a.values[..], b.values[..5 * 16]);
+        assert_eq!(a.mean, b.mean);
     }
 
     #[test]
