@@ -148,6 +148,7 @@ fn native_kind(k: &quattn_native::NativeKernelId) -> NativeKind {
         N::Int8Prepass(_) | N::Int8PrepassPass(_) => NativeKind::Int8Imma,
         N::Fp8Wgmma(_) => NativeKind::Fp8Wgmma,
         N::Fp8Mma(_) => NativeKind::Fp8Mma,
+        N::Fp8Prepass(_) | N::Fp8PrepassPass(_) => NativeKind::Fp8Mma,
     }
 }
 

@@ -291,6 +291,11 @@ pub struct SelftestArgs {
     /// One JSON object per case on stdout.
     #[arg(long)]
     pub json: bool,
+    /// Only the case groups whose name contains this: `matrix` (every precision x shape x
+    /// family), `int8-prepass`, `fp8` (the native FP8 prepass and CUDA entry points),
+    /// `device-tensors`.
+    #[arg(long)]
+    pub only: Option<String>,
 }
 
 #[derive(Args, Clone, Debug)]

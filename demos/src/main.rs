@@ -8,6 +8,7 @@ mod kernels;
 mod peers;
 mod run;
 mod selftest;
+mod selftest_fp8;
 
 use clap::Parser;
 

@@ -11,19 +11,19 @@ use crate::check::{self, Accuracy};
 use crate::run::Shape;
 
 #[derive(Serialize)]
-struct Case {
-    device: String,
-    adapter: String,
-    strategy: String,
-    precision: String,
-    kernel: Option<String>,
-    shape: Shape,
-    status: &'static str,
-    accuracy: Option<Accuracy>,
+pub(crate) struct Case {
+    pub device: String,
+    pub adapter: String,
+    pub strategy: String,
+    pub precision: String,
+    pub kernel: Option<String>,
+    pub shape: Shape,
+    pub status: &'static str,
+    pub accuracy: Option<Accuracy>,
     /// rel-L2 of the kernel's O against the CPU emulation of the same mode (which rounds where
     /// the kernel rounds); must stay within the mode's tolerance.
-    vs_emulation_rel_l2: Option<f64>,
-    reason: Option<String>,
+    pub vs_emulation_rel_l2: Option<f64>,
+    pub reason: Option<String>,
 }
 
 /// Shape classes: single query row, GQA with ragged lengths, causal with q_len > kv_len, both
@@ -82,6 +82,9 @@ pub fn main(a: &SelftestArgs) -> anyhow::Result<i32> {
         v.push(Strategy::Reference);
         v
     };
+    // The case groups `--only` selects from.
+    let group = |name: &str| a.only.as_deref().is_none_or(|o| name.contains(o));
+    let shapes = if group("matrix") { shapes } else { Vec::new() };
     let total: usize = sessions.iter().map(|s| strategies_of(s).len()).sum::<usize>() * shapes.len() * precisions.len();
     let bar = ProgressBar::new(total as u64);
     bar.set_style(ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}").unwrap_or_else(|_| ProgressStyle::default_bar()));
@@ -109,7 +112,7 @@ pub fn main(a: &SelftestArgs) -> anyhow::Result<i32> {
     bar.finish_and_clear();
     // The native INT8 prepass against the codec, bit for bit (only the CUDA backend keeps the
     // operands; elsewhere `int8_operands` is None and nothing is added).
-    for session in sessions.iter().filter(|s| s.info().kind == "cuda") {
+    for session in sessions.iter().filter(|s| s.info().kind == "cuda" && group("int8-prepass")) {
         for case in prepass_cases(session) {
             if a.json {
                 println!("{}", serde_json::to_string(&case).unwrap_or_default());
@@ -119,7 +122,17 @@ pub fn main(a: &SelftestArgs) -> anyhow::Result<i32> {
     }
     // The device-tensor entry points on every GPU session: caller-held buffers in, O out on
     // the device, bit-identical to the host path.
-    for session in &sessions {
+    // The native FP8 group: device quantization against the codec, the CUDA device-tensor
+    // entry points against the host path.
+    for session in sessions.iter().filter(|s| s.info().kind == "cuda" && group("fp8")) {
+        for case in crate::selftest_fp8::cases(session) {
+            if a.json {
+                println!("{}", serde_json::to_string(&case).unwrap_or_default());
+            }
+            cases.push(case);
+        }
+    }
+    for session in sessions.iter().filter(|_| group("device-tensors")) {
         for case in device_tensor_cases(session) {
             if a.json {
                 println!("{}", serde_json::to_string(&case).unwrap_or_default());
