@@ -185,7 +185,7 @@ def speed_table(entry):
     for o in out:
         order.setdefault(o["kernel"], len(order))
     peer_first = lambda o: (0 if o["kernel"] in PEERS else 1, PEERS.index(o["kernel"]) if o["kernel"] in PEERS else order[o["kernel"]])
-    out.sort(key=lambda o: (o["shape"]["head_dim"], o["shape"]["seq"], o["shape"]["causal"]) + peer_first(o))
+    out.sort(key=lambda o: (o["shape"]["head_dim"], o["shape"]["seq"], o["shape"]["kv_seq"], o["shape"]["causal"]) + peer_first(o))
     return out, rows
 
 
@@ -217,7 +217,9 @@ def speed_markdown(entry, out, rows):
         s = o["shape"]
         bold = o["kernel"] not in PEERS
         t = fmt_f(o["tflops"])
-        cells = [o["device"], f"`{o['kernel']}`", o["precision"], str(s["head_dim"]), str(s["seq"]),
+        # q_len x kv_len where they differ (decode shapes), else the one length.
+        seq = str(s["seq"]) if s["seq"] == s["kv_seq"] else f"{s['seq']} × {s['kv_seq']}"
+        cells = [o["device"], f"`{o['kernel']}`", o["precision"], str(s["head_dim"]), seq,
                  f"{s['batch']} × {s['heads']}", "yes" if s["causal"] else "no", f"**{t}**" if bold else t]
         if has_peers:
             cells += [fmt_f(o["vs_flash"], 2), fmt_f(o["vs_cudnn"], 2)]
@@ -701,6 +703,7 @@ def build(manifest):
           "kernel on already quantized operands.",
           "- fp16 inputs unless the precision says otherwise (bf16, int8-*: INT8 Q/K with f16 V); BHSD layout.",
           "", "## Plots", ""] + plots_md + ["", "## Speed", ""] + speed_md
+    b += NOT_RUN_MD
     if probe_md:
         b += ["## FMA peak probe", ""] + probe_md
     b += ["## Raw data", "",
@@ -724,10 +727,33 @@ def build(manifest):
          "- vs emulation: rel-L2 between the kernel and the CPU emulation of its own mode (`quattn::emulation`, "
          "which rounds where a kernel of that mode rounds); it must also stay within the mode's tolerance.",
          "- The emulation table is the number formats themselves against f64. \"not run on hardware\" marks modes "
-         "that exist only as emulations: no kernel in these tables runs them yet.", "",
+         "that exist only as emulations: no kernel in these tables runs them yet. For nvfp4 and nvfp4-v4 the "
+         "sm_120a block-scaled MMA kernel (`fwd_nvfp4_*`) exists, compiled and SASS-checked but never run: "
+         "`tests/nvfp4_mma_emulation.rs` evaluates its MMAs from per-lane registers through the PTX fragment and "
+         "scale-byte layout, in its tile order, and holds the result to these tolerances and to the emulation "
+         "within one output ulp; its quantization prepass runs on the H100 and matches the codec byte for byte.", "",
          "A plot of these errors against the speed tables of BENCHMARKS.md: "
          "[accuracy vs speed](benchmarks/plots/accuracy-vs-speed.svg).", ""]
     a += acc_md + peer_md
+    a += ["## AMD (HIP): not run on hardware", "",
+          "The HIP MFMA kernels (`native/hip/`, gfx942 and gfx950) have no rows here: no AMD GPU has run them. "
+          "CI holds their CPU mirror, which moves every operand through the MFMA lane layout the kernels use, "
+          "to the f64 reference with `Tolerance::for_precision` of f16, bf16 and FP8 e4m3 (both P formats), and "
+          "for FP8 on gfx950 to the emulation of its mode (`tests/hip_mfma_emulation.rs`).", ""]
+    a += ["## NaN policy", "",
+          "Through the host entry points (`Session::run`, `upload`/`download`), on every backend and kernel family "
+          "(`quattn::nonfinite`; tested by `tests/nan_policy.rs` on the CPU and llvmpipe, by `quattn selftest --fuzz` "
+          "on GPUs): a query row whose softmax sees a NaN or ±inf (its own Q row, or the K or V row of a key it sees "
+          "after the causal mask) is NaN in its whole O row and its LSE; every other row is bit for bit what it is "
+          "with those values replaced by 0 (in the INT8 and FP8 modes they count as 0 in their block's scales); a row "
+          "that sees no key is O = 0, LSE = -inf. A finite input the plan's element type cannot hold is "
+          "`Error::InputOverflow`; rows whose inputs are finite and whose output is not (an f16 accumulator or an "
+          "f32 score overflowed) are `Error::Overflow`. The device-tensor entry points read the caller's buffers as "
+          "they are: only the portable FP8 kernel applies the rule there (README, \"NaN policy\").", "",
+          "PyTorch's SDPA computes with IEEE arithmetic instead: a NaN in one V channel reaches only that channel of "
+          "the rows that see the key, a -inf score drops its key like a mask, a NaN in a masked-out position still "
+          "makes rows NaN; its `is_causal` mask is top-left aligned, so no row is empty when q_len > kv_len, and since "
+          "2.5 its math path returns 0 for rows whose every key is masked.", ""]
     a += ["## Raw data", "",
           "Each table names its run folder under `benchmarks/` (`run.sh` holds the commands). Earlier runs stay in "
           "that directory and in git history; `python3 benchmarks/report.py` rebuilds this file from the folders "
@@ -735,6 +761,37 @@ def build(manifest):
     files[os.path.join(ROOT, "BENCHMARKS.md")] = "\n".join(b).rstrip("\n") + "\n"
     files[os.path.join(ROOT, "ACCURACY.md")] = "\n".join(a).rstrip("\n") + "\n"
     return files
+
+
+# Kernels compiled and disassembled for a target no lent machine has: their instruction and
+# resource budget from the SASS (`cargo test -p quattn-native --test compile_nvfp4 -- --nocapture`
+# prints these lines; `quattn kernels --arch sm_120a` the same report), no timing.
+NOT_RUN_MD = [
+    "## Not run on hardware", "",
+    "### sm_120a (RTX 50xx): NVFP4 attention on the block-scaled mma.sync", "",
+    "No sm_120 device was available, so these kernels have no timing. Per consumer warp (16 query rows) and "
+    "64-key K/V tile, from NVRTC 13.0's SASS (`OMMA.SF.16864.F32.E2M1.E2M1.UE4M3.4X` is "
+    "`mma.sync.aligned.kind::mxf4nvf4.block_scale.scale_vec::4X.m16n8k64`):", "",
+    "| variant | Q·Kᵀ MMAs / tile | P·V MMAs / tile | registers | spills | shared memory | K/V stages |",
+    "|---|---|---|---|---|---|---|",
+    "| `fwd_nvfp4_bf16_d128` (V bf16) | 16 OMMA.SF (m16n8k64) | 64 HMMA.16816.F32.BF16 | 156 | 0 | 69,168 B | 3 |",
+    "| `fwd_nvfp4_f16_d128` (V f16) | 16 OMMA.SF | 64 HMMA.16816.F32 | 156 | 0 | 69,168 B | 3 |",
+    "| `fwd_nvfp4_fp4_d128` (P, V NVFP4) | 16 OMMA.SF | 16 OMMA.SF | 183 | 0 | 36,912 B | 3 |",
+    "| `fwd_nvfp4_bf16_d64` | 8 OMMA.SF | 32 HMMA | 126 | 0 | 37,680 B | 3 |",
+    "| `fwd_nvfp4_fp4_d64` | 8 OMMA.SF | 16 OMMA.SF | 144 | 0 | 20,016 B | 3 |",
+    "| f16 Q·Kᵀ for comparison (m16n8k16, hd 128) | 64 HMMA | 64 HMMA | | | | |", "",
+    "- One block-scaled MMA covers 64 elements of the head dim where an f16 `m16n8k16` covers 16: Q·Kᵀ issues "
+    "4× fewer tensor-core instructions, and the scales ride in the instruction (no dequantization code). The "
+    "FA4-on-sm120 design note this follows expects NVFP4 at 2× MXFP8 and 4× Ada FP8 tensor throughput; with "
+    "V in 16 bits, P·V (64 HMMA per tile) is then the larger share of the MMA work, which is what the FP4 P·V "
+    "variant removes.",
+    "- Shared memory: 3 stages of K codes (rows padded to 80 B against bank conflicts), K scales and V rows "
+    "(bf16, padded to 272 B) fit 69 KB of the 99 KB an sm_120 CTA may use; with FP4 V, 37 KB.",
+    "- Loads: a producer warp issues one bulk copy (`cp.async.bulk`, mbarrier completion) per K and V row; four "
+    "consumer warps wait on per-stage full barriers and release empty barriers; the conditional rescale "
+    "(threshold 2^8) and the cubic exp2 on every second score are compile-time options (`_rs_poly2` variants: "
+    "157 registers; MUFU.EX2 in the SASS: 18 against 34 without the polynomial).", "",
+]
 
 
 def speed_md_entry(e, out, rows):

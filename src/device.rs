@@ -39,6 +39,11 @@ pub enum Device {
     WgpuSpirv(WgpuAdapter),
     /// CUDA GPU by ordinal: CubeCL kernels, and native kernels where the device matches.
     Cuda(usize),
+    /// AMD GPU by HIP ordinal (ROCm's libamdhip64 loaded at run time, feature `hip`): the native
+    /// MFMA kernels on gfx942 / gfx950, compiled by hipRTC. **Not run on hardware**: the
+    /// kernels are compiled, disassembly-checked and mirrored on the CPU only. Without ROCm, a
+    /// typed [`crate::Error::DeviceUnavailable`].
+    Hip(usize),
 }
 
 impl fmt::Display for Device {
@@ -49,6 +54,7 @@ impl fmt::Display for Device {
             Device::Wgpu(a) => write!(f, "wgpu({a:?})"),
             Device::WgpuSpirv(a) => write!(f, "wgpu-spirv({a:?})"),
             Device::Cuda(i) => write!(f, "cuda:{i}"),
+            Device::Hip(i) => write!(f, "hip:{i}"),
         }
     }
 }
@@ -71,6 +77,19 @@ pub enum NativeKind {
     /// FP8 e4m3 Q·Kᵀ on mma.sync (native on sm_89 and sm_120a, compiled and SASS-checked, not
     /// run on such hardware; on sm_90 the same PTX runs as an f16 sequence).
     Fp8Mma,
+    /// f16/bf16 flash attention on AMD MFMA (HIP; gfx950 `32x32x16`, gfx942 `32x32x8`).
+    /// Compiled and disassembly-checked, not run on hardware.
+    HipMfma,
+    /// FP8 e4m3 flash attention on AMD MFMA (`32x32x16_fp8_fp8`; OCP e4m3 on gfx950, e4m3fnuz
+    /// on gfx942). Compiled and disassembly-checked, not run on hardware.
+    HipMfmaFp8,
+    /// Split-KV decode (flash-decoding) on mma.sync, f16/bf16 with f32 accumulation (sm_80+):
+    /// the query rows of a GQA group (times q_len, at most 64) in one tile against a slice of
+    /// the keys, the slices merged by their LSE.
+    Decode,
+    /// NVFP4 Q·Kᵀ on the block-scaled mma.sync (sm_120a; compiled and SASS-checked, not run on
+    /// hardware, no launch path in the facade yet: its row never selects it).
+    Nvfp4,
 }
 
 impl NativeKind {
@@ -83,6 +102,10 @@ impl NativeKind {
             NativeKind::Int8Umma => "int8-umma",
             NativeKind::Fp8Wgmma => "fp8-wgmma",
             NativeKind::Fp8Mma => "fp8-mma",
+            NativeKind::HipMfma => "mfma",
+            NativeKind::HipMfmaFp8 => "mfma-fp8",
+            NativeKind::Decode => "decode",
+            NativeKind::Nvfp4 => "nvfp4",
         }
     }
 }

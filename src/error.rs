@@ -93,6 +93,18 @@ pub enum Error {
 
     #[error("kernel `{kernel}` failed: {reason}")]
     Kernel { kernel: String, reason: String },
+
+    #[error("LSE value {value} at row {index} is not a log-sum-exp: it must be finite, or -inf for a row that saw no key")]
+    InvalidLse { index: usize, value: f32 },
+    /// A finite input the plan's element type cannot hold; the NaN policy (`nonfinite`) keeps
+    /// this apart from inputs that are NaN or infinite to begin with.
+    #[error("{tensor}[{index}] = {value} overflows {dtype}, the element type the plan computes on: scale the inputs down or plan a precision with a wider type")]
+    InputOverflow { tensor: TensorName, index: usize, value: f32, dtype: crate::Dtype },
+
+    /// Rows whose inputs are all finite came out non-finite: an intermediate value (an f16
+    /// accumulator, a score) overflowed the arithmetic of the mode.
+    #[error("kernel `{kernel}` overflowed in {rows} row(s) whose inputs are all finite (first: batch {batch}, head {head}, row {row}): the intermediate values of {precision} (f16 accumulators, f32 scores) cannot hold the magnitude of these inputs")]
+    Overflow { kernel: String, precision: Precision, rows: usize, batch: usize, head: usize, row: usize },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -13,11 +13,14 @@ pub mod codec;
 pub mod device;
 pub mod emulation;
 pub mod error;
+pub mod merge;
+pub mod fuzz;
 pub mod precision;
 pub mod problem;
 
 pub use device::{Device, NativeKind, PortableKind, Strategy, WgpuAdapter};
 pub use error::{Error, Result, TensorName};
+pub use merge::{merge_outputs, merge_states, merge_states_into, MergedState};
 pub use quattn_core::TWO_STAGE_CHUNK;
 pub use precision::{
     DescaleGranularity, Dtype, Fp8Format, Int8Granularity, Nvfp4V, Precision, PvAccum, PvFormat, QkAccum,
@@ -47,6 +50,7 @@ pub mod device_tensor;
 pub mod registry;
 pub mod inputs;
 pub mod metrics;
+pub mod nonfinite;
 pub mod reference;
 pub mod session;
 pub mod tensor;

@@ -33,7 +33,8 @@ pub enum Precision {
     /// SageAttention-style INT8 Q and K with f32 scales, INT32 Q·Kᵀ accumulation. With
     /// `pv: F16` the portable CubeCL path runs it on every wgpu and CUDA device (a quantization
     /// prepass, then the INT8 kernel; the plan records the blocking its scales follow); `pv:
-    /// Fp8` runs only in the CPU emulation.
+    /// Fp8` (e4m3 P and per-channel e4m3 V, SageAttention2) runs natively on sm_90a (the s8
+    /// wgmma kernel's e4m3 P·V variant) and in the CPU emulation.
     Int8Qk { granularity: Int8Granularity, smooth_k: bool, pv: PvFormat },
     /// FP8 Q, K, V with f32 descales; P in f16 or FP8.
     Fp8 { format: Fp8Format, descale: DescaleGranularity, p: PvFormat },

@@ -28,6 +28,8 @@ pub const MAX_TENSOR_ELEMS: usize = (u32::MAX as usize) / 2;
 ///   their output is 0 and their LSE is `-inf`.
 /// * The LSE is the natural log of the softmax denominator of the *scaled* logits, shape
 ///   `[batch, q_heads, q_len]` (always this order, whatever the layout).
+/// * NaN and ±inf inputs poison exactly the rows whose softmax sees them (O and LSE NaN); see
+///   the [NaN policy](crate::nonfinite).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AttentionProblem {
     pub batch: usize,

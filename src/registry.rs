@@ -31,7 +31,7 @@ pub enum Family {
 
 impl Family {
     /// Every family, in no particular order (each backend's table orders its own rows).
-    pub const ALL: [Family; 14] = [
+    pub const ALL: [Family; 18] = [
         Family::Cpu,
         Family::Emulation,
         Family::Portable(PortableKind::Fma),
@@ -46,6 +46,10 @@ impl Family {
         Family::Native(NativeKind::Int8Umma),
         Family::Native(NativeKind::Fp8Wgmma),
         Family::Native(NativeKind::Fp8Mma),
+        Family::Native(NativeKind::HipMfma),
+        Family::Native(NativeKind::HipMfmaFp8),
+        Family::Native(NativeKind::Decode),
+        Family::Native(NativeKind::Nvfp4),
     ];
 
     /// Whether `strategy` lets dispatch consider this family.
@@ -85,6 +89,8 @@ pub enum KernelId {
     Portable { kernel: quattn_cubecl::PortableKernel, name: String },
     /// A native kernel (and, for INT8 plans, its quantization prepass), its variant chosen.
     Native(NativeChoice),
+    /// A native HIP kernel (AMD MFMA) and the arch it is compiled for (not run on hardware).
+    Hip { kernel: quattn_native::hip::HipKernelId, arch: quattn_native::hip::GfxArch },
 }
 
 /// A native kernel with the prepass that feeds it, if any.
@@ -92,6 +98,9 @@ pub enum KernelId {
 pub struct NativeChoice {
     pub kernel: quattn_native::NativeKernelId,
     pub prepass: Option<quattn_native::NativeKernelId>,
+    /// Decode plans: how the KV sequence is split across CTAs on this device
+    /// ([`quattn_native::decode_split`]); `None` for the other families.
+    pub split: Option<quattn_native::DecodeSplit>,
 }
 
 impl KernelId {
@@ -102,6 +111,8 @@ impl KernelId {
             KernelId::Emulation { .. } => Family::Emulation,
             KernelId::Portable { kernel, .. } => Family::Portable(portable_kind(kernel)),
             KernelId::Native(n) => Family::Native(native_kind(&n.kernel)),
+            KernelId::Hip { kernel: quattn_native::hip::HipKernelId::Mfma(_), .. } => Family::Native(NativeKind::HipMfma),
+            KernelId::Hip { kernel: quattn_native::hip::HipKernelId::MfmaFp8(_), .. } => Family::Native(NativeKind::HipMfmaFp8),
         }
     }
 
@@ -115,7 +126,11 @@ impl KernelId {
             }
             KernelId::Emulation { precision, .. } => format!("emulate_{}", precision.name()),
             KernelId::Portable { name, .. } => name.clone(),
-            KernelId::Native(n) => n.kernel.name(),
+            KernelId::Native(n) => match n.split {
+                Some(s) => format!("{}_split{}", n.kernel.name(), s.splits),
+                None => n.kernel.name(),
+            },
+            KernelId::Hip { kernel, arch } => format!("{kernel}_{arch}"),
         }
     }
 }
@@ -148,7 +163,10 @@ fn native_kind(k: &quattn_native::NativeKernelId) -> NativeKind {
         N::Int8Prepass(_) | N::Int8PrepassPass(_) => NativeKind::Int8Imma,
         N::Fp8Wgmma(_) => NativeKind::Fp8Wgmma,
         N::Fp8Mma(_) => NativeKind::Fp8Mma,
-        N::Fp8Prepass(_) | N::Fp8PrepassPass(_) => NativeKind::Fp8Mma,
+        // The FP8 quantization prepass serves both FP8 families; it is never a plan's kernel.
+        N::Fp8Prepass(_) | N::Fp8PrepassPass(_) => NativeKind::Fp8Wgmma,
+        N::Decode(_) => NativeKind::Decode,
+        N::Nvfp4(_) | N::Nvfp4Quant(_) => NativeKind::Nvfp4,
     }
 }
 

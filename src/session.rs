@@ -4,6 +4,7 @@
 use crate::backend::{self, Backend, ResidentData};
 use crate::emulation::{self, Blocking};
 use crate::error::{Error, Result};
+use crate::nonfinite;
 use crate::registry::{Family, KernelId};
 use crate::tensor::{Element, HostSlice};
 use crate::{AttentionProblem, Device, Precision, Strategy};
@@ -109,6 +110,8 @@ pub struct Output {
 pub struct Resident {
     plan: Plan,
     data: ResidentData,
+    /// The rows that see a non-finite input, set to NaN on download.
+    poison: Option<nonfinite::Poison>,
 }
 
 impl Resident {
@@ -127,6 +130,12 @@ struct EmulationData {
 
 /// Device state kept across calls: the device's clients, compiled kernels and dispatch table.
 /// `Send + Sync`: one session serves many threads.
+///
+/// Every problem [`Session::plan`] accepts also runs: what a backend cannot compute is refused
+/// there with a typed error, and a problem that is invalid everywhere (a zero size, a
+/// non-positive or non-finite scale, a GQA ratio that is not an integer) gets the same error on
+/// every backend. Host inputs follow the [NaN policy](crate::nonfinite): a row that sees a NaN
+/// or ±inf comes out NaN, every other row as if those values were 0, on every backend alike.
 ///
 /// ```
 /// use quattn::{AttentionProblem, Device, Precision, Session, Strategy};
@@ -197,13 +206,22 @@ impl Session {
     }
 
     /// Like [`Session::upload`] with element types chosen at run time.
+    ///
+    /// Inputs follow the [NaN policy](crate::nonfinite): a finite value the plan's element
+    /// type cannot hold is [`Error::InputOverflow`]; NaN and ±inf reach no kernel, and the rows that
+    /// see them come out NaN from [`Session::download`].
     pub fn upload_slices(&self, plan: &Plan, q: HostSlice<'_>, k: HostSlice<'_>, v: HostSlice<'_>) -> Result<Resident> {
         plan.problem.check_lengths(q.len(), k.len(), v.len())?;
+        let screened = nonfinite::screen(&plan.problem, plan.precision, q, k, v)?;
+        fn pick<'a>(copy: &'a Option<nonfinite::Owned>, x: HostSlice<'a>) -> HostSlice<'a> {
+            copy.as_ref().map_or(x, |c| c.slice())
+        }
+        let (q, k, v) = (pick(&screened.q, q), pick(&screened.k, k), pick(&screened.v, v));
         let data: ResidentData = match plan.path() {
             Path::Emulation => Box::new(EmulationData { q: q.to_f32_vec(), k: k.to_f32_vec(), v: v.to_f32_vec(), out: None }),
             Path::Device => self.backend.upload(plan, q, k, v)?,
         };
-        Ok(Resident { plan: plan.clone(), data })
+        Ok(Resident { plan: plan.clone(), data, poison: screened.poison })
     }
 
     /// Launches on the resident data; on GPUs this may return before the device finishes.
@@ -222,9 +240,11 @@ impl Session {
         self.backend.synchronize()
     }
 
-    /// Waits for the device and copies O (and LSE) back.
+    /// Waits for the device and copies O (and LSE) back. Rows that see a non-finite input are
+    /// NaN; rows whose inputs are finite and whose output is not are [`Error::Overflow`] (the
+    /// [NaN policy](crate::nonfinite)).
     pub fn download(&self, r: &Resident) -> Result<Output> {
-        let (o, lse) = match r.plan.path() {
+        let (mut o, mut lse) = match r.plan.path() {
             Path::Emulation => {
                 let d = r.data.downcast_ref::<EmulationData>().and_then(|d| d.out.as_ref()).ok_or_else(|| Error::Kernel {
                     kernel: r.plan.kernel_name(),
@@ -237,7 +257,9 @@ impl Session {
                 self.backend.download(&r.plan, &r.data)?
             }
         };
-        Ok(Output { o, lse, kernel: r.plan.kernel_name() })
+        let kernel = r.plan.kernel_name();
+        nonfinite::finish(&r.plan.problem, r.plan.precision, &kernel, r.poison.as_ref(), &mut o, lse.as_deref_mut())?;
+        Ok(Output { o, lse, kernel })
     }
 
     /// The INT8 Q/K codes, scales, K mean and LSE shift the last [`Session::execute`] of an

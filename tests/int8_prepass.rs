@@ -83,6 +83,7 @@ fn run_device(
         k_scales: read_f32(c, &out.k_scales)[..lay.k_scales_len()].to_vec(),
         k_mean: out.k_mean.as_ref().map(|h| read_f32(c, h)[..p.batch * p.kv_heads * p.head_dim].to_vec()),
         lse_shift: out.lse_shift.as_ref().map(|h| read_f32(c, h)[..p.lse_len_elems()].to_vec()),
+        v: None,
     }
 }
 

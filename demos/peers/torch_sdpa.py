@@ -21,6 +21,8 @@ object per (causal, backend) with rel_l2, rel_l1, cos_sim, max_abs, rmse (quattn
 Examples:
   python3 demos/peers/torch_sdpa.py                      # the FlashAttention grid, all backends
   python3 demos/peers/torch_sdpa.py --head-dims 128 --seqs 4096 --causal causal --backends flash
+  # decode: batch 8, 32 query heads over 8 KV heads, one query row against 32k keys
+  python3 demos/peers/torch_sdpa.py --head-dims 128 --seqs 32768 --tokens 262144 --width 4096 --q-len 1 --kv-heads 8 --causal non-causal
   python3 demos/peers/torch_sdpa.py --accuracy --heads 4 --seq 1024 --head-dim 64
   python3 demos/peers/torch_sdpa.py --dry-run            # print the grid, no torch needed
 """
@@ -69,6 +71,8 @@ def parse_args(argv=None):
     p.add_argument("--seqs", type=int_list, default=[1024, 4096, 16384])
     p.add_argument("--tokens", type=int, default=16384, help="batch = tokens / seq")
     p.add_argument("--width", type=int, default=2048, help="heads = width / head_dim")
+    p.add_argument("--q-len", type=int, default=None, help="query length of every row (decode: 1); the keys then number seq (default: seq)")
+    p.add_argument("--kv-heads", type=int, default=None, help="KV heads of every row (GQA, torch's enable_gqa; default: the query heads)")
     p.add_argument("--causal", choices=["both", "causal", "non-causal"], default="both")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--iters", type=int, default=30)
@@ -85,6 +89,8 @@ def parse_args(argv=None):
     a = p.parse_args(argv)
     if a.iters < 1 or a.warmup < 0:
         p.error("--iters must be >= 1 and --warmup >= 0")
+    if (a.q_len is not None and a.q_len < 1) or (a.kv_heads is not None and a.kv_heads < 1):
+        p.error("--q-len and --kv-heads must be >= 1")
     return a
 
 
@@ -98,16 +104,23 @@ def grid(a):
     for d in a.head_dims:
         for s in a.seqs:
             for c in causals(a.causal):
-                rows.append(shape(max(a.tokens // s, 1), max(a.width // d, 1), s, d, c))
+                heads = max(a.width // d, 1)
+                kv_heads = a.kv_heads or heads
+                if heads % kv_heads:
+                    raise SystemExit(f"--kv-heads {kv_heads} does not divide {heads} query heads")
+                rows.append(shape(max(a.tokens // s, 1), heads, s, d, c, kv_heads=kv_heads, q_len=a.q_len or s))
     return rows
 
 
-def shape(batch, heads, seq, head_dim, causal):
+def shape(batch, heads, seq, head_dim, causal, kv_heads=None, q_len=None):
+    """A row's shape as `quattn bench` writes it: `seq` is the query length, `kv_seq` the keys.
+    Causal masks here are torch's (top-left aligned), quattn's are bottom-right aligned: the two
+    agree only when q_len == kv_seq."""
     return {
         "batch": batch,
         "heads": heads,
-        "kv_heads": heads,
-        "seq": seq,
+        "kv_heads": kv_heads or heads,
+        "seq": q_len or seq,
         "kv_seq": seq,
         "head_dim": head_dim,
         "causal": causal,
@@ -154,8 +167,10 @@ def refusal(err, caught):
 def sdpa_call(torch, backend, q, k, v, causal):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    # GQA through torch's own grouping (enable_gqa), so K and V are read at their size.
+    gqa = {"enable_gqa": True} if k.shape[1] != q.shape[1] else {}
     with sdpa_kernel(getattr(SDPBackend, BACKEND_ENUM[backend])):
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, **gqa)
 
 
 def run_checked(torch, backend, q, k, v, causal):
@@ -214,9 +229,10 @@ def bench(a):
     device, adapter = device_names(torch, dev)
     gen = torch.Generator(device=dev).manual_seed(a.seed)
     for sh in grid(a):
-        dims = (sh["batch"], sh["heads"], sh["seq"], sh["head_dim"])
+        qdims = (sh["batch"], sh["heads"], sh["seq"], sh["head_dim"])
+        kvdims = (sh["batch"], sh["kv_heads"], sh["kv_seq"], sh["head_dim"])
         try:
-            q, k, v = (torch.randn(dims, generator=gen, device=dev, dtype=torch.float16) for _ in range(3))
+            q, k, v = (torch.randn(d, generator=gen, device=dev, dtype=torch.float16) for d in (qdims, kvdims, kvdims))
         except (RuntimeError, torch.cuda.OutOfMemoryError) as e:
             for b in a.backends:
                 emit(row(device, adapter, b, sh, skipped=one_line(f"allocating inputs: {e}", 200)))

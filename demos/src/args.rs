@@ -20,6 +20,9 @@ pub enum Command {
     Selftest(SelftestArgs),
     /// Compile every native kernel variant with NVRTC, disassemble, check instructions and spills.
     Kernels(KernelsArgs),
+    /// Many calls of mixed shapes and precisions in one process: errors, output drift, host RSS
+    /// and device memory after the warm-up and at the end.
+    Soak(SoakArgs),
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -31,6 +34,8 @@ pub enum DeviceArg {
     /// wgpu on Vulkan with CubeCL's SPIR-V compiler (cooperative matrices); needs `--features spirv`.
     WgpuSpirv,
     Cuda,
+    /// AMD GPU through ROCm's HIP runtime (gfx942 / gfx950; kernels not run on hardware).
+    Hip,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -59,6 +64,13 @@ pub enum NativeArg {
     Int8Umma,
     Fp8Wgmma,
     Fp8Mma,
+    /// AMD MFMA f16/bf16 (HIP; not run on hardware).
+    Mfma,
+    /// AMD MFMA FP8 e4m3 (HIP; not run on hardware).
+    MfmaFp8,
+    /// Split-KV decode (q_len x GQA group <= 64 rows per KV head).
+    Decode,
+    Nvfp4,
 }
 
 /// Portable (CubeCL) kernel family with `--strategy portable`.
@@ -111,6 +123,7 @@ impl DeviceOpts {
             DeviceArg::Auto => Device::Auto,
             DeviceArg::Cpu => Device::Cpu,
             DeviceArg::Cuda => Device::Cuda(n),
+            DeviceArg::Hip => Device::Hip(n),
             DeviceArg::Wgpu => Device::Wgpu(self.wgpu_adapter()),
             DeviceArg::WgpuSpirv => Device::WgpuSpirv(self.wgpu_adapter()),
         }
@@ -147,6 +160,10 @@ impl DeviceOpts {
                 NativeArg::Int8Umma => NativeKind::Int8Umma,
                 NativeArg::Fp8Wgmma => NativeKind::Fp8Wgmma,
                 NativeArg::Fp8Mma => NativeKind::Fp8Mma,
+                NativeArg::Mfma => NativeKind::HipMfma,
+                NativeArg::MfmaFp8 => NativeKind::HipMfmaFp8,
+                NativeArg::Decode => NativeKind::Decode,
+                NativeArg::Nvfp4 => NativeKind::Nvfp4,
             }),
         }
     }
@@ -296,6 +313,44 @@ pub struct SelftestArgs {
     /// `device-tensors`.
     #[arg(long)]
     pub only: Option<String>,
+    /// Run only shard I of N (`I/N`, 0-based): cases are dealt round-robin, so N processes with
+    /// I = 0..N together run the whole matrix once (compiles dominate on a GPU and run in
+    /// parallel across processes).
+    #[arg(long, value_parser = parse_shard)]
+    pub shard: Option<(usize, usize)>,
+    /// Also run N differential-fuzzing cases per seed (`quattn::fuzz`: random shapes, precisions,
+    /// strategies, strides, scales and inputs against the f64 reference and the emulation) on
+    /// every device, for a fixed seed and one that changes every run, plus the NaN-policy,
+    /// overflow and determinism checks on every kernel family; counted like the other cases.
+    #[arg(long, value_name = "N")]
+    pub fuzz: Option<u64>,
+    /// With --fuzz: this seed only (decimal or 0x hex; the seed a failure printed), instead of
+    /// the fixed and the rotating one.
+    #[arg(long, value_parser = parse_seed, requires = "fuzz")]
+    pub fuzz_seed: Option<u64>,
+    /// Skip the precision x shape matrix and the prepass / device-tensor cases (with --fuzz:
+    /// the reliability cases alone).
+    #[arg(long)]
+    pub no_matrix: bool,
+}
+
+fn parse_seed(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    match s.strip_prefix("0x") {
+        Some(hex) => u64::from_str_radix(hex, 16),
+        None => s.parse(),
+    }
+    .map_err(|e| format!("seed `{s}`: {e}"))
+}
+
+fn parse_shard(s: &str) -> Result<(usize, usize), String> {
+    let (i, n) = s.split_once('/').ok_or_else(|| format!("expected I/N, got `{s}`"))?;
+    let i: usize = i.trim().parse().map_err(|e| format!("shard index `{i}`: {e}"))?;
+    let n: usize = n.trim().parse().map_err(|e| format!("shard count `{n}`: {e}"))?;
+    if n == 0 || i >= n {
+        return Err(format!("shard {i}/{n}: need 0 <= I < N"));
+    }
+    Ok((i, n))
 }
 
 #[derive(Args, Clone, Debug)]
@@ -305,6 +360,43 @@ pub struct KernelsArgs {
     #[arg(long, value_delimiter = ',')]
     pub arch: Vec<String>,
     /// One JSON object per (kernel, arch) on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Clone, Debug)]
+pub struct SoakArgs {
+    /// Where to run.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub device: DeviceArg,
+    /// CUDA device ordinal (with --device cuda).
+    #[arg(long, default_value_t = 0)]
+    pub ordinal: usize,
+    /// Calls in all.
+    #[arg(long, default_value_t = 10_000)]
+    pub calls: usize,
+    /// Calls before the reference sample of memory (every kernel compiled, pools grown).
+    #[arg(long, default_value_t = 1_000)]
+    pub warmup: usize,
+    /// A memory sample every this many calls (printed with --json).
+    #[arg(long, default_value_t = 1_000)]
+    pub sample_every: usize,
+    /// Distinct generator cases called round-robin.
+    #[arg(long, default_value_t = 64)]
+    pub classes: usize,
+    /// Kernel configurations the cases are drawn from.
+    #[arg(long, default_value_t = 12)]
+    pub kernels: usize,
+    /// Longest query or key sequence of a case.
+    #[arg(long, default_value_t = 600)]
+    pub max_len: usize,
+    /// Bound on batch · heads · q_len · kv_len · (head dims) of a case.
+    #[arg(long, default_value_t = 2.0e7)]
+    pub max_work: f64,
+    /// Generator seed of the cases.
+    #[arg(long, value_parser = parse_seed, default_value = "0x50a6")]
+    pub seed: u64,
+    /// One JSON object per memory sample on stdout.
     #[arg(long)]
     pub json: bool,
 }

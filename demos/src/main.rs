@@ -6,9 +6,11 @@ mod bench;
 mod check;
 mod kernels;
 mod peers;
+mod reliability;
 mod run;
 mod selftest;
 mod selftest_fp8;
+mod soak;
 
 use clap::Parser;
 
@@ -29,6 +31,7 @@ fn main() {
         Command::Bench(a) => bench::main(&a),
         Command::Selftest(a) => selftest::main(&a),
         Command::Kernels(a) => kernels::main(&a),
+        Command::Soak(a) => soak::main(&a),
     };
     match result {
         Ok(code) => std::process::exit(code),

@@ -99,6 +99,7 @@ fn device_kind(d: Device) -> &'static str {
         Device::Wgpu(_) => "wgpu",
         Device::WgpuSpirv(_) => "wgpu-spirv",
         Device::Cuda(_) => "cuda",
+        Device::Hip(_) => "hip",
     }
 }
 

@@ -12,22 +12,25 @@ use crate::run::Shape;
 
 #[derive(Serialize)]
 pub(crate) struct Case {
-    pub device: String,
-    pub adapter: String,
-    pub strategy: String,
-    pub precision: String,
-    pub kernel: Option<String>,
-    pub shape: Shape,
-    pub status: &'static str,
-    pub accuracy: Option<Accuracy>,
+    pub(crate) device: String,
+    pub(crate) adapter: String,
+    pub(crate) strategy: String,
+    pub(crate) precision: String,
+    pub(crate) kernel: Option<String>,
+    pub(crate) shape: Shape,
+    pub(crate) status: &'static str,
+    pub(crate) accuracy: Option<Accuracy>,
     /// rel-L2 of the kernel's O against the CPU emulation of the same mode (which rounds where
     /// the kernel rounds); must stay within the mode's tolerance.
-    pub vs_emulation_rel_l2: Option<f64>,
-    pub reason: Option<String>,
+    pub(crate) vs_emulation_rel_l2: Option<f64>,
+    pub(crate) reason: Option<String>,
+    /// Fuzz cases: the largest error / tolerance of the case's checks (`quattn::fuzz`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) error_over_tolerance: Option<f64>,
 }
 
 /// Shape classes: single query row, GQA with ragged lengths, causal with q_len > kv_len, both
-/// layouts, every head dim the kernels know.
+/// layouts, every head dim the kernels know, a decode shape.
 pub fn shapes(quick: bool) -> Vec<AttentionProblem> {
     let mut v = vec![
         AttentionProblem::new(1, 2, 1, 64).kv_len(77),
@@ -36,6 +39,9 @@ pub fn shapes(quick: bool) -> Vec<AttentionProblem> {
         AttentionProblem::new(1, 2, 300, 128).kv_len(200).causal(true),
         AttentionProblem::new(1, 2, 64, 96).kv_len(130),
         AttentionProblem::new(1, 1, 33, 256).kv_len(65).layout(Layout::Bshd),
+        // Decode: a GQA group of 4 at 3 positions against a ragged cache, causal, BSHD (the
+        // split-KV decode kernel on CUDA).
+        AttentionProblem::new(2, 8, 3, 128).kv_heads(2).kv_len(1500).causal(true).layout(Layout::Bshd),
     ];
     if !quick {
         v.push(AttentionProblem::new(2, 8, 256, 128).kv_heads(1).causal(true));
@@ -45,7 +51,7 @@ pub fn shapes(quick: bool) -> Vec<AttentionProblem> {
 }
 
 fn devices(a: &SelftestArgs) -> Vec<Device> {
-    let wanted: Vec<DeviceArg> = if a.devices.is_empty() { vec![DeviceArg::Cpu, DeviceArg::Wgpu, DeviceArg::Cuda] } else { a.devices.clone() };
+    let wanted: Vec<DeviceArg> = if a.devices.is_empty() { vec![DeviceArg::Cpu, DeviceArg::Wgpu, DeviceArg::Cuda, DeviceArg::Hip] } else { a.devices.clone() };
     wanted
         .into_iter()
         .filter_map(|d| match d {
@@ -54,6 +60,7 @@ fn devices(a: &SelftestArgs) -> Vec<Device> {
             DeviceArg::Wgpu => Some(Device::Wgpu(quattn::WgpuAdapter::Default)),
             DeviceArg::WgpuSpirv => Some(Device::WgpuSpirv(quattn::WgpuAdapter::Default)),
             DeviceArg::Cuda => Some(Device::Cuda(0)),
+            DeviceArg::Hip => Some(Device::Hip(0)),
         })
         .collect()
 }
@@ -84,36 +91,57 @@ pub fn main(a: &SelftestArgs) -> anyhow::Result<i32> {
     };
     // The case groups `--only` selects from.
     let group = |name: &str| a.only.as_deref().is_none_or(|o| name.contains(o));
-    let shapes = if group("matrix") { shapes } else { Vec::new() };
-    let total: usize = sessions.iter().map(|s| strategies_of(s).len()).sum::<usize>() * shapes.len() * precisions.len();
-    let bar = ProgressBar::new(total as u64);
-    bar.set_style(ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}").unwrap_or_else(|_| ProgressStyle::default_bar()));
-    for (si, session) in sessions.iter().enumerate() {
-        let info = session.info();
+    // Every (session, strategy, shape, precision) in a fixed order; a shard keeps every N-th.
+    // The emulation is device-independent: it runs once, on the first session.
+    let (shard, shards) = a.shard.unwrap_or((0, 1));
+    let mut jobs = Vec::new();
+    for (si, session) in sessions.iter().enumerate().filter(|_| !a.no_matrix && group("matrix")) {
         for strategy in strategies_of(session) {
-            // The emulation is device-independent: run it once, on the first session.
             if strategy == Strategy::Reference && si > 0 {
-                bar.inc((shapes.len() * precisions.len()) as u64);
                 continue;
             }
             for p in &shapes {
                 for &prec in &precisions {
-                    bar.set_message(format!("{} {:?} {}", info.kind, strategy, prec));
-                    let case = run_case(session, p, prec, strategy);
-                    if a.json {
-                        bar.suspend(|| println!("{}", serde_json::to_string(&case).unwrap_or_default()));
-                    }
-                    cases.push(case);
-                    bar.inc(1);
+                    jobs.push((si, strategy, p, prec));
                 }
             }
         }
     }
+    let jobs: Vec<_> = jobs.into_iter().enumerate().filter(|(i, _)| i % shards == shard).map(|(_, j)| j).collect();
+    let bar = ProgressBar::new(jobs.len() as u64);
+    bar.set_style(ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}").unwrap_or_else(|_| ProgressStyle::default_bar()));
+    for (si, strategy, p, prec) in jobs {
+        let session = &sessions[si];
+        bar.set_message(format!("{} {:?} {}", session.info().kind, strategy, prec));
+        let case = run_case(session, p, prec, strategy);
+        if a.json {
+            bar.suspend(|| println!("{}", serde_json::to_string(&case).unwrap_or_default()));
+        }
+        cases.push(case);
+        bar.inc(1);
+    }
     bar.finish_and_clear();
+    // The reliability cases (`--fuzz N`): generator cases, the NaN policy and determinism on
+    // every family, dealt by the same shard rule.
+    if let Some(n) = a.fuzz {
+        for case in crate::reliability::cases(&sessions, n, a.fuzz_seed, (shard, shards), a.json) {
+            cases.push(case);
+        }
+    }
     // The native INT8 prepass against the codec, bit for bit (only the CUDA backend keeps the
     // operands; elsewhere `int8_operands` is None and nothing is added).
-    for session in sessions.iter().filter(|s| s.info().kind == "cuda" && group("int8-prepass")) {
+    for session in sessions.iter().filter(|s| s.info().kind == "cuda" && shard == 0 && !a.no_matrix && group("int8-prepass")) {
         for case in prepass_cases(session) {
+            if a.json {
+                println!("{}", serde_json::to_string(&case).unwrap_or_default());
+            }
+            cases.push(case);
+        }
+    }
+    // The native FP8 group: device quantization against the codec, the CUDA device-tensor
+    // entry points against the host path.
+    for session in sessions.iter().filter(|s| s.info().kind == "cuda" && shard == 2 % shards && !a.no_matrix && group("fp8")) {
+        for case in crate::selftest_fp8::cases(session) {
             if a.json {
                 println!("{}", serde_json::to_string(&case).unwrap_or_default());
             }
@@ -122,17 +150,7 @@ pub fn main(a: &SelftestArgs) -> anyhow::Result<i32> {
     }
     // The device-tensor entry points on every GPU session: caller-held buffers in, O out on
     // the device, bit-identical to the host path.
-    // The native FP8 group: device quantization against the codec, the CUDA device-tensor
-    // entry points against the host path.
-    for session in sessions.iter().filter(|s| s.info().kind == "cuda" && group("fp8")) {
-        for case in crate::selftest_fp8::cases(session) {
-            if a.json {
-                println!("{}", serde_json::to_string(&case).unwrap_or_default());
-            }
-            cases.push(case);
-        }
-    }
-    for session in sessions.iter().filter(|_| group("device-tensors")) {
+    for session in sessions.iter().filter(|_| shard == 1 % shards && !a.no_matrix && group("device-tensors")) {
         for case in device_tensor_cases(session) {
             if a.json {
                 println!("{}", serde_json::to_string(&case).unwrap_or_default());
@@ -184,6 +202,7 @@ fn run_case(session: &Session, p: &AttentionProblem, prec: Precision, strategy: 
         accuracy: None,
         vs_emulation_rel_l2: None,
         reason: None,
+        error_over_tolerance: None,
     };
     let plan = match session.plan(p, prec, strategy) {
         Ok(plan) => plan,
@@ -236,10 +255,11 @@ fn run_case(session: &Session, p: &AttentionProblem, prec: Precision, strategy: 
 /// The native INT8 prepass's codes, scales, mean and LSE shift against `codec::int8` with
 /// `verify_operands` (bit for bit; the f64 mean within one f32 rounding), for every granularity
 /// with and without smoothing, on the s8 wgmma blocking (Auto on an H100) and the IMMA one, a
-/// GQA BHSD shape with ragged lengths and a BSHD one, K with +8σ outlier channels. Strategy
-/// name `prepass-<strategy>`.
+/// GQA BHSD shape with ragged lengths and a BSHD one, K with +8σ outlier channels; with FP8 P·V
+/// (Auto: the s8 wgmma kernel's e4m3 P·V variant on an H100) also the e4m3 V codes and scales
+/// with `verify_v_operands`. Strategy name `prepass-<strategy>`.
 fn prepass_cases(session: &Session) -> Vec<Case> {
-    use quattn::codec::int8::{verify_operands, DeviceSums, Int8ScaleLayout};
+    use quattn::codec::int8::{verify_operands, verify_v_operands, DeviceSums, Int8ScaleLayout};
     use quattn::{Int8Granularity, PvFormat};
     let shapes = [
         AttentionProblem::new(2, 8, 300, 128).kv_heads(2).kv_len(777),
@@ -252,10 +272,11 @@ fn prepass_cases(session: &Session) -> Vec<Case> {
         // INT8 plans upload f16: check against what the device read.
         let f16 = |x: &[f32]| quattn::codec::float16::round_f16_vec(x);
         let (q, k, v) = (f16(&q), f16(&k), f16(&v));
-        for strategy in [Strategy::Auto, Strategy::Native(quattn::NativeKind::Int8Imma)] {
+        let runs = [(Strategy::Auto, PvFormat::F16), (Strategy::Native(quattn::NativeKind::Int8Imma), PvFormat::F16), (Strategy::Auto, PvFormat::Fp8)];
+        for (strategy, pv) in runs {
             for granularity in [Int8Granularity::PerBlock, Int8Granularity::PerWarp, Int8Granularity::PerThread] {
                 for smooth_k in [false, true] {
-                    let prec = Precision::Int8Qk { granularity, smooth_k, pv: PvFormat::F16 };
+                    let prec = Precision::Int8Qk { granularity, smooth_k, pv };
                     let mut case = Case {
                         device: info.kind.into(),
                         adapter: info.adapter.clone(),
@@ -267,9 +288,14 @@ fn prepass_cases(session: &Session) -> Vec<Case> {
                         accuracy: None,
                         vs_emulation_rel_l2: None,
                         reason: None,
+                        error_over_tolerance: None,
                     };
                     let result = (|| -> anyhow::Result<Option<()>> {
-                        let plan = session.plan(&p, prec, strategy)?;
+                        let plan = match session.plan(&p, prec, strategy) {
+                            // FP8 P·V has a native kernel on sm_90a only: elsewhere nothing to check.
+                            Err(Error::UnsupportedPrecision { .. }) if pv == PvFormat::Fp8 => return Ok(None),
+                            other => other?,
+                        };
                         case.kernel = Some(plan.kernel_name());
                         let mut r = session.upload(&plan, &q, &k, &v)?;
                         session.execute(&mut r)?;
@@ -277,13 +303,19 @@ fn prepass_cases(session: &Session) -> Vec<Case> {
                         let layout = Int8ScaleLayout::new(&p, granularity, plan.blocking.unwrap_or_default().int8())?;
                         let fold = p.softmax_scale() * std::f32::consts::LOG2_E;
                         verify_operands(&p, &layout, smooth_k, &q, &k, fold, &ops, DeviceSums::F64MeanCodecShift)?;
+                        match (&ops.v, pv) {
+                            (Some(vo), PvFormat::Fp8) => verify_v_operands(&p, &v, vo)?,
+                            (None, PvFormat::F16) => {}
+                            (Some(_), PvFormat::F16) => anyhow::bail!("an f16 P·V prepass wrote e4m3 V"),
+                            (None, PvFormat::Fp8) => anyhow::bail!("the FP8 P·V prepass wrote no e4m3 V"),
+                        }
                         Ok(Some(()))
                     })();
                     match result {
                         Ok(Some(())) => case.status = "pass",
                         Ok(None) => {
                             case.status = "skip";
-                            case.reason = Some("this plan keeps no INT8 operands (not the native prepass)".into());
+                            case.reason = Some("this plan keeps no INT8 operands (not the native prepass, or FP8 P·V has no native kernel here)".into());
                         }
                         Err(e) => case.reason = Some(format!("{e:#}")),
                     }
@@ -323,6 +355,7 @@ fn device_tensor_cases(session: &Session) -> Vec<Case> {
                     accuracy: None,
                     vs_emulation_rel_l2: None,
                     reason: None,
+                    error_over_tolerance: None,
                 };
                 let plan = match session.plan(p, prec, Strategy::Auto) {
                     Ok(plan) => plan,

@@ -58,6 +58,7 @@ fn case(session: &Session, group: &str, precision: String, p: &AttentionProblem)
         accuracy: None,
         vs_emulation_rel_l2: None,
         reason: None,
+        error_over_tolerance: None,
     }
 }
 

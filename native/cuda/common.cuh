@@ -163,6 +163,40 @@ __device__ __forceinline__ float quad_sum(float x) {
     return x;
 }
 
+// Row max and row sum of one lane's part of an m64nN wgmma accumulator (N / 2 f32 values: entry
+// e belongs to row (e >> 1) & 1, i.e. g or g + 8, and column group e >> 2), each in four
+// independent partials per row. One running value per row would be a chain of N / 4 dependent
+// FMNMX or FADD; the softmax runs with one warp per scheduler (the other warpgroup is in its
+// MMAs), so that chain's latency, not the issue rate, would bound it.
+template <int N>
+__device__ __forceinline__ void thread_row_max(const float (&s)[N / 2], const float (&m)[2], float (&mx)[2]) {
+    static_assert(N % 32 == 0, "column groups of 8, four partials");
+    float p[2][4];
+#pragma unroll
+    for (int a = 0; a < 4; ++a) {
+        p[0][a] = fmaxf(s[4 * a], s[4 * a + 1]);
+        p[1][a] = fmaxf(s[4 * a + 2], s[4 * a + 3]);
+    }
+#pragma unroll
+    for (int n = 4; n < N / 8; ++n) {
+        p[0][n % 4] = fmaxf(p[0][n % 4], fmaxf(s[4 * n], s[4 * n + 1]));
+        p[1][n % 4] = fmaxf(p[1][n % 4], fmaxf(s[4 * n + 2], s[4 * n + 3]));
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) mx[i] = fmaxf(fmaxf(m[i], fmaxf(p[i][0], p[i][1])), fmaxf(p[i][2], p[i][3]));
+}
+template <int N>
+__device__ __forceinline__ void thread_row_sum_add(const float (&s)[N / 2], float (&l)[2]) {
+    static_assert(N % 32 == 0, "column groups of 8, four partials");
+    float p[2][4];
+#pragma unroll
+    for (int a = 0; a < 4; ++a) p[0][a] = p[1][a] = 0.f;
+#pragma unroll
+    for (int e = 0; e < N / 2; ++e) p[(e >> 1) & 1][(e >> 2) % 4] += s[e];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) l[i] += (p[i][0] + p[i][1]) + (p[i][2] + p[i][3]);
+}
+
 // ---- swizzled shared-memory tiles ----------------------------------------------------------
 
 // XOR pattern of row `row`'s 16-byte chunk index in a swizzled tile (see tile_swizzle).

@@ -60,6 +60,14 @@ pub static FWD_WGMMA_INT8: KernelSource = KernelSource {
 pub static INT8_PREPASS: KernelSource =
     KernelSource { file: "int8_prepass.cu", entry: "int8_prepass", text: include_str!("../cuda/int8_prepass.cu") };
 
+/// The NVFP4 / MXFP4 quantization prepass (one entry, two modes).
+pub static NVFP4_QUANT: KernelSource =
+    KernelSource { file: "nvfp4_quant.cu", entry: "nvfp4_quant", text: include_str!("../cuda/nvfp4_quant.cu") };
+
+/// The NVFP4 block-scaled MMA forward family (sm_120a only).
+pub static FWD_NVFP4: KernelSource =
+    KernelSource { file: "fwd_nvfp4.cu", entry: "fwd_nvfp4", text: include_str!("../cuda/fwd_nvfp4.cu") };
+
 /// Everything that makes one cubin different from another.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct CacheKey {

@@ -60,6 +60,22 @@ pub enum NativeError {
     #[error("invalid launch arguments: {0}")]
     InvalidArgs(String),
 
+    /// The HIP runtime or hipRTC (ROCm) could not be loaded or initialized.
+    #[error("HIP runtime not available: {0}")]
+    HipNotFound(String),
+
+    /// A HIP or hipRTC call failed.
+    #[error("HIP call {call} failed: {code}")]
+    Hip { call: &'static str, code: String },
+
+    /// A HIP kernel did not compile; `log` is the compiler's output.
+    #[error("HIP compile of {kernel} for {arch} failed: {log}")]
+    HipCompile { kernel: String, arch: String, log: String },
+
+    /// The offline HIP tools (clang, llvm-objdump, llvm-readelf) were not found or failed.
+    #[error("HIP tool: {0}")]
+    HipToolNotFound(String),
+
     /// A CUDA driver call failed.
     #[cfg(feature = "cuda")]
     #[error("CUDA driver: {0}")]

@@ -1,7 +1,8 @@
 //! The INT8 quantization prepass of the native INT8 families (`cuda/int8_prepass.cu`): Q and K
 //! to INT8 codes with f32 scales, optional K smoothing (per-channel mean over the keys) and the
-//! LSE shift, on the stream the attention kernel then runs on, so that the prepass and the
-//! kernel are ordered by the stream alone (no host synchronization between them).
+//! LSE shift, and for the e4m3 P·V of the s8 wgmma family (`v_fp8`) V to e4m3 Vᵀ codes with
+//! per-channel scales, on the stream the attention kernel then runs on, so that the prepass and
+//! the kernel are ordered by the stream alone (no host synchronization between them).
 //!
 //! The numerics are the CPU codec's (`quattn::codec::int8`): codes and scales bit-exact given
 //! the mean, which is accumulated in f64 and rounded once (the codec does the same in another
@@ -9,8 +10,9 @@
 //! tensors for the portable kernels; this one exists because the native kernels run on a cudarc
 //! stream that CubeCL's stream cannot be ordered against without a host wait.
 //!
-//! Up to three launches: mean partials over chunks of 256 keys, the mean (both only with
-//! smoothing), then one launch that quantizes every block of Q and of K.
+//! One or two launches: the stats pass (K mean and V amax over chunks of 256 keys; the last CTA
+//! of each (batch, kv head) reduces them, counted by an atomic ticket), only with smoothing or
+//! `v_fp8`; then one launch that quantizes every tile of V, block of K and block of Q.
 
 use crate::arch::Arch;
 use crate::cache::{CompileRequest, INT8_PREPASS};
@@ -33,36 +35,36 @@ fn elem_define(input: Dtype) -> u32 {
     }
 }
 
-/// One prepass: everything that changes the generated code of its quantize pass. The scale
-/// blocking is the attention kernel's (`Int8Config::blocking`, `Int8WgmmaConfig::blocking`).
+/// One prepass: everything that changes the generated code of its passes. The scale blocking is
+/// the attention kernel's (`Int8Config::blocking`, `Int8WgmmaConfig::blocking`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 pub struct Int8PrepassConfig {
     pub head_dim: u32,
-    /// Element type of the Q and K the prepass reads.
+    /// Element type of the Q, K (and V) the prepass reads.
     pub input: Dtype,
     /// Query rows per Q scale block, keys per K scale, warps of the Q scale layout.
     pub blocking: Int8Blocking,
     pub granularity: Int8Granularity,
     pub smooth_k: bool,
+    /// Also V to e4m3 Vᵀ codes with per-channel scales (the e4m3 P·V of the s8 wgmma family).
+    pub v_fp8: bool,
 }
 
-/// The three kernels of one prepass.
+/// The kernels of one prepass.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 pub enum PrepassPass {
-    /// Per-chunk f64 channel sums of K.
-    MeanPartial,
-    /// The mean, rounded to f32.
-    Mean,
-    /// Codes and scales of Q and K (and the LSE shift when smoothing).
+    /// Per-chunk f64 channel sums of K and f32 channel amax of V, reduced by the last CTA of
+    /// each (batch, kv head) into the mean and the V scales.
+    Stats,
+    /// Codes and scales of Q and K (and the LSE shift when smoothing), Vᵀ codes with `v_fp8`.
     Quantize,
 }
 
 impl PrepassPass {
     fn define(self) -> u32 {
         match self {
-            PrepassPass::MeanPartial => 0,
-            PrepassPass::Mean => 1,
-            PrepassPass::Quantize => 2,
+            PrepassPass::Stats => 0,
+            PrepassPass::Quantize => 1,
         }
     }
 }
@@ -80,7 +82,7 @@ impl Int8PrepassConfig {
     pub const TARGETS: &'static [Arch] =
         &[Arch::Sm80, Arch::Sm86, Arch::Sm89, Arch::Sm90, Arch::Sm100a, Arch::Sm120a];
 
-    /// Validated constructor from an attention kernel's blocking.
+    /// Validated constructor from an attention kernel's blocking (f16 P·V: V is not read).
     pub fn new(
         head_dim: usize,
         input: Dtype,
@@ -88,9 +90,14 @@ impl Int8PrepassConfig {
         granularity: Int8Granularity,
         smooth_k: bool,
     ) -> Result<Self> {
-        let cfg = Int8PrepassConfig { head_dim: head_dim as u32, input, blocking, granularity, smooth_k };
+        let cfg = Int8PrepassConfig { head_dim: head_dim as u32, input, blocking, granularity, smooth_k, v_fp8: false };
         cfg.validate()?;
         Ok(cfg)
+    }
+
+    /// This prepass, also writing e4m3 Vᵀ codes and V scales.
+    pub fn with_v_fp8(self) -> Self {
+        Int8PrepassConfig { v_fp8: true, ..self }
     }
 
     /// Mirrors the kernel's static_asserts.
@@ -121,11 +128,19 @@ impl Int8PrepassConfig {
 
     /// The passes a launch runs, in order.
     pub fn passes(&self) -> &'static [PrepassPass] {
-        if self.smooth_k {
-            &[PrepassPass::MeanPartial, PrepassPass::Mean, PrepassPass::Quantize]
+        if self.smooth_k || self.v_fp8 {
+            &[PrepassPass::Stats, PrepassPass::Quantize]
         } else {
             &[PrepassPass::Quantize]
         }
+    }
+
+    /// The targets of `v_fp8` prepasses: the e4m3 conversion needs sm_89 or newer.
+    pub const TARGETS_FP8: &'static [Arch] = &[Arch::Sm89, Arch::Sm90, Arch::Sm100a, Arch::Sm120a];
+
+    /// The targets this configuration compiles for.
+    pub fn targets(&self) -> &'static [Arch] {
+        if self.v_fp8 { Self::TARGETS_FP8 } else { Self::TARGETS }
     }
 
     /// Targets among [`Self::TARGETS`] that a device of compute capability `cc` runs.
@@ -133,16 +148,28 @@ impl Int8PrepassConfig {
         Arch::for_compute_capability(cc.0, cc.1).into_iter().find(|a| Self::TARGETS.contains(a))
     }
 
-    /// Variants compiled by the report: f16 input at both head dims, the mean passes, and the
-    /// quantize pass of the s8 wgmma blocking per-block unsmoothed and per-thread smoothed.
+    /// The target of this configuration for a device of compute capability `cc`, if any.
+    pub fn target_of(&self, cc: (u32, u32)) -> Option<Arch> {
+        Arch::for_compute_capability(cc.0, cc.1).into_iter().find(|a| self.targets().contains(a))
+    }
+
+    /// Variants compiled by the report, f16 input at both head dims: the s8 wgmma f16 P·V
+    /// blocking per-block unsmoothed and per-thread smoothed, and its e4m3 P·V blocking (64-key
+    /// K scales) per-block smoothed with V; each with its passes.
     pub fn report_variants() -> Vec<PrepassVariant> {
         let mut v = Vec::new();
         for hd in Self::HEAD_DIMS {
-            for (gran, smooth) in [(Int8Granularity::PerBlock, false), (Int8Granularity::PerThread, true)] {
-                let blocking = Int8Blocking { block_q: 128, block_k: 128, warps: 8 };
+            let b128 = Int8Blocking { block_q: 128, block_k: 128, warps: 8 };
+            let b64 = Int8Blocking { block_q: 128, block_k: 64, warps: 8 };
+            for (blocking, gran, smooth, v_fp8) in [
+                (b128, Int8Granularity::PerBlock, false, false),
+                (b128, Int8Granularity::PerThread, true, false),
+                (b64, Int8Granularity::PerBlock, true, true),
+            ] {
                 let Ok(config) = Self::new(*hd as usize, Dtype::F16, blocking, gran, smooth) else {
                     continue;
                 };
+                let config = if v_fp8 { config.with_v_fp8() } else { config };
                 v.extend(config.passes().iter().map(|&pass| PrepassVariant { config, pass }));
             }
         }
@@ -151,21 +178,21 @@ impl Int8PrepassConfig {
 }
 
 impl PrepassVariant {
-    /// `int8_prepass_{pass}_{input}_d{hd}` plus, for the quantize pass, the blocking,
-    /// granularity and smoothing: e.g. `int8_prepass_quant_f16_d128_q128k128w8_thread_smooth`.
+    /// `int8_prepass_{pass}_{input}_d{hd}` plus, for the quantize pass, the blocking and
+    /// granularity, then `_smooth` and `_vfp8` where they apply: e.g.
+    /// `int8_prepass_stats_f16_d128_smooth`, `int8_prepass_quant_f16_d128_q128k128w8_thread_smooth`.
     pub fn name(&self) -> String {
         let c = &self.config;
         let head = format!("{}_d{}", c.input.name(), c.head_dim);
+        let tail = format!("{}{}", if c.smooth_k { "_smooth" } else { "" }, if c.v_fp8 { "_vfp8" } else { "" });
         match self.pass {
-            PrepassPass::MeanPartial => format!("int8_prepass_meanpart_{head}"),
-            PrepassPass::Mean => format!("int8_prepass_mean_{head}"),
+            PrepassPass::Stats => format!("int8_prepass_stats_{head}{tail}"),
             PrepassPass::Quantize => format!(
-                "int8_prepass_quant_{head}_q{}k{}w{}_{}{}",
+                "int8_prepass_quant_{head}_q{}k{}w{}_{}{tail}",
                 c.blocking.block_q,
                 c.blocking.block_k,
                 c.blocking.warps,
                 c.granularity.tag(),
-                if c.smooth_k { "_smooth" } else { "" }
             ),
         }
     }
@@ -175,7 +202,13 @@ impl PrepassVariant {
         let c = &self.config;
         c.validate()?;
         let d = |k: &str, v: u32| (k.to_string(), v.to_string());
-        let mut out = vec![d("HEAD_DIM", c.head_dim), d("ELEM", elem_define(c.input)), d("PASS", self.pass.define())];
+        let mut out = vec![
+            d("HEAD_DIM", c.head_dim),
+            d("ELEM", elem_define(c.input)),
+            d("PASS", self.pass.define()),
+            d("SMOOTH", c.smooth_k as u32),
+            d("V_FP8", c.v_fp8 as u32),
+        ];
         if self.pass == PrepassPass::Quantize {
             let gran = match c.granularity {
                 Int8Granularity::PerBlock => 0,
@@ -188,7 +221,6 @@ impl PrepassVariant {
                 d("BLOCK_K", b.block_k as u32),
                 d("Q_GRAN", gran),
                 d("Q_RPW", b.rows_per_warp() as u32),
-                d("SMOOTH", c.smooth_k as u32),
             ]);
         }
         Ok(out)
@@ -198,48 +230,96 @@ impl PrepassVariant {
         Ok(CompileRequest { kernel: self.name(), source: &INT8_PREPASS, arch, defines: self.defines()? })
     }
 
-    /// SASS that must be there: f64 adds in the mean passes (the accumulation the codec's
-    /// tolerance assumes), the round-to-nearest-even float to int conversion of the codes.
+    /// SASS that must be there: the stats pass's atomic ticket and, with smoothing, its f64
+    /// adds (the accumulation the codec's tolerance assumes); the quantize pass's
+    /// round-to-nearest-even float to int conversion (the exact path of the codes) and, with
+    /// `v_fp8`, the e4m3 conversion of V.
     pub fn expected_instructions(&self) -> Vec<&'static str> {
+        let c = &self.config;
+        let mut v = Vec::new();
         match self.pass {
-            PrepassPass::MeanPartial | PrepassPass::Mean => vec!["DADD"],
-            PrepassPass::Quantize => vec!["F2I.NTZ"],
+            PrepassPass::Stats => {
+                v.push("ATOMG.E.ADD.STRONG.GPU");
+                if c.smooth_k {
+                    v.push("DADD");
+                }
+            }
+            PrepassPass::Quantize => {
+                v.push("F2I.NTZ");
+                if c.v_fp8 {
+                    v.push("F2FP.SATFINITE.E4M3.F32.PACK_AB_MERGE_C");
+                }
+            }
         }
+        v
     }
 }
 
 /// Device addresses of one prepass (0 for buffers the configuration does not use).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PrepassPtrs {
-    /// Q and K (the config's input type).
+    /// Q, K and V (the config's input type; V only with `v_fp8`).
     pub q: u64,
     pub k: u64,
+    pub v: u64,
     /// int8 codes (written).
     pub q_codes: u64,
     pub k_codes: u64,
+    /// e4m3 Vᵀ codes `[batch, kv_heads, head_dim, kv_pad]` (written; `v_fp8` only).
+    pub vt_codes: u64,
     /// f32 scales (written).
     pub q_scale: u64,
     pub k_scale: u64,
     /// f32 `[batch, kv_heads, head_dim]` K mean (written; smoothing only).
     pub mean: u64,
     /// f64 `[batch, kv_heads, chunks, head_dim]` scratch (smoothing only).
-    pub partial: u64,
+    pub k_partial: u64,
+    /// f32 `[batch, kv_heads, head_dim]` V scales and their reciprocals (written; `v_fp8`).
+    pub v_scale: u64,
+    pub v_inv: u64,
+    /// f32 `[batch, kv_heads, chunks, head_dim]` scratch (`v_fp8` only).
+    pub v_partial: u64,
+    /// u32 `[batch, kv_heads]` tickets of the stats pass (smoothing or `v_fp8`): zero before the
+    /// first launch (allocate zeroed); every launch leaves them zero.
+    pub tickets: u64,
     /// f32 `[batch, q_heads, q_len]` LSE shift (written; smoothing only).
     pub lse_shift: u64,
 }
 
-/// Element counts of every buffer ([`Int8PrepassConfig::required_lens`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Element counts of every buffer ([`Int8PrepassConfig::required_lens`]); 0 for buffers the
+/// configuration does not use.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PrepassLens {
     pub q: usize,
     pub k: usize,
+    pub v: usize,
     pub q_codes: usize,
     pub k_codes: usize,
+    pub vt_codes: usize,
     pub q_scale: usize,
     pub k_scale: usize,
     pub mean: usize,
-    pub partial: usize,
+    pub k_partial: usize,
+    pub v_scale: usize,
+    pub v_inv: usize,
+    pub v_partial: usize,
+    pub tickets: usize,
     pub lse_shift: usize,
+}
+
+impl PrepassLens {
+    /// Whether buffers of `self`'s counts hold a prepass that needs `need`.
+    pub fn covers(&self, need: &PrepassLens) -> bool {
+        let h = [
+            self.q_codes, self.k_codes, self.vt_codes, self.q_scale, self.k_scale, self.mean, self.k_partial, self.v_scale,
+            self.v_inv, self.v_partial, self.tickets, self.lse_shift,
+        ];
+        let n = [
+            need.q_codes, need.k_codes, need.vt_codes, need.q_scale, need.k_scale, need.mean, need.k_partial, need.v_scale,
+            need.v_inv, need.v_partial, need.tickets, need.lse_shift,
+        ];
+        h.iter().zip(&n).all(|(h, n)| h >= n)
+    }
 }
 
 /// Mirror of `PrepassParams` in `int8_prepass.cu`: same field order, C layout.
@@ -248,12 +328,18 @@ pub struct PrepassLens {
 pub struct PrepassParams {
     pub q: u64,
     pub k: u64,
+    pub v: u64,
     pub q_codes: u64,
     pub k_codes: u64,
+    pub vt_codes: u64,
     pub q_scale: u64,
     pub k_scale: u64,
     pub mean: u64,
-    pub partial: u64,
+    pub k_partial: u64,
+    pub v_scale: u64,
+    pub v_inv: u64,
+    pub v_partial: u64,
+    pub tickets: u64,
     pub lse_shift: u64,
     pub q_batch_stride: i64,
     pub q_head_stride: i64,
@@ -261,6 +347,9 @@ pub struct PrepassParams {
     pub k_batch_stride: i64,
     pub k_head_stride: i64,
     pub k_seq_stride: i64,
+    pub v_batch_stride: i64,
+    pub v_head_stride: i64,
+    pub v_seq_stride: i64,
     pub batch: i32,
     pub q_heads: i32,
     pub kv_heads: i32,
@@ -270,23 +359,48 @@ pub struct PrepassParams {
     pub q_blocks: i32,
     pub k_blocks: i32,
     pub chunks: i32,
+    pub kv_pad: i32,
+    pub q_ctas: i32,
+    pub k_ctas: i32,
+    pub v_ctas: i32,
     pub fold: f32,
     pub softmax_scale: f32,
 }
 
-/// Chunks of [`PREPASS_MEAN_CHUNK`] keys of the mean-partials pass.
+/// Chunks of [`PREPASS_MEAN_CHUNK`] keys of the stats pass.
 fn chunks(s: &AttentionShape) -> usize {
     s.kv_len.div_ceil(PREPASS_MEAN_CHUNK)
 }
 
+/// Keys per V tile of the quantize pass; Vᵀ rows are padded to a multiple of it.
+pub const PREPASS_VT_KEYS: usize = 128;
+
+/// Rows one quantize CTA covers for scale blocks of `block` rows: as many whole blocks as fit
+/// in 128 rows (`Q_ROWS` / `K_ROWS` in the kernel).
+fn cta_rows(block: usize) -> usize {
+    block * (128 / block)
+}
+
 /// The launch arguments of a prepass: the [`AttentionShape`] of the attention call it feeds (its
 /// `scale` is folded with log2 e into the stored Q scales and multiplies the LSE shift). The
-/// codes are written with the strides of Q and K (one byte per element).
+/// codes are written with the strides of Q and K (one byte per element); Vᵀ densely.
 impl Int8PrepassConfig {
-    /// CTAs of the quantize pass: every block of Q, then every block of K.
+    /// Quantize CTAs per (batch, head) of Q, K and V.
+    fn ctas_per_head(&self, s: &AttentionShape) -> (usize, usize, usize) {
+        let b = &self.blocking;
+        let v = if self.v_fp8 { s.kv_len.div_ceil(PREPASS_VT_KEYS) } else { 0 };
+        (s.q_len.div_ceil(cta_rows(b.block_q)), s.kv_len.div_ceil(cta_rows(b.block_k)), v)
+    }
+
+    /// CTAs of the quantize pass: every tile of V, block group of K and of Q.
     fn quantize_ctas(&self, s: &AttentionShape) -> usize {
-        s.batch * s.q_heads * self.blocking.q_blocks(s.q_len)
-            + s.batch * s.kv_heads * self.blocking.k_blocks(s.kv_len)
+        let (q, k, v) = self.ctas_per_head(s);
+        s.batch * s.q_heads * q + s.batch * s.kv_heads * (k + v)
+    }
+
+    /// Keys per Vᵀ row: kv_len rounded up to [`PREPASS_VT_KEYS`].
+    pub fn kv_pad(s: &AttentionShape) -> usize {
+        s.kv_len.max(1).div_ceil(PREPASS_VT_KEYS) * PREPASS_VT_KEYS
     }
 
     /// Element counts of every buffer of a prepass over `s`.
@@ -295,24 +409,32 @@ impl Int8PrepassConfig {
         let hd = self.head_dim as usize;
         let r = |st: &Strides, h, n| span(st, s.batch, h, n, hd);
         let (q, k) = (r(&s.q, s.q_heads, s.q_len), r(&s.k, s.kv_heads, s.kv_len));
-        let smooth = self.smooth_k;
+        let (smooth, vf) = (self.smooth_k, self.v_fp8);
         let kvh = s.batch * s.kv_heads;
+        let when = |on: bool, n: usize| if on { n } else { 0 };
         Ok(PrepassLens {
             q,
             k,
+            v: when(vf, r(&s.v, s.kv_heads, s.kv_len)),
             q_codes: q,
             k_codes: k,
+            vt_codes: when(vf, kvh * hd * Self::kv_pad(s)),
             q_scale: s.batch * s.q_heads * self.blocking.q_blocks(s.q_len) * self.q_slots(),
             k_scale: kvh * self.blocking.k_blocks(s.kv_len),
-            mean: if smooth { kvh * hd } else { 0 },
-            partial: if smooth { kvh * chunks(s) * hd } else { 0 },
-            lse_shift: if smooth { s.batch * s.q_heads * s.q_len } else { 0 },
+            mean: when(smooth, kvh * hd),
+            k_partial: when(smooth, kvh * chunks(s) * hd),
+            v_scale: when(vf, kvh * hd),
+            v_inv: when(vf, kvh * hd),
+            v_partial: when(vf, kvh * chunks(s) * hd),
+            tickets: when(smooth || vf, kvh),
+            lse_shift: when(smooth, s.batch * s.q_heads * s.q_len),
         })
     }
 
     /// Everything about `s` that does not need device pointers: the head dim, sizes, GQA,
     /// strides that keep every 8-channel access aligned, a finite positive softmax scale, a
-    /// grid that fits. The prepass reads Q and K only (`v`, `o`, `write_lse` are not used).
+    /// grid that fits. The prepass reads Q, K and (with `v_fp8`) V; `o` and `write_lse` are not
+    /// used.
     pub fn validate_args(&self, s: &AttentionShape) -> Result<()> {
         self.validate()?;
         let bad = |m: String| Err(NativeError::InvalidArgs(m));
@@ -331,8 +453,12 @@ impl Int8PrepassConfig {
         for (what, st) in [("q", &s.q), ("k", &s.k)] {
             check_strides(what, st, 8)?;
         }
-        let lens = [s.q_len, s.kv_len, s.batch, s.q_heads, s.kv_heads, self.quantize_ctas(s)];
-        if lens.iter().any(|&x| x > i32::MAX as usize) || s.kv_heads > 65535 || s.batch > 65535 {
+        if self.v_fp8 {
+            check_strides("v", &s.v, 8)?;
+        }
+        let big = Self::kv_pad(s) * self.head_dim as usize * s.batch * s.kv_heads;
+        let lens = [s.q_len, s.kv_len, s.batch, s.q_heads, s.kv_heads, self.quantize_ctas(s), Self::kv_pad(s)];
+        if lens.iter().any(|&x| x > i32::MAX as usize) || s.kv_heads > 65535 || s.batch > 65535 || big > i64::MAX as usize {
             return bad(format!("prepass too large for one launch: {s:?}"));
         }
         Ok(())
@@ -342,7 +468,13 @@ impl Int8PrepassConfig {
     pub fn validate_ptrs(&self, p: &PrepassPtrs) -> Result<()> {
         let mut need = vec![("q", p.q), ("k", p.k), ("q_codes", p.q_codes), ("k_codes", p.k_codes), ("q_scale", p.q_scale), ("k_scale", p.k_scale)];
         if self.smooth_k {
-            need.extend([("mean", p.mean), ("partial", p.partial), ("lse_shift", p.lse_shift)]);
+            need.extend([("mean", p.mean), ("k_partial", p.k_partial), ("lse_shift", p.lse_shift)]);
+        }
+        if self.v_fp8 {
+            need.extend([("v", p.v), ("vt_codes", p.vt_codes), ("v_scale", p.v_scale), ("v_inv", p.v_inv), ("v_partial", p.v_partial)]);
+        }
+        if self.smooth_k || self.v_fp8 {
+            need.push(("tickets", p.tickets));
         }
         for (what, ptr) in need {
             if ptr == 0 || ptr % 16 != 0 {
@@ -355,16 +487,23 @@ impl Int8PrepassConfig {
     /// Kernel parameters of a prepass over `s` (strides as checked by [`Self::validate_args`]:
     /// below 2^63).
     pub fn params(&self, s: &AttentionShape, p: &PrepassPtrs) -> PrepassParams {
-        let [q, k] = [s.q, s.k].map(|x| x.to_array().map(|v| v as i64));
+        let [q, k, v] = [s.q, s.k, s.v].map(|x| x.to_array().map(|v| v as i64));
+        let (q_ctas, k_ctas, v_ctas) = self.ctas_per_head(s);
         PrepassParams {
             q: p.q,
             k: p.k,
+            v: p.v,
             q_codes: p.q_codes,
             k_codes: p.k_codes,
+            vt_codes: p.vt_codes,
             q_scale: p.q_scale,
             k_scale: p.k_scale,
             mean: p.mean,
-            partial: p.partial,
+            k_partial: p.k_partial,
+            v_scale: p.v_scale,
+            v_inv: p.v_inv,
+            v_partial: p.v_partial,
+            tickets: p.tickets,
             lse_shift: p.lse_shift,
             q_batch_stride: q[0],
             q_head_stride: q[1],
@@ -372,6 +511,9 @@ impl Int8PrepassConfig {
             k_batch_stride: k[0],
             k_head_stride: k[1],
             k_seq_stride: k[2],
+            v_batch_stride: v[0],
+            v_head_stride: v[1],
+            v_seq_stride: v[2],
             batch: s.batch as i32,
             q_heads: s.q_heads as i32,
             kv_heads: s.kv_heads as i32,
@@ -381,6 +523,10 @@ impl Int8PrepassConfig {
             q_blocks: self.blocking.q_blocks(s.q_len) as i32,
             k_blocks: self.blocking.k_blocks(s.kv_len) as i32,
             chunks: chunks(s) as i32,
+            kv_pad: Self::kv_pad(s) as i32,
+            q_ctas: q_ctas as i32,
+            k_ctas: k_ctas as i32,
+            v_ctas: v_ctas as i32,
             // The codec's caller computes the fold the same way (one f32 product).
             fold: s.scale * std::f32::consts::LOG2_E,
             softmax_scale: s.scale,
@@ -390,10 +536,27 @@ impl Int8PrepassConfig {
     /// Grid and block of one pass.
     pub fn launch_dims(&self, s: &AttentionShape, pass: PrepassPass) -> ((u32, u32, u32), (u32, u32, u32)) {
         match pass {
-            PrepassPass::MeanPartial => ((chunks(s) as u32, s.kv_heads as u32, s.batch as u32), (THREADS, 1, 1)),
-            PrepassPass::Mean => (((s.batch * s.kv_heads) as u32, 1, 1), (self.head_dim, 1, 1)),
+            PrepassPass::Stats => ((chunks(s) as u32, s.kv_heads as u32, s.batch as u32), (THREADS, 1, 1)),
             PrepassPass::Quantize => ((self.quantize_ctas(s) as u32, 1, 1), (THREADS, 1, 1)),
         }
+    }
+
+    /// Bytes the launch must move at least: every input element read once (Q, K and, with
+    /// `v_fp8`, V), every code and scale written once. The stats pass reads K (smoothing) and V
+    /// (`v_fp8`) a second time; [`Self::moved_bytes`] counts that too.
+    pub fn min_bytes(&self, s: &AttentionShape) -> usize {
+        let e = self.input.size_bytes();
+        let (q, k) = (s.batch * s.q_heads * s.q_len, s.batch * s.kv_heads * s.kv_len);
+        let d = self.head_dim as usize;
+        let v = if self.v_fp8 { k } else { 0 };
+        (q + k + v) * d * (e + 1)
+    }
+
+    /// [`Self::min_bytes`] plus the stats pass's reads of K and V.
+    pub fn moved_bytes(&self, s: &AttentionShape) -> usize {
+        let e = self.input.size_bytes();
+        let k = s.batch * s.kv_heads * s.kv_len * self.head_dim as usize * e;
+        self.min_bytes(s) + if self.smooth_k { k } else { 0 } + if self.v_fp8 { k } else { 0 }
     }
 }
 
@@ -426,7 +589,8 @@ mod launch {
 
         pub fn load_with_cache(ctx: &Arc<CudaContext>, config: Int8PrepassConfig, cache: &KernelCache) -> Result<Self> {
             config.validate()?;
-            let arch = crate::device::target_arch(ctx, KERNEL, Arch::Sm80, Int8PrepassConfig::target_for)?;
+            let min = if config.v_fp8 { Arch::Sm89 } else { Arch::Sm80 };
+            let arch = crate::device::target_arch(ctx, KERNEL, min, |cc| config.target_of(cc))?;
             let functions = config
                 .passes()
                 .iter()
@@ -492,13 +656,43 @@ mod tests {
         assert_eq!(l.q_scale, 2 * 8 * 3 * 64);
         assert_eq!(l.k_scale, 2 * 2 * 7);
         assert_eq!(l.mean, 2 * 2 * 128);
-        assert_eq!(l.partial, 2 * 2 * 4 * 128);
+        assert_eq!(l.k_partial, 2 * 2 * 4 * 128);
         assert_eq!(l.lse_shift, 2 * 8 * 300);
+        assert_eq!(l.tickets, 2 * 2);
         assert_eq!((l.q, l.q_codes), (2 * 8 * 300 * 128, 2 * 8 * 300 * 128));
+        assert_eq!((l.v, l.vt_codes, l.v_scale, l.v_inv, l.v_partial), (0, 0, 0, 0, 0));
+        assert_eq!(c.passes(), &[PrepassPass::Stats, PrepassPass::Quantize]);
         let plain = Int8PrepassConfig { smooth_k: false, granularity: Int8Granularity::PerBlock, ..c };
         let l = plain.required_lens(&args()).unwrap();
-        assert_eq!((l.q_scale, l.mean, l.partial, l.lse_shift), (2 * 8 * 3, 0, 0, 0));
+        assert_eq!((l.q_scale, l.mean, l.k_partial, l.lse_shift, l.tickets), (2 * 8 * 3, 0, 0, 0, 0));
         assert_eq!(plain.passes(), &[PrepassPass::Quantize]);
+        // V in e4m3: Vᵀ rows of 777 keys padded to 896, scales per channel, the stats pass
+        // even without smoothing.
+        let v = plain.with_v_fp8();
+        let l = v.required_lens(&args()).unwrap();
+        assert_eq!((l.v, l.vt_codes), (2 * 2 * 777 * 128, 2 * 2 * 128 * 896));
+        assert_eq!((l.v_scale, l.v_inv, l.v_partial, l.tickets, l.mean), (2 * 2 * 128, 2 * 2 * 128, 2 * 2 * 4 * 128, 4, 0));
+        assert_eq!(v.passes(), &[PrepassPass::Stats, PrepassPass::Quantize]);
+        assert!(l.covers(&l) && !plain.required_lens(&args()).unwrap().covers(&l));
+    }
+
+    #[test]
+    fn quantize_grid_covers_whole_blocks_per_cta() {
+        // 64-key K scales: two blocks per K CTA; Q blocks of 128 rows; V tiles of 128 keys.
+        let c = Int8PrepassConfig::new(128, Dtype::F16, bl(128, 64, 8), Int8Granularity::PerBlock, true).unwrap().with_v_fp8();
+        let a = args();
+        assert_eq!(c.ctas_per_head(&a), (3, 7, 7));
+        assert_eq!(c.quantize_ctas(&a), 2 * 8 * 3 + 2 * 2 * (7 + 7));
+        let p = c.params(&a, &PrepassPtrs::default());
+        assert_eq!((p.q_ctas, p.k_ctas, p.v_ctas, p.kv_pad, p.k_blocks, p.chunks), (3, 7, 7, 896, 13, 4));
+        assert_eq!(c.launch_dims(&a, PrepassPass::Stats).0, (4, 2, 2));
+        // 96-row blocks: one per CTA (two would not fit 128 rows).
+        let odd = Int8PrepassConfig::new(128, Dtype::F16, bl(96, 48, 6), Int8Granularity::PerWarp, false).unwrap();
+        assert_eq!(odd.ctas_per_head(&a), (300usize.div_ceil(96), 777usize.div_ceil(96), 0));
+        // Bytes: f16 in, one byte out per element; the stats pass reads K and V again.
+        let (q, k) = (2 * 8 * 300 * 128, 2 * 2 * 777 * 128);
+        assert_eq!(c.min_bytes(&a), (q + 2 * k) * 3);
+        assert_eq!(c.moved_bytes(&a), (q + 2 * k) * 3 + 2 * 2 * k);
     }
 
     #[test]
@@ -523,7 +717,18 @@ mod tests {
             assert!(matches!(c.validate_args(&bad), Err(NativeError::InvalidArgs(_))), "{bad:?}");
         }
         assert!(c.validate_ptrs(&PrepassPtrs { q: 16, k: 16, q_codes: 16, k_codes: 16, q_scale: 16, k_scale: 8, ..Default::default() }).is_err());
-        assert!(c.validate_ptrs(&PrepassPtrs { q: 16, k: 16, q_codes: 16, k_codes: 16, q_scale: 16, k_scale: 16, ..Default::default() }).is_ok());
+        let ok_ptrs = PrepassPtrs { q: 16, k: 16, q_codes: 16, k_codes: 16, q_scale: 16, k_scale: 16, ..Default::default() };
+        assert!(c.validate_ptrs(&ok_ptrs).is_ok());
+        // With V in e4m3: V, Vᵀ, its scales, its scratch and the tickets are required.
+        let v = c.with_v_fp8();
+        assert!(v.validate_ptrs(&ok_ptrs).is_err());
+        let all = PrepassPtrs { v: 32, vt_codes: 32, v_scale: 32, v_inv: 32, v_partial: 32, tickets: 32, ..ok_ptrs };
+        assert!(v.validate_ptrs(&all).is_ok());
+        assert!(v.validate_ptrs(&PrepassPtrs { tickets: 0, ..all }).is_err());
+        // V strides are checked only when V is read.
+        let bad_v = AttentionShape { v: Strides { batch: 2 * 777 * 64, head: 777 * 64, seq: 68 }, ..a };
+        assert!(c.validate_args(&bad_v).is_ok());
+        assert!(matches!(v.validate_args(&bad_v), Err(NativeError::InvalidArgs(_))));
     }
 
     /// `thread_div_inline` of the kernel, step for step (`mul_add` is the exact FMA), from a
@@ -574,6 +779,118 @@ mod tests {
             }
         }
         assert!(checked > 4_000_000);
+    }
+
+    /// The codec's code: the f32 quotient rounded half to even, clamped.
+    fn codec_code(x: f32, s: f32) -> i8 {
+        (x / s).round_ties_even().clamp(-127.0, 127.0) as i8
+    }
+
+    /// `CodeScale::code` of the quantize pass, step for step: r = fl(1 / scale) through the
+    /// prescaled inline division (reciprocal estimate `y0`), q = fl(x r), the integer of q from
+    /// the bits of q + 1.5 * 2^23, and the exact path where q is within 2^-14 of a
+    /// half-integer. Returns the code and whether the exact path ran.
+    fn kernel_code(x: f32, s: f32, y0_ulps: i32) -> (i8, bool) {
+        let f = if s < 8.673_617_4e-19 { 1.844_674_4e19f32 } else { 1.0 };
+        let sf = s * f;
+        let r = div_inline(1.0, sf, ulp_step(1.0 / sf, y0_ulps)) * f;
+        let q = x * r;
+        let b = q + 12_582_912.0;
+        let d = q - (b - 12_582_912.0);
+        if d.abs() < 0.499_938_964_843_75 {
+            return ((b.to_bits() & 0xff) as u8 as i8, false);
+        }
+        let e = div_inline(x * f, sf, ulp_step(1.0 / sf, y0_ulps)).round_ties_even().clamp(-127.0, 127.0);
+        (e as i8, true)
+    }
+
+    /// The product path with its midpoint guard gives the codec's code everywhere the kernel
+    /// uses it: scales from amax / 127 over 2^-60 .. 2^100 amax (tiny ones prescaled), at random
+    /// points, at ±amax and at every code midpoint (k + 1/2) · scale and its neighbours, where
+    /// the guard must hand over to the exact division; and the exact path stays rare on random
+    /// values (it costs a division).
+    #[test]
+    fn product_codes_with_the_midpoint_guard_are_the_codec_codes() {
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let unit = |x: u64| (x >> 11) as f64 / (1u64 << 53) as f64;
+        let (mut random, mut exact_random, mut checked) = (0usize, 0usize, 0usize);
+        for _ in 0..20_000 {
+            let amax = (2f64.powf(-60.0 + 160.0 * unit(next())) * (1.0 + unit(next()))) as f32;
+            let s = (amax as f64 * (1.0 / 127.0)) as f32;
+            let mut points: Vec<(f32, bool)> = (0..32).map(|_| ((((unit(next()) * 2.0 - 1.0) * amax as f64) as f32), true)).collect();
+            points.extend([(amax, false), (-amax, false), (0.0, false)]);
+            let k = (next() % 254) as i32 - 127;
+            let mid = (k as f32 + 0.5) * s;
+            points.extend((-4..=4).map(|d| (ulp_step(mid, d), false)));
+            for (x, is_random) in points {
+                if x.abs() > amax {
+                    continue;
+                }
+                for y0 in [-1, 0, 1] {
+                    let (got, exact) = kernel_code(x, s, y0);
+                    assert_eq!(got, codec_code(x, s), "x {x:e} scale {s:e} (y0 {y0} ulps): exact path {exact}");
+                    checked += 1;
+                    if is_random {
+                        random += 1;
+                        exact_random += exact as usize;
+                    }
+                }
+            }
+        }
+        assert!(checked > 2_000_000);
+        assert!(exact_random * 1000 < random, "{exact_random} of {random} random values took the exact path");
+    }
+
+    /// The Vᵀ writer of the quantize pass, lane by lane: thread (dg, cg) reads keys
+    /// 16 cg + 2j + (e & 1) + 8 (e >> 1) at channels 4dg .. 4dg + 3 as words, transposes each
+    /// 4 x 4 block of bytes with byte_perm, and writes Vᵀ rows 4dg + dd, columns 16 cg + 4j + e.
+    /// The result must be the attention kernel's layout: column 32c + k holds key
+    /// 32c + sigma(k), sigma(k) = 16 (k / 16) + 8 ((k % 4) / 2) + 2 ((k % 16) / 4) + (k % 2).
+    #[test]
+    fn vt_writer_transposes_with_the_kernels_key_permutation() {
+        // PTX prmt (default mode): byte i of the result is byte (sel >> 4i) & 7 of {y, x}.
+        let byte_perm = |x: u32, y: u32, sel: u32| -> u32 {
+            let bytes = ((y as u64) << 32) | x as u64;
+            (0..4).fold(0u32, |acc, i| acc | ((((bytes >> (8 * ((sel >> (4 * i)) & 7))) & 0xff) as u32) << (8 * i)))
+        };
+        let sigma = |k: usize| 16 * (k / 16) + 8 * ((k % 4) / 2) + 2 * ((k % 16) / 4) + (k % 2);
+        for d in [64usize, 128] {
+            let keys = 128;
+            let tile: Vec<u8> = (0..keys * d).map(|i| (i.wrapping_mul(2654435761) >> 7) as u8).collect();
+            let word = |key: usize, dg: usize| u32::from_le_bytes(tile[key * d + 4 * dg..][..4].try_into().unwrap());
+            let mut vt = vec![0u8; d * keys];
+            let dgs = d / 4;
+            for tid in 0..dgs * (keys / 16) {
+                let (dg, cg) = (tid % dgs, tid / dgs);
+                let mut out = [[0u32; 4]; 4];
+                for j in 0..4 {
+                    let w: Vec<u32> = (0..4).map(|e| word(16 * cg + 2 * j + (e & 1) + 8 * (e >> 1), dg)).collect();
+                    let (t0, t1) = (byte_perm(w[0], w[1], 0x5140), byte_perm(w[0], w[1], 0x7362));
+                    let (t2, t3) = (byte_perm(w[2], w[3], 0x5140), byte_perm(w[2], w[3], 0x7362));
+                    out[0][j] = byte_perm(t0, t2, 0x5410);
+                    out[1][j] = byte_perm(t0, t2, 0x7632);
+                    out[2][j] = byte_perm(t1, t3, 0x5410);
+                    out[3][j] = byte_perm(t1, t3, 0x7632);
+                }
+                for (dd, row) in out.iter().enumerate() {
+                    for (j, w) in row.iter().enumerate() {
+                        vt[(4 * dg + dd) * keys + 16 * cg + 4 * j..][..4].copy_from_slice(&w.to_le_bytes());
+                    }
+                }
+            }
+            for ch in 0..d {
+                for col in 0..keys {
+                    let key = (col & !31) + sigma(col & 31);
+                    assert_eq!(vt[ch * keys + col], tile[key * d + ch], "d {d}: Vt[{ch}][{col}] should be key {key}");
+                }
+            }
+        }
     }
 
     /// The kernel's scale: amax · (1/127) in f64 rounded once to f32 is amax / 127 correctly

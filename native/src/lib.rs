@@ -26,12 +26,19 @@
 //! - [`mma_fp8`]: the FP8 (e4m3) forward family on mma.sync, Q·Kᵀ and P·V on e4m3 MMAs
 //!   (sm_89 / sm_120a native, compiled and disassembled, not run on such hardware; sm_90
 //!   lowered by ptxas and run on the H100 for the numerics), with its V prepass.
+//! - [`hip`]: the AMD layer: MFMA kernels for gfx942 / gfx950 (`native/hip/`), compiled and
+//!   disassembly-checked with clang, mirrored on the CPU through the MFMA lane layout, and the
+//!   HIP runtime (feature `hip`); not run on hardware.
+//! - [`decode`]: split-KV decode (flash-decoding) on mma.sync, few query rows per KV head
+//!   against a long KV sequence, with the LSE merge of its splits.
 //! - [`device`]: device queries.
 
 pub mod arch;
 pub mod cache;
+pub mod decode;
 pub mod device;
 pub mod error;
+pub mod hip;
 pub mod hmma;
 pub mod int8_umma;
 pub mod int8;
@@ -39,6 +46,8 @@ pub mod int8_prepass;
 pub mod fp8;
 pub mod fp8_prepass;
 pub mod mma_fp8;
+pub mod nvfp4;
+pub mod nvfp4_quant;
 pub mod nvrtc;
 pub mod registry;
 pub mod report;
@@ -50,6 +59,9 @@ pub mod wgmma_int8;
 pub mod wgmma_fp8;
 
 pub use arch::Arch;
+#[cfg(feature = "cuda")]
+pub use decode::DecodeKernel;
+pub use decode::{decode_split, DecodeConfig, DecodeParams, DecodePtrs, DecodeSplit, DecodeTile, DecodeUnit, MergeConfig, MergeParams, DECODE_TILES};
 pub use cache::{default_cache_dir, CacheKey, CompileRequest, CompiledKernel, KernelCache, Origin};
 pub use error::{NativeError, Result};
 /// The shared types of quattn's crates that this crate's API takes: launch shape, element type, strides,
@@ -87,4 +99,4 @@ pub use wgmma::{WgmmaConfig, WgmmaParams, WgmmaTile, WGMMA_TILES};
 #[cfg(feature = "cuda")]
 pub use wgmma_int8::Int8WgmmaKernel;
 pub use tma::TmaSpec;
-pub use wgmma_int8::{Int8WgmmaConfig, Int8WgmmaParams};
+pub use wgmma_int8::{vt_key, Int8WgmmaConfig, Int8WgmmaParams, Int8WgmmaPv, INT8_FP8_FLUSH, INT8_FP8_TILES};

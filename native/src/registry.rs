@@ -8,6 +8,7 @@
 
 use crate::arch::Arch;
 use crate::cache::CompileRequest;
+use crate::decode::{DecodeConfig, DecodeUnit};
 use crate::error::Result;
 use crate::fp8_prepass::{Fp8PrepassConfig, Fp8PrepassPass, Fp8PrepassVariant};
 use crate::hmma::HmmaConfig;
@@ -15,6 +16,8 @@ use crate::int8::Int8Config;
 use crate::int8_prepass::{Int8PrepassConfig, PrepassPass, PrepassVariant};
 use crate::int8_umma::Int8UmmaConfig;
 use crate::mma_fp8::{Fp8MmaConfig, Fp8MmaUnit};
+use crate::nvfp4::Nvfp4Config;
+use crate::nvfp4_quant::Nvfp4QuantConfig;
 use crate::report::KernelVariant;
 use crate::wgmma::WgmmaConfig;
 use crate::wgmma_int8::Int8WgmmaConfig;
@@ -43,6 +46,14 @@ pub enum NativeKernelId {
     /// FP8 (e4m3) Q·Kᵀ and P·V on mma.sync (sm_89, sm_120a native; sm_90 lowered by ptxas),
     /// a forward variant or its V prepass.
     Fp8Mma(Fp8MmaUnit),
+    /// Split-KV decode on mma.sync (f16/bf16; sm_80 and later): a decode variant (it loads with
+    /// its merge) or, as compiled, the LSE merge of a head dim and output type.
+    Decode(DecodeUnit),
+    /// NVFP4 Q·Kᵀ on the block-scaled mma.sync (sm_120a; compiled and SASS-checked, not run on
+    /// hardware).
+    Nvfp4(Nvfp4Config),
+    /// The NVFP4 / MXFP4 quantization prepass (every target).
+    Nvfp4Quant(Nvfp4QuantConfig),
     /// The FP8 quantization prepass of the FP8 families (its two passes load together).
     Fp8Prepass(Fp8PrepassConfig),
     /// One pass of the FP8 prepass, as compiled (the report's and the compile tests' unit).
@@ -61,6 +72,9 @@ impl NativeKernelId {
         v.extend(Int8WgmmaConfig::all().into_iter().map(NativeKernelId::Int8Wgmma));
         v.extend(Fp8WgmmaUnit::all().into_iter().map(NativeKernelId::Fp8Wgmma));
         v.extend(Fp8MmaUnit::all().into_iter().map(NativeKernelId::Fp8Mma));
+        v.extend(DecodeUnit::all().into_iter().map(NativeKernelId::Decode));
+        v.extend(Nvfp4Config::all().into_iter().map(NativeKernelId::Nvfp4));
+        v.extend(Nvfp4QuantConfig::all().into_iter().map(NativeKernelId::Nvfp4Quant));
         v.extend(
             Fp8PrepassConfig::all()
                 .into_iter()
@@ -85,6 +99,9 @@ impl NativeKernelId {
             NativeKernelId::Fp8Wgmma(_) => "fwd_fp8_wgmma",
             NativeKernelId::Int8Prepass(_) | NativeKernelId::Int8PrepassPass(_) => "int8_prepass",
             NativeKernelId::Fp8Mma(_) => "fwd_mma_fp8",
+            NativeKernelId::Decode(_) => "fwd_decode",
+            NativeKernelId::Nvfp4(_) => "fwd_nvfp4",
+            NativeKernelId::Nvfp4Quant(_) => "nvfp4_quant",
             NativeKernelId::Fp8Prepass(_) | NativeKernelId::Fp8PrepassPass(_) => "fp8_prepass",
         }
     }
@@ -98,8 +115,12 @@ impl NativeKernelId {
             NativeKernelId::Int8Wgmma(_) => Int8WgmmaConfig::TARGETS,
             NativeKernelId::Int8Umma(_) => Int8UmmaConfig::TARGETS,
             NativeKernelId::Fp8Wgmma(_) => Fp8WgmmaConfig::TARGETS,
-            NativeKernelId::Int8Prepass(_) | NativeKernelId::Int8PrepassPass(_) => Int8PrepassConfig::TARGETS,
+            NativeKernelId::Int8Prepass(c) => c.targets(),
+            NativeKernelId::Int8PrepassPass(v) => v.config.targets(),
             NativeKernelId::Fp8Mma(_) => Fp8MmaConfig::TARGETS,
+            NativeKernelId::Decode(_) => DecodeConfig::TARGETS,
+            NativeKernelId::Nvfp4(_) => Nvfp4Config::TARGETS,
+            NativeKernelId::Nvfp4Quant(_) => Nvfp4QuantConfig::TARGETS,
             NativeKernelId::Fp8Prepass(_) | NativeKernelId::Fp8PrepassPass(_) => Fp8PrepassConfig::TARGETS,
         }
     }
@@ -113,8 +134,12 @@ impl NativeKernelId {
             NativeKernelId::Int8Wgmma(_) => Int8WgmmaConfig::target_for(cc),
             NativeKernelId::Int8Umma(_) => Int8UmmaConfig::target_for(cc),
             NativeKernelId::Fp8Wgmma(_) => Fp8WgmmaConfig::target_for(cc),
-            NativeKernelId::Int8Prepass(_) | NativeKernelId::Int8PrepassPass(_) => Int8PrepassConfig::target_for(cc),
+            NativeKernelId::Int8Prepass(c) => c.target_of(cc),
+            NativeKernelId::Int8PrepassPass(v) => v.config.target_of(cc),
             NativeKernelId::Fp8Mma(_) => Fp8MmaConfig::target_for(cc),
+            NativeKernelId::Decode(_) => DecodeConfig::target_for(cc),
+            NativeKernelId::Nvfp4(_) => Nvfp4Config::target_for(cc),
+            NativeKernelId::Nvfp4Quant(_) => Nvfp4QuantConfig::target_for(cc),
             NativeKernelId::Fp8Prepass(_) | NativeKernelId::Fp8PrepassPass(_) => Fp8PrepassConfig::target_for(cc),
         }
     }
@@ -132,6 +157,9 @@ impl NativeKernelId {
             NativeKernelId::Int8Prepass(config) => Box::new(PrepassVariant { config, pass: PrepassPass::Quantize }),
             NativeKernelId::Int8PrepassPass(c) => Box::new(c),
             NativeKernelId::Fp8Mma(u) => Box::new(u),
+            NativeKernelId::Decode(u) => Box::new(u),
+            NativeKernelId::Nvfp4(c) => Box::new(c),
+            NativeKernelId::Nvfp4Quant(c) => Box::new(c),
             NativeKernelId::Fp8Prepass(config) => Box::new(Fp8PrepassVariant { config, pass: Fp8PrepassPass::Quantize }),
             NativeKernelId::Fp8PrepassPass(v) => Box::new(v),
         }
@@ -173,6 +201,7 @@ mod store {
     use crate::error::{NativeError, Result};
     use crate::wgmma_fp8::{Fp8WgmmaKernel, Fp8WgmmaUnit};
     use crate::mma_fp8::{Fp8MmaKernel, Fp8MmaUnit};
+    use crate::decode::{DecodeKernel, DecodeUnit};
     use crate::{Fp8Prepass, HmmaKernel, Int8Kernel, Int8Prepass, Int8UmmaKernel, Int8WgmmaKernel, WgmmaKernel};
 
     /// A loaded kernel of any family.
@@ -186,6 +215,9 @@ mod store {
         Fp8Wgmma(Fp8WgmmaKernel),
         Int8Prepass(Int8Prepass),
         Fp8Mma(Fp8MmaKernel),
+        Decode(DecodeKernel),
+        Nvfp4(crate::nvfp4::Nvfp4Kernel),
+        Nvfp4Quant(crate::nvfp4_quant::Nvfp4Quant),
         Fp8Prepass(Fp8Prepass),
     }
 
@@ -233,6 +265,15 @@ mod store {
                         v.name()
                     )))
                 }
+                NativeKernelId::Decode(DecodeUnit::Attention(c)) => Loaded::Decode(DecodeKernel::load(ctx, c)?),
+                NativeKernelId::Decode(u @ DecodeUnit::Merge(_)) => {
+                    return Err(NativeError::InvalidArgs(format!(
+                        "{} is the LSE merge; it loads with a decode variant",
+                        crate::report::KernelVariant::name(&u)
+                    )))
+                }
+                NativeKernelId::Nvfp4(c) => Loaded::Nvfp4(crate::nvfp4::Nvfp4Kernel::load(ctx, c)?),
+                NativeKernelId::Nvfp4Quant(c) => Loaded::Nvfp4Quant(crate::nvfp4_quant::Nvfp4Quant::load(ctx, c)?),
                 NativeKernelId::Fp8Prepass(c) => Loaded::Fp8Prepass(Fp8Prepass::load(ctx, c)?),
                 NativeKernelId::Fp8PrepassPass(v) => {
                     return Err(NativeError::InvalidArgs(format!(
@@ -278,7 +319,7 @@ mod tests {
     #[test]
     fn every_family_is_in_the_registry() {
         let all = NativeKernelId::all();
-        for family in ["fwd_hmma", "fwd_wgmma", "fwd_int8", "fwd_wgmma_int8", "fwd_int8_umma", "int8_prepass", "fwd_fp8_wgmma", "fwd_mma_fp8", "fp8_prepass"] {
+        for family in ["fwd_hmma", "fwd_wgmma", "fwd_int8", "fwd_wgmma_int8", "fwd_int8_umma", "int8_prepass", "fwd_fp8_wgmma", "fwd_mma_fp8", "fwd_decode", "fwd_nvfp4", "nvfp4_quant", "fp8_prepass"] {
             assert!(all.iter().any(|k| k.family() == family), "{family} missing");
         }
     }

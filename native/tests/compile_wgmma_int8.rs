@@ -9,7 +9,40 @@
 mod common;
 use common::tools_or_skip;
 
-use quattn_native::{compile_report, Arch, Int8WgmmaConfig, KernelCache, NativeError};
+use quattn_native::report::{report_variant, KernelReport};
+use quattn_native::{compile_report, Arch, Int8Granularity, Int8WgmmaConfig, Int8WgmmaPv, KernelCache, NativeError};
+
+fn count(r: &KernelReport, prefix: &str) -> usize {
+    r.instructions.iter().filter(|(k, _)| k.starts_with(prefix)).map(|(_, v)| *v).sum()
+}
+
+/// What every variant's SASS must hold: registers within the file, no spill, the s8 Q·Kᵀ wgmma
+/// at every issue site and the P·V wgmma of its format (never the other one), no mma.sync.
+fn check_variant(r: &KernelReport, cfg: &Int8WgmmaConfig) {
+    assert!(r.ok(), "{}", r.summary());
+    assert_eq!(r.kernel, cfg.name());
+    let regs = r.registers.expect("ptxas reported registers");
+    assert!(regs > 0 && regs <= 255, "{}: {regs} registers", r.kernel);
+    assert_eq!(r.spill_store_bytes, Some(0), "{}", r.summary());
+    assert_eq!(r.spill_load_bytes, Some(0), "{}", r.summary());
+    // Q·Kᵀ: head_dim / 32 s8 wgmmas per issue site (one tile step, instantiated for the first
+    // tile and the loop, which ptxas may merge). P·V per site (loop, tail): f16 128 / 16 = 8
+    // k16 wgmmas; e4m3 block_n / 32 k32 wgmmas. The compiler may duplicate sites but never
+    // drop one.
+    assert!(count(r, "IGMMA") >= (cfg.head_dim / 32) as usize, "{}", r.summary());
+    match cfg.pv {
+        Int8WgmmaPv::F16 => {
+            assert!(count(r, "HGMMA") >= 2 * 8, "{}", r.summary());
+            assert_eq!(count(r, "QGMMA"), 0, "{}", r.summary());
+        }
+        Int8WgmmaPv::E4m3 { block_n, .. } => {
+            assert!(count(r, "QGMMA") >= 2 * (block_n / 32) as usize, "{}", r.summary());
+            assert_eq!(count(r, "HGMMA"), 0, "{}", r.summary());
+        }
+    }
+    // No mma.sync anywhere.
+    assert!(r.instructions.keys().all(|k| !k.starts_with("HMMA") && !k.starts_with("IMMA")), "{}", r.summary());
+}
 
 #[test]
 fn every_wgmma_int8_variant_compiles_for_sm90a_with_igmma_and_no_spill() {
@@ -29,18 +62,26 @@ fn every_wgmma_int8_variant_compiles_for_sm90a_with_igmma_and_no_spill() {
     let failed: Vec<String> = reports.iter().filter(|r| !r.ok()).map(|r| r.summary()).collect();
     assert!(failed.is_empty(), "failing variants:\n{}", failed.join("\n"));
     for (r, cfg) in reports.iter().zip(Int8WgmmaConfig::all()) {
-        assert_eq!(r.kernel, cfg.name());
-        let regs = r.registers.expect("ptxas reported registers");
-        assert!(regs > 0 && regs <= 255, "{}: {regs} registers", r.kernel);
-        assert_eq!(r.spill_store_bytes, Some(0), "{}", r.summary());
-        let count = |p: &str| -> usize { r.instructions.iter().filter(|(k, _)| k.starts_with(p)).map(|(_, v)| *v).sum() };
-        // Q·Kᵀ: head_dim / 32 s8 wgmmas per issue site (one tile step, instantiated for the
-        // first tile and the loop, which ptxas may merge); P·V: 128 / 16 = 8 f16 wgmmas per site
-        // (loop, tail). The compiler may duplicate sites but never drop one.
-        assert!(count("IGMMA") >= (cfg.head_dim / 32) as usize, "{}", r.summary());
-        assert!(count("HGMMA") >= 2 * 8, "{}", r.summary());
-        // No mma.sync anywhere.
-        assert!(r.instructions.keys().all(|k| !k.starts_with("HMMA") && !k.starts_with("IMMA")), "{}", r.summary());
+        check_variant(r, &cfg);
+    }
+}
+
+/// The e4m3 P·V variant Auto plans on sm_90 (hd 128, per block): s8 Q·Kᵀ (IGMMA) and e4m3 P·V
+/// (QGMMA) in one kernel, no spill, ptxas keeps the wgmma pipeline.
+#[test]
+fn the_e4m3_pv_table_variant_has_igmma_and_qgmma_and_no_spill() {
+    if !tools_or_skip("the_e4m3_pv_table_variant_has_igmma_and_qgmma_and_no_spill") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let cache = KernelCache::new(Some(dir.path().to_path_buf()));
+    for hd in [128, 64] {
+        let cfg = Int8WgmmaConfig::new_fp8(hd, Int8Granularity::PerBlock).unwrap();
+        let r = report_variant(&cache, &cfg, Arch::Sm90a);
+        println!("{} {:?}", r.summary(), r.instructions);
+        check_variant(&r, &cfg);
+        let c = cache.get_or_compile(&cfg.request(Arch::Sm90a).unwrap()).unwrap();
+        assert!(!c.log.contains("serialized"), "{}: {}", cfg.name(), c.log);
     }
 }
 

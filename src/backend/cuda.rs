@@ -1,5 +1,7 @@
 //! The CUDA device: native kernels where they support the problem, the portable CubeCL kernels
-//! otherwise. The dispatch table, best first: the warp-specialized wgmma kernel (f16, sm_90a),
+//! otherwise. The dispatch table, best first: the split-KV decode kernel (f16/bf16, sm_80+, at
+//! most 64 query rows per KV head: decode and short chunks, never prefill), the
+//! warp-specialized wgmma kernel (f16, sm_90a),
 //! the mma.sync HMMA kernels (f16/bf16, sm_80+), the native INT8 kernels (tcgen05 UMMA on
 //! compute capability 10.0, s8 wgmma on 9.0, IMMA from sm_80, each after the native
 //! quantization prepass), the native FP8 kernels (e4m3 wgmma on 9.0, e4m3 mma.sync from 8.9,
@@ -26,6 +28,7 @@ use cubecl::cuda::CudaRuntime;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtrMut, DeviceRepr, ValidAsZeroBits};
 use half::{bf16, f16};
 use quattn_native::wgmma_fp8::{Fp8WgmmaConfig, Fp8WgmmaUnit};
+use quattn_native::decode::{DecodeConfig, DecodePtrs, DecodeUnit};
 use quattn_native::{
     DescaleGranularity, Fp8Args, Fp8MmaConfig, Fp8MmaUnit, Fp8PrepassConfig, Fp8PrepassPtrs, Fp8Ptrs, Fp8P, HmmaConfig, Int8Args, Int8Config, Int8PrepassConfig, Int8Ptrs, Int8UmmaConfig, Int8WgmmaConfig, Loaded,
     ModuleStore, NativeError, NativeKernelId, PrepassLens, PrepassPtrs, WgmmaConfig,
@@ -34,7 +37,7 @@ use quattn_native::{
 use super::gpu::{CubeclBackend, GpuData};
 use super::{Backend, ResidentData};
 use crate::codec::fp8_scaled::{DescaleLayout, Fp8Operands, Fp8Tensor};
-use crate::codec::int8::Int8Operands;
+use crate::codec::int8::{E4m3VOperands, Int8Operands};
 use crate::device_tensor::{CubeclTensors, CudaCall};
 use crate::emulation::Blocking;
 use crate::error::{Error, Result};
@@ -55,11 +58,24 @@ pub(crate) struct CudaBackend {
     /// Per caller stream: the INT8 prepass outputs and an LSE for kernels that always write
     /// one, grown on demand. Keyed by stream, so work on one stream never races another's.
     scratch: Mutex<HashMap<usize, Scratch>>,
+    /// Per stream: the partial O and LSE of the decode splits, grown on demand (a separate
+    /// lock: decode launches take it inside `launch_native`, which `run_raw` calls holding
+    /// `scratch`).
+    decode_scratch: Mutex<HashMap<usize, DecodeBuffers>>,
+}
+
+/// The f32 partial states of split-KV decode, with their element counts.
+struct DecodeBuffers {
+    part_o: CudaSlice<f32>,
+    part_lse: CudaSlice<f32>,
 }
 
 /// The dispatch table of a CUDA device, best first.
-fn table() -> [Row<CudaBackend>; 12] {
+fn table() -> [Row<CudaBackend>; 14] {
     [
+        // First: it takes only shapes with at most 64 query rows per KV head, where it reads K
+        // and V once per GQA group and splits the sequence to fill the device.
+        Row { family: Family::Native(NativeKind::Decode), test: CudaBackend::decode_row },
         Row { family: Family::Native(NativeKind::Wgmma), test: CudaBackend::wgmma_row },
         Row { family: Family::Native(NativeKind::Hmma), test: CudaBackend::hmma_row },
         Row { family: Family::Native(NativeKind::Int8Umma), test: |b, p, prec| b.int8_row(p, prec, NativeKind::Int8Umma) },
@@ -67,6 +83,7 @@ fn table() -> [Row<CudaBackend>; 12] {
         Row { family: Family::Native(NativeKind::Int8Imma), test: |b, p, prec| b.int8_row(p, prec, NativeKind::Int8Imma) },
         Row { family: Family::Native(NativeKind::Fp8Wgmma), test: |b, p, prec| b.fp8_row(p, prec, NativeKind::Fp8Wgmma) },
         Row { family: Family::Native(NativeKind::Fp8Mma), test: |b, p, prec| b.fp8_row(p, prec, NativeKind::Fp8Mma) },
+        Row { family: Family::Native(NativeKind::Nvfp4), test: |b, p, prec| b.nvfp4_row(p, prec) },
         Row { family: Family::Portable(crate::PortableKind::Mma), test: |b, p, prec| b.portable.float_row(p, prec, quattn_cubecl::Family::Mma) },
         Row { family: Family::Portable(crate::PortableKind::Cmma), test: |b, p, prec| b.portable.float_row(p, prec, quattn_cubecl::Family::Cmma) },
         Row { family: Family::Portable(crate::PortableKind::Int8), test: |b, p, prec| b.portable.int8_row(p, prec) },
@@ -83,8 +100,15 @@ struct Int8Buffers {
     q_scale: CudaSlice<f32>,
     k_scale: CudaSlice<f32>,
     mean: Option<CudaSlice<f32>>,
-    partial: Option<CudaSlice<f64>>,
+    k_partial: Option<CudaSlice<f64>>,
     lse_shift: Option<CudaSlice<f32>>,
+    /// e4m3 P·V: the Vᵀ codes, V scales and reciprocals, the stats pass's V scratch.
+    vt_codes: Option<CudaSlice<u8>>,
+    v_scale: Option<CudaSlice<f32>>,
+    v_inv: Option<CudaSlice<f32>>,
+    v_partial: Option<CudaSlice<f32>>,
+    /// The stats pass's tickets (zeroed once; every launch leaves them zero).
+    tickets: Option<CudaSlice<u32>>,
 }
 
 /// Scratch of one stream.
@@ -185,6 +209,7 @@ impl CudaBackend {
             stream,
             cc: (major, minor),
             scratch: Mutex::new(HashMap::new()),
+            decode_scratch: Mutex::new(HashMap::new()),
         })
     }
 
@@ -215,6 +240,77 @@ impl CudaBackend {
         self.native_choice(NativeKernelId::Wgmma(config), None, None)
     }
 
+    /// Split-KV decode: f16 or bf16 with f32 accumulation, at most
+    /// [`DecodeConfig::MAX_ROWS`] query rows (`group · q_len`) per KV head. The plan records the
+    /// split the device's occupancy gives ([`quattn_native::decode_split`]).
+    fn decode_row(&self, problem: &AttentionProblem, precision: Precision) -> std::result::Result<Choice, Reject> {
+        let na = |e: String| Reject::NotApplicable(e);
+        let input = match precision {
+            Precision::F16_DEFAULT => Dtype::F16,
+            Precision::BF16_DEFAULT => Dtype::Bf16,
+            _ => return not_applicable(format!("the decode kernel computes f16 or bf16 with f32 accumulation, not {precision}")),
+        };
+        if DecodeConfig::target_for(self.cc).is_none() {
+            return not_applicable(format!("the decode kernel needs sm_80 or newer, this device is {}.{}", self.cc.0, self.cc.1));
+        }
+        if problem.v_head_dim != problem.head_dim {
+            return not_applicable(format!("the decode kernel needs v_head_dim == head_dim (got {} and {})", problem.v_head_dim, problem.head_dim));
+        }
+        let rows = problem.group_size().saturating_mul(problem.q_len);
+        if rows > DecodeConfig::MAX_ROWS {
+            return not_applicable(format!(
+                "{rows} query rows per KV head (group {} x q_len {}): the decode kernel packs at most {} (a prefill shape)",
+                problem.group_size(),
+                problem.q_len,
+                DecodeConfig::MAX_ROWS
+            ));
+        }
+        let config = DecodeConfig::new(problem.head_dim, input, rows).map_err(|e| na(e.to_string()))?;
+        let shape = problem.shape();
+        config.validate_args(&shape).map_err(|e| na(e.to_string()))?;
+        let id = NativeKernelId::Decode(DecodeUnit::Attention(config));
+        let choice = self.native_choice(id, None, None)?;
+        let loaded = self.load(id).map_err(|e| na(e.to_string()))?;
+        let Loaded::Decode(kernel) = &*loaded else {
+            return not_applicable(format!("{id} loaded as another family"));
+        };
+        let split = kernel.split_for(&shape);
+        config.validate_split(&shape, split).map_err(|e| na(e.to_string()))?;
+        log::debug!("decode plan {id}: {} splits of {} keys ({:?} SMs x CTAs per SM)", split.splits, split.keys_per_split, kernel.occupancy());
+        let KernelId::Native(mut n) = choice.kernel else { return Err(Reject::NotApplicable("not a native choice".into())) };
+        n.split = Some(split);
+        Ok(Choice { kernel: KernelId::Native(n), blocking: choice.blocking })
+    }
+
+    /// The partial-state buffers of a decode launch of `need` (O, LSE) elements on `stream`,
+    /// grown on demand; returns their addresses.
+    fn decode_partials(&self, plan: &Plan, stream: &Arc<CudaStream>, need: (usize, usize)) -> Result<(u64, u64)> {
+        let mut map = self.decode_scratch.lock().map_err(|_| Error::Kernel { kernel: plan.kernel_name(), reason: "decode scratch lock poisoned".into() })?;
+        let e = driver_of(plan);
+        let fits = |b: &DecodeBuffers| b.part_o.len() >= need.0 && b.part_lse.len() >= need.1;
+        let key = stream.cu_stream() as usize;
+        if map.get(&key).is_none_or(|b| !fits(b)) {
+            // The old buffers may still be read by work queued on `stream`: let it finish
+            // before they are freed.
+            if map.contains_key(&key) {
+                stream.synchronize().map_err(&e)?;
+            }
+            let s = &self.stream;
+            // SAFETY: every partial state is written by the decode kernel before the merge
+            // reads it.
+            let b = DecodeBuffers {
+                part_o: unsafe { s.alloc::<f32>(need.0.max(4)) }.map_err(&e)?,
+                part_lse: unsafe { s.alloc::<f32>(need.1.max(4)) }.map_err(&e)?,
+            };
+            s.synchronize().map_err(&e)?;
+            map.insert(key, b);
+        }
+        let b = map.get_mut(&key).ok_or_else(|| Error::Kernel { kernel: plan.kernel_name(), reason: "decode scratch missing".into() })?;
+        let part_o = b.part_o.device_ptr_mut(stream).0;
+        let part_lse = b.part_lse.device_ptr_mut(stream).0;
+        Ok((part_o, part_lse))
+    }
+
     fn hmma_row(&self, problem: &AttentionProblem, precision: Precision) -> std::result::Result<Choice, Reject> {
         let config = hmma_config(problem, precision).map_err(Reject::NotApplicable)?;
         if HmmaConfig::target_for(self.cc).is_none() {
@@ -224,14 +320,35 @@ impl CudaBackend {
         self.native_choice(NativeKernelId::Hmma(config), None, None)
     }
 
-    /// An INT8 family: its kernel, the blocking its scales need, and the prepass for them.
+    /// The sm_120a NVFP4 family: compute capability 12.0 only, so Auto never considers it on
+    /// other devices; compiled and SASS-checked, not run on hardware, and without a launch path
+    /// here yet, so on 12.0 it is refused with that reason too.
+    fn nvfp4_row(&self, problem: &AttentionProblem, precision: Precision) -> std::result::Result<Choice, Reject> {
+        if !matches!(precision, Precision::Nvfp4 { .. }) {
+            return not_applicable(format!("the native NVFP4 kernel computes NVFP4 Q/K, not {precision}"));
+        }
+        if !quattn_native::nvfp4::Nvfp4Config::supported(self.cc) {
+            return not_applicable(format!(
+                "the block-scaled NVFP4 kernel needs compute capability 12.0 (sm_120a), this device is {}.{}",
+                self.cc.0, self.cc.1
+            ));
+        }
+        not_applicable(format!(
+            "the sm_120a NVFP4 kernel (head dim {}) is compiled and SASS-checked but not run on hardware and has no launch path in the facade",
+            problem.head_dim
+        ))
+    }
+
+    /// An INT8 family: its kernel, the blocking its scales need, and the prepass for them. FP8
+    /// P·V runs on the s8 wgmma family only (its e4m3 P·V variant, V quantized by the prepass).
     fn int8_row(&self, problem: &AttentionProblem, precision: Precision, family: NativeKind) -> std::result::Result<Choice, Reject> {
         let na = |e: String| Reject::NotApplicable(e);
         let Precision::Int8Qk { granularity, smooth_k, pv } = precision else {
             return not_applicable(format!("the native INT8 kernels compute INT8 Q/K, not {precision}"));
         };
-        if pv != PvFormat::F16 {
-            return not_applicable("the native INT8 kernels take f16 P·V only");
+        let fp8_pv = pv == PvFormat::Fp8;
+        if fp8_pv && family != NativeKind::Int8Wgmma {
+            return not_applicable("this native INT8 kernel takes f16 P·V only; FP8 P·V runs on the s8 wgmma kernel (sm_90a)");
         }
         if problem.v_head_dim != problem.head_dim {
             return not_applicable(format!("native INT8 kernels need v_head_dim == head_dim (got {} and {})", problem.v_head_dim, problem.head_dim));
@@ -249,7 +366,8 @@ impl CudaBackend {
                 if Int8WgmmaConfig::target_for(self.cc).is_none() {
                     return not_applicable(format!("the s8 wgmma kernel needs compute capability 9.0 (sm_90a), this device is {}.{}", self.cc.0, self.cc.1));
                 }
-                let c = Int8WgmmaConfig::new(problem.head_dim, g).map_err(|e| na(e.to_string()))?;
+                let c = if fp8_pv { Int8WgmmaConfig::new_fp8(problem.head_dim, g) } else { Int8WgmmaConfig::new(problem.head_dim, g) }
+                    .map_err(|e| na(e.to_string()))?;
                 (NativeKernelId::Int8Wgmma(c), c.blocking().map_err(|e| na(e.to_string()))?)
             }
             _ => {
@@ -260,11 +378,20 @@ impl CudaBackend {
                 (NativeKernelId::Int8Imma(c), c.blocking().map_err(|e| na(e.to_string()))?)
             }
         };
+        // The prepass writes the Q and K codes in the problem's strides, which the kernel then
+        // copies in 16-byte pieces: its launch checks (strides, grid limits) belong to the plan.
+        let args = Int8Args { shape: problem.shape(), lse_shift: false };
+        match &id {
+            NativeKernelId::Int8Wgmma(c) => c.validate_args(&args),
+            NativeKernelId::Int8Imma(c) => args.validate(c),
+            _ => Ok(()),
+        }
+        .map_err(|e| na(e.to_string()))?;
         let blocking = Blocking { block_q: b.block_q, block_k: b.block_k, warps: b.warps, ..Blocking::default() };
         blocking.validate(problem, precision).map_err(|e| na(e.to_string()))?;
         // The INT8 plans take f16 Q, K and V.
-        let prepass = Int8PrepassConfig::new(problem.head_dim, Dtype::F16, b, g, smooth_k)
-            .map_err(|e| na(e.to_string()))?;
+        let prepass = Int8PrepassConfig::new(problem.head_dim, Dtype::F16, b, g, smooth_k).map_err(|e| na(e.to_string()))?;
+        let prepass = if fp8_pv { prepass.with_v_fp8() } else { prepass };
         prepass.validate_args(&problem.shape()).map_err(|e| na(e.to_string()))?;
         self.native_choice(id, Some(NativeKernelId::Int8Prepass(prepass)), Some(blocking))
     }
@@ -329,12 +456,9 @@ impl CudaBackend {
         let e = driver_of(plan);
         let s = &self.stream;
         let need = config.required_lens(&args);
+        // The session screened the inputs (the NaN policy): every element of the views is finite
+        // and within f16; the prepass reads nothing else.
         let [q16, k16, v16] = x.map(|x| bits(x, config.input));
-        // The codec's typed refusal of non-finite inputs (after rounding to the input type),
-        // cheaper on the host than anything on the device.
-        for (tensor, x) in [crate::TensorName::Q, crate::TensorName::K, crate::TensorName::V].into_iter().zip([&q16, &k16, &v16]) {
-            check_finite(tensor, x, config.input)?;
-        }
         let (mut q16, mut k16, mut v16) = (s.clone_htod(&q16).map_err(&e)?, s.clone_htod(&k16).map_err(&e)?, s.clone_htod(&v16).map_err(&e)?);
         let zeros = |n: usize| s.alloc_zeros::<u8>(n.max(16)).map_err(&e);
         let floats = |n: usize| s.alloc_zeros::<f32>(n.max(1)).map_err(&e);
@@ -409,7 +533,7 @@ impl CudaBackend {
         for id in std::iter::once(kernel).chain(prepass) {
             self.load(id).map_err(|e| Reject::NotApplicable(format!("{id} does not load: {e}")))?;
         }
-        Ok(Choice { kernel: KernelId::Native(NativeChoice { kernel, prepass }), blocking })
+        Ok(Choice { kernel: KernelId::Native(NativeChoice { kernel, prepass, split: None }), blocking })
     }
 
     /// Prepass buffers for `plan` (allocated on the host-path stream, which is synchronized
@@ -419,7 +543,8 @@ impl CudaBackend {
         let name = plan.kernel_name();
         let e = driver(&name);
         let s = &self.stream;
-        // SAFETY (alloc): every buffer is written by the prepass before anything reads it.
+        // SAFETY (alloc): every buffer but the tickets is written by the prepass before
+        // anything reads it; the tickets start at zero.
         let opt = |n: usize| if n == 0 { Ok(None) } else { unsafe { s.alloc::<f32>(n) }.map(Some) };
         let b = Int8Buffers {
             q_codes: unsafe { s.alloc::<u8>(lens.q_codes.max(16)) }.map_err(&e)?,
@@ -427,8 +552,13 @@ impl CudaBackend {
             q_scale: unsafe { s.alloc::<f32>(lens.q_scale.max(4)) }.map_err(&e)?,
             k_scale: unsafe { s.alloc::<f32>(lens.k_scale.max(4)) }.map_err(&e)?,
             mean: opt(lens.mean).map_err(&e)?,
-            partial: if lens.partial == 0 { None } else { Some(unsafe { s.alloc::<f64>(lens.partial) }.map_err(&e)?) },
+            k_partial: if lens.k_partial == 0 { None } else { Some(unsafe { s.alloc::<f64>(lens.k_partial) }.map_err(&e)?) },
             lse_shift: opt(lens.lse_shift).map_err(&e)?,
+            vt_codes: if lens.vt_codes == 0 { None } else { Some(unsafe { s.alloc::<u8>(lens.vt_codes) }.map_err(&e)?) },
+            v_scale: opt(lens.v_scale).map_err(&e)?,
+            v_inv: opt(lens.v_inv).map_err(&e)?,
+            v_partial: opt(lens.v_partial).map_err(&e)?,
+            tickets: if lens.tickets == 0 { None } else { Some(s.alloc_zeros::<u32>(lens.tickets).map_err(&e)?) },
             lens,
         };
         s.synchronize().map_err(&e)?;
@@ -481,6 +611,19 @@ impl CudaBackend {
                 // SAFETY: as above.
                 unsafe { k.launch_raw(stream, &shape, ptrs5) }.map_err(failed)?;
             }
+            Loaded::Decode(k) => {
+                let Some(split) = choice.split else {
+                    return Err(Error::Kernel { kernel: name(), reason: "a decode plan without its split".into() });
+                };
+                let (part_o, part_lse) = match split.partial_lens(&shape) {
+                    (0, 0) => (0, 0),
+                    need => self.decode_partials(plan, stream, need)?,
+                };
+                let ptrs = DecodePtrs { q: call.q, k: call.k, v: call.v, o: call.o, lse: call.lse, part_o, part_lse };
+                record(&start)?;
+                // SAFETY: as above; the partial buffers hold `partial_lens` elements.
+                unsafe { k.launch_raw(stream, &shape, split, &ptrs) }.map_err(failed)?;
+            }
             Loaded::Int8Imma(_) | Loaded::Int8Wgmma(_) | Loaded::Int8Umma(_) => {
                 let (Some(prepass_id), Some(b)) = (choice.prepass, int8) else {
                     return Err(Error::Kernel { kernel: name(), reason: "an INT8 plan without its prepass buffers".into() });
@@ -491,11 +634,18 @@ impl CudaBackend {
                 let (q_codes, k_codes) = (b.q_codes.device_ptr_mut(ps).0, b.k_codes.device_ptr_mut(ps).0);
                 let mut addr = |x: &mut CudaSlice<f32>| x.device_ptr_mut(ps).0;
                 let (q_scale, k_scale) = (addr(&mut b.q_scale), addr(&mut b.k_scale));
-                let mean = b.mean.as_mut().map(&mut addr).unwrap_or(0);
-                let lse_shift = b.lse_shift.as_mut().map(&mut addr).unwrap_or(0);
-                let partial = b.partial.as_mut().map(|x| x.device_ptr_mut(ps).0).unwrap_or(0);
-                let pre = PrepassPtrs { q: call.q, k: call.k, q_codes, k_codes, q_scale, k_scale, mean, partial, lse_shift };
-                // SAFETY: Q and K cover the problem (checked or allocated for it); the outputs
+                let mut opt = |x: &mut Option<CudaSlice<f32>>| x.as_mut().map(&mut addr).unwrap_or(0);
+                let (mean, lse_shift) = (opt(&mut b.mean), opt(&mut b.lse_shift));
+                let (v_scale, v_inv, v_partial) = (opt(&mut b.v_scale), opt(&mut b.v_inv), opt(&mut b.v_partial));
+                let k_partial = b.k_partial.as_mut().map(|x| x.device_ptr_mut(ps).0).unwrap_or(0);
+                let vt_codes = b.vt_codes.as_mut().map(|x| x.device_ptr_mut(ps).0).unwrap_or(0);
+                let tickets = b.tickets.as_mut().map(|x| x.device_ptr_mut(ps).0).unwrap_or(0);
+                let v = if vt_codes != 0 { call.v } else { 0 };
+                let pre = PrepassPtrs {
+                    q: call.q, k: call.k, v, q_codes, k_codes, vt_codes, q_scale, k_scale, mean, k_partial, v_scale, v_inv, v_partial,
+                    tickets, lse_shift,
+                };
+                // SAFETY: Q, K and V cover the problem (checked or allocated for it); the outputs
                 // were allocated for this problem and config (`Int8PrepassConfig::required_lens`).
                 unsafe { prepass.launch_raw(stream, &shape, &pre) }.map_err(|e| native_err("int8_prepass", e))?;
                 record(&start)?;
@@ -504,6 +654,8 @@ impl CudaBackend {
                 // SAFETY: as above; the launchers check arguments, alignment and non-null pointers.
                 match &*kernel {
                     Loaded::Int8Imma(k) => unsafe { k.launch_raw(stream, &args, &ptrs) },
+                    // e4m3 P·V reads the prepass's Vᵀ codes and V scales instead of V.
+                    Loaded::Int8Wgmma(k) if k.config().pv_fp8() => unsafe { k.launch_fp8_raw(stream, &args, &Int8Ptrs { v: vt_codes, ..ptrs }, v_scale) },
                     Loaded::Int8Wgmma(k) => unsafe { k.launch_raw(stream, &args, &ptrs) },
                     Loaded::Int8Umma(k) => {
                         let a = [ptrs.q, ptrs.k, ptrs.v, ptrs.o, ptrs.lse, ptrs.q_scale, ptrs.k_scale, ptrs.lse_shift];
@@ -516,7 +668,7 @@ impl CudaBackend {
             Loaded::Fp8Wgmma(_) | Loaded::Fp8Mma(_) => {
                 return Err(Error::Kernel { kernel: name(), reason: "an FP8 plan launched without its code buffers".into() });
             }
-            Loaded::Int8Prepass(_) | Loaded::Fp8Prepass(_) => return Err(super::foreign(plan)),
+            Loaded::Int8Prepass(_) | Loaded::Fp8Prepass(_) | Loaded::Nvfp4(_) | Loaded::Nvfp4Quant(_) => return Err(super::foreign(plan)),
         }
         match (start, end) {
             (Some(start), Some(end)) => {
@@ -594,12 +746,7 @@ impl CudaBackend {
         }
         if let Some(NativeKernelId::Int8Prepass(config)) = choice.prepass {
             let need = config.required_lens(&plan.problem.shape()).map_err(|e| native_err("int8_prepass", e))?;
-            let fits = |b: &Int8Buffers| {
-                let (h, n) = (&b.lens, &need);
-                h.q_codes >= n.q_codes && h.k_codes >= n.k_codes && h.q_scale >= n.q_scale && h.k_scale >= n.k_scale
-                    && h.mean >= n.mean && h.partial >= n.partial && h.lse_shift >= n.lse_shift
-            };
-            if s.int8.as_ref().is_none_or(|b| !fits(b)) {
+            if s.int8.as_ref().is_none_or(|b| !b.lens.covers(&need)) {
                 s.int8 = Some(self.alloc_int8(plan, &config)?);
             }
         }
@@ -764,16 +911,6 @@ fn driver(kernel: &str) -> impl Fn(cudarc::driver::DriverError) -> Error + '_ {
     move |e| Error::Kernel { kernel: kernel.to_string(), reason: e.to_string() }
 }
 
-/// [`Error::Quantization`] (the codec's refusal) at the first non-finite value of `bits`
-/// (16-bit elements of `dtype`).
-fn check_finite(tensor: crate::TensorName, bits: &[u16], dtype: Dtype) -> Result<()> {
-    let exp = if dtype == Dtype::Bf16 { 0x7f80 } else { 0x7c00 };
-    match bits.iter().position(|&b| b & exp == exp) {
-        Some(i) => Err(Error::Quantization(format!("FP8 input {tensor} element {i} is not finite in {dtype}"))),
-        None => Ok(()),
-    }
-}
-
 /// The host values as the 16-bit bits of `dtype`; values already of that type pass through.
 fn bits(x: HostSlice<'_>, dtype: Dtype) -> Vec<u16> {
     match (x, dtype) {
@@ -885,6 +1022,33 @@ impl Backend for CudaBackend {
         let lens = &b.lens;
         let codes = |x: &CudaSlice<u8>, n: usize| -> Result<Vec<i8>> { Ok(s.clone_dtoh(x).map_err(&e)?[..n].iter().map(|&c| c as i8).collect()) };
         let floats = |x: &CudaSlice<f32>, n: usize| -> Result<Vec<f32>> { Ok(s.clone_dtoh(x).map_err(&e)?[..n].to_vec()) };
+        let v = match (&b.vt_codes, &b.v_scale) {
+            (Some(vt), Some(vs)) => {
+                // Vᵀ [b, kv_heads, d, kv_pad] with the kernel's key permutation, back to dense
+                // [b, kv_heads, kv_len, d]; the padding past kv_len must be zero.
+                let p = &plan.problem;
+                let (d, n) = (p.head_dim, p.kv_len);
+                let pad = Int8PrepassConfig::kv_pad(&p.shape());
+                let raw = s.clone_dtoh(vt).map_err(&e)?;
+                let mut codes = vec![0u8; p.batch * p.kv_heads * n * d];
+                let mut padding_nonzero = 0;
+                for bh in 0..p.batch * p.kv_heads {
+                    for c in 0..d {
+                        let row = &raw[(bh * d + c) * pad..][..pad];
+                        for (col, &x) in row.iter().enumerate() {
+                            let key = quattn_native::vt_key(col);
+                            if key < n {
+                                codes[(bh * n + key) * d + c] = x;
+                            } else {
+                                padding_nonzero += (x != 0) as usize;
+                            }
+                        }
+                    }
+                }
+                Some(E4m3VOperands { codes, scales: floats(vs, lens.v_scale)?, padding_nonzero })
+            }
+            _ => None,
+        };
         Ok(Some(Int8Operands {
             q_codes: codes(&b.q_codes, lens.q_codes)?,
             q_scales: floats(&b.q_scale, lens.q_scale)?,
@@ -892,6 +1056,7 @@ impl Backend for CudaBackend {
             k_scales: floats(&b.k_scale, lens.k_scale)?,
             k_mean: b.mean.as_ref().map(|m| floats(m, lens.mean)).transpose()?,
             lse_shift: b.lse_shift.as_ref().map(|m| floats(m, lens.lse_shift)).transpose()?,
+            v,
         }))
     }
 
@@ -969,27 +1134,5 @@ impl Backend for CudaBackend {
         let stream = self.stream.clone();
         self.run_raw(plan, &stream, &call)?;
         self.stream.synchronize().map_err(driver(&plan.kernel_name()))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn non_finite_host_inputs_are_refused_after_rounding() {
-        let x = [1.0f32, -2.5, 65504.0, 0.0];
-        check_finite(crate::TensorName::K, &bits(HostSlice::F32(&x), Dtype::F16), Dtype::F16).unwrap();
-        // 1e5 is finite in f32 and bf16, infinite in f16: the codec sees the f16 value.
-        let big = [1.0f32, 1e5];
-        let e = check_finite(crate::TensorName::V, &bits(HostSlice::F32(&big), Dtype::F16), Dtype::F16).unwrap_err();
-        assert!(matches!(&e, Error::Quantization(m) if m.contains("V element 1")), "{e}");
-        check_finite(crate::TensorName::V, &bits(HostSlice::F32(&big), Dtype::Bf16), Dtype::Bf16).unwrap();
-        let nan = [f32::NAN];
-        assert!(check_finite(crate::TensorName::Q, &bits(HostSlice::F32(&nan), Dtype::Bf16), Dtype::Bf16).is_err());
-        // f16 input passes through bit for bit.
-        let h = [half::f16::from_f32(3.0), half::f16::INFINITY];
-        assert_eq!(bits(HostSlice::F16(&h), Dtype::F16), vec![h[0].to_bits(), 0x7c00]);
-        assert!(check_finite(crate::TensorName::Q, &bits(HostSlice::F16(&h), Dtype::F16), Dtype::F16).is_err());
     }
 }

@@ -7,6 +7,8 @@ pub(crate) mod cpu;
 pub(crate) mod cuda;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub(crate) mod gpu;
+#[cfg(feature = "hip")]
+pub(crate) mod hip;
 
 use std::any::Any;
 use std::time::Instant;
@@ -105,8 +107,8 @@ pub(crate) fn host_time<B: Backend + ?Sized>(
     Ok(out)
 }
 
-/// Opens the backend for `device`; `Device::Auto` resolves to a CUDA GPU, else a hardware wgpu
-/// adapter, else the CPU.
+/// Opens the backend for `device`; `Device::Auto` resolves to a CUDA GPU, else a gfx942/gfx950
+/// HIP GPU, else a hardware wgpu adapter, else the CPU.
 pub(crate) fn open(device: Device) -> Result<Box<dyn Backend>> {
     match device {
         Device::Cpu => Ok(Box::new(cpu::CpuBackend::new())),
@@ -115,6 +117,12 @@ pub(crate) fn open(device: Device) -> Result<Box<dyn Backend>> {
                 match open(Device::Cuda(0)) {
                     Ok(b) => return Ok(b),
                     Err(e) => log::warn!("auto: CUDA present but not usable ({e}); trying wgpu"),
+                }
+            }
+            if hip_supported_device().is_some() {
+                match open(Device::Hip(hip_supported_device().unwrap_or(0))) {
+                    Ok(b) => return Ok(b),
+                    Err(e) => log::warn!("auto: HIP device present but not usable ({e}); trying wgpu"),
                 }
             }
             if let Some(adapter) = hardware_wgpu_adapter() {
@@ -128,7 +136,29 @@ pub(crate) fn open(device: Device) -> Result<Box<dyn Backend>> {
         Device::Wgpu(adapter) => open_wgpu(device, adapter, false),
         Device::WgpuSpirv(adapter) => open_wgpu(device, adapter, true),
         Device::Cuda(ordinal) => open_cuda(device, ordinal),
+        Device::Hip(ordinal) => open_hip(device, ordinal),
     }
+}
+
+/// The first HIP device whose arch has kernels (gfx942, gfx950); `None` without ROCm.
+#[cfg(feature = "hip")]
+fn hip_supported_device() -> Option<usize> {
+    hip::supported_devices().into_iter().next()
+}
+
+#[cfg(not(feature = "hip"))]
+fn hip_supported_device() -> Option<usize> {
+    None
+}
+
+#[cfg(feature = "hip")]
+fn open_hip(device: Device, ordinal: usize) -> Result<Box<dyn Backend>> {
+    Ok(Box::new(hip::HipBackend::open(device, ordinal)?))
+}
+
+#[cfg(not(feature = "hip"))]
+fn open_hip(_device: Device, _ordinal: usize) -> Result<Box<dyn Backend>> {
+    Err(Error::NotCompiledWith { feature: "hip", what: "HIP (AMD) devices" })
 }
 
 #[cfg(feature = "cuda")]

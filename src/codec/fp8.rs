@@ -114,6 +114,54 @@ pub mod e5m2 {
     }
 }
 
+/// E4M3FNUZ: the FP8 of AMD CDNA3 (gfx942) MFMAs. 1 sign, 4 exponent (bias 8), 3 mantissa
+/// bits; finite only (max 240 = `0.1111.111`), one zero (`0x00`) and one NaN (`0x80`, the code
+/// that would be -0). Encoding rounds to nearest even like [`e4m3`]; -0 and negative values
+/// that round to zero encode to `0x00`. The overflow midpoint is 248 (between 240, odd mantissa,
+/// and the unrepresentable 256): it and anything above overflow.
+pub mod e4m3fnuz {
+    use super::*;
+
+    pub(crate) const FORMAT: Minifloat = Minifloat { man_bits: 3, bias: 8 };
+    /// Largest finite magnitude.
+    pub const MAX: f32 = 240.0;
+    /// Code of +240.
+    pub const MAX_CODE: u8 = 0x7F;
+    /// The only NaN.
+    pub const NAN_CODE: u8 = 0x80;
+
+    /// Nearest E4M3FNUZ code (RNE). NaN, and a non-saturating overflow, give `0x80`.
+    pub fn encode(x: f32, sat: Saturation) -> u8 {
+        if x.is_nan() {
+            return NAN_CODE;
+        }
+        let a = x.abs();
+        let code = if a.is_infinite() { u32::MAX } else { FORMAT.encode_magnitude(a) };
+        if code > MAX_CODE as u32 {
+            return match sat {
+                Saturation::Saturate => (if x < 0.0 { SIGN } else { 0 }) | MAX_CODE,
+                Saturation::NonSaturating => NAN_CODE,
+            };
+        }
+        if code == 0 {
+            return 0;
+        }
+        (if x < 0.0 { SIGN } else { 0 }) | code as u8
+    }
+
+    pub fn decode(code: u8) -> f32 {
+        if code == NAN_CODE {
+            return f32::NAN;
+        }
+        let v = FORMAT.decode_magnitude((code & !SIGN) as u32);
+        if code & SIGN != 0 {
+            -v
+        } else {
+            v
+        }
+    }
+}
+
 /// UE4M3: E4M3 with the sign bit fixed at 0, the NVFP4 block-scale format. Codes `0x00..=0x7E`
 /// are 0..448, `0x7F` is NaN; codes with the top bit set are not UE4M3 and decode to NaN so a
 /// stray signed code cannot pass for a scale.
@@ -345,6 +393,60 @@ mod tests {
             let up = low > 0x80 || (low == 0x80 && top & 1 == 1);
             let expected = (top + up as u16) as u8;
             assert_eq!(e5m2::encode(h.to_f32(), Saturation::NonSaturating), expected, "f16 {bits:#06x}");
+        }
+    }
+
+    /// E4M3FNUZ straight from its definition (bias 8, 0x80 NaN, no -0), in f64.
+    fn e4m3fnuz_formula(c: u8) -> f64 {
+        if c == 0x80 {
+            return f64::NAN;
+        }
+        let s = if c & 0x80 != 0 { -1.0 } else { 1.0 };
+        let e = ((c >> 3) & 0xF) as i32;
+        let m = (c & 7) as f64;
+        if e == 0 {
+            s * (m / 8.0) * 2f64.powi(-7)
+        } else {
+            s * (1.0 + m / 8.0) * 2f64.powi(e - 8)
+        }
+    }
+
+    #[test]
+    fn e4m3fnuz_decode_encode_and_boundaries() {
+        use Saturation::*;
+        for c in 0..=255u8 {
+            let v = e4m3fnuz::decode(c);
+            assert!(same(v, e4m3fnuz_formula(c)), "{c:#04x}: {v}");
+            if c != e4m3fnuz::NAN_CODE {
+                assert_eq!(e4m3fnuz::encode(v, NonSaturating), c, "{c:#04x}");
+                assert_eq!(e4m3fnuz::encode(v, Saturate), c, "{c:#04x}");
+            }
+        }
+        assert_eq!(e4m3fnuz::decode(0x7F), 240.0);
+        assert_eq!(e4m3fnuz::decode(0x01), 2f32.powi(-10));
+        // One zero: -0 and negatives rounding to zero encode to 0x00 (0x80 is NaN).
+        assert_eq!(e4m3fnuz::encode(-0.0, Saturate), 0x00);
+        assert_eq!(e4m3fnuz::encode(-2f32.powi(-12), Saturate), 0x00);
+        assert_eq!(e4m3fnuz::encode(-2f32.powi(-11).next_up(), Saturate), 0x81);
+        // 248 ties between 240 (odd mantissa) and 256: to 256, an overflow.
+        assert_eq!(e4m3fnuz::encode(248.0f32.next_down(), NonSaturating), 0x7F);
+        assert_eq!(e4m3fnuz::encode(248.0, NonSaturating), 0x80);
+        assert_eq!(e4m3fnuz::encode(248.0, Saturate), 0x7F);
+        assert_eq!(e4m3fnuz::encode(-1e9, Saturate), 0xFF);
+        assert_eq!(e4m3fnuz::encode(f32::INFINITY, NonSaturating), 0x80);
+        assert_eq!(e4m3fnuz::encode(f32::NAN, Saturate), 0x80);
+        // Same value grid as e4m3 one binade down: every finite e4m3 value below 240 that
+        // e4m3fnuz has (not the e4m3 subnormal 2^-9) maps code for code with the exponent + 1.
+        for c in 0x08..0x78u8 {
+            assert_eq!(e4m3::decode(c) as f64, e4m3fnuz_formula(c + 8), "{c:#04x}");
+        }
+        // Ties to even between neighbours, as in the OCP formats.
+        for c in 0..0x7Eu8 {
+            let (lo, hi) = (e4m3fnuz::decode(c) as f64, e4m3fnuz::decode(c + 1) as f64);
+            let mid = ((lo + hi) / 2.0) as f32;
+            let even = if c % 2 == 0 { c } else { c + 1 };
+            assert_eq!(e4m3fnuz::encode(mid, Saturate), even, "tie {lo}..{hi}");
+            assert_eq!(e4m3fnuz::encode(mid.next_up(), Saturate), c + 1);
         }
     }
 

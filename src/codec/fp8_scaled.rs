@@ -94,18 +94,19 @@ impl Fp8Tensor {
         if layout.block_rows == 0 {
             return Err(Error::Quantization("FP8 descale block of 0 rows".into()));
         }
-        let expected = layout.batch * layout.heads * layout.len * dim;
-        if x.len() != expected {
-            return Err(Error::Quantization(format!("FP8 input holds {} values, the shape needs {expected}", x.len())));
-        }
-        if let Some(i) = x.iter().position(|v| !v.is_finite()) {
-            return Err(Error::Quantization(format!("FP8 input element {i} is {} (must be finite)", x[i])));
+        // The strided extent: elements between rows (padding) are neither read nor checked.
+        let expected = strides.extent(layout.batch, layout.heads, layout.len, dim);
+        if Some(x.len()) != expected {
+            return Err(Error::Quantization(format!("FP8 input holds {} values, the strided shape spans {expected:?}", x.len())));
         }
         let rows = || {
             (0..layout.batch).flat_map(move |b| {
                 (0..layout.heads).flat_map(move |h| (0..layout.len).map(move |i| (b, h, i, strides.offset(b, h, i))))
             })
         };
+        if let Some(i) = rows().flat_map(|(.., o)| o..o + dim).find(|&i| !x[i].is_finite()) {
+            return Err(Error::Quantization(format!("FP8 input element {i} is {} (must be finite)", x[i])));
+        }
         let mut amax = vec![0.0f32; layout.count()];
         for (b, h, i, o) in rows() {
             let a = &mut amax[layout.index(b, h, i)];

@@ -1,5 +1,5 @@
-//! Symmetric INT8 quantization of Q and K (SageAttention style), K smoothing, and the layout
-//! of the scale tensors that prepasses write and kernels read.
+//! Symmetric INT8 quantization of Q and K (SageAttention style), K smoothing, the layout of the
+//! scale tensors that prepasses write and kernels read, and the E4M3 V of the mode's FP8 P·V.
 //!
 //! # Element recipe
 //! `scale = amax / 127` (f32 division) over the elements sharing the scale; `amax == 0` gives
@@ -38,6 +38,13 @@
 //! from the Q the kernel received, before quantization). The mean is accumulated in f64 and
 //! rounded to f32; `k − μ` is one f32 subtraction and is quantized directly (not re-rounded to
 //! f16). A GPU prepass sums in another order, so its μ may differ by an ulp.
+//!
+//! # V in E4M3 (FP8 P·V, SageAttention2)
+//! One scale per (batch, KV head, channel) over all keys: `scale = amax / 448` (f32 division;
+//! `amax == 0` gives 1), `inv = 1 / scale` (f32 division), code `e4m3(v · inv)` with the product
+//! rounded to f32 first and then to nearest E4M3 (ties to even), saturating at ±448 — a multiply
+//! by the reciprocal, not a division, because that is what a prepass does per element
+//! ([`quantize_v_e4m3`]). Dequantize: `decode(code) · scale`.
 
 use crate::{AttentionProblem, Error, Int8Granularity, Result};
 
@@ -173,11 +180,20 @@ pub struct Int8Tensor {
     pub scales: Vec<f32>,
 }
 
-fn check_finite(what: &str, x: &[f32]) -> Result<()> {
-    match x.iter().position(|v| !v.is_finite()) {
-        Some(i) => Err(Error::Quantization(format!("{what} element {i} is {} (must be finite)", x[i]))),
-        None => Ok(()),
+/// Every element of the `[batch, heads, len, dim]` view is finite (elements between strided
+/// rows are not part of it).
+fn check_finite(what: &str, x: &[f32], st: crate::Strides, batch: usize, heads: usize, len: usize, dim: usize) -> Result<()> {
+    for b in 0..batch {
+        for h in 0..heads {
+            for j in 0..len {
+                let o = st.offset(b, h, j);
+                if let Some(c) = x[o..o + dim].iter().position(|v| !v.is_finite()) {
+                    return Err(Error::Quantization(format!("{what} element {} is {} (must be finite)", o + c, x[o + c])));
+                }
+            }
+        }
     }
+    Ok(())
 }
 
 fn check_len(what: &str, got: usize, expected: usize) -> Result<()> {
@@ -191,8 +207,8 @@ fn check_len(what: &str, got: usize, expected: usize) -> Result<()> {
 /// multiplied into the stored scales (1.0 for none).
 pub fn quantize_q(problem: &AttentionProblem, layout: &Int8ScaleLayout, q: &[f32], fold: f32) -> Result<Int8Tensor> {
     check_len("Q", q.len(), problem.q_len_elems())?;
-    check_finite("Q", q)?;
     let (st, d) = (problem.q_strides(), problem.head_dim);
+    check_finite("Q", q, st, problem.batch, problem.q_heads, problem.q_len, d)?;
     let mut amax = vec![0.0f32; layout.q_scales_len()];
     for b in 0..problem.batch {
         for h in 0..problem.q_heads {
@@ -222,8 +238,8 @@ pub fn quantize_q(problem: &AttentionProblem, layout: &Int8ScaleLayout, q: &[f32
 /// Quantizes K (problem layout; smoothed or not) with one scale per block of `block_k` keys.
 pub fn quantize_k(problem: &AttentionProblem, layout: &Int8ScaleLayout, k: &[f32]) -> Result<Int8Tensor> {
     check_len("K", k.len(), problem.k_len_elems())?;
-    check_finite("K", k)?;
     let (st, d) = (problem.k_strides(), problem.head_dim);
+    check_finite("K", k, st, problem.batch, problem.kv_heads, problem.kv_len, d)?;
     let mut amax = vec![0.0f32; layout.k_scales_len()];
     for b in 0..problem.batch {
         for h in 0..problem.kv_heads {
@@ -261,8 +277,8 @@ pub struct SmoothedK {
 /// Subtracts the per-(batch, KV head, channel) mean over the key sequence (module docs).
 pub fn smooth_k(problem: &AttentionProblem, k: &[f32]) -> Result<SmoothedK> {
     check_len("K", k.len(), problem.k_len_elems())?;
-    check_finite("K", k)?;
     let (st, d) = (problem.k_strides(), problem.head_dim);
+    check_finite("K", k, st, problem.batch, problem.kv_heads, problem.kv_len, d)?;
     let mut mean = vec![0.0f32; problem.batch * problem.kv_heads * d];
     let mut values = k.to_vec();
     for b in 0..problem.batch {
@@ -293,8 +309,64 @@ pub fn lse_shift(q_row: &[f32], mean: &[f32], softmax_scale: f32) -> f32 {
     q_row.iter().zip(mean).fold(0.0f32, |s, (a, b)| s + a * b) * softmax_scale
 }
 
+/// Largest E4M3 magnitude, the code range of V's scale.
+pub const V_E4M3_MAX: f32 = crate::codec::fp8::e4m3::MAX;
+
+/// V as E4M3 codes with one scale per (batch, KV head, channel) (module docs).
+#[derive(Debug, Clone, PartialEq)]
+pub struct E4m3V {
+    /// Codes in the problem's V layout (`v_strides`).
+    pub codes: Vec<u8>,
+    /// `[batch, kv_heads, v_head_dim]`.
+    pub scales: Vec<f32>,
+}
+
+/// Quantizes V (problem layout) to E4M3 with per-channel scales (module docs).
+pub fn quantize_v_e4m3(problem: &AttentionProblem, v: &[f32]) -> Result<E4m3V> {
+    use crate::codec::fp8::{e4m3, Saturation};
+    check_len("V", v.len(), problem.v_len_elems())?;
+    check_finite("V", v, problem.v_strides(), problem.batch, problem.kv_heads, problem.kv_len, problem.v_head_dim)?;
+    let (dv, st) = (problem.v_head_dim, problem.v_strides());
+    let mut amax = vec![0.0f32; problem.batch * problem.kv_heads * dv];
+    for b in 0..problem.batch {
+        for h in 0..problem.kv_heads {
+            let a = &mut amax[(b * problem.kv_heads + h) * dv..][..dv];
+            for j in 0..problem.kv_len {
+                for (m, x) in a.iter_mut().zip(&v[st.offset(b, h, j)..][..dv]) {
+                    *m = m.max(x.abs());
+                }
+            }
+        }
+    }
+    let scales: Vec<f32> = amax.iter().map(|&a| if a > 0.0 { a / V_E4M3_MAX } else { 1.0 }).collect();
+    let mut codes = vec![0u8; v.len()];
+    for b in 0..problem.batch {
+        for h in 0..problem.kv_heads {
+            let s = &scales[(b * problem.kv_heads + h) * dv..][..dv];
+            for j in 0..problem.kv_len {
+                let o = st.offset(b, h, j);
+                for c in 0..dv {
+                    codes[o + c] = e4m3::encode(v[o + c] * (1.0 / s[c]), Saturation::Saturate);
+                }
+            }
+        }
+    }
+    Ok(E4m3V { codes, scales })
+}
+
+/// The E4M3 V a device prepass produced, read back to the host: codes dense
+/// `[batch, kv_heads, kv_len, v_head_dim]` (whatever layout the device keeps them in), the
+/// scales, and how many bytes of the device's padding past `kv_len` are not zero.
+#[derive(Debug, Clone, PartialEq)]
+pub struct E4m3VOperands {
+    pub codes: Vec<u8>,
+    pub scales: Vec<f32>,
+    pub padding_nonzero: usize,
+}
+
 /// The INT8 operands a device prepass produced, read back to the host (codes in the problem's
-/// layout, scales in [`Int8ScaleLayout`]'s; the mean and the LSE shift only with smoothing).
+/// layout, scales in [`Int8ScaleLayout`]'s; the mean and the LSE shift only with smoothing; V
+/// only with FP8 P·V).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Int8Operands {
     pub q_codes: Vec<i8>,
@@ -303,6 +375,49 @@ pub struct Int8Operands {
     pub k_scales: Vec<f32>,
     pub k_mean: Option<Vec<f32>>,
     pub lse_shift: Option<Vec<f32>>,
+    pub v: Option<E4m3VOperands>,
+}
+
+/// Checks a device prepass's E4M3 V against [`quantize_v_e4m3`] of `v` (the V the device read,
+/// as f32): scales and every code bit for bit, zero padding, and that the codes are not trivial
+/// (some channel reaches ±448).
+pub fn verify_v_operands(problem: &AttentionProblem, v: &[f32], dev: &E4m3VOperands) -> Result<()> {
+    let fail = |m: String| Err(Error::Quantization(m));
+    let want = quantize_v_e4m3(problem, v)?;
+    if dev.scales.len() != want.scales.len() {
+        return fail(format!("V scales: {} values, expected {}", dev.scales.len(), want.scales.len()));
+    }
+    if let Some(i) = (0..want.scales.len()).find(|&i| dev.scales[i].to_bits() != want.scales[i].to_bits()) {
+        return fail(format!("V scale [{i}]: device {:e} vs codec {:e}", dev.scales[i], want.scales[i]));
+    }
+    let (dv, st) = (problem.v_head_dim, problem.v_strides());
+    if dev.codes.len() != problem.batch * problem.kv_heads * problem.kv_len * dv {
+        return fail(format!("V codes: {} values, expected {}", dev.codes.len(), problem.batch * problem.kv_heads * problem.kv_len * dv));
+    }
+    let (mut bad, mut first) = (0usize, None);
+    for b in 0..problem.batch {
+        for h in 0..problem.kv_heads {
+            for j in 0..problem.kv_len {
+                for c in 0..dv {
+                    let (got, want) = (dev.codes[((b * problem.kv_heads + h) * problem.kv_len + j) * dv + c], want.codes[st.offset(b, h, j) + c]);
+                    if got != want {
+                        bad += 1;
+                        first.get_or_insert((b, h, j, c, got, want));
+                    }
+                }
+            }
+        }
+    }
+    if let Some((b, h, j, c, got, want)) = first {
+        return fail(format!("V codes: {bad} differ, first at (b {b}, kv head {h}, key {j}, channel {c}): device {got:#04x} vs codec {want:#04x}"));
+    }
+    if dev.padding_nonzero != 0 {
+        return fail(format!("V codes: {} padding bytes past kv_len are not zero", dev.padding_nonzero));
+    }
+    if !dev.codes.iter().any(|&x| x & 0x7f == crate::codec::fp8::e4m3::MAX_CODE) {
+        return fail("no V code reaches ±448: the largest magnitude of a channel must".into());
+    }
+    Ok(())
 }
 
 /// How a device prepass sums the K mean and the LSE-shift dot, which sets how closely they must
@@ -478,6 +593,7 @@ mod tests {
             k_scales: ck.scales,
             k_mean: Some(sm.mean.clone()),
             lse_shift: Some(shift),
+            v: None,
         };
         let check = |o: &Int8Operands| verify_operands(&p, &lay, true, &q, &k, fold, o, DeviceSums::F64MeanCodecShift);
         check(&good).unwrap();
@@ -497,6 +613,90 @@ mod tests {
         assert!(check(&bad).is_err());
         // The f32-order tolerance admits a last-bit difference in the shift.
         assert!(verify_operands(&p, &lay, true, &q, &k, fold, &bad, DeviceSums::F32AnyOrder).is_ok());
+    }
+
+    /// V's codes round `v · fl(1 / scale)` (the native prepass's product), not the quotient
+    /// `v / scale`: on values where the two round to different E4M3 codes, the codec takes the
+    /// product's; scales are per channel over every key; ±amax is ±448; padding keys do not
+    /// exist in the problem layout.
+    #[test]
+    fn v_codes_round_the_product_with_the_reciprocal_per_channel() {
+        use crate::codec::fp8::{e4m3, Saturation};
+        let p = AttentionProblem::new(2, 4, 3, 64).kv_heads(2).kv_len(300);
+        let v = gaussian(7, p.v_len_elems(), 1.5);
+        let q = quantize_v_e4m3(&p, &v).unwrap();
+        assert_eq!(q.scales.len(), 2 * 2 * 64);
+        let st = p.v_strides();
+        let (mut differ, mut top) = (0usize, 0usize);
+        for b in 0..2 {
+            for h in 0..2 {
+                for c in 0..64 {
+                    let amax = (0..300).map(|j| v[st.offset(b, h, j) + c].abs()).fold(0.0f32, f32::max);
+                    let s = q.scales[(b * 2 + h) * 64 + c];
+                    assert_eq!(s.to_bits(), (amax / 448.0).to_bits());
+                    for j in 0..300 {
+                        let x = v[st.offset(b, h, j) + c];
+                        let code = q.codes[st.offset(b, h, j) + c];
+                        assert_eq!(code, e4m3::encode(x * (1.0 / s), Saturation::Saturate));
+                        differ += (code != e4m3::encode(x / s, Saturation::Saturate)) as usize;
+                        top += (x.abs() == amax && code & 0x7f == e4m3::MAX_CODE) as usize;
+                    }
+                }
+            }
+        }
+        assert!(top >= 2 * 2 * 64, "every channel's amax is ±448");
+        // Dividing would change some codes: values within an f32 ulp of an E4M3 rounding
+        // midpoint (x = midpoint · scale and its neighbours) tell the product from the quotient,
+        // and there the codec (and the emulation, which decodes its codes) takes the product.
+        let mut hunt = 0usize;
+        for i in 0..4000u32 {
+            let amax = 1.0 + i as f32 * 0.000_731;
+            let s = amax / 448.0;
+            for mid in [1.0625f32, 1.3125, 1.9375, 12.5, 208.0] {
+                let x0 = mid * s;
+                for d in -3i32..=3 {
+                    let x = f32::from_bits((x0.to_bits() as i32 + d) as u32);
+                    let (prod, quot) = (e4m3::encode(x * (1.0 / s), Saturation::Saturate), e4m3::encode(x / s, Saturation::Saturate));
+                    if prod != quot {
+                        hunt += 1;
+                        // The codec's code of x in a one-key, one-channel V whose amax is amax.
+                        let one = AttentionProblem::new(1, 1, 1, 1).kv_len(2);
+                        let q = quantize_v_e4m3(&one, &[x, amax]).unwrap();
+                        assert_eq!(q.scales[0].to_bits(), s.to_bits());
+                        assert_eq!(q.codes[0], prod, "x {x:e} scale {s:e}: product {prod:#04x}, quotient {quot:#04x}");
+                    }
+                }
+            }
+        }
+        assert!(differ + hunt > 0, "no value tells the product from the quotient");
+        // An all-zero channel takes scale 1 and code 0.
+        let z = quantize_v_e4m3(&p, &vec![0.0; p.v_len_elems()]).unwrap();
+        assert!(z.scales.iter().all(|&s| s == 1.0) && z.codes.iter().all(|&c| c == 0));
+    }
+
+    /// `verify_v_operands` accepts the codec's own V and catches one code, one scale bit and
+    /// nonzero padding.
+    #[test]
+    fn verify_v_operands_catches_single_errors() {
+        let p = AttentionProblem::new(1, 2, 3, 64).kv_heads(2).kv_len(130);
+        let v = gaussian(9, p.v_len_elems(), 1.0);
+        let q = quantize_v_e4m3(&p, &v).unwrap();
+        let st = p.v_strides();
+        let mut dense = vec![0u8; q.codes.len()];
+        for h in 0..2 {
+            for j in 0..130 {
+                dense[(h * 130 + j) * 64..][..64].copy_from_slice(&q.codes[st.offset(0, h, j)..][..64]);
+            }
+        }
+        let good = E4m3VOperands { codes: dense, scales: q.scales.clone(), padding_nonzero: 0 };
+        verify_v_operands(&p, &v, &good).unwrap();
+        let mut bad = good.clone();
+        bad.codes[1000] ^= 1;
+        assert!(verify_v_operands(&p, &v, &bad).is_err());
+        let mut bad = good.clone();
+        bad.scales[5] = f32::from_bits(bad.scales[5].to_bits() + 1);
+        assert!(verify_v_operands(&p, &v, &bad).is_err());
+        assert!(verify_v_operands(&p, &v, &E4m3VOperands { padding_nonzero: 3, ..good }).is_err());
     }
 
     fn gaussian(seed: u64, n: usize, std: f32) -> Vec<f32> {

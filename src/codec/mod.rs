@@ -2,7 +2,7 @@
 //! against.
 //!
 //! * [`float16`]: f16 / bf16 rounding (RNE, via `half`).
-//! * [`fp8`]: OCP E4M3, E5M2 and the unsigned UE4M3 scale format.
+//! * [`fp8`]: OCP E4M3, E5M2, the unsigned UE4M3 scale format, and E4M3FNUZ (AMD gfx942).
 //! * [`fp4`]: E2M1 elements and E8M0 scales; [`nvfp4`] and [`mxfp4`] build block-scaled
 //!   tensors from them.
 //! * [`int8`]: symmetric INT8 for Q and K, K smoothing, and the scale-tensor layouts.

@@ -88,7 +88,17 @@ impl ScorePlan {
                 ScorePlan::Fp8 { q: raw(&qt), k: raw(&kt), q_desc: (qt.descales, ql), k_desc: (kt.descales, kl) }
             }
             Precision::Nvfp4 { .. } => {
+                // Rows gathered densely (`[batch, heads, len]` order): the 16-element blocks run
+                // along each row, and a strided buffer's rows need not start at multiples of
+                // the head dim (nor its padding hold numbers).
                 let d = problem.head_dim;
+                let dense = |x: &[f32], st: crate::Strides, heads: usize, len: usize| -> Vec<f32> {
+                    (0..problem.batch * heads * len)
+                        .flat_map(|r| x[st.offset(r / (heads * len), (r / len) % heads, r % len)..][..d].iter().copied())
+                        .collect()
+                };
+                let q = dense(&q, problem.q_strides(), problem.q_heads, problem.q_len);
+                let k = dense(&k, problem.k_strides(), problem.kv_heads, problem.kv_len);
                 let qt = Nvfp4Tensor::quantize(&q, q.len() / d, d)?;
                 let kt = Nvfp4Tensor::quantize(&k, k.len() / d, d)?;
                 ScorePlan::Nvfp4 { q: Decoded4::new(&qt), k: Decoded4::new(&kt) }
@@ -151,12 +161,13 @@ impl ScorePlan {
                 // A block-scaled MMA: per 16-element block the E2M1 products (exact) are summed
                 // and multiplied by both UE4M3 scales (exact), blocks accumulate in f32, and the
                 // tensor scales are applied once at the end.
-                let (qr, kr) = (qo / d, ko / d);
+                let qr = (b * problem.q_heads + h) * problem.q_len + i;
+                let kr = (b * problem.kv_heads + kvh) * problem.kv_len + j;
                 let nb = d / NVFP4_BLOCK;
                 let mut acc = 0.0f32;
                 for blk in 0..nb {
-                    let qe = &q.elems[qo + blk * NVFP4_BLOCK..][..NVFP4_BLOCK];
-                    let ke = &k.elems[ko + blk * NVFP4_BLOCK..][..NVFP4_BLOCK];
+                    let qe = &q.elems[qr * d + blk * NVFP4_BLOCK..][..NVFP4_BLOCK];
+                    let ke = &k.elems[kr * d + blk * NVFP4_BLOCK..][..NVFP4_BLOCK];
                     let inner = qe.iter().zip(ke).fold(0.0f32, |s, (a, b)| s + a * b);
                     acc += (q.scales[qr * nb + blk] * k.scales[kr * nb + blk]) * inner;
                 }

@@ -6,10 +6,10 @@ use super::scores::Decoded4;
 use super::Blocking;
 use crate::codec::float16::{round_bf16, round_f16};
 use crate::codec::fp4::e2m1;
-use crate::codec::fp8::{self, e4m3, ue4m3, Saturation};
-use crate::codec::fp8_scaled::{descale_for, DescaleLayout, Fp8Tensor};
+use crate::codec::fp8::{e4m3, ue4m3, Saturation};
+use crate::codec::fp8_scaled::{DescaleLayout, Fp8Tensor};
 use crate::codec::nvfp4::{self, Nvfp4Tensor, BLOCK as NVFP4_BLOCK};
-use crate::{AttentionProblem, Fp8Format, Nvfp4V, Precision, PvAccum, PvFormat, Result};
+use crate::{AttentionProblem, Nvfp4V, Precision, PvAccum, PvFormat, Result};
 
 /// Rounding of P (and of V, for the float modes) before the product.
 #[derive(Clone, Copy)]
@@ -70,7 +70,7 @@ impl ValuePlan {
             Precision::Bf16 { pv, .. } => float(Round::Bf16, pv),
             Precision::Int8Qk { pv: PvFormat::F16, .. } => float(Round::F16, PvAccum::F32),
             Precision::Nvfp4 { v: Nvfp4V::Bf16 } => float(Round::Bf16, PvAccum::F32),
-            Precision::Int8Qk { pv: PvFormat::Fp8, .. } => per_channel_e4m3(problem, &v),
+            Precision::Int8Qk { pv: PvFormat::Fp8, .. } => per_channel_e4m3(problem, &v)?,
             Precision::Fp8 { format, descale, p } => {
                 let l = DescaleLayout {
                     granularity: descale,
@@ -221,38 +221,13 @@ fn step_product(ps: &[f32], v: &[f32], key0: usize, offset: &dyn Fn(usize) -> us
     }
 }
 
-/// V as E4M3 with one scale per (batch, KV head, channel) over all keys, `scale = amax / 448`
-/// (amax 0 → 1), code `e4m3(v / scale)` saturating; the INT8 mode's FP8 P·V operand. The
-/// factor applied to each tile's product is `scale / 448` (V's scale and P's 1/448).
-fn per_channel_e4m3(problem: &AttentionProblem, v: &[f32]) -> ValuePlan {
-    let (dv, st) = (problem.v_head_dim, problem.v_strides());
-    let mut amax = vec![0.0f32; problem.batch * problem.kv_heads * dv];
-    for b in 0..problem.batch {
-        for h in 0..problem.kv_heads {
-            let a = &mut amax[(b * problem.kv_heads + h) * dv..][..dv];
-            for j in 0..problem.kv_len {
-                for (m, x) in a.iter_mut().zip(&v[st.offset(b, h, j)..][..dv]) {
-                    *m = m.max(x.abs());
-                }
-            }
-        }
-    }
-    let scales: Vec<f32> = amax.iter().map(|&a| descale_for(Fp8Format::E4M3, a)).collect();
-    let mut dec = vec![0.0f32; v.len()];
-    for b in 0..problem.batch {
-        for h in 0..problem.kv_heads {
-            let s = &scales[(b * problem.kv_heads + h) * dv..][..dv];
-            for j in 0..problem.kv_len {
-                let o = st.offset(b, h, j);
-                for c in 0..dv {
-                    dec[o + c] = fp8::decode(
-                        Fp8Format::E4M3,
-                        fp8::encode(Fp8Format::E4M3, v[o + c] / s[c], Saturation::Saturate),
-                    );
-                }
-            }
-        }
-    }
-    let factors = scales.iter().map(|s| s / P_FP8_SCALE).collect();
-    ValuePlan::Scaled { pq: PQuant::E4m3x448, v: dec, factors, tiles: 1, per_tile: false }
+/// V as E4M3 with one scale per (batch, KV head, channel) over all keys
+/// ([`crate::codec::int8::quantize_v_e4m3`]: `scale = amax / 448`, code `e4m3(v · (1 / scale))`,
+/// the rounding of the native prepass); the INT8 mode's FP8 P·V operand. The factor applied to
+/// each tile's product is `scale / 448` (V's scale and P's 1/448).
+fn per_channel_e4m3(problem: &AttentionProblem, v: &[f32]) -> Result<ValuePlan> {
+    let q = crate::codec::int8::quantize_v_e4m3(problem, v)?;
+    let dec = q.codes.iter().map(|&c| e4m3::decode(c)).collect();
+    let factors = q.scales.iter().map(|s| s / P_FP8_SCALE).collect();
+    Ok(ValuePlan::Scaled { pq: PQuant::E4m3x448, v: dec, factors, tiles: 1, per_tile: false })
 }

@@ -1,0 +1,425 @@
+// Decode attention (flash-decoding) on mma.sync m16n8k16: few query rows against a long KV
+// sequence, bound by the bandwidth of reading K and V once.
+//
+// Work split. One CTA = one (batch, KV head, split): the query rows of every Q head of the KV
+// head's GQA group at every query position, packed into one tile (row r = h * q_len + i for
+// group head h and position i, rows = group * q_len <= BM), against the keys
+// [split * keys_per_split, +keys_per_split) of the sequence. K and V are thus read once per
+// group instead of once per Q head, and the grid (splits, kv_heads, batch) fills the device
+// when batch * kv_heads alone cannot (the host's split function, src/decode.rs, says how many
+// splits). With one split the CTA writes the final O and LSE; with several it writes its
+// normalized partial O (f32) and LSE per row, and `decode_merge.cu` combines the splits.
+//
+// Warps. WARPS_M warps own one m16 row tile each (BM = 16 * WARPS_M); the WN = 4 / WARPS_M
+// warps of a row tile take disjoint KW = BLOCK_N / WN key slices of every KV tile and keep
+// their own online-softmax state (max, sum, O in f32), merged through shared memory at the
+// end. At 16 rows (q_len 1 over a group of up to 16) four warps share each tile's keys, so
+// every warp's MMA work per loaded byte stays small and the loop stays bound by memory.
+//
+// Pipeline. STAGES K+V tiles of BLOCK_N keys in swizzled shared memory, filled by 16-byte
+// cp.async of every thread (zero-filled past the sequence end): STAGES - 1 tiles are in flight
+// while one is consumed, one barrier per tile. The bytes in flight per SM, not the MMAs, set
+// the speed of this kernel.
+//
+// Masks. Keys past kv_len (the last tile of the last split) and, causal, bottom-right aligned:
+// position i sees keys j < i + 1 + kv_len - q_len. Only tiles that reach past the first row's
+// limit carry mask code. Rows that see no key of the split keep max -inf and sum 0: their
+// partial O is 0 and their LSE -inf, which the merge weighs as nothing.
+//
+// Compile-time parameters (-D defines, from DecodeConfig in src/decode.rs):
+//   HEAD_DIM   64 | 128
+//   WARPS_M    1 | 2 | 4   row tiles (BM = 16, 32, 64 query rows per CTA)
+//   BLOCK_N    keys per KV tile (BLOCK_N / (4 / WARPS_M) a multiple of 16)
+//   STAGES     K+V tiles in shared memory (>= 2)
+//   IN_BF16    0: fp16 Q/K/V/O, 1: bf16
+// The launch ABI is `DecodeParams` below; the Rust mirror is `DecodeParams` in src/decode.rs,
+// and `DecodeTile::smem_bytes` mirrors cfg::SMEM_BYTES.
+#include "common.cuh"
+
+#if !defined(HEAD_DIM) || !defined(WARPS_M) || !defined(BLOCK_N) || !defined(STAGES) || !defined(IN_BF16)
+#error "fwd_decode.cu needs HEAD_DIM, WARPS_M, BLOCK_N, STAGES, IN_BF16"
+#endif
+
+namespace cfg {
+constexpr int D = HEAD_DIM;
+constexpr int WM = WARPS_M;                 // row tiles (one warp row each)
+constexpr int WN = 4 / WARPS_M;             // warps sharing one row tile's keys
+constexpr int WARPS = WM * WN;
+constexpr int THREADS = 32 * WARPS;
+constexpr int BM = 16 * WM;                 // query rows per CTA (padded)
+constexpr int BN = BLOCK_N;
+constexpr int KW = BN / WN;                 // keys per warp per tile
+constexpr int ROW_BYTES = 2 * D;            // 16-bit elements
+constexpr int CHUNKS = D / 8;               // 16-byte chunks per row
+constexpr int K_STEPS = D / 16;             // k16 steps of Q·Kᵀ
+constexpr int N_FRAGS = KW / 8;             // n8 score tiles per warp
+constexpr int P_STEPS = KW / 16;            // k16 steps of P·V per warp
+constexpr int D_FRAGS = D / 8;              // n8 tiles of O
+constexpr int KV_TILE_BYTES = BN * ROW_BYTES;
+constexpr int STAGE_BYTES = 2 * KV_TILE_BYTES;   // K then V
+constexpr int Q_OFFSET = STAGES * STAGE_BYTES;
+constexpr int SMEM_BYTES = Q_OFFSET + BM * ROW_BYTES;
+// Epilogue, over the drained stages: one [16][O_PITCH] f32 slab of scaled O per warp, then the
+// per-warp row max and sum, then the CTA's row LSE. The pitch of D + 4 floats keeps 16-byte
+// rows aligned and spreads the 8 rows of a quad group over distinct banks.
+constexpr int O_PITCH = D + 4;
+constexpr int SLAB_FLOATS = 16 * O_PITCH;
+constexpr int EPI_FLOATS = WARPS * SLAB_FLOATS + 2 * WARPS * 16 + BM;
+constexpr int COPY_STEP = THREADS / CHUNKS;  // rows one copy instruction of the CTA covers
+static_assert(D == 64 || D == 128, "head dim 64 or 128");
+static_assert(WM == 1 || WM == 2 || WM == 4, "1, 2 or 4 row tiles");
+static_assert(KW % 16 == 0 && KW >= 16, "every warp's key slice is whole k16 steps");
+static_assert(STAGES >= 2, "at least double buffering");
+static_assert(THREADS % CHUNKS == 0 && COPY_STEP % 8 == 0 && BN % COPY_STEP == 0, "even copy split");
+static_assert(EPI_FLOATS * 4 <= STAGES * STAGE_BYTES, "epilogue fits in the stages");
+static_assert(SMEM_BYTES <= 227 * 1024, "more shared memory than an sm_90 block may have");
+}  // namespace cfg
+
+struct DecodeParams {
+    u64 q, k, v;                // inputs (16-bit)
+    u64 o, lse;                 // final O (16-bit, strided) and LSE (f32 [batch, q_heads, q_len])
+    u64 part_o, part_lse;       // splits > 1: f32 partial O [pair][split][rows][D], LSE [pair][split][rows]
+    i64 q_batch_stride, q_head_stride, q_seq_stride;   // in elements; head dim is contiguous
+    i64 k_batch_stride, k_head_stride, k_seq_stride;
+    i64 v_batch_stride, v_head_stride, v_seq_stride;
+    i64 o_batch_stride, o_head_stride, o_seq_stride;
+    int q_len, kv_len, q_heads, kv_heads;
+    int group;                  // q_heads / kv_heads
+    int rows;                   // group * q_len <= BM
+    int splits;                 // gridDim.x
+    int keys_per_split;         // a multiple of BLOCK_N
+    float scale_log2;           // softmax scale * log2(e)
+    float scale;
+    int causal;                 // bottom-right aligned
+    int pad_;
+};
+
+__device__ __forceinline__ void warp_mma_in(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+#if IN_BF16
+    warp_mma_bf16_f32acc(d, a, b0, b1);
+#else
+    warp_mma_f16_f32acc(d, a, b0, b1);
+#endif
+}
+__device__ __forceinline__ u32 thread_pack_in(float lo, float hi) {
+#if IN_BF16
+    return thread_pack_bf16x2(lo, hi);
+#else
+    return thread_pack_f16x2(lo, hi);
+#endif
+}
+
+// 16-byte async copy through L2 only, with a 128-byte L2 prefetch: K and V are streamed once,
+// and the prefetch turns a tile's scattered 16-byte requests into whole-line DRAM reads even
+// where rows are strided (BSHD). `src_bytes` 0 zero-fills.
+__device__ __forceinline__ void thread_cp_async_16_l2(u32 dst, const void* src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n"
+                 :: "r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+
+// One BN-row tile of K or V (row stride `stride` bytes) into a swizzled tile at `dst`; rows at or
+// past `rows_valid` are zero-filled (their source clamped to row 0, never read). A thread copies
+// one chunk of rows row0, row0 + COPY_STEP, ...: COPY_STEP is a multiple of 8, so the swizzle is
+// the same for all of them.
+template <bool FULL>
+__device__ __forceinline__ void cta_load_kv_tile(u32 dst, const unsigned char* src, i64 stride, int rows_valid) {
+    const int row0 = threadIdx.x / cfg::CHUNKS;
+    const int chunk = threadIdx.x % cfg::CHUNKS;
+    const unsigned char* s = src + (i64)row0 * stride + chunk * 16;
+    const u32 d = dst + tile_swizzle<cfg::ROW_BYTES>(row0, chunk);
+    const i64 step = (i64)cfg::COPY_STEP * stride;
+#pragma unroll
+    for (int i = 0; i < cfg::BN / cfg::COPY_STEP; ++i) {
+        if (FULL) {
+            thread_cp_async_16_l2(d + i * cfg::COPY_STEP * cfg::ROW_BYTES, s, 16);
+        } else {
+            const bool ok = row0 + i * cfg::COPY_STEP < rows_valid;
+            thread_cp_async_16_l2(d + i * cfg::COPY_STEP * cfg::ROW_BYTES, ok ? (const void*)s : (const void*)src, ok ? 16 : 0);
+        }
+        s += step;
+    }
+}
+
+// Where the CTA's keys live and which of its tiles need masks.
+struct CtaKeys {
+    const unsigned char* k;     // first byte of the split's first K row
+    const unsigned char* v;
+    i64 k_stride, v_stride;     // bytes per key
+    int begin;                  // first key of the split
+    int n_tiles;                // tiles of the split that hold keys
+    int n_full;                 // leading tiles no row masks
+};
+
+// K+V tile t of the split into stage buffer `stage`.
+__device__ __forceinline__ void cta_load_stage(u32 stage, const CtaKeys& ck, int t, int kv_len) {
+    const int key0 = ck.begin + t * cfg::BN;
+    const int valid = kv_len - key0;
+    const i64 ko = (i64)t * cfg::BN * ck.k_stride, vo = (i64)t * cfg::BN * ck.v_stride;
+    if (valid >= cfg::BN) {
+        cta_load_kv_tile<true>(stage, ck.k + ko, ck.k_stride, cfg::BN);
+        cta_load_kv_tile<true>(stage + cfg::KV_TILE_BYTES, ck.v + vo, ck.v_stride, cfg::BN);
+    } else {
+        cta_load_kv_tile<false>(stage, ck.k + ko, ck.k_stride, valid);
+        cta_load_kv_tile<false>(stage + cfg::KV_TILE_BYTES, ck.v + vo, ck.v_stride, valid);
+    }
+}
+
+// Online-softmax state of one warp: rows g and g + 8 of its row tile, its key slice.
+struct WarpState {
+    float o[1][cfg::D_FRAGS][4];
+    float m[2];   // running max of the raw scores
+    float l[2];   // this lane's share of the running sum
+};
+
+// One KV tile for one warp: S = Q·Kᵀ over its key slice, masks, online softmax, O += P·V.
+template <bool MASK>
+__device__ __forceinline__ void warp_decode_tile(WarpState& st, const u32 (&qf)[cfg::K_STEPS][4], u32 k_w, u32 v_w,
+                                                 const TileLane<cfg::ROW_BYTES>& kl, const TileLane<cfg::ROW_BYTES>& vl,
+                                                 int key_base, const int (&lim)[2], float c) {
+    float s[cfg::N_FRAGS][4];
+#pragma unroll
+    for (int n = 0; n < cfg::N_FRAGS; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+    // ldmatrix.x4 lane -> row address: (keys +0..7, dims +0..7), (keys +0..7, dims +8..15),
+    // (keys +8..15, dims +0..7), (keys +8..15, dims +8..15) = b0, b1 of two n8 tiles.
+#pragma unroll
+    for (int kk = 0; kk < cfg::K_STEPS; ++kk)
+#pragma unroll
+        for (int np = 0; np < cfg::P_STEPS; ++np) {
+            u32 b[4];
+            warp_ldmatrix_x4(b, kl.at(k_w, np, kk));
+            warp_mma_in(s[2 * np], qf[kk], b[0], b[1]);
+            warp_mma_in(s[2 * np + 1], qf[kk], b[2], b[3]);
+        }
+    if (MASK) {
+        // Element (n, e) holds row g + 8 * (e / 2), key key_base + 8 * n + (e % 2).
+#pragma unroll
+        for (int n = 0; n < cfg::N_FRAGS; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                if (key_base + 8 * n + (e & 1) >= lim[e >> 1]) s[n][e] = QA_NEG_INF;
+    }
+    float mx[2] = {st.m[0], st.m[1]};
+#pragma unroll
+    for (int n = 0; n < cfg::N_FRAGS; ++n) {
+        mx[0] = fmaxf(mx[0], fmaxf(s[n][0], s[n][1]));
+        mx[1] = fmaxf(mx[1], fmaxf(s[n][2], s[n][3]));
+    }
+    float alpha[2], mc[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        mx[h] = quad_max(mx[h]);
+        // Unchanged max (both -inf included): factor 1; a first visible key after -inf: 0.
+        alpha[h] = (mx[h] == st.m[h]) ? 1.f : thread_exp2((st.m[h] - mx[h]) * c);
+        // A row that has seen only masked keys keeps max -inf: offset 0, so exp2(-inf) = 0.
+        mc[h] = (mx[h] == QA_NEG_INF) ? 0.f : mx[h] * c;
+        st.m[h] = mx[h];
+        st.l[h] *= alpha[h];
+    }
+#pragma unroll
+    for (int n = 0; n < cfg::N_FRAGS; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            s[n][e] = thread_exp2(fmaf(s[n][e], c, -mc[e >> 1]));
+            st.l[e >> 1] += s[n][e];
+        }
+#pragma unroll
+    for (int d = 0; d < cfg::D_FRAGS; ++d) {
+        st.o[0][d][0] *= alpha[0]; st.o[0][d][1] *= alpha[0];
+        st.o[0][d][2] *= alpha[1]; st.o[0][d][3] *= alpha[1];
+    }
+    // Two adjacent n8 score tiles are one m16k16 A fragment of P·V.
+    u32 p[1][cfg::P_STEPS][4];
+#pragma unroll
+    for (int kp = 0; kp < cfg::P_STEPS; ++kp) {
+        p[0][kp][0] = thread_pack_in(s[2 * kp][0], s[2 * kp][1]);
+        p[0][kp][1] = thread_pack_in(s[2 * kp][2], s[2 * kp][3]);
+        p[0][kp][2] = thread_pack_in(s[2 * kp + 1][0], s[2 * kp + 1][1]);
+        p[0][kp][3] = thread_pack_in(s[2 * kp + 1][2], s[2 * kp + 1][3]);
+    }
+    warp_value_matmul<1, cfg::P_STEPS, cfg::D, false, IN_BF16 != 0>(st.o, p, v_w, vl);
+}
+
+// Grid: x = split, y = KV head, z = batch. 4 warps.
+extern "C" __global__ void __launch_bounds__(cfg::THREADS) fwd_decode(const DecodeParams p) {
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    const u32 smem = cta_smem_addr(smem_raw);
+    const u32 q_smem = smem + cfg::Q_OFFSET;
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int wm = warp / cfg::WN;         // row tile
+    const int wn = warp % cfg::WN;         // key slice
+    const int split = blockIdx.x;
+    const int kv_head = blockIdx.y;
+    const int batch = blockIdx.z;
+    const float c = p.scale_log2;
+
+    // The split's keys, and the first key some row of the CTA no longer sees: position 0's
+    // causal limit (every other row's limit is at least that), else the sequence end.
+    CtaKeys ck;
+    ck.begin = split * p.keys_per_split;
+    const int end = min(p.kv_len, ck.begin + p.keys_per_split);
+    ck.n_tiles = end > ck.begin ? (end - ck.begin + cfg::BN - 1) / cfg::BN : 0;
+    const int mask_from = p.causal ? min(p.kv_len, p.kv_len - p.q_len + 1) : p.kv_len;
+    ck.n_full = mask_from > ck.begin ? min((mask_from - ck.begin) / cfg::BN, ck.n_tiles) : 0;
+    ck.k_stride = 2 * p.k_seq_stride;
+    ck.v_stride = 2 * p.v_seq_stride;
+    ck.k = reinterpret_cast<const unsigned char*>(p.k) +
+           2 * (batch * p.k_batch_stride + kv_head * p.k_head_stride + (i64)ck.begin * p.k_seq_stride);
+    ck.v = reinterpret_cast<const unsigned char*>(p.v) +
+           2 * (batch * p.v_batch_stride + kv_head * p.v_head_stride + (i64)ck.begin * p.v_seq_stride);
+
+    // This lane's rows (g and g + 8 of its row tile) and the key each stops at.
+    const int g = lane >> 2;
+    int lim[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int r = wm * 16 + g + 8 * h;
+        lim[h] = (p.causal && r < p.rows) ? min(p.kv_len, r % p.q_len + 1 + p.kv_len - p.q_len) : p.kv_len;
+    }
+
+    WarpState st;
+#pragma unroll
+    for (int d = 0; d < cfg::D_FRAGS; ++d) st.o[0][d][0] = st.o[0][d][1] = st.o[0][d][2] = st.o[0][d][3] = 0.f;
+    st.m[0] = st.m[1] = QA_NEG_INF;
+    st.l[0] = st.l[1] = 0.f;
+
+    if (ck.n_tiles > 0) {
+        // Prologue: the Q rows of the group (zero rows past `rows`) with tile 0 as one group,
+        // then tiles 1 .. STAGES - 2, one group each (empty groups past the split's end keep
+        // the count uniform).
+        for (int idx = threadIdx.x; idx < cfg::BM * cfg::CHUNKS; idx += cfg::THREADS) {
+            const int r = idx / cfg::CHUNKS, chunk = idx % cfg::CHUNKS;
+            const bool ok = r < p.rows;
+            const int rr = ok ? r : 0;
+            const unsigned short* src = reinterpret_cast<const unsigned short*>(p.q) + batch * p.q_batch_stride +
+                                        (i64)(kv_head * p.group + rr / p.q_len) * p.q_head_stride +
+                                        (i64)(rr % p.q_len) * p.q_seq_stride + chunk * 8;
+            thread_cp_async_16(q_smem + tile_swizzle<cfg::ROW_BYTES>(r, chunk), src, ok ? 16 : 0);
+        }
+#pragma unroll
+        for (int t = 0; t < STAGES - 1; ++t) {
+            if (t < ck.n_tiles) cta_load_stage(smem + t * cfg::STAGE_BYTES, ck, t, p.kv_len);
+            thread_cp_async_commit();
+        }
+        thread_cp_async_wait<STAGES - 2>();   // Q and tile 0 landed
+        __syncthreads();
+
+        // Q's A fragments for this warp's row tile, kept in registers. ldmatrix.x4 lane -> row
+        // address: (rows +0..7, dims +0..7), (rows +8..15, dims +0..7), (rows +0..7, dims
+        // +8..15), (rows +8..15, dims +8..15) = a0..a3.
+        u32 qf[cfg::K_STEPS][4];
+        {
+            const TileLane<cfg::ROW_BYTES> ql(wm * 16 + (((lane >> 3) & 1) << 3) + (lane & 7), lane >> 4);
+#pragma unroll
+            for (int kk = 0; kk < cfg::K_STEPS; ++kk) warp_ldmatrix_x4(qf[kk], ql.at(q_smem, 0, kk));
+        }
+        const TileLane<cfg::ROW_BYTES> kl((((lane >> 4) & 1) << 3) + (lane & 7), (lane >> 3) & 1);
+        const TileLane<cfg::ROW_BYTES> vl((((lane >> 3) & 1) << 3) + (lane & 7), lane >> 4);
+        const u32 slice = (u32)(wn * cfg::KW * cfg::ROW_BYTES);
+
+        int stage = 0;                      // stage of tile j
+        int fill = STAGES - 1;         // stage of tile j + STAGES - 1
+        for (int j = 0; j < ck.n_tiles; ++j) {
+            thread_cp_async_wait<STAGES - 2>();   // tile j landed (this thread's copies)
+            __syncthreads();                           // everyone's; everyone is past tile j - 1
+            const int t = j + STAGES - 1;
+            if (t < ck.n_tiles) cta_load_stage(smem + fill * cfg::STAGE_BYTES, ck, t, p.kv_len);
+            thread_cp_async_commit();
+            const u32 k_w = smem + stage * cfg::STAGE_BYTES + slice;
+            const u32 v_w = k_w + cfg::KV_TILE_BYTES;
+            const int key_base = ck.begin + j * cfg::BN + wn * cfg::KW + 2 * (lane & 3);
+            if (j < ck.n_full) warp_decode_tile<false>(st, qf, k_w, v_w, kl, vl, key_base, lim, c);
+            else warp_decode_tile<true>(st, qf, k_w, v_w, kl, vl, key_base, lim, c);
+            stage = stage + 1 == STAGES ? 0 : stage + 1;
+            fill = fill + 1 == STAGES ? 0 : fill + 1;
+        }
+    }
+
+    // ---- epilogue: merge the key slices of each row tile, normalize, write -----------------
+    thread_cp_async_wait<0>();
+    __syncthreads();   // the stages are free
+    float* slab = reinterpret_cast<float*>(smem_raw);                  // [WARPS][16][O_PITCH]
+    float* st_m = slab + cfg::WARPS * cfg::SLAB_FLOATS;                 // [WARPS][16]
+    float* st_l = st_m + cfg::WARPS * 16;                               // [WARPS][16]
+    float* st_lse = st_l + cfg::WARPS * 16;                             // [BM]
+    float l_row[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) l_row[h] = quad_sum(st.l[h]);
+    if ((lane & 3) == 0) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            st_m[warp * 16 + g + 8 * h] = st.m[h];
+            st_l[warp * 16 + g + 8 * h] = l_row[h];
+        }
+    }
+    __syncthreads();
+    float f[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int row = g + 8 * h;
+        float mx = QA_NEG_INF;
+#pragma unroll
+        for (int w = 0; w < cfg::WN; ++w) mx = fmaxf(mx, st_m[(wm * cfg::WN + w) * 16 + row]);
+        // Each slice weighs exp2((m_w - max) * c); slices (or whole rows) that saw no key weigh 0.
+        float sum = 0.f;
+#pragma unroll
+        for (int w = 0; w < cfg::WN; ++w) {
+            const float mw = st_m[(wm * cfg::WN + w) * 16 + row];
+            sum += mw == QA_NEG_INF ? 0.f : thread_exp2((mw - mx) * c) * st_l[(wm * cfg::WN + w) * 16 + row];
+        }
+        const bool empty = !(sum > 0.f);
+        const float mine = st.m[h] == QA_NEG_INF ? 0.f : thread_exp2((st.m[h] - mx) * c);
+        f[h] = empty ? 0.f : mine / sum;
+        if (wn == 0 && (lane & 3) == 0)
+            st_lse[wm * 16 + row] = empty ? QA_NEG_INF : (mx * c + thread_log2(sum)) * 0.6931471805599453f;
+    }
+    {
+        float* my = slab + warp * cfg::SLAB_FLOATS;
+#pragma unroll
+        for (int d = 0; d < cfg::D_FRAGS; ++d)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                float2 v2 = make_float2(st.o[0][d][2 * h] * f[h], st.o[0][d][2 * h + 1] * f[h]);
+                *reinterpret_cast<float2*>(my + (g + 8 * h) * cfg::O_PITCH + d * 8 + 2 * (lane & 3)) = v2;
+            }
+    }
+    __syncthreads();
+
+    const int pair = batch * p.kv_heads + kv_head;
+    const bool direct = p.splits == 1;
+    for (int idx = threadIdx.x; idx < p.rows * cfg::CHUNKS; idx += cfg::THREADS) {
+        const int r = idx / cfg::CHUNKS, chunk = idx % cfg::CHUNKS;
+        const int tile = r / 16, rr = r % 16;
+        float acc[8];
+#pragma unroll
+        for (int x = 0; x < 8; ++x) acc[x] = 0.f;
+#pragma unroll
+        for (int w = 0; w < cfg::WN; ++w) {
+            const float* src = slab + (tile * cfg::WN + w) * cfg::SLAB_FLOATS + rr * cfg::O_PITCH + chunk * 8;
+            const float4 a = *reinterpret_cast<const float4*>(src);
+            const float4 b = *reinterpret_cast<const float4*>(src + 4);
+            acc[0] += a.x; acc[1] += a.y; acc[2] += a.z; acc[3] += a.w;
+            acc[4] += b.x; acc[5] += b.y; acc[6] += b.z; acc[7] += b.w;
+        }
+        if (direct) {
+            const int head = kv_head * p.group + r / p.q_len, pos = r % p.q_len;
+            unsigned short* dst = reinterpret_cast<unsigned short*>(p.o) + batch * p.o_batch_stride +
+                                  (i64)head * p.o_head_stride + (i64)pos * p.o_seq_stride + chunk * 8;
+            const u32 x = thread_pack_in(acc[0], acc[1]), y = thread_pack_in(acc[2], acc[3]);
+            const u32 z = thread_pack_in(acc[4], acc[5]), w = thread_pack_in(acc[6], acc[7]);
+            asm volatile("st.global.v4.b32 [%0], {%1,%2,%3,%4};\n" :: "l"(dst), "r"(x), "r"(y), "r"(z), "r"(w) : "memory");
+        } else {
+            float* dst = reinterpret_cast<float*>(p.part_o) + (((i64)pair * p.splits + split) * p.rows + r) * cfg::D + chunk * 8;
+            *reinterpret_cast<float4*>(dst) = make_float4(acc[0], acc[1], acc[2], acc[3]);
+            *reinterpret_cast<float4*>(dst + 4) = make_float4(acc[4], acc[5], acc[6], acc[7]);
+        }
+    }
+    for (int r = threadIdx.x; r < p.rows; r += cfg::THREADS) {
+        if (direct) {
+            const int head = kv_head * p.group + r / p.q_len, pos = r % p.q_len;
+            reinterpret_cast<float*>(p.lse)[((i64)batch * p.q_heads + head) * p.q_len + pos] = st_lse[r];
+        } else {
+            reinterpret_cast<float*>(p.part_lse)[((i64)pair * p.splits + split) * p.rows + r] = st_lse[r];
+        }
+    }
+}

@@ -1,0 +1,109 @@
+//! NVRTC compiles and SASS checks of the decode family (`fwd_decode_*` and its LSE merge) for
+//! every target it is built for; runs on machines without a GPU. sm_90 is what an H100 runs
+//! (`examples/decode_check.rs` checks the numerics there).
+//!
+//! Needs libnvrtc 13.x and cuobjdump/nvdisasm (`.ci/install-cuda-tools.sh`). Without them the
+//! tests print why and pass, except under `CI`, where a missing tool is a failure.
+#![cfg(feature = "cuda")]
+
+mod common;
+use common::tools_or_skip;
+
+use quattn_native::report::{report_variant, KernelReport};
+use quattn_native::{Arch, DecodeConfig, DecodeTile, DecodeUnit, Dtype, KernelCache, KernelVariant};
+
+fn count(r: &KernelReport, op: &str) -> usize {
+    r.instructions.get(op).copied().unwrap_or(0)
+}
+
+/// Reports of `units` on `archs`, compiled in parallel over the available cores.
+fn reports(cache: &KernelCache, units: &[DecodeUnit], archs: &[Arch]) -> Vec<KernelReport> {
+    let jobs: Vec<(DecodeUnit, Arch)> = units.iter().flat_map(|u| archs.iter().map(move |a| (*u, *a))).collect();
+    let workers = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).min(jobs.len());
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let out = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..workers {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some((u, a)) = jobs.get(i) else { break };
+                let r = report_variant(cache, u, *a);
+                out.lock().unwrap().push((i, r));
+            });
+        }
+    });
+    let mut v = out.into_inner().unwrap();
+    v.sort_by_key(|(i, _)| *i);
+    v.into_iter().map(|(_, r)| r).collect()
+}
+
+/// Every decode variant and merge on every target: compiled, the intended HMMA form and nothing
+/// else, cp.async for K and V, no spill, no local memory; the per-tile MMA counts of the loop
+/// body; two CTAs fit an SM by registers (the occupancy the split function counts on).
+#[test]
+fn every_decode_unit_compiles_without_spills_and_uses_the_intended_mma() {
+    if !tools_or_skip("every_decode_unit_compiles") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let cache = KernelCache::new(Some(dir.path().to_path_buf()));
+    let units = DecodeUnit::all();
+    let reports = reports(&cache, &units, DecodeConfig::TARGETS);
+    assert_eq!(reports.len(), units.len() * DecodeConfig::TARGETS.len());
+    for r in &reports {
+        println!("{} {:?}", r.summary(), r.instructions);
+    }
+    let failed: Vec<String> = reports.iter().filter(|r| !r.ok()).map(|r| r.summary()).collect();
+    assert!(failed.is_empty(), "failing units:\n{}", failed.join("\n"));
+    for r in &reports {
+        assert_eq!(r.stack_frame_bytes, Some(0), "{}: local memory", r.summary());
+        let regs = r.registers.expect("ptxas reported registers");
+        // 2 CTAs of 128 threads per SM need at most 255 registers a thread; the merge is small.
+        assert!(regs > 0 && regs <= 255, "{}: {regs} registers", r.kernel);
+    }
+    for cfg in DecodeConfig::all() {
+        let t = cfg.tile();
+        // One warp's tile: Q·Kᵀ over its key slice (hd/16 k-steps x slice/8 n8 tiles) and P·V
+        // (slice/16 k-steps x hd/8 n8 tiles): equal counts. The loop body appears twice (masked
+        // and mask-free tiles).
+        let slice = (t.block_n / (4 / cfg.warps_m())) as usize;
+        let hd = cfg.head_dim as usize;
+        let per_tile = hd / 16 * slice / 8 + slice / 16 * hd / 8;
+        let mma = if cfg.input == Dtype::Bf16 { "HMMA.16816.F32.BF16" } else { "HMMA.16816.F32" };
+        for &arch in DecodeConfig::TARGETS {
+            let r = reports.iter().find(|r| r.kernel == cfg.name() && r.arch == arch).unwrap();
+            assert!(count(r, mma) >= 2 * per_tile, "{}: {} {mma}, expected at least {}", r.summary(), count(r, mma), 2 * per_tile);
+            assert!(count(r, "LDSM.16.M88.4") > 0 && count(r, "LDSM.16.MT88.4") > 0, "{}: K / V fragments", r.summary());
+            assert!(count(r, "MUFU.EX2") > 0, "{}", r.summary());
+        }
+    }
+    for r in reports.iter().filter(|r| r.kernel.starts_with("fwd_decode_merge")) {
+        assert!(r.instructions.keys().all(|k| !k.contains("MMA")), "{}", r.summary());
+        assert_eq!(r.dynamic_smem_bytes, 0);
+    }
+}
+
+/// Forced pipelines of the sweep compile for the H100's target.
+#[test]
+fn sweep_tiles_compile_on_sm90() {
+    if !tools_or_skip("decode_sweep_tiles_compile_on_sm90") {
+        return;
+    }
+    let cache = KernelCache::new(None);
+    let mut units = Vec::new();
+    for (rows, tile) in [(16, DecodeTile::new(64, 4)), (16, DecodeTile::new(128, 2)), (64, DecodeTile::new(32, 4)), (16, DecodeTile::new(64, 2))] {
+        let mut c = DecodeConfig::new(128, Dtype::F16, rows).unwrap();
+        c.tile = Some(tile);
+        units.push(DecodeUnit::Attention(c));
+    }
+    for r in reports(&cache, &units, &[Arch::Sm90]) {
+        assert!(r.ok(), "{}", r.summary());
+        assert!(r.kernel.contains("_n"), "{}", r.kernel);
+        println!("{}", r.summary());
+    }
+    // The names keep forced tiles apart in the cache and the report.
+    let names: Vec<String> = units.iter().map(|u| u.name()).collect();
+    let mut d = names.clone();
+    d.dedup();
+    assert_eq!(d.len(), names.len());
+}

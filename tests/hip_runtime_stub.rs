@@ -1,0 +1,117 @@
+//! The HIP backend's paths that need a runtime but not a GPU, through a stand-in libamdhip64
+//! built here from C (there is no ROCm on CI): the runtime is found by `QUATTN_HIP_LIB` and
+//! loaded with every entry point, devices are counted and their arch read from the properties
+//! struct, an arch without kernels and an ordinal past the count are `DeviceUnavailable`, a
+//! gfx942 device opens and plans onto the MFMA rows, and a failing allocation is a typed
+//! `Kernel` error. The stand-in has two devices (gfx90a, gfx942) and fails every allocation;
+//! nothing here runs a kernel.
+//!
+//! One test in this binary: the runtime is loaded once per process, after the variable is set.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use quattn::{AttentionProblem, Device, Error, NativeKind, Precision, Session, Strategy};
+
+const STUB: &str = r#"
+#include <string.h>
+#include <stddef.h>
+static const char* ARCH[2] = {"gfx90a:sramecc+:xnack-", "gfx942:sramecc+:xnack-"};
+int hipInit(unsigned f) { (void)f; return 0; }
+int hipGetDeviceCount(int* n) { *n = 2; return 0; }
+int hipSetDevice(int d) { return d < 2 ? 0 : 101; }
+int hipDeviceGetName(char* s, int len, int d) { strncpy(s, d ? "Stand-in MI300X" : "Stand-in MI210", len); return 0; }
+int hipGetDevicePropertiesR0600(void* p, int d) {
+    memset(p, 0, 1600);
+    strcpy((char*)p, "Stand-in");
+    strcpy((char*)p + 1160, ARCH[d]);
+    return 0;
+}
+int hipMalloc(void** p, size_t n) { (void)p; (void)n; return 2; }
+int hipFree(void* p) { (void)p; return 0; }
+int hipMemcpyHtoD(void* d, const void* s, size_t n) { (void)d; (void)s; (void)n; return 1; }
+int hipMemcpyDtoH(void* d, void* s, size_t n) { (void)d; (void)s; (void)n; return 1; }
+int hipMemset(void* d, int v, size_t n) { (void)d; (void)v; (void)n; return 1; }
+int hipDeviceSynchronize(void) { return 0; }
+int hipModuleLoadData(void** m, const void* i) { (void)m; (void)i; return 1; }
+int hipModuleUnload(void* m) { (void)m; return 0; }
+int hipModuleGetFunction(void** f, void* m, const char* n) { (void)f; (void)m; (void)n; return 1; }
+int hipModuleLaunchKernel(void* f, unsigned a, unsigned b, unsigned c, unsigned d, unsigned e, unsigned g, unsigned s,
+                          void* st, void** p, void** x) { return 1; }
+int hipEventCreate(void** e) { (void)e; return 1; }
+int hipEventRecord(void* e, void* s) { (void)e; (void)s; return 1; }
+int hipEventSynchronize(void* e) { (void)e; return 1; }
+int hipEventElapsedTime(float* ms, void* a, void* b) { (void)ms; (void)a; (void)b; return 1; }
+int hipEventDestroy(void* e) { (void)e; return 0; }
+const char* hipGetErrorString(int e) { return e == 2 ? "hipErrorOutOfMemory" : "stand-in error"; }
+"#;
+
+fn build_stub() -> Result<PathBuf, String> {
+    let dir = std::env::temp_dir().join(format!("quattn-hip-stub-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let src = dir.join("stub.c");
+    std::fs::write(&src, STUB).map_err(|e| e.to_string())?;
+    let lib = dir.join("libamdhip64.so");
+    let out = Command::new("cc").args(["-shared", "-fPIC", "-o"]).arg(&lib).arg(&src).output().map_err(|e| format!("cc: {e}"))?;
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    Ok(lib)
+}
+
+#[test]
+fn hip_backend_paths_with_a_stand_in_runtime() {
+    let lib = match build_stub() {
+        Ok(l) => l,
+        Err(e) => {
+            let ci = std::env::var("CI").map(|v| !v.is_empty() && v != "false").unwrap_or(false);
+            assert!(!ci, "no C compiler for the stand-in runtime: {e}");
+            eprintln!("skipped: {e}");
+            return;
+        }
+    };
+    std::env::set_var("QUATTN_HIP_LIB", &lib);
+    // No libhiprtc anywhere: the name the runtime tries first is replaced by a missing file.
+    std::env::set_var("QUATTN_HIPRTC_LIB", lib.with_file_name("libhiprtc-absent.so"));
+
+    // Device 0 is a gfx90a: no kernels for it.
+    match Session::new(Device::Hip(0)) {
+        Err(Error::DeviceUnavailable { reason, .. }) => assert!(reason.contains("gfx90a"), "{reason}"),
+        other => panic!("gfx90a: expected DeviceUnavailable, got {:?}", other.err()),
+    }
+    match Session::new(Device::Hip(2)) {
+        Err(Error::DeviceUnavailable { reason, .. }) => assert!(reason.contains("2 HIP device(s)"), "{reason}"),
+        other => panic!("ordinal 2: expected DeviceUnavailable, got {:?}", other.err()),
+    }
+
+    // Device 1 is a gfx942: it opens, and plans go to the MFMA rows.
+    let s = Session::new(Device::Hip(1)).expect("the stand-in gfx942 opens");
+    let info = s.info();
+    assert_eq!(info.kind, "hip");
+    assert!(info.adapter.contains("gfx942"), "{}", info.adapter);
+    let p = AttentionProblem::new(1, 4, 100, 128).kv_heads(2).causal(true).with_lse(true);
+    let plan = s.plan(&p, Precision::BF16_DEFAULT, Strategy::Auto).expect("bf16 plans on gfx942");
+    assert_eq!(plan.kernel_name(), "fwd_mfma_bf16_d128_gfx942");
+    assert_eq!(plan.family(), quattn::Family::Native(NativeKind::HipMfma));
+    let fp8 = Precision::Fp8 { format: quattn::Fp8Format::E4M3, descale: quattn::DescaleGranularity::PerHead, p: quattn::PvFormat::Fp8 };
+    let plan8 = s.plan(&p, fp8, Strategy::Auto).expect("FP8 plans on gfx942");
+    assert_eq!(plan8.kernel_name(), "fwd_mfma_fp8_pfp8_of16_d128_gfx942");
+    // What the rows refuse: another head dim, f32, e5m2, per-block descales.
+    assert!(matches!(s.plan(&AttentionProblem::new(1, 1, 8, 96), Precision::F16_DEFAULT, Strategy::Auto), Err(Error::UnsupportedHeadDim { .. })));
+    assert!(s.plan(&p, Precision::F32, Strategy::Auto).is_err());
+    let e5m2 = Precision::Fp8 { format: quattn::Fp8Format::E5M2, descale: quattn::DescaleGranularity::PerHead, p: quattn::PvFormat::F16 };
+    assert!(s.plan(&p, e5m2, Strategy::Auto).is_err());
+    let per_block = Precision::Fp8 { format: quattn::Fp8Format::E4M3, descale: quattn::DescaleGranularity::PerBlock, p: quattn::PvFormat::F16 };
+    assert!(s.plan(&p, per_block, Strategy::Auto).is_err());
+    assert!(matches!(s.plan(&p, Precision::F16_DEFAULT, Strategy::Native(NativeKind::Hmma)), Err(Error::UnsupportedStrategy { .. })));
+
+    // The stand-in fails every allocation: a typed error naming the kernel and the HIP call.
+    let x = vec![0.5f32; p.q_len_elems().max(p.k_len_elems())];
+    match s.run(&plan, &x[..p.q_len_elems()], &x[..p.k_len_elems()], &x[..p.v_len_elems()]) {
+        Err(Error::Kernel { kernel, reason }) => {
+            assert_eq!(kernel, "fwd_mfma_bf16_d128_gfx942");
+            assert!(reason.contains("hipMalloc") && reason.contains("hipErrorOutOfMemory"), "{reason}");
+        }
+        other => panic!("expected a Kernel error, got {:?}", other.map(|o| o.kernel)),
+    }
+}
