@@ -17,7 +17,8 @@
 #             (upload path and Session::quantize_fp8_cuda: f16/bf16, e4m3/e5m2, per tensor and
 #             per head, GQA, ragged, both layouts, a NaN element, a multi-slab problem), the CUDA
 #             device-tensor entry points (run_cuda on f16, run_cuda_fp8 on the host path's codes)
-#             bit-identical to the host path, typed errors; pass = its last line says "0 failed".
+#             bit-identical to the host path, typed errors; pass = its last line says
+#             "selftest: 68 passed, 0 failed, 0 skipped" (0 passed means no CUDA session opened).
 set -u
 bin=.bin/fp8plumb
 out=${OUT:?set OUT to the output folder}
