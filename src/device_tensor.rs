@@ -10,7 +10,10 @@
 //!   pointers) and the caller's `CudaStream`; quattn enqueues on that stream and does not
 //!   synchronize. Native kernels run there; a plan whose kernel is a portable CubeCL kernel is
 //!   refused with a typed error (CubeCL cannot adopt foreign CUDA memory: pass CubeCL handles
-//!   through [`Session::run_cubecl`] instead).
+//!   through [`Session::run_cubecl`] instead). Native FP8 plans take f16 tensors there (the
+//!   device prepass quantizes them on the stream), or pre-quantized e4m3 codes and f32
+//!   descales through [`Session::run_cuda_fp8`] ([`CudaFp8`]); [`Session::quantize_fp8_cuda`]
+//!   runs the prepass alone and returns the codes and the descales it chose.
 //! - **CPU**: host slices through [`Session::run`].
 //!
 //! Every buffer is checked against the plan before anything is enqueued: element type, the
@@ -66,10 +69,10 @@ impl Session {
     /// ```
     pub fn run_cubecl<R: Runtime>(&self, plan: &Plan, t: CubeclTensors<'_>) -> Result<()> {
         self.cubecl_backend::<R>()?;
-        if plan.fp8_descale_lens().is_some() {
+        if plan.is_portable_fp8() {
             return Err(Error::EntryPoint {
                 kernel: plan.kernel_name(),
-                reason: "an FP8 plan reads codes and descales: use Session::run_cubecl_fp8".into(),
+                reason: "an FP8 plan on the portable kernel reads codes and descales: use Session::run_cubecl_fp8".into(),
             });
         }
         check_handles(plan, &t, plan.dtype().size_bytes())?;
@@ -106,10 +109,10 @@ impl Session {
     /// ```
     pub fn run_cubecl_fp8<R: Runtime>(&self, plan: &Plan, t: CubeclTensors<'_>, descales: Fp8Descales<'_>) -> Result<()> {
         let backend = self.cubecl_backend::<R>()?;
-        let Some(lens) = plan.fp8_descale_lens() else {
+        let (true, Some(lens)) = (plan.is_portable_fp8(), plan.fp8_descale_lens()) else {
             return Err(Error::EntryPoint {
                 kernel: plan.kernel_name(),
-                reason: "run_cubecl_fp8 runs FP8 plans on the portable FP8 kernel; this plan's kernel reads no FP8 codes".into(),
+                reason: "run_cubecl_fp8 runs FP8 plans on the portable FP8 kernel (native FP8 plans take CUDA memory: Session::run_cuda_fp8)".into(),
             });
         };
         check_handles(plan, &t, 1)?;
@@ -182,7 +185,7 @@ pub(crate) fn check_bytes(tensor: TensorName, bytes: u64, elems: usize, elem_siz
 #[cfg(feature = "cuda")]
 pub(crate) use cuda::CudaCall;
 #[cfg(feature = "cuda")]
-pub use cuda::{CudaTensor, CudaTensorMut};
+pub use cuda::{CudaCodes, CudaCodesMut, CudaFp8, CudaFp8Mut, CudaTensor, CudaTensorMut};
 
 #[cfg(feature = "cuda")]
 mod cuda {
@@ -194,7 +197,7 @@ mod cuda {
     use crate::error::{Error, Result, TensorName};
     use crate::session::{Plan, Session};
     use crate::tensor::Element;
-    use crate::Dtype;
+    use crate::{AttentionProblem, DescaleGranularity, Dtype, Fp8Format};
 
     /// A caller-owned CUDA buffer quattn reads: its device address, length in elements and
     /// element type. Made from a cudarc `CudaSlice` / `CudaView` it keeps cudarc's stream
@@ -253,6 +256,113 @@ mod cuda {
         }
     }
 
+    /// A caller-owned CUDA buffer of FP8 codes (one byte per element) quattn reads.
+    pub struct CudaCodes<'a> {
+        pub(crate) ptr: u64,
+        pub(crate) len: usize,
+        _guard: Option<SyncOnDrop<'a>>,
+    }
+
+    /// A caller-owned CUDA buffer of FP8 codes quattn writes.
+    pub struct CudaCodesMut<'a> {
+        pub(crate) ptr: u64,
+        pub(crate) len: usize,
+        _guard: Option<SyncOnDrop<'a>>,
+        _mut: PhantomData<&'a mut ()>,
+    }
+
+    impl<'a> CudaCodes<'a> {
+        /// A cudarc slice or view of `u8` codes, used on `stream`.
+        pub fn new<S: DevicePtr<u8>>(s: &'a S, stream: &'a CudaStream) -> Self {
+            let len = s.len();
+            let (ptr, guard) = s.device_ptr(stream);
+            CudaCodes { ptr, len, _guard: Some(guard) }
+        }
+
+        /// Raw device memory of the session's device.
+        ///
+        /// # Safety
+        /// As [`CudaTensor::from_raw`], for `len` bytes.
+        pub unsafe fn from_raw(ptr: u64, len: usize) -> Self {
+            CudaCodes { ptr, len, _guard: None }
+        }
+    }
+
+    impl<'a> CudaCodesMut<'a> {
+        /// A mutable cudarc slice or view of `u8` codes, used on `stream`.
+        pub fn new<S: DevicePtrMut<u8>>(s: &'a mut S, stream: &'a CudaStream) -> Self {
+            let len = s.len();
+            let (ptr, guard) = s.device_ptr_mut(stream);
+            CudaCodesMut { ptr, len, _guard: Some(guard), _mut: PhantomData }
+        }
+
+        /// Raw device memory of the session's device, written by the call.
+        ///
+        /// # Safety
+        /// As [`CudaTensorMut::from_raw`], for `len` bytes.
+        pub unsafe fn from_raw(ptr: u64, len: usize) -> Self {
+            CudaCodesMut { ptr, len, _guard: None, _mut: PhantomData }
+        }
+    }
+
+    /// Pre-quantized Q, K and V of one FP8 call ([`Session::run_cuda_fp8`]): e4m3 codes in the
+    /// problem's layout (the strides of Q, K and V count bytes), a value being
+    /// `decode(code) · descale`, and f32 descales ([`CudaTensor`]s of `f32`) with the lengths
+    /// of [`Plan::fp8_descale_lens`]: `[1]` each per tensor, or `[batch, q_heads]` for Q and
+    /// `[batch, kv_heads]` for K and V per head (FlashAttention-3's `q_descale` / `k_descale`
+    /// / `v_descale`).
+    pub struct CudaFp8<'a> {
+        pub q: CudaCodes<'a>,
+        pub k: CudaCodes<'a>,
+        pub v: CudaCodes<'a>,
+        pub q_descale: CudaTensor<'a>,
+        pub k_descale: CudaTensor<'a>,
+        pub v_descale: CudaTensor<'a>,
+    }
+
+    /// Where [`Session::quantize_fp8_cuda`] writes: codes with the inputs' strides, the f32
+    /// descales it chose (lengths as in [`CudaFp8`]).
+    pub struct CudaFp8Mut<'a> {
+        pub q: CudaCodesMut<'a>,
+        pub k: CudaCodesMut<'a>,
+        pub v: CudaCodesMut<'a>,
+        pub q_descale: CudaTensorMut<'a>,
+        pub k_descale: CudaTensorMut<'a>,
+        pub v_descale: CudaTensorMut<'a>,
+    }
+
+    /// `Error::Descales` unless `got` f32 descales are the `need` of `tensor`.
+    fn check_descales(tensor: TensorName, dtype: Dtype, got: usize, need: usize) -> Result<()> {
+        if dtype != Dtype::F32 {
+            return Err(Error::Dtype { tensor, expected: Dtype::F32, got: dtype });
+        }
+        if got != need {
+            return Err(Error::Descales {
+                tensor,
+                reason: format!("the buffer holds {got} f32 descales, the plan's granularity takes {need}"),
+            });
+        }
+        Ok(())
+    }
+
+    /// O (and the LSE) against the plan: element type, length, the LSE present when asked for.
+    fn check_outputs(plan: &Plan, o: &CudaTensorMut<'_>, lse: Option<&CudaTensorMut<'_>>) -> Result<()> {
+        let p = &plan.problem;
+        let want = plan.dtype();
+        if o.dtype != want {
+            return Err(Error::Dtype { tensor: TensorName::Output, expected: want, got: o.dtype });
+        }
+        if o.len < p.o_len_elems() {
+            return Err(Error::BufferLength { tensor: TensorName::Output, expected: p.o_len_elems(), got: o.len });
+        }
+        match lse {
+            Some(l) if l.dtype != Dtype::F32 => Err(Error::Dtype { tensor: TensorName::Lse, expected: Dtype::F32, got: l.dtype }),
+            Some(l) if l.len < p.lse_len_elems() => Err(Error::BufferLength { tensor: TensorName::Lse, expected: p.lse_len_elems(), got: l.len }),
+            None if p.return_lse => Err(Error::BufferLength { tensor: TensorName::Lse, expected: p.lse_len_elems(), got: 0 }),
+            _ => Ok(()),
+        }
+    }
+
     /// The buffers of one CUDA call, checked against a plan.
     #[derive(Debug, Clone, Copy)]
     pub(crate) struct CudaCall {
@@ -268,7 +378,10 @@ mod cuda {
         /// Runs `plan` on caller-owned CUDA memory, enqueued on `stream` (which must belong to
         /// the session's device); returns without synchronizing. Q, K, V and O are in the
         /// plan's element type ([`Plan::dtype`]); `lse`, when given, is f32
-        /// `[batch, q_heads, q_len]`.
+        /// `[batch, q_heads, q_len]`. A native FP8 plan ([`crate::Precision::Fp8`] on a native
+        /// kernel) takes f16 Q, K and V here and quantizes them on the stream with the device
+        /// prepass (bit-exact with `codec::fp8_scaled`) before its kernels; codes already in
+        /// FP8 go through [`Session::run_cuda_fp8`].
         pub fn run_cuda(
             &self,
             plan: &Plan,
@@ -285,7 +398,6 @@ mod cuda {
                 (TensorName::Q, q.dtype, q.len, p.q_len_elems()),
                 (TensorName::K, k.dtype, k.len, p.k_len_elems()),
                 (TensorName::V, v.dtype, v.len, p.v_len_elems()),
-                (TensorName::Output, o.dtype, o.len, p.o_len_elems()),
             ] {
                 if dtype != want {
                     return Err(Error::Dtype { tensor, expected: want, got: dtype });
@@ -294,28 +406,163 @@ mod cuda {
                     return Err(Error::BufferLength { tensor, expected: elems, got: len });
                 }
             }
-            if let Some(l) = &lse {
-                if l.dtype != Dtype::F32 {
-                    return Err(Error::Dtype { tensor: TensorName::Lse, expected: Dtype::F32, got: l.dtype });
-                }
-                if l.len < p.lse_len_elems() {
-                    return Err(Error::BufferLength { tensor: TensorName::Lse, expected: p.lse_len_elems(), got: l.len });
-                }
-            } else if p.return_lse {
-                return Err(Error::BufferLength { tensor: TensorName::Lse, expected: p.lse_len_elems(), got: 0 });
-            }
-            let cuda = self
-                .backend()
-                .as_any()
-                .downcast_ref::<crate::backend::cuda::CudaBackend>()
-                .ok_or_else(|| Error::WrongDevice {
-                    tensor: TensorName::Q,
-                    expected: format!("{} ({})", self.info().kind, self.info().adapter),
-                    got: "CUDA memory".into(),
-                })?;
+            check_outputs(plan, &o, lse.as_ref())?;
+            let cuda = self.cuda_backend()?;
             let call = CudaCall { q: q.ptr, k: k.ptr, v: v.ptr, o: o.ptr, lse: lse.as_ref().map_or(0, |l| l.ptr) };
             cuda.run_raw(plan, stream, &call)
             // The cudarc guards drop here, after the launch is enqueued.
+        }
+
+        /// Runs a native FP8 plan on pre-quantized codes ([`CudaFp8`]: e4m3 Q, K, V and their
+        /// f32 descales, as an FP8 KV cache holds them), enqueued on `stream`; returns without
+        /// synchronizing. O is written in the plan's element type ([`Plan::dtype`], f16), the
+        /// LSE (f32 `[batch, q_heads, q_len]`) when given. The family's Vᵀ prepass runs on V
+        /// at every call, into the stream's scratch. Descale values are not read on the host:
+        /// a non-finite or non-positive descale gives non-finite or wrong rows, never a fault;
+        /// NaN codes give NaN in the rows that see them.
+        ///
+        /// Errors: [`Error::EntryPoint`] for a plan that is not native FP8 (portable FP8 plans
+        /// take CubeCL handles: [`Session::run_cubecl_fp8`]), [`Error::BufferLength`] for short
+        /// code or output buffers, [`Error::Dtype`] / [`Error::Descales`] for descale buffers
+        /// that are not f32 or not exactly [`Plan::fp8_descale_lens`] long.
+        ///
+        /// ```
+        /// use quattn::cudarc::driver::CudaContext;
+        /// use quattn::{AttentionProblem, CudaCodes, CudaFp8, CudaTensor, CudaTensorMut, DescaleGranularity, Device, Fp8Format, KernelId, Precision, PvFormat, Session, Strategy};
+        ///
+        /// // A CUDA device with the native FP8 kernels (compute capability 8.9 or newer), else nothing to show.
+        /// let Ok(session) = Session::new(Device::Cuda(0)) else { return Ok(()) };
+        /// let problem = AttentionProblem::new(1, 8, 64, 128).kv_heads(2).kv_len(256);
+        /// let precision = Precision::Fp8 { format: Fp8Format::E4M3, descale: DescaleGranularity::PerHead, p: PvFormat::Fp8 };
+        /// let plan = session.plan(&problem, precision, Strategy::Auto)?;
+        /// if !matches!(plan.kernel, KernelId::Native(_)) { return Ok(()) }
+        /// let stream = CudaContext::new(0).expect("CUDA device 0").default_stream();
+        /// // An FP8 KV cache: e4m3 codes (0x38 is 1.0) and one descale per (batch, kv head).
+        /// let q = stream.clone_htod(&vec![0x38u8; problem.q_len_elems()]).expect("upload");
+        /// let kv = stream.clone_htod(&vec![0x38u8; problem.k_len_elems()]).expect("upload");
+        /// let [qn, kn, vn] = plan.fp8_descale_lens().expect("an FP8 plan");
+        /// let q_descale = stream.clone_htod(&vec![0.5f32; qn]).expect("upload");
+        /// let k_descale = stream.clone_htod(&vec![0.25f32; kn]).expect("upload");
+        /// let v_descale = stream.clone_htod(&vec![2.0f32; vn]).expect("upload");
+        /// let mut o = stream.alloc_zeros::<half::f16>(problem.o_len_elems()).expect("alloc");
+        /// let codes = CudaFp8 {
+        ///     q: CudaCodes::new(&q, &stream),
+        ///     k: CudaCodes::new(&kv, &stream),
+        ///     v: CudaCodes::new(&kv, &stream),
+        ///     q_descale: CudaTensor::new(&q_descale, &stream),
+        ///     k_descale: CudaTensor::new(&k_descale, &stream),
+        ///     v_descale: CudaTensor::new(&v_descale, &stream),
+        /// };
+        /// session.run_cuda_fp8(&plan, &stream, codes, CudaTensorMut::new(&mut o, &stream), None)?;
+        /// let o = stream.clone_dtoh(&o).expect("read O"); // waits for the stream
+        /// assert!(o.iter().all(|x| x.to_f32() == 2.0)); // every V value is 1.0 · 2.0
+        /// # Ok::<(), quattn::Error>(())
+        /// ```
+        pub fn run_cuda_fp8(&self, plan: &Plan, stream: &Arc<CudaStream>, x: CudaFp8<'_>, o: CudaTensorMut<'_>, lse: Option<CudaTensorMut<'_>>) -> Result<()> {
+            let p = &plan.problem;
+            let (true, Some(need)) = (matches!(plan.kernel, crate::KernelId::Native(_)), plan.fp8_descale_lens()) else {
+                return Err(Error::EntryPoint {
+                    kernel: plan.kernel_name(),
+                    reason: "run_cuda_fp8 runs FP8 plans on the native FP8 kernels (portable FP8 plans take CubeCL handles: Session::run_cubecl_fp8)".into(),
+                });
+            };
+            for (tensor, len, elems) in [(TensorName::Q, x.q.len, p.q_len_elems()), (TensorName::K, x.k.len, p.k_len_elems()), (TensorName::V, x.v.len, p.v_len_elems())] {
+                if len < elems {
+                    return Err(Error::BufferLength { tensor, expected: elems, got: len });
+                }
+            }
+            for ((tensor, d), need) in [(TensorName::Q, &x.q_descale), (TensorName::K, &x.k_descale), (TensorName::V, &x.v_descale)].into_iter().zip(need) {
+                check_descales(tensor, d.dtype, d.len, need)?;
+            }
+            check_outputs(plan, &o, lse.as_ref())?;
+            let cuda = self.cuda_backend()?;
+            let ptrs = quattn_native::Fp8Ptrs {
+                q: x.q.ptr,
+                k: x.k.ptr,
+                v: x.v.ptr,
+                vt: 0,
+                o: o.ptr,
+                lse: lse.as_ref().map_or(0, |l| l.ptr),
+                q_descale: x.q_descale.ptr,
+                k_descale: x.k_descale.ptr,
+                v_descale: x.v_descale.ptr,
+            };
+            cuda.run_raw_fp8(plan, stream, &ptrs)
+        }
+
+        /// The device FP8 prepass alone: f16 or bf16 Q, K and V of `problem` (one element type
+        /// for the three) to `format` codes with descales of `granularity` (per tensor or per
+        /// (batch, head)), written into `out` on `stream`; returns without synchronizing. Codes
+        /// and descales are bit-exact with `codec::fp8_scaled::Fp8Tensor::quantize` on the same
+        /// values (codes keep the inputs' strides; descales `[1]` or `[batch, heads]`, Q per
+        /// query head, K and V per KV head), so the descales the prepass chose can be read back
+        /// and inspected, and the codes passed to [`Session::run_cuda_fp8`]. NaN elements
+        /// become NaN codes without entering their group's descale; an infinite element makes
+        /// its group's descale infinite. Head dims that are powers of two from 8 to 8192.
+        #[allow(clippy::too_many_arguments)]
+        pub fn quantize_fp8_cuda(
+            &self,
+            problem: &AttentionProblem,
+            format: Fp8Format,
+            granularity: DescaleGranularity,
+            stream: &Arc<CudaStream>,
+            q: CudaTensor<'_>,
+            k: CudaTensor<'_>,
+            v: CudaTensor<'_>,
+            out: CudaFp8Mut<'_>,
+        ) -> Result<()> {
+            problem.validate()?;
+            let Some(need) = crate::codec::fp8_scaled::descale_counts(problem, granularity) else {
+                return Err(Error::Quantization("the device prepass computes per-tensor or per-head descales, not per-block".into()));
+            };
+            let p = problem;
+            let input = q.dtype;
+            if input == Dtype::F32 {
+                return Err(Error::Dtype { tensor: TensorName::Q, expected: Dtype::F16, got: input });
+            }
+            for (tensor, t, elems, codes) in [
+                (TensorName::Q, &q, p.q_len_elems(), out.q.len),
+                (TensorName::K, &k, p.k_len_elems(), out.k.len),
+                (TensorName::V, &v, p.v_len_elems(), out.v.len),
+            ] {
+                if t.dtype != input {
+                    return Err(Error::Dtype { tensor, expected: input, got: t.dtype });
+                }
+                if t.len < elems {
+                    return Err(Error::BufferLength { tensor, expected: elems, got: t.len });
+                }
+                if codes < elems {
+                    return Err(Error::BufferLength { tensor, expected: elems, got: codes });
+                }
+            }
+            for ((tensor, d), need) in [(TensorName::Q, &out.q_descale), (TensorName::K, &out.k_descale), (TensorName::V, &out.v_descale)].into_iter().zip(need) {
+                check_descales(tensor, d.dtype, d.len, need)?;
+            }
+            let config = quattn_native::Fp8PrepassConfig::new(input, format).map_err(|e| Error::Quantization(e.to_string()))?;
+            let args = quattn_native::Fp8Args::new(p.shape(), granularity);
+            config.validate_args(&args).map_err(|e| Error::Quantization(e.to_string()))?;
+            let ptrs = quattn_native::Fp8PrepassPtrs {
+                q: q.ptr,
+                k: k.ptr,
+                v: v.ptr,
+                q_codes: out.q.ptr,
+                k_codes: out.k.ptr,
+                v_codes: out.v.ptr,
+                q_descale: out.q_descale.ptr,
+                k_descale: out.k_descale.ptr,
+                v_descale: out.v_descale.ptr,
+                partial: 0,
+                counter: 0,
+            };
+            self.cuda_backend()?.quantize_raw(config, &args, stream, &ptrs)
+        }
+
+        fn cuda_backend(&self) -> Result<&crate::backend::cuda::CudaBackend> {
+            self.backend().as_any().downcast_ref::<crate::backend::cuda::CudaBackend>().ok_or_else(|| Error::WrongDevice {
+                tensor: TensorName::Q,
+                expected: format!("{} ({})", self.info().kind, self.info().adapter),
+                got: "CUDA memory".into(),
+            })
         }
     }
 }

@@ -27,7 +27,7 @@ pub use precision::{
 };
 pub use device_tensor::{CubeclTensors, Fp8Descales};
 #[cfg(feature = "cuda")]
-pub use device_tensor::{CudaTensor, CudaTensorMut};
+pub use device_tensor::{CudaCodes, CudaCodesMut, CudaFp8, CudaFp8Mut, CudaTensor, CudaTensorMut};
 pub use registry::{Family, KernelId, NativeChoice};
 pub use problem::{AttentionProblem, AttentionShape, Layout, Strides, TensorStrides};
 pub use session::{attention, DeviceInfo, Output, Path, Plan, Resident, Session};

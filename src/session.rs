@@ -71,17 +71,29 @@ impl Plan {
         self.precision.input_dtype()
     }
 
-    /// For a plan on the portable FP8 kernel, the number of f32 descales of Q, K and V its
-    /// granularity takes (descale blocks of the kernel's query and key tiles, `blocking`'s
-    /// `block_q` and `block_k`); `None` for other plans.
+    /// For a plan on an FP8 kernel, the number of f32 descales of Q, K and V its granularity
+    /// takes: on the portable FP8 kernel, descale blocks of its query and key tiles
+    /// (`blocking`'s `block_q` and `block_k`); on the native FP8 kernels, `[1]` per tensor or
+    /// `[batch, heads]` per head. `None` for other plans.
     pub fn fp8_descale_lens(&self) -> Option<[usize; 3]> {
-        let KernelId::Portable { kernel: quattn_cubecl::PortableKernel::Fp8(fp8), .. } = &self.kernel else {
-            return None;
-        };
-        let (bq, bk) = fp8.descale_blocks();
         let p = &self.problem;
-        let g = fp8.granularity;
-        Some([g.count(p.batch, p.q_heads, p.q_len, bq), g.count(p.batch, p.kv_heads, p.kv_len, bk), g.count(p.batch, p.kv_heads, p.kv_len, bk)])
+        match &self.kernel {
+            KernelId::Portable { kernel: quattn_cubecl::PortableKernel::Fp8(fp8), .. } => {
+                let (bq, bk) = fp8.descale_blocks();
+                let g = fp8.granularity;
+                Some([g.count(p.batch, p.q_heads, p.q_len, bq), g.count(p.batch, p.kv_heads, p.kv_len, bk), g.count(p.batch, p.kv_heads, p.kv_len, bk)])
+            }
+            KernelId::Native(_) => match self.precision {
+                crate::Precision::Fp8 { descale, .. } => crate::codec::fp8_scaled::descale_counts(p, descale),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+
+    /// Whether the plan runs the portable FP8 kernel (codes and descales in CubeCL handles).
+    pub(crate) fn is_portable_fp8(&self) -> bool {
+        matches!(self.kernel, KernelId::Portable { kernel: quattn_cubecl::PortableKernel::Fp8(_), .. })
     }
 }
 
@@ -257,6 +269,16 @@ impl Session {
     pub fn int8_operands(&self, r: &Resident) -> Result<Option<crate::codec::int8::Int8Operands>> {
         match r.plan.path() {
             Path::Device => self.backend.int8_operands(&r.plan, &r.data),
+            Path::Emulation => Ok(None),
+        }
+    }
+
+    /// The FP8 codes and descales a native CUDA FP8 plan's upload quantized on the device, read
+    /// back (after waiting for the device); `None` for other plans and backends. For checking the
+    /// device prepass against the codec ([`crate::codec::fp8_scaled::Fp8Tensor::matches`]).
+    pub fn fp8_operands(&self, r: &Resident) -> Result<Option<crate::codec::fp8_scaled::Fp8Operands>> {
+        match r.plan.path() {
+            Path::Device => self.backend.fp8_operands(&r.plan, &r.data),
             Path::Emulation => Ok(None),
         }
     }

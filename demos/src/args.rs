@@ -308,6 +308,11 @@ pub struct SelftestArgs {
     /// One JSON object per case on stdout.
     #[arg(long)]
     pub json: bool,
+    /// Only the case groups whose name contains this: `matrix` (every precision x shape x
+    /// family), `int8-prepass`, `fp8` (the native FP8 prepass and CUDA entry points),
+    /// `device-tensors`.
+    #[arg(long)]
+    pub only: Option<String>,
     /// Run only shard I of N (`I/N`, 0-based): cases are dealt round-robin, so N processes with
     /// I = 0..N together run the whole matrix once (compiles dominate on a GPU and run in
     /// parallel across processes).

@@ -9,6 +9,7 @@ mod peers;
 mod reliability;
 mod run;
 mod selftest;
+mod selftest_fp8;
 mod soak;
 
 use clap::Parser;

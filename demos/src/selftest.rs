@@ -89,11 +89,13 @@ pub fn main(a: &SelftestArgs) -> anyhow::Result<i32> {
         v.push(Strategy::Reference);
         v
     };
+    // The case groups `--only` selects from.
+    let group = |name: &str| a.only.as_deref().is_none_or(|o| name.contains(o));
     // Every (session, strategy, shape, precision) in a fixed order; a shard keeps every N-th.
     // The emulation is device-independent: it runs once, on the first session.
     let (shard, shards) = a.shard.unwrap_or((0, 1));
     let mut jobs = Vec::new();
-    for (si, session) in sessions.iter().enumerate().filter(|_| !a.no_matrix) {
+    for (si, session) in sessions.iter().enumerate().filter(|_| !a.no_matrix && group("matrix")) {
         for strategy in strategies_of(session) {
             if strategy == Strategy::Reference && si > 0 {
                 continue;
@@ -128,8 +130,18 @@ pub fn main(a: &SelftestArgs) -> anyhow::Result<i32> {
     }
     // The native INT8 prepass against the codec, bit for bit (only the CUDA backend keeps the
     // operands; elsewhere `int8_operands` is None and nothing is added).
-    for session in sessions.iter().filter(|s| s.info().kind == "cuda" && shard == 0 && !a.no_matrix) {
+    for session in sessions.iter().filter(|s| s.info().kind == "cuda" && shard == 0 && !a.no_matrix && group("int8-prepass")) {
         for case in prepass_cases(session) {
+            if a.json {
+                println!("{}", serde_json::to_string(&case).unwrap_or_default());
+            }
+            cases.push(case);
+        }
+    }
+    // The native FP8 group: device quantization against the codec, the CUDA device-tensor
+    // entry points against the host path.
+    for session in sessions.iter().filter(|s| s.info().kind == "cuda" && shard == 2 % shards && !a.no_matrix && group("fp8")) {
+        for case in crate::selftest_fp8::cases(session) {
             if a.json {
                 println!("{}", serde_json::to_string(&case).unwrap_or_default());
             }
@@ -138,7 +150,7 @@ pub fn main(a: &SelftestArgs) -> anyhow::Result<i32> {
     }
     // The device-tensor entry points on every GPU session: caller-held buffers in, O out on
     // the device, bit-identical to the host path.
-    for session in sessions.iter().filter(|_| shard == 1 % shards && !a.no_matrix) {
+    for session in sessions.iter().filter(|_| shard == 1 % shards && !a.no_matrix && group("device-tensors")) {
         for case in device_tensor_cases(session) {
             if a.json {
                 println!("{}", serde_json::to_string(&case).unwrap_or_default());

@@ -7,9 +7,13 @@
 //! quantization prepass), the native FP8 kernels (e4m3 wgmma on 9.0, e4m3 mma.sync from 8.9,
 //! each after its Vᵀ prepass), then the portable rows of [`CubeclBackend`].
 //!
-//! FP8 on the host path: Q, K and V are quantized on the host at upload to e4m3 codes with f32
-//! descales (`codec::fp8_scaled`, as the CPU and portable FP8 kernels do) and V's Vᵀ prepass
-//! runs once there (V is fixed for resident data); each execution runs the attention kernel.
+//! FP8: the native FP8 plans take f16 Q, K and V and quantize them on the device with the FP8
+//! prepass (e4m3 codes and f32 descales, bit-exact with `codec::fp8_scaled`, which the CPU and
+//! portable FP8 paths quantize with on the host). The host path does so once at upload, then
+//! V's Vᵀ prepass (V is fixed for resident data); each execution runs the attention kernel. On
+//! device tensors ([`crate::Session::run_cuda`]) the FP8 prepass, the Vᵀ prepass and the kernel
+//! run at every call on the caller's stream; pre-quantized codes
+//! ([`crate::Session::run_cuda_fp8`]) skip the FP8 prepass.
 //!
 //! Native kernels are loaded once into the device's primary context through one
 //! [`ModuleStore`] and launched with raw device addresses: the host path's own buffers, or a
@@ -21,18 +25,18 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use cubecl::cuda::CudaRuntime;
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtrMut};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtrMut, DeviceRepr, ValidAsZeroBits};
 use half::{bf16, f16};
 use quattn_native::wgmma_fp8::{Fp8WgmmaConfig, Fp8WgmmaUnit};
 use quattn_native::decode::{DecodeConfig, DecodePtrs, DecodeUnit};
 use quattn_native::{
-    DescaleGranularity, Fp8Args, Fp8MmaConfig, Fp8MmaUnit, Fp8Ptrs, Fp8P, HmmaConfig, Int8Args, Int8Config, Int8PrepassConfig, Int8Ptrs, Int8UmmaConfig, Int8WgmmaConfig, Loaded,
+    DescaleGranularity, Fp8Args, Fp8MmaConfig, Fp8MmaUnit, Fp8PrepassConfig, Fp8PrepassPtrs, Fp8Ptrs, Fp8P, HmmaConfig, Int8Args, Int8Config, Int8PrepassConfig, Int8Ptrs, Int8UmmaConfig, Int8WgmmaConfig, Loaded,
     ModuleStore, NativeError, NativeKernelId, PrepassLens, PrepassPtrs, WgmmaConfig,
 };
 
 use super::gpu::{CubeclBackend, GpuData};
 use super::{Backend, ResidentData};
-use crate::codec::fp8_scaled::{DescaleLayout, Fp8Tensor};
+use crate::codec::fp8_scaled::{DescaleLayout, Fp8Operands, Fp8Tensor};
 use crate::codec::int8::{E4m3VOperands, Int8Operands};
 use crate::device_tensor::{CubeclTensors, CudaCall};
 use crate::emulation::Blocking;
@@ -112,6 +116,19 @@ struct Int8Buffers {
 struct Scratch {
     lse: Option<CudaSlice<f32>>,
     int8: Option<Int8Buffers>,
+    fp8: Fp8Scratch,
+}
+
+/// FP8 scratch of one stream, each buffer grown on demand: the codes and descales the device
+/// prepass writes from f16 inputs, the Vᵀ of the FP8 families, the prepass's partial maxima and
+/// arrival counters (zero between prepasses).
+#[derive(Default)]
+struct Fp8Scratch {
+    codes: [Option<CudaSlice<u8>>; 3],
+    descales: [Option<CudaSlice<f32>>; 3],
+    vt: Option<CudaSlice<u8>>,
+    partial: Option<CudaSlice<f32>>,
+    counter: Option<CudaSlice<u32>>,
 }
 
 /// The host path's buffers of a native plan, on the backend's stream.
@@ -424,38 +441,90 @@ impl CudaBackend {
         // The emulation's FP8 P is quantized per KV tile: the kernel's key tile.
         let blocking = Blocking { block_k, ..Blocking::default() };
         blocking.validate(problem, precision).map_err(|e| na(e.to_string()))?;
-        self.native_choice(id, None, Some(blocking))
+        // The plans take f16 Q, K and V (host slices or device tensors) and quantize them on the
+        // device; pre-quantized codes skip the prepass (`Session::run_cuda_fp8`).
+        let prepass = Fp8PrepassConfig::new(Dtype::F16, format).map_err(|e| na(e.to_string()))?;
+        prepass.validate_args(&args).map_err(|e| na(e.to_string()))?;
+        self.native_choice(id, Some(NativeKernelId::Fp8Prepass(prepass)), Some(blocking))
     }
 
-    /// Device buffers of a native FP8 plan: Q, K, V quantized on the host to e4m3 codes with
-    /// descales of the plan's granularity, and the Vᵀ scratch.
-    fn alloc_fp8(&self, plan: &Plan, q: HostSlice<'_>, k: HostSlice<'_>, v: HostSlice<'_>) -> Result<Fp8Buffers> {
-        let Precision::Fp8 { format, descale, .. } = plan.precision else { return Err(super::foreign(plan)) };
-        let p = &plan.problem;
-        let dtype = plan.dtype();
-        let layout = |heads, len| DescaleLayout { granularity: descale, batch: p.batch, heads, len, block_rows: 1 };
-        let tq = Fp8Tensor::quantize(format, &q.rounded_to(dtype), p.q_strides(), p.head_dim, layout(p.q_heads, p.q_len))?;
-        let tk = Fp8Tensor::quantize(format, &k.rounded_to(dtype), p.k_strides(), p.head_dim, layout(p.kv_heads, p.kv_len))?;
-        let tv = Fp8Tensor::quantize(format, &v.rounded_to(dtype), p.v_strides(), p.v_head_dim, layout(p.kv_heads, p.kv_len))?;
-        let args = Fp8Args::new(p.shape(), descale);
-        let vt_len = match plan.kernel {
-            KernelId::Native(NativeChoice { kernel: NativeKernelId::Fp8Wgmma(Fp8WgmmaUnit::Attention(c)), .. }) => c.required_lens(&args).vt,
-            KernelId::Native(NativeChoice { kernel: NativeKernelId::Fp8Mma(Fp8MmaUnit::Fwd(c)), .. }) => c.required_lens(&args).vt,
-            _ => return Err(super::foreign(plan)),
-        };
+    /// Resident buffers of a native FP8 plan: the host's f16 Q, K and V uploaded, quantized by
+    /// the device prepass into codes and descales, V's Vᵀ written; on the host-path stream. The
+    /// 16-bit copies are freed after the prepass (stream-ordered).
+    fn upload_fp8(&self, plan: &Plan, x: [HostSlice<'_>; 3], o: u64, lse: u64) -> Result<Fp8Buffers> {
+        let (config, args) = self.fp8_prepass_of(plan)?;
         let e = driver_of(plan);
         let s = &self.stream;
-        let b = Fp8Buffers {
-            q: s.clone_htod(&tq.codes).map_err(&e)?,
-            k: s.clone_htod(&tk.codes).map_err(&e)?,
-            v: s.clone_htod(&tv.codes).map_err(&e)?,
-            // SAFETY: written by the Vᵀ prepass before the attention kernel reads it.
-            vt: unsafe { s.alloc::<u8>(vt_len.max(16)) }.map_err(&e)?,
-            q_descale: s.clone_htod(&tq.descales).map_err(&e)?,
-            k_descale: s.clone_htod(&tk.descales).map_err(&e)?,
-            v_descale: s.clone_htod(&tv.descales).map_err(&e)?,
+        let need = config.required_lens(&args);
+        // The session screened the inputs (the NaN policy): every element of the views is finite
+        // and within f16; the prepass reads nothing else.
+        let [q16, k16, v16] = x.map(|x| bits(x, config.input));
+        let (mut q16, mut k16, mut v16) = (s.clone_htod(&q16).map_err(&e)?, s.clone_htod(&k16).map_err(&e)?, s.clone_htod(&v16).map_err(&e)?);
+        let zeros = |n: usize| s.alloc_zeros::<u8>(n.max(16)).map_err(&e);
+        let floats = |n: usize| s.alloc_zeros::<f32>(n.max(1)).map_err(&e);
+        let mut b = Fp8Buffers {
+            q: zeros(need.q)?,
+            k: zeros(need.k)?,
+            v: zeros(need.v)?,
+            vt: zeros(self.fp8_vt_len(plan)?)?,
+            q_descale: floats(need.q_descale)?,
+            k_descale: floats(need.kv_descale)?,
+            v_descale: floats(need.kv_descale)?,
         };
+        let mut partial = floats(need.partial)?;
+        let mut counter = s.alloc_zeros::<u32>(need.counter.max(1)).map_err(&e)?;
+        let ptrs = b.ptrs(s, o, lse);
+        let pre = Fp8PrepassPtrs {
+            q: q16.device_ptr_mut(s).0,
+            k: k16.device_ptr_mut(s).0,
+            v: v16.device_ptr_mut(s).0,
+            q_codes: ptrs.q,
+            k_codes: ptrs.k,
+            v_codes: ptrs.v,
+            q_descale: ptrs.q_descale,
+            k_descale: ptrs.k_descale,
+            v_descale: ptrs.v_descale,
+            partial: partial.device_ptr_mut(s).0,
+            counter: counter.device_ptr_mut(s).0,
+        };
+        self.launch_fp8_prepass(config, &args, s, &pre)?;
+        // V is fixed from here on: its Vᵀ once, on the stream every execution runs on.
+        self.launch_fp8_vt(plan, s, &ptrs)?;
         Ok(b)
+    }
+
+    /// The FP8 prepass of a native FP8 plan and the plan's arguments.
+    fn fp8_prepass_of(&self, plan: &Plan) -> Result<(Fp8PrepassConfig, Fp8Args)> {
+        match (&plan.kernel, plan.precision) {
+            (KernelId::Native(NativeChoice { prepass: Some(NativeKernelId::Fp8Prepass(c)), .. }), Precision::Fp8 { descale, .. }) => {
+                Ok((*c, Fp8Args::new(plan.problem.shape(), descale)))
+            }
+            _ => Err(super::foreign(plan)),
+        }
+    }
+
+    /// Bytes of the Vᵀ scratch of a native FP8 plan's family.
+    fn fp8_vt_len(&self, plan: &Plan) -> Result<usize> {
+        let (_, args) = self.fp8_prepass_of(plan)?;
+        match plan.kernel {
+            KernelId::Native(NativeChoice { kernel: NativeKernelId::Fp8Wgmma(Fp8WgmmaUnit::Attention(c)), .. }) => Ok(c.required_lens(&args).vt),
+            KernelId::Native(NativeChoice { kernel: NativeKernelId::Fp8Mma(Fp8MmaUnit::Fwd(c)), .. }) => Ok(c.required_lens(&args).vt),
+            _ => Err(super::foreign(plan)),
+        }
+    }
+
+    /// Enqueues the FP8 prepass `config` over `args` on `stream`.
+    fn launch_fp8_prepass(&self, config: Fp8PrepassConfig, args: &Fp8Args, stream: &Arc<CudaStream>, ptrs: &Fp8PrepassPtrs) -> Result<()> {
+        let id = NativeKernelId::Fp8Prepass(config);
+        self.ctx.bind_to_thread().map_err(driver("fp8_prepass"))?;
+        let kernel = self.load(id)?;
+        let Loaded::Fp8Prepass(k) = &*kernel else {
+            return Err(Error::Kernel { kernel: id.to_string(), reason: "the registry loaded another family".into() });
+        };
+        // SAFETY: every buffer was allocated for these arguments (`required_lens`) or checked
+        // against them by the caller; the counters are zero (allocated zeroed, left zero by
+        // each prepass) and used by this stream only; the launcher checks arguments and alignment.
+        unsafe { k.launch_raw(stream, args, ptrs) }.map_err(|e| native_err(&id.to_string(), e))
     }
 
     /// Loads the kernels (compiling on first use) so a plan that succeeds can run.
@@ -612,14 +681,10 @@ impl CudaBackend {
         }
     }
 
-    /// The device-tensor path: `plan` on caller memory, enqueued on the caller's stream.
+    /// The device-tensor path: `plan` on caller memory, enqueued on the caller's stream. FP8
+    /// plans take f16 Q, K and V here and quantize them with the device prepass into the
+    /// stream's scratch.
     pub(crate) fn run_raw(&self, plan: &Plan, stream: &Arc<CudaStream>, call: &CudaCall) -> Result<()> {
-        if matches!(plan.precision, Precision::Fp8 { .. }) {
-            return Err(Error::EntryPoint {
-                kernel: plan.kernel_name(),
-                reason: "native FP8 plans run on host inputs (Session::run), which they quantize; FP8 codes held on the device run through Session::run_cubecl_fp8 on the portable FP8 kernel".into(),
-            });
-        }
         let KernelId::Native(choice) = &plan.kernel else {
             return Err(Error::WrongDevice {
                 tensor: crate::TensorName::Q,
@@ -627,25 +692,57 @@ impl CudaBackend {
                 got: "CUDA memory".into(),
             });
         };
-        if stream.context().cu_ctx() != self.ctx.cu_ctx() {
-            return Err(Error::WrongDevice {
-                tensor: crate::TensorName::Q,
-                expected: format!("a stream of CUDA device {}'s primary context", self.ctx.ordinal()),
-                got: format!("a stream of device {}'s context {:?}", stream.context().ordinal(), stream.context().cu_ctx()),
-            });
-        }
+        self.check_stream(stream)?;
         self.bind(plan)?;
         let mut scratch = self.scratch.lock().map_err(|_| Error::Kernel { kernel: plan.kernel_name(), reason: "scratch lock poisoned".into() })?;
         let s = scratch.entry(stream.cu_stream() as usize).or_default();
         let mut call = *call;
         if call.lse == 0 {
-            let need = plan.problem.lse_len_elems();
-            if s.lse.as_ref().is_none_or(|l| l.len() < need) {
-                // SAFETY: written by the kernel before anything reads it.
-                s.lse = Some(unsafe { self.stream.alloc::<f32>(need.max(1)) }.map_err(driver("lse scratch"))?);
-                self.stream.synchronize().map_err(driver("lse scratch"))?;
+            call.lse = self.lse_scratch(plan, stream, s)?;
+        }
+        if matches!(plan.precision, Precision::Fp8 { .. }) {
+            let (config, args) = self.fp8_prepass_of(plan)?;
+            let need = config.required_lens(&args);
+            let f = &mut s.fp8;
+            for (slot, n) in f.codes.iter_mut().zip([need.q, need.k, need.v]) {
+                self.grow(slot, n.max(16))?;
             }
-            call.lse = s.lse.as_mut().map(|l| l.device_ptr_mut(stream).0).unwrap_or(0);
+            for (slot, n) in f.descales.iter_mut().zip([need.q_descale, need.kv_descale, need.kv_descale]) {
+                self.grow(slot, n.max(1))?;
+            }
+            self.grow(&mut f.partial, need.partial.max(1))?;
+            self.grow(&mut f.counter, need.counter.max(1))?;
+            self.grow(&mut f.vt, self.fp8_vt_len(plan)?.max(16))?;
+            let addr8 = |x: &mut Option<CudaSlice<u8>>| x.as_mut().map_or(0, |x| x.device_ptr_mut(stream).0);
+            let addr32 = |x: &mut Option<CudaSlice<f32>>| x.as_mut().map_or(0, |x| x.device_ptr_mut(stream).0);
+            let [qc, kc, vc] = &mut f.codes;
+            let [qd, kd, vd] = &mut f.descales;
+            let ptrs = Fp8Ptrs {
+                q: addr8(qc),
+                k: addr8(kc),
+                v: addr8(vc),
+                vt: addr8(&mut f.vt),
+                o: call.o,
+                lse: call.lse,
+                q_descale: addr32(qd),
+                k_descale: addr32(kd),
+                v_descale: addr32(vd),
+            };
+            let pre = Fp8PrepassPtrs {
+                q: call.q,
+                k: call.k,
+                v: call.v,
+                q_codes: ptrs.q,
+                k_codes: ptrs.k,
+                v_codes: ptrs.v,
+                q_descale: ptrs.q_descale,
+                k_descale: ptrs.k_descale,
+                v_descale: ptrs.v_descale,
+                partial: addr32(&mut f.partial),
+                counter: f.counter.as_mut().map_or(0, |x| x.device_ptr_mut(stream).0),
+            };
+            self.launch_fp8_prepass(config, &args, stream, &pre)?;
+            return self.launch_fp8(plan, stream, &ptrs, true, false).map(|_| ());
         }
         if let Some(NativeKernelId::Int8Prepass(config)) = choice.prepass {
             let need = config.required_lens(&plan.problem.shape()).map_err(|e| native_err("int8_prepass", e))?;
@@ -654,6 +751,70 @@ impl CudaBackend {
             }
         }
         self.launch_native(plan, stream, &call, s.int8.as_mut(), false).map(|_| ())
+    }
+
+    /// A native FP8 plan on caller-held codes and descales (`ptrs.vt` ignored: the stream's
+    /// Vᵀ scratch; `ptrs.lse` 0: the stream's LSE scratch), on the caller's stream.
+    pub(crate) fn run_raw_fp8(&self, plan: &Plan, stream: &Arc<CudaStream>, ptrs: &Fp8Ptrs) -> Result<()> {
+        self.fp8_prepass_of(plan)?;
+        self.check_stream(stream)?;
+        self.bind(plan)?;
+        let mut scratch = self.scratch.lock().map_err(|_| Error::Kernel { kernel: plan.kernel_name(), reason: "scratch lock poisoned".into() })?;
+        let s = scratch.entry(stream.cu_stream() as usize).or_default();
+        let mut ptrs = *ptrs;
+        if ptrs.lse == 0 {
+            ptrs.lse = self.lse_scratch(plan, stream, s)?;
+        }
+        self.grow(&mut s.fp8.vt, self.fp8_vt_len(plan)?.max(16))?;
+        ptrs.vt = s.fp8.vt.as_mut().map_or(0, |x| x.device_ptr_mut(stream).0);
+        self.launch_fp8(plan, stream, &ptrs, true, false).map(|_| ())
+    }
+
+    /// The FP8 prepass `config` over `args` on caller memory (`ptrs.partial` and
+    /// `ptrs.counter` ignored: the stream's scratch), on the caller's stream.
+    pub(crate) fn quantize_raw(&self, config: Fp8PrepassConfig, args: &Fp8Args, stream: &Arc<CudaStream>, ptrs: &Fp8PrepassPtrs) -> Result<()> {
+        self.check_stream(stream)?;
+        self.ctx.bind_to_thread().map_err(driver("fp8_prepass"))?;
+        config.validate_args(args).map_err(|e| native_err("fp8_prepass", e))?;
+        let need = config.required_lens(args);
+        let mut scratch = self.scratch.lock().map_err(|_| Error::Kernel { kernel: "fp8_prepass".into(), reason: "scratch lock poisoned".into() })?;
+        let f = &mut scratch.entry(stream.cu_stream() as usize).or_default().fp8;
+        self.grow(&mut f.partial, need.partial.max(1))?;
+        self.grow(&mut f.counter, need.counter.max(1))?;
+        let mut ptrs = *ptrs;
+        ptrs.partial = f.partial.as_mut().map_or(0, |x| x.device_ptr_mut(stream).0);
+        ptrs.counter = f.counter.as_mut().map_or(0, |x| x.device_ptr_mut(stream).0);
+        self.launch_fp8_prepass(config, args, stream, &ptrs)
+    }
+
+    /// A stream of the session's device (its primary context), or a typed error.
+    fn check_stream(&self, stream: &Arc<CudaStream>) -> Result<()> {
+        if stream.context().cu_ctx() != self.ctx.cu_ctx() {
+            return Err(Error::WrongDevice {
+                tensor: crate::TensorName::Q,
+                expected: format!("a stream of CUDA device {}'s primary context", self.ctx.ordinal()),
+                got: format!("a stream of device {}'s context {:?}", stream.context().ordinal(), stream.context().cu_ctx()),
+            });
+        }
+        Ok(())
+    }
+
+    /// The stream's LSE scratch, grown to the plan's LSE: for kernels that always write one.
+    fn lse_scratch(&self, plan: &Plan, stream: &Arc<CudaStream>, s: &mut Scratch) -> Result<u64> {
+        self.grow(&mut s.lse, plan.problem.lse_len_elems().max(1))?;
+        Ok(s.lse.as_mut().map_or(0, |l| l.device_ptr_mut(stream).0))
+    }
+
+    /// Replaces `slot` by a zeroed buffer of `n` elements unless it holds at least that many.
+    /// Allocated on the host-path stream, which is synchronized once so that any stream may use
+    /// the buffer.
+    fn grow<T: DeviceRepr + ValidAsZeroBits>(&self, slot: &mut Option<CudaSlice<T>>, n: usize) -> Result<()> {
+        if slot.as_ref().is_none_or(|x| x.len() < n) {
+            let e = driver("scratch");
+            *slot = Some(self.stream.alloc_zeros::<T>(n).map_err(&e)?);
+            self.stream.synchronize().map_err(&e)?;
+        }
+        Ok(())
     }
 
     fn native_data<'a>(&self, plan: &Plan, data: &'a mut ResidentData) -> Result<&'a mut NativeData> {
@@ -789,10 +950,7 @@ impl Backend for CudaBackend {
         let mut o = s.alloc_zeros::<u16>(p.o_len_elems()).map_err(&e)?;
         let mut lse = s.alloc_zeros::<f32>(p.lse_len_elems().max(1)).map_err(&e)?;
         if matches!(plan.precision, Precision::Fp8 { .. }) {
-            let mut fp8 = self.alloc_fp8(plan, q, k, v)?;
-            // V is fixed from here on: its Vᵀ once, on the stream every execution runs on.
-            let ptrs = fp8.ptrs(s, o.device_ptr_mut(s).0, lse.device_ptr_mut(s).0);
-            self.launch_fp8_vt(plan, s, &ptrs)?;
+            let fp8 = self.upload_fp8(plan, [q, k, v], o.device_ptr_mut(s).0, lse.device_ptr_mut(s).0)?;
             return Ok(Box::new(NativeData { o, lse, inputs: NativeInputs::Fp8(fp8) }));
         }
         Ok(Box::new(NativeData {
@@ -899,6 +1057,31 @@ impl Backend for CudaBackend {
             k_mean: b.mean.as_ref().map(|m| floats(m, lens.mean)).transpose()?,
             lse_shift: b.lse_shift.as_ref().map(|m| floats(m, lens.lse_shift)).transpose()?,
             v,
+        }))
+    }
+
+    fn fp8_operands(&self, plan: &Plan, data: &ResidentData) -> Result<Option<Fp8Operands>> {
+        let (Some(NativeData { inputs: NativeInputs::Fp8(b), .. }), Precision::Fp8 { format, descale, .. }) = (data.downcast_ref::<NativeData>(), plan.precision) else {
+            return Ok(None);
+        };
+        self.bind(plan)?;
+        let e = driver_of(plan);
+        let s = &self.stream;
+        s.synchronize().map_err(&e)?;
+        let p = &plan.problem;
+        let tensor = |codes: &CudaSlice<u8>, descales: &CudaSlice<f32>, heads: usize, len: usize, elems: usize| -> Result<Fp8Tensor> {
+            let layout = DescaleLayout { granularity: descale, batch: p.batch, heads, len, block_rows: 1 };
+            Ok(Fp8Tensor {
+                format,
+                codes: s.clone_dtoh(codes).map_err(&e)?[..elems].to_vec(),
+                descales: s.clone_dtoh(descales).map_err(&e)?[..layout.count()].to_vec(),
+                layout,
+            })
+        };
+        Ok(Some(Fp8Operands {
+            q: tensor(&b.q, &b.q_descale, p.q_heads, p.q_len, p.q_len_elems())?,
+            k: tensor(&b.k, &b.k_descale, p.kv_heads, p.kv_len, p.k_len_elems())?,
+            v: tensor(&b.v, &b.v_descale, p.kv_heads, p.kv_len, p.v_len_elems())?,
         }))
     }
 

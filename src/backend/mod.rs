@@ -47,6 +47,11 @@ pub(crate) trait Backend: Send + Sync {
     fn int8_operands(&self, _plan: &Plan, _data: &ResidentData) -> Result<Option<Int8Operands>> {
         Ok(None)
     }
+    /// The FP8 codes and descales the upload's device prepass wrote, read back, where the
+    /// backend quantizes on the device (the native CUDA FP8 plans); `None` elsewhere.
+    fn fp8_operands(&self, _plan: &Plan, _data: &ResidentData) -> Result<Option<crate::codec::fp8_scaled::Fp8Operands>> {
+        Ok(None)
+    }
     /// Milliseconds per execution, `iters` samples after `warmup` runs. Backends with device
     /// timers override this; the default times each synchronized run on the host.
     fn time(&self, plan: &Plan, data: &mut ResidentData, warmup: usize, iters: usize) -> Result<Vec<f64>> {

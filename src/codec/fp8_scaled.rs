@@ -66,6 +66,18 @@ pub struct Fp8Tensor {
     pub layout: DescaleLayout,
 }
 
+/// Descales of Q, K and V for `problem` with one descale per tensor or per (batch, head) (Q per
+/// query head, K and V per KV head). `None` per block: the count depends on a kernel's tiles
+/// ([`DescaleLayout::count`]).
+pub fn descale_counts(problem: &crate::AttentionProblem, granularity: DescaleGranularity) -> Option<[usize; 3]> {
+    let p = problem;
+    match granularity {
+        DescaleGranularity::PerTensor => Some([1, 1, 1]),
+        DescaleGranularity::PerHead => Some([p.batch * p.q_heads, p.batch * p.kv_heads, p.batch * p.kv_heads]),
+        DescaleGranularity::PerBlock => None,
+    }
+}
+
 /// Descale for a group with largest magnitude `amax`.
 pub fn descale_for(format: Fp8Format, amax: f32) -> f32 {
     if amax > 0.0 {
@@ -118,6 +130,47 @@ impl Fp8Tensor {
     }
 }
 
+/// Q, K and V of one FP8 call as quantized: what a device prepass wrote, read back, or what
+/// [`Fp8Tensor::quantize`] computes on the host.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Fp8Operands {
+    pub q: Fp8Tensor,
+    pub k: Fp8Tensor,
+    pub v: Fp8Tensor,
+}
+
+impl Fp8Tensor {
+    /// `Ok` when `self` holds `reference`'s format, descale layout, descales (bit for bit) and
+    /// codes at every element of a `[batch, heads, len, dim]` tensor with `strides` (positions
+    /// between rows are not compared); else the first difference, in words.
+    pub fn matches(&self, reference: &Fp8Tensor, strides: Strides, dim: usize) -> std::result::Result<(), String> {
+        if self.format != reference.format || self.layout != reference.layout {
+            return Err(format!("format / layout {:?} {:?} vs {:?} {:?}", self.format, self.layout, reference.format, reference.layout));
+        }
+        if self.descales.len() != reference.descales.len() {
+            return Err(format!("{} descales vs {}", self.descales.len(), reference.descales.len()));
+        }
+        if let Some(i) = (0..self.descales.len()).find(|&i| self.descales[i].to_bits() != reference.descales[i].to_bits()) {
+            return Err(format!("descale {i}: {:e} vs {:e}", self.descales[i], reference.descales[i]));
+        }
+        let l = &self.layout;
+        for b in 0..l.batch {
+            for h in 0..l.heads {
+                for row in 0..l.len {
+                    let o = strides.offset(b, h, row);
+                    let (Some(got), Some(want)) = (self.codes.get(o..o + dim), reference.codes.get(o..o + dim)) else {
+                        return Err(format!("row ({b}, {h}, {row}) lies past the codes ({} / {} bytes)", self.codes.len(), reference.codes.len()));
+                    };
+                    if let Some(c) = (0..dim).find(|&c| got[c] != want[c]) {
+                        return Err(format!("code ({b}, {h}, {row}, {c}): {:#04x} vs {:#04x}", got[c], want[c]));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -165,6 +218,26 @@ mod tests {
                 assert_eq!(max_code, fp8::max_finite(format));
             }
         }
+    }
+
+    #[test]
+    fn matches_names_the_first_difference() {
+        let strides = Strides::new(Layout::Bhsd, 2, 5, 8);
+        let x: Vec<f32> = (0..2 * 5 * 8).map(|i| (i as f32 - 40.0) / 3.0).collect();
+        let l = DescaleLayout { granularity: DescaleGranularity::PerHead, batch: 1, heads: 2, len: 5, block_rows: 1 };
+        let t = Fp8Tensor::quantize(Fp8Format::E4M3, &x, strides, 8, l).unwrap();
+        assert_eq!(t.matches(&t, strides, 8), Ok(()));
+        let mut code = t.clone();
+        code.codes[8 * 5 + 3] ^= 1;
+        assert_eq!(code.matches(&t, strides, 8).unwrap_err(), format!("code (0, 1, 0, 3): {:#04x} vs {:#04x}", t.codes[43] ^ 1, t.codes[43]));
+        let mut d = t.clone();
+        d.descales[1] = f32::from_bits(d.descales[1].to_bits() + 1);
+        assert!(d.matches(&t, strides, 8).unwrap_err().starts_with("descale 1"));
+        let mut short = t.clone();
+        short.codes.truncate(70);
+        assert!(short.matches(&t, strides, 8).unwrap_err().contains("past the codes"));
+        let other = Fp8Tensor::quantize(Fp8Format::E5M2, &x, strides, 8, l).unwrap();
+        assert!(other.matches(&t, strides, 8).is_err());
     }
 
     impl Fp8Tensor {
