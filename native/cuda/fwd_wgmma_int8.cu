@@ -86,8 +86,8 @@
 // one rounding of the per-row constant costs 2^-24 (1.5 * 2^23 sc + |m|) in log2 units, a
 // relative error of ~1e-4 at sc = 1e-3 on a P that e4m3 rounds to 2^-4 anyway (the constant is
 // shared by a row's tile, so it cancels between O and l within the tile, not in the LSE or
-// between tiles). Blocks where 1.5 * 2^23 sc > 2^12 (a zero group's scale of 1 gets there) use
-// p = exp2(fma(xb - 1.5 * 2^23, sc, P_LOG2 - m)) instead. P_LOG2 = log2(448) -
+// between tiles). Tiles where 1.5 * 2^23 sc > 2^12 in some block (a zero group's scale of 1 gets
+// there) use p = exp2(fma(xb - 1.5 * 2^23, sc, P_LOG2 - m)) instead. P_LOG2 = log2(448) -
 // RESCALE_LOG2 (default 0): P is stored as e4m3(p * 448 * 2^-RESCALE_LOG2) with p relative to
 // the running max, rounded to nearest, saturating; a stale max (the max moves once some row of
 // the warp grew by more than RESCALE_LOG2) keeps every P <= 448. With RESCALE_LOG2 0 this is
@@ -421,14 +421,18 @@ __device__ __forceinline__ void warp_softmax(const int (&acc)[cfg::S_REGS], floa
         for (int i = 0; i < 2; ++i) mx[i] = fmaxf(mx[i], (mb[i] - BIAS) * sc[b]);
     }
     warp_update_max(mx, st, alpha, rescale);
+    // kc carries BIAS * sc, and its f32 rounding (2^-24 of it, in log2 units) scales a block's
+    // P, its share of l and the LSE. With real data sc * 127^2 is about the largest |logit| in
+    // log2 units, so BIAS * sc stays small; a group of zeros (quantized with scale 1) can make it
+    // ~2^25. Past 2^12 (an error of 2^-12) the tile takes the unbiased form, one FADD more per
+    // score. Decided once per tile and warp, outside the unrolled loops, so the common path keeps
+    // its instruction count and schedule.
+    float big = 0.f;
 #pragma unroll
-    for (int b = 0; b < cfg::K_SCALES; ++b) {
-        // kc carries BIAS * sc, and its f32 rounding (2^-24 of it, in log2 units) scales the
-        // tile's P, l and the LSE. With real data sc * 127^2 is about the largest |logit| in log2
-        // units, so BIAS * sc stays small; a group of zeros (quantized with scale 1) can make it
-        // ~2^25. Past 2^12 (an error of 2^-12) a block takes the unbiased form, one FADD more per
-        // score, decided per warp so the common path keeps its instruction count.
-        if (__all_sync(0xffffffffu, BIAS * sc[b] <= 4096.f)) {
+    for (int b = 0; b < cfg::K_SCALES; ++b) big = fmaxf(big, BIAS * sc[b]);
+    if (__all_sync(0xffffffffu, big <= 4096.f)) {
+#pragma unroll
+        for (int b = 0; b < cfg::K_SCALES; ++b) {
             const float kc[2] = {cfg::P_LOG2 - st.m[0] - BIAS * sc[b], cfg::P_LOG2 - st.m[1] - BIAS * sc[b]};
 #pragma unroll
             for (int e = 4 * N_PER_BLOCK * b; e < 4 * N_PER_BLOCK * (b + 1); ++e) {
@@ -436,9 +440,12 @@ __device__ __forceinline__ void warp_softmax(const int (&acc)[cfg::S_REGS], floa
                 x[e] = thread_exp2(fmaf(x[e], sc[b], kc[i]));
                 st.l[i] += x[e];
             }
-        } else {
-            // x - BIAS is the exact dot (same binade; -inf stays -inf).
-            const float kc[2] = {cfg::P_LOG2 - st.m[0], cfg::P_LOG2 - st.m[1]};
+        }
+    } else {
+        // x - BIAS is the exact dot (same binade; -inf stays -inf).
+        const float kc[2] = {cfg::P_LOG2 - st.m[0], cfg::P_LOG2 - st.m[1]};
+#pragma unroll
+        for (int b = 0; b < cfg::K_SCALES; ++b) {
 #pragma unroll
             for (int e = 4 * N_PER_BLOCK * b; e < 4 * N_PER_BLOCK * (b + 1); ++e) {
                 const int i = (e >> 1) & 1;
