@@ -166,3 +166,26 @@ fn device_nvfp4_quantization_is_bit_exact_with_the_codec() {
     assert_eq!(e2m1::decode(cpu.code(0, 17)), 0.0);
     assert_eq!(e2m1::decode(cpu.code(0, 18)), 1.0);
 }
+
+/// On a CUDA device without the sm_120a kernel, `Precision::Nvfp4` plans on the portable 4-bit
+/// kernel through CubeCL CUDA and follows its emulation as on wgpu. Skipped without a CUDA GPU.
+#[test]
+fn cuda_runs_the_portable_4bit_kernel_where_the_native_one_is_not() {
+    let Some(s) = common::open(Device::Cuda(0)) else { return };
+    let p = AttentionProblem::new(1, 4, 5, 64).kv_heads(2).kv_len(100).with_lse(true);
+    for (v, smooth_k) in [(Nvfp4V::Bf16, false), (Nvfp4V::Nvfp4, true)] {
+        let prec = Precision::Nvfp4 { v, smooth_k };
+        let plan = s.plan(&p, prec, Strategy::Auto).unwrap();
+        if plan.family() != Family::Portable(PortableKind::Fp4) {
+            println!("SKIPPED: {prec} plans on {} here", plan.kernel);
+            return;
+        }
+        let (q, k, vv) = inputs::qkv(&p, 1600);
+        let out = s.run(&plan, &q, &k, &vv).unwrap();
+        let emu = quattn::emulation::emulate(&p, prec, &plan.blocking.unwrap(), &q, &k, &vv).unwrap();
+        let e: Vec<f64> = emu.o.iter().map(|&x| x as f64).collect();
+        let me = ErrorMetrics::compare(&out.o, &e);
+        println!("cuda {}: kernel vs emulation {me:?}", plan.kernel);
+        assert!(me.rel_l2 < 1e-4, "{}: kernel vs emulation {me:?}", plan.kernel);
+    }
+}

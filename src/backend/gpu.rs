@@ -331,12 +331,12 @@ impl<R: Runtime> CubeclBackend<R> {
     pub(crate) fn upload_data(&self, plan: &Plan, q: HostSlice<'_>, k: HostSlice<'_>, v: HostSlice<'_>) -> Result<GpuData> {
         let p = &plan.problem;
         let dtype = plan.dtype();
-        let c = &self.client;
-        let o = c.empty(p.o_len_elems().max(MIN_ELEMS) * dtype.size_bytes());
-        let lse = p.return_lse.then(|| c.empty(p.lse_len_elems() * 4));
         if let KernelId::Portable { kernel: PortableKernel::Fp4(fp4), .. } = &plan.kernel {
             return self.upload_fp4(plan, fp4, q, k, v);
         }
+        let c = &self.client;
+        let o = c.empty(p.o_len_elems().max(MIN_ELEMS) * dtype.size_bytes());
+        let lse = p.return_lse.then(|| c.empty(p.lse_len_elems() * 4));
         if let KernelId::Portable { kernel: PortableKernel::Fp8(fp8), .. } = &plan.kernel {
             let (block_q, block_k) = fp8.descale_blocks();
             let layout = |heads, len, block_rows| DescaleLayout { granularity: fp8.granularity, batch: p.batch, heads, len, block_rows };
