@@ -75,10 +75,10 @@ fn mxfp4_codes_through_the_launch_write_every_output() {
     };
     let (hq, hqs, hk, hks, hv) = (words(&tq.packed), words(&tq.scales), words(&tk.packed), words(&tk.scales), words(&v_bits));
     let none = words(&[]);
-    let ts = client.create_from_slice(bytemuck::cast_slice(&[1.0f32, 1.0, 1.0]));
+    let ts = client.create_from_slice(bytemuck::cast_slice(&[1.0f32]));
     let o = client.create_from_slice(bytemuck::cast_slice(&vec![f32::NAN; p.o_len_elems()]));
     let lse = client.create_from_slice(bytemuck::cast_slice(&vec![f32::NAN; p.lse_len_elems()]));
-    let ops = Fp4Operands { q: &hq, q_scales: &hqs, k: &hk, k_scales: &hks, v: &hv, v_scales: &none, tensor_scales: &ts, lse_shift: None };
+    let ops = Fp4Operands { q: &hq, q_scales: &hqs, k: &hk, k_scales: &hks, v: &hv, v_scales: &none, tensor_scales: [&ts; 3], lse_shift: None };
     quattn_cubecl::launch_fp4(&client, &kernel, &shape, ops, &o, Some(&lse)).unwrap();
     let got: Vec<f32> = bytemuck::pod_collect_to_vec(&client.read_one(o).unwrap());
     let got_lse: Vec<f32> = bytemuck::pod_collect_to_vec(&client.read_one(lse).unwrap());
@@ -106,7 +106,7 @@ fn typed_errors_of_the_4bit_path() {
     let kernel = quattn_cubecl::select_fp4(&client, &shape, Fp4Format::Nvfp4, Fp4V::Nvfp4).unwrap();
     let small = client.create_from_slice(&[0u8; 4]);
     let o = client.empty(p.o_len_elems() * 4);
-    let ops = Fp4Operands { q: &small, q_scales: &small, k: &small, k_scales: &small, v: &small, v_scales: &small, tensor_scales: &small, lse_shift: None };
+    let ops = Fp4Operands { q: &small, q_scales: &small, k: &small, k_scales: &small, v: &small, v_scales: &small, tensor_scales: [&small; 3], lse_shift: None };
     let e = quattn_cubecl::launch_fp4(&client, &kernel, &shape, ops, &o, None).unwrap_err();
     assert!(matches!(e, LaunchError::BufferTooSmall { tensor: "q codes", .. }), "{e}");
     // The float launch refuses the 4-bit kernel.

@@ -257,8 +257,9 @@ pub struct Fp4Operands<'a> {
     pub v: &'a Handle,
     /// NVFP4 `Vᵀ` scale codes `[batch · kv_heads · v_head_dim, v_cols / 16]`; ignored for bf16 V.
     pub v_scales: &'a Handle,
-    /// f32 `[ts_q, ts_k, ts_v]` (1 for MXFP4's Q and K; ts_v unused with bf16 V).
-    pub tensor_scales: &'a Handle,
+    /// One f32 each: the tensor scales of Q, K and V (1 for MXFP4's Q and K; V's unused with
+    /// bf16 V), as [`crate::quantize_nvfp4`] writes them.
+    pub tensor_scales: [&'a Handle; 3],
     /// Where K was smoothed: f32 `[batch, q_heads, q_len]`, added to the LSE (`scale · q·μ`).
     pub lse_shift: Option<&'a Handle>,
 }
@@ -1608,7 +1609,9 @@ pub fn launch_fp4<R: Runtime>(
     for ((name, b), h) in names.into_iter().zip(bytes).zip(handles) {
         check_extent(name, words(b) * 4, 1, h)?;
     }
-    check_extent("tensor scales", 3, 4, ops.tensor_scales)?;
+    for h in ops.tensor_scales {
+        check_extent("tensor scale", 1, 4, h)?;
+    }
     if let Some(h) = ops.lse_shift {
         check_extent("lse shift", args.lse_len(), 4, h)?;
     }
@@ -1655,7 +1658,9 @@ pub fn launch_fp4<R: Runtime>(
             word_arg(ops.k_scales, bytes[3]),
             word_arg(ops.v, bytes[4]),
             word_arg(ops.v_scales, bytes[5]),
-            ArrayArg::from_raw_parts(ops.tensor_scales.clone(), 3),
+            ArrayArg::from_raw_parts(ops.tensor_scales[0].clone(), 1),
+            ArrayArg::from_raw_parts(ops.tensor_scales[1].clone(), 1),
+            ArrayArg::from_raw_parts(ops.tensor_scales[2].clone(), 1),
             shift,
             vector_arg(o, extents[3].1),
             ArrayArg::from_raw_parts(lse_handle, lse_len as usize),

@@ -11,11 +11,12 @@
 //! [`Blocking`], as the CPU FP8 kernel does), the device path takes the caller's codes and
 //! descales ([`crate::Session::run_cubecl_fp8`]); the kernel decodes as it stages.
 //!
-//! `Nvfp4` runs on the 4-bit kernel: the host path quantizes Q and K (and V for
-//! `Nvfp4V::Nvfp4`, transposed to key-axis blocks) at upload through [`crate::codec::nvfp4`],
-//! from the values rounded to the mode's input type, as the emulation does; bf16 V is uploaded
-//! as bf16 bits. The kernel reads the 4-bit codes and decodes them as it stages them; O comes
-//! back in f32.
+//! `Nvfp4` runs on the 4-bit kernel: at upload the host path gathers Q and K (and, for
+//! `Nvfp4V::Nvfp4`, V transposed to key-axis rows) from the values rounded to the mode's input
+//! type, as the emulation does, and the CubeCL NVFP4 quantization kernel
+//! ([`quattn_cubecl::quantize_nvfp4`], bit-exact with [`crate::codec::nvfp4`]) turns them into
+//! codes and scales on the device; bf16 V is uploaded as bf16 bits. The attention kernel reads
+//! the 4-bit codes and decodes them as it stages them; O comes back in f32.
 //!
 //! `Int8Qk` runs as two steps on the device: the CubeCL quantization prepass (f16 Q and K to
 //! INT8 codes and scales, K smoothing) then the INT8 attention kernel; the scale layout
@@ -31,7 +32,6 @@ use quattn_cubecl::{Accumulation, Family as Portable, Int8DeviceOperands, Launch
 use super::{Backend, ResidentData};
 use crate::device_tensor::CubeclTensors;
 use crate::codec::fp8_scaled::{DescaleLayout, Fp8Tensor};
-use crate::codec::nvfp4::Nvfp4Tensor;
 use crate::emulation::Blocking;
 use crate::error::{Error, Result};
 use crate::precision::{Nvfp4V, PvAccum, PvFormat, QkAccum};
@@ -72,8 +72,8 @@ pub(crate) struct Fp4Scales {
     pub(crate) k: Handle,
     /// A 4-byte placeholder with bf16 V.
     pub(crate) v: Handle,
-    /// f32 `[ts_q, ts_k, ts_v]`.
-    pub(crate) tensor: Handle,
+    /// One f32 each: the tensor scales of Q, K and V (V's unused with bf16 V).
+    pub(crate) tensor: [Handle; 3],
     /// f32 `[batch, q_heads, q_len]` where K was smoothed: what the LSE gets back.
     pub(crate) lse_shift: Option<Handle>,
 }
@@ -301,7 +301,7 @@ impl<R: Runtime> CubeclBackend<R> {
                     k_scales: &sc.k,
                     v: &d.v,
                     v_scales: &sc.v,
-                    tensor_scales: &sc.tensor,
+                    tensor_scales: [&sc.tensor[0], &sc.tensor[1], &sc.tensor[2]],
                     lse_shift: sc.lse_shift.as_ref(),
                 };
                 quattn_cubecl::launch_fp4::<R>(&self.client, kernel, &shape, ops, &d.o, d.lse.as_ref()).map_err(failed)?;
@@ -372,9 +372,9 @@ impl<R: Runtime> CubeclBackend<R> {
     }
 
     /// The 4-bit plan's operands: Q and K gathered into dense `[batch, heads, len]` rows and
-    /// quantized to NVFP4 (one tensor scale each), V as dense bf16 rows or as NVFP4 `Vᵀ`
-    /// (per channel, keys padded with zeros to a multiple of 16), all from the values rounded
-    /// to the mode's input type (the emulation's recipe). With `smooth_k`, K − μ is quantized
+    /// quantized to NVFP4 on the device (one tensor scale each), V as dense bf16 rows or as
+    /// NVFP4 `Vᵀ` (per channel, keys padded with zeros to a multiple of 16), all from the values
+    /// rounded to the mode's input type (the emulation's recipe). With `smooth_k`, K − μ is quantized
     /// and the LSE shift `scale · q·μ` uploaded ([`crate::codec::int8::smooth_k`] and
     /// [`crate::codec::int8::lse_shift`]). O is f32.
     fn upload_fp4(&self, plan: &Plan, fp4: &quattn_cubecl::Fp4Tiles, q: HostSlice<'_>, k: HostSlice<'_>, v: HostSlice<'_>) -> Result<GpuData> {
@@ -405,13 +405,22 @@ impl<R: Runtime> CubeclBackend<R> {
         let q = dense_rows(&q, p.q_strides(), p.batch, p.q_heads, p.q_len, d);
         let k = dense_rows(&k, p.k_strides(), p.batch, p.kv_heads, p.kv_len, d);
         let v = dense_rows(&v.rounded_to(dtype), p.v_strides(), p.batch, p.kv_heads, p.kv_len, dv);
-        let tq = Nvfp4Tensor::quantize(&q, p.batch * p.q_heads * p.q_len, d)?;
-        let tk = Nvfp4Tensor::quantize(&k, p.batch * p.kv_heads * p.kv_len, d)?;
         let bytes = |b: &[u8]| c.create_from_slice(&padded_words(b));
+        // The kernel cannot refuse non-finite values as the codec does (the session's NaN
+        // policy has replaced them before any upload; this keeps the rule where it is used).
+        let quantize = |x: &[f32], rows: usize, cols: usize| -> Result<quattn_cubecl::Nvfp4DeviceTensor> {
+            if let Some(i) = x.iter().position(|v| !v.is_finite()) {
+                return Err(Error::Quantization(format!("NVFP4 input element {i} is {} (must be finite)", x[i])));
+            }
+            let h = c.create_from_slice(&padded_words(bytemuck::cast_slice(x)));
+            quattn_cubecl::quantize_nvfp4(c, &h, rows, cols).map_err(|e| launch_error("quantize_nvfp4", "the NVFP4 quantization kernel", e))
+        };
+        let tq = quantize(&q, p.batch * p.q_heads * p.q_len, d)?;
+        let tk = quantize(&k, p.batch * p.kv_heads * p.kv_len, d)?;
         let (v_handle, v_scales, ts_v) = match fp4.v {
             quattn_cubecl::Fp4V::Bf16 => {
                 let bits: Vec<u8> = v.iter().flat_map(|&x| bf16::from_f32(x).to_bits().to_le_bytes()).collect();
-                (bytes(&bits), bytes(&[]), 1.0)
+                (bytes(&bits), bytes(&[]), c.create_from_slice(bytemuck::cast_slice(&[1.0f32])))
             }
             quattn_cubecl::Fp4V::Nvfp4 => {
                 let cols = p.kv_len.div_ceil(16) * 16;
@@ -423,19 +432,18 @@ impl<R: Runtime> CubeclBackend<R> {
                         vt[(bh * dv + ch) * cols + j] = x;
                     }
                 }
-                let tv = Nvfp4Tensor::quantize(&vt, rows, cols)?;
-                (bytes(&tv.packed), bytes(&tv.block_scales), tv.tensor_scale)
+                let tv = quantize(&vt, rows, cols)?;
+                (tv.packed, tv.block_scales, tv.tensor_scale)
             }
         };
-        let ts = [tq.tensor_scale, tk.tensor_scale, ts_v, 0.0];
         Ok(GpuData {
-            q: bytes(&tq.packed),
-            k: bytes(&tk.packed),
+            q: tq.packed,
+            k: tk.packed,
             v: v_handle,
             o: c.empty(p.o_len_elems().max(MIN_ELEMS) * 4),
             lse: p.return_lse.then(|| c.empty(p.lse_len_elems() * 4)),
             descales: None,
-            fp4: Some(Fp4Scales { q: bytes(&tq.block_scales), k: bytes(&tk.block_scales), v: v_scales, tensor: c.create_from_slice(bytemuck::cast_slice(&ts)), lse_shift }),
+            fp4: Some(Fp4Scales { q: tq.block_scales, k: tk.block_scales, v: v_scales, tensor: [tq.tensor_scale, tk.tensor_scale, ts_v], lse_shift }),
         })
     }
 

@@ -54,7 +54,8 @@ pub struct Fp4Shape {
     pub v_words: u32,
 }
 
-/// `tscales = [ts_q, ts_k, ts_v]` (1 for MXFP4 Q/K; ts_v unused with bf16 V). O is f32.
+/// `q_ts`, `k_ts`, `v_ts`: one f32 tensor scale each (1 for MXFP4 Q/K; `v_ts` unused with bf16
+/// V). O is f32.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 pub fn fwd_portable_fma_vec_fp4<N: Size>(
@@ -64,7 +65,9 @@ pub fn fwd_portable_fma_vec_fp4<N: Size>(
     k_sc: &Array<u32>,
     v: &Array<u32>,
     v_sc: &Array<u32>,
-    tscales: &Array<f32>,
+    q_ts: &Array<f32>,
+    k_ts: &Array<f32>,
+    v_ts: &Array<f32>,
     lse_shift: &Array<f32>,
     o: &mut Array<Vector<f32, N>>,
     lse: &mut Array<f32>,
@@ -109,7 +112,7 @@ pub fn fwd_portable_fma_vec_fp4<N: Size>(
     for i in 0..comptime!(cfg.rm() * cfg.cq()) {
         acc[i] = Vector::new(0.0f32);
     }
-    let qk_factor = Vector::<f32, N>::new(tscales[0] * tscales[1]);
+    let qk_factor = Vector::<f32, N>::new(q_ts[0] * k_ts[0]);
 
     let (num_full, num_tiles) = cube_key_ranges(q0, q_len, kv_len, cfg.bq, cfg.bk, cfg.causal);
 
@@ -160,7 +163,7 @@ pub fn fwd_portable_fma_vec_fp4<N: Size>(
 
     if fcfg.v4 {
         // acc holds Σ p̃·ṽ of the elements and block scales: the two tensor scales, once.
-        let f = Vector::<f32, N>::new(f32::reinterpret(P_TENSOR_SCALE_BITS) * tscales[2]);
+        let f = Vector::<f32, N>::new(f32::reinterpret(P_TENSOR_SCALE_BITS) * v_ts[0]);
         #[unroll]
         for i in 0..comptime!(cfg.rm() * cfg.cq()) {
             acc[i] = acc[i] * f;
