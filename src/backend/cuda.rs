@@ -5,7 +5,9 @@
 //! the mma.sync HMMA kernels (f16/bf16, sm_80+), the native INT8 kernels (tcgen05 UMMA on
 //! compute capability 10.0, s8 wgmma on 9.0, IMMA from sm_80, each after the native
 //! quantization prepass), the native FP8 kernels (e4m3 wgmma on 9.0, e4m3 mma.sync from 8.9,
-//! each after its Vᵀ prepass), then the portable rows of [`CubeclBackend`].
+//! each after its Vᵀ prepass), the native NVFP4 kernel (block-scaled mma.sync, compute
+//! capability 12.0 only, after the NVFP4 prepass; not run on hardware), then the portable rows
+//! of [`CubeclBackend`] (among them the 4-bit kernel, NVFP4's row everywhere else).
 //!
 //! FP8: the native FP8 plans take f16 Q, K and V and quantize them on the device with the FP8
 //! prepass (e4m3 codes and f32 descales, bit-exact with `codec::fp8_scaled`, which the CPU and
