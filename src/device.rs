@@ -126,6 +126,9 @@ pub enum PortableKind {
     /// The FP8 kernel: e4m3/e5m2 codes of Q, K and V with f32 descales, decoded as they are
     /// staged, f32 softmax and accumulation, P rounded to f16; every CubeCL device.
     Fp8,
+    /// The 4-bit kernel: NVFP4 Q/K (E2M1 codes with UE4M3 block scales), bf16 or NVFP4 V,
+    /// decoded as they are staged, f32 softmax and accumulation; every CubeCL device.
+    Fp4,
 }
 
 impl PortableKind {
@@ -136,6 +139,7 @@ impl PortableKind {
             PortableKind::Mma => "mma",
             PortableKind::Int8 => "int8",
             PortableKind::Fp8 => "fp8",
+            PortableKind::Fp4 => "fp4",
         }
     }
 }

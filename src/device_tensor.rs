@@ -130,6 +130,7 @@ impl Session {
             o: t.o.clone(),
             lse,
             descales: Some(crate::backend::gpu::Fp8Descales { q: descales.q.clone(), k: descales.k.clone(), v: descales.v.clone() }),
+            fp4: None,
         };
         backend.launch(plan, &d)
     }

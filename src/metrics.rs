@@ -120,7 +120,7 @@ impl Tolerance {
                 Fp8Format::E4M3 => t(1e-1, 0.995, 5e-1),
                 Fp8Format::E5M2 => t(2e-1, 0.98, 8e-1),
             },
-            Precision::Nvfp4 { v } => match v {
+            Precision::Nvfp4 { v, .. } => match v {
                 Nvfp4V::Bf16 => t(2.5e-1, 0.97, 1.0),
                 Nvfp4V::Nvfp4 => t(3.5e-1, 0.94, 1.5),
             },

@@ -39,7 +39,9 @@ pub enum Precision {
     /// FP8 Q, K, V with f32 descales; P in f16 or FP8.
     Fp8 { format: Fp8Format, descale: DescaleGranularity, p: PvFormat },
     /// NVFP4 Q and K (E2M1 values, UE4M3 scale per 16, f32 tensor scale); V in bf16 or NVFP4.
-    Nvfp4 { v: Nvfp4V },
+    /// With `smooth_k` the per-(batch, KV head) mean of K over the keys is subtracted before K
+    /// is quantized (as for INT8; softmax is unchanged, the LSE gets `scale · q·μ` back).
+    Nvfp4 { v: Nvfp4V, smooth_k: bool },
 }
 
 impl Precision {
@@ -49,7 +51,7 @@ impl Precision {
         Precision::Int8Qk { granularity: Int8Granularity::PerBlock, smooth_k: true, pv: PvFormat::F16 };
     pub const FP8_DEFAULT: Precision =
         Precision::Fp8 { format: Fp8Format::E4M3, descale: DescaleGranularity::PerTensor, p: PvFormat::F16 };
-    pub const NVFP4_DEFAULT: Precision = Precision::Nvfp4 { v: Nvfp4V::Bf16 };
+    pub const NVFP4_DEFAULT: Precision = Precision::Nvfp4 { v: Nvfp4V::Bf16, smooth_k: false };
 
     /// Short stable name, as the CLI spells it.
     pub fn name(&self) -> String {
@@ -80,10 +82,14 @@ impl Precision {
                 },
                 if p == PvFormat::Fp8 { "-pfp8" } else { "" }
             ),
-            Precision::Nvfp4 { v } => match v {
-                Nvfp4V::Bf16 => "nvfp4".into(),
-                Nvfp4V::Nvfp4 => "nvfp4-v4".into(),
-            },
+            Precision::Nvfp4 { v, smooth_k } => format!(
+                "nvfp4{}{}",
+                match v {
+                    Nvfp4V::Bf16 => "",
+                    Nvfp4V::Nvfp4 => "-v4",
+                },
+                if smooth_k { "-smooth" } else { "" }
+            ),
         }
     }
 
@@ -127,8 +133,10 @@ impl Precision {
                 }
             }
         }
-        v.push(Precision::Nvfp4 { v: Nvfp4V::Bf16 });
-        v.push(Precision::Nvfp4 { v: Nvfp4V::Nvfp4 });
+        for smooth_k in [false, true] {
+            v.push(Precision::Nvfp4 { v: Nvfp4V::Bf16, smooth_k });
+            v.push(Precision::Nvfp4 { v: Nvfp4V::Nvfp4, smooth_k });
+        }
         v
     }
 
@@ -150,7 +158,7 @@ impl Precision {
         match self {
             Precision::F32 => Dtype::F32,
             Precision::Bf16 { .. } => Dtype::Bf16,
-            Precision::Nvfp4 { v: Nvfp4V::Bf16 } => Dtype::Bf16,
+            Precision::Nvfp4 { v: Nvfp4V::Bf16, .. } => Dtype::Bf16,
             _ => Dtype::F16,
         }
     }

@@ -31,7 +31,7 @@ pub enum Family {
 
 impl Family {
     /// Every family, in no particular order (each backend's table orders its own rows).
-    pub const ALL: [Family; 18] = [
+    pub const ALL: [Family; 19] = [
         Family::Cpu,
         Family::Emulation,
         Family::Portable(PortableKind::Fma),
@@ -39,6 +39,7 @@ impl Family {
         Family::Portable(PortableKind::Mma),
         Family::Portable(PortableKind::Int8),
         Family::Portable(PortableKind::Fp8),
+        Family::Portable(PortableKind::Fp4),
         Family::Native(NativeKind::Hmma),
         Family::Native(NativeKind::Wgmma),
         Family::Native(NativeKind::Int8Imma),
@@ -149,6 +150,7 @@ fn portable_kind(k: &quattn_cubecl::PortableKernel) -> PortableKind {
         P::Mma(_) => PortableKind::Mma,
         P::Int8(_) => PortableKind::Int8,
         P::Fp8(_) => PortableKind::Fp8,
+        P::Fp4(_) => PortableKind::Fp4,
     }
 }
 

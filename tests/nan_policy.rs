@@ -11,9 +11,9 @@ use quattn::{Device, Precision, Strategy, WgpuAdapter};
 
 /// One precision per kernel and accumulation kind: f32; f16 and bf16 with f32 accumulation;
 /// f16 accumulation of Q·Kᵀ (two-stage) and of P·V (per tile); INT8 with and without
-/// smoothing; FP8 per tensor and per head.
+/// smoothing; FP8 per tensor and per head; NVFP4 with bf16 V, and with NVFP4 V and K smoothing.
 fn precisions() -> Vec<Precision> {
-    ["f32", "f16", "bf16", "f16-2stage", "f16-pv16", "int8-block", "int8-warp-nosmooth", "fp8-e4m3", "fp8-e5m2-head"]
+    ["f32", "f16", "bf16", "f16-2stage", "f16-pv16", "int8-block", "int8-warp-nosmooth", "fp8-e4m3", "fp8-e5m2-head", "nvfp4", "nvfp4-v4-smooth"]
         .iter()
         .map(|n| Precision::parse(n).unwrap_or_else(|| panic!("precision {n}")))
         .collect()

@@ -20,6 +20,7 @@ use crate::kernel::cmma::{fwd_cmma, CmmaConfig};
 use crate::kernel::fma_half::{fwd_portable_fma_half, HalfConfig};
 use crate::kernel::fma_vec::{fwd_portable_fma_vec, FmaVecConfig, W};
 use crate::kernel::fma_vec_fp8::{fwd_portable_fma_vec_fp8, Fp8Config, Fp8ShapeLaunch};
+use crate::kernel::fma_vec_fp4::{fwd_portable_fma_vec_fp4, Fp4Config, Fp4ShapeLaunch, P_BLOCK};
 use crate::kernel::fma_vec_int8::{fwd_portable_fma_vec_int8, Int8Config, Int8ShapeLaunch};
 use crate::kernel::mma::{fwd_mma, MmaFwdConfig};
 use crate::kernel::mma_fp8::{fwd_mma_fp8, FP8_VEC};
@@ -196,6 +197,71 @@ pub enum PortableKernel {
     /// The FP8 kernel on Q/K/V codes with f32 descales, f16 P: the vector FMA one or the
     /// manual-MMA one ([`Fp8Tiling`]).
     Fp8(Fp8Tiles),
+    /// The vector FMA kernel on 4-bit block-scaled Q/K codes (NVFP4 or MXFP4), bf16 or 4-bit V
+    /// ([`launch_fp4`]).
+    Fp4(Fp4Tiles),
+}
+
+/// The 4-bit kernel (`fma_vec_fp4.rs`) resolved: its vector tiling (always staged in f32), the
+/// Q/K format and the V format ([`Fp4Format`], [`Fp4V`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Fp4Tiles {
+    pub tiles: FmaVecTiles,
+    pub format: Fp4Format,
+    pub v: Fp4V,
+}
+
+/// Block-scaled 4-bit format of Q and K: E2M1 codes, two per byte (element `2i` in the low
+/// nibble), with one-byte block scales along the head dim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Fp4Format {
+    /// One UE4M3 scale per 16 elements and one f32 tensor scale per tensor.
+    Nvfp4,
+    /// One E8M0 scale per 32 elements (tensor scale 1).
+    Mxfp4,
+}
+
+impl Fp4Format {
+    /// Elements per block scale.
+    pub const fn block(self) -> usize {
+        match self {
+            Fp4Format::Nvfp4 => 16,
+            Fp4Format::Mxfp4 => 32,
+        }
+    }
+}
+
+/// V (and with it P) in the 4-bit kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Fp4V {
+    /// bf16 V (two per `u32` word, dense rows), P rounded to bf16.
+    Bf16,
+    /// NVFP4 `Vᵀ`: per (batch, kv head, channel) a row of the keys padded to a multiple of 16,
+    /// one UE4M3 scale per 16 keys, one tensor scale; P quantized to NVFP4 per 16 keys.
+    Nvfp4,
+}
+
+/// The 4-bit operands of [`launch_fp4`] (layouts in `fma_vec_fp4`'s docs; every byte buffer is
+/// read as `u32` words, so each holds a whole number of words).
+#[derive(Debug, Clone, Copy)]
+pub struct Fp4Operands<'a> {
+    /// Q codes, dense rows `[batch, q_heads, q_len]` of `head_dim / 2` bytes.
+    pub q: &'a Handle,
+    /// Q block scale codes, `[batch · q_heads · q_len, head_dim / block]` bytes.
+    pub q_scales: &'a Handle,
+    pub k: &'a Handle,
+    pub k_scales: &'a Handle,
+    /// bf16 V (dense rows `[batch, kv_heads, kv_len]` of `v_head_dim` values), or NVFP4 `Vᵀ`
+    /// codes `[batch · kv_heads · v_head_dim, v_cols / 2]` bytes (`v_cols` = `kv_len` rounded
+    /// up to 16).
+    pub v: &'a Handle,
+    /// NVFP4 `Vᵀ` scale codes `[batch · kv_heads · v_head_dim, v_cols / 16]`; ignored for bf16 V.
+    pub v_scales: &'a Handle,
+    /// One f32 each: the tensor scales of Q, K and V (1 for MXFP4's Q and K; V's unused with
+    /// bf16 V), as [`crate::quantize_nvfp4`] writes them.
+    pub tensor_scales: [&'a Handle; 3],
+    /// Where K was smoothed: f32 `[batch, q_heads, q_len]`, added to the LSE (`scale · q·μ`).
+    pub lse_shift: Option<&'a Handle>,
 }
 
 /// What a runtime allows a cube: shared memory and units.
@@ -217,9 +283,11 @@ impl PortableKernel {
         match self {
             PortableKernel::Mma(_) | PortableKernel::Fp8(Fp8Tiles { tiles: Fp8Tiling::Mma(_), .. }) => Family::Mma,
             PortableKernel::Cmma(_) => Family::Cmma,
-            PortableKernel::Fma(_) | PortableKernel::Half(_) | PortableKernel::Int8(_) | PortableKernel::Fp8(_) => {
-                Family::Fma
-            }
+            PortableKernel::Fma(_)
+            | PortableKernel::Half(_)
+            | PortableKernel::Int8(_)
+            | PortableKernel::Fp8(_)
+            | PortableKernel::Fp4(_) => Family::Fma,
         }
     }
 
@@ -266,6 +334,17 @@ impl PortableKernel {
                 };
                 format!("{kernel}_{}_{}{mid}_{}", f.format, descale_tag(f.granularity), f.tiles)
             }
+            PortableKernel::Fp4(f) => {
+                let format = match f.format {
+                    Fp4Format::Nvfp4 => "nvfp4",
+                    Fp4Format::Mxfp4 => "mxfp4",
+                };
+                let v = match f.v {
+                    Fp4V::Bf16 => "vbf16",
+                    Fp4V::Nvfp4 => "v4",
+                };
+                format!("portable_fma_vec_{format}_{v}{mid}_{}", f.tiles)
+            }
         }
     }
 
@@ -283,6 +362,8 @@ impl PortableKernel {
                 let (block_q, block_k) = f.descale_blocks();
                 Some(Int8Blocking { block_q, block_k, warps: 1 })
             }
+            // The online softmax steps and P's 16-key blocks follow the KV tile.
+            PortableKernel::Fp4(f) => Some(Int8Blocking { block_q: f.tiles.bq as usize, block_k: f.tiles.bk as usize, warps: 1 }),
             _ => None,
         }
     }
@@ -294,6 +375,7 @@ impl PortableKernel {
             PortableKernel::Half(h) => h.tiles.bq,
             PortableKernel::Int8(i) => i.tiles.bq,
             PortableKernel::Fp8(f) => f.tiles.bq(),
+            PortableKernel::Fp4(f) => f.tiles.bq,
             PortableKernel::Cmma(t) => t.bq(),
             PortableKernel::Mma(t) => t.bq(),
         }
@@ -306,6 +388,7 @@ impl PortableKernel {
             PortableKernel::Half(h) => h.tiles.bk,
             PortableKernel::Int8(i) => i.tiles.bk,
             PortableKernel::Fp8(f) => f.tiles.bk(),
+            PortableKernel::Fp4(f) => f.tiles.bk,
             PortableKernel::Cmma(t) => t.bk,
             PortableKernel::Mma(t) => t.bk,
         }
@@ -318,6 +401,7 @@ impl PortableKernel {
             PortableKernel::Half(h) => h.tiles.units(),
             PortableKernel::Int8(i) => i.tiles.units(),
             PortableKernel::Fp8(f) => f.tiles.units(),
+            PortableKernel::Fp4(f) => f.tiles.units(),
             PortableKernel::Cmma(t) => t.units(),
             PortableKernel::Mma(t) => t.units(),
         }
@@ -331,6 +415,8 @@ impl PortableKernel {
             PortableKernel::Fma(t) => t.smem_bytes(head_dim, v_head_dim, bytes),
             PortableKernel::Int8(i) => i.tiles.smem_bytes(head_dim, v_head_dim, bytes),
             PortableKernel::Fp8(Fp8Tiles { tiles: Fp8Tiling::Fma(t), .. }) => t.smem_bytes_fp8(head_dim, v_head_dim),
+            // Decoded elements are staged in f32.
+            PortableKernel::Fp4(f) => f.tiles.smem_bytes(head_dim, v_head_dim, 4),
             // The codes are staged decoded, in f16, after the non-finite records.
             PortableKernel::Fp8(Fp8Tiles { tiles: Fp8Tiling::Mma(t), .. }) => {
                 t.smem_bytes(head_dim, v_head_dim, 2) + mma_fp8_record_bytes(t)
@@ -374,6 +460,17 @@ impl PortableKernel {
             }
             PortableKernel::Fp8(Fp8Tiles { tiles: Fp8Tiling::Fma(t), .. }) => t.validate(head_dim, v_head_dim),
             PortableKernel::Fp8(Fp8Tiles { tiles: Fp8Tiling::Mma(t), .. }) => t.validate(head_dim, v_head_dim),
+            PortableKernel::Fp4(f) => {
+                f.tiles.validate(head_dim, v_head_dim)?;
+                // P and Vᵀ are quantized in 16-key blocks that must not straddle KV tiles.
+                if f.v == Fp4V::Nvfp4 && !(f.tiles.bk as usize).is_multiple_of(P_BLOCK) {
+                    return Err(LaunchError::InvalidTiles {
+                        tiles: f.tiles.to_string(),
+                        reason: format!("4-bit V needs bk % {P_BLOCK} == 0"),
+                    });
+                }
+                Ok(())
+            }
             PortableKernel::Cmma(t) => t.validate(),
             PortableKernel::Mma(t) => t.validate(head_dim, v_head_dim),
         }
@@ -687,6 +784,9 @@ pub fn launch<R: Runtime>(
         PortableKernel::Fp8(_) => {
             return Err(LaunchError::WrongKernel { kernel: kernel.name(), reason: "FP8 inputs launch through launch_fp8".into() })
         }
+        PortableKernel::Fp4(_) => {
+            return Err(LaunchError::WrongKernel { kernel: kernel.name(), reason: "4-bit inputs launch through launch_fp4".into() })
+        }
         _ => {}
     }
     if let Some(reason) = family_unavailable(client, kernel.family(), dtype, accumulation_of(kernel)) {
@@ -808,7 +908,7 @@ pub fn launch<R: Runtime>(
                 Dtype::F32 => unreachable!("family_unavailable refuses f32 inputs"),
             }
         }
-        PortableKernel::Int8(_) | PortableKernel::Fp8(_) => unreachable!("refused above"),
+        PortableKernel::Int8(_) | PortableKernel::Fp8(_) | PortableKernel::Fp4(_) => unreachable!("refused above"),
     }
     info.launched = true;
     Ok(info)
@@ -852,6 +952,7 @@ fn prepare<R: Runtime>(
         PortableKernel::Fma(t)
         | PortableKernel::Int8(Int8Tiles { tiles: t, .. })
         | PortableKernel::Fp8(Fp8Tiles { tiles: Fp8Tiling::Fma(t), .. })
+        | PortableKernel::Fp4(Fp4Tiles { tiles: t, .. })
         | PortableKernel::Half(HalfTiles { tiles: t, .. }) => plane_reduce_ok(client, t.tc),
         PortableKernel::Cmma(_) | PortableKernel::Mma(_) | PortableKernel::Fp8(Fp8Tiles { tiles: Fp8Tiling::Mma(_), .. }) => {
             true
@@ -1418,4 +1519,157 @@ mod fp8_order_tests {
         listed.sort_by_key(|t| (t.warps, t.mt, t.bk));
         assert_eq!(sorted, listed);
     }
+}
+
+/// The 4-bit kernel for `shape`: Q and K in `format`, V as `v`, O in f32. The first vector FMA
+/// tiling that fits the runtime (always staged in f32). The head dim must be a multiple of the
+/// format's block (16 or 32) and V's of 4; any strides of O (Q, K and V arrive in the dense
+/// layouts of [`Fp4Operands`]).
+pub fn select_fp4<R: Runtime>(
+    client: &ComputeClient<R>,
+    shape: &AttentionShape,
+    format: Fp4Format,
+    v: Fp4V,
+) -> Result<PortableKernel, LaunchError> {
+    let args = Args::new(shape)?;
+    check_fp4_args(&args, format)?;
+    let kernels = fma_vec_candidates(args.head_dim.max(args.v_head_dim))
+        .iter()
+        .map(|&tiles| PortableKernel::Fp4(Fp4Tiles { tiles, format, v }));
+    first_fitting(kernels, CubeLimits::of(client), args.head_dim, args.v_head_dim, Dtype::F32).map_err(|last| {
+        LaunchError::FamilyUnavailable {
+            family: Family::Fma,
+            reason: format!("no 4-bit tiling fits{}", last.map(|e| format!(": {e}")).unwrap_or_default()),
+        }
+    })
+}
+
+/// Shape rules of the 4-bit kernel beyond [`Args::new`]: whole scale blocks along the head
+/// dim, whole 4-wide vectors along V's and O's rows.
+fn check_fp4_args(args: &Args, format: Fp4Format) -> Result<(), LaunchError> {
+    let block = format.block() as u32;
+    if !args.head_dim.is_multiple_of(block) {
+        return Err(LaunchError::InvalidProblem {
+            reason: format!("{format:?} scales blocks of {block} along the head dim: head_dim {} is not a multiple", args.head_dim),
+        });
+    }
+    let mut all = vec![args.v_head_dim];
+    all.extend(args.o_strides);
+    if all.iter().any(|x| x % W as u32 != 0) {
+        return Err(LaunchError::UnalignedLayout {
+            reason: format!("v_head_dim ({}) and O's strides ({:?}) must be multiples of {W}", args.v_head_dim, args.o_strides),
+        });
+    }
+    Ok(())
+}
+
+/// Bytes of each 4-bit operand for this shape: `[q, q_scales, k, k_scales, v, v_scales]`
+/// (`v_scales` 0 for bf16 V).
+pub fn fp4_operand_bytes(shape: &AttentionShape, format: Fp4Format, v: Fp4V) -> Result<[u64; 6], LaunchError> {
+    let args = Args::new(shape)?;
+    check_fp4_args(&args, format)?;
+    let (d, dv) = (args.head_dim as u64, args.v_head_dim as u64);
+    let block = format.block() as u64;
+    let q_rows = args.batch as u64 * args.q_heads as u64 * args.q_len as u64;
+    let kv_rows = args.batch as u64 * args.kv_heads as u64 * args.kv_len as u64;
+    let (v_bytes, v_scale_bytes) = match v {
+        Fp4V::Bf16 => (kv_rows * dv * 2, 0),
+        Fp4V::Nvfp4 => {
+            let cols = (args.kv_len as u64).div_ceil(P_BLOCK as u64) * P_BLOCK as u64;
+            let rows = args.batch as u64 * args.kv_heads as u64 * dv;
+            (rows * cols / 2, rows * cols / P_BLOCK as u64)
+        }
+    };
+    Ok([q_rows * d / 2, q_rows * d / block, kv_rows * d / 2, kv_rows * d / block, v_bytes, v_scale_bytes])
+}
+
+/// Attention on 4-bit Q and K (and V, with [`Fp4V::Nvfp4`]), decoded as they are staged:
+/// `O = softmax(scale · Q·Kᵀ) · V` in f32 (O's strides from `shape`, 4 bytes per element), LSE
+/// f32 `[batch, q_heads, q_len]` when `shape.write_lse`. `kernel` from [`select_fp4`]. Every
+/// operand is checked to cover its layout before anything is enqueued; code and scale values
+/// are not checked (that needs a read): scale code 0x7F (UE4M3 NaN) or 0xFF (E8M0 NaN) decode
+/// to finite garbage, not NaN.
+pub fn launch_fp4<R: Runtime>(
+    client: &ComputeClient<R>,
+    kernel: &PortableKernel,
+    shape: &AttentionShape,
+    ops: Fp4Operands<'_>,
+    o: &Handle,
+    lse: Option<&Handle>,
+) -> Result<LaunchInfo, LaunchError> {
+    let PortableKernel::Fp4(fp4) = *kernel else {
+        return Err(LaunchError::WrongKernel { kernel: kernel.name(), reason: "launch_fp4 runs the 4-bit kernel only".into() });
+    };
+    let args = Args::new(shape)?;
+    let bytes = fp4_operand_bytes(shape, fp4.format, fp4.v)?;
+    let names = ["q codes", "q scales", "k codes", "k scales", "v", "v scales"];
+    let handles = [ops.q, ops.q_scales, ops.k, ops.k_scales, ops.v, ops.v_scales];
+    // Bound as whole words, at least one.
+    let words = |b: u64| b.div_ceil(4).max(1);
+    for ((name, b), h) in names.into_iter().zip(bytes).zip(handles) {
+        check_extent(name, words(b) * 4, 1, h)?;
+    }
+    for h in ops.tensor_scales {
+        check_extent("tensor scale", 1, 4, h)?;
+    }
+    if let Some(h) = ops.lse_shift {
+        check_extent("lse shift", args.lse_len(), 4, h)?;
+    }
+    let shift_lse = ops.lse_shift.is_some() && args.write_lse;
+    let extents = args.extents();
+    check_extent("o", extents[3].1.max(W as u64), 4, o)?;
+    check_lse(&args, lse)?;
+    let Some(mut info) = prepare(client, kernel, &args, Dtype::F32)? else {
+        return Ok(empty_info(kernel, &args, Dtype::F32));
+    };
+    // The running max always moves: see `fma_vec_fp4`.
+    let cfg = fma_vec_config(&fp4.tiles, &args, false, info.plane_reduce);
+    let fcfg = Fp4Config { mx: fp4.format == Fp4Format::Mxfp4, v4: fp4.v == Fp4V::Nvfp4, shift_lse };
+    let shift = match ops.lse_shift {
+        // SAFETY: checked above to hold `lse_len` floats.
+        Some(h) if shift_lse => unsafe { float_arg(h, args.lse_len()) },
+        // SAFETY: a 4-byte scratch, never read (shift_lse is off).
+        _ => unsafe { float_arg(&client.empty(4), 1) },
+    };
+    let v_words = match fp4.v {
+        Fp4V::Bf16 => 0,
+        Fp4V::Nvfp4 => args.kv_len.div_ceil(P_BLOCK as u32) * (P_BLOCK / 8) as u32,
+    };
+    log::debug!("launching {} {fcfg:?} for {args:?}", info.kernel);
+    // SAFETY: each handle was checked to hold `words(bytes)` words; the kernel reads whole words
+    // inside the layouts of `Fp4Operands`, guarded by q_len / kv_len.
+    let word_arg = |h: &Handle, b: u64| unsafe { ArrayArg::from_raw_parts(h.clone(), words(b) as usize) };
+    let (lse_handle, lse_len) = lse_binding(client, &args, lse);
+    // Q, K and V are read in dense rows; the AttnShape carries O's strides (and the rest).
+    let shape_arg = shape_arg::<R>(&args);
+    let fshape = Fp4ShapeLaunch::new(args.kv_heads, v_words);
+    let count = info.cube_count;
+    // SAFETY: as above; O was checked to cover its strided extent (as 4-wide f32 vectors, row
+    // starts multiples of 4), the LSE its `lse_len` floats.
+    unsafe {
+        fwd_portable_fma_vec_fp4::launch_unchecked::<R>(
+            client,
+            CubeCount::Static(count.0, count.1, count.2),
+            CubeDim::new_1d(fp4.tiles.units()),
+            W,
+            word_arg(ops.q, bytes[0]),
+            word_arg(ops.q_scales, bytes[1]),
+            word_arg(ops.k, bytes[2]),
+            word_arg(ops.k_scales, bytes[3]),
+            word_arg(ops.v, bytes[4]),
+            word_arg(ops.v_scales, bytes[5]),
+            ArrayArg::from_raw_parts(ops.tensor_scales[0].clone(), 1),
+            ArrayArg::from_raw_parts(ops.tensor_scales[1].clone(), 1),
+            ArrayArg::from_raw_parts(ops.tensor_scales[2].clone(), 1),
+            shift,
+            vector_arg(o, extents[3].1),
+            ArrayArg::from_raw_parts(lse_handle, lse_len as usize),
+            shape_arg,
+            fshape,
+            cfg,
+            fcfg,
+        )
+    };
+    info.launched = true;
+    Ok(info)
 }

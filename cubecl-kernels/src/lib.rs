@@ -57,6 +57,13 @@
 //! | `Int8` ([`Int8Tiles`]) | INT8 Q/K codes and scales from [`quantize_int8`], f16 or f32 V | as `Fma`; the prepass's blocking = [`Int8Tiles::blocking`] | INT8 inputs ([`select_int8`]) |
 //! | `Fp8` ([`Fp8Tiles`], [`Fp8Tiling::Mma`]) | FP8 Q/K/V codes (e4m3 or e5m2) with f32 descales per tensor, head or block; O f32, f16, bf16 | as `Mma` (on f16), head dims and Q/K/V strides multiples of 8, code buffers in bytes; per-block descales over [`Fp8Tiles::descale_blocks`] | FP8 inputs ([`select_fp8`]) where the f16 mma kernel runs |
 //! | `Fp8` ([`Fp8Tiles`], [`Fp8Tiling::Fma`]) | as above; bf16 O where the runtime has it | as `Fma`, code buffers in bytes (the strided extent, at least 4), f16 on the runtime; per-block descales over [`Fp8Tiles::descale_blocks`] | FP8 inputs ([`select_fp8`]) elsewhere |
+//! | `Fp4` ([`Fp4Tiles`]) | NVFP4 or MXFP4 Q/K codes and byte block scales in dense rows, bf16 V or NVFP4 `Vᵀ` ([`Fp4Operands`]); O f32 | as `Fma` for V and O (`v_head_dim` and O strides multiples of 4), head dim a multiple of the format's block; stages in f32 | 4-bit inputs ([`select_fp4`]) |
+//!
+//! 4-bit ([`launch_fp4`], one launch, the codes quantized by the caller): NVFP4 or MXFP4 Q and K
+//! (E2M1 codes, 8 per word, one-byte block scales along the head dim) and bf16 or NVFP4 V,
+//! decoded when staged (each element `e2m1 · block_scale`, exact in f32); f32 softmax and
+//! accumulation, P rounded to bf16 or quantized to NVFP4 per 16 keys (bit-exact with the CPU
+//! codec), O in f32. The vector FMA kernel, every runtime ([`select_fp4`]).
 //!
 //! INT8 (SageAttention style) is two launches: [`quantize_int8`] (the prepass: per-block /
 //! per-warp / per-thread Q scales with `softmax_scale · log2 e` folded in, per-block K scales,
@@ -104,6 +111,7 @@
 //! asynchronous, so device failures surface at the client's next sync or read.
 
 mod error;
+mod fp4_quant;
 mod kernel;
 mod launch;
 mod problem;
@@ -111,9 +119,11 @@ mod quant;
 mod tiling;
 
 pub use error::LaunchError;
+pub use fp4_quant::{quantize_nvfp4, Nvfp4DeviceTensor};
 pub use launch::{
-    check_dtype_supported, first_fit, launch, launch_fp8, launch_int8, select, select_fp8, select_int8, vector_layout_ok,
-    CubeLimits, Family, Fp8Tiles, Fp8Tiling, HalfTiles, Int8Tiles, LaunchInfo, PortableKernel, Selection,
+    check_dtype_supported, first_fit, fp4_operand_bytes, launch, launch_fp4, launch_fp8, launch_int8, select, select_fp4,
+    select_fp8, select_int8, vector_layout_ok, CubeLimits, Family, Fp4Format, Fp4Operands, Fp4Tiles, Fp4V, Fp8Tiles,
+    Fp8Tiling, HalfTiles, Int8Tiles, LaunchInfo, PortableKernel, Selection,
 };
 pub use problem::SUPPORTED_HEAD_DIMS;
 pub use quant::{q_scale_fold, quantize_int8, Int8DeviceOperands, Int8Quant};

@@ -85,6 +85,8 @@ pub enum PortableArg {
     Int8,
     /// The FP8 kernel (e4m3/e5m2 codes decoded as they are staged).
     Fp8,
+    /// The 4-bit kernel (NVFP4 codes decoded as they are staged).
+    Fp4,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -150,6 +152,7 @@ impl DeviceOpts {
                 PortableArg::Mma => Strategy::PortableFamily(PortableKind::Mma),
                 PortableArg::Int8 => Strategy::PortableFamily(PortableKind::Int8),
                 PortableArg::Fp8 => Strategy::PortableFamily(PortableKind::Fp8),
+                PortableArg::Fp4 => Strategy::PortableFamily(PortableKind::Fp4),
             },
             StrategyArg::Reference => Strategy::Reference,
             StrategyArg::Native => Strategy::Native(match self.native {

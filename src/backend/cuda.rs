@@ -5,7 +5,9 @@
 //! the mma.sync HMMA kernels (f16/bf16, sm_80+), the native INT8 kernels (tcgen05 UMMA on
 //! compute capability 10.0, s8 wgmma on 9.0, IMMA from sm_80, each after the native
 //! quantization prepass), the native FP8 kernels (e4m3 wgmma on 9.0, e4m3 mma.sync from 8.9,
-//! each after its Vᵀ prepass), then the portable rows of [`CubeclBackend`].
+//! each after its Vᵀ prepass), the native NVFP4 kernel (block-scaled mma.sync, compute
+//! capability 12.0 only, after the NVFP4 prepass; not run on hardware), then the portable rows
+//! of [`CubeclBackend`] (among them the 4-bit kernel, NVFP4's row everywhere else).
 //!
 //! FP8: the native FP8 plans take f16 Q, K and V and quantize them on the device with the FP8
 //! prepass (e4m3 codes and f32 descales, bit-exact with `codec::fp8_scaled`, which the CPU and
@@ -71,7 +73,7 @@ struct DecodeBuffers {
 }
 
 /// The dispatch table of a CUDA device, best first.
-fn table() -> [Row<CudaBackend>; 14] {
+fn table() -> [Row<CudaBackend>; 15] {
     [
         // First: it takes only shapes with at most 64 query rows per KV head, where it reads K
         // and V once per GQA group and splits the sequence to fill the device.
@@ -88,6 +90,7 @@ fn table() -> [Row<CudaBackend>; 14] {
         Row { family: Family::Portable(crate::PortableKind::Cmma), test: |b, p, prec| b.portable.float_row(p, prec, quattn_cubecl::Family::Cmma) },
         Row { family: Family::Portable(crate::PortableKind::Int8), test: |b, p, prec| b.portable.int8_row(p, prec) },
         Row { family: Family::Portable(crate::PortableKind::Fp8), test: |b, p, prec| b.portable.fp8_row(p, prec) },
+        Row { family: Family::Portable(crate::PortableKind::Fp4), test: |b, p, prec| b.portable.fp4_row(p, prec) },
         Row { family: Family::Portable(crate::PortableKind::Fma), test: |b, p, prec| b.portable.float_row(p, prec, quattn_cubecl::Family::Fma) },
     ]
 }
@@ -146,6 +149,27 @@ enum NativeInputs {
     /// FP8 codes and descales, and the Vᵀ the family's prepass wrote once at upload: V is fixed
     /// for resident data, so an execution runs the attention kernel alone.
     Fp8(Fp8Buffers),
+    /// NVFP4 prepass outputs written once at upload, likewise.
+    Nvfp4(Nvfp4Buffers),
+}
+
+/// One NVFP4 prepass output: codes, block scales, the amax word, the tensor scale.
+struct Nvfp4Quantized {
+    codes: CudaSlice<u8>,
+    scales: CudaSlice<u8>,
+    amax: CudaSlice<u32>,
+    tensor_scale: CudaSlice<f32>,
+}
+
+/// The buffers of a native NVFP4 plan: Q's and K's prepass outputs, V in 16 bits and, for FP4
+/// P·V, Vᵀ's prepass output (read instead of V). The 16-bit Q and K stay allocated with them.
+struct Nvfp4Buffers {
+    q: Nvfp4Quantized,
+    k: Nvfp4Quantized,
+    v: CudaSlice<u16>,
+    vt: Option<Nvfp4Quantized>,
+    _q: CudaSlice<u16>,
+    _k: CudaSlice<u16>,
 }
 
 /// The codes, descales and Vᵀ scratch of a native FP8 plan.
@@ -321,22 +345,123 @@ impl CudaBackend {
     }
 
     /// The sm_120a NVFP4 family: compute capability 12.0 only, so Auto never considers it on
-    /// other devices; compiled and SASS-checked, not run on hardware, and without a launch path
-    /// here yet, so on 12.0 it is refused with that reason too.
+    /// other devices ([`nvfp4_native_decision`] decides; the portable 4-bit row after it takes
+    /// the problem there). Compiled and SASS-checked, **not run on hardware**: the host path
+    /// quantizes Q and K (and V's transpose) with the NVFP4 prepass at upload and launches the
+    /// kernel per execution ([`Self::upload_nvfp4`]); the emulation follows its 64 x 64 tiles.
     fn nvfp4_row(&self, problem: &AttentionProblem, precision: Precision) -> std::result::Result<Choice, Reject> {
-        if !matches!(precision, Precision::Nvfp4 { .. }) {
-            return not_applicable(format!("the native NVFP4 kernel computes NVFP4 Q/K, not {precision}"));
+        let d = nvfp4_native_decision(self.cc, problem, precision)?;
+        let blocking = Blocking {
+            block_q: quattn_native::nvfp4::BLOCK_Q as usize,
+            block_k: quattn_native::nvfp4::BLOCK_K as usize,
+            warps: 4,
+            ..Blocking::default()
+        };
+        blocking.validate(problem, precision)?;
+        if let Some(vt) = d.vt_prepass {
+            self.load(NativeKernelId::Nvfp4Quant(vt)).map_err(|e| Reject::NotApplicable(format!("the NVFP4 Vᵀ prepass does not load: {e}")))?;
         }
-        if !quattn_native::nvfp4::Nvfp4Config::supported(self.cc) {
-            return not_applicable(format!(
-                "the block-scaled NVFP4 kernel needs compute capability 12.0 (sm_120a), this device is {}.{}",
-                self.cc.0, self.cc.1
-            ));
+        self.native_choice(NativeKernelId::Nvfp4(d.kernel), Some(NativeKernelId::Nvfp4Quant(d.qk_prepass)), Some(blocking))
+    }
+
+    /// The host path of a native NVFP4 plan: Q, K, V uploaded in the plan's 16-bit type, then
+    /// the NVFP4 prepass on the backend's stream writes Q's and K's codes, block scales and
+    /// tensor scales (and, for FP4 P·V, Vᵀ's), once: the inputs of resident data are fixed, so
+    /// an execution launches the attention kernel alone. Not run on hardware.
+    fn upload_nvfp4(&self, plan: &Plan, choice: &NativeChoice, q: HostSlice<'_>, k: HostSlice<'_>, v: HostSlice<'_>) -> Result<ResidentData> {
+        use quattn_native::nvfp4_quant::Nvfp4QuantPtrs;
+        let (NativeKernelId::Nvfp4(kcfg), Some(NativeKernelId::Nvfp4Quant(qcfg))) = (choice.kernel, choice.prepass) else {
+            return Err(super::foreign(plan));
+        };
+        let p = &plan.problem;
+        let shape = p.shape();
+        let s = &self.stream;
+        let e = driver_of(plan);
+        let dtype = plan.dtype();
+        let o = s.alloc_zeros::<u16>(p.o_len_elems()).map_err(&e)?;
+        let lse = s.alloc_zeros::<f32>(p.lse_len_elems().max(1)).map_err(&e)?;
+        let (mut qh, mut kh, mut vh) =
+            (s.clone_htod(&bits(q, dtype)).map_err(&e)?, s.clone_htod(&bits(k, dtype)).map_err(&e)?, s.clone_htod(&bits(v, dtype)).map_err(&e)?);
+        let vt_cfg = (kcfg.pv == quattn_native::nvfp4::PvMode::Fp4).then(|| qcfg.transposed());
+        // Codes, scales, the amax word and the tensor-scale slot of one prepass output.
+        let alloc = |cfg: &quattn_native::nvfp4_quant::Nvfp4QuantConfig, heads: usize, seq: usize| -> Result<Nvfp4Quantized> {
+            let (codes, scales) = cfg.output_lens(p.batch, heads, seq);
+            // SAFETY (alloc): the prepass writes every code and scale before the kernel reads
+            // them; the amax word is zeroed by the prepass launcher.
+            Ok(Nvfp4Quantized {
+                codes: unsafe { s.alloc::<u8>(codes.max(16)) }.map_err(&e)?,
+                scales: unsafe { s.alloc::<u8>(scales.max(16)) }.map_err(&e)?,
+                amax: s.alloc_zeros::<u32>(1).map_err(&e)?,
+                tensor_scale: s.alloc_zeros::<f32>(1).map_err(&e)?,
+            })
+        };
+        let mut bq = alloc(&qcfg, p.q_heads, p.q_len)?;
+        let mut bk = alloc(&qcfg, p.kv_heads, p.kv_len)?;
+        let mut bvt = match &vt_cfg {
+            Some(c) => Some(alloc(c, p.kv_heads, p.kv_len)?),
+            None => None,
+        };
+        self.bind(plan)?;
+        let prepass = |cfg| -> Result<Arc<Loaded>> { self.load(NativeKernelId::Nvfp4Quant(cfg)) };
+        let run = |loaded: &Loaded, src: u64, b: &mut Nvfp4Quantized, heads: usize, seq: usize, strides: &quattn_native::Strides| -> Result<()> {
+            let Loaded::Nvfp4Quant(k) = loaded else { return Err(super::foreign(plan)) };
+            let ptrs = Nvfp4QuantPtrs {
+                src,
+                codes: b.codes.device_ptr_mut(s).0,
+                scales: b.scales.device_ptr_mut(s).0,
+                amax: b.amax.device_ptr_mut(s).0,
+                tensor_scale: b.tensor_scale.device_ptr_mut(s).0,
+            };
+            // SAFETY: the source was uploaded for this problem with these strides; the outputs
+            // were allocated with `output_lens` of this config; the launcher checks the rest.
+            unsafe { k.launch_raw(s, p.batch, heads, seq, strides, ptrs) }.map_err(|e| native_err("nvfp4_quant", e))
+        };
+        let qk = prepass(qcfg)?;
+        run(&qk, qh.device_ptr_mut(s).0, &mut bq, p.q_heads, p.q_len, &shape.q)?;
+        run(&qk, kh.device_ptr_mut(s).0, &mut bk, p.kv_heads, p.kv_len, &shape.k)?;
+        if let (Some(c), Some(b)) = (vt_cfg, bvt.as_mut()) {
+            run(&*prepass(c)?, vh.device_ptr_mut(s).0, b, p.kv_heads, p.kv_len, &shape.v)?;
         }
-        not_applicable(format!(
-            "the sm_120a NVFP4 kernel (head dim {}) is compiled and SASS-checked but not run on hardware and has no launch path in the facade",
-            problem.head_dim
-        ))
+        Ok(Box::new(NativeData { o, lse, inputs: NativeInputs::Nvfp4(Nvfp4Buffers { v: vh, q: bq, k: bk, vt: bvt, _q: qh, _k: kh }) }))
+    }
+
+    /// One execution of a native NVFP4 plan: the attention kernel on the prepass outputs of
+    /// upload. With `timed`, events bracket it and the call waits for them. Not run on hardware.
+    fn launch_nvfp4(&self, plan: &Plan, stream: &Arc<CudaStream>, b: &mut Nvfp4Buffers, o: u64, lse: u64, timed: bool) -> Result<Option<f64>> {
+        let KernelId::Native(choice) = &plan.kernel else { return Err(super::foreign(plan)) };
+        self.bind(plan)?;
+        let kernel = self.load(choice.kernel)?;
+        let Loaded::Nvfp4(k) = &*kernel else { return Err(super::foreign(plan)) };
+        let s = stream;
+        let addr = |x: &mut Nvfp4Quantized| (x.codes.device_ptr_mut(s).0, x.scales.device_ptr_mut(s).0, x.tensor_scale.device_ptr_mut(s).0);
+        let (q_codes, q_scales, q_ts) = addr(&mut b.q);
+        let (k_codes, k_scales, k_ts) = addr(&mut b.k);
+        let (v, v_scales, v_ts) = match b.vt.as_mut() {
+            Some(vt) => addr(vt),
+            None => (b.v.device_ptr_mut(s).0, 0, 0),
+        };
+        let ptrs = quattn_native::nvfp4::Nvfp4Ptrs { q_codes, q_scales, k_codes, k_scales, q_ts, k_ts, v, v_scales, v_ts, o, lse: if plan.problem.return_lse { lse } else { 0 } };
+        let e = driver_of(plan);
+        let events = if timed {
+            let f = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+            let (start, end) = (self.ctx.new_event(f).map_err(&e)?, self.ctx.new_event(f).map_err(&e)?);
+            start.record(stream).map_err(&e)?;
+            Some((start, end))
+        } else {
+            None
+        };
+        // SAFETY: every buffer was allocated for this problem and config at upload (the prepass
+        // outputs by `output_lens`), V and O with the problem's strides; the launcher checks the
+        // arguments.
+        unsafe { k.launch_raw(stream, &plan.problem.shape(), ptrs) }.map_err(|e| native_err(&plan.kernel_name(), e))?;
+        match events {
+            Some((start, end)) => {
+                end.record(stream).map_err(&e)?;
+                end.synchronize().map_err(&e)?;
+                Ok(Some(start.elapsed_ms(&end).map_err(&e)? as f64))
+            }
+            None => Ok(None),
+        }
     }
 
     /// An INT8 family: its kernel, the blocking its scales need, and the prepass for them. FP8
@@ -668,7 +793,13 @@ impl CudaBackend {
             Loaded::Fp8Wgmma(_) | Loaded::Fp8Mma(_) => {
                 return Err(Error::Kernel { kernel: name(), reason: "an FP8 plan launched without its code buffers".into() });
             }
-            Loaded::Int8Prepass(_) | Loaded::Fp8Prepass(_) | Loaded::Nvfp4(_) | Loaded::Nvfp4Quant(_) => return Err(super::foreign(plan)),
+            Loaded::Nvfp4(_) => {
+                return Err(Error::Kernel {
+                    kernel: name(),
+                    reason: "the native NVFP4 family runs through the host path only (Session::run); device tensors run the portable 4-bit kernel".into(),
+                })
+            }
+            Loaded::Int8Prepass(_) | Loaded::Fp8Prepass(_) | Loaded::Nvfp4Quant(_) => return Err(super::foreign(plan)),
         }
         match (start, end) {
             (Some(start), Some(end)) => {
@@ -834,6 +965,7 @@ impl CudaBackend {
                 let ptrs = b.ptrs(&stream, o, lse);
                 self.launch_fp8(plan, &stream, &ptrs, false, timed)
             }
+            NativeInputs::Nvfp4(b) => self.launch_nvfp4(plan, &stream, b, o, lse, timed),
         }
     }
 
@@ -942,6 +1074,9 @@ impl Backend for CudaBackend {
         self.bind(plan)?;
         let e = driver_of(plan);
         let s = &self.stream;
+        if matches!(choice.kernel, NativeKernelId::Nvfp4(_)) {
+            return self.upload_nvfp4(plan, choice, q, k, v);
+        }
         let dtype = plan.dtype();
         let int8 = match choice.prepass {
             Some(NativeKernelId::Int8Prepass(config)) => Some(self.alloc_int8(plan, &config)?),
@@ -1125,7 +1260,7 @@ impl Backend for CudaBackend {
         if !matches!(plan.kernel, KernelId::Native(_)) {
             // An LSE handle is written only when the problem asks for the LSE.
         let lse = if plan.problem.return_lse { t.lse.cloned() } else { None };
-        let d = GpuData { q: t.q.clone(), k: t.k.clone(), v: t.v.clone(), o: t.o.clone(), lse, descales: None };
+        let d = GpuData { q: t.q.clone(), k: t.k.clone(), v: t.v.clone(), o: t.o.clone(), lse, descales: None, fp4: None };
             return self.portable.launch(plan, &d);
         }
         let ptr = |h: &cubecl::server::Handle| self.portable.device_ptr(h);
@@ -1134,5 +1269,93 @@ impl Backend for CudaBackend {
         let stream = self.stream.clone();
         self.run_raw(plan, &stream, &call)?;
         self.stream.synchronize().map_err(driver(&plan.kernel_name()))
+    }
+}
+
+/// What the native NVFP4 family would run for a problem: the sm_120a attention variant and the
+/// quantization prepasses that feed it (Q and K along the head dim; V's transpose for FP4 P·V).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Nvfp4Native {
+    pub kernel: quattn_native::nvfp4::Nvfp4Config,
+    pub qk_prepass: quattn_native::nvfp4_quant::Nvfp4QuantConfig,
+    pub vt_prepass: Option<quattn_native::nvfp4_quant::Nvfp4QuantConfig>,
+}
+
+/// The dispatch decision of the native NVFP4 family on a device of compute capability `cc`,
+/// without a device: compute capability 12.0 only (the block-scaled `mma.sync` exists on
+/// sm_120a), unsmoothed K (the kernel has no LSE shift; the portable 4-bit kernel smooths),
+/// head dims the kernel was built for, and shapes its launcher and the prepass accept. V in
+/// bf16 runs the bf16 HMMA P·V with the conditional rescale; V in NVFP4 the block-scaled P·V
+/// (no rescale: P's fixed tensor scale needs p ≤ 1) on f16 inputs, as `input_dtype` says.
+pub(crate) fn nvfp4_native_decision(
+    cc: (u32, u32),
+    problem: &AttentionProblem,
+    precision: Precision,
+) -> std::result::Result<Nvfp4Native, Reject> {
+    use quattn_native::nvfp4::{Nvfp4Config, PvMode};
+    use quattn_native::nvfp4_quant::{Fp4Format, Nvfp4QuantConfig};
+    let Precision::Nvfp4 { v, smooth_k } = precision else {
+        return not_applicable(format!("the native NVFP4 kernel computes NVFP4 Q/K, not {precision}"));
+    };
+    if !Nvfp4Config::supported(cc) {
+        return not_applicable(format!(
+            "the block-scaled NVFP4 kernel needs compute capability 12.0 (sm_120a), this device is {}.{}",
+            cc.0, cc.1
+        ));
+    }
+    if smooth_k {
+        return not_applicable("the sm_120a NVFP4 kernel does not smooth K (no LSE shift); the portable 4-bit kernel does");
+    }
+    let na = |e: quattn_native::NativeError| Reject::NotApplicable(e.to_string());
+    let (pv, rescale) = match v {
+        crate::Nvfp4V::Bf16 => (PvMode::Half { bf16: true }, true),
+        crate::Nvfp4V::Nvfp4 => (PvMode::Fp4, false),
+    };
+    let kernel = Nvfp4Config::new(problem.head_dim, pv, rescale, 0).map_err(na)?;
+    let shape = problem.shape();
+    kernel.validate_args(&shape).map_err(na)?;
+    let dtype = precision.input_dtype();
+    let qk_prepass = Nvfp4QuantConfig::new(problem.head_dim, Fp4Format::Nvfp4, dtype).map_err(na)?;
+    qk_prepass.validate_source(problem.batch, problem.q_heads, problem.q_len, &shape.q).map_err(na)?;
+    qk_prepass.validate_source(problem.batch, problem.kv_heads, problem.kv_len, &shape.k).map_err(na)?;
+    let vt_prepass = match pv {
+        PvMode::Fp4 => {
+            let vt = qk_prepass.transposed();
+            vt.validate_source(problem.batch, problem.kv_heads, problem.kv_len, &shape.v).map_err(na)?;
+            Some(vt)
+        }
+        PvMode::Half { .. } => None,
+    };
+    Ok(Nvfp4Native { kernel, qk_prepass, vt_prepass })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Nvfp4V;
+
+    #[test]
+    fn nvfp4_dispatch_picks_the_native_family_on_compute_capability_12_0_only() {
+        let p = AttentionProblem::new(2, 8, 200, 128).kv_heads(2).kv_len(300).causal(true);
+        let prec = Precision::Nvfp4 { v: Nvfp4V::Bf16, smooth_k: false };
+        let d = nvfp4_native_decision((12, 0), &p, prec).unwrap();
+        assert_eq!(d.kernel.head_dim, 128);
+        assert_eq!(d.kernel.pv, quattn_native::nvfp4::PvMode::Half { bf16: true });
+        assert_eq!(d.qk_prepass.dtype, Dtype::Bf16);
+        assert!(d.vt_prepass.is_none());
+        let v4 = nvfp4_native_decision((12, 0), &p, Precision::Nvfp4 { v: Nvfp4V::Nvfp4, smooth_k: false }).unwrap();
+        assert_eq!(v4.kernel.pv, quattn_native::nvfp4::PvMode::Fp4);
+        assert!(!v4.kernel.rescale);
+        assert!(v4.vt_prepass.is_some_and(|c| c.vt && c.dtype == Dtype::F16));
+        // Not on Hopper, Blackwell datacenter or Ampere: the block-scaled mma.sync is sm_120a's.
+        for cc in [(9, 0), (10, 0), (8, 0), (8, 9)] {
+            assert!(matches!(nvfp4_native_decision(cc, &p, prec), Err(Reject::NotApplicable(_))), "{cc:?}");
+        }
+        // Smoothed K and head dims the kernel lacks fall through to the next row.
+        let smooth = Precision::Nvfp4 { v: Nvfp4V::Bf16, smooth_k: true };
+        assert!(matches!(nvfp4_native_decision((12, 0), &p, smooth), Err(Reject::NotApplicable(_))));
+        let d32 = AttentionProblem::new(1, 1, 16, 32);
+        assert!(matches!(nvfp4_native_decision((12, 0), &d32, prec), Err(Reject::NotApplicable(_))));
+        assert!(matches!(nvfp4_native_decision((12, 0), &p, Precision::F16_DEFAULT), Err(Reject::NotApplicable(_))));
     }
 }

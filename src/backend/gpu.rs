@@ -11,6 +11,13 @@
 //! [`Blocking`], as the CPU FP8 kernel does), the device path takes the caller's codes and
 //! descales ([`crate::Session::run_cubecl_fp8`]); the kernel decodes as it stages.
 //!
+//! `Nvfp4` runs on the 4-bit kernel: at upload the host path gathers Q and K (and, for
+//! `Nvfp4V::Nvfp4`, V transposed to key-axis rows) from the values rounded to the mode's input
+//! type, as the emulation does, and the CubeCL NVFP4 quantization kernel
+//! ([`quattn_cubecl::quantize_nvfp4`], bit-exact with [`crate::codec::nvfp4`]) turns them into
+//! codes and scales on the device; bf16 V is uploaded as bf16 bits. The attention kernel reads
+//! the 4-bit codes and decodes them as it stages them; O comes back in f32.
+//!
 //! `Int8Qk` runs as two steps on the device: the CubeCL quantization prepass (f16 Q and K to
 //! INT8 codes and scales, K smoothing) then the INT8 attention kernel; the scale layout
 //! follows the kernel's tiles, recorded on the plan as its [`Blocking`].
@@ -27,7 +34,7 @@ use crate::device_tensor::CubeclTensors;
 use crate::codec::fp8_scaled::{DescaleLayout, Fp8Tensor};
 use crate::emulation::Blocking;
 use crate::error::{Error, Result};
-use crate::precision::{PvAccum, PvFormat, QkAccum};
+use crate::precision::{Nvfp4V, PvAccum, PvFormat, QkAccum};
 use crate::registry::{self, not_applicable, Choice, Family, KernelId, Planned, Reject, Row};
 use crate::session::{DeviceInfo, Plan};
 use crate::tensor::HostSlice;
@@ -54,6 +61,21 @@ pub(crate) struct GpuData {
     pub(crate) lse: Option<Handle>,
     /// The f32 descales of FP8 codes in `q`, `k`, `v` (FP8 plans only).
     pub(crate) descales: Option<Fp8Descales>,
+    /// The block scales and tensor scales of 4-bit codes in `q`, `k` (and `v`) (4-bit plans
+    /// only).
+    pub(crate) fp4: Option<Fp4Scales>,
+}
+
+/// The scale buffers of a 4-bit call ([`quattn_cubecl::Fp4Operands`]' layouts).
+pub(crate) struct Fp4Scales {
+    pub(crate) q: Handle,
+    pub(crate) k: Handle,
+    /// A 4-byte placeholder with bf16 V.
+    pub(crate) v: Handle,
+    /// One f32 each: the tensor scales of Q, K and V (V's unused with bf16 V).
+    pub(crate) tensor: [Handle; 3],
+    /// f32 `[batch, q_heads, q_len]` where K was smoothed: what the LSE gets back.
+    pub(crate) lse_shift: Option<Handle>,
 }
 
 /// The descale buffers of an FP8 call (f32, [`quattn_cubecl::DescaleGranularity`]'s shapes).
@@ -65,12 +87,13 @@ pub(crate) struct Fp8Descales {
 
 /// The portable dispatch table, best first: `Auto` and `Portable` take the first row that
 /// accepts, a forced family its own row.
-fn table<R: Runtime>() -> [Row<CubeclBackend<R>>; 5] {
+fn table<R: Runtime>() -> [Row<CubeclBackend<R>>; 6] {
     [
         Row { family: Family::Portable(PortableKind::Mma), test: |b, p, prec| b.float_row(p, prec, Portable::Mma) },
         Row { family: Family::Portable(PortableKind::Cmma), test: |b, p, prec| b.float_row(p, prec, Portable::Cmma) },
         Row { family: Family::Portable(PortableKind::Int8), test: CubeclBackend::<R>::int8_row },
         Row { family: Family::Portable(PortableKind::Fp8), test: CubeclBackend::<R>::fp8_row },
+        Row { family: Family::Portable(PortableKind::Fp4), test: CubeclBackend::<R>::fp4_row },
         Row { family: Family::Portable(PortableKind::Fma), test: |b, p, prec| b.float_row(p, prec, Portable::Fma) },
     ]
 }
@@ -221,6 +244,29 @@ impl<R: Runtime> CubeclBackend<R> {
         Ok(Choice { kernel: KernelId::Portable { kernel, name }, blocking: Some(blocking) })
     }
 
+    /// NVFP4 Q/K with bf16 or NVFP4 V: the 4-bit kernel (O in f32). Its tiles set the P·V
+    /// steps (one online-softmax step and P's 16-key blocks per KV tile), which the plan's
+    /// blocking records for the emulation.
+    pub(crate) fn fp4_row(&self, problem: &AttentionProblem, precision: Precision) -> std::result::Result<Choice, Reject> {
+        let Precision::Nvfp4 { v, .. } = precision else {
+            return not_applicable(format!("{precision} is not a 4-bit mode"));
+        };
+        self.common(problem, precision, Dtype::F32)?;
+        let fv = match v {
+            Nvfp4V::Bf16 => quattn_cubecl::Fp4V::Bf16,
+            Nvfp4V::Nvfp4 => quattn_cubecl::Fp4V::Nvfp4,
+        };
+        let kernel = quattn_cubecl::select_fp4(&self.client, &problem.shape(), quattn_cubecl::Fp4Format::Nvfp4, fv)
+            .map_err(|e| self.refusal(precision, e))?;
+        let PortableKernel::Fp4(fp4) = kernel else {
+            return Err(Reject::Refused(Error::Kernel { kernel: kernel.name(), reason: "select_fp4 chose another kernel".into() }));
+        };
+        let blocking = Blocking { block_q: fp4.tiles.bq as usize, block_k: fp4.tiles.bk as usize, warps: 1, ..Blocking::default() };
+        blocking.validate(problem, precision)?;
+        let name = format!("fwd_portable_{}_{}_d{}", self.info.kind, precision.name(), problem.head_dim);
+        Ok(Choice { kernel: KernelId::Portable { kernel, name }, blocking: Some(blocking) })
+    }
+
     fn refusal(&self, precision: Precision, e: LaunchError) -> Reject {
         match e {
             LaunchError::UnsupportedHeadDim { .. } => Reject::Refused(launch_error("select", "the portable CubeCL kernels", e)),
@@ -240,6 +286,25 @@ impl<R: Runtime> CubeclBackend<R> {
                 let ops: Int8DeviceOperands = quattn_cubecl::quantize_int8(&self.client, &shape, Dtype::F16, &int8.quant(), &d.q, &d.k)
                     .map_err(|e| launch_error("quantize_int8", "the INT8 prepass", e))?;
                 quattn_cubecl::launch_int8::<R>(&self.client, kernel, &shape, Dtype::F16, &ops, &d.v, &d.o, d.lse.as_ref()).map_err(failed)?;
+            }
+            PortableKernel::Fp4(_) => {
+                let Some(sc) = &d.fp4 else {
+                    return Err(Error::Kernel {
+                        kernel: plan.kernel_name(),
+                        reason: "a 4-bit plan needs its block and tensor scales: it runs through the host path (Session::run)".into(),
+                    });
+                };
+                let ops = quattn_cubecl::Fp4Operands {
+                    q: &d.q,
+                    q_scales: &sc.q,
+                    k: &d.k,
+                    k_scales: &sc.k,
+                    v: &d.v,
+                    v_scales: &sc.v,
+                    tensor_scales: [&sc.tensor[0], &sc.tensor[1], &sc.tensor[2]],
+                    lse_shift: sc.lse_shift.as_ref(),
+                };
+                quattn_cubecl::launch_fp4::<R>(&self.client, kernel, &shape, ops, &d.o, d.lse.as_ref()).map_err(failed)?;
             }
             PortableKernel::Fp8(_) => {
                 let Some(ds) = &d.descales else {
@@ -266,6 +331,9 @@ impl<R: Runtime> CubeclBackend<R> {
     pub(crate) fn upload_data(&self, plan: &Plan, q: HostSlice<'_>, k: HostSlice<'_>, v: HostSlice<'_>) -> Result<GpuData> {
         let p = &plan.problem;
         let dtype = plan.dtype();
+        if let KernelId::Portable { kernel: PortableKernel::Fp4(fp4), .. } = &plan.kernel {
+            return self.upload_fp4(plan, fp4, q, k, v);
+        }
         let c = &self.client;
         let o = c.empty(p.o_len_elems().max(MIN_ELEMS) * dtype.size_bytes());
         let lse = p.return_lse.then(|| c.empty(p.lse_len_elems() * 4));
@@ -289,6 +357,7 @@ impl<R: Runtime> CubeclBackend<R> {
                 o,
                 lse,
                 descales: Some(Fp8Descales { q: descales(&tq), k: descales(&tk), v: descales(&tv) }),
+                fp4: None,
             });
         }
         Ok(GpuData {
@@ -298,6 +367,83 @@ impl<R: Runtime> CubeclBackend<R> {
             o,
             lse,
             descales: None,
+            fp4: None,
+        })
+    }
+
+    /// The 4-bit plan's operands: Q and K gathered into dense `[batch, heads, len]` rows and
+    /// quantized to NVFP4 on the device (one tensor scale each), V as dense bf16 rows or as
+    /// NVFP4 `Vᵀ` (per channel, keys padded with zeros to a multiple of 16), all from the values
+    /// rounded to the mode's input type (the emulation's recipe). With `smooth_k`, K − μ is quantized
+    /// and the LSE shift `scale · q·μ` uploaded ([`crate::codec::int8::smooth_k`] and
+    /// [`crate::codec::int8::lse_shift`]). O is f32.
+    fn upload_fp4(&self, plan: &Plan, fp4: &quattn_cubecl::Fp4Tiles, q: HostSlice<'_>, k: HostSlice<'_>, v: HostSlice<'_>) -> Result<GpuData> {
+        let p = &plan.problem;
+        let c = &self.client;
+        let dtype = plan.dtype();
+        let (d, dv) = (p.head_dim, p.v_head_dim);
+        let q = q.rounded_to(dtype);
+        let k = k.rounded_to(dtype);
+        let smooth_k = matches!(plan.precision, Precision::Nvfp4 { smooth_k: true, .. });
+        let (k, lse_shift) = if smooth_k {
+            let sm = crate::codec::int8::smooth_k(p, &k)?;
+            let st = p.q_strides();
+            let mut shift = Vec::with_capacity(p.lse_len_elems());
+            for b in 0..p.batch {
+                for h in 0..p.q_heads {
+                    let mean = &sm.mean[(b * p.kv_heads + p.kv_head_of(h)) * d..][..d];
+                    for i in 0..p.q_len {
+                        shift.push(crate::codec::int8::lse_shift(&q[st.offset(b, h, i)..][..d], mean, p.softmax_scale()));
+                    }
+                }
+            }
+            shift.resize(shift.len().max(1), 0.0);
+            (sm.values, Some(c.create_from_slice(bytemuck::cast_slice(&shift))))
+        } else {
+            (k, None)
+        };
+        let q = dense_rows(&q, p.q_strides(), p.batch, p.q_heads, p.q_len, d);
+        let k = dense_rows(&k, p.k_strides(), p.batch, p.kv_heads, p.kv_len, d);
+        let v = dense_rows(&v.rounded_to(dtype), p.v_strides(), p.batch, p.kv_heads, p.kv_len, dv);
+        let bytes = |b: &[u8]| c.create_from_slice(&padded_words(b));
+        // The kernel cannot refuse non-finite values as the codec does (the session's NaN
+        // policy has replaced them before any upload; this keeps the rule where it is used).
+        let quantize = |x: &[f32], rows: usize, cols: usize| -> Result<quattn_cubecl::Nvfp4DeviceTensor> {
+            if let Some(i) = x.iter().position(|v| !v.is_finite()) {
+                return Err(Error::Quantization(format!("NVFP4 input element {i} is {} (must be finite)", x[i])));
+            }
+            let h = c.create_from_slice(&padded_words(bytemuck::cast_slice(x)));
+            quattn_cubecl::quantize_nvfp4(c, &h, rows, cols).map_err(|e| launch_error("quantize_nvfp4", "the NVFP4 quantization kernel", e))
+        };
+        let tq = quantize(&q, p.batch * p.q_heads * p.q_len, d)?;
+        let tk = quantize(&k, p.batch * p.kv_heads * p.kv_len, d)?;
+        let (v_handle, v_scales, ts_v) = match fp4.v {
+            quattn_cubecl::Fp4V::Bf16 => {
+                let bits: Vec<u8> = v.iter().flat_map(|&x| bf16::from_f32(x).to_bits().to_le_bytes()).collect();
+                (bytes(&bits), bytes(&[]), c.create_from_slice(bytemuck::cast_slice(&[1.0f32])))
+            }
+            quattn_cubecl::Fp4V::Nvfp4 => {
+                let cols = p.kv_len.div_ceil(16) * 16;
+                let rows = p.batch * p.kv_heads * dv;
+                let mut vt = vec![0.0f32; rows * cols];
+                for (r, row) in v.chunks_exact(dv.max(1)).enumerate() {
+                    let (bh, j) = (r / p.kv_len.max(1), r % p.kv_len.max(1));
+                    for (ch, &x) in row.iter().enumerate() {
+                        vt[(bh * dv + ch) * cols + j] = x;
+                    }
+                }
+                let tv = quantize(&vt, rows, cols)?;
+                (tv.packed, tv.block_scales, tv.tensor_scale)
+            }
+        };
+        Ok(GpuData {
+            q: tq.packed,
+            k: tk.packed,
+            v: v_handle,
+            o: c.empty(p.o_len_elems().max(MIN_ELEMS) * 4),
+            lse: p.return_lse.then(|| c.empty(p.lse_len_elems() * 4)),
+            descales: None,
+            fp4: Some(Fp4Scales { q: tq.block_scales, k: tk.block_scales, v: v_scales, tensor: [tq.tensor_scale, tk.tensor_scale, ts_v], lse_shift }),
         })
     }
 
@@ -351,6 +497,26 @@ fn launch_error(kernel: &str, path: &str, e: LaunchError) -> Error {
 
 /// FP8 codes padded with zero codes to whole 16-byte vectors of 32-bit words (the kernel reads
 /// codes four to a word), at least one vector.
+/// `[batch, heads, len, dim]` rows gathered from a tensor with these strides.
+fn dense_rows(x: &[f32], st: crate::problem::Strides, batch: usize, heads: usize, len: usize, dim: usize) -> Vec<f32> {
+    let mut out = Vec::with_capacity(batch * heads * len * dim);
+    for b in 0..batch {
+        for h in 0..heads {
+            for i in 0..len {
+                out.extend_from_slice(&x[st.offset(b, h, i)..][..dim]);
+            }
+        }
+    }
+    out
+}
+
+/// Bytes padded with zeros to whole `u32` words, at least one (the 4-bit kernel reads words).
+fn padded_words(b: &[u8]) -> Vec<u8> {
+    let mut v = b.to_vec();
+    v.resize(b.len().next_multiple_of(4).max(4), 0);
+    v
+}
+
 fn padded_codes(codes: &[u8]) -> Vec<u8> {
     let mut v = codes.to_vec();
     v.resize(codes.len().next_multiple_of(16).max(16), 0);
@@ -413,7 +579,9 @@ impl<R: Runtime> Backend for CubeclBackend<R> {
         let read = |h: &Handle| {
             self.client.read_one(h.clone()).map_err(|e| Error::Kernel { kernel: plan.kernel_name(), reason: format!("read back: {e:?}") })
         };
-        let o = from_bytes(&read(&d.o)?, plan.dtype());
+        // The 4-bit kernel writes O in f32.
+        let o_dtype = if d.fp4.is_some() { Dtype::F32 } else { plan.dtype() };
+        let o = from_bytes(&read(&d.o)?, o_dtype);
         let lse = match &d.lse {
             Some(h) => Some(from_bytes(&read(h)?, Dtype::F32)),
             None => None,
@@ -457,7 +625,7 @@ impl<R: Runtime> Backend for CubeclBackend<R> {
     fn run_handles(&self, plan: &Plan, t: &CubeclTensors<'_>) -> Result<()> {
         // An LSE handle is written only when the problem asks for the LSE.
         let lse = if plan.problem.return_lse { t.lse.cloned() } else { None };
-        let d = GpuData { q: t.q.clone(), k: t.k.clone(), v: t.v.clone(), o: t.o.clone(), lse, descales: None };
+        let d = GpuData { q: t.q.clone(), k: t.k.clone(), v: t.v.clone(), o: t.o.clone(), lse, descales: None, fp4: None };
         self.launch(plan, &d)
     }
 }

@@ -59,7 +59,9 @@
 //!   key axis padded with zeros to a multiple of 16; one tensor scale); P in NVFP4 with 16-key
 //!   blocks per row and the fixed tensor scale `tensor_scale_for(1.0) = 1/2688`, valid because
 //!   `p ≤ 1`; per block `(sp · sv) · Σ e2m1·e2m1`, summed in f32 over the tile, times
-//!   `ts_p · ts_v` (`block_k % 16 == 0`).
+//!   `ts_p · ts_v` (`block_k % 16 == 0`). With `smooth_k`, K − μ is quantized (μ and the
+//!   subtraction as [`crate::codec::int8::smooth_k`]) and the LSE gets `scale · (q · μ)` back
+//!   ([`crate::codec::int8::lse_shift`], q the input-rounded Q), as for INT8.
 
 mod mma;
 mod scores;
@@ -120,7 +122,7 @@ impl Blocking {
                 self.qk_chunk, self.k_step
             ))),
             Precision::Int8Qk { granularity, .. } => crate::codec::int8::check_blocking(&self.int8(), granularity),
-            Precision::Nvfp4 { v } => {
+            Precision::Nvfp4 { v, .. } => {
                 if !problem.head_dim.is_multiple_of(16) {
                     return Err(Error::UnsupportedHeadDim {
                         head_dim: problem.head_dim,

@@ -19,8 +19,9 @@ pub(super) enum ScorePlan {
     Int8 { q: Int8Tensor, k: Int8Tensor, layout: Int8ScaleLayout, smoothing: Option<Smoothing> },
     /// FP8 codes decoded to f32 (exact), with their descales.
     Fp8 { q: Vec<f32>, k: Vec<f32>, q_desc: (Vec<f32>, DescaleLayout), k_desc: (Vec<f32>, DescaleLayout) },
-    /// NVFP4 elements and block scales decoded to f32 (exact), rows in memory order.
-    Nvfp4 { q: Decoded4, k: Decoded4 },
+    /// NVFP4 elements and block scales decoded to f32 (exact), rows in memory order; K
+    /// smoothed first when `smoothing` is set.
+    Nvfp4 { q: Decoded4, k: Decoded4, smoothing: Option<Smoothing> },
 }
 
 /// What is needed to add `scale · q·μ` back to the LSE.
@@ -87,7 +88,7 @@ impl ScorePlan {
                 let raw = |t: &Fp8Tensor| (0..t.codes.len()).map(|i| t.raw(i)).collect::<Vec<f32>>();
                 ScorePlan::Fp8 { q: raw(&qt), k: raw(&kt), q_desc: (qt.descales, ql), k_desc: (kt.descales, kl) }
             }
-            Precision::Nvfp4 { .. } => {
+            Precision::Nvfp4 { smooth_k, .. } => {
                 // Rows gathered densely (`[batch, heads, len]` order): the 16-element blocks run
                 // along each row, and a strided buffer's rows need not start at multiples of
                 // the head dim (nor its padding hold numbers).
@@ -97,11 +98,17 @@ impl ScorePlan {
                         .flat_map(|r| x[st.offset(r / (heads * len), (r / len) % heads, r % len)..][..d].iter().copied())
                         .collect()
                 };
-                let q = dense(&q, problem.q_strides(), problem.q_heads, problem.q_len);
-                let k = dense(&k, problem.k_strides(), problem.kv_heads, problem.kv_len);
-                let qt = Nvfp4Tensor::quantize(&q, q.len() / d, d)?;
-                let kt = Nvfp4Tensor::quantize(&k, k.len() / d, d)?;
-                ScorePlan::Nvfp4 { q: Decoded4::new(&qt), k: Decoded4::new(&kt) }
+                let (k, smoothing) = if smooth_k {
+                    let sm = int8::smooth_k(problem, &k)?;
+                    (sm.values, Some(Smoothing { q: q.clone(), mean: sm.mean }))
+                } else {
+                    (k, None)
+                };
+                let qd = dense(&q, problem.q_strides(), problem.q_heads, problem.q_len);
+                let kd = dense(&k, problem.k_strides(), problem.kv_heads, problem.kv_len);
+                let qt = Nvfp4Tensor::quantize(&qd, qd.len() / d, d)?;
+                let kt = Nvfp4Tensor::quantize(&kd, kd.len() / d, d)?;
+                ScorePlan::Nvfp4 { q: Decoded4::new(&qt), k: Decoded4::new(&kt), smoothing }
             }
         })
     }
@@ -125,7 +132,7 @@ impl ScorePlan {
     /// What smoothing took off the LSE of row `i` (0 without smoothing).
     pub(super) fn lse_shift(&self, problem: &AttentionProblem, b: usize, h: usize, i: usize) -> f32 {
         match self {
-            ScorePlan::Int8 { smoothing: Some(sm), .. } => {
+            ScorePlan::Int8 { smoothing: Some(sm), .. } | ScorePlan::Nvfp4 { smoothing: Some(sm), .. } => {
                 let d = problem.head_dim;
                 let kvh = problem.kv_head_of(h);
                 let q_row = &sm.q[problem.q_strides().offset(b, h, i)..][..d];
@@ -157,7 +164,7 @@ impl ScorePlan {
                 let dot = mma::dot(&q[qo..][..d], &k[ko..][..d], QkAccum::F32, d, mma::K_STEP);
                 dot * (q_desc.0[q_desc.1.index(b, h, i)] * k_desc.0[k_desc.1.index(b, kvh, j)])
             }
-            ScorePlan::Nvfp4 { q, k } => {
+            ScorePlan::Nvfp4 { q, k, .. } => {
                 // A block-scaled MMA: per 16-element block the E2M1 products (exact) are summed
                 // and multiplied by both UE4M3 scales (exact), blocks accumulate in f32, and the
                 // tensor scales are applied once at the end.

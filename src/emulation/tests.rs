@@ -199,7 +199,7 @@ fn invalid_inputs_give_typed_errors() {
     let zero = Blocking { block_k: 0, ..Blocking::default() };
     assert!(emulate(&p16, Precision::F32, &zero, &x16.0, &x16.1, &x16.2).is_err());
     let odd = Blocking { block_k: 24, ..Blocking::default() };
-    assert!(emulate(&p16, Precision::Nvfp4 { v: Nvfp4V::Nvfp4 }, &odd, &x16.0, &x16.1, &x16.2).is_err());
+    assert!(emulate(&p16, Precision::Nvfp4 { v: Nvfp4V::Nvfp4, smooth_k: false }, &odd, &x16.0, &x16.1, &x16.2).is_err());
     let chunk = Blocking { qk_chunk: 24, ..Blocking::default() };
     let two = Precision::F16 { qk: QkAccum::TwoStage, pv: PvAccum::F32 };
     assert!(emulate(&p16, two, &chunk, &x16.0, &x16.1, &x16.2).is_err());

@@ -69,7 +69,7 @@ impl ValuePlan {
             Precision::F16 { pv, .. } => float(Round::F16, pv),
             Precision::Bf16 { pv, .. } => float(Round::Bf16, pv),
             Precision::Int8Qk { pv: PvFormat::F16, .. } => float(Round::F16, PvAccum::F32),
-            Precision::Nvfp4 { v: Nvfp4V::Bf16 } => float(Round::Bf16, PvAccum::F32),
+            Precision::Nvfp4 { v: Nvfp4V::Bf16, .. } => float(Round::Bf16, PvAccum::F32),
             Precision::Int8Qk { pv: PvFormat::Fp8, .. } => per_channel_e4m3(problem, &v)?,
             Precision::Fp8 { format, descale, p } => {
                 let l = DescaleLayout {
@@ -98,7 +98,7 @@ impl ValuePlan {
                 let v = (0..t.codes.len()).map(|i| t.raw(i)).collect();
                 ValuePlan::Scaled { pq, v, factors, tiles, per_tile: true }
             }
-            Precision::Nvfp4 { v: Nvfp4V::Nvfp4 } => {
+            Precision::Nvfp4 { v: Nvfp4V::Nvfp4, .. } => {
                 let (dv, n) = (problem.v_head_dim, problem.kv_len);
                 let cols = n.div_ceil(NVFP4_BLOCK) * NVFP4_BLOCK;
                 let rows = problem.batch * problem.kv_heads * dv;

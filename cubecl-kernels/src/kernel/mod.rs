@@ -11,10 +11,12 @@ pub(crate) mod cmma;
 pub(crate) mod fma_half;
 pub(crate) mod fma_vec;
 pub(crate) mod fma_vec_fp8;
+pub(crate) mod fma_vec_fp4;
 pub(crate) mod fma_vec_int8;
 pub(crate) mod mma;
 pub(crate) mod mma_fp8;
 pub(crate) mod quant;
+pub(crate) mod quant_fp4;
 
 /// Row max of rows that have seen no key yet. Finite on purpose: WGSL has no infinity literal
 /// and llvmpipe does not follow IEEE for `inf - inf`, so the kernel never computes with

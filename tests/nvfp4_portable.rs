@@ -1,0 +1,191 @@
+//! The portable 4-bit kernel on a wgpu adapter (mesa's software Vulkan in CI): `Precision::Nvfp4`
+//! plans on it, its output against the f64 reference (the mode's tolerance) and against the CPU
+//! emulation with the kernel's tiles (the same codes and the same P rounding, so what is left is
+//! f32 summation order and the exp implementation); MXFP4 Q/K through the crate's launch on
+//! codes quantized here, into a NaN-poisoned O; the typed errors.
+
+mod common;
+
+use cubecl::wgpu::WgpuRuntime;
+use quattn::codec::fp4::{e2m1, e8m0};
+use quattn::codec::mxfp4::Mxfp4Tensor;
+use quattn::metrics::{compare_lse, ErrorMetrics, Tolerance};
+use quattn::{cubecl, inputs, reference, AttentionProblem, Device, Error, Family, Layout, Nvfp4V, PortableKind, Precision, Session, Strategy, WgpuAdapter};
+use quattn_cubecl::{Fp4Format, Fp4Operands, Fp4V, LaunchError};
+
+fn session() -> Option<Session> {
+    common::open(Device::Wgpu(WgpuAdapter::Default))
+}
+
+#[test]
+fn nvfp4_plans_on_the_4bit_kernel_and_follows_its_emulation() {
+    let Some(s) = session() else { return };
+    let cases = [
+        (AttentionProblem::new(1, 4, 5, 64).kv_heads(2).kv_len(100), Nvfp4V::Bf16, false),
+        (AttentionProblem::new(1, 4, 5, 64).kv_heads(2).kv_len(100), Nvfp4V::Nvfp4, true),
+        (AttentionProblem::new(2, 2, 33, 64).kv_len(50).causal(true).layout(Layout::Bshd), Nvfp4V::Bf16, true),
+    ];
+    for (i, (p, v, smooth_k)) in cases.into_iter().enumerate() {
+        let p = p.with_lse(true);
+        let prec = Precision::Nvfp4 { v, smooth_k };
+        let plan = s.plan(&p, prec, Strategy::Auto).unwrap_or_else(|e| panic!("plan {prec} {p:?}: {e}"));
+        assert_eq!(plan.family(), Family::Portable(PortableKind::Fp4), "{}", plan.kernel);
+        let (q, k, vv) = inputs::qkv(&p, 1500 + i as u64);
+        let out = s.run(&plan, &q, &k, &vv).unwrap();
+        assert!(out.o.iter().all(|x| x.is_finite()), "{}: non-finite O", plan.kernel);
+        let r = reference::attention_f64(&p, &q, &k, &vv).unwrap();
+        let m = ErrorMetrics::compare(&out.o, &r.o);
+        let tol = Tolerance::for_precision(prec);
+        let ref_max = r.o.iter().fold(0.0f64, |a, &x| a.max(x.abs()));
+        assert!(tol.accepts(&m, ref_max), "{} {p:?}: {m:?} vs {tol:?}", plan.kernel);
+        // The emulation with the kernel's tiles quantizes Q, K (and V, P) to the same codes; the
+        // products are exact on both sides, so only f32 sums and exp differ (relative ~1e-6),
+        // unless a probability lands within an ulp of a rounding boundary of bf16 or E2M1 and
+        // rounds the other way: one element of one row, far below this bound.
+        let emu = quattn::emulation::emulate(&p, prec, &plan.blocking.unwrap(), &q, &k, &vv).unwrap();
+        let e: Vec<f64> = emu.o.iter().map(|&x| x as f64).collect();
+        let me = ErrorMetrics::compare(&out.o, &e);
+        assert!(me.rel_l2 < 1e-4, "{} {p:?}: kernel vs emulation {me:?} (vs f64: {m:?})", plan.kernel);
+        let el: Vec<f64> = emu.lse.iter().map(|&x| x as f64).collect();
+        let lm = compare_lse(out.lse.as_ref().unwrap(), &el).expect("LSE infinities match");
+        assert!(lm.max_abs < 1e-4, "{} LSE vs emulation {lm:?}", plan.kernel);
+    }
+}
+
+/// Q and K in MXFP4 (E8M0 per 32) through `launch_fp4` on codes quantized by the CPU codec, bf16
+/// V, into an O and LSE filled with NaN: every element is written, and the result is attention
+/// over the decoded values with P rounded to bf16 (relative error ≤ 2^-9 per probability).
+#[test]
+fn mxfp4_codes_through_the_launch_write_every_output() {
+    let Some(s) = session() else { return };
+    let client = s.cubecl_client::<WgpuRuntime>().unwrap();
+    let p = AttentionProblem::new(1, 2, 7, 64).kv_len(45).with_lse(true);
+    let shape = p.shape();
+    let kernel = quattn_cubecl::select_fp4(&client, &shape, Fp4Format::Mxfp4, Fp4V::Bf16).unwrap();
+    let (q, k, v) = inputs::qkv(&p, 77);
+    // BHSD inputs are dense rows already.
+    let tq = Mxfp4Tensor::quantize(&q, p.batch * p.q_heads * p.q_len, p.head_dim).unwrap();
+    let tk = Mxfp4Tensor::quantize(&k, p.batch * p.kv_heads * p.kv_len, p.head_dim).unwrap();
+    let vb: Vec<f32> = v.iter().map(|&x| half::bf16::from_f32(x).to_f32()).collect();
+    let v_bits: Vec<u8> = vb.iter().flat_map(|&x| half::bf16::from_f32(x).to_bits().to_le_bytes()).collect();
+    let words = |b: &[u8]| {
+        let mut b = b.to_vec();
+        b.resize(b.len().next_multiple_of(4).max(4), 0);
+        client.create_from_slice(&b)
+    };
+    let (hq, hqs, hk, hks, hv) = (words(&tq.packed), words(&tq.scales), words(&tk.packed), words(&tk.scales), words(&v_bits));
+    let none = words(&[]);
+    let ts = client.create_from_slice(bytemuck::cast_slice(&[1.0f32]));
+    let o = client.create_from_slice(bytemuck::cast_slice(&vec![f32::NAN; p.o_len_elems()]));
+    let lse = client.create_from_slice(bytemuck::cast_slice(&vec![f32::NAN; p.lse_len_elems()]));
+    let ops = Fp4Operands { q: &hq, q_scales: &hqs, k: &hk, k_scales: &hks, v: &hv, v_scales: &none, tensor_scales: [&ts; 3], lse_shift: None };
+    quattn_cubecl::launch_fp4(&client, &kernel, &shape, ops, &o, Some(&lse)).unwrap();
+    let got: Vec<f32> = bytemuck::pod_collect_to_vec(&client.read_one(o).unwrap());
+    let got_lse: Vec<f32> = bytemuck::pod_collect_to_vec(&client.read_one(lse).unwrap());
+    assert!(got.iter().chain(&got_lse).all(|x| x.is_finite()), "an output element was not written");
+    // The decoded codes, by the codec's own element and scale decoders.
+    let decode = |t: &Mxfp4Tensor| -> Vec<f32> {
+        (0..t.rows * t.cols).map(|i| e2m1::decode(t.code(i / t.cols, i % t.cols)) * e8m0::decode(t.scales[i / 32])).collect()
+    };
+    let (dq, dk) = (decode(&tq), decode(&tk));
+    assert_eq!(dq, tq.dequantize());
+    let r = reference::attention_f64(&p, &dq, &dk, &vb).unwrap();
+    let m = ErrorMetrics::compare(&got, &r.o);
+    assert!(m.rel_l2 < 2f64.powi(-9), "MXFP4 kernel vs f64 on the decoded values: {m:?}");
+    let rl = compare_lse(&got_lse, &r.lse).expect("LSE infinities match");
+    assert!(rl.max_abs < 1e-4, "LSE {rl:?}");
+}
+
+#[test]
+fn typed_errors_of_the_4bit_path() {
+    let Some(s) = session() else { return };
+    let client = s.cubecl_client::<WgpuRuntime>().unwrap();
+    // Operands smaller than their layouts are refused before anything is enqueued.
+    let p = AttentionProblem::new(1, 1, 4, 64).kv_len(16);
+    let shape = p.shape();
+    let kernel = quattn_cubecl::select_fp4(&client, &shape, Fp4Format::Nvfp4, Fp4V::Nvfp4).unwrap();
+    let small = client.create_from_slice(&[0u8; 4]);
+    let o = client.empty(p.o_len_elems() * 4);
+    let ops = Fp4Operands { q: &small, q_scales: &small, k: &small, k_scales: &small, v: &small, v_scales: &small, tensor_scales: [&small; 3], lse_shift: None };
+    let e = quattn_cubecl::launch_fp4(&client, &kernel, &shape, ops, &o, None).unwrap_err();
+    assert!(matches!(e, LaunchError::BufferTooSmall { tensor: "q codes", .. }), "{e}");
+    // The float launch refuses the 4-bit kernel.
+    let e = quattn_cubecl::launch(&client, &kernel, &shape, quattn::Dtype::F32, &o, &o, &o, &o, None).unwrap_err();
+    assert!(matches!(e, LaunchError::WrongKernel { .. }), "{e}");
+    // Through the facade: a head dim the portable kernels lack is a typed error, not a panic.
+    let bad = AttentionProblem::new(1, 1, 4, 48).kv_len(16);
+    let e = s.plan(&bad, Precision::NVFP4_DEFAULT, Strategy::PortableFamily(PortableKind::Fp4)).unwrap_err();
+    assert!(matches!(e, Error::UnsupportedHeadDim { .. } | Error::UnsupportedStrategy { .. }), "{e}");
+    // The 4-bit family takes only the 4-bit modes.
+    let e = s.plan(&p, Precision::F16_DEFAULT, Strategy::PortableFamily(PortableKind::Fp4)).unwrap_err();
+    assert!(matches!(e, Error::UnsupportedStrategy { .. }), "{e}");
+}
+
+/// The CubeCL NVFP4 quantization against the CPU codec, byte for byte: random rows with
+/// outliers, and a row of blocks built to land on ties (block scales halfway between two UE4M3
+/// codes, normal and subnormal, and elements halfway between two E2M1 values), which round to
+/// even.
+#[test]
+fn device_nvfp4_quantization_is_bit_exact_with_the_codec() {
+    let Some(s) = session() else { return };
+    let client = s.cubecl_client::<WgpuRuntime>().unwrap();
+    let cols = 64;
+    // amax 2688 makes the tensor scale exactly 1, so each block's scale is ue4m3(amax_b / 6).
+    let mut ties = vec![0.0f32; cols];
+    ties[0] = 2688.0;
+    // Block 1: amax 6.375 -> 1.0625, halfway between UE4M3 1.0 and 1.125 -> 1.0 (even); then
+    // elements on the E2M1 midpoints under the divisor 1.
+    let mids = [0.25f32, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0];
+    ties[16] = 6.375;
+    for (i, m) in mids.iter().enumerate() {
+        ties[17 + i] = *m;
+        ties[24 + i] = -*m;
+    }
+    // Block 2: amax 9 · 2^-9 -> 1.5 · 2^-9, halfway between the subnormals 2^-9 and 2^-8.
+    ties[32] = 9.0 / 512.0;
+    ties[33] = -3.0 / 512.0;
+    // Block 3: zeros and a negative zero.
+    ties[48] = -0.0;
+    for (rows, seed) in [(1usize, 0u64), (37, 5), (3, 9)] {
+        let x: Vec<f32> = if seed == 0 { ties.clone() } else { inputs::normal_with_outliers(rows * cols, seed) };
+        let h = client.create_from_slice(bytemuck::cast_slice(&x));
+        let d = quattn_cubecl::quantize_nvfp4(&client, &h, rows, cols).unwrap();
+        let cpu = quattn::codec::nvfp4::Nvfp4Tensor::quantize(&x, rows, cols).unwrap();
+        let packed = client.read_one(d.packed).unwrap();
+        let scales = client.read_one(d.block_scales).unwrap();
+        let ts: Vec<f32> = bytemuck::pod_collect_to_vec(&client.read_one(d.tensor_scale).unwrap());
+        assert_eq!(ts[0].to_bits(), cpu.tensor_scale.to_bits(), "tensor scale, seed {seed}");
+        assert_eq!(&scales[..cpu.block_scales.len()], &cpu.block_scales[..], "block scales, seed {seed}");
+        assert_eq!(&packed[..cpu.packed.len()], &cpu.packed[..], "codes, seed {seed}");
+    }
+    // The tie row really has ties: the even choices, spelled out.
+    let cpu = quattn::codec::nvfp4::Nvfp4Tensor::quantize(&ties, 1, cols).unwrap();
+    assert_eq!(cpu.tensor_scale, 1.0);
+    assert_eq!(cpu.block_scales[1], 0x38, "1.0625 -> 1.0");
+    assert_eq!(cpu.block_scales[2], 0x02, "1.5 * 2^-9 -> 2^-8");
+    assert_eq!(e2m1::decode(cpu.code(0, 17)), 0.0);
+    assert_eq!(e2m1::decode(cpu.code(0, 18)), 1.0);
+}
+
+/// On a CUDA device without the sm_120a kernel, `Precision::Nvfp4` plans on the portable 4-bit
+/// kernel through CubeCL CUDA and follows its emulation as on wgpu. Skipped without a CUDA GPU.
+#[test]
+fn cuda_runs_the_portable_4bit_kernel_where_the_native_one_is_not() {
+    let Some(s) = common::open(Device::Cuda(0)) else { return };
+    let p = AttentionProblem::new(1, 4, 5, 64).kv_heads(2).kv_len(100).with_lse(true);
+    for (v, smooth_k) in [(Nvfp4V::Bf16, false), (Nvfp4V::Nvfp4, true)] {
+        let prec = Precision::Nvfp4 { v, smooth_k };
+        let plan = s.plan(&p, prec, Strategy::Auto).unwrap();
+        if plan.family() != Family::Portable(PortableKind::Fp4) {
+            println!("SKIPPED: {prec} plans on {} here", plan.kernel);
+            return;
+        }
+        let (q, k, vv) = inputs::qkv(&p, 1600);
+        let out = s.run(&plan, &q, &k, &vv).unwrap();
+        let emu = quattn::emulation::emulate(&p, prec, &plan.blocking.unwrap(), &q, &k, &vv).unwrap();
+        let e: Vec<f64> = emu.o.iter().map(|&x| x as f64).collect();
+        let me = ErrorMetrics::compare(&out.o, &e);
+        println!("cuda {}: kernel vs emulation {me:?}", plan.kernel);
+        assert!(me.rel_l2 < 1e-4, "{}: kernel vs emulation {me:?}", plan.kernel);
+    }
+}
