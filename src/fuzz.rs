@@ -642,6 +642,8 @@ pub fn variant(e: &Error) -> &'static str {
         Error::InputOverflow { .. } => "InputOverflow",
         Error::InvalidLse { .. } => "InvalidLse",
         Error::Overflow { .. } => "Overflow",
+        Error::InvalidModifier { .. } => "InvalidModifier",
+        Error::UnsupportedFeature { .. } => "UnsupportedFeature",
     }
 }
 
@@ -654,6 +656,7 @@ fn is_capability(e: &Error) -> bool {
             | Error::UnsupportedPrecision { .. }
             | Error::UnsupportedStrategy { .. }
             | Error::InvalidStrides { .. }
+            | Error::UnsupportedFeature { .. }
     )
 }
 

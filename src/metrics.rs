@@ -175,7 +175,7 @@ mod tests {
     fn flops_counts_and_halves_for_causal() {
         let p = AttentionProblem::new(2, 3, 5, 8).kv_len(7);
         assert_eq!(flops(&p), 4.0 * 2.0 * 3.0 * 5.0 * 7.0 * 8.0);
-        assert_eq!(flops(&p.causal(true)), flops(&p) / 2.0);
+        assert_eq!(flops(&p.clone().causal(true)), flops(&p) / 2.0);
     }
 
     #[test]

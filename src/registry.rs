@@ -65,6 +65,24 @@ impl Family {
     }
 }
 
+impl Family {
+    /// Whether the family implements the score modifiers (window, softcap, sinks, ALiBi,
+    /// top-left alignment): the CPU kernels and the portable FMA row (whose test refuses its
+    /// packed-f16 kernel). Every other family refuses a problem that sets one, so that
+    /// `Strategy::Auto` moves on to one that has them instead of ignoring them.
+    pub fn has_score_modifiers(self) -> bool {
+        matches!(self, Family::Cpu | Family::Portable(PortableKind::Fma))
+    }
+}
+
+/// The typed refusal of a kernel that lacks the problem's first modifier, if it sets any.
+pub(crate) fn refuse_modifiers(problem: &AttentionProblem, kernel: impl fmt::Display) -> Result<()> {
+    match problem.modifiers().first() {
+        Some(&feature) => Err(Error::UnsupportedFeature { feature, kernel: kernel.to_string() }),
+        None => Ok(()),
+    }
+}
+
 impl fmt::Display for Family {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -237,7 +255,12 @@ pub(crate) fn walk<B>(
     let mut allowed = 0;
     for row in table.iter().filter(|r| r.family.allowed_by(strategy)) {
         allowed += 1;
-        match (row.test)(backend, problem, precision) {
+        let tested = if row.family.has_score_modifiers() {
+            (row.test)(backend, problem, precision)
+        } else {
+            refuse_modifiers(problem, format!("the {} kernel family", row.family)).map_err(Reject::Refused).and_then(|_| (row.test)(backend, problem, precision))
+        };
+        match tested {
             Ok(choice) => {
                 for (family, why) in &rejected {
                     log::debug!("plan on {device}: not {family}: {why}");
@@ -282,7 +305,10 @@ pub(crate) fn walk<B>(
 /// they are (a head dim the family lacks is the same error whoever asks).
 fn forced_error(strategy: Strategy, device: &str, e: Error) -> Error {
     match e {
-        Error::UnsupportedStrategy { .. } | Error::UnsupportedHeadDim { .. } | Error::UnsupportedVHeadDim { .. } => e,
+        Error::UnsupportedStrategy { .. }
+        | Error::UnsupportedHeadDim { .. }
+        | Error::UnsupportedVHeadDim { .. }
+        | Error::UnsupportedFeature { .. } => e,
         e => Error::UnsupportedStrategy { strategy, device: device.into(), reason: e.to_string() },
     }
 }

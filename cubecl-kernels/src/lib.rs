@@ -112,8 +112,8 @@ mod tiling;
 
 pub use error::LaunchError;
 pub use launch::{
-    check_dtype_supported, first_fit, launch, launch_fp8, launch_int8, select, select_fp8, select_int8, vector_layout_ok,
-    CubeLimits, Family, Fp8Tiles, Fp8Tiling, HalfTiles, Int8Tiles, LaunchInfo, PortableKernel, Selection,
+    check_dtype_supported, first_fit, launch, launch_fp8, launch_int8, launch_modified, select, select_fp8, select_int8, vector_layout_ok,
+    CubeLimits, Family, Fp8Tiles, Fp8Tiling, HalfTiles, Int8Tiles, LaunchInfo, PortableKernel, ScoreMods, Selection,
 };
 pub use problem::SUPPORTED_HEAD_DIMS;
 pub use quant::{q_scale_fold, quantize_int8, Int8DeviceOperands, Int8Quant};
