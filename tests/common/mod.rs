@@ -87,12 +87,7 @@ pub fn check(session: &Session, p: AttentionProblem, precision: Precision, strat
         Dtype::F16 => 1e-3,
         Dtype::Bf16 => 8e-3,
     };
-    assert!(
-        m.max_abs <= 2.0 * naive_err + atol,
-        "{} {precision} {p:?}: max_abs {:.3e} > 2 × naive {naive_err:.3e} + {atol:e}",
-        plan.kernel,
-        m.max_abs
-    );
+    assert!(m.max_abs <= 2.0 * naive_err + atol, "{} {precision} {p:?}: max_abs {:.3e} > 2 × naive {naive_err:.3e} + {atol:e}", plan.kernel, m.max_abs);
     let lse = out.lse.as_ref().expect("LSE asked for");
     let lm = compare_lse(lse, &r.lse).unwrap_or_else(|| panic!("{} {p:?}: LSE infinities differ", plan.kernel));
     assert!(lm.max_abs <= tol.max_abs_rel, "{} {precision} {p:?}: LSE {lm:?}", plan.kernel);
@@ -210,12 +205,16 @@ pub fn assert_int8_accuracy(label: &str, p: &AttentionProblem, q: &[f32], k: &[f
 /// and LSE against f64 with the mode's tolerance.
 pub fn check_accumulation(session: &Session, p: AttentionProblem, precision: Precision, seed: u64) -> [f64; 4] {
     let p = p.with_lse(true);
-    let plan = session.plan(&p, precision, Strategy::Portable).unwrap_or_else(|e| panic!("plan {precision} {p:?}: {e}"));
+    let plan = session
+        .plan(&p, precision, Strategy::Portable)
+        .unwrap_or_else(|e| panic!("plan {precision} {p:?}: {e}"));
     let blocking = plan.blocking.expect("an f16-accumulating plan records its blocking");
     let (q, k, v) = inputs::qkv(&p, seed);
     let r16 = |x: Vec<f32>| HostSlice::F32(&x).rounded_to(Dtype::F16);
     let (q, k, v) = (r16(q), r16(k), r16(v));
-    let out = session.run(&plan, &q, &k, &v).unwrap_or_else(|e| panic!("run {precision} {p:?}: {e}"));
+    let out = session
+        .run(&plan, &q, &k, &v)
+        .unwrap_or_else(|e| panic!("run {precision} {p:?}: {e}"));
     let what = format!("{} {precision} {p:?} {blocking:?}", plan.kernel);
 
     let r = reference::attention_f64(&p, &q, &k, &v).unwrap();
@@ -228,7 +227,12 @@ pub fn check_accumulation(session: &Session, p: AttentionProblem, precision: Pre
     assert!(lm.max_abs <= tol.max_abs_rel, "{what}: LSE {lm:?}");
 
     let emu = |blk: &quattn::emulation::Blocking| -> Vec<f64> {
-        quattn::emulation::emulate(&p, precision, blk, &q, &k, &v).unwrap().o.iter().map(|&x| x as f64).collect()
+        quattn::emulation::emulate(&p, precision, blk, &q, &k, &v)
+            .unwrap()
+            .o
+            .iter()
+            .map(|&x| x as f64)
+            .collect()
     };
     let same = emu(&blocking);
     let other = emu(&quattn::emulation::Blocking { k_step: 16, ..blocking });
