@@ -335,6 +335,30 @@ mod tests {
         assert!(!Family::Cpu.allowed_by(Strategy::PortableFamily(PortableKind::Fma)));
     }
 
+    /// A family without modifiers is passed over with a typed refusal naming the modifier
+    /// (never run on a problem that has one); `Auto` falls through to one that has them, a
+    /// forced family keeps the refusal.
+    #[test]
+    fn modifiers_pass_over_families_without_them() {
+        fn accept(_: &(), p: &AttentionProblem, _: Precision) -> std::result::Result<Choice, Reject> {
+            Ok(Choice { kernel: KernelId::Cpu { dtype: crate::Dtype::F32, head_dim: p.head_dim }, blocking: None })
+        }
+        let only: Vec<Family> = Family::ALL.iter().copied().filter(|f| f.has_score_modifiers()).collect();
+        assert_eq!(only, vec![Family::Cpu, Family::Portable(PortableKind::Fma)]);
+        let table = [Row { family: Family::Native(NativeKind::Wgmma), test: accept }, Row { family: Family::Cpu, test: accept }];
+        let p = AttentionProblem::new(1, 2, 8, 64).softcap(30.0);
+        let planned = walk(&table, &(), "test", &p, Precision::F32, Strategy::Auto).unwrap();
+        assert_eq!(planned.rejected.len(), 1);
+        assert!(planned.rejected[0].1.contains("softcap"), "{}", planned.rejected[0].1);
+        match walk(&table, &(), "test", &p, Precision::F32, Strategy::Native(NativeKind::Wgmma)) {
+            Err(Error::UnsupportedFeature { feature: "softcap", kernel }) => assert!(kernel.contains("native-wgmma"), "{kernel}"),
+            other => panic!("{:?}", other.map(|p| p.choice.kernel)),
+        }
+        // Without a modifier the first row takes it.
+        let plain = AttentionProblem::new(1, 2, 8, 64);
+        assert!(walk(&table, &(), "test", &plain, Precision::F32, Strategy::Auto).unwrap().rejected.is_empty());
+    }
+
     #[test]
     fn family_names_are_unique() {
         let mut names: Vec<String> = Family::ALL.iter().map(|f| f.to_string()).collect();
