@@ -285,6 +285,10 @@ mod wgpu {
         let wide = AttentionProblem { q_len: 90, ..all.clone() }.causal_align(CausalAlign::BottomRight).window(4, 0);
         assert!((0..90).any(|i| wide.visible_keys(i) == 0));
         check(&s, &wide, Precision::F32, 23);
+        // A window wider than a query tile plus two key tiles: key tiles wholly inside every
+        // row's window run without the mask (the modifiers still apply there).
+        let inner = AttentionProblem { q_len: 64, kv_len: 300, ..all.clone() }.window(100, 100);
+        check(&s, &inner, Precision::F32, 26);
 
         let causal = AttentionProblem::new(1, 2, 100, 64)
             .kv_len(230)

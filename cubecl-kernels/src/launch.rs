@@ -910,7 +910,8 @@ pub fn launch_modified<R: Runtime>(
     };
     log::debug!("launching {} with score modifiers {mods:?} for {args:?}", info.kernel);
 
-    let right = if args.causal { Some(mods.window_right.map_or(0, |r| r.min(0))) } else { mods.window_right };
+    // Causal masking is a right extent of 0, whatever the window's.
+    let right = if args.causal { Some(0) } else { mods.window_right };
     let mc = ModsConfig {
         left: mods.window_left.is_some(),
         right: right.is_some(),
