@@ -2,13 +2,15 @@
 //! [`Session::download`]), the same on every backend and kernel family:
 //!
 //! * A query row whose softmax sees a NaN or ±inf (in its own Q row, or in the K or V row of a
-//!   key it sees after the causal mask) comes out NaN: every element of its O row and its LSE.
+//!   key it sees after the mask: causal, sliding window) comes out NaN: every element of its O
+//!   row and its LSE.
 //! * Every other row is computed as if the non-finite values were 0, which it multiplies by a
 //!   zero probability or never reads: it is what it would be without them. In the quantized
 //!   modes (INT8, FP8) a non-finite value counts as 0 in the scale statistics (amax, K mean) of
 //!   its block, so the rows of that block see the quantization those finite values give.
-//! * A row that sees no key (causal with `q_len > kv_len`) has `O = 0` and `LSE = -inf`, also
-//!   when its own Q row holds a NaN: no arithmetic touches it.
+//! * A row that sees no key (causal with `q_len > kv_len`, a window holding no key) has `O = 0`
+//!   and `LSE = -inf`, also when its own Q row holds a NaN (and with attention sinks): no
+//!   arithmetic touches it.
 //! * A finite input that the plan's element type cannot hold (an f32 of 1e5 planned in f16) is
 //!   [`Error::InputOverflow`] naming the tensor, the index and the value, before anything runs.
 //! * Rows whose inputs are all finite but whose output is not (an f16 accumulator or an f32

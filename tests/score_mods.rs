@@ -248,6 +248,37 @@ fn families_without_modifiers_refuse_them_by_name() {
     assert!(s.plan(&same, Precision::F16_DEFAULT, Strategy::Reference).is_ok());
 }
 
+/// The NaN policy follows the window: a NaN key poisons exactly the rows whose window holds it;
+/// every other row is what it is without it.
+#[test]
+fn nan_poisons_only_the_rows_whose_window_sees_it() {
+    let s = Session::new(Device::Cpu).unwrap();
+    let p = AttentionProblem::new(1, 2, 30, 32).kv_len(30).window(3, 2).sinks(vec![0.0, 1.0]).with_lse(true);
+    let plan = s.plan(&p, Precision::F32, Strategy::Auto).unwrap();
+    let (q, mut k, v) = inputs::qkv(&p, 41);
+    let bad = 12;
+    for h in 0..2 {
+        k[p.k_strides().offset(0, h, bad) + 5] = f32::NAN;
+    }
+    let out = s.run(&plan, &q, &k, &v).unwrap();
+    let mut clean = k.clone();
+    clean.iter_mut().filter(|x| x.is_nan()).for_each(|x| *x = 0.0);
+    let r = attention_f64(&p, &q, &clean, &v).unwrap();
+    let lse = out.lse.unwrap();
+    for h in 0..2 {
+        for i in 0..p.q_len {
+            let row = &out.o[p.o_strides().offset(0, h, i)..][..32];
+            let want = &r.o[p.o_strides().offset(0, h, i)..][..32];
+            // Row i sees keys i-3 ..= i+2 (q_len == kv_len).
+            if (i as i64 - 3..=i as i64 + 2).contains(&(bad as i64)) {
+                assert!(row.iter().all(|x| x.is_nan()) && lse[h * 30 + i].is_nan(), "row {i} sees key {bad}");
+            } else {
+                assert!(row.iter().zip(want).all(|(a, b)| (*a as f64 - b).abs() < 1e-5), "row {i}");
+            }
+        }
+    }
+}
+
 #[test]
 fn standard_alibi_slopes_are_the_geometric_sequence() {
     let s = AttentionProblem::standard_alibi_slopes(8);
