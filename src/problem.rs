@@ -306,7 +306,8 @@ impl AttentionProblem {
             s = cap * (s / cap).tanh();
         }
         if let Some(slopes) = &self.alibi_slopes {
-            s -= slopes[h] * self.aligned_distance(i, j).unsigned_abs() as f32;
+            // Validated to one slope per head at plan time; a head past them gets none.
+            s -= slopes.get(h).copied().unwrap_or(0.0) * self.aligned_distance(i, j).unsigned_abs() as f32;
         }
         s
     }

@@ -230,7 +230,8 @@ fn forward_rows<T: Rows>(p: &AttentionProblem, p_round: PRound, q: &T, k: &T, v:
                 q.row(qs.offset(b, h, i), hd, qrow);
                 let qf = q.factor(b, h, i);
                 let modified = p.softcap.is_some() || p.alibi_slopes.is_some();
-                let sink = p.sinks.as_ref().map(|x| x[h]);
+                // One sink per head (validated at plan time).
+                let sink = p.sinks.as_ref().and_then(|x| x.get(h).copied());
                 let mut m = sink.unwrap_or(f32::NEG_INFINITY);
                 for (j, sj) in keys.clone().zip(s.iter_mut()) {
                     k.row(ks.offset(b, kh, j), hd, row);
