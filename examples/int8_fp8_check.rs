@@ -507,15 +507,15 @@ fn main() -> Result<(), BoxErr> {
         let p5 = AttentionProblem::new(1, 2, 256, 128).kv_len(3000).with_lse(true);
         let p6 = AttentionProblem::new(1, 4, 512, 128).kv_len(2048).with_lse(true);
         vec![
-            ("ragged_hd128", p1, int8(g, true, PvFormat::Fp8), quattn::inputs::qkv(&p1, 11)),
-            ("gqa_causal_per_thread", p2, int8(Int8Granularity::PerThread, true, PvFormat::Fp8), quattn::inputs::qkv(&p2, 12)),
-            ("bshd_hd64_per_warp", p3, int8(Int8Granularity::PerWarp, true, PvFormat::Fp8), quattn::inputs::qkv(&p3, 13)),
-            ("long_kv_nosmooth", p4, int8(g, false, PvFormat::Fp8), quattn::inputs::qkv(&p4, 14)),
-            ("rising_logits", p5, int8(g, true, PvFormat::Fp8), rising_logits(&p5, 15)),
-            ("k_outlier_channels", p6, int8(g, true, PvFormat::Fp8), quattn::inputs::qkv_k_outlier_channels(&p6, 16, 8.0)),
+            ("ragged_hd128", p1.clone(), int8(g, true, PvFormat::Fp8), quattn::inputs::qkv(&p1, 11)),
+            ("gqa_causal_per_thread", p2.clone(), int8(Int8Granularity::PerThread, true, PvFormat::Fp8), quattn::inputs::qkv(&p2, 12)),
+            ("bshd_hd64_per_warp", p3.clone(), int8(Int8Granularity::PerWarp, true, PvFormat::Fp8), quattn::inputs::qkv(&p3, 13)),
+            ("long_kv_nosmooth", p4.clone(), int8(g, false, PvFormat::Fp8), quattn::inputs::qkv(&p4, 14)),
+            ("rising_logits", p5.clone(), int8(g, true, PvFormat::Fp8), rising_logits(&p5, 15)),
+            ("k_outlier_channels", p6.clone(), int8(g, true, PvFormat::Fp8), quattn::inputs::qkv_k_outlier_channels(&p6, 16, 8.0)),
             // The f16 P·V plans run the same prepass code on 128-key K blocks.
-            ("f16pv_gqa_causal_per_thread", p2, int8(Int8Granularity::PerThread, true, PvFormat::F16), quattn::inputs::qkv(&p2, 17)),
-            ("f16pv_bshd_hd64_nosmooth", p3, int8(g, false, PvFormat::F16), quattn::inputs::qkv(&p3, 18)),
+            ("f16pv_gqa_causal_per_thread", p2.clone(), int8(Int8Granularity::PerThread, true, PvFormat::F16), quattn::inputs::qkv(&p2, 17)),
+            ("f16pv_bshd_hd64_nosmooth", p3.clone(), int8(g, false, PvFormat::F16), quattn::inputs::qkv(&p3, 18)),
         ]
     };
     let mut checks_pass = true;

@@ -43,6 +43,16 @@ pub enum Error {
     #[error("softmax scale {scale} is not positive: pass |scale| and negate Q for a negative one (scale·Q·Kᵀ = |scale|·(−Q)·Kᵀ); a zero scale is uniform attention over the visible keys")]
     NonPositiveScale { scale: f32 },
 
+    /// A score modifier's parameter is outside what the modifier means (a window extent below
+    /// -1, a non-finite softcap, a per-head array of the wrong length or with NaN).
+    #[error("score modifier `{modifier}` is invalid: {reason}")]
+    InvalidModifier { modifier: &'static str, reason: String },
+
+    /// A kernel family that does not implement a score modifier; `Strategy::Auto` passes over
+    /// it to a family that does.
+    #[error("{kernel} does not implement the {feature} score modifier (the CPU backend and the portable FMA kernel do)")]
+    UnsupportedFeature { feature: &'static str, kernel: String },
+
     #[error("{tensor} shape mismatch: expected {expected:?}, got {got:?}")]
     ShapeMismatch { tensor: TensorName, expected: Vec<usize>, got: Vec<usize> },
 

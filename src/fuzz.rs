@@ -459,8 +459,63 @@ impl Generator {
             },
             non_finite,
         };
+        // Score modifiers on a fraction of the float cases, from their own stream so that the
+        // draws above (and the cases old seeds replay) stay as they were. The emulations do not
+        // model modifiers, so the modes judged against them never get one.
+        let mut mods_rng = stream(self.seed, index, 4);
+        if reg == Regime::Wide && mods_rng.random_bool(0.15) {
+            problem = draw_modifiers(&mut mods_rng, problem);
+        } else if mods_rng.random_bool(0.01) {
+            // Invalid parameters: every plan must give validate's own error.
+            problem = match mods_rng.random_range(0..4) {
+                0 => problem.softcap(pick(&mut mods_rng, &[f32::NAN, f32::INFINITY, 0.0, -1.0], f32::NAN)),
+                1 => problem.window(-2, 0),
+                2 => {
+                    let wrong_len = vec![0.0; problem.q_heads + 1];
+                    problem.sinks(wrong_len)
+                }
+                _ => {
+                    let mut slopes = AttentionProblem::standard_alibi_slopes(problem.q_heads.max(1));
+                    slopes[0] = f32::NAN;
+                    problem.alibi_slopes(slopes)
+                }
+            };
+        }
         Case { seed: self.seed, index, problem, precision, strategy, host, data }
     }
+}
+
+/// One to four score modifiers with parameters in the ranges models use (windows of a few to
+/// all keys, caps near the logits' scale, sinks and slopes of either alignment).
+fn draw_modifiers(rng: &mut StdRng, mut p: AttentionProblem) -> AttentionProblem {
+    let extent = |rng: &mut StdRng, len: usize| -> i64 {
+        match rng.random_range(0..4) {
+            0 => -1,
+            1 => 0,
+            _ => rng.random_range(0..=len as i64 + 2),
+        }
+    };
+    if rng.random_bool(0.5) {
+        let (l, r) = (extent(rng, p.kv_len), extent(rng, p.kv_len));
+        p = p.window(l, r);
+    }
+    if rng.random_bool(0.3) {
+        p = p.softcap(pick(rng, &[1.0f32, 5.0, 30.0, 50.0], 30.0));
+    }
+    if rng.random_bool(0.3) {
+        let sinks: Vec<f32> = (0..p.q_heads)
+            .map(|_| if rng.random_bool(0.1) { f32::NEG_INFINITY } else { rng.random_range(-4.0f32..4.0) })
+            .collect();
+        p = p.sinks(sinks);
+    }
+    if rng.random_bool(0.3) {
+        let slopes = AttentionProblem::standard_alibi_slopes(p.q_heads);
+        p = p.alibi_slopes(slopes);
+    }
+    if rng.random_bool(0.4) {
+        p = p.causal_align(crate::CausalAlign::TopLeft);
+    }
+    p
 }
 
 impl Case {
@@ -553,6 +608,10 @@ impl fmt::Display for Case {
             p.return_lse,
             self.host,
         )?;
+        let mods = p.modifiers();
+        if !mods.is_empty() {
+            write!(f, " [{}: window {:?} softcap {:?} sinks {:?} alibi {:?} align {}]", mods.join(", "), p.window, p.softcap, p.sinks, p.alibi_slopes, p.causal_align.name())?;
+        }
         let d = &self.data;
         write!(f, "; |qk| x{:.3e} |v| x{:.3e}", d.qk_magnitude, d.v_magnitude)?;
         if d.zero_rows {
@@ -642,6 +701,8 @@ pub fn variant(e: &Error) -> &'static str {
         Error::InputOverflow { .. } => "InputOverflow",
         Error::InvalidLse { .. } => "InvalidLse",
         Error::Overflow { .. } => "Overflow",
+        Error::InvalidModifier { .. } => "InvalidModifier",
+        Error::UnsupportedFeature { .. } => "UnsupportedFeature",
     }
 }
 
@@ -654,6 +715,7 @@ fn is_capability(e: &Error) -> bool {
             | Error::UnsupportedPrecision { .. }
             | Error::UnsupportedStrategy { .. }
             | Error::InvalidStrides { .. }
+            | Error::UnsupportedFeature { .. }
     )
 }
 
@@ -732,8 +794,8 @@ fn poisoned_rows(p: &AttentionProblem, x: &Inputs) -> Vec<bool> {
         for h in 0..p.q_heads {
             let keys = &bad_key[(b * p.kv_heads + p.kv_head_of(h)) * p.kv_len..][..p.kv_len];
             for i in 0..p.q_len {
-                let n = p.visible_keys(i);
-                rows.push(n > 0 && (bad(&x.q, s.q, b, h, i, p.head_dim) || keys[..n].iter().any(|&k| k)));
+                let visible: Vec<usize> = (0..p.kv_len).filter(|&j| p.sees(i, j)).collect();
+                rows.push(!visible.is_empty() && (bad(&x.q, s.q, b, h, i, p.head_dim) || visible.iter().any(|&j| keys[j])));
             }
         }
     }

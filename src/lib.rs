@@ -29,7 +29,7 @@ pub use device_tensor::{CubeclTensors, Fp8Descales};
 #[cfg(feature = "cuda")]
 pub use device_tensor::{CudaCodes, CudaCodesMut, CudaFp8, CudaFp8Mut, CudaTensor, CudaTensorMut};
 pub use registry::{Family, KernelId, NativeChoice};
-pub use problem::{AttentionProblem, AttentionShape, Layout, Strides, TensorStrides};
+pub use problem::{AttentionProblem, AttentionShape, CausalAlign, Layout, Strides, TensorStrides, Window};
 pub use session::{attention, DeviceInfo, Output, Path, Plan, Resident, Session};
 pub use tensor::{Element, HostSlice};
 

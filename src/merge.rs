@@ -193,8 +193,8 @@ mod tests {
     fn check_split(layout: Layout, causal_b: bool, q_len: usize, na: usize, nb: usize) {
         let full = AttentionProblem::new(2, 4, q_len, 16).kv_heads(2).kv_len(na + nb).causal(causal_b).layout(layout).with_lse(true);
         let (q, k, v) = inputs::qkv(&full, 7);
-        let pa = full.kv_len(na).causal(false);
-        let pb = full.kv_len(nb).causal(causal_b);
+        let pa = full.clone().kv_len(na).causal(false);
+        let pb = full.clone().kv_len(nb).causal(causal_b);
         let (ks, vs) = (full.k_strides(), full.v_strides());
         let part = |p: &AttentionProblem, r: std::ops::Range<usize>| {
             output(attention_f64(p, &q, &keys(&k, ks, &full, r.clone(), layout), &keys(&v, vs, &full, r, layout)).unwrap())

@@ -134,9 +134,16 @@ impl Tolerance {
 }
 
 /// FLOPs of one forward pass: [`crate::AttentionShape::flops`], FlashAttention's count
-/// (`4 · B · H · Sq · Sk · D`, D the mean of the head dims, halved for causal).
+/// (`4 · B · H · Sq · Sk · D`, D the mean of the head dims, halved for causal). With a sliding
+/// window or top-left alignment the count is of the (row, key) pairs the mask lets through, so
+/// that a window's TFLOP/s are of the work it asks for.
 pub fn flops(problem: &AttentionProblem) -> f64 {
-    problem.shape().flops()
+    let p = problem;
+    if p.window.is_none() && p.causal_align == crate::CausalAlign::BottomRight {
+        return p.shape().flops();
+    }
+    let pairs: f64 = (0..p.q_len).map(|i| p.visible_keys(i) as f64).sum();
+    4.0 * p.batch as f64 * p.q_heads as f64 * pairs * (p.head_dim + p.v_head_dim) as f64 / 2.0
 }
 
 #[cfg(test)]
@@ -175,7 +182,10 @@ mod tests {
     fn flops_counts_and_halves_for_causal() {
         let p = AttentionProblem::new(2, 3, 5, 8).kv_len(7);
         assert_eq!(flops(&p), 4.0 * 2.0 * 3.0 * 5.0 * 7.0 * 8.0);
-        assert_eq!(flops(&p.causal(true)), flops(&p) / 2.0);
+        assert_eq!(flops(&p.clone().causal(true)), flops(&p) / 2.0);
+        // A window of 2 keys each side on 5 x 7, bottom-right (a(i) = i + 2): rows see
+        // 5, 5, 5, 4, 3 keys.
+        assert_eq!(flops(&p.clone().window(2, 2)), 4.0 * 2.0 * 3.0 * 22.0 * 8.0);
     }
 
     #[test]

@@ -2,13 +2,15 @@
 //! [`Session::download`]), the same on every backend and kernel family:
 //!
 //! * A query row whose softmax sees a NaN or ±inf (in its own Q row, or in the K or V row of a
-//!   key it sees after the causal mask) comes out NaN: every element of its O row and its LSE.
+//!   key it sees after the mask: causal, sliding window) comes out NaN: every element of its O
+//!   row and its LSE.
 //! * Every other row is computed as if the non-finite values were 0, which it multiplies by a
 //!   zero probability or never reads: it is what it would be without them. In the quantized
 //!   modes (INT8, FP8) a non-finite value counts as 0 in the scale statistics (amax, K mean) of
 //!   its block, so the rows of that block see the quantization those finite values give.
-//! * A row that sees no key (causal with `q_len > kv_len`) has `O = 0` and `LSE = -inf`, also
-//!   when its own Q row holds a NaN: no arithmetic touches it.
+//! * A row that sees no key (causal with `q_len > kv_len`, a window holding no key) has `O = 0`
+//!   and `LSE = -inf`, also when its own Q row holds a NaN (and with attention sinks): no
+//!   arithmetic touches it.
 //! * A finite input that the plan's element type cannot hold (an f32 of 1e5 planned in f16) is
 //!   [`Error::InputOverflow`] naming the tensor, the index and the value, before anything runs.
 //! * Rows whose inputs are all finite but whose output is not (an f16 accumulator or an f32
@@ -75,21 +77,24 @@ impl Owned {
 pub(crate) struct Poison {
     /// Q rows holding one, as `(b · q_heads + h) · q_len + i`, sorted.
     q_rows: Vec<usize>,
-    /// Per `b · kv_heads + kv_head`: the lowest key whose K or V row holds one (`usize::MAX`:
-    /// none). Causal visibility is a prefix of the keys, so the lowest one decides.
-    first_key: Vec<usize>,
+    /// Per `b · kv_heads + kv_head`: the keys whose K or V row holds one, sorted. A row sees
+    /// a contiguous range of keys (`AttentionProblem::visible_range`), so one search decides.
+    bad_keys: Vec<Vec<usize>>,
 }
 
 impl Poison {
     /// Whether query row `(b, h, i)` sees a non-finite input (rows that see no key never do).
     fn poisons(&self, p: &AttentionProblem, b: usize, h: usize, i: usize) -> bool {
-        let visible = p.visible_keys(i);
-        if visible == 0 {
+        let visible = p.visible_range(i);
+        if visible.is_empty() {
             return false;
         }
         let r = (b * p.q_heads + h) * p.q_len + i;
-        let key = self.first_key.get(b * p.kv_heads + p.kv_head_of(h)).copied().unwrap_or(usize::MAX);
-        key < visible || self.q_rows.binary_search(&r).is_ok()
+        let sees_bad_key = self.bad_keys.get(b * p.kv_heads + p.kv_head_of(h)).is_some_and(|keys| {
+            let first = keys.partition_point(|&j| j < visible.start);
+            keys.get(first).is_some_and(|&j| j < visible.end)
+        });
+        sees_bad_key || self.q_rows.binary_search(&r).is_ok()
     }
 }
 
@@ -222,13 +227,16 @@ pub(crate) fn screen(p: &AttentionProblem, precision: Precision, q: HostSlice<'_
     let poison = if q_rows.is_empty() && k_rows.is_empty() && v_rows.is_empty() {
         None
     } else {
-        let mut first_key = vec![usize::MAX; p.batch * p.kv_heads];
+        let mut bad_keys = vec![Vec::new(); p.batch * p.kv_heads];
         for r in k_rows.into_iter().chain(v_rows) {
             // r = (b · kv_heads + kv_head) · kv_len + key
-            let slot = &mut first_key[r / p.kv_len];
-            *slot = (*slot).min(r % p.kv_len);
+            bad_keys[r / p.kv_len].push(r % p.kv_len);
         }
-        Some(Poison { q_rows, first_key })
+        for keys in &mut bad_keys {
+            keys.sort_unstable();
+            keys.dedup();
+        }
+        Some(Poison { q_rows, bad_keys })
     };
     Ok(Screened { q, k, v, poison })
 }
@@ -323,7 +331,7 @@ mod tests {
     fn causal_poison_starts_at_the_first_bad_key() {
         // q_len 4, kv_len 6, causal: row i sees keys 0..=i+2.
         let p = AttentionProblem::new(1, 2, 4, 8).kv_heads(1).kv_len(6).causal(true);
-        let poison = Poison { q_rows: vec![4 + 1], first_key: vec![4] };
+        let poison = Poison { q_rows: vec![4 + 1], bad_keys: vec![vec![4]] };
         let seen: Vec<bool> = (0..2).flat_map(|h| (0..4).map(move |i| (h, i))).map(|(h, i)| poison.poisons(&p, 0, h, i)).collect();
         // Head 0: rows 2 and 3 see key 4. Head 1: the same, plus row 1's own Q.
         assert_eq!(seen, vec![false, false, true, true, false, true, true, true]);

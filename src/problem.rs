@@ -1,4 +1,8 @@
-//! [`AttentionProblem`]: the shapes of one attention call, no data.
+//! [`AttentionProblem`]: the shapes of one attention call and its score modifiers, no tensor
+//! data.
+
+use std::ops::Range;
+use std::sync::Arc;
 
 use crate::error::{Error, Result, TensorName};
 
@@ -19,18 +23,75 @@ pub struct TensorStrides {
 /// indices the GPU kernels use.
 pub const MAX_TENSOR_ELEMS: usize = (u32::MAX as usize) / 2;
 
-/// The shape of one attention forward call: `O = softmax(scale · Q Kᵀ + mask) V`.
+/// Where query row `i` sits among the keys when `q_len != kv_len`: the row's aligned position
+/// `a(i)` that causal masking, the sliding window and ALiBi measure key distances from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum CausalAlign {
+    /// `a(i) = i + kv_len - q_len`: the last query row is the last key (FlashAttention-2/3's
+    /// convention, and what a decode step against a KV cache means). The default.
+    #[default]
+    BottomRight,
+    /// `a(i) = i`: the first query row is the first key (torch SDPA's `is_causal=True`, which
+    /// builds `torch.ones(L, S).tril(diagonal=0)`).
+    TopLeft,
+}
+
+impl CausalAlign {
+    /// `bottom-right` or `top-left`, as the CLI spells them.
+    pub const fn name(self) -> &'static str {
+        match self {
+            CausalAlign::BottomRight => "bottom-right",
+            CausalAlign::TopLeft => "top-left",
+        }
+    }
+}
+
+/// A sliding window, FlashAttention's `window_size=(left, right)`: query row `i` sees key `j`
+/// iff `a(i) - left <= j <= a(i) + right` ([`CausalAlign`] gives `a(i)`). `-1` is unbounded on
+/// that side; any other negative extent is refused at plan time. With `causal` the right extent
+/// is at most 0 (causal masking and the window both apply).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Window {
+    pub left: i64,
+    pub right: i64,
+}
+
+impl Window {
+    /// The extent as a bound: `None` when unbounded (`-1`).
+    fn bound(x: i64) -> Option<u64> {
+        (x >= 0).then_some(x as u64)
+    }
+    pub fn left_bound(&self) -> Option<u64> {
+        Self::bound(self.left)
+    }
+    pub fn right_bound(&self) -> Option<u64> {
+        Self::bound(self.right)
+    }
+}
+
+/// The shape of one attention forward call: `O = softmax(mods(scale · Q Kᵀ) + mask) V`.
 ///
 /// * Grouped-query / multi-query attention: `q_heads` must be a multiple of `kv_heads`; Q head
 ///   `h` reads KV head `h / (q_heads / kv_heads)`.
-/// * Causal masking is bottom-right aligned (FlashAttention-2 convention): query `i` sees key
-///   `j` iff `j <= i + kv_len - q_len`. When `q_len > kv_len` the first rows see no key at all;
-///   their output is 0 and their LSE is `-inf`.
+/// * Causal masking: query `i` sees key `j` iff `j <= a(i)`, where `a(i)` is the row's aligned
+///   position ([`CausalAlign`]; bottom-right by default, the FlashAttention-2 convention:
+///   `a(i) = i + kv_len - q_len`). Rows that see no key at all (with bottom-right alignment,
+///   the first rows when `q_len > kv_len`; with a window, rows whose window holds no key) have
+///   output 0 and LSE `-inf`.
+/// * Score modifiers (README "Score modifiers"), applied to the scaled logit
+///   `s = scale · q·k` in this order: softcap `s = cap · tanh(s / cap)`, ALiBi
+///   `s -= slope[h] · |a(i) - j|`, then the mask (causal, [`Window`]). Attention sinks add
+///   `exp(sink[h])` to the softmax denominator only: `O = Σ p_j v_j / (Σ p_j + exp(sink))`,
+///   `LSE = ln(Σ exp(s_j) + exp(sink))`; a row that sees no key stays O = 0, LSE = `-inf`.
+///   The per-head arrays (sinks, ALiBi slopes) live in the problem, so a [`crate::Plan`]
+///   carries everything that changes the result; only the CPU backend and the portable FMA
+///   kernel implement modifiers, every other kernel refuses them at plan time
+///   ([`Error::UnsupportedFeature`]).
 /// * The LSE is the natural log of the softmax denominator of the *scaled* logits, shape
 ///   `[batch, q_heads, q_len]` (always this order, whatever the layout).
 /// * NaN and ±inf inputs poison exactly the rows whose softmax sees them (O and LSE NaN); see
 ///   the [NaN policy](crate::nonfinite).
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct AttentionProblem {
     pub batch: usize,
     pub q_heads: usize,
@@ -46,6 +107,18 @@ pub struct AttentionProblem {
     /// Per-tensor strides overriding `layout`'s contiguous ones (`None`: contiguous).
     pub strides: Option<TensorStrides>,
     pub return_lse: bool,
+    /// Where the rows sit among the keys for causal masking, the window and ALiBi.
+    pub causal_align: CausalAlign,
+    /// Sliding window (`None`: every key, up to the causal mask).
+    pub window: Option<Window>,
+    /// Softcap `cap` of `cap · tanh(s / cap)` on the scaled logits (`None`: none).
+    pub softcap: Option<f32>,
+    /// Attention-sink logits, one per Q head (natural-log domain, compared with the scaled
+    /// logits); `-inf` is a sink that takes no mass.
+    pub sinks: Option<Arc<[f32]>>,
+    /// ALiBi slopes, one per Q head: the logit of key `j` for row `i` gets
+    /// `-slope · |a(i) - j|` (FlashAttention's `alibi_slopes` convention).
+    pub alibi_slopes: Option<Arc<[f32]>>,
 }
 
 impl AttentionProblem {
@@ -65,6 +138,11 @@ impl AttentionProblem {
             layout: Layout::Bhsd,
             strides: None,
             return_lse: false,
+            causal_align: CausalAlign::BottomRight,
+            window: None,
+            softcap: None,
+            sinks: None,
+            alibi_slopes: None,
         }
     }
     pub fn kv_heads(mut self, kv_heads: usize) -> Self {
@@ -101,6 +179,138 @@ impl AttentionProblem {
         self.return_lse = return_lse;
         self
     }
+    pub fn causal_align(mut self, align: CausalAlign) -> Self {
+        self.causal_align = align;
+        self
+    }
+    /// FlashAttention's `window_size=(left, right)`; `-1` is unbounded (see [`Window`]).
+    pub fn window(mut self, left: i64, right: i64) -> Self {
+        self.window = Some(Window { left, right });
+        self
+    }
+    pub fn softcap(mut self, cap: f32) -> Self {
+        self.softcap = Some(cap);
+        self
+    }
+    /// One sink logit per Q head.
+    pub fn sinks(mut self, sinks: impl Into<Arc<[f32]>>) -> Self {
+        self.sinks = Some(sinks.into());
+        self
+    }
+    /// One ALiBi slope per Q head.
+    pub fn alibi_slopes(mut self, slopes: impl Into<Arc<[f32]>>) -> Self {
+        self.alibi_slopes = Some(slopes.into());
+        self
+    }
+
+    /// The standard ALiBi slopes of `heads` heads, `2^(-8 (h+1) / heads)` (Press et al.; exact
+    /// for a power-of-two head count, the geometric sequence the paper uses).
+    pub fn standard_alibi_slopes(heads: usize) -> Vec<f32> {
+        (0..heads).map(|h| (-8.0 * (h + 1) as f64 / heads as f64).exp2() as f32).collect()
+    }
+
+    /// The score modifiers set on this problem, by name (empty: plain attention). Top-left
+    /// alignment counts as one only where it changes the result (causal, a window, or ALiBi
+    /// with `q_len != kv_len`).
+    pub fn modifiers(&self) -> Vec<&'static str> {
+        let mut m = Vec::new();
+        if self.window.is_some() {
+            m.push("sliding window");
+        }
+        if self.softcap.is_some() {
+            m.push("softcap");
+        }
+        if self.sinks.is_some() {
+            m.push("attention sinks");
+        }
+        if self.alibi_slopes.is_some() {
+            m.push("ALiBi");
+        }
+        if self.causal_align == CausalAlign::TopLeft && self.q_len != self.kv_len && (self.causal || !m.is_empty()) {
+            m.push("top-left causal alignment");
+        }
+        m
+    }
+
+    /// Whether any score modifier is set (see [`AttentionProblem::modifiers`]).
+    pub fn has_modifiers(&self) -> bool {
+        !self.modifiers().is_empty()
+    }
+
+    /// `a(i) + q_len`, the aligned position of row `i` shifted so that it is never negative
+    /// (bottom-right: `a(i) = i + kv_len - q_len`; top-left: `a(i) = i`).
+    #[inline]
+    fn aligned_plus_q_len(&self, i: usize) -> u64 {
+        match self.causal_align {
+            CausalAlign::BottomRight => (i + self.kv_len) as u64,
+            CausalAlign::TopLeft => (i + self.q_len) as u64,
+        }
+    }
+
+    /// The signed distance `a(i) - j` that ALiBi and the window measure.
+    #[inline]
+    pub fn aligned_distance(&self, i: usize, j: usize) -> i64 {
+        self.aligned_plus_q_len(i) as i64 - (j + self.q_len) as i64
+    }
+
+    /// The right extent in effect: the window's, at most 0 when causal; `None` when unbounded.
+    pub fn right_extent(&self) -> Option<u64> {
+        // Causal caps the window's right extent at 0 (no key after a(i)).
+        if self.causal {
+            return Some(0);
+        }
+        self.window.and_then(|w| w.right_bound())
+    }
+
+    /// The left extent in effect; `None` when unbounded.
+    pub fn left_extent(&self) -> Option<u64> {
+        self.window.and_then(|w| w.left_bound())
+    }
+
+    /// Whether query row `i` sees key `j`: the single definition of the mask (causal, window,
+    /// alignment); [`AttentionProblem::visible_range`] is its contiguous form.
+    #[inline]
+    pub fn sees(&self, i: usize, j: usize) -> bool {
+        if j >= self.kv_len {
+            return false;
+        }
+        let d = self.aligned_distance(i, j); // a(i) - j
+        self.right_extent().is_none_or(|r| -d <= r as i64) && self.left_extent().is_none_or(|l| d <= l as i64)
+    }
+
+    /// The keys query row `i` sees: always one contiguous range (empty when none).
+    #[inline]
+    pub fn visible_range(&self, i: usize) -> Range<usize> {
+        let a = self.aligned_plus_q_len(i); // a(i) + q_len
+        let q = self.q_len as u64;
+        let kv = self.kv_len as u64;
+        // j <= a(i) + r  <=>  j + q_len <= a + r  <=>  j < a + r + 1 - q_len
+        let hi = match self.right_extent() {
+            Some(r) => (a + r + 1).saturating_sub(q).min(kv),
+            None => kv,
+        };
+        // j >= a(i) - l  <=>  j + q_len + l >= a
+        let lo = match self.left_extent() {
+            Some(l) => a.saturating_sub(l + q).min(kv),
+            None => 0,
+        };
+        lo as usize..(hi.max(lo)) as usize
+    }
+
+    /// The scaled logit after the score modifiers (softcap, then ALiBi) for row `i` of Q head
+    /// `h` and key `j`, from `s = scale · q·k` (f32, as the CPU kernel computes).
+    #[inline]
+    pub fn modify_score(&self, s: f32, h: usize, i: usize, j: usize) -> f32 {
+        let mut s = s;
+        if let Some(cap) = self.softcap {
+            s = cap * (s / cap).tanh();
+        }
+        if let Some(slopes) = &self.alibi_slopes {
+            // Validated to one slope per head at plan time; a head past them gets none.
+            s -= slopes.get(h).copied().unwrap_or(0.0) * self.aligned_distance(i, j).unsigned_abs() as f32;
+        }
+        s
+    }
 
     /// The softmax scale in effect.
     pub fn softmax_scale(&self) -> f32 {
@@ -118,14 +328,10 @@ impl AttentionProblem {
         q_head / self.group_size()
     }
 
-    /// Number of keys query row `i` sees (all of them when not causal).
+    /// Number of keys query row `i` sees ([`AttentionProblem::visible_range`]'s length).
     #[inline]
     pub fn visible_keys(&self, i: usize) -> usize {
-        if !self.causal {
-            return self.kv_len;
-        }
-        // j <= i + kv_len - q_len  <=>  j < i + 1 + kv_len - q_len
-        (i + 1 + self.kv_len).saturating_sub(self.q_len).min(self.kv_len)
+        self.visible_range(i).len()
     }
 
     pub fn q_shape(&self) -> [usize; 4] {
@@ -256,6 +462,42 @@ impl AttentionProblem {
         if self.strides.is_some() {
             self.validate_strides()?;
         }
+        self.validate_modifiers()
+    }
+
+    /// The score modifiers: extents `-1` or non-negative, a finite positive softcap, per-head
+    /// arrays of `q_heads` entries (sinks finite or `-inf`, slopes finite).
+    fn validate_modifiers(&self) -> Result<()> {
+        let bad = |modifier: &'static str, reason: String| Err(Error::InvalidModifier { modifier, reason });
+        if let Some(w) = self.window {
+            for (side, x) in [("left", w.left), ("right", w.right)] {
+                if x < -1 {
+                    return bad("sliding window", format!("{side} extent {x}: an extent is -1 (unbounded) or at least 0"));
+                }
+                if x > u32::MAX as i64 / 2 {
+                    return bad("sliding window", format!("{side} extent {x} exceeds {}: pass -1 for unbounded", u32::MAX / 2));
+                }
+            }
+        }
+        if let Some(cap) = self.softcap {
+            if !cap.is_finite() || cap <= 0.0 {
+                return bad("softcap", format!("cap {cap} is not a finite positive number"));
+            }
+        }
+        for (modifier, values, allow_neg_inf) in
+            [("attention sinks", &self.sinks, true), ("ALiBi slopes", &self.alibi_slopes, false)]
+        {
+            let Some(values) = values else { continue };
+            if values.len() != self.q_heads {
+                return bad(modifier, format!("{} values for {} Q heads: pass one per Q head", values.len(), self.q_heads));
+            }
+            if let Some((h, x)) =
+                values.iter().enumerate().find(|(_, x)| !(x.is_finite() || (allow_neg_inf && **x == f32::NEG_INFINITY)))
+            {
+                let allowed = if allow_neg_inf { "finite or -inf" } else { "finite" };
+                return bad(modifier, format!("head {h} has {x}: every value must be {allowed}"));
+            }
+        }
         Ok(())
     }
 
@@ -358,6 +600,11 @@ impl AttentionProblem {
             layout,
             strides: None,
             return_lse: false,
+            causal_align: CausalAlign::BottomRight,
+            window: None,
+            softcap: None,
+            sinks: None,
+            alibi_slopes: None,
         };
         p.validate()?;
         p.check_shapes(&q, &k, &v)?;

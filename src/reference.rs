@@ -4,7 +4,7 @@
 use rayon::prelude::*;
 
 use crate::error::Result;
-use crate::problem::AttentionProblem;
+use crate::problem::{AttentionProblem, CausalAlign};
 
 /// Reference output: `o` in the problem's layout, `lse` as `[batch, q_heads, q_len]` (natural log
 /// of the softmax denominator of the scaled logits; `-inf` for rows that see no key).
@@ -16,8 +16,12 @@ pub struct ReferenceOutput {
 
 /// Attention in f64 on f32 inputs laid out as `problem.layout` says.
 ///
-/// For each query row: `s_j = scale · q·k_j` for the visible keys, `m = max s_j`,
-/// `l = Σ exp(s_j − m)`, `o = Σ exp(s_j − m) v_j / l`, `lse = m + ln l`.
+/// For each query row: `s_j = scale · q·k_j`, then softcap `s_j = cap · tanh(s_j / cap)`, then
+/// ALiBi `s_j -= slope_h · |a(i) − j|`, for the keys the mask lets the row see
+/// ([`AttentionProblem::sees`], tested key by key); `m = max(max s_j, sink_h)`,
+/// `l = Σ exp(s_j − m) + exp(sink_h − m)` (no sink term without sinks),
+/// `o = Σ exp(s_j − m) v_j / l`, `lse = m + ln l`. A row that sees no key has o = 0 and
+/// lse = `-inf`, sinks or not.
 pub fn attention_f64(problem: &AttentionProblem, q: &[f32], k: &[f32], v: &[f32]) -> Result<ReferenceOutput> {
     problem.validate()?;
     problem.check_lengths(q.len(), k.len(), v.len())?;
@@ -31,22 +35,37 @@ pub fn attention_f64(problem: &AttentionProblem, q: &[f32], k: &[f32], v: &[f32]
         .map(|r| {
             let (b, h, i) = (r / (p.q_heads * p.q_len), (r / p.q_len) % p.q_heads, r % p.q_len);
             let kh = p.kv_head_of(h);
-            let n = p.visible_keys(i);
+            let keys: Vec<usize> = (0..p.kv_len).filter(|&j| p.sees(i, j)).collect();
             let mut orow = vec![0.0f64; dv];
-            if n == 0 {
+            if keys.is_empty() {
                 return (orow, f64::NEG_INFINITY); // O stays 0, LSE is -inf.
             }
             let qrow = &q[qs.offset(b, h, i)..][..d];
-            let s: Vec<f64> = (0..n)
-                .map(|j| {
+            let s: Vec<f64> = keys
+                .iter()
+                .map(|&j| {
                     let krow = &k[ks.offset(b, kh, j)..][..d];
-                    qrow.iter().zip(krow).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() * scale
+                    let mut x = qrow.iter().zip(krow).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() * scale;
+                    if let Some(cap) = p.softcap {
+                        let cap = cap as f64;
+                        x = cap * (x / cap).tanh();
+                    }
+                    if let Some(slopes) = &p.alibi_slopes {
+                        // |a(i) - j| with a(i) = i + kv_len - q_len (bottom-right) or i.
+                        let a = match p.causal_align {
+                            CausalAlign::BottomRight => i as f64 + p.kv_len as f64 - p.q_len as f64,
+                            CausalAlign::TopLeft => i as f64,
+                        };
+                        x -= slopes[h] as f64 * (a - j as f64).abs();
+                    }
+                    x
                 })
                 .collect();
-            let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let sink = p.sinks.as_ref().map(|s| s[h] as f64);
+            let m = s.iter().cloned().chain(sink).fold(f64::NEG_INFINITY, f64::max);
             let e: Vec<f64> = s.iter().map(|&x| (x - m).exp()).collect();
-            let l: f64 = e.iter().sum();
-            for (j, &pj) in e.iter().enumerate() {
+            let l: f64 = e.iter().sum::<f64>() + sink.map_or(0.0, |x| (x - m).exp());
+            for (&j, &pj) in keys.iter().zip(&e) {
                 let vrow = &v[vs.offset(b, kh, j)..][..dv];
                 for (oc, &vc) in orow.iter_mut().zip(vrow) {
                     *oc += pj * vc as f64;
@@ -114,7 +133,7 @@ mod tests {
         // The same logical tensors in BHSD and BSHD give the same result; GQA maps heads 0,1 -> 0.
         let (b, hq, hk, s, d) = (2, 4, 2, 5, 3);
         let bhsd = AttentionProblem::new(b, hq, s, d).kv_heads(hk).causal(true);
-        let bshd = bhsd.layout(Layout::Bshd);
+        let bshd = bhsd.clone().layout(Layout::Bshd);
         let val = |b: usize, h: usize, s: usize, c: usize, t: usize| ((b * 31 + h * 17 + s * 7 + c * 3 + t) % 11) as f32 - 5.0;
         let fill = |p: &AttentionProblem, heads: usize, strides: crate::Strides, t: usize| {
             let mut x = vec![0.0; p.batch * heads * s * d];

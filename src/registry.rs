@@ -66,6 +66,24 @@ impl Family {
     }
 }
 
+impl Family {
+    /// Whether the family implements the score modifiers (window, softcap, sinks, ALiBi,
+    /// top-left alignment): the CPU kernels and the portable FMA row (whose test refuses its
+    /// packed-f16 kernel). Every other family refuses a problem that sets one, so that
+    /// `Strategy::Auto` moves on to one that has them instead of ignoring them.
+    pub fn has_score_modifiers(self) -> bool {
+        matches!(self, Family::Cpu | Family::Portable(PortableKind::Fma))
+    }
+}
+
+/// The typed refusal of a kernel that lacks the problem's first modifier, if it sets any.
+pub(crate) fn refuse_modifiers(problem: &AttentionProblem, kernel: impl fmt::Display) -> Result<()> {
+    match problem.modifiers().first() {
+        Some(&feature) => Err(Error::UnsupportedFeature { feature, kernel: kernel.to_string() }),
+        None => Ok(()),
+    }
+}
+
 impl fmt::Display for Family {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -239,7 +257,12 @@ pub(crate) fn walk<B>(
     let mut allowed = 0;
     for row in table.iter().filter(|r| r.family.allowed_by(strategy)) {
         allowed += 1;
-        match (row.test)(backend, problem, precision) {
+        let tested = if row.family.has_score_modifiers() {
+            (row.test)(backend, problem, precision)
+        } else {
+            refuse_modifiers(problem, format!("the {} kernel family", row.family)).map_err(Reject::Refused).and_then(|_| (row.test)(backend, problem, precision))
+        };
+        match tested {
             Ok(choice) => {
                 for (family, why) in &rejected {
                     log::debug!("plan on {device}: not {family}: {why}");
@@ -284,7 +307,10 @@ pub(crate) fn walk<B>(
 /// they are (a head dim the family lacks is the same error whoever asks).
 fn forced_error(strategy: Strategy, device: &str, e: Error) -> Error {
     match e {
-        Error::UnsupportedStrategy { .. } | Error::UnsupportedHeadDim { .. } | Error::UnsupportedVHeadDim { .. } => e,
+        Error::UnsupportedStrategy { .. }
+        | Error::UnsupportedHeadDim { .. }
+        | Error::UnsupportedVHeadDim { .. }
+        | Error::UnsupportedFeature { .. } => e,
         e => Error::UnsupportedStrategy { strategy, device: device.into(), reason: e.to_string() },
     }
 }
@@ -309,6 +335,30 @@ mod tests {
         assert!(!Family::Native(NativeKind::Hmma).allowed_by(Strategy::Portable));
         assert!(Family::Cpu.allowed_by(Strategy::Portable));
         assert!(!Family::Cpu.allowed_by(Strategy::PortableFamily(PortableKind::Fma)));
+    }
+
+    /// A family without modifiers is passed over with a typed refusal naming the modifier
+    /// (never run on a problem that has one); `Auto` falls through to one that has them, a
+    /// forced family keeps the refusal.
+    #[test]
+    fn modifiers_pass_over_families_without_them() {
+        fn accept(_: &(), p: &AttentionProblem, _: Precision) -> std::result::Result<Choice, Reject> {
+            Ok(Choice { kernel: KernelId::Cpu { dtype: crate::Dtype::F32, head_dim: p.head_dim }, blocking: None })
+        }
+        let only: Vec<Family> = Family::ALL.iter().copied().filter(|f| f.has_score_modifiers()).collect();
+        assert_eq!(only, vec![Family::Cpu, Family::Portable(PortableKind::Fma)]);
+        let table = [Row { family: Family::Native(NativeKind::Wgmma), test: accept }, Row { family: Family::Cpu, test: accept }];
+        let p = AttentionProblem::new(1, 2, 8, 64).softcap(30.0);
+        let planned = walk(&table, &(), "test", &p, Precision::F32, Strategy::Auto).unwrap();
+        assert_eq!(planned.rejected.len(), 1);
+        assert!(planned.rejected[0].1.contains("softcap"), "{}", planned.rejected[0].1);
+        match walk(&table, &(), "test", &p, Precision::F32, Strategy::Native(NativeKind::Wgmma)) {
+            Err(Error::UnsupportedFeature { feature: "softcap", kernel }) => assert!(kernel.contains("native-wgmma"), "{kernel}"),
+            other => panic!("{:?}", other.map(|p| p.choice.kernel)),
+        }
+        // Without a modifier the first row takes it.
+        let plain = AttentionProblem::new(1, 2, 8, 64);
+        assert!(walk(&table, &(), "test", &plain, Precision::F32, Strategy::Auto).unwrap().rejected.is_empty());
     }
 
     #[test]

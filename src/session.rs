@@ -182,6 +182,8 @@ impl Session {
         precision.validate()?;
         let (kernel, blocking, rejected) = match strategy {
             Strategy::Reference => {
+                // The emulations model the kernels' arithmetic, not the score modifiers.
+                crate::registry::refuse_modifiers(problem, "the CPU emulation (Strategy::Reference)")?;
                 let blocking = Blocking::default();
                 blocking.validate(problem, precision)?;
                 (KernelId::Emulation { precision, blocking }, Some(blocking), Vec::new())
@@ -191,7 +193,7 @@ impl Session {
                 (planned.choice.kernel, planned.choice.blocking, planned.rejected)
             }
         };
-        Ok(Plan { problem: *problem, precision, strategy, kernel, blocking, rejected })
+        Ok(Plan { problem: problem.clone(), precision, strategy, kernel, blocking, rejected })
     }
 
     /// Plans and runs in one call, host slices in, host vectors out.

@@ -42,7 +42,7 @@ fn matrix_of_shapes_and_precisions() {
     ];
     for (i, p) in shapes.into_iter().enumerate() {
         for prec in [Precision::F32, Precision::F16_DEFAULT, Precision::BF16_DEFAULT] {
-            check(p, prec, 100 + i as u64);
+            check(p.clone(), prec, 100 + i as u64);
         }
     }
 }
@@ -114,8 +114,8 @@ fn fp8_reads_codes_and_follows_its_emulation() {
                     let pf = PvFormat::F16;
                     let prec = Precision::Fp8 { format, descale, p: pf };
                     let seed = 300 + i as u64;
-                    check(p, prec, seed);
-                    let p = p.with_lse(true);
+                    check(p.clone(), prec, seed);
+                    let p = p.clone().with_lse(true);
                     let plan = s.plan(&p, prec, Strategy::Auto).unwrap();
                     assert!(plan.kernel_name().starts_with("fwd_cpu_fp8"), "{}", plan.kernel_name());
                     let (q, k, v) = inputs::qkv(&p, seed);

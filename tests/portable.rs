@@ -257,7 +257,7 @@ macro_rules! testgen_attention {
                         Ok(plan) => {
                             // The plan holds the forced family's kernel, not a look-alike name.
                             assert_eq!(plan.family(), quattn::Family::Portable(kind), "{kind:?}: {}", plan.kernel);
-                            check(&s, p, Precision::F16_DEFAULT, strategy, 31);
+                            check(&s, p.clone(), Precision::F16_DEFAULT, strategy, 31);
                         }
                         Err(quattn::Error::UnsupportedStrategy { reason, .. }) => {
                             assert_ne!(
@@ -315,7 +315,7 @@ macro_rules! testgen_attention {
                     // unrolled variant for several seconds).
                     let all = qk == QkAccum::TwoStage && pv == PvAccum::F16PerTile;
                     for (i, p) in problems.iter().enumerate().filter(|(i, _)| all || *i == 0) {
-                        let [vs_f64, _, _, emu_err] = check_accumulation(&s, *p, prec, 40 + i as u64);
+                        let [vs_f64, _, _, emu_err] = check_accumulation(&s, p.clone(), prec, 40 + i as u64);
                         // FlashAttention's rule with the mode's own math as the baseline: at
                         // most twice the emulation's error, and at least half of it: an f32-
                         // accumulating kernel is 4-15x closer to f64 than these modes and

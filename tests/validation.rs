@@ -14,13 +14,13 @@ fn plan_err(p: &AttentionProblem, prec: Precision, strategy: Strategy) -> Error 
 fn zero_sizes_name_the_dimension() {
     let base = AttentionProblem::new(1, 2, 8, 64);
     let cases: [(&str, AttentionProblem); 7] = [
-        ("batch", AttentionProblem { batch: 0, ..base }),
-        ("q_heads", AttentionProblem { q_heads: 0, ..base }),
-        ("kv_heads", AttentionProblem { kv_heads: 0, ..base }),
-        ("q_len", AttentionProblem { q_len: 0, ..base }),
-        ("kv_len", AttentionProblem { kv_len: 0, ..base }),
-        ("head_dim", AttentionProblem { head_dim: 0, ..base }),
-        ("v_head_dim", AttentionProblem { v_head_dim: 0, ..base }),
+        ("batch", AttentionProblem { batch: 0, ..base.clone() }),
+        ("q_heads", AttentionProblem { q_heads: 0, ..base.clone() }),
+        ("kv_heads", AttentionProblem { kv_heads: 0, ..base.clone() }),
+        ("q_len", AttentionProblem { q_len: 0, ..base.clone() }),
+        ("kv_len", AttentionProblem { kv_len: 0, ..base.clone() }),
+        ("head_dim", AttentionProblem { head_dim: 0, ..base.clone() }),
+        ("v_head_dim", AttentionProblem { v_head_dim: 0, ..base.clone() }),
     ];
     for (name, p) in cases {
         match plan_err(&p, Precision::F32, Strategy::Auto) {

@@ -22,6 +22,7 @@ use crate::kernel::fma_vec::{fwd_portable_fma_vec, FmaVecConfig, W};
 use crate::kernel::fma_vec_fp8::{fwd_portable_fma_vec_fp8, Fp8Config, Fp8ShapeLaunch};
 use crate::kernel::fma_vec_fp4::{fwd_portable_fma_vec_fp4, Fp4Config, Fp4ShapeLaunch, P_BLOCK};
 use crate::kernel::fma_vec_int8::{fwd_portable_fma_vec_int8, Int8Config, Int8ShapeLaunch};
+use crate::kernel::fma_vec_mods::{fwd_portable_fma_vec_mods, ModArgsLaunch, ModsConfig};
 use crate::kernel::mma::{fwd_mma, MmaFwdConfig};
 use crate::kernel::mma_fp8::{fwd_mma_fp8, FP8_VEC};
 use crate::kernel::AttnShapeLaunch;
@@ -909,6 +910,175 @@ pub fn launch<R: Runtime>(
             }
         }
         PortableKernel::Int8(_) | PortableKernel::Fp8(_) | PortableKernel::Fp4(_) => unreachable!("refused above"),
+    }
+    info.launched = true;
+    Ok(info)
+}
+
+/// Score modifiers for [`launch_modified`], in FlashAttention's conventions: a sliding window
+/// `(left, right)` (`None`: unbounded on that side) around the row's aligned position `a(i)`
+/// (`i + kv_len - q_len`, or `i` with `top_left`), softcap `cap · tanh(s / cap)` and ALiBi
+/// `-slope · |a(i) - j|` on the scaled logit `s`, and sinks joining the softmax denominator.
+/// Causal masking (the shape's `causal`) composes with the window: a right extent of 0.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ScoreMods<'a> {
+    pub top_left: bool,
+    pub window_left: Option<u32>,
+    pub window_right: Option<u32>,
+    pub softcap: Option<f32>,
+    /// One per Q head.
+    pub sinks: Option<&'a [f32]>,
+    /// One per Q head.
+    pub alibi_slopes: Option<&'a [f32]>,
+}
+
+impl ScoreMods<'_> {
+    /// Whether the modifiers leave attention as [`launch`] computes it.
+    pub fn is_none(&self, shape: &AttentionShape) -> bool {
+        let aligned_same = !self.top_left || shape.q_len == shape.kv_len;
+        self.window_left.is_none()
+            && self.window_right.is_none()
+            && self.softcap.is_none()
+            && self.sinks.is_none()
+            && self.alibi_slopes.is_none()
+            && (aligned_same || !shape.causal)
+    }
+
+    fn check(&self, args: &Args) -> Result<(), LaunchError> {
+        let invalid = |reason: String| Err(LaunchError::InvalidProblem { reason });
+        if let Some(cap) = self.softcap {
+            if !(cap.is_finite() && cap > 0.0) {
+                return invalid(format!("softcap {cap} is not finite and positive"));
+            }
+        }
+        for (what, x) in [("left", self.window_left), ("right", self.window_right)] {
+            if x.is_some_and(|x| x > u32::MAX / 2) {
+                return invalid(format!("window {what} extent {x:?} exceeds {}", u32::MAX / 2));
+            }
+        }
+        for (what, values, neg_inf) in [("sinks", self.sinks, true), ("alibi slopes", self.alibi_slopes, false)] {
+            let Some(values) = values else { continue };
+            if values.len() != args.q_heads as usize {
+                return invalid(format!("{} {what} for {} q heads", values.len(), args.q_heads));
+            }
+            if values.iter().any(|x| !(x.is_finite() || (neg_inf && *x == f32::NEG_INFINITY))) {
+                return invalid(format!("{what} hold a NaN or an infinity"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// [`launch`] with score modifiers ([`ScoreMods`]): the vector FMA kernel's modifier variant,
+/// which visits only the key tiles a query tile's windows touch. Modifiers that change nothing
+/// launch the plain kernel; any other kernel than [`PortableKernel::Fma`] is
+/// [`LaunchError::WrongKernel`].
+#[allow(clippy::too_many_arguments)]
+pub fn launch_modified<R: Runtime>(
+    client: &ComputeClient<R>,
+    kernel: &PortableKernel,
+    shape: &AttentionShape,
+    dtype: Dtype,
+    mods: &ScoreMods<'_>,
+    q: &Handle,
+    k: &Handle,
+    v: &Handle,
+    o: &Handle,
+    lse: Option<&Handle>,
+) -> Result<LaunchInfo, LaunchError> {
+    if mods.is_none(shape) {
+        return launch(client, kernel, shape, dtype, q, k, v, o, lse);
+    }
+    let PortableKernel::Fma(tiles) = *kernel else {
+        return Err(LaunchError::WrongKernel {
+            kernel: kernel.name(),
+            reason: "score modifiers run on the vector FMA kernel only".into(),
+        });
+    };
+    let args = Args::new(shape)?;
+    mods.check(&args)?;
+    check_dtype_supported(client, dtype)?;
+    vector_layout_ok(shape).map_err(|reason| LaunchError::UnalignedLayout { reason })?;
+    let extents = args.extents();
+    let bytes = dtype.size_bytes() as u64;
+    for ((tensor, elems), handle) in extents.into_iter().zip([q, k, v, o]) {
+        check_extent(tensor, elems.max(W as u64), bytes, handle)?;
+    }
+    check_lse(&args, lse)?;
+    let Some(mut info) = prepare(client, kernel, &args, dtype)? else {
+        return Ok(empty_info(kernel, &args, dtype));
+    };
+    log::debug!("launching {} with score modifiers {mods:?} for {args:?}", info.kernel);
+
+    // Causal masking is a right extent of 0, whatever the window's.
+    let right = if args.causal { Some(0) } else { mods.window_right };
+    let mc = ModsConfig {
+        left: mods.window_left.is_some(),
+        right: right.is_some(),
+        softcap: mods.softcap.is_some(),
+        alibi: mods.alibi_slopes.is_some(),
+    };
+    // Sinks then slopes, one per Q head each. Sinks below the kernel's "no score" value take no
+    // mass either way; clamping them keeps infinities out of the kernel (WGSL has none).
+    let heads = args.q_heads as usize;
+    // Without sinks, a sink far below any score: exp(sink − m) is exactly 0.
+    let mut params = vec![0.0f32; 2 * heads];
+    params[..heads].fill(-3.0e38);
+    if let Some(sinks) = mods.sinks {
+        for (p, &x) in params[..heads].iter_mut().zip(sinks) {
+            *p = x.max(crate::kernel::NO_MAX);
+        }
+    }
+    if let Some(slopes) = mods.alibi_slopes {
+        params[heads..].copy_from_slice(slopes);
+    }
+    let params_handle = client.create_from_slice(&params.iter().flat_map(|x| x.to_ne_bytes()).collect::<Vec<u8>>());
+
+    let arr = |handle: &Handle, elems: u64| {
+        // SAFETY: `check_extent` proved the handle covers `max(elems, W)` elements; every row
+        // start is a multiple of W (vector_layout_ok).
+        unsafe { ArrayArg::from_raw_parts(handle.clone(), (elems as usize).div_ceil(W).max(1)) }
+    };
+    let (lse_handle, lse_len) = lse_binding(client, &args, lse);
+    // SAFETY: `check_lse` proved the caller's LSE buffer holds `lse_len` floats.
+    let lse_arg = || unsafe { ArrayArg::from_raw_parts(lse_handle.clone(), lse_len as usize) };
+    // SAFETY: `params` holds 2 · q_heads floats; the kernel reads `head` and `q_heads + head`.
+    let params_arg = || unsafe { ArrayArg::from_raw_parts(params_handle.clone(), 2 * heads) };
+    let count = cube_count(kernel, &args);
+    let count_arg = CubeCount::Static(count.0, count.1, count.2);
+    let dim = CubeDim::new_1d(kernel.units());
+    // The kernel scales the scores itself, before the modifiers; its softmax runs with 1.
+    let unscaled = Args { scale: 1.0, ..args };
+    let row_shift = if mods.top_left { args.q_len } else { args.kv_len };
+    let mod_arg = || {
+        ModArgsLaunch::new(
+            row_shift,
+            mods.window_left.unwrap_or(0),
+            right.unwrap_or(0),
+            args.scale,
+            mods.softcap.unwrap_or(1.0),
+        )
+    };
+    let cfg = fma_vec_config(&tiles, &args, true, info.plane_reduce);
+    macro_rules! go {
+        ($e:ty, $s:ty) => {
+            // SAFETY: as for `launch`: every global index is guarded by q_len / kv_len and the
+            // buffers cover the strided extents.
+            unsafe {
+                fwd_portable_fma_vec_mods::launch_unchecked::<$e, $s, R>(
+                    client, count_arg, dim, W,
+                    arr(q, extents[0].1), arr(k, extents[1].1), arr(v, extents[2].1), arr(o, extents[3].1),
+                    lse_arg(), shape_arg::<R>(&unscaled), mod_arg(), params_arg(), cfg, mc,
+                )
+            }
+        };
+    }
+    match (dtype, tiles.stage_f32) {
+        (Dtype::F32, _) => go!(f32, f32),
+        (Dtype::F16, true) => go!(f16, f32),
+        (Dtype::F16, false) => go!(f16, f16),
+        (Dtype::Bf16, true) => go!(bf16, f32),
+        (Dtype::Bf16, false) => go!(bf16, bf16),
     }
     info.launched = true;
     Ok(info)

@@ -125,3 +125,42 @@ fn reports_llvmpipe_capabilities() {
         f.matmul.cmma.len()
     );
 }
+
+/// Score modifiers: bad parameters and a kernel without a modifier variant are refused before
+/// anything is enqueued; modifiers that change nothing launch the plain kernel.
+#[test]
+fn modifier_refusals() {
+    use quattn_cubecl::{launch_modified, ScoreMods};
+    let Some(client) = wgpu_client() else { return };
+    let ok = AttentionShape::contiguous(Layout::Bhsd, 1, 2, 1, 16, 16, 64, false);
+    let [q, k, v, o] = buffers(&client, 2 * 16 * 64 * 4);
+    let kernel = select(&client, &ok, Dtype::F32, Accumulation::default(), None).unwrap().kernel;
+    let run = |mods: &ScoreMods<'_>, kernel: &PortableKernel| launch_modified(&client, kernel, &ok, Dtype::F32, mods, &q, &k, &v, &o, None);
+    let nan = [f32::NAN, 0.0];
+    let inf = [f32::INFINITY, 0.0];
+    let one = [0.0f32];
+    for bad in [
+        ScoreMods { softcap: Some(f32::NAN), ..ScoreMods::default() },
+        ScoreMods { softcap: Some(0.0), ..ScoreMods::default() },
+        ScoreMods { window_left: Some(u32::MAX), ..ScoreMods::default() },
+        ScoreMods { sinks: Some(&one), ..ScoreMods::default() },
+        ScoreMods { sinks: Some(&nan), ..ScoreMods::default() },
+        ScoreMods { sinks: Some(&inf), ..ScoreMods::default() },
+        ScoreMods { alibi_slopes: Some(&nan), ..ScoreMods::default() },
+    ] {
+        assert!(matches!(run(&bad, &kernel), Err(LaunchError::InvalidProblem { .. })), "{bad:?}");
+    }
+    // Only the vector FMA kernel has a modifier variant.
+    let half = PortableKernel::Half(quattn_cubecl::HalfTiles {
+        tiles: quattn_cubecl::fma_half_candidates(64)[0],
+        accumulation: Accumulation { qk: QkAccum::F16, pv: PvAccum::F16PerTile },
+        split_kv: false,
+    });
+    let window = ScoreMods { window_left: Some(4), window_right: Some(0), ..ScoreMods::default() };
+    assert!(matches!(run(&window, &half), Err(LaunchError::WrongKernel { .. })));
+    // Top-left alignment of a non-causal square problem changes nothing: the plain kernel runs.
+    let same = ScoreMods { top_left: true, ..ScoreMods::default() };
+    assert!(same.is_none(&ok));
+    assert!(run(&same, &kernel).unwrap().launched);
+    assert!(!window.is_none(&ok));
+}

@@ -182,6 +182,67 @@ pub fn parse_precision(s: &str) -> Result<Precision, String> {
     })
 }
 
+/// Score modifiers of `run` and `bench` (README "Score modifiers").
+#[derive(Args, Clone, Debug, Default)]
+pub struct ModifierArgs {
+    /// Sliding window `L,R` (FlashAttention's window_size): row i sees keys a(i)-L ..= a(i)+R;
+    /// -1 is unbounded on that side.
+    #[arg(long, value_parser = parse_window, allow_hyphen_values = true)]
+    pub window: Option<(i64, i64)>,
+    /// Softcap C: scaled logits s become C·tanh(s/C) (before the mask).
+    #[arg(long)]
+    pub softcap: Option<f32>,
+    /// Random attention sinks, one per q head (N(0, 2²), from the input seed).
+    #[arg(long)]
+    pub sinks: bool,
+    /// ALiBi with the standard slopes 2^(-8(h+1)/H).
+    #[arg(long)]
+    pub alibi: bool,
+    /// Where the rows sit among the keys when q_len != kv_len, for causal masking, the window
+    /// and ALiBi: bottom-right (FlashAttention, a(i) = i + kv_len - q_len) or top-left (torch
+    /// SDPA's is_causal, a(i) = i).
+    #[arg(long, value_enum, default_value = "bottom-right")]
+    pub causal_align: CausalAlignArg,
+}
+
+#[derive(Clone, Copy, Debug, Default, ValueEnum, PartialEq, Eq)]
+pub enum CausalAlignArg {
+    #[default]
+    BottomRight,
+    TopLeft,
+}
+
+impl ModifierArgs {
+    /// `p` with the modifiers set (sinks drawn from `seed`).
+    pub fn apply(&self, mut p: AttentionProblem, seed: u64) -> AttentionProblem {
+        if let Some((l, r)) = self.window {
+            p = p.window(l, r);
+        }
+        if let Some(c) = self.softcap {
+            p = p.softcap(c);
+        }
+        if self.sinks {
+            let sinks: Vec<f32> = quattn::inputs::normal_with_outliers(p.q_heads, seed ^ 0x5eed_5111).into_iter().map(|x| 2.0 * x).collect();
+            p = p.sinks(sinks);
+        }
+        if self.alibi {
+            let slopes = AttentionProblem::standard_alibi_slopes(p.q_heads);
+            p = p.alibi_slopes(slopes);
+        }
+        p.causal_align(match self.causal_align {
+            CausalAlignArg::BottomRight => quattn::CausalAlign::BottomRight,
+            CausalAlignArg::TopLeft => quattn::CausalAlign::TopLeft,
+        })
+    }
+}
+
+/// `L,R` as two integers.
+fn parse_window(s: &str) -> Result<(i64, i64), String> {
+    let (l, r) = s.split_once(',').ok_or_else(|| format!("window `{s}`: expected L,R (e.g. 4096,0; -1 is unbounded)"))?;
+    let n = |x: &str| x.trim().parse::<i64>().map_err(|e| format!("window `{s}`: `{x}` is not an integer: {e}"));
+    Ok((n(l)?, n(r)?))
+}
+
 #[derive(Args, Clone, Debug)]
 pub struct RunArgs {
     #[command(flatten)]
@@ -226,6 +287,8 @@ pub struct RunArgs {
     /// One JSON object on stdout.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub mods: ModifierArgs,
 }
 
 impl RunArgs {
@@ -242,7 +305,7 @@ impl RunArgs {
         if let Some(s) = self.scale {
             p = p.scale(s);
         }
-        p
+        self.mods.apply(p, self.seed)
     }
 }
 
@@ -291,6 +354,8 @@ pub struct BenchArgs {
     /// 8 KV heads, q_len 1, kv_len 8192, head dim 128, f16).
     #[arg(long)]
     pub api_overhead: bool,
+    #[command(flatten)]
+    pub mods: ModifierArgs,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]

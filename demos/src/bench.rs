@@ -37,7 +37,7 @@ pub fn grid(a: &BenchArgs) -> Vec<AttentionProblem> {
             for &c in causals {
                 let batch = (a.tokens / s).max(1);
                 let heads = (a.width / d).max(1);
-                let p = AttentionProblem::new(batch, heads, a.q_len.unwrap_or(s), d).kv_len(s).causal(c);
+                let p = a.mods.apply(AttentionProblem::new(batch, heads, a.q_len.unwrap_or(s), d).kv_len(s).causal(c), 17);
                 v.push(match a.kv_heads {
                     Some(kv) => p.kv_heads(kv),
                     None => p,

@@ -63,6 +63,9 @@ fn cubek_unsupported(p: &AttentionProblem) -> Option<String> {
             return Some("cubek-attention 0.2 always scales by 1/sqrt(head_dim)".into());
         }
     }
+    if p.has_modifiers() {
+        return Some(format!("cubek-attention 0.2 has no score modifiers ({})", p.modifiers().join(", ")));
+    }
     if p.causal && p.q_len != p.kv_len {
         // quattn aligns the causal mask bottom-right; cubek's alignment for q_len != kv_len is
         // not documented, so only square causal problems are compared.

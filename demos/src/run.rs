@@ -18,6 +18,9 @@ pub struct Shape {
     pub head_dim: usize,
     pub causal: bool,
     pub layout: &'static str,
+    /// Score modifiers set (`AttentionProblem::modifiers`); absent when none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub modifiers: Vec<String>,
 }
 
 impl Shape {
@@ -34,8 +37,30 @@ impl Shape {
                 Layout::Bhsd => "bhsd",
                 Layout::Bshd => "bshd",
             },
+            modifiers: describe_modifiers(p),
         }
     }
+}
+
+/// The modifiers with their parameters, e.g. `window(4096,0)`, `softcap(30)`.
+fn describe_modifiers(p: &quattn::AttentionProblem) -> Vec<String> {
+    let mut m = Vec::new();
+    if let Some(w) = p.window {
+        m.push(format!("window({},{})", w.left, w.right));
+    }
+    if let Some(c) = p.softcap {
+        m.push(format!("softcap({c})"));
+    }
+    if p.sinks.is_some() {
+        m.push("sinks".into());
+    }
+    if p.alibi_slopes.is_some() {
+        m.push("alibi".into());
+    }
+    if p.causal_align == quattn::CausalAlign::TopLeft {
+        m.push("top-left".into());
+    }
+    m
 }
 
 #[derive(Serialize)]
@@ -96,7 +121,7 @@ pub fn main(a: &RunArgs) -> anyhow::Result<i32> {
         println!("device    {} ({})", report.device, report.adapter);
         println!("kernel    {} [{} / {}]", report.kernel, report.strategy, report.precision);
         println!(
-            "shape     batch {} heads {}/{} seq {}x{} head_dim {}{} {}",
+            "shape     batch {} heads {}/{} seq {}x{} head_dim {}{} {}{}",
             s.batch,
             s.heads,
             s.kv_heads,
@@ -104,7 +129,8 @@ pub fn main(a: &RunArgs) -> anyhow::Result<i32> {
             s.kv_seq,
             s.head_dim,
             if s.causal { " causal" } else { "" },
-            s.layout
+            s.layout,
+            if s.modifiers.is_empty() { String::new() } else { format!(" {}", s.modifiers.join(" ")) }
         );
         println!("time      {:.4} ms  ({:.3} TFLOP/s)", report.ms, report.tflops);
         if let Some(acc) = &report.accuracy {

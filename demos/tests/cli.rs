@@ -24,6 +24,19 @@ fn run_cpu_f32_json_meets_the_reference() {
 }
 
 #[test]
+fn run_with_every_score_modifier_meets_the_reference() {
+    let out = quattn(&[
+        "run", "--device", "cpu", "--precision", "f32", "--heads", "4", "--seq", "96", "--kv-seq", "160", "--head-dim", "32", "--causal",
+        "--window", "24,-1", "--softcap", "5", "--sinks", "--alibi", "--causal-align", "top-left", "--json",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_str(String::from_utf8(out.stdout).unwrap().trim()).unwrap();
+    assert_eq!(v["shape"]["modifiers"], serde_json::json!(["window(24,-1)", "softcap(5)", "sinks", "alibi", "top-left"]), "{v}");
+    assert!(v["accuracy"]["passed"].as_bool().unwrap(), "{v}");
+    assert!(v["rel_l2"].as_f64().unwrap() < 1e-6, "{v}");
+}
+
+#[test]
 fn invalid_inputs_exit_non_zero_with_a_message() {
     for (args, needle) in [
         (vec!["run", "--device", "cpu", "--heads", "4", "--kv-heads", "3"], "not a multiple"),
@@ -35,6 +48,11 @@ fn invalid_inputs_exit_non_zero_with_a_message() {
         (vec!["run", "--device", "cpu", "--precision", "int8"], "not supported on cpu"),
         (vec!["run", "--device", "cpu", "--precision", "f64"], "unknown precision"),
         (vec!["run", "--device", "cpu", "--strategy", "native"], "not available on cpu"),
+        (vec!["run", "--device", "cpu", "--window", "-2,0"], "sliding window"),
+        (vec!["run", "--device", "cpu", "--window", "4"], "expected L,R"),
+        (vec!["run", "--device", "cpu", "--softcap", "nan"], "softcap"),
+        (vec!["run", "--device", "cpu", "--causal-align", "middle"], "causal-align"),
+        (vec!["run", "--device", "cpu", "--window", "8,0", "--strategy", "reference"], "does not implement the sliding window"),
     ] {
         let out = quattn(&args);
         assert!(!out.status.success(), "{args:?} succeeded");

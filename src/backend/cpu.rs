@@ -206,8 +206,11 @@ fn forward(p: &AttentionProblem, p_round: PRound, data: &mut CpuData) {
     }
 }
 
-/// Rows are independent: one task per (batch, head, query row), each a two-pass softmax in f32.
-/// `s = (q · k) · (q_factor · k_factor)`; each key's P·V term is `round(p) · v_factor · v`.
+/// Rows are independent: one task per (batch, head, query row), each a two-pass softmax in f32
+/// over the row's visible keys only (`visible_range`: keys a window or the causal mask hides
+/// are never read). `s = (q · k) · (q_factor · k_factor) · scale`, then the score modifiers
+/// (`modify_score`); each key's P·V term is `round(p) · v_factor · v`; a sink adds
+/// `exp(sink − m)` to the denominator only.
 fn forward_rows<T: Rows>(p: &AttentionProblem, p_round: PRound, q: &T, k: &T, v: &T, o: &mut [f32], lse: &mut [f32]) {
     let scale = p.softmax_scale();
     let (qs, ks, vs, os) = (p.q_strides(), p.k_strides(), p.v_strides(), p.o_strides());
@@ -219,23 +222,29 @@ fn forward_rows<T: Rows>(p: &AttentionProblem, p_round: PRound, q: &T, k: &T, v:
             |(s, qrow, row), r| {
                 let (b, h, i) = (r / (p.q_heads * p.q_len), (r / p.q_len) % p.q_heads, r % p.q_len);
                 let kh = p.kv_head_of(h);
-                let n = p.visible_keys(i);
+                let keys = p.visible_range(i);
                 let mut out = vec![0.0f32; dv];
-                if n == 0 {
+                if keys.is_empty() {
                     return (b, h, i, out, f32::NEG_INFINITY);
                 }
                 q.row(qs.offset(b, h, i), hd, qrow);
                 let qf = q.factor(b, h, i);
-                let mut m = f32::NEG_INFINITY;
-                for (j, sj) in s.iter_mut().enumerate().take(n) {
+                let modified = p.softcap.is_some() || p.alibi_slopes.is_some();
+                // One sink per head (validated at plan time).
+                let sink = p.sinks.as_ref().and_then(|x| x.get(h).copied());
+                let mut m = sink.unwrap_or(f32::NEG_INFINITY);
+                for (j, sj) in keys.clone().zip(s.iter_mut()) {
                     k.row(ks.offset(b, kh, j), hd, row);
                     let dot = qrow.iter().zip(row.iter()).map(|(a, b)| a * b).sum::<f32>();
                     *sj = dot * (qf * k.factor(b, kh, j)) * scale;
+                    if modified {
+                        *sj = p.modify_score(*sj, h, i, j);
+                    }
                     // NaN scores (NaN codes) make the row NaN, as they do on a GPU.
                     m = if sj.is_nan() { f32::NAN } else { m.max(*sj) };
                 }
-                let mut l = 0.0f32;
-                for (j, &sj) in s.iter().enumerate().take(n) {
+                let mut l = sink.map_or(0.0, |x| (x - m).exp());
+                for (j, &sj) in keys.zip(s.iter()) {
                     let e = (sj - m).exp();
                     l += e;
                     let pj = round(e, p_round) * v.factor(b, kh, j);

@@ -163,6 +163,9 @@ impl<R: Runtime> CubeclBackend<R> {
         let selection = quattn_cubecl::select(&self.client, &problem.shape(), elem, accumulation, Some(family))
             .map_err(|e| self.refusal(precision, e))?;
         let kernel = selection.kernel;
+        if !matches!(kernel, PortableKernel::Fma(_)) {
+            registry::refuse_modifiers(problem, format!("the portable {} kernel", kernel.name()))?;
+        }
         let (blocking, name) = match kernel {
             // The packed-f16 FMA kernel: its tile is the blocking the emulation must follow
             // (the F16PerTile fold is per KV tile), and every step is one FMA (k_step 1).
@@ -314,7 +317,19 @@ impl<R: Runtime> CubeclBackend<R> {
                     .map_err(failed)?;
             }
             _ => {
-                quattn_cubecl::launch::<R>(&self.client, kernel, &shape, plan.dtype(), &d.q, &d.k, &d.v, &d.o, d.lse.as_ref()).map_err(failed)?;
+                let p = &plan.problem;
+                let window = p.window;
+                let mods = quattn_cubecl::ScoreMods {
+                    top_left: p.causal_align == crate::CausalAlign::TopLeft,
+                    // Validated at plan time to fit u32.
+                    window_left: window.and_then(|w| w.left_bound()).map(|x| x as u32),
+                    window_right: window.and_then(|w| w.right_bound()).map(|x| x as u32),
+                    softcap: p.softcap,
+                    sinks: p.sinks.as_deref(),
+                    alibi_slopes: p.alibi_slopes.as_deref(),
+                };
+                quattn_cubecl::launch_modified::<R>(&self.client, kernel, &shape, plan.dtype(), &mods, &d.q, &d.k, &d.v, &d.o, d.lse.as_ref())
+                    .map_err(failed)?;
             }
         }
         Ok(())

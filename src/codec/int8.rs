@@ -585,7 +585,7 @@ mod tests {
             .flat_map(|b| (0..p.q_heads).map(move |h| (b, h)))
             .flat_map(|(b, h)| {
                 let mu = sm.mean[(b * p.kv_heads + p.kv_head_of(h)) * 64..][..64].to_vec();
-                let q = &q;
+                let (q, p) = (&q, &p);
                 (0..p.q_len).map(move |i| lse_shift(&q[p.q_strides().offset(b, h, i)..][..64], &mu, p.softmax_scale()))
             })
             .collect();
@@ -782,7 +782,7 @@ mod tests {
         // K of one batch shared by three (batch stride 0), against the same K copied per batch.
         let dense = AttentionProblem::new(3, 1, 2, 16).kv_len(5);
         let st = crate::Strides { batch: 0, head: 5 * 16, seq: 16 };
-        let shared = dense.strides(crate::TensorStrides { q: dense.q_strides(), k: st, v: st, o: dense.o_strides() });
+        let shared = dense.clone().strides(crate::TensorStrides { q: dense.q_strides(), k: st, v: st, o: dense.o_strides() });
         let k: Vec<f32> = (0..5 * 16).map(|i| ((i * 37 % 23) as f32 - 11.0) / 4.0).collect();
         let copied: Vec<f32> = (0..3).flat_map(|_| k.iter().copied()).collect();
         let a = smooth_k(&shared, &k).unwrap();

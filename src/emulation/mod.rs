@@ -167,6 +167,8 @@ pub fn emulate(
     v: &[f32],
 ) -> Result<EmulatedOutput> {
     problem.validate()?;
+    // The emulations model the kernels' arithmetic on plain attention, not score modifiers.
+    crate::registry::refuse_modifiers(problem, "the CPU emulation")?;
     problem.check_lengths(q.len(), k.len(), v.len())?;
     if let Precision::Bf16 { qk, pv } = precision {
         if qk != QkAccum::F32 || pv != PvAccum::F32 {

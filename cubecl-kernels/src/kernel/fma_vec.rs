@@ -582,7 +582,7 @@ pub(crate) fn thread_apply_mask<N: Size>(
 /// Max (or sum) over the `tc` units sharing each of this unit's rows: plane shuffles among the
 /// `tc` consecutive lanes, or shared memory (ends with a barrier).
 #[cube]
-fn cube_row_reduce(
+pub(crate) fn cube_row_reduce(
     partial: &mut Array<f32>,
     red_stage: &mut SharedMemory<f32>,
     unit_row: usize,

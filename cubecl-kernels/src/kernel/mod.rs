@@ -13,6 +13,7 @@ pub(crate) mod fma_vec;
 pub(crate) mod fma_vec_fp8;
 pub(crate) mod fma_vec_fp4;
 pub(crate) mod fma_vec_int8;
+pub(crate) mod fma_vec_mods;
 pub(crate) mod mma;
 pub(crate) mod mma_fp8;
 pub(crate) mod quant;

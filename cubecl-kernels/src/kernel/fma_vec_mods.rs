@@ -1,0 +1,339 @@
+//! The vectorized FMA kernel ([`super::fma_vec`]) with score modifiers: a sliding window (left
+//! and right extents), top-left or bottom-right alignment, softcap, ALiBi and attention sinks.
+//! A separate entry point, so the plain kernel's code stays as it is; it reuses every stage,
+//! matmul and softmax helper of `fma_vec`.
+//!
+//! - Scores are taken to the scaled domain right after Q·Kᵀ (`s · scale`), where softcap and
+//!   ALiBi are defined, and the softmax then runs with a scale of 1.
+//! - Row `i` sees key `j` iff `j < kv_len`, `j + q_len <= a + right` (when bounded) and
+//!   `j + q_len + left >= a` (when bounded), with `a = i + row_shift` the aligned position
+//!   shifted by `q_len` so that everything stays unsigned (`row_shift` is `kv_len` for
+//!   bottom-right, `q_len` for top-left alignment). Causal masking arrives here as a right
+//!   extent of 0.
+//! - The key tiles a query tile visits are those its rows' windows touch: tiles wholly left of
+//!   the first row's window or right of the last row's are never loaded nor computed (not
+//!   computed and discarded), and tiles wholly inside every row's window skip the mask.
+//! - A sink adds `exp(sink − m)` to the row's denominator in the epilogue only.
+
+use cubecl::prelude::*;
+
+use super::fma_vec::{
+    cube_load_transposed, cube_row_reduce, gather_transposed_len, gather_v_len, online_softmax, stage_k, stage_v, thread_score_matmul,
+    thread_value_matmul, unit_gather_transposed, unit_gather_v, FmaVecConfig, W,
+};
+use super::{AttnShape, NO_MAX};
+
+/// Which modifiers the kernel is compiled with (part of the kernel's compile-time key).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct ModsConfig {
+    /// A left extent bounds the keys a row sees.
+    pub left: bool,
+    /// A right extent bounds them (always with causal masking, which is a right extent of 0).
+    pub right: bool,
+    pub softcap: bool,
+    pub alibi: bool,
+}
+
+/// The runtime parameters of the modifiers.
+#[derive(CubeType, CubeLaunch)]
+pub struct ModArgs {
+    /// `a(i) + q_len - i`: `kv_len` (bottom-right) or `q_len` (top-left).
+    pub row_shift: u32,
+    pub left: u32,
+    pub right: u32,
+    /// The softmax scale, applied before the modifiers (the softmax itself then runs with 1).
+    pub scale: f32,
+    pub softcap: f32,
+}
+
+/// `a(row) + q_len`.
+#[cube]
+fn aligned(row: usize, mods: &ModArgs) -> usize {
+    row + mods.row_shift as usize
+}
+
+/// One past the last key the row at aligned position `a` sees.
+#[cube]
+fn key_hi(a: usize, q_len: usize, kv_len: usize, mods: &ModArgs, #[comptime] mc: ModsConfig) -> usize {
+    let mut hi = kv_len;
+    if mc.right {
+        let t = a + mods.right as usize + 1;
+        hi = select(t > q_len, min(t - q_len, kv_len), 0);
+    }
+    hi
+}
+
+/// The first key the row at aligned position `a` sees.
+#[cube]
+fn key_lo(a: usize, q_len: usize, kv_len: usize, mods: &ModArgs, #[comptime] mc: ModsConfig) -> usize {
+    let mut lo = 0usize;
+    if mc.left {
+        let t = mods.left as usize + q_len;
+        lo = select(a > t, min(a - t, kv_len), 0);
+    }
+    lo
+}
+
+/// Key tiles of the query rows `[q0, q0+bq)` as `(first, full_start, full_end, end)`: the tiles
+/// `[first, end)` are visited; those in `[full_start, full_end)` are visible to every row and
+/// need no mask.
+#[cube]
+pub(crate) fn cube_window_tiles(
+    q0: usize,
+    q_len: usize,
+    kv_len: usize,
+    mods: &ModArgs,
+    #[comptime] bq: usize,
+    #[comptime] bk: usize,
+    #[comptime] mc: ModsConfig,
+) -> (usize, usize, usize, usize) {
+    let q_last = min(q0 + bq, q_len) - 1;
+    let a_first = aligned(q0, mods);
+    let a_last = aligned(q_last, mods);
+    // The window only moves right with the row: the first row has the lowest bounds.
+    let lo_min = key_lo(a_first, q_len, kv_len, mods, mc);
+    let hi_max = key_hi(a_last, q_len, kv_len, mods, mc);
+    let lo_max = key_lo(a_last, q_len, kv_len, mods, mc);
+    let hi_min = key_hi(a_first, q_len, kv_len, mods, mc);
+    let first = lo_min / bk;
+    let end = select(hi_max > lo_min, (hi_max + bk - 1) / bk, first);
+    let full_start = (lo_max + bk - 1) / bk;
+    let full_end = hi_min / bk;
+    (first, full_start, full_end, end)
+}
+
+/// Scales the unit's scores, applies softcap and ALiBi, and (on tiles not wholly visible) sets
+/// the scores of invisible keys to `NO_MAX`.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn thread_modify_scores<N: Size>(
+    scores: &mut Array<Vector<f32, N>>,
+    shape: &AttnShape,
+    mods: &ModArgs,
+    slope: f32,
+    q0: usize,
+    k0: usize,
+    masked: bool,
+    unit_row: usize,
+    unit_col: usize,
+    #[comptime] cfg: FmaVecConfig,
+    #[comptime] mc: ModsConfig,
+) {
+    let rm = comptime!(cfg.rm());
+    let kq = comptime!(cfg.kq());
+    let q_len = shape.q_len as usize;
+    let kv_len = shape.kv_len as usize;
+    let scale = mods.scale;
+    let cap = mods.softcap;
+    #[unroll]
+    for i in 0..rm {
+        let row = q0 + unit_row * rm + i;
+        let a = aligned(row, mods);
+        let lo = key_lo(a, q_len, kv_len, mods, mc);
+        let hi = key_hi(a, q_len, kv_len, mods, mc);
+        #[unroll]
+        for j in 0..kq {
+            let mut s = scores[i * kq + j];
+            #[unroll]
+            for e in 0..W {
+                let key = k0 + (j * cfg.tc + unit_col) * W + e;
+                let mut x = s[e] * scale;
+                if mc.softcap {
+                    // cap · tanh(x / cap) from exp(-2|y|), which never overflows (a tanh built
+                    // on exp(2y) gives inf/inf for large logits on some drivers).
+                    let y = x / cap;
+                    let t = f32::exp(-2.0 * f32::abs(y));
+                    let th = (1.0 - t) / (1.0 + t);
+                    x = cap * select(y < 0.0, -th, th);
+                }
+                if mc.alibi {
+                    let kpos = key + q_len;
+                    let dist = select(a >= kpos, a - kpos, kpos - a);
+                    x -= slope * f32::cast_from(dist);
+                }
+                if masked {
+                    x = select(key >= lo && key < hi, x, NO_MAX);
+                }
+                s[e] = x;
+            }
+            scores[i * kq + j] = s;
+        }
+    }
+}
+
+/// The vector FMA kernel with score modifiers (module docs). `head_params` holds the sinks
+/// (`[q_heads]`) then the ALiBi slopes (`[q_heads]`).
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+pub fn fwd_portable_fma_vec_mods<E: Float, S: Float, N: Size>(
+    q: &Array<Vector<E, N>>,
+    k: &Array<Vector<E, N>>,
+    v: &Array<Vector<E, N>>,
+    o: &mut Array<Vector<E, N>>,
+    lse: &mut Array<f32>,
+    shape: &AttnShape,
+    mods: &ModArgs,
+    head_params: &Array<f32>,
+    #[comptime] cfg: FmaVecConfig,
+    #[comptime] mc: ModsConfig,
+) {
+    let unit = UNIT_POS as usize;
+    let unit_row = unit / cfg.tc;
+    let unit_col = unit % cfg.tc;
+
+    let batch = CUBE_POS_Z as usize;
+    let head = CUBE_POS_Y as usize;
+    let q0 = CUBE_POS_X as usize * cfg.bq;
+    let kv_head = head / shape.group as usize;
+    let q_len = shape.q_len as usize;
+    let kv_len = shape.kv_len as usize;
+    let q_heads = shape.q_heads as usize;
+
+    let q_base = batch * shape.q_s0 as usize + head * shape.q_s1 as usize;
+    let k_base = batch * shape.k_s0 as usize + kv_head * shape.k_s1 as usize;
+    let v_base = batch * shape.v_s0 as usize + kv_head * shape.v_s1 as usize;
+
+    let mut q_stage = SharedMemory::<Vector<S, N>>::new(comptime!(cfg.head_dim * cfg.q_pitch()));
+    let mut kv_stage = SharedMemory::<Vector<S, N>>::new(cfg.kv_stage_len());
+    let mut p_stage = SharedMemory::<Vector<f32, N>>::new(comptime!(cfg.bk * cfg.p_pitch()));
+    let mut red_stage = SharedMemory::<f32>::new(comptime!(cfg.bq * cfg.tc));
+
+    cube_load_transposed::<E, S, N>(q, &mut q_stage, q_base, shape.q_s2 as usize, q0, q_len, cfg.bq, cfg.head_dim, cfg);
+
+    let mut row_max = Array::<f32>::new(cfg.rm());
+    let mut row_sum = Array::<f32>::new(cfg.rm());
+    let mut acc = Array::<Vector<f32, N>>::new(comptime!(cfg.rm() * cfg.cq()));
+    let mut scores = Array::<Vector<f32, N>>::new(comptime!(cfg.rm() * cfg.kq()));
+    #[unroll]
+    for i in 0..cfg.rm() {
+        row_max[i] = NO_MAX;
+        row_sum[i] = 0.0;
+    }
+    #[unroll]
+    for i in 0..comptime!(cfg.rm() * cfg.cq()) {
+        acc[i] = Vector::new(0.0f32);
+    }
+    // Zero without ALiBi (and then unused).
+    let slope = head_params[q_heads + head];
+
+    let (first, full_start, full_end, end) = cube_window_tiles(q0, q_len, kv_len, mods, cfg.bq, cfg.bk, mc);
+
+    let mut k_regs = Array::<Vector<E, N>>::new(comptime!(gather_transposed_len(cfg.bk, cfg.head_dim, cfg.units())));
+    let mut v_regs = Array::<Vector<E, N>>::new(comptime!(gather_v_len(&cfg)));
+    let k_stride = shape.k_s2 as usize;
+    let v_stride = shape.v_s2 as usize;
+    if end > first {
+        unit_gather_transposed::<E, N>(k, &mut k_regs, k_base, k_stride, first * cfg.bk, kv_len, cfg.bk, cfg.head_dim, cfg);
+    }
+
+    sync_cube();
+
+    for tile in first..end {
+        let k0 = tile * cfg.bk;
+        let masked = tile < full_start || tile >= full_end;
+
+        stage_k::<E, S, N>(&k_regs, &mut kv_stage, cfg);
+        sync_cube();
+        unit_gather_v::<E, N>(v, &mut v_regs, v_base, v_stride, k0, kv_len, cfg);
+
+        thread_score_matmul::<S, N>(&q_stage, &kv_stage, &mut scores, unit_row, unit_col, cfg);
+        thread_modify_scores::<N>(&mut scores, shape, mods, slope, q0, k0, masked, unit_row, unit_col, cfg, mc);
+
+        online_softmax::<f32, N>(
+            &mut scores,
+            &mut row_max,
+            &mut row_sum,
+            &mut acc,
+            &mut p_stage,
+            &mut red_stage,
+            1.0f32,
+            unit_row,
+            unit_col,
+            cfg,
+        );
+        if cfg.plane_reduce {
+            sync_cube();
+        }
+
+        stage_v::<E, S, N>(&v_regs, &mut kv_stage, cfg);
+        sync_cube();
+        if tile + 1 < end {
+            unit_gather_transposed::<E, N>(k, &mut k_regs, k_base, k_stride, k0 + cfg.bk, kv_len, cfg.bk, cfg.head_dim, cfg);
+        }
+
+        thread_value_matmul::<f32, S, N>(&p_stage, &kv_stage, &mut acc, unit_row, unit_col, cfg);
+        sync_cube();
+    }
+
+    write_results_mods::<E, N>(
+        o,
+        lse,
+        &mut red_stage,
+        &row_max,
+        &mut row_sum,
+        &acc,
+        shape,
+        head_params,
+        batch,
+        head,
+        q0,
+        unit_row,
+        unit_col,
+        cfg,
+    );
+}
+
+/// Epilogue with sinks (without, the host passes a sink of -3e38, which takes no mass): `l' = l·e^(m−M) + e^(sink−M)` with `M = max(m, sink)`, `O = acc·e^(m−M)
+/// / l'`, `LSE = M + ln l'` (scores are already scaled); rows that saw no key get O = 0 and
+/// `LSE = lse_empty`, sink or not.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn write_results_mods<E: Float, N: Size>(
+    o: &mut Array<Vector<E, N>>,
+    lse: &mut Array<f32>,
+    red_stage: &mut SharedMemory<f32>,
+    row_max: &Array<f32>,
+    row_sum: &mut Array<f32>,
+    acc: &Array<Vector<f32, N>>,
+    shape: &AttnShape,
+    head_params: &Array<f32>,
+    batch: usize,
+    head: usize,
+    q0: usize,
+    unit_row: usize,
+    unit_col: usize,
+    #[comptime] cfg: FmaVecConfig,
+) {
+    let rm = comptime!(cfg.rm());
+    let cq = comptime!(cfg.cq());
+    cube_row_reduce(row_sum, red_stage, unit_row, unit_col, false, cfg);
+
+    // Without sinks the host fills -3e38: exp(sink − m) is 0 and the rescale exactly 1.
+    let sink = head_params[head];
+    let q_len = shape.q_len as usize;
+    let o_base = batch * shape.o_s0 as usize + head * shape.o_s1 as usize;
+    #[unroll]
+    for i in 0..rm {
+        let row = q0 + unit_row * rm + i;
+        if row < q_len {
+            let l = row_sum[i];
+            let seen = l > 0.0;
+            let m = row_max[i];
+            let big = max(m, sink);
+            let rescale = f32::exp(m - big);
+            let total = l * rescale + f32::exp(sink - big);
+            let inv = Vector::<f32, N>::new(select(seen, rescale / select(seen, total, 1.0), 0.0));
+            let o_row = (o_base + row * shape.o_s2 as usize) / W;
+            #[unroll]
+            for c in 0..cq {
+                o[o_row + c * cfg.tc + unit_col] = Vector::cast_from(acc[i * cq + c] * inv);
+            }
+            if cfg.write_lse {
+                if unit_col == 0 {
+                    let value = select(seen, big + f32::ln(select(seen, total, 1.0)), shape.lse_empty);
+                    lse[(batch * shape.q_heads as usize + head) * q_len + row] = value;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,396 @@
+//! Score modifiers (sliding window, softcap, attention sinks, ALiBi, causal alignment) on the
+//! CPU backend and the portable FMA kernel (wgpu: mesa's llvmpipe in CI) against the f64
+//! reference; the reference's own consistency; typed errors and capability refusals.
+
+mod common;
+
+use common::open;
+use quattn::metrics::{compare_lse, ErrorMetrics, Tolerance};
+use quattn::reference::{attention_f64, ReferenceOutput};
+use quattn::{inputs, AttentionProblem, CausalAlign, Device, Error, Family, HostSlice, Layout, PortableKind, Precision, Session, Strategy};
+
+/// Random sinks around the logits' range (one per Q head), deterministic in `seed`.
+fn sinks(heads: usize, seed: u64) -> Vec<f32> {
+    inputs::normal_with_outliers(heads, seed).into_iter().map(|x| 2.0 * x).collect()
+}
+
+/// Runs `p` (with LSE) on `s` and checks O and LSE against the f64 reference on the inputs as
+/// the plan's element type rounds them. Returns the reference for further checks.
+fn check(s: &Session, p: &AttentionProblem, precision: Precision, seed: u64) -> ReferenceOutput {
+    let p = p.clone().with_lse(true);
+    let plan = s.plan(&p, precision, Strategy::Auto).unwrap_or_else(|e| panic!("plan {precision} {p:?}: {e}"));
+    let (q, k, v) = inputs::qkv(&p, seed);
+    let dt = precision.input_dtype();
+    let (q, k, v) = (HostSlice::F32(&q).rounded_to(dt), HostSlice::F32(&k).rounded_to(dt), HostSlice::F32(&v).rounded_to(dt));
+    let out = s.run(&plan, &q, &k, &v).unwrap_or_else(|e| panic!("run {precision} {p:?}: {e}"));
+    let r = attention_f64(&p, &q, &k, &v).unwrap();
+    let m = ErrorMetrics::compare(&out.o, &r.o);
+    let tol = Tolerance::for_precision(precision);
+    let ref_max = r.o.iter().fold(0.0f64, |a, &x| a.max(x.abs()));
+    assert!(tol.accepts(&m, ref_max), "{} {precision} {p:?}: {m:?} outside {tol:?}", plan.kernel);
+    let lse = out.lse.as_ref().expect("LSE asked for");
+    let lm = compare_lse(lse, &r.lse).unwrap_or_else(|| panic!("{} {p:?}: LSE infinities differ", plan.kernel));
+    assert!(lm.max_abs <= tol.max_abs_rel, "{} {precision} {p:?}: LSE {lm:?}", plan.kernel);
+    // Rows that see no key: exactly O = 0 and LSE = -inf (the outputs start poisoned).
+    let os = p.o_strides();
+    for b in 0..p.batch {
+        for h in 0..p.q_heads {
+            for i in (0..p.q_len).filter(|&i| p.visible_keys(i) == 0) {
+                assert!(out.o[os.offset(b, h, i)..][..p.v_head_dim].iter().all(|&x| x == 0.0), "{p:?}: row {i} not zero");
+                assert_eq!(lse[(b * p.q_heads + h) * p.q_len + i], f32::NEG_INFINITY, "{p:?}: row {i}");
+            }
+        }
+    }
+    r
+}
+
+/// One problem per modifier and some combinations, with ragged lengths, GQA and both layouts.
+fn cases() -> Vec<(&'static str, AttentionProblem)> {
+    let base = AttentionProblem::new(2, 4, 37, 64).kv_heads(2).kv_len(70);
+    vec![
+        ("window both sides", base.clone().window(9, 3)),
+        ("window left, causal", base.clone().window(12, -1).causal(true)),
+        ("window right only", base.clone().window(-1, 5).layout(Layout::Bshd)),
+        // Logits of scale 1 on unit-normal inputs are ~N(0, 64): the cap bends most of them.
+        ("softcap", base.clone().scale(1.0).softcap(4.0)),
+        ("sinks", base.clone().sinks(sinks(4, 5))),
+        ("alibi", base.clone().alibi_slopes(AttentionProblem::standard_alibi_slopes(4)).causal(true)),
+        ("top-left causal, kv longer", base.clone().causal(true).causal_align(CausalAlign::TopLeft)),
+        ("top-left causal, q longer", base.clone().kv_len(20).causal(true).causal_align(CausalAlign::TopLeft)),
+        (
+            "everything",
+            base.clone()
+                .scale(0.5)
+                .window(15, 2)
+                .softcap(6.0)
+                .sinks(sinks(4, 9))
+                .alibi_slopes(AttentionProblem::standard_alibi_slopes(4))
+                .causal_align(CausalAlign::TopLeft),
+        ),
+        // q_len > kv_len, bottom-right, a narrow window: the first rows see no key, sinks or not.
+        ("empty rows", AttentionProblem::new(1, 2, 50, 32).kv_len(20).window(3, 0).sinks(vec![0.5, -1.0])),
+    ]
+}
+
+#[test]
+fn cpu_matches_the_reference_for_every_modifier() {
+    let s = Session::new(Device::Cpu).unwrap();
+    for (i, (name, p)) in cases().into_iter().enumerate() {
+        for precision in [Precision::F32, Precision::F16_DEFAULT, Precision::BF16_DEFAULT] {
+            println!("{name} {precision}");
+            check(&s, &p, precision, 10 + i as u64);
+        }
+    }
+}
+
+#[test]
+fn cpu_fp8_kernel_takes_modifiers() {
+    // The CPU FP8 kernel shares the float kernel's row loop, modifiers included.
+    use quattn::{DescaleGranularity, Fp8Format, PvFormat};
+    let s = Session::new(Device::Cpu).unwrap();
+    let p = AttentionProblem::new(1, 4, 40, 64).kv_len(90).window(20, -1).causal(true).softcap(8.0).sinks(sinks(4, 1));
+    let precision = Precision::Fp8 { format: Fp8Format::E4M3, descale: DescaleGranularity::PerHead, p: PvFormat::F16 };
+    check(&s, &p, precision, 77);
+}
+
+/// The reference's modifiers against what they must reduce to.
+#[test]
+fn reference_modifiers_reduce_to_plain_attention() {
+    let p = AttentionProblem::new(2, 4, 33, 32).kv_heads(2).kv_len(47).layout(Layout::Bshd);
+    let (q, k, v) = inputs::qkv(&p, 3);
+    let run = |p: &AttentionProblem| attention_f64(p, &q, &k, &v).unwrap();
+    let close = |a: &ReferenceOutput, b: &ReferenceOutput, tol: f64, what: &str| {
+        let d = a.o.iter().zip(&b.o).chain(a.lse.iter().zip(&b.lse)).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);
+        assert!(d <= tol, "{what}: differs by {d:e}");
+    };
+    for causal in [false, true] {
+        let plain = run(&p.clone().causal(causal));
+        // A cap far above every logit: tanh(x) = x - x³/3 + ..., so the change is ~s³/(3 cap²).
+        close(&run(&p.clone().causal(causal).softcap(1e6)), &plain, 1e-9, "huge softcap");
+        close(&run(&p.clone().causal(causal).window(47, 47)), &plain, 0.0, "window covering every key");
+        close(&run(&p.clone().causal(causal).window(-1, -1)), &plain, 0.0, "unbounded window");
+        close(&run(&p.clone().causal(causal).sinks(vec![f32::NEG_INFINITY; 4])), &plain, 0.0, "sinks of -inf");
+        close(&run(&p.clone().causal(causal).alibi_slopes(vec![0.0; 4])), &plain, 0.0, "zero ALiBi slopes");
+    }
+    // A softcap that bends the logits changes the result (the check above is not vacuous).
+    let bent = run(&p.clone().scale(1.0).softcap(2.0));
+    let straight = run(&p.clone().scale(1.0));
+    assert!(bent.lse.iter().zip(&straight.lse).any(|(a, b)| (a - b).abs() > 0.1));
+    // Alignment matters only when q_len != kv_len.
+    let sq = AttentionProblem::new(1, 2, 40, 32).causal(true).window(7, -1).alibi_slopes(vec![0.25, 0.5]);
+    let (q2, k2, v2) = inputs::qkv(&sq, 4);
+    let tl = attention_f64(&sq.clone().causal_align(CausalAlign::TopLeft), &q2, &k2, &v2).unwrap();
+    let br = attention_f64(&sq, &q2, &k2, &v2).unwrap();
+    assert_eq!(tl.o, br.o);
+    assert_eq!(tl.lse, br.lse);
+}
+
+/// Closed forms: one key with a sink; ALiBi on two keys; top-left vs bottom-right rows.
+#[test]
+fn reference_closed_forms() {
+    // One key of logit a and a sink c: O = v · e^a / (e^a + e^c), LSE = ln(e^a + e^c).
+    let p = AttentionProblem::new(1, 1, 1, 1).kv_len(1).scale(1.0).sinks(vec![0.5]);
+    let r = attention_f64(&p, &[2.0], &[1.5], &[4.0]).unwrap();
+    let (a, c) = (3.0f64, 0.5f64);
+    assert!((r.o[0] - 4.0 * a.exp() / (a.exp() + c.exp())).abs() < 1e-12);
+    assert!((r.lse[0] - (a.exp() + c.exp()).ln()).abs() < 1e-12);
+    // ALiBi, bottom-right, q_len 1, kv_len 2: a(0) = 1; key 0 gets -slope, key 1 gets 0.
+    let p = AttentionProblem::new(1, 1, 1, 1).kv_len(2).scale(1.0).alibi_slopes(vec![0.75]);
+    let r = attention_f64(&p, &[1.0], &[0.0, 0.0], &[10.0, 20.0]).unwrap();
+    let w0 = (-0.75f64).exp() / ((-0.75f64).exp() + 1.0);
+    assert!((r.o[0] - (10.0 * w0 + 20.0 * (1.0 - w0))).abs() < 1e-12);
+    // Top-left causal, q_len 2 < kv_len 3: row 0 sees key 0 only (bottom-right: keys 0 and 1).
+    let p = AttentionProblem::new(1, 1, 2, 1).kv_len(3).scale(1.0).causal(true);
+    let (q, k, v) = ([0.0f32, 0.0], [0.0f32, 0.0, 0.0], [3.0f32, 5.0, 7.0]);
+    let tl = attention_f64(&p.clone().causal_align(CausalAlign::TopLeft), &q, &k, &v).unwrap();
+    let br = attention_f64(&p, &q, &k, &v).unwrap();
+    assert_eq!(tl.o, vec![3.0, 4.0]);
+    assert_eq!(br.o, vec![4.0, 5.0]);
+    // Softcap: one key, the logit is cap · tanh(s / cap) exactly (LSE of one key).
+    let p = AttentionProblem::new(1, 1, 1, 1).kv_len(1).scale(1.0).softcap(2.0);
+    let r = attention_f64(&p, &[3.0], &[1.0], &[1.0]).unwrap();
+    assert!((r.lse[0] - 2.0 * (1.5f64).tanh()).abs() < 1e-7);
+}
+
+/// `visible_range` is the contiguous form of `sees` (the mask's one definition), and `sees`
+/// follows FlashAttention's window rule `a(i) - left <= j <= a(i) + right`.
+#[test]
+fn visible_range_is_the_mask() {
+    for (q_len, kv_len) in [(5, 9), (9, 5), (7, 7), (1, 12)] {
+        for align in [CausalAlign::BottomRight, CausalAlign::TopLeft] {
+            for causal in [false, true] {
+                for (left, right) in [(-1, -1), (0, 0), (2, -1), (-1, 3), (3, 1), (20, 20)] {
+                    let p = AttentionProblem::new(1, 1, q_len, 8).kv_len(kv_len).causal(causal).causal_align(align).window(left, right);
+                    for i in 0..q_len {
+                        let a = match align {
+                            CausalAlign::BottomRight => i as i64 + kv_len as i64 - q_len as i64,
+                            CausalAlign::TopLeft => i as i64,
+                        };
+                        let want: Vec<usize> = (0..kv_len)
+                            .filter(|&j| {
+                                let j = j as i64;
+                                (left < 0 || j >= a - left) && (right < 0 || j <= a + right) && (!causal || j <= a)
+                            })
+                            .collect();
+                        let got: Vec<usize> = p.visible_range(i).collect();
+                        let by_sees: Vec<usize> = (0..kv_len).filter(|&j| p.sees(i, j)).collect();
+                        assert_eq!(got, want, "{p:?} row {i}");
+                        assert_eq!(by_sees, want, "{p:?} row {i}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn invalid_modifiers_are_typed_errors_at_plan_time() {
+    let s = Session::new(Device::Cpu).unwrap();
+    let p = AttentionProblem::new(1, 4, 16, 32);
+    let bad = [
+        ("sliding window", p.clone().window(-2, 0)),
+        ("sliding window", p.clone().window(3, -5)),
+        ("sliding window", p.clone().window(1 << 40, 0)),
+        ("softcap", p.clone().softcap(f32::NAN)),
+        ("softcap", p.clone().softcap(f32::INFINITY)),
+        ("softcap", p.clone().softcap(0.0)),
+        ("softcap", p.clone().softcap(-3.0)),
+        ("attention sinks", p.clone().sinks(vec![0.0; 3])),
+        ("attention sinks", p.clone().sinks(vec![0.0, f32::NAN, 0.0, 0.0])),
+        ("attention sinks", p.clone().sinks(vec![0.0, 0.0, f32::INFINITY, 0.0])),
+        ("ALiBi slopes", p.clone().alibi_slopes(vec![0.5; 5])),
+        ("ALiBi slopes", p.clone().alibi_slopes(vec![0.5, 0.5, 0.5, f32::NEG_INFINITY])),
+    ];
+    for (want, problem) in bad {
+        for strategy in [Strategy::Auto, Strategy::Reference] {
+            match s.plan(&problem, Precision::F32, strategy) {
+                Err(Error::InvalidModifier { modifier, reason }) => {
+                    assert_eq!(modifier, want, "{reason}");
+                    assert!(!reason.is_empty());
+                }
+                other => panic!("{problem:?}: expected InvalidModifier({want}), got {other:?}"),
+            }
+        }
+        // The reference refuses the same problems, with the same error.
+        let n = |len| vec![0.0f32; len];
+        assert!(matches!(
+            attention_f64(&problem, &n(problem.q_len_elems()), &n(problem.k_len_elems()), &n(problem.v_len_elems())),
+            Err(Error::InvalidModifier { .. })
+        ));
+    }
+}
+
+#[test]
+fn families_without_modifiers_refuse_them_by_name() {
+    let s = Session::new(Device::Cpu).unwrap();
+    let p = AttentionProblem::new(1, 4, 16, 32);
+    for (feature, problem) in [
+        ("sliding window", p.clone().window(4, 0)),
+        ("softcap", p.clone().softcap(30.0)),
+        ("attention sinks", p.clone().sinks(vec![0.0; 4])),
+        ("ALiBi", p.clone().alibi_slopes(AttentionProblem::standard_alibi_slopes(4))),
+        ("top-left causal alignment", p.clone().kv_len(20).causal(true).causal_align(CausalAlign::TopLeft)),
+    ] {
+        // The emulations do not model the modifiers: a capability error naming it.
+        match s.plan(&problem, Precision::F16_DEFAULT, Strategy::Reference) {
+            Err(Error::UnsupportedFeature { feature: f, kernel }) => {
+                assert_eq!(f, feature);
+                assert!(kernel.contains("emulation"), "{kernel}");
+            }
+            other => panic!("{problem:?}: {other:?}"),
+        }
+        // The CPU kernel has them.
+        assert_eq!(s.plan(&problem, Precision::F16_DEFAULT, Strategy::Auto).unwrap().family(), Family::Cpu);
+    }
+    // Top-left alignment changes nothing when q_len == kv_len or without a mask: no refusal.
+    let same = p.clone().causal(true).causal_align(CausalAlign::TopLeft);
+    assert!(same.modifiers().is_empty());
+    assert!(s.plan(&same, Precision::F16_DEFAULT, Strategy::Reference).is_ok());
+}
+
+/// The NaN policy follows the window: a NaN key poisons exactly the rows whose window holds it;
+/// every other row is what it is without it.
+#[test]
+fn nan_poisons_only_the_rows_whose_window_sees_it() {
+    let s = Session::new(Device::Cpu).unwrap();
+    let p = AttentionProblem::new(1, 2, 30, 32).kv_len(30).window(3, 2).sinks(vec![0.0, 1.0]).with_lse(true);
+    let plan = s.plan(&p, Precision::F32, Strategy::Auto).unwrap();
+    let (q, mut k, v) = inputs::qkv(&p, 41);
+    let bad = 12;
+    for h in 0..2 {
+        k[p.k_strides().offset(0, h, bad) + 5] = f32::NAN;
+    }
+    let out = s.run(&plan, &q, &k, &v).unwrap();
+    let mut clean = k.clone();
+    clean.iter_mut().filter(|x| x.is_nan()).for_each(|x| *x = 0.0);
+    let r = attention_f64(&p, &q, &clean, &v).unwrap();
+    let lse = out.lse.unwrap();
+    for h in 0..2 {
+        for i in 0..p.q_len {
+            let row = &out.o[p.o_strides().offset(0, h, i)..][..32];
+            let want = &r.o[p.o_strides().offset(0, h, i)..][..32];
+            // Row i sees keys i-3 ..= i+2 (q_len == kv_len).
+            if (i as i64 - 3..=i as i64 + 2).contains(&(bad as i64)) {
+                assert!(row.iter().all(|x| x.is_nan()) && lse[h * 30 + i].is_nan(), "row {i} sees key {bad}");
+            } else {
+                assert!(row.iter().zip(want).all(|(a, b)| (*a as f64 - b).abs() < 1e-5), "row {i}");
+            }
+        }
+    }
+}
+
+#[test]
+fn standard_alibi_slopes_are_the_geometric_sequence() {
+    let s = AttentionProblem::standard_alibi_slopes(8);
+    assert_eq!(s, vec![0.5, 0.25, 0.125, 0.0625, 0.03125, 0.015625, 0.0078125, 0.00390625]);
+}
+
+#[cfg(feature = "wgpu")]
+mod wgpu {
+    use super::*;
+    use quattn::cubecl::wgpu::WgpuRuntime;
+    use quattn::{CubeclTensors, KernelId, WgpuAdapter};
+
+    fn session() -> Option<Session> {
+        open(Device::Wgpu(WgpuAdapter::Default))
+    }
+
+    /// Every modifier at once (one kernel compile on llvmpipe), GQA, q_len != kv_len, f32; then
+    /// top-left causal with a left window and sinks in f16 over several query and key tiles.
+    #[test]
+    fn portable_kernel_matches_the_reference() {
+        let Some(s) = session() else { return };
+        let all = AttentionProblem::new(1, 4, 37, 64)
+            .kv_heads(2)
+            .kv_len(70)
+            .scale(0.5)
+            .window(15, 2)
+            .softcap(6.0)
+            .sinks(sinks(4, 21))
+            .alibi_slopes(AttentionProblem::standard_alibi_slopes(4))
+            .causal_align(CausalAlign::TopLeft);
+        let plan = s.plan(&all, Precision::F32, Strategy::Auto).unwrap();
+        assert_eq!(plan.family(), Family::Portable(PortableKind::Fma), "{}", plan.kernel);
+        check(&s, &all, Precision::F32, 22);
+        // The same kernel, bottom-right and with empty rows (q_len > kv_len).
+        let wide = AttentionProblem { q_len: 90, ..all.clone() }.causal_align(CausalAlign::BottomRight).window(4, 0);
+        assert!((0..90).any(|i| wide.visible_keys(i) == 0));
+        check(&s, &wide, Precision::F32, 23);
+        // A window wider than a query tile plus two key tiles: key tiles wholly inside every
+        // row's window run without the mask (the modifiers still apply there).
+        let inner = AttentionProblem { q_len: 64, kv_len: 300, ..all.clone() }.window(100, 100);
+        check(&s, &inner, Precision::F32, 26);
+
+        let causal = AttentionProblem::new(1, 2, 100, 64)
+            .kv_len(230)
+            .causal(true)
+            .window(40, -1)
+            .sinks(sinks(2, 24))
+            .causal_align(CausalAlign::TopLeft)
+            .layout(Layout::Bshd);
+        let plan = s.plan(&causal, Precision::F16_DEFAULT, Strategy::Auto).unwrap();
+        assert_eq!(plan.family(), Family::Portable(PortableKind::Fma), "{}", plan.kernel);
+        check(&s, &causal, Precision::F16_DEFAULT, 25);
+    }
+
+    /// Families without modifiers refuse them by name; `Auto` falls back to the FMA kernel.
+    #[test]
+    fn other_portable_families_refuse_modifiers() {
+        let Some(s) = session() else { return };
+        let p = AttentionProblem::new(1, 2, 32, 64).window(8, 0);
+        for kind in [PortableKind::Cmma, PortableKind::Mma, PortableKind::Int8, PortableKind::Fp8] {
+            match s.plan(&p, Precision::F16_DEFAULT, Strategy::PortableFamily(kind)) {
+                Err(Error::UnsupportedFeature { feature, .. }) => assert_eq!(feature, "sliding window"),
+                other => panic!("{kind:?}: {other:?}"),
+            }
+        }
+        // The f16-accumulating modes run on the packed-f16 kernel, which has no modifiers.
+        let f16_acc = Precision::F16 { qk: quattn::QkAccum::F16, pv: quattn::PvAccum::F16PerTile };
+        assert!(matches!(s.plan(&p, f16_acc, Strategy::Portable), Err(Error::UnsupportedFeature { .. })));
+        assert!(matches!(s.plan(&p, f16_acc, Strategy::Auto), Err(Error::UnsupportedFeature { .. })));
+    }
+
+    /// Key tiles wholly outside every row's window are never loaded: NaN in K and V there (on
+    /// device handles, which nothing screens) leaves the output finite and right, where a kernel
+    /// that computed those tiles and discarded them would get `0 · NaN = NaN` in P·V. O starts
+    /// poisoned with NaN, so every row must be written.
+    #[test]
+    fn window_skips_the_key_tiles_it_masks() {
+        let Some(s) = session() else { return };
+        let (q_len, kv_len, left) = (8, 300, 20);
+        let p = AttentionProblem::new(1, 2, q_len, 64).kv_len(kv_len).causal(true).window(left as i64, -1).with_lse(true);
+        let plan = s.plan(&p, Precision::F32, Strategy::Auto).unwrap();
+        let KernelId::Portable { kernel: quattn_cubecl::PortableKernel::Fma(tiles), .. } = &plan.kernel else {
+            panic!("expected the FMA kernel, got {}", plan.kernel);
+        };
+        // Bottom-right: row 0 sees keys from kv_len - q_len - left on.
+        let first_visible = kv_len - q_len - left;
+        let first_tile_key = first_visible / tiles.bk as usize * tiles.bk as usize;
+        assert!(first_tile_key >= tiles.bk as usize, "the case must leave at least one tile out");
+        let (q, mut k, mut v) = inputs::qkv(&p, 31);
+        let ks = p.k_strides();
+        for h in 0..p.kv_heads {
+            for j in 0..first_tile_key {
+                k[ks.offset(0, h, j)..][..64].fill(f32::NAN);
+                v[ks.offset(0, h, j)..][..64].fill(f32::NAN);
+            }
+        }
+        let client = s.cubecl_client::<WgpuRuntime>().unwrap();
+        let bytes = |x: &[f32]| x.iter().flat_map(|a| a.to_ne_bytes()).collect::<Vec<u8>>();
+        let (qh, kh, vh) =
+            (client.create_from_slice(&bytes(&q)), client.create_from_slice(&bytes(&k)), client.create_from_slice(&bytes(&v)));
+        let oh = client.create_from_slice(&bytes(&vec![f32::NAN; p.o_len_elems()]));
+        let lh = client.create_from_slice(&bytes(&vec![f32::NAN; p.lse_len_elems()]));
+        s.run_cubecl::<WgpuRuntime>(&plan, CubeclTensors { q: &qh, k: &kh, v: &vh, o: &oh, lse: Some(&lh) }).unwrap();
+        let read = |h| -> Vec<f32> { bytemuck::pod_collect_to_vec(&client.read_one(h).unwrap()) };
+        let (o, lse) = (read(oh), read(lh));
+        assert!(o.iter().chain(&lse).all(|x| x.is_finite()), "a masked-out tile reached P·V, or a row was not written");
+        // The reference reads only the keys each row sees.
+        let r = attention_f64(&p, &q, &k, &v).unwrap();
+        let m = ErrorMetrics::compare(&o, &r.o);
+        let ref_max = r.o.iter().fold(0.0f64, |a, &x| a.max(x.abs()));
+        assert!(Tolerance::for_precision(Precision::F32).accepts(&m, ref_max), "{m:?}");
+        let lm = compare_lse(&lse, &r.lse).unwrap();
+        assert!(lm.max_abs <= 1e-4, "{lm:?}");
+    }
+}
