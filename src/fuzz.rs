@@ -885,14 +885,27 @@ fn judge(case: &Case, plan: &crate::Plan, x: &Inputs, o: &[f32], lse: Option<&[f
     } else {
         None
     };
-    // The per-precision bounds describe typical inputs; where the mode's own rounding (the
-    // emulation) is provably farther from the reference on this input, that distance, plus 10%
-    // for summation order, bounds the kernel instead. The kernel is still held to the emulation.
+    // The per-precision bounds describe typical inputs; where the mode's own rounding is
+    // provably farther from the reference on this input, that distance, plus 10% for summation
+    // order, bounds the kernel instead: the emulation's distance for a kernel (which is still
+    // held to the emulation), and for the emulation itself (`Strategy::Reference`) the distance
+    // the rounding of its inputs alone causes, plus P's unit roundoff `u`.
+    let yardstick = match &emulated {
+        Some((_, own, own_lse)) => Some((*own, *own_lse, 0.0)),
+        None if case.strategy == Strategy::Reference => {
+            input_rounding(case, plan, (&q, &k, &v), &poisoned, lse.is_some(), &want, &want_lse)?
+        }
+        None => None,
+    };
     let (mut max_rel_l2, mut min_cos, mut abs_bound) = (tol.max_rel_l2, tol.min_cos_sim, tol.max_abs_rel * ref_max.max(1e-30));
-    if let Some((_, own, _)) = &emulated {
-        max_rel_l2 = max_rel_l2.max(own.rel_l2 * 1.1);
-        min_cos = min_cos.min(1.0 - (1.0 - own.cos_sim) * 1.1);
-        abs_bound = abs_bound.max(own.max_abs * 1.1);
+    let mut lse_bound = tol.max_abs_rel;
+    if let Some((own, own_lse, u)) = &yardstick {
+        max_rel_l2 = max_rel_l2.max(own.rel_l2 * 1.1 + u);
+        min_cos = min_cos.min(1.0 - (1.0 - own.cos_sim) * 1.1 - u * u);
+        abs_bound = abs_bound.max(own.max_abs * 1.1 + u * ref_max);
+        if let Some(l) = own_lse {
+            lse_bound = lse_bound.max(l * 1.1 + u.ln_1p());
+        }
     }
     let mut ratio = (m.rel_l2 / max_rel_l2).max(m.max_abs / abs_bound).max((1.0 - m.cos_sim) / (1.0 - min_cos));
     if ref_max == 0.0 {
@@ -913,7 +926,7 @@ fn judge(case: &Case, plan: &crate::Plan, x: &Inputs, o: &[f32], lse: Option<&[f
                 why.push("LSE: infinities differ from the reference".into());
             }
             Some(lm) => {
-                let bound = emulated.as_ref().and_then(|e| e.2).map_or(tol.max_abs_rel, |own| tol.max_abs_rel.max(own * 1.1));
+                let bound = lse_bound;
                 let lr = lm.max_abs / bound;
                 ratio = ratio.max(lr);
                 if !(lr <= 1.0) {
@@ -934,6 +947,63 @@ fn judge(case: &Case, plan: &crate::Plan, x: &Inputs, o: &[f32], lse: Option<&[f
         ratio = f64::INFINITY;
     }
     Ok(if why.is_empty() { Outcome::Passed { ratio } } else { Outcome::Mismatch { ratio, reason: why.join("; ") } })
+}
+
+/// For an FP8 mode run by its emulation: the f64 reference on Q, K and V as their codes and
+/// descales give them back (the emulation's descale layouts), against the reference on the
+/// inputs, over the judged rows (O, and the LSE's max-abs when judged), and P's unit roundoff.
+/// What rounding the inputs alone costs on this input, computed without the emulation.
+#[allow(clippy::too_many_arguments)]
+fn input_rounding(
+    case: &Case,
+    plan: &crate::Plan,
+    (q, k, v): (&[f32], &[f32], &[f32]),
+    poisoned: &[bool],
+    with_lse: bool,
+    want: &[f64],
+    want_lse: &[f64],
+) -> Result<Option<(ErrorMetrics, Option<f64>, f64)>> {
+    use crate::codec::fp8_scaled::{DescaleLayout, Fp8Tensor};
+    let Precision::Fp8 { format, descale, p: pf } = case.precision else { return Ok(None) };
+    let p = &case.problem;
+    let blocking = plan.blocking.unwrap_or_default();
+    let dequantized = |x: &[f32], strides: Strides, heads: usize, len: usize, dim: usize, block_rows: usize| -> Result<Vec<f32>> {
+        let layout = DescaleLayout { granularity: descale, batch: p.batch, heads, len, block_rows };
+        let t = Fp8Tensor::quantize(format, x, strides, dim, layout)?;
+        let mut out = x.to_vec();
+        for b in 0..p.batch {
+            for h in 0..heads {
+                for i in 0..len {
+                    let (o, d) = (strides.offset(b, h, i), t.descales[layout.index(b, h, i)]);
+                    for c in o..o + dim {
+                        out[c] = t.raw(c) * d;
+                    }
+                }
+            }
+        }
+        Ok(out)
+    };
+    let (dq, dk, dv) = (
+        dequantized(q, p.q_strides(), p.q_heads, p.q_len, p.head_dim, blocking.block_q)?,
+        dequantized(k, p.k_strides(), p.kv_heads, p.kv_len, p.head_dim, blocking.block_k)?,
+        dequantized(v, p.v_strides(), p.kv_heads, p.kv_len, p.v_head_dim, blocking.block_k)?,
+    );
+    let r = reference::attention_f64(p, &dq, &dk, &dv)?;
+    let (mut o, mut l) = (Vec::with_capacity(want.len()), Vec::new());
+    let so = p.o_strides();
+    for (row, &bad) in poisoned.iter().enumerate() {
+        if !bad {
+            let (b, h, i) = (row / (p.q_heads * p.q_len), (row / p.q_len) % p.q_heads, row % p.q_len);
+            let off = so.offset(b, h, i);
+            o.extend_from_slice(&r.o[off..off + p.v_head_dim]);
+            if with_lse {
+                l.push(r.lse[row] as f32);
+            }
+        }
+    }
+    let own_lse = if with_lse { compare_lse(&l, want_lse).map(|m| m.max_abs) } else { None };
+    let u = if pf == crate::PvFormat::Fp8 { 2f64.powi(-4) } else { 2f64.powi(-11) };
+    Ok(Some((ErrorMetrics::compare(&o, want), own_lse, u)))
 }
 
 /// Counts and the distribution of error / tolerance over a run of cases.
