@@ -46,6 +46,49 @@ pub struct HipCodeObject {
     pub origin: Origin,
 }
 
+/// A compiled HIP kernel variant (an attention family's [`HipKernelId`] or the prepass's
+/// [`super::prepass::HipPrepassId`]): what the cache keys it by and what the compile report
+/// checks in its code object.
+pub trait HipVariant: Send + Sync {
+    /// Unique among every variant of every source.
+    fn name(&self) -> String;
+    fn source(&self) -> &'static HipSource;
+    /// The `-D` defines on `arch`, sorted by name.
+    fn defines(&self, arch: GfxArch) -> Result<Vec<(String, String)>>;
+    /// Targets it is built and checked for.
+    fn targets(&self) -> &'static [GfxArch];
+    /// Instructions the code object must contain; any `v_mfma*` not among them is unexpected.
+    fn expected_instructions(&self, arch: GfxArch) -> Vec<String>;
+    /// MFMAs one wave issues per KV tile (0 without MFMA).
+    fn mfma_per_tile(&self, arch: GfxArch) -> usize;
+    /// Waves per workgroup (occupancy).
+    fn waves(&self, arch: GfxArch) -> u32;
+}
+
+impl HipVariant for HipKernelId {
+    fn name(&self) -> String {
+        HipKernelId::name(self)
+    }
+    fn source(&self) -> &'static HipSource {
+        HipKernelId::source(self)
+    }
+    fn defines(&self, arch: GfxArch) -> Result<Vec<(String, String)>> {
+        HipKernelId::defines(self, arch)
+    }
+    fn targets(&self) -> &'static [GfxArch] {
+        HipKernelId::targets(self)
+    }
+    fn expected_instructions(&self, arch: GfxArch) -> Vec<String> {
+        HipKernelId::expected_instructions(self, arch)
+    }
+    fn mfma_per_tile(&self, arch: GfxArch) -> usize {
+        HipKernelId::mfma_per_tile(self, arch)
+    }
+    fn waves(&self, arch: GfxArch) -> u32 {
+        self.tile(arch).waves
+    }
+}
+
 /// A compiler of HIP sources to code objects.
 pub trait HipCompiler: Send + Sync {
     /// Name and version, part of the cache key.
@@ -206,7 +249,7 @@ impl HipCache {
         GLOBAL.get_or_init(|| HipCache::new(crate::default_cache_dir()))
     }
 
-    pub fn key(&self, id: &HipKernelId, arch: GfxArch, compiler: &dyn HipCompiler) -> Result<HipCacheKey> {
+    pub fn key(&self, id: &dyn HipVariant, arch: GfxArch, compiler: &dyn HipCompiler) -> Result<HipCacheKey> {
         Ok(HipCacheKey {
             kernel: id.name(),
             source_file: id.source().file,
@@ -218,7 +261,7 @@ impl HipCache {
     }
 
     /// The code object of `id` for `arch`, compiled on a miss of both caches.
-    pub fn get_or_compile(&self, id: &HipKernelId, arch: GfxArch, compiler: &dyn HipCompiler) -> Result<Arc<HipCodeObject>> {
+    pub fn get_or_compile(&self, id: &dyn HipVariant, arch: GfxArch, compiler: &dyn HipCompiler) -> Result<Arc<HipCodeObject>> {
         let key = self.key(id, arch, compiler)?;
         if let Some(hit) = self.memory.read().ok().and_then(|m| m.get(&key).cloned()) {
             return Ok(hit);
