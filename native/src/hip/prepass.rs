@@ -15,7 +15,7 @@ use super::config::{Fp8Encoding, GfxArch};
 use super::source::{HipSource, FP8_PREPASS_HIP};
 use crate::error::{NativeError, Result};
 use crate::fp8::Fp8Args;
-use crate::fp8_prepass::{Fp8PrepassConfig, Fp8PrepassParams, Fp8PrepassPass, Fp8PrepassPtrs};
+use crate::fp8_prepass::{Fp8PrepassConfig, Fp8PrepassLens, Fp8PrepassParams, Fp8PrepassPass, Fp8PrepassPtrs};
 
 /// Threads per workgroup of both passes (4 waves of 64).
 pub const HIP_PREPASS_THREADS: u32 = 256;
@@ -79,6 +79,14 @@ impl HipPrepassId {
             Fp8PrepassPass::Amax => vec!["global_atomic_add".into(), "v_max_f32_e32".into()],
             Fp8PrepassPass::Quantize => vec!["v_div_fixup_f32".into()],
         }
+    }
+
+    /// Checks the arguments and gives the element counts of every buffer of a prepass over
+    /// `args` (inputs and codes in elements, descales f32, scratch: partial f32, counter u32).
+    pub fn required_lens(input: Dtype, args: &Fp8Args) -> Result<Fp8PrepassLens> {
+        let c = HipPrepassId { input, pass: Fp8PrepassPass::Amax }.shared()?;
+        c.validate_args(args)?;
+        Ok(c.required_lens(args))
     }
 
     /// Checks the arguments and plans the launches of one prepass over `args`: per slab of whole
