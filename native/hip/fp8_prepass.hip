@@ -11,13 +11,19 @@
 // bit-exact with `quattn::codec::fp8_scaled` (e4m3fn) and `codec::fp8::e4m3fnuz` (gfx942); the
 // host transliteration of `thread_encode` is `encode_e4m3` in native/src/hip/prepass.rs.
 //
-// Why not v_cvt_pk_fp8_f32: its rounding is documented as round to nearest even, but what it
-// does with out-of-range inputs depends on the clamp bit and, on gfx942, on the FP8 mode and
-// the f32 denormal mode of the wave; none of that can be checked bit for bit against the codec
-// without the hardware. The integer encode below is plain IEEE-defined arithmetic that the
-// host mirror runs identically, so the codes are the codec's by construction (a handful of
-// integer instructions per element on a memory-bound pass).
-//
+// Why not v_cvt_pk_fp8_f32 (`__builtin_amdgcn_cvt_pk_fp8_f32`): its rounding follows the wave's
+// round mode (nearest even by default), but the builtin leaves the instruction's clamp bit off,
+// so magnitudes past the format's max do not saturate (code that uses it clamps the input with
+// v_med3_f32 first, and must then special-case NaN and infinity, which v_med3 does not order the
+// way the codec does); how it treats f32 subnormal inputs under the wave's denormal mode, and
+// which NaN code it writes on e4m3fn, are not pinned down by the ISA guides. None of that can be
+// checked bit for bit against the codec without the hardware. The integer encode below is
+// IEEE-defined arithmetic that the host mirror runs identically, so the codes are the codec's
+// by construction. The
+// quotient x / descale is the compiler's correctly rounded f32 division (v_div_scale / v_div_fmas
+// / v_div_fixup, subnormals kept: HIP does not flush f32 denormals by default), which the
+// compile report checks for.
+
 // Tiling, work split and launch ABI are the CUDA prepass's, so the host side
 // (`Fp8PrepassConfig::{slabs, params}` in native/src/fp8_prepass.rs) builds the parameters of
 // both: a tile of 8192 elements (whole rows of one (batch, head)), 256 threads (4 waves), thread
@@ -163,12 +169,6 @@ __device__ inline float cta_max(float m, float* red) {
     return r;
 }
 
-// v / 2^s rounded to nearest, ties to even (1 <= s <= 31).
-__device__ inline u32 rne_shift(u32 v, u32 s) {
-    const u32 q = v >> s, r = v & ((1u << s) - 1u), half = 1u << (s - 1u);
-    return q + ((r > half || (r == half && (q & 1u))) ? 1u : 0u);
-}
-
 // The target's e4m3 code of y: round to nearest even, saturating, NaN to the NaN code
 // (e4m3fn: sign | 0x7f; e4m3fnuz: 0x80), and on e4m3fnuz -0 and what rounds to zero to 0x00.
 __device__ inline u32 thread_encode(float y) {
@@ -176,19 +176,17 @@ __device__ inline u32 thread_encode(float y) {
     const u32 sign = (b >> 24) & 0x80u;
     const u32 a = b & 0x7fffffffu;
     if (a > 0x7f800000u) return FNUZ ? 0x80u : (sign | 0x7fu);
-    const u32 e = a >> 23;  // f32 biased exponent
     u32 code;
-    if (e >= 128u - cfg::BIAS) {
+    if (a >= (128u - cfg::BIAS) << 23) {
         // A normal e4m3 magnitude (or past the max): rebias the exponent in place and round the
-        // 23 mantissa bits to 3; a carry moves into the exponent as it should. Infinity lands
-        // far past MAX_CODE.
-        code = rne_shift(a - ((127u - cfg::BIAS) << 23), 20);
+        // 23 mantissa bits to 3, ties to even (add just under half, plus the kept lsb); a carry
+        // moves into the exponent as it should. Infinity lands far past MAX_CODE.
+        const u32 r = a - ((127u - cfg::BIAS) << 23);
+        code = (r + 0x7ffffu + ((r >> 20) & 1u)) >> 20;
     } else {
-        // Subnormal e4m3 (multiples of 2^(-2 - BIAS)): code = m * 2^(e - 150) / 2^(-2 - BIAS),
-        // a right shift by 148 - BIAS - e >= 21; past 24 the value is under half a step.
-        const u32 shift = 148u - cfg::BIAS - e;
-        const u32 m = (a & 0x7fffffu) | 0x800000u;
-        code = shift > 24u ? 0u : rne_shift(m, shift);
+        // Subnormal e4m3: multiples of 2^(-2 - BIAS). |y| scaled by 2^(2 + BIAS) is exact (it is
+        // below 2^3), so rounding it to an integer, ties to even, is the code.
+        code = (u32)__builtin_rintf(__builtin_bit_cast(float, a) * (float)(1u << (2u + cfg::BIAS)));
     }
     if (code > cfg::MAX_CODE) code = cfg::MAX_CODE;
 #if FNUZ

@@ -73,11 +73,12 @@ impl HipPrepassId {
 
     /// What the code object must contain: the amax pass's arrival atomic and max; the quantize
     /// pass's IEEE division (`v_div_fixup_f32` ends the correctly rounded f32 division, the
-    /// quotient the codec rounds).
+    /// quotient the codec rounds) and the round-to-nearest-even of subnormal codes
+    /// (`v_rndne_f32`).
     pub fn expected_instructions(&self) -> Vec<String> {
         match self.pass {
             Fp8PrepassPass::Amax => vec!["global_atomic_add".into(), "v_max_f32_e32".into()],
-            Fp8PrepassPass::Quantize => vec!["v_div_fixup_f32".into()],
+            Fp8PrepassPass::Quantize => vec!["v_div_fixup_f32".into(), "v_rndne_f32_e32".into()],
         }
     }
 
@@ -148,12 +149,6 @@ pub fn descale_for(enc: Fp8Encoding, amax: f32) -> f32 {
     }
 }
 
-/// `v / 2^s`, rounded to nearest, ties to even (`1 <= s <= 31`): `rne_shift` of the kernel.
-fn rne_shift(v: u32, s: u32) -> u32 {
-    let (q, r, half) = (v >> s, v & ((1u32 << s) - 1), 1u32 << (s - 1));
-    q + (r > half || (r == half && q & 1 == 1)) as u32
-}
-
 /// The code of `y` in `enc`, exactly as `thread_encode` in `fp8_prepass.hip` computes it: round
 /// to nearest even, saturating to ±max, NaN to the NaN code (`sign | 0x7f` in e4m3fn, `0x80` in
 /// e4m3fnuz), and in e4m3fnuz -0 and magnitudes rounding to zero to `0x00`.
@@ -166,19 +161,16 @@ pub fn encode_e4m3(y: f32, enc: Fp8Encoding) -> u8 {
     if a > 0x7f80_0000 {
         return if fnuz { 0x80 } else { (sign | 0x7f) as u8 };
     }
-    let e = a >> 23;
-    let mut code = if e >= 128 - bias {
-        rne_shift(a - ((127 - bias) << 23), 20)
+    let code = if a >= (128 - bias) << 23 {
+        // Normal: rebias in place, round 23 mantissa bits to 3, ties to even.
+        let r = a - ((127 - bias) << 23);
+        (r + 0x7_ffff + ((r >> 20) & 1)) >> 20
     } else {
-        let shift = 148 - bias - e;
-        let m = (a & 0x7f_ffff) | 0x80_0000;
-        if shift > 24 {
-            0
-        } else {
-            rne_shift(m, shift)
-        }
+        // Subnormal: the exact scaled magnitude rounded to an integer, ties to even
+        // (`__builtin_rintf` in the default round mode).
+        (f32::from_bits(a) * (1u32 << (2 + bias)) as f32).round_ties_even() as u32
     };
-    code = code.min(max_code);
+    let code = code.min(max_code);
     if fnuz && code == 0 {
         0
     } else {
