@@ -113,7 +113,13 @@ impl HipBackend {
                 // SAFETY: the params are the kernel's Fp8PrepassParams; the outputs were sized by
                 // required_lens for these args, the inputs by the caller to the problem's
                 // extents, and launches() validated args and pointers.
-                unsafe { m.launch((grid, 1, 1), (HIP_PREPASS_THREADS, 1, 1), &params) }.map_err(err)?;
+                if let Err(e) = unsafe { m.launch((grid, 1, 1), (HIP_PREPASS_THREADS, 1, 1), &params) } {
+                    // Earlier passes may still run on the buffers freed on return.
+                    if let Err(s) = self.rt.synchronize(self.ordinal) {
+                        log::warn!("synchronize after a failed prepass launch: {s}");
+                    }
+                    return Err(err(e));
+                }
             }
         }
         Ok(Quantized { codes, descales, _scratch: scratch })
@@ -150,6 +156,12 @@ impl HipBackend {
                 return bad(format!("{name} address {ptr:#x} is null or not {align}-byte aligned"));
             }
         }
+        // The attention kernel's arguments before the prepass runs for it.
+        let descale = match plan.precision {
+            Precision::Fp8 { descale, .. } => Some(descale),
+            _ => None,
+        };
+        id.validate_args(&plan.problem.shape(), descale).map_err(|e| self.kernel_error(plan, e))?;
         match (id, plan.precision) {
             (HipKernelId::Mfma(_), _) => {
                 self.launch_fwd(plan, [call.q, call.k, call.v, call.o, call.lse], None)?;
