@@ -567,3 +567,105 @@ mod cuda {
         }
     }
 }
+
+#[cfg(feature = "hip")]
+pub use hip::{HipTensor, HipTensorMut};
+
+#[cfg(feature = "hip")]
+mod hip {
+    use std::marker::PhantomData;
+
+    use crate::backend::hip::{HipBackend, HipCall};
+    use crate::error::{Error, Result, TensorName};
+    use crate::session::{Plan, Session};
+    use crate::Dtype;
+
+    /// A caller-owned HIP device buffer quattn reads: its device address, length in elements and
+    /// element type. There is no HIP bindings crate to borrow from, so it is made from a raw
+    /// address only ([`HipTensor::from_raw`]).
+    #[derive(Debug)]
+    pub struct HipTensor<'a> {
+        pub(crate) ptr: u64,
+        pub(crate) len: usize,
+        pub(crate) dtype: Dtype,
+        _life: PhantomData<&'a ()>,
+    }
+
+    /// A caller-owned HIP device buffer quattn writes (O, LSE).
+    #[derive(Debug)]
+    pub struct HipTensorMut<'a> {
+        pub(crate) ptr: u64,
+        pub(crate) len: usize,
+        pub(crate) dtype: Dtype,
+        _life: PhantomData<&'a mut ()>,
+    }
+
+    impl HipTensor<'_> {
+        /// Raw device memory of the session's HIP device.
+        ///
+        /// # Safety
+        /// `ptr` must address `len` elements of `dtype` allocated on the session's device
+        /// (`hipMalloc` or equivalent), valid and not written by other work until the call
+        /// returns.
+        pub unsafe fn from_raw(ptr: u64, len: usize, dtype: Dtype) -> Self {
+            HipTensor { ptr, len, dtype, _life: PhantomData }
+        }
+    }
+
+    impl HipTensorMut<'_> {
+        /// Raw device memory of the session's HIP device, written by the call.
+        ///
+        /// # Safety
+        /// As [`HipTensor::from_raw`], and nothing else may read or write it until the call
+        /// returns.
+        pub unsafe fn from_raw(ptr: u64, len: usize, dtype: Dtype) -> Self {
+            HipTensorMut { ptr, len, dtype, _life: PhantomData }
+        }
+    }
+
+    impl Session {
+        /// Runs `plan` on caller-owned HIP memory of the session's device and returns when the
+        /// device has finished (the call's own buffers are freed on return). Q, K, V and O are
+        /// in the plan's element type ([`Plan::dtype`]); `lse`, when given, is f32
+        /// `[batch, q_heads, q_len]`. An FP8 plan takes f16 Q, K and V and quantizes them on the
+        /// device with the prepass (the arch's e4m3, bit-exact with the codecs) before its
+        /// kernel, as [`Session::run_cuda`] does. Not run on hardware (no AMD device where this
+        /// was written).
+        ///
+        /// Errors: [`Error::WrongDevice`] on a session that is not on a HIP device,
+        /// [`Error::Dtype`] / [`Error::BufferLength`] for buffers of another element type or
+        /// shorter than the problem's extents, an LSE missing when the problem asks for it;
+        /// [`Error::Kernel`] for a null or misaligned address (Q, K, V 16 bytes, O 8, LSE 4) or
+        /// a failing HIP call.
+        pub fn run_hip(&self, plan: &Plan, q: HipTensor<'_>, k: HipTensor<'_>, v: HipTensor<'_>, o: HipTensorMut<'_>, lse: Option<HipTensorMut<'_>>) -> Result<()> {
+            let hip = self.backend().as_any().downcast_ref::<HipBackend>().ok_or_else(|| Error::WrongDevice {
+                tensor: TensorName::Q,
+                expected: format!("{} ({})", self.info().kind, self.info().adapter),
+                got: "HIP memory".into(),
+            })?;
+            let p = &plan.problem;
+            let want = plan.dtype();
+            let lse_len = p.lse_len_elems();
+            let checks = [
+                (TensorName::Q, q.dtype, q.len, p.q_len_elems(), want),
+                (TensorName::K, k.dtype, k.len, p.k_len_elems(), want),
+                (TensorName::V, v.dtype, v.len, p.v_len_elems(), want),
+                (TensorName::Output, o.dtype, o.len, p.o_len_elems(), want),
+            ];
+            let lse_check = lse.as_ref().map(|l| (TensorName::Lse, l.dtype, l.len, lse_len, Dtype::F32));
+            for (tensor, dtype, len, elems, expected) in checks.into_iter().chain(lse_check) {
+                if dtype != expected {
+                    return Err(Error::Dtype { tensor, expected, got: dtype });
+                }
+                if len < elems {
+                    return Err(Error::BufferLength { tensor, expected: elems, got: len });
+                }
+            }
+            if lse.is_none() && p.return_lse {
+                return Err(Error::BufferLength { tensor: TensorName::Lse, expected: lse_len, got: 0 });
+            }
+            let call = HipCall { q: q.ptr, k: k.ptr, v: v.ptr, o: o.ptr, lse: lse.as_ref().map_or(0, |l| l.ptr) };
+            hip.run_raw(plan, &call)
+        }
+    }
+}

@@ -28,6 +28,8 @@ pub use precision::{
 pub use device_tensor::{CubeclTensors, Fp8Descales};
 #[cfg(feature = "cuda")]
 pub use device_tensor::{CudaCodes, CudaCodesMut, CudaFp8, CudaFp8Mut, CudaTensor, CudaTensorMut};
+#[cfg(feature = "hip")]
+pub use device_tensor::{HipTensor, HipTensorMut};
 pub use registry::{Family, KernelId, NativeChoice};
 pub use problem::{AttentionProblem, AttentionShape, CausalAlign, Layout, Strides, TensorStrides, Window};
 pub use session::{attention, DeviceInfo, Output, Path, Plan, Resident, Session};

@@ -3,7 +3,8 @@
 //! loaded with every entry point, devices are counted and their arch read from the properties
 //! struct, an arch without kernels and an ordinal past the count are `DeviceUnavailable`, a
 //! gfx942 device opens and plans onto the MFMA rows, and a failing allocation is a typed
-//! `Kernel` error. The stand-in has two devices (gfx90a, gfx942) and fails every allocation;
+//! `Kernel` error; an FP8 run goes to the device prepass first (which needs hipRTC, absent).
+//! The stand-in has two devices (gfx90a, gfx942) and fails every allocation;
 //! nothing here runs a kernel.
 //!
 //! One test in this binary: the runtime is loaded once per process, after the variable is set.
@@ -11,7 +12,8 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use quattn::{AttentionProblem, Device, Error, NativeKind, Precision, Session, Strategy};
+use quattn::error::TensorName;
+use quattn::{AttentionProblem, Device, Dtype, Error, HipTensor, HipTensorMut, NativeKind, Precision, Session, Strategy};
 
 const STUB: &str = r#"
 #include <string.h>
@@ -113,5 +115,81 @@ fn hip_backend_paths_with_a_stand_in_runtime() {
             assert!(reason.contains("hipMalloc") && reason.contains("hipErrorOutOfMemory"), "{reason}");
         }
         other => panic!("expected a Kernel error, got {:?}", other.map(|o| o.kernel)),
+    }
+    // An FP8 run quantizes on the device: it loads the prepass (compiled by hipRTC, absent
+    // here) before allocating anything, so the error names the prepass, not hipMalloc.
+    match s.run(&plan8, &x[..p.q_len_elems()], &x[..p.k_len_elems()], &x[..p.v_len_elems()]) {
+        Err(Error::Kernel { kernel, reason }) => {
+            assert_eq!(kernel, "fp8_prepass_amax_f16");
+            assert!(reason.contains("hiprtc") && !reason.contains("hipMalloc"), "{reason}");
+        }
+        other => panic!("expected a Kernel error, got {:?}", other.map(|o| o.kernel)),
+    }
+
+    run_hip_checks(&s, &p, &plan, &plan8);
+}
+
+/// `Session::run_hip` on caller-owned device addresses: every mistake the host can see is a
+/// typed error before anything reaches the runtime, and well-formed calls fail on the missing
+/// hipRTC with the kernel they needed.
+fn run_hip_checks(s: &Session, p: &AttentionProblem, plan: &quattn::Plan, plan8: &quattn::Plan) {
+    // SAFETY: the addresses are never dereferenced: the stand-in runtime launches nothing and
+    // every call below fails before a launch.
+    let t = |addr: u64, len: usize, dtype: Dtype| unsafe { HipTensor::from_raw(addr, len, dtype) };
+    let m = |addr: u64, len: usize, dtype: Dtype| unsafe { HipTensorMut::from_raw(addr, len, dtype) };
+    let (nq, nk, nv, no, nl) = (p.q_len_elems(), p.k_len_elems(), p.v_len_elems(), p.o_len_elems(), p.lse_len_elems());
+    let bf = Dtype::Bf16;
+    let call = |q: HipTensor<'static>, k: HipTensor<'static>, lse: Option<HipTensorMut<'static>>| {
+        s.run_hip(plan, q, k, t(0x30000, nv, bf), m(0x40000, no, bf), lse)
+    };
+    match call(t(0x10000, nq, Dtype::F16), t(0x20000, nk, bf), Some(m(0x50000, nl, Dtype::F32))) {
+        Err(Error::Dtype { tensor: TensorName::Q, expected: Dtype::Bf16, got: Dtype::F16 }) => {}
+        other => panic!("f16 Q for a bf16 plan: {other:?}"),
+    }
+    match call(t(0x10000, nq, bf), t(0x20000, nk - 1, bf), Some(m(0x50000, nl, Dtype::F32))) {
+        Err(Error::BufferLength { tensor: TensorName::K, expected, got }) => assert_eq!((expected, got), (nk, nk - 1)),
+        other => panic!("short K: {other:?}"),
+    }
+    match call(t(0x10000, nq, bf), t(0x20000, nk, bf), None) {
+        Err(Error::BufferLength { tensor: TensorName::Lse, expected, got: 0 }) => assert_eq!(expected, nl),
+        other => panic!("LSE asked for and not given: {other:?}"),
+    }
+    match call(t(0x10000, nq, bf), t(0x20000, nk, bf), Some(m(0x50000, nl, bf))) {
+        Err(Error::Dtype { tensor: TensorName::Lse, expected: Dtype::F32, .. }) => {}
+        other => panic!("bf16 LSE: {other:?}"),
+    }
+    match call(t(0x10008, nq, bf), t(0x20000, nk, bf), Some(m(0x50000, nl, Dtype::F32))) {
+        Err(Error::Kernel { reason, .. }) => assert!(reason.contains("16-byte"), "{reason}"),
+        other => panic!("misaligned Q: {other:?}"),
+    }
+    // Well-formed: the kernel is compiled by hipRTC, absent here.
+    match call(t(0x10000, nq, bf), t(0x20000, nk, bf), Some(m(0x50000, nl, Dtype::F32))) {
+        Err(Error::Kernel { kernel, reason }) => {
+            assert_eq!(kernel, "fwd_mfma_bf16_d128");
+            assert!(reason.contains("hiprtc"), "{reason}");
+        }
+        other => panic!("expected the missing hipRTC, got {other:?}"),
+    }
+    // FP8 takes f16 Q, K, V and runs the prepass first.
+    let f = Dtype::F16;
+    let fp8 = |q: Dtype| s.run_hip(plan8, t(0x10000, nq, q), t(0x20000, nk, f), t(0x30000, nv, f), m(0x40000, no, f), Some(m(0x50000, nl, Dtype::F32)));
+    match fp8(bf) {
+        Err(Error::Dtype { tensor: TensorName::Q, expected: Dtype::F16, got: Dtype::Bf16 }) => {}
+        other => panic!("bf16 Q for an FP8 plan: {other:?}"),
+    }
+    match fp8(f) {
+        Err(Error::Kernel { kernel, reason }) => {
+            assert_eq!(kernel, "fp8_prepass_amax_f16");
+            assert!(reason.contains("hiprtc"), "{reason}");
+        }
+        other => panic!("expected the prepass to need hipRTC, got {other:?}"),
+    }
+    // Another device's session: HIP memory is refused with a typed error.
+    let cpu = Session::new(Device::Cpu).expect("the CPU backend");
+    let cplan = cpu.plan(p, Precision::F32, Strategy::Auto).expect("f32 plans on the CPU");
+    let d = Dtype::F32;
+    match cpu.run_hip(&cplan, t(0x10000, nq, d), t(0x20000, nk, d), t(0x30000, nv, d), m(0x40000, no, d), Some(m(0x50000, nl, d))) {
+        Err(Error::WrongDevice { got, .. }) => assert!(got.contains("HIP"), "{got}"),
+        other => panic!("HIP memory on a CPU session: {other:?}"),
     }
 }

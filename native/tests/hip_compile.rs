@@ -1,9 +1,9 @@
 //! Every HIP variant compiled by clang for gfx942 and gfx950, disassembled and checked: the
 //! intended MFMA instructions present and no other MFMA form, no scratch (spills), LDS within
-//! the arch's limit. Needs LLVM clang with the AMDGPU target (`clang-22`, which `.ci/run`
-//! installs); skips with the reason when it is absent. No GPU: the kernels are not run.
+//! the arch's limit; the FP8 prepass with its arrival atomic and IEEE division. Needs LLVM
+//! clang with the AMDGPU target (`clang-22`, which `.ci/run` installs); skips with the reason when it is absent. No GPU: the kernels are not run.
 
-use quattn_native::hip::{hip_compile_report, Clang, GfxArch, HipCache, HipKernelId};
+use quattn_native::hip::{all_variants, hip_compile_report, Clang, GfxArch, HipCache};
 
 #[test]
 fn every_hip_variant_compiles_with_its_mfma_and_no_scratch() {
@@ -16,7 +16,9 @@ fn every_hip_variant_compiles_with_its_mfma_and_no_scratch() {
     }
     let cache = HipCache::new(None);
     let reports = hip_compile_report(&cache).expect("clang found above");
-    assert_eq!(reports.len(), HipKernelId::all().iter().map(|k| k.targets().len()).sum::<usize>());
+    assert_eq!(reports.len(), all_variants().iter().map(|k| k.targets().len()).sum::<usize>());
+    // The prepass is among them, on both targets.
+    assert_eq!(reports.iter().filter(|r| r.kernel.starts_with("fp8_prepass_")).count(), 8);
     let mut bad = Vec::new();
     for r in &reports {
         println!("{}", r.summary());

@@ -1,6 +1,7 @@
 //! The HIP backend (AMD GPUs through ROCm, loaded at run time): the native MFMA kernels of
 //! `quattn_native::hip` on gfx942 and gfx950, compiled by hipRTC into the code-object cache and
-//! launched on the null stream. **Not run on hardware**: no AMD device was available; the
+//! launched on the null stream; FP8 plans quantize their f16 inputs on the device (the
+//! prepass `fp8_prepass.hip`). **Not run on hardware**: no AMD device was available; the
 //! kernels are compiled and disassembly-checked, their tile loop is mirrored on the CPU, and
 //! this backend's paths without ROCm (no library, no device, an arch without kernels) are
 //! tested. The dispatch table has only the native rows: a HIP device takes f16/bf16 with f32
@@ -11,18 +12,17 @@ use std::sync::{Arc, RwLock};
 
 use half::{bf16, f16};
 use quattn_native::hip::runtime::{DeviceBuffer, HipModule, HipRuntime, Hiprtc};
-use quattn_native::hip::{Fp8Encoding, Fp8Mfma, GfxArch, HipCache, HipFp8P, HipFwdParams, HipKernelId, MfmaConfig, MfmaFp8Config, HIP_HEAD_DIMS};
-use quattn_native::NativeError;
+use quattn_native::fp8_prepass::{Fp8PrepassPass, Fp8PrepassPtrs};
+use quattn_native::hip::{Fp8Mfma, GfxArch, HipCache, HipFp8P, HipFwdParams, HipKernelId, HipPrepassId, HipVariant, MfmaConfig, MfmaFp8Config, HIP_HEAD_DIMS, HIP_PREPASS_THREADS};
+use quattn_native::{Fp8Args, NativeError};
 
 use super::{Backend, ResidentData};
-use crate::codec::fp8::{e4m3, e4m3fnuz, Saturation};
-use crate::codec::fp8_scaled::DescaleLayout;
 use crate::error::{Error, Result};
 use crate::precision::{DescaleGranularity, Dtype, Fp8Format, PvAccum, PvFormat, QkAccum};
 use crate::registry::{self, Choice, Family, KernelId, Planned, Reject, Row};
 use crate::session::{DeviceInfo, Plan};
 use crate::tensor::HostSlice;
-use crate::{AttentionProblem, Device, NativeKind, Precision, Strategy, Strides};
+use crate::{AttentionProblem, Device, NativeKind, Precision, Strategy};
 
 /// HIP ordinals whose arch has kernels; empty without ROCm.
 pub(crate) fn supported_devices() -> Vec<usize> {
@@ -38,7 +38,8 @@ pub(crate) struct HipBackend {
     arch: GfxArch,
     adapter: String,
     rt: &'static HipRuntime,
-    modules: RwLock<HashMap<HipKernelId, Arc<HipModule>>>,
+    /// Loaded modules by variant name (attention kernels and the prepass).
+    modules: RwLock<HashMap<String, Arc<HipModule>>>,
 }
 
 impl HipBackend {
@@ -60,16 +61,122 @@ impl HipBackend {
         Ok(HipBackend { device, ordinal, arch, adapter: format!("{name} ({arch_name})"), rt, modules: RwLock::new(HashMap::new()) })
     }
 
-    fn module(&self, id: HipKernelId) -> Result<Arc<HipModule>> {
-        if let Some(m) = self.modules.read().ok().and_then(|m| m.get(&id).cloned()) {
+    fn module(&self, id: &dyn HipVariant) -> Result<Arc<HipModule>> {
+        if let Some(m) = self.modules.read().ok().and_then(|m| m.get(&id.name()).cloned()) {
             return Ok(m);
         }
         let err = |e: NativeError| Error::Kernel { kernel: id.name(), reason: e.to_string() };
         let rtc = Hiprtc::get().map_err(err)?;
-        let obj = HipCache::global().get_or_compile(&id, self.arch, rtc.as_ref()).map_err(err)?;
+        let obj = HipCache::global().get_or_compile(id, self.arch, rtc.as_ref()).map_err(err)?;
         let m = Arc::new(self.rt.load_module(self.ordinal, &obj.code, obj.entry).map_err(err)?);
         let mut map = self.modules.write().unwrap_or_else(|e| e.into_inner());
-        Ok(map.entry(id).or_insert(m).clone())
+        Ok(map.entry(id.name()).or_insert(m).clone())
+    }
+
+    /// The amax and quantize passes of the prepass for `input`, loaded.
+    fn prepass_modules(&self, plan: &Plan, input: Dtype) -> Result<[Arc<HipModule>; 2]> {
+        let id = |pass| HipPrepassId::new(input, pass).map_err(|e| self.kernel_error(plan, e));
+        Ok([self.module(&id(Fp8PrepassPass::Amax)?)?, self.module(&id(Fp8PrepassPass::Quantize)?)?])
+    }
+
+    /// Q, K and V at device addresses `qkv` (16-bit, `input`) quantized on the device by the
+    /// prepass (`fp8_prepass.hip`) into new buffers of the arch's e4m3 codes and f32 descales,
+    /// enqueued on the null stream. Both passes are loaded before anything is allocated, so a
+    /// missing hipRTC allocates nothing. The caller synchronizes before the inputs or the
+    /// returned buffers (scratch included) are freed.
+    fn prepass(&self, plan: &Plan, input: Dtype, descale: DescaleGranularity, qkv: [u64; 3]) -> Result<Quantized> {
+        let err = |e: NativeError| self.kernel_error(plan, e);
+        let [amax, quant] = self.prepass_modules(plan, input)?;
+        let args = Fp8Args::new(plan.problem.shape(), descale);
+        let lens = HipPrepassId::required_lens(input, &args).map_err(err)?;
+        let alloc = |bytes: usize| self.rt.alloc(self.ordinal, bytes).map_err(err);
+        let codes = [alloc(lens.q)?, alloc(lens.k)?, alloc(lens.v)?];
+        let descales = [alloc(lens.q_descale * 4)?, alloc(lens.kv_descale * 4)?, alloc(lens.kv_descale * 4)?];
+        let scratch = [alloc(lens.partial * 4)?, alloc(lens.counter * 4)?];
+        scratch[1].zero().map_err(err)?;
+        let ptrs = Fp8PrepassPtrs {
+            q: qkv[0],
+            k: qkv[1],
+            v: qkv[2],
+            q_codes: codes[0].device_ptr(),
+            k_codes: codes[1].device_ptr(),
+            v_codes: codes[2].device_ptr(),
+            q_descale: descales[0].device_ptr(),
+            k_descale: descales[1].device_ptr(),
+            v_descale: descales[2].device_ptr(),
+            partial: scratch[0].device_ptr(),
+            counter: scratch[1].device_ptr(),
+        };
+        // One slab: the runtime does not report the L2 size the CUDA path sizes slabs by.
+        for (params, grid) in HipPrepassId::launches(input, &args, &ptrs, None).map_err(err)? {
+            for m in [&amax, &quant] {
+                // SAFETY: the params are the kernel's Fp8PrepassParams; the outputs were sized by
+                // required_lens for these args, the inputs by the caller to the problem's
+                // extents, and launches() validated args and pointers.
+                if let Err(e) = unsafe { m.launch((grid, 1, 1), (HIP_PREPASS_THREADS, 1, 1), &params) } {
+                    // Earlier passes may still run on the buffers freed on return.
+                    if let Err(s) = self.rt.synchronize(self.ordinal) {
+                        log::warn!("synchronize after a failed prepass launch: {s}");
+                    }
+                    return Err(err(e));
+                }
+            }
+        }
+        Ok(Quantized { codes, descales, _scratch: scratch })
+    }
+
+    /// Enqueues the attention kernel of `plan` on device addresses `[q, k, v, o, lse]` (lse 0:
+    /// not written) and, FP8, the Q, K, V descales.
+    fn launch_fwd(&self, plan: &Plan, ptrs: [u64; 5], descales: Option<[u64; 3]>) -> Result<()> {
+        let id = plan_kernel(plan)?;
+        let s = plan.problem.shape();
+        let descale = match plan.precision {
+            Precision::Fp8 { descale, .. } => Some(descale),
+            _ => None,
+        };
+        id.validate_args(&s, descale).map_err(|e| self.kernel_error(plan, e))?;
+        let module = self.module(&id)?;
+        let params = HipFwdParams::new(&s, ptrs, descales.zip(descale));
+        let (grid, block) = id.launch_dims(&s, self.arch);
+        // SAFETY: the params are the kernel's FwdParams; every buffer spans the problem's
+        // extents (sized at upload, or checked by Session::run_hip), and validate_args checked
+        // the shape against them.
+        unsafe { module.launch(grid, block, &params) }.map_err(|e| self.kernel_error(plan, e))
+    }
+
+    /// One call on caller-owned device memory ([`crate::Session::run_hip`]): FP8 plans quantize
+    /// Q, K and V with the prepass into call-owned buffers first. Returns after the device has
+    /// finished (the call's buffers are freed on return).
+    pub(crate) fn run_raw(&self, plan: &Plan, call: &HipCall) -> Result<()> {
+        let id = plan_kernel(plan)?;
+        let bad = |reason: String| Err(Error::Kernel { kernel: plan.kernel_name(), reason });
+        // 16-byte row loads of Q, K, V; O stored 4 16-bit elements at a time.
+        for (name, ptr, align) in [("q", call.q, 16), ("k", call.k, 16), ("v", call.v, 16), ("o", call.o, 8), ("lse", call.lse, 4)] {
+            if (ptr == 0 && name != "lse") || ptr % align != 0 {
+                return bad(format!("{name} address {ptr:#x} is null or not {align}-byte aligned"));
+            }
+        }
+        // The attention kernel's arguments before the prepass runs for it.
+        let descale = match plan.precision {
+            Precision::Fp8 { descale, .. } => Some(descale),
+            _ => None,
+        };
+        id.validate_args(&plan.problem.shape(), descale).map_err(|e| self.kernel_error(plan, e))?;
+        match (id, plan.precision) {
+            (HipKernelId::Mfma(_), _) => {
+                self.launch_fwd(plan, [call.q, call.k, call.v, call.o, call.lse], None)?;
+                self.synchronize()
+            }
+            (HipKernelId::MfmaFp8(_), Precision::Fp8 { descale, .. }) => {
+                let x = self.prepass(plan, plan.dtype(), descale, [call.q, call.k, call.v])?;
+                let c = x.codes.each_ref().map(|b| b.device_ptr());
+                let launched = self.launch_fwd(plan, [c[0], c[1], c[2], call.o, call.lse], Some(x.descales.each_ref().map(|b| b.device_ptr())));
+                // The prepass's buffers are freed on return: whatever was enqueued must finish.
+                let synced = self.synchronize();
+                launched.and(synced)
+            }
+            _ => Err(super::foreign(plan)),
+        }
     }
 
     fn kernel_error(&self, plan: &Plan, e: NativeError) -> Error {
@@ -130,6 +237,24 @@ fn mfma_fp8_row(b: &HipBackend, p: &AttentionProblem, precision: Precision) -> s
     Ok(Choice { kernel: KernelId::Hip { kernel: id, arch: b.arch }, blocking: None })
 }
 
+/// Caller-owned device addresses of one [`crate::Session::run_hip`] call (lse 0: none).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct HipCall {
+    pub q: u64,
+    pub k: u64,
+    pub v: u64,
+    pub o: u64,
+    pub lse: u64,
+}
+
+/// What the prepass wrote: codes and descales of Q, K, V, and its scratch (partial maxima,
+/// arrival counters), kept alive until the device has finished with them.
+struct Quantized {
+    codes: [DeviceBuffer; 3],
+    descales: [DeviceBuffer; 3],
+    _scratch: [DeviceBuffer; 2],
+}
+
 /// Device buffers of one planned call.
 struct HipData {
     q: DeviceBuffer,
@@ -146,32 +271,6 @@ fn bytes_16(x: &[f32], dtype: Dtype) -> Vec<u8> {
         Dtype::Bf16 => x.iter().flat_map(|&v| bf16::from_f32(v).to_bits().to_le_bytes()).collect(),
         _ => x.iter().flat_map(|&v| f16::from_f32(v).to_bits().to_le_bytes()).collect(),
     }
-}
-
-/// Codes of the device's e4m3 and f32 descales (`amax / max` per descale group), rows at the
-/// strides' offsets: `codec::fp8_scaled`'s recipe on the arch's encoding.
-fn quantize(enc: Fp8Encoding, x: &[f32], s: Strides, dim: usize, layout: DescaleLayout) -> (Vec<u8>, Vec<f32>) {
-    let rows = || (0..layout.batch).flat_map(move |b| (0..layout.heads).flat_map(move |h| (0..layout.len).map(move |i| (b, h, i))));
-    let mut amax = vec![0f32; layout.count()];
-    for (b, h, i) in rows() {
-        let o = s.offset(b, h, i);
-        let a = &mut amax[layout.index(b, h, i)];
-        *a = x[o..][..dim].iter().fold(*a, |m, v| m.max(v.abs()));
-    }
-    let descales: Vec<f32> = amax.iter().map(|&a| if a > 0.0 { a / enc.max() } else { 1.0 }).collect();
-    let mut codes = vec![0u8; x.len()];
-    for (b, h, i) in rows() {
-        let o = s.offset(b, h, i);
-        let d = descales[layout.index(b, h, i)];
-        for c in 0..dim {
-            let y = x[o + c] / d;
-            codes[o + c] = match enc {
-                Fp8Encoding::E4m3Fn => e4m3::encode(y, Saturation::Saturate),
-                Fp8Encoding::E4m3Fnuz => e4m3fnuz::encode(y, Saturation::Saturate),
-            };
-        }
-    }
-    (codes, descales)
 }
 
 fn hip_data<'a>(plan: &Plan, data: &'a ResidentData) -> Result<&'a HipData> {
@@ -207,13 +306,16 @@ impl Backend for HipBackend {
         let (qb, kb, vb, descales) = match (id, plan.precision) {
             (HipKernelId::Mfma(_), _) => (put(&bytes_16(&q.rounded_to(dtype), dtype))?, put(&bytes_16(&k.rounded_to(dtype), dtype))?, put(&bytes_16(&v.rounded_to(dtype), dtype))?, None),
             (HipKernelId::MfmaFp8(_), Precision::Fp8 { descale, .. }) => {
-                let layout = |heads, len| DescaleLayout { granularity: descale, batch: p.batch, heads, len, block_rows: len.max(1) };
-                let enc = self.arch.fp8();
-                let (qc, qd) = quantize(enc, &q.rounded_to(dtype), p.q_strides(), p.head_dim, layout(p.q_heads, p.q_len));
-                let (kc, kd) = quantize(enc, &k.rounded_to(dtype), p.k_strides(), p.head_dim, layout(p.kv_heads, p.kv_len));
-                let (vc, vd) = quantize(enc, &v.rounded_to(dtype), p.v_strides(), p.v_head_dim, layout(p.kv_heads, p.kv_len));
-                let f = |d: &[f32]| d.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
-                (put(&qc)?, put(&kc)?, put(&vc)?, Some([put(&f(&qd))?, put(&f(&kd))?, put(&f(&vd))?]))
+                // The prepass is loaded before anything is uploaded: without hipRTC nothing is
+                // allocated.
+                self.prepass_modules(plan, dtype)?;
+                let put16 = |x: &HostSlice<'_>| put(&bytes_16(&x.rounded_to(dtype), dtype));
+                let (q16, k16, v16) = (put16(&q)?, put16(&k)?, put16(&v)?);
+                let x = self.prepass(plan, dtype, descale, [q16.device_ptr(), k16.device_ptr(), v16.device_ptr()])?;
+                // The 16-bit inputs and the prepass's scratch are freed on return.
+                self.synchronize()?;
+                let [qc, kc, vc] = x.codes;
+                (qc, kc, vc, Some(x.descales))
             }
             _ => return Err(super::foreign(plan)),
         };
@@ -224,22 +326,9 @@ impl Backend for HipBackend {
     }
 
     fn execute(&self, plan: &Plan, data: &mut ResidentData) -> Result<()> {
-        let id = plan_kernel(plan)?;
         let d = hip_data(plan, data)?;
-        let s = plan.problem.shape();
-        let descale = match plan.precision {
-            Precision::Fp8 { descale, .. } => Some(descale),
-            _ => None,
-        };
-        id.validate_args(&s, descale).map_err(|e| self.kernel_error(plan, e))?;
-        let module = self.module(id)?;
         let ptrs = [d.q.device_ptr(), d.k.device_ptr(), d.v.device_ptr(), d.o.device_ptr(), d.lse.as_ref().map_or(0, |l| l.device_ptr())];
-        let desc = d.descales.as_ref().zip(descale).map(|(b, g)| (b.each_ref().map(|x| x.device_ptr()), g));
-        let params = HipFwdParams::new(&s, ptrs, desc);
-        let (grid, block) = id.launch_dims(&s, self.arch);
-        // SAFETY: the params are the kernel's FwdParams; every buffer was sized from the
-        // problem's extents at upload, and validate_args checked the shape against them.
-        unsafe { module.launch(grid, block, &params) }.map_err(|e| self.kernel_error(plan, e))
+        self.launch_fwd(plan, ptrs, d.descales.as_ref().map(|b| b.each_ref().map(|x| x.device_ptr())))
     }
 
     fn synchronize(&self) -> Result<()> {

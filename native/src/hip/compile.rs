@@ -46,6 +46,49 @@ pub struct HipCodeObject {
     pub origin: Origin,
 }
 
+/// A compiled HIP kernel variant (an attention family's [`HipKernelId`] or the prepass's
+/// [`super::prepass::HipPrepassId`]): what the cache keys it by and what the compile report
+/// checks in its code object.
+pub trait HipVariant: Send + Sync {
+    /// Unique among every variant of every source.
+    fn name(&self) -> String;
+    fn source(&self) -> &'static HipSource;
+    /// The `-D` defines on `arch`, sorted by name.
+    fn defines(&self, arch: GfxArch) -> Result<Vec<(String, String)>>;
+    /// Targets it is built and checked for.
+    fn targets(&self) -> &'static [GfxArch];
+    /// Instructions the code object must contain; any `v_mfma*` not among them is unexpected.
+    fn expected_instructions(&self, arch: GfxArch) -> Vec<String>;
+    /// MFMAs one wave issues per KV tile (0 without MFMA).
+    fn mfma_per_tile(&self, arch: GfxArch) -> usize;
+    /// Waves per workgroup (occupancy).
+    fn waves(&self, arch: GfxArch) -> u32;
+}
+
+impl HipVariant for HipKernelId {
+    fn name(&self) -> String {
+        HipKernelId::name(self)
+    }
+    fn source(&self) -> &'static HipSource {
+        HipKernelId::source(self)
+    }
+    fn defines(&self, arch: GfxArch) -> Result<Vec<(String, String)>> {
+        HipKernelId::defines(self, arch)
+    }
+    fn targets(&self) -> &'static [GfxArch] {
+        HipKernelId::targets(self)
+    }
+    fn expected_instructions(&self, arch: GfxArch) -> Vec<String> {
+        HipKernelId::expected_instructions(self, arch)
+    }
+    fn mfma_per_tile(&self, arch: GfxArch) -> usize {
+        HipKernelId::mfma_per_tile(self, arch)
+    }
+    fn waves(&self, arch: GfxArch) -> u32 {
+        self.tile(arch).waves
+    }
+}
+
 /// A compiler of HIP sources to code objects.
 pub trait HipCompiler: Send + Sync {
     /// Name and version, part of the cache key.
@@ -206,7 +249,7 @@ impl HipCache {
         GLOBAL.get_or_init(|| HipCache::new(crate::default_cache_dir()))
     }
 
-    pub fn key(&self, id: &HipKernelId, arch: GfxArch, compiler: &dyn HipCompiler) -> Result<HipCacheKey> {
+    pub fn key(&self, id: &dyn HipVariant, arch: GfxArch, compiler: &dyn HipCompiler) -> Result<HipCacheKey> {
         Ok(HipCacheKey {
             kernel: id.name(),
             source_file: id.source().file,
@@ -218,7 +261,7 @@ impl HipCache {
     }
 
     /// The code object of `id` for `arch`, compiled on a miss of both caches.
-    pub fn get_or_compile(&self, id: &HipKernelId, arch: GfxArch, compiler: &dyn HipCompiler) -> Result<Arc<HipCodeObject>> {
+    pub fn get_or_compile(&self, id: &dyn HipVariant, arch: GfxArch, compiler: &dyn HipCompiler) -> Result<Arc<HipCodeObject>> {
         let key = self.key(id, arch, compiler)?;
         if let Some(hit) = self.memory.read().ok().and_then(|m| m.get(&key).cloned()) {
             return Ok(hit);
@@ -291,4 +334,61 @@ fn digest(source: &HipSource, key: &HipCacheKey) -> String {
     }
     field(format!("{key:?}").as_bytes());
     h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+    use crate::fp8_prepass::Fp8PrepassPass;
+    use crate::hip::prepass::HipPrepassId;
+
+    /// A compiler that counts its compiles and returns a minimal ELF image.
+    struct Counting(AtomicUsize);
+
+    impl HipCompiler for Counting {
+        fn identity(&self) -> String {
+            "counting 1".into()
+        }
+        fn options(&self, arch: GfxArch) -> Vec<String> {
+            vec![format!("--offload-arch={arch}")]
+        }
+        fn compile(&self, _kernel: &str, _source: &HipSource, _arch: GfxArch, options: &[String]) -> Result<(Vec<u8>, String)> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Ok((b"\x7fELF fake".to_vec(), options.join(" ")))
+        }
+    }
+
+    /// The disk cache serves a second process (a fresh cache on the same folder) without
+    /// compiling, keys differ per variant and arch, and a damaged file is a miss.
+    #[test]
+    fn disk_cache_hits_across_caches_and_damaged_files_miss() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let c = Counting(AtomicUsize::new(0));
+        let id = HipPrepassId { input: quattn_core::Dtype::F16, pass: Fp8PrepassPass::Quantize };
+        let a = HipCache::new(Some(dir.path().to_path_buf()));
+        let first = a.get_or_compile(&id, GfxArch::Gfx950, &c).unwrap();
+        assert!(matches!(first.origin, Origin::Compiled { .. }));
+        assert!(first.log.contains("-DPASS=1") && first.log.contains("-DELEM=0"), "{}", first.log);
+        assert!(Arc::ptr_eq(&first, &a.get_or_compile(&id, GfxArch::Gfx950, &c).unwrap()));
+        assert_eq!(c.0.load(Ordering::SeqCst), 1);
+        let b = HipCache::new(Some(dir.path().to_path_buf()));
+        let again = b.get_or_compile(&id, GfxArch::Gfx950, &c).unwrap();
+        assert!(matches!(again.origin, Origin::Disk));
+        assert_eq!((again.code.as_slice(), c.0.load(Ordering::SeqCst)), (first.code.as_slice(), 1));
+        // Another arch is another key.
+        b.get_or_compile(&id, GfxArch::Gfx942, &c).unwrap();
+        assert_eq!(c.0.load(Ordering::SeqCst), 2);
+        // Damage every code object: a fresh cache recompiles instead of loading it.
+        for e in std::fs::read_dir(dir.path()).unwrap() {
+            let p = e.unwrap().path();
+            if p.extension().is_some_and(|x| x == "hsaco") {
+                std::fs::write(&p, b"not an elf").unwrap();
+            }
+        }
+        let fresh = HipCache::new(Some(dir.path().to_path_buf())).get_or_compile(&id, GfxArch::Gfx950, &c).unwrap();
+        assert!(matches!(fresh.origin, Origin::Compiled { .. }));
+        assert_eq!(c.0.load(Ordering::SeqCst), 3);
+    }
 }

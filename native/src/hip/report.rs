@@ -6,7 +6,8 @@
 use std::collections::BTreeMap;
 use std::process::Command;
 
-use super::compile::{Clang, HipCache};
+use super::compile::{Clang, HipCache, HipVariant};
+use super::prepass::HipPrepassId;
 use super::config::{GfxArch, HipKernelId};
 use crate::cache::Origin;
 use crate::error::{NativeError, Result};
@@ -158,7 +159,7 @@ fn run(tool: &std::path::Path, args: &[&str], file: &std::path::Path) -> Result<
 }
 
 /// Compiles, disassembles and checks one variant on one arch.
-pub fn report_variant(cache: &HipCache, clang: &Clang, id: &HipKernelId, arch: GfxArch) -> HipKernelReport {
+pub fn report_variant(cache: &HipCache, clang: &Clang, id: &dyn HipVariant, arch: GfxArch) -> HipKernelReport {
     let expected = id.expected_instructions(arch);
     let mut r = HipKernelReport {
         kernel: id.name(),
@@ -219,7 +220,7 @@ pub fn report_variant(cache: &HipCache, clang: &Clang, id: &HipKernelId, arch: G
         r.vgpr_spills = get("vgpr_spill_count");
         r.sgpr_spills = get("sgpr_spill_count");
         if let (Some(v), Some(a), Some(l)) = (r.vgprs, r.agprs, r.lds_bytes) {
-            r.waves_per_simd = Some(waves_per_simd(arch, v, a, l, id.tile(arch).waves));
+            r.waves_per_simd = Some(waves_per_simd(arch, v, a, l, id.waves(arch)));
         }
         Ok(())
     })();
@@ -230,12 +231,24 @@ pub fn report_variant(cache: &HipCache, clang: &Clang, id: &HipKernelId, arch: G
     r
 }
 
+/// Every HIP variant: the attention families', then the prepass's.
+pub fn all_variants() -> &'static [Box<dyn HipVariant>] {
+    static ALL: std::sync::OnceLock<Vec<Box<dyn HipVariant>>> = std::sync::OnceLock::new();
+    ALL.get_or_init(|| {
+        let mut v: Vec<Box<dyn HipVariant>> = HipKernelId::all().into_iter().map(|k| Box::new(k) as Box<dyn HipVariant>).collect();
+        v.extend(HipPrepassId::all().into_iter().map(|k| Box::new(k) as Box<dyn HipVariant>));
+        v
+    })
+}
+
 /// Every HIP variant on every target, in parallel over the cores; each line says what went
 /// wrong for it. `Err` only when no clang is found.
 pub fn hip_compile_report(cache: &HipCache) -> Result<Vec<HipKernelReport>> {
     let clang = Clang::find()?;
-    let jobs: Vec<(HipKernelId, GfxArch)> =
-        HipKernelId::all().into_iter().flat_map(|id| id.targets().iter().map(move |&a| (id, a))).collect();
+    let jobs: Vec<(&dyn HipVariant, GfxArch)> = all_variants()
+        .iter()
+        .flat_map(|id| id.targets().iter().map(move |&a| (id.as_ref(), a)))
+        .collect();
     let workers = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).min(jobs.len().max(1));
     let next = std::sync::atomic::AtomicUsize::new(0);
     let results = std::sync::Mutex::new(Vec::with_capacity(jobs.len()));
@@ -244,7 +257,7 @@ pub fn hip_compile_report(cache: &HipCache) -> Result<Vec<HipKernelReport>> {
             s.spawn(|| loop {
                 let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let Some((id, arch)) = jobs.get(i) else { break };
-                let r = report_variant(cache, clang, id, *arch);
+                let r = report_variant(cache, clang, *id, *arch);
                 results.lock().unwrap_or_else(|e| e.into_inner()).push((i, r));
             });
         }

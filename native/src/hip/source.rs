@@ -19,3 +19,7 @@ pub static FWD_MFMA: HipSource =
 /// The FP8 MFMA forward family.
 pub static FWD_MFMA_FP8: HipSource =
     HipSource { file: "fwd_mfma_fp8.hip", entry: "fwd_mfma_fp8", text: include_str!("../../hip/fwd_mfma_fp8.hip") };
+
+/// The FP8 quantization prepass of the FP8 family (two passes, `-D PASS`).
+pub static FP8_PREPASS_HIP: HipSource =
+    HipSource { file: "fp8_prepass.hip", entry: "fp8_prepass", text: include_str!("../../hip/fp8_prepass.hip") };
