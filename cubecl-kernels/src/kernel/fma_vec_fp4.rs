@@ -29,8 +29,9 @@ use super::{cube_key_ranges, AttnShape, NO_MAX};
 const CODES_PER_WORD: usize = 8;
 /// Keys per NVFP4 block of P and Vᵀ.
 pub(crate) const P_BLOCK: usize = 16;
-/// `(1/2688).to_bits()`: the NVFP4 tensor scale of P (`tensor_scale_for(1.0)`), passed as bits
-/// because a bitcast of a literal does not compile on CUDA (see `div_rn_bits`).
+/// `(1/2688).to_bits()`: the NVFP4 tensor scale of P (`tensor_scale_for(1.0)`). The kernel
+/// takes it as an f32 literal made at expansion time: a bitcast of a literal does not compile on
+/// CUDA (see `div_rn_bits`), and the literal is printed exactly.
 pub(crate) const P_TENSOR_SCALE_BITS: u32 = 0x39c3_0c31;
 /// `6.0f32.to_bits()`, the largest E2M1 magnitude.
 const SIX_BITS: u32 = 0x40c0_0000;
@@ -163,7 +164,7 @@ pub fn fwd_portable_fma_vec_fp4<N: Size>(
 
     if fcfg.v4 {
         // acc holds Σ p̃·ṽ of the elements and block scales: the two tensor scales, once.
-        let f = Vector::<f32, N>::new(f32::reinterpret(P_TENSOR_SCALE_BITS) * v_ts[0]);
+        let f = Vector::<f32, N>::new(f32::new(comptime!(f32::from_bits(P_TENSOR_SCALE_BITS))) * v_ts[0]);
         #[unroll]
         for i in 0..comptime!(cfg.rm() * cfg.cq()) {
             acc[i] = acc[i] * f;
@@ -454,7 +455,7 @@ fn cube_quantize_p<N: Size>(p_stage: &mut SharedMemory<Vector<f32, N>>, #[compti
     let row_quads = comptime!(cfg.bq / W);
     let tasks = comptime!(cfg.bk / P_BLOCK * (cfg.bq / W));
     let per_unit = comptime!(tasks.div_ceil(cfg.units()));
-    let ts = f32::reinterpret(P_TENSOR_SCALE_BITS);
+    let ts = f32::new(comptime!(f32::from_bits(P_TENSOR_SCALE_BITS)));
     #[unroll]
     for step in 0..per_unit {
         let t = step * cfg.units() + UNIT_POS as usize;

@@ -28,7 +28,8 @@ pub(crate) const BLOCKS_PER_UNIT: usize = 4;
 const DIVISOR_BITS: u32 = 0x4528_0000;
 /// `6.0f32.to_bits()`.
 const SIX_BITS: u32 = 0x40c0_0000;
-/// `f32::MIN_POSITIVE.to_bits()`.
+/// `f32::MIN_POSITIVE.to_bits()`, used as an f32 literal made at expansion time (a bitcast of a
+/// literal does not compile on CUDA).
 const MIN_NORMAL_BITS: u32 = 0x0080_0000;
 
 /// `out[0] = tensor_scale_for(max |x|)` over `n` elements. One cube of [`AMAX_UNITS`] units.
@@ -56,7 +57,7 @@ pub fn nvfp4_tensor_scale(x: &Array<f32>, out: &mut Array<f32>, n: u32) {
         let amax = red[0];
         // A quotient below the normal range comes back as 0 and is raised to MIN_POSITIVE, as
         // the codec raises its subnormal quotient.
-        let ts = max(div_rn_bits(amax, DIVISOR_BITS), f32::reinterpret(MIN_NORMAL_BITS));
+        let ts = max(div_rn_bits(amax, DIVISOR_BITS), f32::new(comptime!(f32::from_bits(MIN_NORMAL_BITS))));
         out[0] = select(amax == 0.0f32, 1.0f32, ts);
     }
 }
