@@ -84,9 +84,9 @@ impl Window {
 ///   `exp(sink[h])` to the softmax denominator only: `O = Σ p_j v_j / (Σ p_j + exp(sink))`,
 ///   `LSE = ln(Σ exp(s_j) + exp(sink))`; a row that sees no key stays O = 0, LSE = `-inf`.
 ///   The per-head arrays (sinks, ALiBi slopes) live in the problem, so a [`crate::Plan`]
-///   carries everything that changes the result; only the CPU backend and the portable FMA
-///   kernel implement modifiers, every other kernel refuses them at plan time
-///   ([`Error::UnsupportedFeature`]).
+///   carries everything that changes the result; the CPU backend, the portable FMA kernel
+///   and the native wgmma kernel (f16, Hopper) implement modifiers, every other kernel refuses
+///   them at plan time ([`Error::UnsupportedFeature`]).
 /// * The LSE is the natural log of the softmax denominator of the *scaled* logits, shape
 ///   `[batch, q_heads, q_len]` (always this order, whatever the layout).
 /// * NaN and ±inf inputs poison exactly the rows whose softmax sees them (O and LSE NaN); see

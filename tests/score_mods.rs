@@ -394,3 +394,68 @@ mod wgpu {
         assert!(lm.max_abs <= 1e-4, "{lm:?}");
     }
 }
+
+/// The native wgmma kernel's modifier variant (f16, compute capability 9.0): every case above at
+/// head dim 64, and windows over many key tiles at head dim 128 (tiles outside every row's band
+/// skipped, tiles inside it unmasked), against the f64 reference. Skips without a CUDA device.
+#[cfg(feature = "cuda")]
+mod cuda {
+    use super::*;
+    use quattn::NativeKind;
+
+    fn session() -> Option<Session> {
+        let s = open(Device::Cuda(0))?;
+        let probe = AttentionProblem::new(1, 2, 64, 64).window(8, 0);
+        match s.plan(&probe, Precision::F16_DEFAULT, Strategy::Native(NativeKind::Wgmma)) {
+            Ok(_) => Some(s),
+            Err(e) => {
+                println!("SKIPPED: no wgmma on this CUDA device: {e}");
+                None
+            }
+        }
+    }
+
+    fn wgmma(s: &Session, p: &AttentionProblem, seed: u64) {
+        let plan = s.plan(p, Precision::F16_DEFAULT, Strategy::Auto).unwrap();
+        assert_eq!(plan.family(), Family::Native(NativeKind::Wgmma), "{} {p:?}", plan.kernel);
+        check(s, p, Precision::F16_DEFAULT, seed);
+    }
+
+    #[test]
+    fn wgmma_kernel_matches_the_reference() {
+        let Some(s) = session() else { return };
+        for (i, (name, p)) in cases().into_iter().enumerate() {
+            if p.head_dim != 64 {
+                continue;
+            }
+            println!("{name}");
+            wgmma(&s, &p, 40 + i as u64);
+        }
+        let long = AttentionProblem::new(2, 8, 1000, 128).kv_heads(2).kv_len(3000);
+        for (i, p) in [
+            long.clone().causal(true).window(256, 0),
+            long.clone().window(300, 200).layout(Layout::Bshd),
+            long.clone().causal(true).causal_align(CausalAlign::TopLeft).sinks(sinks(8, 3)),
+            long.clone().window(-1, 40).softcap(20.0).alibi_slopes(AttentionProblem::standard_alibi_slopes(8)),
+            AttentionProblem::new(1, 4, 700, 128).kv_len(300).causal(true).window(100, 0).sinks(sinks(4, 4)),
+        ]
+        .iter()
+        .enumerate()
+        {
+            wgmma(&s, p, 60 + i as u64);
+        }
+    }
+
+    /// Past what the parameter block holds (128 Q heads), the wgmma row refuses and Auto moves
+    /// on to a kernel with modifiers.
+    #[test]
+    fn wgmma_refuses_what_its_parameters_cannot_hold() {
+        let Some(s) = session() else { return };
+        let p = AttentionProblem::new(1, 130, 64, 64).kv_heads(2).alibi_slopes(AttentionProblem::standard_alibi_slopes(130));
+        match s.plan(&p, Precision::F16_DEFAULT, Strategy::Native(NativeKind::Wgmma)) {
+            Err(Error::UnsupportedFeature { kernel, .. }) => assert!(kernel.contains("at most 128"), "{kernel}"),
+            other => panic!("{:?}", other.map(|p| p.kernel)),
+        }
+        assert_ne!(s.plan(&p, Precision::F16_DEFAULT, Strategy::Auto).unwrap().family(), Family::Native(NativeKind::Wgmma));
+    }
+}

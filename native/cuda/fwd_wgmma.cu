@@ -68,6 +68,16 @@
 // KV_STAGES 2..4, PRODUCER_REGS, CONSUMER_REGS (setmaxnreg). ABI: `FwdParams`, identical to
 // fwd_hmma's (Rust mirror `HmmaParams`), and `TmaMaps` (three CUtensorMaps built on the host per
 // launch, src/tma.rs).
+//
+// Score modifiers (MODS = 1, a third kernel argument `ModParams`, Rust mirror `WgmmaModParams`):
+// row i sits at a(i) = i + offset among the keys (bottom-right or top-left alignment) and sees
+// keys a(i) - left ..= a(i) + right (a sliding window; causal is right = 0; MOD_UNBOUNDED is no
+// bound). The CTA walks only the KV tiles its rows' bands touch and masks only tiles some row
+// sees in part, so a window's cost follows its visible pairs. MOD_SOFTCAP applies
+// cap · tanh(s / cap) to the scaled logit, MOD_ALIBI then adds -slope[h] · |a(i) - j|, both on
+// every tile (in raw score units: the constants arrive divided by the softmax scale). Sinks
+// join the softmax denominator in the epilogue: O = Σ p v / (Σ p + e^sink), LSE =
+// ln(Σ e^s + e^sink); a row that sees no key keeps O = 0, LSE = -inf.
 #include "common.cuh"
 
 #if !defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -79,6 +89,18 @@
 #endif
 #ifndef RESCALE_LOG2
 #define RESCALE_LOG2 8
+#endif
+#ifndef MODS
+#define MODS 0
+#endif
+#ifndef MOD_SOFTCAP
+#define MOD_SOFTCAP 0
+#endif
+#ifndef MOD_ALIBI
+#define MOD_ALIBI 0
+#endif
+#if (MOD_SOFTCAP || MOD_ALIBI) && !MODS
+#error "MOD_SOFTCAP and MOD_ALIBI need MODS"
 #endif
 
 namespace cfg {
@@ -111,6 +133,92 @@ struct FwdParams {
     int causal;                                // bottom-right aligned
     int pad_;
 };
+
+#if MODS
+// Window extents at or above this are unbounded; the host keeps q_len and kv_len below it too,
+// so a(i) ± extent + 1 stays inside int.
+#define MOD_UNBOUNDED (1 << 29)
+#define MOD_MAX_HEADS 128
+struct ModParams {
+    int offset;                        // a(i) = i + offset
+    int left, right;                   // window extents (causal: right = 0); MOD_UNBOUNDED: none
+    int pad_;
+    float cap_raw;                     // softcap / scale (raw score units)
+    float inv_cap_raw;                 // scale / softcap
+    float alibi_raw[MOD_MAX_HEADS];    // ALiBi slope / scale per q head
+    float sink_log2[MOD_MAX_HEADS];    // sink · log2(e) per q head; -inf: no sink
+};
+
+#define MOD_ARG const ModParams &mp,
+#define MOD_PASS mp,
+
+// The KV tiles of one CTA (rows m0 .. m0 + BM - 1): t_lo .. t_lo + n_tiles - 1, of which
+// full_lo ..= full_hi every row of the CTA sees whole (no mask needed).
+struct ModTiles {
+    int t_lo, n_tiles, full_lo, full_hi;
+};
+__device__ __forceinline__ ModTiles cta_mod_tiles(const FwdParams& p, const ModParams& mp, int m0) {
+    const int a_first = m0 + mp.offset;
+    const int a_last = m0 + cfg::BM - 1 + mp.offset;
+    const int hi = min(p.kv_len, a_last + mp.right + 1);   // keys below hi are seen by some row
+    const int lo = max(0, a_first - mp.left);              // keys from lo on are seen by some row
+    ModTiles t;
+    if (hi <= lo) {
+        t.t_lo = 0;
+        t.n_tiles = 0;
+        t.full_lo = 0;
+        t.full_hi = -1;
+        return t;
+    }
+    t.t_lo = lo / cfg::BN;
+    t.n_tiles = (hi + cfg::BN - 1) / cfg::BN - t.t_lo;
+    // Whole for every row: keys below min(kv_len, a_first + right + 1) and from a_last - left on.
+    const int full_end = min(p.kv_len, a_first + mp.right + 1);
+    t.full_hi = full_end >= cfg::BN ? full_end / cfg::BN - 1 : -1;
+    const int full_start = a_last - mp.left;
+    t.full_lo = full_start > 0 ? (full_start + cfg::BN - 1) / cfg::BN : 0;
+    return t;
+}
+
+// tanh x = 1 - 2 / (1 + 2^(2x log2 e)): MUFU exp2 and a fast division, absolute error ~1e-7
+// (tanh.approx's 2^-11 relative error is too coarse once multiplied by the cap). ±inf give ±1.
+__device__ __forceinline__ float thread_tanh(float x) {
+    const float e = thread_exp2(x * 2.8853900817779268f);
+    return 1.f - __fdividef(2.f, 1.f + e);
+}
+
+// Softcap, ALiBi and (MASK) the band and sequence-end masks on a tile of scores in raw units,
+// before warp_softmax<false> takes the row max. `a0` is a(row) of this lane's entry-0 row.
+template <bool MASK>
+__device__ __forceinline__ void warp_mods(float (&s)[cfg::S_REGS], const ModParams& mp, float slope, int key0, int kv_len,
+                                          int a0, int lane) {
+    const int col = key0 + 2 * (lane & 3);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int a = a0 + 8 * i;
+        const int lo = a - mp.left;
+        const int hi = min(kv_len, a + mp.right + 1);
+#pragma unroll
+        for (int n = 0; n < cfg::BN / 8; ++n)
+#pragma unroll
+            for (int x = 0; x < 2; ++x) {
+                const int key = col + n * 8 + x;
+                float v = s[4 * n + 2 * i + x];
+#if MOD_SOFTCAP
+                v = mp.cap_raw * thread_tanh(v * mp.inv_cap_raw);
+#endif
+#if MOD_ALIBI
+                v -= slope * fabsf((float)(a - key));
+#endif
+                if (MASK && (key < lo || key >= hi)) v = QA_NEG_INF;
+                s[4 * n + 2 * i + x] = v;
+            }
+    }
+}
+#else
+#define MOD_ARG
+#define MOD_PASS
+#endif
 
 // ---- wgmma primitives: common.cuh (descriptors, fences, commit/wait, register fences, the
 // register-A f16 P·V wrappers wg_mma_rs_n64 / wg_mma_rs_n128) --------------------------------
@@ -252,14 +360,28 @@ __device__ __forceinline__ void thread_pack_p(u32 (&pf)[cfg::P_STEPS][4], const 
 // this warpgroup completed (the other warpgroup never reads these rows), and synchronizes the
 // consumer threads before cta_store_o.
 __device__ __forceinline__ void thread_finish_rows(const FwdParams& p, const float (&o)[cfg::O_REGS], const RowState& st,
-                                                   u32 q_smem, int local_row0, int row0, int lane) {
+                                                   u32 q_smem, int local_row0, int row0, int lane, float sink_log2) {
     float inv[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-        const float sum = quad_sum(st.l[i]);
+        float sum = quad_sum(st.l[i]);
         const bool empty = !(sum > 0.f);
-        inv[i] = empty ? 0.f : 1.f / sum;
-        const float lse = empty ? QA_NEG_INF : (st.m[i] * p.scale_log2 + thread_log2(sum)) * 0.6931471805599453f;
+        float m2 = st.m[i] * p.scale_log2;   // the running max in log2 units
+        float f = 1.f;
+#if MODS
+        // The sink joins the denominator (a row that sees no key stays empty): both terms
+        // relative to the larger of the row max and the sink, so neither overflows.
+        if (!empty) {
+            const float mx = fmaxf(m2, sink_log2);
+            f = thread_exp2(m2 - mx);
+            sum = fmaf(sum, f, thread_exp2(sink_log2 - mx));
+            m2 = mx;
+        }
+#else
+        (void)sink_log2;
+#endif
+        inv[i] = empty ? 0.f : f / sum;
+        const float lse = empty ? QA_NEG_INF : (m2 + thread_log2(sum)) * 0.6931471805599453f;
         const int row = row0 + 8 * i;
         if ((lane & 3) == 0 && row < p.q_len)
             reinterpret_cast<float*>(p.lse)[((i64)cta_batch() * p.q_heads + cta_head()) * p.q_len + row] = lse;
@@ -320,17 +442,18 @@ __device__ __forceinline__ void thread_tma_rows(u32 dst, const TmaMap* map, u32 
     for (int h = 0; h < cfg::BLOCKS; ++h) thread_tma_load_4d(dst + (u32)(h * ROWS * 128), map, bar, 64 * h, row, head, batch);
 }
 
-// Producer: one thread loads Q, then K_j and V_j for j = 0 .. n_tiles - 1 (tile n_tiles - 1 - j),
-// refilling a stage once its empty barrier says both consumers are done with it.
+// Producer: one thread loads Q, then K_j and V_j for j = 0 .. n_tiles - 1 (tile
+// t_lo + n_tiles - 1 - j), refilling a stage once its empty barrier says both consumers are done
+// with it.
 __device__ __forceinline__ void thread_produce(const FwdParams& p, const TmaMaps& maps, const WsSmem& sm, int m0,
-                                               int n_tiles) {
+                                               int t_lo, int n_tiles) {
     const int head = blockIdx.y;
     const int batch = blockIdx.z;
     const int kv_head = head / p.kv_group;
     thread_mbarrier_arrive_expect_tx(sm.bars.q_full(), cfg::Q_BYTES);
     thread_tma_rows<cfg::BM>(sm.q, &maps.q, sm.bars.q_full(), m0, head, batch);
     for (int j = 0; j < n_tiles; ++j) {
-        const int t = n_tiles - 1 - j;
+        const int t = t_lo + n_tiles - 1 - j;
         const int s = j % ws::STAGES;
         const u32 parity = ((j / ws::STAGES) & 1) ^ 1;   // the stage's previous use
         if (j >= ws::STAGES) thread_mbarrier_wait(sm.bars.k_empty(s), parity);
@@ -350,13 +473,21 @@ struct WgConsumer {
     RowState st;
     int n_tiles, n_masked, diag, lane, cw;
     u32 q_wg;
+#if MODS
+    int t_lo, full_lo, full_hi, a0;
+    float slope;
+#endif
 
     // KV tile j: issue S_j (and, unless FIRST, P_{j-1}·V_{j-1}) in this warpgroup's turn, softmax
     // S_j while the P·V runs, then rescale O and pack P_j. FIRST is a template parameter so that
     // ptxas sees one fixed wgmma pipeline per instantiation.
     template <bool FIRST>
-    __device__ __forceinline__ void step(const FwdParams& p, const WsSmem& sm, int j) {
+    __device__ __forceinline__ void step(const FwdParams& p, MOD_ARG const WsSmem& sm, int j) {
+#if MODS
+        const int t = t_lo + n_tiles - 1 - j;
+#else
         const int t = n_tiles - 1 - j;
+#endif
         const int stage = j % ws::STAGES;
         const int prev = (j + ws::STAGES - 1) % ws::STAGES;
         thread_mbarrier_wait(sm.bars.k_full(stage), (j / ws::STAGES) & 1);
@@ -377,8 +508,14 @@ struct WgConsumer {
         if (lane == 0) thread_mbarrier_arrive(sm.bars.k_empty(stage));
         float alpha[2];
         bool rescale;
+#if MODS
+        if (t < full_lo || t > full_hi) warp_mods<true>(s, mp, slope, t * cfg::BN, p.kv_len, a0, lane);
+        else warp_mods<false>(s, mp, slope, t * cfg::BN, p.kv_len, a0, lane);
+        warp_softmax<false>(s, st, alpha, rescale, t * cfg::BN, p.kv_len, diag, p.scale_log2, lane);
+#else
         if (j < n_masked) warp_softmax<true>(s, st, alpha, rescale, t * cfg::BN, p.kv_len, diag, p.scale_log2, lane);
         else warp_softmax<false>(s, st, alpha, rescale, t * cfg::BN, p.kv_len, diag, p.scale_log2, lane);
+#endif
         wg_wait<0>();                                 // P_{j-1}·V_{j-1} done
         reg_fence(o);
         reg_fence(pf);
@@ -405,13 +542,24 @@ struct WgConsumer {
 };
 
 extern "C" __global__ void __launch_bounds__(ws::THREADS, 1)
-fwd_wgmma(const FwdParams p, const __grid_constant__ TmaMaps maps) {
+fwd_wgmma(const FwdParams p, const __grid_constant__ TmaMaps maps
+#if MODS
+          , const __grid_constant__ ModParams mp
+#endif
+) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const WsSmem sm((cta_smem_addr(smem_raw) + 1023u) & ~1023u);
     const int tid = threadIdx.x;
     const int wg = tid >> 7;
     const int m0 = (gridDim.x - 1 - blockIdx.x) * cfg::BM;
+#if MODS
+    const ModTiles mt = cta_mod_tiles(p, mp, m0);
+    const CtaTiles tiles{mt.n_tiles, 0};
+    const int t_lo = mt.t_lo;
+#else
     const CtaTiles tiles = cta_tiles<cfg::BM, cfg::BN>(p, m0);
+    const int t_lo = 0;
+#endif
 
     if (tid == 0) sm.bars.init(ws::STAGES, ws::EMPTY_ARRIVALS);
     __syncthreads();
@@ -421,7 +569,7 @@ fwd_wgmma(const FwdParams p, const __grid_constant__ TmaMaps maps) {
         if (tid == 0 && tiles.n_tiles > 0) {
             thread_tma_prefetch_map(&maps.k);
             thread_tma_prefetch_map(&maps.v);
-            thread_produce(p, maps, sm, m0, tiles.n_tiles);
+            thread_produce(p, maps, sm, m0, t_lo, tiles.n_tiles);
         }
     } else {
         wg_setmaxnreg_inc<CONSUMER_REGS>();
@@ -435,6 +583,16 @@ fwd_wgmma(const FwdParams p, const __grid_constant__ TmaMaps maps) {
         const int row0 = m0 + local_row0;
         c.diag = p.causal ? row0 + p.kv_len - p.q_len + 1 : 0x3fffffff;
         c.q_wg = sm.q + (u32)(64 * c.cw * 128);
+#if MODS
+        c.t_lo = mt.t_lo;
+        c.full_lo = mt.full_lo;
+        c.full_hi = mt.full_hi;
+        c.a0 = row0 + mp.offset;
+        c.slope = MOD_ALIBI ? mp.alibi_raw[cta_head()] : 0.f;
+        const float sink_log2 = mp.sink_log2[cta_head()];
+#else
+        const float sink_log2 = 0.f;
+#endif
 #pragma unroll
         for (int e = 0; e < cfg::O_REGS; ++e) c.o[e] = 0.f;
         c.st.m[0] = c.st.m[1] = QA_NEG_INF;
@@ -442,12 +600,12 @@ fwd_wgmma(const FwdParams p, const __grid_constant__ TmaMaps maps) {
         if (c.n_tiles > 0) {
             if (c.cw == 1) wg_give_turn(c.cw);    // consumer 0 issues first
             thread_mbarrier_wait(sm.bars.q_full(), 0);
-            c.step<true>(p, sm, 0);
-            for (int j = 1; j < c.n_tiles; ++j) c.step<false>(p, sm, j);
+            c.step<true>(p, MOD_PASS sm, 0);
+            for (int j = 1; j < c.n_tiles; ++j) c.step<false>(p, MOD_PASS sm, j);
             c.finish(sm);
         }
         // Epilogue: this warpgroup's wgmmas are done and the other never reads its Q rows.
-        thread_finish_rows(p, c.o, c.st, sm.q, local_row0, row0, c.lane);
+        thread_finish_rows(p, c.o, c.st, sm.q, local_row0, row0, c.lane, sink_log2);
         cta_named_sync(ws::BAR_EPILOGUE, cfg::THREADS);
         cta_store_o<cfg::BM, cfg::D, cfg::THREADS>(p, sm.q, m0, ctid);
     }

@@ -95,7 +95,7 @@ pub use registry::{Loaded, ModuleStore};
 pub use report::{compile_report, KernelReport, KernelVariant};
 #[cfg(feature = "cuda")]
 pub use wgmma::WgmmaKernel;
-pub use wgmma::{WgmmaConfig, WgmmaParams, WgmmaTile, WGMMA_TILES};
+pub use wgmma::{ModValues, WgmmaConfig, WgmmaModParams, WgmmaMods, WgmmaParams, WgmmaTile, MOD_MAX_HEADS, WGMMA_TILES};
 #[cfg(feature = "cuda")]
 pub use wgmma_int8::Int8WgmmaKernel;
 pub use tma::TmaSpec;

@@ -33,7 +33,7 @@ use quattn_native::wgmma_fp8::{Fp8WgmmaConfig, Fp8WgmmaUnit};
 use quattn_native::decode::{DecodeConfig, DecodePtrs, DecodeUnit};
 use quattn_native::{
     DescaleGranularity, Fp8Args, Fp8MmaConfig, Fp8MmaUnit, Fp8PrepassConfig, Fp8PrepassPtrs, Fp8Ptrs, Fp8P, HmmaConfig, Int8Args, Int8Config, Int8PrepassConfig, Int8Ptrs, Int8UmmaConfig, Int8WgmmaConfig, Loaded,
-    ModuleStore, NativeError, NativeKernelId, PrepassLens, PrepassPtrs, WgmmaConfig,
+    ModValues, ModuleStore, NativeError, NativeKernelId, PrepassLens, PrepassPtrs, WgmmaConfig, WgmmaModParams, WgmmaMods,
 };
 
 use super::gpu::{CubeclBackend, GpuData};
@@ -206,6 +206,21 @@ fn native_err(kernel: &str, e: NativeError) -> Error {
 }
 
 /// The HMMA config for a problem, or why the native kernels do not take it.
+
+/// The wgmma modifier variant's parameters for `problem` (window, alignment, softcap, ALiBi,
+/// sinks in the kernel's units).
+fn wgmma_mod_params(config: &WgmmaConfig, problem: &AttentionProblem) -> std::result::Result<WgmmaModParams, NativeError> {
+    let values = ModValues {
+        top_left: problem.causal_align == crate::CausalAlign::TopLeft,
+        left: problem.window.and_then(|w| w.left_bound()),
+        right: problem.window.and_then(|w| w.right_bound()),
+        softcap: problem.softcap,
+        alibi_slopes: problem.alibi_slopes.as_deref(),
+        sinks: problem.sinks.as_deref(),
+    };
+    WgmmaModParams::new(config, &problem.shape(), &values)
+}
+
 fn hmma_config(problem: &AttentionProblem, precision: Precision) -> std::result::Result<HmmaConfig, String> {
     let (input, qk, pv) = match precision {
         Precision::F16 { qk, pv } => (Dtype::F16, qk, pv),
@@ -259,8 +274,16 @@ impl CudaBackend {
             return not_applicable(format!("the wgmma kernel needs compute capability 9.0 (sm_90a), this device is {}.{}", self.cc.0, self.cc.1));
         }
         let hmma = hmma_config(problem, precision).map_err(Reject::NotApplicable)?;
-        let config = WgmmaConfig::new(problem.head_dim).map_err(|e| Reject::NotApplicable(e.to_string()))?;
+        let mut config = WgmmaConfig::new(problem.head_dim).map_err(|e| Reject::NotApplicable(e.to_string()))?;
         hmma.validate_args(&problem.shape()).map_err(|e| Reject::NotApplicable(e.to_string()))?;
+        if problem.has_modifiers() {
+            config.mods = Some(WgmmaMods { softcap: problem.softcap.is_some(), alibi: problem.alibi_slopes.is_some() });
+            // What the modifier variant cannot take (too many heads for its parameter block,
+            // lengths past 2^29) is a refusal, so that Auto moves on to a kernel that can.
+            wgmma_mod_params(&config, problem).map_err(|e| {
+                Reject::Refused(Error::UnsupportedFeature { feature: "score modifiers at this shape", kernel: format!("{}: {e}", config.name()) })
+            })?;
+        }
         self.native_choice(NativeKernelId::Wgmma(config), None, None)
     }
 
@@ -732,9 +755,13 @@ impl CudaBackend {
                 unsafe { k.launch_raw(stream, &shape, ptrs5) }.map_err(failed)?;
             }
             Loaded::Wgmma(k) => {
+                let mods = match k.config().mods {
+                    Some(_) => Some(wgmma_mod_params(k.config(), p).map_err(failed)?),
+                    None => None,
+                };
                 record(&start)?;
                 // SAFETY: as above.
-                unsafe { k.launch_raw(stream, &shape, ptrs5) }.map_err(failed)?;
+                unsafe { k.launch_raw(stream, &shape, mods.as_ref(), ptrs5) }.map_err(failed)?;
             }
             Loaded::Decode(k) => {
                 let Some(split) = choice.split else {
