@@ -133,7 +133,7 @@ PEERS = ("torch-sdpa-flash", "torch-sdpa-cudnn")
 
 
 def shape_key(s):
-    return (s["head_dim"], s["seq"], s["kv_seq"], s["batch"], s["heads"], s["causal"])
+    return (s["head_dim"], s["seq"], s["kv_seq"], s["batch"], s["heads"], s["causal"], tuple(s.get("modifiers", ())))
 
 
 def speed_table(entry):
@@ -185,7 +185,8 @@ def speed_table(entry):
     for o in out:
         order.setdefault(o["kernel"], len(order))
     peer_first = lambda o: (0 if o["kernel"] in PEERS else 1, PEERS.index(o["kernel"]) if o["kernel"] in PEERS else order[o["kernel"]])
-    out.sort(key=lambda o: (o["shape"]["head_dim"], o["shape"]["seq"], o["shape"]["kv_seq"], o["shape"]["causal"]) + peer_first(o))
+    out.sort(key=lambda o: (o["shape"]["head_dim"], o["shape"]["seq"], o["shape"]["kv_seq"], o["shape"]["causal"],
+                            tuple(o["shape"].get("modifiers", ()))) + peer_first(o))
     return out, rows
 
 
@@ -207,7 +208,8 @@ def speed_markdown(entry, out, rows):
         lines.append(entry["note"])
         lines.append("")
     has_peers = any(o["kernel"] in PEERS for o in out)
-    head = "| backend | kernel | precision | hd | seq | batch × heads | causal | TFLOP/s |"
+    mods = any(o["shape"].get("modifiers") for o in out)
+    head = f"| backend | kernel | precision | hd | seq | batch × heads | causal{', modifiers' if mods else ''} | TFLOP/s |"
     sep = "|---|---|---|---|---|---|---|---|"
     if has_peers:
         head += " × torch flash | × cuDNN |"
@@ -219,8 +221,9 @@ def speed_markdown(entry, out, rows):
         t = fmt_f(o["tflops"])
         # q_len x kv_len where they differ (decode shapes), else the one length.
         seq = str(s["seq"]) if s["seq"] == s["kv_seq"] else f"{s['seq']} × {s['kv_seq']}"
+        causal = ("yes" if s["causal"] else "no") + "".join(f", {m}" for m in s.get("modifiers", ()))
         cells = [o["device"], f"`{o['kernel']}`", o["precision"], str(s["head_dim"]), seq,
-                 f"{s['batch']} × {s['heads']}", "yes" if s["causal"] else "no", f"**{t}**" if bold else t]
+                 f"{s['batch']} × {s['heads']}", causal, f"**{t}**" if bold else t]
         if has_peers:
             cells += [fmt_f(o["vs_flash"], 2), fmt_f(o["vs_cudnn"], 2)]
         lines.append("| " + " | ".join(cells) + " |")
@@ -631,6 +634,51 @@ def short_kernel(k):
     return re.sub(r"_(f16|bf16|int8)(_.*)?$", "", k)
 
 
+def sanitizer_markdown(entry):
+    """compute-sanitizer results (`benchmarks/gpu-checks/sanitize.sh` lines: `ok|ERROR tool family
+    precision [flags] shapeN`) as one row per kernel case, one column per tool."""
+    path = os.path.join(run_dir(entry["run"]), entry["file"])
+    tools = ["memcheck", "racecheck", "synccheck", "initcheck"]
+    cells = OrderedDict()
+    errors = []
+    for line in open(path, encoding="utf-8"):
+        w = line.split(":")[0].split()
+        if len(w) < 5 or w[0] not in ("ok", "ERROR"):
+            continue
+        case = " ".join(w[2:-1])
+        c = cells.setdefault(case, {t: [0, 0] for t in tools})
+        c[w[1]][0] += w[0] == "ok"
+        c[w[1]][1] += 1
+        if w[0] == "ERROR":
+            errors.append(line.strip())
+    lines = [f"### {entry['title']}", "",
+             f"{run_device(entry['run'])} · {run_date(entry['run'])} · commit {entry['commit']} · "
+             f"`benchmarks/{entry['run']}/{entry['file']}` (logs in `sanitize/`)", "",
+             f"Command: `{entry['command']}`", ""]
+    if entry.get("note"):
+        lines += [entry["note"], ""]
+    lines += ["| family, precision (flags) | " + " | ".join(tools) + " |", "|---|" + "---|" * len(tools)]
+    for case, c in cells.items():
+        lines.append(f"| {case} | " + " | ".join(f"{c[t][0]}/{c[t][1]} clean" if c[t][1] else "–" for t in tools) + " |")
+    n_ok = sum(v[0] for c in cells.values() for v in c.values())
+    n = sum(v[1] for c in cells.values() for v in c.values())
+    lines += ["", f"{n_ok} of {n} runs clean." + (" Errors:" if errors else ""), ""]
+    lines += [f"- `{e}`" for e in errors]
+    return lines + ([""] if errors else [])
+
+
+def soak_markdown(entries):
+    """The summary lines `quattn soak` prints, per device."""
+    lines = []
+    for e in entries:
+        path = os.path.join(run_dir(e["run"]), e["file"])
+        summary = [l.rstrip() for l in open(path, encoding="utf-8") if l.startswith("soak:")]
+        lines += [f"{e['device']}: {run_device(e['run'])} · {run_date(e['run'])} · commit {e['commit']} · "
+                  f"`benchmarks/{e['run']}/{e['file']}`; command `{e['command']}`", "", "```"] + summary + ["```", ""]
+    return lines
+
+
+
 def build(manifest):
     files = OrderedDict()
     speed, speed_md, plots_md = {}, [], []
@@ -740,6 +788,16 @@ def build(manifest):
           "CI holds their CPU mirror, which moves every operand through the MFMA lane layout the kernels use, "
           "to the f64 reference with `Tolerance::for_precision` of f16, bf16 and FP8 e4m3 (both P formats), and "
           "for FP8 on gfx950 to the emulation of its mode (`tests/hip_mfma_emulation.rs`).", ""]
+    if manifest.get("sanitizer") or manifest.get("soak"):
+        a += ["## Sanitizers and soak", ""]
+        if manifest.get("sanitizer"):
+            a += sanitizer_markdown(manifest["sanitizer"])
+        if manifest.get("soak"):
+            a += ["### Soak: 10,000 mixed calls in one process", "",
+                  "Each call is a generator case (`quattn selftest --fuzz`'s shapes, precisions and inputs) run "
+                  "round-robin; every call's output must be bit-identical to its case's first, and host RSS, device "
+                  "memory and the CubeCL pool are read after the warm-up and at the end.", ""]
+            a += soak_markdown(manifest["soak"])
     a += ["## NaN policy", "",
           "Through the host entry points (`Session::run`, `upload`/`download`), on every backend and kernel family "
           "(`quattn::nonfinite`; tested by `tests/nan_policy.rs` on the CPU and llvmpipe, by `quattn selftest --fuzz` "
