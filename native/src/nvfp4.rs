@@ -6,7 +6,7 @@
 //! ([`crate::nvfp4_quant`]); a producer warp feeds a 3-stage K/V ring with bulk copies, four
 //! consumer warps run the MMAs and the softmax.
 //!
-//! **Compiled and disassembled, not run on hardware.** No sm_120 device was available: CI
+//! **Compiled and disassembled, not run on hardware.** No sm_120 device has run it: CI
 //! compiles every variant for sm_120a with NVRTC and checks the SASS (the `OMMA.SF` instruction,
 //! the HMMAs of P·V, no spill, shared memory within 99 KB); the fragment and scale-byte layout of
 //! the block-scaled MMA is [`lanes`], which the facade's `tests/nvfp4_mma_emulation.rs` drives

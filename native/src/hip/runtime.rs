@@ -461,7 +461,7 @@ mod tests {
         assert_eq!(find_gfx_name(&[0u8; 64]), None);
     }
 
-    /// Without ROCm (this machine, CI): a typed error naming what was tried, no panic.
+    /// Without ROCm (as in CI): a typed error naming what was tried, no panic.
     #[test]
     fn missing_runtime_is_a_typed_error() {
         if HipRuntime::available() {
