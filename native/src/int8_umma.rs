@@ -5,7 +5,8 @@
 //! compute capability 10.0).
 //!
 //! **Compiled and disassembled, not run on hardware.** No sm_100 device has run it: CI compiles
-//! every variant for sm_100a with NVRTC and checks the SASS for the UMMA (`UTCIMMA`, `UTCHMMA`) and tensor-memory (`LDTM`, `STTM`) instructions and for spills;
+//! every variant for sm_100a with NVRTC and checks the SASS for the UMMA (`UTCIMMA`,
+//! `UTCHMMA`) and tensor-memory (`LDTM`, `STTM`) instructions and for spills;
 //! its arithmetic is the CPU emulation's (`tests/int8_umma_emulation.rs` runs that emulation
 //! with this kernel's blocking). Descriptor encodings follow the PTX ISA and have not been
 //! exercised by a device. [`Int8UmmaConfig::supported`] is true only for compute capability
