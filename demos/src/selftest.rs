@@ -3,7 +3,7 @@
 //! library's reason; any failure makes the exit status non-zero.
 
 use indicatif::{ProgressBar, ProgressStyle};
-use quattn::{AttentionProblem, Device, Error, Family, Layout, Precision, Session, Strategy};
+use quattn::{AttentionProblem, CausalAlign, Device, Error, Family, Layout, Precision, Session, Strategy};
 use serde::Serialize;
 
 use crate::args::{DeviceArg, SelftestArgs};
@@ -50,6 +50,22 @@ pub fn shapes(quick: bool) -> Vec<AttentionProblem> {
     v.into_iter().map(|p| p.with_lse(true)).collect()
 }
 
+/// Score-modifier classes (every modifier, combinations, both alignments, rows that see no key),
+/// at the head dims the native kernels take; run with the float precisions only.
+pub fn modifier_shapes() -> Vec<AttentionProblem> {
+    let slopes = AttentionProblem::standard_alibi_slopes(8);
+    let sinks: Vec<f32> = (0..8).map(|h| 0.75 * h as f32 - 2.0).collect();
+    vec![
+        AttentionProblem::new(1, 8, 200, 64).kv_heads(2).kv_len(333).causal(true).window(40, 0),
+        AttentionProblem::new(2, 8, 130, 128).kv_heads(4).kv_len(300).window(64, 17).softcap(20.0).layout(Layout::Bshd),
+        AttentionProblem::new(1, 8, 300, 128).kv_len(200).causal(true).causal_align(CausalAlign::TopLeft).sinks(sinks.clone()).alibi_slopes(slopes.clone()),
+        AttentionProblem::new(1, 8, 90, 64).kv_len(40).window(5, 0).sinks(sinks),
+    ]
+    .into_iter()
+    .map(|p| p.with_lse(true))
+    .collect()
+}
+
 fn devices(a: &SelftestArgs) -> Vec<Device> {
     let wanted: Vec<DeviceArg> = if a.devices.is_empty() { vec![DeviceArg::Cpu, DeviceArg::Wgpu, DeviceArg::Cuda, DeviceArg::Hip] } else { a.devices.clone() };
     wanted
@@ -67,6 +83,7 @@ fn devices(a: &SelftestArgs) -> Vec<Device> {
 
 pub fn main(a: &SelftestArgs) -> anyhow::Result<i32> {
     let shapes = shapes(a.quick);
+    let mod_shapes = modifier_shapes();
     let precisions = Precision::all_named();
     let mut cases = Vec::new();
     let mut sessions = Vec::new();
@@ -102,6 +119,17 @@ pub fn main(a: &SelftestArgs) -> anyhow::Result<i32> {
             }
             for p in &shapes {
                 for &prec in &precisions {
+                    jobs.push((si, strategy, p, prec));
+                }
+            }
+        }
+    }
+    // The score modifiers: every family forced (one without them refuses by name: a skip) and
+    // Auto, in the float modes (the emulations and quantized kernels do not model them).
+    for (si, session) in sessions.iter().enumerate().filter(|_| !a.no_matrix && group("mods")) {
+        for strategy in strategies_of(session).into_iter().filter(|s| *s != Strategy::Reference) {
+            for p in &mod_shapes {
+                for prec in [Precision::F32, Precision::F16_DEFAULT, Precision::BF16_DEFAULT] {
                     jobs.push((si, strategy, p, prec));
                 }
             }
@@ -206,7 +234,13 @@ fn run_case(session: &Session, p: &AttentionProblem, prec: Precision, strategy: 
     };
     let plan = match session.plan(p, prec, strategy) {
         Ok(plan) => plan,
-        Err(e @ (Error::UnsupportedPrecision { .. } | Error::UnsupportedHeadDim { .. } | Error::UnsupportedStrategy { .. } | Error::UnsupportedVHeadDim { .. })) => {
+        Err(
+            e @ (Error::UnsupportedPrecision { .. }
+            | Error::UnsupportedHeadDim { .. }
+            | Error::UnsupportedStrategy { .. }
+            | Error::UnsupportedVHeadDim { .. }
+            | Error::UnsupportedFeature { .. }),
+        ) => {
             case.reason = Some(e.to_string());
             return case;
         }
@@ -220,7 +254,8 @@ fn run_case(session: &Session, p: &AttentionProblem, prec: Precision, strategy: 
     let (q, k, v) = check::inputs(p, prec, 0x5e1f ^ (p.q_len as u64 * 131 + p.head_dim as u64));
     let result = session.run(&plan, &q, &k, &v).map_err(anyhow::Error::from).and_then(|out| {
         let acc = check::check(p, prec, &q, &k, &v, &out)?;
-        let vs_emu = if strategy == Strategy::Reference {
+        // The emulations do not model score modifiers (they refuse them).
+        let vs_emu = if strategy == Strategy::Reference || p.has_modifiers() {
             None
         } else {
             // The plan's blocking: the INT8 scale layout follows the kernel's tiles.
