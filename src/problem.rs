@@ -85,8 +85,8 @@ impl Window {
 ///   `LSE = ln(Σ exp(s_j) + exp(sink))`; a row that sees no key stays O = 0, LSE = `-inf`.
 ///   The per-head arrays (sinks, ALiBi slopes) live in the problem, so a [`crate::Plan`]
 ///   carries everything that changes the result; the CPU backend, the portable FMA kernel
-///   and the native wgmma kernel (f16, Hopper) implement modifiers, every other kernel refuses
-///   them at plan time ([`Error::UnsupportedFeature`]).
+///   and the native wgmma and HMMA kernels (f16/bf16, f32 accumulation) implement modifiers,
+///   every other kernel refuses them at plan time ([`Error::UnsupportedFeature`]).
 /// * The LSE is the natural log of the softmax denominator of the *scaled* logits, shape
 ///   `[batch, q_heads, q_len]` (always this order, whatever the layout).
 /// * NaN and ±inf inputs poison exactly the rows whose softmax sees them (O and LSE NaN); see

@@ -69,11 +69,11 @@ impl Family {
 impl Family {
     /// Whether the family implements the score modifiers (window, softcap, sinks, ALiBi,
     /// top-left alignment): the CPU kernels, the portable FMA row (whose test refuses its
-    /// packed-f16 kernel) and the native wgmma row (its modifier variant, which refuses the
-    /// shapes it cannot take). Every other family refuses a problem that sets one, so that
+    /// packed-f16 kernel) and the native wgmma and HMMA rows (their modifier variants, which
+    /// refuse the shapes and accumulation modes they cannot take). Every other family refuses a problem that sets one, so that
     /// `Strategy::Auto` moves on to one that has them instead of ignoring them.
     pub fn has_score_modifiers(self) -> bool {
-        matches!(self, Family::Cpu | Family::Portable(PortableKind::Fma) | Family::Native(NativeKind::Wgmma))
+        matches!(self, Family::Cpu | Family::Portable(PortableKind::Fma) | Family::Native(NativeKind::Wgmma) | Family::Native(NativeKind::Hmma))
     }
 }
 
@@ -347,14 +347,14 @@ mod tests {
             Ok(Choice { kernel: KernelId::Cpu { dtype: crate::Dtype::F32, head_dim: p.head_dim }, blocking: None })
         }
         let only: Vec<Family> = Family::ALL.iter().copied().filter(|f| f.has_score_modifiers()).collect();
-        assert_eq!(only, vec![Family::Cpu, Family::Portable(PortableKind::Fma), Family::Native(NativeKind::Wgmma)]);
-        let table = [Row { family: Family::Native(NativeKind::Hmma), test: accept }, Row { family: Family::Cpu, test: accept }];
+        assert_eq!(only, vec![Family::Cpu, Family::Portable(PortableKind::Fma), Family::Native(NativeKind::Hmma), Family::Native(NativeKind::Wgmma)]);
+        let table = [Row { family: Family::Native(NativeKind::Int8Imma), test: accept }, Row { family: Family::Cpu, test: accept }];
         let p = AttentionProblem::new(1, 2, 8, 64).softcap(30.0);
         let planned = walk(&table, &(), "test", &p, Precision::F32, Strategy::Auto).unwrap();
         assert_eq!(planned.rejected.len(), 1);
         assert!(planned.rejected[0].1.contains("softcap"), "{}", planned.rejected[0].1);
-        match walk(&table, &(), "test", &p, Precision::F32, Strategy::Native(NativeKind::Hmma)) {
-            Err(Error::UnsupportedFeature { feature: "softcap", kernel }) => assert!(kernel.contains("native-hmma"), "{kernel}"),
+        match walk(&table, &(), "test", &p, Precision::F32, Strategy::Native(NativeKind::Int8Imma)) {
+            Err(Error::UnsupportedFeature { feature: "softcap", kernel }) => assert!(kernel.contains("native-int8-imma"), "{kernel}"),
             other => panic!("{:?}", other.map(|p| p.choice.kernel)),
         }
         // Without a modifier the first row takes it.

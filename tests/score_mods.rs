@@ -17,8 +17,13 @@ fn sinks(heads: usize, seed: u64) -> Vec<f32> {
 /// Runs `p` (with LSE) on `s` and checks O and LSE against the f64 reference on the inputs as
 /// the plan's element type rounds them. Returns the reference for further checks.
 fn check(s: &Session, p: &AttentionProblem, precision: Precision, seed: u64) -> ReferenceOutput {
+    check_with(s, p, precision, Strategy::Auto, seed)
+}
+
+/// [`check`] with a chosen strategy.
+fn check_with(s: &Session, p: &AttentionProblem, precision: Precision, strategy: Strategy, seed: u64) -> ReferenceOutput {
     let p = p.clone().with_lse(true);
-    let plan = s.plan(&p, precision, Strategy::Auto).unwrap_or_else(|e| panic!("plan {precision} {p:?}: {e}"));
+    let plan = s.plan(&p, precision, strategy).unwrap_or_else(|e| panic!("plan {precision} {p:?}: {e}"));
     let (q, k, v) = inputs::qkv(&p, seed);
     let dt = precision.input_dtype();
     let (q, k, v) = (HostSlice::F32(&q).rounded_to(dt), HostSlice::F32(&k).rounded_to(dt), HostSlice::F32(&v).rounded_to(dt));
@@ -395,9 +400,10 @@ mod wgpu {
     }
 }
 
-/// The native wgmma kernel's modifier variant (f16, compute capability 9.0): every case above at
-/// head dim 64, and windows over many key tiles at head dim 128 (tiles outside every row's band
-/// skipped, tiles inside it unmasked), against the f64 reference. Skips without a CUDA device.
+/// The native modifier variants against the f64 reference: the wgmma kernel (f16, compute
+/// capability 9.0) and the HMMA kernel (bf16 under Auto, f16 forced): every case above at head
+/// dim 64, and windows over many key tiles at head dim 128 (tiles outside every row's band
+/// skipped, tiles inside it unmasked). Skips without a CUDA device.
 #[cfg(feature = "cuda")]
 mod cuda {
     use super::*;
@@ -443,6 +449,29 @@ mod cuda {
         .enumerate()
         {
             wgmma(&s, p, 60 + i as u64);
+        }
+    }
+
+    #[test]
+    fn hmma_kernel_matches_the_reference() {
+        let Some(s) = open(Device::Cuda(0)) else { return };
+        let long = AttentionProblem::new(2, 8, 600, 128).kv_heads(2).kv_len(1500);
+        let mut cases: Vec<AttentionProblem> = cases().into_iter().map(|(_, p)| p).filter(|p| p.head_dim == 64).collect();
+        cases.extend([
+            long.clone().causal(true).window(256, 0),
+            long.clone().window(-1, 40).softcap(20.0).alibi_slopes(AttentionProblem::standard_alibi_slopes(8)).layout(Layout::Bshd),
+            long.clone().causal(true).causal_align(CausalAlign::TopLeft).sinks(sinks(8, 3)),
+        ]);
+        for (i, p) in cases.iter().enumerate() {
+            let plan = s.plan(p, Precision::BF16_DEFAULT, Strategy::Auto).unwrap();
+            assert_eq!(plan.family(), Family::Native(NativeKind::Hmma), "{} {p:?}", plan.kernel);
+            check(&s, p, Precision::BF16_DEFAULT, 80 + i as u64);
+            check_with(&s, p, Precision::F16_DEFAULT, Strategy::Native(NativeKind::Hmma), 90 + i as u64);
+        }
+        // The f16-accumulating modes have no modifier variant: a refusal by name.
+        match s.plan(&cases[0], Precision::parse("f16-acc16").unwrap(), Strategy::Native(NativeKind::Hmma)) {
+            Err(Error::UnsupportedFeature { kernel, .. }) => assert!(kernel.contains("f16 accumulation"), "{kernel}"),
+            other => panic!("{:?}", other.map(|p| p.kernel)),
         }
     }
 

@@ -501,6 +501,82 @@ __device__ __forceinline__ void cta_named_arrive(int id, int count) {
 
 // ---- query-block bookkeeping and the O epilogue of the wgmma kernels -------------------------
 
+// ---- score modifiers (the MODS variants of fwd_wgmma and fwd_hmma) ----------------------------
+//
+// Row i sits at a(i) = i + offset among the keys and sees keys a(i) - left ..= a(i) + right
+// (causal: right = 0). Extents at or above MOD_UNBOUNDED are unbounded; the host keeps q_len and
+// kv_len below it too, so a(i) ± extent + 1 stays inside int. Rust mirror: `ModParams` in
+// src/mods.rs; it travels as a __grid_constant__ kernel argument (per-head arrays indexed by
+// the CTA's head read the parameter space, no local copy).
+#define MOD_UNBOUNDED (1 << 29)
+#define MOD_MAX_HEADS 128
+struct ModParams {
+    int offset;                        // a(i) = i + offset
+    int left, right;                   // window extents (causal: right = 0); MOD_UNBOUNDED: none
+    int pad_;
+    float cap_raw;                     // softcap / scale (raw score units)
+    float inv_cap_raw;                 // scale / softcap
+    float alibi_raw[MOD_MAX_HEADS];    // ALiBi slope / scale per q head
+    float sink_log2[MOD_MAX_HEADS];    // sink · log2(e) per q head; -inf: no sink
+};
+
+// The KV tiles of a CTA of BM rows from m0: t_lo .. t_lo + n_tiles - 1, of which full_lo ..=
+// full_hi every row of the CTA sees whole (no mask needed).
+struct ModTiles {
+    int t_lo, n_tiles, full_lo, full_hi;
+};
+template <int BM, int BN>
+__device__ __forceinline__ ModTiles cta_mod_tiles(int kv_len, const ModParams& mp, int m0) {
+    const int a_first = m0 + mp.offset;
+    const int a_last = m0 + BM - 1 + mp.offset;
+    const int hi = min(kv_len, a_last + mp.right + 1);   // keys below hi are seen by some row
+    const int lo = max(0, a_first - mp.left);            // keys from lo on are seen by some row
+    ModTiles t;
+    if (hi <= lo) {
+        t.t_lo = 0;
+        t.n_tiles = 0;
+        t.full_lo = 0;
+        t.full_hi = -1;
+        return t;
+    }
+    t.t_lo = lo / BN;
+    t.n_tiles = (hi + BN - 1) / BN - t.t_lo;
+    // Whole for every row: keys below min(kv_len, a_first + right + 1) and from a_last - left on.
+    const int full_end = min(kv_len, a_first + mp.right + 1);
+    t.full_hi = full_end >= BN ? full_end / BN - 1 : -1;
+    const int full_start = a_last - mp.left;
+    t.full_lo = full_start > 0 ? (full_start + BN - 1) / BN : 0;
+    return t;
+}
+
+// tanh x = 1 - 2 / (1 + 2^(2x log2 e)): MUFU exp2 and a fast division, absolute error ~1e-7
+// (tanh.approx's 2^-11 relative error is too coarse once multiplied by the cap). ±inf give ±1.
+__device__ __forceinline__ float thread_tanh(float x) {
+    const float e = thread_exp2(x * 2.8853900817779268f);
+    return 1.f - __fdividef(2.f, 1.f + e);
+}
+
+// One score after the modifiers, in raw units: softcap, ALiBi (slope already / scale), then the
+// band and sequence-end mask when MASK (lo ..< hi: this row's visible keys).
+template <bool MASK, bool SOFTCAP, bool ALIBI>
+__device__ __forceinline__ float thread_mod_score(float v, const ModParams& mp, float slope, int a, int key, int lo, int hi) {
+    if (SOFTCAP) v = mp.cap_raw * thread_tanh(v * mp.inv_cap_raw);
+    if (ALIBI) v -= slope * fabsf((float)(a - key));
+    if (MASK && (key < lo || key >= hi)) v = QA_NEG_INF;
+    return v;
+}
+
+// The epilogue with sinks: the sink joins the denominator of a row that saw keys. `m2` is the
+// row's running max in log2 units and `sum` its sum of exp2(s·c - m2); both come back relative
+// to max(m2, sink) so neither term overflows; `f` is the factor O's unnormalized sum takes.
+__device__ __forceinline__ void thread_add_sink(float& m2, float& sum, float& f, float sink_log2) {
+    const float mx = fmaxf(m2, sink_log2);
+    f = thread_exp2(m2 - mx);
+    sum = fmaf(sum, f, thread_exp2(sink_log2 - mx));
+    m2 = mx;
+}
+
+
 // The KV tiles a query block of BM rows starting at m0 visits, with BN keys per tile: n_tiles,
 // processed last tile first (j = 0 is tile n_tiles - 1), the first n_masked of them (in
 // processing order) masked (bottom-right causal alignment; tiles past the diagonal skipped).

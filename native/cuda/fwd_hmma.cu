@@ -35,6 +35,10 @@
 //                 head dims, folded into f32 after each chunk)
 //   QK_CHUNK      head-dim chunk of the two-stage mode (multiple of 16)
 //   PV_ACC        0: f32, 1: f16 within one KV tile, folded into f32 per tile
+//   MODS          1: score modifiers (a second kernel argument, `ModParams` of common.cuh):
+//                 the window/causal band with its alignment (only the KV tiles the CTA's bands
+//                 touch are visited, only partly visible ones masked) and sinks in the epilogue;
+//                 MOD_SOFTCAP and MOD_ALIBI compile softcap and ALiBi in (applied to every score).
 // The launch ABI is `FwdParams` below; the Rust mirror is `HmmaParams` in src/hmma.rs, and
 // `HmmaTile::smem_bytes` mirrors cfg::SMEM_BYTES.
 #include "common.cuh"
@@ -49,6 +53,18 @@
 #endif
 #ifndef Q_IN_REGS
 #define Q_IN_REGS 1
+#endif
+#ifndef MODS
+#define MODS 0
+#endif
+#ifndef MOD_SOFTCAP
+#define MOD_SOFTCAP 0
+#endif
+#ifndef MOD_ALIBI
+#define MOD_ALIBI 0
+#endif
+#if (MOD_SOFTCAP || MOD_ALIBI) && !MODS
+#error "MOD_SOFTCAP and MOD_ALIBI need MODS"
 #endif
 
 // Conditional-rescale threshold in log2 units (see warp_online_softmax): P may reach
@@ -483,14 +499,51 @@ struct KvLanes {
           v((((lane >> 3) & 1) << 3) + (lane & 7), lane >> 4) {}
 };
 
+#if MODS
+// Softcap, ALiBi and (MASK) the band and sequence-end masks on a tile of scores in raw units,
+// before the softmax. Row entry i (see the header) sits at a(row0 + 16 (i / 2) + 8 (i % 2)).
+template <bool MASK>
+__device__ __forceinline__ void warp_mods(float (&s)[cfg::MT][cfg::N_FRAGS][4], const ModParams& mp, float slope, int key0,
+                                          int kv_len, int a0, int lane) {
+    const int col = key0 + 2 * (lane & 3);
+#pragma unroll
+    for (int i = 0; i < cfg::ROWS; ++i) {
+        const int a = a0 + 16 * (i >> 1) + 8 * (i & 1);
+        const int lo = a - mp.left;
+        const int hi = min(kv_len, a + mp.right + 1);
+#pragma unroll
+        for (int n = 0; n < cfg::N_FRAGS; ++n)
+#pragma unroll
+            for (int x = 0; x < 2; ++x) {
+                float& v = s[i >> 1][n][2 * (i & 1) + x];
+                v = thread_mod_score<MASK, MOD_SOFTCAP != 0, MOD_ALIBI != 0>(v, mp, slope, a, col + n * 8 + x, lo, hi);
+            }
+    }
+}
+struct ModState {
+    const ModParams& mp;
+    float slope;
+    int a0, full_lo, full_hi, t_top;
+};
+#define MOD_ARG const ModState &ms,
+#define MOD_PASS ms,
+#else
+#define MOD_ARG
+#define MOD_PASS
+#endif
+
 // One KV tile: wait for K, prefetch the next K, scores + softmax, wait for V, prefetch the next
 // V, P·V. Two barriers per tile: the first frees the other stage (everyone is past the previous
 // tile's reads), the second publishes V.
 template <bool MASK>
 __device__ __forceinline__ void cta_kv_tile(WarpState& st, const WarpQ& q, const KvLanes& kv,
                                             u32 smem, int j, int n_tiles,
-                                            const FwdParams& p, int diag, int lane) {
+                                            const FwdParams& p, MOD_ARG int diag, int lane) {
+#if MODS
+    const int t = ms.t_top - j;             // tiles run from the band's last to its first
+#else
     const int t = n_tiles - 1 - j;          // tiles run from the last (masked) to the first
+#endif
     const int stage = j & 1;
     const u32 k_tile = smem + stage * cfg::STAGE_BYTES;
     const u32 v_tile = k_tile + cfg::KV_TILE_BYTES;
@@ -507,7 +560,12 @@ __device__ __forceinline__ void cta_kv_tile(WarpState& st, const WarpQ& q, const
     float s[cfg::MT][cfg::N_FRAGS][4];
     warp_score_matmul(s, q, k_tile, kv.k);
     u32 pf[cfg::MT][cfg::P_STEPS][4];
+#if MODS
+    warp_mods<MASK>(s, ms.mp, ms.slope, t * cfg::BN, p.kv_len, ms.a0, lane);
+    warp_online_softmax<false>(s, st.m, st.l, st.o, pf, t * cfg::BN, p.kv_len, diag, p.scale_log2, lane);
+#else
     warp_online_softmax<MASK>(s, st.m, st.l, st.o, pf, t * cfg::BN, p.kv_len, diag, p.scale_log2, lane);
+#endif
 
     thread_cp_async_wait<1>();   // everything but K_{t-1} landed -> V_t is here
     __syncthreads();
@@ -519,7 +577,11 @@ __device__ __forceinline__ void cta_kv_tile(WarpState& st, const WarpQ& q, const
     warp_value_matmul(st.o, pf, v_tile, kv.v);
 }
 
-extern "C" __global__ void __launch_bounds__(cfg::THREADS, 1) fwd_hmma(const FwdParams p) {
+extern "C" __global__ void __launch_bounds__(cfg::THREADS, 1) fwd_hmma(const FwdParams p
+#if MODS
+                                                                        , const __grid_constant__ ModParams mp
+#endif
+) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
     const u32 smem = cta_smem_addr(smem_raw);
     const u32 q_smem = smem + cfg::Q_OFFSET;
@@ -540,8 +602,16 @@ extern "C" __global__ void __launch_bounds__(cfg::THREADS, 1) fwd_hmma(const Fwd
         const int first_row_sees = m0 + offset + 1;   // keys [0, this) visible to row m0
         full_end = min(full_end, first_row_sees >= 0 ? first_row_sees / cfg::BN : 0);
     }
+#if MODS
+    const ModTiles mt = cta_mod_tiles<cfg::BM, cfg::BN>(p.kv_len, mp, m0);
+    const int n_tiles = mt.n_tiles;
+    const int t_top = mt.t_lo + n_tiles - 1;
+    (void)n_end;
+    (void)full_end;
+#else
     const int n_tiles = n_end > 0 ? (n_end + cfg::BN - 1) / cfg::BN : 0;
     const int n_masked = n_tiles - min(max(full_end, 0), n_tiles);
+#endif
 
     const int warp_row0 = warp * ROWS_PER_WARP;   // first row of this warp in the CTA
     const int row0 = m0 + warp_row0 + (lane >> 2);   // query index of this lane's row entry 0
@@ -566,7 +636,11 @@ extern "C" __global__ void __launch_bounds__(cfg::THREADS, 1) fwd_hmma(const Fwd
     if (n_tiles > 0) {
         // Prologue: Q into its region (or stage 1, free until the first prefetch), the first
         // K and V into stage 0.
+#if MODS
+        const int t0 = t_top;
+#else
         const int t0 = n_tiles - 1;
+#endif
         cta_load_tile<cfg::BM>(q_smem, q_head + (i64)m0 * p.q_seq_stride, p.q_seq_stride, p.q_len - m0);
         thread_cp_async_commit();
         cta_load_tile<cfg::BN>(smem, cta_kv_head<false>(p) + (i64)t0 * cfg::BN * p.k_seq_stride, p.k_seq_stride,
@@ -581,21 +655,41 @@ extern "C" __global__ void __launch_bounds__(cfg::THREADS, 1) fwd_hmma(const Fwd
         const KvLanes kv(lane);
         // Masked tiles (sequence end, causal diagonal) come first, then mask-free tiles: full
         // tiles carry no mask code at all. Tiles no row can see were never counted.
+#if MODS
+        // Partly visible tiles sit at both ends of the band: the mask is chosen per tile.
+        const ModState ms{mp, MOD_ALIBI ? mp.alibi_raw[head] : 0.f, row0 + mp.offset, mt.full_lo, mt.full_hi, t_top};
+        for (int j = 0; j < n_tiles; ++j) {
+            const int t = t_top - j;
+            if (t < mt.full_lo || t > mt.full_hi) cta_kv_tile<true>(st, q, kv, smem, j, n_tiles, p, ms, diag, lane);
+            else cta_kv_tile<false>(st, q, kv, smem, j, n_tiles, p, ms, diag, lane);
+        }
+#else
         int j = 0;
         for (; j < n_masked; ++j) cta_kv_tile<true>(st, q, kv, smem, j, n_tiles, p, diag, lane);
         for (; j < n_tiles; ++j) cta_kv_tile<false>(st, q, kv, smem, j, n_tiles, p, diag, lane);
+#endif
     }
 
     // ---- epilogue: normalise, LSE, stage O through shared memory, 16-byte stores ------------
     float inv[cfg::ROWS], lse[cfg::ROWS];
 #pragma unroll
     for (int i = 0; i < cfg::ROWS; ++i) {
+#if MODS
+        float sum = quad_sum(st.l[i]);
+        const bool empty = !(sum > 0.f);
+        float m2 = st.m[i] * p.scale_log2;
+        float f = 1.f;
+        if (!empty) thread_add_sink(m2, sum, f, mp.sink_log2[head]);
+        inv[i] = empty ? 0.f : f / sum;
+        lse[i] = empty ? QA_NEG_INF : (m2 + thread_log2(sum)) * 0.6931471805599453f;
+#else
         const float sum = quad_sum(st.l[i]);
         // A row that saw no key (sum 0) writes O = 0 and LSE = -inf; guards NaN sums too.
         const bool empty = !(sum > 0.f);
         inv[i] = empty ? 0.f : 1.f / sum;
         lse[i] = empty ? QA_NEG_INF
                        : (st.m[i] * p.scale_log2 + thread_log2(sum)) * 0.6931471805599453f;
+#endif
     }
     if ((lane & 3) == 0) {
         float* lse_out = reinterpret_cast<float*>(p.lse) + ((i64)batch * p.q_heads + head) * p.q_len;

@@ -69,7 +69,7 @@
 // fwd_hmma's (Rust mirror `HmmaParams`), and `TmaMaps` (three CUtensorMaps built on the host per
 // launch, src/tma.rs).
 //
-// Score modifiers (MODS = 1, a third kernel argument `ModParams`, Rust mirror `WgmmaModParams`):
+// Score modifiers (MODS = 1, a third kernel argument `ModParams` of common.cuh, Rust mirror `ModParams`):
 // row i sits at a(i) = i + offset among the keys (bottom-right or top-left alignment) and sees
 // keys a(i) - left ..= a(i) + right (a sliding window; causal is right = 0; MOD_UNBOUNDED is no
 // bound). The CTA walks only the KV tiles its rows' bands touch and masks only tiles some row
@@ -135,57 +135,8 @@ struct FwdParams {
 };
 
 #if MODS
-// Window extents at or above this are unbounded; the host keeps q_len and kv_len below it too,
-// so a(i) ± extent + 1 stays inside int.
-#define MOD_UNBOUNDED (1 << 29)
-#define MOD_MAX_HEADS 128
-struct ModParams {
-    int offset;                        // a(i) = i + offset
-    int left, right;                   // window extents (causal: right = 0); MOD_UNBOUNDED: none
-    int pad_;
-    float cap_raw;                     // softcap / scale (raw score units)
-    float inv_cap_raw;                 // scale / softcap
-    float alibi_raw[MOD_MAX_HEADS];    // ALiBi slope / scale per q head
-    float sink_log2[MOD_MAX_HEADS];    // sink · log2(e) per q head; -inf: no sink
-};
-
 #define MOD_ARG const ModParams &mp,
 #define MOD_PASS mp,
-
-// The KV tiles of one CTA (rows m0 .. m0 + BM - 1): t_lo .. t_lo + n_tiles - 1, of which
-// full_lo ..= full_hi every row of the CTA sees whole (no mask needed).
-struct ModTiles {
-    int t_lo, n_tiles, full_lo, full_hi;
-};
-__device__ __forceinline__ ModTiles cta_mod_tiles(const FwdParams& p, const ModParams& mp, int m0) {
-    const int a_first = m0 + mp.offset;
-    const int a_last = m0 + cfg::BM - 1 + mp.offset;
-    const int hi = min(p.kv_len, a_last + mp.right + 1);   // keys below hi are seen by some row
-    const int lo = max(0, a_first - mp.left);              // keys from lo on are seen by some row
-    ModTiles t;
-    if (hi <= lo) {
-        t.t_lo = 0;
-        t.n_tiles = 0;
-        t.full_lo = 0;
-        t.full_hi = -1;
-        return t;
-    }
-    t.t_lo = lo / cfg::BN;
-    t.n_tiles = (hi + cfg::BN - 1) / cfg::BN - t.t_lo;
-    // Whole for every row: keys below min(kv_len, a_first + right + 1) and from a_last - left on.
-    const int full_end = min(p.kv_len, a_first + mp.right + 1);
-    t.full_hi = full_end >= cfg::BN ? full_end / cfg::BN - 1 : -1;
-    const int full_start = a_last - mp.left;
-    t.full_lo = full_start > 0 ? (full_start + cfg::BN - 1) / cfg::BN : 0;
-    return t;
-}
-
-// tanh x = 1 - 2 / (1 + 2^(2x log2 e)): MUFU exp2 and a fast division, absolute error ~1e-7
-// (tanh.approx's 2^-11 relative error is too coarse once multiplied by the cap). ±inf give ±1.
-__device__ __forceinline__ float thread_tanh(float x) {
-    const float e = thread_exp2(x * 2.8853900817779268f);
-    return 1.f - __fdividef(2.f, 1.f + e);
-}
 
 // Softcap, ALiBi and (MASK) the band and sequence-end masks on a tile of scores in raw units,
 // before warp_softmax<false> takes the row max. `a0` is a(row) of this lane's entry-0 row.
@@ -201,18 +152,9 @@ __device__ __forceinline__ void warp_mods(float (&s)[cfg::S_REGS], const ModPara
 #pragma unroll
         for (int n = 0; n < cfg::BN / 8; ++n)
 #pragma unroll
-            for (int x = 0; x < 2; ++x) {
-                const int key = col + n * 8 + x;
-                float v = s[4 * n + 2 * i + x];
-#if MOD_SOFTCAP
-                v = mp.cap_raw * thread_tanh(v * mp.inv_cap_raw);
-#endif
-#if MOD_ALIBI
-                v -= slope * fabsf((float)(a - key));
-#endif
-                if (MASK && (key < lo || key >= hi)) v = QA_NEG_INF;
-                s[4 * n + 2 * i + x] = v;
-            }
+            for (int x = 0; x < 2; ++x)
+                s[4 * n + 2 * i + x] = thread_mod_score<MASK, MOD_SOFTCAP != 0, MOD_ALIBI != 0>(s[4 * n + 2 * i + x], mp, slope, a,
+                                                                                     col + n * 8 + x, lo, hi);
     }
 }
 #else
@@ -371,12 +313,7 @@ __device__ __forceinline__ void thread_finish_rows(const FwdParams& p, const flo
 #if MODS
         // The sink joins the denominator (a row that sees no key stays empty): both terms
         // relative to the larger of the row max and the sink, so neither overflows.
-        if (!empty) {
-            const float mx = fmaxf(m2, sink_log2);
-            f = thread_exp2(m2 - mx);
-            sum = fmaf(sum, f, thread_exp2(sink_log2 - mx));
-            m2 = mx;
-        }
+        if (!empty) thread_add_sink(m2, sum, f, sink_log2);
 #else
         (void)sink_log2;
 #endif
@@ -553,7 +490,7 @@ fwd_wgmma(const FwdParams p, const __grid_constant__ TmaMaps maps
     const int wg = tid >> 7;
     const int m0 = (gridDim.x - 1 - blockIdx.x) * cfg::BM;
 #if MODS
-    const ModTiles mt = cta_mod_tiles(p, mp, m0);
+    const ModTiles mt = cta_mod_tiles<cfg::BM, cfg::BN>(p.kv_len, mp, m0);
     const CtaTiles tiles{mt.n_tiles, 0};
     const int t_lo = mt.t_lo;
 #else

@@ -6,6 +6,7 @@
 use crate::arch::Arch;
 use crate::cache::{CompileRequest, FWD_HMMA};
 use crate::error::{NativeError, Result};
+use crate::mods::ModVariant;
 use quattn_core::{AttentionShape, Dtype, PvAccum, QkAccum, Strides, TWO_STAGE_CHUNK};
 
 const KERNEL: &str = "fwd_hmma";
@@ -128,6 +129,8 @@ pub struct HmmaConfig {
     pub pv: PvAccum,
     /// `None`: the tile from [`HMMA_TILES`]; `Some`: forced (tests, tuning sweeps).
     pub tile: Option<HmmaTile>,
+    /// `Some`: the score-modifier variant (f32 accumulation only).
+    pub mods: Option<ModVariant>,
 }
 
 impl HmmaConfig {
@@ -143,7 +146,7 @@ impl HmmaConfig {
 
     /// Validated constructor.
     pub fn new(head_dim: usize, input: Dtype, qk: QkAccum, pv: PvAccum) -> Result<Self> {
-        let cfg = HmmaConfig { head_dim: head_dim as u32, input, qk, pv, tile: None };
+        let cfg = HmmaConfig { head_dim: head_dim as u32, input, qk, pv, tile: None, mods: None };
         cfg.validate()?;
         Ok(cfg)
     }
@@ -185,6 +188,9 @@ impl HmmaConfig {
         if self.input == Dtype::Bf16 && (self.qk != QkAccum::F32 || self.pv != PvAccum::F32) {
             return bad("bf16 mma.sync accumulates in f32 only".into());
         }
+        if self.mods.is_some() && (self.qk != QkAccum::F32 || self.pv != PvAccum::F32) {
+            return bad("score modifiers with f32 accumulation only".into());
+        }
         Ok(())
     }
 
@@ -196,6 +202,11 @@ impl HmmaConfig {
             return self.tile;
         }
         let row = HMMA_TILES.iter().find(|r| r.head_dim == self.head_dim)?;
+        if self.mods.is_some() {
+            // The modifier code (per-row band limits, softcap and ALiBi per score) does not fit
+            // next to 32 rows per warp in 255 registers; 16 rows per warp with Q in registers do.
+            return Some(HmmaTile::new(4, 64));
+        }
         Some(match (self.qk == QkAccum::F32 && self.pv == PvAccum::F32, arch) {
             (false, _) => row.f16_accum,
             (true, Arch::Sm100a | Arch::Sm120a) => row.compact,
@@ -231,7 +242,8 @@ impl HmmaConfig {
             PvAccum::F16PerTile => "f16",
         };
         let forced = self.tile.map(|t| format!("_{}", t.suffix())).unwrap_or_default();
-        format!("fwd_hmma_{input}_{qk}_{pv}_d{}{forced}", self.head_dim)
+        let mods = self.mods.map(|m| m.suffix()).unwrap_or_default();
+        format!("fwd_hmma_{input}_{qk}_{pv}_d{}{forced}{mods}", self.head_dim)
     }
 
     /// Every variant the report and tests compile.
@@ -240,10 +252,16 @@ impl HmmaConfig {
         for hd in [64, 128] {
             for qk in [QkAccum::F32, QkAccum::F16, QkAccum::TwoStage] {
                 for pv in [PvAccum::F32, PvAccum::F16PerTile] {
-                    v.push(HmmaConfig { head_dim: hd, input: Dtype::F16, qk, pv, tile: None });
+                    v.push(HmmaConfig { head_dim: hd, input: Dtype::F16, qk, pv, tile: None, mods: None });
                 }
             }
-            v.push(HmmaConfig { head_dim: hd, input: Dtype::Bf16, qk: QkAccum::F32, pv: PvAccum::F32, tile: None });
+            v.push(HmmaConfig { head_dim: hd, input: Dtype::Bf16, qk: QkAccum::F32, pv: PvAccum::F32, tile: None, mods: None });
+            // The modifier variant with softcap and ALiBi compiled in: the superset of the others'
+            // code (those only drop the two score transforms).
+            for input in [Dtype::F16, Dtype::Bf16] {
+                let mods = Some(ModVariant { softcap: true, alibi: true });
+                v.push(HmmaConfig { head_dim: hd, input, qk: QkAccum::F32, pv: PvAccum::F32, tile: None, mods });
+            }
         }
         v
     }
@@ -260,7 +278,7 @@ impl HmmaConfig {
         };
         let chunk = TWO_STAGE_CHUNK as u32;
         let d = |k: &str, v: u32| (k.to_string(), v.to_string());
-        Ok(vec![
+        let mut v = vec![
             d("HEAD_DIM", self.head_dim),
             d("WARPS", tile.warps),
             d("BLOCK_N", tile.block_n),
@@ -270,7 +288,11 @@ impl HmmaConfig {
             d("QK_ACC", qk),
             d("QK_CHUNK", chunk),
             d("PV_ACC", (self.pv == PvAccum::F16PerTile) as u32),
-        ])
+        ];
+        if let Some(m) = self.mods {
+            v.extend(m.defines());
+        }
+        Ok(v)
     }
 
     /// The compile request for `arch`.
@@ -550,7 +572,7 @@ mod launch {
             let (op, _go) = o.device_ptr_mut(stream);
             let (lp, _gl) = lse.device_ptr_mut(stream);
             // SAFETY: lengths were checked against every offset the kernel touches.
-            unsafe { self.launch_raw(stream, args, [qp, kp, vp, op, lp]) }
+            unsafe { self.launch_raw(stream, args, None, [qp, kp, vp, op, lp]) }
         }
 
         /// Launches with raw device addresses `[q, k, v, o, lse]`.
@@ -559,8 +581,23 @@ mod launch {
         /// Each pointer must address device memory of at least
         /// [`HmmaConfig::required_lens`] elements (2-byte elements; f32 for LSE), valid until
         /// the kernel finishes on `stream`.
-        pub unsafe fn launch_raw(&self, stream: &Arc<CudaStream>, args: &AttentionShape, ptrs: [u64; 5]) -> Result<()> {
+        /// `mods` is required by a modifier variant (built by [`crate::mods::ModParams::new`]
+        /// for this config and shape) and refused by the others.
+        pub unsafe fn launch_raw(
+            &self,
+            stream: &Arc<CudaStream>,
+            args: &AttentionShape,
+            mods: Option<&crate::mods::ModParams>,
+            ptrs: [u64; 5],
+        ) -> Result<()> {
             self.config.validate_args(args)?;
+            if mods.is_some() != self.config.mods.is_some() {
+                return Err(NativeError::InvalidArgs(format!(
+                    "{}: score-modifier parameters {} for this variant",
+                    self.config.name(),
+                    if mods.is_some() { "given" } else { "missing" }
+                )));
+            }
             if let Some(i) = ptrs.iter().position(|p| p % 16 != 0) {
                 return Err(NativeError::InvalidArgs(format!(
                     "{} pointer {:#x} is not 16-byte aligned",
@@ -573,6 +610,9 @@ mod launch {
             let cfg = LaunchConfig { grid_dim: shape.grid, block_dim: shape.block, shared_mem_bytes: shape.smem_bytes };
             let mut b = stream.launch_builder(&self.function);
             b.arg(&params);
+            if let Some(m) = mods {
+                b.arg(m);
+            }
             // SAFETY: the parameter struct matches the kernel's signature; memory per contract.
             unsafe { b.launch(cfg) }?;
             Ok(())
@@ -593,7 +633,7 @@ mod tests {
         assert!(matches!(e, NativeError::UnsupportedConfig { .. }), "{e}");
         let e = HmmaConfig::new(128, Dtype::F32, QkAccum::F32, PvAccum::F32).unwrap_err();
         assert!(matches!(&e, NativeError::UnsupportedConfig { reason, .. } if reason.contains("f32 inputs")), "{e}");
-        assert!(HmmaConfig { head_dim: 128, input: Dtype::F32, qk: QkAccum::F32, pv: PvAccum::F32, tile: None }
+        assert!(HmmaConfig { head_dim: 128, input: Dtype::F32, qk: QkAccum::F32, pv: PvAccum::F32, tile: None, mods: None }
             .expected_instructions()
             .is_empty());
     }

@@ -54,6 +54,7 @@ pub mod report;
 pub mod sass;
 pub mod tma;
 pub mod tools;
+pub mod mods;
 pub mod wgmma;
 pub mod wgmma_int8;
 pub mod wgmma_fp8;
@@ -95,7 +96,8 @@ pub use registry::{Loaded, ModuleStore};
 pub use report::{compile_report, KernelReport, KernelVariant};
 #[cfg(feature = "cuda")]
 pub use wgmma::WgmmaKernel;
-pub use wgmma::{ModValues, WgmmaConfig, WgmmaModParams, WgmmaMods, WgmmaParams, WgmmaTile, MOD_MAX_HEADS, WGMMA_TILES};
+pub use wgmma::{WgmmaConfig, WgmmaParams, WgmmaTile, WGMMA_TILES};
+pub use mods::{ModParams, ModValues, ModVariant, MOD_MAX_HEADS, MOD_UNBOUNDED};
 #[cfg(feature = "cuda")]
 pub use wgmma_int8::Int8WgmmaKernel;
 pub use tma::TmaSpec;

@@ -21,6 +21,9 @@ use crate::arch::Arch;
 use crate::cache::{CompileRequest, FWD_WGMMA};
 use crate::error::{NativeError, Result};
 use crate::hmma::{HmmaConfig, HmmaParams};
+use crate::mods::ModVariant;
+#[cfg(test)]
+use crate::mods::{ModParams, ModValues, MOD_MAX_HEADS};
 use crate::tma::{RowsTensor, TmaSpec, WS_CONSUMER_REGS, WS_PRODUCER_REGS};
 use quattn_core::{AttentionShape, Dtype, PvAccum, QkAccum};
 
@@ -90,145 +93,6 @@ pub struct WgmmaLaunchShape {
     pub smem_bytes: u32,
 }
 
-/// The score-modifier variant of the kernel (`MODS = 1`, see the header of `fwd_wgmma.cu`): the
-/// band mask (sliding window, causal and its alignment, with tile skipping) and attention sinks
-/// always; softcap and ALiBi compiled in only where asked, since they cost work on every score.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize)]
-pub struct WgmmaMods {
-    pub softcap: bool,
-    pub alibi: bool,
-}
-
-impl WgmmaMods {
-    /// `_mods`, `_mods_softcap`, `_mods_alibi`, `_mods_softcap_alibi`.
-    pub fn suffix(&self) -> String {
-        let mut s = String::from("_mods");
-        if self.softcap {
-            s.push_str("_softcap");
-        }
-        if self.alibi {
-            s.push_str("_alibi");
-        }
-        s
-    }
-}
-
-/// Window extents at or above this are unbounded (`MOD_UNBOUNDED` of the kernel); sequence
-/// lengths of a modifier launch stay below it so that `a(i) ± extent + 1` fits an `int`.
-pub const MOD_UNBOUNDED: i32 = 1 << 29;
-/// Q heads a modifier launch takes: its per-head ALiBi slopes and sinks travel in the kernel's
-/// parameter block (`MOD_MAX_HEADS`).
-pub const MOD_MAX_HEADS: usize = 128;
-
-/// The third kernel argument of a [`WgmmaMods`] variant, the C layout of `ModParams`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct WgmmaModParams {
-    /// `a(i) = i + offset`: `kv_len - q_len` (bottom-right) or 0 (top-left).
-    pub offset: i32,
-    /// Window extents; causal is `right = 0`; [`MOD_UNBOUNDED`]: no bound.
-    pub left: i32,
-    pub right: i32,
-    pub pad_: i32,
-    /// `softcap / scale` and its inverse (raw score units); 0 without a softcap.
-    pub cap_raw: f32,
-    pub inv_cap_raw: f32,
-    /// `slope / scale` per Q head.
-    pub alibi_raw: [f32; MOD_MAX_HEADS],
-    /// `sink · log2(e)` per Q head; `-inf` where there is no sink.
-    pub sink_log2: [f32; MOD_MAX_HEADS],
-}
-
-/// The score modifiers of one launch, as the problem states them (natural-log, scaled-logit
-/// units), for [`WgmmaModParams::new`].
-#[derive(Clone, Copy, Debug, Default)]
-pub struct ModValues<'a> {
-    /// Row alignment: `true` is top-left (`a(i) = i`), `false` bottom-right.
-    pub top_left: bool,
-    /// Window extents; `None` on a side is unbounded.
-    pub left: Option<u64>,
-    pub right: Option<u64>,
-    pub softcap: Option<f32>,
-    pub alibi_slopes: Option<&'a [f32]>,
-    pub sinks: Option<&'a [f32]>,
-}
-
-impl WgmmaModParams {
-    /// Validates the modifiers against the launch shape and the variant and converts them to the
-    /// kernel's units (`scale` is the softmax scale).
-    pub fn new(config: &WgmmaConfig, args: &AttentionShape, m: &ModValues) -> Result<Self> {
-        fn bad<T>(reason: String) -> Result<T> {
-            Err(NativeError::InvalidArgs(reason))
-        }
-        let Some(mods) = config.mods else {
-            return bad(format!("{} takes no score modifiers", config.name()));
-        };
-        if args.q_len >= MOD_UNBOUNDED as usize || args.kv_len >= MOD_UNBOUNDED as usize {
-            return bad(format!("sequence lengths {} and {} must stay below 2^29 with score modifiers", args.q_len, args.kv_len));
-        }
-        if args.q_heads > MOD_MAX_HEADS {
-            return bad(format!("{} query heads; score modifiers take at most {MOD_MAX_HEADS}", args.q_heads));
-        }
-        let scale = args.scale;
-        if !(scale.is_finite() && scale > 0.0) {
-            return bad(format!("softmax scale {scale} must be finite and positive"));
-        }
-        let extent = |x: Option<u64>| x.map_or(MOD_UNBOUNDED, |v| v.min(MOD_UNBOUNDED as u64) as i32);
-        let mut right = extent(m.right);
-        if args.causal {
-            right = right.min(0);
-        }
-        let mut p = WgmmaModParams {
-            offset: if m.top_left { 0 } else { args.kv_len as i32 - args.q_len as i32 },
-            left: extent(m.left),
-            right,
-            pad_: 0,
-            cap_raw: 0.0,
-            inv_cap_raw: 0.0,
-            alibi_raw: [0.0; MOD_MAX_HEADS],
-            sink_log2: [f32::NEG_INFINITY; MOD_MAX_HEADS],
-        };
-        match (m.softcap, mods.softcap) {
-            (Some(cap), true) if cap.is_finite() && cap > 0.0 => {
-                p.cap_raw = cap / scale;
-                p.inv_cap_raw = scale / cap;
-            }
-            (Some(cap), true) => return bad(format!("softcap {cap} must be finite and positive")),
-            (None, false) => {}
-            (c, _) => return bad(format!("softcap {c:?} does not match the variant {}", config.name())),
-        }
-        let per_head = |what: &str, a: &[f32]| -> Result<()> {
-            if a.len() != args.q_heads || a.iter().any(|x| x.is_nan()) {
-                return bad(format!("{what}: {} values for {} query heads (one each, not NaN)", a.len(), args.q_heads));
-            }
-            Ok(())
-        };
-        match (m.alibi_slopes, mods.alibi) {
-            (Some(a), true) => {
-                per_head("ALiBi slopes", a)?;
-                if a.iter().any(|x| !x.is_finite()) {
-                    return bad("ALiBi slopes must be finite".into());
-                }
-                for (d, x) in p.alibi_raw.iter_mut().zip(a) {
-                    *d = x / scale;
-                }
-            }
-            (None, false) => {}
-            (a, _) => return bad(format!("ALiBi {} does not match the variant {}", a.is_some(), config.name())),
-        }
-        if let Some(sk) = m.sinks {
-            per_head("sinks", sk)?;
-            if sk.iter().any(|x| *x == f32::INFINITY) {
-                return bad("a sink of +inf takes all the mass; sinks must be below +inf".into());
-            }
-            for (d, x) in p.sink_log2.iter_mut().zip(sk) {
-                *d = x * std::f32::consts::LOG2_E;
-            }
-        }
-        Ok(p)
-    }
-}
-
 /// One compiled variant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 pub struct WgmmaConfig {
@@ -236,7 +100,7 @@ pub struct WgmmaConfig {
     /// `None`: the tile from [`WGMMA_TILES`]; `Some`: forced (tests, sweeps).
     pub tile: Option<WgmmaTile>,
     /// `Some`: the score-modifier variant.
-    pub mods: Option<WgmmaMods>,
+    pub mods: Option<ModVariant>,
 }
 
 impl WgmmaConfig {
@@ -286,7 +150,7 @@ impl WgmmaConfig {
     }
 
     /// The score-modifier variant of the table tile.
-    pub fn with_mods(head_dim: usize, mods: WgmmaMods) -> Result<Self> {
+    pub fn with_mods(head_dim: usize, mods: ModVariant) -> Result<Self> {
         Ok(WgmmaConfig { mods: Some(mods), ..Self::new(head_dim)? })
     }
 
@@ -310,7 +174,7 @@ impl WgmmaConfig {
                 v.push(WgmmaConfig { head_dim: hd, tile: Some(t), mods: None });
             }
             for (softcap, alibi) in [(false, false), (true, false), (false, true), (true, true)] {
-                v.push(WgmmaConfig { head_dim: hd, tile: None, mods: Some(WgmmaMods { softcap, alibi }) });
+                v.push(WgmmaConfig { head_dim: hd, tile: None, mods: Some(ModVariant { softcap, alibi }) });
             }
         }
         v
@@ -329,7 +193,7 @@ impl WgmmaConfig {
             d("CONSUMER_REGS", WS_CONSUMER_REGS),
         ];
         if let Some(m) = self.mods {
-            v.extend([d("MODS", 1), d("MOD_SOFTCAP", m.softcap as u32), d("MOD_ALIBI", m.alibi as u32)]);
+            v.extend(m.defines());
         }
         Ok(v)
     }
@@ -416,10 +280,7 @@ mod launch {
     use super::*;
     use crate::cache::{CompiledKernel, KernelCache};
     use crate::tma::TmaMapCache;
-    use cudarc::driver::DeviceRepr;
-
-    // SAFETY: `#[repr(C)]` plain data matching `ModParams` of fwd_wgmma.cu.
-    unsafe impl DeviceRepr for WgmmaModParams {}
+    use crate::mods::ModParams;
 
     /// One wgmma variant loaded into a CUDA context (compute capability 9.0 only).
     #[derive(Debug)]
@@ -459,7 +320,7 @@ mod launch {
             &self,
             stream: &Arc<CudaStream>,
             args: &AttentionShape,
-            mods: Option<&WgmmaModParams>,
+            mods: Option<&ModParams>,
             q: &Q,
             k: &K,
             v: &V,
@@ -501,13 +362,13 @@ mod launch {
         /// # Safety
         /// Each pointer must address device memory of at least [`HmmaConfig::required_lens`]
         /// elements (2-byte elements; f32 for LSE), valid until the kernel finishes on `stream`.
-        /// `mods` is required by a [`WgmmaMods`] variant (built by [`WgmmaModParams::new`] for
-        /// this config and shape) and refused by the others.
+        /// `mods` is required by a [`ModVariant`] variant (built by
+        /// [`crate::mods::ModParams::new`] for this config and shape) and refused by the others.
         pub unsafe fn launch_raw(
             &self,
             stream: &Arc<CudaStream>,
             args: &AttentionShape,
-            mods: Option<&WgmmaModParams>,
+            mods: Option<&ModParams>,
             ptrs: [u64; 5],
         ) -> Result<()> {
             self.config.validate_args(args)?;
@@ -592,7 +453,7 @@ mod tests {
 
     #[test]
     fn modifier_variants_and_their_parameters() {
-        let m = WgmmaMods { softcap: true, alibi: false };
+        let m = ModVariant { softcap: true, alibi: false };
         let c = WgmmaConfig::with_mods(128, m).unwrap();
         assert_eq!(c.name(), "fwd_wgmma_f16_d128_mods_softcap");
         let d = c.defines().unwrap();
@@ -601,31 +462,31 @@ mod tests {
         }
         assert!(!WgmmaConfig::new(128).unwrap().defines().unwrap().iter().any(|(k, _)| k == "MODS"));
         // ModParams: 4 ints, 2 floats, two arrays of 128 floats.
-        assert_eq!(std::mem::size_of::<WgmmaModParams>(), 4 * 4 + 2 * 4 + 2 * 4 * MOD_MAX_HEADS);
+        assert_eq!(std::mem::size_of::<ModParams>(), 4 * 4 + 2 * 4 + 2 * 4 * MOD_MAX_HEADS);
         let a = AttentionShape::contiguous(Layout::Bhsd, 1, 4, 2, 100, 300, 128, true);
         let slopes = [0.5f32, 0.25, 0.125, 0.0625];
         let sinks = [0.0f32, -1.0, f32::NEG_INFINITY, 2.0];
         let v = ModValues { top_left: false, left: Some(64), right: None, softcap: Some(30.0), alibi_slopes: None, sinks: Some(&sinks) };
-        let p = WgmmaModParams::new(&c, &a, &v).unwrap();
+        let p = ModParams::new(&c.name(), c.mods, &a, &v).unwrap();
         // Bottom-right: a(i) = i + 200; causal caps the unbounded right extent at 0.
         assert_eq!((p.offset, p.left, p.right), (200, 64, 0));
         assert!((p.cap_raw - 30.0 / a.scale).abs() < 1e-3 && (p.inv_cap_raw * p.cap_raw - 1.0).abs() < 1e-6);
         assert_eq!(p.sink_log2[1], -std::f32::consts::LOG2_E);
         assert_eq!((p.sink_log2[2], p.sink_log2[4]), (f32::NEG_INFINITY, f32::NEG_INFINITY));
-        let tl = WgmmaModParams::new(&c, &AttentionShape { causal: false, ..a }, &ModValues { top_left: true, right: Some(7), ..v }).unwrap();
+        let tl = ModParams::new(&c.name(), c.mods, &AttentionShape { causal: false, ..a }, &ModValues { top_left: true, right: Some(7), ..v }).unwrap();
         assert_eq!((tl.offset, tl.right), (0, 7));
         // What the variant lacks or the values break is refused.
-        let e = |v: &ModValues, c: &WgmmaConfig| WgmmaModParams::new(c, &a, v).unwrap_err().to_string();
+        let e = |v: &ModValues, c: &WgmmaConfig| ModParams::new(&c.name(), c.mods, &a, v).unwrap_err().to_string();
         assert!(e(&ModValues { softcap: None, ..v }, &c).contains("does not match"));
         assert!(e(&ModValues { alibi_slopes: Some(&slopes), ..v }, &c).contains("does not match"));
         assert!(e(&ModValues { softcap: Some(-1.0), ..v }, &c).contains("finite and positive"));
         assert!(e(&ModValues { sinks: Some(&sinks[..3]), ..v }, &c).contains("3 values for 4"));
         assert!(e(&v, &WgmmaConfig::new(128).unwrap()).contains("takes no score modifiers"));
-        let alibi = WgmmaConfig::with_mods(128, WgmmaMods { softcap: false, alibi: true }).unwrap();
-        let pa = WgmmaModParams::new(&alibi, &a, &ModValues { softcap: None, alibi_slopes: Some(&slopes), ..v }).unwrap();
+        let alibi = WgmmaConfig::with_mods(128, ModVariant { softcap: false, alibi: true }).unwrap();
+        let pa = ModParams::new(&alibi.name(), alibi.mods, &a, &ModValues { softcap: None, alibi_slopes: Some(&slopes), ..v }).unwrap();
         assert!((pa.alibi_raw[1] - 0.25 / a.scale).abs() < 1e-6 && pa.alibi_raw[4] == 0.0);
         let many = AttentionShape::contiguous(Layout::Bhsd, 1, 256, 256, 100, 300, 128, true);
-        assert!(WgmmaModParams::new(&c, &many, &ModValues { sinks: None, ..v }).unwrap_err().to_string().contains("at most 128"));
+        assert!(ModParams::new(&c.name(), c.mods, &many, &ModValues { sinks: None, ..v }).unwrap_err().to_string().contains("at most 128"));
         // Every modifier variant is compiled by the SASS tests (`all`).
         assert_eq!(WgmmaConfig::all().iter().filter(|c| c.mods.is_some()).count(), 8);
     }

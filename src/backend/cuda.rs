@@ -33,7 +33,7 @@ use quattn_native::wgmma_fp8::{Fp8WgmmaConfig, Fp8WgmmaUnit};
 use quattn_native::decode::{DecodeConfig, DecodePtrs, DecodeUnit};
 use quattn_native::{
     DescaleGranularity, Fp8Args, Fp8MmaConfig, Fp8MmaUnit, Fp8PrepassConfig, Fp8PrepassPtrs, Fp8Ptrs, Fp8P, HmmaConfig, Int8Args, Int8Config, Int8PrepassConfig, Int8Ptrs, Int8UmmaConfig, Int8WgmmaConfig, Loaded,
-    ModValues, ModuleStore, NativeError, NativeKernelId, PrepassLens, PrepassPtrs, WgmmaConfig, WgmmaModParams, WgmmaMods,
+    ModParams, ModValues, ModVariant, ModuleStore, NativeError, NativeKernelId, PrepassLens, PrepassPtrs, WgmmaConfig,
 };
 
 use super::gpu::{CubeclBackend, GpuData};
@@ -43,7 +43,7 @@ use crate::codec::int8::{E4m3VOperands, Int8Operands};
 use crate::device_tensor::{CubeclTensors, CudaCall};
 use crate::emulation::Blocking;
 use crate::error::{Error, Result};
-use crate::precision::{PvAccum, PvFormat};
+use crate::precision::{PvAccum, PvFormat, QkAccum};
 use crate::registry::{self, not_applicable, Choice, Family, KernelId, NativeChoice, Planned, Reject, Row};
 use crate::session::{DeviceInfo, Plan};
 use crate::tensor::HostSlice;
@@ -207,9 +207,15 @@ fn native_err(kernel: &str, e: NativeError) -> Error {
 
 /// The HMMA config for a problem, or why the native kernels do not take it.
 
-/// The wgmma modifier variant's parameters for `problem` (window, alignment, softcap, ALiBi,
+/// The modifier variant a problem with score modifiers needs: softcap and ALiBi compiled in
+/// only when it sets them.
+fn mod_variant(problem: &AttentionProblem) -> ModVariant {
+    ModVariant { softcap: problem.softcap.is_some(), alibi: problem.alibi_slopes.is_some() }
+}
+
+/// The kernel parameters of a modifier variant for `problem` (window, alignment, softcap, ALiBi,
 /// sinks in the kernel's units).
-fn wgmma_mod_params(config: &WgmmaConfig, problem: &AttentionProblem) -> std::result::Result<WgmmaModParams, NativeError> {
+fn mod_params(name: &str, variant: ModVariant, problem: &AttentionProblem) -> std::result::Result<ModParams, NativeError> {
     let values = ModValues {
         top_left: problem.causal_align == crate::CausalAlign::TopLeft,
         left: problem.window.and_then(|w| w.left_bound()),
@@ -218,7 +224,29 @@ fn wgmma_mod_params(config: &WgmmaConfig, problem: &AttentionProblem) -> std::re
         alibi_slopes: problem.alibi_slopes.as_deref(),
         sinks: problem.sinks.as_deref(),
     };
-    WgmmaModParams::new(config, &problem.shape(), &values)
+    ModParams::new(name, Some(variant), &problem.shape(), &values)
+}
+
+/// `config` as is for a problem without modifiers; otherwise its modifier variant (`set`),
+/// provided the variant takes this problem: what it cannot take (too many heads for its
+/// parameter block, lengths past 2^29) is a typed refusal, so Auto moves on to a kernel that can.
+fn with_mod_variant<C: Copy>(
+    mut config: C,
+    problem: &AttentionProblem,
+    set: impl Fn(&mut C),
+    key: impl Fn(&C) -> (String, Option<ModVariant>),
+) -> std::result::Result<C, Reject> {
+    if !problem.has_modifiers() {
+        return Ok(config);
+    }
+    set(&mut config);
+    let (name, variant) = key(&config);
+    if let Some(v) = variant {
+        mod_params(&name, v, problem).map_err(|e| {
+            Reject::Refused(Error::UnsupportedFeature { feature: "score modifiers at this shape", kernel: format!("{name}: {e}") })
+        })?;
+    }
+    Ok(config)
 }
 
 fn hmma_config(problem: &AttentionProblem, precision: Precision) -> std::result::Result<HmmaConfig, String> {
@@ -274,16 +302,9 @@ impl CudaBackend {
             return not_applicable(format!("the wgmma kernel needs compute capability 9.0 (sm_90a), this device is {}.{}", self.cc.0, self.cc.1));
         }
         let hmma = hmma_config(problem, precision).map_err(Reject::NotApplicable)?;
-        let mut config = WgmmaConfig::new(problem.head_dim).map_err(|e| Reject::NotApplicable(e.to_string()))?;
+        let config = WgmmaConfig::new(problem.head_dim).map_err(|e| Reject::NotApplicable(e.to_string()))?;
         hmma.validate_args(&problem.shape()).map_err(|e| Reject::NotApplicable(e.to_string()))?;
-        if problem.has_modifiers() {
-            config.mods = Some(WgmmaMods { softcap: problem.softcap.is_some(), alibi: problem.alibi_slopes.is_some() });
-            // What the modifier variant cannot take (too many heads for its parameter block,
-            // lengths past 2^29) is a refusal, so that Auto moves on to a kernel that can.
-            wgmma_mod_params(&config, problem).map_err(|e| {
-                Reject::Refused(Error::UnsupportedFeature { feature: "score modifiers at this shape", kernel: format!("{}: {e}", config.name()) })
-            })?;
-        }
+        let config = with_mod_variant(config, problem, |c| c.mods = Some(mod_variant(problem)), |c| (c.name(), c.mods))?;
         self.native_choice(NativeKernelId::Wgmma(config), None, None)
     }
 
@@ -364,6 +385,11 @@ impl CudaBackend {
             return not_applicable(format!("the HMMA kernels need sm_80 or newer, this device is {}.{}", self.cc.0, self.cc.1));
         }
         config.validate_args(&problem.shape()).map_err(|e| Reject::NotApplicable(e.to_string()))?;
+        if problem.has_modifiers() && (config.qk != QkAccum::F32 || config.pv != PvAccum::F32) {
+            // The modifier variant accumulates in f32 only.
+            registry::refuse_modifiers(problem, format!("{} (f16 accumulation)", config.name()))?;
+        }
+        let config = with_mod_variant(config, problem, |c| c.mods = Some(mod_variant(problem)), |c| (c.name(), c.mods))?;
         self.native_choice(NativeKernelId::Hmma(config), None, None)
     }
 
@@ -748,15 +774,19 @@ impl CudaBackend {
         };
         match &*kernel {
             Loaded::Hmma(k) => {
+                let mods = match k.config().mods {
+                    Some(v) => Some(mod_params(&k.config().name(), v, p).map_err(failed)?),
+                    None => None,
+                };
                 record(&start)?;
                 // SAFETY: the caller's buffers were checked against the problem's extents
                 // (`Session::run_cuda`) or allocated for it (upload); the launcher checks
                 // the arguments, alignment and lengths it can see.
-                unsafe { k.launch_raw(stream, &shape, ptrs5) }.map_err(failed)?;
+                unsafe { k.launch_raw(stream, &shape, mods.as_ref(), ptrs5) }.map_err(failed)?;
             }
             Loaded::Wgmma(k) => {
                 let mods = match k.config().mods {
-                    Some(_) => Some(wgmma_mod_params(k.config(), p).map_err(failed)?),
+                    Some(v) => Some(mod_params(&k.config().name(), v, p).map_err(failed)?),
                     None => None,
                 };
                 record(&start)?;
