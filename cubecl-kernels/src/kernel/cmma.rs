@@ -667,7 +667,7 @@ mod tests {
         use cubecl::cuda::CudaCompiler;
         let Some(client) = client() else { return };
         let dump = std::env::var_os("QUATTN_CMMA_CUDA_DIR").map(std::path::PathBuf::from);
-        let _serial = crate::kernel::mma::cuda_tests::COMPILE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        let _serial = crate::kernel::offline_cuda::COMPILE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
         for cfg in configs() {
             let kernel = CudaCompiler::default()
                 .compile(definition(&client, cfg), &Default::default(), ExecutionMode::Unchecked, ADDR)

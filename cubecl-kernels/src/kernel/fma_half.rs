@@ -354,7 +354,7 @@ fn thread_value_matmul_half<E: Float, N: Size>(
 #[cfg(all(test, feature = "cuda"))]
 mod cuda_tests {
     use super::*;
-    use crate::kernel::mma::cuda_tests::{client, cuda_include_dir, nvrtc_cubin, ADDR, COMPILE_LOCK};
+    use crate::kernel::offline_cuda::{client, cuda_include_dir, nvrtc_cubin, ADDR, COMPILE_LOCK};
     use crate::kernel::AttnShapeCompilationArg;
     use cubecl::cuda::CudaCompiler;
     use cubecl::wgpu::WgpuRuntime;
