@@ -830,14 +830,14 @@ pub(crate) fn write_results<E: Float, N: Size>(
 /// Every head dim and input type, causal with LSE, at the tiling the selection gives on the
 /// H100; the other masking and LSE variant at head dim 128; the A100's build of each type.
 /// NVRTC must compile each, CubeCL must declare the shared memory the fit check counts, and
-/// ptxas must not spill up to head dim 128 (`offline_cuda::spills_checked`).
+/// ptxas must not spill up to head dim 128 (`offline_cuda::prefetch_spill_free`).
 ///
 /// `cargo test --release -p quattn-cubecl --features cuda --lib fma_vec::cuda_tests`
 #[cfg(all(test, feature = "cuda"))]
 mod cuda_tests {
     use super::*;
     use crate::kernel::offline_cuda::{
-        array, attn_shape_arg, fma_vec_config, head_dims, selected_fma_tiles, settings, spills_checked, Arch, OfflineCuda, Variant,
+        array, attn_shape_arg, fma_vec_config, head_dims, selected_fma_tiles, settings, prefetch_spill_free, Arch, OfflineCuda, Variant,
     };
     use crate::launch::PortableKernel;
     use crate::Dtype;
@@ -892,7 +892,7 @@ mod cuda_tests {
                 arch,
                 definition: definition(cuda.client(), dtype, tiles.stage_f32, cfg),
                 shared_bytes: Some(formula - 4 * cfg.bq * cfg.tc),
-                spill_free: spills_checked(d, dv),
+                spill_free: prefetch_spill_free(d, dv),
             }
         });
         cuda.check_all(variants);

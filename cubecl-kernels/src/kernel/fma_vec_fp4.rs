@@ -501,14 +501,14 @@ fn cube_quantize_p<N: Size>(p_stage: &mut SharedMemory<Vector<f32, N>>, #[compti
 /// shift; the other masking and LSE variant at head dim 128; the A100's build of each format.
 /// NVRTC must compile each (a bitcast of an f32 literal, which CubeCL's CUDA backend emits as
 /// `reinterpret_cast` of an rvalue, fails here), CubeCL must declare the shared memory the fit
-/// check counts, and ptxas must not spill up to head dim 128.
+/// check counts, and ptxas must not spill.
 ///
 /// `cargo test --release -p quattn-cubecl --features cuda --lib fma_vec_fp4::cuda_tests`
 #[cfg(all(test, feature = "cuda"))]
 mod cuda_tests {
     use super::*;
     use crate::kernel::offline_cuda::{
-        array, attn_shape_arg, fma_vec_config, head_dims, selected_fma_tiles, settings, spills_checked, Arch, OfflineCuda,
+        array, attn_shape_arg, fma_vec_config, head_dims, selected_fma_tiles, settings, Arch, OfflineCuda,
         Variant,
     };
     use crate::launch::{Fp4Format, Fp4Tiles, Fp4V, PortableKernel};
@@ -566,7 +566,7 @@ mod cuda_tests {
                 arch,
                 definition: definition(cuda.client(), cfg, fcfg),
                 shared_bytes: Some(formula - 4 * cfg.bq * cfg.tc),
-                spill_free: spills_checked(d, dv),
+                spill_free: true,
             }
         });
         cuda.check_all(variants);

@@ -250,14 +250,14 @@ fn decode_code(word: u32, #[comptime] x: usize) -> f32 {
 /// H100: every head dim with f16 V, per-thread Q scales and the LSE shift, causal; at head dim
 /// 128 every Q scale granularity with and without the shift, f32 V, and the other masking and
 /// LSE variant; the A100's build. NVRTC must compile each, CubeCL must declare the shared
-/// memory the fit check counts, and ptxas must not spill up to head dim 128.
+/// memory the fit check counts, and ptxas must not spill.
 ///
 /// `cargo test --release -p quattn-cubecl --features cuda --lib fma_vec_int8::cuda_tests`
 #[cfg(all(test, feature = "cuda"))]
 mod cuda_tests {
     use super::*;
     use crate::kernel::offline_cuda::{
-        array, attn_shape_arg, fma_vec_config, head_dims, selected_fma_tiles, settings, spills_checked, Arch, OfflineCuda,
+        array, attn_shape_arg, fma_vec_config, head_dims, selected_fma_tiles, settings, Arch, OfflineCuda,
         Variant,
     };
     use crate::launch::{Int8Tiles, PortableKernel};
@@ -338,7 +338,7 @@ mod cuda_tests {
                 arch,
                 definition: definition(cuda.client(), v_dtype, tiles.stage_f32, cfg, icfg),
                 shared_bytes: Some(formula - 4 * cfg.bq * cfg.tc),
-                spill_free: spills_checked(d, dv),
+                spill_free: true,
             }
         });
         cuda.check_all(variants);

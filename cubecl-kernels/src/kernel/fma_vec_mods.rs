@@ -340,16 +340,16 @@ fn write_results_mods<E: Float, N: Size>(
 
 /// The modifier kernel compiled for CUDA offline (no GPU), at the tiling the selection gives
 /// the vector FMA kernel on the H100: at head dim 128 with f16, sinks alone, each modifier alone
-/// and all of them with causal masking; all of them at every head dim and input type; the
-/// A100's build. NVRTC must compile each, CubeCL must declare the shared memory the fit check
-/// counts, and ptxas must not spill up to head dim 128.
+/// and all of them with causal masking at every head dim; all of them with f32 and bf16 at head
+/// dim 128; the A100's build. NVRTC must compile each, CubeCL must declare the shared memory the fit check
+/// counts, and ptxas must not spill up to head dim 128 (`offline_cuda::prefetch_spill_free`).
 ///
 /// `cargo test --release -p quattn-cubecl --features cuda --lib fma_vec_mods::cuda_tests`
 #[cfg(all(test, feature = "cuda"))]
 mod cuda_tests {
     use super::*;
     use crate::kernel::offline_cuda::{
-        array, attn_shape_arg, fma_vec_config, head_dims, selected_fma_tiles, settings, spills_checked, Arch, OfflineCuda,
+        array, attn_shape_arg, fma_vec_config, head_dims, selected_fma_tiles, settings, prefetch_spill_free, Arch, OfflineCuda,
         Variant,
     };
     use crate::launch::PortableKernel;
@@ -408,12 +408,12 @@ mod cuda_tests {
         // (arch, dtype, d, dv, causal, modifiers)
         let mut cases = vec![(Arch::Sm90, Dtype::F16, 128, 128, false, none)];
         cases.extend(alone.map(|mc| (Arch::Sm90, Dtype::F16, 128, 128, false, mc)));
-        for dtype in Dtype::ALL {
-            for (d, dv) in head_dims() {
-                cases.push((Arch::Sm90, dtype, d, dv, true, all));
-            }
-            cases.push((Arch::Sm80, dtype, 128, 128, true, all));
+        for (d, dv) in head_dims() {
+            cases.push((Arch::Sm90, Dtype::F16, d, dv, true, all));
         }
+        cases.push((Arch::Sm90, Dtype::F32, 128, 128, true, all));
+        cases.push((Arch::Sm90, Dtype::Bf16, 128, 128, true, all));
+        cases.push((Arch::Sm80, Dtype::F16, 128, 128, true, all));
         let variants = cases.into_iter().map(|(arch, dtype, d, dv, causal, mc)| {
             let tiles = selected_fma_tiles(arch, d, dv, dtype, PortableKernel::Fma);
             let cfg = fma_vec_config(&tiles, d, dv, causal, true, true);
@@ -431,7 +431,7 @@ mod cuda_tests {
                 arch,
                 definition: definition(cuda.client(), dtype, tiles.stage_f32, cfg, mc),
                 shared_bytes: Some(formula - 4 * cfg.bq * cfg.tc),
-                spill_free: spills_checked(d, dv),
+                spill_free: prefetch_spill_free(d, dv),
             }
         });
         cuda.check_all(variants);

@@ -227,24 +227,20 @@ pub(crate) struct Variant {
     pub definition: KernelDefinition,
     /// The shared memory CubeCL must declare, where the fit check counts it exactly.
     pub shared_bytes: Option<usize>,
-    /// ptxas must not spill (see [`spills_checked`]).
+    /// ptxas must not spill (see [`prefetch_spill_free`]).
     pub spill_free: bool,
 }
 
-/// Whether the vector FMA kernels at these head dims are held to "ptxas spills nothing". Up to
-/// head dim 128 they are. At 256 the table's first tiling (16 query rows x 64 keys on 4 x 16
-/// units) holds a K/V prefetch of 64 key-rows per unit in registers (two arrays of 64 4-wide
-/// vectors) and ptxas spills 17-25 KB per thread at 32 registers on sm_90a: a known cost of
-/// that tiling on CUDA, printed by [`OfflineCuda::check_all`] but not failed on.
-pub(crate) fn spills_checked(d: usize, dv: usize) -> bool {
+/// Whether ptxas is held to spilling nothing in the vector FMA kernels that prefetch whole K and
+/// V tiles in the input type (`fma_vec`, `fma_vec_mods`, `fma_half`) at these head dims: up to
+/// head dim 128. At 256 the table's first tiling (16 query rows x 64 keys on 4 x 16 units)
+/// gives each unit a prefetch of 64 4-wide vectors of K and 64 of V, and ptxas spills on
+/// sm_90a: 17-25 KB at 32 registers (`fma_vec`; `fma_vec_mods` with f32), 3-4 KB at 255
+/// (`fma_vec_mods` with f16/bf16, `fma_half`). A known cost of that tiling on CUDA, printed by
+/// [`OfflineCuda::check_all`] and not failed on. The INT8 and 4-bit kernels, which prefetch
+/// codes, do not spill there and are held to it at every head dim.
+pub(crate) fn prefetch_spill_free(d: usize, dv: usize) -> bool {
     d.max(dv) <= 128
-}
-
-/// One variant as CubeCL and NVRTC compiled it.
-pub(crate) struct Compiled {
-    pub source: String,
-    pub shared_bytes: usize,
-    pub resources: Resources,
 }
 
 /// The tools of the offline compile: a wgpu client to expand kernels with and the CUDA headers
@@ -280,31 +276,46 @@ impl OfflineCuda {
         &self.client
     }
 
-    /// CubeCL's CUDA source of `definition` for `arch`, compiled by NVRTC to a cubin, and ptxas' report,
-    /// with the options of CubeCL's runtime (`-lineinfo`, the target) and `-Xptxas=-v`.
-    pub(crate) fn compile(&self, definition: KernelDefinition, arch: Arch) -> Result<Compiled, String> {
-        let kernel = {
-            let _serial = COMPILE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-            CudaCompiler::default()
-                .compile(definition, &arch.cubecl_options(), ExecutionMode::Unchecked, ADDR)
-                .map_err(|e| format!("CubeCL's CUDA compiler: {e:?}"))?
-        };
-        let source = kernel.to_string();
+    /// CubeCL's CUDA translation of `definition` for `arch`: the source and the shared memory
+    /// it declares.
+    pub(crate) fn translate(&self, definition: KernelDefinition, arch: Arch) -> Result<(String, usize), String> {
+        let _serial = COMPILE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        let kernel = CudaCompiler::default()
+            .compile(definition, &arch.cubecl_options(), ExecutionMode::Unchecked, ADDR)
+            .map_err(|e| format!("CubeCL's CUDA compiler: {e:?}"))?;
+        Ok((kernel.to_string(), kernel.shared_memory_size()))
+    }
+
+    /// NVRTC's compile of `source` for `arch` with the options of CubeCL's runtime (the target,
+    /// `-lineinfo`) and `-Xptxas=-v`: ptxas' report, or NVRTC's errors (its warnings left out).
+    pub(crate) fn nvrtc(&self, source: &str, arch: Arch) -> Result<Resources, String> {
         let options = vec![
             format!("--gpu-architecture={}", arch.nvrtc_target()),
             format!("--include-path={}", self.include.display()),
             "-lineinfo".to_string(),
             "-Xptxas=-v".to_string(),
         ];
-        let (_, log) = nvrtc_cubin(&source, &options).map_err(|e| format!("NVRTC: {e}"))?;
-        let resources = Resources::parse_ptxas_log(&log).ok_or_else(|| format!("no ptxas report in {log}"))?;
-        Ok(Compiled { source, shared_bytes: kernel.shared_memory_size(), resources })
+        let (_, log) = nvrtc_cubin(source, &options).map_err(|log| {
+            // Each error line and the source line NVRTC quotes after it.
+            let lines: Vec<&str> = log.lines().collect();
+            let errors: Vec<&str> = (0..lines.len())
+                .filter(|&i| lines[i].contains("error") || (i > 0 && lines[i - 1].contains("error")))
+                .map(|i| lines[i])
+                .collect();
+            if errors.is_empty() {
+                format!("NVRTC: {log}")
+            } else {
+                format!("NVRTC: {}", errors.join("\n"))
+            }
+        })?;
+        Resources::parse_ptxas_log(&log).ok_or_else(|| format!("no ptxas report in {log}"))
     }
 
     /// Compiles every variant and fails naming each one that NVRTC rejects, that declares other
     /// shared memory than expected or more than its architecture allows a cube, or that ptxas
     /// spills where it must not (the variants are those the launchers select on CUDA, so each
-    /// spill is paid on a GPU). `QUATTN_CUDA_SOURCE_DIR` set: every source is written there as `NAME.cu`.
+    /// spill is paid on a GPU). With `QUATTN_CUDA_SOURCE_DIR` set, every source is written there
+    /// as `NAME.cu`.
     pub(crate) fn check_all(&self, variants: impl IntoIterator<Item = Variant>) {
         let dump = std::env::var_os("QUATTN_CUDA_SOURCE_DIR").map(PathBuf::from);
         let mut failures = Vec::new();
@@ -312,20 +323,29 @@ impl OfflineCuda {
         for v in variants {
             count += 1;
             let name = format!("{}_{:?}", v.name, v.arch).to_lowercase();
-            let c = match self.compile(v.definition, v.arch) {
-                Ok(c) => c,
+            let fail = |failures: &mut Vec<String>, e: String| {
+                println!("{name}: does not compile: {e}");
+                failures.push(format!("{name}: does not compile: {e}"));
+            };
+            let (source, declared) = match self.translate(v.definition, v.arch) {
+                Ok(t) => t,
                 Err(e) => {
-                    println!("{name}: does not compile: {e}");
-                    failures.push(format!("{name}: does not compile: {e}"));
+                    fail(&mut failures, e);
                     continue;
                 }
             };
             if let Some(dir) = &dump {
                 std::fs::create_dir_all(dir).unwrap();
-                std::fs::write(dir.join(format!("{name}.cu")), &c.source).unwrap();
+                std::fs::write(dir.join(format!("{name}.cu")), &source).unwrap();
             }
-            let r = &c.resources;
-            let shared = c.shared_bytes + r.static_shared_bytes as usize;
+            let r = match self.nvrtc(&source, v.arch) {
+                Ok(r) => r,
+                Err(e) => {
+                    fail(&mut failures, e);
+                    continue;
+                }
+            };
+            let shared = declared + r.static_shared_bytes as usize;
             println!(
                 "{name}: {} registers, {} B spilled, {} B shared ({} B static)",
                 r.registers,
@@ -334,8 +354,8 @@ impl OfflineCuda {
                 r.static_shared_bytes
             );
             if let Some(expected) = v.shared_bytes {
-                if c.shared_bytes != expected {
-                    failures.push(format!("{name}: declares {} B of shared memory, the fit check counts {expected}", c.shared_bytes));
+                if declared != expected {
+                    failures.push(format!("{name}: declares {declared} B of shared memory, the fit check counts {expected}"));
                 }
             }
             if shared > v.arch.max_shared_bytes() {
