@@ -667,7 +667,7 @@ mod tests {
         use cubecl::cuda::CudaCompiler;
         let Some(client) = client() else { return };
         let dump = std::env::var_os("QUATTN_CMMA_CUDA_DIR").map(std::path::PathBuf::from);
-        let _serial = crate::kernel::mma::cuda_tests::COMPILE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        let _serial = crate::kernel::offline_cuda::COMPILE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
         for cfg in configs() {
             let kernel = CudaCompiler::default()
                 .compile(definition(&client, cfg), &Default::default(), ExecutionMode::Unchecked, ADDR)
@@ -678,5 +678,75 @@ mod tests {
                 std::fs::write(dir.join(format!("{}.cu", name(&cfg))), kernel.to_string()).unwrap();
             }
         }
+    }
+
+    /// The tiling the selection gives at every head dim, f16 and bf16, causal with the LSE, with
+    /// 8-wide loads (and scalar ones at head dim 128), compiled by NVRTC for sm_90a (and the
+    /// A100's build at head dim 128): each must compile, declare the shared memory the fit check
+    /// counts, and not spill.
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn nvrtc_compiles_the_selected_tilings() {
+        use crate::kernel::offline_cuda::{array, attn_shape_arg, head_dims, settings, Arch, OfflineCuda, Variant};
+        use crate::launch::{CubeLimits, PortableKernel};
+        use crate::Dtype;
+        let Some(cuda) = OfflineCuda::new() else { return };
+        let mut cases = Vec::new();
+        // (arch, dtype, d, dv, elements per global load)
+        for dtype in [Dtype::F16, Dtype::Bf16] {
+            for (d, dv) in head_dims() {
+                cases.push((Arch::Sm90, dtype, d, dv, 8));
+            }
+            cases.push((Arch::Sm80, dtype, 128, 128, 8));
+        }
+        // Strides that are not multiples of 2 elements: scalar loads (`load_vector_width`).
+        cases.push((Arch::Sm90, Dtype::F16, 128, 128, 1));
+        let variants = cases.into_iter().map(|(arch, dtype, d, dv, vec)| {
+            let limits = CubeLimits { max_shared_bytes: arch.max_shared_bytes(), max_units: 1024 };
+            let tiles = *cmma_candidates(d.max(dv) as u32)
+                .iter()
+                .find(|&&t| PortableKernel::Cmma(t).check_fits(limits, d as u32, dv as u32, dtype).is_ok())
+                .expect("a cmma tiling fits");
+            // As `launch` builds it.
+            let cfg = CmmaConfig {
+                head_dim: d,
+                v_head_dim: dv,
+                warps: tiles.warps as usize,
+                bk: tiles.bk as usize,
+                vec,
+                causal: true,
+                write_lse: true,
+                lazy_rescale: true,
+            };
+            macro_rules! def {
+                ($e:ty) => {
+                    fwd_cmma::FwdCmma::<$e, WgpuRuntime>::new(
+                        settings(cfg.units()),
+                        cuda.client().clone(),
+                        array(),
+                        array(),
+                        array(),
+                        array(),
+                        array(),
+                        attn_shape_arg(),
+                        cfg.vec,
+                        cfg,
+                    )
+                    .define()
+                };
+            }
+            let definition = match dtype {
+                Dtype::Bf16 => def!(half::bf16),
+                _ => def!(half::f16),
+            };
+            Variant {
+                name: format!("cmma_{dtype}_d{d}v{dv}_w{}_bk{}_vec{vec}", tiles.warps, tiles.bk),
+                arch,
+                definition,
+                shared_bytes: Some(PortableKernel::Cmma(tiles).smem_bytes(d as u32, dv as u32, dtype)),
+                spill_free: true,
+            }
+        });
+        cuda.check_all(variants);
     }
 }

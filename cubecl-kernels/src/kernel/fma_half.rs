@@ -354,7 +354,7 @@ fn thread_value_matmul_half<E: Float, N: Size>(
 #[cfg(all(test, feature = "cuda"))]
 mod cuda_tests {
     use super::*;
-    use crate::kernel::mma::cuda_tests::{client, cuda_include_dir, nvrtc_cubin, ADDR, COMPILE_LOCK};
+    use crate::kernel::offline_cuda::{client, cuda_include_dir, nvrtc_cubin, ADDR, COMPILE_LOCK};
     use crate::kernel::AttnShapeCompilationArg;
     use cubecl::cuda::CudaCompiler;
     use cubecl::wgpu::WgpuRuntime;
@@ -480,5 +480,64 @@ mod cuda_tests {
             );
             assert_eq!(res.spill_bytes(), 0, "causal {causal}, split K/V {split_kv}: spills");
         }
+    }
+
+    /// Every f16-accumulating mode at head dim 128, and the two-stage Q·Kᵀ with f16 P·V at every
+    /// head dim, at the tiling and K/V staging the selection gives on the H100 (and the A100's
+    /// build of one): NVRTC must compile each, CubeCL must declare the shared memory the fit
+    /// check counts, and ptxas must not spill up to head dim 128 (`offline_cuda::prefetch_spill_free`).
+    #[test]
+    fn nvrtc_compiles_every_accumulation_mode_at_the_selected_tiling() {
+        use crate::kernel::offline_cuda::{fma_vec_config, head_dims, prefetch_spill_free, Arch, OfflineCuda, Variant};
+        use crate::launch::{CubeLimits, HalfTiles, PortableKernel};
+        use crate::Dtype;
+        use quattn_core::{Accumulation, PvAccum, QkAccum};
+        let Some(cuda) = OfflineCuda::new() else { return };
+        let two_stage = Accumulation { qk: QkAccum::TwoStage, pv: PvAccum::F16PerTile };
+        let mut cases: Vec<(Arch, usize, usize, Accumulation)> = Vec::new();
+        for qk in [QkAccum::F32, QkAccum::F16, QkAccum::TwoStage] {
+            for pv in [PvAccum::F32, PvAccum::F16PerTile] {
+                let accumulation = Accumulation { qk, pv };
+                if !accumulation.is_f32() {
+                    cases.push((Arch::Sm90, 128, 128, accumulation));
+                }
+            }
+        }
+        for (d, dv) in head_dims() {
+            if d.max(dv) != 128 {
+                cases.push((Arch::Sm90, d, dv, two_stage));
+            }
+        }
+        cases.push((Arch::Sm80, 128, 128, two_stage));
+        let variants = cases.into_iter().map(|(arch, d, dv, accumulation)| {
+            // The selection's table walk (`launch::candidates`, `first_fit`): separate K and V
+            // stages where they fit.
+            let limits = CubeLimits { max_shared_bytes: arch.max_shared_bytes(), max_units: 1024 };
+            let kernel = crate::tiling::fma_half_candidates(d.max(dv) as u32)
+                .iter()
+                .map(|&tiles| {
+                    let split_kv = tiles.smem_bytes_half_split(d as u32, dv as u32) as usize <= limits.max_shared_bytes;
+                    HalfTiles { tiles, accumulation, split_kv }
+                })
+                .find(|&h| PortableKernel::Half(h).check_fits(limits, d as u32, dv as u32, Dtype::F16).is_ok())
+                .expect("a packed-f16 tiling fits");
+            // As `launch` builds them.
+            let pv_f16 = accumulation.pv == PvAccum::F16PerTile;
+            let cfg = fma_vec_config(&kernel.tiles, d, dv, true, true, !pv_f16);
+            let half = HalfConfig { qk_chunk: accumulation.qk_chunk(d), pv_f16, split_kv: kernel.split_kv };
+            // With plane reductions the f32 reduction scratch is unused and dropped.
+            let formula = PortableKernel::Half(kernel).smem_bytes(d as u32, dv as u32, Dtype::F16);
+            Variant {
+                name: format!(
+                    "fma_half_qk{:?}_pv{:?}_d{d}v{dv}_{}_split{}",
+                    accumulation.qk, accumulation.pv, kernel.tiles, kernel.split_kv
+                ),
+                arch,
+                definition: definition(cuda.client(), cfg, half),
+                shared_bytes: Some(formula - 4 * cfg.bq * cfg.tc),
+                spill_free: prefetch_spill_free(d, dv),
+            }
+        });
+        cuda.check_all(variants);
     }
 }

@@ -824,3 +824,77 @@ pub(crate) fn write_results<E: Float, N: Size>(
         }
     }
 }
+
+/// The vector FMA kernel compiled for CUDA offline (no GPU): on CUDA the selection gives it f32
+/// inputs (the matrix families take f16 and bf16) and any input type with the family forced.
+/// Every head dim and input type, causal with LSE, at the tiling the selection gives on the
+/// H100; the other masking and LSE variant at head dim 128; the A100's build of each type.
+/// NVRTC must compile each, CubeCL must declare the shared memory the fit check counts, and
+/// ptxas must not spill up to head dim 128 (`offline_cuda::prefetch_spill_free`).
+///
+/// `cargo test --release -p quattn-cubecl --features cuda --lib fma_vec::cuda_tests`
+#[cfg(all(test, feature = "cuda"))]
+mod cuda_tests {
+    use super::*;
+    use crate::kernel::offline_cuda::{
+        array, attn_shape_arg, fma_vec_config, head_dims, selected_fma_tiles, settings, prefetch_spill_free, Arch, OfflineCuda, Variant,
+    };
+    use crate::launch::PortableKernel;
+    use crate::Dtype;
+    use cubecl::wgpu::WgpuRuntime;
+
+    fn definition(client: &ComputeClient<WgpuRuntime>, dtype: Dtype, stage_f32: bool, cfg: FmaVecConfig) -> KernelDefinition {
+        macro_rules! def {
+            ($e:ty, $s:ty) => {
+                fwd_portable_fma_vec::FwdPortableFmaVec::<$e, $s, WgpuRuntime>::new(
+                    settings(cfg.units()),
+                    client.clone(),
+                    array(),
+                    array(),
+                    array(),
+                    array(),
+                    array(),
+                    attn_shape_arg(),
+                    W,
+                    cfg,
+                )
+                .define()
+            };
+        }
+        // The launcher's dispatch (`launch`): f32 is staged in f32 whatever the tiling says.
+        match (dtype, stage_f32) {
+            (Dtype::F32, _) => def!(f32, f32),
+            (Dtype::F16, true) => def!(half::f16, f32),
+            (Dtype::F16, false) => def!(half::f16, half::f16),
+            (Dtype::Bf16, true) => def!(half::bf16, f32),
+            (Dtype::Bf16, false) => def!(half::bf16, half::bf16),
+        }
+    }
+
+    #[test]
+    fn nvrtc_compiles_the_cuda_variants_with_the_tiling_shared_memory_and_no_spills() {
+        let Some(cuda) = OfflineCuda::new() else { return };
+        let mut cases = Vec::new();
+        for dtype in Dtype::ALL {
+            for (d, dv) in head_dims() {
+                cases.push((Arch::Sm90, dtype, d, dv, true, true));
+            }
+            cases.push((Arch::Sm90, dtype, 128, 128, false, false));
+            cases.push((Arch::Sm80, dtype, 128, 128, true, true));
+        }
+        let variants = cases.into_iter().map(|(arch, dtype, d, dv, causal, write_lse)| {
+            let tiles = selected_fma_tiles(arch, d, dv, dtype, PortableKernel::Fma);
+            let cfg = fma_vec_config(&tiles, d, dv, causal, write_lse, true);
+            // With plane reductions the f32 reduction scratch is unused and dropped.
+            let formula = PortableKernel::Fma(tiles).smem_bytes(d as u32, dv as u32, dtype);
+            Variant {
+                name: format!("fma_vec_{dtype}_d{d}v{dv}_{tiles}_causal{causal}_lse{write_lse}"),
+                arch,
+                definition: definition(cuda.client(), dtype, tiles.stage_f32, cfg),
+                shared_bytes: Some(formula - 4 * cfg.bq * cfg.tc),
+                spill_free: prefetch_spill_free(d, dv),
+            }
+        });
+        cuda.check_all(variants);
+    }
+}

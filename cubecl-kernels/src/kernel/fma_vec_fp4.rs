@@ -495,3 +495,80 @@ fn cube_quantize_p<N: Size>(p_stage: &mut SharedMemory<Vector<f32, N>>, #[compti
         }
     }
 }
+
+/// The 4-bit kernel compiled for CUDA offline (no GPU), at the tiling `select_fp4` gives on the
+/// H100: NVFP4 and MXFP4 Q/K with bf16 and NVFP4 V at every head dim, causal with the LSE
+/// shift; the other masking and LSE variant at head dim 128; the A100's build of each format.
+/// NVRTC must compile each (a bitcast of an f32 literal, which CubeCL's CUDA backend emits as
+/// `reinterpret_cast` of an rvalue, fails here), CubeCL must declare the shared memory the fit
+/// check counts, and ptxas must not spill.
+///
+/// `cargo test --release -p quattn-cubecl --features cuda --lib fma_vec_fp4::cuda_tests`
+#[cfg(all(test, feature = "cuda"))]
+mod cuda_tests {
+    use super::*;
+    use crate::kernel::offline_cuda::{
+        array, attn_shape_arg, fma_vec_config, head_dims, selected_fma_tiles, settings, Arch, OfflineCuda,
+        Variant,
+    };
+    use crate::launch::{Fp4Format, Fp4Tiles, Fp4V, PortableKernel};
+    use crate::Dtype;
+    use cubecl::wgpu::WgpuRuntime;
+
+    fn definition(client: &ComputeClient<WgpuRuntime>, cfg: FmaVecConfig, fcfg: Fp4Config) -> KernelDefinition {
+        fwd_portable_fma_vec_fp4::FwdPortableFmaVecFp4::<WgpuRuntime>::new(
+            settings(cfg.units()),
+            client.clone(),
+            array(),
+            array(),
+            array(),
+            array(),
+            array(),
+            array(),
+            array(),
+            array(),
+            array(),
+            array(),
+            array(),
+            array(),
+            attn_shape_arg(),
+            Fp4ShapeCompilationArg { kv_heads: (), v_words: () },
+            W,
+            cfg,
+            fcfg,
+        )
+        .define()
+    }
+
+    #[test]
+    fn nvrtc_compiles_the_cuda_variants_with_the_tiling_shared_memory_and_no_spills() {
+        let Some(cuda) = OfflineCuda::new() else { return };
+        let formats = [(Fp4Format::Nvfp4, Fp4V::Bf16), (Fp4Format::Nvfp4, Fp4V::Nvfp4), (Fp4Format::Mxfp4, Fp4V::Bf16), (Fp4Format::Mxfp4, Fp4V::Nvfp4)];
+        // (arch, format, V, d, dv, causal and LSE with its shift)
+        let mut cases = Vec::new();
+        for (format, v) in formats {
+            for (d, dv) in head_dims() {
+                cases.push((Arch::Sm90, format, v, d, dv, true));
+            }
+            cases.push((Arch::Sm90, format, v, 128, 128, false));
+            cases.push((Arch::Sm80, format, v, 128, 128, true));
+        }
+        let variants = cases.into_iter().map(|(arch, format, v, d, dv, causal)| {
+            let fp4 = |tiles| PortableKernel::Fp4(Fp4Tiles { tiles, format, v });
+            let tiles = selected_fma_tiles(arch, d, dv, Dtype::F32, fp4);
+            // As `launch_fp4` builds them: no stale max; the shift only with the LSE.
+            let cfg = fma_vec_config(&tiles, d, dv, causal, causal, false);
+            let fcfg = Fp4Config { mx: format == Fp4Format::Mxfp4, v4: v == Fp4V::Nvfp4, shift_lse: causal };
+            // With plane reductions the f32 reduction scratch is unused and dropped.
+            let formula = fp4(tiles).smem_bytes(d as u32, dv as u32, Dtype::F32);
+            Variant {
+                name: format!("fma_vec_{format:?}_v{v:?}_d{d}v{dv}_{tiles}_causal{causal}_lse{causal}"),
+                arch,
+                definition: definition(cuda.client(), cfg, fcfg),
+                shared_bytes: Some(formula - 4 * cfg.bq * cfg.tc),
+                spill_free: true,
+            }
+        });
+        cuda.check_all(variants);
+    }
+}

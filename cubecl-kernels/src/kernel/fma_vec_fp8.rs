@@ -445,7 +445,7 @@ fn thread_value_matmul_descaled<S: Float, N: Size>(
 #[cfg(all(test, feature = "cuda"))]
 mod cuda_tests {
     use super::*;
-    use crate::kernel::mma::cuda_tests::{client, cuda_include_dir, nvrtc_cubin, ADDR, COMPILE_LOCK};
+    use crate::kernel::offline_cuda::{client, cuda_include_dir, nvrtc_cubin, ADDR, COMPILE_LOCK};
     use crate::kernel::AttnShapeCompilationArg;
     use crate::tiling::{fma_vec_candidates, FmaVecTiles};
     use cubecl::cuda::CudaCompiler;

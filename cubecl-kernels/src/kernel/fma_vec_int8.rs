@@ -245,3 +245,102 @@ fn decode_code(word: u32, #[comptime] x: usize) -> f32 {
     let byte = (word >> comptime!((8 * x) as u32)) & 0xffu32;
     f32::cast_from(byte) - select(byte >= 128u32, 256.0f32, 0.0f32)
 }
+
+/// The INT8 kernel compiled for CUDA offline (no GPU), at the tiling `select_int8` gives on the
+/// H100: every head dim with f16 V, per-thread Q scales and the LSE shift, causal; at head dim
+/// 128 every Q scale granularity with and without the shift, f32 V, and the other masking and
+/// LSE variant; the A100's build. NVRTC must compile each, CubeCL must declare the shared
+/// memory the fit check counts, and ptxas must not spill.
+///
+/// `cargo test --release -p quattn-cubecl --features cuda --lib fma_vec_int8::cuda_tests`
+#[cfg(all(test, feature = "cuda"))]
+mod cuda_tests {
+    use super::*;
+    use crate::kernel::offline_cuda::{
+        array, attn_shape_arg, fma_vec_config, head_dims, selected_fma_tiles, settings, Arch, OfflineCuda,
+        Variant,
+    };
+    use crate::launch::{Int8Tiles, PortableKernel};
+    use crate::Dtype;
+    use cubecl::wgpu::WgpuRuntime;
+
+    fn definition(
+        client: &ComputeClient<WgpuRuntime>,
+        v_dtype: Dtype,
+        stage_f32: bool,
+        cfg: FmaVecConfig,
+        icfg: Int8Config,
+    ) -> KernelDefinition {
+        macro_rules! def {
+            ($e:ty, $s:ty) => {
+                fwd_portable_fma_vec_int8::FwdPortableFmaVecInt8::<$e, $s, WgpuRuntime>::new(
+                    settings(cfg.units()),
+                    client.clone(),
+                    array(),
+                    array(),
+                    array(),
+                    array(),
+                    array(),
+                    array(),
+                    array(),
+                    array(),
+                    attn_shape_arg(),
+                    Int8ShapeCompilationArg { kv_heads: (), q_blocks: (), k_blocks: () },
+                    W,
+                    cfg,
+                    icfg,
+                )
+                .define()
+            };
+        }
+        // `launch_int8`'s dispatch (bf16 V is refused).
+        match (v_dtype, stage_f32) {
+            (Dtype::F32, _) => def!(f32, f32),
+            (Dtype::F16, true) => def!(half::f16, f32),
+            (Dtype::F16, false) => def!(half::f16, half::f16),
+            (Dtype::Bf16, _) => unreachable!("the INT8 kernel takes f16 or f32 V"),
+        }
+    }
+
+    #[test]
+    fn nvrtc_compiles_the_cuda_variants_with_the_tiling_shared_memory_and_no_spills() {
+        let Some(cuda) = OfflineCuda::new() else { return };
+        use Int8Granularity::{PerBlock, PerThread, PerWarp};
+        // (arch, V type, d, dv, granularity, shift_lse, causal, write_lse)
+        let mut cases = Vec::new();
+        for (d, dv) in head_dims() {
+            cases.push((Arch::Sm90, Dtype::F16, d, dv, PerThread, true, true, true));
+        }
+        for granularity in [PerBlock, PerWarp, PerThread] {
+            for shift in [false, true] {
+                if (granularity, shift) != (PerThread, true) {
+                    cases.push((Arch::Sm90, Dtype::F16, 128, 128, granularity, shift, true, true));
+                }
+            }
+        }
+        cases.push((Arch::Sm90, Dtype::F32, 128, 128, PerThread, true, true, true));
+        cases.push((Arch::Sm90, Dtype::F16, 128, 128, PerThread, false, false, false));
+        cases.push((Arch::Sm80, Dtype::F16, 128, 128, PerThread, true, true, true));
+        cases.push((Arch::Sm80, Dtype::F32, 128, 128, PerBlock, false, true, true));
+        let variants = cases.into_iter().map(|(arch, v_dtype, d, dv, granularity, shift_lse, causal, write_lse)| {
+            let int8 = |tiles| Int8Tiles { tiles, granularity, smooth_k: shift_lse };
+            let tiles = selected_fma_tiles(arch, d, dv, v_dtype, |t| PortableKernel::Int8(int8(t)));
+            let cfg = fma_vec_config(&tiles, d, dv, causal, write_lse, true);
+            // As `launch_int8` builds it: the scale layout's warps.
+            let icfg = Int8Config { granularity, warps: int8(tiles).blocking().warps, shift_lse };
+            // With plane reductions the f32 reduction scratch is unused and dropped.
+            let formula = PortableKernel::Int8(int8(tiles)).smem_bytes(d as u32, dv as u32, v_dtype);
+            Variant {
+                name: format!(
+                    "fma_vec_int8_{}_{v_dtype}_d{d}v{dv}_{tiles}_shift{shift_lse}_causal{causal}_lse{write_lse}",
+                    granularity.tag()
+                ),
+                arch,
+                definition: definition(cuda.client(), v_dtype, tiles.stage_f32, cfg, icfg),
+                shared_bytes: Some(formula - 4 * cfg.bq * cfg.tc),
+                spill_free: true,
+            }
+        });
+        cuda.check_all(variants);
+    }
+}

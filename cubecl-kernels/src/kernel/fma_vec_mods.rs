@@ -337,3 +337,103 @@ fn write_results_mods<E: Float, N: Size>(
         }
     }
 }
+
+/// The modifier kernel compiled for CUDA offline (no GPU), at the tiling the selection gives
+/// the vector FMA kernel on the H100: at head dim 128 with f16, sinks alone, each modifier alone
+/// and all of them with causal masking at every head dim; all of them with f32 and bf16 at head
+/// dim 128; the A100's build. NVRTC must compile each, CubeCL must declare the shared memory the fit check
+/// counts, and ptxas must not spill up to head dim 128 (`offline_cuda::prefetch_spill_free`).
+///
+/// `cargo test --release -p quattn-cubecl --features cuda --lib fma_vec_mods::cuda_tests`
+#[cfg(all(test, feature = "cuda"))]
+mod cuda_tests {
+    use super::*;
+    use crate::kernel::offline_cuda::{
+        array, attn_shape_arg, fma_vec_config, head_dims, selected_fma_tiles, settings, prefetch_spill_free, Arch, OfflineCuda,
+        Variant,
+    };
+    use crate::launch::PortableKernel;
+    use crate::Dtype;
+    use cubecl::wgpu::WgpuRuntime;
+
+    fn definition(
+        client: &ComputeClient<WgpuRuntime>,
+        dtype: Dtype,
+        stage_f32: bool,
+        cfg: FmaVecConfig,
+        mc: ModsConfig,
+    ) -> KernelDefinition {
+        macro_rules! def {
+            ($e:ty, $s:ty) => {
+                fwd_portable_fma_vec_mods::FwdPortableFmaVecMods::<$e, $s, WgpuRuntime>::new(
+                    settings(cfg.units()),
+                    client.clone(),
+                    array(),
+                    array(),
+                    array(),
+                    array(),
+                    array(),
+                    attn_shape_arg(),
+                    ModArgsCompilationArg { row_shift: (), left: (), right: (), scale: (), softcap: () },
+                    array(),
+                    W,
+                    cfg,
+                    mc,
+                )
+                .define()
+            };
+        }
+        // `launch_modified`'s dispatch.
+        match (dtype, stage_f32) {
+            (Dtype::F32, _) => def!(f32, f32),
+            (Dtype::F16, true) => def!(half::f16, f32),
+            (Dtype::F16, false) => def!(half::f16, half::f16),
+            (Dtype::Bf16, true) => def!(half::bf16, f32),
+            (Dtype::Bf16, false) => def!(half::bf16, half::bf16),
+        }
+    }
+
+    #[test]
+    fn nvrtc_compiles_the_cuda_variants_with_the_tiling_shared_memory_and_no_spills() {
+        let Some(cuda) = OfflineCuda::new() else { return };
+        let none = ModsConfig::default();
+        let all = ModsConfig { left: true, right: true, softcap: true, alibi: true };
+        // Causal masking is a right extent of 0 (`launch_modified`): `right` with it.
+        let alone = [
+            ModsConfig { left: true, ..none },
+            ModsConfig { right: true, ..none },
+            ModsConfig { softcap: true, ..none },
+            ModsConfig { alibi: true, ..none },
+        ];
+        // (arch, dtype, d, dv, causal, modifiers)
+        let mut cases = vec![(Arch::Sm90, Dtype::F16, 128, 128, false, none)];
+        cases.extend(alone.map(|mc| (Arch::Sm90, Dtype::F16, 128, 128, false, mc)));
+        for (d, dv) in head_dims() {
+            cases.push((Arch::Sm90, Dtype::F16, d, dv, true, all));
+        }
+        cases.push((Arch::Sm90, Dtype::F32, 128, 128, true, all));
+        cases.push((Arch::Sm90, Dtype::Bf16, 128, 128, true, all));
+        cases.push((Arch::Sm80, Dtype::F16, 128, 128, true, all));
+        let variants = cases.into_iter().map(|(arch, dtype, d, dv, causal, mc)| {
+            let tiles = selected_fma_tiles(arch, d, dv, dtype, PortableKernel::Fma);
+            let cfg = fma_vec_config(&tiles, d, dv, causal, true, true);
+            // With plane reductions the f32 reduction scratch is unused and dropped.
+            let formula = PortableKernel::Fma(tiles).smem_bytes(d as u32, dv as u32, dtype);
+            let flags = format!(
+                "l{}r{}s{}a{}",
+                u8::from(mc.left),
+                u8::from(mc.right),
+                u8::from(mc.softcap),
+                u8::from(mc.alibi)
+            );
+            Variant {
+                name: format!("fma_vec_mods_{flags}_{dtype}_d{d}v{dv}_{tiles}_causal{causal}"),
+                arch,
+                definition: definition(cuda.client(), dtype, tiles.stage_f32, cfg, mc),
+                shared_bytes: Some(formula - 4 * cfg.bq * cfg.tc),
+                spill_free: prefetch_spill_free(d, dv),
+            }
+        });
+        cuda.check_all(variants);
+    }
+}

@@ -888,22 +888,10 @@ pub(crate) mod cuda_tests {
     use crate::problem::SUPPORTED_HEAD_DIMS;
     use crate::tiling::mma_candidates;
     use crate::{Dtype as ElemType, MmaTiles};
+    use crate::kernel::offline_cuda::{client, cuda_include_dir, nvrtc_cubin, ADDR, COMPILE_LOCK};
     use cubecl::cuda::{CudaCompiler, CudaRuntime};
-    use cubecl::ir::{ElemType as IrElem, StorageType, UIntKind};
-    use cubecl::wgpu::{WgpuDevice, WgpuRuntime};
+    use cubecl::wgpu::WgpuRuntime;
     use cubecl::Compiler as _;
-
-    pub(crate) fn client() -> Option<ComputeClient<WgpuRuntime>> {
-        let instance = wgpu::Instance::default();
-        let adapters = cubecl::future::block_on(instance.enumerate_adapters(wgpu::Backends::all()));
-        if adapters.is_empty() {
-            // CI installs mesa's llvmpipe: there a missing adapter is a failure.
-            assert!(std::env::var_os("CI").is_none(), "no wgpu adapter under CI (mesa-vulkan-drivers missing?)");
-            println!("SKIPPED: no wgpu adapter to expand the kernel with");
-            return None;
-        }
-        Some(WgpuRuntime::client(&WgpuDevice::DefaultDevice))
-    }
 
     /// Every table entry at every head dim (and one dv != d); `all_modes` adds non-causal and
     /// eager-rescale variants of each.
@@ -989,13 +977,6 @@ pub(crate) mod cuda_tests {
         .define()
     }
 
-    pub(crate) const ADDR: StorageType = StorageType::Scalar(IrElem::UInt(UIntKind::U32));
-
-    /// CubeCL's C++ compiler numbers its temporaries (`_tmp_N`) with process-wide state: two
-    /// tests compiling kernels at once produce sources that declare `_tmp_0` twice. Tests that
-    /// call `CudaCompiler::compile` hold this lock.
-    pub(crate) static COMPILE_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
     /// CUDA C++ sources of the configurations, f16 and bf16, with their names.
     pub(crate) fn cuda_sources(all_modes: bool) -> Option<Vec<(String, MmaFwdConfig, String, usize)>> {
         let client = client()?;
@@ -1047,51 +1028,6 @@ pub(crate) mod cuda_tests {
                 std::fs::create_dir_all(dir).unwrap();
                 std::fs::write(dir.join(format!("{name}.cu")), source).unwrap();
             }
-        }
-    }
-
-    /// The CUDA headers CubeCL's sources include (`cuda_fp16.h`, `cuda_runtime.h`, `mma.h`):
-    /// a toolkit's, or the `nvidia-cuda-runtime` + `nvidia-cuda-crt` wheels' next to NVRTC's.
-    pub(crate) fn cuda_include_dir() -> Option<std::path::PathBuf> {
-        let mut candidates: Vec<std::path::PathBuf> = ["CUDA_HOME", "CUDA_PATH", "CUDA_ROOT"]
-            .iter()
-            .filter_map(std::env::var_os)
-            .map(|root| std::path::PathBuf::from(root).join("include"))
-            .collect();
-        candidates.push("/usr/local/cuda/include".into());
-        for lib in quattn_native::tools::nvrtc_lib_dirs() {
-            if let Some(parent) = lib.parent() {
-                candidates.push(parent.join("include"));
-            }
-        }
-        candidates.into_iter().find(|dir| dir.join("cuda_fp16.h").is_file() && dir.join("cuda_runtime.h").is_file())
-    }
-
-    /// NVRTC: `source` to a cubin for `arch`, with the compile log.
-    pub(crate) fn nvrtc_cubin(source: &str, options: &[String]) -> Result<(Vec<u8>, String), String> {
-        use cudarc::nvrtc::{result, sys};
-        use std::ffi::CString;
-        let src = CString::new(source).map_err(|e| e.to_string())?;
-        let prog = result::create_program(&src, None).map_err(|e| format!("{e:?}"))?;
-        // SAFETY: `prog` is a live program until destroyed below; buffers are sized by NVRTC.
-        unsafe {
-            let compiled = result::compile_program(prog, options);
-            let log = result::get_program_log(prog).map_err(|e| format!("{e:?}"))?;
-            let log = std::ffi::CStr::from_ptr(log.as_ptr()).to_string_lossy().into_owned();
-            let out = match compiled {
-                Err(e) => Err(format!("{e:?}: {log}")),
-                Ok(()) => {
-                    let mut n = 0usize;
-                    sys::nvrtcGetCUBINSize(prog, &mut n).result().map_err(|e| format!("{e:?}"))?;
-                    let mut cubin = vec![0u8; n];
-                    sys::nvrtcGetCUBIN(prog, cubin.as_mut_ptr() as *mut std::ffi::c_char)
-                        .result()
-                        .map_err(|e| format!("{e:?}"))?;
-                    Ok((cubin, log))
-                }
-            };
-            let _ = result::destroy_program(prog);
-            out
         }
     }
 

@@ -531,7 +531,7 @@ mod decode_tests {
 mod cuda_tests {
     use super::*;
     use crate::kernel::fma_vec_fp8::Fp8ShapeCompilationArg;
-    use crate::kernel::mma::cuda_tests::{client, cuda_include_dir, nvrtc_cubin, ADDR, COMPILE_LOCK};
+    use crate::kernel::offline_cuda::{client, cuda_include_dir, nvrtc_cubin, ADDR, COMPILE_LOCK};
     use crate::problem::SUPPORTED_HEAD_DIMS;
     use crate::tiling::{mma_fp8_candidates, mma_fp8_record_bytes};
     use crate::kernel::AttnShapeCompilationArg;

@@ -16,6 +16,8 @@ pub(crate) mod fma_vec_int8;
 pub(crate) mod fma_vec_mods;
 pub(crate) mod mma;
 pub(crate) mod mma_fp8;
+#[cfg(all(test, feature = "cuda"))]
+pub(crate) mod offline_cuda;
 pub(crate) mod quant;
 pub(crate) mod quant_fp4;
 

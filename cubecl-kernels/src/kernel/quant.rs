@@ -588,3 +588,166 @@ mod tests {
         }
     }
 }
+
+/// The INT8 prepass compiled for CUDA offline (no GPU): the K-mean kernels and the row
+/// quantizer for K (smoothed or not) and Q (every scale granularity, with and without the LSE
+/// shift), in the blocking of the INT8 kernel `select_int8` gives on the H100 (`block_q = bq`,
+/// `block_k = bk`, `bq / 16` warps). Every head dim with f16 inputs, f32 and bf16 at head dim
+/// 128, the A100's build. NVRTC must compile each and ptxas must not spill.
+///
+/// `cargo test --release -p quattn-cubecl --features cuda --lib quant::cuda_tests`
+#[cfg(all(test, feature = "cuda"))]
+mod cuda_tests {
+    use super::*;
+    use crate::kernel::offline_cuda::{array, selected_fma_tiles, settings, Arch, OfflineCuda, Variant};
+    use crate::launch::{Int8Tiles, PortableKernel};
+    use crate::problem::SUPPORTED_HEAD_DIMS;
+    use crate::Dtype;
+    use cubecl::wgpu::WgpuRuntime;
+
+    /// `(rows, warps)` of the Q blocks and the K block size for head dim `d`.
+    fn blocking(arch: Arch, d: usize) -> (usize, usize, usize) {
+        let int8 = |tiles| Int8Tiles { tiles, granularity: Int8Granularity::PerThread, smooth_k: true };
+        let tiles = selected_fma_tiles(arch, d, d, Dtype::F16, |t| PortableKernel::Int8(int8(t)));
+        let b = int8(tiles).blocking();
+        (b.block_q, b.warps, b.block_k)
+    }
+
+    fn mean_partial(client: &ComputeClient<WgpuRuntime>, dtype: Dtype, d: usize) -> KernelDefinition {
+        macro_rules! def {
+            ($e:ty) => {
+                k_mean_partial::KMeanPartial::<$e, WgpuRuntime>::new(
+                    settings(MEAN_UNITS),
+                    client.clone(),
+                    array(),
+                    array(),
+                    (),
+                    (),
+                    (),
+                    (),
+                    4,
+                    d,
+                )
+                .define()
+            };
+        }
+        match dtype {
+            Dtype::F32 => def!(f32),
+            Dtype::F16 => def!(half::f16),
+            Dtype::Bf16 => def!(half::bf16),
+        }
+    }
+
+    fn mean_finish(client: &ComputeClient<WgpuRuntime>, d: usize) -> KernelDefinition {
+        k_mean_finish::KMeanFinish::<WgpuRuntime>::new(settings(MEAN_UNITS), client.clone(), array(), array(), (), (), (), 4, d)
+            .define()
+    }
+
+    fn quantize(client: &ComputeClient<WgpuRuntime>, dtype: Dtype, cfg: QuantConfig) -> KernelDefinition {
+        let shape = QuantShapeCompilationArg {
+            len: (),
+            heads: (),
+            blocks: (),
+            s0: (),
+            s1: (),
+            s2: (),
+            group: (),
+            mean_heads: (),
+            fold: (),
+            lse_scale: (),
+        };
+        macro_rules! def {
+            ($e:ty) => {
+                quantize_rows::QuantizeRows::<$e, WgpuRuntime>::new(
+                    settings(QUANT_UNITS),
+                    client.clone(),
+                    array(),
+                    array(),
+                    array(),
+                    array(),
+                    array(),
+                    shape,
+                    4,
+                    cfg,
+                )
+                .define()
+            };
+        }
+        match dtype {
+            Dtype::F32 => def!(f32),
+            Dtype::F16 => def!(half::f16),
+            Dtype::Bf16 => def!(half::bf16),
+        }
+    }
+
+    #[derive(Clone, Copy)]
+    enum Prepass {
+        MeanPartial,
+        MeanFinish,
+        /// K's blocks (per-block scales), smoothed or not.
+        K { smooth: bool },
+        /// Q's blocks, with the LSE shift or not.
+        Q { granularity: Int8Granularity, shift: bool },
+    }
+
+    #[test]
+    fn nvrtc_compiles_the_cuda_variants_without_spills() {
+        let Some(cuda) = OfflineCuda::new() else { return };
+        use Int8Granularity::{PerBlock, PerThread, PerWarp};
+        let smooth_q = Prepass::Q { granularity: PerThread, shift: true };
+        let mut cases = Vec::new();
+        for &d in SUPPORTED_HEAD_DIMS {
+            cases.push((Arch::Sm90, Dtype::F16, d, Prepass::MeanFinish));
+            for p in [Prepass::MeanPartial, Prepass::K { smooth: true }, smooth_q] {
+                cases.push((Arch::Sm90, Dtype::F16, d, p));
+                if d == 128 {
+                    cases.push((Arch::Sm90, Dtype::F32, d, p));
+                    cases.push((Arch::Sm90, Dtype::Bf16, d, p));
+                    cases.push((Arch::Sm80, Dtype::F16, d, p));
+                }
+            }
+        }
+        cases.push((Arch::Sm80, Dtype::F16, 128, Prepass::MeanFinish));
+        cases.push((Arch::Sm90, Dtype::F16, 128, Prepass::K { smooth: false }));
+        for granularity in [PerBlock, PerWarp, PerThread] {
+            for shift in [false, true] {
+                if (granularity, shift) != (PerThread, true) {
+                    cases.push((Arch::Sm90, Dtype::F16, 128, Prepass::Q { granularity, shift }));
+                }
+            }
+        }
+        let variants = cases.into_iter().map(|(arch, dtype, d, p)| {
+            let (block_q, warps, block_k) = blocking(arch, d);
+            let (name, definition) = match p {
+                Prepass::MeanPartial => (format!("k_mean_partial_{dtype}_d{d}"), mean_partial(cuda.client(), dtype, d)),
+                Prepass::MeanFinish => (format!("k_mean_finish_d{d}"), mean_finish(cuda.client(), d)),
+                // As `quantize_int8` launches them.
+                Prepass::K { smooth } => {
+                    let cfg = QuantConfig {
+                        head_dim: d,
+                        rows: block_k,
+                        warps: 1,
+                        granularity: PerBlock,
+                        subtract_mean: smooth,
+                        write_shift: false,
+                    };
+                    (format!("quantize_rows_k_{dtype}_d{d}_rows{block_k}_smooth{smooth}"), quantize(cuda.client(), dtype, cfg))
+                }
+                Prepass::Q { granularity, shift } => {
+                    let cfg = QuantConfig {
+                        head_dim: d,
+                        rows: block_q,
+                        warps,
+                        granularity,
+                        subtract_mean: false,
+                        write_shift: shift,
+                    };
+                    let name = format!("quantize_rows_q_{}_{dtype}_d{d}_rows{block_q}_shift{shift}", granularity.tag());
+                    (name, quantize(cuda.client(), dtype, cfg))
+                }
+            };
+            Variant { name, arch, definition, shared_bytes: None, spill_free: true }
+        });
+        cuda.check_all(variants);
+    }
+}

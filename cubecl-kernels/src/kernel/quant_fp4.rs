@@ -103,3 +103,57 @@ pub fn nvfp4_quantize_blocks(x: &Array<f32>, ts: &Array<f32>, packed: &mut Array
         scales[g] = scale_word;
     }
 }
+
+/// Both NVFP4 quantization kernels compiled for CUDA offline (no GPU), for the H100 and the
+/// A100: NVRTC must compile them (a bitcast of an f32 literal, which CubeCL's CUDA backend emits
+/// as `reinterpret_cast` of an rvalue, fails here) and ptxas must not spill.
+///
+/// `cargo test --release -p quattn-cubecl --features cuda --lib quant_fp4::cuda_tests`
+#[cfg(all(test, feature = "cuda"))]
+mod cuda_tests {
+    use super::*;
+    use crate::kernel::offline_cuda::{array, settings, Arch, OfflineCuda, Variant};
+    use cubecl::wgpu::WgpuRuntime;
+
+    #[test]
+    fn nvrtc_compiles_both_kernels_without_spills() {
+        let Some(cuda) = OfflineCuda::new() else { return };
+        let client = cuda.client();
+        let variants = [Arch::Sm90, Arch::Sm80].into_iter().flat_map(|arch| {
+            [
+                Variant {
+                    name: "nvfp4_tensor_scale".into(),
+                    arch,
+                    definition: nvfp4_tensor_scale::Nvfp4TensorScale::<WgpuRuntime>::new(
+                        settings(AMAX_UNITS),
+                        client.clone(),
+                        array(),
+                        array(),
+                        (),
+                    )
+                    .define(),
+                    // The reduction buffer: one f32 per unit.
+                    shared_bytes: Some(4 * AMAX_UNITS),
+                    spill_free: true,
+                },
+                Variant {
+                    name: "nvfp4_quantize_blocks".into(),
+                    arch,
+                    definition: nvfp4_quantize_blocks::Nvfp4QuantizeBlocks::<WgpuRuntime>::new(
+                        settings(BLOCK_UNITS),
+                        client.clone(),
+                        array(),
+                        array(),
+                        array(),
+                        array(),
+                        (),
+                    )
+                    .define(),
+                    shared_bytes: Some(0),
+                    spill_free: true,
+                },
+            ]
+        });
+        cuda.check_all(variants);
+    }
+}
