@@ -2,9 +2,11 @@
 //! reference and against the same sequences stored contiguously, `append_kv`, the NaN policy
 //! through pages, and the typed errors of bad tables.
 
+mod common;
+
 use quattn::metrics::{compare_lse, ErrorMetrics, Tolerance};
 use quattn::reference::attention_f64;
-use quattn::{inputs, AttentionProblem, Device, Error, HostSlice, Layout, PagedKv, Precision, Session, Strategy};
+use quattn::{inputs, AttentionProblem, Device, Error, HostSlice, Layout, PagedKv, PortableKind, Precision, Session, Strategy, WgpuAdapter};
 
 fn cpu() -> Session {
     Session::new(Device::Cpu).unwrap()
@@ -277,5 +279,19 @@ fn reference_gathers_like_a_contiguous_cache() {
         let rb = attention_f64(&one, &q[b * one.q_len_elems()..][..one.q_len_elems()], &kb, &vb).unwrap();
         assert_eq!(&r.o[b * one.o_len_elems()..][..one.o_len_elems()], &rb.o[..]);
         assert_eq!(&r.lse[b * 4..][..4], &rb.lse[..]);
+    }
+}
+
+/// The portable CubeCL kernels do not read pages yet: a paged problem on wgpu (llvmpipe in CI)
+/// is a typed refusal naming the family, never a contiguous read of the pools.
+#[test]
+fn portable_kernels_refuse_paged_problems() {
+    let Some(s) = common::open(Device::Wgpu(WgpuAdapter::Default)) else { return };
+    let p = paged(AttentionProblem::new(2, 4, 1, 64).kv_heads(2), 16, &[40, 7], 3);
+    for strategy in [Strategy::Auto, Strategy::Portable, Strategy::PortableFamily(PortableKind::Fma)] {
+        match s.plan(&p, Precision::F16_DEFAULT, strategy) {
+            Err(Error::UnsupportedPagedKv { kernel }) => assert!(kernel.contains("portable"), "{kernel}"),
+            other => panic!("{strategy:?}: {:?}", other.map(|x| x.kernel_name())),
+        }
     }
 }
