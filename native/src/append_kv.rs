@@ -20,8 +20,10 @@ pub struct AppendKvConfig;
 impl AppendKvConfig {
     pub const THREADS: u32 = 128;
 
+    /// `fwd_decode_append_kv`: named after the decode family, whose paged variants read what it
+    /// writes (the registry keeps it among the family's units).
     pub fn name(&self) -> String {
-        KERNEL.to_string()
+        format!("fwd_decode_{KERNEL}")
     }
 
     /// Built for the decode family's targets (the cache it writes is what the paged decode

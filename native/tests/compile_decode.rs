@@ -142,7 +142,7 @@ fn paged_variants_match_their_strided_twins_on_sm90() {
         assert!(r_regs(p) <= 255, "{}", p.summary());
     }
     let append = reports.last().unwrap();
-    assert_eq!(append.kernel, "append_kv");
+    assert_eq!(append.kernel, "fwd_decode_append_kv");
     assert!(append.instructions.keys().all(|k| !k.contains("MMA")), "{}", append.summary());
 }
 
