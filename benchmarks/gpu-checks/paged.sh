@@ -11,7 +11,7 @@
 # BIN holds `quattn` (`cargo build --release -p quattn-demos`) and `paged_check`
 # (`cargo build --release --example paged_check`, from target/release/examples/). Expects CUDA
 # 13 at /usr/local/cuda. Every step's limit is cut to what is left of DEADLINE seconds
-# (default 170).
+# (default 180).
 #
 # Pass: check.txt and bench.txt end with `all paged checks passed`, every line of run.txt says
 # PASS, and the sanitizer lines say `ERROR SUMMARY: 0 errors`. bench.txt's `% vs contiguous`
@@ -21,18 +21,18 @@ out=${1:?OUT}; bin=${2:?BIN}
 mkdir -p "$out"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-} CUDA_PATH=${CUDA_PATH:-/usr/local/cuda}
 export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp} QUATTN_CACHE_DIR=${QUATTN_CACHE_DIR:-/tmp/qcache-paged}
-end=$(( $(date +%s) + ${DEADLINE:-170} ))
+end=$(( $(date +%s) + ${DEADLINE:-180} ))
 lim() { local l=$(( end - $(date +%s) - 5 )); [ "$l" -lt "$1" ] && echo $(( l > 1 ? l : 1 )) || echo "$1"; }
 step() { echo "== $(date -u +%H:%M:%S) $*"; }
 cs=/usr/local/cuda/bin/compute-sanitizer
 nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv > "$out/gpu.csv" 2>&1
 
 step "paged_check --check: every page size against f64, device tensors, append_kv"
-timeout "$(lim 60)" "$bin/paged_check" --check > "$out/check.txt" 2>&1; echo "rc $?"
+timeout "$(lim 45)" "$bin/paged_check" --check > "$out/check.txt" 2>&1; echo "rc $?"
 grep -cE "^ok" "$out/check.txt"; grep -E "^FAIL|passed|rror" "$out/check.txt" | head -20
 
 step "paged_check --bench: paged decode (16, 64, 256) vs contiguous, each against f64"
-timeout "$(lim 60)" "$bin/paged_check" --bench > "$out/bench.txt" 2>&1; echo "rc $?"
+timeout "$(lim 80)" "$bin/paged_check" --bench > "$out/bench.txt" 2>&1; echo "rc $?"
 cat "$out/bench.txt"
 
 step "quattn run --page-size: Auto, f16 and bf16, decode and a causal chunk"
@@ -46,5 +46,5 @@ done
 grep -E "kernel|accuracy|rror" "$out/run.txt"
 
 step "compute-sanitizer memcheck: paged decode variants and append_kv"
-timeout "$(lim 60)" "$cs" --tool memcheck --error-exitcode 9 --print-limit 20 "$bin/paged_check" --sanitize > "$out/memcheck.txt" 2>&1; echo "rc $?"
+timeout "$(lim 45)" "$cs" --tool memcheck --error-exitcode 9 --print-limit 20 "$bin/paged_check" --sanitize > "$out/memcheck.txt" 2>&1; echo "rc $?"
 grep -E "ERROR SUMMARY|^FAIL|passed" "$out/memcheck.txt"
