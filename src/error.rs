@@ -53,6 +53,22 @@ pub enum Error {
     #[error("{kernel} does not implement the {feature} score modifier (the CPU backend and the portable FMA kernel do)")]
     UnsupportedFeature { feature: &'static str, kernel: String },
 
+    /// A paged KV cache's page size that no paged kernel takes.
+    #[error("page size {page_size} is not supported (supported: {supported:?})")]
+    UnsupportedPageSize { page_size: usize, supported: Vec<usize> },
+
+    /// A block-table entry a sequence reads that is not a page of the pool.
+    #[error("block table entry [{sequence}][{index}] = {entry} is not a page of the pool (0 <= entry < {num_pages})")]
+    BlockTableEntry { sequence: usize, index: usize, entry: i32, num_pages: usize },
+
+    /// A kernel family that does not read paged KV caches; `Strategy::Auto` passes over it.
+    #[error("{kernel} does not read a paged KV cache (the CPU backend and the native CUDA decode family do)")]
+    UnsupportedPagedKv { kernel: String },
+
+    /// A paged KV cache whose block table, lengths or geometry do not fit together or the problem.
+    #[error("paged KV cache is inconsistent: {reason}")]
+    InvalidPagedKv { reason: String },
+
     #[error("{tensor} shape mismatch: expected {expected:?}, got {got:?}")]
     ShapeMismatch { tensor: TensorName, expected: Vec<usize>, got: Vec<usize> },
 

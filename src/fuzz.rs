@@ -703,6 +703,10 @@ pub fn variant(e: &Error) -> &'static str {
         Error::Overflow { .. } => "Overflow",
         Error::InvalidModifier { .. } => "InvalidModifier",
         Error::UnsupportedFeature { .. } => "UnsupportedFeature",
+        Error::UnsupportedPageSize { .. } => "UnsupportedPageSize",
+        Error::BlockTableEntry { .. } => "BlockTableEntry",
+        Error::UnsupportedPagedKv { .. } => "UnsupportedPagedKv",
+        Error::InvalidPagedKv { .. } => "InvalidPagedKv",
     }
 }
 
@@ -716,6 +720,7 @@ fn is_capability(e: &Error) -> bool {
             | Error::UnsupportedStrategy { .. }
             | Error::InvalidStrides { .. }
             | Error::UnsupportedFeature { .. }
+            | Error::UnsupportedPagedKv { .. }
     )
 }
 

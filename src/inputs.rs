@@ -2,6 +2,7 @@
 //! unit normal values with a few large outliers, since real activations have them and they are
 //! what breaks low-precision kernels.
 
+use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_distr::StandardNormal;
 
@@ -80,4 +81,28 @@ mod tests {
         assert_ne!(x, normal_with_outliers(200_000, 8));
         assert_eq!(x, normal_with_outliers(200_000, 7));
     }
+}
+
+/// A paged cache for tests and demos ([`crate::paged`]): sequences of `seq_lens` keys in pages of
+/// `page_size`, each given `ceil(len / page_size) + extra_pages` table columns (`max_pages` the
+/// most of any), the pages they use drawn in a shuffled order from a pool of that many plus
+/// `spare_pages` never-used ones; table entries past a sequence's pages are `-1`. Deterministic
+/// in `seed`.
+pub fn paged_kv(page_size: usize, seq_lens: &[usize], extra_pages: usize, spare_pages: usize, seed: u64) -> crate::PagedKv {
+    let ps = page_size.max(1);
+    let pages_of: Vec<usize> = seq_lens.iter().map(|&n| n.div_ceil(ps)).collect();
+    let used: usize = pages_of.iter().sum();
+    let max_pages = (pages_of.iter().max().copied().unwrap_or(0) + extra_pages).max(1);
+    let num_pages = used + spare_pages;
+    let mut order: Vec<usize> = (0..num_pages).collect();
+    order.shuffle(&mut rand::rngs::StdRng::seed_from_u64(seed));
+    let mut table = vec![-1i32; seq_lens.len() * max_pages];
+    let mut next = order.into_iter();
+    for (b, &n) in pages_of.iter().enumerate() {
+        for p in 0..n {
+            table[b * max_pages + p] = next.next().map_or(-1, |x| x as i32);
+        }
+    }
+    let lens: Vec<i32> = seq_lens.iter().map(|&n| n as i32).collect();
+    crate::PagedKv::new(page_size, num_pages.max(1), table, lens)
 }

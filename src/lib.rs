@@ -31,6 +31,7 @@ pub use device_tensor::{CudaCodes, CudaCodesMut, CudaFp8, CudaFp8Mut, CudaTensor
 #[cfg(feature = "hip")]
 pub use device_tensor::{HipTensor, HipTensorMut};
 pub use registry::{Family, KernelId, NativeChoice};
+pub use paged::{PagedKv, PAGE_SIZES};
 pub use problem::{AttentionProblem, AttentionShape, CausalAlign, Layout, Strides, TensorStrides, Window};
 pub use session::{attention, DeviceInfo, Output, Path, Plan, Resident, Session};
 pub use tensor::{Element, HostSlice};
@@ -53,6 +54,7 @@ pub mod registry;
 pub mod inputs;
 pub mod metrics;
 pub mod nonfinite;
+pub mod paged;
 pub mod reference;
 pub mod session;
 pub mod tensor;

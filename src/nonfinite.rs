@@ -39,7 +39,7 @@ use rayon::prelude::*;
 
 use crate::error::{Error, Result};
 use crate::precision::Dtype;
-use crate::problem::Strides;
+use crate::problem::{Layout, Strides};
 use crate::tensor::HostSlice;
 use crate::{AttentionProblem, Precision, TensorName};
 
@@ -85,7 +85,7 @@ pub(crate) struct Poison {
 impl Poison {
     /// Whether query row `(b, h, i)` sees a non-finite input (rows that see no key never do).
     fn poisons(&self, p: &AttentionProblem, b: usize, h: usize, i: usize) -> bool {
-        let visible = p.visible_range(i);
+        let visible = p.sequence(b).visible_range(i);
         if visible.is_empty() {
             return false;
         }
@@ -222,15 +222,42 @@ pub(crate) fn screen(p: &AttentionProblem, precision: Precision, q: HostSlice<'_
     let s = p.tensor_strides();
     let view = |tensor, strides, heads, seq, dim| View { tensor, strides, heads, seq, dim };
     let (q_rows, q) = screen_tensor(q, view(TensorName::Q, s.q, p.q_heads, p.q_len, p.head_dim), p.batch, target)?;
-    let (k_rows, k) = screen_tensor(k, view(TensorName::K, s.k, p.kv_heads, p.kv_len, p.head_dim), p.batch, target)?;
-    let (v_rows, v) = screen_tensor(v, view(TensorName::V, s.v, p.kv_heads, p.kv_len, p.v_head_dim), p.batch, target)?;
+    // A paged pool is screened as one sequence of `num_pages · page_size` rows (BSHD), whose
+    // bad rows are then found in the sequences that read them.
+    let (kv_batch, kv_seq, ks, vs) = match &p.paged {
+        Some(pg) => {
+            let rows = pg.num_pages * pg.page_size;
+            (1, rows, Strides::new(Layout::Bshd, p.kv_heads, rows, p.head_dim), Strides::new(Layout::Bshd, p.kv_heads, rows, p.v_head_dim))
+        }
+        None => (p.batch, p.kv_len, s.k, s.v),
+    };
+    let (k_rows, k) = screen_tensor(k, view(TensorName::K, ks, p.kv_heads, kv_seq, p.head_dim), kv_batch, target)?;
+    let (v_rows, v) = screen_tensor(v, view(TensorName::V, vs, p.kv_heads, kv_seq, p.v_head_dim), kv_batch, target)?;
     let poison = if q_rows.is_empty() && k_rows.is_empty() && v_rows.is_empty() {
         None
     } else {
         let mut bad_keys = vec![Vec::new(); p.batch * p.kv_heads];
-        for r in k_rows.into_iter().chain(v_rows) {
-            // r = (b · kv_heads + kv_head) · kv_len + key
-            bad_keys[r / p.kv_len].push(r % p.kv_len);
+        match &p.paged {
+            None => {
+                for r in k_rows.into_iter().chain(v_rows) {
+                    // r = (b · kv_heads + kv_head) · kv_len + key
+                    bad_keys[r / p.kv_len].push(r % p.kv_len);
+                }
+            }
+            Some(pg) => {
+                // r = kv_head · (num_pages · page_size) + pool row
+                let mut heads_of_row: std::collections::HashMap<usize, Vec<usize>> = Default::default();
+                for r in k_rows.into_iter().chain(v_rows) {
+                    heads_of_row.entry(r % kv_seq).or_default().push(r / kv_seq);
+                }
+                for b in 0..p.batch {
+                    for j in 0..pg.seq_len(b) {
+                        for &kh in heads_of_row.get(&pg.slot(b, j)).into_iter().flatten() {
+                            bad_keys[b * p.kv_heads + kh].push(j);
+                        }
+                    }
+                }
+            }
         }
         for keys in &mut bad_keys {
             keys.sort_unstable();
@@ -266,7 +293,7 @@ pub(crate) fn finish(p: &AttentionProblem, precision: Precision, kernel: &str, p
     let lse = lse.as_deref();
     let overflowed = |r: usize| -> bool {
         let (b, h, i) = coords(r);
-        if p.visible_keys(i) == 0 || poison.is_some_and(|x| x.poisons(p, b, h, i)) {
+        if p.sequence(b).visible_keys(i) == 0 || poison.is_some_and(|x| x.poisons(p, b, h, i)) {
             return false;
         }
         let off = os.offset(b, h, i);

@@ -1,10 +1,12 @@
 //! [`AttentionProblem`]: the shapes of one attention call and its score modifiers, no tensor
 //! data.
 
+use std::borrow::Cow;
 use std::ops::Range;
 use std::sync::Arc;
 
 use crate::error::{Error, Result, TensorName};
+use crate::paged::PagedKv;
 
 pub use quattn_core::{AttentionShape, Layout, Strides};
 
@@ -119,6 +121,9 @@ pub struct AttentionProblem {
     /// ALiBi slopes, one per Q head: the logit of key `j` for row `i` gets
     /// `-slope · |a(i) - j|` (FlashAttention's `alibi_slopes` convention).
     pub alibi_slopes: Option<Arc<[f32]>>,
+    /// K and V in a paged cache read through a block table (`None`: K and V are tensors of
+    /// `layout` / `strides`). See [`crate::paged`].
+    pub paged: Option<PagedKv>,
 }
 
 impl AttentionProblem {
@@ -143,6 +148,7 @@ impl AttentionProblem {
             softcap: None,
             sinks: None,
             alibi_slopes: None,
+            paged: None,
         }
     }
     pub fn kv_heads(mut self, kv_heads: usize) -> Self {
@@ -201,6 +207,24 @@ impl AttentionProblem {
     pub fn alibi_slopes(mut self, slopes: impl Into<Arc<[f32]>>) -> Self {
         self.alibi_slopes = Some(slopes.into());
         self
+    }
+
+    /// K and V in a paged cache ([`crate::paged`]): the pools are `[num_pages, page_size,
+    /// kv_heads, head_dim]` (V with `v_head_dim`), and `kv_len` becomes the longest sequence;
+    /// each sequence sees its own `seq_lens[b]` keys. Q and O keep the problem's layout.
+    pub fn paged_kv(mut self, paged: PagedKv) -> Self {
+        self.kv_len = paged.max_seq_len();
+        self.paged = Some(paged);
+        self
+    }
+
+    /// The problem as sequence `b` sees it: with a paged cache, `kv_len` is that sequence's
+    /// length (masks and ALiBi measure positions against it); otherwise the problem itself.
+    pub fn sequence(&self, b: usize) -> Cow<'_, AttentionProblem> {
+        match &self.paged {
+            Some(pg) if pg.seq_len(b) != self.kv_len => Cow::Owned(AttentionProblem { kv_len: pg.seq_len(b), ..self.clone() }),
+            _ => Cow::Borrowed(self),
+        }
     }
 
     /// The standard ALiBi slopes of `heads` heads, `2^(-8 (h+1) / heads)` (Press et al.; exact
@@ -337,11 +361,18 @@ impl AttentionProblem {
     pub fn q_shape(&self) -> [usize; 4] {
         self.dims(self.q_heads, self.q_len, self.head_dim)
     }
+    /// K's shape; with a paged cache, the pool's `[num_pages, page_size, kv_heads, head_dim]`.
     pub fn k_shape(&self) -> [usize; 4] {
-        self.dims(self.kv_heads, self.kv_len, self.head_dim)
+        match &self.paged {
+            Some(pg) => pg.pool_shape(self.kv_heads, self.head_dim),
+            None => self.dims(self.kv_heads, self.kv_len, self.head_dim),
+        }
     }
     pub fn v_shape(&self) -> [usize; 4] {
-        self.dims(self.kv_heads, self.kv_len, self.v_head_dim)
+        match &self.paged {
+            Some(pg) => pg.pool_shape(self.kv_heads, self.v_head_dim),
+            None => self.dims(self.kv_heads, self.kv_len, self.v_head_dim),
+        }
     }
     pub fn o_shape(&self) -> [usize; 4] {
         self.dims(self.q_heads, self.q_len, self.v_head_dim)
@@ -404,11 +435,18 @@ impl AttentionProblem {
     pub fn q_len_elems(&self) -> usize {
         self.extent(self.q_strides(), self.q_heads, self.q_len, self.head_dim)
     }
+    /// Elements a K buffer must hold (with a paged cache: the pool).
     pub fn k_len_elems(&self) -> usize {
-        self.extent(self.k_strides(), self.kv_heads, self.kv_len, self.head_dim)
+        match &self.paged {
+            Some(pg) => pg.pool_elems(self.kv_heads, self.head_dim),
+            None => self.extent(self.k_strides(), self.kv_heads, self.kv_len, self.head_dim),
+        }
     }
     pub fn v_len_elems(&self) -> usize {
-        self.extent(self.v_strides(), self.kv_heads, self.kv_len, self.v_head_dim)
+        match &self.paged {
+            Some(pg) => pg.pool_elems(self.kv_heads, self.v_head_dim),
+            None => self.extent(self.v_strides(), self.kv_heads, self.kv_len, self.v_head_dim),
+        }
     }
     pub fn o_len_elems(&self) -> usize {
         self.extent(self.o_strides(), self.q_heads, self.q_len, self.v_head_dim)
@@ -462,7 +500,28 @@ impl AttentionProblem {
         if self.strides.is_some() {
             self.validate_strides()?;
         }
+        if let Some(pg) = &self.paged {
+            self.validate_paged(pg)?;
+        }
         self.validate_modifiers()
+    }
+
+    /// A paged cache: its own rules ([`PagedKv`]), pools within the index range, and no
+    /// explicit strides (the pools' layout is fixed; Q and O take `layout`).
+    fn validate_paged(&self, pg: &PagedKv) -> Result<()> {
+        pg.validate(self.batch, self.kv_len)?;
+        if self.strides.is_some() {
+            return Err(Error::InvalidPagedKv {
+                reason: "explicit strides with a paged cache: the pools are [num_pages, page_size, kv_heads, head_dim] and Q/O take the problem's layout".into(),
+            });
+        }
+        for (what, dim) in [("K pool elements", self.head_dim), ("V pool elements", self.v_head_dim)] {
+            let n = pg.num_pages as u128 * pg.page_size as u128 * self.kv_heads as u128 * dim as u128;
+            if n > MAX_TENSOR_ELEMS as u128 {
+                return Err(Error::TooLarge { what, value: n, limit: MAX_TENSOR_ELEMS as u128 });
+            }
+        }
+        Ok(())
     }
 
     /// The score modifiers: extents `-1` or non-negative, a finite positive softcap, per-head
@@ -605,6 +664,7 @@ impl AttentionProblem {
             softcap: None,
             sinks: None,
             alibi_slopes: None,
+            paged: None,
         };
         p.validate()?;
         p.check_shapes(&q, &k, &v)?;

@@ -22,20 +22,35 @@ pub struct ReferenceOutput {
 /// `l = Σ exp(s_j − m) + exp(sink_h − m)` (no sink term without sinks),
 /// `o = Σ exp(s_j − m) v_j / l`, `lse = m + ln l`. A row that sees no key has o = 0 and
 /// lse = `-inf`, sinks or not.
+///
+/// With a paged cache ([`crate::paged`]), `k` and `v` are the pools: each sequence's keys are
+/// first gathered through the block table into a contiguous `[batch, kv_heads, kv_len, dim]`
+/// copy, then the same naive loop runs with each sequence's own length as its `kv_len`.
 pub fn attention_f64(problem: &AttentionProblem, q: &[f32], k: &[f32], v: &[f32]) -> Result<ReferenceOutput> {
     problem.validate()?;
     problem.check_lengths(q.len(), k.len(), v.len())?;
     let p = problem;
     let scale = p.softmax_scale() as f64;
-    let (qs, ks, vs, os) = (p.q_strides(), p.k_strides(), p.v_strides(), p.o_strides());
     let (d, dv) = (p.head_dim, p.v_head_dim);
+    let gathered;
+    let (k, v, ks, vs) = match &p.paged {
+        Some(pg) => {
+            gathered = gather_pages(p, pg, k, v);
+            let s = |dim| crate::Strides::new(crate::Layout::Bhsd, p.kv_heads, p.kv_len, dim);
+            (&gathered.0[..], &gathered.1[..], s(d), s(dv))
+        }
+        None => (k, v, p.k_strides(), p.v_strides()),
+    };
+    let (qs, os) = (p.q_strides(), p.o_strides());
     // One task per query row (rows are independent; parallelism changes no arithmetic).
     let rows: Vec<(Vec<f64>, f64)> = (0..p.batch * p.q_heads * p.q_len)
         .into_par_iter()
         .map(|r| {
             let (b, h, i) = (r / (p.q_heads * p.q_len), (r / p.q_len) % p.q_heads, r % p.q_len);
             let kh = p.kv_head_of(h);
-            let keys: Vec<usize> = (0..p.kv_len).filter(|&j| p.sees(i, j)).collect();
+            // The sequence's own length (a paged cache's seq_lens[b]) for the mask and ALiBi.
+            let sp = p.sequence(b);
+            let keys: Vec<usize> = (0..sp.kv_len).filter(|&j| sp.sees(i, j)).collect();
             let mut orow = vec![0.0f64; dv];
             if keys.is_empty() {
                 return (orow, f64::NEG_INFINITY); // O stays 0, LSE is -inf.
@@ -53,7 +68,7 @@ pub fn attention_f64(problem: &AttentionProblem, q: &[f32], k: &[f32], v: &[f32]
                     if let Some(slopes) = &p.alibi_slopes {
                         // |a(i) - j| with a(i) = i + kv_len - q_len (bottom-right) or i.
                         let a = match p.causal_align {
-                            CausalAlign::BottomRight => i as f64 + p.kv_len as f64 - p.q_len as f64,
+                            CausalAlign::BottomRight => i as f64 + sp.kv_len as f64 - p.q_len as f64,
                             CausalAlign::TopLeft => i as f64,
                         };
                         x -= slopes[h] as f64 * (a - j as f64).abs();
@@ -85,6 +100,25 @@ pub fn attention_f64(problem: &AttentionProblem, q: &[f32], k: &[f32], v: &[f32]
         lse[r] = l;
     }
     Ok(ReferenceOutput { o, lse })
+}
+
+/// Each sequence's keys and values copied out of the pools, in block-table order, into
+/// `[batch, kv_heads, kv_len, dim]` (zeros past the sequence's length).
+fn gather_pages(p: &AttentionProblem, pg: &crate::paged::PagedKv, k: &[f32], v: &[f32]) -> (Vec<f32>, Vec<f32>) {
+    let (d, dv, hk, n) = (p.head_dim, p.v_head_dim, p.kv_heads, p.kv_len);
+    let mut kg = vec![0.0f32; p.batch * hk * n * d];
+    let mut vg = vec![0.0f32; p.batch * hk * n * dv];
+    for b in 0..p.batch {
+        for j in 0..pg.seq_lens[b] as usize {
+            let page = pg.block_table[b * pg.max_pages + j / pg.page_size] as usize;
+            let row = page * pg.page_size + j % pg.page_size; // row of the pool
+            for h in 0..hk {
+                kg[((b * hk + h) * n + j) * d..][..d].copy_from_slice(&k[(row * hk + h) * d..][..d]);
+                vg[((b * hk + h) * n + j) * dv..][..dv].copy_from_slice(&v[(row * hk + h) * dv..][..dv]);
+            }
+        }
+    }
+    (kg, vg)
 }
 
 #[cfg(test)]

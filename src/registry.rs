@@ -77,6 +77,21 @@ impl Family {
     }
 }
 
+impl Family {
+    /// Whether the family reads K and V through a paged cache's block table ([`crate::paged`]).
+    pub fn has_paged_kv(self) -> bool {
+        matches!(self, Family::Cpu | Family::Native(NativeKind::Decode))
+    }
+}
+
+/// The typed refusal of a kernel that does not read paged caches, for a paged problem.
+pub(crate) fn refuse_paged(problem: &AttentionProblem, kernel: impl fmt::Display) -> Result<()> {
+    match &problem.paged {
+        Some(_) => Err(Error::UnsupportedPagedKv { kernel: kernel.to_string() }),
+        None => Ok(()),
+    }
+}
+
 /// The typed refusal of a kernel that lacks the problem's first modifier, if it sets any.
 pub(crate) fn refuse_modifiers(problem: &AttentionProblem, kernel: impl fmt::Display) -> Result<()> {
     match problem.modifiers().first() {
@@ -258,11 +273,11 @@ pub(crate) fn walk<B>(
     let mut allowed = 0;
     for row in table.iter().filter(|r| r.family.allowed_by(strategy)) {
         allowed += 1;
-        let tested = if row.family.has_score_modifiers() {
-            (row.test)(backend, problem, precision)
-        } else {
-            refuse_modifiers(problem, format!("the {} kernel family", row.family)).map_err(Reject::Refused).and_then(|_| (row.test)(backend, problem, precision))
-        };
+        let kernel = || format!("the {} kernel family", row.family);
+        let tested = if row.family.has_score_modifiers() { Ok(()) } else { refuse_modifiers(problem, kernel()) }
+            .and_then(|_| if row.family.has_paged_kv() { Ok(()) } else { refuse_paged(problem, kernel()) })
+            .map_err(Reject::Refused)
+            .and_then(|_| (row.test)(backend, problem, precision));
         match tested {
             Ok(choice) => {
                 for (family, why) in &rejected {
@@ -311,7 +326,8 @@ fn forced_error(strategy: Strategy, device: &str, e: Error) -> Error {
         Error::UnsupportedStrategy { .. }
         | Error::UnsupportedHeadDim { .. }
         | Error::UnsupportedVHeadDim { .. }
-        | Error::UnsupportedFeature { .. } => e,
+        | Error::UnsupportedFeature { .. }
+        | Error::UnsupportedPagedKv { .. } => e,
         e => Error::UnsupportedStrategy { strategy, device: device.into(), reason: e.to_string() },
     }
 }

@@ -287,8 +287,24 @@ pub struct RunArgs {
     /// One JSON object on stdout.
     #[arg(long)]
     pub json: bool,
+    /// K and V in a paged cache of pages of N keys (16, 32, 64, 128 or 256), every sequence
+    /// `--kv-seq` keys long, its pages shuffled through the pool.
+    #[arg(long)]
+    pub page_size: Option<usize>,
     #[command(flatten)]
     pub mods: ModifierArgs,
+}
+
+/// `p` with its K/V in a paged cache of `page_size` keys a page (every sequence `kv_len` long,
+/// pages shuffled; deterministic in `seed`), or `p` itself.
+pub fn paged(p: AttentionProblem, page_size: Option<usize>, seed: u64) -> AttentionProblem {
+    match page_size {
+        Some(ps) => {
+            let lens = vec![p.kv_len; p.batch];
+            p.paged_kv(quattn::inputs::paged_kv(ps, &lens, 0, 0, seed))
+        }
+        None => p,
+    }
 }
 
 impl RunArgs {
@@ -305,7 +321,7 @@ impl RunArgs {
         if let Some(s) = self.scale {
             p = p.scale(s);
         }
-        self.mods.apply(p, self.seed)
+        paged(self.mods.apply(p, self.seed), self.page_size, self.seed)
     }
 }
 
@@ -354,6 +370,9 @@ pub struct BenchArgs {
     /// 8 KV heads, q_len 1, kv_len 8192, head dim 128, f16).
     #[arg(long)]
     pub api_overhead: bool,
+    /// K and V of every row in a paged cache of pages of N keys (see `quattn run --page-size`).
+    #[arg(long)]
+    pub page_size: Option<usize>,
     #[command(flatten)]
     pub mods: ModifierArgs,
 }

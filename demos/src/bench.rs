@@ -38,10 +38,11 @@ pub fn grid(a: &BenchArgs) -> Vec<AttentionProblem> {
                 let batch = (a.tokens / s).max(1);
                 let heads = (a.width / d).max(1);
                 let p = a.mods.apply(AttentionProblem::new(batch, heads, a.q_len.unwrap_or(s), d).kv_len(s).causal(c), 17);
-                v.push(match a.kv_heads {
+                let p = match a.kv_heads {
                     Some(kv) => p.kv_heads(kv),
                     None => p,
-                });
+                };
+                v.push(crate::args::paged(p, a.page_size, 17));
             }
         }
     }

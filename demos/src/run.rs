@@ -21,6 +21,9 @@ pub struct Shape {
     /// Score modifiers set (`AttentionProblem::modifiers`); absent when none.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub modifiers: Vec<String>,
+    /// Keys per page of a paged K/V cache; absent for contiguous K/V.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub page_size: Option<usize>,
 }
 
 impl Shape {
@@ -38,6 +41,7 @@ impl Shape {
                 Layout::Bshd => "bshd",
             },
             modifiers: describe_modifiers(p),
+            page_size: p.paged.as_ref().map(|x| x.page_size),
         }
     }
 }
@@ -132,6 +136,9 @@ pub fn main(a: &RunArgs) -> anyhow::Result<i32> {
             s.layout,
             if s.modifiers.is_empty() { String::new() } else { format!(" {}", s.modifiers.join(" ")) }
         );
+        if let Some(ps) = s.page_size {
+            println!("kv cache  paged, {ps} keys a page");
+        }
         println!("time      {:.4} ms  ({:.3} TFLOP/s)", report.ms, report.tflops);
         if let Some(acc) = &report.accuracy {
             println!(

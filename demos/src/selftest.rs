@@ -42,10 +42,15 @@ pub fn shapes(quick: bool) -> Vec<AttentionProblem> {
         // Decode: a GQA group of 4 at 3 positions against a ragged cache, causal, BSHD (the
         // split-KV decode kernel on CUDA).
         AttentionProblem::new(2, 8, 3, 128).kv_heads(2).kv_len(1500).causal(true).layout(Layout::Bshd),
+        // Paged KV: shuffled pages of 16 keys, ragged lengths (one shorter than a page), a
+        // decode step over GQA (the paged decode kernel on CUDA, the CPU elsewhere).
+        AttentionProblem::new(3, 8, 1, 128).kv_heads(2).paged_kv(quattn::inputs::paged_kv(16, &[1000, 9, 333], 1, 2, 7)),
     ];
     if !quick {
         v.push(AttentionProblem::new(2, 8, 256, 128).kv_heads(1).causal(true));
         v.push(AttentionProblem::new(1, 4, 513, 64).kv_len(1031).layout(Layout::Bshd));
+        // Paged, pages of 256 keys, a causal chunk of 4 positions, BSHD.
+        v.push(AttentionProblem::new(2, 8, 4, 64).kv_heads(2).causal(true).layout(Layout::Bshd).paged_kv(quattn::inputs::paged_kv(256, &[700, 260], 0, 1, 8)));
     }
     v.into_iter().map(|p| p.with_lse(true)).collect()
 }
@@ -239,7 +244,8 @@ fn run_case(session: &Session, p: &AttentionProblem, prec: Precision, strategy: 
             | Error::UnsupportedHeadDim { .. }
             | Error::UnsupportedStrategy { .. }
             | Error::UnsupportedVHeadDim { .. }
-            | Error::UnsupportedFeature { .. }),
+            | Error::UnsupportedFeature { .. }
+            | Error::UnsupportedPagedKv { .. }),
         ) => {
             case.reason = Some(e.to_string());
             return case;
@@ -254,8 +260,8 @@ fn run_case(session: &Session, p: &AttentionProblem, prec: Precision, strategy: 
     let (q, k, v) = check::inputs(p, prec, 0x5e1f ^ (p.q_len as u64 * 131 + p.head_dim as u64));
     let result = session.run(&plan, &q, &k, &v).map_err(anyhow::Error::from).and_then(|out| {
         let acc = check::check(p, prec, &q, &k, &v, &out)?;
-        // The emulations do not model score modifiers (they refuse them).
-        let vs_emu = if strategy == Strategy::Reference || p.has_modifiers() {
+        // The emulations model neither score modifiers nor paged K/V (they refuse both).
+        let vs_emu = if strategy == Strategy::Reference || p.has_modifiers() || p.paged.is_some() {
             None
         } else {
             // The plan's blocking: the INT8 scale layout follows the kernel's tiles.

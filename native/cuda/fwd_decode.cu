@@ -26,18 +26,29 @@
 // limit carry mask code. Rows that see no key of the split keep max -inf and sum 0: their
 // partial O is 0 and their LSE -inf, which the merge weighs as nothing.
 //
+// Paged KV (PAGED 1). K and V are pools [num_pages, page_size, kv_heads, D] read through the
+// block table [batch, max_pages]: key j of sequence b is row j % page_size of page
+// table[b][j / page_size], and each sequence has its own length (seq_lens[b], which replaces
+// kv_len for its CTAs: the split's range, the sequence-end mask and the causal alignment). Page
+// sizes are powers of two (16 .. 256), so a tile of BN keys may span several pages: every copied
+// row looks its page up. Each thread reads the table entries of its rows of the next tile one
+// tile ahead (registers), so the lookup's latency hides behind the current tile's math instead
+// of delaying the next cp.async. A table entry outside [0, num_pages) zero-fills its row (the
+// host validates the table; this keeps a bad one inside the pool).
+//
 // Compile-time parameters (-D defines, from DecodeConfig in src/decode.rs):
 //   HEAD_DIM   64 | 128
 //   WARPS_M    1 | 2 | 4   row tiles (BM = 16, 32, 64 query rows per CTA)
 //   BLOCK_N    keys per KV tile (BLOCK_N / (4 / WARPS_M) a multiple of 16)
 //   STAGES     K+V tiles in shared memory (>= 2)
 //   IN_BF16    0: fp16 Q/K/V/O, 1: bf16
+//   PAGED      0: K/V strided tensors, 1: K/V paged pools
 // The launch ABI is `DecodeParams` below; the Rust mirror is `DecodeParams` in src/decode.rs,
 // and `DecodeTile::smem_bytes` mirrors cfg::SMEM_BYTES.
 #include "common.cuh"
 
-#if !defined(HEAD_DIM) || !defined(WARPS_M) || !defined(BLOCK_N) || !defined(STAGES) || !defined(IN_BF16)
-#error "fwd_decode.cu needs HEAD_DIM, WARPS_M, BLOCK_N, STAGES, IN_BF16"
+#if !defined(HEAD_DIM) || !defined(WARPS_M) || !defined(BLOCK_N) || !defined(STAGES) || !defined(IN_BF16) || !defined(PAGED)
+#error "fwd_decode.cu needs HEAD_DIM, WARPS_M, BLOCK_N, STAGES, IN_BF16, PAGED"
 #endif
 
 namespace cfg {
@@ -66,6 +77,7 @@ constexpr int O_PITCH = D + 4;
 constexpr int SLAB_FLOATS = 16 * O_PITCH;
 constexpr int EPI_FLOATS = WARPS * SLAB_FLOATS + 2 * WARPS * 16 + BM;
 constexpr int COPY_STEP = THREADS / CHUNKS;  // rows one copy instruction of the CTA covers
+constexpr int COPY_ROWS = BN / COPY_STEP;    // rows of a tile one thread copies
 static_assert(D == 64 || D == 128, "head dim 64 or 128");
 static_assert(WM == 1 || WM == 2 || WM == 4, "1, 2 or 4 row tiles");
 static_assert(KW % 16 == 0 && KW >= 16, "every warp's key slice is whole k16 steps");
@@ -79,6 +91,7 @@ struct DecodeParams {
     u64 q, k, v;                // inputs (16-bit)
     u64 o, lse;                 // final O (16-bit, strided) and LSE (f32 [batch, q_heads, q_len])
     u64 part_o, part_lse;       // splits > 1: f32 partial O [pair][split][rows][D], LSE [pair][split][rows]
+    u64 block_table, seq_lens;  // PAGED: i32 [batch, max_pages] and i32 [batch]
     i64 q_batch_stride, q_head_stride, q_seq_stride;   // in elements; head dim is contiguous
     i64 k_batch_stride, k_head_stride, k_seq_stride;
     i64 v_batch_stride, v_head_stride, v_seq_stride;
@@ -91,7 +104,9 @@ struct DecodeParams {
     float scale_log2;           // softmax scale * log2(e)
     float scale;
     int causal;                 // bottom-right aligned
-    int pad_;
+    int page_shift;             // PAGED: log2(page_size)
+    int max_pages;              // PAGED: columns of the block table
+    int num_pages;              // PAGED: pages in each pool
 };
 
 __device__ __forceinline__ void warp_mma_in(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
@@ -163,6 +178,43 @@ __device__ __forceinline__ void cta_load_stage(u32 stage, const CtaKeys& ck, int
         cta_load_kv_tile<false>(stage + cfg::KV_TILE_BYTES, ck.v + vo, ck.v_stride, valid);
     }
 }
+
+#if PAGED
+// The pages of this thread's rows (row0 + i * COPY_STEP) of one tile, -1 past the sequence or
+// for an entry outside the pool.
+struct RowPages {
+    int page[cfg::COPY_ROWS];
+};
+
+// Reads the table entries of this thread's rows of the tile starting at key `key0`.
+__device__ __forceinline__ void thread_fetch_pages(RowPages& rp, const int* table, int key0, int kv_len, int shift, int num_pages) {
+    const int row0 = threadIdx.x / cfg::CHUNKS;
+#pragma unroll
+    for (int i = 0; i < cfg::COPY_ROWS; ++i) {
+        const int key = key0 + row0 + i * cfg::COPY_STEP;
+        const int page = key < kv_len ? __ldg(table + (key >> shift)) : -1;
+        rp.page[i] = (unsigned)page < (unsigned)num_pages ? page : -1;
+    }
+}
+
+// One tile of K and V from the pools (`k`, `v`: the KV head's first element; `row_bytes`: bytes
+// from one pool row to the next) into the stage at `dst`; rows without a page are zero-filled.
+__device__ __forceinline__ void cta_load_stage_paged(u32 dst, const RowPages& rp, const unsigned char* k, const unsigned char* v,
+                                                     i64 row_bytes, int key0, int shift) {
+    const int row0 = threadIdx.x / cfg::CHUNKS;
+    const int chunk = threadIdx.x % cfg::CHUNKS;
+    const u32 d = dst + tile_swizzle<cfg::ROW_BYTES>(row0, chunk);
+    const int slot_mask = (1 << shift) - 1;
+#pragma unroll
+    for (int i = 0; i < cfg::COPY_ROWS; ++i) {
+        const int key = key0 + row0 + i * cfg::COPY_STEP;
+        const bool ok = rp.page[i] >= 0;
+        const i64 off = ok ? ((((i64)rp.page[i] << shift) + (key & slot_mask)) * row_bytes + chunk * 16) : 0;
+        thread_cp_async_16_l2(d + i * cfg::COPY_STEP * cfg::ROW_BYTES, k + off, ok ? 16 : 0);
+        thread_cp_async_16_l2(d + cfg::KV_TILE_BYTES + i * cfg::COPY_STEP * cfg::ROW_BYTES, v + off, ok ? 16 : 0);
+    }
+}
+#endif
 
 // Online-softmax state of one warp: rows g and g + 8 of its row tile, its key slice.
 struct WarpState {
@@ -255,11 +307,22 @@ extern "C" __global__ void __launch_bounds__(cfg::THREADS) fwd_decode(const Deco
 
     // The split's keys, and the first key some row of the CTA no longer sees: position 0's
     // causal limit (every other row's limit is at least that), else the sequence end.
+#if PAGED
+    // The host checks every length against the table; the clamp keeps a bad one inside it.
+    const int kv_len = min(max(reinterpret_cast<const int*>(p.seq_lens)[batch], 0), p.max_pages << p.page_shift);
+    const int* table = reinterpret_cast<const int*>(p.block_table) + (i64)batch * p.max_pages;
+    const i64 pool_row_bytes = 2 * (i64)p.kv_heads * cfg::D;
+    const unsigned char* k_pool = reinterpret_cast<const unsigned char*>(p.k) + 2 * (i64)kv_head * cfg::D;
+    const unsigned char* v_pool = reinterpret_cast<const unsigned char*>(p.v) + 2 * (i64)kv_head * cfg::D;
+    RowPages pages;
+#else
+    const int kv_len = p.kv_len;
+#endif
     CtaKeys ck;
     ck.begin = split * p.keys_per_split;
-    const int end = min(p.kv_len, ck.begin + p.keys_per_split);
+    const int end = min(kv_len, ck.begin + p.keys_per_split);
     ck.n_tiles = end > ck.begin ? (end - ck.begin + cfg::BN - 1) / cfg::BN : 0;
-    const int mask_from = p.causal ? min(p.kv_len, p.kv_len - p.q_len + 1) : p.kv_len;
+    const int mask_from = p.causal ? min(kv_len, kv_len - p.q_len + 1) : kv_len;
     ck.n_full = mask_from > ck.begin ? min((mask_from - ck.begin) / cfg::BN, ck.n_tiles) : 0;
     ck.k_stride = 2 * p.k_seq_stride;
     ck.v_stride = 2 * p.v_seq_stride;
@@ -274,7 +337,7 @@ extern "C" __global__ void __launch_bounds__(cfg::THREADS) fwd_decode(const Deco
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int r = wm * 16 + g + 8 * h;
-        lim[h] = (p.causal && r < p.rows) ? min(p.kv_len, r % p.q_len + 1 + p.kv_len - p.q_len) : p.kv_len;
+        lim[h] = (p.causal && r < p.rows) ? min(kv_len, r % p.q_len + 1 + kv_len - p.q_len) : kv_len;
     }
 
     WarpState st;
@@ -296,9 +359,19 @@ extern "C" __global__ void __launch_bounds__(cfg::THREADS) fwd_decode(const Deco
                                         (i64)(rr % p.q_len) * p.q_seq_stride + chunk * 8;
             thread_cp_async_16(q_smem + tile_swizzle<cfg::ROW_BYTES>(r, chunk), src, ok ? 16 : 0);
         }
+#if PAGED
+        thread_fetch_pages(pages, table, ck.begin, kv_len, p.page_shift, p.num_pages);
+#endif
 #pragma unroll
         for (int t = 0; t < STAGES - 1; ++t) {
-            if (t < ck.n_tiles) cta_load_stage(smem + t * cfg::STAGE_BYTES, ck, t, p.kv_len);
+            if (t < ck.n_tiles) {
+#if PAGED
+                cta_load_stage_paged(smem + t * cfg::STAGE_BYTES, pages, k_pool, v_pool, pool_row_bytes, ck.begin + t * cfg::BN, p.page_shift);
+                thread_fetch_pages(pages, table, ck.begin + (t + 1) * cfg::BN, kv_len, p.page_shift, p.num_pages);
+#else
+                cta_load_stage(smem + t * cfg::STAGE_BYTES, ck, t, kv_len);
+#endif
+            }
             thread_cp_async_commit();
         }
         thread_cp_async_wait<STAGES - 2>();   // Q and tile 0 landed
@@ -323,7 +396,15 @@ extern "C" __global__ void __launch_bounds__(cfg::THREADS) fwd_decode(const Deco
             thread_cp_async_wait<STAGES - 2>();   // tile j landed (this thread's copies)
             __syncthreads();                           // everyone's; everyone is past tile j - 1
             const int t = j + STAGES - 1;
-            if (t < ck.n_tiles) cta_load_stage(smem + fill * cfg::STAGE_BYTES, ck, t, p.kv_len);
+            if (t < ck.n_tiles) {
+#if PAGED
+                // `pages` holds tile t's entries (read one tile ago); read tile t + 1's now.
+                cta_load_stage_paged(smem + fill * cfg::STAGE_BYTES, pages, k_pool, v_pool, pool_row_bytes, ck.begin + t * cfg::BN, p.page_shift);
+                thread_fetch_pages(pages, table, ck.begin + (t + 1) * cfg::BN, kv_len, p.page_shift, p.num_pages);
+#else
+                cta_load_stage(smem + fill * cfg::STAGE_BYTES, ck, t, kv_len);
+#endif
+            }
             thread_cp_async_commit();
             const u32 k_w = smem + stage * cfg::STAGE_BYTES + slice;
             const u32 v_w = k_w + cfg::KV_TILE_BYTES;

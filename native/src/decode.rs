@@ -10,6 +10,13 @@
 //! LSE. One split writes O and the LSE directly. Masks, GQA, strides and the LSE follow the
 //! other families ([`AttentionShape`]: bottom-right causal alignment, ragged lengths, any
 //! strides in 16-byte pieces).
+//!
+//! The paged variants ([`DecodeConfig::paged`]) read K and V from the pools of a paged cache,
+//! `[num_pages, page_size, kv_heads, head_dim]`, through a block table `[batch, max_pages]`,
+//! each sequence with its own length ([`PagedArgs`]); every other part of the kernel is the same
+//! source. Page sizes are the powers of two 16 to 256: a K/V tile (64 keys at hd128, 128 at
+//! hd64) may span several pages, so every copied key row looks its page up (the table entries
+//! of the next tile are read one tile ahead).
 
 use crate::arch::Arch;
 use crate::cache::{CompileRequest, KernelSource};
@@ -75,6 +82,8 @@ pub struct DecodeConfig {
     pub rows: u32,
     /// `None`: the pipeline of [`DECODE_TILES`]; `Some`: forced (tests, sweeps).
     pub tile: Option<DecodeTile>,
+    /// K and V in paged pools read through a block table ([`PagedArgs`]).
+    pub paged: bool,
 }
 
 impl DecodeConfig {
@@ -97,7 +106,7 @@ impl DecodeConfig {
                 reason: format!("{rows} query rows per KV head (group x q_len); the decode kernel packs at most {}", Self::MAX_ROWS),
             });
         };
-        let cfg = DecodeConfig { head_dim: head_dim as u32, input, rows: tile_rows, tile: None };
+        let cfg = DecodeConfig { head_dim: head_dim as u32, input, rows: tile_rows, tile: None, paged: false };
         cfg.validate()?;
         Ok(cfg)
     }
@@ -156,11 +165,17 @@ impl DecodeConfig {
         self.tile().smem_bytes(self.head_dim, self.rows)
     }
 
-    /// `fwd_decode_{in}_m{rows}_d{hd}`, e.g. `fwd_decode_f16_m16_d128`; a forced tile adds its
-    /// suffix (`_n64s4`).
+    /// The paged variant of this one.
+    pub fn with_paged(self, paged: bool) -> Self {
+        DecodeConfig { paged, ..self }
+    }
+
+    /// `fwd_decode_{in}_m{rows}_d{hd}`, e.g. `fwd_decode_f16_m16_d128`
+    /// (`fwd_decode_paged_...` for the paged variants); a forced tile adds its suffix (`_n64s4`).
     pub fn name(&self) -> String {
         let forced = self.tile.map(|t| format!("_{}", t.suffix())).unwrap_or_default();
-        format!("fwd_decode_{}_m{}_d{}{forced}", self.input.name(), self.rows, self.head_dim)
+        let paged = if self.paged { "paged_" } else { "" };
+        format!("fwd_decode_{paged}{}_m{}_d{}{forced}", self.input.name(), self.rows, self.head_dim)
     }
 
     /// Every variant the report and tests compile.
@@ -169,7 +184,9 @@ impl DecodeConfig {
         for hd in [64, 128] {
             for input in [Dtype::F16, Dtype::Bf16] {
                 for rows in Self::ROWS {
-                    v.push(DecodeConfig { head_dim: hd, input, rows, tile: None });
+                    for paged in [false, true] {
+                        v.push(DecodeConfig { head_dim: hd, input, rows, tile: None, paged });
+                    }
                 }
             }
         }
@@ -187,6 +204,7 @@ impl DecodeConfig {
             d("BLOCK_N", t.block_n),
             d("STAGES", t.stages),
             d("IN_BF16", (self.input == Dtype::Bf16) as u32),
+            d("PAGED", self.paged as u32),
         ])
     }
 
@@ -282,6 +300,8 @@ impl MergeConfig {
 pub enum DecodeUnit {
     Attention(DecodeConfig),
     Merge(MergeConfig),
+    /// The paged cache's writer (`append_kv.cu`), compiled and checked with the family.
+    AppendKv(crate::append_kv::AppendKvConfig),
 }
 
 impl DecodeUnit {
@@ -289,6 +309,7 @@ impl DecodeUnit {
     pub fn all() -> Vec<DecodeUnit> {
         let mut v: Vec<DecodeUnit> = DecodeConfig::all().into_iter().map(DecodeUnit::Attention).collect();
         v.extend(MergeConfig::all().into_iter().map(DecodeUnit::Merge));
+        v.push(DecodeUnit::AppendKv(crate::append_kv::AppendKvConfig));
         v
     }
 }
@@ -298,25 +319,28 @@ impl KernelVariant for DecodeUnit {
         match self {
             DecodeUnit::Attention(c) => c.name(),
             DecodeUnit::Merge(c) => c.name(),
+            DecodeUnit::AppendKv(c) => c.name(),
         }
     }
     fn request(&self, arch: Arch) -> Result<CompileRequest<'static>> {
         match self {
             DecodeUnit::Attention(c) => c.request(arch),
             DecodeUnit::Merge(c) => c.request(arch),
+            DecodeUnit::AppendKv(c) => c.request(arch),
         }
     }
     fn expected_instructions(&self, _arch: Arch) -> Vec<String> {
         let v = match self {
             DecodeUnit::Attention(c) => c.expected_instructions(),
             DecodeUnit::Merge(c) => c.expected_instructions(),
+            DecodeUnit::AppendKv(c) => c.expected_instructions(),
         };
         v.into_iter().map(String::from).collect()
     }
     fn dynamic_smem_bytes(&self, _arch: Arch) -> u32 {
         match self {
             DecodeUnit::Attention(c) => c.smem_bytes(),
-            DecodeUnit::Merge(_) => 0,
+            DecodeUnit::Merge(_) | DecodeUnit::AppendKv(_) => 0,
         }
     }
 }
@@ -388,6 +412,8 @@ pub struct DecodeParams {
     pub lse: u64,
     pub part_o: u64,
     pub part_lse: u64,
+    pub block_table: u64,
+    pub seq_lens: u64,
     pub q_batch_stride: i64,
     pub q_head_stride: i64,
     pub q_seq_stride: i64,
@@ -411,7 +437,9 @@ pub struct DecodeParams {
     pub scale_log2: f32,
     pub scale: f32,
     pub causal: i32,
-    pub pad_: i32,
+    pub page_shift: i32,
+    pub max_pages: i32,
+    pub num_pages: i32,
 }
 
 /// Mirror of `MergeParams` in `decode_merge.cu`.
@@ -448,6 +476,50 @@ pub struct DecodePtrs {
     pub part_o: u64,
     /// f32 partial LSE (unused with one split).
     pub part_lse: u64,
+    /// Paged variants: i32 block table `[batch, max_pages]` (0 otherwise).
+    pub block_table: u64,
+    /// Paged variants: i32 sequence lengths `[batch]` (0 otherwise).
+    pub seq_lens: u64,
+}
+
+/// The geometry of a paged cache, for the paged variants: the pools are `[num_pages,
+/// page_size, kv_heads, head_dim]`; the shape's `kv_len` is the longest sequence (it sets the
+/// split) and its K/V strides are not read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PagedArgs {
+    pub page_size: u32,
+    pub max_pages: u32,
+    pub num_pages: u32,
+}
+
+impl PagedArgs {
+    /// Page sizes the paged variants take.
+    pub const PAGE_SIZES: [u32; 5] = [16, 32, 64, 128, 256];
+
+    /// A supported page size, a non-empty table and pool, pool rows and table columns within
+    /// the kernel's i32 arithmetic, the longest sequence within the table.
+    pub fn validate(&self, s: &AttentionShape) -> Result<()> {
+        let bad = |m: String| Err(NativeError::InvalidArgs(m));
+        if !Self::PAGE_SIZES.contains(&self.page_size) {
+            return bad(format!("page size {} (supported: {:?})", self.page_size, Self::PAGE_SIZES));
+        }
+        if self.max_pages == 0 || self.num_pages == 0 {
+            return bad(format!("{self:?}: an empty block table or pool"));
+        }
+        let cap = self.max_pages as u64 * self.page_size as u64;
+        if cap > i32::MAX as u64 || self.num_pages as u64 * self.page_size as u64 > i32::MAX as u64 {
+            return bad(format!("{self:?}: table or pool rows exceed i32"));
+        }
+        if s.kv_len as u64 > cap {
+            return bad(format!("kv_len {} exceeds the {cap} keys a table row holds", s.kv_len));
+        }
+        Ok(())
+    }
+
+    /// Elements each pool holds at `kv_heads` heads of `head_dim`.
+    pub fn pool_elems(&self, s: &AttentionShape) -> usize {
+        self.num_pages as usize * self.page_size as usize * s.kv_heads * s.head_dim
+    }
 }
 
 impl DecodeConfig {
@@ -522,7 +594,7 @@ impl DecodeConfig {
 impl DecodeParams {
     /// Kernel parameters of `s` with `split` for the device addresses `ptrs` (shape and split
     /// as checked by [`DecodeConfig::validate_args`] and [`DecodeConfig::validate_split`]).
-    pub fn new(s: &AttentionShape, split: DecodeSplit, ptrs: &DecodePtrs) -> DecodeParams {
+    pub fn new(s: &AttentionShape, split: DecodeSplit, ptrs: &DecodePtrs, paged: Option<PagedArgs>) -> DecodeParams {
         let [q, k, v, o] = [s.q, s.k, s.v, s.o].map(|x| x.to_array().map(|v| v as i64));
         let group = s.group_size();
         DecodeParams {
@@ -533,6 +605,8 @@ impl DecodeParams {
             lse: ptrs.lse,
             part_o: ptrs.part_o,
             part_lse: ptrs.part_lse,
+            block_table: ptrs.block_table,
+            seq_lens: ptrs.seq_lens,
             q_batch_stride: q[0],
             q_head_stride: q[1],
             q_seq_stride: q[2],
@@ -556,7 +630,9 @@ impl DecodeParams {
             scale_log2: s.scale * std::f32::consts::LOG2_E,
             scale: s.scale,
             causal: s.causal as i32,
-            pad_: 0,
+            page_shift: paged.map_or(0, |g| g.page_size.trailing_zeros() as i32),
+            max_pages: paged.map_or(0, |g| g.max_pages as i32),
+            num_pages: paged.map_or(0, |g| g.num_pages as i32),
         }
     }
 }
@@ -673,6 +749,37 @@ mod launch {
         /// [`DecodeSplit::partial_lens`] elements, all valid until the kernels finish on
         /// `stream`.
         pub unsafe fn launch_raw(&self, stream: &Arc<CudaStream>, s: &AttentionShape, split: DecodeSplit, ptrs: &DecodePtrs) -> Result<()> {
+            if self.config.paged {
+                return Err(NativeError::InvalidArgs(format!("{} reads a paged cache: launch it with launch_paged_raw", self.config.name())));
+            }
+            // SAFETY: the caller's contract.
+            unsafe { self.launch_any(stream, s, split, ptrs, None) }
+        }
+
+        /// Launches a paged variant on `stream`: K and V are the pools of `paged`, read through
+        /// the i32 block table `[batch, max_pages]` and the i32 lengths `[batch]` at
+        /// `ptrs.block_table` / `ptrs.seq_lens`; `s.kv_len` is the longest sequence.
+        ///
+        /// # Safety
+        /// As [`Self::launch_raw`], with K and V of [`PagedArgs::pool_elems`] elements, the
+        /// table and the lengths valid device memory, every length at most `s.kv_len`, and every
+        /// table entry a sequence's length reaches a page of the pool (the kernel zero-fills
+        /// rows of entries outside the pool, but reads the entries themselves).
+        pub unsafe fn launch_paged_raw(&self, stream: &Arc<CudaStream>, s: &AttentionShape, paged: PagedArgs, split: DecodeSplit, ptrs: &DecodePtrs) -> Result<()> {
+            if !self.config.paged {
+                return Err(NativeError::InvalidArgs(format!("{} reads strided K/V: launch it with launch_raw", self.config.name())));
+            }
+            paged.validate(s)?;
+            for (name, p) in [("block_table", ptrs.block_table), ("seq_lens", ptrs.seq_lens)] {
+                if p == 0 || p % 4 != 0 {
+                    return Err(NativeError::InvalidArgs(format!("{name} pointer {p:#x} is null or not 4-byte aligned")));
+                }
+            }
+            // SAFETY: the caller's contract.
+            unsafe { self.launch_any(stream, s, split, ptrs, Some(paged)) }
+        }
+
+        unsafe fn launch_any(&self, stream: &Arc<CudaStream>, s: &AttentionShape, split: DecodeSplit, ptrs: &DecodePtrs, paged: Option<PagedArgs>) -> Result<()> {
             self.config.validate_args(s)?;
             self.config.validate_split(s, split)?;
             let named = [("q", ptrs.q), ("k", ptrs.k), ("v", ptrs.v), ("o", ptrs.o), ("lse", ptrs.lse), ("part_o", ptrs.part_o), ("part_lse", ptrs.part_lse)];
@@ -682,7 +789,7 @@ mod launch {
                     return Err(NativeError::InvalidArgs(format!("{name} pointer {p:#x} is null or not 16-byte aligned")));
                 }
             }
-            let params = DecodeParams::new(s, split, ptrs);
+            let params = DecodeParams::new(s, split, ptrs, paged);
             let cfg = LaunchConfig {
                 grid_dim: (split.splits, s.kv_heads as u32, s.batch as u32),
                 block_dim: (32 * DECODE_WARPS, 1, 1),
@@ -767,8 +874,8 @@ mod tests {
 
     #[test]
     fn params_layout_matches_the_kernel_structs() {
-        // 7 pointers + 12 strides (8 bytes) + 12 four-byte fields.
-        assert_eq!(std::mem::size_of::<DecodeParams>(), 19 * 8 + 12 * 4);
+        // 9 pointers + 12 strides (8 bytes) + 14 four-byte fields.
+        assert_eq!(std::mem::size_of::<DecodeParams>(), 21 * 8 + 14 * 4);
         // 4 pointers + 3 strides + 8 four-byte fields.
         assert_eq!(std::mem::size_of::<MergeParams>(), 7 * 8 + 8 * 4);
     }
@@ -831,7 +938,7 @@ mod tests {
         let sp = DecodeSplit { splits: 4, keys_per_split: 2048 };
         assert_eq!(sp.partial_lens(&a), (8 * 8 * 4 * 4 * 128, 8 * 8 * 4 * 4));
         assert_eq!(DecodeSplit { splits: 1, keys_per_split: 8192 }.partial_lens(&a), (0, 0));
-        let p = DecodeParams::new(&a, sp, &DecodePtrs { q: 16, ..Default::default() });
+        let p = DecodeParams::new(&a, sp, &DecodePtrs { q: 16, ..Default::default() }, None);
         assert_eq!((p.group, p.rows, p.splits, p.keys_per_split, p.k_head_stride), (4, 4, 4, 2048, 8192 * 128));
         let m = MergeParams::new(&a, sp, &DecodePtrs::default());
         assert_eq!((m.rows, m.total_rows, m.o_head_stride), (4, 8 * 8 * 4, 128));

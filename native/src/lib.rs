@@ -33,6 +33,7 @@
 //!   against a long KV sequence, with the LSE merge of its splits.
 //! - [`device`]: device queries.
 
+pub mod append_kv;
 pub mod arch;
 pub mod cache;
 pub mod decode;
@@ -62,7 +63,9 @@ pub mod wgmma_fp8;
 pub use arch::Arch;
 #[cfg(feature = "cuda")]
 pub use decode::DecodeKernel;
-pub use decode::{decode_split, DecodeConfig, DecodeParams, DecodePtrs, DecodeSplit, DecodeTile, DecodeUnit, MergeConfig, MergeParams, DECODE_TILES};
+#[cfg(feature = "cuda")]
+pub use append_kv::AppendKvKernel;
+pub use decode::{decode_split, DecodeConfig, DecodeParams, DecodePtrs, PagedArgs, DecodeSplit, DecodeTile, DecodeUnit, MergeConfig, MergeParams, DECODE_TILES};
 pub use cache::{default_cache_dir, CacheKey, CompileRequest, CompiledKernel, KernelCache, Origin};
 pub use error::{NativeError, Result};
 /// The shared types of quattn's crates that this crate's API takes: launch shape, element type, strides,

@@ -272,6 +272,9 @@ mod store {
                         crate::report::KernelVariant::name(&u)
                     )))
                 }
+                NativeKernelId::Decode(DecodeUnit::AppendKv(_)) => {
+                    return Err(NativeError::InvalidArgs("append_kv is not an attention kernel; it loads through AppendKvKernel::load".into()))
+                }
                 NativeKernelId::Nvfp4(c) => Loaded::Nvfp4(crate::nvfp4::Nvfp4Kernel::load(ctx, c)?),
                 NativeKernelId::Nvfp4Quant(c) => Loaded::Nvfp4Quant(crate::nvfp4_quant::Nvfp4Quant::load(ctx, c)?),
                 NativeKernelId::Fp8Prepass(c) => Loaded::Fp8Prepass(Fp8Prepass::load(ctx, c)?),

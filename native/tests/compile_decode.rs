@@ -107,3 +107,45 @@ fn sweep_tiles_compile_on_sm90() {
     d.dedup();
     assert_eq!(d.len(), names.len());
 }
+
+/// The paged variants on the H100's target: the same matrix work as their strided twins (the
+/// table changes only where rows are copied from), K and V still through cp.async, no local
+/// memory; `append_kv` copies in 16-byte pieces.
+#[test]
+fn paged_variants_match_their_strided_twins_on_sm90() {
+    if !tools_or_skip("decode_paged_variants_on_sm90") {
+        return;
+    }
+    let cache = KernelCache::new(None);
+    let paged: Vec<DecodeConfig> = DecodeConfig::all().into_iter().filter(|c| c.paged).collect();
+    assert_eq!(paged.len(), DecodeConfig::all().len() / 2);
+    let mut units: Vec<DecodeUnit> = paged.iter().flat_map(|c| [DecodeUnit::Attention(*c), DecodeUnit::Attention(c.with_paged(false))]).collect();
+    units.push(DecodeUnit::AppendKv(quattn_native::append_kv::AppendKvConfig));
+    let reports = reports(&cache, &units, &[Arch::Sm90]);
+    for r in &reports {
+        assert!(r.ok(), "{}", r.summary());
+        assert_eq!(r.stack_frame_bytes, Some(0), "{}: local memory", r.summary());
+    }
+    for pair in reports[..2 * paged.len()].chunks(2) {
+        let (p, s) = (&pair[0], &pair[1]);
+        assert!(p.kernel.starts_with("fwd_decode_paged_"), "{}", p.kernel);
+        for op in ["HMMA.16816.F32", "HMMA.16816.F32.BF16", "LDSM.16.M88.4", "LDSM.16.MT88.4"] {
+            assert_eq!(count(p, op), count(s, op), "{} vs {}: {op}", p.kernel, s.kernel);
+        }
+        // One copy of K and one of V per row a thread copies (BN / (128 threads / (hd / 8)
+        // chunks) rows), at least once; the strided kernel also has its partial-tile path.
+        let cp = "LDGSTS.E.BYPASS.LTC128B.128";
+        let cfg = paged.iter().find(|c| c.name() == p.kernel).unwrap();
+        let rows_per_thread = (cfg.tile().block_n / (128 / (cfg.head_dim / 8))) as usize;
+        assert!(count(p, cp) >= 2 * rows_per_thread, "{}: {} {cp}", p.kernel, count(p, cp));
+        assert!(count(s, cp) > 0);
+        assert!(r_regs(p) <= 255, "{}", p.summary());
+    }
+    let append = reports.last().unwrap();
+    assert_eq!(append.kernel, "fwd_decode_append_kv");
+    assert!(append.instructions.keys().all(|k| !k.contains("MMA")), "{}", append.summary());
+}
+
+fn r_regs(r: &KernelReport) -> u32 {
+    r.registers.expect("ptxas reported registers")
+}

@@ -67,6 +67,8 @@ fn cpu_fp8_kernel(_: &CpuBackend, problem: &AttentionProblem, precision: Precisi
                 .into(),
         }));
     }
+    // FP8 descale blocks run along a contiguous sequence.
+    registry::refuse_paged(problem, "the CPU FP8 kernel")?;
     let blocking = Blocking { block_q: CPU_FP8_BLOCK, block_k: CPU_FP8_BLOCK, ..Blocking::default() };
     blocking.validate(problem, precision)?;
     Ok(Choice { kernel: KernelId::CpuFp8 { format, descale, p, head_dim: problem.head_dim }, blocking: Some(blocking) })
@@ -206,15 +208,41 @@ fn forward(p: &AttentionProblem, p_round: PRound, data: &mut CpuData) {
     }
 }
 
+/// Where a K or V row starts: strided tensors, or a paged cache's pool.
+enum KvIndex<'a> {
+    Strided(crate::Strides),
+    Paged { cache: &'a crate::paged::PagedKv, kv_heads: usize, dim: usize },
+}
+
+impl KvIndex<'_> {
+    fn new(p: &AttentionProblem, strides: crate::Strides, dim: usize) -> KvIndex<'_> {
+        match &p.paged {
+            Some(cache) => KvIndex::Paged { cache, kv_heads: p.kv_heads, dim },
+            None => KvIndex::Strided(strides),
+        }
+    }
+    /// Key `j` of sequence `b`, KV head `h`.
+    #[inline]
+    fn offset(&self, b: usize, h: usize, j: usize) -> usize {
+        match self {
+            KvIndex::Strided(s) => s.offset(b, h, j),
+            KvIndex::Paged { cache, kv_heads, dim } => cache.offset(b, h, j, *kv_heads, *dim),
+        }
+    }
+}
+
 /// Rows are independent: one task per (batch, head, query row), each a two-pass softmax in f32
 /// over the row's visible keys only (`visible_range`: keys a window or the causal mask hides
 /// are never read). `s = (q · k) · (q_factor · k_factor) · scale`, then the score modifiers
 /// (`modify_score`); each key's P·V term is `round(p) · v_factor · v`; a sink adds
-/// `exp(sink − m)` to the denominator only.
+/// `exp(sink − m)` to the denominator only. With a paged cache, K and V rows are read through the
+/// block table and each sequence's masks measure against its own length.
 fn forward_rows<T: Rows>(p: &AttentionProblem, p_round: PRound, q: &T, k: &T, v: &T, o: &mut [f32], lse: &mut [f32]) {
     let scale = p.softmax_scale();
-    let (qs, ks, vs, os) = (p.q_strides(), p.k_strides(), p.v_strides(), p.o_strides());
+    let (qs, os) = (p.q_strides(), p.o_strides());
     let (hd, dv) = (p.head_dim, p.v_head_dim);
+    let (ks, vs) = (KvIndex::new(p, p.k_strides(), hd), KvIndex::new(p, p.v_strides(), dv));
+    let seqs: Vec<std::borrow::Cow<'_, AttentionProblem>> = (0..p.batch).map(|b| p.sequence(b)).collect();
     let rows: Vec<(usize, usize, usize, Vec<f32>, f32)> = (0..p.batch * p.q_heads * p.q_len)
         .into_par_iter()
         .map_init(
@@ -222,7 +250,8 @@ fn forward_rows<T: Rows>(p: &AttentionProblem, p_round: PRound, q: &T, k: &T, v:
             |(s, qrow, row), r| {
                 let (b, h, i) = (r / (p.q_heads * p.q_len), (r / p.q_len) % p.q_heads, r % p.q_len);
                 let kh = p.kv_head_of(h);
-                let keys = p.visible_range(i);
+                let sp = &seqs[b];
+                let keys = sp.visible_range(i);
                 let mut out = vec![0.0f32; dv];
                 if keys.is_empty() {
                     return (b, h, i, out, f32::NEG_INFINITY);
@@ -238,7 +267,7 @@ fn forward_rows<T: Rows>(p: &AttentionProblem, p_round: PRound, q: &T, k: &T, v:
                     let dot = qrow.iter().zip(row.iter()).map(|(a, b)| a * b).sum::<f32>();
                     *sj = dot * (qf * k.factor(b, kh, j)) * scale;
                     if modified {
-                        *sj = p.modify_score(*sj, h, i, j);
+                        *sj = sp.modify_score(*sj, h, i, j);
                     }
                     // NaN scores (NaN codes) make the row NaN, as they do on a GPU.
                     m = if sj.is_nan() { f32::NAN } else { m.max(*sj) };

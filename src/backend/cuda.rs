@@ -30,7 +30,7 @@ use cubecl::cuda::CudaRuntime;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtrMut, DeviceRepr, ValidAsZeroBits};
 use half::{bf16, f16};
 use quattn_native::wgmma_fp8::{Fp8WgmmaConfig, Fp8WgmmaUnit};
-use quattn_native::decode::{DecodeConfig, DecodePtrs, DecodeUnit};
+use quattn_native::decode::{DecodeConfig, DecodePtrs, DecodeUnit, PagedArgs};
 use quattn_native::{
     DescaleGranularity, Fp8Args, Fp8MmaConfig, Fp8MmaUnit, Fp8PrepassConfig, Fp8PrepassPtrs, Fp8Ptrs, Fp8P, HmmaConfig, Int8Args, Int8Config, Int8PrepassConfig, Int8Ptrs, Int8UmmaConfig, Int8WgmmaConfig, Loaded,
     ModParams, ModValues, ModVariant, ModuleStore, NativeError, NativeKernelId, PrepassLens, PrepassPtrs, WgmmaConfig,
@@ -64,6 +64,12 @@ pub(crate) struct CudaBackend {
     /// lock: decode launches take it inside `launch_native`, which `run_raw` calls holding
     /// `scratch`).
     decode_scratch: Mutex<HashMap<usize, DecodeBuffers>>,
+}
+
+/// A paged problem's block table followed by its lengths, as the paged decode variants read
+/// them from one i32 buffer (`None` for other problems).
+fn paged_words(p: &AttentionProblem) -> Option<Vec<i32>> {
+    p.paged.as_ref().map(|pg| pg.block_table.iter().chain(pg.seq_lens.iter()).copied().collect())
 }
 
 /// The f32 partial states of split-KV decode, with their element counts.
@@ -118,6 +124,8 @@ struct Int8Buffers {
 #[derive(Default)]
 struct Scratch {
     lse: Option<CudaSlice<f32>>,
+    /// A paged plan's block table and lengths ([`paged_words`]), copied per device-tensor call.
+    paged: Option<CudaSlice<i32>>,
     int8: Option<Int8Buffers>,
     fp8: Fp8Scratch,
 }
@@ -145,7 +153,8 @@ struct NativeData {
 /// What the host path keeps of Q, K and V.
 enum NativeInputs {
     /// f16/bf16 bits, and the INT8 prepass outputs of INT8 plans (rewritten every execution).
-    Float { q: CudaSlice<u16>, k: CudaSlice<u16>, v: CudaSlice<u16>, int8: Option<Int8Buffers> },
+    /// A paged plan's block table and lengths ([`paged_words`]) ride along.
+    Float { q: CudaSlice<u16>, k: CudaSlice<u16>, v: CudaSlice<u16>, int8: Option<Int8Buffers>, paged: Option<CudaSlice<i32>> },
     /// FP8 codes and descales, and the Vᵀ the family's prepass wrote once at upload: V is fixed
     /// for resident data, so an execution runs the attention kernel alone.
     Fp8(Fp8Buffers),
@@ -333,7 +342,7 @@ impl CudaBackend {
                 DecodeConfig::MAX_ROWS
             ));
         }
-        let config = DecodeConfig::new(problem.head_dim, input, rows).map_err(|e| na(e.to_string()))?;
+        let config = DecodeConfig::new(problem.head_dim, input, rows).map_err(|e| na(e.to_string()))?.with_paged(problem.paged.is_some());
         let shape = problem.shape();
         config.validate_args(&shape).map_err(|e| na(e.to_string()))?;
         let id = NativeKernelId::Decode(DecodeUnit::Attention(config));
@@ -801,10 +810,25 @@ impl CudaBackend {
                     (0, 0) => (0, 0),
                     need => self.decode_partials(plan, stream, need)?,
                 };
-                let ptrs = DecodePtrs { q: call.q, k: call.k, v: call.v, o: call.o, lse: call.lse, part_o, part_lse };
-                record(&start)?;
-                // SAFETY: as above; the partial buffers hold `partial_lens` elements.
-                unsafe { k.launch_raw(stream, &shape, split, &ptrs) }.map_err(failed)?;
+                let mut ptrs = DecodePtrs { q: call.q, k: call.k, v: call.v, o: call.o, lse: call.lse, part_o, part_lse, ..Default::default() };
+                match (&p.paged, k.config().paged) {
+                    (Some(pg), true) if call.paged != 0 => {
+                        ptrs.block_table = call.paged;
+                        ptrs.seq_lens = call.paged + 4 * pg.block_table.len() as u64;
+                        let geometry = PagedArgs { page_size: pg.page_size as u32, max_pages: pg.max_pages as u32, num_pages: pg.num_pages as u32 };
+                        record(&start)?;
+                        // SAFETY: as above; the table and lengths were validated with the plan
+                        // (every entry a sequence reads is a page of the pool) and copied to
+                        // `call.paged` on this stream.
+                        unsafe { k.launch_paged_raw(stream, &shape, geometry, split, &ptrs) }.map_err(failed)?;
+                    }
+                    (None, false) => {
+                        record(&start)?;
+                        // SAFETY: as above; the partial buffers hold `partial_lens` elements.
+                        unsafe { k.launch_raw(stream, &shape, split, &ptrs) }.map_err(failed)?;
+                    }
+                    _ => return Err(Error::Kernel { kernel: name(), reason: "a paged problem without its block table, or a paged kernel for strided K/V".into() }),
+                }
             }
             Loaded::Int8Imma(_) | Loaded::Int8Wgmma(_) | Loaded::Int8Umma(_) => {
                 let (Some(prepass_id), Some(b)) = (choice.prepass, int8) else {
@@ -887,6 +911,14 @@ impl CudaBackend {
         let mut call = *call;
         if call.lse == 0 {
             call.lse = self.lse_scratch(plan, stream, s)?;
+        }
+        if let Some(words) = paged_words(&plan.problem) {
+            // The table is host data of the plan: copied on the caller's stream, before the
+            // launch that reads it.
+            self.grow(&mut s.paged, words.len())?;
+            let buf = s.paged.as_mut().ok_or_else(|| Error::Kernel { kernel: plan.kernel_name(), reason: "paged scratch missing".into() })?;
+            stream.memcpy_htod(&words, &mut buf.slice_mut(..words.len())).map_err(driver_of(plan))?;
+            call.paged = buf.device_ptr_mut(stream).0;
         }
         if matches!(plan.precision, Precision::Fp8 { .. }) {
             let (config, args) = self.fp8_prepass_of(plan)?;
@@ -1014,8 +1046,9 @@ impl CudaBackend {
         let stream = self.stream.clone();
         let (o, lse) = (d.o.device_ptr_mut(&stream).0, d.lse.device_ptr_mut(&stream).0);
         match &mut d.inputs {
-            NativeInputs::Float { q, k, v, int8 } => {
-                let call = CudaCall { q: q.device_ptr_mut(&stream).0, k: k.device_ptr_mut(&stream).0, v: v.device_ptr_mut(&stream).0, o, lse };
+            NativeInputs::Float { q, k, v, int8, paged } => {
+                let paged = paged.as_mut().map_or(0, |x| x.device_ptr_mut(&stream).0);
+                let call = CudaCall { q: q.device_ptr_mut(&stream).0, k: k.device_ptr_mut(&stream).0, v: v.device_ptr_mut(&stream).0, o, lse, paged };
                 self.launch_native(plan, &stream, &call, int8.as_mut(), timed)
             }
             NativeInputs::Fp8(b) => {
@@ -1153,6 +1186,7 @@ impl Backend for CudaBackend {
                 k: s.clone_htod(&bits(k, dtype)).map_err(&e)?,
                 v: s.clone_htod(&bits(v, dtype)).map_err(&e)?,
                 int8,
+                paged: paged_words(p).map(|w| s.clone_htod(&w)).transpose().map_err(&e)?,
             },
         }))
     }
@@ -1321,7 +1355,7 @@ impl Backend for CudaBackend {
             return self.portable.launch(plan, &d);
         }
         let ptr = |h: &cubecl::server::Handle| self.portable.device_ptr(h);
-        let call = CudaCall { q: ptr(t.q)?, k: ptr(t.k)?, v: ptr(t.v)?, o: ptr(t.o)?, lse: t.lse.map(ptr).transpose()?.unwrap_or(0) };
+        let call = CudaCall { q: ptr(t.q)?, k: ptr(t.k)?, v: ptr(t.v)?, o: ptr(t.o)?, lse: t.lse.map(ptr).transpose()?.unwrap_or(0), paged: 0 };
         self.portable.synchronize()?;
         let stream = self.stream.clone();
         self.run_raw(plan, &stream, &call)?;

@@ -1,0 +1,297 @@
+//! Paged KV cache on the CPU backend: attention through the block table against the f64
+//! reference and against the same sequences stored contiguously, `append_kv`, the NaN policy
+//! through pages, and the typed errors of bad tables.
+
+mod common;
+
+use quattn::metrics::{compare_lse, ErrorMetrics, Tolerance};
+use quattn::reference::attention_f64;
+use quattn::{inputs, AttentionProblem, Device, Error, HostSlice, Layout, PagedKv, PortableKind, Precision, Session, Strategy, WgpuAdapter};
+
+fn cpu() -> Session {
+    Session::new(Device::Cpu).unwrap()
+}
+
+/// `p` with a shuffled paged cache of `lens` keys per sequence.
+fn paged(p: AttentionProblem, page_size: usize, lens: &[usize], seed: u64) -> AttentionProblem {
+    p.paged_kv(inputs::paged_kv(page_size, lens, 1, 3, seed))
+}
+
+/// Runs a paged problem on the CPU and checks O and LSE against the f64 reference on the
+/// rounded inputs; returns (O, LSE, rounded q, k, v).
+#[allow(clippy::type_complexity)]
+fn check(p: &AttentionProblem, precision: Precision, seed: u64) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) {
+    let p = p.clone().with_lse(true);
+    let s = cpu();
+    let plan = s.plan(&p, precision, Strategy::Auto).unwrap_or_else(|e| panic!("plan {p:?}: {e}"));
+    let (q, k, v) = inputs::qkv(&p, seed);
+    assert_eq!(k.len(), p.paged.as_ref().unwrap().pool_elems(p.kv_heads, p.head_dim));
+    let dt = precision.input_dtype();
+    let (q, k, v) = (HostSlice::F32(&q).rounded_to(dt), HostSlice::F32(&k).rounded_to(dt), HostSlice::F32(&v).rounded_to(dt));
+    let out = s.run(&plan, &q, &k, &v).unwrap();
+    let r = attention_f64(&p, &q, &k, &v).unwrap();
+    let m = ErrorMetrics::compare(&out.o, &r.o);
+    let tol = Tolerance::for_precision(precision);
+    let ref_max = r.o.iter().fold(0.0f64, |a, &x| a.max(x.abs()));
+    assert!(tol.accepts(&m, ref_max), "{precision} {p:?}: {m:?}");
+    let lse = out.lse.clone().unwrap();
+    let lm = compare_lse(&lse, &r.lse).expect("LSE infinities agree");
+    assert!(lm.max_abs <= tol.max_abs_rel, "{precision}: LSE {lm:?}");
+    (out.o, lse, q, k, v)
+}
+
+#[test]
+fn cpu_matches_the_reference_through_shuffled_pages() {
+    for (i, &ps) in quattn::PAGE_SIZES.iter().enumerate() {
+        // Ragged lengths: an empty sequence, one shorter than a page, page multiples, others.
+        let lens = [ps * 3 + 5, 1, 0, ps * 2, 300 + i];
+        let base = AttentionProblem::new(lens.len(), 8, 1, 64).kv_heads(2);
+        for (precision, q_len, causal, layout) in
+            [(Precision::F32, 1, false, Layout::Bhsd), (Precision::F16_DEFAULT, 4, true, Layout::Bshd), (Precision::BF16_DEFAULT, 7, true, Layout::Bhsd)]
+        {
+            let mut p = base.clone().causal(causal).layout(layout);
+            p.q_len = q_len;
+            let p = paged(p, ps, &lens, 10 + i as u64);
+            let (o, lse, ..) = check(&p, precision, 20 + i as u64);
+            // The empty sequence: O = 0, LSE = -inf on every row (the CPU starts from NaN).
+            for h in 0..p.q_heads {
+                for r in 0..q_len {
+                    assert_eq!(lse[(2 * p.q_heads + h) * q_len + r], f32::NEG_INFINITY);
+                    assert!(o[p.o_strides().offset(2, h, r)..][..64].iter().all(|&x| x == 0.0));
+                }
+            }
+        }
+    }
+}
+
+/// Each sequence of a paged run gives bit for bit what the same keys give as a contiguous
+/// one-sequence problem: the table is read as it says, and each sequence's causal alignment is
+/// against its own length.
+#[test]
+fn paged_equals_contiguous_sequence_by_sequence() {
+    let lens = [100usize, 33, 64, 1];
+    let p = paged(AttentionProblem::new(lens.len(), 4, 3, 32).kv_heads(2).causal(true).with_lse(true), 16, &lens, 5);
+    let s = cpu();
+    let (q, k, v) = inputs::qkv(&p, 6);
+    let out = s.run(&s.plan(&p, Precision::F32, Strategy::Auto).unwrap(), &q, &k, &v).unwrap();
+    let pg = p.paged.clone().unwrap();
+    let (hk, d) = (p.kv_heads, p.head_dim);
+    for (b, &n) in lens.iter().enumerate() {
+        let one = AttentionProblem::new(1, 4, 3, 32).kv_heads(2).kv_len(n).causal(true).with_lse(true);
+        // Q of sequence b (BHSD: contiguous per batch entry), K/V gathered key by key.
+        let qb = &q[p.q_strides().offset(b, 0, 0)..][..one.q_len_elems()];
+        let mut kb = vec![0.0f32; one.k_len_elems()];
+        let mut vb = vec![0.0f32; one.v_len_elems()];
+        for h in 0..hk {
+            for j in 0..n {
+                let page = pg.block_table[b * pg.max_pages + j / 16] as usize;
+                let src = ((page * 16 + j % 16) * hk + h) * d;
+                kb[one.k_strides().offset(0, h, j)..][..d].copy_from_slice(&k[src..][..d]);
+                vb[one.v_strides().offset(0, h, j)..][..d].copy_from_slice(&v[src..][..d]);
+            }
+        }
+        let want = s.run(&s.plan(&one, Precision::F32, Strategy::Auto).unwrap(), qb, &kb, &vb).unwrap();
+        assert_eq!(&out.o[p.o_strides().offset(b, 0, 0)..][..one.o_len_elems()], &want.o[..], "sequence {b}");
+        assert_eq!(&out.lse.as_ref().unwrap()[b * 12..][..12], &want.lse.unwrap()[..], "sequence {b}");
+    }
+}
+
+#[test]
+fn modifiers_read_positions_per_sequence() {
+    let lens = [200usize, 57, 129];
+    let p = paged(AttentionProblem::new(3, 4, 5, 64).kv_heads(1).causal(true), 32, &lens, 8)
+        .window(40, 0)
+        .softcap(20.0)
+        .alibi_slopes(AttentionProblem::standard_alibi_slopes(4))
+        .sinks(vec![0.5f32, -1.0, 2.0, f32::NEG_INFINITY]);
+    check(&p, Precision::F32, 9);
+}
+
+#[test]
+fn append_kv_then_attend_equals_the_cache_filled_at_once() {
+    let (hk, d) = (2usize, 64usize);
+    let lens = [40usize, 17, 0];
+    let new_tokens = 30;
+    let final_lens: Vec<usize> = lens.iter().map(|n| n + new_tokens).collect();
+    // Pages for the final lengths; the lengths start short.
+    let full = inputs::paged_kv(16, &final_lens, 0, 2, 11);
+    let start = PagedKv::new(16, full.num_pages, full.block_table.clone(), lens.iter().map(|&n| n as i32).collect::<Vec<_>>());
+    let pool = full.pool_elems(hk, d);
+    let k_full = inputs::normal_with_outliers(pool, 12);
+    let v_full = inputs::normal_with_outliers(pool, 13);
+    // The pools hold the first `lens` keys; the rest is garbage (NaN) until appended.
+    let (mut k, mut v) = (vec![f32::NAN; pool], vec![f32::NAN; pool]);
+    let (mut k_new, mut v_new) = (vec![0.0f32; 3 * new_tokens * hk * d], vec![0.0f32; 3 * new_tokens * hk * d]);
+    for (b, &n) in lens.iter().enumerate() {
+        for h in 0..hk {
+            for j in 0..n + new_tokens {
+                let src = full.offset(b, h, j, hk, d);
+                if j < n {
+                    k[src..][..d].copy_from_slice(&k_full[src..][..d]);
+                    v[src..][..d].copy_from_slice(&v_full[src..][..d]);
+                } else {
+                    let dst = ((b * new_tokens + j - n) * hk + h) * d;
+                    k_new[dst..][..d].copy_from_slice(&k_full[src..][..d]);
+                    v_new[dst..][..d].copy_from_slice(&v_full[src..][..d]);
+                }
+            }
+        }
+    }
+    let grown = start.append(hk, d, d, &mut k, &mut v, &k_new, &v_new, new_tokens).unwrap();
+    assert_eq!(&grown.seq_lens[..], &final_lens.iter().map(|&n| n as i32).collect::<Vec<_>>()[..]);
+    let p = AttentionProblem::new(3, 4, 1, d).kv_heads(hk).paged_kv(grown);
+    let q = inputs::normal_with_outliers(p.q_len_elems(), 14);
+    let s = cpu();
+    let plan = s.plan(&p, Precision::F32, Strategy::Auto).unwrap();
+    let got = s.run(&plan, &q, &k, &v).unwrap();
+    let want = s.run(&plan, &q, &k_full, &v_full).unwrap();
+    assert_eq!(got.o, want.o);
+    assert!(got.o.iter().all(|x| x.is_finite()));
+}
+
+#[test]
+fn append_kv_refuses_missing_pages_and_writes_nothing() {
+    let (hk, d) = (1usize, 8usize);
+    let cache = inputs::paged_kv(16, &[10, 30], 0, 1, 3);
+    let pool = cache.pool_elems(hk, d);
+    let (mut k, mut v) = (vec![1.0f32; pool], vec![2.0f32; pool]);
+    let new = vec![7.0f32; 2 * 5 * hk * d];
+    // Sequence 1 has 2 pages (32 keys): 30 + 5 = 35 needs a third column the table lacks.
+    match cache.append(hk, d, d, &mut k, &mut v, &new, &new, 5) {
+        Err(Error::InvalidPagedKv { reason }) => assert!(reason.contains("sequence 1"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(k.iter().all(|&x| x == 1.0) && v.iter().all(|&x| x == 2.0));
+    // A table with a free column (-1) for the third page: the entry is missing.
+    let wide = inputs::paged_kv(16, &[10, 30], 1, 1, 3);
+    let (mut k, mut v) = (vec![1.0f32; wide.pool_elems(hk, d)], vec![2.0f32; wide.pool_elems(hk, d)]);
+    match wide.append(hk, d, d, &mut k, &mut v, &new, &new, 5) {
+        Err(Error::BlockTableEntry { sequence: 1, index: 2, entry: -1, .. }) => {}
+        other => panic!("{other:?}"),
+    }
+    assert!(k.iter().all(|&x| x == 1.0));
+    // Two sequences sharing a page they both append into.
+    let shared = PagedKv::new(16, 2, vec![0, 1, 0, 1], vec![3, 3]);
+    assert!(matches!(shared.append(hk, d, d, &mut vec![0.0; 32 * d], &mut vec![0.0; 32 * d], &vec![0.0; 2 * d], &vec![0.0; 2 * d], 1), Err(Error::InvalidPagedKv { .. })));
+    // Wrong buffer lengths.
+    assert!(matches!(wide.append(hk, d, d, &mut k[1..].to_vec(), &mut v, &new[..2 * d], &new[..2 * d], 1), Err(Error::BufferLength { .. })));
+}
+
+#[test]
+fn bad_tables_are_typed_errors() {
+    let s = cpu();
+    let p = AttentionProblem::new(2, 4, 1, 64).kv_heads(2);
+    let plan = |pg: PagedKv| s.plan(&p.clone().paged_kv(pg), Precision::F32, Strategy::Auto);
+    for ps in [0usize, 8, 48, 512] {
+        match plan(PagedKv::new(ps, 4, vec![0, 1, 2, 3], vec![5, 5])) {
+            Err(Error::UnsupportedPageSize { page_size, supported }) => assert_eq!((page_size, supported), (ps, quattn::PAGE_SIZES.to_vec())),
+            other => panic!("page size {ps}: {other:?}"),
+        }
+    }
+    // Entries a sequence reads: out of the pool, negative.
+    for (entry, at) in [(4, 1usize), (-1, 2), (i32::MAX, 0)] {
+        let mut table = vec![0, 1, 2, 3];
+        table[at] = entry;
+        match plan(PagedKv::new(16, 4, table, vec![20, 17])) {
+            Err(Error::BlockTableEntry { sequence, index, entry: e, num_pages: 4 }) => assert_eq!((sequence * 2 + index, e), (at, entry)),
+            other => panic!("{entry} at {at}: {other:?}"),
+        }
+    }
+    // An entry past a sequence's length is never read: anything goes.
+    plan(PagedKv::new(16, 4, vec![0, -7, 2, 99], vec![16, 1])).unwrap();
+    // Lengths: beyond the table, negative, a count that is not the batch.
+    assert!(matches!(plan(PagedKv::new(16, 4, vec![0, 1, 2, 3], vec![33, 1])), Err(Error::InvalidPagedKv { .. })));
+    assert!(matches!(plan(PagedKv::new(16, 4, vec![0, 1, 2, 3], vec![-1, 3])), Err(Error::InvalidPagedKv { .. }) | Err(Error::ZeroSize { .. })));
+    assert!(matches!(plan(PagedKv::new(16, 4, vec![0, 1, 2], vec![3, 3, 3])), Err(Error::InvalidPagedKv { .. })));
+    assert!(matches!(plan(PagedKv::new(16, 0, vec![0, 1], vec![3, 3])), Err(Error::InvalidPagedKv { .. })));
+    // kv_len changed after paged_kv, explicit strides.
+    let mut q = p.clone().paged_kv(PagedKv::new(16, 4, vec![0, 1, 2, 3], vec![5, 5]));
+    q.kv_len = 32;
+    assert!(matches!(s.plan(&q, Precision::F32, Strategy::Auto), Err(Error::InvalidPagedKv { .. })));
+    let mut q = p.clone().paged_kv(PagedKv::new(16, 4, vec![0, 1, 2, 3], vec![5, 5]));
+    q.strides = Some(q.tensor_strides());
+    assert!(matches!(s.plan(&q, Precision::F32, Strategy::Auto), Err(Error::InvalidPagedKv { .. })));
+    // A pool buffer of the contiguous size is the wrong length.
+    let q = p.clone().paged_kv(PagedKv::new(16, 4, vec![0, 1, 2, 3], vec![5, 5]));
+    let plan = s.plan(&q, Precision::F32, Strategy::Auto).unwrap();
+    let x = vec![0.0f32; q.q_len_elems()];
+    let short = vec![0.0f32; 2 * 2 * 5 * 64];
+    assert!(matches!(s.run(&plan, &x, &short, &short), Err(Error::BufferLength { tensor: quattn::TensorName::K, expected, .. }) if expected == 4 * 16 * 2 * 64));
+    // Paths that do not read pages refuse with a typed error.
+    assert!(matches!(s.plan(&q, Precision::F32, Strategy::Reference), Err(Error::UnsupportedPagedKv { .. })));
+    assert!(matches!(s.plan(&q, Precision::FP8_DEFAULT, Strategy::Auto), Err(Error::UnsupportedPagedKv { .. })));
+}
+
+/// The NaN policy through pages: a NaN in a page no sequence reads changes nothing; a NaN in a
+/// key one sequence holds makes exactly that sequence's rows that see the key NaN.
+#[test]
+fn nan_policy_follows_the_table() {
+    let lens = [40usize, 40];
+    let p = paged(AttentionProblem::new(2, 2, 3, 32).causal(true).with_lse(true), 16, &lens, 21);
+    let pg = p.paged.clone().unwrap();
+    let s = cpu();
+    let plan = s.plan(&p, Precision::F16_DEFAULT, Strategy::Auto).unwrap();
+    let (q, mut k, v) = inputs::qkv(&p, 22);
+    let clean = s.run(&plan, &q, &k, &v).unwrap();
+    // A spare page (never in the table).
+    let used: Vec<i32> = pg.block_table.iter().copied().filter(|&e| e >= 0).collect();
+    let spare = (0..pg.num_pages as i32).find(|x| !used.contains(x)).unwrap() as usize;
+    k[spare * 16 * p.kv_heads * 32] = f32::NAN;
+    let out = s.run(&plan, &q, &k, &v).unwrap();
+    assert_eq!(out.o, clean.o);
+    // Key 38 of sequence 1, head 0: rows 1 and 2 of sequence 1 (causal: row i sees keys <= 37 + i) are NaN.
+    k[pg.offset(1, 0, 38, p.kv_heads, 32) + 5] = f32::INFINITY;
+    let out = s.run(&plan, &q, &k, &v).unwrap();
+    let os = p.o_strides();
+    for b in 0..2 {
+        for h in 0..2 {
+            for i in 0..3 {
+                let row = &out.o[os.offset(b, h, i)..][..32];
+                let poisoned = b == 1 && h == 0 && i >= 1;
+                assert_eq!(row.iter().all(|x| x.is_nan()), poisoned, "b{b} h{h} i{i}");
+                if !poisoned {
+                    assert_eq!(row, &clean.o[os.offset(b, h, i)..][..32]);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn reference_gathers_like_a_contiguous_cache() {
+    // The f64 reference of a paged problem equals the reference of each sequence laid out
+    // contiguously (same arithmetic after the gather).
+    let lens = [50usize, 3];
+    let p = paged(AttentionProblem::new(2, 2, 2, 16).causal(true), 16, &lens, 31);
+    let (q, k, v) = inputs::qkv(&p, 32);
+    let r = attention_f64(&p, &q, &k, &v).unwrap();
+    let pg = p.paged.clone().unwrap();
+    for (b, &n) in lens.iter().enumerate() {
+        let one = AttentionProblem::new(1, 2, 2, 16).kv_len(n).causal(true);
+        let (mut kb, mut vb) = (vec![0.0; one.k_len_elems()], vec![0.0; one.v_len_elems()]);
+        for h in 0..2 {
+            for j in 0..n {
+                let src = pg.offset(b, h, j, 2, 16);
+                kb[one.k_strides().offset(0, h, j)..][..16].copy_from_slice(&k[src..][..16]);
+                vb[one.v_strides().offset(0, h, j)..][..16].copy_from_slice(&v[src..][..16]);
+            }
+        }
+        let rb = attention_f64(&one, &q[b * one.q_len_elems()..][..one.q_len_elems()], &kb, &vb).unwrap();
+        assert_eq!(&r.o[b * one.o_len_elems()..][..one.o_len_elems()], &rb.o[..]);
+        assert_eq!(&r.lse[b * 4..][..4], &rb.lse[..]);
+    }
+}
+
+/// The portable CubeCL kernels do not read pages yet: a paged problem on wgpu (llvmpipe in CI)
+/// is a typed refusal naming the family, never a contiguous read of the pools.
+#[test]
+fn portable_kernels_refuse_paged_problems() {
+    let Some(s) = common::open(Device::Wgpu(WgpuAdapter::Default)) else { return };
+    let p = paged(AttentionProblem::new(2, 4, 1, 64).kv_heads(2), 16, &[40, 7], 3);
+    for strategy in [Strategy::Auto, Strategy::Portable, Strategy::PortableFamily(PortableKind::Fma)] {
+        match s.plan(&p, Precision::F16_DEFAULT, strategy) {
+            Err(Error::UnsupportedPagedKv { kernel }) => assert!(kernel.contains("portable"), "{kernel}"),
+            other => panic!("{strategy:?}: {:?}", other.map(|x| x.kernel_name())),
+        }
+    }
+}
