@@ -716,6 +716,7 @@ fn is_capability(e: &Error) -> bool {
             | Error::UnsupportedStrategy { .. }
             | Error::InvalidStrides { .. }
             | Error::UnsupportedFeature { .. }
+            | Error::TooLarge { .. }
     )
 }
 
