@@ -386,6 +386,36 @@ PALETTE = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b
 PEER_COLORS = {"torch-sdpa-flash": "#7f7f7f", "torch-sdpa-cudnn": "#3b3b3b"}
 
 
+def large_markdown(entry):
+    """Tensors above 2^31 elements: each path's limit, and the sampled-row check of the 64-bit
+    kernels on device tensors (`examples/large_tensors.rs`)."""
+    rows = jsonl(os.path.join(run_dir(entry["run"]), entry["file"]))
+    out = ["## Tensors above 2^31 elements", "",
+           f"Date {run_date(entry['run'])} · device {run_device(entry['run'], rows)} · commit {entry['commit']} · "
+           f"raw data `benchmarks/{entry['run']}/{entry['file']}`", "",
+           "Each kernel family indexes up to its own limit on the elements Q, K, V or O spans: the CPU kernels and "
+           "the native f16/bf16 wgmma and HMMA kernels any size memory holds (64-bit offsets), every other family "
+           "2^31 - 1 (README, \"Tensor sizes\"); above it a family refuses at plan time with `Error::TooLarge` and "
+           "Auto moves on. The check runs the 64-bit kernels forced on device tensors (`Session::run_cuda`), inputs "
+           "hashed from each element's 64-bit index on the device, and compares sampled rows (the last ones among "
+           "them, past 2^31 elements) with f64 from the same inputs copied back.", "",
+           "| case | kernel | Q / K / V / O elements | largest offset read (O / K) | rows | max abs err O | over max \\|O\\| | LSE abs err | ms | TFLOP/s |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "kernel" not in r:
+            continue
+        e, s, o = r["elements"], r["shape"], r["largest_sampled_offset"]
+        case = (f"{r['case']}: b{s['batch']} h{s['q_heads']}/{s['kv_heads']} q{s['q_len']} kv{s['kv_len']} "
+                f"d{s['head_dim']} {s['layout'].lower()}{' causal' if s['causal'] else ''}")
+        out.append(f"| {case} | `{r['kernel']}` | {e['q']:.3g} / {e['k']:.3g} / {e['v']:.3g} / {e['o']:.3g} | "
+                   f"{o['o']:.3g} / {o['k']:.3g} | {r['sampled_rows']} | {fmt_e(r['o_max_abs'])} | {fmt_e(r['o_rel'])} | "
+                   f"{fmt_e(r['lse_max_abs'])} | {r['ms']:.1f} | {r['tflops']:.0f} |")
+    out += [""]
+    if entry.get("note"):
+        out += [entry["note"], ""]
+    return out
+
+
 def esc(s):
     return str(s).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
@@ -783,6 +813,8 @@ def build(manifest):
          "A plot of these errors against the speed tables of BENCHMARKS.md: "
          "[accuracy vs speed](benchmarks/plots/accuracy-vs-speed.svg).", ""]
     a += acc_md + peer_md
+    if manifest.get("large"):
+        a += large_markdown(manifest["large"])
     a += ["## AMD (HIP): not run on hardware", "",
           "The HIP MFMA kernels (`native/hip/`, gfx942 and gfx950) have no rows here: no AMD GPU has run them. "
           "CI holds their CPU mirror, which moves every operand through the MFMA lane layout the kernels use, "

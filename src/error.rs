@@ -93,8 +93,10 @@ pub enum Error {
     #[error("v_head_dim {v_head_dim} differs from head_dim {head_dim}, which {path} does not support")]
     UnsupportedVHeadDim { head_dim: usize, v_head_dim: usize, path: String },
 
-    #[error("problem too large: {what} = {value} exceeds {limit}")]
-    TooLarge { what: &'static str, value: u128, limit: u128 },
+    /// A tensor spans more elements than a path indexes: `path` names it (a kernel family, or
+    /// every path for the address-space limit) and `limit` is its largest span.
+    #[error("problem too large for {path}: {what} = {value} exceeds {limit}")]
+    TooLarge { what: &'static str, value: u128, limit: u128, path: String },
 
     #[error("precision {precision} is not supported on {device}: {reason}")]
     UnsupportedPrecision { precision: Precision, device: String, reason: String },

@@ -721,6 +721,7 @@ fn is_capability(e: &Error) -> bool {
             | Error::InvalidStrides { .. }
             | Error::UnsupportedFeature { .. }
             | Error::UnsupportedPagedKv { .. }
+            | Error::TooLarge { .. }
     )
 }
 

@@ -21,9 +21,19 @@ pub struct TensorStrides {
     pub o: Strides,
 }
 
-/// Largest number of elements in one tensor the library accepts: offsets must fit the 32-bit
-/// indices the GPU kernels use.
-pub const MAX_TENSOR_ELEMS: usize = (u32::MAX as usize) / 2;
+/// Largest number of elements one tensor may span on any path: its size in f32 bytes must fit
+/// `isize`, the most one allocation can hold. Each kernel family has its own limit, this one or
+/// [`MAX_TENSOR_ELEMS_32BIT`] ([`crate::Family::max_tensor_elems`]), checked when a plan walks
+/// the dispatch table, so that `Strategy::Auto` passes over a family that cannot index the
+/// problem.
+pub const MAX_TENSOR_ELEMS: usize = isize::MAX as usize / 4;
+
+/// The limit of the kernel families whose offsets are 32-bit signed integers: `2^31 - 1`
+/// elements spanned by Q, K, V or O (strides included).
+pub const MAX_TENSOR_ELEMS_32BIT: usize = i32::MAX as usize;
+
+/// The path of [`MAX_TENSOR_ELEMS`] in [`Error::TooLarge`].
+const ADDRESS_SPACE: &str = "every path (a tensor's f32 bytes must fit isize)";
 
 /// Where query row `i` sits among the keys when `q_len != kv_len`: the row's aligned position
 /// `a(i)` that causal masking, the sliding window and ALiBi measure key distances from.
@@ -452,6 +462,19 @@ impl AttentionProblem {
         self.extent(self.o_strides(), self.q_heads, self.q_len, self.v_head_dim)
     }
 
+    /// The tensor that spans the most elements (strides included) and that span: what a kernel
+    /// family's offset range must cover ([`crate::Family::max_tensor_elems`]).
+    pub fn largest_tensor(&self) -> (&'static str, usize) {
+        [
+            ("Q elements", self.q_len_elems()),
+            ("K elements", self.k_len_elems()),
+            ("V elements", self.v_len_elems()),
+            ("O elements", self.o_len_elems()),
+        ]
+        .into_iter()
+        .fold(("Q elements", 0), |a, b| if b.1 > a.1 { b } else { a })
+    }
+
     /// Saturates on overflow; [`AttentionProblem::validate`] refuses such problems first.
     fn extent(&self, s: Strides, heads: usize, seq: usize, dim: usize) -> usize {
         s.extent(self.batch, heads, seq, dim).unwrap_or(usize::MAX)
@@ -494,7 +517,7 @@ impl AttentionProblem {
         ] {
             let n = dims.iter().map(|&d| d as u128).product::<u128>();
             if n > MAX_TENSOR_ELEMS as u128 {
-                return Err(Error::TooLarge { what, value: n, limit: MAX_TENSOR_ELEMS as u128 });
+                return Err(Error::TooLarge { what, value: n, limit: MAX_TENSOR_ELEMS as u128, path: ADDRESS_SPACE.into() });
             }
         }
         if self.strides.is_some() {
@@ -578,7 +601,7 @@ impl AttentionProblem {
                         tensor,
                         strides: st,
                         reason: format!(
-                            "the tensor spans {} elements, above the limit of {MAX_TENSOR_ELEMS}",
+                            "the tensor spans {} elements, above the limit of {MAX_TENSOR_ELEMS} ({ADDRESS_SPACE})",
                             n.map_or("more than usize::MAX".to_string(), |n| n.to_string())
                         ),
                     })

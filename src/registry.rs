@@ -14,6 +14,7 @@ use std::fmt;
 
 use crate::emulation::Blocking;
 use crate::error::{Error, Result};
+use crate::problem::{MAX_TENSOR_ELEMS, MAX_TENSOR_ELEMS_32BIT};
 use crate::{AttentionProblem, NativeKind, PortableKind, Precision, Strategy};
 
 /// A family of kernels: one source, parameterized by its configuration.
@@ -90,6 +91,32 @@ pub(crate) fn refuse_paged(problem: &AttentionProblem, kernel: impl fmt::Display
         Some(_) => Err(Error::UnsupportedPagedKv { kernel: kernel.to_string() }),
         None => Ok(()),
     }
+
+    /// The most elements one tensor (Q, K, V or O, strides included) may span on this family:
+    /// [`MAX_TENSOR_ELEMS`] (any size memory holds) for the CPU kernels, the CPU emulation and
+    /// the native f16/bf16 HMMA and wgmma kernels, whose per-(batch, head) bases and row offsets
+    /// are 64-bit (their sequence lengths have a limit of their own, `2^30 - 1`, checked by
+    /// their rows); [`MAX_TENSOR_ELEMS_32BIT`] for every other family (the portable CubeCL
+    /// kernels index in u32, the native INT8, FP8, NVFP4 and decode families and the HIP kernels
+    /// are checked up to 32-bit offsets only). [`walk`] refuses a larger problem with
+    /// [`Error::TooLarge`] naming the family, so `Strategy::Auto` moves on to one that takes it.
+    pub fn max_tensor_elems(self) -> usize {
+        match self {
+            Family::Cpu | Family::Emulation | Family::Native(NativeKind::Hmma) | Family::Native(NativeKind::Wgmma) => MAX_TENSOR_ELEMS,
+            _ => MAX_TENSOR_ELEMS_32BIT,
+        }
+    }
+}
+
+/// The typed refusal of `family` for a problem one of whose tensors spans more elements than
+/// the family indexes ([`Family::max_tensor_elems`]).
+pub(crate) fn refuse_size(problem: &AttentionProblem, family: Family) -> Result<()> {
+    let (what, n) = problem.largest_tensor();
+    let limit = family.max_tensor_elems();
+    if n > limit {
+        return Err(Error::TooLarge { what, value: n as u128, limit: limit as u128, path: format!("the {family} kernel family") });
+    }
+    Ok(())
 }
 
 /// The typed refusal of a kernel that lacks the problem's first modifier, if it sets any.
@@ -256,7 +283,9 @@ pub(crate) struct Planned {
     pub rejected: Vec<(Family, String)>,
 }
 
-/// Walks `table` in order for `strategy`: the first allowed row whose test accepts wins. When
+/// Walks `table` in order for `strategy`: the first allowed row whose test accepts wins; a row
+/// whose family lacks the problem's score modifiers ([`refuse_modifiers`]) or cannot index its
+/// tensors ([`refuse_size`]) is refused before its test runs. When
 /// none does: a forced family's own reason (as [`Error::UnsupportedStrategy`], typed shape
 /// errors kept as they are); otherwise the last typed refusal, or, when every row found the
 /// problem outside its family, an [`Error::UnsupportedPrecision`] listing why.
@@ -276,6 +305,7 @@ pub(crate) fn walk<B>(
         let kernel = || format!("the {} kernel family", row.family);
         let tested = if row.family.has_score_modifiers() { Ok(()) } else { refuse_modifiers(problem, kernel()) }
             .and_then(|_| if row.family.has_paged_kv() { Ok(()) } else { refuse_paged(problem, kernel()) })
+            .and_then(|_| refuse_size(problem, row.family))
             .map_err(Reject::Refused)
             .and_then(|_| (row.test)(backend, problem, precision));
         match tested {
@@ -320,14 +350,16 @@ pub(crate) fn walk<B>(
 }
 
 /// A forced family's refusal as [`Error::UnsupportedStrategy`], keeping typed shape errors as
-/// they are (a head dim the family lacks is the same error whoever asks).
+/// they are (a head dim the family lacks, or a size above its limit, is the same error whoever
+/// asks).
 fn forced_error(strategy: Strategy, device: &str, e: Error) -> Error {
     match e {
         Error::UnsupportedStrategy { .. }
         | Error::UnsupportedHeadDim { .. }
         | Error::UnsupportedVHeadDim { .. }
         | Error::UnsupportedFeature { .. }
-        | Error::UnsupportedPagedKv { .. } => e,
+        | Error::UnsupportedPagedKv { .. }
+        | Error::TooLarge { .. } => e,
         e => Error::UnsupportedStrategy { strategy, device: device.into(), reason: e.to_string() },
     }
 }
@@ -376,6 +408,54 @@ mod tests {
         // Without a modifier the first row takes it.
         let plain = AttentionProblem::new(1, 2, 8, 64);
         assert!(walk(&table, &(), "test", &plain, Precision::F32, Strategy::Auto).unwrap().rejected.is_empty());
+    }
+
+    /// The size gate: the 64-bit families (CPU, native HMMA and wgmma) take tensors above
+    /// 2^31 elements, every other family refuses them with `TooLarge` naming itself and its
+    /// limit before its test runs, also when forced; a span of exactly 2^31 - 128 elements
+    /// passes everywhere.
+    #[test]
+    fn families_refuse_tensors_beyond_their_offsets() {
+        fn accept(_: &(), p: &AttentionProblem, _: Precision) -> std::result::Result<Choice, Reject> {
+            Ok(Choice { kernel: KernelId::Cpu { dtype: crate::Dtype::F16, head_dim: p.head_dim }, blocking: None })
+        }
+        // Q and O: 1 x 32 x 600k x 128 = 2.46e9 elements.
+        let big = AttentionProblem::new(1, 32, 600_000, 128).kv_heads(8).kv_len(256);
+        assert_eq!(big.largest_tensor(), ("Q elements", 32 * 600_000 * 128));
+        // K and V: BSHD, 8 heads x 2.2M keys; Q and O small.
+        let big_kv = AttentionProblem::new(1, 32, 128, 128).kv_heads(8).kv_len(2_200_000).layout(crate::Layout::Bshd);
+        assert_eq!(big_kv.largest_tensor(), ("K elements", 8 * 2_200_000 * 128));
+        let edge = AttentionProblem::new(1, 1, (1 << 24) - 1, 128);
+        let over = AttentionProblem::new(1, 1, 1 << 24, 128);
+        let wide: Vec<Family> = Family::ALL.iter().copied().filter(|f| f.max_tensor_elems() > MAX_TENSOR_ELEMS_32BIT).collect();
+        assert_eq!(wide, vec![Family::Cpu, Family::Emulation, Family::Native(NativeKind::Hmma), Family::Native(NativeKind::Wgmma)]);
+        for f in Family::ALL.into_iter().filter(|&f| f != Family::Emulation) {
+            let table = [Row { family: f, test: accept }];
+            let strategy = match f {
+                Family::Native(k) => Strategy::Native(k),
+                Family::Portable(k) => Strategy::PortableFamily(k),
+                _ => Strategy::Auto,
+            };
+            for strategy in [Strategy::Auto, strategy] {
+                assert!(walk(&table, &(), "test", &edge, Precision::F16_DEFAULT, strategy).is_ok(), "{f}");
+                for p in [&big, &big_kv, &over] {
+                    match walk(&table, &(), "test", p, Precision::F16_DEFAULT, strategy) {
+                        Ok(_) => assert!(wide.contains(&f), "{f} took {} elements", p.largest_tensor().1),
+                        Err(Error::TooLarge { what, value, limit, path }) => {
+                            assert!(!wide.contains(&f), "{f}");
+                            assert_eq!((what, value, limit), (p.largest_tensor().0, p.largest_tensor().1 as u128, i32::MAX as u128));
+                            assert!(path.contains(&f.to_string()), "{path}");
+                        }
+                        Err(e) => panic!("{f}: {e}"),
+                    }
+                }
+            }
+        }
+        // Auto passes over a 32-bit family to the next row that takes the problem.
+        let table = [Row { family: Family::Native(NativeKind::Decode), test: accept }, Row { family: Family::Cpu, test: accept }];
+        let planned = walk(&table, &(), "test", &big_kv, Precision::F16_DEFAULT, Strategy::Auto).unwrap();
+        assert_eq!(planned.rejected.len(), 1);
+        assert!(planned.rejected[0].1.contains("too large for the native-decode kernel family"), "{}", planned.rejected[0].1);
     }
 
     #[test]

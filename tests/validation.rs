@@ -117,10 +117,38 @@ fn shape_mismatch_names_the_tensor() {
     assert_eq!((p.q_heads, p.kv_heads, p.q_len, p.kv_len, p.head_dim, p.v_head_dim), (4, 2, 8, 16, 64, 32));
 }
 
+/// The CPU kernels index with usize: a problem whose tensors span 8.6e9 elements plans there
+/// (nothing is allocated at plan time); a problem past the address space is refused on every
+/// path; the portable kernels (u32 offsets) refuse anything above 2^31 - 1 elements, naming
+/// their limit, on wgpu where an adapter is present.
 #[test]
-fn too_large_for_32_bit_offsets() {
+fn size_limits_per_path() {
     let p = AttentionProblem::new(64, 64, 1 << 14, 128);
-    assert!(matches!(plan_err(&p, Precision::F32, Strategy::Auto), Error::TooLarge { .. }));
+    let plan = cpu().plan(&p, Precision::F32, Strategy::Auto).expect("the CPU takes any size memory allows");
+    assert_eq!(plan.family(), quattn::Family::Cpu);
+    assert!(cpu().plan(&p, Precision::F16_DEFAULT, Strategy::Reference).is_ok());
+    let fp8 = Precision::parse("fp8-e4m3").unwrap();
+    assert_eq!(cpu().plan(&p, fp8, Strategy::Auto).expect("the CPU FP8 kernel too").family(), quattn::Family::Cpu);
+    // 2^67 elements: more than any f32 tensor the address space holds.
+    let huge = AttentionProblem::new(1 << 20, 1 << 10, 1 << 30, 128);
+    match plan_err(&huge, Precision::F32, Strategy::Auto) {
+        Error::TooLarge { what: "Q elements", value, limit, path } => {
+            assert_eq!((value, limit), (1u128 << 67, quattn::problem::MAX_TENSOR_ELEMS as u128));
+            assert!(path.contains("every path"), "{path}");
+        }
+        e => panic!("wrong error {e}"),
+    }
+    let Ok(wgpu) = Session::new(Device::Wgpu(quattn::WgpuAdapter::Default)) else { return };
+    let big = AttentionProblem::new(1, 32, 600_000, 128).kv_len(256);
+    for (prec, strategy) in [(Precision::F32, Strategy::Auto), (Precision::F16_DEFAULT, Strategy::PortableFamily(PortableKind::Fma)), (Precision::INT8_DEFAULT, Strategy::Auto)] {
+        match wgpu.plan(&big, prec, strategy) {
+            Err(Error::TooLarge { what: "Q elements", value, limit, path }) => {
+                assert_eq!((value, limit), (32 * 600_000 * 128, i32::MAX as u128));
+                assert!(path.contains("portable"), "{path}");
+            }
+            other => panic!("{prec} {strategy:?}: {:?}", other.map(|p| p.kernel_name())),
+        }
+    }
 }
 
 #[test]

@@ -329,6 +329,13 @@ impl HmmaConfig {
     }
 }
 
+/// Longest query or key sequence of the HMMA and wgmma kernels, `2^30 - 1`: row and key
+/// indices are i32, and the non-causal mask bound (`0x3fffffff`, a key index no row reaches)
+/// must lie past the last key. Offsets have no such limit: every per-(batch, head) base and
+/// every row offset is computed in 64 bits from the i64 strides of [`HmmaParams`], so a tensor
+/// may span any number of elements the device holds.
+pub const MAX_SEQ_LEN: usize = (1 << 30) - 1;
+
 /// Elements a `[batch, heads, seq, dim]` view with strides `s` spans; `usize::MAX` when that
 /// overflows (no buffer is that long, so a length check against it fails).
 pub(crate) fn span(s: &Strides, batch: usize, heads: usize, seq: usize, dim: usize) -> usize {
@@ -396,8 +403,9 @@ impl HmmaConfig {
     }
 
     /// Validates everything that does not need device pointers: the shape's head dims are this
-    /// config's, sizes fit the grid and the kernel's i32 fields, a finite positive scale, strides
-    /// in whole 16-byte pieces.
+    /// config's, sizes fit the grid and the kernel's i32 fields (sequences up to
+    /// [`MAX_SEQ_LEN`]), a finite positive scale, strides in whole 16-byte pieces below 2^63.
+    /// The number of elements a tensor spans has no limit here.
     pub fn validate_args(&self, s: &AttentionShape) -> Result<()> {
         self.validate()?;
         let bad = |m: String| Err(NativeError::InvalidArgs(m));
@@ -413,8 +421,8 @@ impl HmmaConfig {
         if !s.q_heads.is_multiple_of(s.kv_heads) {
             return bad(format!("q_heads {} not a multiple of kv_heads {}", s.q_heads, s.kv_heads));
         }
-        if s.q_len > i32::MAX as usize || s.kv_len > i32::MAX as usize {
-            return bad("sequence length exceeds i32".into());
+        if s.q_len > MAX_SEQ_LEN || s.kv_len > MAX_SEQ_LEN {
+            return bad(format!("sequence lengths {} / {} (KV) exceed {MAX_SEQ_LEN}", s.q_len, s.kv_len));
         }
         // Grid y/z limits.
         if s.q_heads > 65535 || s.batch > 65535 {
@@ -703,6 +711,38 @@ mod tests {
     fn params_layout_matches_the_kernel_struct() {
         // 5 pointers + 12 strides (8 bytes) + 8 four-byte fields.
         assert_eq!(std::mem::size_of::<HmmaParams>(), 17 * 8 + 8 * 4);
+    }
+
+    /// Tensors above 2^31 elements: accepted, the strides reach the kernel exact in its i64
+    /// fields (per-(batch, head) bases above 2^31 elements), the lengths the launcher checks
+    /// are the full spans; only sequences past [`MAX_SEQ_LEN`] are refused.
+    #[test]
+    fn tensors_above_2_pow_31_elements_keep_64_bit_strides() {
+        let cfg = HmmaConfig::new(128, Dtype::F16, QkAccum::F32, PvAccum::F32).unwrap();
+        // Q and O: 1 x 32 heads x 600k rows x 128 = 2.46e9 elements; head 31 starts past 2^31.
+        let a = AttentionShape::contiguous(Layout::Bhsd, 1, 32, 8, 600_000, 256, 128, false);
+        cfg.validate_args(&a).unwrap();
+        let [q, _, _, o, lse] = cfg.required_lens(&a);
+        assert_eq!((q, o, lse), (32 * 600_000 * 128, 32 * 600_000 * 128, 32 * 600_000));
+        assert!(q > i32::MAX as usize && q > u32::MAX as usize / 2);
+        let p = HmmaParams::new(&a, [16, 32, 48, 64, 80]);
+        assert_eq!((p.q_head_stride, p.o_head_stride, p.q_len), (600_000 * 128, 600_000 * 128, 600_000));
+        assert!(31 * p.q_head_stride > i32::MAX as i64);
+        assert_eq!(cfg.launch_shape(&a, Arch::Sm90).unwrap().grid, (600_000u32.div_ceil(128), 32, 1));
+        // BSHD K and V of 8 heads x 2.2M keys: the seq stride times the row passes 2^31, and a
+        // batch stride of 2.25e9 elements (batch 2) stays exact.
+        let b = AttentionShape::contiguous(Layout::Bshd, 2, 32, 8, 128, 2_200_000, 128, true);
+        cfg.validate_args(&b).unwrap();
+        let p = HmmaParams::new(&b, [16, 32, 48, 64, 80]);
+        assert_eq!((p.k_batch_stride, p.k_seq_stride, p.k_head_stride), (2_200_000 * 8 * 128, 8 * 128, 128));
+        assert_eq!(cfg.required_lens(&b)[1], 2 * 2_200_000 * 8 * 128);
+        // Sequence lengths: up to 2^30 - 1 (i32 indices, the non-causal mask bound).
+        let c = AttentionShape::contiguous(Layout::Bhsd, 1, 1, 1, 64, MAX_SEQ_LEN, 128, false);
+        cfg.validate_args(&c).unwrap();
+        let d = AttentionShape { kv_len: MAX_SEQ_LEN + 1, ..c };
+        assert!(matches!(cfg.validate_args(&d), Err(NativeError::InvalidArgs(m)) if m.contains("exceed")));
+        let d = AttentionShape { q_len: MAX_SEQ_LEN + 1, ..c };
+        assert!(cfg.validate_args(&d).is_err());
     }
 
     #[test]

@@ -520,4 +520,31 @@ mod tests {
         b.q.seq = 132;
         assert!(c.validate_args(&b).is_err());
     }
+
+    /// Tensors above 2^31 elements: each map is rank 4 `(dim, seq, head, batch)` with 64-bit
+    /// byte strides, so a box's coordinates are (column, row, head, batch), each far inside
+    /// TMA's signed 32-bit coordinates (rows up to `MAX_SEQ_LEN`), whatever the tensor spans.
+    #[test]
+    fn tensor_maps_of_tensors_above_2_pow_31_elements() {
+        let c = WgmmaConfig::new(128).unwrap();
+        // Q: 1 x 32 x 600k x 128 (2.46e9 elements, 4.9 GB).
+        let a = AttentionShape::contiguous(Layout::Bhsd, 1, 32, 8, 600_000, 256, 128, false);
+        let [q, k, _] = c.tma_specs(&a, [0x1000, 0x2000, 0x3000, 0x4000, 0x5000]).unwrap();
+        assert_eq!((q.dims, q.strides), ([128, 600_000, 32, 1], [256, 600_000 * 256, 32 * 600_000 * 256]));
+        assert!(q.strides[2] > u32::MAX as u64);
+        assert_eq!(k.dims, [128, 256, 8, 1]);
+        // BSHD K/V: 2 x 2.2M keys x 8 heads x 128 (4.5e9 elements each).
+        let b = AttentionShape::contiguous(Layout::Bshd, 2, 32, 8, 128, 2_200_000, 128, true);
+        let [_, k, v] = c.tma_specs(&b, [0x1000, 0x2000, 0x3000, 0x4000, 0x5000]).unwrap();
+        assert_eq!((k.dims, k.strides), ([128, 2_200_000, 8, 2], [8 * 256, 256, 2_200_000 * 8 * 256]));
+        assert_eq!(v.strides, k.strides);
+        // The longest sequence the kernel takes is a box row coordinate TMA can address.
+        assert!(crate::hmma::MAX_SEQ_LEN < i32::MAX as usize);
+        // TMA's byte strides stop below 2^40 (a batch stride of 2^39 elements): refused with a
+        // typed error, never encoded wrapped.
+        let mut far = a;
+        far.batch = 2;
+        far.q.batch = 1 << 39;
+        assert!(matches!(c.tma_specs(&far, [0x1000, 0x2000, 0x3000, 0x4000, 0x5000]), Err(NativeError::InvalidArgs(m)) if m.contains("below 2^40")));
+    }
 }

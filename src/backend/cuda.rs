@@ -313,6 +313,9 @@ impl CudaBackend {
         let hmma = hmma_config(problem, precision).map_err(Reject::NotApplicable)?;
         let config = WgmmaConfig::new(problem.head_dim).map_err(|e| Reject::NotApplicable(e.to_string()))?;
         hmma.validate_args(&problem.shape()).map_err(|e| Reject::NotApplicable(e.to_string()))?;
+        // The tensor maps' rules (byte strides positive multiples of 16 below 2^40), on a
+        // placeholder address: a shape TMA cannot describe falls through to the HMMA kernels.
+        config.tma_specs(&problem.shape(), [0; 5]).map_err(|e| Reject::NotApplicable(e.to_string()))?;
         let config = with_mod_variant(config, problem, |c| c.mods = Some(mod_variant(problem)), |c| (c.name(), c.mods))?;
         self.native_choice(NativeKernelId::Wgmma(config), None, None)
     }
@@ -1424,6 +1427,48 @@ pub(crate) fn nvfp4_native_decision(
 mod tests {
     use super::*;
     use crate::Nvfp4V;
+
+    /// Auto on a CUDA device with tensors above 2^31 elements: the size gate of the walk
+    /// (applied before each row's capability test, which needs a device and is stood in for by
+    /// one that accepts) passes over split-KV decode and lands on the first 64-bit family:
+    /// wgmma, or HMMA where the wgmma row does not apply (not compute capability 9.0). The
+    /// f16 HMMA and wgmma configs take these shapes (their argument checks need no device).
+    #[test]
+    fn auto_takes_a_64_bit_family_for_tensors_above_2_pow_31_elements() {
+        fn accept(_: &(), p: &AttentionProblem, _: Precision) -> std::result::Result<Choice, Reject> {
+            Ok(Choice { kernel: KernelId::Cpu { dtype: Dtype::F16, head_dim: p.head_dim }, blocking: None })
+        }
+        let families: Vec<Family> = table().iter().map(|r| r.family).collect();
+        let rows = |skip: Option<Family>| -> Vec<Row<()>> {
+            families.iter().filter(|&&f| Some(f) != skip).map(|&f| Row { family: f, test: accept }).collect()
+        };
+        let wide = |f: Family| f.max_tensor_elems() > crate::problem::MAX_TENSOR_ELEMS_32BIT;
+        assert_eq!(
+            families.iter().copied().filter(|&f| wide(f)).collect::<Vec<_>>(),
+            vec![Family::Native(NativeKind::Wgmma), Family::Native(NativeKind::Hmma)]
+        );
+        let prefill = AttentionProblem::new(1, 32, 600_000, 128).kv_heads(8).kv_len(256);
+        let decode = AttentionProblem::new(1, 32, 1, 128).kv_heads(8).kv_len(2_200_000).layout(crate::Layout::Bshd);
+        for p in [&prefill, &decode] {
+            for (skip, want) in [(None, NativeKind::Wgmma), (Some(Family::Native(NativeKind::Wgmma)), NativeKind::Hmma)] {
+                let table = rows(skip);
+                let planned = registry::walk(&table, &(), "cuda", p, Precision::F16_DEFAULT, Strategy::Auto).unwrap();
+                let chosen = table[planned.rejected.len()].family;
+                assert_eq!(chosen, Family::Native(want));
+                assert_eq!(planned.rejected.iter().map(|r| r.0).collect::<Vec<_>>(), vec![Family::Native(NativeKind::Decode)]);
+                assert!(planned.rejected[0].1.contains("too large"), "{}", planned.rejected[0].1);
+            }
+            // Everything else on the device refuses with the typed limit, forced or in Auto.
+            let int8 = registry::walk(&rows(None), &(), "cuda", p, Precision::INT8_DEFAULT, Strategy::Native(NativeKind::Int8Wgmma));
+            assert!(matches!(int8, Err(Error::TooLarge { limit, .. }) if limit == i32::MAX as u128));
+            let portable = registry::walk(&rows(None), &(), "cuda", p, Precision::F16_DEFAULT, Strategy::Portable);
+            assert!(matches!(portable, Err(Error::TooLarge { path, .. }) if path.contains("portable-fma")));
+            // The rows' own checks, without a device: the f16 configs accept the shape.
+            let hmma = hmma_config(p, Precision::F16_DEFAULT).unwrap();
+            hmma.validate_args(&p.shape()).unwrap();
+            WgmmaConfig::new(128).unwrap().tma_specs(&p.shape(), [0; 5]).unwrap();
+        }
+    }
 
     #[test]
     fn nvfp4_dispatch_picks_the_native_family_on_compute_capability_12_0_only() {
