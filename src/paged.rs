@@ -126,6 +126,7 @@ impl PagedKv {
                 what: "pool rows (num_pages x page_size)",
                 value: self.num_pages as u128 * self.page_size as u128,
                 limit: i32::MAX as u128,
+                path: "a paged KV cache".into(),
             });
         }
         for (b, &n) in self.seq_lens.iter().enumerate() {

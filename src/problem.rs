@@ -540,8 +540,9 @@ impl AttentionProblem {
         }
         for (what, dim) in [("K pool elements", self.head_dim), ("V pool elements", self.v_head_dim)] {
             let n = pg.num_pages as u128 * pg.page_size as u128 * self.kv_heads as u128 * dim as u128;
-            if n > MAX_TENSOR_ELEMS as u128 {
-                return Err(Error::TooLarge { what, value: n, limit: MAX_TENSOR_ELEMS as u128 });
+            // The paged decode kernel indexes the pools with 32-bit offsets.
+            if n > MAX_TENSOR_ELEMS_32BIT as u128 {
+                return Err(Error::TooLarge { what, value: n, limit: MAX_TENSOR_ELEMS_32BIT as u128, path: "a paged KV cache".into() });
             }
         }
         Ok(())

@@ -71,8 +71,9 @@ impl Family {
     /// Whether the family implements the score modifiers (window, softcap, sinks, ALiBi,
     /// top-left alignment): the CPU kernels, the portable FMA row (whose test refuses its
     /// packed-f16 kernel) and the native wgmma and HMMA rows (their modifier variants, which
-    /// refuse the shapes and accumulation modes they cannot take). Every other family refuses a problem that sets one, so that
-    /// `Strategy::Auto` moves on to one that has them instead of ignoring them.
+    /// refuse the shapes and accumulation modes they cannot take). Every other family refuses a
+    /// problem that sets one, so that `Strategy::Auto` moves on to one that has them instead of
+    /// ignoring them.
     pub fn has_score_modifiers(self) -> bool {
         matches!(self, Family::Cpu | Family::Portable(PortableKind::Fma) | Family::Native(NativeKind::Wgmma) | Family::Native(NativeKind::Hmma))
     }
@@ -91,7 +92,9 @@ pub(crate) fn refuse_paged(problem: &AttentionProblem, kernel: impl fmt::Display
         Some(_) => Err(Error::UnsupportedPagedKv { kernel: kernel.to_string() }),
         None => Ok(()),
     }
+}
 
+impl Family {
     /// The most elements one tensor (Q, K, V or O, strides included) may span on this family:
     /// [`MAX_TENSOR_ELEMS`] (any size memory holds) for the CPU kernels, the CPU emulation and
     /// the native f16/bf16 HMMA and wgmma kernels, whose per-(batch, head) bases and row offsets
