@@ -823,7 +823,9 @@ def build(manifest):
     if manifest.get("sanitizer") or manifest.get("soak"):
         a += ["## Sanitizers and soak", ""]
         if manifest.get("sanitizer"):
-            a += sanitizer_markdown(manifest["sanitizer"])
+            entries = manifest["sanitizer"]
+            for e in entries if isinstance(entries, list) else [entries]:
+                a += sanitizer_markdown(e)
         if manifest.get("soak"):
             a += ["### Soak: 10,000 mixed calls in one process", "",
                   "Each call is a generator case (`quattn selftest --fuzz`'s shapes, precisions and inputs) run "

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# The H100, one device call: the wgmma kernel's score-modifier variant against f64 (the
+# One device call (an H100 or H200): the wgmma kernel's score-modifier variant against f64 (the
 # score_mods test binary) and timed (sliding window 4096 at seq 32k causal against the full
 # causal kernel, per the visible-pair FLOPs); the plain wgmma kernel before and after (binaries
 # alternating, bench grid hd 64/128); the CUDA fuzzer (modifiers on 15% of float cases); the
 # whole CUDA selftest (14 shards); the portable 4-bit kernel on CUDA (Auto against f64, the
 # decode shape next to f16).
-#   benchmarks/2026-11-27-h100-b/run.sh OUT BIN   (BIN: quattn, quattn-before, score_mods)
+#   benchmarks/2026-11-27-h200-b/run.sh OUT BIN   (BIN: quattn, quattn-before, score_mods)
 set -u
 out=${1:?OUT}; bin=${2:?BIN}
 mkdir -p "$out"

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The H100, one device call: the native modifier variants (wgmma and HMMA) against f64 (the
+# One device call (an H100 or H200): the native modifier variants (wgmma and HMMA) against f64 (the
 # score_mods test binary) and the selftest's modifier group on CUDA; the sliding-window timing
 # again on this card; compute-sanitizer on the modifier variants and the paged decode kernels;
 # the paged KV cache and 64-bit size checks (benchmarks/gpu-checks/{paged,large}.sh).
-#   benchmarks/2026-11-27-h100-c/run.sh OUT BIN   (BIN: quattn, score_mods, paged_check, large_tensors)
+#   benchmarks/2026-11-27-h200-c/run.sh OUT BIN   (BIN: quattn, score_mods, paged_check, large_tensors)
 set -u
 out=${1:?OUT}; bin=${2:?BIN}
 mkdir -p "$out"
