@@ -74,15 +74,20 @@ pub fn decode_split(pairs: u64, kv_len: u32, bk: u32, sms: u32) -> (u32, u32) {
 }
 
 /// Tilings of the packed query tile, best first. Every unit holds `rm = 4` rows, so `bq = 4 ·
-/// tr` is the smallest of 16, 32, 64 that holds the rows: 16 rather than 4 or 8 keeps at least
-/// 64 units per cube, so that the K/V prefetch registers per unit stay at the FMA kernel's
-/// count (the extra rows are FMAs, which a memory-bound step has to spare). `tc = 16` with 64-key
+/// tr` is the smallest of 16, 32, 64 that holds the rows and `d / 4` (16 at d ≤ 64, 32 at
+/// d 128): more rows than the tile needs keep enough units per cube that the K/V prefetch
+/// registers per unit stay at the FMA kernel's count (the extra rows are FMAs, which a
+/// memory-bound step has to spare). `tc = 16` with 64-key
 /// tiles where the V head dim is a multiple of 64, else `tc = 8` with 32-key tiles; stages in
 /// the input type first (half the shared memory of f32 stages for f16/bf16: more resident
 /// cubes), then in f32 (fewer conversions), then the 32-key and 16-key (`tc = 4`) tiles for
 /// runtimes with 32 KiB.
-pub fn decode_candidates(rows: u32, v_head_dim: u32) -> Vec<FmaVecTiles> {
-    let bq = [16u32, 32, 64].into_iter().find(|&b| rows <= b).unwrap_or(64);
+pub fn decode_candidates(rows: u32, head_dim: u32, v_head_dim: u32) -> Vec<FmaVecTiles> {
+    // Each unit prefetches `d / tr` vectors of K and of V per tile (4 keys per unit column):
+    // `bq ≥ d / 4` keeps that at 16 (d 128: 243 registers at bq 16 against 255 and spills with
+    // f32 stages, ptxas for sm_90).
+    let least = (head_dim.max(v_head_dim) / 4).max(16);
+    let bq = [16u32, 32, 64].into_iter().find(|&b| rows <= b && least <= b).unwrap_or(64);
     let tr = bq / 4;
     let mut shapes = Vec::new();
     if v_head_dim.is_multiple_of(64) {
@@ -139,7 +144,7 @@ pub(crate) fn select<R: Runtime>(
     let rows = args.group_size() * args.q_len;
     let pairs = args.batch as u64 * args.kv_heads as u64;
     let mut last = None;
-    for tiles in decode_candidates(rows, args.v_head_dim) {
+    for tiles in decode_candidates(rows, args.head_dim, args.v_head_dim) {
         let (splits, keys_per_split) = decode_split(pairs, args.kv_len, tiles.bk, sms);
         let kernel = PortableKernel::Decode(DecodeTiles { tiles, splits, keys_per_split });
         match kernel.check_fits(limits, args.head_dim, args.v_head_dim, dtype) {
@@ -341,7 +346,7 @@ mod tests {
     fn candidates_hold_the_rows_and_validate() {
         for rows in 1..=DECODE_MAX_ROWS {
             for dv in [32u32, 64, 96, 128, 256] {
-                let all = decode_candidates(rows, dv);
+                let all = decode_candidates(rows, dv, dv);
                 assert!(!all.is_empty());
                 for t in all {
                     assert!(t.bq >= rows && t.bq <= 64, "{rows}: {t}");

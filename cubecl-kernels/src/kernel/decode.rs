@@ -453,7 +453,7 @@ mod cuda_tests {
         };
         let mut failures = Vec::new();
         for (d, rows) in [(128usize, 4u32), (64, 40)] {
-            for tiles in decode_candidates(rows, d as u32).into_iter().take(2) {
+            for tiles in decode_candidates(rows, d as u32, d as u32).into_iter().take(2) {
                 for (causal, direct) in [(false, false), (true, true)] {
                     let cfg = FmaVecConfig {
                         head_dim: d,
