@@ -129,6 +129,11 @@ pub enum PortableKind {
     /// The 4-bit kernel: NVFP4 Q/K (E2M1 codes with UE4M3 block scales), bf16 or NVFP4 V,
     /// decoded as they are staged, f32 softmax and accumulation; every CubeCL device.
     Fp4,
+    /// Split-KV decode (flash-decoding): the q heads of a GQA group and their positions packed
+    /// into one query tile per (batch, KV head), the KV sequence split across cubes and the
+    /// partial states merged; float modes, decode shapes (at most 64 packed rows per KV head,
+    /// at least 512 keys), no score modifiers; every CubeCL device.
+    Decode,
 }
 
 impl PortableKind {
@@ -140,6 +145,7 @@ impl PortableKind {
             PortableKind::Int8 => "int8",
             PortableKind::Fp8 => "fp8",
             PortableKind::Fp4 => "fp4",
+            PortableKind::Decode => "decode",
         }
     }
 }

@@ -32,7 +32,7 @@ pub enum Family {
 
 impl Family {
     /// Every family, in no particular order (each backend's table orders its own rows).
-    pub const ALL: [Family; 19] = [
+    pub const ALL: [Family; 20] = [
         Family::Cpu,
         Family::Emulation,
         Family::Portable(PortableKind::Fma),
@@ -41,6 +41,7 @@ impl Family {
         Family::Portable(PortableKind::Int8),
         Family::Portable(PortableKind::Fp8),
         Family::Portable(PortableKind::Fp4),
+        Family::Portable(PortableKind::Decode),
         Family::Native(NativeKind::Hmma),
         Family::Native(NativeKind::Wgmma),
         Family::Native(NativeKind::Int8Imma),
@@ -215,6 +216,7 @@ fn portable_kind(k: &quattn_cubecl::PortableKernel) -> PortableKind {
         P::Int8(_) => PortableKind::Int8,
         P::Fp8(_) => PortableKind::Fp8,
         P::Fp4(_) => PortableKind::Fp4,
+        P::Decode(_) => PortableKind::Decode,
     }
 }
 

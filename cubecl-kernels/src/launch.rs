@@ -15,6 +15,7 @@ use quattn_core::{
     Accumulation, AttentionShape, DescaleGranularity, Dtype, Fp8Format, Int8Blocking, Int8Granularity, PvAccum, QkAccum,
 };
 
+use crate::decode::DecodeTiles;
 use crate::error::LaunchError;
 use crate::kernel::cmma::{fwd_cmma, CmmaConfig};
 use crate::kernel::fma_half::{fwd_portable_fma_half, HalfConfig};
@@ -43,6 +44,11 @@ pub enum Family {
     /// Register-tiled FMA on 4-wide vectors: every runtime. The f16-accumulating modes and
     /// INT8 Q/K run on its variants.
     Fma,
+    /// Split-KV decode on the FMA kernel's tile pieces: the q heads of a GQA group and their
+    /// positions packed into one query tile per (batch, KV head), the keys split across cubes,
+    /// a merge of the partial states (`decode.rs`). Every runtime; decode shapes only
+    /// ([`crate::DECODE_MAX_ROWS`], [`crate::DECODE_MIN_KV`]).
+    Decode,
 }
 
 impl Family {
@@ -54,6 +60,7 @@ impl Family {
             Family::Mma => "mma",
             Family::Cmma => "cmma",
             Family::Fma => "fma",
+            Family::Decode => "decode",
         }
     }
 }
@@ -201,6 +208,8 @@ pub enum PortableKernel {
     /// The vector FMA kernel on 4-bit block-scaled Q/K codes (NVFP4 or MXFP4), bf16 or 4-bit V
     /// ([`launch_fp4`]).
     Fp4(Fp4Tiles),
+    /// The split-KV decode kernel and its split ([`select`] with [`Family::Decode`]).
+    Decode(DecodeTiles),
 }
 
 /// The 4-bit kernel (`fma_vec_fp4.rs`) resolved: its vector tiling (always staged in f32), the
@@ -289,6 +298,7 @@ impl PortableKernel {
             | PortableKernel::Int8(_)
             | PortableKernel::Fp8(_)
             | PortableKernel::Fp4(_) => Family::Fma,
+            PortableKernel::Decode(_) => Family::Decode,
         }
     }
 
@@ -346,6 +356,7 @@ impl PortableKernel {
                 };
                 format!("portable_fma_vec_{format}_{v}{mid}_{}", f.tiles)
             }
+            PortableKernel::Decode(t) => format!("portable_decode{mid}_{t}"),
         }
     }
 
@@ -377,6 +388,7 @@ impl PortableKernel {
             PortableKernel::Int8(i) => i.tiles.bq,
             PortableKernel::Fp8(f) => f.tiles.bq(),
             PortableKernel::Fp4(f) => f.tiles.bq,
+            PortableKernel::Decode(d) => d.tiles.bq,
             PortableKernel::Cmma(t) => t.bq(),
             PortableKernel::Mma(t) => t.bq(),
         }
@@ -390,6 +402,7 @@ impl PortableKernel {
             PortableKernel::Int8(i) => i.tiles.bk,
             PortableKernel::Fp8(f) => f.tiles.bk(),
             PortableKernel::Fp4(f) => f.tiles.bk,
+            PortableKernel::Decode(d) => d.tiles.bk,
             PortableKernel::Cmma(t) => t.bk,
             PortableKernel::Mma(t) => t.bk,
         }
@@ -403,6 +416,7 @@ impl PortableKernel {
             PortableKernel::Int8(i) => i.tiles.units(),
             PortableKernel::Fp8(f) => f.tiles.units(),
             PortableKernel::Fp4(f) => f.tiles.units(),
+            PortableKernel::Decode(d) => d.tiles.units(),
             PortableKernel::Cmma(t) => t.units(),
             PortableKernel::Mma(t) => t.units(),
         }
@@ -414,6 +428,7 @@ impl PortableKernel {
         let bytes = dtype.size_bytes() as u32;
         (match self {
             PortableKernel::Fma(t) => t.smem_bytes(head_dim, v_head_dim, bytes),
+            PortableKernel::Decode(d) => d.tiles.smem_bytes(head_dim, v_head_dim, bytes),
             PortableKernel::Int8(i) => i.tiles.smem_bytes(head_dim, v_head_dim, bytes),
             PortableKernel::Fp8(Fp8Tiles { tiles: Fp8Tiling::Fma(t), .. }) => t.smem_bytes_fp8(head_dim, v_head_dim),
             // Decoded elements are staged in f32.
@@ -433,6 +448,7 @@ impl PortableKernel {
     fn validate(&self, head_dim: u32, v_head_dim: u32) -> Result<(), LaunchError> {
         match self {
             PortableKernel::Fma(t) => t.validate(head_dim, v_head_dim),
+            PortableKernel::Decode(d) => d.tiles.validate(head_dim, v_head_dim),
             PortableKernel::Half(h) => {
                 h.tiles.validate(head_dim, v_head_dim)?;
                 if h.tiles.stage_f32 {
@@ -503,6 +519,8 @@ fn candidates(family: Family, accumulation: Accumulation, d: u32, dv: u32, limit
     match family {
         Family::Mma => mma_candidates(dmax).iter().map(|&t| PortableKernel::Mma(t)).collect(),
         Family::Cmma => cmma_candidates(dmax).iter().map(|&t| PortableKernel::Cmma(t)).collect(),
+        // Its tiling depends on the rows and the split on kv_len: resolved by `select`.
+        Family::Decode => Vec::new(),
         Family::Fma if accumulation.is_f32() => fma_vec_candidates(dmax).iter().map(|&t| PortableKernel::Fma(t)).collect(),
         Family::Fma => fma_half_candidates(dmax)
             .iter()
@@ -610,6 +628,9 @@ fn select_family<R: Runtime>(
     if let Some(reason) = family_unavailable(client, family, dtype, accumulation) {
         return Err(LaunchError::FamilyUnavailable { family, reason });
     }
+    if family == Family::Decode {
+        return crate::decode::select(client, args, shape, dtype, accumulation);
+    }
     if family == Family::Fma {
         vector_layout_ok(shape).map_err(|reason| LaunchError::UnalignedLayout { reason })?;
     }
@@ -625,6 +646,7 @@ fn family_unavailable<R: Runtime>(
     accumulation: Accumulation,
 ) -> Option<String> {
     match family {
+        Family::Decode => (!accumulation.is_f32()).then(|| "it accumulates in f32 only".to_string()),
         Family::Fma => (!accumulation.is_f32() && dtype != Dtype::F16)
             .then(|| format!("f16 accumulation needs f16 inputs, not {dtype}")),
         Family::Mma | Family::Cmma if !accumulation.is_f32() => {
@@ -809,6 +831,10 @@ pub fn launch<R: Runtime>(
         check_extent(tensor, elems.max(min_elems), bytes, handle)?;
     }
     check_lse(&args, lse)?;
+    if let PortableKernel::Decode(t) = kernel {
+        let plane_reduce = plane_reduce_ok(client, t.tiles.tc);
+        return crate::decode::launch(client, kernel, t, &args, dtype, [q, k, v, o], lse_binding(client, &args, lse), plane_reduce);
+    }
     let Some(mut info) = prepare(client, kernel, &args, dtype)? else {
         return Ok(empty_info(kernel, &args, dtype));
     };
@@ -909,7 +935,9 @@ pub fn launch<R: Runtime>(
                 Dtype::F32 => unreachable!("family_unavailable refuses f32 inputs"),
             }
         }
-        PortableKernel::Int8(_) | PortableKernel::Fp8(_) | PortableKernel::Fp4(_) => unreachable!("refused above"),
+        PortableKernel::Int8(_) | PortableKernel::Fp8(_) | PortableKernel::Fp4(_) | PortableKernel::Decode(_) => {
+            unreachable!("refused or launched above")
+        }
     }
     info.launched = true;
     Ok(info)
@@ -1123,7 +1151,8 @@ fn prepare<R: Runtime>(
         | PortableKernel::Int8(Int8Tiles { tiles: t, .. })
         | PortableKernel::Fp8(Fp8Tiles { tiles: Fp8Tiling::Fma(t), .. })
         | PortableKernel::Fp4(Fp4Tiles { tiles: t, .. })
-        | PortableKernel::Half(HalfTiles { tiles: t, .. }) => plane_reduce_ok(client, t.tc),
+        | PortableKernel::Half(HalfTiles { tiles: t, .. })
+        | PortableKernel::Decode(DecodeTiles { tiles: t, .. }) => plane_reduce_ok(client, t.tc),
         PortableKernel::Cmma(_) | PortableKernel::Mma(_) | PortableKernel::Fp8(Fp8Tiles { tiles: Fp8Tiling::Mma(_), .. }) => {
             true
         }
@@ -1620,7 +1649,7 @@ fn lse_binding<R: Runtime>(client: &ComputeClient<R>, args: &Args, lse: Option<&
     (handle, if args.write_lse { args.lse_len() } else { 1 })
 }
 
-fn shape_arg<R: Runtime>(args: &Args) -> AttnShapeLaunch<R> {
+pub(crate) fn shape_arg<R: Runtime>(args: &Args) -> AttnShapeLaunch<R> {
     let [q0, q1, q2] = args.q_strides;
     let [k0, k1, k2] = args.k_strides;
     let [v0, v1, v2] = args.v_strides;

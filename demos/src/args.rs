@@ -87,6 +87,8 @@ pub enum PortableArg {
     Fp8,
     /// The 4-bit kernel (NVFP4 codes decoded as they are staged).
     Fp4,
+    /// Split-KV decode: GQA group packed per KV head, keys split across cubes, merged.
+    Decode,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -153,6 +155,7 @@ impl DeviceOpts {
                 PortableArg::Int8 => Strategy::PortableFamily(PortableKind::Int8),
                 PortableArg::Fp8 => Strategy::PortableFamily(PortableKind::Fp8),
                 PortableArg::Fp4 => Strategy::PortableFamily(PortableKind::Fp4),
+                PortableArg::Decode => Strategy::PortableFamily(PortableKind::Decode),
             },
             StrategyArg::Reference => Strategy::Reference,
             StrategyArg::Native => Strategy::Native(match self.native {

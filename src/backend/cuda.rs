@@ -79,7 +79,7 @@ struct DecodeBuffers {
 }
 
 /// The dispatch table of a CUDA device, best first.
-fn table() -> [Row<CudaBackend>; 15] {
+fn table() -> [Row<CudaBackend>; 16] {
     [
         // First: it takes only shapes with at most 64 query rows per KV head, where it reads K
         // and V once per GQA group and splits the sequence to fill the device.
@@ -92,6 +92,7 @@ fn table() -> [Row<CudaBackend>; 15] {
         Row { family: Family::Native(NativeKind::Fp8Wgmma), test: |b, p, prec| b.fp8_row(p, prec, NativeKind::Fp8Wgmma) },
         Row { family: Family::Native(NativeKind::Fp8Mma), test: |b, p, prec| b.fp8_row(p, prec, NativeKind::Fp8Mma) },
         Row { family: Family::Native(NativeKind::Nvfp4), test: |b, p, prec| b.nvfp4_row(p, prec) },
+        Row { family: Family::Portable(crate::PortableKind::Decode), test: |b, p, prec| b.portable.float_row(p, prec, quattn_cubecl::Family::Decode) },
         Row { family: Family::Portable(crate::PortableKind::Mma), test: |b, p, prec| b.portable.float_row(p, prec, quattn_cubecl::Family::Mma) },
         Row { family: Family::Portable(crate::PortableKind::Cmma), test: |b, p, prec| b.portable.float_row(p, prec, quattn_cubecl::Family::Cmma) },
         Row { family: Family::Portable(crate::PortableKind::Int8), test: |b, p, prec| b.portable.int8_row(p, prec) },

@@ -87,8 +87,10 @@ pub(crate) struct Fp8Descales {
 
 /// The portable dispatch table, best first: `Auto` and `Portable` take the first row that
 /// accepts, a forced family its own row.
-fn table<R: Runtime>() -> [Row<CubeclBackend<R>>; 6] {
+fn table<R: Runtime>() -> [Row<CubeclBackend<R>>; 7] {
     [
+        // First: it refuses every problem but decode shapes, where it beats the per-head tiles.
+        Row { family: Family::Portable(PortableKind::Decode), test: |b, p, prec| b.float_row(p, prec, Portable::Decode) },
         Row { family: Family::Portable(PortableKind::Mma), test: |b, p, prec| b.float_row(p, prec, Portable::Mma) },
         Row { family: Family::Portable(PortableKind::Cmma), test: |b, p, prec| b.float_row(p, prec, Portable::Cmma) },
         Row { family: Family::Portable(PortableKind::Int8), test: CubeclBackend::<R>::int8_row },
@@ -179,6 +181,7 @@ impl<R: Runtime> CubeclBackend<R> {
                     Portable::Mma => "portable_mma",
                     Portable::Cmma => "portable_cmma",
                     Portable::Fma => "portable",
+                    Portable::Decode => "portable_decode",
                 };
                 (None, format!("fwd_{family}_{}_{elem}_d{}", self.info.kind, problem.head_dim))
             }

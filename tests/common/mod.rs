@@ -69,6 +69,13 @@ pub fn naive_same_dtype(p: &AttentionProblem, q: &[f32], k: &[f32], v: &[f32], d
 pub fn check(session: &Session, p: AttentionProblem, precision: Precision, strategy: Strategy, seed: u64) -> ErrorMetrics {
     let p = p.with_lse(true);
     let plan = session.plan(&p, precision, strategy).unwrap_or_else(|e| panic!("plan {precision} {p:?}: {e}"));
+    check_plan(session, &plan, seed)
+}
+
+/// [`check`] of a given plan (one whose kernel a test has adjusted, say), with its problem's LSE.
+pub fn check_plan(session: &Session, plan: &quattn::Plan, seed: u64) -> ErrorMetrics {
+    let (p, precision) = (plan.problem.clone(), plan.precision);
+    assert!(p.return_lse, "check_plan needs a plan that returns the LSE");
     let (q, k, v) = inputs::qkv(&p, seed);
     let dt = precision.input_dtype();
     let (q, k, v) = (HostSlice::F32(&q).rounded_to(dt), HostSlice::F32(&k).rounded_to(dt), HostSlice::F32(&v).rounded_to(dt));

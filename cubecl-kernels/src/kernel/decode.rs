@@ -1,0 +1,496 @@
+//! Split-KV decode (flash-decoding) on the vector FMA kernel's tile pieces.
+//!
+//! Decode steps (a few query positions against a long KV cache) leave the per-head kernels with
+//! one small query tile per (batch, q head), each streaming the whole cache: K/V are read once
+//! per q head, and `batch · q_heads` cubes cannot keep a large GPU's memory system busy. Here a
+//! cube owns one (split, KV head, batch):
+//!
+//! - **packing**: the `group` q heads of the KV head and their `q_len` positions form one tile
+//!   of `rows = group · q_len` query rows, row `r` = q head `kv_head · group + r / q_len` at
+//!   position `r % q_len` (so a head's positions are consecutive rows). K and V are read once
+//!   per group. The tile is padded with zero rows to `bq`; padded rows are never written.
+//! - **split**: the keys of a (batch, KV head) are cut into `splits` ranges of
+//!   `keys_per_split` keys (a multiple of `bk`, so only the last range ends inside a tile);
+//!   split `s` streams `[s · keys_per_split, min((s+1) · keys_per_split, kv_len))`.
+//! - **causal**, bottom-right aligned per position: row `r` sees key `j` iff
+//!   `j + q_len <= r % q_len + kv_len`. Keys below `kv_len + 1 - q_len` are visible to every
+//!   position, so only tiles reaching past it take the mask (a runtime branch, as in `fma_vec`).
+//! - **output**: with one split the cube writes O (input type) and the LSE directly; with
+//!   several it writes a partial state per row (O normalized by its own row sum, in f32, and its
+//!   natural-log LSE, `NO_MAX` for a row that saw no key in that split), and [`decode_merge`]
+//!   combines them: `O = Σ_s e^(lse_s - m) O_s / Σ_s e^(lse_s - m)`, `LSE = m + ln Σ_s
+//!   e^(lse_s - m)` with `m = max_s lse_s`. Rows that see no key get `O = 0`, `LSE = -inf`.
+//!
+//! Each KV tile is the FMA kernel's step unchanged (prefetch of K and V into registers, Q·Kᵀ on
+//! 4-wide vectors, online softmax with the lazy rescale, P·V), so the numerics are those of the
+//! vector FMA kernel.
+
+use cubecl::prelude::*;
+
+use super::fma_vec::{
+    cube_row_reduce, gather_transposed_len, gather_v_len, online_softmax, stage_k, stage_v, thread_score_matmul,
+    thread_value_matmul, unit_gather_transposed, unit_gather_v, FmaVecConfig, W,
+};
+use super::{AttnShape, MASK_THRESHOLD, NO_MAX};
+
+/// The runtime split of one decode launch and the packed tile's height.
+#[derive(CubeType, CubeLaunch)]
+pub struct DecodeArgs {
+    /// `group · q_len` packed query rows per (batch, KV head).
+    pub rows: u32,
+    pub splits: u32,
+    /// Keys per split, a multiple of the KV tile.
+    pub keys_per_split: u32,
+}
+
+/// One cube per (split, KV head, batch): grid `(splits, kv_heads, batch)`, `cfg.bq ≥ rows`.
+/// `direct`: one split, O and the LSE written in place (`part_o`/`part_lse` unused);
+/// otherwise the partial state goes to `part_o` (`[batch][kv_head][split][bq][dv]` f32) and
+/// `part_lse` (`[batch][kv_head][split][bq]`).
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+pub fn fwd_portable_decode<E: Float, S: Float, N: Size>(
+    q: &Array<Vector<E, N>>,
+    k: &Array<Vector<E, N>>,
+    v: &Array<Vector<E, N>>,
+    o: &mut Array<Vector<E, N>>,
+    lse: &mut Array<f32>,
+    part_o: &mut Array<Vector<f32, N>>,
+    part_lse: &mut Array<f32>,
+    shape: &AttnShape,
+    dec: &DecodeArgs,
+    #[comptime] cfg: FmaVecConfig,
+    #[comptime] direct: bool,
+) {
+    let unit = UNIT_POS as usize;
+    let unit_row = unit / cfg.tc;
+    let unit_col = unit % cfg.tc;
+
+    let split = CUBE_POS_X as usize;
+    let kv_head = CUBE_POS_Y as usize;
+    let batch = CUBE_POS_Z as usize;
+    let q_len = shape.q_len as usize;
+    let kv_len = shape.kv_len as usize;
+    let group = shape.group as usize;
+    let rows = dec.rows as usize;
+
+    let k_base = batch * shape.k_s0 as usize + kv_head * shape.k_s1 as usize;
+    let v_base = batch * shape.v_s0 as usize + kv_head * shape.v_s1 as usize;
+
+    let mut q_stage = SharedMemory::<Vector<S, N>>::new(comptime!(cfg.head_dim * cfg.q_pitch()));
+    let mut kv_stage = SharedMemory::<Vector<S, N>>::new(cfg.kv_stage_len());
+    let mut p_stage = SharedMemory::<Vector<f32, N>>::new(comptime!(cfg.bk * cfg.p_pitch()));
+    let mut red_stage = SharedMemory::<f32>::new(comptime!(cfg.bq * cfg.tc));
+
+    cube_load_packed_q::<E, S, N>(q, &mut q_stage, shape, batch, kv_head * group, rows, cfg);
+
+    let mut row_max = Array::<f32>::new(cfg.rm());
+    let mut row_sum = Array::<f32>::new(cfg.rm());
+    let mut acc = Array::<Vector<f32, N>>::new(comptime!(cfg.rm() * cfg.cq()));
+    let mut scores = Array::<Vector<f32, N>>::new(comptime!(cfg.rm() * cfg.kq()));
+    #[unroll]
+    for i in 0..cfg.rm() {
+        row_max[i] = NO_MAX;
+        row_sum[i] = 0.0;
+    }
+    #[unroll]
+    for i in 0..comptime!(cfg.rm() * cfg.cq()) {
+        acc[i] = Vector::new(0.0f32);
+    }
+
+    // This split's keys, and the keys every position sees.
+    let k_begin = split * dec.keys_per_split as usize;
+    let k_end = min(k_begin + dec.keys_per_split as usize, kv_len);
+    let num_tiles = select(k_end > k_begin, (k_end - k_begin + cfg.bk - 1) / cfg.bk, 0);
+    let mut full_keys = kv_len;
+    if cfg.causal {
+        full_keys = select(kv_len + 1 > q_len, kv_len + 1 - q_len, 0);
+    }
+
+    let mut k_regs = Array::<Vector<E, N>>::new(comptime!(gather_transposed_len(cfg.bk, cfg.head_dim, cfg.units())));
+    let mut v_regs = Array::<Vector<E, N>>::new(comptime!(gather_v_len(&cfg)));
+    let k_stride = shape.k_s2 as usize;
+    let v_stride = shape.v_s2 as usize;
+    if num_tiles > 0 {
+        unit_gather_transposed::<E, N>(k, &mut k_regs, k_base, k_stride, k_begin, kv_len, cfg.bk, cfg.head_dim, cfg);
+    }
+
+    sync_cube();
+
+    for tile in 0..num_tiles {
+        let k0 = k_begin + tile * cfg.bk;
+        let masked = k0 + cfg.bk > full_keys;
+
+        stage_k::<E, S, N>(&k_regs, &mut kv_stage, cfg);
+        sync_cube();
+        unit_gather_v::<E, N>(v, &mut v_regs, v_base, v_stride, k0, kv_len, cfg);
+
+        thread_score_matmul::<S, N>(&q_stage, &kv_stage, &mut scores, unit_row, unit_col, cfg);
+        if masked {
+            thread_mask_packed::<N>(&mut scores, q_len, kv_len, k0, unit_row, unit_col, cfg);
+        }
+
+        online_softmax::<f32, N>(
+            &mut scores,
+            &mut row_max,
+            &mut row_sum,
+            &mut acc,
+            &mut p_stage,
+            &mut red_stage,
+            shape.scale,
+            unit_row,
+            unit_col,
+            cfg,
+        );
+        if cfg.plane_reduce {
+            sync_cube();
+        }
+
+        stage_v::<E, S, N>(&v_regs, &mut kv_stage, cfg);
+        sync_cube();
+        if tile + 1 < num_tiles {
+            unit_gather_transposed::<E, N>(k, &mut k_regs, k_base, k_stride, k0 + cfg.bk, kv_len, cfg.bk, cfg.head_dim, cfg);
+        }
+
+        thread_value_matmul::<f32, S, N>(&p_stage, &kv_stage, &mut acc, unit_row, unit_col, cfg);
+        sync_cube();
+    }
+
+    cube_row_reduce(&mut row_sum, &mut red_stage, unit_row, unit_col, false, cfg);
+
+    let rm = comptime!(cfg.rm());
+    let cq = comptime!(cfg.cq());
+    let kv_heads = shape.q_heads as usize / group;
+    #[unroll]
+    for i in 0..rm {
+        let r = unit_row * rm + i;
+        if r < rows {
+            let l = row_sum[i];
+            let seen = l > 0.0;
+            let inv = Vector::<f32, N>::new(select(seen, 1.0 / l, 0.0));
+            let state_lse = row_max[i] * shape.scale + f32::ln(select(seen, l, 1.0));
+            if direct {
+                let head = kv_head * group + r / q_len;
+                let pos = r % q_len;
+                let o_row = (batch * shape.o_s0 as usize + head * shape.o_s1 as usize + pos * shape.o_s2 as usize) / W;
+                #[unroll]
+                for c in 0..cq {
+                    o[o_row + c * cfg.tc + unit_col] = Vector::cast_from(acc[i * cq + c] * inv);
+                }
+                if cfg.write_lse {
+                    if unit_col == 0 {
+                        lse[(batch * shape.q_heads as usize + head) * q_len + pos] = select(seen, state_lse, shape.lse_empty);
+                    }
+                }
+            } else {
+                let state = ((batch * kv_heads + kv_head) * dec.splits as usize + split) * cfg.bq + r;
+                let o_row = state * cfg.v_pitch();
+                #[unroll]
+                for c in 0..cq {
+                    part_o[o_row + c * cfg.tc + unit_col] = acc[i * cq + c] * inv;
+                }
+                if unit_col == 0 {
+                    part_lse[state] = select(seen, state_lse, NO_MAX);
+                }
+            }
+        }
+    }
+}
+
+/// Stages the packed rows `[0, rows)` of Q (zero rows up to `bq`) as Qᵀ, `[dim][bq/W]` vectors
+/// of W rows, converted to `S`: each task reads a W x W block (W consecutive dims of W
+/// consecutive rows, each row at its own head and position) and writes it transposed.
+#[cube]
+fn cube_load_packed_q<E: Float, S: Float, N: Size>(
+    q: &Array<Vector<E, N>>,
+    stage: &mut SharedMemory<Vector<S, N>>,
+    shape: &AttnShape,
+    batch: usize,
+    head0: usize,
+    rows: usize,
+    #[comptime] cfg: FmaVecConfig,
+) {
+    let row_quads = comptime!(cfg.bq / W);
+    let tasks = comptime!(cfg.bq / W * (cfg.head_dim / W));
+    let per_unit = comptime!(tasks.div_ceil(cfg.units()));
+    let q_len = shape.q_len as usize;
+    let q_base = batch * shape.q_s0 as usize;
+    #[unroll]
+    for step in 0..per_unit {
+        let t = step * cfg.units() + UNIT_POS as usize;
+        if t < tasks {
+            let rq = t % row_quads;
+            let dq = t / row_quads;
+            let mut block = Array::<Vector<E, N>>::new(W);
+            #[unroll]
+            for e in 0..W {
+                let r = rq * W + e;
+                let mut value = Vector::<E, N>::new(E::from_int(0));
+                if r < rows {
+                    let head = head0 + r / q_len;
+                    let pos = r % q_len;
+                    value = q[(q_base + head * shape.q_s1 as usize + pos * shape.q_s2 as usize) / W + dq];
+                }
+                block[e] = value;
+            }
+            #[unroll]
+            for x in 0..W {
+                let mut column = Vector::<S, N>::empty();
+                #[unroll]
+                for e in 0..W {
+                    column[e] = S::cast_from(block[e][x]);
+                }
+                stage[(dq * W + x) * row_quads + rq] = column;
+            }
+        }
+    }
+}
+
+/// Sets invisible scores to `NO_MAX`: keys past `kv_len`, and (causal) keys above the
+/// bottom-right diagonal of the row's position `r % q_len`.
+#[cube]
+fn thread_mask_packed<N: Size>(
+    scores: &mut Array<Vector<f32, N>>,
+    q_len: usize,
+    kv_len: usize,
+    k0: usize,
+    unit_row: usize,
+    unit_col: usize,
+    #[comptime] cfg: FmaVecConfig,
+) {
+    let rm = comptime!(cfg.rm());
+    let kq = comptime!(cfg.kq());
+    #[unroll]
+    for i in 0..rm {
+        let pos = (unit_row * rm + i) % q_len;
+        #[unroll]
+        for j in 0..kq {
+            let mut s = scores[i * kq + j];
+            #[unroll]
+            for e in 0..W {
+                let key = k0 + (j * cfg.tc + unit_col) * W + e;
+                let mut visible = key < kv_len;
+                if cfg.causal {
+                    visible = visible && key + q_len <= pos + kv_len;
+                }
+                s[e] = select(visible, s[e], NO_MAX);
+            }
+            scores[i * kq + j] = s;
+        }
+    }
+}
+
+/// Combines the splits' partial states into O and the LSE. One cube per (packed row, KV head,
+/// batch): grid `(rows, kv_heads, batch)`, `dv / W` units, unit `c` owning output vector `c`.
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+pub fn decode_merge<E: Float, N: Size>(
+    part_o: &Array<Vector<f32, N>>,
+    part_lse: &Array<f32>,
+    o: &mut Array<Vector<E, N>>,
+    lse: &mut Array<f32>,
+    shape: &AttnShape,
+    dec: &DecodeArgs,
+    #[comptime] bq: usize,
+    #[comptime] v_head_dim: usize,
+    #[comptime] write_lse: bool,
+) {
+    let r = CUBE_POS_X as usize;
+    let kv_head = CUBE_POS_Y as usize;
+    let batch = CUBE_POS_Z as usize;
+    let c = UNIT_POS as usize;
+    let pitch = comptime!(v_head_dim / W);
+    let q_len = shape.q_len as usize;
+    let group = shape.group as usize;
+    let kv_heads = shape.q_heads as usize / group;
+    let splits = dec.splits as usize;
+    let first = (batch * kv_heads + kv_head) * splits;
+
+    // The launch merges two splits or more.
+    let mut m = part_lse[first * bq + r];
+    for s in 1..splits {
+        m = max(m, part_lse[(first + s) * bq + r]);
+    }
+    let mut total = 0.0f32;
+    let mut acc = Vector::<f32, N>::new(0.0f32);
+    if m > MASK_THRESHOLD {
+        for s in 0..splits {
+            let state = (first + s) * bq + r;
+            let l = part_lse[state];
+            // Splits that saw no key hold NO_MAX and weigh nothing.
+            let w = select(l > MASK_THRESHOLD, f32::exp(l - m), 0.0);
+            total += w;
+            acc += part_o[state * pitch + c] * Vector::<f32, N>::new(w);
+        }
+    }
+    let seen = total > 0.0;
+    let inv = Vector::<f32, N>::new(select(seen, 1.0 / total, 0.0));
+    let head = kv_head * group + r / q_len;
+    let pos = r % q_len;
+    let o_row = (batch * shape.o_s0 as usize + head * shape.o_s1 as usize + pos * shape.o_s2 as usize) / W;
+    o[o_row + c] = Vector::cast_from(acc * inv);
+    if write_lse {
+        if c == 0 {
+            lse[(batch * shape.q_heads as usize + head) * q_len + pos] =
+                select(seen, m + f32::ln(select(seen, total, 1.0)), shape.lse_empty);
+        }
+    }
+}
+
+/// The CUDA C++ CubeCL generates for the decode kernel (one split and several, causal and not,
+/// f16 stages and f32) and the merge, compiled offline by NVRTC for sm_90 (no GPU): the source
+/// declares the shared memory `FmaVecTiles::smem_bytes` counts (less the reduction scratch,
+/// which plane shuffles leave unused) and ptxas accepts it; the kernel spills nothing.
+///
+/// `cargo test --release -p quattn-cubecl --features cuda --lib decode`
+#[cfg(all(test, feature = "cuda"))]
+mod cuda_tests {
+    use super::*;
+    use crate::decode::decode_candidates;
+    use crate::kernel::mma::cuda_tests::{client, cuda_include_dir, nvrtc_cubin, ADDR, COMPILE_LOCK};
+    use crate::kernel::AttnShapeCompilationArg;
+    use cubecl::cuda::CudaCompiler;
+    use cubecl::wgpu::WgpuRuntime;
+    use cubecl::Compiler as _;
+
+    fn shape() -> AttnShapeCompilationArg {
+        AttnShapeCompilationArg {
+            q_len: (),
+            kv_len: (),
+            group: (),
+            q_heads: (),
+            q_s0: (),
+            q_s1: (),
+            q_s2: (),
+            k_s0: (),
+            k_s1: (),
+            k_s2: (),
+            v_s0: (),
+            v_s1: (),
+            v_s2: (),
+            o_s0: (),
+            o_s1: (),
+            o_s2: (),
+            scale: (),
+            lse_empty: (),
+        }
+    }
+
+    fn dec() -> DecodeArgsCompilationArg {
+        DecodeArgsCompilationArg { rows: (), splits: (), keys_per_split: () }
+    }
+
+    fn decode_definition<E: Float + CubeElement, S: Float + CubeElement>(
+        client: &ComputeClient<WgpuRuntime>,
+        cfg: FmaVecConfig,
+        direct: bool,
+    ) -> KernelDefinition {
+        let array = || ArrayCompilationArg { inplace: None };
+        let settings = KernelSettings::default().cube_dim(CubeDim::new_1d(cfg.units() as u32)).address_type(AddressType::U32);
+        fwd_portable_decode::FwdPortableDecode::<E, S, WgpuRuntime>::new(
+            settings,
+            client.clone(),
+            array(),
+            array(),
+            array(),
+            array(),
+            array(),
+            array(),
+            array(),
+            shape(),
+            dec(),
+            W,
+            cfg,
+            direct,
+        )
+        .define()
+    }
+
+    fn merge_definition<E: Float + CubeElement>(client: &ComputeClient<WgpuRuntime>, bq: usize, dv: usize) -> KernelDefinition {
+        let array = || ArrayCompilationArg { inplace: None };
+        let settings = KernelSettings::default().cube_dim(CubeDim::new_1d((dv / W) as u32)).address_type(AddressType::U32);
+        decode_merge::DecodeMerge::<E, WgpuRuntime>::new(
+            settings,
+            client.clone(),
+            array(),
+            array(),
+            array(),
+            array(),
+            shape(),
+            dec(),
+            W,
+            bq,
+            dv,
+            true,
+        )
+        .define()
+    }
+
+    #[test]
+    fn nvrtc_sm90_compiles_decode_and_merge_with_the_shared_memory_and_no_spills() {
+        let skip = |why: String| {
+            assert!(std::env::var_os("CI").is_none(), "CUDA tools required under CI: {why}");
+            println!("SKIPPED: {why}");
+        };
+        let Some(include) = cuda_include_dir() else {
+            return skip("no CUDA headers (cuda_fp16.h)".into());
+        };
+        if let Err(e) = quattn_native::nvrtc() {
+            return skip(e.to_string());
+        }
+        let Some(client) = client() else { return };
+        let mut options = <CudaCompiler as cubecl::Compiler>::CompilationOptions::default();
+        options.supports_features.fast_math = true;
+        let nvrtc_options = vec![
+            "--gpu-architecture=sm_90".to_string(),
+            format!("--include-path={}", include.display()),
+            "--std=c++17".to_string(),
+            "-Xptxas=-v".to_string(),
+        ];
+        let compile = |def: KernelDefinition| {
+            let _serial = COMPILE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+            CudaCompiler::default().compile(def, &options, ExecutionMode::Unchecked, ADDR).unwrap()
+        };
+        let mut failures = Vec::new();
+        for (d, rows) in [(128usize, 4u32), (64, 40)] {
+            for tiles in decode_candidates(rows, d as u32, d as u32).into_iter().take(2) {
+                for (causal, direct) in [(false, false), (true, true)] {
+                    let cfg = FmaVecConfig {
+                        head_dim: d,
+                        v_head_dim: d,
+                        bq: tiles.bq as usize,
+                        bk: tiles.bk as usize,
+                        tr: tiles.tr as usize,
+                        tc: tiles.tc as usize,
+                        causal,
+                        write_lse: true,
+                        lazy_rescale: true,
+                        plane_reduce: true,
+                    };
+                    let def = match tiles.stage_f32 {
+                        false => decode_definition::<half::f16, half::f16>(&client, cfg, direct),
+                        true => decode_definition::<half::bf16, f32>(&client, cfg, direct),
+                    };
+                    let kernel = compile(def);
+                    let name = format!("decode_d{d}_{tiles}_causal{causal}_direct{direct}");
+                    let scratch = 4 * tiles.bq as usize * tiles.tc as usize;
+                    // f16 and bf16 inputs: 2-byte elements.
+                    let formula = tiles.smem_bytes(d as u32, d as u32, 2) as usize;
+                    assert_eq!(kernel.shared_memory_size() + scratch, formula, "{name}: declared shared memory");
+                    let (_, log) = nvrtc_cubin(&kernel.to_string(), &nvrtc_options).unwrap_or_else(|e| panic!("{name}: {e}"));
+                    let res = quattn_native::Resources::parse_ptxas_log(&log).unwrap_or_else(|| panic!("{name}: no ptxas report in {log}"));
+                    println!("{name}: {} registers, {} B spilled", res.registers, res.spill_bytes());
+                    if res.spill_bytes() != 0 {
+                        failures.push(name);
+                    }
+                }
+            }
+            for (dtype, def) in [("f16", merge_definition::<half::f16>(&client, 16, d)), ("bf16", merge_definition::<half::bf16>(&client, 64, d))] {
+                let kernel = compile(def);
+                let name = format!("decode_merge_{dtype}_d{d}");
+                nvrtc_cubin(&kernel.to_string(), &nvrtc_options).unwrap_or_else(|e| panic!("{name}: {e}"));
+            }
+        }
+        assert!(failures.is_empty(), "spills: {failures:?}");
+    }
+}

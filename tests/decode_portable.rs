@@ -1,0 +1,158 @@
+//! The portable split-KV decode kernel through the public API on wgpu (mesa's llvmpipe in CI;
+//! Vulkan on real GPUs) and CUDA (skipped without a GPU): O and LSE against the f64 reference
+//! with the project's tolerances, one split (O written directly) and many (through the merge),
+//! GQA, ragged and causal caches, BSHD; which problems Auto gives it and which it refuses.
+
+mod common;
+
+macro_rules! testgen_decode {
+    ($runtime:ident, $device:expr) => {
+        mod $runtime {
+            use super::common::{check, check_plan, open};
+            use quattn_cubecl::{DecodeTiles, PortableKernel};
+            use quattn::{AttentionProblem, Device, Family, KernelId, Layout, PortableKind, Precision, Strategy};
+
+            const DECODE: Strategy = Strategy::PortableFamily(PortableKind::Decode);
+
+            fn device() -> Device {
+                $device
+            }
+
+            /// The float precisions the runtime has (bf16 is refused, typed, where it lacks it).
+            fn precisions(s: &quattn::Session) -> Vec<Precision> {
+                let p = AttentionProblem::new(1, 4, 1, 64).kv_heads(1).kv_len(600);
+                [Precision::F32, Precision::F16_DEFAULT, Precision::BF16_DEFAULT]
+                    .into_iter()
+                    .filter(|&prec| match s.plan(&p, prec, DECODE) {
+                        Ok(_) => true,
+                        Err(quattn::Error::UnsupportedStrategy { reason, .. })
+                            if prec == Precision::BF16_DEFAULT && reason.contains("bf16 is not supported") =>
+                        {
+                            false
+                        }
+                        Err(e) => panic!("{prec}: {e}"),
+                    })
+                    .collect()
+            }
+
+            /// The plan of `p` on the decode kernel with its split replaced by about `splits`
+            /// splits of whole tiles (the launch checks that they cover the keys).
+            fn forced(s: &quattn::Session, p: &AttentionProblem, prec: Precision, splits: u32) -> quattn::Plan {
+                let mut plan = s.plan(&p.clone().with_lse(true), prec, DECODE).unwrap_or_else(|e| panic!("{p:?}: {e}"));
+                let KernelId::Portable { kernel: PortableKernel::Decode(t), name } = plan.kernel.clone() else {
+                    panic!("not the decode kernel: {}", plan.kernel)
+                };
+                let bk = t.tiles.bk as usize;
+                let tiles = p.kv_len.div_ceil(bk);
+                let per_split = tiles.div_ceil(splits as usize);
+                let d = DecodeTiles { splits: tiles.div_ceil(per_split) as u32, keys_per_split: (per_split * bk) as u32, ..t };
+                // Whole tiles may round the count down, never to one split from several.
+                assert!(d.splits <= splits && (d.splits > 1) == (splits > 1), "{p:?}: {splits} splits -> {}", d.splits);
+                plan.kernel = KernelId::Portable { kernel: PortableKernel::Decode(d), name };
+                plan
+            }
+
+            #[test]
+            fn matches_the_reference_with_one_split_and_many() {
+                let Some(s) = open(device()) else { return };
+                let shapes = [
+                    // GQA 4, one position, a ragged cache (not a multiple of the tile).
+                    AttentionProblem::new(2, 8, 1, 128).kv_heads(2).kv_len(1337),
+                    // Causal, q_len 3, BSHD: the selftest's decode shape.
+                    AttentionProblem::new(2, 8, 3, 128).kv_heads(2).kv_len(1500).causal(true).layout(Layout::Bshd),
+                    // MHA rows (group 1), d 64, causal with q_len 16 (16 rows, ragged).
+                    AttentionProblem::new(1, 2, 16, 64).kv_len(777).causal(true),
+                    // 64 packed rows (group 8 x 8 positions), causal, BSHD.
+                    AttentionProblem::new(1, 8, 8, 64).kv_heads(1).kv_len(600).causal(true).layout(Layout::Bshd),
+                ];
+                for prec in precisions(&s) {
+                    for (i, p) in shapes.iter().enumerate() {
+                        let tiles = p.kv_len.div_ceil(64) as u32;
+                        for splits in [1u32, 3, tiles.min(7)] {
+                            let plan = forced(&s, p, prec, splits);
+                            check_plan(&s, &plan, 40 + i as u64);
+                        }
+                    }
+                }
+            }
+
+            /// The split the plan chose by itself, through Auto.
+            #[test]
+            fn auto_plans_it_for_decode_shapes_and_matches() {
+                let Some(s) = open(device()) else { return };
+                let p = AttentionProblem::new(2, 8, 2, 64).kv_heads(2).kv_len(2100).causal(true).layout(Layout::Bshd);
+                for prec in precisions(&s) {
+                    let plan = s.plan(&p.clone().with_lse(true), prec, Strategy::Portable).unwrap();
+                    assert_eq!(plan.family(), Family::Portable(PortableKind::Decode), "{prec}: {}", plan.kernel);
+                    check(&s, p.clone(), prec, Strategy::Portable, 7);
+                }
+            }
+
+            /// Splits that a position cannot see (keys above its causal diagonal) hold an empty
+            /// state and must weigh nothing in the merge. kv 520, q_len 40: position 0 sees keys
+            /// ≤ 480, and with 5 splits of 128 keys the last one (keys 512..520) is empty for
+            /// positions 0..31.
+            #[test]
+            fn splits_a_position_cannot_see_weigh_nothing() {
+                let Some(s) = open(device()) else { return };
+                let p = AttentionProblem::new(1, 2, 40, 64).kv_len(520).causal(true);
+                for prec in precisions(&s) {
+                    for splits in [1u32, 5] {
+                        let plan = forced(&s, &p, prec, splits);
+                        check_plan(&s, &plan, 3);
+                    }
+                }
+            }
+
+            #[test]
+            fn refuses_other_shapes_and_modifiers_so_auto_moves_on() {
+                let Some(s) = open(device()) else { return };
+                let prec = Precision::F16_DEFAULT;
+                let refused = [
+                    // 65 rows per KV head.
+                    AttentionProblem::new(1, 5, 13, 64).kv_heads(1).kv_len(4096),
+                    // A short cache.
+                    AttentionProblem::new(1, 8, 1, 64).kv_heads(2).kv_len(511),
+                    // A score modifier.
+                    AttentionProblem::new(1, 8, 1, 64).kv_heads(2).kv_len(4096).softcap(30.0),
+                    // Prefill.
+                    AttentionProblem::new(1, 2, 1024, 64).kv_len(1024).causal(true),
+                ];
+                for p in refused {
+                    let e = s.plan(&p, prec, DECODE).expect_err(&format!("{p:?}"));
+                    // Typed: the modifier it lacks, or the strategy with the family's reason.
+                    match &e {
+                        quattn::Error::UnsupportedFeature { .. } => assert!(p.softcap.is_some(), "{p:?}: {e}"),
+                        quattn::Error::UnsupportedStrategy { reason, .. } => {
+                            assert!(reason.contains("not decode-shaped") || reason.contains("below 512"), "{p:?}: {e}")
+                        }
+                        _ => panic!("{p:?}: {e}"),
+                    }
+                    let plan = s.plan(&p, prec, Strategy::Portable).unwrap();
+                    assert_ne!(plan.family(), Family::Portable(PortableKind::Decode), "{p:?}");
+                }
+                // f16 accumulation belongs to the packed-f16 kernel.
+                let p = AttentionProblem::new(1, 8, 1, 64).kv_heads(2).kv_len(4096);
+                let plan = s.plan(&p, Precision::F16 { qk: quattn::QkAccum::F32, pv: quattn::PvAccum::F16PerTile }, Strategy::Portable).unwrap();
+                assert_ne!(plan.family(), Family::Portable(PortableKind::Decode));
+            }
+
+            /// A split that does not cover the keys is refused at launch, typed.
+            #[test]
+            fn a_split_that_misses_keys_is_refused() {
+                let Some(s) = open(device()) else { return };
+                let p = AttentionProblem::new(1, 4, 1, 64).kv_heads(1).kv_len(1000);
+                let mut plan = forced(&s, &p, Precision::F32, 4);
+                let KernelId::Portable { kernel: PortableKernel::Decode(t), name } = plan.kernel.clone() else { unreachable!() };
+                plan.kernel =
+                    KernelId::Portable { kernel: PortableKernel::Decode(DecodeTiles { splits: t.splits - 1, ..t }), name };
+                let (q, k, v) = quattn::inputs::qkv(&plan.problem, 1);
+                let e = s.run(&plan, &q, &k, &v).expect_err("a short split");
+                assert!(e.to_string().contains("does not cover"), "{e}");
+            }
+        }
+    };
+}
+
+testgen_decode!(wgpu, Device::Wgpu(quattn::WgpuAdapter::Default));
+testgen_decode!(cuda, Device::Cuda(0));
