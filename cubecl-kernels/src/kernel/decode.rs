@@ -347,7 +347,7 @@ pub fn decode_merge<E: Float, N: Size>(
 mod cuda_tests {
     use super::*;
     use crate::decode::decode_candidates;
-    use crate::kernel::mma::cuda_tests::{client, cuda_include_dir, nvrtc_cubin, ADDR, COMPILE_LOCK};
+    use crate::kernel::offline_cuda::{client, cuda_include_dir, nvrtc_cubin, ADDR, COMPILE_LOCK};
     use crate::kernel::AttnShapeCompilationArg;
     use cubecl::cuda::CudaCompiler;
     use cubecl::wgpu::WgpuRuntime;
