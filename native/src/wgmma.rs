@@ -320,7 +320,6 @@ mod launch {
             &self,
             stream: &Arc<CudaStream>,
             args: &AttentionShape,
-            mods: Option<&ModParams>,
             q: &Q,
             k: &K,
             v: &V,
@@ -354,7 +353,8 @@ mod launch {
             let (op, _go) = o.device_ptr_mut(stream);
             let (lp, _gl) = lse.device_ptr_mut(stream);
             // SAFETY: lengths were checked against every offset the kernel touches.
-            unsafe { self.launch_raw(stream, args, mods, [qp, kp, vp, op, lp]) }
+            // A modifier variant refuses a launch without its parameters (launch_raw).
+            unsafe { self.launch_raw(stream, args, None, [qp, kp, vp, op, lp]) }
         }
 
         /// Launches with raw device addresses `[q, k, v, o, lse]`.
