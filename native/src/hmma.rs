@@ -143,6 +143,10 @@ impl HmmaConfig {
     /// ([`HmmaConfig::tile_for`]); they are compiled and checked here, never run (we have no
     /// such device).
     pub const TARGETS: &'static [Arch] = &[Arch::Sm80, Arch::Sm86, Arch::Sm89, Arch::Sm90, Arch::Sm100a, Arch::Sm120a];
+    /// Targets of the score-modifier variants: those whose SASS is checked free of spills at
+    /// their 16-row tile (a device of another compute capability falls through to a kernel
+    /// with modifiers elsewhere).
+    pub const MOD_TARGETS: &'static [Arch] = &[Arch::Sm80, Arch::Sm90, Arch::Sm120a];
 
     /// Validated constructor.
     pub fn new(head_dim: usize, input: Dtype, qk: QkAccum, pv: PvAccum) -> Result<Self> {
