@@ -73,6 +73,10 @@ pub struct Profile {
     /// where compiling dominates (llvmpipe takes 2 to 12 s per kernel), the sizes, strides,
     /// scales and data still vary case by case and the configurations change with the seed.
     pub palette: Option<usize>,
+    /// The `(strategy, precision, head dim)` triples of the profile that plan the probe problem
+    /// (at that head dim): a palette's configurations come from these but for one, so that a
+    /// seed's few kernels mostly run instead of testing refusals.
+    pub plans: Vec<(Strategy, Precision, usize)>,
 }
 
 impl Profile {
@@ -97,6 +101,16 @@ impl Profile {
             .into_iter()
             .filter(|&d| precisions.iter().any(|&p| session.plan(&probe(d), p, Strategy::Auto).is_ok()))
             .collect();
+        let mut plans = Vec::new();
+        for &s in &strategies {
+            for p in Precision::all_named() {
+                for &d in &head_dims {
+                    if session.plan(&probe(d), p, s).is_ok() {
+                        plans.push((s, p, d));
+                    }
+                }
+            }
+        }
         Profile {
             device: session.info().kind.to_string(),
             precisions,
@@ -105,6 +119,7 @@ impl Profile {
             max_len: 600,
             max_work: 2.0e7,
             palette: None,
+            plans,
         }
     }
 
@@ -125,6 +140,7 @@ impl Profile {
     /// compile).
     pub fn max_head_dim(mut self, max: usize) -> Profile {
         self.head_dims.retain(|&d| d <= max);
+        self.plans.retain(|&(_, _, d)| d <= max);
         self
     }
 }
@@ -322,6 +338,24 @@ impl Generator {
         Config { precision, strategy, head_dim, v_head_dim, causal: rng.random_bool(0.5), lse: rng.random_bool(0.75) }
     }
 
+    /// A configuration the profile found to plan, drawn as [`Generator::config`] draws (the
+    /// last draw where 64 found none).
+    fn planned_config(&self, rng: &mut StdRng) -> Config {
+        let prof = &self.profile;
+        let plans = |c: &Config| {
+            c.strategy == Strategy::Reference
+                || (prof.head_dims.contains(&c.v_head_dim) && prof.plans.contains(&(c.strategy, c.precision, c.head_dim)))
+        };
+        let mut c = self.config(rng);
+        for _ in 0..64 {
+            if plans(&c) {
+                break;
+            }
+            c = self.config(rng);
+        }
+        c
+    }
+
     /// Case `index` of this seed (independent of every other index but for the seed's palette).
     pub fn case(&self, index: u64) -> Case {
         let prof = &self.profile;
@@ -330,7 +364,11 @@ impl Generator {
             Some(n) => {
                 let n = n.max(1);
                 let mut palette_rng = stream(self.seed, 0, 3);
-                let palette: Vec<Config> = (0..n).map(|_| self.config(&mut palette_rng)).collect();
+                // All but the last configuration plan (where the profile has such), the last is
+                // drawn freely and may test a refusal.
+                let palette: Vec<Config> = (0..n)
+                    .map(|i| if i + 1 < n || n == 1 { self.planned_config(&mut palette_rng) } else { self.config(&mut palette_rng) })
+                    .collect();
                 palette[rng.random_range(0..palette.len())]
             }
             None => self.config(&mut rng),
@@ -1088,6 +1126,7 @@ mod tests {
             max_len: 600,
             max_work: 2.0e7,
             palette: None,
+            plans: Vec::new(),
         }
     }
 
@@ -1107,6 +1146,32 @@ mod tests {
             }
         }
         assert!(configs.len() <= 4, "{configs:?}");
+    }
+
+    #[test]
+    fn a_palette_is_drawn_from_configurations_that_plan_but_for_one() {
+        let mut prof = cpu_profile().with_palette(5);
+        prof.head_dims = vec![64];
+        prof.plans = vec![(Strategy::Auto, Precision::F32, 64), (Strategy::Auto, Precision::FP8_DEFAULT, 64)];
+        for seed in 0..20 {
+            let g = Generator::new(seed, prof.clone());
+            let mut configs = Vec::new();
+            for i in 0..300 {
+                let c = g.case(i);
+                if c.problem.validate().is_err() {
+                    continue; // the case broke the problem on purpose
+                }
+                let key = (c.precision, c.strategy, c.problem.head_dim, c.problem.v_head_dim);
+                if !configs.contains(&key) {
+                    configs.push(key);
+                }
+            }
+            let planned = configs
+                .iter()
+                .filter(|&&(p, s, d, v)| s == Strategy::Reference || (v == 64 && prof.plans.contains(&(s, p, d))))
+                .count();
+            assert!(configs.len() - planned <= 1, "seed {seed}: {configs:?}");
+        }
     }
 
     #[test]
