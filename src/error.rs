@@ -50,7 +50,7 @@ pub enum Error {
 
     /// A kernel family that does not implement a score modifier; `Strategy::Auto` passes over
     /// it to a family that does.
-    #[error("{kernel} does not implement the {feature} score modifier (the CPU backend and the portable FMA kernel do)")]
+    #[error("{kernel} does not implement the {feature} score modifier (the CPU backend, the portable FMA kernel and the native wgmma and HMMA kernels do)")]
     UnsupportedFeature { feature: &'static str, kernel: String },
 
     /// A paged KV cache's page size that no paged kernel takes.
@@ -68,6 +68,16 @@ pub enum Error {
     /// A paged KV cache whose block table, lengths or geometry do not fit together or the problem.
     #[error("paged KV cache is inconsistent: {reason}")]
     InvalidPagedKv { reason: String },
+
+    /// A kernel family that does not take variable-length (packed) batches; `Strategy::Auto`
+    /// passes over it.
+    #[error("{kernel} does not take variable-length batches (the CPU backend, the portable FMA kernel and the native wgmma and HMMA kernels do)")]
+    UnsupportedVarLen { kernel: String },
+
+    /// Variable-length offsets that are not `batch + 1` non-decreasing entries from 0, or that do
+    /// not fit the problem.
+    #[error("variable-length batch is inconsistent: {reason}")]
+    InvalidVarLen { reason: String },
 
     #[error("{tensor} shape mismatch: expected {expected:?}, got {got:?}")]
     ShapeMismatch { tensor: TensorName, expected: Vec<usize>, got: Vec<usize> },

@@ -745,6 +745,8 @@ pub fn variant(e: &Error) -> &'static str {
         Error::BlockTableEntry { .. } => "BlockTableEntry",
         Error::UnsupportedPagedKv { .. } => "UnsupportedPagedKv",
         Error::InvalidPagedKv { .. } => "InvalidPagedKv",
+        Error::UnsupportedVarLen { .. } => "UnsupportedVarLen",
+        Error::InvalidVarLen { .. } => "InvalidVarLen",
     }
 }
 
@@ -759,6 +761,7 @@ fn is_capability(e: &Error) -> bool {
             | Error::InvalidStrides { .. }
             | Error::UnsupportedFeature { .. }
             | Error::UnsupportedPagedKv { .. }
+            | Error::UnsupportedVarLen { .. }
             | Error::TooLarge { .. }
     )
 }

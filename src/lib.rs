@@ -32,6 +32,7 @@ pub use device_tensor::{CudaCodes, CudaCodesMut, CudaFp8, CudaFp8Mut, CudaTensor
 pub use device_tensor::{HipTensor, HipTensorMut};
 pub use registry::{Family, KernelId, NativeChoice};
 pub use paged::{PagedKv, PAGE_SIZES};
+pub use varlen::VarLen;
 pub use problem::{AttentionProblem, AttentionShape, CausalAlign, Layout, Strides, TensorStrides, Window};
 pub use session::{attention, DeviceInfo, Output, Path, Plan, Resident, Session};
 pub use tensor::{Element, HostSlice};
@@ -55,6 +56,7 @@ pub mod inputs;
 pub mod metrics;
 pub mod nonfinite;
 pub mod paged;
+pub mod varlen;
 pub mod reference;
 pub mod session;
 pub mod tensor;

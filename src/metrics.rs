@@ -135,15 +135,23 @@ impl Tolerance {
 
 /// FLOPs of one forward pass: [`crate::AttentionShape::flops`], FlashAttention's count
 /// (`4 · B · H · Sq · Sk · D`, D the mean of the head dims, halved for causal). With a sliding
-/// window or top-left alignment the count is of the (row, key) pairs the mask lets through, so
-/// that a window's TFLOP/s are of the work it asks for.
+/// window, top-left alignment, a variable-length batch or a paged cache the count is of the
+/// (row, key) pairs each sequence's rows see, so that TFLOP/s are of the work asked for (a
+/// packed batch's real tokens, not its longest sequence times the batch).
 pub fn flops(problem: &AttentionProblem) -> f64 {
     let p = problem;
-    if p.window.is_none() && p.causal_align == crate::CausalAlign::BottomRight {
+    if p.window.is_none() && p.causal_align == crate::CausalAlign::BottomRight && p.varlen.is_none() && p.paged.is_none() {
         return p.shape().flops();
     }
-    let pairs: f64 = (0..p.q_len).map(|i| p.visible_keys(i) as f64).sum();
-    4.0 * p.batch as f64 * p.q_heads as f64 * pairs * (p.head_dim + p.v_head_dim) as f64 / 2.0
+    // Sequences of their own lengths (variable-length batches, paged caches): the pairs each
+    // sequence's rows see.
+    let pairs: f64 = (0..p.batch)
+        .map(|b| {
+            let sp = p.sequence(b);
+            (0..sp.q_len).map(|i| sp.visible_keys(i) as f64).sum::<f64>()
+        })
+        .sum();
+    2.0 * p.q_heads as f64 * pairs * (p.head_dim + p.v_head_dim) as f64
 }
 
 #[cfg(test)]

@@ -75,7 +75,7 @@ impl Owned {
 /// The rows that see a non-finite input.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Poison {
-    /// Q rows holding one, as `(b · q_heads + h) · q_len + i`, sorted.
+    /// Q rows holding one, as their LSE index ([`AttentionProblem::lse_index`]), sorted.
     q_rows: Vec<usize>,
     /// Per `b · kv_heads + kv_head`: the keys whose K or V row holds one, sorted. A row sees
     /// a contiguous range of keys (`AttentionProblem::visible_range`), so one search decides.
@@ -89,7 +89,7 @@ impl Poison {
         if visible.is_empty() {
             return false;
         }
-        let r = (b * p.q_heads + h) * p.q_len + i;
+        let r = p.lse_index(b, h, i);
         let sees_bad_key = self.bad_keys.get(b * p.kv_heads + p.kv_head_of(h)).is_some_and(|keys| {
             let first = keys.partition_point(|&j| j < visible.start);
             keys.get(first).is_some_and(|&j| j < visible.end)
@@ -221,7 +221,10 @@ pub(crate) fn screen(p: &AttentionProblem, precision: Precision, q: HostSlice<'_
     let target = precision.input_dtype();
     let s = p.tensor_strides();
     let view = |tensor, strides, heads, seq, dim| View { tensor, strides, heads, seq, dim };
-    let (q_rows, q) = screen_tensor(q, view(TensorName::Q, s.q, p.q_heads, p.q_len, p.head_dim), p.batch, target)?;
+    // A variable-length batch is screened as one entry of `total` packed rows: the row numbers
+    // come out as `h · total_q + packed row`, its LSE index.
+    let (batch, q_seq, k_seq) = p.tensor_rows();
+    let (q_rows, q) = screen_tensor(q, view(TensorName::Q, s.q, p.q_heads, q_seq, p.head_dim), batch, target)?;
     // A paged pool is screened as one sequence of `num_pages · page_size` rows (BSHD), whose
     // bad rows are then found in the sequences that read them.
     let (kv_batch, kv_seq, ks, vs) = match &p.paged {
@@ -229,7 +232,7 @@ pub(crate) fn screen(p: &AttentionProblem, precision: Precision, q: HostSlice<'_
             let rows = pg.num_pages * pg.page_size;
             (1, rows, Strides::new(Layout::Bshd, p.kv_heads, rows, p.head_dim), Strides::new(Layout::Bshd, p.kv_heads, rows, p.v_head_dim))
         }
-        None => (p.batch, p.kv_len, s.k, s.v),
+        None => (batch, k_seq, s.k, s.v),
     };
     let (k_rows, k) = screen_tensor(k, view(TensorName::K, ks, p.kv_heads, kv_seq, p.head_dim), kv_batch, target)?;
     let (v_rows, v) = screen_tensor(v, view(TensorName::V, vs, p.kv_heads, kv_seq, p.v_head_dim), kv_batch, target)?;
@@ -237,14 +240,22 @@ pub(crate) fn screen(p: &AttentionProblem, precision: Precision, q: HostSlice<'_
         None
     } else {
         let mut bad_keys = vec![Vec::new(); p.batch * p.kv_heads];
-        match &p.paged {
-            None => {
+        match (&p.paged, &p.varlen) {
+            (None, Some(vl)) => {
+                // r = kv_head · total_k + packed row
+                for r in k_rows.into_iter().chain(v_rows) {
+                    if let Some((b, j)) = vl.key_of_row(r % kv_seq) {
+                        bad_keys[b * p.kv_heads + r / kv_seq].push(j);
+                    }
+                }
+            }
+            (None, None) => {
                 for r in k_rows.into_iter().chain(v_rows) {
                     // r = (b · kv_heads + kv_head) · kv_len + key
                     bad_keys[r / p.kv_len].push(r % p.kv_len);
                 }
             }
-            Some(pg) => {
+            (Some(pg), _) => {
                 // r = kv_head · (num_pages · page_size) + pool row
                 let mut heads_of_row: std::collections::HashMap<usize, Vec<usize>> = Default::default();
                 for r in k_rows.into_iter().chain(v_rows) {
@@ -274,18 +285,28 @@ pub(crate) fn finish(p: &AttentionProblem, precision: Precision, kernel: &str, p
     let os = p.o_strides();
     let dv = p.v_head_dim;
     let rows = p.batch * p.q_heads * p.q_len;
-    if o.len() < p.o_len_elems() || lse.as_deref().is_some_and(|l| l.len() < rows) {
+    if o.len() < p.o_len_elems() || lse.as_deref().is_some_and(|l| l.len() < p.lse_len_elems()) {
         return Err(Error::Kernel { kernel: kernel.to_string(), reason: format!("read back {} O elements for {}", o.len(), p.o_len_elems()) });
     }
+    // Rows as (b, h, i); a variable-length batch's rows past a shorter sequence's end do not
+    // exist and are never visited.
     let coords = |r: usize| (r / (p.q_heads * p.q_len), (r / p.q_len) % p.q_heads, r % p.q_len);
+    let exists = |r: usize| {
+        let (b, _, i) = coords(r);
+        p.has_q_row(b, i)
+    };
+    let o_offset = |b: usize, h: usize, i: usize| {
+        let (ob, oi) = p.q_position(b, i);
+        os.offset(ob, h, oi)
+    };
     if let Some(poison) = poison {
-        for r in 0..rows {
+        for r in (0..rows).filter(|&r| exists(r)) {
             let (b, h, i) = coords(r);
             if poison.poisons(p, b, h, i) {
-                let off = os.offset(b, h, i);
+                let off = o_offset(b, h, i);
                 o[off..off + dv].fill(f32::NAN);
                 if let Some(l) = lse.as_deref_mut() {
-                    l[r] = f32::NAN;
+                    l[p.lse_index(b, h, i)] = f32::NAN;
                 }
             }
         }
@@ -293,11 +314,11 @@ pub(crate) fn finish(p: &AttentionProblem, precision: Precision, kernel: &str, p
     let lse = lse.as_deref();
     let overflowed = |r: usize| -> bool {
         let (b, h, i) = coords(r);
-        if p.sequence(b).visible_keys(i) == 0 || poison.is_some_and(|x| x.poisons(p, b, h, i)) {
+        if !p.has_q_row(b, i) || p.sequence(b).visible_keys(i) == 0 || poison.is_some_and(|x| x.poisons(p, b, h, i)) {
             return false;
         }
-        let off = os.offset(b, h, i);
-        o[off..off + dv].iter().any(|x| !x.is_finite()) || lse.is_some_and(|l| !l[r].is_finite())
+        let off = o_offset(b, h, i);
+        o[off..off + dv].iter().any(|x| !x.is_finite()) || lse.is_some_and(|l| !l[p.lse_index(b, h, i)].is_finite())
     };
     let (count, first) = (0..rows)
         .into_par_iter()

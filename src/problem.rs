@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use crate::error::{Error, Result, TensorName};
 use crate::paged::PagedKv;
+use crate::varlen::VarLen;
 
 pub use quattn_core::{AttentionShape, Layout, Strides};
 
@@ -134,6 +135,9 @@ pub struct AttentionProblem {
     /// K and V in a paged cache read through a block table (`None`: K and V are tensors of
     /// `layout` / `strides`). See [`crate::paged`].
     pub paged: Option<PagedKv>,
+    /// Sequences of different lengths packed token-major (`None`: every sequence has `q_len`
+    /// queries and `kv_len` keys). See [`crate::varlen`].
+    pub varlen: Option<VarLen>,
 }
 
 impl AttentionProblem {
@@ -159,6 +163,7 @@ impl AttentionProblem {
             sinks: None,
             alibi_slopes: None,
             paged: None,
+            varlen: None,
         }
     }
     pub fn kv_heads(mut self, kv_heads: usize) -> Self {
@@ -228,12 +233,80 @@ impl AttentionProblem {
         self
     }
 
-    /// The problem as sequence `b` sees it: with a paged cache, `kv_len` is that sequence's
-    /// length (masks and ALiBi measure positions against it); otherwise the problem itself.
+    /// Packed sequences of different lengths ([`crate::varlen`]): `batch` becomes the number
+    /// of sequences, `q_len` / `kv_len` the longest ones and `layout` [`Layout::Bshd`] (Q is
+    /// `[1, total_q, q_heads, head_dim]`, K/V `[1, total_k, kv_heads, dim]`, the LSE
+    /// `[1, q_heads, total_q]`); each sequence's masks measure against its own lengths.
+    pub fn varlen(mut self, varlen: VarLen) -> Self {
+        self.batch = varlen.batch();
+        self.q_len = varlen.max_q_len();
+        self.kv_len = varlen.max_k_len();
+        self.layout = Layout::Bshd;
+        self.varlen = Some(varlen);
+        self
+    }
+
+    /// The problem as sequence `b` sees it: with a paged cache or a variable-length batch,
+    /// `q_len` / `kv_len` are that sequence's lengths (masks and ALiBi measure positions against
+    /// them); otherwise the problem itself.
     pub fn sequence(&self, b: usize) -> Cow<'_, AttentionProblem> {
-        match &self.paged {
-            Some(pg) if pg.seq_len(b) != self.kv_len => Cow::Owned(AttentionProblem { kv_len: pg.seq_len(b), ..self.clone() }),
-            _ => Cow::Borrowed(self),
+        let (q_len, kv_len) = match (&self.varlen, &self.paged) {
+            (Some(vl), _) => (vl.q_len(b), vl.k_len(b)),
+            (None, Some(pg)) => (self.q_len, pg.seq_len(b)),
+            (None, None) => return Cow::Borrowed(self),
+        };
+        if (q_len, kv_len) == (self.q_len, self.kv_len) {
+            Cow::Borrowed(self)
+        } else {
+            Cow::Owned(AttentionProblem { q_len, kv_len, ..self.clone() })
+        }
+    }
+
+    /// Whether query row `i` of sequence `b` exists (a variable-length batch's shorter
+    /// sequences have fewer than `q_len` rows).
+    #[inline]
+    pub fn has_q_row(&self, b: usize, i: usize) -> bool {
+        match &self.varlen {
+            Some(vl) => i < vl.q_len(b),
+            None => i < self.q_len,
+        }
+    }
+
+    /// `(batch index, row)` of query row `i` of sequence `b` in Q and O: `(b, i)`, or for a
+    /// variable-length batch `(0, packed row)`.
+    #[inline]
+    pub fn q_position(&self, b: usize, i: usize) -> (usize, usize) {
+        match &self.varlen {
+            Some(vl) => (0, vl.q_row(b, i)),
+            None => (b, i),
+        }
+    }
+
+    /// `(batch index, row)` of key `j` of sequence `b` in K and V (not for paged caches).
+    #[inline]
+    pub fn k_position(&self, b: usize, j: usize) -> (usize, usize) {
+        match &self.varlen {
+            Some(vl) => (0, vl.k_row(b, j)),
+            None => (b, j),
+        }
+    }
+
+    /// Index of row `(b, h, i)` in the LSE: `(b · q_heads + h) · q_len + i`, or for a
+    /// variable-length batch `h · total_q + packed row`.
+    #[inline]
+    pub fn lse_index(&self, b: usize, h: usize, i: usize) -> usize {
+        match &self.varlen {
+            Some(vl) => h * vl.total_q() + vl.q_row(b, i),
+            None => (b * self.q_heads + h) * self.q_len + i,
+        }
+    }
+
+    /// Batch entries and rows per head the tensors hold: `(batch, q_len, kv_len)`, or for a
+    /// variable-length batch `(1, total_q, total_k)`.
+    pub fn tensor_rows(&self) -> (usize, usize, usize) {
+        match &self.varlen {
+            Some(vl) => (1, vl.total_q(), vl.total_k()),
+            None => (self.batch, self.q_len, self.kv_len),
         }
     }
 
@@ -369,42 +442,50 @@ impl AttentionProblem {
     }
 
     pub fn q_shape(&self) -> [usize; 4] {
-        self.dims(self.q_heads, self.q_len, self.head_dim)
+        let (b, tq, _) = self.tensor_rows();
+        self.dims(b, self.q_heads, tq, self.head_dim)
     }
     /// K's shape; with a paged cache, the pool's `[num_pages, page_size, kv_heads, head_dim]`.
     pub fn k_shape(&self) -> [usize; 4] {
+        let (b, _, tk) = self.tensor_rows();
         match &self.paged {
             Some(pg) => pg.pool_shape(self.kv_heads, self.head_dim),
-            None => self.dims(self.kv_heads, self.kv_len, self.head_dim),
+            None => self.dims(b, self.kv_heads, tk, self.head_dim),
         }
     }
     pub fn v_shape(&self) -> [usize; 4] {
+        let (b, _, tk) = self.tensor_rows();
         match &self.paged {
             Some(pg) => pg.pool_shape(self.kv_heads, self.v_head_dim),
-            None => self.dims(self.kv_heads, self.kv_len, self.v_head_dim),
+            None => self.dims(b, self.kv_heads, tk, self.v_head_dim),
         }
     }
     pub fn o_shape(&self) -> [usize; 4] {
-        self.dims(self.q_heads, self.q_len, self.v_head_dim)
+        let (b, tq, _) = self.tensor_rows();
+        self.dims(b, self.q_heads, tq, self.v_head_dim)
     }
+    /// `[batch, q_heads, q_len]`; for a variable-length batch `[1, q_heads, total_q]`.
     pub fn lse_shape(&self) -> [usize; 3] {
-        [self.batch, self.q_heads, self.q_len]
+        let (b, tq, _) = self.tensor_rows();
+        [b, self.q_heads, tq]
     }
 
-    fn dims(&self, heads: usize, seq: usize, dim: usize) -> [usize; 4] {
+    /// A tensor's shape of `batch` entries of `seq` rows.
+    fn dims(&self, batch: usize, heads: usize, seq: usize, dim: usize) -> [usize; 4] {
         match self.layout {
-            Layout::Bhsd => [self.batch, heads, seq, dim],
-            Layout::Bshd => [self.batch, seq, heads, dim],
+            Layout::Bhsd => [batch, heads, seq, dim],
+            Layout::Bshd => [batch, seq, heads, dim],
         }
     }
 
     /// The strides of every tensor in effect: the explicit ones, else `layout`'s contiguous ones.
     pub fn tensor_strides(&self) -> TensorStrides {
+        let (_, tq, tk) = self.tensor_rows();
         self.strides.unwrap_or(TensorStrides {
-            q: Strides::new(self.layout, self.q_heads, self.q_len, self.head_dim),
-            k: Strides::new(self.layout, self.kv_heads, self.kv_len, self.head_dim),
-            v: Strides::new(self.layout, self.kv_heads, self.kv_len, self.v_head_dim),
-            o: Strides::new(self.layout, self.q_heads, self.q_len, self.v_head_dim),
+            q: Strides::new(self.layout, self.q_heads, tq, self.head_dim),
+            k: Strides::new(self.layout, self.kv_heads, tk, self.head_dim),
+            v: Strides::new(self.layout, self.kv_heads, tk, self.v_head_dim),
+            o: Strides::new(self.layout, self.q_heads, tq, self.v_head_dim),
         })
     }
     pub fn q_strides(&self) -> Strides {
@@ -443,23 +524,25 @@ impl AttentionProblem {
 
     /// Elements a Q buffer must hold: the span of Q's strides (the dense count when contiguous).
     pub fn q_len_elems(&self) -> usize {
-        self.extent(self.q_strides(), self.q_heads, self.q_len, self.head_dim)
+        let (_, tq, _) = self.tensor_rows();
+        self.extent(self.q_strides(), self.q_heads, tq, self.head_dim)
     }
     /// Elements a K buffer must hold (with a paged cache: the pool).
     pub fn k_len_elems(&self) -> usize {
         match &self.paged {
             Some(pg) => pg.pool_elems(self.kv_heads, self.head_dim),
-            None => self.extent(self.k_strides(), self.kv_heads, self.kv_len, self.head_dim),
+            None => self.extent(self.k_strides(), self.kv_heads, self.tensor_rows().2, self.head_dim),
         }
     }
     pub fn v_len_elems(&self) -> usize {
         match &self.paged {
             Some(pg) => pg.pool_elems(self.kv_heads, self.v_head_dim),
-            None => self.extent(self.v_strides(), self.kv_heads, self.kv_len, self.v_head_dim),
+            None => self.extent(self.v_strides(), self.kv_heads, self.tensor_rows().2, self.v_head_dim),
         }
     }
     pub fn o_len_elems(&self) -> usize {
-        self.extent(self.o_strides(), self.q_heads, self.q_len, self.v_head_dim)
+        let (_, tq, _) = self.tensor_rows();
+        self.extent(self.o_strides(), self.q_heads, tq, self.v_head_dim)
     }
 
     /// The tensor that spans the most elements (strides included) and that span: what a kernel
@@ -477,10 +560,11 @@ impl AttentionProblem {
 
     /// Saturates on overflow; [`AttentionProblem::validate`] refuses such problems first.
     fn extent(&self, s: Strides, heads: usize, seq: usize, dim: usize) -> usize {
-        s.extent(self.batch, heads, seq, dim).unwrap_or(usize::MAX)
+        s.extent(self.tensor_rows().0, heads, seq, dim).unwrap_or(usize::MAX)
     }
     pub fn lse_len_elems(&self) -> usize {
-        self.batch * self.q_heads * self.q_len
+        let (b, tq, _) = self.tensor_rows();
+        b * self.q_heads * tq
     }
 
     /// Checks the problem on its own (device-independent rules).
@@ -509,11 +593,15 @@ impl AttentionProblem {
                 return Err(Error::NonPositiveScale { scale });
             }
         }
+        if let Some(vl) = &self.varlen {
+            self.validate_varlen(vl)?;
+        }
+        let (b, tq, tk) = self.tensor_rows();
         for (what, dims) in [
-            ("Q elements", [self.batch, self.q_heads, self.q_len, self.head_dim]),
-            ("K elements", [self.batch, self.kv_heads, self.kv_len, self.head_dim]),
-            ("V elements", [self.batch, self.kv_heads, self.kv_len, self.v_head_dim]),
-            ("O elements", [self.batch, self.q_heads, self.q_len, self.v_head_dim]),
+            ("Q elements", [b, self.q_heads, tq, self.head_dim]),
+            ("K elements", [b, self.kv_heads, tk, self.head_dim]),
+            ("V elements", [b, self.kv_heads, tk, self.v_head_dim]),
+            ("O elements", [b, self.q_heads, tq, self.v_head_dim]),
         ] {
             let n = dims.iter().map(|&d| d as u128).product::<u128>();
             if n > MAX_TENSOR_ELEMS as u128 {
@@ -527,6 +615,23 @@ impl AttentionProblem {
             self.validate_paged(pg)?;
         }
         self.validate_modifiers()
+    }
+
+    /// A variable-length batch: its own rules ([`VarLen`]), the packed BSHD layout without
+    /// explicit strides, and K/V as tensors (a paged cache holds its own per-sequence lengths).
+    fn validate_varlen(&self, vl: &VarLen) -> Result<()> {
+        vl.validate(self.batch, self.q_len, self.kv_len)?;
+        let bad = |reason: &str| Err(Error::InvalidVarLen { reason: reason.into() });
+        if self.strides.is_some() {
+            return bad("explicit strides with a variable-length batch: Q/K/V/O are packed [total, heads, dim]");
+        }
+        if self.layout != Layout::Bshd {
+            return bad("a variable-length batch is packed token-major (Layout::Bshd); AttentionProblem::varlen sets it");
+        }
+        if self.paged.is_some() {
+            return bad("a variable-length batch with a paged KV cache: pass the key lengths through PagedKv's seq_lens");
+        }
+        Ok(())
     }
 
     /// A paged cache: its own rules ([`PagedKv`]), pools within the index range, and no
@@ -689,6 +794,7 @@ impl AttentionProblem {
             sinks: None,
             alibi_slopes: None,
             paged: None,
+            varlen: None,
         };
         p.validate()?;
         p.check_shapes(&q, &k, &v)?;

@@ -23,6 +23,9 @@ pub struct ReferenceOutput {
 /// `o = Σ exp(s_j − m) v_j / l`, `lse = m + ln l`. A row that sees no key has o = 0 and
 /// lse = `-inf`, sinks or not.
 ///
+/// A variable-length batch ([`crate::varlen`]) runs the same loop over each sequence's own
+/// rows of the packed tensors, with its own lengths.
+///
 /// With a paged cache ([`crate::paged`]), `k` and `v` are the pools: each sequence's keys are
 /// first gathered through the block table into a contiguous `[batch, kv_heads, kv_len, dim]`
 /// copy, then the same naive loop runs with each sequence's own length as its `kv_len`.
@@ -43,23 +46,28 @@ pub fn attention_f64(problem: &AttentionProblem, q: &[f32], k: &[f32], v: &[f32]
     };
     let (qs, os) = (p.q_strides(), p.o_strides());
     // One task per query row (rows are independent; parallelism changes no arithmetic).
-    let rows: Vec<(Vec<f64>, f64)> = (0..p.batch * p.q_heads * p.q_len)
+    // A variable-length batch's rows past a shorter sequence's end do not exist: skipped.
+    let rows: Vec<(usize, usize, usize, Vec<f64>, f64)> = (0..p.batch * p.q_heads * p.q_len)
         .into_par_iter()
-        .map(|r| {
-            let (b, h, i) = (r / (p.q_heads * p.q_len), (r / p.q_len) % p.q_heads, r % p.q_len);
+        .map(|r| (r / (p.q_heads * p.q_len), (r / p.q_len) % p.q_heads, r % p.q_len))
+        .filter(|&(b, _, i)| p.has_q_row(b, i))
+        .map(|(b, h, i)| {
             let kh = p.kv_head_of(h);
-            // The sequence's own length (a paged cache's seq_lens[b]) for the mask and ALiBi.
+            // The sequence's own lengths (a paged cache's seq_lens[b], a variable-length
+            // batch's cu_seqlens) for the mask and ALiBi.
             let sp = p.sequence(b);
             let keys: Vec<usize> = (0..sp.kv_len).filter(|&j| sp.sees(i, j)).collect();
             let mut orow = vec![0.0f64; dv];
             if keys.is_empty() {
-                return (orow, f64::NEG_INFINITY); // O stays 0, LSE is -inf.
+                return (b, h, i, orow, f64::NEG_INFINITY); // O stays 0, LSE is -inf.
             }
-            let qrow = &q[qs.offset(b, h, i)..][..d];
+            let (qb, qi) = p.q_position(b, i);
+            let qrow = &q[qs.offset(qb, h, qi)..][..d];
             let s: Vec<f64> = keys
                 .iter()
                 .map(|&j| {
-                    let krow = &k[ks.offset(b, kh, j)..][..d];
+                    let (kb, kj) = p.k_position(b, j);
+                    let krow = &k[ks.offset(kb, kh, kj)..][..d];
                     let mut x = qrow.iter().zip(krow).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() * scale;
                     if let Some(cap) = p.softcap {
                         let cap = cap as f64;
@@ -68,7 +76,7 @@ pub fn attention_f64(problem: &AttentionProblem, q: &[f32], k: &[f32], v: &[f32]
                     if let Some(slopes) = &p.alibi_slopes {
                         // |a(i) - j| with a(i) = i + kv_len - q_len (bottom-right) or i.
                         let a = match p.causal_align {
-                            CausalAlign::BottomRight => i as f64 + sp.kv_len as f64 - p.q_len as f64,
+                            CausalAlign::BottomRight => i as f64 + sp.kv_len as f64 - sp.q_len as f64,
                             CausalAlign::TopLeft => i as f64,
                         };
                         x -= slopes[h] as f64 * (a - j as f64).abs();
@@ -81,7 +89,8 @@ pub fn attention_f64(problem: &AttentionProblem, q: &[f32], k: &[f32], v: &[f32]
             let e: Vec<f64> = s.iter().map(|&x| (x - m).exp()).collect();
             let l: f64 = e.iter().sum::<f64>() + sink.map_or(0.0, |x| (x - m).exp());
             for (&j, &pj) in keys.iter().zip(&e) {
-                let vrow = &v[vs.offset(b, kh, j)..][..dv];
+                let (kb, kj) = p.k_position(b, j);
+                let vrow = &v[vs.offset(kb, kh, kj)..][..dv];
                 for (oc, &vc) in orow.iter_mut().zip(vrow) {
                     *oc += pj * vc as f64;
                 }
@@ -89,15 +98,15 @@ pub fn attention_f64(problem: &AttentionProblem, q: &[f32], k: &[f32], v: &[f32]
             for oc in orow.iter_mut() {
                 *oc /= l;
             }
-            (orow, m + l.ln())
+            (b, h, i, orow, m + l.ln())
         })
         .collect();
     let mut o = vec![0.0f64; p.o_len_elems()];
     let mut lse = vec![f64::NEG_INFINITY; p.lse_len_elems()];
-    for (r, (orow, l)) in rows.into_iter().enumerate() {
-        let (b, h, i) = (r / (p.q_heads * p.q_len), (r / p.q_len) % p.q_heads, r % p.q_len);
-        o[os.offset(b, h, i)..][..dv].copy_from_slice(&orow);
-        lse[r] = l;
+    for (b, h, i, orow, l) in rows {
+        let (ob, oi) = p.q_position(b, i);
+        o[os.offset(ob, h, oi)..][..dv].copy_from_slice(&orow);
+        lse[p.lse_index(b, h, i)] = l;
     }
     Ok(ReferenceOutput { o, lse })
 }

@@ -87,6 +87,22 @@ impl Family {
     }
 }
 
+impl Family {
+    /// Whether the family takes variable-length (packed) batches ([`crate::varlen`]). Only the
+    /// CPU kernels until a device family's varlen kernels are wired in.
+    pub fn has_varlen(self) -> bool {
+        matches!(self, Family::Cpu)
+    }
+}
+
+/// The typed refusal of a kernel that does not take variable-length batches, for such a problem.
+pub(crate) fn refuse_varlen(problem: &AttentionProblem, kernel: impl fmt::Display) -> Result<()> {
+    match &problem.varlen {
+        Some(_) => Err(Error::UnsupportedVarLen { kernel: kernel.to_string() }),
+        None => Ok(()),
+    }
+}
+
 /// The typed refusal of a kernel that does not read paged caches, for a paged problem.
 pub(crate) fn refuse_paged(problem: &AttentionProblem, kernel: impl fmt::Display) -> Result<()> {
     match &problem.paged {
@@ -310,6 +326,7 @@ pub(crate) fn walk<B>(
         let kernel = || format!("the {} kernel family", row.family);
         let tested = if row.family.has_score_modifiers() { Ok(()) } else { refuse_modifiers(problem, kernel()) }
             .and_then(|_| if row.family.has_paged_kv() { Ok(()) } else { refuse_paged(problem, kernel()) })
+            .and_then(|_| if row.family.has_varlen() { Ok(()) } else { refuse_varlen(problem, kernel()) })
             .and_then(|_| refuse_size(problem, row.family))
             .map_err(Reject::Refused)
             .and_then(|_| (row.test)(backend, problem, precision));
@@ -364,6 +381,7 @@ fn forced_error(strategy: Strategy, device: &str, e: Error) -> Error {
         | Error::UnsupportedVHeadDim { .. }
         | Error::UnsupportedFeature { .. }
         | Error::UnsupportedPagedKv { .. }
+        | Error::UnsupportedVarLen { .. }
         | Error::TooLarge { .. } => e,
         e => Error::UnsupportedStrategy { strategy, device: device.into(), reason: e.to_string() },
     }

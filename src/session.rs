@@ -185,6 +185,7 @@ impl Session {
                 // The emulations model the kernels' arithmetic, not the score modifiers.
                 crate::registry::refuse_modifiers(problem, "the CPU emulation (Strategy::Reference)")?;
                 crate::registry::refuse_paged(problem, "the CPU emulation (Strategy::Reference)")?;
+                crate::registry::refuse_varlen(problem, "the CPU emulation (Strategy::Reference)")?;
                 let blocking = Blocking::default();
                 blocking.validate(problem, precision)?;
                 (KernelId::Emulation { precision, blocking }, Some(blocking), Vec::new())

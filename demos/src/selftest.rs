@@ -245,7 +245,8 @@ fn run_case(session: &Session, p: &AttentionProblem, prec: Precision, strategy: 
             | Error::UnsupportedStrategy { .. }
             | Error::UnsupportedVHeadDim { .. }
             | Error::UnsupportedFeature { .. }
-            | Error::UnsupportedPagedKv { .. }),
+            | Error::UnsupportedPagedKv { .. }
+            | Error::UnsupportedVarLen { .. }),
         ) => {
             case.reason = Some(e.to_string());
             return case;

@@ -69,6 +69,7 @@ fn cpu_fp8_kernel(_: &CpuBackend, problem: &AttentionProblem, precision: Precisi
     }
     // FP8 descale blocks run along a contiguous sequence.
     registry::refuse_paged(problem, "the CPU FP8 kernel")?;
+    registry::refuse_varlen(problem, "the CPU FP8 kernel")?;
     let blocking = Blocking { block_q: CPU_FP8_BLOCK, block_k: CPU_FP8_BLOCK, ..Blocking::default() };
     blocking.validate(problem, precision)?;
     Ok(Choice { kernel: KernelId::CpuFp8 { format, descale, p, head_dim: problem.head_dim }, blocking: Some(blocking) })
@@ -221,7 +222,8 @@ impl KvIndex<'_> {
             None => KvIndex::Strided(strides),
         }
     }
-    /// Key `j` of sequence `b`, KV head `h`.
+    /// Key `j` of sequence `b`, KV head `h` (`b`, `j`: the tensor position, see
+    /// [`AttentionProblem::k_position`], for strided tensors).
     #[inline]
     fn offset(&self, b: usize, h: usize, j: usize) -> usize {
         match self {
@@ -243,12 +245,14 @@ fn forward_rows<T: Rows>(p: &AttentionProblem, p_round: PRound, q: &T, k: &T, v:
     let (hd, dv) = (p.head_dim, p.v_head_dim);
     let (ks, vs) = (KvIndex::new(p, p.k_strides(), hd), KvIndex::new(p, p.v_strides(), dv));
     let seqs: Vec<std::borrow::Cow<'_, AttentionProblem>> = (0..p.batch).map(|b| p.sequence(b)).collect();
+    // A variable-length batch's rows past a shorter sequence's end do not exist: skipped.
     let rows: Vec<(usize, usize, usize, Vec<f32>, f32)> = (0..p.batch * p.q_heads * p.q_len)
         .into_par_iter()
+        .map(|r| (r / (p.q_heads * p.q_len), (r / p.q_len) % p.q_heads, r % p.q_len))
+        .filter(|&(b, _, i)| p.has_q_row(b, i))
         .map_init(
             || (vec![0.0f32; p.kv_len], vec![0.0f32; hd], vec![0.0f32; hd.max(dv)]),
-            |(s, qrow, row), r| {
-                let (b, h, i) = (r / (p.q_heads * p.q_len), (r / p.q_len) % p.q_heads, r % p.q_len);
+            |(s, qrow, row), (b, h, i)| {
                 let kh = p.kv_head_of(h);
                 let sp = &seqs[b];
                 let keys = sp.visible_range(i);
@@ -256,14 +260,16 @@ fn forward_rows<T: Rows>(p: &AttentionProblem, p_round: PRound, q: &T, k: &T, v:
                 if keys.is_empty() {
                     return (b, h, i, out, f32::NEG_INFINITY);
                 }
-                q.row(qs.offset(b, h, i), hd, qrow);
+                let (qb, qi) = p.q_position(b, i);
+                q.row(qs.offset(qb, h, qi), hd, qrow);
                 let qf = q.factor(b, h, i);
                 let modified = p.softcap.is_some() || p.alibi_slopes.is_some();
                 // One sink per head (validated at plan time).
                 let sink = p.sinks.as_ref().and_then(|x| x.get(h).copied());
                 let mut m = sink.unwrap_or(f32::NEG_INFINITY);
                 for (j, sj) in keys.clone().zip(s.iter_mut()) {
-                    k.row(ks.offset(b, kh, j), hd, row);
+                    let (kb, kj) = p.k_position(b, j);
+                    k.row(ks.offset(kb, kh, kj), hd, row);
                     let dot = qrow.iter().zip(row.iter()).map(|(a, b)| a * b).sum::<f32>();
                     *sj = dot * (qf * k.factor(b, kh, j)) * scale;
                     if modified {
@@ -277,7 +283,8 @@ fn forward_rows<T: Rows>(p: &AttentionProblem, p_round: PRound, q: &T, k: &T, v:
                     let e = (sj - m).exp();
                     l += e;
                     let pj = round(e, p_round) * v.factor(b, kh, j);
-                    v.row(vs.offset(b, kh, j), dv, row);
+                    let (kb, kj) = p.k_position(b, j);
+                    v.row(vs.offset(kb, kh, kj), dv, row);
                     for (oc, &vc) in out.iter_mut().zip(row.iter()) {
                         *oc += pj * vc;
                     }
@@ -290,7 +297,8 @@ fn forward_rows<T: Rows>(p: &AttentionProblem, p_round: PRound, q: &T, k: &T, v:
         )
         .collect();
     for (b, h, i, out, l) in rows {
-        o[os.offset(b, h, i)..][..dv].copy_from_slice(&out);
-        lse[(b * p.q_heads + h) * p.q_len + i] = l;
+        let (ob, oi) = p.q_position(b, i);
+        o[os.offset(ob, h, oi)..][..dv].copy_from_slice(&out);
+        lse[p.lse_index(b, h, i)] = l;
     }
 }

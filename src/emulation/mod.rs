@@ -170,6 +170,7 @@ pub fn emulate(
     // The emulations model the kernels' arithmetic on plain attention, not score modifiers.
     crate::registry::refuse_modifiers(problem, "the CPU emulation")?;
     crate::registry::refuse_paged(problem, "the CPU emulation")?;
+    crate::registry::refuse_varlen(problem, "the CPU emulation")?;
     problem.check_lengths(q.len(), k.len(), v.len())?;
     if let Precision::Bf16 { qk, pv } = precision {
         if qk != QkAccum::F32 || pv != PvAccum::F32 {
