@@ -836,7 +836,7 @@ pub(crate) fn write_results<E: Float, N: Size>(
 #[cfg(all(test, feature = "cuda"))]
 mod cuda_tests {
     use super::*;
-    use crate::kernel::offline_cuda::{
+    use crate::kernel::offline_cuda::{Cover, 
         array, attn_shape_arg, fma_vec_config, head_dims, selected_fma_tiles, settings, prefetch_spill_free, Arch, OfflineCuda, Variant,
     };
     use crate::launch::PortableKernel;
@@ -882,7 +882,8 @@ mod cuda_tests {
             cases.push((Arch::Sm90, dtype, 128, 128, false, false));
             cases.push((Arch::Sm80, dtype, 128, 128, true, true));
         }
-        let variants = cases.into_iter().map(|(arch, dtype, d, dv, causal, write_lse)| {
+        let mut cover = Cover::new();
+        let variants = cases.into_iter().filter(|c| cover.take(&[&c.0, &c.1, &c.2, &c.3, &c.4, &c.5])).map(|(arch, dtype, d, dv, causal, write_lse)| {
             let tiles = selected_fma_tiles(arch, d, dv, dtype, PortableKernel::Fma);
             let cfg = fma_vec_config(&tiles, d, dv, causal, write_lse, true);
             // With plane reductions the f32 reduction scratch is unused and dropped.

@@ -632,9 +632,10 @@ mod cuda_tests {
                 lazy_rescale: true,
             }))
         });
+        let mut cover = crate::kernel::offline_cuda::Cover::new();
         for (granularity, cfg) in configs {
             for format in [Fp8Format::E4M3, Fp8Format::E5M2] {
-                {
+                if cover.take(&[&(cfg.head_dim, cfg.v_head_dim), &granularity, &(cfg.warps, cfg.mt, cfg.bk), &format]) {
                     let fcfg = Fp8Config { format, granularity };
                     let kernel = {
                         let _serial = COMPILE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
