@@ -294,8 +294,22 @@ pub struct RunArgs {
     /// `--kv-seq` keys long, its pages shuffled through the pool.
     #[arg(long)]
     pub page_size: Option<usize>,
+    /// A variable-length batch: comma-separated per-sequence lengths (queries and keys alike),
+    /// packed token-major; replaces `--batch`, `--seq` and `--kv-seq`.
+    #[arg(long, value_delimiter = ',')]
+    pub varlen: Vec<usize>,
     #[command(flatten)]
     pub mods: ModifierArgs,
+}
+
+/// `p` as a variable-length batch of sequences of `lens` queries and keys each, or `p` itself
+/// when `lens` is empty.
+pub fn varlen(p: AttentionProblem, lens: &[usize]) -> AttentionProblem {
+    if lens.is_empty() {
+        p
+    } else {
+        p.varlen(quattn::VarLen::from_lengths(lens, lens))
+    }
 }
 
 /// `p` with its K/V in a paged cache of `page_size` keys a page (every sequence `kv_len` long,
@@ -324,6 +338,7 @@ impl RunArgs {
         if let Some(s) = self.scale {
             p = p.scale(s);
         }
+        let p = varlen(p, &self.varlen);
         paged(self.mods.apply(p, self.seed), self.page_size, self.seed)
     }
 }
@@ -376,6 +391,10 @@ pub struct BenchArgs {
     /// K and V of every row in a paged cache of pages of N keys (see `quattn run --page-size`).
     #[arg(long)]
     pub page_size: Option<usize>,
+    /// Instead of the grid: one variable-length batch per head dim (and causal choice) of these
+    /// comma-separated sequence lengths (queries and keys alike), heads = width / head_dim.
+    #[arg(long, value_delimiter = ',')]
+    pub varlen: Vec<usize>,
     #[command(flatten)]
     pub mods: ModifierArgs,
 }

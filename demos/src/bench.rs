@@ -27,13 +27,26 @@ pub struct Row {
 
 pub fn grid(a: &BenchArgs) -> Vec<AttentionProblem> {
     let mut v = Vec::new();
+    let causals: &[bool] = match a.causal {
+        CausalArg::Both => &[false, true],
+        CausalArg::Causal => &[true],
+        CausalArg::NonCausal => &[false],
+    };
+    if !a.varlen.is_empty() {
+        for &d in &a.head_dims {
+            for &c in causals {
+                let p = crate::args::varlen(AttentionProblem::new(1, (a.width / d).max(1), 1, d).causal(c), &a.varlen);
+                let p = match a.kv_heads {
+                    Some(kv) => p.kv_heads(kv),
+                    None => p,
+                };
+                v.push(a.mods.apply(p, 17));
+            }
+        }
+        return v;
+    }
     for &d in &a.head_dims {
         for &s in &a.seqs {
-            let causals: &[bool] = match a.causal {
-                CausalArg::Both => &[false, true],
-                CausalArg::Causal => &[true],
-                CausalArg::NonCausal => &[false],
-            };
             for &c in causals {
                 let batch = (a.tokens / s).max(1);
                 let heads = (a.width / d).max(1);

@@ -24,6 +24,10 @@ pub struct Shape {
     /// Keys per page of a paged K/V cache; absent for contiguous K/V.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub page_size: Option<usize>,
+    /// Per-sequence query lengths of a variable-length batch (`seq` / `kv_seq` are then the
+    /// longest); absent for a dense batch.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub varlen: Option<Vec<usize>>,
 }
 
 impl Shape {
@@ -42,6 +46,7 @@ impl Shape {
             },
             modifiers: describe_modifiers(p),
             page_size: p.paged.as_ref().map(|x| x.page_size),
+            varlen: p.varlen.as_ref().map(|vl| (0..vl.batch()).map(|b| vl.q_len(b)).collect()),
         }
     }
 }
@@ -138,6 +143,9 @@ pub fn main(a: &RunArgs) -> anyhow::Result<i32> {
         );
         if let Some(ps) = s.page_size {
             println!("kv cache  paged, {ps} keys a page");
+        }
+        if let Some(lens) = &s.varlen {
+            println!("varlen    {} sequences, {} tokens (longest {})", lens.len(), lens.iter().sum::<usize>(), s.seq);
         }
         println!("time      {:.4} ms  ({:.3} TFLOP/s)", report.ms, report.tflops);
         if let Some(acc) = &report.accuracy {

@@ -37,6 +37,16 @@ fn run_with_every_score_modifier_meets_the_reference() {
 }
 
 #[test]
+fn run_varlen_meets_the_reference_and_reports_the_lengths() {
+    let out = quattn(&["run", "--device", "cpu", "--precision", "f16", "--heads", "4", "--kv-heads", "2", "--head-dim", "64", "--causal", "--varlen", "37,1,130,64", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_str(String::from_utf8(out.stdout).unwrap().trim()).unwrap();
+    assert_eq!(v["shape"]["varlen"], serde_json::json!([37, 1, 130, 64]), "{v}");
+    assert_eq!((v["shape"]["batch"].as_u64(), v["shape"]["seq"].as_u64()), (Some(4), Some(130)), "{v}");
+    assert!(v["accuracy"]["passed"].as_bool().unwrap(), "{v}");
+}
+
+#[test]
 fn invalid_inputs_exit_non_zero_with_a_message() {
     for (args, needle) in [
         (vec!["run", "--device", "cpu", "--heads", "4", "--kv-heads", "3"], "not a multiple"),
@@ -53,6 +63,8 @@ fn invalid_inputs_exit_non_zero_with_a_message() {
         (vec!["run", "--device", "cpu", "--softcap", "nan"], "softcap"),
         (vec!["run", "--device", "cpu", "--causal-align", "middle"], "causal-align"),
         (vec!["run", "--device", "cpu", "--window", "8,0", "--strategy", "reference"], "does not implement the sliding window"),
+        (vec!["run", "--device", "cpu", "--varlen", "0,0"], "q_len"),
+        (vec!["run", "--device", "cpu", "--varlen", "8,4", "--strategy", "reference"], "does not take variable-length batches"),
     ] {
         let out = quattn(&args);
         assert!(!out.status.success(), "{args:?} succeeded");
