@@ -19,7 +19,7 @@ use crate::decode::DecodeTiles;
 use crate::error::LaunchError;
 use crate::kernel::cmma::{fwd_cmma, CmmaConfig};
 use crate::kernel::fma_half::{fwd_portable_fma_half, HalfConfig};
-use crate::kernel::fma_vec::{fwd_portable_fma_vec, FmaVecConfig, W};
+use crate::kernel::fma_vec::{fwd_portable_fma_vec, fwd_portable_fma_vec_varlen, FmaVecConfig, W};
 use crate::kernel::fma_vec_fp8::{fwd_portable_fma_vec_fp8, Fp8Config, Fp8ShapeLaunch};
 use crate::kernel::fma_vec_fp4::{fwd_portable_fma_vec_fp4, Fp4Config, Fp4ShapeLaunch, P_BLOCK};
 use crate::kernel::fma_vec_int8::{fwd_portable_fma_vec_int8, Int8Config, Int8ShapeLaunch};
@@ -1110,6 +1110,147 @@ pub fn launch_modified<R: Runtime>(
     }
     info.launched = true;
     Ok(info)
+}
+
+/// A packed variable-length batch for [`launch_varlen`], in FlashAttention's varlen
+/// convention: sequence `b` owns the Q/O rows `[cu_seqlens_q[b], cu_seqlens_q[b+1])` and the
+/// K/V rows `[cu_seqlens_k[b], cu_seqlens_k[b+1])` of token-major tensors.
+#[derive(Debug, Clone, Copy)]
+pub struct VarlenBatch<'a> {
+    /// Q and O rows of all sequences (`cu_seqlens_q[batch]`).
+    pub total_q: usize,
+    /// K and V rows of all sequences (`cu_seqlens_k[batch]`).
+    pub total_k: usize,
+    /// `batch + 1` u32 offsets on the device, from 0, non-decreasing, the last `total_q`.
+    pub cu_seqlens_q: &'a Handle,
+    /// `batch + 1` u32 offsets on the device, from 0, non-decreasing, the last `total_k`.
+    pub cu_seqlens_k: &'a Handle,
+}
+
+/// [`launch`] on a packed variable-length batch ([`VarlenBatch`]): the vector FMA kernel's
+/// varlen variant, any other kernel than [`PortableKernel::Fma`] is
+/// [`LaunchError::WrongKernel`].
+///
+/// `shape.batch` is the number of sequences, `shape.q_len` / `shape.kv_len` the longest
+/// sequence's lengths (they size the grid; a longer sequence's excess rows would be left
+/// unwritten), and the strides' head and seq entries address the packed tensors: Q
+/// `[total_q, q_heads, d]`, K and V `[total_k, kv_heads, d]` (V its own head dim), O
+/// `[total_q, q_heads, dv]`, row `t`'s head `h` at `t · seq + h · head`; the batch strides are
+/// unused. LSE (with `shape.write_lse`) is f32 `[q_heads, total_q]`, `(h, t)` at
+/// `h · total_q + t`. Causal masking is bottom-right aligned per sequence; a sequence without
+/// queries does nothing, rows without keys get `O = 0` and `LSE = -inf`.
+///
+/// The offsets are device data and are not read here: the caller validates them (from 0,
+/// non-decreasing, ending at `total_q` / `total_k`, no sequence longer than the shape's
+/// lengths). Sizes are checked: the tensors against `total_q` / `total_k`, the offset buffers
+/// against `batch + 1` entries.
+#[allow(clippy::too_many_arguments)]
+pub fn launch_varlen<R: Runtime>(
+    client: &ComputeClient<R>,
+    kernel: &PortableKernel,
+    shape: &AttentionShape,
+    dtype: Dtype,
+    batch: &VarlenBatch<'_>,
+    q: &Handle,
+    k: &Handle,
+    v: &Handle,
+    o: &Handle,
+    lse: Option<&Handle>,
+) -> Result<LaunchInfo, LaunchError> {
+    let PortableKernel::Fma(tiles) = *kernel else {
+        return Err(LaunchError::WrongKernel {
+            kernel: kernel.name(),
+            reason: "variable-length batches run on the vector FMA kernel only".into(),
+        });
+    };
+    let args = Args::new(shape)?;
+    check_dtype_supported(client, dtype)?;
+    vector_layout_ok(shape).map_err(|reason| LaunchError::UnalignedLayout { reason })?;
+    let (extents, lse_len) = check_varlen_buffers(&args, dtype, batch, [q, k, v, o], lse)?;
+    let offsets = args.batch as u64 + 1;
+    let Some(mut info) = prepare(client, kernel, &args, dtype)? else {
+        let mut info = empty_info(kernel, &args, dtype);
+        info.kernel.push_str("_varlen");
+        return Ok(info);
+    };
+    info.kernel.push_str("_varlen");
+    log::debug!("launching {} on {} packed sequences for {args:?}", info.kernel, args.batch);
+
+    let arr = |handle: &Handle, elems: u64| {
+        // SAFETY: `check_extent` proved the handle covers `max(elems, W)` elements; every row
+        // start is a multiple of W (vector_layout_ok).
+        unsafe { ArrayArg::from_raw_parts(handle.clone(), (elems as usize).div_ceil(W).max(1)) }
+    };
+    // SAFETY: `check_varlen_buffers` proved both offset buffers hold `batch + 1` u32.
+    let offsets_arg = |handle: &Handle| unsafe { ArrayArg::from_raw_parts(handle.clone(), offsets as usize) };
+    let (lse_handle, lse_arg_len) = match lse {
+        Some(handle) => (handle.clone(), lse_len.max(1)),
+        None => (client.empty(4), 1),
+    };
+    // SAFETY: the caller's LSE buffer was checked to hold `q_heads · total_q` floats (the
+    // kernel writes none when that is 0); without one the kernel writes nothing to the scratch.
+    let lse_arg = unsafe { ArrayArg::from_raw_parts(lse_handle, lse_arg_len as usize) };
+    let count = cube_count(kernel, &args);
+    let count_arg = CubeCount::Static(count.0, count.1, count.2);
+    let dim = CubeDim::new_1d(kernel.units());
+    let cfg = fma_vec_config(&tiles, &args, lazy_rescale(kernel), info.plane_reduce);
+    macro_rules! go {
+        ($e:ty, $s:ty) => {
+            // SAFETY: every global index stays inside the rows of the cube's sequence (given
+            // valid offsets) and the buffers cover the packed extents.
+            unsafe {
+                fwd_portable_fma_vec_varlen::launch_unchecked::<$e, $s, R>(
+                    client, count_arg, dim, W,
+                    arr(q, extents[0].1), arr(k, extents[1].1), arr(v, extents[2].1), arr(o, extents[3].1),
+                    lse_arg, offsets_arg(batch.cu_seqlens_q), offsets_arg(batch.cu_seqlens_k), shape_arg::<R>(&args), cfg,
+                )
+            }
+        };
+    }
+    match (dtype, tiles.stage_f32) {
+        (Dtype::F32, _) => go!(f32, f32),
+        (Dtype::F16, true) => go!(f16, f32),
+        (Dtype::F16, false) => go!(f16, f16),
+        (Dtype::Bf16, true) => go!(bf16, f32),
+        (Dtype::Bf16, false) => go!(bf16, bf16),
+    }
+    info.launched = true;
+    Ok(info)
+}
+
+/// Size checks of a packed batch's buffers: Q, K, V, O against `total_q` / `total_k` rows
+/// (at least one vector each), both offset buffers against `batch + 1` u32, the LSE against
+/// `q_heads · total_q` floats. Returns the extents of Q, K, V, O and the LSE's length.
+fn check_varlen_buffers(
+    args: &Args,
+    dtype: Dtype,
+    batch: &VarlenBatch<'_>,
+    tensors: [&Handle; 4],
+    lse: Option<&Handle>,
+) -> Result<([(&'static str, u64); 4], u64), LaunchError> {
+    let narrow = |what: &'static str, value: usize| u32::try_from(value).map_err(|_| LaunchError::TooLarge { what, value });
+    let total_q = narrow("total_q", batch.total_q)?;
+    let total_k = narrow("total_k", batch.total_k)?;
+    let extents = args.varlen_extents(total_q, total_k);
+    let bytes = dtype.size_bytes() as u64;
+    for ((tensor, elems), handle) in extents.into_iter().zip(tensors) {
+        check_extent(tensor, elems.max(W as u64), bytes, handle)?;
+    }
+    let offsets = args.batch as u64 + 1;
+    check_extent("cu_seqlens_q", offsets, 4, batch.cu_seqlens_q)?;
+    check_extent("cu_seqlens_k", offsets, 4, batch.cu_seqlens_k)?;
+    let lse_len = args.q_heads as u64 * total_q as u64;
+    match (args.write_lse, lse) {
+        (true, Some(handle)) => check_extent("lse", lse_len, 4, handle)?,
+        (true, None) => {
+            return Err(LaunchError::InvalidProblem { reason: "write_lse is set but no lse buffer was given".into() })
+        }
+        (false, Some(_)) => {
+            return Err(LaunchError::InvalidProblem { reason: "an lse buffer was given but write_lse is not set".into() })
+        }
+        (false, None) => {}
+    }
+    Ok((extents, lse_len))
 }
 
 /// The accumulation a kernel compiles for.
