@@ -1166,7 +1166,8 @@ pub fn launch_varlen<R: Runtime>(
     let args = Args::new(shape)?;
     check_dtype_supported(client, dtype)?;
     vector_layout_ok(shape).map_err(|reason| LaunchError::UnalignedLayout { reason })?;
-    let (extents, lse_len) = check_varlen_buffers(&args, dtype, batch, [q, k, v, o], lse)?;
+    let (extents, total_q) = check_varlen_buffers(&args, dtype, batch, [q, k, v, o], lse)?;
+    let lse_len = args.q_heads as u64 * total_q as u64;
     let offsets = args.batch as u64 + 1;
     let Some(mut info) = prepare(client, kernel, &args, dtype)? else {
         let mut info = empty_info(kernel, &args, dtype);
@@ -1194,6 +1195,8 @@ pub fn launch_varlen<R: Runtime>(
     let count_arg = CubeCount::Static(count.0, count.1, count.2);
     let dim = CubeDim::new_1d(kernel.units());
     let cfg = fma_vec_config(&tiles, &args, lazy_rescale(kernel), info.plane_reduce);
+    // The kernel's q_len is the batch's Q rows (the sequences' lengths come from the offsets).
+    let packed = Args { q_len: total_q, ..args };
     macro_rules! go {
         ($e:ty, $s:ty) => {
             // SAFETY: every global index stays inside the rows of the cube's sequence (given
@@ -1202,7 +1205,7 @@ pub fn launch_varlen<R: Runtime>(
                 fwd_portable_fma_vec_varlen::launch_unchecked::<$e, $s, R>(
                     client, count_arg, dim, W,
                     arr(q, extents[0].1), arr(k, extents[1].1), arr(v, extents[2].1), arr(o, extents[3].1),
-                    lse_arg, offsets_arg(batch.cu_seqlens_q), offsets_arg(batch.cu_seqlens_k), shape_arg::<R>(&args), cfg,
+                    lse_arg, offsets_arg(batch.cu_seqlens_q), offsets_arg(batch.cu_seqlens_k), shape_arg::<R>(&packed), cfg,
                 )
             }
         };
@@ -1220,14 +1223,14 @@ pub fn launch_varlen<R: Runtime>(
 
 /// Size checks of a packed batch's buffers: Q, K, V, O against `total_q` / `total_k` rows
 /// (at least one vector each), both offset buffers against `batch + 1` u32, the LSE against
-/// `q_heads · total_q` floats. Returns the extents of Q, K, V, O and the LSE's length.
+/// `q_heads · total_q` floats. Returns the extents of Q, K, V, O and `total_q`.
 fn check_varlen_buffers(
     args: &Args,
     dtype: Dtype,
     batch: &VarlenBatch<'_>,
     tensors: [&Handle; 4],
     lse: Option<&Handle>,
-) -> Result<([(&'static str, u64); 4], u64), LaunchError> {
+) -> Result<([(&'static str, u64); 4], u32), LaunchError> {
     let narrow = |what: &'static str, value: usize| u32::try_from(value).map_err(|_| LaunchError::TooLarge { what, value });
     let total_q = narrow("total_q", batch.total_q)?;
     let total_k = narrow("total_k", batch.total_k)?;
@@ -1250,7 +1253,7 @@ fn check_varlen_buffers(
         }
         (false, None) => {}
     }
-    Ok((extents, lse_len))
+    Ok((extents, total_q))
 }
 
 /// The accumulation a kernel compiles for.

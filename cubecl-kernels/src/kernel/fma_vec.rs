@@ -135,7 +135,7 @@ pub fn fwd_portable_fma_vec_varlen<E: Float, S: Float, N: Size>(
     shape: &AttnShape,
     #[comptime] cfg: FmaVecConfig,
 ) {
-    let seq = seq_span(cu_seqlens_q, cu_seqlens_k, CUBE_POS_Z as usize, CUBE_COUNT_Z as usize);
+    let seq = seq_span(cu_seqlens_q, cu_seqlens_k, CUBE_POS_Z as usize);
     // Uniform over the cube, before any barrier.
     if CUBE_POS_X as usize * cfg.bq >= seq.q_len {
         terminate!();

@@ -35,6 +35,8 @@ pub(crate) const LAZY_RESCALE_THRESHOLD: f32 = 5.545_177;
 /// Runtime shape of one launch. Strides are (batch, head, seq) in elements.
 #[derive(CubeType, CubeLaunch)]
 pub struct AttnShape {
+    /// Query rows; in a variable-length launch, whose sequences bring their own lengths, the
+    /// Q rows of the whole batch (`total_q`, the row stride of its LSE).
     pub q_len: u32,
     pub kv_len: u32,
     /// Query heads per KV head (GQA/MQA mapping).
@@ -67,14 +69,12 @@ pub struct SeqSpan {
     pub q_len: usize,
     pub k_start: usize,
     pub kv_len: usize,
-    /// Q rows of the whole batch: the row stride of the `[q_heads, total_q]` LSE.
-    pub total_q: usize,
 }
 
-/// The span of sequence `b` of `batch`: `cu_q` and `cu_k` hold `batch + 1` non-decreasing
-/// offsets from 0. A decreasing pair reads as an empty sequence rather than wrapping around.
+/// The span of sequence `b`: `cu_q` and `cu_k` hold the batch's non-decreasing offsets from 0.
+/// A decreasing pair reads as an empty sequence rather than wrapping around.
 #[cube]
-pub(crate) fn seq_span(cu_q: &Array<u32>, cu_k: &Array<u32>, b: usize, batch: usize) -> SeqSpan {
+pub(crate) fn seq_span(cu_q: &Array<u32>, cu_k: &Array<u32>, b: usize) -> SeqSpan {
     let q_start = cu_q[b];
     let q_end = cu_q[b + 1];
     let k_start = cu_k[b];
@@ -84,7 +84,6 @@ pub(crate) fn seq_span(cu_q: &Array<u32>, cu_k: &Array<u32>, b: usize, batch: us
         q_len: select(q_end > q_start, q_end - q_start, 0u32) as usize,
         k_start: k_start as usize,
         kv_len: select(k_end > k_start, k_end - k_start, 0u32) as usize,
-        total_q: cu_q[batch] as usize,
     }
 }
 
@@ -130,7 +129,8 @@ pub(crate) fn seq_k_offset(batch: usize, batch_stride: u32, row_stride: u32, seq
     }
 }
 
-/// Index of row `row`'s LSE: `[batch, q_heads, q_len]`, or (packed) `[q_heads, total_q]`.
+/// Index of row `row`'s LSE: `[batch, q_heads, q_len]`, or (packed) `[q_heads, total_q]` with
+/// `total_q` in the shape's `q_len` (a launch parameter: no register held through the loop).
 #[cube]
 pub(crate) fn seq_lse_index(
     shape: &AttnShape,
@@ -142,7 +142,7 @@ pub(crate) fn seq_lse_index(
 ) -> usize {
     #[comptime]
     match seq {
-        ComptimeOption::Some(s) => head * s.total_q + s.q_start + row,
+        ComptimeOption::Some(s) => head * shape.q_len as usize + s.q_start + row,
         ComptimeOption::None => (batch * shape.q_heads as usize + head) * q_len + row,
     }
 }
