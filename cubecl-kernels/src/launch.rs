@@ -23,7 +23,7 @@ use crate::kernel::fma_vec::{fwd_portable_fma_vec, fwd_portable_fma_vec_varlen, 
 use crate::kernel::fma_vec_fp8::{fwd_portable_fma_vec_fp8, Fp8Config, Fp8ShapeLaunch};
 use crate::kernel::fma_vec_fp4::{fwd_portable_fma_vec_fp4, Fp4Config, Fp4ShapeLaunch, P_BLOCK};
 use crate::kernel::fma_vec_int8::{fwd_portable_fma_vec_int8, Int8Config, Int8ShapeLaunch};
-use crate::kernel::fma_vec_mods::{fwd_portable_fma_vec_mods, ModArgsLaunch, ModsConfig};
+use crate::kernel::fma_vec_mods::{fwd_portable_fma_vec_mods, fwd_portable_fma_vec_mods_varlen, ModArgsLaunch, ModsConfig};
 use crate::kernel::mma::{fwd_mma, MmaFwdConfig};
 use crate::kernel::mma_fp8::{fwd_mma_fp8, FP8_VEC};
 use crate::kernel::AttnShapeLaunch;
@@ -1017,6 +1017,51 @@ pub fn launch_modified<R: Runtime>(
     if mods.is_none(shape) {
         return launch(client, kernel, shape, dtype, q, k, v, o, lse);
     }
+    modified(client, kernel, shape, dtype, mods, None, q, k, v, o, lse)
+}
+
+/// [`launch_modified`] on a packed variable-length batch, in [`launch_varlen`]'s layout and
+/// conventions. Every sequence aligns its rows with its own lengths: `a(i) = i + kv_len_b -
+/// q_len_b` (or `i` with `top_left`) for the window, causal masking and ALiBi. Modifiers that
+/// change nothing on any sequence launch [`launch_varlen`].
+#[allow(clippy::too_many_arguments)]
+pub fn launch_modified_varlen<R: Runtime>(
+    client: &ComputeClient<R>,
+    kernel: &PortableKernel,
+    shape: &AttentionShape,
+    dtype: Dtype,
+    mods: &ScoreMods<'_>,
+    batch: &VarlenBatch<'_>,
+    q: &Handle,
+    k: &Handle,
+    v: &Handle,
+    o: &Handle,
+    lse: Option<&Handle>,
+) -> Result<LaunchInfo, LaunchError> {
+    // The alignment matters to causal masking only (without a window or ALiBi), and the
+    // sequences' own lengths may differ where the shape's longest ones are equal.
+    let aligned_same = !mods.top_left || !shape.causal;
+    if mods.is_none(shape) && aligned_same {
+        return launch_varlen(client, kernel, shape, dtype, batch, q, k, v, o, lse);
+    }
+    modified(client, kernel, shape, dtype, mods, Some(batch), q, k, v, o, lse)
+}
+
+/// The launch of the modifier kernel, on the shape's batch or on a packed one (`varlen`).
+#[allow(clippy::too_many_arguments)]
+fn modified<R: Runtime>(
+    client: &ComputeClient<R>,
+    kernel: &PortableKernel,
+    shape: &AttentionShape,
+    dtype: Dtype,
+    mods: &ScoreMods<'_>,
+    varlen: Option<&VarlenBatch<'_>>,
+    q: &Handle,
+    k: &Handle,
+    v: &Handle,
+    o: &Handle,
+    lse: Option<&Handle>,
+) -> Result<LaunchInfo, LaunchError> {
     let PortableKernel::Fma(tiles) = *kernel else {
         return Err(LaunchError::WrongKernel {
             kernel: kernel.name(),
@@ -1027,15 +1072,30 @@ pub fn launch_modified<R: Runtime>(
     mods.check(&args)?;
     check_dtype_supported(client, dtype)?;
     vector_layout_ok(shape).map_err(|reason| LaunchError::UnalignedLayout { reason })?;
-    let extents = args.extents();
-    let bytes = dtype.size_bytes() as u64;
-    for ((tensor, elems), handle) in extents.into_iter().zip([q, k, v, o]) {
-        check_extent(tensor, elems.max(W as u64), bytes, handle)?;
-    }
-    check_lse(&args, lse)?;
-    let Some(mut info) = prepare(client, kernel, &args, dtype)? else {
-        return Ok(empty_info(kernel, &args, dtype));
+    // The varlen kernel's q_len is the batch's Q rows (the sequences' lengths come from the
+    // offsets).
+    let (extents, lse_len, kernel_q_len) = match varlen {
+        Some(batch) => {
+            let (extents, total_q) = check_varlen_buffers(&args, dtype, batch, [q, k, v, o], lse)?;
+            (extents, args.q_heads as u64 * total_q as u64, total_q)
+        }
+        None => {
+            let extents = args.extents();
+            let bytes = dtype.size_bytes() as u64;
+            for ((tensor, elems), handle) in extents.into_iter().zip([q, k, v, o]) {
+                check_extent(tensor, elems.max(W as u64), bytes, handle)?;
+            }
+            check_lse(&args, lse)?;
+            (extents, if args.write_lse { args.lse_len() } else { 1 }, args.q_len)
+        }
     };
+    let suffix = if varlen.is_some() { "_varlen" } else { "" };
+    let Some(mut info) = prepare(client, kernel, &args, dtype)? else {
+        let mut info = empty_info(kernel, &args, dtype);
+        info.kernel.push_str(suffix);
+        return Ok(info);
+    };
+    info.kernel.push_str(suffix);
     log::debug!("launching {} with score modifiers {mods:?} for {args:?}", info.kernel);
 
     // Causal masking is a right extent of 0, whatever the window's.
@@ -1067,16 +1127,23 @@ pub fn launch_modified<R: Runtime>(
         // start is a multiple of W (vector_layout_ok).
         unsafe { ArrayArg::from_raw_parts(handle.clone(), (elems as usize).div_ceil(W).max(1)) }
     };
-    let (lse_handle, lse_len) = lse_binding(client, &args, lse);
-    // SAFETY: `check_lse` proved the caller's LSE buffer holds `lse_len` floats.
-    let lse_arg = || unsafe { ArrayArg::from_raw_parts(lse_handle.clone(), lse_len as usize) };
+    let (lse_handle, lse_arg_len) = match lse {
+        Some(handle) => (handle.clone(), lse_len.max(1)),
+        None => (client.empty(4), 1),
+    };
+    // SAFETY: the caller's LSE buffer was checked to hold `lse_len` floats (the kernel writes
+    // none when that is 0); without one the kernel writes nothing to the 1-float scratch.
+    let lse_arg = || unsafe { ArrayArg::from_raw_parts(lse_handle.clone(), lse_arg_len as usize) };
     // SAFETY: `params` holds 2 · q_heads floats; the kernel reads `head` and `q_heads + head`.
     let params_arg = || unsafe { ArrayArg::from_raw_parts(params_handle.clone(), 2 * heads) };
+    // SAFETY: `check_varlen_buffers` proved both offset buffers hold `batch + 1` u32.
+    let offsets_arg = |handle: &Handle| unsafe { ArrayArg::from_raw_parts(handle.clone(), args.batch as usize + 1) };
     let count = cube_count(kernel, &args);
     let count_arg = CubeCount::Static(count.0, count.1, count.2);
     let dim = CubeDim::new_1d(kernel.units());
     // The kernel scales the scores itself, before the modifiers; its softmax runs with 1.
-    let unscaled = Args { scale: 1.0, ..args };
+    let unscaled = Args { scale: 1.0, q_len: kernel_q_len, ..args };
+    // The varlen kernel takes each sequence's own lengths instead.
     let row_shift = if mods.top_left { args.q_len } else { args.kv_len };
     let mod_arg = || {
         ModArgsLaunch::new(
@@ -1090,14 +1157,22 @@ pub fn launch_modified<R: Runtime>(
     let cfg = fma_vec_config(&tiles, &args, true, info.plane_reduce);
     macro_rules! go {
         ($e:ty, $s:ty) => {
-            // SAFETY: as for `launch`: every global index is guarded by q_len / kv_len and the
-            // buffers cover the strided extents.
+            // SAFETY: as for `launch` and `launch_varlen`: every global index stays inside the
+            // rows of the cube's batch entry or sequence, and the buffers cover the extents.
             unsafe {
-                fwd_portable_fma_vec_mods::launch_unchecked::<$e, $s, R>(
-                    client, count_arg, dim, W,
-                    arr(q, extents[0].1), arr(k, extents[1].1), arr(v, extents[2].1), arr(o, extents[3].1),
-                    lse_arg(), shape_arg::<R>(&unscaled), mod_arg(), params_arg(), cfg, mc,
-                )
+                match varlen {
+                    None => fwd_portable_fma_vec_mods::launch_unchecked::<$e, $s, R>(
+                        client, count_arg, dim, W,
+                        arr(q, extents[0].1), arr(k, extents[1].1), arr(v, extents[2].1), arr(o, extents[3].1),
+                        lse_arg(), shape_arg::<R>(&unscaled), mod_arg(), params_arg(), cfg, mc,
+                    ),
+                    Some(batch) => fwd_portable_fma_vec_mods_varlen::launch_unchecked::<$e, $s, R>(
+                        client, count_arg, dim, W,
+                        arr(q, extents[0].1), arr(k, extents[1].1), arr(v, extents[2].1), arr(o, extents[3].1),
+                        lse_arg(), offsets_arg(batch.cu_seqlens_q), offsets_arg(batch.cu_seqlens_k),
+                        shape_arg::<R>(&unscaled), mod_arg(), params_arg(), cfg, mc, mods.top_left,
+                    ),
+                }
             }
         };
     }
