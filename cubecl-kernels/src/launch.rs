@@ -1296,6 +1296,9 @@ pub fn launch_varlen<R: Runtime>(
     Ok(info)
 }
 
+/// (name, extent in elements) of Q, K, V, O.
+type Extents = [(&'static str, u64); 4];
+
 /// Size checks of a packed batch's buffers: Q, K, V, O against `total_q` / `total_k` rows
 /// (at least one vector each), both offset buffers against `batch + 1` u32, the LSE against
 /// `q_heads · total_q` floats. Returns the extents of Q, K, V, O and `total_q`.
@@ -1305,7 +1308,7 @@ fn check_varlen_buffers(
     batch: &VarlenBatch<'_>,
     tensors: [&Handle; 4],
     lse: Option<&Handle>,
-) -> Result<([(&'static str, u64); 4], u32), LaunchError> {
+) -> Result<(Extents, u32), LaunchError> {
     let narrow = |what: &'static str, value: usize| u32::try_from(value).map_err(|_| LaunchError::TooLarge { what, value });
     let total_q = narrow("total_q", batch.total_q)?;
     let total_k = narrow("total_k", batch.total_k)?;
