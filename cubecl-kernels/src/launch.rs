@@ -19,11 +19,11 @@ use crate::decode::DecodeTiles;
 use crate::error::LaunchError;
 use crate::kernel::cmma::{fwd_cmma, CmmaConfig};
 use crate::kernel::fma_half::{fwd_portable_fma_half, HalfConfig};
-use crate::kernel::fma_vec::{fwd_portable_fma_vec, FmaVecConfig, W};
+use crate::kernel::fma_vec::{fwd_portable_fma_vec, fwd_portable_fma_vec_varlen, FmaVecConfig, W};
 use crate::kernel::fma_vec_fp8::{fwd_portable_fma_vec_fp8, Fp8Config, Fp8ShapeLaunch};
 use crate::kernel::fma_vec_fp4::{fwd_portable_fma_vec_fp4, Fp4Config, Fp4ShapeLaunch, P_BLOCK};
 use crate::kernel::fma_vec_int8::{fwd_portable_fma_vec_int8, Int8Config, Int8ShapeLaunch};
-use crate::kernel::fma_vec_mods::{fwd_portable_fma_vec_mods, ModArgsLaunch, ModsConfig};
+use crate::kernel::fma_vec_mods::{fwd_portable_fma_vec_mods, fwd_portable_fma_vec_mods_varlen, ModArgsLaunch, ModsConfig};
 use crate::kernel::mma::{fwd_mma, MmaFwdConfig};
 use crate::kernel::mma_fp8::{fwd_mma_fp8, FP8_VEC};
 use crate::kernel::AttnShapeLaunch;
@@ -1017,6 +1017,51 @@ pub fn launch_modified<R: Runtime>(
     if mods.is_none(shape) {
         return launch(client, kernel, shape, dtype, q, k, v, o, lse);
     }
+    modified(client, kernel, shape, dtype, mods, None, q, k, v, o, lse)
+}
+
+/// [`launch_modified`] on a packed variable-length batch, in [`launch_varlen`]'s layout and
+/// conventions. Every sequence aligns its rows with its own lengths: `a(i) = i + kv_len_b -
+/// q_len_b` (or `i` with `top_left`) for the window, causal masking and ALiBi. Modifiers that
+/// change nothing on any sequence launch [`launch_varlen`].
+#[allow(clippy::too_many_arguments)]
+pub fn launch_modified_varlen<R: Runtime>(
+    client: &ComputeClient<R>,
+    kernel: &PortableKernel,
+    shape: &AttentionShape,
+    dtype: Dtype,
+    mods: &ScoreMods<'_>,
+    batch: &VarlenBatch<'_>,
+    q: &Handle,
+    k: &Handle,
+    v: &Handle,
+    o: &Handle,
+    lse: Option<&Handle>,
+) -> Result<LaunchInfo, LaunchError> {
+    // The alignment matters to causal masking only (without a window or ALiBi), and the
+    // sequences' own lengths may differ where the shape's longest ones are equal.
+    let aligned_same = !mods.top_left || !shape.causal;
+    if mods.is_none(shape) && aligned_same {
+        return launch_varlen(client, kernel, shape, dtype, batch, q, k, v, o, lse);
+    }
+    modified(client, kernel, shape, dtype, mods, Some(batch), q, k, v, o, lse)
+}
+
+/// The launch of the modifier kernel, on the shape's batch or on a packed one (`varlen`).
+#[allow(clippy::too_many_arguments)]
+fn modified<R: Runtime>(
+    client: &ComputeClient<R>,
+    kernel: &PortableKernel,
+    shape: &AttentionShape,
+    dtype: Dtype,
+    mods: &ScoreMods<'_>,
+    varlen: Option<&VarlenBatch<'_>>,
+    q: &Handle,
+    k: &Handle,
+    v: &Handle,
+    o: &Handle,
+    lse: Option<&Handle>,
+) -> Result<LaunchInfo, LaunchError> {
     let PortableKernel::Fma(tiles) = *kernel else {
         return Err(LaunchError::WrongKernel {
             kernel: kernel.name(),
@@ -1027,15 +1072,30 @@ pub fn launch_modified<R: Runtime>(
     mods.check(&args)?;
     check_dtype_supported(client, dtype)?;
     vector_layout_ok(shape).map_err(|reason| LaunchError::UnalignedLayout { reason })?;
-    let extents = args.extents();
-    let bytes = dtype.size_bytes() as u64;
-    for ((tensor, elems), handle) in extents.into_iter().zip([q, k, v, o]) {
-        check_extent(tensor, elems.max(W as u64), bytes, handle)?;
-    }
-    check_lse(&args, lse)?;
-    let Some(mut info) = prepare(client, kernel, &args, dtype)? else {
-        return Ok(empty_info(kernel, &args, dtype));
+    // The varlen kernel's q_len is the batch's Q rows (the sequences' lengths come from the
+    // offsets).
+    let (extents, lse_len, kernel_q_len) = match varlen {
+        Some(batch) => {
+            let (extents, total_q) = check_varlen_buffers(&args, dtype, batch, [q, k, v, o], lse)?;
+            (extents, args.q_heads as u64 * total_q as u64, total_q)
+        }
+        None => {
+            let extents = args.extents();
+            let bytes = dtype.size_bytes() as u64;
+            for ((tensor, elems), handle) in extents.into_iter().zip([q, k, v, o]) {
+                check_extent(tensor, elems.max(W as u64), bytes, handle)?;
+            }
+            check_lse(&args, lse)?;
+            (extents, if args.write_lse { args.lse_len() } else { 1 }, args.q_len)
+        }
     };
+    let suffix = if varlen.is_some() { "_varlen" } else { "" };
+    let Some(mut info) = prepare(client, kernel, &args, dtype)? else {
+        let mut info = empty_info(kernel, &args, dtype);
+        info.kernel.push_str(suffix);
+        return Ok(info);
+    };
+    info.kernel.push_str(suffix);
     log::debug!("launching {} with score modifiers {mods:?} for {args:?}", info.kernel);
 
     // Causal masking is a right extent of 0, whatever the window's.
@@ -1067,16 +1127,23 @@ pub fn launch_modified<R: Runtime>(
         // start is a multiple of W (vector_layout_ok).
         unsafe { ArrayArg::from_raw_parts(handle.clone(), (elems as usize).div_ceil(W).max(1)) }
     };
-    let (lse_handle, lse_len) = lse_binding(client, &args, lse);
-    // SAFETY: `check_lse` proved the caller's LSE buffer holds `lse_len` floats.
-    let lse_arg = || unsafe { ArrayArg::from_raw_parts(lse_handle.clone(), lse_len as usize) };
+    let (lse_handle, lse_arg_len) = match lse {
+        Some(handle) => (handle.clone(), lse_len.max(1)),
+        None => (client.empty(4), 1),
+    };
+    // SAFETY: the caller's LSE buffer was checked to hold `lse_len` floats (the kernel writes
+    // none when that is 0); without one the kernel writes nothing to the 1-float scratch.
+    let lse_arg = || unsafe { ArrayArg::from_raw_parts(lse_handle.clone(), lse_arg_len as usize) };
     // SAFETY: `params` holds 2 · q_heads floats; the kernel reads `head` and `q_heads + head`.
     let params_arg = || unsafe { ArrayArg::from_raw_parts(params_handle.clone(), 2 * heads) };
+    // SAFETY: `check_varlen_buffers` proved both offset buffers hold `batch + 1` u32.
+    let offsets_arg = |handle: &Handle| unsafe { ArrayArg::from_raw_parts(handle.clone(), args.batch as usize + 1) };
     let count = cube_count(kernel, &args);
     let count_arg = CubeCount::Static(count.0, count.1, count.2);
     let dim = CubeDim::new_1d(kernel.units());
     // The kernel scales the scores itself, before the modifiers; its softmax runs with 1.
-    let unscaled = Args { scale: 1.0, ..args };
+    let unscaled = Args { scale: 1.0, q_len: kernel_q_len, ..args };
+    // The varlen kernel takes each sequence's own lengths instead.
     let row_shift = if mods.top_left { args.q_len } else { args.kv_len };
     let mod_arg = || {
         ModArgsLaunch::new(
@@ -1090,13 +1157,130 @@ pub fn launch_modified<R: Runtime>(
     let cfg = fma_vec_config(&tiles, &args, true, info.plane_reduce);
     macro_rules! go {
         ($e:ty, $s:ty) => {
-            // SAFETY: as for `launch`: every global index is guarded by q_len / kv_len and the
-            // buffers cover the strided extents.
+            // SAFETY: as for `launch` and `launch_varlen`: every global index stays inside the
+            // rows of the cube's batch entry or sequence, and the buffers cover the extents.
             unsafe {
-                fwd_portable_fma_vec_mods::launch_unchecked::<$e, $s, R>(
+                match varlen {
+                    None => fwd_portable_fma_vec_mods::launch_unchecked::<$e, $s, R>(
+                        client, count_arg, dim, W,
+                        arr(q, extents[0].1), arr(k, extents[1].1), arr(v, extents[2].1), arr(o, extents[3].1),
+                        lse_arg(), shape_arg::<R>(&unscaled), mod_arg(), params_arg(), cfg, mc,
+                    ),
+                    Some(batch) => fwd_portable_fma_vec_mods_varlen::launch_unchecked::<$e, $s, R>(
+                        client, count_arg, dim, W,
+                        arr(q, extents[0].1), arr(k, extents[1].1), arr(v, extents[2].1), arr(o, extents[3].1),
+                        lse_arg(), offsets_arg(batch.cu_seqlens_q), offsets_arg(batch.cu_seqlens_k),
+                        shape_arg::<R>(&unscaled), mod_arg(), params_arg(), cfg, mc, mods.top_left,
+                    ),
+                }
+            }
+        };
+    }
+    match (dtype, tiles.stage_f32) {
+        (Dtype::F32, _) => go!(f32, f32),
+        (Dtype::F16, true) => go!(f16, f32),
+        (Dtype::F16, false) => go!(f16, f16),
+        (Dtype::Bf16, true) => go!(bf16, f32),
+        (Dtype::Bf16, false) => go!(bf16, bf16),
+    }
+    info.launched = true;
+    Ok(info)
+}
+
+/// A packed variable-length batch for [`launch_varlen`], in FlashAttention's varlen
+/// convention: sequence `b` owns the Q/O rows `[cu_seqlens_q[b], cu_seqlens_q[b+1])` and the
+/// K/V rows `[cu_seqlens_k[b], cu_seqlens_k[b+1])` of token-major tensors.
+#[derive(Debug, Clone, Copy)]
+pub struct VarlenBatch<'a> {
+    /// Q and O rows of all sequences (`cu_seqlens_q[batch]`).
+    pub total_q: usize,
+    /// K and V rows of all sequences (`cu_seqlens_k[batch]`).
+    pub total_k: usize,
+    /// `batch + 1` u32 offsets on the device, from 0, non-decreasing, the last `total_q`.
+    pub cu_seqlens_q: &'a Handle,
+    /// `batch + 1` u32 offsets on the device, from 0, non-decreasing, the last `total_k`.
+    pub cu_seqlens_k: &'a Handle,
+}
+
+/// [`launch`] on a packed variable-length batch ([`VarlenBatch`]): the vector FMA kernel's
+/// varlen variant, any other kernel than [`PortableKernel::Fma`] is
+/// [`LaunchError::WrongKernel`].
+///
+/// `shape.batch` is the number of sequences, `shape.q_len` / `shape.kv_len` the longest
+/// sequence's lengths (they size the grid; a longer sequence's excess rows would be left
+/// unwritten), and the strides' head and seq entries address the packed tensors: Q
+/// `[total_q, q_heads, d]`, K and V `[total_k, kv_heads, d]` (V its own head dim), O
+/// `[total_q, q_heads, dv]`, row `t`'s head `h` at `t · seq + h · head`; the batch strides are
+/// unused. LSE (with `shape.write_lse`) is f32 `[q_heads, total_q]`, `(h, t)` at
+/// `h · total_q + t`. Causal masking is bottom-right aligned per sequence; a sequence without
+/// queries does nothing, rows without keys get `O = 0` and `LSE = -inf`.
+///
+/// The offsets are device data and are not read here: the caller validates them (from 0,
+/// non-decreasing, ending at `total_q` / `total_k`, no sequence longer than the shape's
+/// lengths). Sizes are checked: the tensors against `total_q` / `total_k`, the offset buffers
+/// against `batch + 1` entries.
+#[allow(clippy::too_many_arguments)]
+pub fn launch_varlen<R: Runtime>(
+    client: &ComputeClient<R>,
+    kernel: &PortableKernel,
+    shape: &AttentionShape,
+    dtype: Dtype,
+    batch: &VarlenBatch<'_>,
+    q: &Handle,
+    k: &Handle,
+    v: &Handle,
+    o: &Handle,
+    lse: Option<&Handle>,
+) -> Result<LaunchInfo, LaunchError> {
+    let PortableKernel::Fma(tiles) = *kernel else {
+        return Err(LaunchError::WrongKernel {
+            kernel: kernel.name(),
+            reason: "variable-length batches run on the vector FMA kernel only".into(),
+        });
+    };
+    let args = Args::new(shape)?;
+    check_dtype_supported(client, dtype)?;
+    vector_layout_ok(shape).map_err(|reason| LaunchError::UnalignedLayout { reason })?;
+    let (extents, total_q) = check_varlen_buffers(&args, dtype, batch, [q, k, v, o], lse)?;
+    let lse_len = args.q_heads as u64 * total_q as u64;
+    let offsets = args.batch as u64 + 1;
+    let Some(mut info) = prepare(client, kernel, &args, dtype)? else {
+        let mut info = empty_info(kernel, &args, dtype);
+        info.kernel.push_str("_varlen");
+        return Ok(info);
+    };
+    info.kernel.push_str("_varlen");
+    log::debug!("launching {} on {} packed sequences for {args:?}", info.kernel, args.batch);
+
+    let arr = |handle: &Handle, elems: u64| {
+        // SAFETY: `check_extent` proved the handle covers `max(elems, W)` elements; every row
+        // start is a multiple of W (vector_layout_ok).
+        unsafe { ArrayArg::from_raw_parts(handle.clone(), (elems as usize).div_ceil(W).max(1)) }
+    };
+    // SAFETY: `check_varlen_buffers` proved both offset buffers hold `batch + 1` u32.
+    let offsets_arg = |handle: &Handle| unsafe { ArrayArg::from_raw_parts(handle.clone(), offsets as usize) };
+    let (lse_handle, lse_arg_len) = match lse {
+        Some(handle) => (handle.clone(), lse_len.max(1)),
+        None => (client.empty(4), 1),
+    };
+    // SAFETY: the caller's LSE buffer was checked to hold `q_heads · total_q` floats (the
+    // kernel writes none when that is 0); without one the kernel writes nothing to the scratch.
+    let lse_arg = unsafe { ArrayArg::from_raw_parts(lse_handle, lse_arg_len as usize) };
+    let count = cube_count(kernel, &args);
+    let count_arg = CubeCount::Static(count.0, count.1, count.2);
+    let dim = CubeDim::new_1d(kernel.units());
+    let cfg = fma_vec_config(&tiles, &args, lazy_rescale(kernel), info.plane_reduce);
+    // The kernel's q_len is the batch's Q rows (the sequences' lengths come from the offsets).
+    let packed = Args { q_len: total_q, ..args };
+    macro_rules! go {
+        ($e:ty, $s:ty) => {
+            // SAFETY: every global index stays inside the rows of the cube's sequence (given
+            // valid offsets) and the buffers cover the packed extents.
+            unsafe {
+                fwd_portable_fma_vec_varlen::launch_unchecked::<$e, $s, R>(
                     client, count_arg, dim, W,
                     arr(q, extents[0].1), arr(k, extents[1].1), arr(v, extents[2].1), arr(o, extents[3].1),
-                    lse_arg(), shape_arg::<R>(&unscaled), mod_arg(), params_arg(), cfg, mc,
+                    lse_arg, offsets_arg(batch.cu_seqlens_q), offsets_arg(batch.cu_seqlens_k), shape_arg::<R>(&packed), cfg,
                 )
             }
         };
@@ -1110,6 +1294,44 @@ pub fn launch_modified<R: Runtime>(
     }
     info.launched = true;
     Ok(info)
+}
+
+/// (name, extent in elements) of Q, K, V, O.
+type Extents = [(&'static str, u64); 4];
+
+/// Size checks of a packed batch's buffers: Q, K, V, O against `total_q` / `total_k` rows
+/// (at least one vector each), both offset buffers against `batch + 1` u32, the LSE against
+/// `q_heads · total_q` floats. Returns the extents of Q, K, V, O and `total_q`.
+fn check_varlen_buffers(
+    args: &Args,
+    dtype: Dtype,
+    batch: &VarlenBatch<'_>,
+    tensors: [&Handle; 4],
+    lse: Option<&Handle>,
+) -> Result<(Extents, u32), LaunchError> {
+    let narrow = |what: &'static str, value: usize| u32::try_from(value).map_err(|_| LaunchError::TooLarge { what, value });
+    let total_q = narrow("total_q", batch.total_q)?;
+    let total_k = narrow("total_k", batch.total_k)?;
+    let extents = args.varlen_extents(total_q, total_k);
+    let bytes = dtype.size_bytes() as u64;
+    for ((tensor, elems), handle) in extents.into_iter().zip(tensors) {
+        check_extent(tensor, elems.max(W as u64), bytes, handle)?;
+    }
+    let offsets = args.batch as u64 + 1;
+    check_extent("cu_seqlens_q", offsets, 4, batch.cu_seqlens_q)?;
+    check_extent("cu_seqlens_k", offsets, 4, batch.cu_seqlens_k)?;
+    let lse_len = args.q_heads as u64 * total_q as u64;
+    match (args.write_lse, lse) {
+        (true, Some(handle)) => check_extent("lse", lse_len, 4, handle)?,
+        (true, None) => {
+            return Err(LaunchError::InvalidProblem { reason: "write_lse is set but no lse buffer was given".into() })
+        }
+        (false, Some(_)) => {
+            return Err(LaunchError::InvalidProblem { reason: "an lse buffer was given but write_lse is not set".into() })
+        }
+        (false, None) => {}
+    }
+    Ok((extents, total_q))
 }
 
 /// The accumulation a kernel compiles for.

@@ -127,9 +127,10 @@ pub use decode::{
 pub use error::LaunchError;
 pub use fp4_quant::{quantize_nvfp4, Nvfp4DeviceTensor};
 pub use launch::{
-    check_dtype_supported, first_fit, fp4_operand_bytes, launch, launch_fp4, launch_fp8, launch_int8, launch_modified, select,
-    select_fp4, select_fp8, select_int8, vector_layout_ok, CubeLimits, Family, Fp4Format, Fp4Operands, Fp4Tiles, Fp4V, Fp8Tiles,
-    Fp8Tiling, HalfTiles, Int8Tiles, LaunchInfo, PortableKernel, ScoreMods, Selection,
+    check_dtype_supported, first_fit, fp4_operand_bytes, launch, launch_fp4, launch_fp8, launch_int8, launch_modified, launch_modified_varlen,
+    launch_varlen,
+    select, select_fp4, select_fp8, select_int8, vector_layout_ok, CubeLimits, Family, Fp4Format, Fp4Operands, Fp4Tiles, Fp4V,
+    Fp8Tiles, Fp8Tiling, HalfTiles, Int8Tiles, LaunchInfo, PortableKernel, ScoreMods, Selection, VarlenBatch,
 };
 pub use problem::SUPPORTED_HEAD_DIMS;
 pub use quant::{q_scale_fold, quantize_int8, Int8DeviceOperands, Int8Quant};

@@ -110,6 +110,17 @@ impl Args {
         ]
     }
 
+    /// (name, extent in elements) of packed token-major Q, K, V, O of a variable-length batch:
+    /// `total_q` / `total_k` rows through the head and row strides (the batch strides unused).
+    pub fn varlen_extents(&self, total_q: u32, total_k: u32) -> [(&'static str, u64); 4] {
+        [
+            ("q", Self::extent(self.q_strides, 1, self.q_heads, total_q, self.head_dim)),
+            ("k", Self::extent(self.k_strides, 1, self.kv_heads, total_k, self.head_dim)),
+            ("v", Self::extent(self.v_strides, 1, self.kv_heads, total_k, self.v_head_dim)),
+            ("o", Self::extent(self.o_strides, 1, self.q_heads, total_q, self.v_head_dim)),
+        ]
+    }
+
     pub fn lse_len(&self) -> u64 {
         self.batch as u64 * self.q_heads as u64 * self.q_len as u64
     }

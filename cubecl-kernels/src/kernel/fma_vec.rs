@@ -26,7 +26,10 @@
 
 use cubecl::prelude::*;
 
-use super::{cube_key_ranges, is_visible, AttnShape, LAZY_RESCALE_THRESHOLD, MASK_THRESHOLD, NO_MAX};
+use super::{
+    cube_key_ranges, is_visible, seq_k_offset, seq_kv_len, seq_lse_index, seq_q_len, seq_q_offset, seq_span, AttnShape, SeqSpan,
+    LAZY_RESCALE_THRESHOLD, MASK_THRESHOLD, NO_MAX,
+};
 
 /// Vector width of the stages and global accesses.
 pub(crate) const W: usize = 4;
@@ -109,6 +112,50 @@ pub fn fwd_portable_fma_vec<E: Float, S: Float, N: Size>(
     shape: &AttnShape,
     #[comptime] cfg: FmaVecConfig,
 ) {
+    fma_vec_forward::<E, S, N>(q, k, v, o, lse, shape, &ComptimeOption::new_None(), cfg);
+}
+
+/// [`fwd_portable_fma_vec`] on a packed variable-length batch (FlashAttention's varlen
+/// convention): Q `[total_q, q_heads, d]`, K and V `[total_k, kv_heads, d]`, O `[total_q,
+/// q_heads, dv]` through the shape's head and row strides (its batch strides are unused), LSE
+/// `[q_heads, total_q]`. Sequence `b` (the cube's z) owns the Q/O rows `[cu_q[b], cu_q[b+1])`
+/// and the K/V rows `[cu_k[b], cu_k[b+1])`; the shape's lengths are the longest sequence's
+/// (the grid). Cubes past their sequence's queries leave at once, and the key loop ends at the
+/// sequence's keys, so no cube reads or writes another sequence's rows.
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+pub fn fwd_portable_fma_vec_varlen<E: Float, S: Float, N: Size>(
+    q: &Array<Vector<E, N>>,
+    k: &Array<Vector<E, N>>,
+    v: &Array<Vector<E, N>>,
+    o: &mut Array<Vector<E, N>>,
+    lse: &mut Array<f32>,
+    cu_seqlens_q: &Array<u32>,
+    cu_seqlens_k: &Array<u32>,
+    shape: &AttnShape,
+    #[comptime] cfg: FmaVecConfig,
+) {
+    let seq = seq_span(cu_seqlens_q, cu_seqlens_k, CUBE_POS_Z as usize);
+    // Uniform over the cube, before any barrier.
+    if CUBE_POS_X as usize * cfg.bq >= seq.q_len {
+        terminate!();
+    }
+    fma_vec_forward::<E, S, N>(q, k, v, o, lse, shape, &ComptimeOption::new_Some(seq), cfg);
+}
+
+/// The kernel's body, on the shape's batch (`seq` none) or on one packed sequence.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn fma_vec_forward<E: Float, S: Float, N: Size>(
+    q: &Array<Vector<E, N>>,
+    k: &Array<Vector<E, N>>,
+    v: &Array<Vector<E, N>>,
+    o: &mut Array<Vector<E, N>>,
+    lse: &mut Array<f32>,
+    shape: &AttnShape,
+    seq: &ComptimeOption<SeqSpan>,
+    #[comptime] cfg: FmaVecConfig,
+) {
     let unit = UNIT_POS as usize;
     let unit_row = unit / cfg.tc;
     let unit_col = unit % cfg.tc;
@@ -117,12 +164,12 @@ pub fn fwd_portable_fma_vec<E: Float, S: Float, N: Size>(
     let head = CUBE_POS_Y as usize;
     let q0 = CUBE_POS_X as usize * cfg.bq;
     let kv_head = head / shape.group as usize;
-    let q_len = shape.q_len as usize;
-    let kv_len = shape.kv_len as usize;
+    let q_len = seq_q_len(shape, seq);
+    let kv_len = seq_kv_len(shape, seq);
 
-    let q_base = batch * shape.q_s0 as usize + head * shape.q_s1 as usize;
-    let k_base = batch * shape.k_s0 as usize + kv_head * shape.k_s1 as usize;
-    let v_base = batch * shape.v_s0 as usize + kv_head * shape.v_s1 as usize;
+    let q_base = seq_q_offset(batch, shape.q_s0, shape.q_s2, seq) + head * shape.q_s1 as usize;
+    let k_base = seq_k_offset(batch, shape.k_s0, shape.k_s2, seq) + kv_head * shape.k_s1 as usize;
+    let v_base = seq_k_offset(batch, shape.v_s0, shape.v_s2, seq) + kv_head * shape.v_s1 as usize;
 
     let mut q_stage = SharedMemory::<Vector<S, N>>::new(comptime!(cfg.head_dim * cfg.q_pitch()));
     let mut kv_stage = SharedMemory::<Vector<S, N>>::new(cfg.kv_stage_len());
@@ -173,7 +220,7 @@ pub fn fwd_portable_fma_vec<E: Float, S: Float, N: Size>(
 
         thread_score_matmul::<S, N>(&q_stage, &kv_stage, &mut scores, unit_row, unit_col, cfg);
         if masked {
-            thread_apply_mask::<N>(&mut scores, shape, q0, k0, unit_row, unit_col, cfg);
+            thread_apply_mask_seq::<N>(&mut scores, shape, seq, q0, k0, unit_row, unit_col, cfg);
         }
 
         online_softmax::<f32, N>(
@@ -206,8 +253,8 @@ pub fn fwd_portable_fma_vec<E: Float, S: Float, N: Size>(
         sync_cube();
     }
 
-    write_results::<E, N>(
-        o, lse, &mut red_stage, &row_max, &mut row_sum, &acc, shape, batch, head, q0, unit_row,
+    write_results_seq::<E, N>(
+        o, lse, &mut red_stage, &row_max, &mut row_sum, &acc, shape, seq, batch, head, q0, unit_row,
         unit_col, cfg,
     );
 }
@@ -558,10 +605,26 @@ pub(crate) fn thread_apply_mask<N: Size>(
     unit_col: usize,
     #[comptime] cfg: FmaVecConfig,
 ) {
+    thread_apply_mask_seq::<N>(scores, shape, &ComptimeOption::new_None(), q0, k0, unit_row, unit_col, cfg);
+}
+
+/// [`thread_apply_mask`] with the lengths of the cube's sequence (`seq`, or the shape's).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn thread_apply_mask_seq<N: Size>(
+    scores: &mut Array<Vector<f32, N>>,
+    shape: &AttnShape,
+    seq: &ComptimeOption<SeqSpan>,
+    q0: usize,
+    k0: usize,
+    unit_row: usize,
+    unit_col: usize,
+    #[comptime] cfg: FmaVecConfig,
+) {
     let rm = comptime!(cfg.rm());
     let kq = comptime!(cfg.kq());
-    let q_len = shape.q_len as usize;
-    let kv_len = shape.kv_len as usize;
+    let q_len = seq_q_len(shape, seq);
+    let kv_len = seq_kv_len(shape, seq);
     #[unroll]
     for i in 0..rm {
         let row = q0 + unit_row * rm + i;
@@ -793,12 +856,36 @@ pub(crate) fn write_results<E: Float, N: Size>(
     unit_col: usize,
     #[comptime] cfg: FmaVecConfig,
 ) {
+    write_results_seq::<E, N>(
+        o, lse, red_stage, row_max, row_sum, acc, shape, &ComptimeOption::new_None(), batch, head, q0, unit_row, unit_col, cfg,
+    );
+}
+
+/// [`write_results`] into the rows of the cube's sequence (`seq`, or the shape's batch).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn write_results_seq<E: Float, N: Size>(
+    o: &mut Array<Vector<E, N>>,
+    lse: &mut Array<f32>,
+    red_stage: &mut SharedMemory<f32>,
+    row_max: &Array<f32>,
+    row_sum: &mut Array<f32>,
+    acc: &Array<Vector<f32, N>>,
+    shape: &AttnShape,
+    seq: &ComptimeOption<SeqSpan>,
+    batch: usize,
+    head: usize,
+    q0: usize,
+    unit_row: usize,
+    unit_col: usize,
+    #[comptime] cfg: FmaVecConfig,
+) {
     let rm = comptime!(cfg.rm());
     let cq = comptime!(cfg.cq());
     cube_row_reduce(row_sum, red_stage, unit_row, unit_col, false, cfg);
 
-    let q_len = shape.q_len as usize;
-    let o_base = batch * shape.o_s0 as usize + head * shape.o_s1 as usize;
+    let q_len = seq_q_len(shape, seq);
+    let o_base = seq_q_offset(batch, shape.o_s0, shape.o_s2, seq) + head * shape.o_s1 as usize;
     #[unroll]
     for i in 0..rm {
         let row = q0 + unit_row * rm + i;
@@ -818,7 +905,7 @@ pub(crate) fn write_results<E: Float, N: Size>(
                         row_max[i] * shape.scale + f32::ln(select(seen, l, 1.0)),
                         shape.lse_empty,
                     );
-                    lse[(batch * shape.q_heads as usize + head) * q_len + row] = value;
+                    lse[seq_lse_index(shape, seq, batch, head, q_len, row)] = value;
                 }
             }
         }
@@ -869,6 +956,62 @@ mod cuda_tests {
             (Dtype::Bf16, true) => def!(half::bf16, f32),
             (Dtype::Bf16, false) => def!(half::bf16, half::bf16),
         }
+    }
+
+    fn varlen_definition(client: &ComputeClient<WgpuRuntime>, dtype: Dtype, stage_f32: bool, cfg: FmaVecConfig) -> KernelDefinition {
+        macro_rules! def {
+            ($e:ty, $s:ty) => {
+                fwd_portable_fma_vec_varlen::FwdPortableFmaVecVarlen::<$e, $s, WgpuRuntime>::new(
+                    settings(cfg.units()),
+                    client.clone(),
+                    array(),
+                    array(),
+                    array(),
+                    array(),
+                    array(),
+                    array(),
+                    array(),
+                    attn_shape_arg(),
+                    W,
+                    cfg,
+                )
+                .define()
+            };
+        }
+        // `launch_varlen`'s dispatch.
+        match (dtype, stage_f32) {
+            (Dtype::F32, _) => def!(f32, f32),
+            (Dtype::F16, true) => def!(half::f16, f32),
+            (Dtype::F16, false) => def!(half::f16, half::f16),
+            (Dtype::Bf16, true) => def!(half::bf16, f32),
+            (Dtype::Bf16, false) => def!(half::bf16, half::bf16),
+        }
+    }
+
+    /// The varlen variant: every input type causal with LSE at head dim 128 on the H100, the
+    /// other masking and LSE variant, a `dv != d` build and the A100's build with f16.
+    ///
+    /// `cargo test --release -p quattn-cubecl --features cuda --lib fma_vec::cuda_tests::nvrtc_compiles_the_varlen`
+    #[test]
+    fn nvrtc_compiles_the_varlen_variants_with_the_tiling_shared_memory_and_no_spills() {
+        let Some(cuda) = OfflineCuda::new() else { return };
+        let mut cases: Vec<_> = Dtype::ALL.into_iter().map(|dtype| (Arch::Sm90, dtype, 128, 128, true, true)).collect();
+        cases.push((Arch::Sm90, Dtype::F16, 128, 128, false, false));
+        cases.push((Arch::Sm90, Dtype::F16, 64, 128, true, true));
+        cases.push((Arch::Sm80, Dtype::F16, 128, 128, true, true));
+        let variants = cases.into_iter().map(|(arch, dtype, d, dv, causal, write_lse)| {
+            let tiles = selected_fma_tiles(arch, d, dv, dtype, PortableKernel::Fma);
+            let cfg = fma_vec_config(&tiles, d, dv, causal, write_lse, true);
+            let formula = PortableKernel::Fma(tiles).smem_bytes(d as u32, dv as u32, dtype);
+            Variant {
+                name: format!("fma_vec_varlen_{dtype}_d{d}v{dv}_{tiles}_causal{causal}_lse{write_lse}"),
+                arch,
+                definition: varlen_definition(cuda.client(), dtype, tiles.stage_f32, cfg),
+                shared_bytes: Some(formula - 4 * cfg.bq * cfg.tc),
+                spill_free: prefetch_spill_free(d, dv),
+            }
+        });
+        cuda.check_all(variants);
     }
 
     #[test]

@@ -14,6 +14,8 @@
 //!   the first row's window or right of the last row's are never loaded nor computed (not
 //!   computed and discarded), and tiles wholly inside every row's window skip the mask.
 //! - A sink adds `exp(sink − m)` to the row's denominator in the epilogue only.
+//! - On a packed variable-length batch (`fwd_portable_fma_vec_mods_varlen`) every sequence
+//!   aligns its rows with its own lengths.
 
 use cubecl::prelude::*;
 
@@ -21,7 +23,7 @@ use super::fma_vec::{
     cube_load_transposed, cube_row_reduce, gather_transposed_len, gather_v_len, online_softmax, stage_k, stage_v, thread_score_matmul,
     thread_value_matmul, unit_gather_transposed, unit_gather_v, FmaVecConfig, W,
 };
-use super::{AttnShape, NO_MAX};
+use super::{seq_k_offset, seq_kv_len, seq_lse_index, seq_q_len, seq_q_offset, seq_span, AttnShape, SeqSpan, NO_MAX};
 
 /// Which modifiers the kernel is compiled with (part of the kernel's compile-time key).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -109,6 +111,7 @@ pub(crate) fn cube_window_tiles(
 fn thread_modify_scores<N: Size>(
     scores: &mut Array<Vector<f32, N>>,
     shape: &AttnShape,
+    seq: &ComptimeOption<SeqSpan>,
     mods: &ModArgs,
     slope: f32,
     q0: usize,
@@ -121,8 +124,8 @@ fn thread_modify_scores<N: Size>(
 ) {
     let rm = comptime!(cfg.rm());
     let kq = comptime!(cfg.kq());
-    let q_len = shape.q_len as usize;
-    let kv_len = shape.kv_len as usize;
+    let q_len = seq_q_len(shape, seq);
+    let kv_len = seq_kv_len(shape, seq);
     let scale = mods.scale;
     let cap = mods.softcap;
     #[unroll]
@@ -177,6 +180,62 @@ pub fn fwd_portable_fma_vec_mods<E: Float, S: Float, N: Size>(
     #[comptime] cfg: FmaVecConfig,
     #[comptime] mc: ModsConfig,
 ) {
+    fma_vec_mods_forward::<E, S, N>(q, k, v, o, lse, shape, mods, head_params, &ComptimeOption::new_None(), cfg, mc);
+}
+
+/// [`fwd_portable_fma_vec_mods`] on a packed variable-length batch, in the layout of
+/// [`super::fma_vec::fwd_portable_fma_vec_varlen`]. Each sequence aligns its rows with its own
+/// lengths: `mods.row_shift` is unused, the kernel takes the sequence's `kv_len` (bottom-right)
+/// or `q_len` (`top_left`).
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+pub fn fwd_portable_fma_vec_mods_varlen<E: Float, S: Float, N: Size>(
+    q: &Array<Vector<E, N>>,
+    k: &Array<Vector<E, N>>,
+    v: &Array<Vector<E, N>>,
+    o: &mut Array<Vector<E, N>>,
+    lse: &mut Array<f32>,
+    cu_seqlens_q: &Array<u32>,
+    cu_seqlens_k: &Array<u32>,
+    shape: &AttnShape,
+    mods: &ModArgs,
+    head_params: &Array<f32>,
+    #[comptime] cfg: FmaVecConfig,
+    #[comptime] mc: ModsConfig,
+    #[comptime] top_left: bool,
+) {
+    let seq = seq_span(cu_seqlens_q, cu_seqlens_k, CUBE_POS_Z as usize);
+    // Uniform over the cube, before any barrier.
+    if CUBE_POS_X as usize * cfg.bq >= seq.q_len {
+        terminate!();
+    }
+    let row_shift = if top_left { seq.q_len } else { seq.kv_len };
+    let seq_mods = ModArgs {
+        row_shift: row_shift as u32,
+        left: mods.left,
+        right: mods.right,
+        scale: mods.scale,
+        softcap: mods.softcap,
+    };
+    fma_vec_mods_forward::<E, S, N>(q, k, v, o, lse, shape, &seq_mods, head_params, &ComptimeOption::new_Some(seq), cfg, mc);
+}
+
+/// The modifier kernel's body, on the shape's batch (`seq` none) or on one packed sequence.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn fma_vec_mods_forward<E: Float, S: Float, N: Size>(
+    q: &Array<Vector<E, N>>,
+    k: &Array<Vector<E, N>>,
+    v: &Array<Vector<E, N>>,
+    o: &mut Array<Vector<E, N>>,
+    lse: &mut Array<f32>,
+    shape: &AttnShape,
+    mods: &ModArgs,
+    head_params: &Array<f32>,
+    seq: &ComptimeOption<SeqSpan>,
+    #[comptime] cfg: FmaVecConfig,
+    #[comptime] mc: ModsConfig,
+) {
     let unit = UNIT_POS as usize;
     let unit_row = unit / cfg.tc;
     let unit_col = unit % cfg.tc;
@@ -185,13 +244,13 @@ pub fn fwd_portable_fma_vec_mods<E: Float, S: Float, N: Size>(
     let head = CUBE_POS_Y as usize;
     let q0 = CUBE_POS_X as usize * cfg.bq;
     let kv_head = head / shape.group as usize;
-    let q_len = shape.q_len as usize;
-    let kv_len = shape.kv_len as usize;
+    let q_len = seq_q_len(shape, seq);
+    let kv_len = seq_kv_len(shape, seq);
     let q_heads = shape.q_heads as usize;
 
-    let q_base = batch * shape.q_s0 as usize + head * shape.q_s1 as usize;
-    let k_base = batch * shape.k_s0 as usize + kv_head * shape.k_s1 as usize;
-    let v_base = batch * shape.v_s0 as usize + kv_head * shape.v_s1 as usize;
+    let q_base = seq_q_offset(batch, shape.q_s0, shape.q_s2, seq) + head * shape.q_s1 as usize;
+    let k_base = seq_k_offset(batch, shape.k_s0, shape.k_s2, seq) + kv_head * shape.k_s1 as usize;
+    let v_base = seq_k_offset(batch, shape.v_s0, shape.v_s2, seq) + kv_head * shape.v_s1 as usize;
 
     let mut q_stage = SharedMemory::<Vector<S, N>>::new(comptime!(cfg.head_dim * cfg.q_pitch()));
     let mut kv_stage = SharedMemory::<Vector<S, N>>::new(cfg.kv_stage_len());
@@ -237,7 +296,7 @@ pub fn fwd_portable_fma_vec_mods<E: Float, S: Float, N: Size>(
         unit_gather_v::<E, N>(v, &mut v_regs, v_base, v_stride, k0, kv_len, cfg);
 
         thread_score_matmul::<S, N>(&q_stage, &kv_stage, &mut scores, unit_row, unit_col, cfg);
-        thread_modify_scores::<N>(&mut scores, shape, mods, slope, q0, k0, masked, unit_row, unit_col, cfg, mc);
+        thread_modify_scores::<N>(&mut scores, shape, seq, mods, slope, q0, k0, masked, unit_row, unit_col, cfg, mc);
 
         online_softmax::<f32, N>(
             &mut scores,
@@ -274,6 +333,7 @@ pub fn fwd_portable_fma_vec_mods<E: Float, S: Float, N: Size>(
         &acc,
         shape,
         head_params,
+        seq,
         batch,
         head,
         q0,
@@ -297,6 +357,7 @@ fn write_results_mods<E: Float, N: Size>(
     acc: &Array<Vector<f32, N>>,
     shape: &AttnShape,
     head_params: &Array<f32>,
+    seq: &ComptimeOption<SeqSpan>,
     batch: usize,
     head: usize,
     q0: usize,
@@ -310,8 +371,8 @@ fn write_results_mods<E: Float, N: Size>(
 
     // Without sinks the host fills -3e38: exp(sink − m) is 0 and the rescale exactly 1.
     let sink = head_params[head];
-    let q_len = shape.q_len as usize;
-    let o_base = batch * shape.o_s0 as usize + head * shape.o_s1 as usize;
+    let q_len = seq_q_len(shape, seq);
+    let o_base = seq_q_offset(batch, shape.o_s0, shape.o_s2, seq) + head * shape.o_s1 as usize;
     #[unroll]
     for i in 0..rm {
         let row = q0 + unit_row * rm + i;
@@ -331,7 +392,7 @@ fn write_results_mods<E: Float, N: Size>(
             if cfg.write_lse {
                 if unit_col == 0 {
                     let value = select(seen, big + f32::ln(select(seen, total, 1.0)), shape.lse_empty);
-                    lse[(batch * shape.q_heads as usize + head) * q_len + row] = value;
+                    lse[seq_lse_index(shape, seq, batch, head, q_len, row)] = value;
                 }
             }
         }
@@ -391,6 +452,85 @@ mod cuda_tests {
             (Dtype::Bf16, true) => def!(half::bf16, f32),
             (Dtype::Bf16, false) => def!(half::bf16, half::bf16),
         }
+    }
+
+    fn varlen_definition(
+        client: &ComputeClient<WgpuRuntime>,
+        dtype: Dtype,
+        stage_f32: bool,
+        cfg: FmaVecConfig,
+        mc: ModsConfig,
+        top_left: bool,
+    ) -> KernelDefinition {
+        macro_rules! def {
+            ($e:ty, $s:ty) => {
+                fwd_portable_fma_vec_mods_varlen::FwdPortableFmaVecModsVarlen::<$e, $s, WgpuRuntime>::new(
+                    settings(cfg.units()),
+                    client.clone(),
+                    array(),
+                    array(),
+                    array(),
+                    array(),
+                    array(),
+                    array(),
+                    array(),
+                    attn_shape_arg(),
+                    ModArgsCompilationArg { row_shift: (), left: (), right: (), scale: (), softcap: () },
+                    array(),
+                    W,
+                    cfg,
+                    mc,
+                    top_left,
+                )
+                .define()
+            };
+        }
+        // `launch_modified_varlen`'s dispatch.
+        match (dtype, stage_f32) {
+            (Dtype::F32, _) => def!(f32, f32),
+            (Dtype::F16, true) => def!(half::f16, f32),
+            (Dtype::F16, false) => def!(half::f16, half::f16),
+            (Dtype::Bf16, true) => def!(half::bf16, f32),
+            (Dtype::Bf16, false) => def!(half::bf16, half::bf16),
+        }
+    }
+
+    /// The varlen variant at head dim 128 on the H100: every modifier with causal masking
+    /// (f16, top-left and bottom-right), and the window alone with f32.
+    ///
+    /// Every modifier with f16 spills on sm_90a (24 B at 168 registers, where the plain
+    /// kernel's build takes 164 and spills nothing): the varlen kernel holds the sequence's
+    /// first row and lengths in registers, which the plain kernel reads from its launch
+    /// parameters. A known cost of that build, printed and not failed on; the others are held
+    /// to no spills.
+    ///
+    /// `cargo test --release -p quattn-cubecl --features cuda --lib fma_vec_mods::cuda_tests::nvrtc_compiles_the_varlen`
+    #[test]
+    fn nvrtc_compiles_the_varlen_variants_with_the_tiling_shared_memory_and_no_spills() {
+        let Some(cuda) = OfflineCuda::new() else { return };
+        let all = ModsConfig { left: true, right: true, softcap: true, alibi: true };
+        let window = ModsConfig { left: true, right: true, ..ModsConfig::default() };
+        // (dtype, causal, modifiers, top_left, held to no spills)
+        let cases = [
+            (Dtype::F16, true, all, false, false),
+            (Dtype::F16, true, all, true, false),
+            (Dtype::F32, false, window, false, true),
+        ];
+        let variants = cases.into_iter().map(|(dtype, causal, mc, top_left, spill_free)| {
+            let (arch, d, dv) = (Arch::Sm90, 128, 128);
+            let tiles = selected_fma_tiles(arch, d, dv, dtype, PortableKernel::Fma);
+            let cfg = fma_vec_config(&tiles, d, dv, causal, true, true);
+            let formula = PortableKernel::Fma(tiles).smem_bytes(d as u32, dv as u32, dtype);
+            let flags = format!("l{}r{}s{}a{}", u8::from(mc.left), u8::from(mc.right), u8::from(mc.softcap), u8::from(mc.alibi));
+            Variant {
+                name: format!("fma_vec_mods_varlen_{flags}_topleft{top_left}_{dtype}_d{d}v{dv}_{tiles}_causal{causal}"),
+                arch,
+                definition: varlen_definition(cuda.client(), dtype, tiles.stage_f32, cfg, mc, top_left),
+                shared_bytes: Some(formula - 4 * cfg.bq * cfg.tc),
+                spill_free: spill_free && prefetch_spill_free(d, dv),
+            }
+        });
+        cuda.check_all(variants);
     }
 
     #[test]

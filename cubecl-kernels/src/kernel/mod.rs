@@ -35,6 +35,8 @@ pub(crate) const LAZY_RESCALE_THRESHOLD: f32 = 5.545_177;
 /// Runtime shape of one launch. Strides are (batch, head, seq) in elements.
 #[derive(CubeType, CubeLaunch)]
 pub struct AttnShape {
+    /// Query rows; in a variable-length launch, whose sequences bring their own lengths, the
+    /// Q rows of the whole batch (`total_q`, the row stride of its LSE).
     pub q_len: u32,
     pub kv_len: u32,
     /// Query heads per KV head (GQA/MQA mapping).
@@ -56,6 +58,93 @@ pub struct AttnShape {
     pub scale: f32,
     /// LSE of rows that see no key. Passed in because WGSL cannot spell `-inf`.
     pub lse_empty: f32,
+}
+
+/// One sequence of a packed variable-length batch: its Q/O rows `[q_start, q_start + q_len)`
+/// and K/V rows `[k_start, k_start + kv_len)` of token-major tensors, read from the cumulative
+/// sequence lengths by [`seq_span`].
+#[derive(CubeType, Clone, Copy)]
+pub struct SeqSpan {
+    pub q_start: usize,
+    pub q_len: usize,
+    pub k_start: usize,
+    pub kv_len: usize,
+}
+
+/// The span of sequence `b`: `cu_q` and `cu_k` hold the batch's non-decreasing offsets from 0.
+/// A decreasing pair reads as an empty sequence rather than wrapping around.
+#[cube]
+pub(crate) fn seq_span(cu_q: &Array<u32>, cu_k: &Array<u32>, b: usize) -> SeqSpan {
+    let q_start = cu_q[b];
+    let q_end = cu_q[b + 1];
+    let k_start = cu_k[b];
+    let k_end = cu_k[b + 1];
+    SeqSpan {
+        q_start: q_start as usize,
+        q_len: select(q_end > q_start, q_end - q_start, 0u32) as usize,
+        k_start: k_start as usize,
+        kv_len: select(k_end > k_start, k_end - k_start, 0u32) as usize,
+    }
+}
+
+/// Query rows of the cube's sequence: the shape's, or the packed sequence's.
+#[cube]
+pub(crate) fn seq_q_len(shape: &AttnShape, seq: &ComptimeOption<SeqSpan>) -> usize {
+    #[comptime]
+    match seq {
+        ComptimeOption::Some(s) => s.q_len,
+        ComptimeOption::None => shape.q_len as usize,
+    }
+}
+
+/// Keys of the cube's sequence: the shape's, or the packed sequence's.
+#[cube]
+pub(crate) fn seq_kv_len(shape: &AttnShape, seq: &ComptimeOption<SeqSpan>) -> usize {
+    #[comptime]
+    match seq {
+        ComptimeOption::Some(s) => s.kv_len,
+        ComptimeOption::None => shape.kv_len as usize,
+    }
+}
+
+/// Offset of the cube's sequence in Q or O: `batch · batch_stride`, or (packed) its first row
+/// `q_start · row_stride`.
+#[cube]
+pub(crate) fn seq_q_offset(batch: usize, batch_stride: u32, row_stride: u32, seq: &ComptimeOption<SeqSpan>) -> usize {
+    #[comptime]
+    match seq {
+        ComptimeOption::Some(s) => s.q_start * row_stride as usize,
+        ComptimeOption::None => batch * batch_stride as usize,
+    }
+}
+
+/// Offset of the cube's sequence in K or V: `batch · batch_stride`, or (packed) its first row
+/// `k_start · row_stride`.
+#[cube]
+pub(crate) fn seq_k_offset(batch: usize, batch_stride: u32, row_stride: u32, seq: &ComptimeOption<SeqSpan>) -> usize {
+    #[comptime]
+    match seq {
+        ComptimeOption::Some(s) => s.k_start * row_stride as usize,
+        ComptimeOption::None => batch * batch_stride as usize,
+    }
+}
+
+/// Index of row `row`'s LSE: `[batch, q_heads, q_len]`, or (packed) `[q_heads, total_q]` with
+/// `total_q` in the shape's `q_len` (a launch parameter: no register held through the loop).
+#[cube]
+pub(crate) fn seq_lse_index(
+    shape: &AttnShape,
+    seq: &ComptimeOption<SeqSpan>,
+    batch: usize,
+    head: usize,
+    q_len: usize,
+    row: usize,
+) -> usize {
+    #[comptime]
+    match seq {
+        ComptimeOption::Some(s) => head * shape.q_len as usize + s.q_start + row,
+        ComptimeOption::None => (batch * shape.q_heads as usize + head) * q_len + row,
+    }
 }
 
 /// Key tiles of the query rows `[q0, q0+bq)`, as `(num_full, num_tiles)`: tiles `[0, num_full)`
