@@ -131,6 +131,8 @@ impl Session {
             lse,
             descales: Some(crate::backend::gpu::Fp8Descales { q: descales.q.clone(), k: descales.k.clone(), v: descales.v.clone() }),
             fp4: None,
+            // FP8 plans refuse variable-length batches.
+            varlen: None,
         };
         backend.launch(plan, &d)
     }

@@ -88,10 +88,10 @@ impl Family {
 }
 
 impl Family {
-    /// Whether the family takes variable-length (packed) batches ([`crate::varlen`]). Only the
-    /// CPU kernels until a device family's varlen kernels are wired in.
+    /// Whether the family takes variable-length (packed) batches ([`crate::varlen`]): the CPU
+    /// kernels and the portable FMA row (whose test refuses its packed-f16 kernel).
     pub fn has_varlen(self) -> bool {
-        matches!(self, Family::Cpu)
+        matches!(self, Family::Cpu | Family::Portable(PortableKind::Fma))
     }
 }
 

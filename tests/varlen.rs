@@ -6,7 +6,7 @@ mod common;
 
 use quattn::metrics::{compare_lse, ErrorMetrics, Tolerance};
 use quattn::reference::attention_f64;
-use quattn::{inputs, AttentionProblem, Device, Error, HostSlice, Layout, PagedKv, Precision, Session, Strategy, VarLen};
+use quattn::{inputs, AttentionProblem, Device, Error, HostSlice, Layout, PagedKv, PortableKind, Precision, Session, Strategy, VarLen, WgpuAdapter};
 
 fn cpu() -> Session {
     Session::new(Device::Cpu).unwrap()
@@ -21,7 +21,11 @@ fn packed(q_lens: &[usize], k_lens: &[usize], heads: usize, kv_heads: usize, d: 
 /// returns (O, LSE, rounded q, k, v).
 #[allow(clippy::type_complexity)]
 fn check(p: &AttentionProblem, precision: Precision, seed: u64) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) {
-    let s = cpu();
+    check_on(&cpu(), p, precision, seed)
+}
+
+#[allow(clippy::type_complexity)]
+fn check_on(s: &Session, p: &AttentionProblem, precision: Precision, seed: u64) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) {
     let plan = s.plan(p, precision, Strategy::Auto).unwrap_or_else(|e| panic!("plan {p:?}: {e}"));
     let (q, k, v) = inputs::qkv(p, seed);
     let dt = precision.input_dtype();
@@ -188,4 +192,23 @@ fn families_without_varlen_refuse() {
     let p = packed(&[4, 5], &[6, 7], 2, 2, 64);
     assert!(matches!(s.plan(&p, Precision::F32, Strategy::Reference), Err(Error::UnsupportedVarLen { .. })));
     assert!(matches!(s.plan(&p, Precision::FP8_DEFAULT, Strategy::Auto), Err(Error::UnsupportedVarLen { .. })));
+}
+
+/// The portable FMA kernel on wgpu (llvmpipe in CI): ragged packed batches against the f64
+/// reference, with and without score modifiers; the families without varlen kernels refuse.
+#[test]
+fn wgpu_portable_matches_the_reference() {
+    let Some(s) = common::open(Device::Wgpu(WgpuAdapter::Default)) else { return };
+    let q_lens = [37usize, 0, 1, 64, 5, 130];
+    let k_lens = [37usize, 9, 0, 200, 1, 77];
+    for (i, (precision, causal)) in [(Precision::F32, true), (Precision::F16_DEFAULT, false)].into_iter().enumerate() {
+        let p = packed(&q_lens, &k_lens, 4, 2, 64).causal(causal);
+        let plan = s.plan(&p, precision, Strategy::Auto).unwrap();
+        assert!(plan.kernel_name().starts_with("fwd_portable_"), "{}", plan.kernel_name());
+        check_on(&s, &p, precision, 50 + i as u64);
+    }
+    let p = packed(&q_lens, &k_lens, 4, 2, 64).causal(true).window(24, 0).softcap(15.0).sinks(vec![0.5, -1.0, 2.0, 1.0]);
+    check_on(&s, &p, Precision::F32, 60);
+    let p = packed(&[1, 1], &[300, 20], 8, 2, 64);
+    assert!(matches!(s.plan(&p, Precision::F16_DEFAULT, Strategy::PortableFamily(PortableKind::Decode)), Err(Error::UnsupportedVarLen { .. })));
 }

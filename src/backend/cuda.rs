@@ -1355,7 +1355,8 @@ impl Backend for CudaBackend {
         if !matches!(plan.kernel, KernelId::Native(_)) {
             // An LSE handle is written only when the problem asks for the LSE.
         let lse = if plan.problem.return_lse { t.lse.cloned() } else { None };
-        let d = GpuData { q: t.q.clone(), k: t.k.clone(), v: t.v.clone(), o: t.o.clone(), lse, descales: None, fp4: None };
+        let varlen = self.portable.varlen_handles(&plan.problem);
+        let d = GpuData { q: t.q.clone(), k: t.k.clone(), v: t.v.clone(), o: t.o.clone(), lse, descales: None, fp4: None, varlen };
             return self.portable.launch(plan, &d);
         }
         let ptr = |h: &cubecl::server::Handle| self.portable.device_ptr(h);

@@ -64,6 +64,8 @@ pub(crate) struct GpuData {
     /// The block scales and tensor scales of 4-bit codes in `q`, `k` (and `v`) (4-bit plans
     /// only).
     pub(crate) fp4: Option<Fp4Scales>,
+    /// A variable-length batch's `cu_seqlens_q` and `cu_seqlens_k` (u32).
+    pub(crate) varlen: Option<[Handle; 2]>,
 }
 
 /// The scale buffers of a 4-bit call ([`quattn_cubecl::Fp4Operands`]' layouts).
@@ -167,6 +169,7 @@ impl<R: Runtime> CubeclBackend<R> {
         let kernel = selection.kernel;
         if !matches!(kernel, PortableKernel::Fma(_)) {
             registry::refuse_modifiers(problem, format!("the portable {} kernel", kernel.name()))?;
+            registry::refuse_varlen(problem, format!("the portable {} kernel", kernel.name()))?;
         }
         let (blocking, name) = match kernel {
             // The packed-f16 FMA kernel: its tile is the blocking the emulation must follow
@@ -331,8 +334,20 @@ impl<R: Runtime> CubeclBackend<R> {
                     sinks: p.sinks.as_deref(),
                     alibi_slopes: p.alibi_slopes.as_deref(),
                 };
-                quattn_cubecl::launch_modified::<R>(&self.client, kernel, &shape, plan.dtype(), &mods, &d.q, &d.k, &d.v, &d.o, d.lse.as_ref())
-                    .map_err(failed)?;
+                match (&p.varlen, &d.varlen) {
+                    (Some(vl), Some([cu_q, cu_k])) => {
+                        let batch = quattn_cubecl::VarlenBatch { total_q: vl.total_q(), total_k: vl.total_k(), cu_seqlens_q: cu_q, cu_seqlens_k: cu_k };
+                        quattn_cubecl::launch_modified_varlen::<R>(&self.client, kernel, &shape, plan.dtype(), &mods, &batch, &d.q, &d.k, &d.v, &d.o, d.lse.as_ref())
+                            .map_err(failed)?;
+                    }
+                    (None, _) => {
+                        quattn_cubecl::launch_modified::<R>(&self.client, kernel, &shape, plan.dtype(), &mods, &d.q, &d.k, &d.v, &d.o, d.lse.as_ref())
+                            .map_err(failed)?;
+                    }
+                    (Some(_), None) => {
+                        return Err(Error::Kernel { kernel: plan.kernel_name(), reason: "a variable-length plan without its offset buffers".into() });
+                    }
+                }
             }
         }
         Ok(())
@@ -376,6 +391,7 @@ impl<R: Runtime> CubeclBackend<R> {
                 lse,
                 descales: Some(Fp8Descales { q: descales(&tq), k: descales(&tk), v: descales(&tv) }),
                 fp4: None,
+                varlen: None,
             });
         }
         Ok(GpuData {
@@ -386,6 +402,7 @@ impl<R: Runtime> CubeclBackend<R> {
             lse,
             descales: None,
             fp4: None,
+            varlen: self.varlen_handles(p),
         })
     }
 
@@ -462,11 +479,25 @@ impl<R: Runtime> CubeclBackend<R> {
             lse: p.return_lse.then(|| c.empty(p.lse_len_elems() * 4)),
             descales: None,
             fp4: Some(Fp4Scales { q: tq.block_scales, k: tk.block_scales, v: v_scales, tensor: [tq.tensor_scale, tk.tensor_scale, ts_v], lse_shift }),
+            varlen: None,
         })
     }
 
     /// An uninitialised device buffer of `bytes` bytes.
     #[allow(dead_code)]
+    /// A variable-length plan's offsets on the device (`cu_seqlens_q`, `cu_seqlens_k` as u32:
+    /// validated non-negative at plan time).
+    pub(crate) fn varlen_handles(&self, p: &AttentionProblem) -> Option<[Handle; 2]> {
+        p.varlen.as_ref().map(|vl| {
+            let words = |cu: &[i32]| {
+                let mut w: Vec<u32> = cu.iter().map(|&x| x.max(0) as u32).collect();
+                w.resize(w.len().max(MIN_ELEMS), 0);
+                self.client.create_from_slice(bytemuck::cast_slice(&w))
+            };
+            [words(&vl.cu_seqlens_q), words(&vl.cu_seqlens_k)]
+        })
+    }
+
     pub(crate) fn empty(&self, bytes: usize) -> Handle {
         self.client.empty(bytes)
     }
@@ -643,7 +674,9 @@ impl<R: Runtime> Backend for CubeclBackend<R> {
     fn run_handles(&self, plan: &Plan, t: &CubeclTensors<'_>) -> Result<()> {
         // An LSE handle is written only when the problem asks for the LSE.
         let lse = if plan.problem.return_lse { t.lse.cloned() } else { None };
-        let d = GpuData { q: t.q.clone(), k: t.k.clone(), v: t.v.clone(), o: t.o.clone(), lse, descales: None, fp4: None };
+        // The offsets are host data of the plan: copied per call.
+        let varlen = self.varlen_handles(&plan.problem);
+        let d = GpuData { q: t.q.clone(), k: t.k.clone(), v: t.v.clone(), o: t.o.clone(), lse, descales: None, fp4: None, varlen };
         self.launch(plan, &d)
     }
 }
