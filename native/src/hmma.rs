@@ -831,6 +831,24 @@ mod tests {
     }
 
     #[test]
+    fn varlen_variants() {
+        let c = HmmaConfig::varlen(128, Dtype::Bf16).unwrap();
+        assert_eq!(c.name(), "fwd_hmma_bf16_f32_f32_d128_varlen");
+        assert_eq!(c.targets(), HmmaConfig::MOD_TARGETS);
+        assert!(c.defines(Arch::Sm90).unwrap().contains(&("VARLEN".into(), "1".into())));
+        // hd128 takes the 16-row tile everywhere; hd64 keeps the table tile.
+        assert_eq!(c.tile_for(Arch::Sm90).unwrap(), HmmaTile::new(4, 64));
+        let c64 = HmmaConfig::varlen(64, Dtype::F16).unwrap();
+        assert_eq!(c64.tile_for(Arch::Sm90).unwrap(), HMMA_TILES[0].tile);
+        assert_eq!(HmmaConfig::all().iter().filter(|c| c.varlen).count(), 4);
+        assert!(matches!(HmmaConfig::varlen(96, Dtype::F16), Err(NativeError::UnsupportedHeadDim { .. })));
+        let f16 = HmmaConfig { pv: PvAccum::F16PerTile, ..c64 };
+        assert!(matches!(f16.validate(), Err(NativeError::UnsupportedConfig { .. })));
+        let m = HmmaConfig { mods: Some(ModVariant::default()), ..c64 };
+        assert!(matches!(m.validate(), Err(NativeError::UnsupportedConfig { .. })));
+    }
+
+    #[test]
     fn names_are_unique() {
         let mut names: Vec<String> = HmmaConfig::all().iter().map(|c| c.name()).collect();
         let n = names.len();

@@ -644,6 +644,29 @@ mod tests {
     }
 
     #[test]
+    fn varlen_variant_names_defines_and_tensor_maps() {
+        let c = WgmmaConfig::varlen(128).unwrap();
+        assert_eq!(c.name(), "fwd_wgmma_f16_d128_varlen");
+        assert!(c.defines().unwrap().contains(&("VARLEN".into(), "1".into())));
+        assert!(!WgmmaConfig::new(128).unwrap().defines().unwrap().iter().any(|(k, _)| k == "VARLEN"));
+        assert_eq!(WgmmaConfig::all().iter().filter(|c| c.varlen).count(), 2);
+        assert!(matches!(WgmmaConfig::varlen(80), Err(NativeError::UnsupportedHeadDim { .. })));
+        let m = WgmmaConfig { mods: Some(ModVariant::default()), ..c };
+        assert!(matches!(m.validate(), Err(NativeError::UnsupportedConfig { .. })));
+        // Packed [total, heads, d]: maps over all rows of each tensor, batch extent 1.
+        let a = VarlenShape::packed(3, 1000, 1200, 600, 700, 8, 2, 128, true);
+        let ptrs = VarlenPtrs { q: 0x1000, k: 0x2000, v: 0x3000, o: 0x4000, lse: 0, cu_seqlens_q: 0x5000, cu_seqlens_k: 0x6000 };
+        let [q, k, v] = c.tma_specs_varlen(&a, &ptrs).unwrap();
+        assert_eq!((q.dims, q.box_dims), ([128, 1000, 8, 1], [64, 128, 1, 1]));
+        assert_eq!((q.strides[0], q.strides[1]), (8 * 256, 256));
+        assert_eq!((k.dims, k.strides[0], v.addr), ([128, 1200, 2, 1], 2 * 256, 0x3000));
+        assert!(q.strides[2] % 16 == 0 && k.strides[2] % 16 == 0);
+        // A head dim the variant does not have is refused before any map.
+        let b = VarlenShape::packed(3, 1000, 1200, 600, 700, 8, 2, 64, true);
+        assert!(matches!(c.tma_specs_varlen(&b, &ptrs), Err(NativeError::InvalidArgs(_))));
+    }
+
+    #[test]
     fn only_hopper_runs_it() {
         assert_eq!(WgmmaConfig::target_for((9, 0)), Some(Arch::Sm90a));
         assert_eq!(WgmmaConfig::target_for((8, 0)), None);
