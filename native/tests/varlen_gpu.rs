@@ -361,3 +361,79 @@ fn bad_varlen_launches_are_typed_errors() {
         .unwrap_err();
     assert!(err.to_string().contains("not a variable-length variant"), "{err}");
 }
+
+/// Median milliseconds of `launch` over 20 runs after 3 warm-ups, timed with CUDA events.
+fn median_ms(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, mut launch: impl FnMut()) -> f64 {
+    for _ in 0..3 {
+        launch();
+    }
+    let mut ms: Vec<f64> = (0..20)
+        .map(|_| {
+            let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+            let (start, end) = (ctx.new_event(flags).unwrap(), ctx.new_event(flags).unwrap());
+            start.record(stream).unwrap();
+            launch();
+            end.record(stream).unwrap();
+            end.synchronize().unwrap();
+            start.elapsed_ms(&end).unwrap() as f64
+        })
+        .collect();
+    ms.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    0.5 * (ms[9] + ms[10])
+}
+
+/// The varlen prefill the wgmma variant is built for, timed against the dense kernel at the
+/// mean length: 32 causal sequences of 128..=8192 tokens, hd 128, f16, 16 heads. TFLOP/s count
+/// the real (visible) query-key pairs only; varlen must keep 0.9x of dense. Opt-in
+/// (`QUATTN_VARLEN_BENCH=1`): a timing, not a check to run on every machine.
+#[test]
+fn wgmma_varlen_prefill_throughput_against_dense() {
+    let test = "wgmma_varlen_prefill_throughput_against_dense";
+    if std::env::var_os("QUATTN_VARLEN_BENCH").is_none() {
+        println!("skipping {test}: set QUATTN_VARLEN_BENCH=1 to time it");
+        return;
+    }
+    let Some(ctx) = context_or_skip(test) else { return };
+    let cc = device::compute_capability(&ctx).unwrap();
+    if WgmmaConfig::target_for(cc).is_none() {
+        println!("skipping {test}: sm_{}{} is not sm_90a", cc.0, cc.1);
+        return;
+    }
+    let stream = ctx.default_stream();
+    let (heads, d) = (16usize, 128usize);
+    let mut rng = Rng(0x5eed_1234_5678_9abd);
+    let lens: Vec<usize> = (0..32).map(|_| 128 + (rng.next() % (8192 - 128 + 1)) as usize).collect();
+    let total: usize = lens.iter().sum();
+    let pairs: f64 = lens.iter().map(|&l| (l * (l + 1) / 2) as f64).sum();
+    let flops = 4.0 * pairs * (heads * d) as f64;
+
+    let s = VarlenShape::packed(lens.len(), total, total, *lens.iter().max().unwrap(), *lens.iter().max().unwrap(), heads, heads, d, true);
+    let n = total * heads * d;
+    let x: Vec<u16> = (0..n).map(|_| f16::from_f32(rng.value()).to_bits()).collect();
+    let (qd, kd, vd) = (stream.clone_htod(&x).unwrap(), stream.clone_htod(&x).unwrap(), stream.clone_htod(&x).unwrap());
+    let mut od = stream.alloc_zeros::<u16>(n).unwrap();
+    let mut ld = stream.alloc_zeros::<f32>(heads * total).unwrap();
+    let cu = stream.clone_htod(&Case::cu(&lens)).unwrap();
+    let varlen = WgmmaKernel::load(&ctx, WgmmaConfig::varlen(d).unwrap()).unwrap();
+    let v_ms = median_ms(&ctx, &stream, || {
+        varlen.launch_varlen::<u16, _, _, _, _, _, _, _>(&stream, &s, &qd, &kd, &vd, &mut od, Some(&mut ld), &cu, &cu).unwrap()
+    });
+    let v_tflops = flops / (v_ms * 1e-3) / 1e12;
+
+    // Dense: the same batch at the mean length, BSHD (token-major like the packed tensors).
+    let mean = total / lens.len();
+    let a = quattn_native::AttentionShape::contiguous(quattn_native::Layout::Bshd, lens.len(), heads, heads, mean, mean, d, true);
+    let nd = lens.len() * mean * heads * d;
+    let (qd, kd, vd) = (stream.clone_htod(&x[..nd]).unwrap(), stream.clone_htod(&x[..nd]).unwrap(), stream.clone_htod(&x[..nd]).unwrap());
+    let mut od = stream.alloc_zeros::<u16>(nd).unwrap();
+    let mut ld = stream.alloc_zeros::<f32>(lens.len() * heads * mean).unwrap();
+    let dense = WgmmaKernel::load(&ctx, WgmmaConfig::new(d).unwrap()).unwrap();
+    let d_ms = median_ms(&ctx, &stream, || dense.launch(&stream, &a, &qd, &kd, &vd, &mut od, &mut ld).unwrap());
+    let d_pairs = (lens.len() * mean * (mean + 1) / 2) as f64;
+    let d_tflops = 4.0 * d_pairs * (heads * d) as f64 / (d_ms * 1e-3) / 1e12;
+    println!(
+        "{test}: varlen {total} tokens in {v_ms:.3} ms = {v_tflops:.1} TFLOP/s; dense 32 x {mean} in {d_ms:.3} ms = {d_tflops:.1} TFLOP/s; ratio {:.3}",
+        v_tflops / d_tflops
+    );
+    assert!(v_tflops >= 0.9 * d_tflops, "varlen {v_tflops:.1} TFLOP/s < 0.9 x dense {d_tflops:.1}");
+}
