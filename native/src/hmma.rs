@@ -2,6 +2,9 @@
 //! `mma.sync.m16n8k16`, fp16 or bf16 inputs, with a choice of accumulation precision for Q·Kᵀ
 //! and P·V. Runs on every target from sm_80 up; on Hopper/Blackwell it is the fallback next to
 //! the wgmma / tcgen05 families, on Ampere/Ada/consumer Blackwell it is the fast path.
+//!
+//! The `_varlen` variants ([`HmmaConfig::varlen`], f16 or bf16 with f32 accumulation, launched by
+//! `HmmaKernel::launch_varlen`) run packed variable-length batches ([`crate::varlen`]).
 
 use crate::arch::Arch;
 use crate::cache::{CompileRequest, FWD_HMMA};

@@ -16,6 +16,9 @@
 //! intra-warpgroup pipelining). Same `FwdParams` ABI ([`HmmaParams`]), launch arguments (an
 //! [`AttentionShape`]), masks (sequence end, bottom-right causal), GQA and LSE as
 //! [`crate::hmma`].
+//!
+//! The `_varlen` variants ([`WgmmaConfig::varlen`], launched by `WgmmaKernel::launch_varlen`) run
+//! packed variable-length batches ([`crate::varlen`]) with the same pipeline and tiles.
 
 use crate::arch::Arch;
 use crate::cache::{CompileRequest, FWD_WGMMA};
