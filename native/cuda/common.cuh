@@ -629,6 +629,58 @@ __device__ __forceinline__ void cta_store_o(const P& p, u32 stage, int m0, int t
     }
 }
 
+// ---- variable-length batches (the VARLEN variants of fwd_wgmma and fwd_hmma) -----------------
+//
+// Sequences packed token-major: Q and O rows [cu_q[b], cu_q[b + 1]), K and V rows [cu_k[b],
+// cu_k[b + 1]) belong to sequence b = blockIdx.z; a row's head h starts at row * seq_stride +
+// h * head_stride (the batch strides are unused). LSE is [q_heads, total_q]. Rust mirror:
+// `VarlenParams` in src/varlen.rs; the host checks the cumulative lengths before a launch.
+struct VarlenParams {
+    u64 cu_q, cu_k;   // int32 [batch + 1], from 0, non-decreasing
+    int total_q;      // cu_q[batch]: the LSE's row count per head
+    int pad_;
+};
+
+// One sequence's rows: Q/O from q0, K/V from k0, its own lengths, and the launch's causal flag
+// (so that cta_tiles takes it as it takes the kernel parameters).
+struct SeqSpan {
+    int q0, k0, q_len, kv_len, causal;
+};
+__device__ __forceinline__ SeqSpan cta_seq_span(const VarlenParams& vp, int b, int causal) {
+    const int* cq = reinterpret_cast<const int*>(vp.cu_q);
+    const int* ck = reinterpret_cast<const int*>(vp.cu_k);
+    SeqSpan s;
+    s.q0 = cq[b];
+    s.k0 = ck[b];
+    s.q_len = cq[b + 1] - s.q0;
+    s.kv_len = max(ck[b + 1] - s.k0, 0);
+    s.causal = causal;
+    return s;
+}
+
+// cta_store_o for rows addressed directly: `o_rows` is the CTA's first row (m0) of its head,
+// rows below `rows_valid` are stored, the others never touched.
+template <int BM, int D, int THREADS>
+__device__ __forceinline__ void cta_store_o_rows(unsigned short* o_rows, i64 o_seq_stride, int rows_valid, u32 stage,
+                                                 int tid) {
+    constexpr int CHUNKS = D / 8;
+#pragma unroll
+    for (int k = 0; k < BM * CHUNKS / THREADS; ++k) {
+        const int idx = tid + THREADS * k;
+        const int r = idx / CHUNKS;
+        const int chunk = idx % CHUNKS;
+        u32 x, y, z, w;
+        asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(x), "=r"(y), "=r"(z), "=r"(w)
+                     : "r"(stage + (u32)((chunk >> 3) * BM * 128) + tile_swizzle<128>(r, chunk & 7)));
+        if (r < rows_valid) {
+            unsigned short* dst = o_rows + (i64)r * o_seq_stride + chunk * 8;
+            asm volatile("st.global.v4.b32 [%0], {%1,%2,%3,%4};\n"
+                         :: "l"(dst), "r"(x), "r"(y), "r"(z), "r"(w) : "memory");
+        }
+    }
+}
+
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 // ---- the mbarriers of a warp-specialized K/V pipeline -----------------------------------------
 // 8 bytes each at `base` (8-byte aligned): Q full, then per stage s K full, V full, K empty,

@@ -39,6 +39,13 @@
 //                 the window/causal band with its alignment (only the KV tiles the CTA's bands
 //                 touch are visited, only partly visible ones masked) and sinks in the epilogue;
 //                 MOD_SOFTCAP and MOD_ALIBI compile softcap and ALiBi in (applied to every score).
+//   VARLEN        1: variable-length batches (a second kernel argument, `VarlenParams` of
+//                 common.cuh): packed token-major Q/K/V/O, sequence blockIdx.z owns the rows its
+//                 cumulative lengths give; FwdParams' lengths are the longest sequence's (the
+//                 grid), its batch strides unused. A block past its sequence's end exits at once,
+//                 lengths and causal alignment are the sequence's own, loads zero-fill past the
+//                 sequence's rows, stores and LSE (`[q_heads, total_q]`, none when lse is 0) stop
+//                 at them. Not with MODS.
 // The launch ABI is `FwdParams` below; the Rust mirror is `HmmaParams` in src/hmma.rs, and
 // `HmmaTile::smem_bytes` mirrors cfg::SMEM_BYTES.
 #include "common.cuh"
@@ -65,6 +72,12 @@
 #endif
 #if (MOD_SOFTCAP || MOD_ALIBI) && !MODS
 #error "MOD_SOFTCAP and MOD_ALIBI need MODS"
+#endif
+#ifndef VARLEN
+#define VARLEN 0
+#endif
+#if VARLEN && MODS
+#error "VARLEN takes no score modifiers"
 #endif
 
 // Conditional-rescale threshold in log2 units (see warp_online_softmax): P may reach
@@ -474,6 +487,27 @@ __device__ __forceinline__ int cta_batch() {
     asm volatile("mov.u32 %0, %%ctaid.z;" : "=r"(v));
     return v;
 }
+#if VARLEN
+// First element of this CTA's K (IS_V false) or V head at the first key of its sequence
+// (cu_k[batch] re-read here, as the block indices are, rather than kept live).
+template <bool IS_V>
+__device__ __forceinline__ const unsigned short* cta_kv_head(const FwdParams& p, const VarlenParams& vp) {
+    const int kv_head = cta_head() / p.kv_group;
+    const i64 k0 = reinterpret_cast<const int*>(opaque(vp.cu_k))[cta_batch()];
+    return IS_V ? reinterpret_cast<const unsigned short*>(p.v) + k0 * p.v_seq_stride + kv_head * p.v_head_stride
+                : reinterpret_cast<const unsigned short*>(p.k) + k0 * p.k_seq_stride + kv_head * p.k_head_stride;
+}
+// The sequence's key count, for the masks of a masked tile: re-read there rather than kept in
+// a register across the KV loop (the 32-row hd128 tile has none to spare).
+__device__ __forceinline__ int cta_seq_kv_len(const VarlenParams& vp) {
+    const int* ck = reinterpret_cast<const int*>(opaque(vp.cu_k));
+    const int b = cta_batch();
+    return max(ck[b + 1] - ck[b], 0);
+}
+#define KV_HEAD_ARGS p, vp
+#define VL_ARG const VarlenParams &vp,
+#define VL_PASS vp,
+#else
 // First element of this CTA's K (IS_V false) or V head.
 template <bool IS_V>
 __device__ __forceinline__ const unsigned short* cta_kv_head(const FwdParams& p) {
@@ -484,6 +518,10 @@ __device__ __forceinline__ const unsigned short* cta_kv_head(const FwdParams& p)
                 : reinterpret_cast<const unsigned short*>(p.k) + batch * p.k_batch_stride +
                       kv_head * p.k_head_stride;
 }
+#define KV_HEAD_ARGS p
+#define VL_ARG
+#define VL_PASS
+#endif
 
 struct WarpState {
     float o[cfg::MT][cfg::D_FRAGS][4];
@@ -538,7 +576,7 @@ struct ModState {
 template <bool MASK>
 __device__ __forceinline__ void cta_kv_tile(WarpState& st, const WarpQ& q, const KvLanes& kv,
                                             u32 smem, int j, int n_tiles,
-                                            const FwdParams& p, MOD_ARG int diag, int lane) {
+                                            const FwdParams& p, MOD_ARG VL_ARG int diag, int lane) {
 #if MODS
     const int t = ms.t_top - j;             // tiles run from the band's last to its first
 #else
@@ -553,7 +591,7 @@ __device__ __forceinline__ void cta_kv_tile(WarpState& st, const WarpQ& q, const
     thread_cp_async_wait<1>();   // everything but V_t landed -> K_t is here
     __syncthreads();
     if (j + 1 < n_tiles)
-        cta_load_tile<cfg::BN>(next_k, cta_kv_head<false>(p) + (i64)(t - 1) * cfg::BN * p.k_seq_stride,
+        cta_load_tile<cfg::BN>(next_k, cta_kv_head<false>(KV_HEAD_ARGS) + (i64)(t - 1) * cfg::BN * p.k_seq_stride,
                                p.k_seq_stride, cfg::BN);
     thread_cp_async_commit();
 
@@ -563,6 +601,8 @@ __device__ __forceinline__ void cta_kv_tile(WarpState& st, const WarpQ& q, const
 #if MODS
     warp_mods<MASK>(s, ms.mp, ms.slope, t * cfg::BN, p.kv_len, ms.a0, lane);
     warp_online_softmax<false>(s, st.m, st.l, st.o, pf, t * cfg::BN, p.kv_len, diag, p.scale_log2, lane);
+#elif VARLEN
+    warp_online_softmax<MASK>(s, st.m, st.l, st.o, pf, t * cfg::BN, MASK ? cta_seq_kv_len(vp) : 0, diag, p.scale_log2, lane);
 #else
     warp_online_softmax<MASK>(s, st.m, st.l, st.o, pf, t * cfg::BN, p.kv_len, diag, p.scale_log2, lane);
 #endif
@@ -570,7 +610,7 @@ __device__ __forceinline__ void cta_kv_tile(WarpState& st, const WarpQ& q, const
     thread_cp_async_wait<1>();   // everything but K_{t-1} landed -> V_t is here
     __syncthreads();
     if (j + 1 < n_tiles)
-        cta_load_tile<cfg::BN>(next_v, cta_kv_head<true>(p) + (i64)(t - 1) * cfg::BN * p.v_seq_stride,
+        cta_load_tile<cfg::BN>(next_v, cta_kv_head<true>(KV_HEAD_ARGS) + (i64)(t - 1) * cfg::BN * p.v_seq_stride,
                                p.v_seq_stride, cfg::BN);
     thread_cp_async_commit();
 
@@ -578,6 +618,9 @@ __device__ __forceinline__ void cta_kv_tile(WarpState& st, const WarpQ& q, const
 }
 
 extern "C" __global__ void __launch_bounds__(cfg::THREADS, 1) fwd_hmma(const FwdParams p
+#if VARLEN
+                                                                        , const VarlenParams vp
+#endif
 #if MODS
                                                                         , const __grid_constant__ ModParams mp
 #endif
@@ -592,11 +635,22 @@ extern "C" __global__ void __launch_bounds__(cfg::THREADS, 1) fwd_hmma(const Fwd
     const int head = blockIdx.y;
     const int batch = blockIdx.z;
     const int m0 = m_block * cfg::BM;
+#if VARLEN
+    // The grid covers the longest sequence: a block past this one's end has nothing to do
+    // (uniform over the CTA, before any barrier). Below, `sq` stands where the dense kernel
+    // reads FwdParams' lengths, and rows start at the sequence's first.
+    const SeqSpan sq = cta_seq_span(vp, batch, p.causal);
+    if (m0 >= sq.q_len) return;
+    const int offset = sq.kv_len - sq.q_len;     // bottom-right causal alignment, per sequence
+    int n_end = sq.kv_len;
+    int full_end = sq.kv_len / cfg::BN;
+#else
     const int offset = p.kv_len - p.q_len;       // bottom-right causal alignment
 
     // Keys any row of this CTA can see, and which tiles need no mask at all.
     int n_end = p.kv_len;
     int full_end = p.kv_len / cfg::BN;           // tiles fully inside the sequence
+#endif
     if (p.causal) {
         n_end = min(n_end, m0 + cfg::BM + offset);
         const int first_row_sees = m0 + offset + 1;   // keys [0, this) visible to row m0
@@ -619,8 +673,13 @@ extern "C" __global__ void __launch_bounds__(cfg::THREADS, 1) fwd_hmma(const Fwd
     // sequence end masks, and diag is far enough past it for diag + 24 not to overflow.
     const int diag = p.causal ? row0 + offset + 1 : 0x3fffffff;
 
+#if VARLEN
+    const unsigned short* q_head = reinterpret_cast<const unsigned short*>(p.q) + (i64)sq.q0 * p.q_seq_stride +
+                                   head * p.q_head_stride;
+#else
     const unsigned short* q_head = reinterpret_cast<const unsigned short*>(p.q) +
                                    batch * p.q_batch_stride + head * p.q_head_stride;
+#endif
 
     WarpState st;
 #pragma unroll
@@ -641,6 +700,15 @@ extern "C" __global__ void __launch_bounds__(cfg::THREADS, 1) fwd_hmma(const Fwd
 #else
         const int t0 = n_tiles - 1;
 #endif
+#if VARLEN
+        cta_load_tile<cfg::BM>(q_smem, q_head + (i64)m0 * p.q_seq_stride, p.q_seq_stride, sq.q_len - m0);
+        thread_cp_async_commit();
+        cta_load_tile<cfg::BN>(smem, cta_kv_head<false>(p, vp) + (i64)t0 * cfg::BN * p.k_seq_stride, p.k_seq_stride,
+                               sq.kv_len - t0 * cfg::BN);
+        thread_cp_async_commit();
+        cta_load_tile<cfg::BN>(smem + cfg::KV_TILE_BYTES, cta_kv_head<true>(p, vp) + (i64)t0 * cfg::BN * p.v_seq_stride,
+                               p.v_seq_stride, sq.kv_len - t0 * cfg::BN);
+#else
         cta_load_tile<cfg::BM>(q_smem, q_head + (i64)m0 * p.q_seq_stride, p.q_seq_stride, p.q_len - m0);
         thread_cp_async_commit();
         cta_load_tile<cfg::BN>(smem, cta_kv_head<false>(p) + (i64)t0 * cfg::BN * p.k_seq_stride, p.k_seq_stride,
@@ -648,6 +716,7 @@ extern "C" __global__ void __launch_bounds__(cfg::THREADS, 1) fwd_hmma(const Fwd
         thread_cp_async_commit();
         cta_load_tile<cfg::BN>(smem + cfg::KV_TILE_BYTES, cta_kv_head<true>(p) + (i64)t0 * cfg::BN * p.v_seq_stride,
                                p.v_seq_stride, p.kv_len - t0 * cfg::BN);
+#endif
         thread_cp_async_commit();
         thread_cp_async_wait<2>();   // Q landed
         __syncthreads();
@@ -665,12 +734,20 @@ extern "C" __global__ void __launch_bounds__(cfg::THREADS, 1) fwd_hmma(const Fwd
         }
 #else
         int j = 0;
-        for (; j < n_masked; ++j) cta_kv_tile<true>(st, q, kv, smem, j, n_tiles, p, diag, lane);
-        for (; j < n_tiles; ++j) cta_kv_tile<false>(st, q, kv, smem, j, n_tiles, p, diag, lane);
+        for (; j < n_masked; ++j) cta_kv_tile<true>(st, q, kv, smem, j, n_tiles, p, VL_PASS diag, lane);
+        for (; j < n_tiles; ++j) cta_kv_tile<false>(st, q, kv, smem, j, n_tiles, p, VL_PASS diag, lane);
 #endif
     }
 
     // ---- epilogue: normalise, LSE, stage O through shared memory, 16-byte stores ------------
+#if VARLEN
+    // The sequence's rows, re-read after the KV loop (whose barriers and copies clobber memory,
+    // so the loads happen here) rather than kept in registers across it.
+    const SeqSpan se = cta_seq_span(vp, cta_batch(), p.causal);
+#define ROWS_END se.q_len
+#else
+#define ROWS_END p.q_len
+#endif
     float inv[cfg::ROWS], lse[cfg::ROWS];
 #pragma unroll
     for (int i = 0; i < cfg::ROWS; ++i) {
@@ -691,12 +768,18 @@ extern "C" __global__ void __launch_bounds__(cfg::THREADS, 1) fwd_hmma(const Fwd
                        : (st.m[i] * p.scale_log2 + thread_log2(sum)) * 0.6931471805599453f;
 #endif
     }
+#if VARLEN
+    // LSE [q_heads, total_q]; no LSE buffer (address 0): not written.
+    if ((lane & 3) == 0 && p.lse != 0) {
+        float* lse_out = reinterpret_cast<float*>(p.lse) + (i64)cta_head() * vp.total_q + se.q0;
+#else
     if ((lane & 3) == 0) {
         float* lse_out = reinterpret_cast<float*>(p.lse) + ((i64)batch * p.q_heads + head) * p.q_len;
+#endif
 #pragma unroll
         for (int i = 0; i < cfg::ROWS; ++i) {
             const int row = row0 + 16 * (i >> 1) + 8 * (i & 1);
-            if (row < p.q_len) lse_out[row] = lse[i];
+            if (row < ROWS_END) lse_out[row] = lse[i];
         }
     }
 
@@ -718,8 +801,13 @@ extern "C" __global__ void __launch_bounds__(cfg::THREADS, 1) fwd_hmma(const Fwd
                 asm volatile("st.shared.b32 [%0], %1;\n" :: "r"(addr), "r"(packed) : "memory");
             }
     __syncwarp();
+#if VARLEN
+    unsigned short* o_head = reinterpret_cast<unsigned short*>(p.o) + (i64)se.q0 * p.o_seq_stride +
+                             cta_head() * p.o_head_stride;
+#else
     unsigned short* o_head = reinterpret_cast<unsigned short*>(p.o) + batch * p.o_batch_stride +
                              head * p.o_head_stride;
+#endif
 #pragma unroll
     for (int i = 0; i < ROWS_PER_WARP * cfg::CHUNKS / 32; ++i) {
         const int idx = lane + 32 * i;
@@ -730,10 +818,11 @@ extern "C" __global__ void __launch_bounds__(cfg::THREADS, 1) fwd_hmma(const Fwd
         asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n"
                      : "=r"(x), "=r"(y), "=r"(z), "=r"(w)
                      : "r"(o_tile + tile_swizzle<cfg::ROW_BYTES>(r, chunk)));
-        if (row < p.q_len) {
+        if (row < ROWS_END) {
             unsigned short* dst = o_head + (i64)row * p.o_seq_stride + chunk * 8;
             asm volatile("st.global.v4.b32 [%0], {%1,%2,%3,%4};\n"
                          :: "l"(dst), "r"(x), "r"(y), "r"(z), "r"(w) : "memory");
         }
     }
 }
+#undef ROWS_END

@@ -78,6 +78,19 @@
 // every tile (in raw score units: the constants arrive divided by the softmax scale). Sinks
 // join the softmax denominator in the epilogue: O = Σ p v / (Σ p + e^sink), LSE =
 // ln(Σ e^s + e^sink); a row that sees no key keeps O = 0, LSE = -inf.
+//
+// Variable-length batches (VARLEN = 1, a third kernel argument `VarlenParams` of common.cuh, Rust
+// mirror in src/varlen.rs; not with MODS): Q/K/V/O packed token-major, sequence blockIdx.z owns
+// Q/O rows cu_q[b] .. cu_q[b + 1] and K/V rows cu_k[b] .. cu_k[b + 1]. FwdParams carries the
+// longest sequence's lengths (the grid) and no batch strides; the tensor maps span all rows of
+// each tensor with a batch extent of 1. A CTA whose query block starts past its sequence's end
+// exits before anything else; the others run the dense pipeline on their sequence's lengths
+// (its own bottom-right causal alignment and tile counts), with boxes starting at the
+// sequence's first row. A box running past the sequence's end reads the next sequence's rows
+// (or TMA's zeros after the last row): those keys are masked like the sequence-end keys of the
+// dense kernel (P = 0, so they must be finite, as every row of the packed tensors is), and
+// those Q rows only produce O rows that are never stored: the epilogue stores and writes the
+// LSE ([q_heads, total_q], none when lse is 0) for the sequence's rows alone.
 #include "common.cuh"
 
 #if !defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -101,6 +114,12 @@
 #endif
 #if (MOD_SOFTCAP || MOD_ALIBI) && !MODS
 #error "MOD_SOFTCAP and MOD_ALIBI need MODS"
+#endif
+#ifndef VARLEN
+#define VARLEN 0
+#endif
+#if VARLEN && MODS
+#error "VARLEN takes no score modifiers"
 #endif
 
 namespace cfg {
@@ -160,6 +179,16 @@ __device__ __forceinline__ void warp_mods(float (&s)[cfg::S_REGS], const ModPara
 #else
 #define MOD_ARG
 #define MOD_PASS
+#endif
+
+#if VARLEN
+// The sequence of the CTA (SeqSpan, VarlenParams of common.cuh) where the dense kernel reads
+// FwdParams' lengths and batch index.
+#define VL_ARG const VarlenParams &vp, const SeqSpan &sq,
+#define VL_PASS vp, sq,
+#else
+#define VL_ARG
+#define VL_PASS
 #endif
 
 // ---- wgmma primitives: common.cuh (descriptors, fences, commit/wait, register fences, the
@@ -301,7 +330,7 @@ __device__ __forceinline__ void thread_pack_p(u32 (&pf)[cfg::P_STEPS][4], const 
 // rows of the Q tile at `q_smem` (same swizzled layout). The caller makes sure every wgmma of
 // this warpgroup completed (the other warpgroup never reads these rows), and synchronizes the
 // consumer threads before cta_store_o.
-__device__ __forceinline__ void thread_finish_rows(const FwdParams& p, const float (&o)[cfg::O_REGS], const RowState& st,
+__device__ __forceinline__ void thread_finish_rows(const FwdParams& p, VL_ARG const float (&o)[cfg::O_REGS], const RowState& st,
                                                    u32 q_smem, int local_row0, int row0, int lane, float sink_log2) {
     float inv[2];
 #pragma unroll
@@ -320,8 +349,14 @@ __device__ __forceinline__ void thread_finish_rows(const FwdParams& p, const flo
         inv[i] = empty ? 0.f : f / sum;
         const float lse = empty ? QA_NEG_INF : (m2 + thread_log2(sum)) * 0.6931471805599453f;
         const int row = row0 + 8 * i;
+#if VARLEN
+        // LSE [q_heads, total_q]; no LSE buffer (address 0): not written.
+        if ((lane & 3) == 0 && row < sq.q_len && p.lse != 0)
+            reinterpret_cast<float*>(p.lse)[(i64)cta_head() * vp.total_q + sq.q0 + row] = lse;
+#else
         if ((lane & 3) == 0 && row < p.q_len)
             reinterpret_cast<float*>(p.lse)[((i64)cta_batch() * p.q_heads + cta_head()) * p.q_len + row] = lse;
+#endif
     }
 #pragma unroll
     for (int n = 0; n < cfg::D / 8; ++n)
@@ -382,25 +417,41 @@ __device__ __forceinline__ void thread_tma_rows(u32 dst, const TmaMap* map, u32 
 // Producer: one thread loads Q, then K_j and V_j for j = 0 .. n_tiles - 1 (tile
 // t_lo + n_tiles - 1 - j), refilling a stage once its empty barrier says both consumers are done
 // with it.
-__device__ __forceinline__ void thread_produce(const FwdParams& p, const TmaMaps& maps, const WsSmem& sm, int m0,
+__device__ __forceinline__ void thread_produce(const FwdParams& p, VL_ARG const TmaMaps& maps, const WsSmem& sm, int m0,
                                                int t_lo, int n_tiles) {
     const int head = blockIdx.y;
+#if VARLEN
+    // The maps span every sequence's rows (batch extent 1): boxes start at the sequence's
+    // first row; rows past its end are the next sequence's (masked keys, Q rows never stored)
+    // or TMA's zero fill past the last one.
+    const int batch = 0;
+    const int q_row0 = sq.q0;
+    const int k_row0 = sq.k0;
+#define KV_ROW(t) (k_row0 + (t) * cfg::BN)
+#else
     const int batch = blockIdx.z;
+#define KV_ROW(t) ((t) * cfg::BN)
+#endif
     const int kv_head = head / p.kv_group;
     thread_mbarrier_arrive_expect_tx(sm.bars.q_full(), cfg::Q_BYTES);
+#if VARLEN
+    thread_tma_rows<cfg::BM>(sm.q, &maps.q, sm.bars.q_full(), q_row0 + m0, head, batch);
+#else
     thread_tma_rows<cfg::BM>(sm.q, &maps.q, sm.bars.q_full(), m0, head, batch);
+#endif
     for (int j = 0; j < n_tiles; ++j) {
         const int t = t_lo + n_tiles - 1 - j;
         const int s = j % ws::STAGES;
         const u32 parity = ((j / ws::STAGES) & 1) ^ 1;   // the stage's previous use
         if (j >= ws::STAGES) thread_mbarrier_wait(sm.bars.k_empty(s), parity);
         thread_mbarrier_arrive_expect_tx(sm.bars.k_full(s), cfg::KV_TILE_BYTES);
-        thread_tma_rows<cfg::BN>(sm.k_tile(s), &maps.k, sm.bars.k_full(s), t * cfg::BN, kv_head, batch);
+        thread_tma_rows<cfg::BN>(sm.k_tile(s), &maps.k, sm.bars.k_full(s), KV_ROW(t), kv_head, batch);
         if (j >= ws::STAGES) thread_mbarrier_wait(sm.bars.v_empty(s), parity);
         thread_mbarrier_arrive_expect_tx(sm.bars.v_full(s), cfg::KV_TILE_BYTES);
-        thread_tma_rows<cfg::BN>(sm.v_tile(s), &maps.v, sm.bars.v_full(s), t * cfg::BN, kv_head, batch);
+        thread_tma_rows<cfg::BN>(sm.v_tile(s), &maps.v, sm.bars.v_full(s), KV_ROW(t), kv_head, batch);
     }
 }
+#undef KV_ROW
 
 // One consumer warpgroup's state over the KV walk.
 struct WgConsumer {
@@ -410,6 +461,9 @@ struct WgConsumer {
     RowState st;
     int n_tiles, n_masked, diag, lane, cw;
     u32 q_wg;
+#if VARLEN
+    int kv_len;   // the sequence's
+#endif
 #if MODS
     int t_lo, full_lo, full_hi, a0;
     float slope;
@@ -449,6 +503,9 @@ struct WgConsumer {
         if (t < full_lo || t > full_hi) warp_mods<true>(s, mp, slope, t * cfg::BN, p.kv_len, a0, lane);
         else warp_mods<false>(s, mp, slope, t * cfg::BN, p.kv_len, a0, lane);
         warp_softmax<false>(s, st, alpha, rescale, t * cfg::BN, p.kv_len, diag, p.scale_log2, lane);
+#elif VARLEN
+        if (j < n_masked) warp_softmax<true>(s, st, alpha, rescale, t * cfg::BN, kv_len, diag, p.scale_log2, lane);
+        else warp_softmax<false>(s, st, alpha, rescale, t * cfg::BN, kv_len, diag, p.scale_log2, lane);
 #else
         if (j < n_masked) warp_softmax<true>(s, st, alpha, rescale, t * cfg::BN, p.kv_len, diag, p.scale_log2, lane);
         else warp_softmax<false>(s, st, alpha, rescale, t * cfg::BN, p.kv_len, diag, p.scale_log2, lane);
@@ -480,6 +537,9 @@ struct WgConsumer {
 
 extern "C" __global__ void __launch_bounds__(ws::THREADS, 1)
 fwd_wgmma(const FwdParams p, const __grid_constant__ TmaMaps maps
+#if VARLEN
+          , const VarlenParams vp
+#endif
 #if MODS
           , const __grid_constant__ ModParams mp
 #endif
@@ -489,7 +549,14 @@ fwd_wgmma(const FwdParams p, const __grid_constant__ TmaMaps maps
     const int tid = threadIdx.x;
     const int wg = tid >> 7;
     const int m0 = (gridDim.x - 1 - blockIdx.x) * cfg::BM;
-#if MODS
+#if VARLEN
+    // The grid covers the longest sequence: a block past this one's end has nothing to do
+    // (uniform over the CTA, before any barrier).
+    const SeqSpan sq = cta_seq_span(vp, blockIdx.z, p.causal);
+    if (m0 >= sq.q_len) return;
+    const CtaTiles tiles = cta_tiles<cfg::BM, cfg::BN>(sq, m0);
+    const int t_lo = 0;
+#elif MODS
     const ModTiles mt = cta_mod_tiles<cfg::BM, cfg::BN>(p.kv_len, mp, m0);
     const CtaTiles tiles{mt.n_tiles, 0};
     const int t_lo = mt.t_lo;
@@ -506,7 +573,7 @@ fwd_wgmma(const FwdParams p, const __grid_constant__ TmaMaps maps
         if (tid == 0 && tiles.n_tiles > 0) {
             thread_tma_prefetch_map(&maps.k);
             thread_tma_prefetch_map(&maps.v);
-            thread_produce(p, maps, sm, m0, t_lo, tiles.n_tiles);
+            thread_produce(p, VL_PASS maps, sm, m0, t_lo, tiles.n_tiles);
         }
     } else {
         wg_setmaxnreg_inc<CONSUMER_REGS>();
@@ -518,7 +585,12 @@ fwd_wgmma(const FwdParams p, const __grid_constant__ TmaMaps maps
         c.n_masked = tiles.n_masked;
         const int local_row0 = 64 * c.cw + 16 * ((tid >> 5) & 3) + (c.lane >> 2);
         const int row0 = m0 + local_row0;
+#if VARLEN
+        c.diag = p.causal ? row0 + sq.kv_len - sq.q_len + 1 : 0x3fffffff;
+        c.kv_len = sq.kv_len;
+#else
         c.diag = p.causal ? row0 + p.kv_len - p.q_len + 1 : 0x3fffffff;
+#endif
         c.q_wg = sm.q + (u32)(64 * c.cw * 128);
 #if MODS
         c.t_lo = mt.t_lo;
@@ -542,8 +614,14 @@ fwd_wgmma(const FwdParams p, const __grid_constant__ TmaMaps maps
             c.finish(sm);
         }
         // Epilogue: this warpgroup's wgmmas are done and the other never reads its Q rows.
-        thread_finish_rows(p, c.o, c.st, sm.q, local_row0, row0, c.lane, sink_log2);
+        thread_finish_rows(p, VL_PASS c.o, c.st, sm.q, local_row0, row0, c.lane, sink_log2);
         cta_named_sync(ws::BAR_EPILOGUE, cfg::THREADS);
+#if VARLEN
+        unsigned short* o_rows = reinterpret_cast<unsigned short*>(p.o) + (i64)cta_head() * p.o_head_stride +
+                                 (i64)(sq.q0 + m0) * p.o_seq_stride;
+        cta_store_o_rows<cfg::BM, cfg::D, cfg::THREADS>(o_rows, p.o_seq_stride, sq.q_len - m0, sm.q, ctid);
+#else
         cta_store_o<cfg::BM, cfg::D, cfg::THREADS>(p, sm.q, m0, ctid);
+#endif
     }
 }

@@ -2,6 +2,9 @@
 //! `mma.sync.m16n8k16`, fp16 or bf16 inputs, with a choice of accumulation precision for Q·Kᵀ
 //! and P·V. Runs on every target from sm_80 up; on Hopper/Blackwell it is the fallback next to
 //! the wgmma / tcgen05 families, on Ampere/Ada/consumer Blackwell it is the fast path.
+//!
+//! The `_varlen` variants ([`HmmaConfig::varlen`], f16 or bf16 with f32 accumulation, launched by
+//! `HmmaKernel::launch_varlen`) run packed variable-length batches ([`crate::varlen`]).
 
 use crate::arch::Arch;
 use crate::cache::{CompileRequest, FWD_HMMA};
@@ -131,6 +134,8 @@ pub struct HmmaConfig {
     pub tile: Option<HmmaTile>,
     /// `Some`: the score-modifier variant (f32 accumulation only).
     pub mods: Option<ModVariant>,
+    /// The variable-length variant ([`crate::varlen`]; f32 accumulation, no score modifiers).
+    pub varlen: bool,
 }
 
 impl HmmaConfig {
@@ -150,9 +155,26 @@ impl HmmaConfig {
 
     /// Validated constructor.
     pub fn new(head_dim: usize, input: Dtype, qk: QkAccum, pv: PvAccum) -> Result<Self> {
-        let cfg = HmmaConfig { head_dim: head_dim as u32, input, qk, pv, tile: None, mods: None };
+        let cfg = HmmaConfig { head_dim: head_dim as u32, input, qk, pv, tile: None, mods: None, varlen: false };
         cfg.validate()?;
         Ok(cfg)
+    }
+
+    /// The variable-length variant for `input` (f16 or bf16, f32 accumulation).
+    pub fn varlen(head_dim: usize, input: Dtype) -> Result<Self> {
+        let cfg = HmmaConfig { varlen: true, ..Self::new(head_dim, input, QkAccum::F32, PvAccum::F32)? };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// The targets this variant is built and SASS-checked for: [`Self::MOD_TARGETS`] for the
+    /// modifier and variable-length variants, [`Self::TARGETS`] for the others.
+    pub fn targets(&self) -> &'static [Arch] {
+        if self.mods.is_some() || self.varlen {
+            Self::MOD_TARGETS
+        } else {
+            Self::TARGETS
+        }
     }
 
     /// Checks the combination exists (head dim in the table, f16 or bf16 inputs, bf16 only with
@@ -195,6 +217,12 @@ impl HmmaConfig {
         if self.mods.is_some() && (self.qk != QkAccum::F32 || self.pv != PvAccum::F32) {
             return bad("score modifiers with f32 accumulation only".into());
         }
+        if self.varlen && (self.qk != QkAccum::F32 || self.pv != PvAccum::F32) {
+            return bad("variable-length batches with f32 accumulation only".into());
+        }
+        if self.varlen && self.mods.is_some() {
+            return bad("variable-length batches take no score modifiers".into());
+        }
         Ok(())
     }
 
@@ -209,6 +237,12 @@ impl HmmaConfig {
         if self.mods.is_some() {
             // The modifier code (per-row band limits, softcap and ALiBi per score) does not fit
             // next to 32 rows per warp in 255 registers; 16 rows per warp with Q in registers do.
+            return Some(HmmaTile::new(4, 64));
+        }
+        if self.varlen && self.head_dim == 128 {
+            // The dense hd128 tile (32 rows per warp) uses all 255 registers; the per-sequence
+            // addressing of the varlen kernel tips it into spills on sm_80 and sm_90, so the
+            // 16-row tile (Q in registers) it fits in.
             return Some(HmmaTile::new(4, 64));
         }
         Some(match (self.qk == QkAccum::F32 && self.pv == PvAccum::F32, arch) {
@@ -247,7 +281,8 @@ impl HmmaConfig {
         };
         let forced = self.tile.map(|t| format!("_{}", t.suffix())).unwrap_or_default();
         let mods = self.mods.map(|m| m.suffix()).unwrap_or_default();
-        format!("fwd_hmma_{input}_{qk}_{pv}_d{}{forced}{mods}", self.head_dim)
+        let varlen = if self.varlen { "_varlen" } else { "" };
+        format!("fwd_hmma_{input}_{qk}_{pv}_d{}{forced}{mods}{varlen}", self.head_dim)
     }
 
     /// Every variant the report and tests compile.
@@ -256,15 +291,18 @@ impl HmmaConfig {
         for hd in [64, 128] {
             for qk in [QkAccum::F32, QkAccum::F16, QkAccum::TwoStage] {
                 for pv in [PvAccum::F32, PvAccum::F16PerTile] {
-                    v.push(HmmaConfig { head_dim: hd, input: Dtype::F16, qk, pv, tile: None, mods: None });
+                    v.push(HmmaConfig { head_dim: hd, input: Dtype::F16, qk, pv, tile: None, mods: None, varlen: false });
                 }
             }
-            v.push(HmmaConfig { head_dim: hd, input: Dtype::Bf16, qk: QkAccum::F32, pv: PvAccum::F32, tile: None, mods: None });
+            v.push(HmmaConfig { head_dim: hd, input: Dtype::Bf16, qk: QkAccum::F32, pv: PvAccum::F32, tile: None, mods: None, varlen: false });
             // The modifier variant with softcap and ALiBi compiled in: the superset of the others'
             // code (those only drop the two score transforms).
             for input in [Dtype::F16, Dtype::Bf16] {
                 let mods = Some(ModVariant { softcap: true, alibi: true });
-                v.push(HmmaConfig { head_dim: hd, input, qk: QkAccum::F32, pv: PvAccum::F32, tile: None, mods });
+                v.push(HmmaConfig { head_dim: hd, input, qk: QkAccum::F32, pv: PvAccum::F32, tile: None, mods, varlen: false });
+            }
+            for input in [Dtype::F16, Dtype::Bf16] {
+                v.push(HmmaConfig { head_dim: hd, input, qk: QkAccum::F32, pv: PvAccum::F32, tile: None, mods: None, varlen: true });
             }
         }
         v
@@ -295,6 +333,9 @@ impl HmmaConfig {
         ];
         if let Some(m) = self.mods {
             v.extend(m.defines());
+        }
+        if self.varlen {
+            v.push(d("VARLEN", 1));
         }
         Ok(v)
     }
@@ -505,6 +546,7 @@ mod launch {
 
     use super::*;
     use crate::cache::{CompiledKernel, KernelCache};
+    use crate::varlen::{VarlenLens, VarlenPtrs, VarlenShape};
 
     // SAFETY: #[repr(C)] plain-old-data mirror of the kernel's by-value parameter struct.
     unsafe impl DeviceRepr for HmmaParams {}
@@ -528,7 +570,15 @@ mod launch {
         /// As [`Self::load`], with an explicit cache.
         pub fn load_with_cache(ctx: &Arc<CudaContext>, config: HmmaConfig, cache: &KernelCache) -> Result<Self> {
             config.validate()?;
-            let arch = crate::device::target_arch(ctx, KERNEL, Arch::Sm80, HmmaConfig::target_for)?;
+            let arch = if config.varlen {
+                // The targets whose SASS the compile tests check for this variant.
+                let targets = config.targets();
+                crate::device::target_arch(ctx, KERNEL, Arch::Sm80, |cc| {
+                    Arch::for_compute_capability(cc.0, cc.1).into_iter().find(|a| targets.contains(a))
+                })?
+            } else {
+                crate::device::target_arch(ctx, KERNEL, Arch::Sm80, HmmaConfig::target_for)?
+            };
             let (function, compiled) = crate::device::load_function(ctx, cache, &config.request(arch)?, config.tile_for(arch)?.smem_bytes(config.head_dim))?;
             Ok(HmmaKernel { config, arch, function, compiled })
         }
@@ -603,6 +653,12 @@ mod launch {
             ptrs: [u64; 5],
         ) -> Result<()> {
             self.config.validate_args(args)?;
+            if self.config.varlen {
+                return Err(NativeError::InvalidArgs(format!(
+                    "{} is a variable-length variant: launch it with launch_varlen",
+                    self.config.name()
+                )));
+            }
             if mods.is_some() != self.config.mods.is_some() {
                 return Err(NativeError::InvalidArgs(format!(
                     "{}: score-modifier parameters {} for this variant",
@@ -629,6 +685,106 @@ mod launch {
             unsafe { b.launch(cfg) }?;
             Ok(())
         }
+
+        /// Launches a variable-length batch ([`crate::varlen`]) on `stream`: `q`, `k`, `v`, `o`
+        /// packed token-major with `args`' strides (fp16 or bf16 bits as the config says),
+        /// `lse` (optional) f32 `[q_heads, total_q]`, `cu_seqlens_q` / `cu_seqlens_k` int32 of
+        /// exactly `batch + 1` entries. Lengths, shapes and the variant are checked first; the
+        /// cumulative lengths themselves live on the device and must satisfy
+        /// [`VarlenShape::check_cu_seqlens`].
+        #[allow(clippy::too_many_arguments)]
+        pub fn launch_varlen<T, Q, K, V, O, L, C, D>(
+            &self,
+            stream: &Arc<CudaStream>,
+            args: &VarlenShape,
+            q: &Q,
+            k: &K,
+            v: &V,
+            o: &mut O,
+            lse: Option<&mut L>,
+            cu_seqlens_q: &C,
+            cu_seqlens_k: &D,
+        ) -> Result<()>
+        where
+            Q: DevicePtr<T>,
+            K: DevicePtr<T>,
+            V: DevicePtr<T>,
+            O: DevicePtrMut<T>,
+            L: DevicePtrMut<f32>,
+            C: DevicePtr<i32>,
+            D: DevicePtr<i32>,
+        {
+            if std::mem::size_of::<T>() != 2 {
+                return Err(NativeError::InvalidArgs(format!(
+                    "element type must be 2 bytes (fp16/bf16), got {}",
+                    std::mem::size_of::<T>()
+                )));
+            }
+            args.validate(self.config.head_dim)?;
+            let have = VarlenLens {
+                q: q.len(),
+                k: k.len(),
+                v: v.len(),
+                o: o.len(),
+                lse: lse.as_ref().map_or(0, |l| l.len()),
+                cu_seqlens_q: cu_seqlens_q.len(),
+                cu_seqlens_k: cu_seqlens_k.len(),
+            };
+            args.check_lens(&have)?;
+            if lse.as_ref().is_some_and(|l| l.len() == 0) {
+                return Err(NativeError::InvalidArgs("varlen: an LSE buffer of 0 elements".into()));
+            }
+            let (qp, _gq) = q.device_ptr(stream);
+            let (kp, _gk) = k.device_ptr(stream);
+            let (vp, _gv) = v.device_ptr(stream);
+            let (op, _go) = o.device_ptr_mut(stream);
+            let lse = lse.map(|l| l.device_ptr_mut(stream));
+            let (cq, _gcq) = cu_seqlens_q.device_ptr(stream);
+            let (ck, _gck) = cu_seqlens_k.device_ptr(stream);
+            let ptrs = VarlenPtrs {
+                q: qp,
+                k: kp,
+                v: vp,
+                o: op,
+                lse: lse.as_ref().map_or(0, |(p, _)| *p),
+                cu_seqlens_q: cq,
+                cu_seqlens_k: ck,
+            };
+            // SAFETY: lengths were checked against every row the shape names.
+            unsafe { self.launch_varlen_raw(stream, args, &ptrs) }
+        }
+
+        /// Launches a variable-length batch with raw device addresses.
+        ///
+        /// # Safety
+        /// Each address must hold at least [`VarlenShape::required_lens`] elements (2-byte
+        /// tensors, f32 LSE unless 0, int32 `cu_seqlens`) valid until the kernel finishes on
+        /// `stream`, and the cumulative lengths on the device must pass
+        /// [`VarlenShape::check_cu_seqlens`] for `args`.
+        pub unsafe fn launch_varlen_raw(&self, stream: &Arc<CudaStream>, args: &VarlenShape, ptrs: &VarlenPtrs) -> Result<()> {
+            if !self.config.varlen {
+                return Err(NativeError::InvalidArgs(format!(
+                    "{} is not a variable-length variant (HmmaConfig::varlen)",
+                    self.config.name()
+                )));
+            }
+            self.config.validate()?;
+            args.validate(self.config.head_dim)?;
+            VarlenShape::check_ptrs(ptrs)?;
+            let tile = self.config.tile_for(self.arch)?;
+            let (params, vparams) = args.params(ptrs);
+            let cfg = LaunchConfig {
+                grid_dim: args.grid(tile.block_m()),
+                block_dim: (tile.threads(), 1, 1),
+                shared_mem_bytes: tile.smem_bytes(self.config.head_dim),
+            };
+            let mut b = stream.launch_builder(&self.function);
+            b.arg(&params);
+            b.arg(&vparams);
+            // SAFETY: the parameter structs match the kernel's signature; memory per contract.
+            unsafe { b.launch(cfg) }?;
+            Ok(())
+        }
     }
 }
 
@@ -645,7 +801,7 @@ mod tests {
         assert!(matches!(e, NativeError::UnsupportedConfig { .. }), "{e}");
         let e = HmmaConfig::new(128, Dtype::F32, QkAccum::F32, PvAccum::F32).unwrap_err();
         assert!(matches!(&e, NativeError::UnsupportedConfig { reason, .. } if reason.contains("f32 inputs")), "{e}");
-        assert!(HmmaConfig { head_dim: 128, input: Dtype::F32, qk: QkAccum::F32, pv: PvAccum::F32, tile: None, mods: None }
+        assert!(HmmaConfig { head_dim: 128, input: Dtype::F32, qk: QkAccum::F32, pv: PvAccum::F32, tile: None, mods: None, varlen: false }
             .expected_instructions()
             .is_empty());
     }
@@ -675,6 +831,24 @@ mod tests {
         cfg.tile = None;
         let d = cfg.defines(Arch::Sm90).unwrap();
         assert!(d.contains(&("ROWS_PER_WARP".into(), "32".into())) && d.contains(&("Q_IN_REGS".into(), "0".into())));
+    }
+
+    #[test]
+    fn varlen_variants() {
+        let c = HmmaConfig::varlen(128, Dtype::Bf16).unwrap();
+        assert_eq!(c.name(), "fwd_hmma_bf16_f32_f32_d128_varlen");
+        assert_eq!(c.targets(), HmmaConfig::MOD_TARGETS);
+        assert!(c.defines(Arch::Sm90).unwrap().contains(&("VARLEN".into(), "1".into())));
+        // hd128 takes the 16-row tile everywhere; hd64 keeps the table tile.
+        assert_eq!(c.tile_for(Arch::Sm90).unwrap(), HmmaTile::new(4, 64));
+        let c64 = HmmaConfig::varlen(64, Dtype::F16).unwrap();
+        assert_eq!(c64.tile_for(Arch::Sm90).unwrap(), HMMA_TILES[0].tile);
+        assert_eq!(HmmaConfig::all().iter().filter(|c| c.varlen).count(), 4);
+        assert!(matches!(HmmaConfig::varlen(96, Dtype::F16), Err(NativeError::UnsupportedHeadDim { .. })));
+        let f16 = HmmaConfig { pv: PvAccum::F16PerTile, ..c64 };
+        assert!(matches!(f16.validate(), Err(NativeError::UnsupportedConfig { .. })));
+        let m = HmmaConfig { mods: Some(ModVariant::default()), ..c64 };
+        assert!(matches!(m.validate(), Err(NativeError::UnsupportedConfig { .. })));
     }
 
     #[test]

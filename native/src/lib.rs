@@ -31,6 +31,8 @@
 //!   HIP runtime (feature `hip`); not run on hardware.
 //! - [`decode`]: split-KV decode (flash-decoding) on mma.sync, few query rows per KV head
 //!   against a long KV sequence, with the LSE merge of its splits.
+//! - [`varlen`]: variable-length (packed, `cu_seqlens`) batches of the f16/bf16 forward
+//!   kernels, their launch arguments and checks.
 //! - [`device`]: device queries.
 
 pub mod append_kv;
@@ -56,6 +58,7 @@ pub mod sass;
 pub mod tma;
 pub mod tools;
 pub mod mods;
+pub mod varlen;
 pub mod wgmma;
 pub mod wgmma_int8;
 pub mod wgmma_fp8;
@@ -104,4 +107,5 @@ pub use mods::{ModParams, ModValues, ModVariant, MOD_MAX_HEADS, MOD_UNBOUNDED};
 #[cfg(feature = "cuda")]
 pub use wgmma_int8::Int8WgmmaKernel;
 pub use tma::TmaSpec;
+pub use varlen::{VarlenLens, VarlenParams, VarlenPtrs, VarlenShape};
 pub use wgmma_int8::{vt_key, Int8WgmmaConfig, Int8WgmmaParams, Int8WgmmaPv, INT8_FP8_FLUSH, INT8_FP8_TILES};

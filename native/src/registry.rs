@@ -109,8 +109,7 @@ impl NativeKernelId {
     /// The targets the family is compiled for.
     pub fn targets(&self) -> &'static [Arch] {
         match self {
-            NativeKernelId::Hmma(c) if c.mods.is_some() => HmmaConfig::MOD_TARGETS,
-            NativeKernelId::Hmma(_) => HmmaConfig::TARGETS,
+            NativeKernelId::Hmma(c) => c.targets(),
             NativeKernelId::Wgmma(_) => WgmmaConfig::TARGETS,
             NativeKernelId::Int8Imma(_) => Int8Config::TARGETS,
             NativeKernelId::Int8Wgmma(_) => Int8WgmmaConfig::TARGETS,
@@ -129,8 +128,8 @@ impl NativeKernelId {
     /// The target a device of compute capability `cc` runs this kernel as, if any.
     pub fn target_for(&self, cc: (u32, u32)) -> Option<Arch> {
         match self {
-            NativeKernelId::Hmma(c) if c.mods.is_some() => {
-                Arch::for_compute_capability(cc.0, cc.1).into_iter().find(|a| HmmaConfig::MOD_TARGETS.contains(a))
+            NativeKernelId::Hmma(c) if c.mods.is_some() || c.varlen => {
+                Arch::for_compute_capability(cc.0, cc.1).into_iter().find(|a| c.targets().contains(a))
             }
             NativeKernelId::Hmma(_) => HmmaConfig::target_for(cc),
             NativeKernelId::Wgmma(_) => WgmmaConfig::target_for(cc),

@@ -16,6 +16,9 @@
 //! intra-warpgroup pipelining). Same `FwdParams` ABI ([`HmmaParams`]), launch arguments (an
 //! [`AttentionShape`]), masks (sequence end, bottom-right causal), GQA and LSE as
 //! [`crate::hmma`].
+//!
+//! The `_varlen` variants ([`WgmmaConfig::varlen`], launched by `WgmmaKernel::launch_varlen`) run
+//! packed variable-length batches ([`crate::varlen`]) with the same pipeline and tiles.
 
 use crate::arch::Arch;
 use crate::cache::{CompileRequest, FWD_WGMMA};
@@ -25,6 +28,7 @@ use crate::mods::ModVariant;
 #[cfg(test)]
 use crate::mods::{ModParams, ModValues, MOD_MAX_HEADS};
 use crate::tma::{RowsTensor, TmaSpec, WS_CONSUMER_REGS, WS_PRODUCER_REGS};
+use crate::varlen::{VarlenPtrs, VarlenShape};
 use quattn_core::{AttentionShape, Dtype, PvAccum, QkAccum};
 
 const KERNEL: &str = "fwd_wgmma";
@@ -101,6 +105,8 @@ pub struct WgmmaConfig {
     pub tile: Option<WgmmaTile>,
     /// `Some`: the score-modifier variant.
     pub mods: Option<ModVariant>,
+    /// The variable-length variant ([`crate::varlen`]; no score modifiers).
+    pub varlen: bool,
 }
 
 impl WgmmaConfig {
@@ -110,14 +116,21 @@ impl WgmmaConfig {
 
     /// Validated constructor with the table tile.
     pub fn new(head_dim: usize) -> Result<Self> {
-        let cfg = WgmmaConfig { head_dim: head_dim as u32, tile: None, mods: None };
+        let cfg = WgmmaConfig { head_dim: head_dim as u32, tile: None, mods: None, varlen: false };
         cfg.validate()?;
         Ok(cfg)
     }
 
-    /// Head dim in the table; a forced tile has 64 or 128 keys and 2 to 4 stages.
+    /// Head dim in the table; a forced tile has 64 or 128 keys and 2 to 4 stages; varlen
+    /// without score modifiers.
     pub fn validate(&self) -> Result<()> {
         let t = self.tile()?;
+        if self.varlen && self.mods.is_some() {
+            return Err(NativeError::UnsupportedConfig {
+                kernel: KERNEL,
+                reason: "variable-length batches take no score modifiers".into(),
+            });
+        }
         if !(t.block_n == 64 || t.block_n == 128) || !(2..=4).contains(&t.stages) {
             return Err(NativeError::UnsupportedConfig {
                 kernel: KERNEL,
@@ -154,12 +167,18 @@ impl WgmmaConfig {
         Ok(WgmmaConfig { mods: Some(mods), ..Self::new(head_dim)? })
     }
 
-    /// `fwd_wgmma_f16_d128`, with `_w2n128_tma3` etc. for a forced tile and `_mods...` for the
-    /// score-modifier variants.
+    /// The variable-length variant of the table tile ([`crate::varlen`]).
+    pub fn varlen(head_dim: usize) -> Result<Self> {
+        Ok(WgmmaConfig { varlen: true, ..Self::new(head_dim)? })
+    }
+
+    /// `fwd_wgmma_f16_d128`, with `_w2n128_tma3` etc. for a forced tile, `_mods...` for the
+    /// score-modifier variants and `_varlen` for the variable-length ones.
     pub fn name(&self) -> String {
         let forced = self.tile.map(|t| format!("_{}", t.suffix())).unwrap_or_default();
         let mods = self.mods.map(|m| m.suffix()).unwrap_or_default();
-        format!("{KERNEL}_f16_d{}{forced}{mods}", self.head_dim)
+        let varlen = if self.varlen { "_varlen" } else { "" };
+        format!("{KERNEL}_f16_d{}{forced}{mods}{varlen}", self.head_dim)
     }
 
     /// Every variant the report and tests compile: the table tiles, and the other shapes as
@@ -167,15 +186,16 @@ impl WgmmaConfig {
     pub fn all() -> Vec<WgmmaConfig> {
         let mut v = Vec::new();
         for hd in [64u32, 128] {
-            v.push(WgmmaConfig { head_dim: hd, tile: None, mods: None });
+            v.push(WgmmaConfig { head_dim: hd, tile: None, mods: None, varlen: false });
             let table = WGMMA_TILES.iter().find(|(d, _)| *d == hd).map(|(_, t)| *t);
             let forced = [WgmmaTile::new(128, 2), WgmmaTile::new(128, 3)];
             for t in forced.into_iter().filter(|t| Some(*t) != table) {
-                v.push(WgmmaConfig { head_dim: hd, tile: Some(t), mods: None });
+                v.push(WgmmaConfig { head_dim: hd, tile: Some(t), mods: None, varlen: false });
             }
             for (softcap, alibi) in [(false, false), (true, false), (false, true), (true, true)] {
-                v.push(WgmmaConfig { head_dim: hd, tile: None, mods: Some(ModVariant { softcap, alibi }) });
+                v.push(WgmmaConfig { head_dim: hd, tile: None, mods: Some(ModVariant { softcap, alibi }), varlen: false });
             }
+            v.push(WgmmaConfig { head_dim: hd, tile: None, mods: None, varlen: true });
         }
         v
     }
@@ -194,6 +214,9 @@ impl WgmmaConfig {
         ];
         if let Some(m) = self.mods {
             v.extend(m.defines());
+        }
+        if self.varlen {
+            v.push(d("VARLEN", 1));
         }
         Ok(v)
     }
@@ -256,6 +279,30 @@ impl WgmmaConfig {
         ])
     }
 
+    /// The three tensor maps of a varlen launch: each spans every sequence's rows of its packed
+    /// tensor (`total_q` or `total_k` rows, batch extent 1), so a box that runs past a
+    /// sequence's end reads the next sequence's rows (masked keys; Q rows whose O is never
+    /// stored) or zeros past the last row.
+    pub fn tma_specs_varlen(&self, args: &VarlenShape, ptrs: &VarlenPtrs) -> Result<[TmaSpec; 3]> {
+        let t = self.tile()?;
+        args.validate(self.head_dim)?;
+        let x = |addr, heads: usize, len: usize, s: quattn_core::Strides| RowsTensor {
+            addr,
+            elem_bytes: 2,
+            head_dim: self.head_dim as usize,
+            len,
+            heads,
+            batch: 1,
+            // One batch entry: its stride only has to be a valid one (the span of the rows).
+            strides: quattn_core::Strides { batch: s.seq.max(s.head).max(8) * len.max(heads), ..s },
+        };
+        Ok([
+            TmaSpec::rows("Q", x(ptrs.q, args.q_heads, args.total_q, args.q), 64, t.block_m(), 128)?,
+            TmaSpec::rows("K", x(ptrs.k, args.kv_heads, args.total_k.max(1), args.k), 64, t.block_n, 128)?,
+            TmaSpec::rows("V", x(ptrs.v, args.kv_heads, args.total_k.max(1), args.v), 64, t.block_n, 128)?,
+        ])
+    }
+
     /// Grid `(query blocks, q_heads, batch)`, block [`WgmmaTile::threads`] threads.
     pub fn launch_shape(&self, args: &AttentionShape) -> Result<WgmmaLaunchShape> {
         let t = self.tile()?;
@@ -281,6 +328,7 @@ mod launch {
     use crate::cache::{CompiledKernel, KernelCache};
     use crate::tma::TmaMapCache;
     use crate::mods::ModParams;
+    use crate::varlen::VarlenLens;
 
     /// One wgmma variant loaded into a CUDA context (compute capability 9.0 only).
     #[derive(Debug)]
@@ -372,6 +420,12 @@ mod launch {
             ptrs: [u64; 5],
         ) -> Result<()> {
             self.config.validate_args(args)?;
+            if self.config.varlen {
+                return Err(NativeError::InvalidArgs(format!(
+                    "{} is a variable-length variant: launch it with launch_varlen",
+                    self.config.name()
+                )));
+            }
             if mods.is_some() != self.config.mods.is_some() {
                 return Err(NativeError::InvalidArgs(format!(
                     "{}: score-modifier parameters {} for this variant",
@@ -400,6 +454,107 @@ mod launch {
             unsafe { b.launch(cfg) }?;
             Ok(())
         }
+
+        /// Launches a variable-length batch ([`crate::varlen`]) on `stream`: `q`, `k`, `v`, `o`
+        /// packed token-major with `args`' strides, `lse` (optional) f32 `[q_heads, total_q]`,
+        /// `cu_seqlens_q` / `cu_seqlens_k` int32 of exactly `batch + 1` entries. Lengths, shapes
+        /// and the variant are checked first; the cumulative lengths themselves live on the
+        /// device and must satisfy [`VarlenShape::check_cu_seqlens`].
+        #[allow(clippy::too_many_arguments)]
+        pub fn launch_varlen<T, Q, K, V, O, L, C, D>(
+            &self,
+            stream: &Arc<CudaStream>,
+            args: &VarlenShape,
+            q: &Q,
+            k: &K,
+            v: &V,
+            o: &mut O,
+            lse: Option<&mut L>,
+            cu_seqlens_q: &C,
+            cu_seqlens_k: &D,
+        ) -> Result<()>
+        where
+            Q: DevicePtr<T>,
+            K: DevicePtr<T>,
+            V: DevicePtr<T>,
+            O: DevicePtrMut<T>,
+            L: DevicePtrMut<f32>,
+            C: DevicePtr<i32>,
+            D: DevicePtr<i32>,
+        {
+            if std::mem::size_of::<T>() != 2 {
+                return Err(NativeError::InvalidArgs(format!(
+                    "element type must be 2 bytes (fp16), got {}",
+                    std::mem::size_of::<T>()
+                )));
+            }
+            args.validate(self.config.head_dim)?;
+            let have = VarlenLens {
+                q: q.len(),
+                k: k.len(),
+                v: v.len(),
+                o: o.len(),
+                lse: lse.as_ref().map_or(0, |l| l.len()),
+                cu_seqlens_q: cu_seqlens_q.len(),
+                cu_seqlens_k: cu_seqlens_k.len(),
+            };
+            args.check_lens(&have)?;
+            if lse.as_ref().is_some_and(|l| l.len() == 0) {
+                return Err(NativeError::InvalidArgs("varlen: an LSE buffer of 0 elements".into()));
+            }
+            let (qp, _gq) = q.device_ptr(stream);
+            let (kp, _gk) = k.device_ptr(stream);
+            let (vp, _gv) = v.device_ptr(stream);
+            let (op, _go) = o.device_ptr_mut(stream);
+            let lse = lse.map(|l| l.device_ptr_mut(stream));
+            let (cq, _gcq) = cu_seqlens_q.device_ptr(stream);
+            let (ck, _gck) = cu_seqlens_k.device_ptr(stream);
+            let ptrs = VarlenPtrs {
+                q: qp,
+                k: kp,
+                v: vp,
+                o: op,
+                lse: lse.as_ref().map_or(0, |(p, _)| *p),
+                cu_seqlens_q: cq,
+                cu_seqlens_k: ck,
+            };
+            // SAFETY: lengths were checked against every row the shape names.
+            unsafe { self.launch_varlen_raw(stream, args, &ptrs) }
+        }
+
+        /// Launches a variable-length batch with raw device addresses.
+        ///
+        /// # Safety
+        /// Each address must hold at least [`VarlenShape::required_lens`] elements (2-byte
+        /// tensors, f32 LSE unless 0, int32 `cu_seqlens`) valid until the kernel finishes on
+        /// `stream`, and the cumulative lengths on the device must pass
+        /// [`VarlenShape::check_cu_seqlens`] for `args`.
+        pub unsafe fn launch_varlen_raw(&self, stream: &Arc<CudaStream>, args: &VarlenShape, ptrs: &VarlenPtrs) -> Result<()> {
+            if !self.config.varlen {
+                return Err(NativeError::InvalidArgs(format!(
+                    "{} is not a variable-length variant (WgmmaConfig::varlen)",
+                    self.config.name()
+                )));
+            }
+            self.config.validate()?;
+            args.validate(self.config.head_dim)?;
+            VarlenShape::check_ptrs(ptrs)?;
+            let t = self.config.tile()?;
+            let (params, vparams) = args.params(ptrs);
+            let maps = self.maps.maps(&self.config.tma_specs_varlen(args, ptrs)?)?;
+            let cfg = LaunchConfig {
+                grid_dim: args.grid(t.block_m()),
+                block_dim: (t.threads(), 1, 1),
+                shared_mem_bytes: self.config.smem_bytes()?,
+            };
+            let mut b = stream.launch_builder(&self.function);
+            b.arg(&params);
+            b.arg(&maps);
+            b.arg(&vparams);
+            // SAFETY: the parameter structs match the kernel's signature; memory per contract.
+            unsafe { b.launch(cfg) }?;
+            Ok(())
+        }
     }
 }
 
@@ -422,16 +577,16 @@ mod tests {
         assert!(d.contains(&("BLOCK_N".into(), "128".into())) && d.contains(&("KV_STAGES".into(), "2".into())));
         assert!(d.contains(&("PRODUCER_REGS".into(), "24".into())) && d.contains(&("CONSUMER_REGS".into(), "240".into())));
         // A forced tile: 3 stages, 13 mbarriers.
-        let t3 = WgmmaConfig { head_dim: 64, tile: Some(WgmmaTile::new(128, 3)), mods: None };
+        let t3 = WgmmaConfig { head_dim: 64, tile: Some(WgmmaTile::new(128, 3)), mods: None, varlen: false };
         assert_eq!(t3.name(), "fwd_wgmma_f16_d64_w2n128_tma3");
         assert_eq!(t3.smem_bytes().unwrap(), 128 * 128 + 6 * 128 * 128 + 8 * 13 + 1024);
         assert!(t3.defines().unwrap().contains(&("KV_STAGES".into(), "3".into())));
         // 64 keys fit; 96 keys, 1 or 5 stages do not; four stages at hd 128 exceed shared memory.
-        assert!(WgmmaConfig { head_dim: 128, tile: Some(WgmmaTile::new(64, 4)), mods: None }.validate().is_ok());
+        assert!(WgmmaConfig { head_dim: 128, tile: Some(WgmmaTile::new(64, 4)), mods: None, varlen: false }.validate().is_ok());
         for bad in [WgmmaTile::new(96, 2), WgmmaTile::new(128, 1), WgmmaTile::new(64, 5)] {
-            assert!(WgmmaConfig { head_dim: 64, tile: Some(bad), mods: None }.validate().is_err(), "{bad:?}");
+            assert!(WgmmaConfig { head_dim: 64, tile: Some(bad), mods: None, varlen: false }.validate().is_err(), "{bad:?}");
         }
-        assert!(WgmmaConfig { head_dim: 128, tile: Some(WgmmaTile::new(128, 4)), mods: None }.validate().is_err());
+        assert!(WgmmaConfig { head_dim: 128, tile: Some(WgmmaTile::new(128, 4)), mods: None, varlen: false }.validate().is_err());
         let c64 = WgmmaConfig::new(64).unwrap();
         assert_eq!(
             c64.expected_instructions(),
@@ -489,6 +644,29 @@ mod tests {
         assert!(ModParams::new(&c.name(), c.mods, &many, &ModValues { sinks: None, ..v }).unwrap_err().to_string().contains("at most 128"));
         // Every modifier variant is compiled by the SASS tests (`all`).
         assert_eq!(WgmmaConfig::all().iter().filter(|c| c.mods.is_some()).count(), 8);
+    }
+
+    #[test]
+    fn varlen_variant_names_defines_and_tensor_maps() {
+        let c = WgmmaConfig::varlen(128).unwrap();
+        assert_eq!(c.name(), "fwd_wgmma_f16_d128_varlen");
+        assert!(c.defines().unwrap().contains(&("VARLEN".into(), "1".into())));
+        assert!(!WgmmaConfig::new(128).unwrap().defines().unwrap().iter().any(|(k, _)| k == "VARLEN"));
+        assert_eq!(WgmmaConfig::all().iter().filter(|c| c.varlen).count(), 2);
+        assert!(matches!(WgmmaConfig::varlen(80), Err(NativeError::UnsupportedHeadDim { .. })));
+        let m = WgmmaConfig { mods: Some(ModVariant::default()), ..c };
+        assert!(matches!(m.validate(), Err(NativeError::UnsupportedConfig { .. })));
+        // Packed [total, heads, d]: maps over all rows of each tensor, batch extent 1.
+        let a = VarlenShape::packed(3, 1000, 1200, 600, 700, 8, 2, 128, true);
+        let ptrs = VarlenPtrs { q: 0x1000, k: 0x2000, v: 0x3000, o: 0x4000, lse: 0, cu_seqlens_q: 0x5000, cu_seqlens_k: 0x6000 };
+        let [q, k, v] = c.tma_specs_varlen(&a, &ptrs).unwrap();
+        assert_eq!((q.dims, q.box_dims), ([128, 1000, 8, 1], [64, 128, 1, 1]));
+        assert_eq!((q.strides[0], q.strides[1]), (8 * 256, 256));
+        assert_eq!((k.dims, k.strides[0], v.addr), ([128, 1200, 2, 1], 2 * 256, 0x3000));
+        assert!(q.strides[2] % 16 == 0 && k.strides[2] % 16 == 0);
+        // A head dim the variant does not have is refused before any map.
+        let b = VarlenShape::packed(3, 1000, 1200, 600, 700, 8, 2, 64, true);
+        assert!(matches!(c.tma_specs_varlen(&b, &ptrs), Err(NativeError::InvalidArgs(_))));
     }
 
     #[test]
