@@ -375,9 +375,9 @@ mod cuda {
         pub o: u64,
         /// 0 when the caller wants no LSE (the backend supplies scratch where a kernel needs one).
         pub lse: u64,
-        /// A paged plan's block table and lengths on the device (0: the backend copies the
+        /// A paged or variable-length plan's tables on the device (0: the backend copies the
         /// plan's).
-        pub paged: u64,
+        pub tables: u64,
     }
 
     impl Session {
@@ -414,7 +414,7 @@ mod cuda {
             }
             check_outputs(plan, &o, lse.as_ref())?;
             let cuda = self.cuda_backend()?;
-            let call = CudaCall { q: q.ptr, k: k.ptr, v: v.ptr, o: o.ptr, lse: lse.as_ref().map_or(0, |l| l.ptr), paged: 0 };
+            let call = CudaCall { q: q.ptr, k: k.ptr, v: v.ptr, o: o.ptr, lse: lse.as_ref().map_or(0, |l| l.ptr), tables: 0 };
             cuda.run_raw(plan, stream, &call)
             // The cudarc guards drop here, after the launch is enqueued.
         }

@@ -89,9 +89,10 @@ impl Family {
 
 impl Family {
     /// Whether the family takes variable-length (packed) batches ([`crate::varlen`]): the CPU
-    /// kernels and the portable FMA row (whose test refuses its packed-f16 kernel).
+    /// kernels, the portable FMA row (whose test refuses its packed-f16 kernel) and the native
+    /// wgmma and HMMA rows (their varlen variants: f32 accumulation, no score modifiers).
     pub fn has_varlen(self) -> bool {
-        matches!(self, Family::Cpu | Family::Portable(PortableKind::Fma))
+        matches!(self, Family::Cpu | Family::Portable(PortableKind::Fma) | Family::Native(NativeKind::Wgmma) | Family::Native(NativeKind::Hmma))
     }
 }
 

@@ -26,7 +26,12 @@ fn check(p: &AttentionProblem, precision: Precision, seed: u64) -> (Vec<f32>, Ve
 
 #[allow(clippy::type_complexity)]
 fn check_on(s: &Session, p: &AttentionProblem, precision: Precision, seed: u64) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) {
-    let plan = s.plan(p, precision, Strategy::Auto).unwrap_or_else(|e| panic!("plan {p:?}: {e}"));
+    check_with(s, p, precision, Strategy::Auto, seed)
+}
+
+#[allow(clippy::type_complexity)]
+fn check_with(s: &Session, p: &AttentionProblem, precision: Precision, strategy: Strategy, seed: u64) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) {
+    let plan = s.plan(p, precision, strategy).unwrap_or_else(|e| panic!("plan {p:?}: {e}"));
     let (q, k, v) = inputs::qkv(p, seed);
     let dt = precision.input_dtype();
     let (q, k, v) = (HostSlice::F32(&q).rounded_to(dt), HostSlice::F32(&k).rounded_to(dt), HostSlice::F32(&v).rounded_to(dt));
@@ -211,4 +216,35 @@ fn wgpu_portable_matches_the_reference() {
     check_on(&s, &p, Precision::F32, 60);
     let p = packed(&[1, 1], &[300, 20], 8, 2, 64);
     assert!(matches!(s.plan(&p, Precision::F16_DEFAULT, Strategy::PortableFamily(PortableKind::Decode)), Err(Error::UnsupportedVarLen { .. })));
+}
+
+/// The native varlen variants (wgmma on sm_90a, HMMA f16/bf16 elsewhere and forced) against
+/// the f64 reference; with a score modifier Auto moves on to the portable FMA kernel, the native
+/// varlen variants having none. Skips without a CUDA device.
+#[cfg(feature = "cuda")]
+mod cuda {
+    use super::*;
+    use quattn::{Family, NativeKind};
+
+    #[test]
+    fn native_varlen_kernels_match_the_reference() {
+        let Some(s) = common::open(Device::Cuda(0)) else { return };
+        let cases = [
+            packed(&[1000, 1, 0, 257, 64, 3000], &[1000, 1, 5, 300, 64, 2000], 16, 4, 128).causal(true),
+            packed(&[513, 77, 2048, 5], &[513, 900, 100, 5], 8, 8, 64),
+        ];
+        for (i, p) in cases.iter().enumerate() {
+            let seed = 70 + 10 * i as u64;
+            let plan = s.plan(p, Precision::F16_DEFAULT, Strategy::Auto).unwrap();
+            assert!(matches!(plan.family(), Family::Native(NativeKind::Wgmma | NativeKind::Hmma)), "{}", plan.kernel_name());
+            check_with(&s, p, Precision::F16_DEFAULT, Strategy::Auto, seed);
+            check_with(&s, p, Precision::F16_DEFAULT, Strategy::Native(NativeKind::Hmma), seed + 1);
+            check_with(&s, p, Precision::BF16_DEFAULT, Strategy::Auto, seed + 2);
+        }
+        let p = cases[1].clone().window(64, 0);
+        let plan = s.plan(&p, Precision::F16_DEFAULT, Strategy::Auto).unwrap();
+        assert_eq!(plan.family(), Family::Portable(PortableKind::Fma), "{}", plan.kernel_name());
+        check_with(&s, &p, Precision::F16_DEFAULT, Strategy::Auto, 99);
+        assert!(matches!(s.plan(&p, Precision::F16_DEFAULT, Strategy::Native(NativeKind::Wgmma)), Err(Error::UnsupportedFeature { .. })));
+    }
 }

@@ -3,7 +3,7 @@
 //! library's reason; any failure makes the exit status non-zero.
 
 use indicatif::{ProgressBar, ProgressStyle};
-use quattn::{AttentionProblem, CausalAlign, Device, Error, Family, Layout, Precision, Session, Strategy};
+use quattn::{AttentionProblem, CausalAlign, Device, Error, Family, Layout, Precision, Session, Strategy, VarLen};
 use serde::Serialize;
 
 use crate::args::{DeviceArg, SelftestArgs};
@@ -45,12 +45,17 @@ pub fn shapes(quick: bool) -> Vec<AttentionProblem> {
         // Paged KV: shuffled pages of 16 keys, ragged lengths (one shorter than a page), a
         // decode step over GQA (the paged decode kernel on CUDA, the CPU elsewhere).
         AttentionProblem::new(3, 8, 1, 128).kv_heads(2).paged_kv(quattn::inputs::paged_kv(16, &[1000, 9, 333], 1, 2, 7)),
+        // A variable-length batch: ragged packed sequences, an empty query sequence, q_len
+        // above and below kv_len, causal over GQA (the varlen kernels on every device).
+        AttentionProblem::new(1, 8, 1, 128).kv_heads(2).causal(true).varlen(VarLen::from_lengths(&[300, 1, 0, 129], &[300, 40, 7, 500])),
     ];
     if !quick {
         v.push(AttentionProblem::new(2, 8, 256, 128).kv_heads(1).causal(true));
         v.push(AttentionProblem::new(1, 4, 513, 64).kv_len(1031).layout(Layout::Bshd));
         // Paged, pages of 256 keys, a causal chunk of 4 positions, BSHD.
         v.push(AttentionProblem::new(2, 8, 4, 64).kv_heads(2).causal(true).layout(Layout::Bshd).paged_kv(quattn::inputs::paged_kv(256, &[700, 260], 0, 1, 8)));
+        // Variable-length, non-causal, a sequence without keys.
+        v.push(AttentionProblem::new(1, 4, 1, 64).varlen(VarLen::from_lengths(&[65, 700, 3], &[129, 0, 64])));
     }
     v.into_iter().map(|p| p.with_lse(true)).collect()
 }
@@ -261,8 +266,9 @@ fn run_case(session: &Session, p: &AttentionProblem, prec: Precision, strategy: 
     let (q, k, v) = check::inputs(p, prec, 0x5e1f ^ (p.q_len as u64 * 131 + p.head_dim as u64));
     let result = session.run(&plan, &q, &k, &v).map_err(anyhow::Error::from).and_then(|out| {
         let acc = check::check(p, prec, &q, &k, &v, &out)?;
-        // The emulations model neither score modifiers nor paged K/V (they refuse both).
-        let vs_emu = if strategy == Strategy::Reference || p.has_modifiers() || p.paged.is_some() {
+        // The emulations model neither score modifiers, paged K/V nor variable-length batches
+        // (they refuse all three).
+        let vs_emu = if strategy == Strategy::Reference || p.has_modifiers() || p.paged.is_some() || p.varlen.is_some() {
             None
         } else {
             // The plan's blocking: the INT8 scale layout follows the kernel's tiles.

@@ -33,7 +33,7 @@ use quattn_native::wgmma_fp8::{Fp8WgmmaConfig, Fp8WgmmaUnit};
 use quattn_native::decode::{DecodeConfig, DecodePtrs, DecodeUnit, PagedArgs};
 use quattn_native::{
     DescaleGranularity, Fp8Args, Fp8MmaConfig, Fp8MmaUnit, Fp8PrepassConfig, Fp8PrepassPtrs, Fp8Ptrs, Fp8P, HmmaConfig, Int8Args, Int8Config, Int8PrepassConfig, Int8Ptrs, Int8UmmaConfig, Int8WgmmaConfig, Loaded,
-    ModParams, ModValues, ModVariant, ModuleStore, NativeError, NativeKernelId, PrepassLens, PrepassPtrs, WgmmaConfig,
+    ModParams, ModValues, ModVariant, ModuleStore, NativeError, NativeKernelId, PrepassLens, PrepassPtrs, VarlenPtrs, VarlenShape, WgmmaConfig,
 };
 
 use super::gpu::{CubeclBackend, GpuData};
@@ -66,10 +66,15 @@ pub(crate) struct CudaBackend {
     decode_scratch: Mutex<HashMap<usize, DecodeBuffers>>,
 }
 
-/// A paged problem's block table followed by its lengths, as the paged decode variants read
-/// them from one i32 buffer (`None` for other problems).
-fn paged_words(p: &AttentionProblem) -> Option<Vec<i32>> {
-    p.paged.as_ref().map(|pg| pg.block_table.iter().chain(pg.seq_lens.iter()).copied().collect())
+/// A problem's host tables as its kernel reads them from one i32 buffer: a paged cache's block
+/// table followed by its lengths (the paged decode variants), a variable-length batch's
+/// `cu_seqlens_q` followed by `cu_seqlens_k` (the varlen variants); `None` for other problems.
+fn table_words(p: &AttentionProblem) -> Option<Vec<i32>> {
+    match (&p.paged, &p.varlen) {
+        (Some(pg), _) => Some(pg.block_table.iter().chain(pg.seq_lens.iter()).copied().collect()),
+        (None, Some(vl)) => Some(vl.words()),
+        (None, None) => None,
+    }
 }
 
 /// The f32 partial states of split-KV decode, with their element counts.
@@ -125,8 +130,8 @@ struct Int8Buffers {
 #[derive(Default)]
 struct Scratch {
     lse: Option<CudaSlice<f32>>,
-    /// A paged plan's block table and lengths ([`paged_words`]), copied per device-tensor call.
-    paged: Option<CudaSlice<i32>>,
+    /// A paged or variable-length plan's tables ([`table_words`]), copied per device-tensor call.
+    tables: Option<CudaSlice<i32>>,
     int8: Option<Int8Buffers>,
     fp8: Fp8Scratch,
 }
@@ -154,8 +159,8 @@ struct NativeData {
 /// What the host path keeps of Q, K and V.
 enum NativeInputs {
     /// f16/bf16 bits, and the INT8 prepass outputs of INT8 plans (rewritten every execution).
-    /// A paged plan's block table and lengths ([`paged_words`]) ride along.
-    Float { q: CudaSlice<u16>, k: CudaSlice<u16>, v: CudaSlice<u16>, int8: Option<Int8Buffers>, paged: Option<CudaSlice<i32>> },
+    /// A paged or variable-length plan's tables ([`table_words`]) ride along.
+    Float { q: CudaSlice<u16>, k: CudaSlice<u16>, v: CudaSlice<u16>, int8: Option<Int8Buffers>, tables: Option<CudaSlice<i32>> },
     /// FP8 codes and descales, and the Vᵀ the family's prepass wrote once at upload: V is fixed
     /// for resident data, so an execution runs the attention kernel alone.
     Fp8(Fp8Buffers),
@@ -259,6 +264,49 @@ fn with_mod_variant<C: Copy>(
     Ok(config)
 }
 
+/// A variable-length problem as the native varlen variants take it (packed strides, each
+/// sequence's rows found through the offsets `table_words` uploads).
+fn varlen_shape(p: &AttentionProblem) -> Option<VarlenShape> {
+    let vl = p.varlen.as_ref()?;
+    let s = p.shape();
+    Some(VarlenShape {
+        batch: p.batch,
+        total_q: vl.total_q(),
+        total_k: vl.total_k(),
+        max_q_len: p.q_len,
+        max_kv_len: p.kv_len,
+        q_heads: p.q_heads,
+        kv_heads: p.kv_heads,
+        head_dim: p.head_dim,
+        v_head_dim: p.v_head_dim,
+        causal: p.causal,
+        scale: p.softmax_scale(),
+        q: s.q,
+        k: s.k,
+        v: s.v,
+        o: s.o,
+    })
+}
+
+/// The varlen variant of a native f16/bf16 family for a variable-length problem, checked
+/// against the shape and the offsets (the host copy the kernel will read); `Ok(None)` for a
+/// dense problem. The varlen variants have no score modifiers.
+fn varlen_config<C>(
+    problem: &AttentionProblem,
+    name: &str,
+    config: impl FnOnce() -> std::result::Result<C, NativeError>,
+    check: impl FnOnce(&C, &VarlenShape) -> std::result::Result<(), NativeError>,
+) -> std::result::Result<Option<C>, Reject> {
+    let (Some(vl), Some(shape)) = (&problem.varlen, varlen_shape(problem)) else { return Ok(None) };
+    registry::refuse_modifiers(problem, format!("the {name} variable-length variants"))?;
+    let refuse = |e: NativeError| Reject::Refused(Error::UnsupportedVarLen { kernel: format!("the {name} kernels: {e}") });
+    let config = config().map_err(refuse)?;
+    shape.validate(problem.head_dim as u32).map_err(refuse)?;
+    shape.check_cu_seqlens(&vl.cu_seqlens_q, &vl.cu_seqlens_k).map_err(refuse)?;
+    check(&config, &shape).map_err(refuse)?;
+    Ok(Some(config))
+}
+
 fn hmma_config(problem: &AttentionProblem, precision: Precision) -> std::result::Result<HmmaConfig, String> {
     let (input, qk, pv) = match precision {
         Precision::F16 { qk, pv } => (Dtype::F16, qk, pv),
@@ -312,6 +360,14 @@ impl CudaBackend {
             return not_applicable(format!("the wgmma kernel needs compute capability 9.0 (sm_90a), this device is {}.{}", self.cc.0, self.cc.1));
         }
         let hmma = hmma_config(problem, precision).map_err(Reject::NotApplicable)?;
+        if let Some(config) = varlen_config(
+            problem,
+            "wgmma",
+            || WgmmaConfig::varlen(problem.head_dim),
+            |c, shape| c.tma_specs_varlen(shape, &VarlenPtrs::default()).map(|_| ()),
+        )? {
+            return self.native_choice(NativeKernelId::Wgmma(config), None, None);
+        }
         let config = WgmmaConfig::new(problem.head_dim).map_err(|e| Reject::NotApplicable(e.to_string()))?;
         hmma.validate_args(&problem.shape()).map_err(|e| Reject::NotApplicable(e.to_string()))?;
         // The tensor maps' rules (byte strides positive multiples of 16 below 2^40), on a
@@ -396,6 +452,13 @@ impl CudaBackend {
         let config = hmma_config(problem, precision).map_err(Reject::NotApplicable)?;
         if HmmaConfig::target_for(self.cc).is_none() {
             return not_applicable(format!("the HMMA kernels need sm_80 or newer, this device is {}.{}", self.cc.0, self.cc.1));
+        }
+        if problem.varlen.is_some() && (config.qk != QkAccum::F32 || config.pv != PvAccum::F32) {
+            // The varlen variants accumulate in f32 only.
+            registry::refuse_varlen(problem, format!("{} (f16 accumulation)", config.name()))?;
+        }
+        if let Some(config) = varlen_config(problem, "HMMA", || HmmaConfig::varlen(problem.head_dim, config.input), |_, _| Ok(()))? {
+            return self.native_choice(NativeKernelId::Hmma(config), None, None);
         }
         config.validate_args(&problem.shape()).map_err(|e| Reject::NotApplicable(e.to_string()))?;
         if problem.has_modifiers() && (config.qk != QkAccum::F32 || config.pv != PvAccum::F32) {
@@ -752,6 +815,16 @@ impl CudaBackend {
         Ok(b)
     }
 
+    /// A varlen launch's pointers: the call's buffers and the offsets in `call.tables`
+    /// (`cu_seqlens_q` then `cu_seqlens_k`, [`table_words`]).
+    fn varlen_ptrs(&self, plan: &Plan, call: &CudaCall) -> Result<VarlenPtrs> {
+        if call.tables == 0 {
+            return Err(Error::Kernel { kernel: plan.kernel_name(), reason: "a variable-length plan without its offsets on the device".into() });
+        }
+        let n = plan.problem.batch as u64 + 1;
+        Ok(VarlenPtrs { q: call.q, k: call.k, v: call.v, o: call.o, lse: call.lse, cu_seqlens_q: call.tables, cu_seqlens_k: call.tables + 4 * n })
+    }
+
     /// Enqueues the plan's native kernel (after its prepass, for INT8) on `stream` over the
     /// buffers of `call` (LSE required) and `int8`. With `timed`, events bracket the attention
     /// kernel alone and the call waits for them, returning its milliseconds.
@@ -786,6 +859,21 @@ impl CudaBackend {
             Ok(())
         };
         match &*kernel {
+            Loaded::Hmma(k) if k.config().varlen => {
+                let ptrs = self.varlen_ptrs(plan, call)?;
+                let shape = varlen_shape(p).ok_or_else(|| Error::Kernel { kernel: name(), reason: "a varlen kernel for a dense problem".into() })?;
+                record(&start)?;
+                // SAFETY: as below; the offsets were validated with the plan against the
+                // buffers' totals and copied to `call.tables` on this stream.
+                unsafe { k.launch_varlen_raw(stream, &shape, &ptrs) }.map_err(failed)?;
+            }
+            Loaded::Wgmma(k) if k.config().varlen => {
+                let ptrs = self.varlen_ptrs(plan, call)?;
+                let shape = varlen_shape(p).ok_or_else(|| Error::Kernel { kernel: name(), reason: "a varlen kernel for a dense problem".into() })?;
+                record(&start)?;
+                // SAFETY: as for the HMMA varlen variant.
+                unsafe { k.launch_varlen_raw(stream, &shape, &ptrs) }.map_err(failed)?;
+            }
             Loaded::Hmma(k) => {
                 let mods = match k.config().mods {
                     Some(v) => Some(mod_params(&k.config().name(), v, p).map_err(failed)?),
@@ -816,14 +904,14 @@ impl CudaBackend {
                 };
                 let mut ptrs = DecodePtrs { q: call.q, k: call.k, v: call.v, o: call.o, lse: call.lse, part_o, part_lse, ..Default::default() };
                 match (&p.paged, k.config().paged) {
-                    (Some(pg), true) if call.paged != 0 => {
-                        ptrs.block_table = call.paged;
-                        ptrs.seq_lens = call.paged + 4 * pg.block_table.len() as u64;
+                    (Some(pg), true) if call.tables != 0 => {
+                        ptrs.block_table = call.tables;
+                        ptrs.seq_lens = call.tables + 4 * pg.block_table.len() as u64;
                         let geometry = PagedArgs { page_size: pg.page_size as u32, max_pages: pg.max_pages as u32, num_pages: pg.num_pages as u32 };
                         record(&start)?;
                         // SAFETY: as above; the table and lengths were validated with the plan
                         // (every entry a sequence reads is a page of the pool) and copied to
-                        // `call.paged` on this stream.
+                        // `call.tables` on this stream.
                         unsafe { k.launch_paged_raw(stream, &shape, geometry, split, &ptrs) }.map_err(failed)?;
                     }
                     (None, false) => {
@@ -916,13 +1004,13 @@ impl CudaBackend {
         if call.lse == 0 {
             call.lse = self.lse_scratch(plan, stream, s)?;
         }
-        if let Some(words) = paged_words(&plan.problem) {
+        if let Some(words) = table_words(&plan.problem) {
             // The table is host data of the plan: copied on the caller's stream, before the
             // launch that reads it.
-            self.grow(&mut s.paged, words.len())?;
-            let buf = s.paged.as_mut().ok_or_else(|| Error::Kernel { kernel: plan.kernel_name(), reason: "paged scratch missing".into() })?;
+            self.grow(&mut s.tables, words.len())?;
+            let buf = s.tables.as_mut().ok_or_else(|| Error::Kernel { kernel: plan.kernel_name(), reason: "table scratch missing".into() })?;
             stream.memcpy_htod(&words, &mut buf.slice_mut(..words.len())).map_err(driver_of(plan))?;
-            call.paged = buf.device_ptr_mut(stream).0;
+            call.tables = buf.device_ptr_mut(stream).0;
         }
         if matches!(plan.precision, Precision::Fp8 { .. }) {
             let (config, args) = self.fp8_prepass_of(plan)?;
@@ -1050,9 +1138,9 @@ impl CudaBackend {
         let stream = self.stream.clone();
         let (o, lse) = (d.o.device_ptr_mut(&stream).0, d.lse.device_ptr_mut(&stream).0);
         match &mut d.inputs {
-            NativeInputs::Float { q, k, v, int8, paged } => {
-                let paged = paged.as_mut().map_or(0, |x| x.device_ptr_mut(&stream).0);
-                let call = CudaCall { q: q.device_ptr_mut(&stream).0, k: k.device_ptr_mut(&stream).0, v: v.device_ptr_mut(&stream).0, o, lse, paged };
+            NativeInputs::Float { q, k, v, int8, tables } => {
+                let tables = tables.as_mut().map_or(0, |x| x.device_ptr_mut(&stream).0);
+                let call = CudaCall { q: q.device_ptr_mut(&stream).0, k: k.device_ptr_mut(&stream).0, v: v.device_ptr_mut(&stream).0, o, lse, tables };
                 self.launch_native(plan, &stream, &call, int8.as_mut(), timed)
             }
             NativeInputs::Fp8(b) => {
@@ -1190,7 +1278,7 @@ impl Backend for CudaBackend {
                 k: s.clone_htod(&bits(k, dtype)).map_err(&e)?,
                 v: s.clone_htod(&bits(v, dtype)).map_err(&e)?,
                 int8,
-                paged: paged_words(p).map(|w| s.clone_htod(&w)).transpose().map_err(&e)?,
+                tables: table_words(p).map(|w| s.clone_htod(&w)).transpose().map_err(&e)?,
             },
         }))
     }
@@ -1360,7 +1448,7 @@ impl Backend for CudaBackend {
             return self.portable.launch(plan, &d);
         }
         let ptr = |h: &cubecl::server::Handle| self.portable.device_ptr(h);
-        let call = CudaCall { q: ptr(t.q)?, k: ptr(t.k)?, v: ptr(t.v)?, o: ptr(t.o)?, lse: t.lse.map(ptr).transpose()?.unwrap_or(0), paged: 0 };
+        let call = CudaCall { q: ptr(t.q)?, k: ptr(t.k)?, v: ptr(t.v)?, o: ptr(t.o)?, lse: t.lse.map(ptr).transpose()?.unwrap_or(0), tables: 0 };
         self.portable.synchronize()?;
         let stream = self.stream.clone();
         self.run_raw(plan, &stream, &call)?;

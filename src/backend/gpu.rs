@@ -497,10 +497,6 @@ impl<R: Runtime> CubeclBackend<R> {
             [words(&vl.cu_seqlens_q), words(&vl.cu_seqlens_k)]
         })
     }
-
-    pub(crate) fn empty(&self, bytes: usize) -> Handle {
-        self.client.empty(bytes)
-    }
 }
 
 /// Whether CubeCL compiles this wgpu client's kernels to SPIR-V. CubeCL 0.10 does not say so
