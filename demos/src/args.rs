@@ -418,8 +418,8 @@ pub struct SelftestArgs {
     #[arg(long)]
     pub json: bool,
     /// Only the case groups whose name contains this: `matrix` (every precision x shape x
-    /// family), `int8-prepass`, `fp8` (the native FP8 prepass and CUDA entry points),
-    /// `device-tensors`.
+    /// family), `mods` (the score modifiers), `varlen` (variable-length batches),
+    /// `int8-prepass`, `fp8` (the native FP8 prepass and CUDA entry points), `device-tensors`.
     #[arg(long)]
     pub only: Option<String>,
     /// Run only shard I of N (`I/N`, 0-based): cases are dealt round-robin, so N processes with

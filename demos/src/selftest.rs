@@ -45,17 +45,12 @@ pub fn shapes(quick: bool) -> Vec<AttentionProblem> {
         // Paged KV: shuffled pages of 16 keys, ragged lengths (one shorter than a page), a
         // decode step over GQA (the paged decode kernel on CUDA, the CPU elsewhere).
         AttentionProblem::new(3, 8, 1, 128).kv_heads(2).paged_kv(quattn::inputs::paged_kv(16, &[1000, 9, 333], 1, 2, 7)),
-        // A variable-length batch: ragged packed sequences, an empty query sequence, q_len
-        // above and below kv_len, causal over GQA (the varlen kernels on every device).
-        AttentionProblem::new(1, 8, 1, 128).kv_heads(2).causal(true).varlen(VarLen::from_lengths(&[300, 1, 0, 129], &[300, 40, 7, 500])),
     ];
     if !quick {
         v.push(AttentionProblem::new(2, 8, 256, 128).kv_heads(1).causal(true));
         v.push(AttentionProblem::new(1, 4, 513, 64).kv_len(1031).layout(Layout::Bshd));
         // Paged, pages of 256 keys, a causal chunk of 4 positions, BSHD.
         v.push(AttentionProblem::new(2, 8, 4, 64).kv_heads(2).causal(true).layout(Layout::Bshd).paged_kv(quattn::inputs::paged_kv(256, &[700, 260], 0, 1, 8)));
-        // Variable-length, non-causal, a sequence without keys.
-        v.push(AttentionProblem::new(1, 4, 1, 64).varlen(VarLen::from_lengths(&[65, 700, 3], &[129, 0, 64])));
     }
     v.into_iter().map(|p| p.with_lse(true)).collect()
 }
@@ -70,6 +65,20 @@ pub fn modifier_shapes() -> Vec<AttentionProblem> {
         AttentionProblem::new(2, 8, 130, 128).kv_heads(4).kv_len(300).window(64, 17).softcap(20.0).layout(Layout::Bshd),
         AttentionProblem::new(1, 8, 300, 128).kv_len(200).causal(true).causal_align(CausalAlign::TopLeft).sinks(sinks.clone()).alibi_slopes(slopes.clone()),
         AttentionProblem::new(1, 8, 90, 64).kv_len(40).window(5, 0).sinks(sinks),
+    ]
+    .into_iter()
+    .map(|p| p.with_lse(true))
+    .collect()
+}
+
+/// Variable-length batch classes (ragged packed sequences, an empty query sequence, a sequence
+/// without keys, q_len above and below kv_len, GQA, causal and not, with a modifier), at the
+/// head dims the native varlen variants take; run with the float precisions only.
+pub fn varlen_shapes() -> Vec<AttentionProblem> {
+    vec![
+        AttentionProblem::new(1, 8, 1, 128).kv_heads(2).causal(true).varlen(VarLen::from_lengths(&[300, 1, 0, 129], &[300, 40, 7, 500])),
+        AttentionProblem::new(1, 4, 1, 64).varlen(VarLen::from_lengths(&[65, 700, 3], &[129, 0, 64])),
+        AttentionProblem::new(1, 8, 1, 64).kv_heads(4).causal(true).window(32, 0).varlen(VarLen::from_lengths(&[90, 17], &[200, 17])),
     ]
     .into_iter()
     .map(|p| p.with_lse(true))
@@ -94,6 +103,7 @@ fn devices(a: &SelftestArgs) -> Vec<Device> {
 pub fn main(a: &SelftestArgs) -> anyhow::Result<i32> {
     let shapes = shapes(a.quick);
     let mod_shapes = modifier_shapes();
+    let varlen_shapes = varlen_shapes();
     let precisions = Precision::all_named();
     let mut cases = Vec::new();
     let mut sessions = Vec::new();
@@ -139,6 +149,17 @@ pub fn main(a: &SelftestArgs) -> anyhow::Result<i32> {
     for (si, session) in sessions.iter().enumerate().filter(|_| !a.no_matrix && group("mods")) {
         for strategy in strategies_of(session).into_iter().filter(|s| *s != Strategy::Reference) {
             for p in &mod_shapes {
+                for prec in [Precision::F32, Precision::F16_DEFAULT, Precision::BF16_DEFAULT] {
+                    jobs.push((si, strategy, p, prec));
+                }
+            }
+        }
+    }
+    // Variable-length batches: every family forced (one without varlen kernels refuses by
+    // name: a skip) and Auto, in the float modes.
+    for (si, session) in sessions.iter().enumerate().filter(|_| !a.no_matrix && group("varlen")) {
+        for strategy in strategies_of(session).into_iter().filter(|s| *s != Strategy::Reference) {
+            for p in &varlen_shapes {
                 for prec in [Precision::F32, Precision::F16_DEFAULT, Precision::BF16_DEFAULT] {
                     jobs.push((si, strategy, p, prec));
                 }
@@ -382,6 +403,8 @@ fn device_tensor_cases(session: &Session) -> Vec<Case> {
     let shapes = [
         AttentionProblem::new(2, 8, 300, 128).kv_heads(2).kv_len(500).causal(true).with_lse(true),
         AttentionProblem::new(1, 4, 129, 64).layout(Layout::Bshd).with_lse(true),
+        // A variable-length batch: its offsets are host data of the plan, copied per call.
+        AttentionProblem::new(1, 8, 1, 128).kv_heads(2).causal(true).varlen(VarLen::from_lengths(&[300, 1, 0, 129], &[300, 40, 7, 500])).with_lse(true),
     ];
     let mut out = Vec::new();
     for p in &shapes {
