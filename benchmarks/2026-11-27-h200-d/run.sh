@@ -20,3 +20,6 @@ for kv in 32768 8192; do for st in "--strategy portable" "--strategy portable --
   # shellcheck disable=SC2086
   timeout 60 "$bin/quattn" bench --device wgpu $st --precision f16 --seqs $kv --tokens $((kv*8)) --width 4096 --head-dims 128 --q-len 1 --kv-heads 8 --causal non-causal --iters 10 --json >> "$out/pdecode-profile/wgpu_bench.jsonl" 2>>"$out/pdecode-profile/wgpu.log"
 done; done
+# call 3 (the selftest's varlen group and device-tensor cases)
+"$bin/quattn" selftest --devices cuda,wgpu --only varlen --json > "$out/selftest/selftest_varlen.jsonl" 2> "$out/selftest/selftest_varlen.log"
+"$bin/quattn" selftest --devices cuda,wgpu --only device-tensors --json > "$out/selftest/selftest_dt.jsonl" 2> "$out/selftest/selftest_dt.log"
