@@ -85,28 +85,34 @@ impl Profile {
         let probe = |d: usize| AttentionProblem::new(1, 2, 8, d).kv_len(24);
         let precisions: Vec<Precision> =
             Precision::all_named().into_iter().filter(|&p| session.plan(&probe(64), p, Strategy::Auto).is_ok()).collect();
-        let mut strategies = vec![Strategy::Auto];
+        // Each strategy with the precisions it plans at head dim 64.
+        let mut planned: Vec<(Strategy, Vec<Precision>)> = vec![(Strategy::Auto, precisions.clone())];
         for f in Family::ALL {
             let s = match f {
                 Family::Native(k) => Strategy::Native(k),
                 Family::Portable(k) => Strategy::PortableFamily(k),
                 Family::Cpu | Family::Emulation => continue,
             };
-            if Precision::all_named().into_iter().any(|p| session.plan(&probe(64), p, s).is_ok()) {
-                strategies.push(s);
+            let ps: Vec<Precision> = Precision::all_named().into_iter().filter(|&p| session.plan(&probe(64), p, s).is_ok()).collect();
+            if !ps.is_empty() {
+                planned.push((s, ps));
             }
         }
+        let mut strategies: Vec<Strategy> = planned.iter().map(|(s, _)| *s).collect();
         strategies.push(Strategy::Reference);
-        let head_dims = HEAD_DIMS
+        let head_dims: Vec<usize> = HEAD_DIMS
             .into_iter()
             .filter(|&d| precisions.iter().any(|&p| session.plan(&probe(d), p, Strategy::Auto).is_ok()))
             .collect();
+        // The (strategy, precision, head dim) triples that plan, from the pairs that plan at 64
+        // (planning a portable kernel sizes its tiles, which costs: the full product is ten
+        // times the work).
         let mut plans = Vec::new();
-        for &s in &strategies {
-            for p in Precision::all_named() {
+        for (s, ps) in &planned {
+            for &p in ps {
                 for &d in &head_dims {
-                    if session.plan(&probe(d), p, s).is_ok() {
-                        plans.push((s, p, d));
+                    if d == 64 || session.plan(&probe(d), p, *s).is_ok() {
+                        plans.push((*s, p, d));
                     }
                 }
             }
