@@ -99,7 +99,7 @@ pub use nvrtc::{nvrtc, NvrtcInfo, Resources};
 pub use registry::NativeKernelId;
 #[cfg(feature = "cuda")]
 pub use registry::{Loaded, ModuleStore};
-pub use report::{compile_report, KernelReport, KernelVariant};
+pub use report::{compile_family_report, compile_report, KernelReport, KernelVariant};
 #[cfg(feature = "cuda")]
 pub use wgmma::WgmmaKernel;
 pub use wgmma::{WgmmaConfig, WgmmaParams, WgmmaTile, WGMMA_TILES};

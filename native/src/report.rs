@@ -290,7 +290,27 @@ pub fn all_targets(archs: Option<&[Arch]>) -> Vec<(Arc<dyn KernelVariant>, Arch)
 /// when given), in parallel over the available cores. Never fails as a whole: each line says
 /// what went wrong for it. Ordered by variant, then arch.
 pub fn compile_report(cache: &KernelCache, archs: Option<&[Arch]>) -> Vec<KernelReport> {
-    let jobs = all_targets(archs);
+    run_jobs(cache, all_targets(archs))
+}
+
+/// [`compile_report`] restricted to one family's variants ([`crate::NativeKernelId::family`]):
+/// what a family's own checks need, without compiling every other family for its targets.
+pub fn compile_family_report(cache: &KernelCache, archs: Option<&[Arch]>, family: &str) -> Vec<KernelReport> {
+    let jobs = crate::registry::NativeKernelId::all()
+        .into_iter()
+        .filter(|id| id.family() == family)
+        .flat_map(|id| {
+            id.targets()
+                .iter()
+                .filter(|&&arch| archs.is_none_or(|a| a.contains(&arch)))
+                .map(|&arch| (Arc::new(id) as Arc<dyn KernelVariant>, arch))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    run_jobs(cache, jobs)
+}
+
+fn run_jobs(cache: &KernelCache, jobs: Vec<(Arc<dyn KernelVariant>, Arch)>) -> Vec<KernelReport> {
     let workers = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).min(jobs.len().max(1));
     let next = std::sync::atomic::AtomicUsize::new(0);
     let results = std::sync::Mutex::new(Vec::with_capacity(jobs.len()));

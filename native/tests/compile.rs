@@ -10,7 +10,7 @@ use common::tools_or_skip;
 use std::sync::Arc;
 
 use quattn_native::{
-    compile_report, report::report_variant, Arch, CompileRequest, HmmaConfig, Dtype, Int8Config,
+    compile_family_report, report::report_variant, Arch, CompileRequest, HmmaConfig, Dtype, Int8Config,
     Int8Granularity, Int8Tile, KernelCache, NativeError, Origin, PvAccum, QkAccum,
 };
 
@@ -43,7 +43,7 @@ fn every_hmma_variant_compiles_without_spills_and_uses_the_intended_mma() {
     }
     let dir = tempfile::tempdir().unwrap();
     let cache = KernelCache::new(Some(dir.path().to_path_buf()));
-    let reports = compile_report(&cache, Some(&FULL));
+    let reports = compile_family_report(&cache, Some(&FULL), "fwd_hmma");
     let mut reports: Vec<_> = reports.into_iter().filter(|r| r.kernel.starts_with("fwd_hmma")).collect();
     // The modifier and variable-length variants build for their own targets (`targets()`).
     let expected: usize = HmmaConfig::all().iter().map(|c| FULL.iter().filter(|a| c.targets().contains(a)).count()).sum();
@@ -196,7 +196,7 @@ fn every_int8_variant_compiles_without_spills_and_uses_imma() {
         return;
     }
     let cache = KernelCache::new(None);
-    let reports = compile_report(&cache, Some(Int8Config::TARGETS));
+    let reports = compile_family_report(&cache, Some(Int8Config::TARGETS), "fwd_int8");
     // `fwd_int8_umma_*` (the sm_100a UMMA family) shares the prefix; it has its own test.
     let reports: Vec<_> = reports
         .into_iter()

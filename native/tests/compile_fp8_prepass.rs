@@ -9,7 +9,7 @@
 mod common;
 use common::tools_or_skip;
 
-use quattn_native::{compile_report, sass, Fp8PrepassConfig, KernelCache, KernelVariant, NativeKernelId};
+use quattn_native::{compile_family_report, sass, Fp8PrepassConfig, KernelCache, KernelVariant, NativeKernelId};
 
 #[test]
 fn every_fp8_prepass_pass_compiles_without_local_memory_and_rounds_like_the_codec() {
@@ -18,7 +18,7 @@ fn every_fp8_prepass_pass_compiles_without_local_memory_and_rounds_like_the_code
     }
     let dir = tempfile::tempdir().unwrap();
     let cache = KernelCache::new(Some(dir.path().to_path_buf()));
-    let reports: Vec<_> = compile_report(&cache, Some(Fp8PrepassConfig::TARGETS))
+    let reports: Vec<_> = compile_family_report(&cache, Some(Fp8PrepassConfig::TARGETS), "fp8_prepass")
         .into_iter()
         .filter(|r| r.kernel.starts_with("fp8_prepass"))
         .collect();

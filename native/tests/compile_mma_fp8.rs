@@ -12,7 +12,7 @@ use common::tools_or_skip;
 
 use quattn_native::report::{report_variant, KernelReport};
 use quattn_native::{
-    compile_report, sass, Arch, Fp8MmaConfig, Fp8MmaUnit, Fp8P, HmmaTile, Dtype, KernelCache, NativeError,
+    compile_family_report, sass, Arch, Fp8MmaConfig, Fp8MmaUnit, Fp8P, HmmaTile, Dtype, KernelCache, NativeError,
 };
 
 fn count(r: &KernelReport, op: &str) -> usize {
@@ -40,7 +40,7 @@ fn every_fp8_mma_variant_compiles_without_spills_and_uses_the_e4m3_mma() {
     }
     let dir = tempfile::tempdir().unwrap();
     let cache = KernelCache::new(Some(dir.path().to_path_buf()));
-    let reports: Vec<_> = compile_report(&cache, Some(Fp8MmaConfig::TARGETS))
+    let reports: Vec<_> = compile_family_report(&cache, Some(Fp8MmaConfig::TARGETS), "fwd_mma_fp8")
         .into_iter()
         .filter(|r| r.kernel.starts_with("fwd_mma_fp8"))
         .collect();

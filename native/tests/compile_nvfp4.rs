@@ -12,7 +12,7 @@ use common::tools_or_skip;
 use quattn_native::nvfp4::{Nvfp4Config, PvMode};
 use quattn_native::nvfp4_quant::Nvfp4QuantConfig;
 use quattn_native::report::report_variant;
-use quattn_native::{compile_report, Arch, KernelCache, NativeError};
+use quattn_native::{compile_family_report, Arch, KernelCache, NativeError};
 
 #[test]
 fn every_nvfp4_variant_compiles_for_sm120a_with_the_block_scaled_mma_and_no_spill() {
@@ -94,7 +94,7 @@ fn the_prepass_compiles_for_sm90_and_sm120a_without_spills() {
     }
     let dir = tempfile::tempdir().unwrap();
     let cache = KernelCache::new(Some(dir.path().to_path_buf()));
-    let reports: Vec<_> = compile_report(&cache, Some(&[Arch::Sm90, Arch::Sm120a]))
+    let reports: Vec<_> = compile_family_report(&cache, Some(&[Arch::Sm90, Arch::Sm120a]), "nvfp4_quant")
         .into_iter()
         .filter(|r| r.kernel.starts_with("nvfp4_quant"))
         .collect();

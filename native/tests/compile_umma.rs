@@ -10,7 +10,7 @@ mod common;
 use common::tools_or_skip;
 
 use quattn_native::report::report_variant;
-use quattn_native::{compile_report, Arch, Int8UmmaConfig, KernelCache, NativeError, PvAccum, Int8Granularity};
+use quattn_native::{compile_family_report, Arch, Int8UmmaConfig, KernelCache, NativeError, PvAccum, Int8Granularity};
 
 #[test]
 fn every_umma_variant_compiles_for_sm100a_with_umma_and_tmem_instructions_and_no_spill() {
@@ -19,7 +19,7 @@ fn every_umma_variant_compiles_for_sm100a_with_umma_and_tmem_instructions_and_no
     }
     let dir = tempfile::tempdir().unwrap();
     let cache = KernelCache::new(Some(dir.path().to_path_buf()));
-    let reports: Vec<_> = compile_report(&cache, Some(&[Arch::Sm100a]))
+    let reports: Vec<_> = compile_family_report(&cache, Some(&[Arch::Sm100a]), "fwd_int8_umma")
         .into_iter()
         .filter(|r| r.kernel.starts_with("fwd_int8_umma"))
         .collect();

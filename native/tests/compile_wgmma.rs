@@ -9,7 +9,7 @@
 mod common;
 use common::tools_or_skip;
 
-use quattn_native::{compile_report, Arch, KernelCache, NativeError, WgmmaConfig};
+use quattn_native::{compile_family_report, Arch, KernelCache, NativeError, WgmmaConfig};
 
 #[test]
 fn every_wgmma_variant_compiles_for_sm90a_with_hgmma_and_no_spill() {
@@ -18,7 +18,7 @@ fn every_wgmma_variant_compiles_for_sm90a_with_hgmma_and_no_spill() {
     }
     let dir = tempfile::tempdir().unwrap();
     let cache = KernelCache::new(Some(dir.path().to_path_buf()));
-    let reports: Vec<_> = compile_report(&cache, Some(&[Arch::Sm90a]))
+    let reports: Vec<_> = compile_family_report(&cache, Some(&[Arch::Sm90a]), "fwd_wgmma")
         .into_iter()
         .filter(|r| r.kernel.starts_with("fwd_wgmma") && !r.kernel.starts_with("fwd_wgmma_int8"))
         .collect();

@@ -10,7 +10,7 @@ mod common;
 use common::tools_or_skip;
 
 use quattn_native::wgmma_fp8::{Fp8WgmmaConfig, Fp8WgmmaUnit};
-use quattn_native::{compile_report, Dtype, Arch, KernelCache, KernelVariant, NativeError};
+use quattn_native::{compile_family_report, Dtype, Arch, KernelCache, KernelVariant, NativeError};
 
 #[test]
 fn every_fp8_wgmma_unit_compiles_for_sm90a_with_e4m3_hgmma_and_no_spill() {
@@ -19,7 +19,7 @@ fn every_fp8_wgmma_unit_compiles_for_sm90a_with_e4m3_hgmma_and_no_spill() {
     }
     let dir = tempfile::tempdir().unwrap();
     let cache = KernelCache::new(Some(dir.path().to_path_buf()));
-    let reports: Vec<_> = compile_report(&cache, Some(&[Arch::Sm90a]))
+    let reports: Vec<_> = compile_family_report(&cache, Some(&[Arch::Sm90a]), "fwd_fp8_wgmma")
         .into_iter()
         .filter(|r| r.kernel.starts_with("fwd_fp8_wgmma"))
         .collect();

@@ -10,7 +10,7 @@ mod common;
 use common::tools_or_skip;
 
 use quattn_native::report::{report_variant, KernelReport};
-use quattn_native::{compile_report, Arch, Int8Granularity, Int8WgmmaConfig, Int8WgmmaPv, KernelCache, NativeError};
+use quattn_native::{compile_family_report, Arch, Int8Granularity, Int8WgmmaConfig, Int8WgmmaPv, KernelCache, NativeError};
 
 fn count(r: &KernelReport, prefix: &str) -> usize {
     r.instructions.iter().filter(|(k, _)| k.starts_with(prefix)).map(|(_, v)| *v).sum()
@@ -51,7 +51,7 @@ fn every_wgmma_int8_variant_compiles_for_sm90a_with_igmma_and_no_spill() {
     }
     let dir = tempfile::tempdir().unwrap();
     let cache = KernelCache::new(Some(dir.path().to_path_buf()));
-    let reports: Vec<_> = compile_report(&cache, Some(&[Arch::Sm90a]))
+    let reports: Vec<_> = compile_family_report(&cache, Some(&[Arch::Sm90a]), "fwd_wgmma_int8")
         .into_iter()
         .filter(|r| r.kernel.starts_with("fwd_wgmma_int8"))
         .collect();
