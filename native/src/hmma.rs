@@ -546,7 +546,7 @@ mod launch {
 
     use super::*;
     use crate::cache::{CompiledKernel, KernelCache};
-    use crate::varlen::{VarlenLens, VarlenPtrs, VarlenShape};
+    use crate::varlen::{VarlenPtrs, VarlenShape};
 
     // SAFETY: #[repr(C)] plain-old-data mirror of the kernel's by-value parameter struct.
     unsafe impl DeviceRepr for HmmaParams {}
@@ -714,44 +714,11 @@ mod launch {
             C: DevicePtr<i32>,
             D: DevicePtr<i32>,
         {
-            if std::mem::size_of::<T>() != 2 {
-                return Err(NativeError::InvalidArgs(format!(
-                    "element type must be 2 bytes (fp16/bf16), got {}",
-                    std::mem::size_of::<T>()
-                )));
-            }
-            args.validate(self.config.head_dim)?;
-            let have = VarlenLens {
-                q: q.len(),
-                k: k.len(),
-                v: v.len(),
-                o: o.len(),
-                lse: lse.as_ref().map_or(0, |l| l.len()),
-                cu_seqlens_q: cu_seqlens_q.len(),
-                cu_seqlens_k: cu_seqlens_k.len(),
-            };
-            args.check_lens(&have)?;
-            if lse.as_ref().is_some_and(|l| l.len() == 0) {
-                return Err(NativeError::InvalidArgs("varlen: an LSE buffer of 0 elements".into()));
-            }
-            let (qp, _gq) = q.device_ptr(stream);
-            let (kp, _gk) = k.device_ptr(stream);
-            let (vp, _gv) = v.device_ptr(stream);
-            let (op, _go) = o.device_ptr_mut(stream);
-            let lse = lse.map(|l| l.device_ptr_mut(stream));
-            let (cq, _gcq) = cu_seqlens_q.device_ptr(stream);
-            let (ck, _gck) = cu_seqlens_k.device_ptr(stream);
-            let ptrs = VarlenPtrs {
-                q: qp,
-                k: kp,
-                v: vp,
-                o: op,
-                lse: lse.as_ref().map_or(0, |(p, _)| *p),
-                cu_seqlens_q: cq,
-                cu_seqlens_k: ck,
-            };
-            // SAFETY: lengths were checked against every row the shape names.
-            unsafe { self.launch_varlen_raw(stream, args, &ptrs) }
+            let (cq, ck) = (cu_seqlens_q, cu_seqlens_k);
+            crate::varlen::with_checked_ptrs(stream, args, self.config.head_dim, "fp16/bf16", q, k, v, o, lse, cq, ck, |ptrs| {
+                // SAFETY: lengths were checked against every row the shape names.
+                unsafe { self.launch_varlen_raw(stream, args, ptrs) }
+            })
         }
 
         /// Launches a variable-length batch with raw device addresses.

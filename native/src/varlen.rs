@@ -85,6 +85,63 @@ pub struct VarlenParams {
 // SAFETY: `#[repr(C)]` plain data matching `VarlenParams` of common.cuh.
 unsafe impl cudarc::driver::DeviceRepr for VarlenParams {}
 
+/// The typed entry of both varlen launchers (`launch_varlen` of [`crate::HmmaKernel`] and
+/// [`crate::WgmmaKernel`]): 2-byte elements (`elem` names them in the error), the shape for
+/// `head_dim`, every buffer's length against [`VarlenShape::required_lens`]; then `launch` runs
+/// on the buffers' addresses while their stream guards are held.
+#[cfg(feature = "cuda")]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn with_checked_ptrs<T, Q, K, V, O, L, C, D>(
+    stream: &std::sync::Arc<cudarc::driver::CudaStream>,
+    args: &VarlenShape,
+    head_dim: u32,
+    elem: &str,
+    q: &Q,
+    k: &K,
+    v: &V,
+    o: &mut O,
+    lse: Option<&mut L>,
+    cu_seqlens_q: &C,
+    cu_seqlens_k: &D,
+    launch: impl FnOnce(&VarlenPtrs) -> Result<()>,
+) -> Result<()>
+where
+    Q: cudarc::driver::DevicePtr<T>,
+    K: cudarc::driver::DevicePtr<T>,
+    V: cudarc::driver::DevicePtr<T>,
+    O: cudarc::driver::DevicePtrMut<T>,
+    L: cudarc::driver::DevicePtrMut<f32>,
+    C: cudarc::driver::DevicePtr<i32>,
+    D: cudarc::driver::DevicePtr<i32>,
+{
+    if std::mem::size_of::<T>() != 2 {
+        return Err(NativeError::InvalidArgs(format!("element type must be 2 bytes ({elem}), got {}", std::mem::size_of::<T>())));
+    }
+    args.validate(head_dim)?;
+    let have = VarlenLens {
+        q: q.len(),
+        k: k.len(),
+        v: v.len(),
+        o: o.len(),
+        lse: lse.as_ref().map_or(0, |l| l.len()),
+        cu_seqlens_q: cu_seqlens_q.len(),
+        cu_seqlens_k: cu_seqlens_k.len(),
+    };
+    args.check_lens(&have)?;
+    if lse.as_ref().is_some_and(|l| l.len() == 0) {
+        return Err(NativeError::InvalidArgs("varlen: an LSE buffer of 0 elements".into()));
+    }
+    let (qp, _gq) = q.device_ptr(stream);
+    let (kp, _gk) = k.device_ptr(stream);
+    let (vp, _gv) = v.device_ptr(stream);
+    let (op, _go) = o.device_ptr_mut(stream);
+    let lse = lse.map(|l| l.device_ptr_mut(stream));
+    let (cq, _gcq) = cu_seqlens_q.device_ptr(stream);
+    let (ck, _gck) = cu_seqlens_k.device_ptr(stream);
+    let ptrs = VarlenPtrs { q: qp, k: kp, v: vp, o: op, lse: lse.as_ref().map_or(0, |(p, _)| *p), cu_seqlens_q: cq, cu_seqlens_k: ck };
+    launch(&ptrs)
+}
+
 /// Row coordinates of the packed tensors are i32 in the kernels and in TMA boxes.
 pub const MAX_TOTAL_ROWS: usize = i32::MAX as usize;
 
