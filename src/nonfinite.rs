@@ -83,9 +83,10 @@ pub(crate) struct Poison {
 }
 
 impl Poison {
-    /// Whether query row `(b, h, i)` sees a non-finite input (rows that see no key never do).
-    fn poisons(&self, p: &AttentionProblem, b: usize, h: usize, i: usize) -> bool {
-        let visible = p.sequence(b).visible_range(i);
+    /// Whether query row `(b, h, i)` sees a non-finite input (rows that see no key never do);
+    /// `seq` is sequence `b`'s view ([`AttentionProblem::sequence`]).
+    fn poisons(&self, p: &AttentionProblem, seq: &AttentionProblem, b: usize, h: usize, i: usize) -> bool {
+        let visible = seq.visible_range(i);
         if visible.is_empty() {
             return false;
         }
@@ -291,6 +292,8 @@ pub(crate) fn finish(p: &AttentionProblem, precision: Precision, kernel: &str, p
     // Rows as (b, h, i); a variable-length batch's rows past a shorter sequence's end do not
     // exist and are never visited.
     let coords = |r: usize| (r / (p.q_heads * p.q_len), (r / p.q_len) % p.q_heads, r % p.q_len);
+    // Each sequence's view once (its own lengths), not once per row.
+    let seqs: Vec<std::borrow::Cow<'_, AttentionProblem>> = (0..p.batch).map(|b| p.sequence(b)).collect();
     let exists = |r: usize| {
         let (b, _, i) = coords(r);
         p.has_q_row(b, i)
@@ -302,7 +305,7 @@ pub(crate) fn finish(p: &AttentionProblem, precision: Precision, kernel: &str, p
     if let Some(poison) = poison {
         for r in (0..rows).filter(|&r| exists(r)) {
             let (b, h, i) = coords(r);
-            if poison.poisons(p, b, h, i) {
+            if poison.poisons(p, &seqs[b], b, h, i) {
                 let off = o_offset(b, h, i);
                 o[off..off + dv].fill(f32::NAN);
                 if let Some(l) = lse.as_deref_mut() {
@@ -314,7 +317,7 @@ pub(crate) fn finish(p: &AttentionProblem, precision: Precision, kernel: &str, p
     let lse = lse.as_deref();
     let overflowed = |r: usize| -> bool {
         let (b, h, i) = coords(r);
-        if !p.has_q_row(b, i) || p.sequence(b).visible_keys(i) == 0 || poison.is_some_and(|x| x.poisons(p, b, h, i)) {
+        if !p.has_q_row(b, i) || seqs[b].visible_keys(i) == 0 || poison.is_some_and(|x| x.poisons(p, &seqs[b], b, h, i)) {
             return false;
         }
         let off = o_offset(b, h, i);
@@ -380,7 +383,7 @@ mod tests {
         // q_len 4, kv_len 6, causal: row i sees keys 0..=i+2.
         let p = AttentionProblem::new(1, 2, 4, 8).kv_heads(1).kv_len(6).causal(true);
         let poison = Poison { q_rows: vec![4 + 1], bad_keys: vec![vec![4]] };
-        let seen: Vec<bool> = (0..2).flat_map(|h| (0..4).map(move |i| (h, i))).map(|(h, i)| poison.poisons(&p, 0, h, i)).collect();
+        let seen: Vec<bool> = (0..2).flat_map(|h| (0..4).map(move |i| (h, i))).map(|(h, i)| poison.poisons(&p, &p, 0, h, i)).collect();
         // Head 0: rows 2 and 3 see key 4. Head 1: the same, plus row 1's own Q.
         assert_eq!(seen, vec![false, false, true, true, false, true, true, true]);
     }
