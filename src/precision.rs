@@ -42,6 +42,9 @@ pub enum Precision {
     /// With `smooth_k` the per-(batch, KV head) mean of K over the keys is subtracted before K
     /// is quantized (as for INT8; softmax is unchanged, the LSE gets `scale · q·μ` back).
     Nvfp4 { v: Nvfp4V, smooth_k: bool },
+    /// MXFP4 Q and K (E2M1 values, one E8M0 power-of-two scale per 32 along the head dim, no
+    /// tensor scale); V in bf16, P rounded to bf16, softmax in f32. `smooth_k` as for NVFP4.
+    Mxfp4 { smooth_k: bool },
 }
 
 impl Precision {
@@ -90,6 +93,7 @@ impl Precision {
                 },
                 if smooth_k { "-smooth" } else { "" }
             ),
+            Precision::Mxfp4 { smooth_k } => format!("mxfp4{}", if smooth_k { "-smooth" } else { "" }),
         }
     }
 
@@ -137,6 +141,9 @@ impl Precision {
             v.push(Precision::Nvfp4 { v: Nvfp4V::Bf16, smooth_k });
             v.push(Precision::Nvfp4 { v: Nvfp4V::Nvfp4, smooth_k });
         }
+        for smooth_k in [false, true] {
+            v.push(Precision::Mxfp4 { smooth_k });
+        }
         v
     }
 
@@ -158,7 +165,7 @@ impl Precision {
         match self {
             Precision::F32 => Dtype::F32,
             Precision::Bf16 { .. } => Dtype::Bf16,
-            Precision::Nvfp4 { v: Nvfp4V::Bf16, .. } => Dtype::Bf16,
+            Precision::Nvfp4 { v: Nvfp4V::Bf16, .. } | Precision::Mxfp4 { .. } => Dtype::Bf16,
             _ => Dtype::F16,
         }
     }
@@ -217,6 +224,8 @@ mod tests {
         assert_eq!(Precision::parse("int8"), Some(Precision::INT8_DEFAULT));
         assert_eq!(Precision::parse("fp8"), Some(Precision::FP8_DEFAULT));
         assert_eq!(Precision::parse("nvfp4"), Some(Precision::NVFP4_DEFAULT));
+        assert_eq!(Precision::parse("mxfp4"), Some(Precision::Mxfp4 { smooth_k: false }));
+        assert_eq!(Precision::parse("mxfp4-smooth"), Some(Precision::Mxfp4 { smooth_k: true }));
         assert_eq!(Precision::parse("f64"), None);
         assert_eq!(Precision::parse("bf16-2stage"), None);
     }

@@ -166,6 +166,9 @@ pub enum KernelId {
     Cpu { dtype: crate::Dtype, head_dim: usize },
     /// The CPU kernel on FP8 codes with f32 descales (blocks of the plan's blocking).
     CpuFp8 { format: crate::Fp8Format, descale: crate::DescaleGranularity, p: crate::PvFormat, head_dim: usize },
+    /// The CPU kernel on 4-bit codes (`precision` an NVFP4 or MXFP4 mode): Q and K codes with
+    /// their block scales, V in bf16 or NVFP4 codes along the key axis, in the plan's KV tiles.
+    CpuFp4 { precision: Precision, head_dim: usize },
     /// The CPU emulation of `precision`, following this blocking.
     Emulation { precision: Precision, blocking: Blocking },
     /// A portable CubeCL kernel, its tiles chosen; `name` says which for reports.
@@ -190,7 +193,7 @@ impl KernelId {
     /// The family the kernel belongs to.
     pub fn family(&self) -> Family {
         match self {
-            KernelId::Cpu { .. } | KernelId::CpuFp8 { .. } => Family::Cpu,
+            KernelId::Cpu { .. } | KernelId::CpuFp8 { .. } | KernelId::CpuFp4 { .. } => Family::Cpu,
             KernelId::Emulation { .. } => Family::Emulation,
             KernelId::Portable { kernel, .. } => Family::Portable(portable_kind(kernel)),
             KernelId::Native(n) => Family::Native(native_kind(&n.kernel)),
@@ -207,6 +210,7 @@ impl KernelId {
             KernelId::CpuFp8 { format, descale, p, head_dim } => {
                 format!("fwd_cpu_{}_d{head_dim}", Precision::Fp8 { format: *format, descale: *descale, p: *p }.name())
             }
+            KernelId::CpuFp4 { precision, head_dim } => format!("fwd_cpu_{}_d{head_dim}", precision.name()),
             KernelId::Emulation { precision, .. } => format!("emulate_{}", precision.name()),
             KernelId::Portable { name, .. } => name.clone(),
             KernelId::Native(n) => match n.split {

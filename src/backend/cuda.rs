@@ -1478,6 +1478,15 @@ pub(crate) fn nvfp4_native_decision(
 ) -> std::result::Result<Nvfp4Native, Reject> {
     use quattn_native::nvfp4::{Nvfp4Config, PvMode};
     use quattn_native::nvfp4_quant::{Fp4Format, Nvfp4QuantConfig};
+    if let Precision::Mxfp4 { .. } = precision {
+        return Err(Reject::Refused(Error::UnsupportedPrecision {
+            precision,
+            device: format!("CUDA compute capability {}.{}", cc.0, cc.1),
+            reason: "no native MXFP4 attention kernel: the block-scaled kernel (fwd_nvfp4_*) takes NVFP4 Q/K only; \
+                     the CPU 4-bit kernel and the CPU emulation (Strategy::Reference) run MXFP4"
+                .into(),
+        }));
+    }
     let Precision::Nvfp4 { v, smooth_k } = precision else {
         return not_applicable(format!("the native NVFP4 kernel computes NVFP4 Q/K, not {precision}"));
     };

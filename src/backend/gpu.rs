@@ -257,6 +257,16 @@ impl<R: Runtime> CubeclBackend<R> {
     /// steps (one online-softmax step and P's 16-key blocks per KV tile), which the plan's
     /// blocking records for the emulation.
     pub(crate) fn fp4_row(&self, problem: &AttentionProblem, precision: Precision) -> std::result::Result<Choice, Reject> {
+        if let Precision::Mxfp4 { .. } = precision {
+            return Err(Reject::Refused(Error::UnsupportedPrecision {
+                precision,
+                device: self.device_name(),
+                reason: "no portable MXFP4 kernel is planned: the 4-bit kernel reads MXFP4 Q/K codes only through \
+                         quattn_cubecl::launch_fp4, and this backend quantizes to NVFP4 only; the CPU 4-bit kernel and \
+                         the CPU emulation (Strategy::Reference) run MXFP4"
+                    .into(),
+            }));
+        }
         let Precision::Nvfp4 { v, .. } = precision else {
             return not_applicable(format!("{precision} is not a 4-bit mode"));
         };

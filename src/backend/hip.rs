@@ -212,6 +212,15 @@ fn mfma_row(b: &HipBackend, p: &AttentionProblem, precision: Precision) -> std::
     let input = match precision {
         Precision::F16 { qk: QkAccum::F32, pv: PvAccum::F32 } => Dtype::F16,
         Precision::Bf16 { qk: QkAccum::F32, pv: PvAccum::F32 } => Dtype::Bf16,
+        Precision::Nvfp4 { .. } | Precision::Mxfp4 { .. } => {
+            return Err(Reject::Refused(Error::UnsupportedPrecision {
+                precision,
+                device: b.device.to_string(),
+                reason: "no HIP 4-bit kernel: the MFMA kernels take f16, bf16 and FP8; the CPU 4-bit kernel and the \
+                         CPU emulation (Strategy::Reference) run the NVFP4 and MXFP4 modes"
+                    .into(),
+            }))
+        }
         _ => return registry::not_applicable(format!("{precision}: the MFMA kernel computes f16/bf16 with f32 accumulation")),
     };
     let id = HipKernelId::Mfma(MfmaConfig { head_dim: p.head_dim as u32, input });

@@ -60,6 +60,22 @@ pub mod e8m0 {
     }
 }
 
+/// What a kernel reads of a block-scaled 4-bit tensor ([`super::nvfp4::Nvfp4Tensor`],
+/// [`super::mxfp4::Mxfp4Tensor`]): row-major `[rows, cols]` E2M1 codes packed two per byte
+/// (element `2i` in the low nibble), one scale code per `BLOCK` consecutive elements of a row
+/// (`[rows, cols / BLOCK]`), one f32 tensor scale. Element `(r, c)` is
+/// `(e2m1 · decode_scale(scale)) · tensor_scale`.
+pub trait BlockScaled4 {
+    /// Elements sharing one scale.
+    const BLOCK: usize;
+    fn cols(&self) -> usize;
+    fn packed(&self) -> &[u8];
+    fn scale_codes(&self) -> &[u8];
+    /// The value of a scale code.
+    fn decode_scale(code: u8) -> f32;
+    fn tensor_scale(&self) -> f32;
+}
+
 /// `floor(log2(a))` of a positive finite f32, read from its bits (exact, subnormals included).
 pub(crate) fn floor_log2(a: f32) -> i32 {
     let bits = a.to_bits() & 0x7FFF_FFFF;

@@ -82,6 +82,26 @@ impl Mxfp4Tensor {
     }
 }
 
+/// MXFP4 has no tensor scale: it is 1.
+impl super::fp4::BlockScaled4 for Mxfp4Tensor {
+    const BLOCK: usize = BLOCK;
+    fn cols(&self) -> usize {
+        self.cols
+    }
+    fn packed(&self) -> &[u8] {
+        &self.packed
+    }
+    fn scale_codes(&self) -> &[u8] {
+        &self.scales
+    }
+    fn decode_scale(code: u8) -> f32 {
+        e8m0::decode(code)
+    }
+    fn tensor_scale(&self) -> f32 {
+        1.0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

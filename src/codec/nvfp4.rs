@@ -130,6 +130,25 @@ impl Nvfp4Tensor {
     }
 }
 
+impl super::fp4::BlockScaled4 for Nvfp4Tensor {
+    const BLOCK: usize = BLOCK;
+    fn cols(&self) -> usize {
+        self.cols
+    }
+    fn packed(&self) -> &[u8] {
+        &self.packed
+    }
+    fn scale_codes(&self) -> &[u8] {
+        &self.block_scales
+    }
+    fn decode_scale(code: u8) -> f32 {
+        ue4m3::decode(code)
+    }
+    fn tensor_scale(&self) -> f32 {
+        self.tensor_scale
+    }
+}
+
 fn check_input(data: &[f32], rows: usize, cols: usize) -> Result<()> {
     if !cols.is_multiple_of(BLOCK) {
         return Err(Error::Quantization(format!(

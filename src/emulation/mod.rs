@@ -26,7 +26,7 @@
 //! [`Blocking::k_step`] (16: one `m16n8k16` MMA; 1: an FMA kernel) and each step is added to the
 //! accumulator, which is rounded to its own type (once: an f16 accumulator takes the exact sum
 //! rounded to f16, as a fused multiply-add does). A partial last k-step is a zero-padded one, which changes no sum, so no head-dim
-//! divisibility is needed except NVFP4's 16-element scale blocks. `exp2` and `ln` are the
+//! divisibility is needed except NVFP4's 16-element and MXFP4's 32-element scale blocks. `exp2` and `ln` are the
 //! CPU's (correctly rounded or nearly); device `ex2.approx` differs by a few ulps.
 //!
 //! # Modes
@@ -62,6 +62,9 @@
 //!   `ts_p · ts_v` (`block_k % 16 == 0`). With `smooth_k`, K − μ is quantized (μ and the
 //!   subtraction as [`crate::codec::int8::smooth_k`]) and the LSE gets `scale · (q · μ)` back
 //!   ([`crate::codec::int8::lse_shift`], q the input-rounded Q), as for INT8.
+//! * `Mxfp4`: Q and K as [`crate::codec::mxfp4`] along the head dim (E8M0 scale per 32, no
+//!   tensor scale; `head_dim % 32 == 0`); `s` per 32-block `(sq · sk) · Σ e2m1·e2m1` (exact),
+//!   blocks summed in f32. P and V in bf16, f32 accumulator. `smooth_k` as for `Nvfp4`.
 
 mod mma;
 mod scores;
@@ -74,7 +77,9 @@ use rayon::prelude::*;
 
 use crate::codec::float16::{round_bf16_vec, round_f16_vec};
 use crate::{AttentionProblem, Dtype, Error, Nvfp4V, Precision, PvAccum, QkAccum, Result};
+pub(crate) use scores::quantize_qk_4bit;
 use scores::ScorePlan;
+pub(crate) use values::quantize_vt_nvfp4;
 use values::ValuePlan;
 
 /// Tile shape the emulation follows (it must be the kernel's for bit-level agreement of the
@@ -138,6 +143,11 @@ impl Blocking {
                 }
                 Ok(())
             }
+            Precision::Mxfp4 { .. } if !problem.head_dim.is_multiple_of(32) => Err(Error::UnsupportedHeadDim {
+                head_dim: problem.head_dim,
+                path: "MXFP4 (32-element scale blocks along the head dim)".into(),
+                supported: (1..=8).map(|i| 32 * i).collect(),
+            }),
             _ => Ok(()),
         }
     }

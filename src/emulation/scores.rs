@@ -2,11 +2,11 @@
 //! (query row, key) produced exactly as the mode's MMA and dequantization would.
 
 use super::mma;
-use crate::codec::fp4::e2m1;
-use crate::codec::fp8::ue4m3;
+use crate::codec::fp4::{e2m1, BlockScaled4};
 use crate::codec::fp8_scaled::{DescaleLayout, Fp8Tensor};
 use crate::codec::int8::{self, Int8ScaleLayout, Int8Tensor};
-use crate::codec::nvfp4::{Nvfp4Tensor, BLOCK as NVFP4_BLOCK};
+use crate::codec::mxfp4::Mxfp4Tensor;
+use crate::codec::nvfp4::Nvfp4Tensor;
 use crate::{AttentionProblem, Precision, QkAccum, Result};
 
 use super::Blocking;
@@ -19,31 +19,74 @@ pub(super) enum ScorePlan {
     Int8 { q: Int8Tensor, k: Int8Tensor, layout: Int8ScaleLayout, smoothing: Option<Smoothing> },
     /// FP8 codes decoded to f32 (exact), with their descales.
     Fp8 { q: Vec<f32>, k: Vec<f32>, q_desc: (Vec<f32>, DescaleLayout), k_desc: (Vec<f32>, DescaleLayout) },
-    /// NVFP4 elements and block scales decoded to f32 (exact), rows in memory order; K
-    /// smoothed first when `smoothing` is set.
-    Nvfp4 { q: Decoded4, k: Decoded4, smoothing: Option<Smoothing> },
+    /// NVFP4 or MXFP4 elements and block scales decoded to f32 (exact), rows in `[batch, heads,
+    /// len]` order; K smoothed first when `smoothing` is set.
+    Fp4 { q: Decoded4, k: Decoded4, smoothing: Option<Smoothing> },
 }
 
 /// What is needed to add `scale · q·μ` back to the LSE.
 pub(super) struct Smoothing { q: Vec<f32>, mean: Vec<f32> }
 
-/// An NVFP4 tensor with its codes decoded: `elems` row-major like the source, `scales`
-/// `[rows, cols / 16]`.
+/// A block-scaled 4-bit tensor with its codes decoded: `elems` row-major like the source,
+/// `scales` `[rows, cols / block]`.
 pub(super) struct Decoded4 {
     pub(super) elems: Vec<f32>,
     pub(super) scales: Vec<f32>,
     pub(super) tensor_scale: f32,
+    /// Elements per scale: 16 (NVFP4) or 32 (MXFP4).
+    pub(super) block: usize,
 }
 
 impl Decoded4 {
-    pub(super) fn new(t: &Nvfp4Tensor) -> Self {
-        let n = t.rows * t.cols;
+    pub(super) fn new<T: BlockScaled4>(t: &T) -> Self {
         Decoded4 {
-            elems: (0..n).map(|i| e2m1::decode(t.code(i / t.cols, i % t.cols))).collect(),
-            scales: t.block_scales.iter().map(|&c| ue4m3::decode(c)).collect(),
-            tensor_scale: t.tensor_scale,
+            elems: t.packed().iter().flat_map(|&b| [e2m1::decode(b), e2m1::decode(b >> 4)]).collect(),
+            scales: t.scale_codes().iter().map(|&c| T::decode_scale(c)).collect(),
+            tensor_scale: t.tensor_scale(),
+            block: T::BLOCK,
         }
     }
+}
+
+/// Q and K of a 4-bit mode as its kernels quantize them.
+pub(crate) struct Qk4<T> {
+    /// Q's rows, `[batch, q_heads, q_len]` by `head_dim`.
+    pub q: T,
+    /// K's rows (K − μ with smoothing), `[batch, kv_heads, kv_len]` by `head_dim`.
+    pub k: T,
+    /// With smoothing, μ: `[batch, kv_heads]` by `head_dim` ([`int8::smooth_k`]).
+    pub mean: Option<Vec<f32>>,
+}
+
+/// Quantizes Q and K (the inputs rounded to the mode's input dtype) with `quantize`
+/// (`Nvfp4Tensor::quantize` or `Mxfp4Tensor::quantize`): with `smooth_k` K − μ first, then each
+/// tensor's rows gathered densely, since the scale blocks run along each row and a strided
+/// buffer's rows need not start at multiples of the head dim (nor its padding hold numbers).
+/// The emulation and the CPU 4-bit kernel both quantize through here.
+pub(crate) fn quantize_qk_4bit<T>(
+    problem: &AttentionProblem,
+    smooth_k: bool,
+    q: &[f32],
+    k: &[f32],
+    quantize: impl Fn(&[f32], usize, usize) -> Result<T>,
+) -> Result<Qk4<T>> {
+    let d = problem.head_dim;
+    let dense = |x: &[f32], st: crate::Strides, heads: usize, len: usize| -> Vec<f32> {
+        (0..problem.batch * heads * len)
+            .flat_map(|r| x[st.offset(r / (heads * len), (r / len) % heads, r % len)..][..d].iter().copied())
+            .collect()
+    };
+    let smoothed;
+    let (k, mean) = if smooth_k {
+        let sm = int8::smooth_k(problem, k)?;
+        smoothed = sm.values;
+        (&smoothed[..], Some(sm.mean))
+    } else {
+        (k, None)
+    };
+    let qd = dense(q, problem.q_strides(), problem.q_heads, problem.q_len);
+    let kd = dense(k, problem.k_strides(), problem.kv_heads, problem.kv_len);
+    Ok(Qk4 { q: quantize(&qd, qd.len() / d, d)?, k: quantize(&kd, kd.len() / d, d)?, mean })
 }
 
 impl ScorePlan {
@@ -89,26 +132,14 @@ impl ScorePlan {
                 ScorePlan::Fp8 { q: raw(&qt), k: raw(&kt), q_desc: (qt.descales, ql), k_desc: (kt.descales, kl) }
             }
             Precision::Nvfp4 { smooth_k, .. } => {
-                // Rows gathered densely (`[batch, heads, len]` order): the 16-element blocks run
-                // along each row, and a strided buffer's rows need not start at multiples of
-                // the head dim (nor its padding hold numbers).
-                let d = problem.head_dim;
-                let dense = |x: &[f32], st: crate::Strides, heads: usize, len: usize| -> Vec<f32> {
-                    (0..problem.batch * heads * len)
-                        .flat_map(|r| x[st.offset(r / (heads * len), (r / len) % heads, r % len)..][..d].iter().copied())
-                        .collect()
-                };
-                let (k, smoothing) = if smooth_k {
-                    let sm = int8::smooth_k(problem, &k)?;
-                    (sm.values, Some(Smoothing { q: q.clone(), mean: sm.mean }))
-                } else {
-                    (k, None)
-                };
-                let qd = dense(&q, problem.q_strides(), problem.q_heads, problem.q_len);
-                let kd = dense(&k, problem.k_strides(), problem.kv_heads, problem.kv_len);
-                let qt = Nvfp4Tensor::quantize(&qd, qd.len() / d, d)?;
-                let kt = Nvfp4Tensor::quantize(&kd, kd.len() / d, d)?;
-                ScorePlan::Nvfp4 { q: Decoded4::new(&qt), k: Decoded4::new(&kt), smoothing }
+                let t = quantize_qk_4bit(problem, smooth_k, &q, &k, Nvfp4Tensor::quantize)?;
+                let smoothing = t.mean.map(|mean| Smoothing { q, mean });
+                ScorePlan::Fp4 { q: Decoded4::new(&t.q), k: Decoded4::new(&t.k), smoothing }
+            }
+            Precision::Mxfp4 { smooth_k } => {
+                let t = quantize_qk_4bit(problem, smooth_k, &q, &k, Mxfp4Tensor::quantize)?;
+                let smoothing = t.mean.map(|mean| Smoothing { q, mean });
+                ScorePlan::Fp4 { q: Decoded4::new(&t.q), k: Decoded4::new(&t.k), smoothing }
             }
         })
     }
@@ -132,7 +163,7 @@ impl ScorePlan {
     /// What smoothing took off the LSE of row `i` (0 without smoothing).
     pub(super) fn lse_shift(&self, problem: &AttentionProblem, b: usize, h: usize, i: usize) -> f32 {
         match self {
-            ScorePlan::Int8 { smoothing: Some(sm), .. } | ScorePlan::Nvfp4 { smoothing: Some(sm), .. } => {
+            ScorePlan::Int8 { smoothing: Some(sm), .. } | ScorePlan::Fp4 { smoothing: Some(sm), .. } => {
                 let d = problem.head_dim;
                 let kvh = problem.kv_head_of(h);
                 let q_row = &sm.q[problem.q_strides().offset(b, h, i)..][..d];
@@ -164,17 +195,18 @@ impl ScorePlan {
                 let dot = mma::dot(&q[qo..][..d], &k[ko..][..d], QkAccum::F32, d, mma::K_STEP);
                 dot * (q_desc.0[q_desc.1.index(b, h, i)] * k_desc.0[k_desc.1.index(b, kvh, j)])
             }
-            ScorePlan::Nvfp4 { q, k, .. } => {
-                // A block-scaled MMA: per 16-element block the E2M1 products (exact) are summed
-                // and multiplied by both UE4M3 scales (exact), blocks accumulate in f32, and the
-                // tensor scales are applied once at the end.
+            ScorePlan::Fp4 { q, k, .. } => {
+                // A block-scaled MMA: per block the E2M1 products (exact) are summed and
+                // multiplied by both scales (UE4M3 or E8M0: exact), blocks accumulate in f32, and
+                // the tensor scales are applied once at the end.
                 let qr = (b * problem.q_heads + h) * problem.q_len + i;
                 let kr = (b * problem.kv_heads + kvh) * problem.kv_len + j;
-                let nb = d / NVFP4_BLOCK;
+                let bs = q.block;
+                let nb = d / bs;
                 let mut acc = 0.0f32;
                 for blk in 0..nb {
-                    let qe = &q.elems[qr * d + blk * NVFP4_BLOCK..][..NVFP4_BLOCK];
-                    let ke = &k.elems[kr * d + blk * NVFP4_BLOCK..][..NVFP4_BLOCK];
+                    let qe = &q.elems[qr * d + blk * bs..][..bs];
+                    let ke = &k.elems[kr * d + blk * bs..][..bs];
                     let inner = qe.iter().zip(ke).fold(0.0f32, |s, (a, b)| s + a * b);
                     acc += (q.scales[qr * nb + blk] * k.scales[kr * nb + blk]) * inner;
                 }

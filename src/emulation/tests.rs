@@ -132,6 +132,9 @@ fn tolerance(precision: Precision) -> (f64, f64) {
         Precision::Fp8 { format: Fp8Format::E4M3, .. } => (0.15, 0.15),
         Precision::Fp8 { format: Fp8Format::E5M2, .. } => (0.35, 0.3),
         Precision::Nvfp4 { .. } => (0.4, 0.3),
+        // Coarser than NVFP4 (power-of-two scales per 32): 0.29 and 0.23 on the data of
+        // `every_mode_is_within_its_tolerance_of_the_reference`.
+        Precision::Mxfp4 { .. } => (0.6, 0.5),
     }
 }
 
@@ -189,6 +192,14 @@ fn invalid_inputs_give_typed_errors() {
     assert!(matches!(r, Err(Error::BufferLength { .. })));
     let r = emulate(&p, Precision::NVFP4_DEFAULT, &blk, &x.0, &x.1, &x.2);
     assert!(matches!(r, Err(Error::UnsupportedHeadDim { head_dim: 40, .. })));
+    // MXFP4's scale blocks are 32 wide: 48 is a multiple of NVFP4's 16, not of 32.
+    let p48 = AttentionProblem::new(1, 2, 8, 48);
+    let x48 = inputs(&p48, 213);
+    assert!(emulate(&p48, Precision::NVFP4_DEFAULT, &blk, &x48.0, &x48.1, &x48.2).is_ok());
+    for smooth_k in [false, true] {
+        let r = emulate(&p48, Precision::Mxfp4 { smooth_k }, &blk, &x48.0, &x48.1, &x48.2);
+        assert!(matches!(r, Err(Error::UnsupportedHeadDim { head_dim: 48, .. })), "{r:?}");
+    }
     let bad = AttentionProblem::new(1, 3, 8, 40).kv_heads(2);
     assert!(matches!(emulate(&bad, Precision::F32, &blk, &[], &[], &[]), Err(Error::GqaRatio { .. })));
     let p16 = AttentionProblem::new(1, 2, 8, 32);
@@ -314,6 +325,43 @@ fn nvfp4_equals_attention_on_dequantized_inputs() {
     let (o_ref, lse_ref) = reference(&p, &deq(&x.0), &deq(&x.1), &round_bf16_vec(&x.2));
     let (eo, el) = (rel_l2(&out.o, &o_ref), lse_err(&out.lse, &lse_ref));
     assert!(eo < 8e-3 && el < 1e-4, "o {eo:e} lse {el:e}");
+}
+
+/// MXFP4 Q·K with bf16 P·V equals f64 attention on the dequantized Q, K (the codec's decode of
+/// its own codes: E2M1 times the E8M0 power of two) and bf16 V up to P's bf16 rounding; with
+/// smoothing, on the dequantized K − μ, and the LSE gets `scale · q·μ` back.
+#[test]
+fn mxfp4_equals_attention_on_dequantized_inputs() {
+    use crate::codec::mxfp4::Mxfp4Tensor;
+    // Head dim 64: two 32-element scale blocks per row; BSHD rows are dense in memory, so the
+    // blocks of the buffer's rows are the kernel's.
+    let p = AttentionProblem::new(1, 2, 40, 64).kv_len(45).causal(true).layout(Layout::Bshd);
+    let x = inputs(&p, 214);
+    let deq = |v: &[f32]| Mxfp4Tensor::quantize(v, v.len() / 64, 64).unwrap().dequantize();
+    let (q, k, v) = (round_bf16_vec(&x.0), round_bf16_vec(&x.1), round_bf16_vec(&x.2));
+    for smooth_k in [false, true] {
+        let out = emulate(&p, Precision::Mxfp4 { smooth_k }, &small_blocking(), &x.0, &x.1, &x.2).unwrap();
+        let (kq, shift) = if smooth_k {
+            let sm = int8::smooth_k(&p, &k).unwrap();
+            let shift: Vec<f32> = (0..p.q_heads * p.q_len)
+                .map(|r| {
+                    let (h, i) = (r / p.q_len, r % p.q_len);
+                    let mu = &sm.mean[p.kv_head_of(h) * 64..][..64];
+                    int8::lse_shift(&q[p.q_strides().offset(0, h, i)..][..64], mu, p.softmax_scale())
+                })
+                .collect();
+            (deq(&sm.values), shift)
+        } else {
+            (deq(&k), vec![0.0; p.q_heads * p.q_len])
+        };
+        let (o_ref, mut lse_ref) = reference(&p, &deq(&q), &kq, &v);
+        lse_ref.iter_mut().zip(&shift).for_each(|(l, s)| *l += *s as f64);
+        let (eo, el) = (rel_l2(&out.o, &o_ref), lse_err(&out.lse, &lse_ref));
+        assert!(eo < 8e-3 && el < 1e-4, "smooth_k {smooth_k}: o {eo:e} lse {el:e}");
+        // And far from attention on the unquantized inputs: the codes are really used.
+        let (o_plain, _) = reference(&p, &q, &k, &v);
+        assert!(rel_l2(&out.o, &o_plain) > 10.0 * eo, "smooth_k {smooth_k}");
+    }
 }
 
 #[test]

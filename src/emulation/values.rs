@@ -69,7 +69,7 @@ impl ValuePlan {
             Precision::F16 { pv, .. } => float(Round::F16, pv),
             Precision::Bf16 { pv, .. } => float(Round::Bf16, pv),
             Precision::Int8Qk { pv: PvFormat::F16, .. } => float(Round::F16, PvAccum::F32),
-            Precision::Nvfp4 { v: Nvfp4V::Bf16, .. } => float(Round::Bf16, PvAccum::F32),
+            Precision::Nvfp4 { v: Nvfp4V::Bf16, .. } | Precision::Mxfp4 { .. } => float(Round::Bf16, PvAccum::F32),
             Precision::Int8Qk { pv: PvFormat::Fp8, .. } => per_channel_e4m3(problem, &v)?,
             Precision::Fp8 { format, descale, p } => {
                 let l = DescaleLayout {
@@ -99,22 +99,8 @@ impl ValuePlan {
                 ValuePlan::Scaled { pq, v, factors, tiles, per_tile: true }
             }
             Precision::Nvfp4 { v: Nvfp4V::Nvfp4, .. } => {
-                let (dv, n) = (problem.v_head_dim, problem.kv_len);
-                let cols = n.div_ceil(NVFP4_BLOCK) * NVFP4_BLOCK;
-                let rows = problem.batch * problem.kv_heads * dv;
-                let mut vt = vec![0.0f32; rows * cols];
-                let st = problem.v_strides();
-                for b in 0..problem.batch {
-                    for h in 0..problem.kv_heads {
-                        for j in 0..n {
-                            for c in 0..dv {
-                                vt[((b * problem.kv_heads + h) * dv + c) * cols + j] = v[st.offset(b, h, j) + c];
-                            }
-                        }
-                    }
-                }
-                let t = Nvfp4Tensor::quantize(&vt, rows, cols)?;
-                ValuePlan::Nvfp4 { v: Decoded4::new(&t), cols, p_tensor_scale: nvfp4::tensor_scale_for(1.0) }
+                let t = quantize_vt_nvfp4(problem, &v)?;
+                ValuePlan::Nvfp4 { v: Decoded4::new(&t), cols: t.cols, p_tensor_scale: nvfp4::tensor_scale_for(1.0) }
             }
         })
     }
@@ -206,6 +192,28 @@ impl ValuePlan {
             }
         }
     }
+}
+
+/// Vᵀ in NVFP4 (the `v: Nvfp4` mode's V; `v` rounded to the input dtype): channel rows
+/// `[(b · kv_heads + kvh) · v_head_dim + c]` over the keys, padded with zeros to a multiple of
+/// 16, so the 16-element blocks run along the key axis; one tensor scale. The emulation and the
+/// CPU 4-bit kernel both quantize through here.
+pub(crate) fn quantize_vt_nvfp4(problem: &AttentionProblem, v: &[f32]) -> Result<Nvfp4Tensor> {
+    let (dv, n) = (problem.v_head_dim, problem.kv_len);
+    let cols = n.div_ceil(NVFP4_BLOCK) * NVFP4_BLOCK;
+    let rows = problem.batch * problem.kv_heads * dv;
+    let mut vt = vec![0.0f32; rows * cols];
+    let st = problem.v_strides();
+    for b in 0..problem.batch {
+        for h in 0..problem.kv_heads {
+            for j in 0..n {
+                for c in 0..dv {
+                    vt[((b * problem.kv_heads + h) * dv + c) * cols + j] = v[st.offset(b, h, j) + c];
+                }
+            }
+        }
+    }
+    Nvfp4Tensor::quantize(&vt, rows, cols)
 }
 
 /// One k-step of P·V over up to 16 keys (or `k_step`): for every channel, the exact products summed in f32
