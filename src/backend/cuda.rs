@@ -1592,5 +1592,12 @@ mod tests {
         let d32 = AttentionProblem::new(1, 1, 16, 32);
         assert!(matches!(nvfp4_native_decision((12, 0), &d32, prec), Err(Reject::NotApplicable(_))));
         assert!(matches!(nvfp4_native_decision((12, 0), &p, Precision::F16_DEFAULT), Err(Reject::NotApplicable(_))));
+        // MXFP4 has no native kernel on any compute capability: a typed refusal naming it.
+        for cc in [(12, 0), (9, 0)] {
+            match nvfp4_native_decision(cc, &p, Precision::Mxfp4 { smooth_k: false }) {
+                Err(Reject::Refused(Error::UnsupportedPrecision { reason, .. })) => assert!(reason.contains("no native MXFP4"), "{reason}"),
+                other => panic!("{cc:?}: {:?}", other.map(|d| d.kernel)),
+            }
+        }
     }
 }
