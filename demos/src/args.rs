@@ -179,7 +179,7 @@ pub fn parse_precision(s: &str) -> Result<Precision, String> {
     Precision::parse(s).ok_or_else(|| {
         let names: Vec<String> = Precision::all_named().iter().map(|p| p.name()).collect();
         format!(
-            "unknown precision `{s}`; one of f32|f16|f16-acc16|f16-2stage|bf16|int8|fp8|nvfp4 or a full name: {}",
+            "unknown precision `{s}`; one of f32|f16|f16-acc16|f16-2stage|bf16|int8|fp8|nvfp4|mxfp4 or a full name: {}",
             names.join(", ")
         )
     })
@@ -250,7 +250,7 @@ fn parse_window(s: &str) -> Result<(i64, i64), String> {
 pub struct RunArgs {
     #[command(flatten)]
     pub dev: DeviceOpts,
-    /// f32|f16|f16-acc16|f16-2stage|bf16|int8|fp8|nvfp4, or a full precision name.
+    /// f32|f16|f16-acc16|f16-2stage|bf16|int8|fp8|nvfp4|mxfp4, or a full precision name.
     #[arg(long, default_value = "f16", value_parser = parse_precision)]
     pub precision: Precision,
     #[arg(long, default_value_t = 1)]
