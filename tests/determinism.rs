@@ -55,7 +55,7 @@ fn check(device: Device, precisions: &[&str], reference: bool) {
 
 #[test]
 fn cpu_and_emulation() {
-    check(Device::Cpu, &["f32", "f16", "bf16", "fp8-e4m3-block", "int8-warp", "f16-2stage-pv16", "nvfp4"], true);
+    check(Device::Cpu, &["f32", "f16", "bf16", "fp8-e4m3-block", "int8-warp", "f16-2stage-pv16", "nvfp4", "mxfp4"], true);
 }
 
 #[test]
