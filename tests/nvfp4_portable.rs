@@ -119,6 +119,14 @@ fn typed_errors_of_the_4bit_path() {
     // The 4-bit family takes only the 4-bit modes.
     let e = s.plan(&p, Precision::F16_DEFAULT, Strategy::PortableFamily(PortableKind::Fp4)).unwrap_err();
     assert!(matches!(e, Error::UnsupportedStrategy { .. }), "{e}");
+    // MXFP4 has no portable plan (the launch takes its codes; nothing quantizes to them here):
+    // Auto says so, naming the kernel, instead of listing every row.
+    for smooth_k in [false, true] {
+        match s.plan(&p, Precision::Mxfp4 { smooth_k }, Strategy::Auto) {
+            Err(Error::UnsupportedPrecision { reason, .. }) => assert!(reason.contains("no portable MXFP4 kernel"), "{reason}"),
+            other => panic!("{:?}", other.map(|p| p.kernel)),
+        }
+    }
 }
 
 /// The CubeCL NVFP4 quantization against the CPU codec, byte for byte: random rows with
