@@ -2,7 +2,7 @@
 //! built here from C (there is no ROCm on CI): the runtime is found by `QUATTN_HIP_LIB` and
 //! loaded with every entry point, devices are counted and their arch read from the properties
 //! struct, an arch without kernels and an ordinal past the count are `DeviceUnavailable`, a
-//! gfx942 device opens and plans onto the MFMA rows, and a failing allocation is a typed
+//! gfx942 device opens and plans onto the MFMA rows (and refuses the 4-bit modes), and a failing allocation is a typed
 //! `Kernel` error; an FP8 run goes to the device prepass first (which needs hipRTC, absent).
 //! The stand-in has two devices (gfx90a, gfx942) and fails every allocation;
 //! nothing here runs a kernel.
@@ -106,6 +106,13 @@ fn hip_backend_paths_with_a_stand_in_runtime() {
     let per_block = Precision::Fp8 { format: quattn::Fp8Format::E4M3, descale: quattn::DescaleGranularity::PerBlock, p: quattn::PvFormat::F16 };
     assert!(s.plan(&p, per_block, Strategy::Auto).is_err());
     assert!(matches!(s.plan(&p, Precision::F16_DEFAULT, Strategy::Native(NativeKind::Hmma)), Err(Error::UnsupportedStrategy { .. })));
+    // No 4-bit kernel: NVFP4 and MXFP4 are refused naming that.
+    for prec in [Precision::NVFP4_DEFAULT, Precision::Mxfp4 { smooth_k: false }] {
+        match s.plan(&p, prec, Strategy::Auto) {
+            Err(Error::UnsupportedPrecision { reason, .. }) => assert!(reason.contains("no HIP 4-bit kernel"), "{prec}: {reason}"),
+            other => panic!("{prec}: {:?}", other.map(|p| p.kernel_name())),
+        }
+    }
 
     // The stand-in fails every allocation: a typed error naming the kernel and the HIP call.
     let x = vec![0.5f32; p.q_len_elems().max(p.k_len_elems())];
