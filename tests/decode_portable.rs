@@ -9,7 +9,7 @@ macro_rules! testgen_decode {
     ($runtime:ident, $device:expr) => {
         mod $runtime {
             use super::common::{check, check_plan, open};
-            use quattn_cubecl::{DecodeTiles, PortableKernel};
+            use quattn_cubecl::{decode_candidates, row_candidates, DecodeTiles, DecodeTiling, PortableKernel};
             use quattn::{AttentionProblem, Device, Family, KernelId, Layout, PortableKind, Precision, Strategy};
 
             const DECODE: Strategy = Strategy::PortableFamily(PortableKind::Decode);
@@ -38,14 +38,21 @@ macro_rules! testgen_decode {
             /// The plan of `p` on the decode kernel with its split replaced by about `splits`
             /// splits of whole tiles (the launch checks that they cover the keys).
             fn forced(s: &quattn::Session, p: &AttentionProblem, prec: Precision, splits: u32) -> quattn::Plan {
-                let mut plan = s.plan(&p.clone().with_lse(true), prec, DECODE).unwrap_or_else(|e| panic!("{p:?}: {e}"));
-                let KernelId::Portable { kernel: PortableKernel::Decode(t), name } = plan.kernel.clone() else {
+                let plan = s.plan(&p.clone().with_lse(true), prec, DECODE).unwrap_or_else(|e| panic!("{p:?}: {e}"));
+                let KernelId::Portable { kernel: PortableKernel::Decode(t), .. } = plan.kernel.clone() else {
                     panic!("not the decode kernel: {}", plan.kernel)
                 };
-                let bk = t.tiles.bk as usize;
+                with_tiling(plan, p, t.tiling, splits)
+            }
+
+            /// `plan` on `tiling` with about `splits` splits of whole tiles.
+            fn with_tiling(mut plan: quattn::Plan, p: &AttentionProblem, tiling: DecodeTiling, splits: u32) -> quattn::Plan {
+                let KernelId::Portable { name, .. } = plan.kernel.clone() else { unreachable!() };
+                let probe = DecodeTiles { tiling, splits: 1, keys_per_split: 0 };
+                let bk = probe.bk() as usize;
                 let tiles = p.kv_len.div_ceil(bk);
                 let per_split = tiles.div_ceil(splits as usize);
-                let d = DecodeTiles { splits: tiles.div_ceil(per_split) as u32, keys_per_split: (per_split * bk) as u32, ..t };
+                let d = DecodeTiles { tiling, splits: tiles.div_ceil(per_split) as u32, keys_per_split: (per_split * bk) as u32 };
                 // Whole tiles may round the count down, never to one split from several.
                 assert!(d.splits <= splits && (d.splits > 1) == (splits > 1), "{p:?}: {splits} splits -> {}", d.splits);
                 plan.kernel = KernelId::Portable { kernel: PortableKernel::Decode(d), name };
@@ -71,6 +78,53 @@ macro_rules! testgen_decode {
                         for splits in [1u32, 3, tiles.min(7)] {
                             let plan = forced(&s, p, prec, splits);
                             check_plan(&s, &plan, 40 + i as u64);
+                        }
+                    }
+                }
+            }
+
+            /// Both tilings on the shapes the row kernel takes (at most 8 packed rows): the
+            /// portable strategy picks the row kernel, and each tiling matches the reference with one split and
+            /// many, at every head-dim layout of its groups (d 64: 8 groups of 16 lanes; d 128:
+            /// 4 of 32; d 256: 2 of 64) and both key tiles.
+            #[test]
+            fn row_kernel_and_tile_kernel_match_on_few_rows() {
+                let Some(s) = open(device()) else { return };
+                let shapes = [
+                    // MQA-like: one row (group 1, q_len 1), d 128.
+                    AttentionProblem::new(2, 3, 1, 128).kv_len(1111),
+                    // GQA 8 at q_len 1, d 64, ragged.
+                    AttentionProblem::new(1, 16, 1, 64).kv_heads(2).kv_len(2049),
+                    // GQA 2 x q_len 3 = 6 rows, causal (every position its own diagonal), BSHD.
+                    AttentionProblem::new(2, 4, 3, 128).kv_heads(2).kv_len(700).causal(true).layout(Layout::Bshd),
+                    // d 256 (two groups of 64 lanes), GQA 4.
+                    AttentionProblem::new(1, 4, 1, 256).kv_heads(1).kv_len(900),
+                ];
+                // Every float precision on the first shape, f16 (the decode type) on the others:
+                // each case compiles its own kernels.
+                let all = precisions(&s);
+                for (i, p) in shapes.iter().enumerate() {
+                    let precs = if i == 0 { all.clone() } else { vec![Precision::F16_DEFAULT] };
+                    for prec in precs {
+                        let plan = s.plan(&p.clone().with_lse(true), prec, Strategy::Portable).unwrap();
+                        let KernelId::Portable { kernel: PortableKernel::Decode(t), .. } = plan.kernel.clone() else {
+                            panic!("{prec} {p:?}: the portable strategy gave {}", plan.kernel)
+                        };
+                        assert!(matches!(t.tiling, DecodeTiling::Rows(_)), "{prec} {p:?}: {t}");
+                        let rows = (p.q_heads / p.kv_heads * p.q_len) as u32;
+                        let (d, dv) = (p.head_dim as u32, p.head_dim as u32);
+                        let mut tilings: Vec<DecodeTiling> = row_candidates(rows, d, dv).into_iter().map(DecodeTiling::Rows).collect();
+                        assert!(tilings.len() >= 1, "{p:?}");
+                        // The smallest tile kernel (16-key tiles), where it fits every runtime's 32 KiB.
+                        let small = decode_candidates(rows, d, dv).into_iter().map(DecodeTiling::Tile).find(|&tiling| {
+                            DecodeTiles { tiling, splits: 1, keys_per_split: 0 }.smem_bytes(d, dv, 4) <= 32 * 1024
+                        });
+                        tilings.extend(small);
+                        for tiling in tilings {
+                            for splits in [1u32, 4] {
+                                let plan = with_tiling(plan.clone(), p, tiling, splits);
+                                check_plan(&s, &plan, 60 + i as u64);
+                            }
                         }
                     }
                 }

@@ -207,3 +207,99 @@ fn fp8_entry_points_refuse_what_they_cannot_run() {
     let err = s.run_cubecl_fp8::<WgpuRuntime>(&plan, CubeclTensors { v: &short, ..t }, Fp8Descales { q: &d.dq, k: &d.dk, v: &d.dv }).unwrap_err();
     assert!(matches!(err, Error::BufferLength { tensor: quattn::TensorName::V, .. }), "{err}");
 }
+
+/// `plan` with its FP8 row decode kernel's split replaced by one split (O written directly).
+fn one_split(mut plan: quattn::Plan) -> quattn::Plan {
+    use quattn_cubecl::{DecodeTiles, Fp8Tiles, Fp8Tiling, PortableKernel};
+    let quattn::KernelId::Portable { kernel: PortableKernel::Fp8(f), name } = plan.kernel.clone() else {
+        panic!("not a portable FP8 kernel: {}", plan.kernel)
+    };
+    let Fp8Tiling::Decode(d) = f.tiles else { panic!("not the row decode kernel: {name}") };
+    let kps = (plan.problem.kv_len as u32).next_multiple_of(d.bk());
+    let tiles = Fp8Tiling::Decode(DecodeTiles { splits: 1, keys_per_split: kps, ..d });
+    plan.kernel = quattn::KernelId::Portable { kernel: PortableKernel::Fp8(Fp8Tiles { tiles, ..f }), name };
+    plan
+}
+
+/// Decode shapes (at most 8 packed rows per KV head, at least 512 keys) plan on the FP8 row
+/// decode kernel, with one split and with the split Auto chose (merged), against f64 and the
+/// emulation with the kernel's descale blocks, for both formats and every descale granularity.
+#[test]
+fn fp8_decode_shapes_run_the_row_decode_kernel() {
+    let Some(s) = session() else { return };
+    let shapes = [
+        // GQA 4, one position, a ragged cache.
+        AttentionProblem::new(1, 8, 1, 128).kv_heads(2).kv_len(700),
+        // GQA 4 x 2 positions = 8 rows, causal, BSHD, d 64.
+        AttentionProblem::new(2, 4, 2, 64).kv_heads(1).kv_len(1000).causal(true).layout(Layout::Bshd),
+    ];
+    for (i, p) in shapes.into_iter().enumerate() {
+        let p = p.with_lse(true);
+        for format in [Fp8Format::E4M3, Fp8Format::E5M2] {
+            for descale in [DescaleGranularity::PerTensor, DescaleGranularity::PerHead, DescaleGranularity::PerBlock] {
+                let prec = fp8(format, descale);
+                let auto = s.plan(&p, prec, Strategy::Auto).unwrap_or_else(|e| panic!("plan {prec} {p:?}: {e}"));
+                assert!(auto.kernel.to_string().contains("decode"), "{prec} {p:?}: {}", auto.kernel);
+                let (q, k, v) = f16_inputs(&p, 900 + i as u64);
+                let r = reference::attention_f64(&p, &q, &k, &v).unwrap();
+                let emu = quattn::emulation::emulate(&p, prec, &auto.blocking.unwrap(), &q, &k, &v).unwrap();
+                for plan in [auto.clone(), one_split(auto.clone())] {
+                    let out = s.run(&plan, &q, &k, &v).unwrap();
+                    let m = ErrorMetrics::compare(&out.o, &r.o);
+                    let tol = Tolerance::for_precision(prec);
+                    let ref_max = r.o.iter().fold(0.0f64, |a, &x| a.max(x.abs()));
+                    assert!(tol.accepts(&m, ref_max), "{} {p:?}: {m:?} vs {tol:?}", plan.kernel);
+                    let e: Vec<f64> = emu.o.iter().map(|&x| x as f64).collect();
+                    let me = ErrorMetrics::compare(&out.o, &e);
+                    assert!(me.rel_l2 < 1e-3, "{} {p:?}: kernel vs emulation {me:?}", plan.kernel);
+                    let el: Vec<f64> = emu.lse.iter().map(|&x| x as f64).collect();
+                    let lm = compare_lse(out.lse.as_ref().unwrap(), &el).expect("LSE infinities match");
+                    assert!(lm.max_abs < 1e-4, "{} LSE vs emulation {lm:?}", plan.kernel);
+                }
+            }
+        }
+    }
+}
+
+/// NaN codes through the row decode kernel, split and merged or written directly: a NaN in K
+/// poisons the positions whose causal window reaches its key, a NaN in Q only its own row.
+#[test]
+fn fp8_decode_nan_codes_poison_only_the_rows_that_see_them() {
+    let Some(s) = session() else { return };
+    let client = s.cubecl_client::<WgpuRuntime>().unwrap();
+    // 2 KV heads, GQA 2 x 4 positions; bottom-right causal: position i sees keys <= i + 596.
+    let p = AttentionProblem::new(1, 4, 4, 64).kv_heads(2).kv_len(600).causal(true).with_lse(true);
+    for format in [Fp8Format::E4M3, Fp8Format::E5M2] {
+        let descale = DescaleGranularity::PerHead;
+        let auto = s.plan(&p, fp8(format, descale), Strategy::Auto).unwrap();
+        assert!(auto.kernel.to_string().contains("decode"), "{}", auto.kernel);
+        let (q, k, v) = f16_inputs(&p, 19);
+        let mut t = quantize(&p, &auto, format, descale, (&q, &k, &v));
+        let nan = match format {
+            Fp8Format::E4M3 => 0x7F,
+            Fp8Format::E5M2 => 0x7E,
+        };
+        let (key, row) = (598, 1);
+        // KV head 0 (q heads 0, 1): a NaN in V's key 598 (positions 2 and 3 see it); q head 3:
+        // a NaN in Q's position 1.
+        t[2].codes[p.v_strides().offset(0, 0, key) + 7] = nan;
+        t[0].codes[p.q_strides().offset(0, 3, row) + 2] = nan;
+        let d = upload(&client, &t);
+        for plan in [auto.clone(), one_split(auto.clone())] {
+            let (o, lse) = run_device(&s, &plan, &d);
+            let os = p.o_strides();
+            for h in 0..4 {
+                for i in 0..p.q_len {
+                    let r = &o[os.offset(0, h, i)..][..p.v_head_dim];
+                    let poisoned = (h < 2 && i + 596 >= key) || (h == 3 && i == row);
+                    let l = lse[h * p.q_len + i];
+                    if poisoned {
+                        assert!(r.iter().all(|x| x.is_nan()) && l.is_nan(), "{} head {h} row {i} must be NaN", plan.kernel);
+                    } else {
+                        assert!(r.iter().all(|x| x.is_finite()) && l.is_finite(), "{} head {h} row {i} must stay finite", plan.kernel);
+                    }
+                }
+            }
+        }
+    }
+}

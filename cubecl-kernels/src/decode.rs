@@ -11,6 +11,8 @@ use quattn_core::{Accumulation, AttentionShape, Dtype};
 
 use crate::error::LaunchError;
 use crate::kernel::decode::{decode_merge, fwd_portable_decode, DecodeArgsLaunch};
+use crate::kernel::decode_rows::{fwd_portable_decode_rows, fwd_portable_decode_rows_fp8, RowDecodeConfig, ROW_DECODE_MAX_ROWS, ROW_UNITS};
+use crate::kernel::fma_vec_fp8::{Fp8Config, Fp8ShapeLaunch};
 use crate::kernel::fma_vec::{FmaVecConfig, W};
 use crate::launch::{check_grid, vector_layout_ok, CubeLimits, Family, LaunchInfo, PortableKernel};
 use crate::problem::Args;
@@ -31,24 +33,122 @@ pub const MAX_SPLITS: u32 = 128;
 /// shared memory, mostly well under), and the kernel is bound by memory latency: more cubes in
 /// flight hide more of it.
 pub const CUBES_PER_SM: u32 = 8;
+/// Resident row-decode cubes assumed per SM: 128 units at 96 to 168 registers each (ptxas,
+/// sm_90) leave room for 3 to 5 on a 64K-register SM; splitting for more would start a second,
+/// partial wave.
+pub const ROW_CUBES_PER_SM: u32 = 4;
 /// SMs assumed where the runtime reports none (wgpu reports no count): about an H100's 132.
 pub const ASSUMED_SMS: u32 = 128;
 
-/// The decode kernel resolved for one shape: the vector FMA tiling of its packed query tile and
-/// the split of the keys ([`decode_split`]).
+/// The decode kernel resolved for one shape: its tiling ([`DecodeTiling`]) and the split of the
+/// keys ([`decode_split`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct DecodeTiles {
-    pub tiles: FmaVecTiles,
+    pub tiling: DecodeTiling,
     /// Cubes along the KV sequence per (batch, KV head); 1 writes O directly.
     pub splits: u32,
-    /// Keys of every split but the last, a multiple of `tiles.bk`.
+    /// Keys of every split but the last, a multiple of the tiling's `bk`.
     pub keys_per_split: u32,
+}
+
+/// How a decode cube holds its packed query rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DecodeTiling {
+    /// The vector FMA kernel's query tile (`kernel/decode.rs`), padded to `bq ≥ 16` rows.
+    Tile(FmaVecTiles),
+    /// Exactly the packed rows, at most [`ROW_DECODE_MAX_ROWS`] (`kernel/decode_rows.rs`).
+    Rows(RowTiles),
+}
+
+/// The row decode kernel's tiling: its packed rows and keys per tile ([`ROW_UNITS`] units).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RowTiles {
+    pub rows: u32,
+    pub bk: u32,
+}
+
+impl RowTiles {
+    const fn config(&self, head_dim: u32, v_head_dim: u32, causal: bool, write_lse: bool) -> RowDecodeConfig {
+        RowDecodeConfig {
+            head_dim: head_dim as usize,
+            v_head_dim: v_head_dim as usize,
+            rows: self.rows as usize,
+            bk: self.bk as usize,
+            causal,
+            write_lse,
+        }
+    }
 }
 
 impl fmt::Display for DecodeTiles {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}_split{}x{}", self.tiles, self.splits, self.keys_per_split)
+        match self.tiling {
+            DecodeTiling::Tile(t) => write!(f, "{t}")?,
+            DecodeTiling::Rows(r) => write!(f, "rows{}_bk{}", r.rows, r.bk)?,
+        }
+        write!(f, "_split{}x{}", self.splits, self.keys_per_split)
     }
+}
+
+impl DecodeTiles {
+    /// Query rows a cube holds (the packed rows padded to the tile, or exactly).
+    pub const fn bq(&self) -> u32 {
+        match self.tiling {
+            DecodeTiling::Tile(t) => t.bq,
+            DecodeTiling::Rows(r) => r.rows,
+        }
+    }
+    /// Keys per tile.
+    pub const fn bk(&self) -> u32 {
+        match self.tiling {
+            DecodeTiling::Tile(t) => t.bk,
+            DecodeTiling::Rows(r) => r.bk,
+        }
+    }
+    pub const fn units(&self) -> u32 {
+        match self.tiling {
+            DecodeTiling::Tile(t) => t.units(),
+            DecodeTiling::Rows(_) => ROW_UNITS as u32,
+        }
+    }
+    /// Shared memory of one cube in bytes on inputs of `elem_bytes` (the row kernel stages Q
+    /// and its scratch in f32 whatever the input type).
+    pub const fn smem_bytes(&self, head_dim: u32, v_head_dim: u32, elem_bytes: u32) -> u32 {
+        match self.tiling {
+            DecodeTiling::Tile(t) => t.smem_bytes(head_dim, v_head_dim, elem_bytes),
+            DecodeTiling::Rows(r) => r.config(head_dim, v_head_dim, false, false).smem_bytes() as u32,
+        }
+    }
+    pub fn validate(&self, head_dim: u32, v_head_dim: u32) -> Result<(), LaunchError> {
+        match self.tiling {
+            DecodeTiling::Tile(t) => t.validate(head_dim, v_head_dim),
+            DecodeTiling::Rows(r) => match r.config(head_dim, v_head_dim, false, false).invalid() {
+                Some(reason) => Err(LaunchError::InvalidTiles { tiles: self.to_string(), reason }),
+                None => Ok(()),
+            },
+        }
+    }
+    /// Units per row of the tile kernel's reductions, whose plane shuffles need that many
+    /// lanes (`None` for the row kernel, which reduces through shared memory).
+    pub const fn reduce_lanes(&self) -> Option<u32> {
+        match self.tiling {
+            DecodeTiling::Tile(t) => Some(t.tc),
+            DecodeTiling::Rows(_) => None,
+        }
+    }
+}
+
+/// Row kernel tilings for `rows` packed rows, best first: 32-key tiles (each unit prefetches
+/// one key's share of K and `32 / groups` keys' vector of V: with 128 units, 16 KiB of f16 K/V
+/// in flight per cube at d 128, which several resident cubes multiply, at half the prefetch
+/// registers of 64-key tiles), then 64, each only where the kernel's loops cover the head dims.
+/// Empty above [`ROW_DECODE_MAX_ROWS`] rows.
+pub fn row_candidates(rows: u32, head_dim: u32, v_head_dim: u32) -> Vec<RowTiles> {
+    [32u32, 64]
+        .into_iter()
+        .map(|bk| RowTiles { rows, bk })
+        .filter(|t| rows as usize <= ROW_DECODE_MAX_ROWS && t.config(head_dim, v_head_dim, false, false).invalid().is_none())
+        .collect()
 }
 
 /// The split of a decode launch: a pure function of the shape and the device.
@@ -62,9 +162,14 @@ impl fmt::Display for DecodeTiles {
 /// shrink). Returns `(splits, keys_per_split)`. Example, H100 (132 SMs), batch 8 x 8 KV heads,
 /// bk 64: 1056 / 64 = 16 splits of 2048 keys at kv 32k, 16 of 512 at kv 8k.
 pub fn decode_split(pairs: u64, kv_len: u32, bk: u32, sms: u32) -> (u32, u32) {
+    decode_split_with(pairs, kv_len, bk, sms, CUBES_PER_SM)
+}
+
+/// [`decode_split`] for a kernel of which about `cubes_per_sm` cubes are resident per SM.
+pub fn decode_split_with(pairs: u64, kv_len: u32, bk: u32, sms: u32, cubes_per_sm: u32) -> (u32, u32) {
     let bk = bk.max(1) as u64;
     let tiles = (kv_len as u64).div_ceil(bk).max(1);
-    let slots = sms.max(1) as u64 * CUBES_PER_SM as u64;
+    let slots = sms.max(1) as u64 * cubes_per_sm.max(1) as u64;
     let by_device = (slots / pairs.max(1)).max(1);
     let by_length = (tiles / MIN_TILES_PER_SPLIT as u64).max(1);
     let want = by_device.min(by_length).min(MAX_SPLITS as u64);
@@ -144,9 +249,16 @@ pub(crate) fn select<R: Runtime>(
     let rows = args.group_size() * args.q_len;
     let pairs = args.batch as u64 * args.kv_heads as u64;
     let mut last = None;
-    for tiles in decode_candidates(rows, args.head_dim, args.v_head_dim) {
-        let (splits, keys_per_split) = decode_split(pairs, args.kv_len, tiles.bk, sms);
-        let kernel = PortableKernel::Decode(DecodeTiles { tiles, splits, keys_per_split });
+    let rows_first = row_candidates(rows, args.head_dim, args.v_head_dim).into_iter().map(DecodeTiling::Rows);
+    let tiles = decode_candidates(rows, args.head_dim, args.v_head_dim).into_iter().map(DecodeTiling::Tile);
+    for tiling in rows_first.chain(tiles) {
+        let probe = DecodeTiles { tiling, splits: 1, keys_per_split: 0 };
+        let per_sm = match tiling {
+            DecodeTiling::Tile(_) => CUBES_PER_SM,
+            DecodeTiling::Rows(_) => ROW_CUBES_PER_SM,
+        };
+        let (splits, keys_per_split) = decode_split_with(pairs, args.kv_len, probe.bk(), sms, per_sm);
+        let kernel = PortableKernel::Decode(DecodeTiles { tiling, splits, keys_per_split });
         match kernel.check_fits(limits, args.head_dim, args.v_head_dim, dtype) {
             Ok(()) => return Ok(kernel),
             Err(e) => last = Some(e),
@@ -168,12 +280,19 @@ impl DecodeTiles {
     fn check_shape(&self, args: &Args) -> Result<(), LaunchError> {
         let bad = |reason: String| Err(LaunchError::WrongKernel { kernel: format!("portable_decode_{self}"), reason });
         let rows = args.group_size() as u64 * args.q_len as u64;
-        if rows > self.tiles.bq as u64 {
-            return bad(format!("{rows} packed query rows exceed the tile's {}", self.tiles.bq));
+        match self.tiling {
+            DecodeTiling::Tile(t) if rows > t.bq as u64 => {
+                return bad(format!("{rows} packed query rows exceed the tile's {}", t.bq));
+            }
+            // The row kernel is compiled for its exact row count.
+            DecodeTiling::Rows(r) if rows != r.rows as u64 => {
+                return bad(format!("{rows} packed query rows, the kernel holds exactly {}", r.rows));
+            }
+            _ => {}
         }
         let kps = self.keys_per_split as u64;
-        if self.splits == 0 || self.splits > MAX_SPLITS || kps == 0 || !kps.is_multiple_of(self.tiles.bk as u64) {
-            return bad(format!("1..={MAX_SPLITS} splits of a positive multiple of {} keys", self.tiles.bk));
+        if self.splits == 0 || self.splits > MAX_SPLITS || kps == 0 || !kps.is_multiple_of(self.bk() as u64) {
+            return bad(format!("1..={MAX_SPLITS} splits of a positive multiple of {} keys", self.bk()));
         }
         let kv = args.kv_len as u64;
         let splits = self.splits as u64;
@@ -182,6 +301,110 @@ impl DecodeTiles {
         }
         if splits * kps > u32::MAX as u64 {
             return bad("the split reaches past 32-bit key indices".into());
+        }
+        Ok(())
+    }
+}
+
+/// The split, grid and partial-state buffers of one decode launch ([`prepare`]).
+struct Prepared {
+    rows: u32,
+    direct: bool,
+    part_o: Handle,
+    part_lse: Handle,
+    o_elems: u64,
+    lse_elems: u64,
+}
+
+/// Fit, shape and grid checks, the launch record, and the partial-state buffers (f32:
+/// `[batch][kv_head][split][bq][dv]` and `[...][bq]`; one float each when there is one
+/// split). `None` when the grid is empty (nothing to enqueue).
+fn prepare<R: Runtime>(
+    client: &ComputeClient<R>,
+    kernel: &PortableKernel,
+    t: &DecodeTiles,
+    args: &Args,
+    dtype: Dtype,
+    plane_reduce: bool,
+) -> Result<(LaunchInfo, Option<Prepared>), LaunchError> {
+    kernel.check_fits(CubeLimits::of(client), args.head_dim, args.v_head_dim, dtype)?;
+    t.check_shape(args)?;
+    let count = (t.splits, args.kv_heads, args.batch);
+    check_grid(count, client.properties().hardware.max_cube_count)?;
+    let rows = args.group_size() * args.q_len;
+    let info = LaunchInfo {
+        kernel: kernel.kernel_name(dtype, args.head_dim as usize, args.v_head_dim as usize),
+        cube_count: count,
+        units_per_cube: kernel.units(),
+        shared_memory_bytes: kernel.smem_bytes(args.head_dim, args.v_head_dim, dtype),
+        plane_reduce,
+        launched: false,
+    };
+    if count.0 == 0 || count.1 == 0 || count.2 == 0 || rows == 0 {
+        log::debug!("{}: empty grid, nothing launched", info.kernel);
+        return Ok((info, None));
+    }
+    let direct = t.splits == 1;
+    let states = args.batch as u64 * args.kv_heads as u64 * t.splits as u64 * t.bq() as u64;
+    let (o_elems, lse_elems) = if direct { (W as u64, 1) } else { (states * args.v_head_dim as u64, states) };
+    for (tensor, elems) in [("decode partial O", o_elems), ("decode partial LSE", lse_elems)] {
+        if elems > u32::MAX as u64 {
+            return Err(LaunchError::IndexOverflow { tensor, elems });
+        }
+    }
+    let part_o = client.empty(o_elems as usize * 4);
+    let part_lse = client.empty(lse_elems as usize * 4);
+    log::debug!("launching {} ({} splits of {} keys) for {args:?}", info.kernel, t.splits, t.keys_per_split);
+    Ok((info, Some(Prepared { rows, direct, part_o, part_lse, o_elems, lse_elems })))
+}
+
+impl Prepared {
+    // SAFETY (both): allocated in `prepare` with exactly these many f32s.
+    fn part_o_arg<R: Runtime>(&self) -> ArrayArg<R> {
+        unsafe { ArrayArg::from_raw_parts(self.part_o.clone(), (self.o_elems as usize).div_ceil(W)) }
+    }
+    fn part_lse_arg<R: Runtime>(&self) -> ArrayArg<R> {
+        unsafe { ArrayArg::from_raw_parts(self.part_lse.clone(), self.lse_elems as usize) }
+    }
+    fn dec_arg<R: Runtime>(&self, t: &DecodeTiles) -> DecodeArgsLaunch<R> {
+        DecodeArgsLaunch::new(self.rows, t.splits, t.keys_per_split, f32::NAN)
+    }
+
+    /// With several splits, the merge of their partial states into O (`o_dtype`) and the LSE.
+    fn merge<R: Runtime>(
+        &self,
+        client: &ComputeClient<R>,
+        t: &DecodeTiles,
+        args: &Args,
+        o_dtype: Dtype,
+        o: ArrayArg<R>,
+        lse: ArrayArg<R>,
+    ) -> Result<(), LaunchError> {
+        if self.direct {
+            return Ok(());
+        }
+        let merge_count = (self.rows, args.kv_heads, args.batch);
+        check_grid(merge_count, client.properties().hardware.max_cube_count)?;
+        let count = CubeCount::Static(merge_count.0, merge_count.1, merge_count.2);
+        let dim = CubeDim::new_1d(args.v_head_dim / W as u32);
+        let (bq, dv, write_lse) = (t.bq() as usize, args.v_head_dim as usize, args.write_lse);
+        macro_rules! merge {
+            ($e:ty) => {
+                // SAFETY: the merge reads states `< batch · kv_heads · splits · bq` (rows ≤ bq)
+                // and writes O rows and LSE entries of existing (head, position) pairs.
+                unsafe {
+                    decode_merge::launch_unchecked::<$e, R>(
+                        client, count, dim, W,
+                        self.part_o_arg(), self.part_lse_arg(), o, lse,
+                        crate::launch::shape_arg::<R>(args), self.dec_arg(t), bq, dv, write_lse,
+                    )
+                }
+            };
+        }
+        match o_dtype {
+            Dtype::F32 => merge!(f32),
+            Dtype::F16 => merge!(f16),
+            Dtype::Bf16 => merge!(bf16),
         }
         Ok(())
     }
@@ -200,37 +423,8 @@ pub(crate) fn launch<R: Runtime>(
     lse: (Handle, u64),
     plane_reduce: bool,
 ) -> Result<LaunchInfo, LaunchError> {
-    kernel.check_fits(CubeLimits::of(client), args.head_dim, args.v_head_dim, dtype)?;
-    t.check_shape(args)?;
-    let count = (t.splits, args.kv_heads, args.batch);
-    let max = client.properties().hardware.max_cube_count;
-    check_grid(count, max)?;
-    let rows = args.group_size() * args.q_len;
-    let mut info = LaunchInfo {
-        kernel: kernel.kernel_name(dtype, args.head_dim as usize, args.v_head_dim as usize),
-        cube_count: count,
-        units_per_cube: kernel.units(),
-        shared_memory_bytes: kernel.smem_bytes(args.head_dim, args.v_head_dim, dtype),
-        plane_reduce,
-        launched: false,
-    };
-    if count.0 == 0 || count.1 == 0 || count.2 == 0 || rows == 0 {
-        log::debug!("{}: empty grid, nothing launched", info.kernel);
-        return Ok(info);
-    }
-    let direct = t.splits == 1;
-    // Partial states, f32: `[batch][kv_head][split][bq][dv]` and `[...][bq]`.
-    let states = args.batch as u64 * args.kv_heads as u64 * t.splits as u64 * t.tiles.bq as u64;
-    let (o_elems, lse_elems) = if direct { (W as u64, 1) } else { (states * args.v_head_dim as u64, states) };
-    for (tensor, elems) in [("decode partial O", o_elems), ("decode partial LSE", lse_elems)] {
-        if elems > u32::MAX as u64 {
-            return Err(LaunchError::IndexOverflow { tensor, elems });
-        }
-    }
-    let part_o = client.empty(o_elems as usize * 4);
-    let part_lse = client.empty(lse_elems as usize * 4);
-    log::debug!("launching {} ({} splits of {} keys) for {args:?}", info.kernel, t.splits, t.keys_per_split);
-
+    let (info, prep) = prepare(client, kernel, t, args, dtype, plane_reduce)?;
+    let Some(prep) = prep else { return Ok(info) };
     let extents = args.extents();
     let arr = |handle: &Handle, elems: u64| {
         // SAFETY: the caller's `check_extent` proved the handle covers `max(elems, W)`
@@ -242,71 +436,159 @@ pub(crate) fn launch<R: Runtime>(
     // SAFETY: the caller checked that its LSE buffer holds `lse_len` floats (or bound a scratch
     // float that the kernels never write).
     let lse_arg = || unsafe { ArrayArg::from_raw_parts(lse_handle.clone(), lse_len as usize) };
-    // SAFETY: allocated above with exactly these many f32s.
-    let part_o_arg = || unsafe { ArrayArg::from_raw_parts(part_o.clone(), (o_elems as usize).div_ceil(W)) };
-    let part_lse_arg = || unsafe { ArrayArg::from_raw_parts(part_lse.clone(), lse_elems as usize) };
-    let dec_arg = || DecodeArgsLaunch::new(rows, t.splits, t.keys_per_split);
-    let cfg = FmaVecConfig {
-        head_dim: args.head_dim as usize,
-        v_head_dim: args.v_head_dim as usize,
-        bq: t.tiles.bq as usize,
-        bk: t.tiles.bk as usize,
-        tr: t.tiles.tr as usize,
-        tc: t.tiles.tc as usize,
-        causal: args.causal,
-        write_lse: args.write_lse,
-        lazy_rescale: true,
-        plane_reduce,
-    };
+    let part_o_arg = || prep.part_o_arg::<R>();
+    let part_lse_arg = || prep.part_lse_arg::<R>();
+    let dec_arg = || prep.dec_arg::<R>(t);
+    let direct = prep.direct;
+    let count = info.cube_count;
     let count_arg = CubeCount::Static(count.0, count.1, count.2);
     let dim = CubeDim::new_1d(kernel.units());
-    macro_rules! decode {
-        ($e:ty, $s:ty) => {
-            // SAFETY: every global index is guarded by q_len / kv_len / rows, the buffers cover
-            // the strided extents, and the partial states are indexed inside their allocation
-            // (`check_shape`: rows ≤ bq, split < splits).
+    match t.tiling {
+        DecodeTiling::Tile(tiles) => {
+            let cfg = FmaVecConfig {
+                head_dim: args.head_dim as usize,
+                v_head_dim: args.v_head_dim as usize,
+                bq: tiles.bq as usize,
+                bk: tiles.bk as usize,
+                tr: tiles.tr as usize,
+                tc: tiles.tc as usize,
+                causal: args.causal,
+                write_lse: args.write_lse,
+                lazy_rescale: true,
+                plane_reduce,
+            };
+            macro_rules! decode {
+                ($e:ty, $s:ty) => {
+                    // SAFETY: every global index is guarded by q_len / kv_len / rows, the buffers
+                    // cover the strided extents, and the partial states are indexed inside their
+                    // allocation (`check_shape`: rows ≤ bq, split < splits).
+                    unsafe {
+                        fwd_portable_decode::launch_unchecked::<$e, $s, R>(
+                            client, count_arg, dim, W,
+                            arr(q, extents[0].1), arr(k, extents[1].1), arr(v, extents[2].1), arr(o, extents[3].1),
+                            lse_arg(), part_o_arg(), part_lse_arg(), crate::launch::shape_arg::<R>(args), dec_arg(), cfg, direct,
+                        )
+                    }
+                };
+            }
+            match (dtype, tiles.stage_f32) {
+                (Dtype::F32, _) => decode!(f32, f32),
+                (Dtype::F16, true) => decode!(f16, f32),
+                (Dtype::F16, false) => decode!(f16, f16),
+                (Dtype::Bf16, true) => decode!(bf16, f32),
+                (Dtype::Bf16, false) => decode!(bf16, bf16),
+            }
+        }
+        DecodeTiling::Rows(r) => {
+            let cfg = r.config(args.head_dim, args.v_head_dim, args.causal, args.write_lse);
+            macro_rules! decode_rows {
+                ($e:ty) => {
+                    // SAFETY: K/V reads are guarded by kv_len, Q reads and O writes stay in the
+                    // packed rows (`check_shape`: exactly `rows`), the buffers cover the strided
+                    // extents, and the partial states are indexed inside their allocation.
+                    unsafe {
+                        fwd_portable_decode_rows::launch_unchecked::<$e, R>(
+                            client, count_arg, dim, W,
+                            arr(q, extents[0].1), arr(k, extents[1].1), arr(v, extents[2].1), arr(o, extents[3].1),
+                            lse_arg(), part_o_arg(), part_lse_arg(), crate::launch::shape_arg::<R>(args), dec_arg(), cfg, direct,
+                        )
+                    }
+                };
+            }
+            match dtype {
+                Dtype::F32 => decode_rows!(f32),
+                Dtype::F16 => decode_rows!(f16),
+                Dtype::Bf16 => decode_rows!(bf16),
+            }
+        }
+    }
+    prep.merge(client, t, args, dtype, arr(o, extents[3].1), lse_arg())?;
+    let mut info = info;
+    info.launched = true;
+    Ok(info)
+}
+
+/// Inputs of the FP8 row decode kernel that [`crate::launch_fp8`] checked: the code buffers
+/// (bytes, 4 per word) with their extents in codes, the bound Q, K and V descales, their shape,
+/// and the code format.
+pub(crate) struct Fp8RowInputs<R: Runtime> {
+    pub words: [Handle; 3],
+    pub extents: [u64; 3],
+    pub descales: [ArrayArg<R>; 3],
+    pub fp8_shape: Fp8ShapeLaunch<R>,
+    pub fcfg: Fp8Config,
+}
+
+/// The FP8 row decode kernel and, with several splits, the merge. The caller
+/// ([`crate::launch_fp8`]) checked the dtypes, the layout, every extent and the LSE.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch_fp8_rows<R: Runtime>(
+    client: &ComputeClient<R>,
+    kernel: &PortableKernel,
+    t: &DecodeTiles,
+    args: &Args,
+    o_dtype: Dtype,
+    inputs: Fp8RowInputs<R>,
+    o: (&Handle, u64),
+    lse: (Handle, u64),
+) -> Result<LaunchInfo, LaunchError> {
+    let DecodeTiling::Rows(r) = t.tiling else {
+        return Err(LaunchError::WrongKernel { kernel: kernel.name(), reason: "FP8 decode runs on the row kernel only".into() });
+    };
+    let (info, prep) = prepare(client, kernel, t, args, o_dtype, false)?;
+    let Some(prep) = prep else { return Ok(info) };
+    let cfg = r.config(args.head_dim, args.v_head_dim, args.causal, args.write_lse);
+    let Fp8RowInputs { words, extents, descales, fp8_shape, fcfg } = inputs;
+    // SAFETY: checked by the caller to cover `max(extent, W)` codes: whole words.
+    let codes = |handle: &Handle, elems: u64| unsafe { ArrayArg::from_raw_parts(handle.clone(), (elems as usize).div_ceil(W).max(1)) };
+    // SAFETY: as `codes`, in elements of `o_dtype`.
+    let o_arg = || unsafe { ArrayArg::from_raw_parts(o.0.clone(), (o.1 as usize).div_ceil(W).max(1)) };
+    // SAFETY: the caller checked that its LSE buffer holds `lse.1` floats (or bound a scratch).
+    let lse_arg = || unsafe { ArrayArg::from_raw_parts(lse.0.clone(), lse.1 as usize) };
+    let count = CubeCount::Static(info.cube_count.0, info.cube_count.1, info.cube_count.2);
+    let dim = CubeDim::new_1d(ROW_UNITS as u32);
+    let [qd, kd, vd] = descales;
+    let (q, k, v) = (codes(&words[0], extents[0]), codes(&words[1], extents[1]), codes(&words[2], extents[2]));
+    macro_rules! go {
+        ($e:ty) => {
+            // SAFETY: K/V words are read below kv_len, Q words and O vectors inside the packed
+            // rows (`check_shape`), descales at indices the caller's counts cover, and the
+            // partial states inside their allocation.
             unsafe {
-                fwd_portable_decode::launch_unchecked::<$e, $s, R>(
-                    client, count_arg, dim, W,
-                    arr(q, extents[0].1), arr(k, extents[1].1), arr(v, extents[2].1), arr(o, extents[3].1),
-                    lse_arg(), part_o_arg(), part_lse_arg(), crate::launch::shape_arg::<R>(args), dec_arg(), cfg, direct,
+                fwd_portable_decode_rows_fp8::launch_unchecked::<$e, R>(
+                    client, count, dim, W,
+                    q, k, v, qd, kd, vd, o_arg(), lse_arg(), prep.part_o_arg(), prep.part_lse_arg(),
+                    crate::launch::shape_arg::<R>(args), prep.dec_arg(t), fp8_shape, cfg, fcfg, prep.direct,
                 )
             }
         };
     }
-    match (dtype, t.tiles.stage_f32) {
-        (Dtype::F32, _) => decode!(f32, f32),
-        (Dtype::F16, true) => decode!(f16, f32),
-        (Dtype::F16, false) => decode!(f16, f16),
-        (Dtype::Bf16, true) => decode!(bf16, f32),
-        (Dtype::Bf16, false) => decode!(bf16, bf16),
+    match o_dtype {
+        Dtype::F32 => go!(f32),
+        Dtype::F16 => go!(f16),
+        Dtype::Bf16 => go!(bf16),
     }
-    if !direct {
-        let merge_count = CubeCount::Static(rows, args.kv_heads, args.batch);
-        check_grid((rows, args.kv_heads, args.batch), max)?;
-        let merge_dim = CubeDim::new_1d(args.v_head_dim / W as u32);
-        let (bq, dv, write_lse) = (t.tiles.bq as usize, args.v_head_dim as usize, args.write_lse);
-        macro_rules! merge {
-            ($e:ty) => {
-                // SAFETY: the merge reads states `< batch · kv_heads · splits · bq` (rows ≤ bq)
-                // and writes O rows and LSE entries of existing (head, position) pairs.
-                unsafe {
-                    decode_merge::launch_unchecked::<$e, R>(
-                        client, merge_count, merge_dim, W,
-                        part_o_arg(), part_lse_arg(), arr(o, extents[3].1), lse_arg(),
-                        crate::launch::shape_arg::<R>(args), dec_arg(), bq, dv, write_lse,
-                    )
-                }
-            };
-        }
-        match dtype {
-            Dtype::F32 => merge!(f32),
-            Dtype::F16 => merge!(f16),
-            Dtype::Bf16 => merge!(bf16),
-        }
-    }
+    prep.merge(client, t, args, o_dtype, o_arg(), lse_arg())?;
+    let mut info = info;
     info.launched = true;
     Ok(info)
+}
+
+/// The row decode kernel for `args`, with its split: the first [`row_candidates`] tiling, for
+/// at most `ROW_DECODE_MAX_ROWS` packed rows and at least [`DECODE_MIN_KV`] keys. `Err` says
+/// why not.
+pub(crate) fn select_rows<R: Runtime>(client: &ComputeClient<R>, args: &Args, shape: &AttentionShape) -> Result<DecodeTiles, String> {
+    if let Some(reason) = decode_shape_refusal(args, shape) {
+        return Err(reason);
+    }
+    let rows = args.group_size() * args.q_len;
+    let Some(tiles) = row_candidates(rows, args.head_dim, args.v_head_dim).into_iter().next() else {
+        return Err(format!("no row decode tiling for {rows} rows at d={} dv={}", args.head_dim, args.v_head_dim));
+    };
+    let sms = client.properties().hardware.num_streaming_multiprocessors.unwrap_or(ASSUMED_SMS);
+    let pairs = args.batch as u64 * args.kv_heads as u64;
+    let (splits, keys_per_split) = decode_split_with(pairs, args.kv_len, tiles.bk, sms, ROW_CUBES_PER_SM);
+    Ok(DecodeTiles { tiling: DecodeTiling::Rows(tiles), splits, keys_per_split })
 }
 
 #[cfg(test)]

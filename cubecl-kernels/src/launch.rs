@@ -117,6 +117,9 @@ impl Int8Tiles {
 pub enum Fp8Tiling {
     Fma(FmaVecTiles),
     Mma(MmaTiles),
+    /// The split-KV row decode kernel (`decode_rows.rs`) on decode shapes: at most
+    /// `ROW_DECODE_MAX_ROWS` packed rows per KV head.
+    Decode(DecodeTiles),
 }
 
 impl Fp8Tiling {
@@ -125,6 +128,7 @@ impl Fp8Tiling {
         match self {
             Fp8Tiling::Fma(t) => t.bq,
             Fp8Tiling::Mma(t) => t.bq(),
+            Fp8Tiling::Decode(d) => d.bq(),
         }
     }
     /// Keys per KV tile.
@@ -132,12 +136,14 @@ impl Fp8Tiling {
         match self {
             Fp8Tiling::Fma(t) => t.bk,
             Fp8Tiling::Mma(t) => t.bk,
+            Fp8Tiling::Decode(d) => d.bk(),
         }
     }
     pub const fn units(&self) -> u32 {
         match self {
             Fp8Tiling::Fma(t) => t.units(),
             Fp8Tiling::Mma(t) => t.units(),
+            Fp8Tiling::Decode(d) => d.units(),
         }
     }
 }
@@ -147,6 +153,7 @@ impl fmt::Display for Fp8Tiling {
         match self {
             Fp8Tiling::Fma(t) => write!(f, "{t}"),
             Fp8Tiling::Mma(t) => write!(f, "{t}"),
+            Fp8Tiling::Decode(d) => write!(f, "{d}"),
         }
     }
 }
@@ -164,9 +171,13 @@ pub struct Fp8Tiles {
 impl Fp8Tiles {
     /// `(block rows of the Q descales, block rows of the K and V descales)` for
     /// `DescaleGranularity::PerBlock`: the query tile `bq` and the key tile `bk` (one Q descale
-    /// per cube, one K and one V descale per KV tile).
+    /// per cube, one K and one V descale per KV tile); for the row decode kernel
+    /// [`crate::kernel::decode_rows::ROW_FP8_Q_BLOCK`] positions and its key tile.
     pub fn descale_blocks(&self) -> (usize, usize) {
-        (self.tiles.bq() as usize, self.tiles.bk() as usize)
+        match self.tiles {
+            Fp8Tiling::Decode(d) => (crate::kernel::decode_rows::ROW_FP8_Q_BLOCK, d.bk() as usize),
+            _ => (self.tiles.bq() as usize, self.tiles.bk() as usize),
+        }
     }
 
     /// `(Q, K and V)` descale counts of `DescaleGranularity::count` for this shape.
@@ -292,6 +303,7 @@ impl PortableKernel {
     pub const fn family(&self) -> Family {
         match self {
             PortableKernel::Mma(_) | PortableKernel::Fp8(Fp8Tiles { tiles: Fp8Tiling::Mma(_), .. }) => Family::Mma,
+            PortableKernel::Fp8(Fp8Tiles { tiles: Fp8Tiling::Decode(_), .. }) => Family::Decode,
             PortableKernel::Cmma(_) => Family::Cmma,
             PortableKernel::Fma(_)
             | PortableKernel::Half(_)
@@ -342,6 +354,7 @@ impl PortableKernel {
                 let kernel = match f.tiles {
                     Fp8Tiling::Fma(_) => "portable_fma_vec_fp8",
                     Fp8Tiling::Mma(_) => "mma_fp8",
+                    Fp8Tiling::Decode(_) => "portable_decode_fp8",
                 };
                 format!("{kernel}_{}_{}{mid}_{}", f.format, descale_tag(f.granularity), f.tiles)
             }
@@ -388,7 +401,7 @@ impl PortableKernel {
             PortableKernel::Int8(i) => i.tiles.bq,
             PortableKernel::Fp8(f) => f.tiles.bq(),
             PortableKernel::Fp4(f) => f.tiles.bq,
-            PortableKernel::Decode(d) => d.tiles.bq,
+            PortableKernel::Decode(d) => d.bq(),
             PortableKernel::Cmma(t) => t.bq(),
             PortableKernel::Mma(t) => t.bq(),
         }
@@ -402,7 +415,7 @@ impl PortableKernel {
             PortableKernel::Int8(i) => i.tiles.bk,
             PortableKernel::Fp8(f) => f.tiles.bk(),
             PortableKernel::Fp4(f) => f.tiles.bk,
-            PortableKernel::Decode(d) => d.tiles.bk,
+            PortableKernel::Decode(d) => d.bk(),
             PortableKernel::Cmma(t) => t.bk,
             PortableKernel::Mma(t) => t.bk,
         }
@@ -416,7 +429,7 @@ impl PortableKernel {
             PortableKernel::Int8(i) => i.tiles.units(),
             PortableKernel::Fp8(f) => f.tiles.units(),
             PortableKernel::Fp4(f) => f.tiles.units(),
-            PortableKernel::Decode(d) => d.tiles.units(),
+            PortableKernel::Decode(d) => d.units(),
             PortableKernel::Cmma(t) => t.units(),
             PortableKernel::Mma(t) => t.units(),
         }
@@ -428,9 +441,14 @@ impl PortableKernel {
         let bytes = dtype.size_bytes() as u32;
         (match self {
             PortableKernel::Fma(t) => t.smem_bytes(head_dim, v_head_dim, bytes),
-            PortableKernel::Decode(d) => d.tiles.smem_bytes(head_dim, v_head_dim, bytes),
+            PortableKernel::Decode(d) => d.smem_bytes(head_dim, v_head_dim, bytes),
             PortableKernel::Int8(i) => i.tiles.smem_bytes(head_dim, v_head_dim, bytes),
             PortableKernel::Fp8(Fp8Tiles { tiles: Fp8Tiling::Fma(t), .. }) => t.smem_bytes_fp8(head_dim, v_head_dim),
+            // Decoded Q and the scratch in f32, then two u32 records; the total is whole
+            // 16-byte blocks.
+            PortableKernel::Fp8(Fp8Tiles { tiles: Fp8Tiling::Decode(d), .. }) => {
+                (d.smem_bytes(head_dim, v_head_dim, 4) + 8).next_multiple_of(16)
+            }
             // Decoded elements are staged in f32.
             PortableKernel::Fp4(f) => f.tiles.smem_bytes(head_dim, v_head_dim, 4),
             // The codes are staged decoded, in f16, after the non-finite records.
@@ -448,7 +466,7 @@ impl PortableKernel {
     fn validate(&self, head_dim: u32, v_head_dim: u32) -> Result<(), LaunchError> {
         match self {
             PortableKernel::Fma(t) => t.validate(head_dim, v_head_dim),
-            PortableKernel::Decode(d) => d.tiles.validate(head_dim, v_head_dim),
+            PortableKernel::Decode(d) => d.validate(head_dim, v_head_dim),
             PortableKernel::Half(h) => {
                 h.tiles.validate(head_dim, v_head_dim)?;
                 if h.tiles.stage_f32 {
@@ -477,6 +495,7 @@ impl PortableKernel {
             }
             PortableKernel::Fp8(Fp8Tiles { tiles: Fp8Tiling::Fma(t), .. }) => t.validate(head_dim, v_head_dim),
             PortableKernel::Fp8(Fp8Tiles { tiles: Fp8Tiling::Mma(t), .. }) => t.validate(head_dim, v_head_dim),
+            PortableKernel::Fp8(Fp8Tiles { tiles: Fp8Tiling::Decode(d), .. }) => d.validate(head_dim, v_head_dim),
             PortableKernel::Fp4(f) => {
                 f.tiles.validate(head_dim, v_head_dim)?;
                 // P and Vᵀ are quantized in 16-key blocks that must not straddle KV tiles.
@@ -832,7 +851,7 @@ pub fn launch<R: Runtime>(
     }
     check_lse(&args, lse)?;
     if let PortableKernel::Decode(t) = kernel {
-        let plane_reduce = plane_reduce_ok(client, t.tiles.tc);
+        let plane_reduce = t.reduce_lanes().is_some_and(|tc| plane_reduce_ok(client, tc));
         return crate::decode::launch(client, kernel, t, &args, dtype, [q, k, v, o], lse_binding(client, &args, lse), plane_reduce);
     }
     let Some(mut info) = prepare(client, kernel, &args, dtype)? else {
@@ -1373,9 +1392,11 @@ fn prepare<R: Runtime>(
         | PortableKernel::Int8(Int8Tiles { tiles: t, .. })
         | PortableKernel::Fp8(Fp8Tiles { tiles: Fp8Tiling::Fma(t), .. })
         | PortableKernel::Fp4(Fp4Tiles { tiles: t, .. })
-        | PortableKernel::Half(HalfTiles { tiles: t, .. })
-        | PortableKernel::Decode(DecodeTiles { tiles: t, .. }) => plane_reduce_ok(client, t.tc),
-        PortableKernel::Cmma(_) | PortableKernel::Mma(_) | PortableKernel::Fp8(Fp8Tiles { tiles: Fp8Tiling::Mma(_), .. }) => {
+        | PortableKernel::Half(HalfTiles { tiles: t, .. }) => plane_reduce_ok(client, t.tc),
+        PortableKernel::Decode(d) => d.reduce_lanes().is_some_and(|tc| plane_reduce_ok(client, tc)),
+        PortableKernel::Cmma(_)
+        | PortableKernel::Mma(_)
+        | PortableKernel::Fp8(Fp8Tiles { tiles: Fp8Tiling::Mma(_) | Fp8Tiling::Decode(_), .. }) => {
             true
         }
     };
@@ -1604,6 +1625,13 @@ pub fn select_fp8<R: Runtime>(
     let limits = CubeLimits::of(client);
     let dmax = args.head_dim.max(args.v_head_dim);
     let fp8 = |tiles| PortableKernel::Fp8(Fp8Tiles { tiles, format, granularity });
+    match crate::decode::select_rows(client, &args, shape) {
+        Ok(d) => match first_fitting([fp8(Fp8Tiling::Decode(d))].into_iter(), limits, args.head_dim, args.v_head_dim, o_dtype) {
+            Ok(kernel) => return Ok(kernel),
+            Err(last) => log::debug!("FP8 row decode kernel not chosen: {last:?}"),
+        },
+        Err(why) => log::debug!("FP8 row decode kernel not chosen: {why}"),
+    }
     let mma_why = mma_unavailable(client, Dtype::F16).or_else(|| fp8_mma_layout_ok(&args).err());
     match mma_why {
         None => {
@@ -1715,6 +1743,25 @@ pub fn launch_fp8<R: Runtime>(
     check_extent("k descales", kv_descales, 4, k_descale)?;
     check_extent("v descales", kv_descales, 4, v_descale)?;
     check_lse(&args, lse)?;
+    if let Fp8Tiling::Decode(t) = fp8.tiles {
+        let fcfg = Fp8Config { format: fp8.format, granularity: fp8.granularity };
+        let (q_blocks, k_blocks) = (args.q_len.div_ceil(crate::kernel::decode_rows::ROW_FP8_Q_BLOCK as u32), args.kv_len.div_ceil(t.bk()));
+        // SAFETY: checked above to cover `max(elems, W)` codes and to hold the descale counts;
+        // an empty descale tensor (no keys: never read) is bound as a 1-float scratch.
+        let floats = |handle: &Handle, len: u64| match len {
+            0 => unsafe { float_arg(&client.empty(4), 1) },
+            _ => unsafe { float_arg(handle, len) },
+        };
+        let inputs = crate::decode::Fp8RowInputs {
+            words: [q, k, v].map(|h| h.clone()),
+            extents: [extents[0].1, extents[1].1, extents[2].1],
+            descales: [floats(q_descale, q_descales), floats(k_descale, kv_descales), floats(v_descale, kv_descales)],
+            fp8_shape: Fp8ShapeLaunch::new(args.kv_heads, q_blocks, k_blocks, f32::NAN),
+            fcfg,
+        };
+        let lse = lse_binding(client, &args, lse);
+        return crate::decode::launch_fp8_rows(client, kernel, &t, &args, o_dtype, inputs, (o, extents[3].1), lse);
+    }
     let Some(mut info) = prepare(client, kernel, &args, o_dtype)? else {
         return Ok(empty_info(kernel, &args, o_dtype));
     };
@@ -1741,6 +1788,7 @@ pub fn launch_fp8<R: Runtime>(
     let dim = CubeDim::new_1d(fp8.tiles.units());
     let tiles = match fp8.tiles {
         Fp8Tiling::Fma(tiles) => tiles,
+        Fp8Tiling::Decode(_) => unreachable!("launched above"),
         Fp8Tiling::Mma(t) => {
             let cfg = MmaFwdConfig {
                 head_dim: args.head_dim as usize,

@@ -57,6 +57,7 @@
 //! | `Int8` ([`Int8Tiles`]) | INT8 Q/K codes and scales from [`quantize_int8`], f16 or f32 V | as `Fma`; the prepass's blocking = [`Int8Tiles::blocking`] | INT8 inputs ([`select_int8`]) |
 //! | `Fp8` ([`Fp8Tiles`], [`Fp8Tiling::Mma`]) | FP8 Q/K/V codes (e4m3 or e5m2) with f32 descales per tensor, head or block; O f32, f16, bf16 | as `Mma` (on f16), head dims and Q/K/V strides multiples of 8, code buffers in bytes; per-block descales over [`Fp8Tiles::descale_blocks`] | FP8 inputs ([`select_fp8`]) where the f16 mma kernel runs |
 //! | `Fp8` ([`Fp8Tiles`], [`Fp8Tiling::Fma`]) | as above; bf16 O where the runtime has it | as `Fma`, code buffers in bytes (the strided extent, at least 4), f16 on the runtime; per-block descales over [`Fp8Tiles::descale_blocks`] | FP8 inputs ([`select_fp8`]) elsewhere |
+//! | `Fp8` ([`Fp8Tiles`], [`Fp8Tiling::Decode`]) | as above | as `Decode` with [`DecodeTiling::Rows`]; per-block descales over [`Fp8Tiles::descale_blocks`] | FP8 inputs ([`select_fp8`]) on decode shapes, first |
 //! | `Decode` ([`DecodeTiles`]) | f32, f16, bf16 where the runtime has it | as `Fma`; at most [`DECODE_MAX_ROWS`] rows `group · q_len` per KV head, at least [`DECODE_MIN_KV`] keys | [`select`] with [`Family::Decode`] (the facade tries it first on decode shapes) |
 //! | `Fp4` ([`Fp4Tiles`]) | NVFP4 or MXFP4 Q/K codes and byte block scales in dense rows, bf16 V or NVFP4 `Vᵀ` ([`Fp4Operands`]); O f32 | as `Fma` for V and O (`v_head_dim` and O strides multiples of 4), head dim a multiple of the format's block; stages in f32 | 4-bit inputs ([`select_fp4`]) |
 //!
@@ -121,7 +122,7 @@ mod quant;
 mod tiling;
 
 pub use decode::{
-    decode_candidates, decode_split, DecodeTiles, ASSUMED_SMS, CUBES_PER_SM, DECODE_MAX_ROWS, DECODE_MIN_KV, MAX_SPLITS,
+    decode_candidates, decode_split, decode_split_with, row_candidates, DecodeTiles, DecodeTiling, RowTiles, ASSUMED_SMS, CUBES_PER_SM, ROW_CUBES_PER_SM, DECODE_MAX_ROWS, DECODE_MIN_KV, MAX_SPLITS,
     MIN_TILES_PER_SPLIT,
 };
 pub use error::LaunchError;

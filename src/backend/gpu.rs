@@ -244,8 +244,10 @@ impl<R: Runtime> CubeclBackend<R> {
         let (block_q, block_k) = fp8.descale_blocks();
         let blocking = Blocking { block_q, block_k, ..Blocking::default() };
         blocking.validate(problem, precision)?;
-        // The variant in the name: the manual-MMA FP8 kernel where the f16 mma kernel runs.
+        // The variant in the name: the split-KV row decode kernel on decode shapes, the
+        // manual-MMA FP8 kernel where the f16 mma kernel runs.
         let variant = match fp8.tiles {
+            quattn_cubecl::Fp8Tiling::Decode(_) => "decode_",
             quattn_cubecl::Fp8Tiling::Mma(_) => "mma_",
             quattn_cubecl::Fp8Tiling::Fma(_) => "",
         };

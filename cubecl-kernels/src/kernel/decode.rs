@@ -31,6 +31,7 @@ use super::fma_vec::{
     cube_row_reduce, gather_transposed_len, gather_v_len, online_softmax, stage_k, stage_v, thread_score_matmul,
     thread_value_matmul, unit_gather_transposed, unit_gather_v, FmaVecConfig, W,
 };
+use super::decode_rows::POISON_THRESHOLD;
 use super::{AttnShape, MASK_THRESHOLD, NO_MAX};
 
 /// The runtime split of one decode launch and the packed tile's height.
@@ -41,6 +42,9 @@ pub struct DecodeArgs {
     pub splits: u32,
     /// Keys per split, a multiple of the KV tile.
     pub keys_per_split: u32,
+    /// The NaN the merge writes for rows a split marks poisoned (passed in: WGSL cannot spell
+    /// it).
+    pub nan: f32,
 }
 
 /// One cube per (split, KV head, batch): grid `(splits, kv_heads, batch)`, `cfg.bq ≥ rows`.
@@ -313,7 +317,10 @@ pub fn decode_merge<E: Float, N: Size>(
     }
     let mut total = 0.0f32;
     let mut acc = Vector::<f32, N>::new(0.0f32);
-    if m > MASK_THRESHOLD {
+    // A split of the row-decode kernel that met a non-finite code the row sees marks its state
+    // (FP8 inputs): the row is NaN.
+    let poisoned = m > POISON_THRESHOLD;
+    if m > MASK_THRESHOLD && !poisoned {
         for s in 0..splits {
             let state = (first + s) * bq + r;
             let l = part_lse[state];
@@ -328,11 +335,16 @@ pub fn decode_merge<E: Float, N: Size>(
     let head = kv_head * group + r / q_len;
     let pos = r % q_len;
     let o_row = (batch * shape.o_s0 as usize + head * shape.o_s1 as usize + pos * shape.o_s2 as usize) / W;
-    o[o_row + c] = Vector::cast_from(acc * inv);
+    let mut value = acc * inv;
+    let mut row_lse = select(seen, m + f32::ln(select(seen, total, 1.0)), shape.lse_empty);
+    if poisoned {
+        value = Vector::new(dec.nan);
+        row_lse = dec.nan;
+    }
+    o[o_row + c] = Vector::cast_from(value);
     if write_lse {
         if c == 0 {
-            lse[(batch * shape.q_heads as usize + head) * q_len + pos] =
-                select(seen, m + f32::ln(select(seen, total, 1.0)), shape.lse_empty);
+            lse[(batch * shape.q_heads as usize + head) * q_len + pos] = row_lse;
         }
     }
 }
@@ -377,7 +389,7 @@ mod cuda_tests {
     }
 
     fn dec() -> DecodeArgsCompilationArg {
-        DecodeArgsCompilationArg { rows: (), splits: (), keys_per_split: () }
+        DecodeArgsCompilationArg { rows: (), splits: (), keys_per_split: (), nan: () }
     }
 
     fn decode_definition<E: Float + CubeElement, S: Float + CubeElement>(

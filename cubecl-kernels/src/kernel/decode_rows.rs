@@ -1,0 +1,993 @@
+//! Split-KV decode for a handful of packed query rows (`group · q_len ≤ ROW_DECODE_MAX_ROWS`).
+//!
+//! The tile decode kernel (`decode.rs`) runs the FMA kernel's step on a query tile of at least
+//! 16 rows; a GQA group at q_len 1 has 4 or 8, so most of its FMAs and accumulator registers
+//! are padding, and its register count holds occupancy too low to keep enough loads in flight.
+//! This kernel holds exactly the real rows and is shaped around the loads instead. A cube of
+//! [`ROW_UNITS`] units owns one (split, KV head, batch), as in `decode.rs` (the same packing,
+//! split, causal alignment and partial-state format, so the same [`super::decode::decode_merge`]
+//! combines the splits). Per tile of `bk` keys:
+//!
+//! - **scores**: [`KEY_LANES`] adjacent units share one key, each taking every
+//!   `KEY_LANES`-th vector of its row (so the four read one contiguous run of the row per
+//!   step: coalesced), and write their partial dot products for every row to shared memory;
+//!   after a barrier every unit sums the partials of one or two (row, key) pairs into the
+//!   tile's scores, and after a second the softmax reads them. The two barriers also order
+//!   each buffer's reuse by the next tile, so one copy of each suffices.
+//! - **softmax and P·V**: the units form `groups` of `dv / W` lanes; each group takes `bk /
+//!   groups` consecutive keys of the tile, sums their partial dots, and keeps its own running
+//!   max, sum and accumulator per row (lane `c` owning output vector `c`), reading V rows
+//!   whole per step (coalesced). The max moves only past the lazy-rescale threshold, key by
+//!   key, so no tile of scores is held in registers.
+//! - K (and, up to 4 rows, V) of the next tile are loaded into registers while the current
+//!   one is computed; above 4 rows V is loaded after the dot products (see `late_v`).
+//!
+//! At the end the groups' states are combined through shared memory (`O = Σ_g e^(m_g - m) O_g /
+//! Σ_g e^(m_g - m) l_g`) and the first group writes O (one split) or the split's partial state.
+//! Q is staged once, in f32, multiplied by the softmax scale; scores, softmax and accumulation
+//! are f32.
+
+use cubecl::prelude::*;
+
+use super::decode::DecodeArgs;
+use super::fma_vec::W;
+use super::fma_vec_fp8::{decode_fp8, word_has_non_finite, Fp8Config, Fp8Shape};
+use super::{AttnShape, LAZY_RESCALE_THRESHOLD, MASK_THRESHOLD, NO_MAX};
+
+/// Units per cube.
+pub const ROW_UNITS: usize = 128;
+/// Units sharing one key's dot products.
+pub const KEY_LANES: usize = 4;
+/// The "no bad key" value of the lowest-bad-key record.
+pub(crate) const NO_KEY: u32 = u32::MAX;
+/// Partial LSE of a split whose row must come out NaN (above any real LSE, which stays below
+/// the scores' magnitude, and far from `NO_MAX`); the merge spreads it.
+pub(crate) const POISON_LSE: f32 = 1.0e30;
+/// Partial LSEs above this are [`POISON_LSE`].
+pub(crate) const POISON_THRESHOLD: f32 = 1.0e29;
+/// Most packed rows the kernel holds.
+pub const ROW_DECODE_MAX_ROWS: usize = 8;
+
+/// Compile-time key of the row decode kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RowDecodeConfig {
+    pub head_dim: usize,
+    pub v_head_dim: usize,
+    /// Packed query rows, exactly (`group · q_len`).
+    pub rows: usize,
+    /// Keys per tile.
+    pub bk: usize,
+    pub causal: bool,
+    pub write_lse: bool,
+}
+
+impl RowDecodeConfig {
+    /// Lanes of a softmax group: one per output vector.
+    pub const fn lanes(&self) -> usize {
+        self.v_head_dim / W
+    }
+    pub const fn groups(&self) -> usize {
+        ROW_UNITS / self.lanes()
+    }
+    /// Keys per group per tile.
+    pub const fn kb(&self) -> usize {
+        self.bk / self.groups()
+    }
+    /// Keys whose dot products one pass of the cube computes.
+    pub const fn keys_per_pass(&self) -> usize {
+        ROW_UNITS / KEY_LANES
+    }
+    pub const fn passes(&self) -> usize {
+        self.bk / self.keys_per_pass()
+    }
+    /// Vectors of a K row per unit.
+    pub const fn chunk(&self) -> usize {
+        self.head_dim / W / KEY_LANES
+    }
+    /// f32s of the partial dots `[KEY_LANES][rows][bk]`, then the scores `[rows][bk]`.
+    pub const fn part_len(&self) -> usize {
+        KEY_LANES * self.rows * self.bk
+    }
+    pub const fn score_len(&self) -> usize {
+        self.rows * self.bk
+    }
+    /// f32s of the groups' final states: `[groups][rows][2 + dv]` (max, sum, accumulator).
+    pub const fn merge_len(&self) -> usize {
+        self.groups() * self.rows * (self.v_head_dim + 2)
+    }
+    /// Whether V is loaded after the tile's dot products rather than a tile ahead: above 4
+    /// rows the dot products' accumulators and the prefetched V do not fit the registers
+    /// together (ptxas spills at d 128, 8 rows, causal).
+    pub const fn late_v(&self) -> bool {
+        self.rows > 4
+    }
+    pub const fn scratch_len(&self) -> usize {
+        let parts = self.part_len() + self.score_len();
+        let merge = self.merge_len();
+        if parts > merge {
+            parts
+        } else {
+            merge
+        }
+    }
+    /// Shared memory in bytes: Q (f32 vectors) and the scratch.
+    pub const fn smem_bytes(&self) -> usize {
+        4 * (self.rows * self.head_dim + self.scratch_len())
+    }
+
+    /// Why the kernel's loops do not cover this configuration, if they do not.
+    pub fn invalid(&self) -> Option<String> {
+        let (d, dv) = (self.head_dim, self.v_head_dim);
+        if self.rows == 0 || self.rows > ROW_DECODE_MAX_ROWS {
+            return Some(format!("{} rows: the row decode kernel holds 1..={ROW_DECODE_MAX_ROWS}", self.rows));
+        }
+        if d == 0 || !d.is_multiple_of(W * KEY_LANES) {
+            return Some(format!("head dim {d} is not a multiple of {}", W * KEY_LANES));
+        }
+        if dv == 0 || !dv.is_multiple_of(W) || !ROW_UNITS.is_multiple_of(dv / W) {
+            return Some(format!("V head dim {dv}: {ROW_UNITS} units must split into groups of dv/{W} lanes"));
+        }
+        if self.bk == 0 || !self.bk.is_multiple_of(self.keys_per_pass()) || !self.bk.is_multiple_of(self.groups()) {
+            return Some(format!("{} keys per tile: a multiple of {} and of {} groups", self.bk, self.keys_per_pass(), self.groups()));
+        }
+        None
+    }
+}
+
+/// One cube per (split, KV head, batch): grid `(splits, kv_heads, batch)`, [`ROW_UNITS`] units.
+/// `direct`: one split, O and the LSE written in place; otherwise the partial state goes to
+/// `part_o` (`[batch][kv_head][split][rows][dv]` f32) and `part_lse` (`[...][rows]`).
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+pub fn fwd_portable_decode_rows<E: Float, N: Size>(
+    q: &Array<Vector<E, N>>,
+    k: &Array<Vector<E, N>>,
+    v: &Array<Vector<E, N>>,
+    o: &mut Array<Vector<E, N>>,
+    lse: &mut Array<f32>,
+    part_o: &mut Array<Vector<f32, N>>,
+    part_lse: &mut Array<f32>,
+    shape: &AttnShape,
+    dec: &DecodeArgs,
+    #[comptime] cfg: RowDecodeConfig,
+    #[comptime] direct: bool,
+) {
+    let unit = UNIT_POS as usize;
+    let split = CUBE_POS_X as usize;
+    let kv_head = CUBE_POS_Y as usize;
+    let batch = CUBE_POS_Z as usize;
+    let q_len = shape.q_len as usize;
+    let kv_len = shape.kv_len as usize;
+    let group = shape.group as usize;
+
+    let rows = comptime!(cfg.rows);
+    let dq = comptime!(cfg.head_dim / W);
+    let lanes = comptime!(cfg.lanes());
+    let kb = comptime!(cfg.kb());
+    let chunk = comptime!(cfg.chunk());
+    let passes = comptime!(cfg.passes());
+    let per_pass = comptime!(cfg.keys_per_pass());
+    let part_len = comptime!(cfg.part_len());
+    let bk = comptime!(cfg.bk);
+
+    let k_base = batch * shape.k_s0 as usize + kv_head * shape.k_s1 as usize;
+    let v_base = batch * shape.v_s0 as usize + kv_head * shape.v_s1 as usize;
+    let k_stride = shape.k_s2 as usize;
+    let v_stride = shape.v_s2 as usize;
+
+    let mut q_stage = SharedMemory::<Vector<f32, N>>::new(comptime!(cfg.rows * cfg.head_dim / W));
+    let mut scratch = SharedMemory::<f32>::new(comptime!(cfg.scratch_len()));
+
+    // Q, scaled: row r is q head `kv_head · group + r / q_len` at position `r % q_len`.
+    let q_tasks = comptime!(cfg.rows * cfg.head_dim / W);
+    let q_steps = comptime!(q_tasks.div_ceil(ROW_UNITS));
+    let scale = Vector::<f32, N>::new(shape.scale);
+    #[unroll]
+    for step in 0..q_steps {
+        let t = step * ROW_UNITS + unit;
+        if t < q_tasks {
+            let r = t / dq;
+            let c = t % dq;
+            let head = kv_head * group + r / q_len;
+            let pos = r % q_len;
+            let index = (batch * shape.q_s0 as usize + head * shape.q_s1 as usize + pos * shape.q_s2 as usize) / W + c;
+            q_stage[t] = Vector::<f32, N>::cast_from(q[index]) * scale;
+        }
+    }
+
+    // Score roles: key `unit / KEY_LANES` of each pass, vectors `lane_k + i · KEY_LANES`.
+    let key_in_pass = unit / KEY_LANES;
+    let lane_k = unit % KEY_LANES;
+    // Softmax roles: group `g` owns keys `[g · kb, (g + 1) · kb)` of a tile, lane `c` output
+    // vector `c`.
+    let g = unit / lanes;
+    let c = unit % lanes;
+
+    let k_begin = split * dec.keys_per_split as usize;
+    let k_end = min(k_begin + dec.keys_per_split as usize, kv_len);
+    let num_tiles = select(k_end > k_begin, (k_end - k_begin + bk - 1) / bk, 0);
+    let mut full_keys = kv_len;
+    if cfg.causal {
+        full_keys = select(kv_len + 1 > q_len, kv_len + 1 - q_len, 0);
+    }
+
+    let mut k_regs = Array::<Vector<E, N>>::new(comptime!(cfg.passes() * cfg.chunk()));
+    let mut v_regs = Array::<Vector<E, N>>::new(kb);
+    let mut row_max = Array::<f32>::new(rows);
+    let mut row_sum = Array::<f32>::new(rows);
+    let mut acc = Array::<Vector<f32, N>>::new(rows);
+    #[unroll]
+    for r in 0..rows {
+        row_max[r] = NO_MAX;
+        row_sum[r] = 0.0;
+        acc[r] = Vector::new(0.0f32);
+    }
+
+    if num_tiles > 0 {
+        load_k::<E, N>(k, &mut k_regs, k_base, k_stride, k_begin, kv_len, key_in_pass, lane_k, cfg);
+        if comptime!(!cfg.late_v()) {
+            load_v::<E, N>(v, &mut v_regs, v_base, v_stride, k_begin + g * kb, kv_len, c, cfg);
+        }
+    }
+    sync_cube();
+
+    for tile in 0..num_tiles {
+        let k0 = k_begin + tile * bk;
+        let masked = k0 + bk > full_keys;
+
+        // Partial dot products of this unit's key with every row.
+        #[unroll]
+        for p in 0..passes {
+            let mut dots = Array::<Vector<f32, N>>::new(rows);
+            #[unroll]
+            for i in 0..chunk {
+                let kf = Vector::<f32, N>::cast_from(k_regs[p * chunk + i]);
+                accumulate_dots::<N>(&mut dots, kf, &q_stage, lane_k, i, cfg);
+            }
+            store_dots::<N>(&dots, &mut scratch, 1.0, k0, p * per_pass + key_in_pass, lane_k, q_len, kv_len, masked, cfg);
+        }
+        if tile + 1 < num_tiles {
+            load_k::<E, N>(k, &mut k_regs, k_base, k_stride, k0 + bk, kv_len, key_in_pass, lane_k, cfg);
+        }
+        if comptime!(cfg.late_v()) {
+            load_v::<E, N>(v, &mut v_regs, v_base, v_stride, k0 + g * kb, kv_len, c, cfg);
+        }
+        sync_cube();
+        sum_scores(&mut scratch, unit, cfg);
+        sync_cube();
+
+        #[unroll]
+        for jj in 0..kb {
+            let vf = Vector::<f32, N>::cast_from(v_regs[jj]);
+            #[unroll]
+            for r in 0..rows {
+                let s = scratch[part_len + r * bk + g * kb + jj];
+                online_key::<N>(&mut row_max, &mut row_sum, &mut acc, r, s, vf, 1.0, false);
+            }
+        }
+        if comptime!(!cfg.late_v()) {
+            if tile + 1 < num_tiles {
+                load_v::<E, N>(v, &mut v_regs, v_base, v_stride, k0 + bk + g * kb, kv_len, c, cfg);
+            }
+        }
+    }
+
+    finish_rows::<E, N>(
+        o, lse, part_o, part_lse, &mut scratch, &row_max, &row_sum, &acc, shape, dec, 0u32, NO_KEY, 0.0f32, cfg, direct, false,
+    );
+}
+
+/// Adds vector `i` of this unit's share of a K row (`kf`, decoded) times each row's matching Q
+/// vector to the rows' dot products.
+#[cube]
+pub(crate) fn accumulate_dots<N: Size>(
+    dots: &mut Array<Vector<f32, N>>,
+    kf: Vector<f32, N>,
+    q_stage: &SharedMemory<Vector<f32, N>>,
+    lane_k: usize,
+    #[comptime] i: usize,
+    #[comptime] cfg: RowDecodeConfig,
+) {
+    let dq = comptime!(cfg.head_dim / W);
+    #[unroll]
+    for r in 0..cfg.rows {
+        let qv = q_stage[r * dq + lane_k + i * KEY_LANES];
+        if comptime!(i == 0) {
+            dots[r] = kf * qv;
+        } else {
+            dots[r] = fma(kf, qv, dots[r]);
+        }
+    }
+}
+
+/// Writes this unit's partial dots of tile key `j` (key `k0 + j`), times `factor`, to the
+/// partial buffer `[lane_k][row][j]`; in a tile reaching past the keys every row sees
+/// (`masked`), invisible keys get `NO_MAX` (keys past `kv_len`, and causal keys above the
+/// bottom-right diagonal of the row's position `r % q_len`).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn store_dots<N: Size>(
+    dots: &Array<Vector<f32, N>>,
+    scratch: &mut SharedMemory<f32>,
+    factor: f32,
+    k0: usize,
+    j: usize,
+    lane_k: usize,
+    q_len: usize,
+    kv_len: usize,
+    masked: bool,
+    #[comptime] cfg: RowDecodeConfig,
+) {
+    let key = k0 + j;
+    #[unroll]
+    for r in 0..cfg.rows {
+        let a = dots[r];
+        let mut dot = ((a[0] + a[1]) + (a[2] + a[3])) * factor;
+        if masked {
+            let mut visible = key < kv_len;
+            if cfg.causal {
+                visible = visible && key + q_len <= r % q_len + kv_len;
+            }
+            dot = select(visible, dot, NO_MAX);
+        }
+        scratch[(lane_k * cfg.rows + r) * cfg.bk + j] = dot;
+    }
+}
+
+/// The tile's scores `[row][key]` after the partial buffer: each (row, key) summed once from
+/// its [`KEY_LANES`] partials (the softmax groups would otherwise each read all of them).
+/// Masked keys sum to below `MASK_THRESHOLD`.
+#[cube]
+pub(crate) fn sum_scores(scratch: &mut SharedMemory<f32>, unit: usize, #[comptime] cfg: RowDecodeConfig) {
+    let len = comptime!(cfg.score_len());
+    let part_len = comptime!(cfg.part_len());
+    #[unroll]
+    for step in 0..comptime!(len.div_ceil(ROW_UNITS)) {
+        let t = step * ROW_UNITS + unit;
+        if comptime!(len.is_multiple_of(ROW_UNITS)) || t < len {
+            scratch[part_len + t] = (scratch[t] + scratch[t + len]) + (scratch[t + comptime!(2 * len)] + scratch[t + comptime!(3 * len)]);
+        }
+    }
+}
+
+/// One key of row `r`'s online softmax and P·V: score `s` (natural-log domain, scaled), V
+/// vector `vf`. The running max moves only when a score passes it by more than the
+/// lazy-rescale threshold, so P stays below e^threshold and the sum and accumulator stay exact
+/// in f32 without a tile max (no tile of scores held in registers). A row that has seen no key
+/// has `NO_MAX`, which the threshold does not move: its first visible score always rescales
+/// (by e^(NO_MAX - s) = 0, its zeros). Masked scores weigh nothing, also before the first
+/// visible one. `p_f16`: P enters P·V rounded to f16 (the sum takes it unrounded), then times
+/// `pv_factor` (a V descale).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn online_key<N: Size>(
+    row_max: &mut Array<f32>,
+    row_sum: &mut Array<f32>,
+    acc: &mut Array<Vector<f32, N>>,
+    #[comptime] r: usize,
+    s: f32,
+    vf: Vector<f32, N>,
+    pv_factor: f32,
+    #[comptime] p_f16: bool,
+) {
+    if s > row_max[r] + LAZY_RESCALE_THRESHOLD {
+        let alpha = f32::exp(row_max[r] - s);
+        row_sum[r] *= alpha;
+        acc[r] = acc[r] * Vector::new(alpha);
+        row_max[r] = s;
+    }
+    let p = select(s > MASK_THRESHOLD, f32::exp(s - row_max[r]), 0.0);
+    row_sum[r] += p;
+    let mut pv = p;
+    if comptime!(p_f16) {
+        pv = f32::cast_from(half::f16::cast_from(p));
+    }
+    acc[r] = fma(vf, Vector::new(pv * pv_factor), acc[r]);
+}
+
+/// Combines the softmax groups' states through shared memory (`[g][r]`: max, sum, then the
+/// accumulator) and writes O and the LSE (`direct`) or the split's partial state. With
+/// `poison` (FP8 codes), a row that saw a key and whose Q row holds a non-finite code (bit `r`
+/// of `q_bad`) or that sees `bad_key` (a key whose K or V row holds one; `NO_KEY` if none) is
+/// written as `nan`, or its partial state as [`POISON_LSE`] for the merge to spread.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn finish_rows<E: Float, N: Size>(
+    o: &mut Array<Vector<E, N>>,
+    lse: &mut Array<f32>,
+    part_o: &mut Array<Vector<f32, N>>,
+    part_lse: &mut Array<f32>,
+    scratch: &mut SharedMemory<f32>,
+    row_max: &Array<f32>,
+    row_sum: &Array<f32>,
+    acc: &Array<Vector<f32, N>>,
+    shape: &AttnShape,
+    dec: &DecodeArgs,
+    q_bad: u32,
+    bad_key: u32,
+    nan: f32,
+    #[comptime] cfg: RowDecodeConfig,
+    #[comptime] direct: bool,
+    #[comptime] poison: bool,
+) {
+    let unit = UNIT_POS as usize;
+    let split = CUBE_POS_X as usize;
+    let kv_head = CUBE_POS_Y as usize;
+    let batch = CUBE_POS_Z as usize;
+    let q_len = shape.q_len as usize;
+    let kv_len = shape.kv_len as usize;
+    let group = shape.group as usize;
+    let rows = comptime!(cfg.rows);
+    let lanes = comptime!(cfg.lanes());
+    let g = unit / lanes;
+    let c = unit % lanes;
+
+    sync_cube();
+    let pitch = comptime!(cfg.v_head_dim + 2);
+    #[unroll]
+    for r in 0..rows {
+        let at = (g * rows + r) * pitch;
+        if c == 0 {
+            scratch[at] = row_max[r];
+            scratch[at + 1] = row_sum[r];
+        }
+        #[unroll]
+        for e in 0..W {
+            scratch[at + 2 + c * W + e] = acc[r][e];
+        }
+    }
+    sync_cube();
+
+    if g == 0 {
+        let groups = comptime!(cfg.groups());
+        let kv_heads = shape.q_heads as usize / group;
+        #[unroll]
+        for r in 0..rows {
+            let mut m = NO_MAX.runtime();
+            #[unroll]
+            for gg in 0..groups {
+                m = max(m, scratch[(gg * rows + r) * pitch]);
+            }
+            let mut total = 0.0f32;
+            let mut out = Vector::<f32, N>::new(0.0f32);
+            #[unroll]
+            for gg in 0..groups {
+                let at = (gg * rows + r) * pitch;
+                let mg = scratch[at];
+                let w = select(mg > MASK_THRESHOLD, f32::exp(mg - m), 0.0);
+                total += w * scratch[at + 1];
+                let mut part = Vector::<f32, N>::empty();
+                #[unroll]
+                for e in 0..W {
+                    part[e] = scratch[at + 2 + c * W + e];
+                }
+                out = fma(part, Vector::new(w), out);
+            }
+            let seen = total > 0.0;
+            let inv = Vector::<f32, N>::new(select(seen, 1.0 / total, 0.0));
+            let state_lse = m + f32::ln(select(seen, total, 1.0));
+            let pos = r % q_len;
+            let mut poisoned = false;
+            if comptime!(poison) {
+                let mut kv_bad = (bad_key as usize) < kv_len;
+                if cfg.causal {
+                    kv_bad = kv_bad && bad_key as usize + q_len <= pos + kv_len;
+                }
+                poisoned = seen && (((q_bad >> comptime!(r as u32)) & 1u32) != 0u32 || kv_bad);
+            }
+            if direct {
+                let head = kv_head * group + r / q_len;
+                let o_row = (batch * shape.o_s0 as usize + head * shape.o_s1 as usize + pos * shape.o_s2 as usize) / W;
+                let mut value = out * inv;
+                let mut row_lse = select(seen, state_lse, shape.lse_empty);
+                if poisoned {
+                    value = Vector::new(nan);
+                    row_lse = nan;
+                }
+                o[o_row + c] = Vector::cast_from(value);
+                if cfg.write_lse {
+                    if c == 0 {
+                        lse[(batch * shape.q_heads as usize + head) * q_len + pos] = row_lse;
+                    }
+                }
+            } else {
+                let state = ((batch * kv_heads + kv_head) * dec.splits as usize + split) * rows + r;
+                part_o[state * lanes + c] = out * inv;
+                if c == 0 {
+                    part_lse[state] = select(poisoned, POISON_LSE, select(seen, state_lse, NO_MAX));
+                }
+            }
+        }
+    }
+}
+
+/// The Q descale blocks of the FP8 row kernel with `DescaleGranularity::PerBlock`: its rows are
+/// at most 8 positions of a head, so one block per (batch, head) covers them.
+pub const ROW_FP8_Q_BLOCK: usize = 64;
+
+/// [`fwd_portable_decode_rows`] on FP8 codes (OCP e4m3 or e5m2, 4 per `u32` word: one vector)
+/// with f32 descales, mirroring the FP8 FMA kernel's numerics (`fma_vec_fp8.rs`): codes
+/// decoded bit-exactly, `s = (Σ q·k) · q_descale · k_descale` (the Q descale and the softmax
+/// scale folded into the staged Q, the K descale applied per tile), P rounded to f16 for P·V
+/// and then times the tile's V descale, the row sums on the unrounded P. Per-block descales
+/// follow [`ROW_FP8_Q_BLOCK`] query rows and the kernel's `bk` keys (a split is whole tiles).
+/// Non-finite codes decode to 0 and are recorded (Q rows as a bit mask, the lowest such key of
+/// the split's K or V rows); rows that see them come out NaN ([`finish_rows`]).
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+pub fn fwd_portable_decode_rows_fp8<E: Float, N: Size>(
+    q: &Array<u32>,
+    k: &Array<u32>,
+    v: &Array<u32>,
+    q_descale: &Array<f32>,
+    k_descale: &Array<f32>,
+    v_descale: &Array<f32>,
+    o: &mut Array<Vector<E, N>>,
+    lse: &mut Array<f32>,
+    part_o: &mut Array<Vector<f32, N>>,
+    part_lse: &mut Array<f32>,
+    shape: &AttnShape,
+    dec: &DecodeArgs,
+    fp8: &Fp8Shape,
+    #[comptime] cfg: RowDecodeConfig,
+    #[comptime] fcfg: Fp8Config,
+    #[comptime] direct: bool,
+) {
+    let unit = UNIT_POS as usize;
+    let split = CUBE_POS_X as usize;
+    let kv_head = CUBE_POS_Y as usize;
+    let batch = CUBE_POS_Z as usize;
+    let q_len = shape.q_len as usize;
+    let kv_len = shape.kv_len as usize;
+    let group = shape.group as usize;
+
+    let rows = comptime!(cfg.rows);
+    let dq = comptime!(cfg.head_dim / W);
+    let lanes = comptime!(cfg.lanes());
+    let kb = comptime!(cfg.kb());
+    let chunk = comptime!(cfg.chunk());
+    let passes = comptime!(cfg.passes());
+    let per_pass = comptime!(cfg.keys_per_pass());
+    let part_len = comptime!(cfg.part_len());
+    let bk = comptime!(cfg.bk);
+
+    let k_base = batch * shape.k_s0 as usize + kv_head * shape.k_s1 as usize;
+    let v_base = batch * shape.v_s0 as usize + kv_head * shape.v_s1 as usize;
+    let k_stride = shape.k_s2 as usize;
+    let v_stride = shape.v_s2 as usize;
+
+    let mut q_stage = SharedMemory::<Vector<f32, N>>::new(comptime!(cfg.rows * cfg.head_dim / W));
+    let mut scratch = SharedMemory::<f32>::new(comptime!(cfg.scratch_len()));
+    // `[0]`: bit r set when Q row r holds a non-finite code; `[1]`: the lowest such key of K or
+    // V in this split.
+    let bad = SharedMemory::<Atomic<u32>>::new(2usize);
+    if unit == 0 {
+        bad[0].store(0u32);
+        bad[1].store(NO_KEY);
+    }
+    sync_cube();
+
+    // Q decoded, times its descale and the softmax scale.
+    let q_tasks = comptime!(cfg.rows * cfg.head_dim / W);
+    #[unroll]
+    for step in 0..comptime!(q_tasks.div_ceil(ROW_UNITS)) {
+        let t = step * ROW_UNITS + unit;
+        if t < q_tasks {
+            let r = t / dq;
+            let c = t % dq;
+            let head = kv_head * group + r / q_len;
+            let pos = r % q_len;
+            let word = q[(batch * shape.q_s0 as usize + head * shape.q_s1 as usize + pos * shape.q_s2 as usize) / W + c];
+            if word_has_non_finite(word, fcfg) {
+                bad[0].fetch_or(1u32 << r as u32);
+            }
+            let mut q_index = 0usize;
+            if comptime!(fcfg.per_block()) {
+                q_index = (batch * shape.q_heads as usize + head) * fp8.q_blocks as usize + pos / ROW_FP8_Q_BLOCK;
+            } else if comptime!(fcfg.per_head()) {
+                q_index = batch * shape.q_heads as usize + head;
+            }
+            q_stage[t] = decode_word::<N>(word, fcfg) * Vector::new(q_descale[q_index] * shape.scale);
+        }
+    }
+
+    let key_in_pass = unit / KEY_LANES;
+    let lane_k = unit % KEY_LANES;
+    let g = unit / lanes;
+    let c = unit % lanes;
+
+    let k_begin = split * dec.keys_per_split as usize;
+    let k_end = min(k_begin + dec.keys_per_split as usize, kv_len);
+    let num_tiles = select(k_end > k_begin, (k_end - k_begin + bk - 1) / bk, 0);
+    let mut full_keys = kv_len;
+    if cfg.causal {
+        full_keys = select(kv_len + 1 > q_len, kv_len + 1 - q_len, 0);
+    }
+    let mut kv_index = 0usize;
+    if comptime!(fcfg.per_block()) {
+        kv_index = (batch * fp8.kv_heads as usize + kv_head) * fp8.k_blocks as usize;
+    } else if comptime!(fcfg.per_head()) {
+        kv_index = batch * fp8.kv_heads as usize + kv_head;
+    }
+
+    let mut k_regs = Array::<u32>::new(comptime!(cfg.passes() * cfg.chunk()));
+    let mut v_regs = Array::<u32>::new(kb);
+    let mut row_max = Array::<f32>::new(rows);
+    let mut row_sum = Array::<f32>::new(rows);
+    let mut acc = Array::<Vector<f32, N>>::new(rows);
+    #[unroll]
+    for r in 0..rows {
+        row_max[r] = NO_MAX;
+        row_sum[r] = 0.0;
+        acc[r] = Vector::new(0.0f32);
+    }
+    let mut bad_key = NO_KEY.runtime();
+
+    if num_tiles > 0 {
+        load_k_words(k, &mut k_regs, k_base, k_stride, k_begin, kv_len, key_in_pass, lane_k, cfg);
+        if comptime!(!cfg.late_v()) {
+            load_v_words(v, &mut v_regs, v_base, v_stride, k_begin + g * kb, kv_len, c, cfg);
+        }
+    }
+    sync_cube();
+
+    for tile in 0..num_tiles {
+        let k0 = k_begin + tile * bk;
+        let masked = k0 + bk > full_keys;
+        let mut ds_index = kv_index;
+        if comptime!(fcfg.per_block()) {
+            ds_index += k0 / bk;
+        }
+
+        #[unroll]
+        for p in 0..passes {
+            let j = p * per_pass + key_in_pass;
+            let mut dots = Array::<Vector<f32, N>>::new(rows);
+            #[unroll]
+            for i in 0..chunk {
+                let word = k_regs[p * chunk + i];
+                if word_has_non_finite(word, fcfg) {
+                    bad_key = min(bad_key, (k0 + j) as u32);
+                }
+                accumulate_dots::<N>(&mut dots, decode_word::<N>(word, fcfg), &q_stage, lane_k, i, cfg);
+            }
+            store_dots::<N>(&dots, &mut scratch, k_descale[ds_index], k0, j, lane_k, q_len, kv_len, masked, cfg);
+        }
+        if tile + 1 < num_tiles {
+            load_k_words(k, &mut k_regs, k_base, k_stride, k0 + bk, kv_len, key_in_pass, lane_k, cfg);
+        }
+        if comptime!(cfg.late_v()) {
+            load_v_words(v, &mut v_regs, v_base, v_stride, k0 + g * kb, kv_len, c, cfg);
+        }
+        sync_cube();
+        sum_scores(&mut scratch, unit, cfg);
+        sync_cube();
+
+        let v_ds = v_descale[ds_index];
+        #[unroll]
+        for jj in 0..kb {
+            let word = v_regs[jj];
+            if word_has_non_finite(word, fcfg) {
+                bad_key = min(bad_key, (k0 + g * kb + jj) as u32);
+            }
+            let vf = decode_word::<N>(word, fcfg);
+            #[unroll]
+            for r in 0..rows {
+                let s = scratch[part_len + r * bk + g * kb + jj];
+                online_key::<N>(&mut row_max, &mut row_sum, &mut acc, r, s, vf, v_ds, true);
+            }
+        }
+        if comptime!(!cfg.late_v()) {
+            if tile + 1 < num_tiles {
+                load_v_words(v, &mut v_regs, v_base, v_stride, k0 + bk + g * kb, kv_len, c, cfg);
+            }
+        }
+    }
+
+    // Keys past kv_len load as zero words: never bad.
+    if bad_key != NO_KEY {
+        bad[1].fetch_min(bad_key);
+    }
+    // finish_rows' first barrier orders the records before they are read.
+    sync_cube();
+    let q_bad = bad[0].load();
+    let lowest = bad[1].load();
+    finish_rows::<E, N>(
+        o, lse, part_o, part_lse, &mut scratch, &row_max, &row_sum, &acc, shape, dec, q_bad, lowest, fp8.nan, cfg, direct, true,
+    );
+}
+
+/// The 4 codes of `word` decoded to f32 (`decode_fp8`: bit-exact, 0 for non-finite codes).
+#[cube]
+fn decode_word<N: Size>(word: u32, #[comptime] fcfg: Fp8Config) -> Vector<f32, N> {
+    let mut value = Vector::<f32, N>::empty();
+    #[unroll]
+    for x in 0..W {
+        value[x] = decode_fp8((word >> comptime!((8 * x) as u32)) & 0xffu32, fcfg);
+    }
+    value
+}
+
+/// [`load_k`] on code words.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn load_k_words(
+    k: &Array<u32>,
+    regs: &mut Array<u32>,
+    k_base: usize,
+    k_stride: usize,
+    k0: usize,
+    kv_len: usize,
+    key_in_pass: usize,
+    lane_k: usize,
+    #[comptime] cfg: RowDecodeConfig,
+) {
+    let chunk = comptime!(cfg.chunk());
+    #[unroll]
+    for p in 0..comptime!(cfg.passes()) {
+        let key = k0 + p * comptime!(cfg.keys_per_pass()) + key_in_pass;
+        let row = (k_base + key * k_stride) / W + lane_k;
+        #[unroll]
+        for i in 0..chunk {
+            let mut word = 0u32;
+            if key < kv_len {
+                word = k[row + i * KEY_LANES];
+            }
+            regs[p * chunk + i] = word;
+        }
+    }
+}
+
+/// [`load_v`] on code words.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn load_v_words(
+    v: &Array<u32>,
+    regs: &mut Array<u32>,
+    v_base: usize,
+    v_stride: usize,
+    first: usize,
+    kv_len: usize,
+    c: usize,
+    #[comptime] cfg: RowDecodeConfig,
+) {
+    #[unroll]
+    for jj in 0..comptime!(cfg.kb()) {
+        let key = first + jj;
+        let mut word = 0u32;
+        if key < kv_len {
+            word = v[(v_base + key * v_stride) / W + c];
+        }
+        regs[jj] = word;
+    }
+}
+
+/// This unit's vectors of its key in every pass of the tile at `k0` (zeros past `kv_len`).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn load_k<E: Float, N: Size>(
+    k: &Array<Vector<E, N>>,
+    regs: &mut Array<Vector<E, N>>,
+    k_base: usize,
+    k_stride: usize,
+    k0: usize,
+    kv_len: usize,
+    key_in_pass: usize,
+    lane_k: usize,
+    #[comptime] cfg: RowDecodeConfig,
+) {
+    let chunk = comptime!(cfg.chunk());
+    #[unroll]
+    for p in 0..comptime!(cfg.passes()) {
+        let key = k0 + p * comptime!(cfg.keys_per_pass()) + key_in_pass;
+        let row = (k_base + key * k_stride) / W + lane_k;
+        if key < kv_len {
+            #[unroll]
+            for i in 0..chunk {
+                regs[p * chunk + i] = k[row + i * KEY_LANES];
+            }
+        } else {
+            #[unroll]
+            for i in 0..chunk {
+                regs[p * chunk + i] = Vector::new(E::from_int(0));
+            }
+        }
+    }
+}
+
+/// Vector `c` of the `kb` V rows from `first` (zeros past `kv_len`).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn load_v<E: Float, N: Size>(
+    v: &Array<Vector<E, N>>,
+    regs: &mut Array<Vector<E, N>>,
+    v_base: usize,
+    v_stride: usize,
+    first: usize,
+    kv_len: usize,
+    c: usize,
+    #[comptime] cfg: RowDecodeConfig,
+) {
+    #[unroll]
+    for jj in 0..comptime!(cfg.kb()) {
+        let key = first + jj;
+        let mut value = Vector::<E, N>::new(E::from_int(0));
+        if key < kv_len {
+            value = v[(v_base + key * v_stride) / W + c];
+        }
+        regs[jj] = value;
+    }
+}
+
+/// The CUDA C++ CubeCL generates for the row decode kernel, compiled offline by NVRTC for
+/// sm_90 (no GPU): each head-dim layout of its groups, one split and several, causal and not;
+/// the source declares the shared memory [`RowDecodeConfig::smem_bytes`] counts, and ptxas
+/// spills nothing.
+///
+/// `cargo test --release -p quattn-cubecl --features cuda --lib decode_rows`
+#[cfg(all(test, feature = "cuda"))]
+mod cuda_tests {
+    use super::*;
+    use crate::kernel::decode::DecodeArgsCompilationArg;
+    use crate::kernel::fma_vec_fp8::Fp8ShapeCompilationArg;
+    use quattn_core::{DescaleGranularity, Fp8Format};
+    use crate::kernel::offline_cuda::{client, cuda_include_dir, nvrtc_cubin, ADDR, COMPILE_LOCK};
+    use crate::kernel::AttnShapeCompilationArg;
+    use cubecl::cuda::CudaCompiler;
+    use cubecl::wgpu::WgpuRuntime;
+    use cubecl::Compiler as _;
+
+    fn shape() -> AttnShapeCompilationArg {
+        AttnShapeCompilationArg {
+            q_len: (),
+            kv_len: (),
+            group: (),
+            q_heads: (),
+            q_s0: (),
+            q_s1: (),
+            q_s2: (),
+            k_s0: (),
+            k_s1: (),
+            k_s2: (),
+            v_s0: (),
+            v_s1: (),
+            v_s2: (),
+            o_s0: (),
+            o_s1: (),
+            o_s2: (),
+            scale: (),
+            lse_empty: (),
+        }
+    }
+
+    fn definition<E: Float + CubeElement>(client: &ComputeClient<WgpuRuntime>, cfg: RowDecodeConfig, direct: bool) -> KernelDefinition {
+        let array = || ArrayCompilationArg { inplace: None };
+        let shape = shape();
+        let dec = DecodeArgsCompilationArg { rows: (), splits: (), keys_per_split: (), nan: () };
+        let settings = KernelSettings::default().cube_dim(CubeDim::new_1d(ROW_UNITS as u32)).address_type(AddressType::U32);
+        fwd_portable_decode_rows::FwdPortableDecodeRows::<E, WgpuRuntime>::new(
+            settings,
+            client.clone(),
+            array(),
+            array(),
+            array(),
+            array(),
+            array(),
+            array(),
+            array(),
+            shape,
+            dec,
+            W,
+            cfg,
+            direct,
+        )
+        .define()
+    }
+
+    fn definition_fp8<E: Float + CubeElement>(client: &ComputeClient<WgpuRuntime>, cfg: RowDecodeConfig, fcfg: Fp8Config, direct: bool) -> KernelDefinition {
+        let array = || ArrayCompilationArg { inplace: None };
+        let settings = KernelSettings::default().cube_dim(CubeDim::new_1d(ROW_UNITS as u32)).address_type(AddressType::U32);
+        fwd_portable_decode_rows_fp8::FwdPortableDecodeRowsFp8::<E, WgpuRuntime>::new(
+            settings,
+            client.clone(),
+            array(),
+            array(),
+            array(),
+            array(),
+            array(),
+            array(),
+            array(),
+            array(),
+            array(),
+            array(),
+            shape(),
+            DecodeArgsCompilationArg { rows: (), splits: (), keys_per_split: (), nan: () },
+            Fp8ShapeCompilationArg { kv_heads: (), q_blocks: (), k_blocks: (), nan: () },
+            W,
+            cfg,
+            fcfg,
+            direct,
+        )
+        .define()
+    }
+
+    #[test]
+    fn nvrtc_sm90_compiles_the_row_decode_kernel_with_its_shared_memory_and_no_spills() {
+        let skip = |why: String| {
+            assert!(std::env::var_os("CI").is_none(), "CUDA tools required under CI: {why}");
+            println!("SKIPPED: {why}");
+        };
+        let Some(include) = cuda_include_dir() else {
+            return skip("no CUDA headers (cuda_fp16.h)".into());
+        };
+        if let Err(e) = quattn_native::nvrtc() {
+            return skip(e.to_string());
+        }
+        let Some(client) = client() else { return };
+        let mut options = <CudaCompiler as cubecl::Compiler>::CompilationOptions::default();
+        options.supports_features.fast_math = true;
+        let nvrtc_options = vec![
+            "--gpu-architecture=sm_90".to_string(),
+            format!("--include-path={}", include.display()),
+            "--std=c++17".to_string(),
+            "-Xptxas=-v".to_string(),
+        ];
+        let mut failures = Vec::new();
+        // (head dim, rows, bk, element type): the decode shapes (GQA 4 and 8 at d 128), d 64's
+        // eight groups, d 256's two, one row.
+        let cases = [(128usize, 4usize, 32usize, "f16"), (128, 8, 32, "bf16"), (64, 8, 32, "f16"), (256, 4, 32, "f32"), (128, 1, 32, "f16")];
+        for (d, rows, bk, dtype) in cases {
+            for (causal, direct) in [(false, false), (true, true)] {
+                let cfg = RowDecodeConfig { head_dim: d, v_head_dim: d, rows, bk, causal, write_lse: true };
+                assert_eq!(cfg.invalid(), None, "{cfg:?}");
+                let def = match dtype {
+                    "f16" => definition::<half::f16>(&client, cfg, direct),
+                    "bf16" => definition::<half::bf16>(&client, cfg, direct),
+                    _ => definition::<f32>(&client, cfg, direct),
+                };
+                let kernel = {
+                    let _serial = COMPILE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+                    CudaCompiler::default().compile(def, &options, ExecutionMode::Unchecked, ADDR).unwrap()
+                };
+                let name = format!("decode_rows_{dtype}_d{d}_rows{rows}_bk{bk}_causal{causal}_direct{direct}");
+                if let Some(dir) = std::env::var_os("QUATTN_CUDA_SOURCE_DIR") {
+                    std::fs::write(std::path::Path::new(&dir).join(format!("{name}.cu")), kernel.to_string()).unwrap();
+                }
+                assert_eq!(kernel.shared_memory_size(), cfg.smem_bytes(), "{name}: declared shared memory");
+                let (_, log) = nvrtc_cubin(&kernel.to_string(), &nvrtc_options).unwrap_or_else(|e| panic!("{name}: {e}"));
+                let res = quattn_native::Resources::parse_ptxas_log(&log).unwrap_or_else(|| panic!("{name}: no ptxas report in {log}"));
+                println!("{name}: {} registers, {} B spilled", res.registers, res.spill_bytes());
+                if res.spill_bytes() != 0 {
+                    println!("{log}");
+                    failures.push(name);
+                }
+            }
+        }
+        // FP8 codes: the decode shape, e4m3 per head and e5m2 per block (8 rows).
+        let fp8_cases = [
+            (4usize, Fp8Config { format: Fp8Format::E4M3, granularity: DescaleGranularity::PerHead }),
+            (8, Fp8Config { format: Fp8Format::E5M2, granularity: DescaleGranularity::PerBlock }),
+        ];
+        for (rows, fcfg) in fp8_cases {
+            for (causal, direct) in [(false, false), (true, true)] {
+                let cfg = RowDecodeConfig { head_dim: 128, v_head_dim: 128, rows, bk: 32, causal, write_lse: true };
+                let kernel = {
+                    let def = definition_fp8::<half::f16>(&client, cfg, fcfg, direct);
+                    let _serial = COMPILE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+                    CudaCompiler::default().compile(def, &options, ExecutionMode::Unchecked, ADDR).unwrap()
+                };
+                let name = format!("decode_rows_fp8_{:?}_{:?}_rows{rows}_causal{causal}_direct{direct}", fcfg.format, fcfg.granularity);
+                // Two u32 records after Q and the scratch, in whole 16-byte blocks.
+                assert_eq!(kernel.shared_memory_size(), (cfg.smem_bytes() + 8).next_multiple_of(16), "{name}: declared shared memory");
+                let (_, log) = nvrtc_cubin(&kernel.to_string(), &nvrtc_options).unwrap_or_else(|e| panic!("{name}: {e}"));
+                let res = quattn_native::Resources::parse_ptxas_log(&log).unwrap_or_else(|| panic!("{name}: no ptxas report in {log}"));
+                println!("{name}: {} registers, {} B spilled", res.registers, res.spill_bytes());
+                if res.spill_bytes() != 0 {
+                    println!("{log}");
+                    failures.push(name);
+                }
+            }
+        }
+        assert!(failures.is_empty(), "spills: {failures:?}");
+    }
+}
