@@ -1,8 +1,9 @@
 //! The portable 4-bit kernel on a wgpu adapter (mesa's software Vulkan in CI): `Precision::Nvfp4`
 //! plans on it, its output against the f64 reference (the mode's tolerance) and against the CPU
 //! emulation with the kernel's tiles (the same codes and the same P rounding, so what is left is
-//! f32 summation order and the exp implementation); MXFP4 Q/K through the crate's launch on
-//! codes quantized here, into a NaN-poisoned O; the typed errors.
+//! f32 summation order and the exp implementation); `Precision::Mxfp4` the same way, and its
+//! plan's kernel launched on codes the CPU codec quantizes, into a NaN-poisoned O, against the
+//! facade bit for bit; MXFP4 Q/K through the crate's launch; the typed errors.
 
 mod common;
 
@@ -119,13 +120,113 @@ fn typed_errors_of_the_4bit_path() {
     // The 4-bit family takes only the 4-bit modes.
     let e = s.plan(&p, Precision::F16_DEFAULT, Strategy::PortableFamily(PortableKind::Fp4)).unwrap_err();
     assert!(matches!(e, Error::UnsupportedStrategy { .. }), "{e}");
-    // MXFP4 has no portable plan (the launch takes its codes; nothing quantizes to them here):
-    // Auto says so, naming the kernel, instead of listing every row.
-    for smooth_k in [false, true] {
-        match s.plan(&p, Precision::Mxfp4 { smooth_k }, Strategy::Auto) {
-            Err(Error::UnsupportedPrecision { reason, .. }) => assert!(reason.contains("no portable MXFP4 kernel"), "{reason}"),
-            other => panic!("{:?}", other.map(|p| p.kernel)),
+    // MXFP4 scales blocks of 32 along the head dim: a head dim that is not a multiple is the
+    // typed error the CPU gives, in Auto and forced.
+    let hd48 = AttentionProblem::new(1, 1, 4, 48).kv_len(16);
+    for strategy in [Strategy::Auto, Strategy::PortableFamily(PortableKind::Fp4)] {
+        match s.plan(&hd48, Precision::Mxfp4 { smooth_k: false }, strategy) {
+            Err(Error::UnsupportedHeadDim { head_dim: 48, path, .. }) => assert!(path.contains("MXFP4"), "{path}"),
+            other => panic!("{strategy:?}: {:?}", other.map(|p| p.kernel)),
         }
+    }
+}
+
+/// Gathers the `[batch, heads, len]` rows of `head_dim` values of a strided tensor densely.
+fn dense(x: &[f32], st: quattn::Strides, batch: usize, heads: usize, len: usize, d: usize) -> Vec<f32> {
+    (0..batch * heads * len).flat_map(|r| x[st.offset(r / (heads * len), (r / len) % heads, r % len)..][..d].to_vec()).collect()
+}
+
+/// `Precision::Mxfp4` plans on the portable 4-bit kernel in Auto (the kernel's name says MXFP4)
+/// and runs through the facade: within the mode's tolerance of the f64 reference, and within
+/// f32 summation noise of the CPU emulation with the kernel's tiles (the same codes, the same
+/// bf16 P). The same kernel launched here into an O and LSE filled with NaN, on codes the CPU
+/// codec quantizes from the bf16-rounded inputs (K − μ with smoothing, and the LSE shift
+/// `scale · q·μ`), writes every element and gives the facade's result bit for bit: the upload
+/// quantizes as the codec does.
+#[test]
+fn mxfp4_plans_on_the_4bit_kernel_and_follows_its_emulation() {
+    use quattn::codec::int8::{lse_shift, smooth_k};
+    let Some(s) = session() else { return };
+    let client = s.cubecl_client::<WgpuRuntime>().unwrap();
+    let cases = [
+        // GQA, a KV length that is no multiple of the key tile.
+        (AttentionProblem::new(1, 4, 5, 64).kv_heads(2).kv_len(100), false),
+        // Causal with ragged lengths, GQA, smoothed K.
+        (AttentionProblem::new(1, 4, 37, 64).kv_heads(2).kv_len(61).causal(true), true),
+        // Head dim 128, two batches, BSHD, causal.
+        (AttentionProblem::new(2, 2, 33, 128).kv_len(50).causal(true).layout(Layout::Bshd), false),
+        (AttentionProblem::new(1, 4, 9, 128).kv_heads(1).kv_len(70), true),
+    ];
+    for (i, (p, smooth)) in cases.into_iter().enumerate() {
+        let p = p.with_lse(true);
+        let prec = Precision::Mxfp4 { smooth_k: smooth };
+        let plan = s.plan(&p, prec, Strategy::Auto).unwrap_or_else(|e| panic!("plan {prec} {p:?}: {e}"));
+        assert_eq!(plan.family(), Family::Portable(PortableKind::Fp4), "{}", plan.kernel);
+        assert!(plan.kernel_name().contains("mxfp4"), "{}", plan.kernel_name());
+        let quattn::KernelId::Portable { kernel, .. } = &plan.kernel else { panic!("{}", plan.kernel) };
+        assert!(matches!(kernel, quattn_cubecl::PortableKernel::Fp4(t) if t.format == Fp4Format::Mxfp4 && t.v == Fp4V::Bf16), "{kernel:?}");
+        assert!(kernel.name().contains("mxfp4"), "{}", kernel.name());
+        // Channel outliers in K where K is smoothed (what smoothing is for), N(0, 1) with
+        // outliers elsewhere.
+        let (q, k, v) = if smooth { inputs::qkv_k_outlier_channels(&p, 1700 + i as u64, 8.0) } else { inputs::qkv(&p, 1700 + i as u64) };
+        let out = s.run(&plan, &q, &k, &v).unwrap();
+        let r = reference::attention_f64(&p, &q, &k, &v).unwrap();
+        let m = ErrorMetrics::compare(&out.o, &r.o);
+        let tol = Tolerance::for_precision(prec);
+        let ref_max = r.o.iter().fold(0.0f64, |a, &x| a.max(x.abs()));
+        assert!(tol.accepts(&m, ref_max), "{} {p:?}: {m:?} vs {tol:?}", plan.kernel);
+        let emu = quattn::emulation::emulate(&p, prec, &plan.blocking.unwrap(), &q, &k, &v).unwrap();
+        let e: Vec<f64> = emu.o.iter().map(|&x| x as f64).collect();
+        let me = ErrorMetrics::compare(&out.o, &e);
+        let em = ErrorMetrics::compare(&emu.o, &r.o);
+        println!("{} {p:?}: kernel vs f64 {m:?}; emulation vs f64 {em:?}; kernel vs emulation {me:?}", plan.kernel);
+        assert!(me.rel_l2 < 1e-4, "{} {p:?}: kernel vs emulation {me:?} (vs f64: {m:?})", plan.kernel);
+        let el: Vec<f64> = emu.lse.iter().map(|&x| x as f64).collect();
+        let lm = compare_lse(out.lse.as_ref().unwrap(), &el).expect("LSE infinities match");
+        assert!(lm.max_abs < 1e-4, "{} LSE vs emulation {lm:?}", plan.kernel);
+        let rl = compare_lse(out.lse.as_ref().unwrap(), &r.lse).expect("LSE infinities match");
+        assert!(rl.max_abs <= tol.max_abs_rel, "{} LSE vs f64 {rl:?}", plan.kernel);
+
+        // The direct launch into NaN.
+        let bf = |x: &[f32]| -> Vec<f32> { x.iter().map(|&x| half::bf16::from_f32(x).to_f32()).collect() };
+        let (qb, kb, vb) = (bf(&q), bf(&k), bf(&v));
+        let d = p.head_dim;
+        let (kq, shift) = if smooth {
+            let sm = smooth_k(&p, &kb).unwrap();
+            let st = p.q_strides();
+            let mut shift = Vec::new();
+            for b in 0..p.batch {
+                for h in 0..p.q_heads {
+                    let mean = &sm.mean[(b * p.kv_heads + p.kv_head_of(h)) * d..][..d];
+                    shift.extend((0..p.q_len).map(|i| lse_shift(&qb[st.offset(b, h, i)..][..d], mean, p.softmax_scale())));
+                }
+            }
+            (sm.values, Some(shift))
+        } else {
+            (kb, None)
+        };
+        let tq = Mxfp4Tensor::quantize(&dense(&qb, p.q_strides(), p.batch, p.q_heads, p.q_len, d), p.batch * p.q_heads * p.q_len, d).unwrap();
+        let tk = Mxfp4Tensor::quantize(&dense(&kq, p.k_strides(), p.batch, p.kv_heads, p.kv_len, d), p.batch * p.kv_heads * p.kv_len, d).unwrap();
+        let vd = dense(&vb, p.v_strides(), p.batch, p.kv_heads, p.kv_len, p.v_head_dim);
+        let v_bits: Vec<u8> = vd.iter().flat_map(|&x| half::bf16::from_f32(x).to_bits().to_le_bytes()).collect();
+        let words = |b: &[u8]| {
+            let mut b = b.to_vec();
+            b.resize(b.len().next_multiple_of(4).max(4), 0);
+            client.create_from_slice(&b)
+        };
+        let (hq, hqs, hk, hks, hv, none) = (words(&tq.packed), words(&tq.scales), words(&tk.packed), words(&tk.scales), words(&v_bits), words(&[]));
+        let ts = client.create_from_slice(bytemuck::cast_slice(&[1.0f32]));
+        let hshift = shift.as_ref().map(|x| client.create_from_slice(bytemuck::cast_slice(x)));
+        let o = client.create_from_slice(bytemuck::cast_slice(&vec![f32::NAN; p.o_len_elems()]));
+        let lse = client.create_from_slice(bytemuck::cast_slice(&vec![f32::NAN; p.lse_len_elems()]));
+        let ops = Fp4Operands { q: &hq, q_scales: &hqs, k: &hk, k_scales: &hks, v: &hv, v_scales: &none, tensor_scales: [&ts; 3], lse_shift: hshift.as_ref() };
+        quattn_cubecl::launch_fp4(&client, kernel, &p.shape(), ops, &o, Some(&lse)).unwrap();
+        let got: Vec<f32> = bytemuck::pod_collect_to_vec(&client.read_one(o).unwrap());
+        let got_lse: Vec<f32> = bytemuck::pod_collect_to_vec(&client.read_one(lse).unwrap());
+        assert!(got.iter().chain(&got_lse).all(|x| x.is_finite()), "{}: an output element was not written", plan.kernel);
+        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&got), bits(&out.o), "{}: the facade's O differs from the launch on the codec's codes", plan.kernel);
+        assert_eq!(bits(&got_lse), bits(out.lse.as_ref().unwrap()), "{}: LSE", plan.kernel);
     }
 }
 
@@ -195,5 +296,39 @@ fn cuda_runs_the_portable_4bit_kernel_where_the_native_one_is_not() {
         let me = ErrorMetrics::compare(&out.o, &e);
         println!("cuda {}: kernel vs emulation {me:?}", plan.kernel);
         assert!(me.rel_l2 < 1e-4, "{}: kernel vs emulation {me:?}", plan.kernel);
+    }
+}
+
+/// MXFP4 has no native CUDA kernel: on every CUDA device Auto plans it on the portable 4-bit
+/// kernel through CubeCL CUDA, which follows its emulation and the mode's tolerance as on
+/// wgpu; forcing the native NVFP4 family is a typed refusal. Skipped without a CUDA GPU.
+#[test]
+fn cuda_runs_mxfp4_on_the_portable_4bit_kernel() {
+    let Some(s) = common::open(Device::Cuda(0)) else { return };
+    for (p, smooth_k) in [
+        (AttentionProblem::new(1, 4, 5, 64).kv_heads(2).kv_len(100), false),
+        (AttentionProblem::new(1, 4, 37, 128).kv_heads(2).kv_len(61).causal(true), true),
+    ] {
+        let p = p.with_lse(true);
+        let prec = Precision::Mxfp4 { smooth_k };
+        let plan = s.plan(&p, prec, Strategy::Auto).unwrap();
+        assert_eq!(plan.family(), Family::Portable(PortableKind::Fp4), "{}", plan.kernel);
+        assert!(plan.kernel_name().contains("mxfp4"), "{}", plan.kernel_name());
+        let (q, k, v) = inputs::qkv(&p, 1800);
+        let out = s.run(&plan, &q, &k, &v).unwrap();
+        let r = reference::attention_f64(&p, &q, &k, &v).unwrap();
+        let m = ErrorMetrics::compare(&out.o, &r.o);
+        let tol = Tolerance::for_precision(prec);
+        let ref_max = r.o.iter().fold(0.0f64, |a, &x| a.max(x.abs()));
+        assert!(tol.accepts(&m, ref_max), "{}: {m:?} vs {tol:?}", plan.kernel);
+        let emu = quattn::emulation::emulate(&p, prec, &plan.blocking.unwrap(), &q, &k, &v).unwrap();
+        let e: Vec<f64> = emu.o.iter().map(|&x| x as f64).collect();
+        let me = ErrorMetrics::compare(&out.o, &e);
+        println!("cuda {}: kernel vs f64 {m:?}; kernel vs emulation {me:?}", plan.kernel);
+        assert!(me.rel_l2 < 1e-4, "{}: kernel vs emulation {me:?}", plan.kernel);
+        match s.plan(&p, prec, Strategy::Native(quattn::NativeKind::Nvfp4)) {
+            Err(Error::UnsupportedStrategy { reason, .. }) => assert!(reason.contains("no native MXFP4"), "{reason}"),
+            other => panic!("{:?}", other.map(|p| p.kernel)),
+        }
     }
 }

@@ -1467,7 +1467,8 @@ pub(crate) struct Nvfp4Native {
 
 /// The dispatch decision of the native NVFP4 family on a device of compute capability `cc`,
 /// without a device: compute capability 12.0 only (the block-scaled `mma.sync` exists on
-/// sm_120a), unsmoothed K (the kernel has no LSE shift; the portable 4-bit kernel smooths),
+/// sm_120a), NVFP4 Q/K only (MXFP4 is a typed refusal that Auto passes over to the portable
+/// 4-bit row), unsmoothed K (the kernel has no LSE shift; the portable 4-bit kernel smooths),
 /// head dims the kernel was built for, and shapes its launcher and the prepass accept. V in
 /// bf16 runs the bf16 HMMA P·V with the conditional rescale; V in NVFP4 the block-scaled P·V
 /// (no rescale: P's fixed tensor scale needs p ≤ 1) on f16 inputs, as `input_dtype` says.
@@ -1483,7 +1484,7 @@ pub(crate) fn nvfp4_native_decision(
             precision,
             device: format!("CUDA compute capability {}.{}", cc.0, cc.1),
             reason: "no native MXFP4 attention kernel: the block-scaled kernel (fwd_nvfp4_*) takes NVFP4 Q/K only; \
-                     the CPU 4-bit kernel and the CPU emulation (Strategy::Reference) run MXFP4"
+                     the portable 4-bit kernel (Strategy::Portable, Auto's next 4-bit row) runs MXFP4"
                 .into(),
         }));
     }
@@ -1566,6 +1567,69 @@ mod tests {
             let hmma = hmma_config(p, Precision::F16_DEFAULT).unwrap();
             hmma.validate_args(&p.shape()).unwrap();
             WgmmaConfig::new(128).unwrap().tma_specs(&p.shape(), [0; 5]).unwrap();
+        }
+    }
+
+    /// Auto over the CUDA table's families in their order, MXFP4 and NVFP4, on a device of
+    /// compute capability `cc`: the native NVFP4 row decides with its real decision (it needs no
+    /// device); the portable 4-bit row, whose test needs a CubeCL client, is stood in for by
+    /// one that takes the 4-bit modes (`fp4_row`'s own planning is exercised on wgpu); every
+    /// other row does not apply. MXFP4 passes the native row's typed refusal and lands on the
+    /// portable kernel on every compute capability; NVFP4 stays native on 12.0 only. Forcing the
+    /// native family is the typed refusal naming the missing kernel.
+    #[test]
+    fn mxfp4_falls_through_the_native_refusal_to_the_portable_4bit_kernel() {
+        fn row_test(cc: &(u32, u32), p: &AttentionProblem, prec: Precision, family: Family) -> std::result::Result<Choice, Reject> {
+            let stand_in = Choice { kernel: KernelId::Cpu { dtype: Dtype::F32, head_dim: p.head_dim }, blocking: None };
+            match family {
+                Family::Native(NativeKind::Nvfp4) => nvfp4_native_decision(*cc, p, prec).map(|_| stand_in),
+                Family::Portable(crate::PortableKind::Fp4) if matches!(prec, Precision::Nvfp4 { .. } | Precision::Mxfp4 { .. }) => Ok(stand_in),
+                _ => not_applicable("stand-in"),
+            }
+        }
+        // One fn per family (a row's test is a plain fn pointer).
+        fn native_nvfp4(cc: &(u32, u32), p: &AttentionProblem, prec: Precision) -> std::result::Result<Choice, Reject> {
+            row_test(cc, p, prec, Family::Native(NativeKind::Nvfp4))
+        }
+        fn portable_fp4(cc: &(u32, u32), p: &AttentionProblem, prec: Precision) -> std::result::Result<Choice, Reject> {
+            row_test(cc, p, prec, Family::Portable(crate::PortableKind::Fp4))
+        }
+        fn other(_: &(u32, u32), _: &AttentionProblem, _: Precision) -> std::result::Result<Choice, Reject> {
+            not_applicable("stand-in")
+        }
+        let rows: Vec<Row<(u32, u32)>> = table()
+            .iter()
+            .map(|r| {
+                let test: registry::Test<(u32, u32)> = match r.family {
+                    Family::Native(NativeKind::Nvfp4) => native_nvfp4,
+                    Family::Portable(crate::PortableKind::Fp4) => portable_fp4,
+                    _ => other,
+                };
+                Row { family: r.family, test }
+            })
+            .collect();
+        let p = AttentionProblem::new(1, 8, 200, 128).kv_heads(2).kv_len(300).causal(true);
+        let fp4 = Family::Portable(crate::PortableKind::Fp4);
+        for cc in [(12, 0), (9, 0), (8, 0), (10, 0)] {
+            for smooth_k in [false, true] {
+                let mx = Precision::Mxfp4 { smooth_k };
+                let planned = registry::walk(&rows, &cc, "cuda", &p, mx, Strategy::Auto).unwrap();
+                let chosen = rows.iter().filter(|r| r.family.allowed_by(Strategy::Auto)).nth(planned.rejected.len()).unwrap().family;
+                assert_eq!(chosen, fp4, "{cc:?} {mx}");
+                let native = planned.rejected.iter().find(|(f, _)| *f == Family::Native(NativeKind::Nvfp4)).expect("the native row was tried");
+                assert!(native.1.contains("no native MXFP4"), "{}", native.1);
+                match registry::walk(&rows, &cc, "cuda", &p, mx, Strategy::Native(NativeKind::Nvfp4)) {
+                    Err(Error::UnsupportedStrategy { reason, .. }) => assert!(reason.contains("no native MXFP4"), "{reason}"),
+                    other => panic!("{cc:?}: {:?}", other.map(|p| p.choice.kernel)),
+                }
+                let portable = registry::walk(&rows, &cc, "cuda", &p, mx, Strategy::Portable).unwrap();
+                assert!(portable.rejected.iter().all(|(f, _)| matches!(f, Family::Portable(_))), "{:?}", portable.rejected);
+            }
+            let nv = Precision::Nvfp4 { v: Nvfp4V::Bf16, smooth_k: false };
+            let planned = registry::walk(&rows, &cc, "cuda", &p, nv, Strategy::Auto).unwrap();
+            let chosen = rows.iter().filter(|r| r.family.allowed_by(Strategy::Auto)).nth(planned.rejected.len()).unwrap().family;
+            let want = if cc == (12, 0) { Family::Native(NativeKind::Nvfp4) } else { fp4 };
+            assert_eq!(chosen, want, "{cc:?} NVFP4");
         }
     }
 

@@ -15,8 +15,11 @@
 //! `Nvfp4V::Nvfp4`, V transposed to key-axis rows) from the values rounded to the mode's input
 //! type, as the emulation does, and the CubeCL NVFP4 quantization kernel
 //! ([`quattn_cubecl::quantize_nvfp4`], bit-exact with [`crate::codec::nvfp4`]) turns them into
-//! codes and scales on the device; bf16 V is uploaded as bf16 bits. The attention kernel reads
-//! the 4-bit codes and decodes them as it stages them; O comes back in f32.
+//! codes and scales on the device; bf16 V is uploaded as bf16 bits. `Mxfp4` runs on the same
+//! kernel: Q and K are quantized on the host by the emulation's own MXFP4 quantization
+//! ([`crate::emulation::quantize_qk_4bit`] with [`crate::codec::mxfp4`]) and uploaded as codes
+//! and E8M0 scales, with tensor scales 1 and bf16 V. The attention kernel reads the 4-bit codes
+//! and decodes them as it stages them; O comes back in f32.
 //!
 //! `Int8Qk` runs as two steps on the device: the CubeCL quantization prepass (f16 Q and K to
 //! INT8 codes and scales, K smoothing) then the INT8 attention kernel; the scale layout
@@ -32,6 +35,7 @@ use quattn_cubecl::{Accumulation, Family as Portable, Int8DeviceOperands, Launch
 use super::{Backend, ResidentData};
 use crate::device_tensor::CubeclTensors;
 use crate::codec::fp8_scaled::{DescaleLayout, Fp8Tensor};
+use crate::codec::mxfp4::Mxfp4Tensor;
 use crate::emulation::Blocking;
 use crate::error::{Error, Result};
 use crate::precision::{Nvfp4V, PvAccum, PvFormat, QkAccum};
@@ -255,34 +259,26 @@ impl<R: Runtime> CubeclBackend<R> {
         Ok(Choice { kernel: KernelId::Portable { kernel, name }, blocking: Some(blocking) })
     }
 
-    /// NVFP4 Q/K with bf16 or NVFP4 V: the 4-bit kernel (O in f32). Its tiles set the P·V
-    /// steps (one online-softmax step and P's 16-key blocks per KV tile), which the plan's
-    /// blocking records for the emulation.
+    /// NVFP4 Q/K with bf16 or NVFP4 V, or MXFP4 Q/K with bf16 V: the 4-bit kernel (O in f32).
+    /// Its tiles set the P·V steps (one online-softmax step and P's 16-key blocks per KV tile),
+    /// which the plan's blocking records for the emulation.
     pub(crate) fn fp4_row(&self, problem: &AttentionProblem, precision: Precision) -> std::result::Result<Choice, Reject> {
-        if let Precision::Mxfp4 { .. } = precision {
-            return Err(Reject::Refused(Error::UnsupportedPrecision {
-                precision,
-                device: self.device_name(),
-                reason: "no portable MXFP4 kernel is planned: the 4-bit kernel reads MXFP4 Q/K codes only through \
-                         quattn_cubecl::launch_fp4, and this backend quantizes to NVFP4 only; the CPU 4-bit kernel and \
-                         the CPU emulation (Strategy::Reference) run MXFP4"
-                    .into(),
-            }));
-        }
-        let Precision::Nvfp4 { v, .. } = precision else {
-            return not_applicable(format!("{precision} is not a 4-bit mode"));
+        let (format, fv) = match precision {
+            Precision::Nvfp4 { v: Nvfp4V::Bf16, .. } => (quattn_cubecl::Fp4Format::Nvfp4, quattn_cubecl::Fp4V::Bf16),
+            Precision::Nvfp4 { v: Nvfp4V::Nvfp4, .. } => (quattn_cubecl::Fp4Format::Nvfp4, quattn_cubecl::Fp4V::Nvfp4),
+            Precision::Mxfp4 { .. } => (quattn_cubecl::Fp4Format::Mxfp4, quattn_cubecl::Fp4V::Bf16),
+            _ => return not_applicable(format!("{precision} is not a 4-bit mode")),
         };
+        // The format's own head-dim rule first (scale blocks along the head dim), the error the
+        // CPU and the emulation give, then the portable kernels' head dims.
+        let mut blocking = Blocking { warps: 1, ..Blocking::default() };
+        blocking.validate(problem, precision)?;
         self.common(problem, precision, Dtype::F32)?;
-        let fv = match v {
-            Nvfp4V::Bf16 => quattn_cubecl::Fp4V::Bf16,
-            Nvfp4V::Nvfp4 => quattn_cubecl::Fp4V::Nvfp4,
-        };
-        let kernel = quattn_cubecl::select_fp4(&self.client, &problem.shape(), quattn_cubecl::Fp4Format::Nvfp4, fv)
-            .map_err(|e| self.refusal(precision, e))?;
+        let kernel = quattn_cubecl::select_fp4(&self.client, &problem.shape(), format, fv).map_err(|e| self.refusal(precision, e))?;
         let PortableKernel::Fp4(fp4) = kernel else {
             return Err(Reject::Refused(Error::Kernel { kernel: kernel.name(), reason: "select_fp4 chose another kernel".into() }));
         };
-        let blocking = Blocking { block_q: fp4.tiles.bq as usize, block_k: fp4.tiles.bk as usize, warps: 1, ..Blocking::default() };
+        (blocking.block_q, blocking.block_k) = (fp4.tiles.bq as usize, fp4.tiles.bk as usize);
         blocking.validate(problem, precision)?;
         let name = format!("fwd_portable_{}_{}_d{}", self.info.kind, precision.name(), problem.head_dim);
         Ok(Choice { kernel: KernelId::Portable { kernel, name }, blocking: Some(blocking) })
@@ -419,10 +415,11 @@ impl<R: Runtime> CubeclBackend<R> {
     }
 
     /// The 4-bit plan's operands: Q and K gathered into dense `[batch, heads, len]` rows and
-    /// quantized to NVFP4 on the device (one tensor scale each), V as dense bf16 rows or as
-    /// NVFP4 `Vᵀ` (per channel, keys padded with zeros to a multiple of 16), all from the values
-    /// rounded to the mode's input type (the emulation's recipe). With `smooth_k`, K − μ is quantized
-    /// and the LSE shift `scale · q·μ` uploaded ([`crate::codec::int8::smooth_k`] and
+    /// quantized (NVFP4 on the device, one tensor scale each; MXFP4 on the host through the
+    /// emulation's own quantization, tensor scales 1), V as dense bf16 rows or as NVFP4 `Vᵀ`
+    /// (per channel, keys padded with zeros to a multiple of 16), all from the values rounded to
+    /// the mode's input type (the emulation's recipe). With `smooth_k`, K − μ is quantized and
+    /// the LSE shift `scale · q·μ` uploaded ([`crate::codec::int8::smooth_k`] and
     /// [`crate::codec::int8::lse_shift`]). O is f32.
     fn upload_fp4(&self, plan: &Plan, fp4: &quattn_cubecl::Fp4Tiles, q: HostSlice<'_>, k: HostSlice<'_>, v: HostSlice<'_>) -> Result<GpuData> {
         let p = &plan.problem;
@@ -431,28 +428,60 @@ impl<R: Runtime> CubeclBackend<R> {
         let (d, dv) = (p.head_dim, p.v_head_dim);
         let q = q.rounded_to(dtype);
         let k = k.rounded_to(dtype);
-        let smooth_k = matches!(plan.precision, Precision::Nvfp4 { smooth_k: true, .. });
-        let (k, lse_shift) = if smooth_k {
-            let sm = crate::codec::int8::smooth_k(p, &k)?;
+        let smooth_k = matches!(plan.precision, Precision::Nvfp4 { smooth_k: true, .. } | Precision::Mxfp4 { smooth_k: true });
+        // The per-row LSE shift `scale · q·μ` of smoothed K, `[batch, q_heads, q_len]`.
+        let lse_shift = |mean: &[f32]| -> Handle {
             let st = p.q_strides();
             let mut shift = Vec::with_capacity(p.lse_len_elems());
             for b in 0..p.batch {
                 for h in 0..p.q_heads {
-                    let mean = &sm.mean[(b * p.kv_heads + p.kv_head_of(h)) * d..][..d];
+                    let mean = &mean[(b * p.kv_heads + p.kv_head_of(h)) * d..][..d];
                     for i in 0..p.q_len {
                         shift.push(crate::codec::int8::lse_shift(&q[st.offset(b, h, i)..][..d], mean, p.softmax_scale()));
                     }
                 }
             }
             shift.resize(shift.len().max(1), 0.0);
-            (sm.values, Some(c.create_from_slice(bytemuck::cast_slice(&shift))))
+            c.create_from_slice(bytemuck::cast_slice(&shift))
+        };
+        let bytes = |b: &[u8]| c.create_from_slice(&padded_words(b));
+        let v = dense_rows(&v.rounded_to(dtype), p.v_strides(), p.batch, p.kv_heads, p.kv_len, dv);
+        let bf16_v = || {
+            let bits: Vec<u8> = v.iter().flat_map(|&x| bf16::from_f32(x).to_bits().to_le_bytes()).collect();
+            (bytes(&bits), bytes(&[]), c.create_from_slice(bytemuck::cast_slice(&[1.0f32])))
+        };
+        if fp4.format == quattn_cubecl::Fp4Format::Mxfp4 {
+            // No device quantizer for MXFP4: the codec's codes, uploaded as they are (the layout
+            // the kernel reads: packed rows, E8M0 codes `[rows, head_dim / 32]`).
+            let t = crate::emulation::quantize_qk_4bit(p, smooth_k, &q, &k, Mxfp4Tensor::quantize)?;
+            let shift = t.mean.as_deref().map(lse_shift);
+            let (v_handle, v_scales, one) = bf16_v();
+            return Ok(GpuData {
+                q: bytes(&t.q.packed),
+                k: bytes(&t.k.packed),
+                v: v_handle,
+                o: c.empty(p.o_len_elems().max(MIN_ELEMS) * 4),
+                lse: p.return_lse.then(|| c.empty(p.lse_len_elems() * 4)),
+                descales: None,
+                fp4: Some(Fp4Scales {
+                    q: bytes(&t.q.scales),
+                    k: bytes(&t.k.scales),
+                    v: v_scales,
+                    tensor: [one.clone(), one.clone(), one],
+                    lse_shift: shift,
+                }),
+                varlen: None,
+            });
+        }
+        let (k, lse_shift) = if smooth_k {
+            let sm = crate::codec::int8::smooth_k(p, &k)?;
+            let shift = lse_shift(&sm.mean);
+            (sm.values, Some(shift))
         } else {
             (k, None)
         };
         let q = dense_rows(&q, p.q_strides(), p.batch, p.q_heads, p.q_len, d);
         let k = dense_rows(&k, p.k_strides(), p.batch, p.kv_heads, p.kv_len, d);
-        let v = dense_rows(&v.rounded_to(dtype), p.v_strides(), p.batch, p.kv_heads, p.kv_len, dv);
-        let bytes = |b: &[u8]| c.create_from_slice(&padded_words(b));
         // The kernel cannot refuse non-finite values as the codec does (the session's NaN
         // policy has replaced them before any upload; this keeps the rule where it is used).
         let quantize = |x: &[f32], rows: usize, cols: usize| -> Result<quattn_cubecl::Nvfp4DeviceTensor> {
@@ -465,10 +494,7 @@ impl<R: Runtime> CubeclBackend<R> {
         let tq = quantize(&q, p.batch * p.q_heads * p.q_len, d)?;
         let tk = quantize(&k, p.batch * p.kv_heads * p.kv_len, d)?;
         let (v_handle, v_scales, ts_v) = match fp4.v {
-            quattn_cubecl::Fp4V::Bf16 => {
-                let bits: Vec<u8> = v.iter().flat_map(|&x| bf16::from_f32(x).to_bits().to_le_bytes()).collect();
-                (bytes(&bits), bytes(&[]), c.create_from_slice(bytemuck::cast_slice(&[1.0f32])))
-            }
+            quattn_cubecl::Fp4V::Bf16 => bf16_v(),
             quattn_cubecl::Fp4V::Nvfp4 => {
                 let cols = p.kv_len.div_ceil(16) * 16;
                 let rows = p.batch * p.kv_heads * dv;
