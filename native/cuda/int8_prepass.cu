@@ -44,8 +44,11 @@
 // through shared memory (Q PerWarp: Q_RPW / 16 warps; Q PerBlock and K: BLOCK / 16 warps).
 //
 // Each lane keeps its loaded rows as raw 16-byte pieces (4 registers per 8 channels of f16 or
-// bf16) and converts them where they are used (the amax, the codes, the LSE products: the same
-// exact conversions each time): fewer registers, more CTAs per SM, more loads in flight.
+// bf16) and converts each row to f32 once, for its codes and LSE products; the amax comes from
+// the raw halves (max.f16x2 of the magnitudes: the order of non-negative halves is the order of
+// their values; for smoothed K the per-channel min and max, since max |rn(k - mu)| is the
+// larger of |rn(kmax - mu)| and |rn(kmin - mu)|), NaN skipped as fmaxf skips it. No f32 copy
+// of the rows stays live: at most 80 registers, three CTAs (24 warps) per SM.
 //
 // Codes. x / scale rounded to f32 then to an integer is the codec's code; the kernel computes
 // q' = x * r with r = fl(1 / scale) instead: |q' - x / scale| <= 2^-23 * 127.5 < 1.6e-5 and
@@ -717,8 +720,7 @@ __device__ __forceinline__ void cta_quantize_qk(const PrepassParams& p, Smem& sm
     for (int e = 0; e < 8; ++e) mu[e] = 0.f;
 #endif
 
-    // amax per row (Q) or per lane (K), from the raw elements (header): no f32 copy of the
-    // rows stays live until the codes.
+    // amax per row (Q, unsmoothed K) or per lane (smoothed K), from the raw elements (header).
     float amax[cfg::NR];
 #if SMOOTH
     if (!is_q) {
