@@ -391,10 +391,10 @@ impl Int8PrepassConfig {
         self.quantize_ctas(s) + if self.has_stats() { s.batch * s.kv_heads * chunks(s) } else { 0 }
     }
 
-    /// The kernel's `lag`: stats items that read about [`PREPASS_LAG_BYTES`] of K and V.
-    fn lag(&self, s: &AttentionShape) -> usize {
+    /// The kernel's `lag`: stats items that read about `lag_bytes` of K and V (at least one).
+    fn lag(&self, s: &AttentionShape, lag_bytes: usize) -> usize {
         let per_item = PREPASS_MEAN_CHUNK * s.head_dim * self.input.size_bytes() * (self.smooth_k as usize + self.v_fp8 as usize);
-        (PREPASS_LAG_BYTES / per_item.max(1)).max(1)
+        (lag_bytes / per_item.max(1)).max(1)
     }
 
     /// Keys per Vᵀ row: kv_len rounded up to [`PREPASS_VT_KEYS`].
@@ -484,8 +484,13 @@ impl Int8PrepassConfig {
     }
 
     /// Kernel parameters of a prepass over `s` (strides as checked by [`Self::validate_args`]:
-    /// below 2^63).
+    /// below 2^63), with a lag of [`PREPASS_LAG_BYTES`].
     pub fn params(&self, s: &AttentionShape, p: &PrepassPtrs) -> PrepassParams {
+        self.params_with_lag(s, p, PREPASS_LAG_BYTES)
+    }
+
+    /// [`Self::params`] with a lag of about `lag_bytes` of stats reads (measurements).
+    pub fn params_with_lag(&self, s: &AttentionShape, p: &PrepassPtrs, lag_bytes: usize) -> PrepassParams {
         let [q, k, v] = [s.q, s.k, s.v].map(|x| x.to_array().map(|v| v as i64));
         let (q_ctas, k_ctas, v_ctas) = self.ctas_per_head(s);
         PrepassParams {
@@ -529,7 +534,7 @@ impl Int8PrepassConfig {
             // The codec's caller computes the fold the same way (one f32 product).
             fold: s.scale * std::f32::consts::LOG2_E,
             softmax_scale: s.scale,
-            lag: self.lag(s).min(i32::MAX as usize) as i32,
+            lag: self.lag(s, lag_bytes).min(i32::MAX as usize) as i32,
         }
     }
 
@@ -578,6 +583,7 @@ mod launch {
         config: Int8PrepassConfig,
         arch: Arch,
         functions: Vec<(PrepassPass, CudaFunction)>,
+        lag_bytes: usize,
     }
 
     impl Int8Prepass {
@@ -599,7 +605,7 @@ mod launch {
                     Ok((pass, f))
                 })
                 .collect::<Result<Vec<_>>>()?;
-            Ok(Int8Prepass { config, arch, functions })
+            Ok(Int8Prepass { config, arch, functions, lag_bytes: PREPASS_LAG_BYTES })
         }
 
         pub fn config(&self) -> &Int8PrepassConfig {
@@ -607,6 +613,16 @@ mod launch {
         }
         pub fn arch(&self) -> Arch {
             self.arch
+        }
+        /// Bytes of stats reads between a (batch, kv head)'s last stats item and its first
+        /// quantize item.
+        pub fn lag_bytes(&self) -> usize {
+            self.lag_bytes
+        }
+        /// The same kernel with another lag (measurements; 0 is one stats item).
+        pub fn with_lag_bytes(mut self, lag_bytes: usize) -> Self {
+            self.lag_bytes = lag_bytes;
+            self
         }
 
         /// Enqueues every pass on `stream`.
@@ -619,7 +635,7 @@ mod launch {
         pub unsafe fn launch_raw(&self, stream: &Arc<CudaStream>, args: &AttentionShape, ptrs: &PrepassPtrs) -> Result<()> {
             self.config.validate_args(args)?;
             self.config.validate_ptrs(ptrs)?;
-            let params = self.config.params(args, ptrs);
+            let params = self.config.params_with_lag(args, ptrs, self.lag_bytes);
             for (pass, function) in &self.functions {
                 let (grid_dim, block_dim) = self.config.launch_dims(args, *pass);
                 let cfg = LaunchConfig { grid_dim, block_dim, shared_mem_bytes: 0 };
