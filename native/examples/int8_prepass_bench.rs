@@ -67,12 +67,12 @@ struct Outputs {
 }
 
 impl Buffers {
-    fn new(stream: &Arc<CudaStream>, c: &Int8PrepassConfig, a: &AttentionShape) -> Result<Self, BoxErr> {
+    /// `x`: the f16 bits of Q, K and V.
+    fn new(stream: &Arc<CudaStream>, c: &Int8PrepassConfig, a: &AttentionShape, x: &[Vec<u16>; 3]) -> Result<Self, BoxErr> {
         let l = c.required_lens(a)?;
-        let d = a.head_dim;
         let f = |n: usize| stream.alloc_zeros::<f32>(n.max(4));
         Ok(Buffers {
-            x: [stream.clone_htod(&halves(l.q, d, 1))?, stream.clone_htod(&halves(l.k, d, 2))?, stream.clone_htod(&halves(l.k, d, 3))?],
+            x: [stream.clone_htod(&x[0])?, stream.clone_htod(&x[1])?, stream.clone_htod(&x[2])?],
             q_codes: stream.alloc_zeros(l.q_codes.max(16))?,
             k_codes: stream.alloc_zeros(l.k_codes.max(16))?,
             vt_codes: stream.alloc_zeros(l.vt_codes.max(16))?,
@@ -165,6 +165,8 @@ fn main() -> Result<(), BoxErr> {
     let mut mismatches = 0;
     for (name, shape) in shapes {
         let d = shape.head_dim;
+        let (nq, nk) = (shape.batch * shape.q_heads * shape.q_len * d, shape.batch * shape.kv_heads * shape.kv_len * d);
+        let inputs = [halves(nq, d, 1), halves(nk, d, 2), halves(nk, d, 3)];
         // (label, the kernel whose blocking the prepass serves, smoothing)
         let configs = [
             ("f16pv block", Int8WgmmaConfig::new(d, Int8Granularity::PerBlock)?, false),
@@ -176,7 +178,7 @@ fn main() -> Result<(), BoxErr> {
             let pc = Int8PrepassConfig::new(d, Dtype::F16, kcfg.blocking()?, kcfg.granularity, smooth)?;
             let pc = if kcfg.pv_fp8() { pc.with_v_fp8() } else { pc };
             let (min, moved) = (pc.min_bytes(&shape) as f64, pc.moved_bytes(&shape) as f64);
-            let mut bufs = Buffers::new(&stream, &pc, &shape)?;
+            let mut bufs = Buffers::new(&stream, &pc, &shape, &inputs)?;
             let lags: &[(&str, usize)] =
                 if pc.has_stats() { &[("8MB", PREPASS_LAG_BYTES), ("0", 0), ("64MB", 64 << 20)] } else { &[("-", PREPASS_LAG_BYTES)] };
             let mut first: Option<Outputs> = None;
