@@ -392,7 +392,7 @@ __device__ __forceinline__ void cta_stats(const PrepassParams& p, Smem& sm, int 
     const i64 bh = g;
     const int key_end = min(p.kv_len, (chunk + 1) * cfg::CHUNK);
     // CHUNK / ROWS keys per thread, loaded BATCH at a time before they are used.
-    constexpr int PER = cfg::CHUNK / ROWS, BATCH = 4;
+    constexpr int PER = cfg::CHUNK / ROWS, BATCH = (SMOOTH && V_FP8) ? 4 : 8;
     static_assert(PER % BATCH == 0, "whole batches");
 #if SMOOTH
     const Rows k(p.k, p.k_batch_stride, p.k_head_stride, p.k_seq_stride, b, h);
