@@ -9,9 +9,10 @@
 // Codes keep the input's strides (one byte per element).
 //
 // Work unit: a tile of TILE = 8192 elements, whole rows of one (batch, head) (TILE / HEAD_DIM
-// rows; the last tile of a head is partial). 256 threads; thread t loads the 16-byte pieces
-// (8 elements) t + 256 j, j < PIECES, all before using any: consecutive threads read consecutive
-// pieces of a row (coalesced), and each thread has PIECES loads in flight. The tiles of Q, K and
+// rows; the last tile of a head is partial). 256 threads; thread t copies the 16-byte pieces
+// (8 elements) t + 256 j, j < PIECES, to shared memory with cp.async, all before using any:
+// consecutive threads read consecutive pieces of a row (coalesced), each thread has PIECES
+// loads in flight, and no registers wait for them (six CTAs, 96 KB in flight per SM). The tiles of Q, K and
 // V form one sequence (tensor, batch, head, tile) in which every descale group is a contiguous
 // range of tiles.
 //
@@ -118,15 +119,20 @@ __device__ __forceinline__ i64 piece_offset(const Fp8PrepassParams& p, const Til
     return a.base + (i64)row * a.t.seq_stride + col;
 }
 
-// The 16-byte pieces of this thread, loaded before any is used (zeros past the last row).
-__device__ __forceinline__ void thread_load_pieces(const Fp8PrepassParams& p, const TileAt& a, uint4 (&v)[cfg::PIECES],
-                                                   i64 (&off)[cfg::PIECES]) {
+// The tile in shared memory: piece j of thread t at [j][t] (each thread reads back only its own).
+typedef uint4 TileSmem[cfg::PIECES][cfg::THREADS];
+
+// Starts the copies of this thread's 16-byte pieces into its slots of `tile` (cp.async: no
+// registers are held while they are in flight; zeros past the last row); thread_cp_async_wait
+// <0> before reading them.
+__device__ __forceinline__ void thread_fetch_pieces(const Fp8PrepassParams& p, const TileAt& a, TileSmem& tile) {
     const unsigned char* x = reinterpret_cast<const unsigned char*>(a.t.x);
 #pragma unroll
     for (int j = 0; j < cfg::PIECES; ++j) {
-        off[j] = piece_offset(p, a, j);
-        v[j] = off[j] >= 0 ? __ldg(reinterpret_cast<const uint4*>(x + off[j] * 2)) : make_uint4(0, 0, 0, 0);
+        const i64 off = piece_offset(p, a, j);
+        thread_cp_async_16(cta_smem_addr(&tile[j][threadIdx.x]), off >= 0 ? x + off * 2 : x, off >= 0 ? 16 : 0);
     }
+    thread_cp_async_commit();
 }
 
 // The two 16-bit elements of w as f32 (exact): low half first.
@@ -225,16 +231,16 @@ __device__ __forceinline__ u32 thread_ld_relaxed(const u32* p) {
 // ---- the items ----------------------------------------------------------------------------------
 
 // The amax of tile g; the group's last writes its descale and publishes it.
-__device__ __forceinline__ void cta_amax(const Fp8PrepassParams& p, int g, float* scratch) {
+__device__ __forceinline__ void cta_amax(const Fp8PrepassParams& p, int g, float* scratch, TileSmem& tile) {
     __shared__ int last;
     const TileAt a = tile_at(p, g);
-    uint4 v[cfg::PIECES];
-    i64 off[cfg::PIECES];
-    thread_load_pieces(p, a, v, off);
+    thread_fetch_pieces(p, a, tile);
+    thread_cp_async_wait<0>();
     float m = 0.f;
 #pragma unroll
     for (int j = 0; j < cfg::PIECES; ++j) {
-        const u32 w[4] = {v[j].x, v[j].y, v[j].z, v[j].w};
+        const uint4 v = tile[j][threadIdx.x];
+        const u32 w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             float lo, hi;
@@ -270,12 +276,10 @@ __device__ __forceinline__ void cta_amax(const Fp8PrepassParams& p, int g, float
 // The codes of tile g once its group's descale is published. The arrival counter of the group
 // holds its tile count, 1 for the publication, then 1 per quantize item past the wait; the
 // last of those resets it.
-__device__ __forceinline__ void cta_quantize(const Fp8PrepassParams& p, int g) {
+__device__ __forceinline__ void cta_quantize(const Fp8PrepassParams& p, int g, TileSmem& tile) {
     __shared__ float descale;
     const TileAt a = tile_at(p, g);
-    uint4 v[cfg::PIECES];
-    i64 off[cfg::PIECES];
-    thread_load_pieces(p, a, v, off);
+    thread_fetch_pieces(p, a, tile);
     if (threadIdx.x == 0) {
         unsigned* counter = reinterpret_cast<unsigned*>(p.counter) + a.counter;
         const unsigned ready = (unsigned)a.group_tiles + 1u;
@@ -287,10 +291,13 @@ __device__ __forceinline__ void cta_quantize(const Fp8PrepassParams& p, int g) {
     __syncthreads();
     const float d = descale;
     unsigned char* codes = reinterpret_cast<unsigned char*>(a.t.codes);
+    thread_cp_async_wait<0>();
 #pragma unroll
     for (int j = 0; j < cfg::PIECES; ++j) {
-        if (off[j] < 0) continue;
-        const u32 w[4] = {v[j].x, v[j].y, v[j].z, v[j].w};
+        const i64 off = piece_offset(p, a, j);
+        if (off < 0) continue;
+        const uint4 v = tile[j][threadIdx.x];
+        const u32 w[4] = {v.x, v.y, v.z, v.w};
         u32 c[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
@@ -299,12 +306,14 @@ __device__ __forceinline__ void cta_quantize(const Fp8PrepassParams& p, int g) {
             c[i] = thread_code2(thread_div_rn(lo, d), thread_div_rn(hi, d));
         }
         // st.global spelled out: from a u64 address some targets emit a generic store.
-        asm volatile("st.global.v2.u32 [%0], {%1, %2};" ::"l"(codes + off[j]), "r"(c[0] | (c[1] << 16)), "r"(c[2] | (c[3] << 16))
+        asm volatile("st.global.v2.u32 [%0], {%1, %2};" ::"l"(codes + off), "r"(c[0] | (c[1] << 16)), "r"(c[2] | (c[3] << 16))
                      : "memory");
     }
 }
 
-extern "C" __global__ void __launch_bounds__(cfg::THREADS) fp8_prepass(const Fp8FusedParams f) {
+// Five CTAs per SM: 80 KB of loads in flight per SM.
+extern "C" __global__ void __launch_bounds__(cfg::THREADS, 5) fp8_prepass(const Fp8FusedParams f) {
+    __shared__ __align__(16) TileSmem tile;
     __shared__ float scratch[cfg::THREADS / 32];
     __shared__ int item_tile, item_quantize;
     if (threadIdx.x == 0) {
@@ -319,6 +328,6 @@ extern "C" __global__ void __launch_bounds__(cfg::THREADS) fp8_prepass(const Fp8
         item_quantize = q;
     }
     __syncthreads();
-    if (item_quantize) cta_quantize(f.p, item_tile);
-    else cta_amax(f.p, item_tile, scratch);
+    if (item_quantize) cta_quantize(f.p, item_tile, tile);
+    else cta_amax(f.p, item_tile, scratch, tile);
 }

@@ -39,8 +39,11 @@ fn every_fp8_prepass_pass_compiles_without_local_memory_and_rounds_like_the_code
             let hist = sass::opcode_histogram(&sass::disassemble(&compiled.cubin).unwrap());
             let op = |prefix: &str| hist.iter().filter(|(k, _)| k.starts_with(prefix)).map(|(_, v)| v).sum::<usize>();
             let name = format!("{} {arch}", KernelVariant::name(&id));
-            // Every thread loads its 4 pieces as 16-byte loads; no tensor-core op.
-            assert!(op("LDG.E.128") >= 4, "{name}: {hist:?}");
+            // Every thread copies its 4 pieces to shared memory as 16-byte cp.async (L2 only,
+            // zero-filled past the end; one set per item kind), reads them back as 16-byte
+            // shared loads; no tensor-core op.
+            assert!(op("LDGSTS.E.BYPASS.128") >= 4, "{name}: {hist:?}");
+            assert!(op("LDS.128") >= 4, "{name}: {hist:?}");
             assert_eq!(op("HMMA") + op("QMMA") + op("IMMA"), 0, "{name}");
             // Quantize items: 32 values per thread, 32 IEEE divisions (each with its FCHK range
             // check), 16 saturating pair conversions, four 8-byte code stores.
