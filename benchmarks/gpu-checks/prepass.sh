@@ -19,8 +19,8 @@
 #                `us`, and its ratio to min bytes (inputs read once, codes written once) and to
 #                moved bytes (plus the stats items' second read of K / V) at 3 TB/s. Target:
 #                ratio_to_moved_bytes_at_3tbs <= 1.5 on the hd 128 rows of the default lag
-#                ("8MB"); the lag "0" and "64MB" rows are a consistency check (exit status 0 =
-#                every lag gave the same outputs) and show what the work order buys.
+#                ("8MB"); the lag "0", "4MB" and "64MB" rows are a consistency check (exit
+#                status 0 = every lag gave the same outputs) and show what the lag buys.
 #   fp8 bench    the FP8 prepass alone (f16 -> e4m3, one launch) at b16 s1024, b4 s4096,
 #                b1 s16384 (hd 128), b2 s8192 hd 64 BSHD and a decode shape, per head and per
 #                tensor: `x_model` = time over its bytes (input read once, codes written once)

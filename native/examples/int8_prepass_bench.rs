@@ -4,8 +4,8 @@
 //! read of K, and of V with e4m3 V, which the work order serves from L2). Per shape it runs the
 //! prepasses of the s8 wgmma family: f16 P·V per-block unsmoothed, per-block smoothed and
 //! per-thread smoothed, and e4m3 P·V per-block smoothed (V to e4m3 Vᵀ); each with the default
-//! lag and, where there are stats items, with no lag (one item) and a 64 MB lag (on these shapes
-//! most stats items before any quantize item); median of 20 device-timed runs each, the outputs
+//! lag (8 MB) and, where there are stats items, with no lag (one item), a 4 MB lag and a 64 MB
+//! lag (on these shapes most stats items before any quantize item); median of 20 device-timed runs each, the outputs
 //! zeroed before each lag. Every lag must give the same codes, scales, mean, LSE shift and Vᵀ
 //! (exit status 1 otherwise; `quattn selftest --only int8-prepass` checks them against the
 //! codec).
@@ -180,7 +180,7 @@ fn main() -> Result<(), BoxErr> {
             let (min, moved) = (pc.min_bytes(&shape) as f64, pc.moved_bytes(&shape) as f64);
             let mut bufs = Buffers::new(&stream, &pc, &shape, &inputs)?;
             let lags: &[(&str, usize)] =
-                if pc.has_stats() { &[("8MB", PREPASS_LAG_BYTES), ("0", 0), ("64MB", 64 << 20)] } else { &[("-", PREPASS_LAG_BYTES)] };
+                if pc.has_stats() { &[("8MB", PREPASS_LAG_BYTES), ("0", 0), ("4MB", 4 << 20), ("64MB", 64 << 20)] } else { &[("-", PREPASS_LAG_BYTES)] };
             let mut first: Option<Outputs> = None;
             for &(lag_name, lag) in lags {
                 let k = Int8Prepass::load(&ctx, pc)?.with_lag_bytes(lag);
