@@ -16,15 +16,23 @@
 //      code = e4m3_rn_satfinite(v * v_inv[c]) (mul.rn, then cvt.rn.satfinite.e4m3x2)
 // The mean is accumulated in f64 (the codec's too) in another order, then rounded to f32 once.
 //
-// One source, two passes (-D PASS), each its own cubin with the entry `int8_prepass`:
-//   PASS 0  stats (only with SMOOTH or V_FP8): grid (chunks, kv_heads, batch), CHUNK keys per
-//           CTA: f64 channel sums of K, f32 channel amax of |V|, written as per-chunk partials.
-//           The CTA that finishes a (batch, kv head) last (an atomic ticket per (batch, kv
-//           head), reset by that CTA for the next launch) reduces its partials into the mean
-//           (f64, rounded to f32 once) and the V scales: no second launch, no host wait.
-//   PASS 1  quantize: 1-D grid. V tiles (V_FP8), then K CTAs, both in reverse order of the
-//           stats pass's reads (the last K and V rows it read are the likeliest still in L2),
-//           then Q CTAs. 256 threads per CTA.
+// One launch, 256 threads per CTA, one work item per CTA. Items of one (batch, kv head) group:
+//   stats (only with SMOOTH or V_FP8): CHUNK keys of K (f64 channel sums) and V (f32 channel
+//     amax), written as per-chunk partials. The item that finishes a group's chunks last (an
+//     atomic ticket per group) reduces the partials into the mean (f64, rounded to f32 once)
+//     and the V scales, then publishes them (the ticket moves past the chunk count).
+//   quantize: the group's V tiles (V_FP8), K CTAs, then the Q CTAs of its kv_group query heads;
+//     with stats, each first issues its input loads, then waits for the group's statistics.
+// Without stats the items are blockIdx.x in group order. With stats the CTAs draw items from an
+// atomic counter in the order below, so that every item a CTA waits for was drawn earlier by a
+// CTA that is already running and never waits itself (no deadlock whatever the residency):
+//   stats items 0 .. min(a + lag, G a) - 1 (a = chunks per group, G groups), then for each group
+//   g its quantize items followed by the stats items up to min((g + 2) a + lag, G a) - 1.
+// The quantize items of g thus come lag stats items after g's last chunk: that chunk has
+// finished by then (no spinning in the steady state), and K and V of g, read by the stats
+// items a few MB earlier, are read again from L2, not DRAM. The CTA that draws the last item
+// resets the counter, and the last quantize item of a group resets its ticket: every launch
+// leaves the scratch zero.
 //
 // Quantize CTAs of Q and K. A CTA covers as many whole scale blocks as fit in 128 rows (BLOCK
 // rows each: ROWS = BLOCK * (128 / BLOCK)), warp w rows 16w .. 16w + 15 (a warp never straddles
@@ -34,6 +42,13 @@
 // group) sit in the same lane (entries i and i + NR / 2). Group amax: per row pair with a
 // CPR-lane shuffle (Q PerThread), else per warp (shuffles) and then over the group's warps
 // through shared memory (Q PerWarp: Q_RPW / 16 warps; Q PerBlock and K: BLOCK / 16 warps).
+//
+// Each lane keeps its loaded rows as raw 16-byte pieces (4 registers per 8 channels of f16 or
+// bf16) and converts each row to f32 once, for its codes and LSE products; the amax comes from
+// the raw halves (max.f16x2 of the magnitudes: the order of non-negative halves is the order of
+// their values; for smoothed K the per-channel min and max, since max |rn(k - mu)| is the
+// larger of |rn(kmax - mu)| and |rn(kmin - mu)|), NaN skipped as fmaxf skips it. No f32 copy
+// of the rows stays live: at most 80 registers, three CTAs (24 warps) per SM.
 //
 // Codes. x / scale rounded to f32 then to an integer is the codec's code; the kernel computes
 // q' = x * r with r = fl(1 / scale) instead: |q' - x / scale| <= 2^-23 * 127.5 < 1.6e-5 and
@@ -61,21 +76,28 @@
 //   K: [batch][kv_heads][k_blocks]. Codes keep the input's strides (one byte per element).
 //   V: v_scale, v_inv [batch][kv_heads][D]; Vᵀ [batch][kv_heads][D][kv_pad].
 //
-// Compile-time parameters: HEAD_DIM 64 | 128, ELEM 0 f16 | 1 bf16 | 2 f32, PASS 0 | 1, SMOOTH
-// 0 | 1, V_FP8 0 | 1; PASS 1 also BLOCK_Q, BLOCK_K (multiples of 16, at most 128), Q_GRAN 0 |
-// 1 | 2, Q_RPW (rows per layout warp, a multiple of 16). ABI: `PrepassParams` (Rust mirror
-// `PrepassParams` in src/int8_prepass.rs).
+// Compile-time parameters: HEAD_DIM 64 | 128, ELEM 0 f16 | 1 bf16 | 2 f32, SMOOTH 0 | 1, V_FP8
+// 0 | 1, BLOCK_Q, BLOCK_K (multiples of 16, at most 128), Q_GRAN 0 | 1 | 2, Q_RPW (rows per
+// layout warp, a multiple of 16). ABI: `PrepassParams` (Rust mirror `PrepassParams` in
+// src/int8_prepass.rs).
 #include "common.cuh"
 
-#if !defined(HEAD_DIM) || !defined(ELEM) || !defined(PASS) || !defined(SMOOTH) || !defined(V_FP8)
-#error "int8_prepass.cu needs HEAD_DIM, ELEM, PASS, SMOOTH, V_FP8"
+#if !defined(HEAD_DIM) || !defined(ELEM) || !defined(SMOOTH) || !defined(V_FP8)
+#error "int8_prepass.cu needs HEAD_DIM, ELEM, SMOOTH, V_FP8"
+#endif
+#if !defined(BLOCK_Q) || !defined(BLOCK_K) || !defined(Q_GRAN) || !defined(Q_RPW)
+#error "int8_prepass.cu needs BLOCK_Q, BLOCK_K, Q_GRAN, Q_RPW"
 #endif
 static_assert(HEAD_DIM == 64 || HEAD_DIM == 128, "head dim 64 or 128");
 static_assert(ELEM >= 0 && ELEM <= 2, "ELEM 0 (f16), 1 (bf16) or 2 (f32)");
-static_assert(PASS == 1 || SMOOTH || V_FP8, "the stats pass computes the K mean or the V scales");
-#if V_FP8 && PASS == 1 && defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890
+static_assert(BLOCK_Q % 16 == 0 && BLOCK_Q <= 128 && BLOCK_K % 16 == 0 && BLOCK_K <= 128, "blocks of 16..128 rows");
+static_assert(Q_RPW % 16 == 0 && BLOCK_Q % Q_RPW == 0, "layout warps of 16k rows");
+static_assert(Q_GRAN != 2 || Q_RPW == 16, "per-thread scales need 16 rows per layout warp");
+#if V_FP8 && defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890
 #error "V_FP8 writes e4m3 codes (cvt ... e4m3x2): sm_89 or newer"
 #endif
+// The stats items: the K mean (SMOOTH) and the V scales (V_FP8).
+#define STATS (SMOOTH || V_FP8)
 
 namespace cfg {
 constexpr int D = HEAD_DIM;
@@ -85,6 +107,15 @@ constexpr int NR = 16 / RPI;        // rows per lane
 constexpr int THREADS = 256;
 constexpr int WARPS = THREADS / 32;
 constexpr int ELEM_BYTES = ELEM == 2 ? 4 : 2;
+constexpr int CHUNK = 256;                          // keys per stats item
+constexpr int STAT_ROWS = THREADS / CPR;            // keys a stats item loads at once
+constexpr float E4M3_MAX = 448.f;
+constexpr int VT_KEYS = 128;                        // keys per V tile (and the Vᵀ row padding)
+constexpr int Q_SLOTS = Q_GRAN == 0 ? 1 : Q_GRAN == 1 ? BLOCK_Q / Q_RPW : (BLOCK_Q / 16) * 8;
+constexpr int Q_ROWS = BLOCK_Q * (128 / BLOCK_Q);   // rows per Q CTA: whole blocks
+constexpr int K_ROWS = BLOCK_K * (128 / BLOCK_K);   // rows per K CTA
+constexpr int LSE_STRIDE = D + 4;                   // floats per row of the LSE-shift products
+constexpr int VT_STRIDE = D + 4;                    // bytes per key of the V code tile
 }  // namespace cfg
 
 struct PrepassParams {
@@ -96,44 +127,148 @@ struct PrepassParams {
     u64 k_partial;                      // f64 [batch][kv_heads][chunks][D]         (SMOOTH)
     u64 v_scale, v_inv;                 // f32 [batch][kv_heads][D]                 (V_FP8)
     u64 v_partial;                      // f32 [batch][kv_heads][chunks][D]         (V_FP8)
-    u64 tickets;                        // u32 [batch][kv_heads], 0 between launches (stats)
+    u64 tickets;                        // u32 [batch * kv_heads + 1]: a ticket per group, then
+                                        // the item counter; 0 between launches      (STATS)
     u64 lse_shift;                      // f32 [batch][q_heads][q_len]              (SMOOTH)
     i64 q_batch_stride, q_head_stride, q_seq_stride;   // elements; head dim contiguous
     i64 k_batch_stride, k_head_stride, k_seq_stride;
     i64 v_batch_stride, v_head_stride, v_seq_stride;
     int batch, q_heads, kv_heads, q_len, kv_len, kv_group;
     int q_blocks, k_blocks, chunks, kv_pad;
-    int q_ctas, k_ctas, v_ctas;         // quantize CTAs per (batch, head) of Q, K, V
+    int q_ctas, k_ctas, v_ctas;         // quantize items per (batch, head) of Q, K, V
     float fold;                         // softmax_scale * log2 e, into the stored Q scales
     float softmax_scale;                // of the LSE shift
+    int lag;                            // stats items between a group's last chunk and its
+                                        // quantize items (STATS)
 };
 
-// 8 consecutive input elements (16-byte aligned for 2-byte types, 32 for f32) as f32.
-__device__ __forceinline__ void thread_load8(float (&x)[8], const void* src) {
+// 8 consecutive input elements as loaded (16-byte aligned for 2-byte types, 32 for f32).
 #if ELEM == 2
-    const float4 a = __ldg(reinterpret_cast<const float4*>(src));
-    const float4 b = __ldg(reinterpret_cast<const float4*>(src) + 1);
-    x[0] = a.x; x[1] = a.y; x[2] = a.z; x[3] = a.w;
-    x[4] = b.x; x[5] = b.y; x[6] = b.z; x[7] = b.w;
+struct Raw8 {
+    float4 a, b;
+};
 #else
-    const uint4 v = __ldg(reinterpret_cast<const uint4*>(src));
-    const u32 w[4] = {v.x, v.y, v.z, v.w};
+struct Raw8 {
+    uint4 a;
+};
+#endif
+
+__device__ __forceinline__ void thread_load_raw8(Raw8& r, const void* src) {
+#if ELEM == 2
+    r.a = __ldg(reinterpret_cast<const float4*>(src));
+    r.b = __ldg(reinterpret_cast<const float4*>(src) + 1);
+#else
+    r.a = __ldg(reinterpret_cast<const uint4*>(src));
+#endif
+}
+
+__device__ __forceinline__ void thread_zero_raw8(Raw8& r) {
+#if ELEM == 2
+    r.a = make_float4(0.f, 0.f, 0.f, 0.f);
+    r.b = r.a;
+#else
+    r.a = make_uint4(0, 0, 0, 0);
+#endif
+}
+
+// The 8 elements of r as f32 (exact). Volatile: each use converts again rather than the
+// compiler keeping all converted rows live from the first (twice the registers).
+__device__ __forceinline__ void thread_unpack8(float (&x)[8], const Raw8& r) {
+#if ELEM == 2
+    x[0] = r.a.x; x[1] = r.a.y; x[2] = r.a.z; x[3] = r.a.w;
+    x[4] = r.b.x; x[5] = r.b.y; x[6] = r.b.z; x[7] = r.b.w;
+#else
+    const u32 w[4] = {r.a.x, r.a.y, r.a.z, r.a.w};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
 #if ELEM == 0
-        thread_unpack_f16x2(w[i], x[2 * i], x[2 * i + 1]);
+        asm volatile("{ .reg .f16 l, h; mov.b32 {l, h}, %2; cvt.f32.f16 %0, l; cvt.f32.f16 %1, h; }\n"
+                     : "=f"(x[2 * i]), "=f"(x[2 * i + 1]) : "r"(w[i]));
 #else
-        x[2 * i] = __uint_as_float(w[i] << 16);
-        x[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+        asm volatile("{ shl.b32 %0, %2, 16; and.b32 %1, %2, 0xffff0000; }\n"
+                     : "=f"(x[2 * i]), "=f"(x[2 * i + 1]) : "r"(w[i]));
 #endif
     }
 #endif
 }
 
-// 8 f32 from a 32-byte aligned address.
-__device__ __forceinline__ void thread_load8_f32(float (&x)[8], const float* src) {
-    const float4 a = __ldg(reinterpret_cast<const float4*>(src));
-    const float4 b = __ldg(reinterpret_cast<const float4*>(src) + 1);
+#if ELEM != 2
+// Channel-wise max / min of two words of 2 elements each; a NaN element yields the other.
+__device__ __forceinline__ u32 thread_max2(u32 a, u32 b) {
+    u32 d;
+#if ELEM == 0
+    asm("max.f16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
+#else
+    asm("max.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
+#endif
+    return d;
+}
+__device__ __forceinline__ u32 thread_min2(u32 a, u32 b) {
+    u32 d;
+#if ELEM == 0
+    asm("min.f16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
+#else
+    asm("min.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
+#endif
+    return d;
+}
+#endif
+
+// Every element NaN (the start of a min / max that skips NaN).
+__device__ __forceinline__ void thread_nan_raw8(Raw8& r) {
+#if ELEM == 2
+    const float n = __int_as_float(0x7fffffff);
+    r.a = make_float4(n, n, n, n);
+    r.b = r.a;
+#else
+    r.a = make_uint4(0x7fff7fffu, 0x7fff7fffu, 0x7fff7fffu, 0x7fff7fffu);
+#endif
+}
+
+// lo, hi = the element-wise min and max of (lo, x) and (hi, x); NaN elements skipped.
+__device__ __forceinline__ void thread_minmax_raw8(Raw8& lo, Raw8& hi, const Raw8& x) {
+#if ELEM == 2
+    lo.a = make_float4(fminf(lo.a.x, x.a.x), fminf(lo.a.y, x.a.y), fminf(lo.a.z, x.a.z), fminf(lo.a.w, x.a.w));
+    lo.b = make_float4(fminf(lo.b.x, x.b.x), fminf(lo.b.y, x.b.y), fminf(lo.b.z, x.b.z), fminf(lo.b.w, x.b.w));
+    hi.a = make_float4(fmaxf(hi.a.x, x.a.x), fmaxf(hi.a.y, x.a.y), fmaxf(hi.a.z, x.a.z), fmaxf(hi.a.w, x.a.w));
+    hi.b = make_float4(fmaxf(hi.b.x, x.b.x), fmaxf(hi.b.y, x.b.y), fmaxf(hi.b.z, x.b.z), fmaxf(hi.b.w, x.b.w));
+#else
+    lo.a = make_uint4(thread_min2(lo.a.x, x.a.x), thread_min2(lo.a.y, x.a.y), thread_min2(lo.a.z, x.a.z), thread_min2(lo.a.w, x.a.w));
+    hi.a = make_uint4(thread_max2(hi.a.x, x.a.x), thread_max2(hi.a.y, x.a.y), thread_max2(hi.a.z, x.a.z), thread_max2(hi.a.w, x.a.w));
+#endif
+}
+
+// max |x| over the 8 elements of r as f32, NaN elements skipped (0 if all are): what fmaxf
+// over their fabsf gives, without converting each element.
+__device__ __forceinline__ float thread_absmax8(const Raw8& r) {
+#if ELEM == 2
+    float x[8];
+    thread_unpack8(x, r);
+    float a = 0.f;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) a = fmaxf(a, fabsf(x[e]));
+    return a;
+#else
+    // Magnitudes (sign bits cleared), max against 0: NaN elements yield the other operand.
+    u32 m = thread_max2(thread_max2(r.a.x & 0x7fff7fffu, r.a.y & 0x7fff7fffu), thread_max2(r.a.z & 0x7fff7fffu, r.a.w & 0x7fff7fffu));
+    m = thread_max2(m, 0u);
+    // Two non-negative halves: their order is the order of their bits.
+    const u32 top = max(m & 0xffffu, m >> 16);
+#if ELEM == 0
+    float f;
+    asm("{ .reg .f16 t; mov.b16 t, %1; cvt.f32.f16 %0, t; }\n" : "=f"(f) : "h"((unsigned short)top));
+    return f;
+#else
+    return __uint_as_float(top << 16);
+#endif
+#endif
+}
+
+// 8 f32 written earlier in this launch by another CTA (from L2: ld.global.cg, never the
+// non-coherent path), from a 32-byte aligned address.
+__device__ __forceinline__ void thread_load8_f32_cg(float (&x)[8], const float* src) {
+    const float4 a = __ldcg(reinterpret_cast<const float4*>(src));
+    const float4 b = __ldcg(reinterpret_cast<const float4*>(src) + 1);
     x[0] = a.x; x[1] = a.y; x[2] = a.z; x[3] = a.w;
     x[4] = b.x; x[5] = b.y; x[6] = b.z; x[7] = b.w;
 }
@@ -151,34 +286,113 @@ struct Rows {
     }
 };
 
-#if PASS == 0
-namespace cfg {
-constexpr int CHUNK = 256;          // keys per stats CTA
-constexpr float E4M3_MAX = 448.f;
-}
-
-// Per chunk: thread t sums (K) and maxes (|V|) channels 8 (t % CPR) .. +7 of keys t / CPR +
-// (THREADS / CPR) * i, the CTA combines its THREADS / CPR row partials and writes the chunk's;
-// the last CTA of a (batch, kv head) reduces every chunk's.
-extern "C" __global__ void __launch_bounds__(cfg::THREADS, 2) int8_prepass(const PrepassParams p) {
-    constexpr int ROWS = cfg::THREADS / cfg::CPR;
-    constexpr int SLICES = cfg::THREADS / cfg::D;   // threads per channel in the final reduction
+// Shared memory of a CTA: the stats partials, the LSE-shift products (Q) or the V code tile.
+union Smem {
+    struct {
 #if SMOOTH
-    __shared__ double part_k[ROWS][cfg::D];
+        double k[cfg::STAT_ROWS][cfg::D];
 #endif
 #if V_FP8
-    __shared__ float part_v[ROWS][cfg::D];
+        float v[cfg::STAT_ROWS][cfg::D];
 #endif
+    } part;
+    float lse[cfg::WARPS][8][cfg::LSE_STRIDE];
+    unsigned char vt[cfg::VT_KEYS][cfg::VT_STRIDE];
+};
+
+// ---- the work order (header) ------------------------------------------------------------------
+
+// What one item is: a stats chunk or a quantize item, its group and its index in the group.
+struct Item {
+    int stats;
+    int group;
+    int index;
+};
+
+#if STATS
+// Item p of the order in the header, for G groups of a stats and qn quantize items each.
+__device__ __forceinline__ Item item_at(i64 p, i64 G, i64 a, i64 qn, i64 lag) {
+    const i64 all_stats = G * a;
+    // Quantize items of group g start at P(g) = g qn + min((g + 1) a + lag, G a).
+    auto start = [&](i64 g) { return g * qn + min((g + 1) * a + lag, all_stats); };
+    Item it;
+    if (p < start(0)) {
+        it.stats = 1;
+        it.group = (int)(p / a);
+        it.index = (int)(p % a);
+        return it;
+    }
+    i64 lo = 0, hi = G - 1;   // the last g with start(g) <= p
+    while (lo < hi) {
+        const i64 mid = (lo + hi + 1) / 2;
+        if (start(mid) <= p) lo = mid;
+        else hi = mid - 1;
+    }
+    const i64 r = p - start(lo);
+    if (r < qn) {
+        it.stats = 0;
+        it.group = (int)lo;
+        it.index = (int)r;
+    } else {
+        const i64 s = min((lo + 1) * a + lag, all_stats) + (r - qn);
+        it.stats = 1;
+        it.group = (int)(s / a);
+        it.index = (int)(s % a);
+    }
+    return it;
+}
+
+// A word other CTAs update (no L1 copy, no ordering: the caller fences once it has seen
+// the value it waits for; ld.acquire in the loop would invalidate L1 at every poll).
+__device__ __forceinline__ u32 thread_ld_relaxed(const u32* p) {
+    u32 v;
+    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+#endif
+
+// Quantize items per group.
+__device__ __forceinline__ int quantize_items(const PrepassParams& p) {
+    return (V_FP8 ? p.v_ctas : 0) + p.k_ctas + p.kv_group * p.q_ctas;
+}
+
+// Called by every thread of a quantize item once its loads are issued: returns when the
+// statistics of group g are published (a no-op without stats). The ticket of g counts the
+// chunks, then 1 for the publication, then one per quantize item that passed here; the last
+// of those resets it for the next launch.
+__device__ __forceinline__ void cta_wait_stats(const PrepassParams& p, int g) {
+#if STATS
+    if (threadIdx.x == 0) {
+        u32* ticket = reinterpret_cast<u32*>(p.tickets) + g;
+        const u32 ready = (u32)p.chunks + 1u;
+        while (thread_ld_relaxed(ticket) < ready) __nanosleep(200);
+        __threadfence();   // the statistics are read after the publication was seen
+        if (atomicAdd(ticket, 1u) == ready - 1u + (u32)quantize_items(p)) *ticket = 0u;
+    }
+    __syncthreads();
+#else
+    (void)p; (void)g;
+#endif
+}
+
+// ---- stats items --------------------------------------------------------------------------------
+
+#if STATS
+// Chunk `chunk` of group g = (b, h): thread t sums (K) and maxes (|V|) channels 8 (t % CPR) ..
+// +7 of keys t / CPR + STAT_ROWS i, the CTA combines its STAT_ROWS row partials and writes the
+// chunk's; the last chunk of the group to finish reduces every chunk's and publishes.
+__device__ __forceinline__ void cta_stats(const PrepassParams& p, Smem& sm, int g, int chunk) {
+    constexpr int ROWS = cfg::STAT_ROWS;
+    constexpr int SLICES = cfg::THREADS / cfg::D;   // threads per channel in the final reduction
     __shared__ bool last;
     const int tid = threadIdx.x;
     const int c = tid % cfg::CPR;
     const int r = tid / cfg::CPR;
-    const int chunk = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
-    const i64 bh = (i64)b * p.kv_heads + h;
+    const int b = g / p.kv_heads, h = g % p.kv_heads;
+    const i64 bh = g;
     const int key_end = min(p.kv_len, (chunk + 1) * cfg::CHUNK);
-    // CHUNK / ROWS keys per thread, loaded 4 at a time before they are used (one load in
-    // flight per thread leaves this pass latency-bound).
-    constexpr int PER = cfg::CHUNK / ROWS, BATCH = 4;
+    // CHUNK / ROWS keys per thread, loaded BATCH at a time before they are used.
+    constexpr int PER = cfg::CHUNK / ROWS, BATCH = (SMOOTH && V_FP8) ? 4 : 8;
     static_assert(PER % BATCH == 0, "whole batches");
 #if SMOOTH
     const Rows k(p.k, p.k_batch_stride, p.k_head_stride, p.k_seq_stride, b, h);
@@ -191,47 +405,46 @@ extern "C" __global__ void __launch_bounds__(cfg::THREADS, 2) int8_prepass(const
 #pragma unroll 1
     for (int i0 = 0; i0 < PER; i0 += BATCH) {
 #if SMOOTH
-        float xk[BATCH][8];
+        Raw8 rk[BATCH];
 #endif
 #if V_FP8
-        float xv[BATCH][8];
+        Raw8 rv[BATCH];
 #endif
 #pragma unroll
         for (int i = 0; i < BATCH; ++i) {
             const int j = chunk * cfg::CHUNK + r + ROWS * (i0 + i);
             const bool in = j < key_end;
 #if SMOOTH
-            if (in) thread_load8(xk[i], k.at(j, c));
-            else
-#pragma unroll
-                for (int e = 0; e < 8; ++e) xk[i][e] = 0.f;
+            if (in) thread_load_raw8(rk[i], k.at(j, c));
+            else thread_zero_raw8(rk[i]);
 #endif
 #if V_FP8
-            if (in) thread_load8(xv[i], v.at(j, c));
-            else
-#pragma unroll
-                for (int e = 0; e < 8; ++e) xv[i][e] = 0.f;
+            if (in) thread_load_raw8(rv[i], v.at(j, c));
+            else thread_zero_raw8(rv[i]);
 #endif
         }
 #pragma unroll
-        for (int i = 0; i < BATCH; ++i)
-#pragma unroll
-            for (int e = 0; e < 8; ++e) {
+        for (int i = 0; i < BATCH; ++i) {
+            float x[8];
 #if SMOOTH
-                s[e] += (double)xk[i][e];
+            thread_unpack8(x, rk[i]);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) s[e] += (double)x[e];
 #endif
 #if V_FP8
-                a[e] = fmaxf(a[e], fabsf(xv[i][e]));
+            thread_unpack8(x, rv[i]);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) a[e] = fmaxf(a[e], fabsf(x[e]));
 #endif
-            }
+        }
     }
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
 #if SMOOTH
-        part_k[r][8 * c + e] = s[e];
+        sm.part.k[r][8 * c + e] = s[e];
 #endif
 #if V_FP8
-        part_v[r][8 * c + e] = a[e];
+        sm.part.v[r][8 * c + e] = a[e];
 #endif
     }
     __syncthreads();
@@ -240,24 +453,22 @@ extern "C" __global__ void __launch_bounds__(cfg::THREADS, 2) int8_prepass(const
 #if SMOOTH
         double t = 0;
 #pragma unroll 4
-        for (int i = 0; i < ROWS; ++i) t += part_k[i][ch];
+        for (int i = 0; i < ROWS; ++i) t += sm.part.k[i][ch];
         reinterpret_cast<double*>(p.k_partial)[at] = t;
 #endif
 #if V_FP8
         float m = 0.f;
 #pragma unroll 4
-        for (int i = 0; i < ROWS; ++i) m = fmaxf(m, part_v[i][ch]);
+        for (int i = 0; i < ROWS; ++i) m = fmaxf(m, sm.part.v[i][ch]);
         reinterpret_cast<float*>(p.v_partial)[at] = m;
 #endif
     }
     // Publish the partials, then take a ticket: the CTA that draws the last one sees every
-    // other CTA's partials (their writes were fenced before their tickets).
+    // other chunk's partials (their writes were fenced before their tickets).
     __threadfence();
     __syncthreads();
-    if (tid == 0) {
-        const u32 ticket = atomicAdd(reinterpret_cast<u32*>(p.tickets) + bh, 1u);
-        last = ticket == (u32)(p.chunks - 1);
-    }
+    u32* ticket = reinterpret_cast<u32*>(p.tickets) + bh;
+    if (tid == 0) last = atomicAdd(ticket, 1u) == (u32)(p.chunks - 1);
     __syncthreads();
     if (!last) return;
     __threadfence();
@@ -271,13 +482,13 @@ extern "C" __global__ void __launch_bounds__(cfg::THREADS, 2) int8_prepass(const
         double t = 0;
 #pragma unroll 4
         for (int i = slice; i < p.chunks; i += SLICES) t += __ldcg(src + (i64)i * cfg::D);
-        __syncthreads();   // part_k is reused
-        part_k[slice][ch] = t;
+        __syncthreads();   // the partials' shared memory is reused
+        sm.part.k[slice][ch] = t;
         __syncthreads();
         if (slice == 0) {
             double sum = 0;
 #pragma unroll
-            for (int i = 0; i < SLICES; ++i) sum += part_k[i][ch];
+            for (int i = 0; i < SLICES; ++i) sum += sm.part.k[i][ch];
             reinterpret_cast<float*>(p.mean)[bh * cfg::D + ch] = (float)(sum / (double)p.kv_len);
         }
     }
@@ -288,37 +499,27 @@ extern "C" __global__ void __launch_bounds__(cfg::THREADS, 2) int8_prepass(const
         float m = 0.f;
 #pragma unroll 4
         for (int i = slice; i < p.chunks; i += SLICES) m = fmaxf(m, __ldcg(src + (i64)i * cfg::D));
-        __syncthreads();   // part_v is reused
-        part_v[slice][ch] = m;
+        __syncthreads();
+        sm.part.v[slice][ch] = m;
         __syncthreads();
         if (slice == 0) {
             float amax = 0.f;
 #pragma unroll
-            for (int i = 0; i < SLICES; ++i) amax = fmaxf(amax, part_v[i][ch]);
+            for (int i = 0; i < SLICES; ++i) amax = fmaxf(amax, sm.part.v[i][ch]);
             const float scale = amax > 0.f ? thread_div_rn(amax, cfg::E4M3_MAX) : 1.f;
             reinterpret_cast<float*>(p.v_scale)[bh * cfg::D + ch] = scale;
             reinterpret_cast<float*>(p.v_inv)[bh * cfg::D + ch] = thread_div_rn(1.f, scale);
         }
     }
 #endif
-    if (tid == 0) reinterpret_cast<u32*>(p.tickets)[bh] = 0u;
+    // The mean and the V scales are visible device-wide before the publication.
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) atomicAdd(ticket, 1u);
 }
-#else
-#if !defined(BLOCK_Q) || !defined(BLOCK_K) || !defined(Q_GRAN) || !defined(Q_RPW)
-#error "PASS 1 needs BLOCK_Q, BLOCK_K, Q_GRAN, Q_RPW"
 #endif
-static_assert(BLOCK_Q % 16 == 0 && BLOCK_Q <= 128 && BLOCK_K % 16 == 0 && BLOCK_K <= 128, "blocks of 16..128 rows");
-static_assert(Q_RPW % 16 == 0 && BLOCK_Q % Q_RPW == 0, "layout warps of 16k rows");
-static_assert(Q_GRAN != 2 || Q_RPW == 16, "per-thread scales need 16 rows per layout warp");
 
-namespace cfg {
-constexpr int VT_KEYS = 128;                        // keys per V tile (and the Vᵀ row padding)
-constexpr int Q_SLOTS = Q_GRAN == 0 ? 1 : Q_GRAN == 1 ? BLOCK_Q / Q_RPW : (BLOCK_Q / 16) * 8;
-constexpr int Q_ROWS = BLOCK_Q * (128 / BLOCK_Q);   // rows per Q CTA: whole blocks
-constexpr int K_ROWS = BLOCK_K * (128 / BLOCK_K);   // rows per K CTA
-constexpr int LSE_STRIDE = D + 4;                   // floats per row of the LSE-shift products
-constexpr int VT_STRIDE = D + 4;                    // bytes per key of the V code tile
-}
+// ---- quantize items -----------------------------------------------------------------------------
 
 // amax / 127 correctly rounded, without div.rn's out-of-line slow path (its call forces
 // ptxas to spill the 64 live values around every call site): the f64 product with 1/127 is
@@ -360,13 +561,13 @@ __device__ __forceinline__ int thread_code_exact(float x, float scale, float f) 
     return max(-127, min(127, c));
 }
 
-// One group's quantization constants: the scale, fl(1 / scale) (inf for a scale too small to
-// invert, which sends every nonzero code to the exact path) and the prescale of the exact path.
+// One group's quantization constants: the scale and fl(1 / scale) (inf for a scale too small
+// to invert, which sends every nonzero code to the exact path).
 struct CodeScale {
-    float s, r, f;
+    float s, r;
     __device__ __forceinline__ void set(float scale) {
         s = scale;
-        f = thread_prescale(scale);
+        const float f = thread_prescale(scale);
         r = thread_mul_rn(thread_div_inline(1.f, thread_mul_rn(scale, f)), f);
     }
     // The code bytes of 8 values of one row, 4 per word, element 0 in the lowest byte (header:
@@ -374,21 +575,21 @@ struct CodeScale {
     // half-integer, one branch per row, rarely taken).
     __device__ __forceinline__ void codes8(const float (&x)[8], u32& lo, u32& hi) const {
         u32 c[8];
-        float d[8];
-        bool ok = true;
+        u32 near = 0;   // bit e: element e takes the exact path
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
             const float q = thread_mul_rn(x[e], r);
             const float b = thread_add_rn(q, 12582912.f);      // 1.5 * 2^23 + rne(q)
-            d[e] = thread_sub_rn(q, thread_sub_rn(b, 12582912.f));
+            const float d = thread_sub_rn(q, thread_sub_rn(b, 12582912.f));
             c[e] = __float_as_uint(b);                         // the code in the low byte
             // |d| <= 0.5 - 2^-14 (false for NaN and inf): q is safely away from a half-integer.
-            ok &= fabsf(d[e]) < 0.49993896484375f;
+            near |= (fabsf(d) < 0.49993896484375f ? 0u : 1u) << e;
         }
-        if (!ok) {
+        if (near) {
+            const float f = thread_prescale(s);
 #pragma unroll
             for (int e = 0; e < 8; ++e)
-                if (!(fabsf(d[e]) < 0.49993896484375f)) c[e] = (u32)thread_code_exact(x[e], s, f);
+                if (near & (1u << e)) c[e] = (u32)thread_code_exact(x[e], s, f);
         }
         lo = __byte_perm(__byte_perm(c[0], c[1], 0x0040), __byte_perm(c[2], c[3], 0x0040), 0x5410);
         hi = __byte_perm(__byte_perm(c[4], c[5], 0x0040), __byte_perm(c[6], c[7], 0x0040), 0x5410);
@@ -402,37 +603,34 @@ __device__ __forceinline__ float row_max(float a) {
     return a;
 }
 
-// Shared memory of a quantize CTA: the LSE-shift products (Q CTAs) or the V code tile (V CTAs).
-union QuantSmem {
-    float lse[cfg::WARPS][8][cfg::LSE_STRIDE];
-    unsigned char vt[cfg::VT_KEYS][cfg::VT_STRIDE];
-};
-
-// The V tile of keys [128 t, 128 t + 128) of (b, h): codes into the shared tile, then Vᵀ.
-__device__ __forceinline__ void cta_quantize_v(const PrepassParams& p, QuantSmem& sm, int b, int h, int t) {
+// The V tile of keys [128 t, 128 t + 128) of group g = (b, h): codes into the shared tile,
+// then Vᵀ.
+__device__ __forceinline__ void cta_quantize_v(const PrepassParams& p, Smem& sm, int g, int t) {
 #if V_FP8
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int c = lane % cfg::CPR;
-    const i64 bh = (i64)b * p.kv_heads + h;
+    const int b = g / p.kv_heads, h = g % p.kv_heads;
+    const i64 bh = g;
     const Rows v(p.v, p.v_batch_stride, p.v_head_stride, p.v_seq_stride, b, h);
-    float inv[8];
-    thread_load8_f32(inv, reinterpret_cast<const float*>(p.v_inv) + bh * cfg::D + 8 * c);
-    float x[cfg::NR][8];
+    Raw8 raw[cfg::NR];
 #pragma unroll
     for (int i = 0; i < cfg::NR; ++i) {
         const int key = cfg::VT_KEYS * t + 16 * warp + lane / cfg::CPR + cfg::RPI * i;
-        if (key < p.kv_len) thread_load8(x[i], v.at(key, c));
-        else
-#pragma unroll
-            for (int e = 0; e < 8; ++e) x[i][e] = 0.f;
+        if (key < p.kv_len) thread_load_raw8(raw[i], v.at(key, c));
+        else thread_zero_raw8(raw[i]);
     }
+    cta_wait_stats(p, g);
+    float inv[8];
+    thread_load8_f32_cg(inv, reinterpret_cast<const float*>(p.v_inv) + bh * cfg::D + 8 * c);
 #pragma unroll
     for (int i = 0; i < cfg::NR; ++i) {
         const int r = 16 * warp + lane / cfg::CPR + cfg::RPI * i;
+        float x[8];
+        thread_unpack8(x, raw[i]);
         u32 w[2];
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-            const float* y = x[i] + 4 * half;
+            const float* y = x + 4 * half;
             const float* iv = inv + 4 * half;
             // cvt.*x2 puts its first source in the upper byte.
             asm("{ .reg .b16 l, h;\n"
@@ -473,83 +671,88 @@ __device__ __forceinline__ void cta_quantize_v(const PrepassParams& p, QuantSmem
         asm volatile("st.global.v4.b32 [%0], {%1,%2,%3,%4};\n"
                      :: "l"(vt + (i64)dd * p.kv_pad), "r"(out[dd][0]), "r"(out[dd][1]), "r"(out[dd][2]), "r"(out[dd][3]) : "memory");
 #else
-    (void)p; (void)sm; (void)b; (void)h; (void)t;
+    (void)p; (void)sm; (void)g; (void)t;
 #endif
 }
 
-// At least 2 CTAs (16 warps) per SM: the loads of a CTA are all issued before its first use.
-extern "C" __global__ void __launch_bounds__(cfg::THREADS, 2) int8_prepass(const PrepassParams p) {
-    __shared__ float warp_amax[cfg::WARPS];
-    __shared__ __align__(16) QuantSmem sm;
+// The Q (IS_Q) or K CTA `tile` of head h of batch b, whose statistics are group g's. One
+// instantiation each: K keeps one scale per lane, Q per-thread scales and the LSE shift.
+template <bool IS_Q>
+__device__ __forceinline__ void cta_quantize_qk(const PrepassParams& p, Smem& sm, float* warp_amax, int g, int b, int h,
+                                                int tile) {
+    constexpr bool is_q = IS_Q;
+    constexpr bool lse = IS_Q && SMOOTH;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int c = lane % cfg::CPR;
-    const int v_all = V_FP8 ? p.batch * p.kv_heads * p.v_ctas : 0;
-    const int k_all = p.batch * p.kv_heads * p.k_ctas;
-    int cta = blockIdx.x;
-    if (cta < v_all) {
-        const int idx = v_all - 1 - cta;                  // reverse order (header)
-        cta_quantize_v(p, sm, idx / (p.kv_heads * p.v_ctas), (idx / p.v_ctas) % p.kv_heads, idx % p.v_ctas);
-        return;
-    }
-    cta -= v_all;
-    const bool is_q = cta >= k_all;
-    const int idx = is_q ? cta - k_all : k_all - 1 - cta;   // K in reverse order
-    const int nctas = is_q ? p.q_ctas : p.k_ctas;
-    const int heads = is_q ? p.q_heads : p.kv_heads;
-    const int tile = idx % nctas;
-    const int h = (idx / nctas) % heads;
-    const int b = idx / (nctas * heads);
-    const int block = is_q ? BLOCK_Q : BLOCK_K;
-    const int rows = is_q ? cfg::Q_ROWS : cfg::K_ROWS;
+    constexpr int block = is_q ? BLOCK_Q : BLOCK_K;
+    constexpr int rows = is_q ? cfg::Q_ROWS : cfg::K_ROWS;
     const int len = is_q ? p.q_len : p.kv_len;
     const int nblocks = is_q ? p.q_blocks : p.k_blocks;
     const int row0 = tile * rows;                         // first sequence row of the CTA
     const int blk = (row0 + 16 * warp) / block;           // this warp's scale block
     const Rows src = is_q ? Rows(p.q, p.q_batch_stride, p.q_head_stride, p.q_seq_stride, b, h)
                           : Rows(p.k, p.k_batch_stride, p.k_head_stride, p.k_seq_stride, b, h);
-    const i64 cbase = is_q ? (i64)b * p.q_batch_stride + (i64)h * p.q_head_stride + 8 * c
-                           : (i64)b * p.k_batch_stride + (i64)h * p.k_head_stride + 8 * c;
-    const i64 cstride = is_q ? p.q_seq_stride : p.k_seq_stride;
-    unsigned char* dst = reinterpret_cast<unsigned char*>(is_q ? p.q_codes : p.k_codes);
     const bool active = 16 * warp < rows && blk < nblocks;   // warps past the last block idle
+    auto row_of = [&](int i) { return row0 + 16 * warp + lane / cfg::CPR + cfg::RPI * i; };
 
-    // The mean of this lane's channels (K: subtracted; Q: for the LSE shift).
+    // Load (rows past the sequence end stay 0 and add nothing to amax).
+    Raw8 raw[cfg::NR];
+#pragma unroll
+    for (int i = 0; i < cfg::NR; ++i) {
+        if (active && row_of(i) < len) thread_load_raw8(raw[i], src.at(row_of(i), c));
+        else thread_zero_raw8(raw[i]);
+    }
+    cta_wait_stats(p, g);
+
+    // The mean of this lane's channels (K: subtracted; Q: for the LSE shift), kept in K's
+    // registers and in shared memory for Q (read again per row: registers for its scales).
     float mu[8];
 #if SMOOTH
-    thread_load8_f32(mu, reinterpret_cast<const float*>(p.mean) + ((i64)b * p.kv_heads + (is_q ? h / p.kv_group : h)) * cfg::D + 8 * c);
+    __shared__ __align__(16) float mu_sh[cfg::D];
+    if (is_q) {
+        if (tid < cfg::D / 4) *reinterpret_cast<float4*>(&mu_sh[4 * tid]) = __ldcg(reinterpret_cast<const float4*>(p.mean) + (i64)g * cfg::D / 4 + tid);
+        __syncthreads();
+    } else {
+        thread_load8_f32_cg(mu, reinterpret_cast<const float*>(p.mean) + (i64)g * cfg::D + 8 * c);
+    }
 #else
 #pragma unroll
     for (int e = 0; e < 8; ++e) mu[e] = 0.f;
 #endif
 
-    // Load (rows past the sequence end stay 0 and add nothing to amax), smooth K, amax.
-    float x[cfg::NR][8];
+    // amax per row (Q, unsmoothed K) or per lane (smoothed K), from the raw elements (header).
     float amax[cfg::NR];
-#pragma unroll
-    for (int i = 0; i < cfg::NR; ++i) {
-        const int row = row0 + 16 * warp + lane / cfg::CPR + cfg::RPI * i;
-        if (active && row < len) {
-            thread_load8(x[i], src.at(row, c));
 #if SMOOTH
-            if (!is_q) {
+    if (!is_q) {
+        // max |k - mu| over the rows = max(|kmax - mu|, |kmin - mu|) per channel: f32
+        // subtraction rounds monotonically. The extremes start as NaN (which min / max skip),
+        // so rows past the end and NaN elements count for nothing, as in the codes' fmaxf.
+        Raw8 hi, lo;
+        thread_nan_raw8(hi);
+        thread_nan_raw8(lo);
 #pragma unroll
-                for (int e = 0; e < 8; ++e) x[i][e] = thread_sub_rn(x[i][e], mu[e]);
-            }
-#endif
-        } else {
-#pragma unroll
-            for (int e = 0; e < 8; ++e) x[i][e] = 0.f;
-        }
+        for (int i = 0; i < cfg::NR; ++i)
+            if (row_of(i) < len) thread_minmax_raw8(lo, hi, raw[i]);
+        float xh[8], xl[8];
+        thread_unpack8(xh, hi);
+        thread_unpack8(xl, lo);
         float a = 0.f;
 #pragma unroll
-        for (int e = 0; e < 8; ++e) a = fmaxf(a, fabsf(x[i][e]));
-        amax[i] = a;
+        for (int e = 0; e < 8; ++e)
+            a = fmaxf(a, fmaxf(fabsf(thread_sub_rn(xh[e], mu[e])), fabsf(thread_sub_rn(xl[e], mu[e]))));
+#pragma unroll
+        for (int i = 0; i < cfg::NR; ++i) amax[i] = a;
+    } else
+#endif
+    {
+#pragma unroll
+        for (int i = 0; i < cfg::NR; ++i) amax[i] = thread_absmax8(raw[i]);
     }
 
     // Group amax per row. Q PerThread: rows g and g + 8 of the warp (entries i and i + NR / 2
     // of the same lane, after the row's CPR-lane reduction). Else the warp's amax, combined
     // over the group's warps: Q PerWarp Q_RPW rows, Q PerBlock and K the block.
-    const int gran = is_q ? Q_GRAN : 0;
+    constexpr int gran = is_q ? Q_GRAN : 0;
     float g_amax[cfg::NR];
     if (gran == 2) {
 #pragma unroll
@@ -564,7 +767,7 @@ extern "C" __global__ void __launch_bounds__(cfg::THREADS, 2) int8_prepass(const
         for (int o = 1; o < 32; o <<= 1) w = fmaxf(w, __shfl_xor_sync(0xffffffffu, w, o));
         if (lane == 0) warp_amax[warp] = active ? w : 0.f;
         __syncthreads();
-        const int span = gran == 1 ? Q_RPW / 16 : block / 16;   // warps per group
+        constexpr int span = gran == 1 ? Q_RPW / 16 : block / 16;   // warps per group
         const int first = (warp / span) * span;
         float t = 0.f;
         for (int v = first; v < min(first + span, cfg::WARPS); ++v) t = fmaxf(t, warp_amax[v]);
@@ -594,41 +797,57 @@ extern "C" __global__ void __launch_bounds__(cfg::THREADS, 2) int8_prepass(const
 
     // Codes: 8 bytes per lane and row, coalesced per row. Rows i and i + NR / 2 share their
     // group amax in every granularity (the per-thread pair g, g + 8; else the whole warp).
-    CodeScale cs[cfg::NR / 2];
+    // With the LSE shift (header), each half of the rows (rows 0..7, then 8..15 of the warp)
+    // also leaves its products q * mu in shared memory, and 8 lanes add them in channel order.
+    const i64 cbase = is_q ? (i64)b * p.q_batch_stride + (i64)h * p.q_head_stride + 8 * c
+                           : (i64)b * p.k_batch_stride + (i64)h * p.k_head_stride + 8 * c;
+    const i64 cstride = is_q ? p.q_seq_stride : p.k_seq_stride;
+    unsigned char* dst = reinterpret_cast<unsigned char*>(is_q ? p.q_codes : p.k_codes);
+    constexpr int NCS = (is_q && Q_GRAN == 2) ? cfg::NR / 2 : 1;
+    CodeScale cs[NCS];
 #pragma unroll
-    for (int i = 0; i < cfg::NR / 2; ++i) cs[i].set(thread_scale_for(g_amax[i]));
+    for (int i = 0; i < NCS; ++i) cs[i].set(thread_scale_for(g_amax[i]));
+    float (&buf)[8][cfg::LSE_STRIDE] = sm.lse[warp];
 #pragma unroll
-    for (int i = 0; i < cfg::NR; ++i) {
-        const int row = row0 + 16 * warp + lane / cfg::CPR + cfg::RPI * i;
-        if (row < len) {
-            u32 lo, hi;
-            cs[i % (cfg::NR / 2)].codes8(x[i], lo, hi);
-            unsigned char* out = dst + cbase + (i64)row * cstride;
-            asm volatile("st.global.v2.b32 [%0], {%1, %2};\n" :: "l"(out), "r"(lo), "r"(hi) : "memory");
-        }
-    }
-
+    for (int half = 0; half < 2; ++half) {
+#pragma unroll
+        for (int i = half * cfg::NR / 2; i < (half + 1) * cfg::NR / 2; ++i) {
+            const int row = row_of(i);
+            float x[8];
+            thread_unpack8(x, raw[i]);
 #if SMOOTH
-    // LSE shift of each Q row (header): 8 rows of the warp at a time, their products through
-    // shared memory, one lane per row adding them in channel order.
-    if (is_q) {
-        float (&buf)[8][cfg::LSE_STRIDE] = sm.lse[warp];
-        float* shift = reinterpret_cast<float*>(p.lse_shift) + ((i64)b * p.q_heads + h) * p.q_len;
+            if (!is_q && row < len) {
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-#pragma unroll
-            for (int i = half * cfg::NR / 2; i < (half + 1) * cfg::NR / 2; ++i) {
+                for (int e = 0; e < 8; ++e) x[e] = thread_sub_rn(x[e], mu[e]);   // K - mu, one f32 subtraction
+            }
+#endif
+            if (row < len) {
+                u32 lo, hi;
+                cs[i % NCS].codes8(x, lo, hi);
+                unsigned char* out = dst + cbase + (i64)row * cstride;
+                asm volatile("st.global.v2.b32 [%0], {%1, %2};\n" :: "l"(out), "r"(lo), "r"(hi) : "memory");
+            }
+            if (lse) {
+#if SMOOTH
+                const float4 m0 = *reinterpret_cast<const float4*>(&mu_sh[8 * c]);
+                const float4 m1 = *reinterpret_cast<const float4*>(&mu_sh[8 * c + 4]);
+                mu[0] = m0.x; mu[1] = m0.y; mu[2] = m0.z; mu[3] = m0.w;
+                mu[4] = m1.x; mu[5] = m1.y; mu[6] = m1.z; mu[7] = m1.w;
+#endif
                 const int r = lane / cfg::CPR + cfg::RPI * i - 8 * half;   // 0..7
                 float pr[8];
 #pragma unroll
-                for (int e = 0; e < 8; ++e) pr[e] = thread_mul_rn(x[i][e], mu[e]);
+                for (int e = 0; e < 8; ++e) pr[e] = thread_mul_rn(x[e], mu[e]);
                 *reinterpret_cast<float4*>(&buf[r][8 * c]) = make_float4(pr[0], pr[1], pr[2], pr[3]);
                 *reinterpret_cast<float4*>(&buf[r][8 * c + 4]) = make_float4(pr[4], pr[5], pr[6], pr[7]);
             }
+        }
+        if (lse) {
+            float* shift = reinterpret_cast<float*>(p.lse_shift) + ((i64)b * p.q_heads + h) * p.q_len;
             __syncwarp();
             if (lane < 8) {
                 float acc = 0.f;
-#pragma unroll 8
+#pragma unroll 4
                 for (int ch = 0; ch < cfg::D; ch += 4) {
                     const float4 v = *reinterpret_cast<const float4*>(&buf[lane][ch]);
                     acc = thread_add_rn(acc, v.x);
@@ -642,6 +861,47 @@ extern "C" __global__ void __launch_bounds__(cfg::THREADS, 2) int8_prepass(const
             __syncwarp();
         }
     }
-#endif
 }
+
+// Three CTAs per SM (24 warps): each lane's loads are all issued before their first use.
+extern "C" __global__ void __launch_bounds__(cfg::THREADS, 3) int8_prepass(const PrepassParams p) {
+    __shared__ float warp_amax[cfg::WARPS];
+    __shared__ __align__(16) Smem sm;
+    const int qn = quantize_items(p);
+    const int groups = p.batch * p.kv_heads;
+#if STATS
+    __shared__ Item shared_item;
+    if (threadIdx.x == 0) {
+        u32* counter = reinterpret_cast<u32*>(p.tickets) + groups;
+        const u32 n = atomicAdd(counter, 1u);
+        // Every item has been drawn: the counter is free for the next launch.
+        if (n == gridDim.x - 1) *counter = 0u;
+        shared_item = item_at(n, groups, p.chunks, qn, p.lag);
+    }
+    __syncthreads();
+    const Item it = shared_item;
+    if (it.stats) {
+        cta_stats(p, sm, it.group, it.index);
+        return;
+    }
+#else
+    Item it;
+    it.group = blockIdx.x / qn;
+    it.index = blockIdx.x % qn;
 #endif
+    const int g = it.group;
+    int r = it.index;
+    const int v_ctas = V_FP8 ? p.v_ctas : 0;
+    if (r < v_ctas) {
+        cta_quantize_v(p, sm, g, v_ctas - 1 - r);   // reverse order: the last V rows read first
+        return;
+    }
+    r -= v_ctas;
+    const int b = g / p.kv_heads, h = g % p.kv_heads;
+    if (r < p.k_ctas) {
+        cta_quantize_qk<false>(p, sm, warp_amax, g, b, h, p.k_ctas - 1 - r);
+        return;
+    }
+    r -= p.k_ctas;
+    cta_quantize_qk<true>(p, sm, warp_amax, g, b, h * p.kv_group + r / p.q_ctas, r % p.q_ctas);
+}

@@ -10,9 +10,12 @@
 //! tensors for the portable kernels; this one exists because the native kernels run on a cudarc
 //! stream that CubeCL's stream cannot be ordered against without a host wait.
 //!
-//! One or two launches: the stats pass (K mean and V amax over chunks of 256 keys; the last CTA
-//! of each (batch, kv head) reduces them, counted by an atomic ticket), only with smoothing or
-//! `v_fp8`; then one launch that quantizes every tile of V, block of K and block of Q.
+//! One launch. With smoothing or `v_fp8`, stats items (K mean and V amax over chunks of 256
+//! keys; the last chunk of each (batch, kv head) reduces them, counted by an atomic ticket) and
+//! quantize items (every tile of V, block of K and block of Q) are drawn by the CTAs from an
+//! atomic counter in an order where the quantize items of a (batch, kv head) follow its stats
+//! items by [`PREPASS_LAG_BYTES`] of further stats reads: they rarely wait, and they read that
+//! head's K and V again from L2 rather than DRAM. Without either, only the quantize items.
 
 use crate::arch::Arch;
 use crate::cache::{CompileRequest, INT8_PREPASS};
@@ -21,10 +24,14 @@ use crate::hmma::{check_strides, span};
 use quattn_core::{AttentionShape, Dtype, Int8Blocking, Int8Granularity, Strides, INT8_MMA_M};
 
 const KERNEL: &str = "int8_prepass";
-/// Keys per CTA of the mean-partials pass (`CHUNK` in the kernel).
+/// Keys per stats item (`CHUNK` in the kernel).
 pub const PREPASS_MEAN_CHUNK: usize = 256;
-/// Threads per CTA of the partials and quantize passes.
+/// Threads per CTA.
 const THREADS: u32 = 256;
+/// Input bytes the stats items read between the last stats item of a (batch, kv head) and its
+/// first quantize item (the kernel's `lag`, in items): enough items for every SM to be busy
+/// meanwhile, few enough that the head's K and V are still in L2 when they are read again.
+pub const PREPASS_LAG_BYTES: usize = 8 << 20;
 
 /// The `ELEM` define of the prepass: the element type of the Q and K it reads.
 fn elem_define(input: Dtype) -> u32 {
@@ -53,20 +60,10 @@ pub struct Int8PrepassConfig {
 /// The kernels of one prepass.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 pub enum PrepassPass {
-    /// Per-chunk f64 channel sums of K and f32 channel amax of V, reduced by the last CTA of
-    /// each (batch, kv head) into the mean and the V scales.
-    Stats,
-    /// Codes and scales of Q and K (and the LSE shift when smoothing), Vᵀ codes with `v_fp8`.
+    /// Codes and scales of Q and K (and the LSE shift when smoothing), Vᵀ codes with `v_fp8`;
+    /// with smoothing or `v_fp8` also the per-chunk f64 channel sums of K and f32 channel amax
+    /// of V, reduced by the last chunk of each (batch, kv head) into the mean and the V scales.
     Quantize,
-}
-
-impl PrepassPass {
-    fn define(self) -> u32 {
-        match self {
-            PrepassPass::Stats => 0,
-            PrepassPass::Quantize => 1,
-        }
-    }
 }
 
 /// One compiled kernel of a prepass (a [`crate::report::KernelVariant`]).
@@ -126,13 +123,14 @@ impl Int8PrepassConfig {
         self.blocking.q_slots(self.granularity)
     }
 
-    /// The passes a launch runs, in order.
+    /// The passes a launch runs, in order (one kernel).
     pub fn passes(&self) -> &'static [PrepassPass] {
-        if self.smooth_k || self.v_fp8 {
-            &[PrepassPass::Stats, PrepassPass::Quantize]
-        } else {
-            &[PrepassPass::Quantize]
-        }
+        &[PrepassPass::Quantize]
+    }
+
+    /// Whether the launch has stats items (the K mean, the V scales).
+    pub fn has_stats(&self) -> bool {
+        self.smooth_k || self.v_fp8
     }
 
     /// The targets of `v_fp8` prepasses: the e4m3 conversion needs sm_89 or newer.
@@ -154,8 +152,8 @@ impl Int8PrepassConfig {
     }
 
     /// Variants compiled by the report, f16 input at both head dims: the s8 wgmma f16 P·V
-    /// blocking per-block unsmoothed and per-thread smoothed, and its e4m3 P·V blocking (64-key
-    /// K scales) per-block smoothed with V; each with its passes.
+    /// blocking per-block unsmoothed and smoothed and per-thread smoothed, and its e4m3 P·V
+    /// blocking (64-key K scales) per-block smoothed with V.
     pub fn report_variants() -> Vec<PrepassVariant> {
         let mut v = Vec::new();
         for hd in Self::HEAD_DIMS {
@@ -163,6 +161,7 @@ impl Int8PrepassConfig {
             let b64 = Int8Blocking { block_q: 128, block_k: 64, warps: 8 };
             for (blocking, gran, smooth, v_fp8) in [
                 (b128, Int8Granularity::PerBlock, false, false),
+                (b128, Int8Granularity::PerBlock, true, false),
                 (b128, Int8Granularity::PerThread, true, false),
                 (b64, Int8Granularity::PerBlock, true, true),
             ] {
@@ -178,15 +177,13 @@ impl Int8PrepassConfig {
 }
 
 impl PrepassVariant {
-    /// `int8_prepass_{pass}_{input}_d{hd}` plus, for the quantize pass, the blocking and
-    /// granularity, then `_smooth` and `_vfp8` where they apply: e.g.
-    /// `int8_prepass_stats_f16_d128_smooth`, `int8_prepass_quant_f16_d128_q128k128w8_thread_smooth`.
+    /// `int8_prepass_quant_{input}_d{hd}` plus the blocking and granularity, then `_smooth`
+    /// and `_vfp8` where they apply: e.g. `int8_prepass_quant_f16_d128_q128k128w8_thread_smooth`.
     pub fn name(&self) -> String {
         let c = &self.config;
         let head = format!("{}_d{}", c.input.name(), c.head_dim);
         let tail = format!("{}{}", if c.smooth_k { "_smooth" } else { "" }, if c.v_fp8 { "_vfp8" } else { "" });
         match self.pass {
-            PrepassPass::Stats => format!("int8_prepass_stats_{head}{tail}"),
             PrepassPass::Quantize => format!(
                 "int8_prepass_quant_{head}_q{}k{}w{}_{}{tail}",
                 c.blocking.block_q,
@@ -202,54 +199,43 @@ impl PrepassVariant {
         let c = &self.config;
         c.validate()?;
         let d = |k: &str, v: u32| (k.to_string(), v.to_string());
-        let mut out = vec![
+        let gran = match c.granularity {
+            Int8Granularity::PerBlock => 0,
+            Int8Granularity::PerWarp => 1,
+            Int8Granularity::PerThread => 2,
+        };
+        let b = &c.blocking;
+        Ok(vec![
             d("HEAD_DIM", c.head_dim),
             d("ELEM", elem_define(c.input)),
-            d("PASS", self.pass.define()),
             d("SMOOTH", c.smooth_k as u32),
             d("V_FP8", c.v_fp8 as u32),
-        ];
-        if self.pass == PrepassPass::Quantize {
-            let gran = match c.granularity {
-                Int8Granularity::PerBlock => 0,
-                Int8Granularity::PerWarp => 1,
-                Int8Granularity::PerThread => 2,
-            };
-            let b = &c.blocking;
-            out.extend([
-                d("BLOCK_Q", b.block_q as u32),
-                d("BLOCK_K", b.block_k as u32),
-                d("Q_GRAN", gran),
-                d("Q_RPW", b.rows_per_warp() as u32),
-            ]);
-        }
-        Ok(out)
+            d("BLOCK_Q", b.block_q as u32),
+            d("BLOCK_K", b.block_k as u32),
+            d("Q_GRAN", gran),
+            d("Q_RPW", b.rows_per_warp() as u32),
+        ])
     }
 
     pub fn request(&self, arch: Arch) -> Result<CompileRequest<'static>> {
         Ok(CompileRequest { kernel: self.name(), source: &INT8_PREPASS, arch, defines: self.defines()? })
     }
 
-    /// SASS that must be there: the stats pass's atomic ticket and, with smoothing, its f64
-    /// adds (the accumulation the codec's tolerance assumes); the quantize pass's
-    /// round-to-nearest-even float to int conversion (the exact path of the codes) and, with
-    /// `v_fp8`, the e4m3 conversion of V.
+    /// SASS that must be there: the round-to-nearest-even float to int conversion (the exact
+    /// path of the codes); with stats items their atomic tickets and, with smoothing, their f64
+    /// adds (the accumulation the codec's tolerance assumes); with `v_fp8` the e4m3 conversion
+    /// of V.
     pub fn expected_instructions(&self) -> Vec<&'static str> {
         let c = &self.config;
-        let mut v = Vec::new();
-        match self.pass {
-            PrepassPass::Stats => {
-                v.push("ATOMG.E.ADD.STRONG.GPU");
-                if c.smooth_k {
-                    v.push("DADD");
-                }
-            }
-            PrepassPass::Quantize => {
-                v.push("F2I.NTZ");
-                if c.v_fp8 {
-                    v.push("F2FP.SATFINITE.E4M3.F32.PACK_AB_MERGE_C");
-                }
-            }
+        let mut v = vec!["F2I.NTZ"];
+        if c.has_stats() {
+            v.push("ATOMG.E.ADD.STRONG.GPU");
+        }
+        if c.smooth_k {
+            v.push("DADD");
+        }
+        if c.v_fp8 {
+            v.push("F2FP.SATFINITE.E4M3.F32.PACK_AB_MERGE_C");
         }
         v
     }
@@ -279,8 +265,9 @@ pub struct PrepassPtrs {
     pub v_inv: u64,
     /// f32 `[batch, kv_heads, chunks, head_dim]` scratch (`v_fp8` only).
     pub v_partial: u64,
-    /// u32 `[batch, kv_heads]` tickets of the stats pass (smoothing or `v_fp8`): zero before the
-    /// first launch (allocate zeroed); every launch leaves them zero.
+    /// u32 `[batch * kv_heads + 1]` tickets of the stats items and the item counter (smoothing
+    /// or `v_fp8`): zero before the first launch (allocate zeroed); every launch leaves them
+    /// zero.
     pub tickets: u64,
     /// f32 `[batch, q_heads, q_len]` LSE shift (written; smoothing only).
     pub lse_shift: u64,
@@ -365,9 +352,10 @@ pub struct PrepassParams {
     pub v_ctas: i32,
     pub fold: f32,
     pub softmax_scale: f32,
+    pub lag: i32,
 }
 
-/// Chunks of [`PREPASS_MEAN_CHUNK`] keys of the stats pass.
+/// Chunks of [`PREPASS_MEAN_CHUNK`] keys: stats items per (batch, kv head).
 fn chunks(s: &AttentionShape) -> usize {
     s.kv_len.div_ceil(PREPASS_MEAN_CHUNK)
 }
@@ -392,10 +380,21 @@ impl Int8PrepassConfig {
         (s.q_len.div_ceil(cta_rows(b.block_q)), s.kv_len.div_ceil(cta_rows(b.block_k)), v)
     }
 
-    /// CTAs of the quantize pass: every tile of V, block group of K and of Q.
+    /// Quantize items: every tile of V, block group of K and of Q.
     fn quantize_ctas(&self, s: &AttentionShape) -> usize {
         let (q, k, v) = self.ctas_per_head(s);
         s.batch * s.q_heads * q + s.batch * s.kv_heads * (k + v)
+    }
+
+    /// Every item of a launch (one CTA each): the quantize items and the stats items.
+    fn items(&self, s: &AttentionShape) -> usize {
+        self.quantize_ctas(s) + if self.has_stats() { s.batch * s.kv_heads * chunks(s) } else { 0 }
+    }
+
+    /// The kernel's `lag`: stats items that read about `lag_bytes` of K and V (at least one).
+    fn lag(&self, s: &AttentionShape, lag_bytes: usize) -> usize {
+        let per_item = PREPASS_MEAN_CHUNK * s.head_dim * self.input.size_bytes() * (self.smooth_k as usize + self.v_fp8 as usize);
+        (lag_bytes / per_item.max(1)).max(1)
     }
 
     /// Keys per Vᵀ row: kv_len rounded up to [`PREPASS_VT_KEYS`].
@@ -426,7 +425,7 @@ impl Int8PrepassConfig {
             v_scale: when(vf, kvh * hd),
             v_inv: when(vf, kvh * hd),
             v_partial: when(vf, kvh * chunks(s) * hd),
-            tickets: when(smooth || vf, kvh),
+            tickets: when(smooth || vf, kvh + 1),
             lse_shift: when(smooth, s.batch * s.q_heads * s.q_len),
         })
     }
@@ -457,7 +456,7 @@ impl Int8PrepassConfig {
             check_strides("v", &s.v, 8)?;
         }
         let big = Self::kv_pad(s) * self.head_dim as usize * s.batch * s.kv_heads;
-        let lens = [s.q_len, s.kv_len, s.batch, s.q_heads, s.kv_heads, self.quantize_ctas(s), Self::kv_pad(s)];
+        let lens = [s.q_len, s.kv_len, s.batch, s.q_heads, s.kv_heads, self.items(s), Self::kv_pad(s)];
         if lens.iter().any(|&x| x > i32::MAX as usize) || s.kv_heads > 65535 || s.batch > 65535 || big > i64::MAX as usize {
             return bad(format!("prepass too large for one launch: {s:?}"));
         }
@@ -485,8 +484,13 @@ impl Int8PrepassConfig {
     }
 
     /// Kernel parameters of a prepass over `s` (strides as checked by [`Self::validate_args`]:
-    /// below 2^63).
+    /// below 2^63), with a lag of [`PREPASS_LAG_BYTES`].
     pub fn params(&self, s: &AttentionShape, p: &PrepassPtrs) -> PrepassParams {
+        self.params_with_lag(s, p, PREPASS_LAG_BYTES)
+    }
+
+    /// [`Self::params`] with a lag of about `lag_bytes` of stats reads (measurements).
+    pub fn params_with_lag(&self, s: &AttentionShape, p: &PrepassPtrs, lag_bytes: usize) -> PrepassParams {
         let [q, k, v] = [s.q, s.k, s.v].map(|x| x.to_array().map(|v| v as i64));
         let (q_ctas, k_ctas, v_ctas) = self.ctas_per_head(s);
         PrepassParams {
@@ -530,20 +534,21 @@ impl Int8PrepassConfig {
             // The codec's caller computes the fold the same way (one f32 product).
             fold: s.scale * std::f32::consts::LOG2_E,
             softmax_scale: s.scale,
+            lag: self.lag(s, lag_bytes).min(i32::MAX as usize) as i32,
         }
     }
 
-    /// Grid and block of one pass.
+    /// Grid and block of one pass: one CTA per item.
     pub fn launch_dims(&self, s: &AttentionShape, pass: PrepassPass) -> ((u32, u32, u32), (u32, u32, u32)) {
         match pass {
-            PrepassPass::Stats => ((chunks(s) as u32, s.kv_heads as u32, s.batch as u32), (THREADS, 1, 1)),
-            PrepassPass::Quantize => ((self.quantize_ctas(s) as u32, 1, 1), (THREADS, 1, 1)),
+            PrepassPass::Quantize => ((self.items(s) as u32, 1, 1), (THREADS, 1, 1)),
         }
     }
 
     /// Bytes the launch must move at least: every input element read once (Q, K and, with
-    /// `v_fp8`, V), every code and scale written once. The stats pass reads K (smoothing) and V
-    /// (`v_fp8`) a second time; [`Self::moved_bytes`] counts that too.
+    /// `v_fp8`, V), every code and scale written once. The stats items read K (smoothing) and V
+    /// (`v_fp8`) a second time (from L2 when the lag's bytes fit in it); [`Self::moved_bytes`]
+    /// counts that too.
     pub fn min_bytes(&self, s: &AttentionShape) -> usize {
         let e = self.input.size_bytes();
         let (q, k) = (s.batch * s.q_heads * s.q_len, s.batch * s.kv_heads * s.kv_len);
@@ -552,7 +557,7 @@ impl Int8PrepassConfig {
         (q + k + v) * d * (e + 1)
     }
 
-    /// [`Self::min_bytes`] plus the stats pass's reads of K and V.
+    /// [`Self::min_bytes`] plus the stats items' reads of K and V.
     pub fn moved_bytes(&self, s: &AttentionShape) -> usize {
         let e = self.input.size_bytes();
         let k = s.batch * s.kv_heads * s.kv_len * self.head_dim as usize * e;
@@ -578,6 +583,7 @@ mod launch {
         config: Int8PrepassConfig,
         arch: Arch,
         functions: Vec<(PrepassPass, CudaFunction)>,
+        lag_bytes: usize,
     }
 
     impl Int8Prepass {
@@ -599,7 +605,7 @@ mod launch {
                     Ok((pass, f))
                 })
                 .collect::<Result<Vec<_>>>()?;
-            Ok(Int8Prepass { config, arch, functions })
+            Ok(Int8Prepass { config, arch, functions, lag_bytes: PREPASS_LAG_BYTES })
         }
 
         pub fn config(&self) -> &Int8PrepassConfig {
@@ -607,6 +613,16 @@ mod launch {
         }
         pub fn arch(&self) -> Arch {
             self.arch
+        }
+        /// Bytes of stats reads between a (batch, kv head)'s last stats item and its first
+        /// quantize item.
+        pub fn lag_bytes(&self) -> usize {
+            self.lag_bytes
+        }
+        /// The same kernel with another lag (measurements; 0 is one stats item).
+        pub fn with_lag_bytes(mut self, lag_bytes: usize) -> Self {
+            self.lag_bytes = lag_bytes;
+            self
         }
 
         /// Enqueues every pass on `stream`.
@@ -619,7 +635,7 @@ mod launch {
         pub unsafe fn launch_raw(&self, stream: &Arc<CudaStream>, args: &AttentionShape, ptrs: &PrepassPtrs) -> Result<()> {
             self.config.validate_args(args)?;
             self.config.validate_ptrs(ptrs)?;
-            let params = self.config.params(args, ptrs);
+            let params = self.config.params_with_lag(args, ptrs, self.lag_bytes);
             for (pass, function) in &self.functions {
                 let (grid_dim, block_dim) = self.config.launch_dims(args, *pass);
                 let cfg = LaunchConfig { grid_dim, block_dim, shared_mem_bytes: 0 };
@@ -658,21 +674,24 @@ mod tests {
         assert_eq!(l.mean, 2 * 2 * 128);
         assert_eq!(l.k_partial, 2 * 2 * 4 * 128);
         assert_eq!(l.lse_shift, 2 * 8 * 300);
-        assert_eq!(l.tickets, 2 * 2);
+        // A ticket per (batch, kv head), then the item counter.
+        assert_eq!(l.tickets, 2 * 2 + 1);
         assert_eq!((l.q, l.q_codes), (2 * 8 * 300 * 128, 2 * 8 * 300 * 128));
         assert_eq!((l.v, l.vt_codes, l.v_scale, l.v_inv, l.v_partial), (0, 0, 0, 0, 0));
-        assert_eq!(c.passes(), &[PrepassPass::Stats, PrepassPass::Quantize]);
+        assert_eq!(c.passes(), &[PrepassPass::Quantize]);
+        assert!(c.has_stats());
         let plain = Int8PrepassConfig { smooth_k: false, granularity: Int8Granularity::PerBlock, ..c };
         let l = plain.required_lens(&args()).unwrap();
         assert_eq!((l.q_scale, l.mean, l.k_partial, l.lse_shift, l.tickets), (2 * 8 * 3, 0, 0, 0, 0));
         assert_eq!(plain.passes(), &[PrepassPass::Quantize]);
-        // V in e4m3: Vᵀ rows of 777 keys padded to 896, scales per channel, the stats pass
-        // even without smoothing.
+        assert!(!plain.has_stats());
+        // V in e4m3: Vᵀ rows of 777 keys padded to 896, scales per channel, stats items even
+        // without smoothing.
         let v = plain.with_v_fp8();
         let l = v.required_lens(&args()).unwrap();
         assert_eq!((l.v, l.vt_codes), (2 * 2 * 777 * 128, 2 * 2 * 128 * 896));
-        assert_eq!((l.v_scale, l.v_inv, l.v_partial, l.tickets, l.mean), (2 * 2 * 128, 2 * 2 * 128, 2 * 2 * 4 * 128, 4, 0));
-        assert_eq!(v.passes(), &[PrepassPass::Stats, PrepassPass::Quantize]);
+        assert_eq!((l.v_scale, l.v_inv, l.v_partial, l.tickets, l.mean), (2 * 2 * 128, 2 * 2 * 128, 2 * 2 * 4 * 128, 5, 0));
+        assert!(v.has_stats());
         assert!(l.covers(&l) && !plain.required_lens(&args()).unwrap().covers(&l));
     }
 
@@ -685,7 +704,12 @@ mod tests {
         assert_eq!(c.quantize_ctas(&a), 2 * 8 * 3 + 2 * 2 * (7 + 7));
         let p = c.params(&a, &PrepassPtrs::default());
         assert_eq!((p.q_ctas, p.k_ctas, p.v_ctas, p.kv_pad, p.k_blocks, p.chunks), (3, 7, 7, 896, 13, 4));
-        assert_eq!(c.launch_dims(&a, PrepassPass::Stats).0, (4, 2, 2));
+        // One launch: the quantize items and 4 stats chunks per (batch, kv head).
+        assert_eq!(c.launch_dims(&a, PrepassPass::Quantize).0, ((2 * 8 * 3 + 2 * 2 * (7 + 7) + 2 * 2 * 4) as u32, 1, 1));
+        // Lag: 8 MB of 256-key chunks of K and V in f16 at head dim 128 (128 KB each).
+        assert_eq!(p.lag, 64);
+        let plain = Int8PrepassConfig { smooth_k: false, v_fp8: false, ..c };
+        assert_eq!(plain.launch_dims(&a, PrepassPass::Quantize).0, ((2 * 8 * 3 + 2 * 2 * 7) as u32, 1, 1));
         // 96-row blocks: one per CTA (two would not fit 128 rows).
         let odd = Int8PrepassConfig::new(128, Dtype::F16, bl(96, 48, 6), Int8Granularity::PerWarp, false).unwrap();
         assert_eq!(odd.ctas_per_head(&a), (300usize.div_ceil(96), 777usize.div_ceil(96), 0));
@@ -905,6 +929,60 @@ mod tests {
         for h in 1u16..0x7c00 {
             let a = half::f16::from_bits(h).to_f32();
             assert_eq!(f64_scale(a).to_bits(), (a / 127.0).to_bits(), "f16 amax {a:e}");
+        }
+    }
+
+    /// `item_at` of the kernel, step for step: (stats, group, index in the group).
+    fn item_at(p: i64, groups: i64, a: i64, qn: i64, lag: i64) -> (bool, i64, i64) {
+        let all = groups * a;
+        let start = |g: i64| g * qn + ((g + 1) * a + lag).min(all);
+        if p < start(0) {
+            return (true, p / a, p % a);
+        }
+        let (mut lo, mut hi) = (0, groups - 1);
+        while lo < hi {
+            let mid = (lo + hi + 1) / 2;
+            if start(mid) <= p {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        let r = p - start(lo);
+        if r < qn {
+            return (false, lo, r);
+        }
+        let s = ((lo + 1) * a + lag).min(all) + (r - qn);
+        (true, s / a, s % a)
+    }
+
+    /// The work order draws every item once, and a group's quantize items only after all of
+    /// its stats items (what makes the kernel's waits deadlock-free) and at least `lag` stats
+    /// items after its last one where there are that many left.
+    #[test]
+    fn work_order_has_every_item_once_stats_first() {
+        for (groups, a, qn, lag) in [(1, 1, 1, 1), (4, 4, 31, 64), (16, 64, 256, 64), (3, 5, 2, 1), (7, 1, 9, 3), (5, 3, 4, 1000)] {
+            let n = groups * (a + qn);
+            let mut seen_stats = vec![0; (groups * a) as usize];
+            let mut seen_quant = vec![0; (groups * qn) as usize];
+            let mut stats_done = vec![0; groups as usize];
+            let mut stats_drawn = 0;
+            for p in 0..n {
+                let (stats, g, i) = item_at(p, groups, a, qn, lag);
+                assert!(g < groups && i < if stats { a } else { qn }, "{p}: {stats} {g} {i}");
+                if stats {
+                    seen_stats[(g * a + i) as usize] += 1;
+                    stats_done[g as usize] += 1;
+                    // Stats items come in their natural order.
+                    assert_eq!(g * a + i, stats_drawn);
+                    stats_drawn += 1;
+                } else {
+                    seen_quant[(g * qn + i) as usize] += 1;
+                    assert_eq!(stats_done[g as usize], a, "quantize item before the group's stats");
+                    assert!(stats_drawn >= ((g + 1) * a + lag).min(groups * a));
+                }
+            }
+            assert!(seen_stats.iter().chain(&seen_quant).all(|&x| x == 1));
         }
     }
 

@@ -1,5 +1,4 @@
-//! NVRTC compiles and SASS checks of the INT8 quantization prepass (every pass of every report
-//! variant) for sm_80 and sm_90; runs on machines without a GPU. Not a run: the codes are
+//! NVRTC compiles and SASS checks of the INT8 quantization prepass (every report variant) for sm_80 and sm_90; runs on machines without a GPU. Not a run: the codes are
 //! checked bit for bit against the codec by `quattn selftest` on a GPU.
 //!
 //! Needs libnvrtc 13.x and cuobjdump/nvdisasm (`.ci/install-cuda-tools.sh`). Without them the
@@ -20,10 +19,11 @@ fn every_prepass_pass_compiles_without_spills_with_its_instructions() {
     let dir = tempfile::tempdir().unwrap();
     let cache = KernelCache::new(Some(dir.path().to_path_buf()));
     let variants = Int8PrepassConfig::report_variants();
-    // Both head dims; per head dim: the unsmoothed quantize pass, stats + quantize smoothed,
-    // stats + quantize smoothed with V in e4m3.
-    assert_eq!(variants.len(), 2 * 5);
-    assert!(variants.iter().any(|v| v.config.v_fp8 && v.pass == PrepassPass::Stats));
+    // Both head dims; per head dim one kernel each: per-block unsmoothed and smoothed (with
+    // stats items), per-thread smoothed, per-block smoothed with V in e4m3.
+    assert_eq!(variants.len(), 2 * 4);
+    assert!(variants.iter().all(|v| v.pass == PrepassPass::Quantize));
+    assert!(variants.iter().any(|v| v.config.v_fp8 && v.config.has_stats()));
     for v in &variants {
         // The e4m3 V conversion exists from sm_89: V_FP8 prepasses target sm_89 and newer.
         assert_eq!(v.config.targets().contains(&Arch::Sm80), !v.config.v_fp8);
