@@ -7,7 +7,7 @@
 //! - `fp8-quantize`: `Session::quantize_fp8_cuda` alone, f16 and bf16 inputs, e4m3 and e5m2,
 //!   per tensor and per head, against the codec; inputs with outliers, tensors scaled so that
 //!   f16 subnormals and subnormal f32 descales occur; a NaN element (a NaN code, the descale of
-//!   its group without it); a large problem (many groups, each quantized after the lag).
+//!   its group without it); a large problem that the prepass splits into several slabs.
 //! - `fp8-run_cuda` / `fp8-run_cuda_fp8`: the device-tensor entry points (f16 tensors quantized
 //!   on the device; pre-quantized codes and descales) against the host path of the same plan,
 //!   O and LSE bit for bit; typed errors for wrong descale buffers.
@@ -139,7 +139,7 @@ pub fn cases(session: &Session) -> Vec<Case> {
             }
         }
     }
-    // Three 64 MB f16 tensors: 192 groups, more than the lag, over several waves of CTAs.
+    // Three 64 MB f16 tensors: several slabs of the L2's size per call.
     let big = AttentionProblem::new(4, 16, 4096, 128);
     let c = case(session, "fp8-quantize-slabs", fp8(DescaleGranularity::PerHead, PvFormat::Fp8).name(), &big);
     out.push(finish(c, quantize_case(session, &stream, &big, Dtype::F16, Fp8Format::E4M3, DescaleGranularity::PerHead, false)));

@@ -78,7 +78,7 @@ impl NativeKernelId {
         v.extend(
             Fp8PrepassConfig::all()
                 .into_iter()
-                .flat_map(|config| config.passes().iter().map(move |&pass| NativeKernelId::Fp8PrepassPass(Fp8PrepassVariant { config, pass }))),
+                .flat_map(|config| config.passes().map(|pass| NativeKernelId::Fp8PrepassPass(Fp8PrepassVariant { config, pass }))),
         );
         v
     }

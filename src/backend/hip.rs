@@ -107,7 +107,7 @@ impl HipBackend {
             partial: scratch[0].device_ptr(),
             counter: scratch[1].device_ptr(),
         };
-        // One slab: the runtime does not report the L2 size that slabs would be sized by.
+        // One slab: the runtime does not report the L2 size the CUDA path sizes slabs by.
         for (params, grid) in HipPrepassId::launches(input, &args, &ptrs, None).map_err(err)? {
             for m in [&amax, &quant] {
                 // SAFETY: the params are the kernel's Fp8PrepassParams; the outputs were sized by
