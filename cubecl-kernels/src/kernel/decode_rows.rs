@@ -12,13 +12,15 @@
 //!   `KEY_LANES`-th vector of its row (so the four read one contiguous run of the row per
 //!   step: coalesced), and write their partial dot products for every row to shared memory;
 //!   after a barrier every unit sums the partials of one or two (row, key) pairs into the
-//!   tile's scores, and after a second the softmax reads them. The two barriers also order
-//!   each buffer's reuse by the next tile, so one copy of each suffices.
-//! - **softmax and P·V**: the units form `groups` of `dv / W` lanes; each group takes `bk /
-//!   groups` consecutive keys of the tile, sums their partial dots, and keeps its own running
-//!   max, sum and accumulator per row (lane `c` owning output vector `c`), reading V rows
-//!   whole per step (coalesced). The max moves only past the lazy-rescale threshold, key by
-//!   key, so no tile of scores is held in registers.
+//!   tile's scores. The barriers also order each buffer's reuse by the next tile, so one copy
+//!   of each suffices.
+//! - **softmax**: after a second barrier every unit turns one or two (row, key) scores into
+//!   probabilities against the row's running max, which all units share (it moves only when
+//!   the tile's max passes it by more than the lazy-rescale threshold), so each exponential is
+//!   taken once (FP8: P rounded to f16, then times the V descale).
+//! - **P·V**: after a third barrier the units form `groups` of `dv / W` lanes; each group takes `bk / groups`
+//!   consecutive keys of the tile and accumulates P times V rows it reads whole per step
+//!   (coalesced), lane `c` owning output vector `c`, after rescaling by the row's factor.
 //! - K (and, up to 4 rows, V) of the next tile are loaded into registers while the current
 //!   one is computed; above 4 rows V is loaded after the dot products (see `late_v`).
 //!
@@ -101,8 +103,18 @@ impl RowDecodeConfig {
     pub const fn late_v(&self) -> bool {
         self.rows > 4
     }
+    /// Offset of the row statistics after the partial dots and the scores: the running max
+    /// of each row by tile parity (`2 · rows`), then each row's rescale factor (`rows`).
+    pub const fn stats(&self) -> usize {
+        self.part_len() + self.score_len()
+    }
+    /// Offset of the tile's probabilities `[rows][bk]`, then (FP8) the unrounded ones: apart
+    /// from the partial dots, which the next tile writes while this one's P·V reads them.
+    pub const fn probs(&self) -> usize {
+        self.stats() + 3 * self.rows
+    }
     pub const fn scratch_len(&self) -> usize {
-        let parts = self.part_len() + self.score_len();
+        let parts = self.probs() + 2 * self.score_len();
         let merge = self.merge_len();
         if parts > merge {
             parts
@@ -167,7 +179,6 @@ pub fn fwd_portable_decode_rows<E: Float, N: Size>(
     let chunk = comptime!(cfg.chunk());
     let passes = comptime!(cfg.passes());
     let per_pass = comptime!(cfg.keys_per_pass());
-    let part_len = comptime!(cfg.part_len());
     let bk = comptime!(cfg.bk);
 
     let k_base = batch * shape.k_s0 as usize + kv_head * shape.k_s1 as usize;
@@ -229,6 +240,9 @@ pub fn fwd_portable_decode_rows<E: Float, N: Size>(
             load_v::<E, N>(v, &mut v_regs, v_base, v_stride, k_begin + g * kb, kv_len, c, cfg);
         }
     }
+    if unit < rows {
+        scratch[comptime!(cfg.stats()) + unit] = NO_MAX;
+    }
     sync_cube();
 
     for tile in 0..num_tiles {
@@ -255,15 +269,14 @@ pub fn fwd_portable_decode_rows<E: Float, N: Size>(
         sync_cube();
         sum_scores(&mut scratch, unit, cfg);
         sync_cube();
+        tile_probabilities(&mut scratch, unit, tile % 2, 1.0, false, cfg);
+        sync_cube();
 
+        rescale_rows::<N>(&scratch, &mut row_sum, &mut acc, cfg);
         #[unroll]
         for jj in 0..kb {
             let vf = Vector::<f32, N>::cast_from(v_regs[jj]);
-            #[unroll]
-            for r in 0..rows {
-                let s = scratch[part_len + r * bk + g * kb + jj];
-                online_key::<N>(&mut row_max, &mut row_sum, &mut acc, r, s, vf, 1.0, false);
-            }
+            accumulate_key::<N>(&scratch, &mut row_sum, &mut acc, vf, g * kb + jj, false, cfg);
         }
         if comptime!(!cfg.late_v()) {
             if tile + 1 < num_tiles {
@@ -272,6 +285,7 @@ pub fn fwd_portable_decode_rows<E: Float, N: Size>(
         }
     }
 
+    final_max(&scratch, &mut row_max, num_tiles, cfg);
     finish_rows::<E, N>(
         o, lse, part_o, part_lse, &mut scratch, &row_max, &row_sum, &acc, shape, dec, 0u32, NO_KEY, 0.0f32, cfg, direct, false,
     );
@@ -350,39 +364,108 @@ pub(crate) fn sum_scores(scratch: &mut SharedMemory<f32>, unit: usize, #[comptim
     }
 }
 
-/// One key of row `r`'s online softmax and P·V: score `s` (natural-log domain, scaled), V
-/// vector `vf`. The running max moves only when a score passes it by more than the
-/// lazy-rescale threshold, so P stays below e^threshold and the sum and accumulator stay exact
-/// in f32 without a tile max (no tile of scores held in registers). A row that has seen no key
-/// has `NO_MAX`, which the threshold does not move: its first visible score always rescales
-/// (by e^(NO_MAX - s) = 0, its zeros). Masked scores weigh nothing, also before the first
-/// visible one. `p_f16`: P enters P·V rounded to f16 (the sum takes it unrounded), then times
-/// `pv_factor` (a V descale).
+/// The tile's probabilities, once per (row, key), after [`sum_scores`]: the row's running max
+/// (shared by every softmax group, kept by tile parity: read from `parity`, written to the
+/// other) moves only when the tile's max passes it by more than the lazy-rescale threshold, so
+/// P stays below e^threshold and the sums stay exact in f32; P = e^(s - max) goes to `[row][key]`
+/// (masked scores, and every score of a row that has seen no
+/// visible key, weigh 0) at [`RowDecodeConfig::probs`], and each row's rescale factor e^(old -
+/// new) to the statistics. With `p_f16` the P entering P·V is rounded to f16 and multiplied
+/// by `pv_factor` (a V descale), and the unrounded P, which the row sums take, follows.
 #[cube]
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn online_key<N: Size>(
-    row_max: &mut Array<f32>,
-    row_sum: &mut Array<f32>,
-    acc: &mut Array<Vector<f32, N>>,
-    #[comptime] r: usize,
-    s: f32,
-    vf: Vector<f32, N>,
+pub(crate) fn tile_probabilities(
+    scratch: &mut SharedMemory<f32>,
+    unit: usize,
+    parity: usize,
     pv_factor: f32,
     #[comptime] p_f16: bool,
+    #[comptime] cfg: RowDecodeConfig,
 ) {
-    if s > row_max[r] + LAZY_RESCALE_THRESHOLD {
-        let alpha = f32::exp(row_max[r] - s);
+    let len = comptime!(cfg.score_len());
+    let score = comptime!(cfg.part_len());
+    let stats = comptime!(cfg.stats());
+    let rows = comptime!(cfg.rows);
+    let bk = comptime!(cfg.bk);
+    #[unroll]
+    for step in 0..comptime!(len.div_ceil(ROW_UNITS)) {
+        let t = step * ROW_UNITS + unit;
+        if comptime!(len.is_multiple_of(ROW_UNITS)) || t < len {
+            let r = t / bk;
+            let old = scratch[stats + parity * rows + r];
+            let mut tile_max = NO_MAX.runtime();
+            #[unroll]
+            for jj in 0..bk {
+                tile_max = max(tile_max, scratch[score + r * bk + jj]);
+            }
+            let m = select(tile_max > old + LAZY_RESCALE_THRESHOLD, tile_max, old);
+            let s = scratch[score + t];
+            let p = select(s > MASK_THRESHOLD, f32::exp(s - m), 0.0);
+            let probs = comptime!(cfg.probs());
+            if comptime!(p_f16) {
+                scratch[probs + len + t] = p;
+                scratch[probs + t] = f32::cast_from(half::f16::cast_from(p)) * pv_factor;
+            } else {
+                scratch[probs + t] = p;
+            }
+            if t % bk == 0 {
+                scratch[stats + (1 - parity) * rows + r] = m;
+                // A row that has seen no key has NO_MAX: its first visible score rescales by
+                // e^(NO_MAX - s) = 0, its zeros.
+                scratch[stats + 2 * rows + r] = f32::exp(old - m);
+            }
+        }
+    }
+}
+
+/// Applies each row's rescale factor of the tile to the unit's sums and accumulators.
+#[cube]
+pub(crate) fn rescale_rows<N: Size>(
+    scratch: &SharedMemory<f32>,
+    row_sum: &mut Array<f32>,
+    acc: &mut Array<Vector<f32, N>>,
+    #[comptime] cfg: RowDecodeConfig,
+) {
+    #[unroll]
+    for r in 0..cfg.rows {
+        let alpha = scratch[comptime!(cfg.stats() + 2 * cfg.rows) + r];
         row_sum[r] *= alpha;
         acc[r] = acc[r] * Vector::new(alpha);
-        row_max[r] = s;
     }
-    let p = select(s > MASK_THRESHOLD, f32::exp(s - row_max[r]), 0.0);
-    row_sum[r] += p;
-    let mut pv = p;
-    if comptime!(p_f16) {
-        pv = f32::cast_from(half::f16::cast_from(p));
+}
+
+/// Tile key `j` of every row into the unit's sums and accumulators: P from
+/// [`tile_probabilities`] times the key's V vector `vf`.
+#[cube]
+pub(crate) fn accumulate_key<N: Size>(
+    scratch: &SharedMemory<f32>,
+    row_sum: &mut Array<f32>,
+    acc: &mut Array<Vector<f32, N>>,
+    vf: Vector<f32, N>,
+    j: usize,
+    #[comptime] p_f16: bool,
+    #[comptime] cfg: RowDecodeConfig,
+) {
+    #[unroll]
+    for r in 0..cfg.rows {
+        let at = comptime!(cfg.probs() + r * cfg.bk) + j;
+        acc[r] = fma(vf, Vector::new(scratch[at]), acc[r]);
+        if comptime!(p_f16) {
+            row_sum[r] += scratch[comptime!(cfg.score_len()) + at];
+        } else {
+            row_sum[r] += scratch[at];
+        }
     }
-    acc[r] = fma(vf, Vector::new(pv * pv_factor), acc[r]);
+}
+
+/// Every row's running max after `num_tiles` tiles (`NO_MAX` for none), read before
+/// [`finish_rows`] reuses the scratch.
+#[cube]
+pub(crate) fn final_max(scratch: &SharedMemory<f32>, row_max: &mut Array<f32>, num_tiles: usize, #[comptime] cfg: RowDecodeConfig) {
+    let parity = num_tiles % 2;
+    #[unroll]
+    for r in 0..cfg.rows {
+        row_max[r] = scratch[comptime!(cfg.stats()) + parity * cfg.rows + r];
+    }
 }
 
 /// Combines the softmax groups' states through shared memory (`[g][r]`: max, sum, then the
@@ -548,7 +631,6 @@ pub fn fwd_portable_decode_rows_fp8<E: Float, N: Size>(
     let chunk = comptime!(cfg.chunk());
     let passes = comptime!(cfg.passes());
     let per_pass = comptime!(cfg.keys_per_pass());
-    let part_len = comptime!(cfg.part_len());
     let bk = comptime!(cfg.bk);
 
     let k_base = batch * shape.k_s0 as usize + kv_head * shape.k_s1 as usize;
@@ -629,6 +711,9 @@ pub fn fwd_portable_decode_rows_fp8<E: Float, N: Size>(
             load_v_words(v, &mut v_regs, v_base, v_stride, k_begin + g * kb, kv_len, c, cfg);
         }
     }
+    if unit < rows {
+        scratch[comptime!(cfg.stats()) + unit] = NO_MAX;
+    }
     sync_cube();
 
     for tile in 0..num_tiles {
@@ -662,8 +747,10 @@ pub fn fwd_portable_decode_rows_fp8<E: Float, N: Size>(
         sync_cube();
         sum_scores(&mut scratch, unit, cfg);
         sync_cube();
+        tile_probabilities(&mut scratch, unit, tile % 2, v_descale[ds_index], true, cfg);
+        sync_cube();
 
-        let v_ds = v_descale[ds_index];
+        rescale_rows::<N>(&scratch, &mut row_sum, &mut acc, cfg);
         #[unroll]
         for jj in 0..kb {
             let word = v_regs[jj];
@@ -671,11 +758,7 @@ pub fn fwd_portable_decode_rows_fp8<E: Float, N: Size>(
                 bad_key = min(bad_key, (k0 + g * kb + jj) as u32);
             }
             let vf = decode_word::<N>(word, fcfg);
-            #[unroll]
-            for r in 0..rows {
-                let s = scratch[part_len + r * bk + g * kb + jj];
-                online_key::<N>(&mut row_max, &mut row_sum, &mut acc, r, s, vf, v_ds, true);
-            }
+            accumulate_key::<N>(&scratch, &mut row_sum, &mut acc, vf, g * kb + jj, true, cfg);
         }
         if comptime!(!cfg.late_v()) {
             if tile + 1 < num_tiles {
@@ -684,6 +767,7 @@ pub fn fwd_portable_decode_rows_fp8<E: Float, N: Size>(
         }
     }
 
+    final_max(&scratch, &mut row_max, num_tiles, cfg);
     // Keys past kv_len load as zero words: never bad.
     if bad_key != NO_KEY {
         bad[1].fetch_min(bad_key);
