@@ -785,10 +785,10 @@ pub fn fwd_portable_decode_rows_fp8<E: Float, N: Size>(
 /// float instructions only: the magnitude's exponent and mantissa placed in an f32 with the
 /// exponent rebiased, which for a subnormal code (exponent field 0) reads as `2^(1-bias) ·
 /// (1 + m/2^mbits) / 2`, so that twice it less `2^(1-bias)` is its exact value `2^(1-bias) ·
-/// m/2^mbits`; then the sign bit. No integer-to-float conversion (a quarter-rate instruction,
-/// which made `decode_fp8` cost more than the bytes it saves here). Non-finite codes decode to
-/// finite values: the kernel records them, and only rows that see them, which it writes as
-/// NaN, ever weigh them.
+/// m/2^mbits`; then the sign bit. The subnormal path takes no integer-to-float conversion (a
+/// quarter-rate instruction, in a loop bound by instructions), and non-finite codes are not
+/// zeroed: they decode to finite values, which only the rows that see them weigh, and the
+/// kernel writes those rows as NaN.
 #[cube]
 fn decode_word<N: Size>(word: u32, #[comptime] fcfg: Fp8Config) -> Vector<f32, N> {
     let min_normal = comptime!(fcfg.subnormal_step() * (1u32 << fcfg.mantissa_bits()) as f32);
