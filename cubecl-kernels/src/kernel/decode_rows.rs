@@ -594,7 +594,7 @@ pub const ROW_FP8_Q_BLOCK: usize = 64;
 /// scale folded into the staged Q, the K descale applied per tile), P rounded to f16 for P·V
 /// and then times the tile's V descale, the row sums on the unrounded P. Per-block descales
 /// follow [`ROW_FP8_Q_BLOCK`] query rows and the kernel's `bk` keys (a split is whole tiles).
-/// Non-finite codes decode to 0 and are recorded (Q rows as a bit mask, the lowest such key of
+/// Non-finite codes are recorded as they are decoded (Q rows as a bit mask, the lowest such key of
 /// the split's K or V rows); rows that see them come out NaN ([`finish_rows`]).
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
