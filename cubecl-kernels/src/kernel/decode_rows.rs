@@ -917,9 +917,10 @@ fn load_v<E: Float, N: Size>(
 }
 
 /// The CUDA C++ CubeCL generates for the row decode kernel, compiled offline by NVRTC for
-/// sm_90 (no GPU): each head-dim layout of its groups, one split and several, causal and not;
-/// the source declares the shared memory [`RowDecodeConfig::smem_bytes`] counts, and ptxas
-/// spills nothing.
+/// sm_90a (no GPU): each head-dim layout of its groups, one split and several, causal and not,
+/// float inputs and FP8 codes; the source declares the shared memory
+/// [`RowDecodeConfig::smem_bytes`] counts (FP8: two u32 records more, in whole 16-byte blocks),
+/// and ptxas spills nothing.
 ///
 /// `cargo test --release -p quattn-cubecl --features cuda --lib decode_rows`
 #[cfg(all(test, feature = "cuda"))]
@@ -927,43 +928,17 @@ mod cuda_tests {
     use super::*;
     use crate::kernel::decode::DecodeArgsCompilationArg;
     use crate::kernel::fma_vec_fp8::Fp8ShapeCompilationArg;
-    use quattn_core::{DescaleGranularity, Fp8Format};
-    use crate::kernel::offline_cuda::{client, cuda_include_dir, nvrtc_cubin, ADDR, COMPILE_LOCK};
-    use crate::kernel::AttnShapeCompilationArg;
-    use cubecl::cuda::CudaCompiler;
+    use crate::kernel::offline_cuda::{array, attn_shape_arg, settings, Arch, OfflineCuda, Variant};
     use cubecl::wgpu::WgpuRuntime;
-    use cubecl::Compiler as _;
+    use quattn_core::{DescaleGranularity, Fp8Format};
 
-    fn shape() -> AttnShapeCompilationArg {
-        AttnShapeCompilationArg {
-            q_len: (),
-            kv_len: (),
-            group: (),
-            q_heads: (),
-            q_s0: (),
-            q_s1: (),
-            q_s2: (),
-            k_s0: (),
-            k_s1: (),
-            k_s2: (),
-            v_s0: (),
-            v_s1: (),
-            v_s2: (),
-            o_s0: (),
-            o_s1: (),
-            o_s2: (),
-            scale: (),
-            lse_empty: (),
-        }
+    fn dec() -> DecodeArgsCompilationArg {
+        DecodeArgsCompilationArg { rows: (), splits: (), keys_per_split: (), nan: () }
     }
 
     fn definition<E: Float + CubeElement>(client: &ComputeClient<WgpuRuntime>, cfg: RowDecodeConfig, direct: bool) -> KernelDefinition {
-        let array = || ArrayCompilationArg { inplace: None };
-        let shape = shape();
-        let dec = DecodeArgsCompilationArg { rows: (), splits: (), keys_per_split: (), nan: () };
-        let settings = KernelSettings::default().cube_dim(CubeDim::new_1d(ROW_UNITS as u32)).address_type(AddressType::U32);
         fwd_portable_decode_rows::FwdPortableDecodeRows::<E, WgpuRuntime>::new(
-            settings,
+            settings(ROW_UNITS),
             client.clone(),
             array(),
             array(),
@@ -972,8 +947,8 @@ mod cuda_tests {
             array(),
             array(),
             array(),
-            shape,
-            dec,
+            attn_shape_arg(),
+            dec(),
             W,
             cfg,
             direct,
@@ -982,10 +957,8 @@ mod cuda_tests {
     }
 
     fn definition_fp8<E: Float + CubeElement>(client: &ComputeClient<WgpuRuntime>, cfg: RowDecodeConfig, fcfg: Fp8Config, direct: bool) -> KernelDefinition {
-        let array = || ArrayCompilationArg { inplace: None };
-        let settings = KernelSettings::default().cube_dim(CubeDim::new_1d(ROW_UNITS as u32)).address_type(AddressType::U32);
         fwd_portable_decode_rows_fp8::FwdPortableDecodeRowsFp8::<E, WgpuRuntime>::new(
-            settings,
+            settings(ROW_UNITS),
             client.clone(),
             array(),
             array(),
@@ -997,8 +970,8 @@ mod cuda_tests {
             array(),
             array(),
             array(),
-            shape(),
-            DecodeArgsCompilationArg { rows: (), splits: (), keys_per_split: (), nan: () },
+            attn_shape_arg(),
+            dec(),
             Fp8ShapeCompilationArg { kv_heads: (), q_blocks: (), k_blocks: (), nan: () },
             W,
             cfg,
@@ -1010,54 +983,27 @@ mod cuda_tests {
 
     #[test]
     fn nvrtc_sm90_compiles_the_row_decode_kernel_with_its_shared_memory_and_no_spills() {
-        let skip = |why: String| {
-            assert!(std::env::var_os("CI").is_none(), "CUDA tools required under CI: {why}");
-            println!("SKIPPED: {why}");
-        };
-        let Some(include) = cuda_include_dir() else {
-            return skip("no CUDA headers (cuda_fp16.h)".into());
-        };
-        if let Err(e) = quattn_native::nvrtc() {
-            return skip(e.to_string());
-        }
-        let Some(client) = client() else { return };
-        let mut options = <CudaCompiler as cubecl::Compiler>::CompilationOptions::default();
-        options.supports_features.fast_math = true;
-        let nvrtc_options = vec![
-            "--gpu-architecture=sm_90".to_string(),
-            format!("--include-path={}", include.display()),
-            "--std=c++17".to_string(),
-            "-Xptxas=-v".to_string(),
-        ];
-        let mut failures = Vec::new();
-        // (head dim, rows, bk, element type): the decode shapes (GQA 4 and 8 at d 128), d 64's
+        let Some(cuda) = OfflineCuda::new() else { return };
+        let mut variants = Vec::new();
+        // (head dim, rows, element type): the decode shapes (GQA 4 and 8 at d 128), d 64's
         // eight groups, d 256's two, one row.
-        let cases = [(128usize, 4usize, 32usize, "f16"), (128, 8, 32, "bf16"), (64, 8, 32, "f16"), (256, 4, 32, "f32"), (128, 1, 32, "f16")];
-        for (d, rows, bk, dtype) in cases {
+        let cases = [(128usize, 4usize, "f16"), (128, 8, "bf16"), (64, 8, "f16"), (256, 4, "f32"), (128, 1, "f16")];
+        for (d, rows, dtype) in cases {
             for (causal, direct) in [(false, false), (true, true)] {
-                let cfg = RowDecodeConfig { head_dim: d, v_head_dim: d, rows, bk, causal, write_lse: true };
+                let cfg = RowDecodeConfig { head_dim: d, v_head_dim: d, rows, bk: 32, causal, write_lse: true };
                 assert_eq!(cfg.invalid(), None, "{cfg:?}");
-                let def = match dtype {
-                    "f16" => definition::<half::f16>(&client, cfg, direct),
-                    "bf16" => definition::<half::bf16>(&client, cfg, direct),
-                    _ => definition::<f32>(&client, cfg, direct),
+                let definition = match dtype {
+                    "f16" => definition::<half::f16>(cuda.client(), cfg, direct),
+                    "bf16" => definition::<half::bf16>(cuda.client(), cfg, direct),
+                    _ => definition::<f32>(cuda.client(), cfg, direct),
                 };
-                let kernel = {
-                    let _serial = COMPILE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-                    CudaCompiler::default().compile(def, &options, ExecutionMode::Unchecked, ADDR).unwrap()
-                };
-                let name = format!("decode_rows_{dtype}_d{d}_rows{rows}_bk{bk}_causal{causal}_direct{direct}");
-                if let Some(dir) = std::env::var_os("QUATTN_CUDA_SOURCE_DIR") {
-                    std::fs::write(std::path::Path::new(&dir).join(format!("{name}.cu")), kernel.to_string()).unwrap();
-                }
-                assert_eq!(kernel.shared_memory_size(), cfg.smem_bytes(), "{name}: declared shared memory");
-                let (_, log) = nvrtc_cubin(&kernel.to_string(), &nvrtc_options).unwrap_or_else(|e| panic!("{name}: {e}"));
-                let res = quattn_native::Resources::parse_ptxas_log(&log).unwrap_or_else(|| panic!("{name}: no ptxas report in {log}"));
-                println!("{name}: {} registers, {} B spilled", res.registers, res.spill_bytes());
-                if res.spill_bytes() != 0 {
-                    println!("{log}");
-                    failures.push(name);
-                }
+                variants.push(Variant {
+                    name: format!("decode_rows_{dtype}_d{d}_rows{rows}_bk32_causal{causal}_direct{direct}"),
+                    arch: Arch::Sm90,
+                    definition,
+                    shared_bytes: Some(cfg.smem_bytes()),
+                    spill_free: true,
+                });
             }
         }
         // FP8 codes: the decode shape, e4m3 per head and e5m2 per block (8 rows).
@@ -1068,24 +1014,16 @@ mod cuda_tests {
         for (rows, fcfg) in fp8_cases {
             for (causal, direct) in [(false, false), (true, true)] {
                 let cfg = RowDecodeConfig { head_dim: 128, v_head_dim: 128, rows, bk: 32, causal, write_lse: true };
-                let kernel = {
-                    let def = definition_fp8::<half::f16>(&client, cfg, fcfg, direct);
-                    let _serial = COMPILE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-                    CudaCompiler::default().compile(def, &options, ExecutionMode::Unchecked, ADDR).unwrap()
-                };
-                let name = format!("decode_rows_fp8_{:?}_{:?}_rows{rows}_causal{causal}_direct{direct}", fcfg.format, fcfg.granularity);
-                // Two u32 records after Q and the scratch, in whole 16-byte blocks.
-                assert_eq!(kernel.shared_memory_size(), (cfg.smem_bytes() + 8).next_multiple_of(16), "{name}: declared shared memory");
-                let (_, log) = nvrtc_cubin(&kernel.to_string(), &nvrtc_options).unwrap_or_else(|e| panic!("{name}: {e}"));
-                let res = quattn_native::Resources::parse_ptxas_log(&log).unwrap_or_else(|| panic!("{name}: no ptxas report in {log}"));
-                println!("{name}: {} registers, {} B spilled", res.registers, res.spill_bytes());
-                if res.spill_bytes() != 0 {
-                    println!("{log}");
-                    failures.push(name);
-                }
+                variants.push(Variant {
+                    name: format!("decode_rows_fp8_{:?}_{:?}_rows{rows}_causal{causal}_direct{direct}", fcfg.format, fcfg.granularity),
+                    arch: Arch::Sm90,
+                    definition: definition_fp8::<half::f16>(cuda.client(), cfg, fcfg, direct),
+                    shared_bytes: Some((cfg.smem_bytes() + 8).next_multiple_of(16)),
+                    spill_free: true,
+                });
             }
         }
-        assert!(failures.is_empty(), "spills: {failures:?}");
+        cuda.check_all(variants);
     }
 }
 
