@@ -47,6 +47,31 @@ pub struct DecodeArgs {
     pub nan: f32,
 }
 
+/// A split's keys: the first, the number of `bk`-key tiles, and the keys every packed position
+/// sees (`kv_len`, or causal bottom-right `kv_len + 1 - q_len`).
+#[derive(CubeType, Clone, Copy)]
+pub(crate) struct SplitKeys {
+    pub begin: usize,
+    pub tiles: usize,
+    pub full: usize,
+}
+
+/// [`SplitKeys`] of split `split`: keys `[split · keys_per_split, min(+ keys_per_split,
+/// kv_len))`, whole tiles but the last.
+#[cube]
+pub(crate) fn split_keys(shape: &AttnShape, dec: &DecodeArgs, split: usize, #[comptime] bk: usize, #[comptime] causal: bool) -> SplitKeys {
+    let q_len = shape.q_len as usize;
+    let kv_len = shape.kv_len as usize;
+    let begin = split * dec.keys_per_split as usize;
+    let end = min(begin + dec.keys_per_split as usize, kv_len);
+    let tiles = select(end > begin, (end - begin + bk - 1) / bk, 0);
+    let mut full = kv_len;
+    if causal {
+        full = select(kv_len + 1 > q_len, kv_len + 1 - q_len, 0);
+    }
+    SplitKeys { begin, tiles, full }
+}
+
 /// One cube per (split, KV head, batch): grid `(splits, kv_heads, batch)`, `cfg.bq ≥ rows`.
 /// `direct`: one split, O and the LSE written in place (`part_o`/`part_lse` unused);
 /// otherwise the partial state goes to `part_o` (`[batch][kv_head][split][bq][dv]` f32) and
@@ -102,14 +127,8 @@ pub fn fwd_portable_decode<E: Float, S: Float, N: Size>(
         acc[i] = Vector::new(0.0f32);
     }
 
-    // This split's keys, and the keys every position sees.
-    let k_begin = split * dec.keys_per_split as usize;
-    let k_end = min(k_begin + dec.keys_per_split as usize, kv_len);
-    let num_tiles = select(k_end > k_begin, (k_end - k_begin + cfg.bk - 1) / cfg.bk, 0);
-    let mut full_keys = kv_len;
-    if cfg.causal {
-        full_keys = select(kv_len + 1 > q_len, kv_len + 1 - q_len, 0);
-    }
+    let keys = split_keys(shape, dec, split, cfg.bk, cfg.causal);
+    let (k_begin, num_tiles, full_keys) = (keys.begin, keys.tiles, keys.full);
 
     let mut k_regs = Array::<Vector<E, N>>::new(comptime!(gather_transposed_len(cfg.bk, cfg.head_dim, cfg.units())));
     let mut v_regs = Array::<Vector<E, N>>::new(comptime!(gather_v_len(&cfg)));

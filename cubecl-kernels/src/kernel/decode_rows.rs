@@ -31,7 +31,7 @@
 
 use cubecl::prelude::*;
 
-use super::decode::DecodeArgs;
+use super::decode::{split_keys, DecodeArgs};
 use super::fma_vec::W;
 use super::fma_vec_fp8::{word_has_non_finite, Fp8Config, Fp8Shape};
 use super::{AttnShape, LAZY_RESCALE_THRESHOLD, MASK_THRESHOLD, NO_MAX};
@@ -214,25 +214,15 @@ pub fn fwd_portable_decode_rows<E: Float, N: Size>(
     let g = unit / lanes;
     let c = unit % lanes;
 
-    let k_begin = split * dec.keys_per_split as usize;
-    let k_end = min(k_begin + dec.keys_per_split as usize, kv_len);
-    let num_tiles = select(k_end > k_begin, (k_end - k_begin + bk - 1) / bk, 0);
-    let mut full_keys = kv_len;
-    if cfg.causal {
-        full_keys = select(kv_len + 1 > q_len, kv_len + 1 - q_len, 0);
-    }
+    let keys = split_keys(shape, dec, split, cfg.bk, cfg.causal);
+    let (k_begin, num_tiles, full_keys) = (keys.begin, keys.tiles, keys.full);
 
     let mut k_regs = Array::<Vector<E, N>>::new(comptime!(cfg.passes() * cfg.chunk()));
     let mut v_regs = Array::<Vector<E, N>>::new(kb);
     let mut row_max = Array::<f32>::new(rows);
     let mut row_sum = Array::<f32>::new(rows);
     let mut acc = Array::<Vector<f32, N>>::new(rows);
-    #[unroll]
-    for r in 0..rows {
-        row_max[r] = NO_MAX;
-        row_sum[r] = 0.0;
-        acc[r] = Vector::new(0.0f32);
-    }
+    init_rows::<N>(&mut row_max, &mut row_sum, &mut acc, cfg);
 
     if num_tiles > 0 {
         load_k::<E, N>(k, &mut k_regs, k_base, k_stride, k_begin, kv_len, key_in_pass, lane_k, cfg);
@@ -289,6 +279,17 @@ pub fn fwd_portable_decode_rows<E: Float, N: Size>(
     finish_rows::<E, N>(
         o, lse, part_o, part_lse, &mut scratch, &row_max, &row_sum, &acc, shape, dec, 0u32, NO_KEY, 0.0f32, cfg, direct, false,
     );
+}
+
+/// Every row's running max at `NO_MAX`, its sum and accumulator at zero.
+#[cube]
+pub(crate) fn init_rows<N: Size>(row_max: &mut Array<f32>, row_sum: &mut Array<f32>, acc: &mut Array<Vector<f32, N>>, #[comptime] cfg: RowDecodeConfig) {
+    #[unroll]
+    for r in 0..cfg.rows {
+        row_max[r] = NO_MAX;
+        row_sum[r] = 0.0;
+        acc[r] = Vector::new(0.0f32);
+    }
 }
 
 /// Adds vector `i` of this unit's share of a K row (`kf`, decoded) times each row's matching Q
@@ -678,13 +679,8 @@ pub fn fwd_portable_decode_rows_fp8<E: Float, N: Size>(
     let g = unit / lanes;
     let c = unit % lanes;
 
-    let k_begin = split * dec.keys_per_split as usize;
-    let k_end = min(k_begin + dec.keys_per_split as usize, kv_len);
-    let num_tiles = select(k_end > k_begin, (k_end - k_begin + bk - 1) / bk, 0);
-    let mut full_keys = kv_len;
-    if cfg.causal {
-        full_keys = select(kv_len + 1 > q_len, kv_len + 1 - q_len, 0);
-    }
+    let keys = split_keys(shape, dec, split, cfg.bk, cfg.causal);
+    let (k_begin, num_tiles, full_keys) = (keys.begin, keys.tiles, keys.full);
     let mut kv_index = 0usize;
     if comptime!(fcfg.per_block()) {
         kv_index = (batch * fp8.kv_heads as usize + kv_head) * fp8.k_blocks as usize;
@@ -697,12 +693,7 @@ pub fn fwd_portable_decode_rows_fp8<E: Float, N: Size>(
     let mut row_max = Array::<f32>::new(rows);
     let mut row_sum = Array::<f32>::new(rows);
     let mut acc = Array::<Vector<f32, N>>::new(rows);
-    #[unroll]
-    for r in 0..rows {
-        row_max[r] = NO_MAX;
-        row_sum[r] = 0.0;
-        acc[r] = Vector::new(0.0f32);
-    }
+    init_rows::<N>(&mut row_max, &mut row_sum, &mut acc, cfg);
     let mut bad_key = NO_KEY.runtime();
 
     if num_tiles > 0 {
