@@ -76,6 +76,7 @@ impl RowTiles {
             bk: self.bk as usize,
             causal,
             write_lse,
+            paged: false,
         }
     }
 }
@@ -214,6 +215,14 @@ pub fn decode_candidates(rows: u32, head_dim: u32, v_head_dim: u32) -> Vec<FmaVe
 /// [`DECODE_MAX_ROWS`] packed rows per KV head, at least [`DECODE_MIN_KV`] keys, the vector
 /// layout of the FMA kernels.
 pub(crate) fn decode_shape_refusal(args: &Args, shape: &AttentionShape) -> Option<String> {
+    if args.kv_len < DECODE_MIN_KV {
+        return Some(format!("kv_len {} is below {DECODE_MIN_KV}: one per-head tile streams it without a merge", args.kv_len));
+    }
+    decode_rows_refusal(args, shape)
+}
+
+/// [`decode_shape_refusal`] without the KV length floor (a paged cache has no other kernel).
+fn decode_rows_refusal(args: &Args, shape: &AttentionShape) -> Option<String> {
     let rows = args.group_size() as u64 * args.q_len as u64;
     if rows == 0 || rows > DECODE_MAX_ROWS as u64 {
         return Some(format!(
@@ -221,9 +230,6 @@ pub(crate) fn decode_shape_refusal(args: &Args, shape: &AttentionShape) -> Optio
             args.group_size(),
             args.q_len
         ));
-    }
-    if args.kv_len < DECODE_MIN_KV {
-        return Some(format!("kv_len {} is below {DECODE_MIN_KV}: one per-head tile streams it without a merge", args.kv_len));
     }
     vector_layout_ok(shape).err()
 }
@@ -237,11 +243,28 @@ pub(crate) fn select<R: Runtime>(
     dtype: Dtype,
     accumulation: Accumulation,
 ) -> Result<PortableKernel, LaunchError> {
+    select_with(client, args, shape, dtype, accumulation, None)
+}
+
+/// [`select`], or with `page_size` the kernel for a paged cache of such pages: any KV length,
+/// and tile tilings only where a key tile lies in one page (`bk ≤ page_size`).
+fn select_with<R: Runtime>(
+    client: &ComputeClient<R>,
+    args: &Args,
+    shape: &AttentionShape,
+    dtype: Dtype,
+    accumulation: Accumulation,
+    page_size: Option<u32>,
+) -> Result<PortableKernel, LaunchError> {
     let unavailable = |reason: String| LaunchError::FamilyUnavailable { family: Family::Decode, reason };
     if !accumulation.is_f32() {
         return Err(unavailable("it accumulates in f32 only".into()));
     }
-    if let Some(reason) = decode_shape_refusal(args, shape) {
+    let refusal = match page_size {
+        Some(_) => decode_rows_refusal(args, shape),
+        None => decode_shape_refusal(args, shape),
+    };
+    if let Some(reason) = refusal {
         return Err(unavailable(reason));
     }
     let limits = CubeLimits::of(client);
@@ -250,7 +273,10 @@ pub(crate) fn select<R: Runtime>(
     let pairs = args.batch as u64 * args.kv_heads as u64;
     let mut last = None;
     let rows_first = row_candidates(rows, args.head_dim, args.v_head_dim).into_iter().map(DecodeTiling::Rows);
-    let tiles = decode_candidates(rows, args.head_dim, args.v_head_dim).into_iter().map(DecodeTiling::Tile);
+    let tiles = decode_candidates(rows, args.head_dim, args.v_head_dim)
+        .into_iter()
+        .filter(|t| page_size.is_none_or(|ps| t.bk <= ps))
+        .map(DecodeTiling::Tile);
     for tiling in rows_first.chain(tiles) {
         let probe = DecodeTiles { tiling, splits: 1, keys_per_split: 0 };
         let per_sm = match tiling {
@@ -310,6 +336,8 @@ impl DecodeTiles {
 struct Prepared {
     rows: u32,
     direct: bool,
+    /// `(page_shift, max_pages, lens_at, num_pages)` of a paged cache, zeros otherwise.
+    pages: [u32; 4],
     part_o: Handle,
     part_lse: Handle,
     o_elems: u64,
@@ -355,7 +383,7 @@ fn prepare<R: Runtime>(
     let part_o = client.empty(o_elems as usize * 4);
     let part_lse = client.empty(lse_elems as usize * 4);
     log::debug!("launching {} ({} splits of {} keys) for {args:?}", info.kernel, t.splits, t.keys_per_split);
-    Ok((info, Some(Prepared { rows, direct, part_o, part_lse, o_elems, lse_elems })))
+    Ok((info, Some(Prepared { rows, direct, pages: [0; 4], part_o, part_lse, o_elems, lse_elems })))
 }
 
 impl Prepared {
@@ -367,7 +395,8 @@ impl Prepared {
         unsafe { ArrayArg::from_raw_parts(self.part_lse.clone(), self.lse_elems as usize) }
     }
     fn dec_arg<R: Runtime>(&self, t: &DecodeTiles) -> DecodeArgsLaunch<R> {
-        DecodeArgsLaunch::new(self.rows, t.splits, t.keys_per_split, f32::NAN)
+        let [page_shift, max_pages, lens_at, num_pages] = self.pages;
+        DecodeArgsLaunch::new(self.rows, t.splits, t.keys_per_split, f32::NAN, page_shift, max_pages, lens_at, num_pages)
     }
 
     /// With several splits, the merge of their partial states into O (`o_dtype`) and the LSE.
@@ -422,10 +451,29 @@ pub(crate) fn launch<R: Runtime>(
     handles: [&Handle; 4],
     lse: (Handle, u64),
     plane_reduce: bool,
+    paged: Option<&PagedCache<'_>>,
 ) -> Result<LaunchInfo, LaunchError> {
     let (info, prep) = prepare(client, kernel, t, args, dtype, plane_reduce)?;
-    let Some(prep) = prep else { return Ok(info) };
-    let extents = args.extents();
+    let Some(mut prep) = prep else { return Ok(info) };
+    // Without a cache the kernels never read the table: one word stands in.
+    let (table, table_words) = match paged {
+        Some(c) => {
+            prep.pages = [c.page_size.trailing_zeros(), c.max_pages, args.batch * c.max_pages, c.num_pages.max(1)];
+            (c.table.clone(), c.table_words(args.batch) as usize)
+        }
+        None => (client.empty(4), 1),
+    };
+    // SAFETY: `launch_paged` checked that the table holds `table_words` words; the stand-in
+    // holds one.
+    let table_arg = || unsafe { ArrayArg::from_raw_parts(table.clone(), table_words) };
+    let cache = paged;
+    let paged = cache.is_some();
+    let mut extents = args.extents();
+    if let Some(c) = cache {
+        // The kernels index the pools' rows through the table.
+        extents[1].1 = c.pool_elems(args.kv_heads, args.head_dim);
+        extents[2].1 = c.pool_elems(args.kv_heads, args.v_head_dim);
+    }
     let arr = |handle: &Handle, elems: u64| {
         // SAFETY: the caller's `check_extent` proved the handle covers `max(elems, W)`
         // elements, and every row start is a multiple of W (vector_layout_ok).
@@ -466,7 +514,7 @@ pub(crate) fn launch<R: Runtime>(
                         fwd_portable_decode::launch_unchecked::<$e, $s, R>(
                             client, count_arg, dim, W,
                             arr(q, extents[0].1), arr(k, extents[1].1), arr(v, extents[2].1), arr(o, extents[3].1),
-                            lse_arg(), part_o_arg(), part_lse_arg(), crate::launch::shape_arg::<R>(args), dec_arg(), cfg, direct,
+                            lse_arg(), part_o_arg(), part_lse_arg(), table_arg(), crate::launch::shape_arg::<R>(args), dec_arg(), cfg, direct, paged,
                         )
                     }
                 };
@@ -480,7 +528,7 @@ pub(crate) fn launch<R: Runtime>(
             }
         }
         DecodeTiling::Rows(r) => {
-            let cfg = r.config(args.head_dim, args.v_head_dim, args.causal, args.write_lse);
+            let cfg = RowDecodeConfig { paged, ..r.config(args.head_dim, args.v_head_dim, args.causal, args.write_lse) };
             macro_rules! decode_rows {
                 ($e:ty) => {
                     // SAFETY: K/V reads are guarded by kv_len, Q reads and O writes stay in the
@@ -490,7 +538,7 @@ pub(crate) fn launch<R: Runtime>(
                         fwd_portable_decode_rows::launch_unchecked::<$e, R>(
                             client, count_arg, dim, W,
                             arr(q, extents[0].1), arr(k, extents[1].1), arr(v, extents[2].1), arr(o, extents[3].1),
-                            lse_arg(), part_o_arg(), part_lse_arg(), crate::launch::shape_arg::<R>(args), dec_arg(), cfg, direct,
+                            lse_arg(), part_o_arg(), part_lse_arg(), table_arg(), crate::launch::shape_arg::<R>(args), dec_arg(), cfg, direct,
                         )
                     }
                 };
@@ -506,6 +554,200 @@ pub(crate) fn launch<R: Runtime>(
     let mut info = info;
     info.launched = true;
     Ok(info)
+}
+
+/// A paged KV cache as the decode kernels read it: K and V pools `[num_pages, page_size,
+/// kv_heads, head_dim]` (the shape's K/V strides are ignored), and one u32 buffer holding the
+/// block table `[batch, max_pages]` (row-major page indices) followed by the `batch` key counts
+/// of the sequences. Key `j` of sequence `b` is pool row `table[b][j / page_size] · page_size +
+/// j % page_size`; causal masks align each sequence bottom-right at its own length.
+///
+/// The table's contents are the caller's to validate (page indices below `num_pages` for every
+/// key a sequence holds, lengths within its `max_pages` pages): the kernels clamp a bad entry
+/// into the pools, so it gives wrong keys, never a read outside the buffers.
+#[derive(Debug, Clone, Copy)]
+pub struct PagedCache<'a> {
+    /// Keys per page: a power of two.
+    pub page_size: u32,
+    pub num_pages: u32,
+    pub max_pages: u32,
+    pub table: &'a Handle,
+}
+
+impl PagedCache<'_> {
+    /// u32 words of the table buffer for `batch` sequences.
+    pub fn table_words(&self, batch: u32) -> u64 {
+        batch as u64 * self.max_pages as u64 + batch as u64
+    }
+
+    /// Elements of a pool of `kv_heads` heads of `dim`.
+    fn pool_elems(&self, kv_heads: u32, dim: u32) -> u64 {
+        self.num_pages as u64 * self.page_size as u64 * kv_heads as u64 * dim as u64
+    }
+
+    /// `shape` with K and V strided as the pools: `[.., kv_heads, dim]` rows of one page slot.
+    fn pool_shape(&self, shape: &AttentionShape) -> AttentionShape {
+        let pool = |dim: usize| quattn_core::Strides { batch: 0, head: dim, seq: shape.kv_heads * dim };
+        AttentionShape { k: pool(shape.head_dim), v: pool(shape.v_head_dim), ..*shape }
+    }
+
+    fn check(&self, args: &Args) -> Result<(), LaunchError> {
+        let bad = |reason: String| Err(LaunchError::InvalidProblem { reason });
+        if !self.page_size.is_power_of_two() {
+            return bad(format!("page size {} is not a power of two", self.page_size));
+        }
+        if self.num_pages == 0 || self.max_pages == 0 {
+            return bad(format!("a paged cache of {} pages, {} per sequence", self.num_pages, self.max_pages));
+        }
+        if (self.max_pages as u64) * (self.page_size as u64) < args.kv_len as u64 {
+            return bad(format!("kv_len {} is past {} pages of {} keys", args.kv_len, self.max_pages, self.page_size));
+        }
+        Ok(())
+    }
+}
+
+/// The decode kernel for a paged cache of `page_size`-key pages ([`PagedCache`]): the decode
+/// family's choice with any KV length (`shape.kv_len` the longest sequence), tile tilings only
+/// where a key tile fits in a page.
+pub fn select_paged<R: Runtime>(client: &ComputeClient<R>, shape: &AttentionShape, dtype: Dtype, page_size: u32) -> Result<PortableKernel, LaunchError> {
+    if !page_size.is_power_of_two() {
+        return Err(LaunchError::InvalidProblem { reason: format!("page size {page_size} is not a power of two") });
+    }
+    let cache_shape = AttentionShape { k: shape.q, v: shape.o, ..*shape };
+    let args = Args::new(&cache_shape)?;
+    select_with(client, &args, &cache_shape, dtype, Accumulation::default(), Some(page_size))
+}
+
+/// [`crate::launch`] with K and V in a paged cache: a decode kernel from [`select_paged`] (a
+/// tile tiling whose key tile fits a page), `shape.kv_len` the longest sequence. Checks the
+/// kernel's fit, the buffers' extents (Q, O and the LSE by the shape, each pool by its pages,
+/// the table by the batch), then enqueues.
+#[allow(clippy::too_many_arguments)]
+pub fn launch_paged<R: Runtime>(
+    client: &ComputeClient<R>,
+    kernel: &PortableKernel,
+    shape: &AttentionShape,
+    dtype: Dtype,
+    cache: &PagedCache<'_>,
+    q: &Handle,
+    k: &Handle,
+    v: &Handle,
+    o: &Handle,
+    lse: Option<&Handle>,
+) -> Result<LaunchInfo, LaunchError> {
+    let PortableKernel::Decode(t) = kernel else {
+        return Err(LaunchError::WrongKernel { kernel: kernel.name(), reason: "paged caches are read by the decode kernels only".into() });
+    };
+    let pool_shape = cache.pool_shape(shape);
+    let args = Args::new(&pool_shape)?;
+    cache.check(&args)?;
+    if let DecodeTiling::Tile(tiles) = t.tiling {
+        if tiles.bk > cache.page_size {
+            return Err(LaunchError::WrongKernel {
+                kernel: kernel.name(),
+                reason: format!("its {}-key tiles span pages of {} keys", tiles.bk, cache.page_size),
+            });
+        }
+    }
+    crate::launch::check_dtype_supported(client, dtype)?;
+    vector_layout_ok(&pool_shape).map_err(|reason| LaunchError::UnalignedLayout { reason })?;
+    let pool = |dim: u32| cache.pool_elems(args.kv_heads, dim);
+    let extents = args.extents();
+    let bytes = dtype.size_bytes() as u64;
+    for (tensor, elems, handle) in [
+        ("q", extents[0].1, q),
+        ("k pool", pool(args.head_dim), k),
+        ("v pool", pool(args.v_head_dim), v),
+        ("o", extents[3].1, o),
+    ] {
+        crate::launch::check_extent(tensor, elems.max(W as u64), bytes, handle)?;
+    }
+    for (tensor, elems) in [("k pool", pool(args.head_dim)), ("v pool", pool(args.v_head_dim)), ("block table", cache.table_words(args.batch))] {
+        if elems > u32::MAX as u64 {
+            return Err(LaunchError::IndexOverflow { tensor, elems });
+        }
+    }
+    crate::launch::check_extent("block table", cache.table_words(args.batch), 4, cache.table)?;
+    crate::launch::check_lse(&args, lse)?;
+    let plane_reduce = t.reduce_lanes().is_some_and(|tc| crate::launch::plane_reduce_ok(client, tc));
+    launch(client, kernel, t, &args, dtype, [q, k, v, o], crate::launch::lse_binding(client, &args, lse), plane_reduce, Some(cache))
+}
+
+/// `append_kv` on the device: token `t` of sequence `b` of `new_k` / `new_v` (`[batch,
+/// new_tokens, kv_heads, dim]`, elements of `elem_bytes` bytes) into the pools of `cache` at
+/// position `seq_lens[b] + t`, through the block table ([`crate::kernel`]'s `paged_append`).
+/// The lengths in the table buffer are left as they are (the caller owns them). Checks the
+/// buffers' sizes; the table's contents are the caller's to validate (a position whose page is
+/// missing or outside the pool writes nothing). Two sequences appending into the same pool row
+/// race: the caller keeps appended rows distinct.
+#[allow(clippy::too_many_arguments)]
+pub fn launch_paged_append<R: Runtime>(
+    client: &ComputeClient<R>,
+    cache: &PagedCache<'_>,
+    batch: u32,
+    kv_heads: u32,
+    head_dim: u32,
+    v_head_dim: u32,
+    elem_bytes: u32,
+    new_tokens: u32,
+    pools: [&Handle; 2],
+    new: [&Handle; 2],
+) -> Result<(), LaunchError> {
+    let bad = |reason: String| Err(LaunchError::InvalidProblem { reason });
+    if !cache.page_size.is_power_of_two() || cache.num_pages == 0 || cache.max_pages == 0 {
+        return bad(format!("a paged cache of {} pages of {} keys, {} per sequence", cache.num_pages, cache.page_size, cache.max_pages));
+    }
+    let row_bytes = |dim: u32| kv_heads as u64 * dim as u64 * elem_bytes as u64;
+    let (k_bytes, v_bytes) = (row_bytes(head_dim), row_bytes(v_head_dim));
+    if k_bytes % 4 != 0 || v_bytes % 4 != 0 {
+        return bad(format!("K/V rows of {k_bytes} and {v_bytes} bytes are not whole 32-bit words"));
+    }
+    let (k_words, v_words) = (k_bytes / 4, v_bytes / 4);
+    let rows = cache.num_pages as u64 * cache.page_size as u64;
+    let tokens = batch as u64 * new_tokens as u64;
+    let checks = [
+        ("k pool", rows * k_words, pools[0]),
+        ("v pool", rows * v_words, pools[1]),
+        ("new k", tokens * k_words, new[0]),
+        ("new v", tokens * v_words, new[1]),
+        ("block table", cache.table_words(batch), cache.table),
+    ];
+    for (tensor, words, handle) in checks {
+        if words > u32::MAX as u64 {
+            return Err(LaunchError::IndexOverflow { tensor, elems: words });
+        }
+        crate::launch::check_extent(tensor, words, 4, handle)?;
+    }
+    if tokens == 0 || k_words == 0 {
+        return Ok(());
+    }
+    check_grid((new_tokens, batch, 1), client.properties().hardware.max_cube_count)?;
+    // SAFETY: each binding covers the words checked above; the kernel writes pool rows below
+    // `num_pages · page_size` (pages at or past `num_pages` are skipped) and reads source rows
+    // below `batch · new_tokens` and table words below `table_words(batch)`.
+    unsafe {
+        let arg = |h: &Handle, words: u64| ArrayArg::<R>::from_raw_parts(h.clone(), words.max(1) as usize);
+        crate::kernel::paged_append::paged_append::launch_unchecked::<R>(
+            client,
+            CubeCount::Static(new_tokens, batch, 1),
+            CubeDim::new_1d(128),
+            arg(pools[0], rows * k_words),
+            arg(pools[1], rows * v_words),
+            arg(new[0], tokens * k_words),
+            arg(new[1], tokens * v_words),
+            arg(cache.table, cache.table_words(batch)),
+            crate::kernel::paged_append::AppendArgsLaunch::new(
+                new_tokens,
+                cache.page_size.trailing_zeros(),
+                cache.max_pages,
+                cache.num_pages,
+                batch * cache.max_pages,
+                k_words as u32,
+                v_words as u32,
+            ),
+        );
+    }
+    Ok(())
 }
 
 /// Inputs of the FP8 row decode kernel that [`crate::launch_fp8`] checked: the code buffers

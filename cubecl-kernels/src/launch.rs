@@ -852,7 +852,7 @@ pub fn launch<R: Runtime>(
     check_lse(&args, lse)?;
     if let PortableKernel::Decode(t) = kernel {
         let plane_reduce = t.reduce_lanes().is_some_and(|tc| plane_reduce_ok(client, tc));
-        return crate::decode::launch(client, kernel, t, &args, dtype, [q, k, v, o], lse_binding(client, &args, lse), plane_reduce);
+        return crate::decode::launch(client, kernel, t, &args, dtype, [q, k, v, o], lse_binding(client, &args, lse), plane_reduce, None);
     }
     let Some(mut info) = prepare(client, kernel, &args, dtype)? else {
         return Ok(empty_info(kernel, &args, dtype));
@@ -1884,11 +1884,11 @@ pub fn launch_fp8<R: Runtime>(
 
 /// Row reductions use plane shuffles when the runtime has them and the `tc` units of a row fit
 /// in every plane.
-fn plane_reduce_ok<R: Runtime>(client: &ComputeClient<R>, tc: u32) -> bool {
+pub(crate) fn plane_reduce_ok<R: Runtime>(client: &ComputeClient<R>, tc: u32) -> bool {
     client.features().plane.contains(Plane::Ops) && client.properties().hardware.plane_size_min >= tc
 }
 
-fn check_lse(args: &Args, lse: Option<&Handle>) -> Result<(), LaunchError> {
+pub(crate) fn check_lse(args: &Args, lse: Option<&Handle>) -> Result<(), LaunchError> {
     match (args.write_lse, lse) {
         (true, Some(handle)) => check_extent("lse", args.lse_len(), 4, handle),
         (true, None) => Err(LaunchError::InvalidProblem { reason: "write_lse is set but no lse buffer was given".into() }),
@@ -1911,7 +1911,7 @@ pub(crate) fn check_extent(tensor: &'static str, elems: u64, elem_bytes: u64, ha
 }
 
 /// The LSE binding: the caller's buffer, or (the kernels always bind one) a 1-element scratch.
-fn lse_binding<R: Runtime>(client: &ComputeClient<R>, args: &Args, lse: Option<&Handle>) -> (Handle, u64) {
+pub(crate) fn lse_binding<R: Runtime>(client: &ComputeClient<R>, args: &Args, lse: Option<&Handle>) -> (Handle, u64) {
     let handle = match lse {
         Some(handle) => handle.clone(),
         None => client.empty(4),

@@ -45,6 +45,63 @@ pub struct DecodeArgs {
     /// The NaN the merge writes for rows a split marks poisoned (passed in: WGSL cannot spell
     /// it).
     pub nan: f32,
+    /// Paged caches (the kernels' `paged`): log2 of the page size, the block table's columns,
+    /// and where the per-sequence lengths start in the table buffer (`batch · max_pages`).
+    pub page_shift: u32,
+    pub max_pages: u32,
+    pub lens_at: u32,
+    /// Pages in each pool: a table entry past them reads the last page rather than past the
+    /// pool (the host validates the table; this keeps a bad one inside the buffers).
+    pub num_pages: u32,
+}
+
+/// The keys sequence `batch` holds: its entry of a paged cache's lengths, or the shape's.
+#[cube]
+pub(crate) fn seq_kv_len(shape: &AttnShape, dec: &DecodeArgs, table: &Array<u32>, batch: usize, #[comptime] paged: bool) -> usize {
+    if comptime!(paged) {
+        // At most the keys the sequence's table row holds, whatever the length says.
+        min(table[dec.lens_at as usize + batch], dec.max_pages << dec.page_shift) as usize
+    } else {
+        shape.kv_len as usize
+    }
+}
+
+/// The K/V row of key `key` of sequence `batch`: with a paged cache, its slot in the pool
+/// (`page · page_size + key mod page_size`, the page from the sequence's block-table row),
+/// else the key itself. Only for keys the sequence holds: entries past them are never read.
+#[cube]
+pub(crate) fn key_row(dec: &DecodeArgs, table: &Array<u32>, batch: usize, key: usize, #[comptime] paged: bool) -> usize {
+    if comptime!(paged) {
+        let shift = dec.page_shift as usize;
+        let page = min(table[batch * dec.max_pages as usize + (key >> shift)], dec.num_pages - 1) as usize;
+        (page << shift) | (key & ((1usize << shift) - 1))
+    } else {
+        key
+    }
+}
+
+/// How the tile of keys from `k0` (`< kv_len`) is gathered: `(base, first row, rows valid
+/// below)` for the gather functions, which read row `first + i` at `base + (first + i) ·
+/// stride` while it is below the bound. Strided tensors: the tensor's base, `k0`, `kv_len`;
+/// paged: the pool row of `k0` folded into the base (the tile lies in one page), 0, and the
+/// keys left.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn tile_rows(
+    dec: &DecodeArgs,
+    table: &Array<u32>,
+    batch: usize,
+    base: usize,
+    stride: usize,
+    k0: usize,
+    kv_len: usize,
+    #[comptime] paged: bool,
+) -> (usize, usize, usize) {
+    if comptime!(paged) {
+        (base + key_row(dec, table, batch, k0, true) * stride, 0usize, kv_len - k0)
+    } else {
+        (base, k0, kv_len)
+    }
 }
 
 /// A split's keys: the first, the number of `bk`-key tiles, and the keys every packed position
@@ -56,12 +113,18 @@ pub(crate) struct SplitKeys {
     pub full: usize,
 }
 
-/// [`SplitKeys`] of split `split`: keys `[split · keys_per_split, min(+ keys_per_split,
-/// kv_len))`, whole tiles but the last.
+/// [`SplitKeys`] of split `split` of a sequence of `kv_len` keys: keys `[split ·
+/// keys_per_split, min(+ keys_per_split, kv_len))`, whole tiles but the last.
 #[cube]
-pub(crate) fn split_keys(shape: &AttnShape, dec: &DecodeArgs, split: usize, #[comptime] bk: usize, #[comptime] causal: bool) -> SplitKeys {
+pub(crate) fn split_keys(
+    shape: &AttnShape,
+    dec: &DecodeArgs,
+    kv_len: usize,
+    split: usize,
+    #[comptime] bk: usize,
+    #[comptime] causal: bool,
+) -> SplitKeys {
     let q_len = shape.q_len as usize;
-    let kv_len = shape.kv_len as usize;
     let begin = split * dec.keys_per_split as usize;
     let end = min(begin + dec.keys_per_split as usize, kv_len);
     let tiles = select(end > begin, (end - begin + bk - 1) / bk, 0);
@@ -86,10 +149,12 @@ pub fn fwd_portable_decode<E: Float, S: Float, N: Size>(
     lse: &mut Array<f32>,
     part_o: &mut Array<Vector<f32, N>>,
     part_lse: &mut Array<f32>,
+    table: &Array<u32>,
     shape: &AttnShape,
     dec: &DecodeArgs,
     #[comptime] cfg: FmaVecConfig,
     #[comptime] direct: bool,
+    #[comptime] paged: bool,
 ) {
     let unit = UNIT_POS as usize;
     let unit_row = unit / cfg.tc;
@@ -99,7 +164,7 @@ pub fn fwd_portable_decode<E: Float, S: Float, N: Size>(
     let kv_head = CUBE_POS_Y as usize;
     let batch = CUBE_POS_Z as usize;
     let q_len = shape.q_len as usize;
-    let kv_len = shape.kv_len as usize;
+    let kv_len = seq_kv_len(shape, dec, table, batch, paged);
     let group = shape.group as usize;
     let rows = dec.rows as usize;
 
@@ -127,15 +192,19 @@ pub fn fwd_portable_decode<E: Float, S: Float, N: Size>(
         acc[i] = Vector::new(0.0f32);
     }
 
-    let keys = split_keys(shape, dec, split, cfg.bk, cfg.causal);
+    let keys = split_keys(shape, dec, kv_len, split, cfg.bk, cfg.causal);
     let (k_begin, num_tiles, full_keys) = (keys.begin, keys.tiles, keys.full);
 
     let mut k_regs = Array::<Vector<E, N>>::new(comptime!(gather_transposed_len(cfg.bk, cfg.head_dim, cfg.units())));
     let mut v_regs = Array::<Vector<E, N>>::new(comptime!(gather_v_len(&cfg)));
     let k_stride = shape.k_s2 as usize;
     let v_stride = shape.v_s2 as usize;
+    // A paged cache's tile lies in one page (`bk` divides the page size, tiles start at
+    // multiples of `bk`): its rows are consecutive pool rows from the slot of its first key,
+    // gathered as a tensor's rows from 0 with `kv_len - k0` of them valid.
     if num_tiles > 0 {
-        unit_gather_transposed::<E, N>(k, &mut k_regs, k_base, k_stride, k_begin, kv_len, cfg.bk, cfg.head_dim, cfg);
+        let (base, row0, len) = tile_rows(dec, table, batch, k_base, k_stride, k_begin, kv_len, paged);
+        unit_gather_transposed::<E, N>(k, &mut k_regs, base, k_stride, row0, len, cfg.bk, cfg.head_dim, cfg);
     }
 
     sync_cube();
@@ -146,7 +215,8 @@ pub fn fwd_portable_decode<E: Float, S: Float, N: Size>(
 
         stage_k::<E, S, N>(&k_regs, &mut kv_stage, cfg);
         sync_cube();
-        unit_gather_v::<E, N>(v, &mut v_regs, v_base, v_stride, k0, kv_len, cfg);
+        let (v_at, v_row0, v_len) = tile_rows(dec, table, batch, v_base, v_stride, k0, kv_len, paged);
+        unit_gather_v::<E, N>(v, &mut v_regs, v_at, v_stride, v_row0, v_len, cfg);
 
         thread_score_matmul::<S, N>(&q_stage, &kv_stage, &mut scores, unit_row, unit_col, cfg);
         if masked {
@@ -172,7 +242,8 @@ pub fn fwd_portable_decode<E: Float, S: Float, N: Size>(
         stage_v::<E, S, N>(&v_regs, &mut kv_stage, cfg);
         sync_cube();
         if tile + 1 < num_tiles {
-            unit_gather_transposed::<E, N>(k, &mut k_regs, k_base, k_stride, k0 + cfg.bk, kv_len, cfg.bk, cfg.head_dim, cfg);
+            let (base, row0, len) = tile_rows(dec, table, batch, k_base, k_stride, k0 + cfg.bk, kv_len, paged);
+            unit_gather_transposed::<E, N>(k, &mut k_regs, base, k_stride, row0, len, cfg.bk, cfg.head_dim, cfg);
         }
 
         thread_value_matmul::<f32, S, N>(&p_stage, &kv_stage, &mut acc, unit_row, unit_col, cfg);
@@ -408,13 +479,14 @@ mod cuda_tests {
     }
 
     fn dec() -> DecodeArgsCompilationArg {
-        DecodeArgsCompilationArg { rows: (), splits: (), keys_per_split: (), nan: () }
+        DecodeArgsCompilationArg { rows: (), splits: (), keys_per_split: (), nan: (), page_shift: (), max_pages: (), lens_at: (), num_pages: () }
     }
 
     fn decode_definition<E: Float + CubeElement, S: Float + CubeElement>(
         client: &ComputeClient<WgpuRuntime>,
         cfg: FmaVecConfig,
         direct: bool,
+        paged: bool,
     ) -> KernelDefinition {
         let array = || ArrayCompilationArg { inplace: None };
         let settings = KernelSettings::default().cube_dim(CubeDim::new_1d(cfg.units() as u32)).address_type(AddressType::U32);
@@ -428,11 +500,13 @@ mod cuda_tests {
             array(),
             array(),
             array(),
+            array(),
             shape(),
             dec(),
             W,
             cfg,
             direct,
+            paged,
         )
         .define()
     }
@@ -485,7 +559,8 @@ mod cuda_tests {
         let mut failures = Vec::new();
         for (d, rows) in [(128usize, 4u32), (64, 40)] {
             for tiles in decode_candidates(rows, d as u32, d as u32).into_iter().take(2) {
-                for (causal, direct) in [(false, false), (true, true)] {
+                // The paged variant on the causal, several-split case.
+                for (causal, direct, paged) in [(false, false, false), (true, true, false), (true, false, true)] {
                     let cfg = FmaVecConfig {
                         head_dim: d,
                         v_head_dim: d,
@@ -499,11 +574,11 @@ mod cuda_tests {
                         plane_reduce: true,
                     };
                     let def = match tiles.stage_f32 {
-                        false => decode_definition::<half::f16, half::f16>(&client, cfg, direct),
-                        true => decode_definition::<half::bf16, f32>(&client, cfg, direct),
+                        false => decode_definition::<half::f16, half::f16>(&client, cfg, direct, paged),
+                        true => decode_definition::<half::bf16, f32>(&client, cfg, direct, paged),
                     };
                     let kernel = compile(def);
-                    let name = format!("decode_d{d}_{tiles}_causal{causal}_direct{direct}");
+                    let name = format!("decode_d{d}_{tiles}_causal{causal}_direct{direct}_paged{paged}");
                     let scratch = 4 * tiles.bq as usize * tiles.tc as usize;
                     // f16 and bf16 inputs: 2-byte elements.
                     let formula = tiles.smem_bytes(d as u32, d as u32, 2) as usize;

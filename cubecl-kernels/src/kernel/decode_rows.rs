@@ -31,7 +31,7 @@
 
 use cubecl::prelude::*;
 
-use super::decode::{split_keys, DecodeArgs};
+use super::decode::{key_row, seq_kv_len, split_keys, DecodeArgs};
 use super::fma_vec::W;
 use super::fma_vec_fp8::{word_has_non_finite, Fp8Config, Fp8Shape};
 use super::{AttnShape, LAZY_RESCALE_THRESHOLD, MASK_THRESHOLD, NO_MAX};
@@ -61,6 +61,8 @@ pub struct RowDecodeConfig {
     pub bk: usize,
     pub causal: bool,
     pub write_lse: bool,
+    /// K and V in a paged cache's pools, read through the block table.
+    pub paged: bool,
 }
 
 impl RowDecodeConfig {
@@ -159,6 +161,7 @@ pub fn fwd_portable_decode_rows<E: Float, N: Size>(
     lse: &mut Array<f32>,
     part_o: &mut Array<Vector<f32, N>>,
     part_lse: &mut Array<f32>,
+    table: &Array<u32>,
     shape: &AttnShape,
     dec: &DecodeArgs,
     #[comptime] cfg: RowDecodeConfig,
@@ -169,7 +172,7 @@ pub fn fwd_portable_decode_rows<E: Float, N: Size>(
     let kv_head = CUBE_POS_Y as usize;
     let batch = CUBE_POS_Z as usize;
     let q_len = shape.q_len as usize;
-    let kv_len = shape.kv_len as usize;
+    let kv_len = seq_kv_len(shape, dec, table, batch, cfg.paged);
     let group = shape.group as usize;
 
     let rows = comptime!(cfg.rows);
@@ -214,7 +217,7 @@ pub fn fwd_portable_decode_rows<E: Float, N: Size>(
     let g = unit / lanes;
     let c = unit % lanes;
 
-    let keys = split_keys(shape, dec, split, cfg.bk, cfg.causal);
+    let keys = split_keys(shape, dec, kv_len, split, cfg.bk, cfg.causal);
     let (k_begin, num_tiles, full_keys) = (keys.begin, keys.tiles, keys.full);
 
     let mut k_regs = Array::<Vector<E, N>>::new(comptime!(cfg.passes() * cfg.chunk()));
@@ -225,9 +228,9 @@ pub fn fwd_portable_decode_rows<E: Float, N: Size>(
     init_rows::<N>(&mut row_max, &mut row_sum, &mut acc, cfg);
 
     if num_tiles > 0 {
-        load_k::<E, N>(k, &mut k_regs, k_base, k_stride, k_begin, kv_len, key_in_pass, lane_k, cfg);
+        load_k::<E, N>(k, &mut k_regs, dec, table, batch, k_base, k_stride, k_begin, kv_len, key_in_pass, lane_k, cfg);
         if comptime!(!cfg.late_v()) {
-            load_v::<E, N>(v, &mut v_regs, v_base, v_stride, k_begin + g * kb, kv_len, c, cfg);
+            load_v::<E, N>(v, &mut v_regs, dec, table, batch, v_base, v_stride, k_begin + g * kb, kv_len, c, cfg);
         }
     }
     if unit < rows {
@@ -251,10 +254,10 @@ pub fn fwd_portable_decode_rows<E: Float, N: Size>(
             store_dots::<N>(&dots, &mut scratch, 1.0, k0, p * per_pass + key_in_pass, lane_k, q_len, kv_len, masked, cfg);
         }
         if tile + 1 < num_tiles {
-            load_k::<E, N>(k, &mut k_regs, k_base, k_stride, k0 + bk, kv_len, key_in_pass, lane_k, cfg);
+            load_k::<E, N>(k, &mut k_regs, dec, table, batch, k_base, k_stride, k0 + bk, kv_len, key_in_pass, lane_k, cfg);
         }
         if comptime!(cfg.late_v()) {
-            load_v::<E, N>(v, &mut v_regs, v_base, v_stride, k0 + g * kb, kv_len, c, cfg);
+            load_v::<E, N>(v, &mut v_regs, dec, table, batch, v_base, v_stride, k0 + g * kb, kv_len, c, cfg);
         }
         sync_cube();
         sum_scores(&mut scratch, unit, cfg);
@@ -270,7 +273,7 @@ pub fn fwd_portable_decode_rows<E: Float, N: Size>(
         }
         if comptime!(!cfg.late_v()) {
             if tile + 1 < num_tiles {
-                load_v::<E, N>(v, &mut v_regs, v_base, v_stride, k0 + bk + g * kb, kv_len, c, cfg);
+                load_v::<E, N>(v, &mut v_regs, dec, table, batch, v_base, v_stride, k0 + bk + g * kb, kv_len, c, cfg);
             }
         }
     }
@@ -679,7 +682,7 @@ pub fn fwd_portable_decode_rows_fp8<E: Float, N: Size>(
     let g = unit / lanes;
     let c = unit % lanes;
 
-    let keys = split_keys(shape, dec, split, cfg.bk, cfg.causal);
+    let keys = split_keys(shape, dec, kv_len, split, cfg.bk, cfg.causal);
     let (k_begin, num_tiles, full_keys) = (keys.begin, keys.tiles, keys.full);
     let mut kv_index = 0usize;
     if comptime!(fcfg.per_block()) {
@@ -856,6 +859,9 @@ fn load_v_words(
 fn load_k<E: Float, N: Size>(
     k: &Array<Vector<E, N>>,
     regs: &mut Array<Vector<E, N>>,
+    dec: &DecodeArgs,
+    table: &Array<u32>,
+    batch: usize,
     k_base: usize,
     k_stride: usize,
     k0: usize,
@@ -868,8 +874,8 @@ fn load_k<E: Float, N: Size>(
     #[unroll]
     for p in 0..comptime!(cfg.passes()) {
         let key = k0 + p * comptime!(cfg.keys_per_pass()) + key_in_pass;
-        let row = (k_base + key * k_stride) / W + lane_k;
         if key < kv_len {
+            let row = (k_base + key_row(dec, table, batch, key, cfg.paged) * k_stride) / W + lane_k;
             #[unroll]
             for i in 0..chunk {
                 regs[p * chunk + i] = k[row + i * KEY_LANES];
@@ -889,6 +895,9 @@ fn load_k<E: Float, N: Size>(
 fn load_v<E: Float, N: Size>(
     v: &Array<Vector<E, N>>,
     regs: &mut Array<Vector<E, N>>,
+    dec: &DecodeArgs,
+    table: &Array<u32>,
+    batch: usize,
     v_base: usize,
     v_stride: usize,
     first: usize,
@@ -901,7 +910,7 @@ fn load_v<E: Float, N: Size>(
         let key = first + jj;
         let mut value = Vector::<E, N>::new(E::from_int(0));
         if key < kv_len {
-            value = v[(v_base + key * v_stride) / W + c];
+            value = v[(v_base + key_row(dec, table, batch, key, cfg.paged) * v_stride) / W + c];
         }
         regs[jj] = value;
     }
@@ -924,13 +933,14 @@ mod cuda_tests {
     use quattn_core::{DescaleGranularity, Fp8Format};
 
     fn dec() -> DecodeArgsCompilationArg {
-        DecodeArgsCompilationArg { rows: (), splits: (), keys_per_split: (), nan: () }
+        DecodeArgsCompilationArg { rows: (), splits: (), keys_per_split: (), nan: (), page_shift: (), max_pages: (), lens_at: (), num_pages: () }
     }
 
     fn definition<E: Float + CubeElement>(client: &ComputeClient<WgpuRuntime>, cfg: RowDecodeConfig, direct: bool) -> KernelDefinition {
         fwd_portable_decode_rows::FwdPortableDecodeRows::<E, WgpuRuntime>::new(
             settings(ROW_UNITS),
             client.clone(),
+            array(),
             array(),
             array(),
             array(),
@@ -978,10 +988,19 @@ mod cuda_tests {
         let mut variants = Vec::new();
         // (head dim, rows, element type): the decode shapes (GQA 4 and 8 at d 128), d 64's
         // eight groups, d 256's two, one row.
-        let cases = [(128usize, 4usize, "f16"), (128, 8, "bf16"), (64, 8, "f16"), (256, 4, "f32"), (128, 1, "f16")];
-        for (d, rows, dtype) in cases {
+        // The decode shapes again on a paged cache (a table entry per key row).
+        let cases = [
+            (128usize, 4usize, "f16", false),
+            (128, 8, "bf16", false),
+            (64, 8, "f16", false),
+            (256, 4, "f32", false),
+            (128, 1, "f16", false),
+            (128, 4, "f16", true),
+            (128, 8, "bf16", true),
+        ];
+        for (d, rows, dtype, paged) in cases {
             for (causal, direct) in [(false, false), (true, true)] {
-                let cfg = RowDecodeConfig { head_dim: d, v_head_dim: d, rows, bk: 32, causal, write_lse: true };
+                let cfg = RowDecodeConfig { head_dim: d, v_head_dim: d, rows, bk: 32, causal, write_lse: true, paged };
                 assert_eq!(cfg.invalid(), None, "{cfg:?}");
                 let definition = match dtype {
                     "f16" => definition::<half::f16>(cuda.client(), cfg, direct),
@@ -989,7 +1008,7 @@ mod cuda_tests {
                     _ => definition::<f32>(cuda.client(), cfg, direct),
                 };
                 variants.push(Variant {
-                    name: format!("decode_rows_{dtype}_d{d}_rows{rows}_bk32_causal{causal}_direct{direct}"),
+                    name: format!("decode_rows_{dtype}_d{d}_rows{rows}_bk32_causal{causal}_direct{direct}_paged{paged}"),
                     arch: Arch::Sm90,
                     definition,
                     shared_bytes: Some(cfg.smem_bytes()),
@@ -1004,7 +1023,7 @@ mod cuda_tests {
         ];
         for (rows, fcfg) in fp8_cases {
             for (causal, direct) in [(false, false), (true, true)] {
-                let cfg = RowDecodeConfig { head_dim: 128, v_head_dim: 128, rows, bk: 32, causal, write_lse: true };
+                let cfg = RowDecodeConfig { head_dim: 128, v_head_dim: 128, rows, bk: 32, causal, write_lse: true, paged: false };
                 variants.push(Variant {
                     name: format!("decode_rows_fp8_{:?}_{:?}_rows{rows}_causal{causal}_direct{direct}", fcfg.format, fcfg.granularity),
                     arch: Arch::Sm90,

@@ -20,6 +20,7 @@ pub(crate) mod mma;
 pub(crate) mod mma_fp8;
 #[cfg(all(test, feature = "cuda"))]
 pub(crate) mod offline_cuda;
+pub(crate) mod paged_append;
 pub(crate) mod quant;
 pub(crate) mod quant_fp4;
 
