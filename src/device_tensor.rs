@@ -137,6 +137,67 @@ impl Session {
         backend.launch(plan, &d)
     }
 
+    /// `append_kv` on CubeCL handles ([`crate::PagedKv::append`] on the device): writes
+    /// `new_tokens` new keys and values per sequence (`k_new` `[batch, new_tokens, kv_heads,
+    /// head_dim]`, `v_new` with `v_head_dim`, elements of `dtype`) into the pools `k_pool` /
+    /// `v_pool` (`[num_pages, page_size, kv_heads, dim]`) at positions `seq_len(b) ..` through
+    /// the block table, enqueued on the client's stream, and returns the cache with the lengths
+    /// grown (host data, like the table). The same checks as the host append run first (pages
+    /// missing from the table or the pool, two appended keys sharing a pool row, buffer sizes):
+    /// on any of them nothing is enqueued.
+    #[allow(clippy::too_many_arguments)]
+    pub fn append_kv_cubecl<R: Runtime>(
+        &self,
+        cache: &crate::PagedKv,
+        kv_heads: usize,
+        head_dim: usize,
+        v_head_dim: usize,
+        dtype: crate::Dtype,
+        pools: [&Handle; 2],
+        new: [&Handle; 2],
+        new_tokens: usize,
+    ) -> Result<crate::PagedKv> {
+        let backend = self.cubecl_backend::<R>()?;
+        let batch = cache.batch();
+        for (name, v) in [("batch", batch), ("kv_heads", kv_heads), ("head_dim", head_dim), ("v_head_dim", v_head_dim)] {
+            if v == 0 {
+                return Err(Error::ZeroSize { name });
+            }
+        }
+        cache.check_append(new_tokens)?;
+        let es = dtype.size_bytes();
+        for (tensor, h, elems) in [
+            (TensorName::K, pools[0], cache.pool_elems(kv_heads, head_dim)),
+            (TensorName::V, pools[1], cache.pool_elems(kv_heads, v_head_dim)),
+            (TensorName::K, new[0], batch * new_tokens * kv_heads * head_dim),
+            (TensorName::V, new[1], batch * new_tokens * kv_heads * v_head_dim),
+        ] {
+            check_bytes(tensor, h.size_in_used(), elems, es)?;
+        }
+        let narrow = |what: &'static str, x: usize| u32::try_from(x).map_err(|_| Error::TooLarge { what, value: x as u128, limit: u32::MAX as u128, path: "append_kv_cubecl".into() });
+        let table = backend.paged_table(cache);
+        let geometry = quattn_cubecl::PagedCache {
+            page_size: narrow("page_size", cache.page_size)?,
+            num_pages: narrow("num_pages", cache.num_pages)?,
+            max_pages: narrow("max_pages", cache.max_pages)?,
+            table: &table,
+        };
+        quattn_cubecl::launch_paged_append::<R>(
+            backend.client(),
+            &geometry,
+            narrow("batch", batch)?,
+            narrow("kv_heads", kv_heads)?,
+            narrow("head_dim", head_dim)?,
+            narrow("v_head_dim", v_head_dim)?,
+            es as u32,
+            narrow("new_tokens", new_tokens)?,
+            pools,
+            new,
+        )
+        .map_err(|e| Error::Kernel { kernel: "paged_append".into(), reason: e.to_string() })?;
+        Ok(cache.grown(new_tokens))
+    }
+
     fn cubecl_backend<R: Runtime>(&self) -> Result<&crate::backend::gpu::CubeclBackend<R>> {
         self.backend()
             .cubecl()

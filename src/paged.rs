@@ -176,7 +176,7 @@ impl PagedKv {
                 return Err(Error::ZeroSize { name });
             }
         }
-        self.validate_table(batch, new_tokens)?;
+        self.check_append(new_tokens)?;
         for (tensor, expected, got) in [
             (TensorName::K, self.pool_elems(kv_heads, head_dim), k_pages.len()),
             (TensorName::V, self.pool_elems(kv_heads, v_head_dim), v_pages.len()),
@@ -185,18 +185,6 @@ impl PagedKv {
         ] {
             if expected != got {
                 return Err(Error::BufferLength { tensor, expected, got });
-            }
-        }
-        // Two sequences writing the same pool row would make the result depend on the order.
-        let mut written = std::collections::HashSet::new();
-        for b in 0..batch {
-            for t in 0..new_tokens {
-                let slot = self.slot(b, self.seq_len(b) + t);
-                if !written.insert(slot) {
-                    return Err(Error::InvalidPagedKv {
-                        reason: format!("sequence {b} appends key {} into pool row {slot}, which another appended key also takes", self.seq_len(b) + t),
-                    });
-                }
             }
         }
         for b in 0..batch {
@@ -210,7 +198,32 @@ impl PagedKv {
                 }
             }
         }
-        let seq_lens: Vec<i32> = (0..batch).map(|b| (self.seq_len(b) + new_tokens) as i32).collect();
-        Ok(PagedKv { seq_lens: seq_lens.into(), ..self.clone() })
+        Ok(self.grown(new_tokens))
+    }
+
+    /// The table checks of an append of `new_tokens` keys per sequence: every page the new
+    /// positions fall in is in the table and the pool, and no two appended keys share a pool
+    /// row (the result would depend on the order of the writes).
+    pub(crate) fn check_append(&self, new_tokens: usize) -> Result<()> {
+        let batch = self.batch();
+        self.validate_table(batch, new_tokens)?;
+        let mut written = std::collections::HashSet::new();
+        for b in 0..batch {
+            for t in 0..new_tokens {
+                let slot = self.slot(b, self.seq_len(b) + t);
+                if !written.insert(slot) {
+                    return Err(Error::InvalidPagedKv {
+                        reason: format!("sequence {b} appends key {} into pool row {slot}, which another appended key also takes", self.seq_len(b) + t),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The cache with every sequence `new_tokens` keys longer.
+    pub(crate) fn grown(&self, new_tokens: usize) -> PagedKv {
+        let seq_lens: Vec<i32> = (0..self.batch()).map(|b| (self.seq_len(b) + new_tokens) as i32).collect();
+        PagedKv { seq_lens: seq_lens.into(), ..self.clone() }
     }
 }

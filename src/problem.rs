@@ -333,7 +333,10 @@ impl AttentionProblem {
         if self.alibi_slopes.is_some() {
             m.push("ALiBi");
         }
-        if self.causal_align == CausalAlign::TopLeft && self.q_len != self.kv_len && (self.causal || !m.is_empty()) {
+        // Top-left and bottom-right agree where every sequence's query and key counts do: the
+        // problem's, unless a paged cache or a packed batch gives each sequence its own.
+        let per_sequence = self.paged.is_some() || self.varlen.is_some();
+        if self.causal_align == CausalAlign::TopLeft && (self.q_len != self.kv_len || per_sequence) && (self.causal || !m.is_empty()) {
             m.push("top-left causal alignment");
         }
         m

@@ -83,7 +83,7 @@ impl Family {
 impl Family {
     /// Whether the family reads K and V through a paged cache's block table ([`crate::paged`]).
     pub fn has_paged_kv(self) -> bool {
-        matches!(self, Family::Cpu | Family::Native(NativeKind::Decode))
+        matches!(self, Family::Cpu | Family::Portable(PortableKind::Decode) | Family::Native(NativeKind::Decode))
     }
 }
 

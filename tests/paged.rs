@@ -21,8 +21,13 @@ fn paged(p: AttentionProblem, page_size: usize, lens: &[usize], seed: u64) -> At
 /// rounded inputs; returns (O, LSE, rounded q, k, v).
 #[allow(clippy::type_complexity)]
 fn check(p: &AttentionProblem, precision: Precision, seed: u64) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) {
+    check_on(&cpu(), p, precision, seed)
+}
+
+/// [`check`] on session `s` with `Strategy::Auto`.
+#[allow(clippy::type_complexity)]
+fn check_on(s: &Session, p: &AttentionProblem, precision: Precision, seed: u64) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) {
     let p = p.clone().with_lse(true);
-    let s = cpu();
     let plan = s.plan(&p, precision, Strategy::Auto).unwrap_or_else(|e| panic!("plan {p:?}: {e}"));
     let (q, k, v) = inputs::qkv(&p, seed);
     assert_eq!(k.len(), p.paged.as_ref().unwrap().pool_elems(p.kv_heads, p.head_dim));
@@ -282,16 +287,116 @@ fn reference_gathers_like_a_contiguous_cache() {
     }
 }
 
-/// The portable CubeCL kernels do not read pages yet: a paged problem on wgpu (llvmpipe in CI)
-/// is a typed refusal naming the family, never a contiguous read of the pools.
+/// The portable decode kernels read the pages (wgpu; llvmpipe in CI): Auto picks the decode
+/// family, the row kernel (up to 8 packed rows: any page size, a table entry per key) and the
+/// tile kernel (more rows: key tiles that fit in a page) match the f64 reference through
+/// shuffled pages with ragged lengths (an empty sequence, a one-key one, long ones that the
+/// split cuts, empty splits for the short ones), causal per sequence; the empty sequence gives
+/// O = 0 and LSE = -inf.
 #[test]
-fn portable_kernels_refuse_paged_problems() {
+fn portable_decode_kernels_read_pages() {
     let Some(s) = common::open(Device::Wgpu(WgpuAdapter::Default)) else { return };
-    let p = paged(AttentionProblem::new(2, 4, 1, 64).kv_heads(2), 16, &[40, 7], 3);
-    for strategy in [Strategy::Auto, Strategy::Portable, Strategy::PortableFamily(PortableKind::Fma)] {
-        match s.plan(&p, Precision::F16_DEFAULT, strategy) {
-            Err(Error::UnsupportedPagedKv { kernel }) => assert!(kernel.contains("portable"), "{kernel}"),
-            other => panic!("{strategy:?}: {:?}", other.map(|x| x.kernel_name())),
+    let lens = [700, 1, 0, 130, 2100];
+    let cases = [
+        (16, 1, false, Precision::F32, true),
+        (64, 2, true, Precision::F16_DEFAULT, true),
+        (256, 5, true, Precision::F16_DEFAULT, false),
+        (16, 5, false, Precision::F32, false),
+    ];
+    for (i, (ps, q_len, causal, precision, rows_kernel)) in cases.into_iter().enumerate() {
+        let mut p = AttentionProblem::new(lens.len(), 8, q_len, 64).kv_heads(2).causal(causal);
+        if i % 2 == 1 {
+            p = p.layout(Layout::Bshd);
+        }
+        let p = paged(p, ps, &lens, 40 + i as u64);
+        let plan = s.plan(&p.clone().with_lse(true), precision, Strategy::Auto).unwrap();
+        assert_eq!(plan.family(), quattn::Family::Portable(PortableKind::Decode), "{}", plan.kernel_name());
+        let quattn::KernelId::Portable { kernel: quattn_cubecl::PortableKernel::Decode(t), .. } = plan.kernel.clone() else {
+            panic!("case {i}: {}", plan.kernel)
+        };
+        assert_eq!(matches!(t.tiling, quattn_cubecl::DecodeTiling::Rows(_)), rows_kernel, "case {i}: {t}");
+        if let quattn_cubecl::DecodeTiling::Tile(tiles) = t.tiling {
+            assert!(tiles.bk as usize <= ps, "case {i}: {t}");
+        }
+        let (o, lse, ..) = check_on(&s, &p, precision, 50 + i as u64);
+        for h in 0..p.q_heads {
+            for r in 0..q_len {
+                assert_eq!(lse[(2 * p.q_heads + h) * q_len + r], f32::NEG_INFINITY, "case {i}");
+                assert!(o[p.o_strides().offset(2, h, r)..][..64].iter().all(|&x| x == 0.0), "case {i}");
+            }
         }
     }
+}
+
+/// The other portable families do not read pages: a paged problem forced onto one is a typed
+/// refusal naming it, never a contiguous read of the pools; score modifiers on a paged cache
+/// have no portable kernel either.
+#[test]
+fn other_portable_kernels_refuse_paged_problems() {
+    let Some(s) = common::open(Device::Wgpu(WgpuAdapter::Default)) else { return };
+    let p = paged(AttentionProblem::new(2, 4, 1, 64).kv_heads(2), 16, &[40, 7], 3);
+    for family in [PortableKind::Fma, PortableKind::Mma] {
+        match s.plan(&p, Precision::F16_DEFAULT, Strategy::PortableFamily(family)) {
+            Err(Error::UnsupportedPagedKv { kernel }) => assert!(kernel.contains("portable"), "{kernel}"),
+            other => panic!("{family:?}: {:?}", other.map(|x| x.kernel_name())),
+        }
+    }
+    let windowed = p.clone().window(8, 0);
+    assert!(s.plan(&windowed, Precision::F16_DEFAULT, Strategy::Auto).is_err());
+}
+
+/// `append_kv` on CubeCL handles (wgpu; llvmpipe in CI) writes the pools bit for bit as the host
+/// append does (f16 rows, GQA heads, a sequence crossing pages, an empty one), leaves every
+/// other pool row untouched, returns the grown lengths, and the portable decode kernel then reads
+/// the grown cache as the CPU does; a missing page is a typed error with nothing enqueued.
+#[test]
+fn cubecl_append_kv_matches_the_host_append() {
+    use half::f16;
+    use quattn::cubecl::wgpu::WgpuRuntime;
+    let Some(s) = common::open(Device::Wgpu(WgpuAdapter::Default)) else { return };
+    let client = s.cubecl_client::<WgpuRuntime>().unwrap();
+    let (hk, d, dv) = (2usize, 64usize, 32usize);
+    let lens = [40usize, 17, 0];
+    let new_tokens = 30;
+    let final_lens: Vec<usize> = lens.iter().map(|n| n + new_tokens).collect();
+    let full = inputs::paged_kv(16, &final_lens, 0, 2, 31);
+    let start = PagedKv::new(16, full.num_pages, full.block_table.clone(), lens.iter().map(|&n| n as i32).collect::<Vec<_>>());
+    let half = |n: usize, seed: u64| inputs::normal_with_outliers(n, seed).into_iter().map(f16::from_f32).collect::<Vec<_>>();
+    let (k_pool, v_pool) = (half(full.pool_elems(hk, d), 32), half(full.pool_elems(hk, dv), 33));
+    let (k_new, v_new) = (half(3 * new_tokens * hk * d, 34), half(3 * new_tokens * hk * dv, 35));
+    let (mut k_host, mut v_host) = (k_pool.clone(), v_pool.clone());
+    let grown = start.append(hk, d, dv, &mut k_host, &mut v_host, &k_new, &v_new, new_tokens).unwrap();
+
+    let up = |x: &[f16]| client.create_from_slice(bytemuck::cast_slice(x));
+    let (kp, vp, kn, vn) = (up(&k_pool), up(&v_pool), up(&k_new), up(&v_new));
+    let got = s.append_kv_cubecl::<WgpuRuntime>(&start, hk, d, dv, quattn::Dtype::F16, [&kp, &vp], [&kn, &vn], new_tokens).unwrap();
+    assert_eq!(got, grown);
+    let read = |h| bytemuck::pod_collect_to_vec::<u8, f16>(&client.read_one(h).unwrap());
+    let (k_dev, v_dev) = (read(kp.clone()), read(vp.clone()));
+    assert!(k_dev.iter().zip(&k_host).all(|(a, b)| a.to_bits() == b.to_bits()), "K pools differ");
+    assert!(v_dev.iter().zip(&v_host).all(|(a, b)| a.to_bits() == b.to_bits()), "V pools differ");
+    assert_ne!(k_host, k_pool, "the append wrote nothing");
+
+    // Decode through the grown cache on the device equals the CPU kernel on the host pools.
+    let p = AttentionProblem::new(3, 4, 1, d).v_head_dim(dv).kv_heads(hk).paged_kv(got);
+    let q = half(p.q_len_elems(), 36);
+    let plan = s.plan(&p, Precision::F16_DEFAULT, Strategy::Auto).unwrap();
+    assert_eq!(plan.family(), quattn::Family::Portable(PortableKind::Decode), "{}", plan.kernel_name());
+    let o = client.empty(p.o_len_elems() * 2);
+    let qh = up(&q);
+    s.run_cubecl::<WgpuRuntime>(&plan, quattn::CubeclTensors { q: &qh, k: &kp, v: &vp, o: &o, lse: None }).unwrap();
+    let o_dev: Vec<f32> = read(o).iter().map(|x| x.to_f32()).collect();
+    let f32s = |x: &[f16]| x.iter().map(|v| v.to_f32()).collect::<Vec<f32>>();
+    let r = attention_f64(&p, &f32s(&q), &f32s(&k_host), &f32s(&v_host)).unwrap();
+    let m = ErrorMetrics::compare(&o_dev, &r.o);
+    let tol = Tolerance::for_precision(Precision::F16_DEFAULT);
+    assert!(tol.accepts(&m, r.o.iter().fold(0.0f64, |a, &x| a.max(x.abs()))), "{m:?}");
+
+    // A table one page short for the new keys: a typed error, the pools as they were.
+    let short: Vec<i32> = full.block_table.iter().enumerate().map(|(i, &x)| if i == 2 { -1 } else { x }).collect();
+    let bad = PagedKv::new(16, full.num_pages, short, lens.iter().map(|&n| n as i32).collect::<Vec<_>>());
+    let (kp2, vp2) = (up(&k_pool), up(&v_pool));
+    let err = s.append_kv_cubecl::<WgpuRuntime>(&bad, hk, d, dv, quattn::Dtype::F16, [&kp2, &vp2], [&kn, &vn], new_tokens).unwrap_err();
+    assert!(matches!(err, Error::BlockTableEntry { .. } | Error::InvalidPagedKv { .. }), "{err}");
+    assert!(read(kp2).iter().zip(&k_pool).all(|(a, b)| a.to_bits() == b.to_bits()));
 }

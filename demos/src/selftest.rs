@@ -43,7 +43,7 @@ pub fn shapes(quick: bool) -> Vec<AttentionProblem> {
         // split-KV decode kernel on CUDA).
         AttentionProblem::new(2, 8, 3, 128).kv_heads(2).kv_len(1500).causal(true).layout(Layout::Bshd),
         // Paged KV: shuffled pages of 16 keys, ragged lengths (one shorter than a page), a
-        // decode step over GQA (the paged decode kernel on CUDA, the CPU elsewhere).
+        // decode step over GQA (the paged decode kernels: native on CUDA, portable on wgpu).
         AttentionProblem::new(3, 8, 1, 128).kv_heads(2).paged_kv(quattn::inputs::paged_kv(16, &[1000, 9, 333], 1, 2, 7)),
     ];
     if !quick {

@@ -168,9 +168,13 @@ impl<R: Runtime> CubeclBackend<R> {
             return not_applicable(format!("the {family} kernel accumulates in f32 only; {precision} runs on the packed-f16 FMA kernel"));
         }
         self.common(problem, precision, elem)?;
-        let selection = quattn_cubecl::select(&self.client, &problem.shape(), elem, accumulation, Some(family))
-            .map_err(|e| self.refusal(precision, e))?;
-        let kernel = selection.kernel;
+        let kernel = match &problem.paged {
+            // Only the decode kernels read a paged cache (the registry offers no other family).
+            Some(pg) if family == Portable::Decode => {
+                quattn_cubecl::select_paged(&self.client, &problem.shape(), elem, pg.page_size as u32).map_err(|e| self.refusal(precision, e))?
+            }
+            _ => quattn_cubecl::select(&self.client, &problem.shape(), elem, accumulation, Some(family)).map_err(|e| self.refusal(precision, e))?.kernel,
+        };
         if !matches!(kernel, PortableKernel::Fma(_)) {
             registry::refuse_modifiers(problem, format!("the portable {} kernel", kernel.name()))?;
             registry::refuse_varlen(problem, format!("the portable {} kernel", kernel.name()))?;
@@ -298,6 +302,12 @@ impl<R: Runtime> CubeclBackend<R> {
         let KernelId::Portable { kernel, .. } = &plan.kernel else { return Err(super::foreign(plan)) };
         let shape = plan.problem.shape();
         let failed = |e| launch_error(&plan.kernel_name(), "the portable CubeCL kernel", e);
+        if let (PortableKernel::Decode(_), Some(pg)) = (kernel, &plan.problem.paged) {
+            let table = self.paged_table(pg);
+            let cache = quattn_cubecl::PagedCache { page_size: pg.page_size as u32, num_pages: pg.num_pages as u32, max_pages: pg.max_pages as u32, table: &table };
+            quattn_cubecl::launch_paged::<R>(&self.client, kernel, &shape, plan.dtype(), &cache, &d.q, &d.k, &d.v, &d.o, d.lse.as_ref()).map_err(failed)?;
+            return Ok(());
+        }
         match kernel {
             PortableKernel::Int8(int8) => {
                 let ops: Int8DeviceOperands = quattn_cubecl::quantize_int8(&self.client, &shape, Dtype::F16, &int8.quant(), &d.q, &d.k)
@@ -519,6 +529,15 @@ impl<R: Runtime> CubeclBackend<R> {
             fp4: Some(Fp4Scales { q: tq.block_scales, k: tk.block_scales, v: v_scales, tensor: [tq.tensor_scale, tk.tensor_scale, ts_v], lse_shift }),
             varlen: None,
         })
+    }
+
+    /// A paged cache's block table and sequence lengths in one u32 buffer (host data of the
+    /// plan, validated at plan time: copied per call). Entries past a sequence's pages may be
+    /// -1; the kernels never read them.
+    pub(crate) fn paged_table(&self, pg: &crate::paged::PagedKv) -> Handle {
+        let mut words: Vec<u32> = pg.block_table.iter().chain(pg.seq_lens.iter()).map(|&x| x as u32).collect();
+        words.resize(words.len().max(MIN_ELEMS), 0);
+        self.client.create_from_slice(bytemuck::cast_slice(&words))
     }
 
     /// An uninitialised device buffer of `bytes` bytes.
