@@ -90,7 +90,8 @@ impl Family {
 impl Family {
     /// Whether the family takes variable-length (packed) batches ([`crate::varlen`]): the CPU
     /// kernels, the portable FMA row (whose test refuses its packed-f16 kernel) and the native
-    /// wgmma and HMMA rows (their varlen variants: f32 accumulation, no score modifiers).
+    /// wgmma and HMMA rows (their varlen variants: f32 accumulation, with or without score
+    /// modifiers, each sequence aligned against its own lengths).
     pub fn has_varlen(self) -> bool {
         matches!(self, Family::Cpu | Family::Portable(PortableKind::Fma) | Family::Native(NativeKind::Wgmma) | Family::Native(NativeKind::Hmma))
     }

@@ -219,12 +219,16 @@ fn wgpu_portable_matches_the_reference() {
 }
 
 /// The native varlen variants (wgmma on sm_90a, HMMA f16/bf16 elsewhere and forced) against
-/// the f64 reference; with a score modifier Auto moves on to the portable FMA kernel, the native
-/// varlen variants having none. Skips without a CUDA device.
+/// the f64 reference, without and with score modifiers (each sequence's band and alignment
+/// against its own lengths), into NaN-poisoned outputs; a packed run with modifiers against each
+/// sequence run alone on the dense modifier variant. Skips without a CUDA device.
 #[cfg(feature = "cuda")]
 mod cuda {
     use super::*;
-    use quattn::{Family, NativeKind};
+    use half::{bf16, f16};
+    use quattn::cudarc::driver::{CudaContext, CudaSlice, CudaStream, DeviceRepr};
+    use quattn::{CausalAlign, CudaTensor, CudaTensorMut, Element, Family, NativeKind, Plan};
+    use std::sync::Arc;
 
     #[test]
     fn native_varlen_kernels_match_the_reference() {
@@ -241,10 +245,177 @@ mod cuda {
             check_with(&s, p, Precision::F16_DEFAULT, Strategy::Native(NativeKind::Hmma), seed + 1);
             check_with(&s, p, Precision::BF16_DEFAULT, Strategy::Auto, seed + 2);
         }
+        // With a score modifier Auto stays on the native kernels (their varlen modifier variants).
         let p = cases[1].clone().window(64, 0);
         let plan = s.plan(&p, Precision::F16_DEFAULT, Strategy::Auto).unwrap();
-        assert_eq!(plan.family(), Family::Portable(PortableKind::Fma), "{}", plan.kernel_name());
+        assert!(matches!(plan.family(), Family::Native(NativeKind::Wgmma | NativeKind::Hmma)), "{}", plan.kernel_name());
+        assert!(plan.kernel_name().contains("_mods") && plan.kernel_name().ends_with("_varlen"), "{}", plan.kernel_name());
         check_with(&s, &p, Precision::F16_DEFAULT, Strategy::Auto, 99);
-        assert!(matches!(s.plan(&p, Precision::F16_DEFAULT, Strategy::Native(NativeKind::Wgmma)), Err(Error::UnsupportedFeature { .. })));
+    }
+
+    /// Whether the device has the wgmma kernel (compute capability 9.0): Auto's f16 choice.
+    fn has_wgmma(s: &Session) -> bool {
+        let probe = AttentionProblem::new(1, 2, 64, 64);
+        s.plan(&probe, Precision::F16_DEFAULT, Strategy::Native(NativeKind::Wgmma)).is_ok()
+    }
+
+    /// One of the modifier sets of the tests below applied to `p` (its heads give the per-head
+    /// sinks and slopes).
+    fn modified(p: AttentionProblem, which: &str) -> AttentionProblem {
+        let h = p.q_heads;
+        let sinks: Vec<f32> = (0..h).map(|i| [0.5, -1.0, 2.0, f32::NEG_INFINITY][i % 4]).collect();
+        let slopes = AttentionProblem::standard_alibi_slopes(h);
+        match which {
+            "window" => p.window(96, 40),
+            "causal top-left" => p.causal(true).causal_align(CausalAlign::TopLeft),
+            "causal bottom-right" => p.causal(true),
+            "softcap" => p.softcap(15.0),
+            "sinks" => p.sinks(sinks),
+            "alibi" => p.alibi_slopes(slopes),
+            "all, bottom-right causal" => p.causal(true).window(300, 0).softcap(20.0).sinks(sinks).alibi_slopes(slopes),
+            "all, top-left window" => p.causal_align(CausalAlign::TopLeft).window(64, 64).softcap(20.0).sinks(sinks).alibi_slopes(slopes),
+            other => panic!("no modifier set {other}"),
+        }
+    }
+
+    const MODIFIER_SETS: [&str; 8] = [
+        "window",
+        "causal top-left",
+        "causal bottom-right",
+        "softcap",
+        "sinks",
+        "alibi",
+        "all, bottom-right causal",
+        "all, top-left window",
+    ];
+
+    /// Runs `plan` through caller-held device buffers (O and LSE filled with NaN first, so a row
+    /// the kernel leaves unwritten fails); returns O widened, the LSE and the rounded inputs.
+    #[allow(clippy::type_complexity)]
+    fn run_poisoned<T: Element + DeviceRepr>(s: &Session, stream: &Arc<CudaStream>, plan: &Plan, seed: u64) -> (Vec<f32>, Vec<f32>, [Vec<f32>; 3]) {
+        let p = &plan.problem;
+        let (q, k, v) = inputs::qkv(p, seed);
+        let round = |x: &[f32]| -> Vec<T> { x.iter().map(|&a| T::from_f32(a)).collect() };
+        let (q, k, v) = (round(&q), round(&k), round(&v));
+        let up = |x: &[T]| -> CudaSlice<T> { stream.clone_htod(x).unwrap() };
+        let (dq, dk, dv) = (up(&q), up(&k), up(&v));
+        let mut d_o = up(&vec![T::from_f32(f32::NAN); p.o_len_elems()]);
+        let mut d_lse = stream.clone_htod(&vec![f32::NAN; p.lse_len_elems()]).unwrap();
+        s.run_cuda(
+            plan,
+            stream,
+            CudaTensor::new(&dq, stream),
+            CudaTensor::new(&dk, stream),
+            CudaTensor::new(&dv, stream),
+            CudaTensorMut::new(&mut d_o, stream),
+            Some(CudaTensorMut::new(&mut d_lse, stream)),
+        )
+        .unwrap_or_else(|e| panic!("{}: {e}", plan.kernel_name()));
+        let o: Vec<f32> = stream.clone_dtoh(&d_o).unwrap().iter().map(|x| x.to_f32()).collect();
+        let lse = stream.clone_dtoh(&d_lse).unwrap();
+        let wide = |x: &[T]| -> Vec<f32> { x.iter().map(|a| a.to_f32()).collect() };
+        (o, lse, [wide(&q), wide(&k), wide(&v)])
+    }
+
+    /// Plans `p` with `strategy`, checks the family it lands on, runs it poisoned and checks O
+    /// and LSE against the f64 reference with the precision's tolerances (as `check_with`).
+    fn check_native(s: &Session, stream: &Arc<CudaStream>, p: &AttentionProblem, precision: Precision, strategy: Strategy, want: NativeKind, seed: u64) {
+        let plan = s.plan(p, precision, strategy).unwrap_or_else(|e| panic!("plan {precision} {strategy:?}: {e}"));
+        assert_eq!(plan.family(), Family::Native(want), "{precision} {strategy:?}: {}", plan.kernel_name());
+        let name = plan.kernel_name();
+        assert!(name.contains("_mods") && name.ends_with("_varlen"), "{name}");
+        let (o, lse, [q, k, v]) = match precision.input_dtype() {
+            quattn::Dtype::Bf16 => run_poisoned::<bf16>(s, stream, &plan, seed),
+            _ => run_poisoned::<f16>(s, stream, &plan, seed),
+        };
+        let r = attention_f64(p, &q, &k, &v).unwrap();
+        let m = ErrorMetrics::compare(&o, &r.o);
+        let tol = Tolerance::for_precision(precision);
+        let ref_max = r.o.iter().fold(0.0f64, |a, &x| a.max(x.abs()));
+        assert!(tol.accepts(&m, ref_max), "{name} {precision}: {m:?}");
+        let lm = compare_lse(&lse, &r.lse).unwrap_or_else(|| panic!("{name}: LSE infinities differ"));
+        assert!(lm.max_abs <= tol.max_abs_rel, "{name} {precision}: LSE {lm:?}");
+    }
+
+    /// Ragged batches (an empty query sequence, one with no key, q longer than kv, one query,
+    /// 3000 tokens) under every modifier alone and all at once: Auto on f16 (wgmma where the
+    /// device has it, else HMMA), HMMA forced on f16, Auto on bf16 (HMMA), at head dims 128
+    /// and 64.
+    #[test]
+    fn native_varlen_modifier_variants_match_the_reference() {
+        let Some(s) = common::open(Device::Cuda(0)) else { return };
+        let stream = CudaContext::new(0).unwrap().new_stream().unwrap();
+        let f16_auto = if has_wgmma(&s) { NativeKind::Wgmma } else { NativeKind::Hmma };
+        let batches = [
+            packed(&[0, 300, 1, 3000, 77, 129], &[40, 120, 400, 3000, 0, 700], 4, 2, 128),
+            packed(&[1, 0, 700, 33, 200], &[64, 5, 513, 20, 200], 8, 4, 64),
+        ];
+        let mut seed = 200;
+        for base in &batches {
+            for which in MODIFIER_SETS {
+                println!("d{} {which}", base.head_dim);
+                let p = modified(base.clone(), which);
+                for (precision, strategy, want) in [
+                    (Precision::F16_DEFAULT, Strategy::Auto, f16_auto),
+                    (Precision::F16_DEFAULT, Strategy::Native(NativeKind::Hmma), NativeKind::Hmma),
+                    (Precision::BF16_DEFAULT, Strategy::Auto, NativeKind::Hmma),
+                ] {
+                    check_native(&s, &stream, &p, precision, strategy, want, seed);
+                    seed += 1;
+                }
+            }
+        }
+    }
+
+    /// A packed run with modifiers gives, within the precision's tolerance, what each sequence
+    /// gives alone as a dense problem on the same family's dense modifier variant: the
+    /// per-sequence alignment, band and ALiBi distances are those of the sequence's own lengths.
+    #[test]
+    fn native_varlen_modifiers_equal_each_sequence_alone() {
+        let Some(s) = common::open(Device::Cuda(0)) else { return };
+        let stream = CudaContext::new(0).unwrap().new_stream().unwrap();
+        let q_lens = [300usize, 1, 0, 129, 700];
+        let k_lens = [120usize, 400, 30, 700, 700];
+        let (heads, kv_heads, d) = (4usize, 2usize, 128usize);
+        let families = if has_wgmma(&s) { vec![NativeKind::Wgmma, NativeKind::Hmma] } else { vec![NativeKind::Hmma] };
+        for which in ["all, bottom-right causal", "all, top-left window"] {
+            let p = modified(packed(&q_lens, &k_lens, heads, kv_heads, d), which);
+            let vl = p.varlen.clone().unwrap();
+            for &family in &families {
+                let precision = Precision::F16_DEFAULT;
+                let tol = Tolerance::for_precision(precision);
+                let plan = s.plan(&p, precision, Strategy::Native(family)).unwrap();
+                assert!(plan.kernel_name().ends_with("_varlen"), "{}", plan.kernel_name());
+                let (o, lse, [q, k, v]) = run_poisoned::<f16>(&s, &stream, &plan, 300);
+                for b in 0..q_lens.len() {
+                    let (nq, nk) = (q_lens[b], k_lens[b]);
+                    if nq == 0 {
+                        continue;
+                    }
+                    let one = modified(AttentionProblem::new(1, heads, nq, d).kv_heads(kv_heads).kv_len(nk).layout(Layout::Bshd).with_lse(true), which);
+                    let alone = s.plan(&one, precision, Strategy::Native(family)).unwrap();
+                    assert!(alone.kernel_name().contains("_mods") && !alone.kernel_name().ends_with("_varlen"), "{}", alone.kernel_name());
+                    let (q0, k0) = (vl.q_row(b, 0), vl.k_row(b, 0));
+                    let qs = &q[q0 * heads * d..][..nq * heads * d];
+                    let ks = &k[k0 * kv_heads * d..][..nk * kv_heads * d];
+                    let vs = &v[k0 * kv_heads * d..][..nk * kv_heads * d];
+                    let out = s.run(&alone, qs, ks, vs).unwrap();
+                    // Packed rows of the sequence against its dense run (same [row, head, dim] order).
+                    let packed_o = &o[q0 * heads * d..][..nq * heads * d];
+                    let dense: Vec<f64> = out.o.iter().map(|&x| x as f64).collect();
+                    let m = ErrorMetrics::compare(packed_o, &dense);
+                    let dense_max = dense.iter().fold(0.0f64, |a, &x| a.max(x.abs()));
+                    assert!(tol.accepts(&m, dense_max), "{family:?} {which} sequence {b}: {m:?}");
+                    let alone_lse = out.lse.unwrap();
+                    for h in 0..heads {
+                        for i in 0..nq {
+                            let (x, y) = (lse[p.lse_index(b, h, i)], alone_lse[h * nq + i]);
+                            let same = (x.is_infinite() && x == y) || (x - y).abs() as f64 <= tol.max_abs_rel;
+                            assert!(same, "{family:?} {which} sequence {b} head {h} row {i}: LSE {x} packed, {y} alone");
+                        }
+                    }
+                }
+            }
+        }
     }
 }

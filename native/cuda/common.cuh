@@ -507,28 +507,36 @@ __device__ __forceinline__ void cta_named_arrive(int id, int count) {
 // (causal: right = 0). Extents at or above MOD_UNBOUNDED are unbounded; the host keeps q_len and
 // kv_len below it too, so a(i) ± extent + 1 stays inside int. Rust mirror: `ModParams` in
 // src/mods.rs; it travels as a __grid_constant__ kernel argument (per-head arrays indexed by
-// the CTA's head read the parameter space, no local copy).
+// the CTA's head read the parameter space, no local copy). A dense launch has one offset for
+// every row (`offset`); the VARLEN variants align each sequence against its own lengths, so
+// they take the alignment (`bottom_right`) and compute the offset per sequence (mod_offset).
 #define MOD_UNBOUNDED (1 << 29)
 #define MOD_MAX_HEADS 128
 struct ModParams {
-    int offset;                        // a(i) = i + offset
+    int offset;                        // a(i) = i + offset (dense launches)
     int left, right;                   // window extents (causal: right = 0); MOD_UNBOUNDED: none
-    int pad_;
+    int bottom_right;                  // 1: offset = kv_len - q_len, 0: offset = 0 (top-left)
     float cap_raw;                     // softcap / scale (raw score units)
     float inv_cap_raw;                 // scale / softcap
     float alibi_raw[MOD_MAX_HEADS];    // ALiBi slope / scale per q head
     float sink_log2[MOD_MAX_HEADS];    // sink · log2(e) per q head; -inf: no sink
 };
 
-// The KV tiles of a CTA of BM rows from m0: t_lo .. t_lo + n_tiles - 1, of which full_lo ..=
-// full_hi every row of the CTA sees whole (no mask needed).
+// a(0) of a sequence of q_len queries over kv_len keys, as the alignment says.
+__device__ __forceinline__ int mod_offset(const ModParams& mp, int q_len, int kv_len) {
+    return mp.bottom_right ? kv_len - q_len : 0;
+}
+
+// The KV tiles of a CTA of BM rows from m0 (a(i) = i + offset, keys below kv_len): t_lo ..
+// t_lo + n_tiles - 1, of which full_lo ..= full_hi every row of the CTA sees whole (no mask
+// needed).
 struct ModTiles {
     int t_lo, n_tiles, full_lo, full_hi;
 };
 template <int BM, int BN>
-__device__ __forceinline__ ModTiles cta_mod_tiles(int kv_len, const ModParams& mp, int m0) {
-    const int a_first = m0 + mp.offset;
-    const int a_last = m0 + BM - 1 + mp.offset;
+__device__ __forceinline__ ModTiles cta_mod_tiles(int kv_len, int offset, const ModParams& mp, int m0) {
+    const int a_first = m0 + offset;
+    const int a_last = m0 + BM - 1 + offset;
     const int hi = min(kv_len, a_last + mp.right + 1);   // keys below hi are seen by some row
     const int lo = max(0, a_first - mp.left);            // keys from lo on are seen by some row
     ModTiles t;

@@ -45,7 +45,9 @@
 //                 grid), its batch strides unused. A block past its sequence's end exits at once,
 //                 lengths and causal alignment are the sequence's own, loads zero-fill past the
 //                 sequence's rows, stores and LSE (`[q_heads, total_q]`, none when lse is 0) stop
-//                 at them. Not with MODS.
+//                 at them. With MODS (`VarlenParams` then `ModParams`), each sequence's band is
+//                 aligned against its own lengths (a(i) = i + kv_len_b - q_len_b bottom-right, i
+//                 top-left; ModParams.offset is not read) and stops at its kv_len.
 // The launch ABI is `FwdParams` below; the Rust mirror is `HmmaParams` in src/hmma.rs, and
 // `HmmaTile::smem_bytes` mirrors cfg::SMEM_BYTES.
 #include "common.cuh"
@@ -75,9 +77,6 @@
 #endif
 #ifndef VARLEN
 #define VARLEN 0
-#endif
-#if VARLEN && MODS
-#error "VARLEN takes no score modifiers"
 #endif
 
 // Conditional-rescale threshold in log2 units (see warp_online_softmax): P may reach
@@ -598,7 +597,10 @@ __device__ __forceinline__ void cta_kv_tile(WarpState& st, const WarpQ& q, const
     float s[cfg::MT][cfg::N_FRAGS][4];
     warp_score_matmul(s, q, k_tile, kv.k);
     u32 pf[cfg::MT][cfg::P_STEPS][4];
-#if MODS
+#if MODS && VARLEN
+    warp_mods<MASK>(s, ms.mp, ms.slope, t * cfg::BN, MASK ? cta_seq_kv_len(vp) : 0, ms.a0, lane);
+    warp_online_softmax<false>(s, st.m, st.l, st.o, pf, t * cfg::BN, 0, diag, p.scale_log2, lane);
+#elif MODS
     warp_mods<MASK>(s, ms.mp, ms.slope, t * cfg::BN, p.kv_len, ms.a0, lane);
     warp_online_softmax<false>(s, st.m, st.l, st.o, pf, t * cfg::BN, p.kv_len, diag, p.scale_log2, lane);
 #elif VARLEN
@@ -656,8 +658,15 @@ extern "C" __global__ void __launch_bounds__(cfg::THREADS, 1) fwd_hmma(const Fwd
         const int first_row_sees = m0 + offset + 1;   // keys [0, this) visible to row m0
         full_end = min(full_end, first_row_sees >= 0 ? first_row_sees / cfg::BN : 0);
     }
+#if MODS && VARLEN
+    // The band against the sequence's own lengths.
+    const int a_offset = mod_offset(mp, sq.q_len, sq.kv_len);
+    const ModTiles mt = cta_mod_tiles<cfg::BM, cfg::BN>(sq.kv_len, a_offset, mp, m0);
+#elif MODS
+    const int a_offset = mp.offset;
+    const ModTiles mt = cta_mod_tiles<cfg::BM, cfg::BN>(p.kv_len, a_offset, mp, m0);
+#endif
 #if MODS
-    const ModTiles mt = cta_mod_tiles<cfg::BM, cfg::BN>(p.kv_len, mp, m0);
     const int n_tiles = mt.n_tiles;
     const int t_top = mt.t_lo + n_tiles - 1;
     (void)n_end;
@@ -726,11 +735,11 @@ extern "C" __global__ void __launch_bounds__(cfg::THREADS, 1) fwd_hmma(const Fwd
         // tiles carry no mask code at all. Tiles no row can see were never counted.
 #if MODS
         // Partly visible tiles sit at both ends of the band: the mask is chosen per tile.
-        const ModState ms{mp, MOD_ALIBI ? mp.alibi_raw[head] : 0.f, row0 + mp.offset, mt.full_lo, mt.full_hi, t_top};
+        const ModState ms{mp, MOD_ALIBI ? mp.alibi_raw[head] : 0.f, row0 + a_offset, mt.full_lo, mt.full_hi, t_top};
         for (int j = 0; j < n_tiles; ++j) {
             const int t = t_top - j;
-            if (t < mt.full_lo || t > mt.full_hi) cta_kv_tile<true>(st, q, kv, smem, j, n_tiles, p, ms, diag, lane);
-            else cta_kv_tile<false>(st, q, kv, smem, j, n_tiles, p, ms, diag, lane);
+            if (t < mt.full_lo || t > mt.full_hi) cta_kv_tile<true>(st, q, kv, smem, j, n_tiles, p, ms, VL_PASS diag, lane);
+            else cta_kv_tile<false>(st, q, kv, smem, j, n_tiles, p, ms, VL_PASS diag, lane);
         }
 #else
         int j = 0;

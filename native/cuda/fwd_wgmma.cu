@@ -80,7 +80,7 @@
 // ln(Σ e^s + e^sink); a row that sees no key keeps O = 0, LSE = -inf.
 //
 // Variable-length batches (VARLEN = 1, a third kernel argument `VarlenParams` of common.cuh, Rust
-// mirror in src/varlen.rs; not with MODS): Q/K/V/O packed token-major, sequence blockIdx.z owns
+// mirror in src/varlen.rs): Q/K/V/O packed token-major, sequence blockIdx.z owns
 // Q/O rows cu_q[b] .. cu_q[b + 1] and K/V rows cu_k[b] .. cu_k[b + 1]. FwdParams carries the
 // longest sequence's lengths (the grid) and no batch strides; the tensor maps span all rows of
 // each tensor with a batch extent of 1. A CTA whose query block starts past its sequence's end
@@ -91,6 +91,11 @@
 // dense kernel (P = 0, so they must be finite, as every row of the packed tensors is), and
 // those Q rows only produce O rows that are never stored: the epilogue stores and writes the
 // LSE ([q_heads, total_q], none when lse is 0) for the sequence's rows alone.
+//
+// Both (VARLEN = MODS = 1, `VarlenParams` then `ModParams`): positions are measured against the
+// sequence's own lengths. a(i) = i + kv_len_b - q_len_b (bottom-right) or i (top-left) per
+// sequence (ModParams.offset is not read), the band's tiles and masks stop at the sequence's
+// kv_len, and the box rows past it are masked keys as above.
 #include "common.cuh"
 
 #if !defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -117,9 +122,6 @@
 #endif
 #ifndef VARLEN
 #define VARLEN 0
-#endif
-#if VARLEN && MODS
-#error "VARLEN takes no score modifiers"
 #endif
 
 namespace cfg {
@@ -474,6 +476,11 @@ struct WgConsumer {
     // ptxas sees one fixed wgmma pipeline per instantiation.
     template <bool FIRST>
     __device__ __forceinline__ void step(const FwdParams& p, MOD_ARG const WsSmem& sm, int j) {
+#if VARLEN
+        const int seq_kv_len = kv_len;
+#else
+        const int seq_kv_len = p.kv_len;
+#endif
 #if MODS
         const int t = t_lo + n_tiles - 1 - j;
 #else
@@ -500,15 +507,12 @@ struct WgConsumer {
         float alpha[2];
         bool rescale;
 #if MODS
-        if (t < full_lo || t > full_hi) warp_mods<true>(s, mp, slope, t * cfg::BN, p.kv_len, a0, lane);
-        else warp_mods<false>(s, mp, slope, t * cfg::BN, p.kv_len, a0, lane);
-        warp_softmax<false>(s, st, alpha, rescale, t * cfg::BN, p.kv_len, diag, p.scale_log2, lane);
-#elif VARLEN
-        if (j < n_masked) warp_softmax<true>(s, st, alpha, rescale, t * cfg::BN, kv_len, diag, p.scale_log2, lane);
-        else warp_softmax<false>(s, st, alpha, rescale, t * cfg::BN, kv_len, diag, p.scale_log2, lane);
+        if (t < full_lo || t > full_hi) warp_mods<true>(s, mp, slope, t * cfg::BN, seq_kv_len, a0, lane);
+        else warp_mods<false>(s, mp, slope, t * cfg::BN, seq_kv_len, a0, lane);
+        warp_softmax<false>(s, st, alpha, rescale, t * cfg::BN, seq_kv_len, diag, p.scale_log2, lane);
 #else
-        if (j < n_masked) warp_softmax<true>(s, st, alpha, rescale, t * cfg::BN, p.kv_len, diag, p.scale_log2, lane);
-        else warp_softmax<false>(s, st, alpha, rescale, t * cfg::BN, p.kv_len, diag, p.scale_log2, lane);
+        if (j < n_masked) warp_softmax<true>(s, st, alpha, rescale, t * cfg::BN, seq_kv_len, diag, p.scale_log2, lane);
+        else warp_softmax<false>(s, st, alpha, rescale, t * cfg::BN, seq_kv_len, diag, p.scale_log2, lane);
 #endif
         wg_wait<0>();                                 // P_{j-1}·V_{j-1} done
         reg_fence(o);
@@ -554,12 +558,21 @@ fwd_wgmma(const FwdParams p, const __grid_constant__ TmaMaps maps
     // (uniform over the CTA, before any barrier).
     const SeqSpan sq = cta_seq_span(vp, blockIdx.z, p.causal);
     if (m0 >= sq.q_len) return;
-    const CtaTiles tiles = cta_tiles<cfg::BM, cfg::BN>(sq, m0);
-    const int t_lo = 0;
-#elif MODS
-    const ModTiles mt = cta_mod_tiles<cfg::BM, cfg::BN>(p.kv_len, mp, m0);
+#endif
+#if MODS
+#if VARLEN
+    // The band against the sequence's own lengths.
+    const int a_offset = mod_offset(mp, sq.q_len, sq.kv_len);
+    const ModTiles mt = cta_mod_tiles<cfg::BM, cfg::BN>(sq.kv_len, a_offset, mp, m0);
+#else
+    const int a_offset = mp.offset;
+    const ModTiles mt = cta_mod_tiles<cfg::BM, cfg::BN>(p.kv_len, a_offset, mp, m0);
+#endif
     const CtaTiles tiles{mt.n_tiles, 0};
     const int t_lo = mt.t_lo;
+#elif VARLEN
+    const CtaTiles tiles = cta_tiles<cfg::BM, cfg::BN>(sq, m0);
+    const int t_lo = 0;
 #else
     const CtaTiles tiles = cta_tiles<cfg::BM, cfg::BN>(p, m0);
     const int t_lo = 0;
@@ -596,7 +609,7 @@ fwd_wgmma(const FwdParams p, const __grid_constant__ TmaMaps maps
         c.t_lo = mt.t_lo;
         c.full_lo = mt.full_lo;
         c.full_hi = mt.full_hi;
-        c.a0 = row0 + mp.offset;
+        c.a0 = row0 + a_offset;
         c.slope = MOD_ALIBI ? mp.alibi_raw[cta_head()] : 0.f;
         const float sink_log2 = mp.sink_log2[cta_head()];
 #else

@@ -4,7 +4,9 @@
 //! the wgmma / tcgen05 families, on Ampere/Ada/consumer Blackwell it is the fast path.
 //!
 //! The `_varlen` variants ([`HmmaConfig::varlen`], f16 or bf16 with f32 accumulation, launched by
-//! `HmmaKernel::launch_varlen`) run packed variable-length batches ([`crate::varlen`]).
+//! `HmmaKernel::launch_varlen`) run packed variable-length batches ([`crate::varlen`]); with
+//! score modifiers too (`_mods..._varlen`, `launch_varlen_raw` with their
+//! [`crate::mods::ModParams`]), each sequence's band aligned against its own lengths.
 
 use crate::arch::Arch;
 use crate::cache::{CompileRequest, FWD_HMMA};
@@ -134,7 +136,8 @@ pub struct HmmaConfig {
     pub tile: Option<HmmaTile>,
     /// `Some`: the score-modifier variant (f32 accumulation only).
     pub mods: Option<ModVariant>,
-    /// The variable-length variant ([`crate::varlen`]; f32 accumulation, no score modifiers).
+    /// The variable-length variant ([`crate::varlen`]; f32 accumulation), with or without
+    /// score modifiers.
     pub varlen: bool,
 }
 
@@ -163,6 +166,13 @@ impl HmmaConfig {
     /// The variable-length variant for `input` (f16 or bf16, f32 accumulation).
     pub fn varlen(head_dim: usize, input: Dtype) -> Result<Self> {
         let cfg = HmmaConfig { varlen: true, ..Self::new(head_dim, input, QkAccum::F32, PvAccum::F32)? };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// The variable-length variant with score modifiers (f32 accumulation, the modifier tile).
+    pub fn varlen_with_mods(head_dim: usize, input: Dtype, mods: ModVariant) -> Result<Self> {
+        let cfg = HmmaConfig { mods: Some(mods), ..Self::varlen(head_dim, input)? };
         cfg.validate()?;
         Ok(cfg)
     }
@@ -219,9 +229,6 @@ impl HmmaConfig {
         }
         if self.varlen && (self.qk != QkAccum::F32 || self.pv != PvAccum::F32) {
             return bad("variable-length batches with f32 accumulation only".into());
-        }
-        if self.varlen && self.mods.is_some() {
-            return bad("variable-length batches take no score modifiers".into());
         }
         Ok(())
     }
@@ -303,6 +310,14 @@ impl HmmaConfig {
             }
             for input in [Dtype::F16, Dtype::Bf16] {
                 v.push(HmmaConfig { head_dim: hd, input, qk: QkAccum::F32, pv: PvAccum::F32, tile: None, mods: None, varlen: true });
+            }
+            // Varlen with modifiers: the band, sinks and per-sequence alignment alone, and with
+            // softcap and ALiBi compiled in (the superset).
+            for input in [Dtype::F16, Dtype::Bf16] {
+                for (softcap, alibi) in [(false, false), (true, true)] {
+                    let mods = Some(ModVariant { softcap, alibi });
+                    v.push(HmmaConfig { head_dim: hd, input, qk: QkAccum::F32, pv: PvAccum::F32, tile: None, mods, varlen: true });
+                }
             }
         }
         v
@@ -717,7 +732,8 @@ mod launch {
             let (cq, ck) = (cu_seqlens_q, cu_seqlens_k);
             crate::varlen::with_checked_ptrs(stream, args, self.config.head_dim, "fp16/bf16", q, k, v, o, lse, cq, ck, |ptrs| {
                 // SAFETY: lengths were checked against every row the shape names.
-                unsafe { self.launch_varlen_raw(stream, args, ptrs) }
+                // A modifier variant refuses a launch without its parameters (launch_varlen_raw).
+                unsafe { self.launch_varlen_raw(stream, args, None, ptrs) }
             })
         }
 
@@ -727,12 +743,27 @@ mod launch {
         /// Each address must hold at least [`VarlenShape::required_lens`] elements (2-byte
         /// tensors, f32 LSE unless 0, int32 `cu_seqlens`) valid until the kernel finishes on
         /// `stream`, and the cumulative lengths on the device must pass
-        /// [`VarlenShape::check_cu_seqlens`] for `args`.
-        pub unsafe fn launch_varlen_raw(&self, stream: &Arc<CudaStream>, args: &VarlenShape, ptrs: &VarlenPtrs) -> Result<()> {
+        /// [`VarlenShape::check_cu_seqlens`] for `args`. `mods` is required by a modifier
+        /// variant (built by [`crate::mods::ModParams::for_varlen`] for this config and shape)
+        /// and refused by the others.
+        pub unsafe fn launch_varlen_raw(
+            &self,
+            stream: &Arc<CudaStream>,
+            args: &VarlenShape,
+            mods: Option<&crate::mods::ModParams>,
+            ptrs: &VarlenPtrs,
+        ) -> Result<()> {
             if !self.config.varlen {
                 return Err(NativeError::InvalidArgs(format!(
                     "{} is not a variable-length variant (HmmaConfig::varlen)",
                     self.config.name()
+                )));
+            }
+            if mods.is_some() != self.config.mods.is_some() {
+                return Err(NativeError::InvalidArgs(format!(
+                    "{}: score-modifier parameters {} for this variant",
+                    self.config.name(),
+                    if mods.is_some() { "given" } else { "missing" }
                 )));
             }
             self.config.validate()?;
@@ -748,6 +779,9 @@ mod launch {
             let mut b = stream.launch_builder(&self.function);
             b.arg(&params);
             b.arg(&vparams);
+            if let Some(m) = mods {
+                b.arg(m);
+            }
             // SAFETY: the parameter structs match the kernel's signature; memory per contract.
             unsafe { b.launch(cfg) }?;
             Ok(())
@@ -810,12 +844,21 @@ mod tests {
         assert_eq!(c.tile_for(Arch::Sm90).unwrap(), HmmaTile::new(4, 64));
         let c64 = HmmaConfig::varlen(64, Dtype::F16).unwrap();
         assert_eq!(c64.tile_for(Arch::Sm90).unwrap(), HMMA_TILES[0].tile);
-        assert_eq!(HmmaConfig::all().iter().filter(|c| c.varlen).count(), 4);
+        assert_eq!(HmmaConfig::all().iter().filter(|c| c.varlen && c.mods.is_none()).count(), 4);
         assert!(matches!(HmmaConfig::varlen(96, Dtype::F16), Err(NativeError::UnsupportedHeadDim { .. })));
         let f16 = HmmaConfig { pv: PvAccum::F16PerTile, ..c64 };
         assert!(matches!(f16.validate(), Err(NativeError::UnsupportedConfig { .. })));
-        let m = HmmaConfig { mods: Some(ModVariant::default()), ..c64 };
-        assert!(matches!(m.validate(), Err(NativeError::UnsupportedConfig { .. })));
+        // With score modifiers: the modifier tile at both head dims, both defines, both suffixes.
+        let m = HmmaConfig::varlen_with_mods(64, Dtype::Bf16, ModVariant { softcap: true, alibi: true }).unwrap();
+        assert_eq!(m.name(), "fwd_hmma_bf16_f32_f32_d64_mods_softcap_alibi_varlen");
+        assert_eq!((m.tile_for(Arch::Sm80).unwrap(), m.targets()), (HmmaTile::new(4, 64), HmmaConfig::MOD_TARGETS));
+        let d = m.defines(Arch::Sm90).unwrap();
+        for (k, v) in [("VARLEN", "1"), ("MODS", "1"), ("MOD_SOFTCAP", "1"), ("MOD_ALIBI", "1"), ("IN_BF16", "1")] {
+            assert!(d.contains(&(k.into(), v.into())), "{k}={v} in {d:?}");
+        }
+        assert_eq!(HmmaConfig::all().iter().filter(|c| c.varlen && c.mods.is_some()).count(), 8);
+        let f16m = HmmaConfig { input: Dtype::F16, qk: QkAccum::F16, ..m };
+        assert!(matches!(f16m.validate(), Err(NativeError::UnsupportedConfig { .. })));
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! `fwd_hmma.cu`): the variant key, the kernel's parameter block and its validation.
 
 use crate::error::{NativeError, Result};
+use crate::varlen::VarlenShape;
 use quattn_core::AttentionShape;
 
 /// The score-modifier variant of a kernel (`MODS = 1`, see `common.cuh` and the headers of
@@ -45,12 +46,14 @@ pub const MOD_MAX_HEADS: usize = 128;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ModParams {
-    /// `a(i) = i + offset`: `kv_len - q_len` (bottom-right) or 0 (top-left).
+    /// `a(i) = i + offset`: `kv_len - q_len` (bottom-right) or 0 (top-left). Dense launches
+    /// only: the varlen variants compute it per sequence from `bottom_right`.
     pub offset: i32,
     /// Window extents; causal is `right = 0`; [`MOD_UNBOUNDED`]: no bound.
     pub left: i32,
     pub right: i32,
-    pub pad_: i32,
+    /// 1: bottom-right alignment (`offset = kv_len - q_len`), 0: top-left (`offset = 0`).
+    pub bottom_right: i32,
     /// `softcap / scale` and its inverse (raw score units); 0 without a softcap.
     pub cap_raw: f32,
     pub inv_cap_raw: f32,
@@ -103,7 +106,7 @@ impl ModParams {
             offset: if m.top_left { 0 } else { args.kv_len as i32 - args.q_len as i32 },
             left: extent(m.left),
             right,
-            pad_: 0,
+            bottom_right: (!m.top_left) as i32,
             cap_raw: 0.0,
             inv_cap_raw: 0.0,
             alibi_raw: [0.0; MOD_MAX_HEADS],
@@ -147,6 +150,13 @@ impl ModParams {
             }
         }
         Ok(p)
+    }
+
+    /// As [`Self::new`] for a variable-length launch: the checks take the longest sequences'
+    /// lengths, and `offset` is 0 since the varlen variants align each sequence against its
+    /// own lengths (`bottom_right`).
+    pub fn for_varlen(name: &str, mods: Option<ModVariant>, args: &VarlenShape, m: &ModValues) -> Result<Self> {
+        Ok(ModParams { offset: 0, ..Self::new(name, mods, &args.dense_view(), m)? })
     }
 }
 

@@ -18,7 +18,9 @@
 //! [`crate::hmma`].
 //!
 //! The `_varlen` variants ([`WgmmaConfig::varlen`], launched by `WgmmaKernel::launch_varlen`) run
-//! packed variable-length batches ([`crate::varlen`]) with the same pipeline and tiles.
+//! packed variable-length batches ([`crate::varlen`]) with the same pipeline and tiles; with
+//! score modifiers too (`_mods..._varlen`, `launch_varlen_raw` with their [`ModParams`]), each
+//! sequence's band aligned against its own lengths.
 
 use crate::arch::Arch;
 use crate::cache::{CompileRequest, FWD_WGMMA};
@@ -26,7 +28,7 @@ use crate::error::{NativeError, Result};
 use crate::hmma::{HmmaConfig, HmmaParams};
 use crate::mods::ModVariant;
 #[cfg(test)]
-use crate::mods::{ModParams, ModValues, MOD_MAX_HEADS};
+use crate::mods::{ModParams, ModValues, MOD_MAX_HEADS, MOD_UNBOUNDED};
 use crate::tma::{RowsTensor, TmaSpec, WS_CONSUMER_REGS, WS_PRODUCER_REGS};
 use crate::varlen::{VarlenPtrs, VarlenShape};
 use quattn_core::{AttentionShape, Dtype, PvAccum, QkAccum};
@@ -105,7 +107,7 @@ pub struct WgmmaConfig {
     pub tile: Option<WgmmaTile>,
     /// `Some`: the score-modifier variant.
     pub mods: Option<ModVariant>,
-    /// The variable-length variant ([`crate::varlen`]; no score modifiers).
+    /// The variable-length variant ([`crate::varlen`]), with or without score modifiers.
     pub varlen: bool,
 }
 
@@ -121,16 +123,9 @@ impl WgmmaConfig {
         Ok(cfg)
     }
 
-    /// Head dim in the table; a forced tile has 64 or 128 keys and 2 to 4 stages; varlen
-    /// without score modifiers.
+    /// Head dim in the table; a forced tile has 64 or 128 keys and 2 to 4 stages.
     pub fn validate(&self) -> Result<()> {
         let t = self.tile()?;
-        if self.varlen && self.mods.is_some() {
-            return Err(NativeError::UnsupportedConfig {
-                kernel: KERNEL,
-                reason: "variable-length batches take no score modifiers".into(),
-            });
-        }
         if !(t.block_n == 64 || t.block_n == 128) || !(2..=4).contains(&t.stages) {
             return Err(NativeError::UnsupportedConfig {
                 kernel: KERNEL,
@@ -172,6 +167,11 @@ impl WgmmaConfig {
         Ok(WgmmaConfig { varlen: true, ..Self::new(head_dim)? })
     }
 
+    /// The variable-length variant with score modifiers.
+    pub fn varlen_with_mods(head_dim: usize, mods: ModVariant) -> Result<Self> {
+        Ok(WgmmaConfig { mods: Some(mods), ..Self::varlen(head_dim)? })
+    }
+
     /// `fwd_wgmma_f16_d128`, with `_w2n128_tma3` etc. for a forced tile, `_mods...` for the
     /// score-modifier variants and `_varlen` for the variable-length ones.
     pub fn name(&self) -> String {
@@ -196,6 +196,9 @@ impl WgmmaConfig {
                 v.push(WgmmaConfig { head_dim: hd, tile: None, mods: Some(ModVariant { softcap, alibi }), varlen: false });
             }
             v.push(WgmmaConfig { head_dim: hd, tile: None, mods: None, varlen: true });
+            for (softcap, alibi) in [(false, false), (true, false), (false, true), (true, true)] {
+                v.push(WgmmaConfig { head_dim: hd, tile: None, mods: Some(ModVariant { softcap, alibi }), varlen: true });
+            }
         }
         v
     }
@@ -484,7 +487,8 @@ mod launch {
             let (cq, ck) = (cu_seqlens_q, cu_seqlens_k);
             crate::varlen::with_checked_ptrs(stream, args, self.config.head_dim, "fp16", q, k, v, o, lse, cq, ck, |ptrs| {
                 // SAFETY: lengths were checked against every row the shape names.
-                unsafe { self.launch_varlen_raw(stream, args, ptrs) }
+                // A modifier variant refuses a launch without its parameters (launch_varlen_raw).
+                unsafe { self.launch_varlen_raw(stream, args, None, ptrs) }
             })
         }
 
@@ -494,12 +498,27 @@ mod launch {
         /// Each address must hold at least [`VarlenShape::required_lens`] elements (2-byte
         /// tensors, f32 LSE unless 0, int32 `cu_seqlens`) valid until the kernel finishes on
         /// `stream`, and the cumulative lengths on the device must pass
-        /// [`VarlenShape::check_cu_seqlens`] for `args`.
-        pub unsafe fn launch_varlen_raw(&self, stream: &Arc<CudaStream>, args: &VarlenShape, ptrs: &VarlenPtrs) -> Result<()> {
+        /// [`VarlenShape::check_cu_seqlens`] for `args`. `mods` is required by a modifier
+        /// variant (built by [`ModParams::for_varlen`] for this config and shape) and refused by
+        /// the others.
+        pub unsafe fn launch_varlen_raw(
+            &self,
+            stream: &Arc<CudaStream>,
+            args: &VarlenShape,
+            mods: Option<&ModParams>,
+            ptrs: &VarlenPtrs,
+        ) -> Result<()> {
             if !self.config.varlen {
                 return Err(NativeError::InvalidArgs(format!(
                     "{} is not a variable-length variant (WgmmaConfig::varlen)",
                     self.config.name()
+                )));
+            }
+            if mods.is_some() != self.config.mods.is_some() {
+                return Err(NativeError::InvalidArgs(format!(
+                    "{}: score-modifier parameters {} for this variant",
+                    self.config.name(),
+                    if mods.is_some() { "given" } else { "missing" }
                 )));
             }
             self.config.validate()?;
@@ -517,6 +536,9 @@ mod launch {
             b.arg(&params);
             b.arg(&maps);
             b.arg(&vparams);
+            if let Some(m) = mods {
+                b.arg(m);
+            }
             // SAFETY: the parameter structs match the kernel's signature; memory per contract.
             unsafe { b.launch(cfg) }?;
             Ok(())
@@ -608,8 +630,11 @@ mod tests {
         assert!((pa.alibi_raw[1] - 0.25 / a.scale).abs() < 1e-6 && pa.alibi_raw[4] == 0.0);
         let many = AttentionShape::contiguous(Layout::Bhsd, 1, 256, 256, 100, 300, 128, true);
         assert!(ModParams::new(&c.name(), c.mods, &many, &ModValues { sinks: None, ..v }).unwrap_err().to_string().contains("at most 128"));
-        // Every modifier variant is compiled by the SASS tests (`all`).
-        assert_eq!(WgmmaConfig::all().iter().filter(|c| c.mods.is_some()).count(), 8);
+        // Every modifier variant, dense and varlen, is compiled by the SASS tests (`all`).
+        assert_eq!(WgmmaConfig::all().iter().filter(|c| c.mods.is_some() && !c.varlen).count(), 8);
+        assert_eq!(WgmmaConfig::all().iter().filter(|c| c.mods.is_some() && c.varlen).count(), 8);
+        // The alignment travels as a flag too (the varlen variants align per sequence).
+        assert_eq!((p.bottom_right, tl.bottom_right), (1, 0));
     }
 
     #[test]
@@ -618,10 +643,16 @@ mod tests {
         assert_eq!(c.name(), "fwd_wgmma_f16_d128_varlen");
         assert!(c.defines().unwrap().contains(&("VARLEN".into(), "1".into())));
         assert!(!WgmmaConfig::new(128).unwrap().defines().unwrap().iter().any(|(k, _)| k == "VARLEN"));
-        assert_eq!(WgmmaConfig::all().iter().filter(|c| c.varlen).count(), 2);
+        assert_eq!(WgmmaConfig::all().iter().filter(|c| c.varlen && c.mods.is_none()).count(), 2);
         assert!(matches!(WgmmaConfig::varlen(80), Err(NativeError::UnsupportedHeadDim { .. })));
-        let m = WgmmaConfig { mods: Some(ModVariant::default()), ..c };
-        assert!(matches!(m.validate(), Err(NativeError::UnsupportedConfig { .. })));
+        // With score modifiers: both defines, both suffixes.
+        let m = WgmmaConfig::varlen_with_mods(128, ModVariant { softcap: false, alibi: true }).unwrap();
+        assert_eq!(m.name(), "fwd_wgmma_f16_d128_mods_alibi_varlen");
+        let d = m.defines().unwrap();
+        for (k, v) in [("VARLEN", "1"), ("MODS", "1"), ("MOD_SOFTCAP", "0"), ("MOD_ALIBI", "1")] {
+            assert!(d.contains(&(k.into(), v.into())), "{k}={v} in {d:?}");
+        }
+        assert_eq!(m.tile().unwrap(), c.tile().unwrap());
         // Packed [total, heads, d]: maps over all rows of each tensor, batch extent 1.
         let a = VarlenShape::packed(3, 1000, 1200, 600, 700, 8, 2, 128, true);
         let ptrs = VarlenPtrs { q: 0x1000, k: 0x2000, v: 0x3000, o: 0x4000, lse: 0, cu_seqlens_q: 0x5000, cu_seqlens_k: 0x6000 };
@@ -633,6 +664,17 @@ mod tests {
         // A head dim the variant does not have is refused before any map.
         let b = VarlenShape::packed(3, 1000, 1200, 600, 700, 8, 2, 64, true);
         assert!(matches!(c.tma_specs_varlen(&b, &ptrs), Err(NativeError::InvalidArgs(_))));
+        // The modifier parameters of a varlen launch: no launch-wide offset (each sequence
+        // aligns itself), the limits checked against the longest sequences.
+        let (slopes, sinks) = ([0.25f32; 8], [0.5f32; 8]);
+        let v = ModValues { top_left: false, left: Some(32), right: None, softcap: None, alibi_slopes: Some(&slopes), sinks: Some(&sinks) };
+        let mp = ModParams::for_varlen(&m.name(), m.mods, &a, &v).unwrap();
+        assert_eq!((mp.offset, mp.bottom_right, mp.left, mp.right), (0, 1, 32, 0));
+        let tl = ModParams::for_varlen(&m.name(), m.mods, &VarlenShape { causal: false, ..a }, &ModValues { top_left: true, ..v }).unwrap();
+        assert_eq!((tl.offset, tl.bottom_right, tl.right), (0, 0, MOD_UNBOUNDED));
+        let long = VarlenShape { max_kv_len: 1 << 29, total_k: 1 << 29, ..a };
+        assert!(ModParams::for_varlen(&m.name(), m.mods, &long, &v).unwrap_err().to_string().contains("2^29"));
+        assert!(ModParams::for_varlen(&c.name(), c.mods, &a, &v).unwrap_err().to_string().contains("takes no score modifiers"));
     }
 
     #[test]

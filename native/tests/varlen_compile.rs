@@ -1,5 +1,6 @@
 //! NVRTC compiles and SASS checks of the variable-length (`VARLEN`) variants of the wgmma and
-//! HMMA forward kernels, and the typed errors of their configs; runs on machines without a GPU.
+//! HMMA forward kernels, with and without score modifiers (`MODS`), and the typed errors of their
+//! configs; runs on machines without a GPU.
 //! These checks are not a run: `varlen_gpu.rs` runs them on a CUDA device.
 //!
 //! Needs libnvrtc 13.x and cuobjdump/nvdisasm (`.ci/install-cuda-tools.sh`). Without them the
@@ -25,6 +26,14 @@ fn varlen_ids() -> Vec<NativeKernelId> {
         .collect()
 }
 
+fn mods_of(id: &NativeKernelId) -> Option<ModVariant> {
+    match id {
+        NativeKernelId::Wgmma(c) => c.mods,
+        NativeKernelId::Hmma(c) => c.mods,
+        _ => None,
+    }
+}
+
 #[test]
 fn the_registry_lists_a_varlen_variant_per_head_dim_and_input() {
     let ids = varlen_ids();
@@ -36,20 +45,38 @@ fn the_registry_lists_a_varlen_variant_per_head_dim_and_input() {
         "fwd_hmma_f16_f32_f32_d128_varlen",
         "fwd_hmma_bf16_f32_f32_d64_varlen",
         "fwd_hmma_bf16_f32_f32_d128_varlen",
+        // With score modifiers: wgmma with softcap and ALiBi each compiled in or not, HMMA
+        // without either and with both.
+        "fwd_wgmma_f16_d64_mods_varlen",
+        "fwd_wgmma_f16_d128_mods_softcap_varlen",
+        "fwd_wgmma_f16_d128_mods_alibi_varlen",
+        "fwd_wgmma_f16_d64_mods_softcap_alibi_varlen",
+        "fwd_hmma_f16_f32_f32_d128_mods_varlen",
+        "fwd_hmma_bf16_f32_f32_d64_mods_varlen",
+        "fwd_hmma_f16_f32_f32_d64_mods_softcap_alibi_varlen",
+        "fwd_hmma_bf16_f32_f32_d128_mods_softcap_alibi_varlen",
     ] {
         assert!(names.iter().any(|n| n == want), "{want} missing from {names:?}");
     }
-    assert_eq!(ids.len(), 6);
+    let with_mods = ids.iter().filter(|id| mods_of(id).is_some()).count();
+    assert_eq!((ids.len() - with_mods, with_mods), (6, 2 * 4 + 2 * 2 * 2));
     for id in &ids {
         let want: &[Arch] = match id {
             NativeKernelId::Wgmma(_) => &[Arch::Sm90a],
             _ => HmmaConfig::MOD_TARGETS,
         };
         assert_eq!(id.targets(), want, "{id}");
-        // The define that selects the variant, and nothing of the modifiers.
+        // The define that selects the variant, and the modifiers' exactly when it has them.
         let req = KernelVariant::request(id, id.targets()[0]).unwrap();
         assert!(req.defines.contains(&("VARLEN".into(), "1".into())), "{id}: {:?}", req.defines);
-        assert!(!req.defines.iter().any(|(k, _)| k == "MODS"), "{id}");
+        match mods_of(id) {
+            Some(m) => {
+                for (k, v) in [("MODS", true), ("MOD_SOFTCAP", m.softcap), ("MOD_ALIBI", m.alibi)] {
+                    assert!(req.defines.contains(&(k.into(), (v as u32).to_string())), "{id}: {k} in {:?}", req.defines);
+                }
+            }
+            None => assert!(!req.defines.iter().any(|(k, _)| k == "MODS"), "{id}"),
+        }
     }
     // The dense variants compile without the define.
     let dense = WgmmaConfig::new(128).unwrap().request(Arch::Sm90a).unwrap();
@@ -63,16 +90,20 @@ fn varlen_configs_refuse_what_they_cannot_build_with_typed_errors() {
     assert!(matches!(WgmmaConfig::varlen(96), Err(NativeError::UnsupportedHeadDim { head_dim: 96, .. })));
     assert!(matches!(HmmaConfig::varlen(256, Dtype::F16), Err(NativeError::UnsupportedHeadDim { head_dim: 256, .. })));
     assert!(matches!(HmmaConfig::varlen(128, Dtype::F32), Err(NativeError::UnsupportedConfig { .. })));
-    // Score modifiers are not combined with varlen batches.
-    let mods = Some(ModVariant { softcap: true, alibi: false });
-    let w = WgmmaConfig { mods, ..WgmmaConfig::varlen(128).unwrap() };
-    assert!(matches!(&w.validate(), Err(NativeError::UnsupportedConfig { reason, .. }) if reason.contains("score modifiers")));
-    assert!(w.request(Arch::Sm90a).is_err());
-    let h = HmmaConfig { mods, ..HmmaConfig::varlen(64, Dtype::Bf16).unwrap() };
-    assert!(matches!(&h.validate(), Err(NativeError::UnsupportedConfig { reason, .. }) if reason.contains("score modifiers")));
-    // f16-accumulating modes have no varlen variant.
+    // Score modifiers combine with varlen batches, at head dims and targets the varlen variants have.
+    let mods = ModVariant { softcap: true, alibi: false };
+    let w = WgmmaConfig::varlen_with_mods(128, mods).unwrap();
+    assert!(w.request(Arch::Sm90a).is_ok());
+    assert!(matches!(w.request(Arch::Sm90), Err(NativeError::UnsupportedConfig { .. })));
+    assert!(matches!(WgmmaConfig::varlen_with_mods(80, mods), Err(NativeError::UnsupportedHeadDim { head_dim: 80, .. })));
+    let h = HmmaConfig::varlen_with_mods(64, Dtype::Bf16, mods).unwrap();
+    assert_eq!(h.targets(), HmmaConfig::MOD_TARGETS);
+    assert!(matches!(HmmaConfig::varlen_with_mods(64, Dtype::F32, mods), Err(NativeError::UnsupportedConfig { .. })));
+    // f16-accumulating modes have no varlen variant, with modifiers or without.
     let f16 = HmmaConfig { qk: QkAccum::F16, ..HmmaConfig::varlen(128, Dtype::F16).unwrap() };
     assert!(matches!(&f16.validate(), Err(NativeError::UnsupportedConfig { reason, .. }) if reason.contains("f32 accumulation")));
+    let f16m = HmmaConfig { pv: PvAccum::F16PerTile, ..HmmaConfig::varlen_with_mods(128, Dtype::F16, mods).unwrap() };
+    assert!(matches!(&f16m.validate(), Err(NativeError::UnsupportedConfig { .. })));
     // wgmma varlen exists for sm_90a only.
     assert!(matches!(WgmmaConfig::varlen(64).unwrap().request(Arch::Sm90), Err(NativeError::UnsupportedConfig { .. })));
 }
@@ -116,8 +147,8 @@ fn every_varlen_variant_compiles_with_its_tensor_core_instructions_and_no_spill(
             n += 1;
         }
     }
-    // 2 wgmma variants on sm_90a, 4 HMMA variants on their 3 targets.
-    assert_eq!(n, 2 + 4 * HmmaConfig::MOD_TARGETS.len());
+    // 2 + 8 wgmma variants on sm_90a, 4 + 8 HMMA variants on their 3 targets.
+    assert_eq!(n, 10 + 12 * HmmaConfig::MOD_TARGETS.len());
 }
 
 #[test]
@@ -128,8 +159,8 @@ fn ptxas_keeps_the_varlen_wgmma_pipeline() {
         return;
     }
     let cache = KernelCache::new(None);
-    for hd in [64, 128] {
-        let cfg = WgmmaConfig::varlen(hd).unwrap();
+    for id in varlen_ids() {
+        let NativeKernelId::Wgmma(cfg) = id else { continue };
         let c = cache.get_or_compile(&cfg.request(Arch::Sm90a).unwrap()).unwrap();
         assert!(!c.log.contains("serialized"), "{}: {}", cfg.name(), c.log);
     }

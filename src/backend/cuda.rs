@@ -229,7 +229,8 @@ fn mod_variant(problem: &AttentionProblem) -> ModVariant {
 }
 
 /// The kernel parameters of a modifier variant for `problem` (window, alignment, softcap, ALiBi,
-/// sinks in the kernel's units).
+/// sinks in the kernel's units); for a variable-length problem those of the varlen variants,
+/// which align each sequence against its own lengths.
 fn mod_params(name: &str, variant: ModVariant, problem: &AttentionProblem) -> std::result::Result<ModParams, NativeError> {
     let values = ModValues {
         top_left: problem.causal_align == crate::CausalAlign::TopLeft,
@@ -239,7 +240,16 @@ fn mod_params(name: &str, variant: ModVariant, problem: &AttentionProblem) -> st
         alibi_slopes: problem.alibi_slopes.as_deref(),
         sinks: problem.sinks.as_deref(),
     };
-    ModParams::new(name, Some(variant), &problem.shape(), &values)
+    match varlen_shape(problem) {
+        Some(shape) => ModParams::for_varlen(name, Some(variant), &shape, &values),
+        None => ModParams::new(name, Some(variant), &problem.shape(), &values),
+    }
+}
+
+/// The typed refusal of a modifier variant that cannot take `problem`'s modifiers at its shape
+/// (too many heads for its parameter block, lengths past 2^29), so Auto moves on.
+fn refuse_mod_shape(name: &str, e: NativeError) -> Reject {
+    Reject::Refused(Error::UnsupportedFeature { feature: "score modifiers at this shape", kernel: format!("{name}: {e}") })
 }
 
 /// `config` as is for a problem without modifiers; otherwise its modifier variant (`set`),
@@ -257,9 +267,7 @@ fn with_mod_variant<C: Copy>(
     set(&mut config);
     let (name, variant) = key(&config);
     if let Some(v) = variant {
-        mod_params(&name, v, problem).map_err(|e| {
-            Reject::Refused(Error::UnsupportedFeature { feature: "score modifiers at this shape", kernel: format!("{name}: {e}") })
-        })?;
+        mod_params(&name, v, problem).map_err(|e| refuse_mod_shape(&name, e))?;
     }
     Ok(config)
 }
@@ -288,23 +296,54 @@ fn varlen_shape(p: &AttentionProblem) -> Option<VarlenShape> {
     })
 }
 
-/// The varlen variant of a native f16/bf16 family for a variable-length problem, checked
-/// against the shape and the offsets (the host copy the kernel will read); `Ok(None)` for a
-/// dense problem. The varlen variants have no score modifiers.
+/// The varlen variant of a native f16/bf16 family for a variable-length problem (`config` builds
+/// it, with the problem's modifier variant when it sets modifiers), checked against the shape,
+/// the offsets (the host copy the kernel will read) and, with modifiers, their parameters at
+/// this shape (`kernel_name` names the variant); `Ok(None)` for a dense problem.
 fn varlen_config<C>(
     problem: &AttentionProblem,
     name: &str,
-    config: impl FnOnce() -> std::result::Result<C, NativeError>,
+    config: impl FnOnce(Option<ModVariant>) -> std::result::Result<C, NativeError>,
     check: impl FnOnce(&C, &VarlenShape) -> std::result::Result<(), NativeError>,
+    kernel_name: impl FnOnce(&C) -> String,
 ) -> std::result::Result<Option<C>, Reject> {
     let (Some(vl), Some(shape)) = (&problem.varlen, varlen_shape(problem)) else { return Ok(None) };
-    registry::refuse_modifiers(problem, format!("the {name} variable-length variants"))?;
     let refuse = |e: NativeError| Reject::Refused(Error::UnsupportedVarLen { kernel: format!("the {name} kernels: {e}") });
-    let config = config().map_err(refuse)?;
+    let mods = problem.has_modifiers().then(|| mod_variant(problem));
+    let config = config(mods).map_err(refuse)?;
     shape.validate(problem.head_dim as u32).map_err(refuse)?;
     shape.check_cu_seqlens(&vl.cu_seqlens_q, &vl.cu_seqlens_k).map_err(refuse)?;
     check(&config, &shape).map_err(refuse)?;
+    if let Some(v) = mods {
+        let kernel = kernel_name(&config);
+        mod_params(&kernel, v, problem).map_err(|e| refuse_mod_shape(&kernel, e))?;
+    }
     Ok(Some(config))
+}
+
+/// The wgmma varlen variant for a variable-length problem (with its modifier variant when it
+/// sets modifiers); `Ok(None)` for a dense problem.
+fn wgmma_varlen(problem: &AttentionProblem) -> std::result::Result<Option<WgmmaConfig>, Reject> {
+    varlen_config(
+        problem,
+        "wgmma",
+        |mods| match mods {
+            Some(m) => WgmmaConfig::varlen_with_mods(problem.head_dim, m),
+            None => WgmmaConfig::varlen(problem.head_dim),
+        },
+        |c, shape| c.tma_specs_varlen(shape, &VarlenPtrs::default()).map(|_| ()),
+        |c| c.name(),
+    )
+}
+
+/// The HMMA varlen variant of `input` for a variable-length problem (with its modifier variant
+/// when it sets modifiers); `Ok(None)` for a dense problem.
+fn hmma_varlen(problem: &AttentionProblem, input: Dtype) -> std::result::Result<Option<HmmaConfig>, Reject> {
+    let config = |mods: Option<ModVariant>| match mods {
+        Some(m) => HmmaConfig::varlen_with_mods(problem.head_dim, input, m),
+        None => HmmaConfig::varlen(problem.head_dim, input),
+    };
+    varlen_config(problem, "HMMA", config, |_, _| Ok(()), |c| c.name())
 }
 
 fn hmma_config(problem: &AttentionProblem, precision: Precision) -> std::result::Result<HmmaConfig, String> {
@@ -360,12 +399,7 @@ impl CudaBackend {
             return not_applicable(format!("the wgmma kernel needs compute capability 9.0 (sm_90a), this device is {}.{}", self.cc.0, self.cc.1));
         }
         let hmma = hmma_config(problem, precision).map_err(Reject::NotApplicable)?;
-        if let Some(config) = varlen_config(
-            problem,
-            "wgmma",
-            || WgmmaConfig::varlen(problem.head_dim),
-            |c, shape| c.tma_specs_varlen(shape, &VarlenPtrs::default()).map(|_| ()),
-        )? {
+        if let Some(config) = wgmma_varlen(problem)? {
             return self.native_choice(NativeKernelId::Wgmma(config), None, None);
         }
         let config = WgmmaConfig::new(problem.head_dim).map_err(|e| Reject::NotApplicable(e.to_string()))?;
@@ -457,7 +491,7 @@ impl CudaBackend {
             // The varlen variants accumulate in f32 only.
             registry::refuse_varlen(problem, format!("{} (f16 accumulation)", config.name()))?;
         }
-        if let Some(config) = varlen_config(problem, "HMMA", || HmmaConfig::varlen(problem.head_dim, config.input), |_, _| Ok(()))? {
+        if let Some(config) = hmma_varlen(problem, config.input)? {
             return self.native_choice(NativeKernelId::Hmma(config), None, None);
         }
         config.validate_args(&problem.shape()).map_err(|e| Reject::NotApplicable(e.to_string()))?;
@@ -862,17 +896,25 @@ impl CudaBackend {
             Loaded::Hmma(k) if k.config().varlen => {
                 let ptrs = self.varlen_ptrs(plan, call)?;
                 let shape = varlen_shape(p).ok_or_else(|| Error::Kernel { kernel: name(), reason: "a varlen kernel for a dense problem".into() })?;
+                let mods = match k.config().mods {
+                    Some(v) => Some(mod_params(&k.config().name(), v, p).map_err(failed)?),
+                    None => None,
+                };
                 record(&start)?;
                 // SAFETY: as below; the offsets were validated with the plan against the
                 // buffers' totals and copied to `call.tables` on this stream.
-                unsafe { k.launch_varlen_raw(stream, &shape, &ptrs) }.map_err(failed)?;
+                unsafe { k.launch_varlen_raw(stream, &shape, mods.as_ref(), &ptrs) }.map_err(failed)?;
             }
             Loaded::Wgmma(k) if k.config().varlen => {
                 let ptrs = self.varlen_ptrs(plan, call)?;
                 let shape = varlen_shape(p).ok_or_else(|| Error::Kernel { kernel: name(), reason: "a varlen kernel for a dense problem".into() })?;
+                let mods = match k.config().mods {
+                    Some(v) => Some(mod_params(&k.config().name(), v, p).map_err(failed)?),
+                    None => None,
+                };
                 record(&start)?;
                 // SAFETY: as for the HMMA varlen variant.
-                unsafe { k.launch_varlen_raw(stream, &shape, &ptrs) }.map_err(failed)?;
+                unsafe { k.launch_varlen_raw(stream, &shape, mods.as_ref(), &ptrs) }.map_err(failed)?;
             }
             Loaded::Hmma(k) => {
                 let mods = match k.config().mods {
@@ -1568,6 +1610,75 @@ mod tests {
             hmma.validate_args(&p.shape()).unwrap();
             WgmmaConfig::new(128).unwrap().tma_specs(&p.shape(), [0; 5]).unwrap();
         }
+    }
+
+    /// A variable-length problem with score modifiers: the walk's family gates let it through
+    /// to the native wgmma and HMMA rows (Auto lands on wgmma when its test accepts), whose
+    /// varlen configs are the modifier variants (no device needed to build and check them):
+    /// wgmma for f16, HMMA for f16 and bf16, with parameters that leave the alignment to each
+    /// sequence (no launch-wide offset). A parameter block that cannot hold the heads is a
+    /// typed refusal, so Auto moves on.
+    #[test]
+    fn varlen_problems_with_modifiers_take_the_native_modifier_variants() {
+        fn accept(_: &(), p: &AttentionProblem, _: Precision) -> std::result::Result<Choice, Reject> {
+            Ok(Choice { kernel: KernelId::Cpu { dtype: Dtype::F16, head_dim: p.head_dim }, blocking: None })
+        }
+        let sinks = vec![0.5f32, -1.0, 2.0, f32::NEG_INFINITY];
+        let p = AttentionProblem::new(1, 4, 1, 128)
+            .kv_heads(2)
+            .varlen(crate::VarLen::from_lengths(&[0, 300, 1, 3000], &[40, 120, 400, 3000]))
+            .causal(true)
+            .window(64, 0)
+            .softcap(20.0)
+            .alibi_slopes(AttentionProblem::standard_alibi_slopes(4))
+            .sinks(sinks.clone());
+        let rows: Vec<Row<()>> = table().iter().map(|r| Row { family: r.family, test: accept }).collect();
+        let planned = registry::walk(&rows, &(), "cuda", &p, Precision::F16_DEFAULT, Strategy::Auto).unwrap();
+        assert_eq!(rows[planned.rejected.len()].family, Family::Native(NativeKind::Wgmma));
+        assert_eq!(planned.rejected.iter().map(|r| r.0).collect::<Vec<_>>(), vec![Family::Native(NativeKind::Decode)]);
+        for kind in [NativeKind::Wgmma, NativeKind::Hmma] {
+            registry::walk(&rows, &(), "cuda", &p, Precision::F16_DEFAULT, Strategy::Native(kind)).unwrap();
+        }
+
+        let w = wgmma_varlen(&p).unwrap().unwrap();
+        assert_eq!((w.name().as_str(), w.varlen), ("fwd_wgmma_f16_d128_mods_softcap_alibi_varlen", true));
+        for input in [Dtype::F16, Dtype::Bf16] {
+            let h = hmma_varlen(&p, input).unwrap().unwrap();
+            assert_eq!((h.mods, h.varlen, h.input), (Some(ModVariant { softcap: true, alibi: true }), true, input));
+        }
+        // Only the modifiers the problem sets are compiled in.
+        let plain = AttentionProblem { softcap: None, alibi_slopes: None, ..p.clone() };
+        assert_eq!(wgmma_varlen(&plain).unwrap().unwrap().name(), "fwd_wgmma_f16_d128_mods_varlen");
+        let none = AttentionProblem { window: None, sinks: None, causal: false, ..plain.clone() };
+        assert_eq!(wgmma_varlen(&none).unwrap().unwrap().mods, None);
+        assert!(wgmma_varlen(&AttentionProblem::new(1, 4, 300, 128)).unwrap().is_none());
+
+        // Each sequence aligns itself: the launch carries the alignment, not an offset.
+        let mp = mod_params(&w.name(), ModVariant { softcap: true, alibi: true }, &p).unwrap();
+        assert_eq!((mp.offset, mp.bottom_right, mp.left, mp.right), (0, 1, 64, 0));
+        assert_eq!(mp.sink_log2[1], -std::f32::consts::LOG2_E);
+        let tl = p.clone().causal_align(crate::CausalAlign::TopLeft);
+        let mt = mod_params(&w.name(), ModVariant { softcap: true, alibi: true }, &tl).unwrap();
+        assert_eq!((mt.offset, mt.bottom_right), (0, 0));
+        // The dense problem's parameters keep their launch-wide offset.
+        let dense = AttentionProblem::new(1, 4, 100, 128).kv_len(300).window(64, 0);
+        let md = mod_params("dense", ModVariant::default(), &dense).unwrap();
+        assert_eq!((md.offset, md.bottom_right), (200, 1));
+
+        // More heads than the parameter block holds: refused by name.
+        let many = AttentionProblem::new(1, 130, 1, 128)
+            .kv_heads(2)
+            .varlen(crate::VarLen::from_lengths(&[5, 7], &[9, 7]))
+            .alibi_slopes(AttentionProblem::standard_alibi_slopes(130));
+        for r in [wgmma_varlen(&many).map(|_| ()), hmma_varlen(&many, Dtype::Bf16).map(|_| ())] {
+            match r {
+                Err(Reject::Refused(Error::UnsupportedFeature { kernel, .. })) => assert!(kernel.contains("at most 128"), "{kernel}"),
+                other => panic!("{other:?}"),
+            }
+        }
+        // A head dim without a varlen variant is a varlen refusal, modifiers or not.
+        let d96 = AttentionProblem::new(1, 4, 1, 96).varlen(crate::VarLen::from_lengths(&[5], &[9])).window(8, 0);
+        assert!(matches!(wgmma_varlen(&d96), Err(Reject::Refused(Error::UnsupportedVarLen { .. }))));
     }
 
     /// Auto over the CUDA table's families in their order, MXFP4 and NVFP4, on a device of
