@@ -247,7 +247,8 @@ pub(crate) fn select<R: Runtime>(
 }
 
 /// [`select`], or with `page_size` the kernel for a paged cache of such pages: any KV length,
-/// and tile tilings only where a key tile lies in one page (`bk ≤ page_size`).
+/// tile tilings only where a key tile lies in one page (`bk ≤ page_size`), row tilings only
+/// where a softmax group's V keys do (`kb ≤ page_size`).
 fn select_with<R: Runtime>(
     client: &ComputeClient<R>,
     args: &Args,
@@ -272,7 +273,10 @@ fn select_with<R: Runtime>(
     let rows = args.group_size() * args.q_len;
     let pairs = args.batch as u64 * args.kv_heads as u64;
     let mut last = None;
-    let rows_first = row_candidates(rows, args.head_dim, args.v_head_dim).into_iter().map(DecodeTiling::Rows);
+    let rows_first = row_candidates(rows, args.head_dim, args.v_head_dim)
+        .into_iter()
+        .filter(|r| page_size.is_none_or(|ps| r.config(args.head_dim, args.v_head_dim, false, false).kb() as u32 <= ps))
+        .map(DecodeTiling::Rows);
     let tiles = decode_candidates(rows, args.head_dim, args.v_head_dim)
         .into_iter()
         .filter(|t| page_size.is_none_or(|ps| t.bk <= ps))
@@ -641,13 +645,14 @@ pub fn launch_paged<R: Runtime>(
     let pool_shape = cache.pool_shape(shape);
     let args = Args::new(&pool_shape)?;
     cache.check(&args)?;
-    if let DecodeTiling::Tile(tiles) = t.tiling {
-        if tiles.bk > cache.page_size {
-            return Err(LaunchError::WrongKernel {
-                kernel: kernel.name(),
-                reason: format!("its {}-key tiles span pages of {} keys", tiles.bk, cache.page_size),
-            });
-        }
+    // The tile kernel reads a key tile from one page; the row kernel reads each group's V keys
+    // from one page.
+    let (keys, what) = match t.tiling {
+        DecodeTiling::Tile(tiles) => (tiles.bk, "key tiles"),
+        DecodeTiling::Rows(r) => (r.config(args.head_dim, args.v_head_dim, false, false).kb() as u32, "V key groups"),
+    };
+    if keys > cache.page_size {
+        return Err(LaunchError::WrongKernel { kernel: kernel.name(), reason: format!("its {keys}-key {what} span pages of {} keys", cache.page_size) });
     }
     crate::launch::check_dtype_supported(client, dtype)?;
     vector_layout_ok(&pool_shape).map_err(|reason| LaunchError::UnalignedLayout { reason })?;

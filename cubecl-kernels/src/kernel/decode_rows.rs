@@ -905,12 +905,20 @@ fn load_v<E: Float, N: Size>(
     c: usize,
     #[comptime] cfg: RowDecodeConfig,
 ) {
+    // The group's `kb` keys start at a multiple of `kb`, which divides the page size (checked at
+    // launch): one page holds them all, so its table entry is read once.
+    let mut first_row = first;
+    if comptime!(cfg.paged) {
+        if first < kv_len {
+            first_row = key_row(dec, table, batch, first, true);
+        }
+    }
     #[unroll]
     for jj in 0..comptime!(cfg.kb()) {
         let key = first + jj;
         let mut value = Vector::<E, N>::new(E::from_int(0));
         if key < kv_len {
-            value = v[(v_base + key_row(dec, table, batch, key, cfg.paged) * v_stride) / W + c];
+            value = v[(v_base + (first_row + jj) * v_stride) / W + c];
         }
         regs[jj] = value;
     }
