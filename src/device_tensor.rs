@@ -75,6 +75,12 @@ impl Session {
                 reason: "an FP8 plan on the portable kernel reads codes and descales: use Session::run_cubecl_fp8".into(),
             });
         }
+        if matches!(plan.kernel, crate::KernelId::Portable { kernel: quattn_cubecl::PortableKernel::Fp4(_), .. }) {
+            return Err(Error::EntryPoint {
+                kernel: plan.kernel_name(),
+                reason: "a 4-bit plan reads codes, block scales and tensor scales: use Session::run_cubecl_fp4".into(),
+            });
+        }
         check_handles(plan, &t, plan.dtype().size_bytes())?;
         self.backend().run_handles(plan, &t)
     }
@@ -132,6 +138,86 @@ impl Session {
             descales: Some(crate::backend::gpu::Fp8Descales { q: descales.q.clone(), k: descales.k.clone(), v: descales.v.clone() }),
             fp4: None,
             // FP8 plans refuse variable-length batches.
+            varlen: None,
+        };
+        backend.launch(plan, &d)
+    }
+
+    /// Runs a 4-bit plan ([`crate::Precision::Nvfp4`] or [`crate::Precision::Mxfp4`] on the
+    /// portable 4-bit kernel) on pre-quantized codes held on the device ([`Fp4Tensors`]: the
+    /// layouts are there). O is written in f32, the LSE in f32 when given. The values are
+    /// `e2m1(code) · block_scale · tensor_scale` (MXFP4: no tensor scale). Plans with K smoothing
+    /// are refused: smoothing is part of quattn's own quantization (the host path), and
+    /// smoothed codes need the LSE shift it computes. Scale values are not read on the host: a
+    /// NaN scale code gives NaN rows, never a fault.
+    pub fn run_cubecl_fp4<R: Runtime>(&self, plan: &Plan, t: Fp4Tensors<'_>) -> Result<()> {
+        let backend = self.cubecl_backend::<R>()?;
+        let refuse = |reason: &str| Err(Error::EntryPoint { kernel: plan.kernel_name(), reason: reason.into() });
+        let crate::KernelId::Portable { kernel: quattn_cubecl::PortableKernel::Fp4(fp4), .. } = &plan.kernel else {
+            return refuse("run_cubecl_fp4 takes a 4-bit plan on the portable 4-bit kernel (Precision::Nvfp4 or Mxfp4)");
+        };
+        if matches!(plan.precision, crate::Precision::Nvfp4 { smooth_k: true, .. } | crate::Precision::Mxfp4 { smooth_k: true }) {
+            return refuse("K smoothing is part of quattn's quantization: plan with smooth_k false for pre-quantized codes, or pass f16/f32 values through Session::run");
+        }
+        let p = &plan.problem;
+        if p.paged.is_some() || p.varlen.is_some() {
+            return refuse("4-bit codes come as dense [batch, heads, len] rows");
+        }
+        let (d, dv) = (p.head_dim, p.v_head_dim);
+        let block = fp4.format.block();
+        let (q_rows, k_rows) = (p.batch * p.q_heads * p.q_len, p.batch * p.kv_heads * p.kv_len);
+        let v_cols = p.kv_len.div_ceil(16) * 16;
+        let nvfp4_v = fp4.v == quattn_cubecl::Fp4V::Nvfp4;
+        let (v_bytes, v_scale_bytes) = match nvfp4_v {
+            true => (p.batch * p.kv_heads * dv * v_cols / 2, p.batch * p.kv_heads * dv * v_cols / 16),
+            false => (k_rows * dv * 2, 0),
+        };
+        let mut checks = vec![
+            (TensorName::Q, t.q, q_rows * d / 2),
+            (TensorName::Q, t.q_scales, q_rows * d / block),
+            (TensorName::K, t.k, k_rows * d / 2),
+            (TensorName::K, t.k_scales, k_rows * d / block),
+            (TensorName::V, t.v, v_bytes),
+            (TensorName::Q, t.tensor_scales[0], 4),
+            (TensorName::K, t.tensor_scales[1], 4),
+            (TensorName::V, t.tensor_scales[2], 4),
+            (TensorName::Output, t.o, p.o_len_elems() * 4),
+        ];
+        let v_scales = match (nvfp4_v, t.v_scales) {
+            (true, Some(h)) => {
+                checks.push((TensorName::V, h, v_scale_bytes));
+                h.clone()
+            }
+            (true, None) => return Err(Error::BufferLength { tensor: TensorName::V, expected: v_scale_bytes, got: 0 }),
+            // Unread with bf16 V.
+            (false, _) => backend.client().empty(4),
+        };
+        for (tensor, h, bytes) in checks {
+            // Every byte buffer is read as 32-bit words.
+            check_bytes(tensor, h.size_in_used(), bytes.next_multiple_of(4), 1)?;
+        }
+        let lse = match (t.lse, p.return_lse) {
+            (Some(h), true) => {
+                check_bytes(TensorName::Lse, h.size_in_used(), p.lse_len_elems(), 4)?;
+                Some(h.clone())
+            }
+            (None, true) => return Err(Error::BufferLength { tensor: TensorName::Lse, expected: p.lse_len_elems(), got: 0 }),
+            (_, false) => None,
+        };
+        let d = crate::backend::gpu::GpuData {
+            q: t.q.clone(),
+            k: t.k.clone(),
+            v: t.v.clone(),
+            o: t.o.clone(),
+            lse,
+            descales: None,
+            fp4: Some(crate::backend::gpu::Fp4Scales {
+                q: t.q_scales.clone(),
+                k: t.k_scales.clone(),
+                v: v_scales,
+                tensor: t.tensor_scales.map(|h| h.clone()),
+                lse_shift: None,
+            }),
             varlen: None,
         };
         backend.launch(plan, &d)
@@ -208,6 +294,34 @@ impl Session {
                 got: format!("a CubeCL runtime `{}`", std::any::type_name::<R>()),
             })
     }
+}
+
+/// The pre-quantized operands of a 4-bit call on CubeCL handles ([`Session::run_cubecl_fp4`]).
+/// Codes are E2M1, two per byte (element `2i` in the low nibble); block scales one byte each
+/// (NVFP4: UE4M3 per 16 elements; MXFP4: E8M0 per 32); rows are dense whatever the problem's
+/// layout, and every buffer holds a whole number of 32-bit words (pad with any bytes):
+///
+/// - `q`: `[batch, q_heads, q_len]` rows of `head_dim / 2` bytes; `q_scales`: the same rows of
+///   `head_dim / block` scale codes. `k` / `k_scales` likewise over `[batch, kv_heads, kv_len]`.
+/// - `v`: with `Nvfp4V::Bf16` (and MXFP4), bf16 `[batch, kv_heads, kv_len, v_head_dim]`;
+///   `v_scales` unused. With `Nvfp4V::Nvfp4`, `Vᵀ` codes: per (batch, kv head, channel) a row of
+///   the keys padded with zero codes to `v_cols = ceil(kv_len / 16) · 16`, `v_cols / 2` bytes;
+///   `v_scales` its UE4M3 codes, `v_cols / 16` per row.
+/// - `tensor_scales`: one f32 each for Q, K, V (1.0 for MXFP4's Q and K; V's unused with bf16
+///   V), the scale of `codec::nvfp4`'s two-level scaling.
+/// - `o`: f32 in the problem's layout; `lse`: f32 `[batch, q_heads, q_len]`, when the problem
+///   asks for it.
+#[derive(Clone, Copy)]
+pub struct Fp4Tensors<'a> {
+    pub q: &'a Handle,
+    pub q_scales: &'a Handle,
+    pub k: &'a Handle,
+    pub k_scales: &'a Handle,
+    pub v: &'a Handle,
+    pub v_scales: Option<&'a Handle>,
+    pub tensor_scales: [&'a Handle; 3],
+    pub o: &'a Handle,
+    pub lse: Option<&'a Handle>,
 }
 
 /// The f32 descale buffers of an FP8 call on CubeCL handles ([`Session::run_cubecl_fp8`]).

@@ -332,3 +332,85 @@ fn cuda_runs_mxfp4_on_the_portable_4bit_kernel() {
         }
     }
 }
+
+/// Pre-quantized NVFP4 codes on the device (`Session::run_cubecl_fp4`), quantized here by the
+/// codec in the documented layouts, give bit for bit what the host path gives (which quantizes
+/// the same values on the device, bit-exact with the codec), with bf16 V and with NVFP4 `Vᵀ`;
+/// smoothed plans, plans of other modes and short buffers are typed errors.
+#[test]
+fn pre_quantized_nvfp4_codes_on_the_device_match_the_host_path() {
+    use quattn::codec::nvfp4::Nvfp4Tensor;
+    use quattn::{Fp4Tensors, HostSlice};
+    let Some(s) = session() else { return };
+    let client = s.cubecl_client::<WgpuRuntime>().unwrap();
+    let p = AttentionProblem::new(2, 4, 5, 64).kv_heads(2).kv_len(70).with_lse(true);
+    let (q, k, v) = inputs::qkv(&p, 1900);
+    let round = |x: &[f32]| HostSlice::F32(x).rounded_to(quattn::Dtype::Bf16);
+    let (q, k, v) = (round(&q), round(&k), round(&v));
+    let words = |b: &[u8]| {
+        let mut b = b.to_vec();
+        b.resize(b.len().next_multiple_of(4).max(4), 0);
+        client.create_from_slice(&b)
+    };
+    let scalar = |x: f32| client.create_from_slice(bytemuck::cast_slice(&[x]));
+    let (d, dv) = (p.head_dim, p.v_head_dim);
+    let tq = Nvfp4Tensor::quantize(&q, p.batch * p.q_heads * p.q_len, d).unwrap();
+    let tk = Nvfp4Tensor::quantize(&k, p.batch * p.kv_heads * p.kv_len, d).unwrap();
+    let (hq, hqs, hk, hks) = (words(&tq.packed), words(&tq.block_scales), words(&tk.packed), words(&tk.block_scales));
+    let v_cols = p.kv_len.div_ceil(16) * 16;
+    let mut vt = vec![0.0f32; p.batch * p.kv_heads * dv * v_cols];
+    for bh in 0..p.batch * p.kv_heads {
+        for j in 0..p.kv_len {
+            for c in 0..dv {
+                vt[(bh * dv + c) * v_cols + j] = v[(bh * p.kv_len + j) * dv + c];
+            }
+        }
+    }
+    let tv = Nvfp4Tensor::quantize(&vt, p.batch * p.kv_heads * dv, v_cols).unwrap();
+    let v_bf16: Vec<u8> = v.iter().flat_map(|&x| half::bf16::from_f32(x).to_bits().to_le_bytes()).collect();
+    for v_mode in [Nvfp4V::Bf16, Nvfp4V::Nvfp4] {
+        let plan = s.plan(&p, Precision::Nvfp4 { v: v_mode, smooth_k: false }, Strategy::Auto).unwrap();
+        let host = s.run(&plan, &q, &k, &v).unwrap();
+        let (hv, hvs, ts_v) = match v_mode {
+            Nvfp4V::Bf16 => (words(&v_bf16), None, scalar(1.0)),
+            Nvfp4V::Nvfp4 => (words(&tv.packed), Some(words(&tv.block_scales)), scalar(tv.tensor_scale)),
+        };
+        let o = client.create_from_slice(bytemuck::cast_slice(&vec![f32::NAN; p.o_len_elems()]));
+        let lse = client.create_from_slice(bytemuck::cast_slice(&vec![f32::NAN; p.lse_len_elems()]));
+        let (ts_q, ts_k) = (scalar(tq.tensor_scale), scalar(tk.tensor_scale));
+        let t = Fp4Tensors {
+            q: &hq,
+            q_scales: &hqs,
+            k: &hk,
+            k_scales: &hks,
+            v: &hv,
+            v_scales: hvs.as_ref(),
+            tensor_scales: [&ts_q, &ts_k, &ts_v],
+            o: &o,
+            lse: Some(&lse),
+        };
+        s.run_cubecl_fp4::<WgpuRuntime>(&plan, t).unwrap();
+        let o: Vec<f32> = bytemuck::pod_collect_to_vec(&client.read_one(o.clone()).unwrap());
+        let lse: Vec<f32> = bytemuck::pod_collect_to_vec(&client.read_one(lse.clone()).unwrap());
+        assert!(o.iter().zip(&host.o).all(|(a, b)| a.to_bits() == b.to_bits()), "{v_mode:?}: O differs from the host path");
+        assert!(lse.iter().zip(host.lse.as_ref().unwrap()).all(|(a, b)| a.to_bits() == b.to_bits()), "{v_mode:?}: LSE differs");
+
+        // A V scale buffer one word short.
+        if let Some(short) = v_mode.eq(&Nvfp4V::Nvfp4).then(|| words(&tv.block_scales[..tv.block_scales.len() - 4])) {
+            let out = client.empty(p.o_len_elems() * 4);
+            let err = s.run_cubecl_fp4::<WgpuRuntime>(&plan, Fp4Tensors { v_scales: Some(&short), o: &out, ..t }).unwrap_err();
+            assert!(matches!(err, Error::BufferLength { .. }), "{err}");
+        }
+    }
+    // Smoothed plans and other modes are refused by name; the generic entry refuses 4-bit plans.
+    let smoothed = s.plan(&p, Precision::Nvfp4 { v: Nvfp4V::Bf16, smooth_k: true }, Strategy::Auto).unwrap();
+    let (o, ts) = (client.empty(p.o_len_elems() * 4), scalar(1.0));
+    let t = Fp4Tensors { q: &hq, q_scales: &hqs, k: &hk, k_scales: &hks, v: &hq, v_scales: None, tensor_scales: [&ts, &ts, &ts], o: &o, lse: None };
+    assert!(matches!(s.run_cubecl_fp4::<WgpuRuntime>(&smoothed, t), Err(Error::EntryPoint { .. })));
+    let f16_plan = s.plan(&p, Precision::F16_DEFAULT, Strategy::Auto).unwrap();
+    assert!(matches!(s.run_cubecl_fp4::<WgpuRuntime>(&f16_plan, t), Err(Error::EntryPoint { .. })));
+    let fp4_plan = s.plan(&p, Precision::NVFP4_DEFAULT, Strategy::Auto).unwrap();
+    let lse = client.empty(p.lse_len_elems() * 4);
+    let err = s.run_cubecl::<WgpuRuntime>(&fp4_plan, quattn::CubeclTensors { q: &hq, k: &hk, v: &hq, o: &o, lse: Some(&lse) }).unwrap_err();
+    assert!(err.to_string().contains("run_cubecl_fp4"), "{err}");
+}

@@ -318,7 +318,7 @@ impl<R: Runtime> CubeclBackend<R> {
                 let Some(sc) = &d.fp4 else {
                     return Err(Error::Kernel {
                         kernel: plan.kernel_name(),
-                        reason: "a 4-bit plan needs its block and tensor scales: it runs through the host path (Session::run)".into(),
+                        reason: "a 4-bit plan needs its block and tensor scales: pass codes through Session::run_cubecl_fp4, or values through Session::run".into(),
                     });
                 };
                 let ops = quattn_cubecl::Fp4Operands {
