@@ -391,6 +391,9 @@ pub struct BenchArgs {
     /// K and V of every row in a paged cache of pages of N keys (see `quattn run --page-size`).
     #[arg(long)]
     pub page_size: Option<usize>,
+    /// Q, K, V, O layout of the grid's problems (a paged cache's pools have their own).
+    #[arg(long, value_enum, default_value = "bhsd")]
+    pub layout: LayoutArg,
     /// Instead of the grid: one variable-length batch per head dim (and causal choice) of these
     /// comma-separated sequence lengths (queries and keys alike), heads = width / head_dim.
     #[arg(long, value_delimiter = ',')]

@@ -50,7 +50,11 @@ pub fn grid(a: &BenchArgs) -> Vec<AttentionProblem> {
             for &c in causals {
                 let batch = (a.tokens / s).max(1);
                 let heads = (a.width / d).max(1);
-                let p = a.mods.apply(AttentionProblem::new(batch, heads, a.q_len.unwrap_or(s), d).kv_len(s).causal(c), 17);
+                let layout = match a.layout {
+                    crate::args::LayoutArg::Bhsd => quattn::Layout::Bhsd,
+                    crate::args::LayoutArg::Bshd => quattn::Layout::Bshd,
+                };
+                let p = a.mods.apply(AttentionProblem::new(batch, heads, a.q_len.unwrap_or(s), d).kv_len(s).causal(c).layout(layout), 17);
                 let p = match a.kv_heads {
                     Some(kv) => p.kv_heads(kv),
                     None => p,
