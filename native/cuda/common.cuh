@@ -501,7 +501,7 @@ __device__ __forceinline__ void cta_named_arrive(int id, int count) {
 
 // ---- query-block bookkeeping and the O epilogue of the wgmma kernels -------------------------
 
-// ---- score modifiers (the MODS variants of fwd_wgmma and fwd_hmma) ----------------------------
+// ---- score modifiers (the MODS variants of fwd_wgmma, fwd_hmma and fwd_decode) -----------------
 //
 // Row i sits at a(i) = i + offset among the keys and sees keys a(i) - left ..= a(i) + right
 // (causal: right = 0). Extents at or above MOD_UNBOUNDED are unbounded; the host keeps q_len and
@@ -513,12 +513,27 @@ __device__ __forceinline__ void cta_named_arrive(int id, int count) {
 struct ModParams {
     int offset;                        // a(i) = i + offset
     int left, right;                   // window extents (causal: right = 0); MOD_UNBOUNDED: none
-    int pad_;
+    int top_left;                      // 1: offset 0 whatever the lengths; 0: kv_len - q_len
     float cap_raw;                     // softcap / scale (raw score units)
     float inv_cap_raw;                 // scale / softcap
     float alibi_raw[MOD_MAX_HEADS];    // ALiBi slope / scale per q head
     float sink_log2[MOD_MAX_HEADS];    // sink · log2(e) per q head; -inf: no sink
 };
+
+// The keys of rows at aligned positions a_first ..= a_last, in keys rather than the tiles of
+// `cta_mod_tiles` (the decode kernel's splits start anywhere): some row sees lo ..< hi (none
+// when hi <= lo), every row sees full_lo ..< full_hi (none when full_hi <= full_lo).
+struct ModKeys {
+    int lo, hi, full_lo, full_hi;
+};
+__device__ __forceinline__ ModKeys mod_keys(int kv_len, const ModParams& mp, int a_first, int a_last) {
+    ModKeys k;
+    k.lo = max(0, a_first - mp.left);
+    k.hi = min(kv_len, a_last + mp.right + 1);
+    k.full_lo = max(0, a_last - mp.left);
+    k.full_hi = min(kv_len, a_first + mp.right + 1);
+    return k;
+}
 
 // The KV tiles of a CTA of BM rows from m0: t_lo .. t_lo + n_tiles - 1, of which full_lo ..=
 // full_hi every row of the CTA sees whole (no mask needed).

@@ -1,13 +1,14 @@
-//! Score modifiers of the native f16/bf16 kernels (`MODS` variants of `fwd_wgmma.cu` and
-//! `fwd_hmma.cu`): the variant key, the kernel's parameter block and its validation.
+//! Score modifiers of the native f16/bf16 kernels (`MODS` variants of `fwd_wgmma.cu`,
+//! `fwd_hmma.cu` and `fwd_decode.cu`): the variant key, the kernel's parameter block and its
+//! validation.
 
 use crate::error::{NativeError, Result};
 use quattn_core::AttentionShape;
 
 /// The score-modifier variant of a kernel (`MODS = 1`, see `common.cuh` and the headers of
-/// `fwd_wgmma.cu` and `fwd_hmma.cu`): the band mask (sliding window, causal and its alignment,
-/// with tile skipping) and attention sinks always; softcap and ALiBi compiled in only where
-/// asked, since they cost work on every score.
+/// `fwd_wgmma.cu`, `fwd_hmma.cu` and `fwd_decode.cu`): the band mask (sliding window, causal
+/// and its alignment, with tile skipping) and attention sinks always; softcap and ALiBi
+/// compiled in only where asked, since they cost work on every score.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize)]
 pub struct ModVariant {
     pub softcap: bool,
@@ -50,7 +51,9 @@ pub struct ModParams {
     /// Window extents; causal is `right = 0`; [`MOD_UNBOUNDED`]: no bound.
     pub left: i32,
     pub right: i32,
-    pub pad_: i32,
+    /// 1: top-left (`offset` is 0 at any length), 0: bottom-right (`offset` is `kv_len -
+    /// q_len`, which a kernel whose sequences have lengths of their own measures per sequence).
+    pub top_left: i32,
     /// `softcap / scale` and its inverse (raw score units); 0 without a softcap.
     pub cap_raw: f32,
     pub inv_cap_raw: f32,
@@ -103,7 +106,7 @@ impl ModParams {
             offset: if m.top_left { 0 } else { args.kv_len as i32 - args.q_len as i32 },
             left: extent(m.left),
             right,
-            pad_: 0,
+            top_left: m.top_left as i32,
             cap_raw: 0.0,
             inv_cap_raw: 0.0,
             alibi_raw: [0.0; MOD_MAX_HEADS],
