@@ -318,7 +318,8 @@ impl AttentionProblem {
 
     /// The score modifiers set on this problem, by name (empty: plain attention). Top-left
     /// alignment counts as one only where it changes the result (causal, a window, or ALiBi
-    /// with `q_len != kv_len`).
+    /// with `q_len != kv_len` in some sequence: a paged cache's or a variable-length batch's
+    /// sequences have lengths of their own).
     pub fn modifiers(&self) -> Vec<&'static str> {
         let mut m = Vec::new();
         if self.window.is_some() {
@@ -333,13 +334,20 @@ impl AttentionProblem {
         if self.alibi_slopes.is_some() {
             m.push("ALiBi");
         }
-        // Top-left and bottom-right agree where every sequence's query and key counts do: the
-        // problem's, unless a paged cache or a packed batch gives each sequence its own.
-        let per_sequence = self.paged.is_some() || self.varlen.is_some();
-        if self.causal_align == CausalAlign::TopLeft && (self.q_len != self.kv_len || per_sequence) && (self.causal || !m.is_empty()) {
+        if self.causal_align == CausalAlign::TopLeft && self.has_unequal_lengths() && (self.causal || !m.is_empty()) {
             m.push("top-left causal alignment");
         }
         m
+    }
+
+    /// Whether some sequence has `q_len != kv_len`, where bottom-right and top-left alignment
+    /// differ.
+    fn has_unequal_lengths(&self) -> bool {
+        match (&self.varlen, &self.paged) {
+            (Some(vl), _) => (0..vl.batch()).any(|b| vl.q_len(b) != vl.k_len(b)),
+            (None, Some(pg)) => self.q_len != self.kv_len || (0..pg.batch()).any(|b| pg.seq_len(b) != self.q_len),
+            (None, None) => self.q_len != self.kv_len,
+        }
     }
 
     /// Whether any score modifier is set (see [`AttentionProblem::modifiers`]).

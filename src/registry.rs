@@ -71,12 +71,20 @@ impl Family {
 impl Family {
     /// Whether the family implements the score modifiers (window, softcap, sinks, ALiBi,
     /// top-left alignment): the CPU kernels, the portable FMA row (whose test refuses its
-    /// packed-f16 kernel) and the native wgmma and HMMA rows (their modifier variants, which
-    /// refuse the shapes and accumulation modes they cannot take). Every other family refuses a
-    /// problem that sets one, so that `Strategy::Auto` moves on to one that has them instead of
-    /// ignoring them.
+    /// packed-f16 kernel) and the native wgmma, HMMA and split-KV decode rows (their modifier
+    /// variants, which refuse the shapes and accumulation modes they cannot take; the decode
+    /// variants on paged caches too, positions measured per sequence). Every other family
+    /// refuses a problem that sets one, so that `Strategy::Auto` moves on to one that has them
+    /// instead of ignoring them.
     pub fn has_score_modifiers(self) -> bool {
-        matches!(self, Family::Cpu | Family::Portable(PortableKind::Fma) | Family::Native(NativeKind::Wgmma) | Family::Native(NativeKind::Hmma))
+        matches!(
+            self,
+            Family::Cpu
+                | Family::Portable(PortableKind::Fma)
+                | Family::Native(NativeKind::Wgmma)
+                | Family::Native(NativeKind::Hmma)
+                | Family::Native(NativeKind::Decode)
+        )
     }
 }
 
@@ -424,7 +432,16 @@ mod tests {
             Ok(Choice { kernel: KernelId::Cpu { dtype: crate::Dtype::F32, head_dim: p.head_dim }, blocking: None })
         }
         let only: Vec<Family> = Family::ALL.iter().copied().filter(|f| f.has_score_modifiers()).collect();
-        assert_eq!(only, vec![Family::Cpu, Family::Portable(PortableKind::Fma), Family::Native(NativeKind::Hmma), Family::Native(NativeKind::Wgmma)]);
+        assert_eq!(
+            only,
+            vec![
+                Family::Cpu,
+                Family::Portable(PortableKind::Fma),
+                Family::Native(NativeKind::Hmma),
+                Family::Native(NativeKind::Wgmma),
+                Family::Native(NativeKind::Decode)
+            ]
+        );
         let table = [Row { family: Family::Native(NativeKind::Int8Imma), test: accept }, Row { family: Family::Cpu, test: accept }];
         let p = AttentionProblem::new(1, 2, 8, 64).softcap(30.0);
         let planned = walk(&table, &(), "test", &p, Precision::F32, Strategy::Auto).unwrap();

@@ -1,6 +1,7 @@
 //! Score modifiers (sliding window, softcap, attention sinks, ALiBi, causal alignment) on the
-//! CPU backend and the portable FMA kernel (wgpu: mesa's llvmpipe in CI) against the f64
-//! reference; the reference's own consistency; typed errors and capability refusals.
+//! CPU backend, the portable FMA kernel (wgpu: mesa's llvmpipe in CI) and the native CUDA
+//! kernels (wgmma, HMMA, split-KV decode; skipped without a GPU) against the f64 reference; the
+//! reference's own consistency; typed errors and capability refusals.
 
 mod common;
 
@@ -36,11 +37,13 @@ fn check_with(s: &Session, p: &AttentionProblem, precision: Precision, strategy:
     let lse = out.lse.as_ref().expect("LSE asked for");
     let lm = compare_lse(lse, &r.lse).unwrap_or_else(|| panic!("{} {p:?}: LSE infinities differ", plan.kernel));
     assert!(lm.max_abs <= tol.max_abs_rel, "{} {precision} {p:?}: LSE {lm:?}", plan.kernel);
-    // Rows that see no key: exactly O = 0 and LSE = -inf (the outputs start poisoned).
+    // Rows that see no key (of their own sequence's keys, for a paged cache): exactly O = 0 and
+    // LSE = -inf (the outputs start poisoned).
     let os = p.o_strides();
     for b in 0..p.batch {
+        let sp = p.sequence(b);
         for h in 0..p.q_heads {
-            for i in (0..p.q_len).filter(|&i| p.visible_keys(i) == 0) {
+            for i in (0..p.q_len).filter(|&i| sp.visible_keys(i) == 0) {
                 assert!(out.o[os.offset(b, h, i)..][..p.v_head_dim].iter().all(|&x| x == 0.0), "{p:?}: row {i} not zero");
                 assert_eq!(lse[(b * p.q_heads + h) * p.q_len + i], f32::NEG_INFINITY, "{p:?}: row {i}");
             }
@@ -251,6 +254,22 @@ fn families_without_modifiers_refuse_them_by_name() {
     let same = p.clone().causal(true).causal_align(CausalAlign::TopLeft);
     assert!(same.modifiers().is_empty());
     assert!(s.plan(&same, Precision::F16_DEFAULT, Strategy::Reference).is_ok());
+}
+
+/// Top-left alignment moves the rows of a paged cache's shorter sequences even when `q_len`
+/// equals the longest one: it counts as a modifier there (kernels without modifiers, which align
+/// bottom-right per sequence, refuse it), and the CPU kernel matches the reference.
+#[test]
+fn top_left_alignment_counts_per_sequence() {
+    let base = AttentionProblem::new(2, 2, 3, 32).causal(true).causal_align(CausalAlign::TopLeft);
+    let ragged = base.clone().paged_kv(inputs::paged_kv(16, &[3, 2], 1, 0, 1));
+    assert_eq!(ragged.kv_len, 3);
+    assert_eq!(ragged.modifiers(), vec!["top-left causal alignment"]);
+    let even = base.paged_kv(inputs::paged_kv(16, &[3, 3], 1, 0, 2));
+    assert!(even.modifiers().is_empty());
+    let s = Session::new(Device::Cpu).unwrap();
+    assert!(matches!(s.plan(&ragged, Precision::F16_DEFAULT, Strategy::Reference), Err(Error::UnsupportedFeature { .. })));
+    check(&s, &ragged, Precision::F32, 5);
 }
 
 /// The NaN policy follows the window: a NaN key poisons exactly the rows whose window holds it;
@@ -486,5 +505,270 @@ mod cuda {
             other => panic!("{:?}", other.map(|p| p.kernel)),
         }
         assert_ne!(s.plan(&p, Precision::F16_DEFAULT, Strategy::Auto).unwrap().family(), Family::Native(NativeKind::Wgmma));
+    }
+}
+
+/// The native split-KV decode kernel's modifier variants against the f64 reference: decode
+/// shapes (q_len 1 and 3, GQA 32/8 and 8/2, so each packed row of a CTA has its own Q head's
+/// slope and sink and its own position), kv 5000 and paged caches of ragged lengths (pages of
+/// 16 and 64 keys, positions measured per sequence), each modifier alone and all at once, f16
+/// and bf16, at the split the device picks and at forced splits; Auto picks the kernel. Skips
+/// without a CUDA device of compute capability 8.0 or newer.
+#[cfg(feature = "cuda")]
+mod cuda_decode {
+    use super::*;
+    use quattn::{KernelId, NativeKind};
+    use quattn_native::{DecodeSplit, DecodeUnit, NativeKernelId};
+
+    const DECODE: Strategy = Strategy::Native(NativeKind::Decode);
+
+    /// A CUDA session whose decode kernel takes a plain decode shape (sm_80 or newer).
+    fn session() -> Option<Session> {
+        let s = open(Device::Cuda(0))?;
+        let probe = AttentionProblem::new(1, 8, 1, 128).kv_heads(2).kv_len(256);
+        match s.plan(&probe, Precision::F16_DEFAULT, DECODE) {
+            Ok(_) => Some(s),
+            Err(e) => {
+                println!("SKIPPED: no native decode kernel on this CUDA device: {e}");
+                None
+            }
+        }
+    }
+
+    /// Sinks that weigh against thousands of keys (a key's e^s is ~1.6 on average here, 5000
+    /// keys sum to ~e^9), one per Q head: e^(6 ± 4).
+    fn heavy_sinks(heads: usize, seed: u64) -> Vec<f32> {
+        sinks(heads, seed).into_iter().map(|x| x + 6.0).collect()
+    }
+
+    /// The keys some position of `p` sees at its `kv_len` (the longest sequence of a paged
+    /// cache), the range the kernel's splits divide.
+    fn visible_span(p: &AttentionProblem) -> usize {
+        let r: Vec<_> = (0..p.q_len).map(|i| p.visible_range(i)).filter(|r| !r.is_empty()).collect();
+        match (r.iter().map(|r| r.start).min(), r.iter().map(|r| r.end).max()) {
+            (Some(lo), Some(hi)) => hi - lo,
+            _ => 0,
+        }
+    }
+
+    /// The plan of `p` on the decode kernel (Auto must pick the same kernel) with, for `Some(n)`,
+    /// its split replaced by about `n` splits of whole tiles over the visible keys.
+    fn plan(s: &Session, p: &AttentionProblem, precision: Precision, splits: Option<u32>) -> quattn::Plan {
+        let p = p.clone().with_lse(true);
+        let auto = s.plan(&p, precision, Strategy::Auto).unwrap_or_else(|e| panic!("auto {precision} {p:?}: {e}"));
+        assert_eq!(auto.family(), Family::Native(NativeKind::Decode), "{precision} {p:?}: Auto took {}", auto.kernel);
+        let mut plan = s.plan(&p, precision, DECODE).unwrap_or_else(|e| panic!("decode {precision} {p:?}: {e}"));
+        assert_eq!(plan.kernel, auto.kernel);
+        let KernelId::Native(mut choice) = plan.kernel.clone() else { panic!("{}", plan.kernel) };
+        let NativeKernelId::Decode(DecodeUnit::Attention(config)) = choice.kernel else { panic!("{}", plan.kernel) };
+        assert!(config.mods.is_some(), "{}: not the modifier variant", plan.kernel);
+        assert_eq!(config.paged, p.paged.is_some());
+        let split = choice.split.expect("a decode plan records its split");
+        let bn = config.tile().block_n as usize;
+        let tiles = visible_span(&p).div_ceil(bn).max(1);
+        // The device's split divides the visible keys only.
+        assert!(split.splits as usize <= tiles && split.splits as usize * split.keys_per_split as usize >= visible_span(&p), "{split:?}");
+        if let Some(n) = splits {
+            let per = tiles.div_ceil(n as usize);
+            choice.split = Some(DecodeSplit { splits: tiles.div_ceil(per) as u32, keys_per_split: (per * bn) as u32 });
+            plan.kernel = KernelId::Native(choice);
+        }
+        plan
+    }
+
+    /// Runs `p` on the decode kernel at the device's split and at `forced` splits, in f16 and
+    /// bf16, against the reference (`check_plan`: O, LSE, rows that see nothing exactly 0 and
+    /// -inf).
+    fn check_decode(s: &Session, name: &str, p: &AttentionProblem, forced: &[u32], seed: u64) {
+        for precision in [Precision::F16_DEFAULT, Precision::BF16_DEFAULT] {
+            for splits in std::iter::once(None).chain(forced.iter().map(|&n| Some(n))) {
+                let plan = plan(s, p, precision, splits);
+                println!("{name} {precision} {}", plan.kernel);
+                check_plan(s, &plan, seed);
+            }
+        }
+    }
+
+    /// [`check_with`] on a given plan.
+    fn check_plan(s: &Session, plan: &quattn::Plan, seed: u64) {
+        let p = &plan.problem;
+        let (q, k, v) = inputs::qkv(p, seed);
+        let dt = plan.precision.input_dtype();
+        let (q, k, v) = (HostSlice::F32(&q).rounded_to(dt), HostSlice::F32(&k).rounded_to(dt), HostSlice::F32(&v).rounded_to(dt));
+        let out = s.run(plan, &q, &k, &v).unwrap_or_else(|e| panic!("run {} {p:?}: {e}", plan.kernel));
+        let r = attention_f64(p, &q, &k, &v).unwrap();
+        judge(plan, &out.o, out.lse.as_deref().expect("LSE asked for"), &r);
+    }
+
+    /// O and LSE of `plan` against the reference `r`; rows that see no key exactly 0 and -inf.
+    fn judge(plan: &quattn::Plan, o: &[f32], lse: &[f32], r: &ReferenceOutput) {
+        let p = &plan.problem;
+        let m = ErrorMetrics::compare(o, &r.o);
+        let tol = Tolerance::for_precision(plan.precision);
+        let ref_max = r.o.iter().fold(0.0f64, |a, &x| a.max(x.abs()));
+        assert!(tol.accepts(&m, ref_max), "{} {p:?}: {m:?} outside {tol:?}", plan.kernel);
+        let lm = compare_lse(lse, &r.lse).unwrap_or_else(|| panic!("{} {p:?}: LSE infinities differ", plan.kernel));
+        assert!(lm.max_abs <= tol.max_abs_rel, "{} {p:?}: LSE {lm:?}", plan.kernel);
+        let os = p.o_strides();
+        for b in 0..p.batch {
+            let sp = p.sequence(b);
+            for h in 0..p.q_heads {
+                for i in (0..p.q_len).filter(|&i| sp.visible_keys(i) == 0) {
+                    assert!(o[os.offset(b, h, i)..][..p.v_head_dim].iter().all(|&x| x == 0.0), "{p:?}: sequence {b} row {i} not zero");
+                    assert_eq!(lse[(b * p.q_heads + h) * p.q_len + i], f32::NEG_INFINITY, "{p:?}: sequence {b} row {i}");
+                }
+            }
+        }
+    }
+
+    /// Each modifier alone and all at once on `base`, named.
+    fn modifier_cases(base: &AttentionProblem, seed: u64) -> Vec<(&'static str, AttentionProblem)> {
+        let h = base.q_heads;
+        let alibi = AttentionProblem::standard_alibi_slopes(h);
+        vec![
+            ("window left, causal", base.clone().causal(true).window(700, -1)),
+            ("window both sides", base.clone().window(900, 40)),
+            ("top-left causal", base.clone().causal(true).causal_align(CausalAlign::TopLeft)),
+            ("top-left window right", base.clone().window(-1, 2000).causal_align(CausalAlign::TopLeft)),
+            ("softcap", base.clone().scale(1.0).softcap(8.0)),
+            ("sinks", base.clone().sinks(heavy_sinks(h, seed))),
+            ("alibi", base.clone().causal(true).alibi_slopes(alibi.clone())),
+            (
+                "everything",
+                base.clone().scale(0.5).window(1500, 3).softcap(6.0).sinks(heavy_sinks(h, seed + 1)).alibi_slopes(alibi.clone()),
+            ),
+            (
+                "everything, top-left",
+                base.clone()
+                    .causal(true)
+                    .window(1200, -1)
+                    .softcap(6.0)
+                    .sinks(heavy_sinks(h, seed + 2))
+                    .alibi_slopes(alibi)
+                    .causal_align(CausalAlign::TopLeft),
+            ),
+        ]
+    }
+
+    #[test]
+    fn decode_kernel_matches_the_reference_for_every_modifier() {
+        let Some(s) = session() else { return };
+        let shapes = [
+            // GQA 32/8, one position, head dim 128, two sequences.
+            AttentionProblem::new(2, 32, 1, 128).kv_heads(8).kv_len(5000),
+            // GQA 32/8, three positions (12 packed rows), BSHD.
+            AttentionProblem::new(1, 32, 3, 128).kv_heads(8).kv_len(5000).layout(Layout::Bshd),
+            // GQA 8/2, three positions, head dim 64 (128-key tiles).
+            AttentionProblem::new(1, 8, 3, 64).kv_heads(2).kv_len(5000),
+        ];
+        for (i, base) in shapes.iter().enumerate() {
+            for (j, (name, p)) in modifier_cases(base, 10 * i as u64).into_iter().enumerate() {
+                check_decode(&s, name, &p, &[3, 9], 100 + 10 * i as u64 + j as u64);
+            }
+        }
+    }
+
+    /// Paged caches: ragged lengths (one long, one short, one key, none) in pages of 16 and 64
+    /// keys; each sequence measures positions against its own length, so the host's split
+    /// (over the longest sequence's visible keys) leaves shorter sequences splits with no key,
+    /// which must weigh nothing, and rows of the one-key and empty sequences see nothing.
+    #[test]
+    fn paged_decode_kernel_matches_the_reference_for_every_modifier() {
+        let Some(s) = session() else { return };
+        let lens = [5000usize, 777, 1, 0];
+        for (i, page_size) in [16usize, 64].into_iter().enumerate() {
+            for (q_heads, kv_heads, q_len) in [(32, 8, 1), (8, 2, 3)] {
+                let base = AttentionProblem::new(lens.len(), q_heads, q_len, 128)
+                    .kv_heads(kv_heads)
+                    .paged_kv(inputs::paged_kv(page_size, &lens, 1, 3, 7 + i as u64));
+                for (j, (name, p)) in modifier_cases(&base, 30 + i as u64).into_iter().enumerate() {
+                    check_decode(&s, name, &p, &[5], 200 + 10 * i as u64 + j as u64);
+                }
+            }
+        }
+    }
+
+    /// A window narrower than one split's keys (and than one tile): the split covers the visible
+    /// keys only, one split, or two forced over its two tiles; a window that reaches past the
+    /// sequence's start; rows that see no key (q_len > kv_len, bottom-right) with sinks.
+    #[test]
+    fn narrow_windows_and_rows_that_see_nothing() {
+        let Some(s) = session() else { return };
+        let narrow = AttentionProblem::new(1, 32, 3, 128).kv_heads(8).kv_len(5000).causal(true).window(40, -1);
+        assert!(visible_span(&narrow) < 64);
+        let plan = plan(&s, &narrow, Precision::F16_DEFAULT, None);
+        let KernelId::Native(choice) = &plan.kernel else { unreachable!() };
+        assert_eq!(choice.split.unwrap().splits, 1, "{}", plan.kernel);
+        check_decode(&s, "narrow window", &narrow, &[], 300);
+        let two_tiles = AttentionProblem::new(2, 8, 3, 128).kv_heads(2).kv_len(5000).causal(true).window(100, -1).sinks(heavy_sinks(8, 3));
+        check_decode(&s, "window of two tiles", &two_tiles, &[2], 301);
+        let start = AttentionProblem::new(1, 8, 3, 64).kv_heads(2).kv_len(5000).window(3, 20).causal_align(CausalAlign::TopLeft);
+        check_decode(&s, "window at the start", &start, &[], 302);
+        let empty = AttentionProblem::new(1, 8, 3, 64).kv_heads(2).kv_len(2).causal(true).sinks(heavy_sinks(8, 4));
+        assert_eq!(empty.visible_keys(0), 0);
+        check_decode(&s, "rows that see nothing", &empty, &[], 303);
+    }
+
+    /// Keys outside every position's window are never read: NaN there (K and V, in caller
+    /// buffers, which nothing screens) leaves every output finite and right, where a kernel that
+    /// loaded those keys and masked them would get `0 · NaN = NaN` in P·V. O and LSE start
+    /// poisoned with NaN, so every row must be written. At the device's split and at three.
+    #[test]
+    fn keys_outside_every_window_are_never_read() {
+        use half::f16;
+        use quattn::cudarc::driver::CudaContext;
+        use quattn::{CudaTensor, CudaTensorMut};
+        let Some(s) = session() else { return };
+        let p = AttentionProblem::new(1, 32, 3, 128).kv_heads(8).kv_len(5000).causal(true).window(300, -1).softcap(20.0).with_lse(true);
+        let lo = (0..p.q_len).map(|i| p.visible_range(i).start).min().unwrap();
+        assert!(lo > 4000);
+        let (q, mut k, mut v) = inputs::qkv(&p, 61);
+        let ks = p.k_strides();
+        for h in 0..p.kv_heads {
+            for j in 0..lo {
+                k[ks.offset(0, h, j)..][..128].fill(f32::NAN);
+                v[ks.offset(0, h, j)..][..128].fill(f32::NAN);
+            }
+        }
+        let to_f16 = |x: &[f32]| x.iter().map(|&a| f16::from_f32(a)).collect::<Vec<f16>>();
+        let wide = |x: &[f16]| x.iter().map(|a| a.to_f32()).collect::<Vec<f32>>();
+        let (hq, hk, hv) = (to_f16(&q), to_f16(&k), to_f16(&v));
+        // The reference reads only the keys each row sees.
+        let r = attention_f64(&p, &wide(&hq), &wide(&hk), &wide(&hv)).unwrap();
+        let ctx = CudaContext::new(0).unwrap();
+        let stream = ctx.new_stream().unwrap();
+        let (dq, dk, dv) = (stream.clone_htod(&hq).unwrap(), stream.clone_htod(&hk).unwrap(), stream.clone_htod(&hv).unwrap());
+        for splits in [None, Some(3)] {
+            let plan = plan(&s, &p, Precision::F16_DEFAULT, splits);
+            let mut d_o = stream.clone_htod(&vec![f16::NAN; p.o_len_elems()]).unwrap();
+            let mut d_lse = stream.clone_htod(&vec![f32::NAN; p.lse_len_elems()]).unwrap();
+            s.run_cuda(
+                &plan,
+                &stream,
+                CudaTensor::new(&dq, &stream),
+                CudaTensor::new(&dk, &stream),
+                CudaTensor::new(&dv, &stream),
+                CudaTensorMut::new(&mut d_o, &stream),
+                Some(CudaTensorMut::new(&mut d_lse, &stream)),
+            )
+            .unwrap_or_else(|e| panic!("{}: {e}", plan.kernel));
+            let o = wide(&stream.clone_dtoh(&d_o).unwrap());
+            let lse = stream.clone_dtoh(&d_lse).unwrap();
+            assert!(o.iter().chain(&lse).all(|x| x.is_finite()), "{}: a key outside every window was read, or a row not written", plan.kernel);
+            judge(&plan, &o, &lse, &r);
+        }
+    }
+
+    /// Past what the parameter block holds (128 Q heads), the decode row refuses by name and
+    /// Auto moves on to a kernel with modifiers.
+    #[test]
+    fn decode_refuses_what_its_parameters_cannot_hold() {
+        let Some(s) = session() else { return };
+        let p = AttentionProblem::new(1, 256, 1, 128).kv_heads(32).kv_len(4096).alibi_slopes(AttentionProblem::standard_alibi_slopes(256));
+        match s.plan(&p, Precision::F16_DEFAULT, DECODE) {
+            Err(Error::UnsupportedFeature { kernel, .. }) => assert!(kernel.contains("at most 128"), "{kernel}"),
+            other => panic!("{:?}", other.map(|p| p.kernel)),
+        }
+        assert_ne!(s.plan(&p, Precision::F16_DEFAULT, Strategy::Auto).unwrap().family(), Family::Native(NativeKind::Decode));
     }
 }

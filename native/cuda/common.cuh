@@ -501,7 +501,7 @@ __device__ __forceinline__ void cta_named_arrive(int id, int count) {
 
 // ---- query-block bookkeeping and the O epilogue of the wgmma kernels -------------------------
 
-// ---- score modifiers (the MODS variants of fwd_wgmma and fwd_hmma) ----------------------------
+// ---- score modifiers (the MODS variants of fwd_wgmma, fwd_hmma and fwd_decode) -----------------
 //
 // Row i sits at a(i) = i + offset among the keys and sees keys a(i) - left ..= a(i) + right
 // (causal: right = 0). Extents at or above MOD_UNBOUNDED are unbounded; the host keeps q_len and
@@ -509,13 +509,13 @@ __device__ __forceinline__ void cta_named_arrive(int id, int count) {
 // src/mods.rs; it travels as a __grid_constant__ kernel argument (per-head arrays indexed by
 // the CTA's head read the parameter space, no local copy). A dense launch has one offset for
 // every row (`offset`); the VARLEN variants align each sequence against its own lengths, so
-// they take the alignment (`bottom_right`) and compute the offset per sequence (mod_offset).
+// they take the alignment (`top_left`) and compute the offset per sequence (mod_offset).
 #define MOD_UNBOUNDED (1 << 29)
 #define MOD_MAX_HEADS 128
 struct ModParams {
     int offset;                        // a(i) = i + offset (dense launches)
     int left, right;                   // window extents (causal: right = 0); MOD_UNBOUNDED: none
-    int bottom_right;                  // 1: offset = kv_len - q_len, 0: offset = 0 (top-left)
+    int top_left;                      // 1: offset 0 whatever the lengths; 0: kv_len - q_len
     float cap_raw;                     // softcap / scale (raw score units)
     float inv_cap_raw;                 // scale / softcap
     float alibi_raw[MOD_MAX_HEADS];    // ALiBi slope / scale per q head
@@ -524,12 +524,26 @@ struct ModParams {
 
 // a(0) of a sequence of q_len queries over kv_len keys, as the alignment says.
 __device__ __forceinline__ int mod_offset(const ModParams& mp, int q_len, int kv_len) {
-    return mp.bottom_right ? kv_len - q_len : 0;
+    return mp.top_left ? 0 : kv_len - q_len;
 }
 
-// The KV tiles of a CTA of BM rows from m0 (a(i) = i + offset, keys below kv_len): t_lo ..
-// t_lo + n_tiles - 1, of which full_lo ..= full_hi every row of the CTA sees whole (no mask
-// needed).
+// The keys of rows at aligned positions a_first ..= a_last, in keys rather than the tiles of
+// `cta_mod_tiles` (the decode kernel's splits start anywhere): some row sees lo ..< hi (none
+// when hi <= lo), every row sees full_lo ..< full_hi (none when full_hi <= full_lo).
+struct ModKeys {
+    int lo, hi, full_lo, full_hi;
+};
+__device__ __forceinline__ ModKeys mod_keys(int kv_len, const ModParams& mp, int a_first, int a_last) {
+    ModKeys k;
+    k.lo = max(0, a_first - mp.left);
+    k.hi = min(kv_len, a_last + mp.right + 1);
+    k.full_lo = max(0, a_last - mp.left);
+    k.full_hi = min(kv_len, a_first + mp.right + 1);
+    return k;
+}
+
+// The KV tiles of a CTA of BM rows from m0: t_lo .. t_lo + n_tiles - 1, of which full_lo ..=
+// full_hi every row of the CTA sees whole (no mask needed).
 struct ModTiles {
     int t_lo, n_tiles, full_lo, full_hi;
 };

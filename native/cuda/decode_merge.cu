@@ -14,12 +14,20 @@
 // + h, i) and the LSE at [batch, q_heads, q_len]. One warp per row; each lane owns D / 32
 // consecutive dims, so a state's O row is one coalesced warp load.
 //
-// Compile-time parameters: HEAD_DIM (64 | 128), OUT_BF16 (0: fp16 O, 1: bf16). The launch ABI is
-// `MergeParams` below; the Rust mirror is `MergeParams` in src/decode.rs.
+// Attention sinks (MODS 1, a second kernel argument `ModParams` of common.cuh, the decode
+// kernel's): the states of fwd_decode.cu's MODS variants leave the sink out, and the merge adds
+// exp(sink) of the row's Q head to the denominator once, for a row some state saw a key in (a
+// row that sees no key stays O = 0, LSE = -inf, sink or not).
+//
+// Compile-time parameters: HEAD_DIM (64 | 128), OUT_BF16 (0: fp16 O, 1: bf16), MODS (0 | 1). The
+// launch ABI is `MergeParams` below; the Rust mirror is `MergeParams` in src/decode.rs.
 #include "common.cuh"
 
 #if !defined(HEAD_DIM) || !defined(OUT_BF16)
 #error "decode_merge.cu needs HEAD_DIM, OUT_BF16"
+#endif
+#ifndef MODS
+#define MODS 0
 #endif
 
 namespace cfg {
@@ -61,7 +69,11 @@ __device__ __forceinline__ float warp_sum(float x) {
 constexpr float LOG2E = 1.4426950408889634f;
 constexpr float LN2 = 0.6931471805599453f;
 
-extern "C" __global__ void __launch_bounds__(cfg::WARPS * 32) decode_merge(const MergeParams p) {
+extern "C" __global__ void __launch_bounds__(cfg::WARPS * 32) decode_merge(const MergeParams p
+#if MODS
+                                                                            , const __grid_constant__ ModParams mp
+#endif
+) {
     const int lane = threadIdx.x & 31;
     const int row = blockIdx.x * cfg::WARPS + (threadIdx.x >> 5);
     if (row >= p.total_rows) return;   // whole warps leave together
@@ -73,12 +85,20 @@ extern "C" __global__ void __launch_bounds__(cfg::WARPS * 32) decode_merge(const
     float mx = QA_NEG_INF;
     for (int s = lane; s < p.splits; s += 32) mx = fmaxf(mx, lse_in[(i64)s * p.rows]);
     mx = warp_max(mx);
+#if MODS
+    // The sink, natural-log units, for a row some state saw a key in; -inf otherwise.
+    const float sink = mx == QA_NEG_INF ? QA_NEG_INF : mp.sink_log2[(pair % p.kv_heads) * p.group + r / p.q_len] * LN2;
+    mx = fmaxf(mx, sink);
+#endif
     float w_sum = 0.f;
     for (int s = lane; s < p.splits; s += 32) {
         const float l = lse_in[(i64)s * p.rows];
         w_sum += l == QA_NEG_INF ? 0.f : thread_exp2((l - mx) * LOG2E);
     }
     w_sum = warp_sum(w_sum);
+#if MODS
+    if (sink != QA_NEG_INF) w_sum += thread_exp2((sink - mx) * LOG2E);
+#endif
     const bool empty = !(w_sum > 0.f);
     const float inv = empty ? 0.f : 1.f / w_sum;
 

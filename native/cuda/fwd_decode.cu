@@ -26,6 +26,19 @@
 // limit carry mask code. Rows that see no key of the split keep max -inf and sum 0: their
 // partial O is 0 and their LSE -inf, which the merge weighs as nothing.
 //
+// Score modifiers (MODS 1, a second kernel argument `ModParams` of common.cuh). Position i sits
+// at a(i) = i + offset, offset = kv_len - q_len (bottom-right, with the sequence's own kv_len
+// when PAGED) or 0 (top-left), and sees keys a(i) - left ..= a(i) + right. The splits divide
+// only the keys some position sees, lo ..< hi (`mod_keys`; the host's split counts hi - lo at
+// the longest length, which bounds every sequence's: see `mod_key_range` in src/decode.rs):
+// split s takes lo + s * keys_per_split onwards, so keys outside every row's band are never
+// loaded (loads zero-fill from hi on) and a narrow window runs few tiles. Tiles every position
+// sees whole carry no mask code; the others mask per row (its band and the sequence end). Each
+// packed row has its own Q head and position: its ALiBi slope and a(i) are the row's, applied
+// with softcap to every score (`thread_mod_score`). Sinks join the denominator once: in the
+// epilogue with one split, in the merge (decode_merge.cu's MODS variant) with several, where
+// the partial states leave them out; a row that sees no key keeps O = 0 and LSE = -inf.
+//
 // Paged KV (PAGED 1). K and V are pools [num_pages, page_size, kv_heads, D] read through the
 // block table [batch, max_pages]: key j of sequence b is row j % page_size of page
 // table[b][j / page_size], and each sequence has its own length (seq_lens[b], which replaces
@@ -43,12 +56,26 @@
 //   STAGES     K+V tiles in shared memory (>= 2)
 //   IN_BF16    0: fp16 Q/K/V/O, 1: bf16
 //   PAGED      0: K/V strided tensors, 1: K/V paged pools
+//   MODS       1: score modifiers (above); MOD_SOFTCAP and MOD_ALIBI compile softcap and ALiBi
+//              in (applied to every score)
 // The launch ABI is `DecodeParams` below; the Rust mirror is `DecodeParams` in src/decode.rs,
 // and `DecodeTile::smem_bytes` mirrors cfg::SMEM_BYTES.
 #include "common.cuh"
 
 #if !defined(HEAD_DIM) || !defined(WARPS_M) || !defined(BLOCK_N) || !defined(STAGES) || !defined(IN_BF16) || !defined(PAGED)
 #error "fwd_decode.cu needs HEAD_DIM, WARPS_M, BLOCK_N, STAGES, IN_BF16, PAGED"
+#endif
+#ifndef MODS
+#define MODS 0
+#endif
+#ifndef MOD_SOFTCAP
+#define MOD_SOFTCAP 0
+#endif
+#ifndef MOD_ALIBI
+#define MOD_ALIBI 0
+#endif
+#if (MOD_SOFTCAP || MOD_ALIBI) && !MODS
+#error "MOD_SOFTCAP and MOD_ALIBI need MODS"
 #endif
 
 namespace cfg {
@@ -103,7 +130,7 @@ struct DecodeParams {
     int keys_per_split;         // a multiple of BLOCK_N
     float scale_log2;           // softmax scale * log2(e)
     float scale;
-    int causal;                 // bottom-right aligned
+    int causal;                 // bottom-right aligned (MODS: folded into ModParams' right extent)
     int page_shift;             // PAGED: log2(page_size)
     int max_pages;              // PAGED: columns of the block table
     int num_pages;              // PAGED: pages in each pool
@@ -162,13 +189,15 @@ struct CtaKeys {
     i64 k_stride, v_stride;     // bytes per key
     int begin;                  // first key of the split
     int n_tiles;                // tiles of the split that hold keys
-    int n_full;                 // leading tiles no row masks
+    int full_first, full_end;   // tiles full_first (MODS; else 0) ..< full_end no row masks
+    int end;                    // keys from here on are loaded as zeros: kv_len, or (MODS) the
+                                // split's end, at most the end of the keys some row sees
 };
 
 // K+V tile t of the split into stage buffer `stage`.
-__device__ __forceinline__ void cta_load_stage(u32 stage, const CtaKeys& ck, int t, int kv_len) {
+__device__ __forceinline__ void cta_load_stage(u32 stage, const CtaKeys& ck, int t) {
     const int key0 = ck.begin + t * cfg::BN;
-    const int valid = kv_len - key0;
+    const int valid = ck.end - key0;
     const i64 ko = (i64)t * cfg::BN * ck.k_stride, vo = (i64)t * cfg::BN * ck.v_stride;
     if (valid >= cfg::BN) {
         cta_load_kv_tile<true>(stage, ck.k + ko, ck.k_stride, cfg::BN);
@@ -180,19 +209,20 @@ __device__ __forceinline__ void cta_load_stage(u32 stage, const CtaKeys& ck, int
 }
 
 #if PAGED
-// The pages of this thread's rows (row0 + i * COPY_STEP) of one tile, -1 past the sequence or
+// The pages of this thread's rows (row0 + i * COPY_STEP) of one tile, -1 past the keys loaded or
 // for an entry outside the pool.
 struct RowPages {
     int page[cfg::COPY_ROWS];
 };
 
-// Reads the table entries of this thread's rows of the tile starting at key `key0`.
-__device__ __forceinline__ void thread_fetch_pages(RowPages& rp, const int* table, int key0, int kv_len, int shift, int num_pages) {
+// Reads the table entries of this thread's rows of the tile starting at key `key0`; rows from
+// `end` (CtaKeys::end) on get none.
+__device__ __forceinline__ void thread_fetch_pages(RowPages& rp, const int* table, int key0, int end, int shift, int num_pages) {
     const int row0 = threadIdx.x / cfg::CHUNKS;
 #pragma unroll
     for (int i = 0; i < cfg::COPY_ROWS; ++i) {
         const int key = key0 + row0 + i * cfg::COPY_STEP;
-        const int page = key < kv_len ? __ldg(table + (key >> shift)) : -1;
+        const int page = key < end ? __ldg(table + (key >> shift)) : -1;
         rp.page[i] = (unsigned)page < (unsigned)num_pages ? page : -1;
     }
 }
@@ -223,11 +253,30 @@ struct WarpState {
     float l[2];   // this lane's share of the running sum
 };
 
+// What the scores of this lane's two rows (g and g + 8 of its row tile) go through.
+struct RowMask {
+#if MODS
+    int a[2];         // aligned position a(i): the band is a(i) - left ..= a(i) + right
+    float slope[2];   // ALiBi slope / scale of the row's Q head
+    int kv_len;       // the sequence's keys
+#else
+    int hi[2];        // keys from here on are masked (sequence end, causal limit)
+#endif
+};
+
+#if MODS
+#define MOD_ARG , const ModParams& mp
+#define MOD_PASS , mp
+#else
+#define MOD_ARG
+#define MOD_PASS
+#endif
+
 // One KV tile for one warp: S = Q·Kᵀ over its key slice, masks, online softmax, O += P·V.
 template <bool MASK>
 __device__ __forceinline__ void warp_decode_tile(WarpState& st, const u32 (&qf)[cfg::K_STEPS][4], u32 k_w, u32 v_w,
                                                  const TileLane<cfg::ROW_BYTES>& kl, const TileLane<cfg::ROW_BYTES>& vl,
-                                                 int key_base, const int (&lim)[2], float c) {
+                                                 int key_base, const RowMask& rm, float c MOD_ARG) {
     float s[cfg::N_FRAGS][4];
 #pragma unroll
     for (int n = 0; n < cfg::N_FRAGS; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
@@ -242,13 +291,21 @@ __device__ __forceinline__ void warp_decode_tile(WarpState& st, const u32 (&qf)[
             warp_mma_in(s[2 * np], qf[kk], b[0], b[1]);
             warp_mma_in(s[2 * np + 1], qf[kk], b[2], b[3]);
         }
-    if (MASK) {
+    if (MASK || MODS) {
         // Element (n, e) holds row g + 8 * (e / 2), key key_base + 8 * n + (e % 2).
 #pragma unroll
         for (int n = 0; n < cfg::N_FRAGS; ++n)
 #pragma unroll
-            for (int e = 0; e < 4; ++e)
-                if (key_base + 8 * n + (e & 1) >= lim[e >> 1]) s[n][e] = QA_NEG_INF;
+            for (int e = 0; e < 4; ++e) {
+#if MODS
+                // The band limits are derived here rather than kept: registers across the loop.
+                const int a = rm.a[e >> 1];
+                s[n][e] = thread_mod_score<MASK, MOD_SOFTCAP != 0, MOD_ALIBI != 0>(s[n][e], mp, rm.slope[e >> 1], a, key_base + 8 * n + (e & 1),
+                                                                                   a - mp.left, min(rm.kv_len, a + mp.right + 1));
+#else
+                if (key_base + 8 * n + (e & 1) >= rm.hi[e >> 1]) s[n][e] = QA_NEG_INF;
+#endif
+            }
     }
     float mx[2] = {st.m[0], st.m[1]};
 #pragma unroll
@@ -291,8 +348,19 @@ __device__ __forceinline__ void warp_decode_tile(WarpState& st, const u32 (&qf)[
     warp_value_matmul<1, cfg::P_STEPS, cfg::D, false, IN_BF16 != 0>(st.o, p, v_w, vl);
 }
 
-// Grid: x = split, y = KV head, z = batch. 4 warps.
-extern "C" __global__ void __launch_bounds__(cfg::THREADS) fwd_decode(const DecodeParams p) {
+// Grid: x = split, y = KV head, z = batch. 4 warps. The modifier variants tell ptxas that two
+// CTAs per SM is the aim (their shared memory allows no more on sm_90): left to guess, it keeps
+// to three CTAs' registers and spills a value at 32 rows.
+#if MODS
+#define DECODE_BOUNDS __launch_bounds__(cfg::THREADS, 2)
+#else
+#define DECODE_BOUNDS __launch_bounds__(cfg::THREADS)
+#endif
+extern "C" __global__ void DECODE_BOUNDS fwd_decode(const DecodeParams p
+#if MODS
+                                                                       , const __grid_constant__ ModParams mp
+#endif
+) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
     const u32 smem = cta_smem_addr(smem_raw);
     const u32 q_smem = smem + cfg::Q_OFFSET;
@@ -305,8 +373,7 @@ extern "C" __global__ void __launch_bounds__(cfg::THREADS) fwd_decode(const Deco
     const int batch = blockIdx.z;
     const float c = p.scale_log2;
 
-    // The split's keys, and the first key some row of the CTA no longer sees: position 0's
-    // causal limit (every other row's limit is at least that), else the sequence end.
+    // The split's keys and which of its tiles no row masks.
 #if PAGED
     // The host checks every length against the table; the clamp keeps a bad one inside it.
     const int kv_len = min(max(reinterpret_cast<const int*>(p.seq_lens)[batch], 0), p.max_pages << p.page_shift);
@@ -319,11 +386,26 @@ extern "C" __global__ void __launch_bounds__(cfg::THREADS) fwd_decode(const Deco
     const int kv_len = p.kv_len;
 #endif
     CtaKeys ck;
+#if MODS
+    // Only the keys some position sees are split; tiles every position sees whole are unmasked.
+    const int offset = mp.top_left ? 0 : kv_len - p.q_len;
+    const ModKeys mk = mod_keys(kv_len, mp, offset, offset + p.q_len - 1);
+    ck.begin = mk.lo + split * p.keys_per_split;
+    ck.end = min(mk.hi, ck.begin + p.keys_per_split);
+    ck.n_tiles = ck.end > ck.begin ? (ck.end - ck.begin + cfg::BN - 1) / cfg::BN : 0;
+    ck.full_first = mk.full_lo > ck.begin ? (mk.full_lo - ck.begin + cfg::BN - 1) / cfg::BN : 0;
+    ck.full_end = mk.full_hi > ck.begin ? min((mk.full_hi - ck.begin) / cfg::BN, ck.n_tiles) : 0;
+#else
+    // The first key some row of the CTA no longer sees: position 0's causal limit (every other
+    // row's limit is at least that), else the sequence end; tiles before it are unmasked.
     ck.begin = split * p.keys_per_split;
     const int end = min(kv_len, ck.begin + p.keys_per_split);
     ck.n_tiles = end > ck.begin ? (end - ck.begin + cfg::BN - 1) / cfg::BN : 0;
     const int mask_from = p.causal ? min(kv_len, kv_len - p.q_len + 1) : kv_len;
-    ck.n_full = mask_from > ck.begin ? min((mask_from - ck.begin) / cfg::BN, ck.n_tiles) : 0;
+    ck.full_first = 0;
+    ck.full_end = mask_from > ck.begin ? min((mask_from - ck.begin) / cfg::BN, ck.n_tiles) : 0;
+    ck.end = kv_len;
+#endif
     ck.k_stride = 2 * p.k_seq_stride;
     ck.v_stride = 2 * p.v_seq_stride;
     ck.k = reinterpret_cast<const unsigned char*>(p.k) +
@@ -331,13 +413,23 @@ extern "C" __global__ void __launch_bounds__(cfg::THREADS) fwd_decode(const Deco
     ck.v = reinterpret_cast<const unsigned char*>(p.v) +
            2 * (batch * p.v_batch_stride + kv_head * p.v_head_stride + (i64)ck.begin * p.v_seq_stride);
 
-    // This lane's rows (g and g + 8 of its row tile) and the key each stops at.
+    // This lane's rows (g and g + 8 of its row tile): the keys each sees and, with modifiers,
+    // its position and Q head's slope (padding rows past `rows` take row 0's; never written).
     const int g = lane >> 2;
-    int lim[2];
+    RowMask rm;
+#if MODS
+    rm.kv_len = kv_len;
+#endif
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int r = wm * 16 + g + 8 * h;
-        lim[h] = (p.causal && r < p.rows) ? min(kv_len, r % p.q_len + 1 + kv_len - p.q_len) : kv_len;
+#if MODS
+        const int rr = r < p.rows ? r : 0;
+        rm.a[h] = rr % p.q_len + offset;
+        rm.slope[h] = MOD_ALIBI ? mp.alibi_raw[kv_head * p.group + rr / p.q_len] : 0.f;
+#else
+        rm.hi[h] = (p.causal && r < p.rows) ? min(kv_len, r % p.q_len + 1 + kv_len - p.q_len) : kv_len;
+#endif
     }
 
     WarpState st;
@@ -360,16 +452,16 @@ extern "C" __global__ void __launch_bounds__(cfg::THREADS) fwd_decode(const Deco
             thread_cp_async_16(q_smem + tile_swizzle<cfg::ROW_BYTES>(r, chunk), src, ok ? 16 : 0);
         }
 #if PAGED
-        thread_fetch_pages(pages, table, ck.begin, kv_len, p.page_shift, p.num_pages);
+        thread_fetch_pages(pages, table, ck.begin, ck.end, p.page_shift, p.num_pages);
 #endif
 #pragma unroll
         for (int t = 0; t < STAGES - 1; ++t) {
             if (t < ck.n_tiles) {
 #if PAGED
                 cta_load_stage_paged(smem + t * cfg::STAGE_BYTES, pages, k_pool, v_pool, pool_row_bytes, ck.begin + t * cfg::BN, p.page_shift);
-                thread_fetch_pages(pages, table, ck.begin + (t + 1) * cfg::BN, kv_len, p.page_shift, p.num_pages);
+                thread_fetch_pages(pages, table, ck.begin + (t + 1) * cfg::BN, ck.end, p.page_shift, p.num_pages);
 #else
-                cta_load_stage(smem + t * cfg::STAGE_BYTES, ck, t, kv_len);
+                cta_load_stage(smem + t * cfg::STAGE_BYTES, ck, t);
 #endif
             }
             thread_cp_async_commit();
@@ -400,17 +492,22 @@ extern "C" __global__ void __launch_bounds__(cfg::THREADS) fwd_decode(const Deco
 #if PAGED
                 // `pages` holds tile t's entries (read one tile ago); read tile t + 1's now.
                 cta_load_stage_paged(smem + fill * cfg::STAGE_BYTES, pages, k_pool, v_pool, pool_row_bytes, ck.begin + t * cfg::BN, p.page_shift);
-                thread_fetch_pages(pages, table, ck.begin + (t + 1) * cfg::BN, kv_len, p.page_shift, p.num_pages);
+                thread_fetch_pages(pages, table, ck.begin + (t + 1) * cfg::BN, ck.end, p.page_shift, p.num_pages);
 #else
-                cta_load_stage(smem + fill * cfg::STAGE_BYTES, ck, t, kv_len);
+                cta_load_stage(smem + fill * cfg::STAGE_BYTES, ck, t);
 #endif
             }
             thread_cp_async_commit();
             const u32 k_w = smem + stage * cfg::STAGE_BYTES + slice;
             const u32 v_w = k_w + cfg::KV_TILE_BYTES;
             const int key_base = ck.begin + j * cfg::BN + wn * cfg::KW + 2 * (lane & 3);
-            if (j < ck.n_full) warp_decode_tile<false>(st, qf, k_w, v_w, kl, vl, key_base, lim, c);
-            else warp_decode_tile<true>(st, qf, k_w, v_w, kl, vl, key_base, lim, c);
+#if MODS
+            const bool full = j >= ck.full_first && j < ck.full_end;
+#else
+            const bool full = j < ck.full_end;
+#endif
+            if (full) warp_decode_tile<false>(st, qf, k_w, v_w, kl, vl, key_base, rm, c MOD_PASS);
+            else warp_decode_tile<true>(st, qf, k_w, v_w, kl, vl, key_base, rm, c MOD_PASS);
             stage = stage + 1 == STAGES ? 0 : stage + 1;
             fill = fill + 1 == STAGES ? 0 : fill + 1;
         }
@@ -450,9 +547,19 @@ extern "C" __global__ void __launch_bounds__(cfg::THREADS) fwd_decode(const Deco
         }
         const bool empty = !(sum > 0.f);
         const float mine = st.m[h] == QA_NEG_INF ? 0.f : thread_exp2((st.m[h] - mx) * c);
+#if MODS
+        // One split: the sink joins the denominator here (several: in the merge).
+        float m2 = mx * c, fs = 1.f;
+        const int r = wm * 16 + row;
+        if (p.splits == 1 && !empty && r < p.rows) thread_add_sink(m2, sum, fs, mp.sink_log2[kv_head * p.group + r / p.q_len]);
+        f[h] = empty ? 0.f : mine * fs / sum;
+        if (wn == 0 && (lane & 3) == 0)
+            st_lse[wm * 16 + row] = empty ? QA_NEG_INF : (m2 + thread_log2(sum)) * 0.6931471805599453f;
+#else
         f[h] = empty ? 0.f : mine / sum;
         if (wn == 0 && (lane & 3) == 0)
             st_lse[wm * 16 + row] = empty ? QA_NEG_INF : (mx * c + thread_log2(sum)) * 0.6931471805599453f;
+#endif
     }
     {
         float* my = slab + warp * cfg::SLAB_FLOATS;

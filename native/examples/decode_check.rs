@@ -133,7 +133,7 @@ fn check(stream: &Arc<CudaStream>, kernel: &DecodeKernel, c: &Case, split: Decod
         ..Default::default()
     };
     // SAFETY: every buffer was allocated for this shape and split above.
-    unsafe { kernel.launch_raw(stream, &s, split, &ptrs) }?;
+    unsafe { kernel.launch_raw(stream, &s, None, split, &ptrs) }?;
     let o = from_bits(&stream.clone_dtoh(&od)?, dt);
     let lse = stream.clone_dtoh(&ld)?;
 
@@ -193,7 +193,7 @@ fn splits_of(kernel: &DecodeKernel, s: &AttentionShape) -> Vec<DecodeSplit> {
     let many_n = tiles.min(16);
     let per = tiles.div_ceil(many_n);
     let many = DecodeSplit { splits: tiles.div_ceil(per) as u32, keys_per_split: (per * bn) as u32 };
-    let mut v = vec![one, kernel.split_for(s), many];
+    let mut v = vec![one, kernel.split_for(s, None), many];
     v.dedup();
     v
 }
@@ -295,7 +295,7 @@ fn bench(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, tiles: &[Option<Decod
                     continue;
                 }
             };
-            let auto = kernel.split_for(&s);
+            let auto = kernel.split_for(&s, None);
             let bn = cfg.tile().block_n;
             let mut splits = vec![auto];
             for n in [1u32, 2, 3, 4, 6, 8, 16] {
@@ -308,7 +308,7 @@ fn bench(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, tiles: &[Option<Decod
             let (sms, occ) = kernel.occupancy();
             for (i, sp) in splits.iter().enumerate() {
                 // SAFETY: the buffers hold the largest shape and MAX_SPLITS partial states.
-                let ms = time_calls(ctx, stream, 50, || Ok(unsafe { kernel.launch_raw(stream, &s, *sp, &ptrs) }?))?;
+                let ms = time_calls(ctx, stream, 50, || Ok(unsafe { kernel.launch_raw(stream, &s, None, *sp, &ptrs) }?))?;
                 println!(
                     "bench kernel={} q_len={q_len} kv_len={kv_len} splits={} keys_per_split={} chosen={} sms={sms} ctas_per_sm={occ} regs={} ms={ms:.4} tb_s={:.3}",
                     cfg.name(),

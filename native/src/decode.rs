@@ -17,11 +17,19 @@
 //! source. Page sizes are the powers of two 16 to 256: a K/V tile (64 keys at hd128, 128 at
 //! hd64) may span several pages, so every copied key row looks its page up (the table entries
 //! of the next tile are read one tile ahead).
+//!
+//! The modifier variants ([`DecodeConfig::mods`], launched with a [`ModParams`]) take the
+//! score modifiers of the other f16/bf16 families: window and causal band with its alignment
+//! (per sequence in the paged variants), softcap, ALiBi per packed row's Q head, and sinks
+//! (added once: by the decode kernel with one split, by the merge's modifier variant with
+//! several). Their splits divide only the keys some query position sees ([`mod_key_range`]),
+//! so keys outside every row's window are never read.
 
 use crate::arch::Arch;
 use crate::cache::{CompileRequest, KernelSource};
 use crate::error::{NativeError, Result};
 use crate::hmma::check_strides;
+use crate::mods::{ModParams, ModVariant};
 use crate::report::KernelVariant;
 use quattn_core::{AttentionShape, Dtype};
 
@@ -84,6 +92,8 @@ pub struct DecodeConfig {
     pub tile: Option<DecodeTile>,
     /// K and V in paged pools read through a block table ([`PagedArgs`]).
     pub paged: bool,
+    /// `Some`: the score-modifier variant (launched with a [`ModParams`]).
+    pub mods: Option<ModVariant>,
 }
 
 impl DecodeConfig {
@@ -106,7 +116,7 @@ impl DecodeConfig {
                 reason: format!("{rows} query rows per KV head (group x q_len); the decode kernel packs at most {}", Self::MAX_ROWS),
             });
         };
-        let cfg = DecodeConfig { head_dim: head_dim as u32, input, rows: tile_rows, tile: None, paged: false };
+        let cfg = DecodeConfig { head_dim: head_dim as u32, input, rows: tile_rows, tile: None, paged: false, mods: None };
         cfg.validate()?;
         Ok(cfg)
     }
@@ -170,22 +180,30 @@ impl DecodeConfig {
         DecodeConfig { paged, ..self }
     }
 
+    /// The modifier variant `mods` of this one (`None`: without modifiers).
+    pub fn with_mods(self, mods: Option<ModVariant>) -> Self {
+        DecodeConfig { mods, ..self }
+    }
+
     /// `fwd_decode_{in}_m{rows}_d{hd}`, e.g. `fwd_decode_f16_m16_d128`
-    /// (`fwd_decode_paged_...` for the paged variants); a forced tile adds its suffix (`_n64s4`).
+    /// (`fwd_decode_paged_...` for the paged variants); a forced tile adds its suffix (`_n64s4`),
+    /// a modifier variant its own (`_mods_softcap_alibi`).
     pub fn name(&self) -> String {
         let forced = self.tile.map(|t| format!("_{}", t.suffix())).unwrap_or_default();
         let paged = if self.paged { "paged_" } else { "" };
-        format!("fwd_decode_{paged}{}_m{}_d{}{forced}", self.input.name(), self.rows, self.head_dim)
+        let mods = self.mods.map(|m| m.suffix()).unwrap_or_default();
+        format!("fwd_decode_{paged}{}_m{}_d{}{forced}{mods}", self.input.name(), self.rows, self.head_dim)
     }
 
-    /// Every variant the report and tests compile.
+    /// Every variant without modifiers (the tests and `decode_check` run them;
+    /// [`DecodeUnit::all`] adds [`Self::all_mods`] for the report).
     pub fn all() -> Vec<DecodeConfig> {
         let mut v = Vec::new();
         for hd in [64, 128] {
             for input in [Dtype::F16, Dtype::Bf16] {
                 for rows in Self::ROWS {
                     for paged in [false, true] {
-                        v.push(DecodeConfig { head_dim: hd, input, rows, tile: None, paged });
+                        v.push(DecodeConfig { head_dim: hd, input, rows, tile: None, paged, mods: None });
                     }
                 }
             }
@@ -193,19 +211,30 @@ impl DecodeConfig {
         v
     }
 
+    /// The modifier variant of every variant of [`Self::all`], with softcap and ALiBi compiled
+    /// in: the superset of the other modifier variants' code (those drop the two score
+    /// transforms), so what the report and the compile tests check of it holds for them.
+    pub fn all_mods() -> Vec<DecodeConfig> {
+        Self::all().into_iter().map(|c| c.with_mods(Some(ModVariant { softcap: true, alibi: true }))).collect()
+    }
+
     /// The `-D` defines the kernel reads (see the header of `fwd_decode.cu`).
     pub fn defines(&self) -> Result<Vec<(String, String)>> {
         self.validate()?;
         let t = self.tile();
         let d = |k: &str, v: u32| (k.to_string(), v.to_string());
-        Ok(vec![
+        let mut v = vec![
             d("HEAD_DIM", self.head_dim),
             d("WARPS_M", self.warps_m()),
             d("BLOCK_N", t.block_n),
             d("STAGES", t.stages),
             d("IN_BF16", (self.input == Dtype::Bf16) as u32),
             d("PAGED", self.paged as u32),
-        ])
+        ];
+        if let Some(m) = self.mods {
+            v.extend(m.defines());
+        }
+        Ok(v)
     }
 
     pub fn request(&self, arch: Arch) -> Result<CompileRequest<'static>> {
@@ -223,9 +252,10 @@ impl DecodeConfig {
         vec![mma, "LDGSTS.E.BYPASS.LTC128B.128"]
     }
 
-    /// The merge kernel of this variant's head dim and output type.
+    /// The merge kernel of this variant's head dim and output type (its sink-adding variant for
+    /// a modifier variant).
     pub fn merge(&self) -> MergeConfig {
-        MergeConfig { head_dim: self.head_dim, output: self.input }
+        MergeConfig { head_dim: self.head_dim, output: self.input, mods: self.mods.is_some() }
     }
 
     /// Targets among [`Self::TARGETS`] that a device of compute capability `cc` runs, best
@@ -248,6 +278,8 @@ fn check_target(arch: Arch) -> Result<()> {
 pub struct MergeConfig {
     pub head_dim: u32,
     pub output: Dtype,
+    /// The modifier variants' merge: it takes their [`ModParams`] and adds the sinks.
+    pub mods: bool,
 }
 
 impl MergeConfig {
@@ -261,9 +293,10 @@ impl MergeConfig {
         Ok(())
     }
 
-    /// `fwd_decode_merge_{out}_d{hd}`.
+    /// `fwd_decode_merge_{out}_d{hd}`, `_mods` for the modifier variants' merge.
     pub fn name(&self) -> String {
-        format!("fwd_decode_merge_{}_d{}", self.output.name(), self.head_dim)
+        let mods = if self.mods { "_mods" } else { "" };
+        format!("fwd_decode_merge_{}_d{}{mods}", self.output.name(), self.head_dim)
     }
 
     pub fn request(&self, arch: Arch) -> Result<CompileRequest<'static>> {
@@ -274,7 +307,7 @@ impl MergeConfig {
             kernel: self.name(),
             source: &DECODE_MERGE,
             arch,
-            defines: vec![d("HEAD_DIM", self.head_dim), d("OUT_BF16", (self.output == Dtype::Bf16) as u32)],
+            defines: vec![d("HEAD_DIM", self.head_dim), d("OUT_BF16", (self.output == Dtype::Bf16) as u32), d("MODS", self.mods as u32)],
         })
     }
 
@@ -287,7 +320,9 @@ impl MergeConfig {
         let mut v = Vec::new();
         for hd in [64, 128] {
             for output in [Dtype::F16, Dtype::Bf16] {
-                v.push(MergeConfig { head_dim: hd, output });
+                for mods in [false, true] {
+                    v.push(MergeConfig { head_dim: hd, output, mods });
+                }
             }
         }
         v
@@ -305,9 +340,9 @@ pub enum DecodeUnit {
 }
 
 impl DecodeUnit {
-    /// Every decode variant, then every merge kernel.
+    /// Every decode variant (the modifier variants too), then every merge kernel.
     pub fn all() -> Vec<DecodeUnit> {
-        let mut v: Vec<DecodeUnit> = DecodeConfig::all().into_iter().map(DecodeUnit::Attention).collect();
+        let mut v: Vec<DecodeUnit> = DecodeConfig::all().into_iter().chain(DecodeConfig::all_mods()).map(DecodeUnit::Attention).collect();
         v.extend(MergeConfig::all().into_iter().map(DecodeUnit::Merge));
         v.push(DecodeUnit::AppendKv(crate::append_kv::AppendKvConfig));
         v
@@ -385,6 +420,27 @@ pub fn decode_split(pairs: usize, kv_len: usize, block_n: u32, sms: u32, ctas_pe
     let tiles_per_split = tiles.div_ceil(want);
     let splits = tiles.div_ceil(tiles_per_split);
     DecodeSplit { splits: splits as u32, keys_per_split: (tiles_per_split * block_n).min(u32::MAX as usize) as u32 }
+}
+
+/// The keys some query position of one (batch, KV head) sees under the modifiers `mp`, with
+/// `q_len` positions against `kv_len` keys: `lo..hi` (empty when none sees any), the range the
+/// modifier variants split (mirror of `mod_keys` as `fwd_decode.cu` calls it). Its length
+/// never decreases with `kv_len` (bottom-right: `min(kv_len, q_len + left)`; top-left:
+/// `min(kv_len, q_len + right)`), so at the longest sequence of a paged cache it bounds every
+/// sequence's, each measured against its own length.
+pub fn mod_key_range(mp: &ModParams, q_len: usize, kv_len: usize) -> std::ops::Range<usize> {
+    let (q, kv) = (q_len as i64, kv_len as i64);
+    let offset = if mp.top_left != 0 { 0 } else { kv - q };
+    let lo = (offset - mp.left as i64).max(0);
+    let hi = (offset + q - 1 + mp.right as i64 + 1).min(kv);
+    let lo = lo.min(kv) as usize;
+    lo..(hi.max(lo as i64) as usize)
+}
+
+/// The keys a split of one (batch, KV head) divides: the sequence, or with modifiers the keys
+/// some position sees ([`mod_key_range`]).
+pub fn split_keys(s: &AttentionShape, mods: Option<&ModParams>) -> usize {
+    mods.map_or(s.kv_len, |m| mod_key_range(m, s.q_len, s.kv_len).len())
 }
 
 impl DecodeSplit {
@@ -571,10 +627,12 @@ impl DecodeConfig {
         Ok(())
     }
 
-    /// Checks a split against the shape: at least one split, whole tiles, every split holding
-    /// keys, the merge's bound.
-    pub fn validate_split(&self, s: &AttentionShape, split: DecodeSplit) -> Result<()> {
+    /// Checks a split against the shape and its modifiers (those of the modifier variants):
+    /// at least one split, whole tiles, every split holding keys of [`split_keys`], the merge's
+    /// bound.
+    pub fn validate_split(&self, s: &AttentionShape, mods: Option<&ModParams>, split: DecodeSplit) -> Result<()> {
         let bn = self.tile().block_n;
+        let keys = split_keys(s, mods);
         let bad = |m: String| Err(NativeError::InvalidArgs(m));
         if split.splits == 0 || split.splits > MAX_SPLITS || split.keys_per_split == 0 || !split.keys_per_split.is_multiple_of(bn) {
             return bad(format!("split {split:?} (1..={MAX_SPLITS} splits of a multiple of {bn} keys)"));
@@ -584,8 +642,8 @@ impl DecodeConfig {
         }
         let covered = split.splits as usize * split.keys_per_split as usize;
         let first_of_last = (split.splits as usize - 1) * split.keys_per_split as usize;
-        if covered < s.kv_len || (split.splits > 1 && first_of_last >= s.kv_len) {
-            return bad(format!("split {split:?} does not cover kv_len {} with non-empty splits", s.kv_len));
+        if covered < keys || (split.splits > 1 && first_of_last >= keys) {
+            return bad(format!("split {split:?} does not cover the {keys} keys to split (kv_len {}) with non-empty splits", s.kv_len));
         }
         Ok(())
     }
@@ -735,9 +793,10 @@ mod launch {
             (self.sms, self.ctas_per_sm)
         }
 
-        /// The split [`decode_split`] gives `s` on this device.
-        pub fn split_for(&self, s: &AttentionShape) -> DecodeSplit {
-            decode_split(s.batch * s.kv_heads, s.kv_len, self.config.tile().block_n, self.sms, self.ctas_per_sm)
+        /// The split [`decode_split`] gives `s` (with the modifiers `mods` of a modifier
+        /// variant: its [`split_keys`]) on this device.
+        pub fn split_for(&self, s: &AttentionShape, mods: Option<&ModParams>) -> DecodeSplit {
+            decode_split(s.batch * s.kv_heads, split_keys(s, mods), self.config.tile().block_n, self.sms, self.ctas_per_sm)
         }
 
         /// Launches decode (and, with several splits, the merge) on `stream`.
@@ -747,13 +806,21 @@ mod launch {
         /// [`DecodeConfig::required_lens`] elements (2-byte elements; f32 for the LSE), and with
         /// more than one split `ptrs.part_o` / `ptrs.part_lse` f32 memory of
         /// [`DecodeSplit::partial_lens`] elements, all valid until the kernels finish on
-        /// `stream`.
-        pub unsafe fn launch_raw(&self, stream: &Arc<CudaStream>, s: &AttentionShape, split: DecodeSplit, ptrs: &DecodePtrs) -> Result<()> {
+        /// `stream`. `mods` is required by a modifier variant (built by [`ModParams::new`] for
+        /// this config and shape) and refused by the others.
+        pub unsafe fn launch_raw(
+            &self,
+            stream: &Arc<CudaStream>,
+            s: &AttentionShape,
+            mods: Option<&ModParams>,
+            split: DecodeSplit,
+            ptrs: &DecodePtrs,
+        ) -> Result<()> {
             if self.config.paged {
                 return Err(NativeError::InvalidArgs(format!("{} reads a paged cache: launch it with launch_paged_raw", self.config.name())));
             }
             // SAFETY: the caller's contract.
-            unsafe { self.launch_any(stream, s, split, ptrs, None) }
+            unsafe { self.launch_any(stream, s, mods, split, ptrs, None) }
         }
 
         /// Launches a paged variant on `stream`: K and V are the pools of `paged`, read through
@@ -764,8 +831,18 @@ mod launch {
         /// As [`Self::launch_raw`], with K and V of [`PagedArgs::pool_elems`] elements, the
         /// table and the lengths valid device memory, every length at most `s.kv_len`, and every
         /// table entry a sequence's length reaches a page of the pool (the kernel zero-fills
-        /// rows of entries outside the pool, but reads the entries themselves).
-        pub unsafe fn launch_paged_raw(&self, stream: &Arc<CudaStream>, s: &AttentionShape, paged: PagedArgs, split: DecodeSplit, ptrs: &DecodePtrs) -> Result<()> {
+        /// rows of entries outside the pool, but reads the entries themselves). `mods` as for
+        /// [`Self::launch_raw`], built for `s` (its `kv_len` the longest sequence; the kernel
+        /// measures each sequence's positions against its own length).
+        pub unsafe fn launch_paged_raw(
+            &self,
+            stream: &Arc<CudaStream>,
+            s: &AttentionShape,
+            mods: Option<&ModParams>,
+            paged: PagedArgs,
+            split: DecodeSplit,
+            ptrs: &DecodePtrs,
+        ) -> Result<()> {
             if !self.config.paged {
                 return Err(NativeError::InvalidArgs(format!("{} reads strided K/V: launch it with launch_raw", self.config.name())));
             }
@@ -776,12 +853,27 @@ mod launch {
                 }
             }
             // SAFETY: the caller's contract.
-            unsafe { self.launch_any(stream, s, split, ptrs, Some(paged)) }
+            unsafe { self.launch_any(stream, s, mods, split, ptrs, Some(paged)) }
         }
 
-        unsafe fn launch_any(&self, stream: &Arc<CudaStream>, s: &AttentionShape, split: DecodeSplit, ptrs: &DecodePtrs, paged: Option<PagedArgs>) -> Result<()> {
+        unsafe fn launch_any(
+            &self,
+            stream: &Arc<CudaStream>,
+            s: &AttentionShape,
+            mods: Option<&ModParams>,
+            split: DecodeSplit,
+            ptrs: &DecodePtrs,
+            paged: Option<PagedArgs>,
+        ) -> Result<()> {
             self.config.validate_args(s)?;
-            self.config.validate_split(s, split)?;
+            if mods.is_some() != self.config.mods.is_some() {
+                return Err(NativeError::InvalidArgs(format!(
+                    "{}: score-modifier parameters {} for this variant",
+                    self.config.name(),
+                    if mods.is_some() { "given" } else { "missing" }
+                )));
+            }
+            self.config.validate_split(s, mods, split)?;
             let named = [("q", ptrs.q), ("k", ptrs.k), ("v", ptrs.v), ("o", ptrs.o), ("lse", ptrs.lse), ("part_o", ptrs.part_o), ("part_lse", ptrs.part_lse)];
             let needed = if split.splits > 1 { 7 } else { 5 };
             for (name, p) in &named[..needed] {
@@ -797,7 +889,10 @@ mod launch {
             };
             let mut b = stream.launch_builder(&self.fwd);
             b.arg(&params);
-            // SAFETY: the parameter struct matches the kernel's signature; memory per contract.
+            if let Some(m) = mods {
+                b.arg(m);
+            }
+            // SAFETY: the parameter structs match the kernel's signature; memory per contract.
             unsafe { b.launch(cfg) }?;
             if split.splits > 1 {
                 let m = MergeParams::new(s, split, ptrs);
@@ -808,6 +903,9 @@ mod launch {
                 };
                 let mut b = stream.launch_builder(&self.merge);
                 b.arg(&m);
+                if let Some(mp) = mods {
+                    b.arg(mp);
+                }
                 // SAFETY: as above; the partial buffers were written by the launch before it on
                 // the same stream.
                 unsafe { b.launch(cfg) }?;
@@ -915,7 +1013,7 @@ mod tests {
                 for (sms, occ) in [(132, 2), (108, 1), (8, 3)] {
                     let sp = decode_split(pairs, kv, bn, sms, occ);
                     let s = AttentionShape::contiguous(Layout::Bhsd, pairs, 4, 1, 1, kv, 128, false);
-                    cfg.validate_split(&s, sp).unwrap_or_else(|e| panic!("pairs {pairs} kv {kv}: {sp:?}: {e}"));
+                    cfg.validate_split(&s, None, sp).unwrap_or_else(|e| panic!("pairs {pairs} kv {kv}: {sp:?}: {e}"));
                     assert!(sp.splits as usize * pairs <= (sms as usize * occ as usize).max(pairs), "more than one wave: {sp:?}");
                     if sp.splits > 1 {
                         assert!(sp.keys_per_split >= MIN_TILES_PER_SPLIT * bn, "{sp:?}");
@@ -926,7 +1024,79 @@ mod tests {
         let s = AttentionShape::contiguous(Layout::Bhsd, 1, 4, 1, 1, 1000, 128, false);
         // Not whole tiles, not covering, an empty last split.
         for bad in [DecodeSplit { splits: 2, keys_per_split: 500 }, DecodeSplit { splits: 1, keys_per_split: 64 }, DecodeSplit { splits: 3, keys_per_split: 512 }, DecodeSplit { splits: 0, keys_per_split: 64 }] {
-            assert!(cfg.validate_split(&s, bad).is_err(), "{bad:?}");
+            assert!(cfg.validate_split(&s, None, bad).is_err(), "{bad:?}");
+        }
+    }
+
+    /// `mod_key_range` is the union of the positions' bands, key by key, and never shrinks as
+    /// the sequence grows (what lets the longest sequence of a paged cache set the split).
+    #[test]
+    fn mod_key_range_is_the_union_of_the_bands() {
+        use crate::mods::{ModValues, MOD_UNBOUNDED};
+        let ext = |x: i64| (x >= 0).then_some(x as u64);
+        for q_len in [1usize, 3, 7] {
+            for top_left in [false, true] {
+                for (left, right) in [(-1i64, -1i64), (0, 0), (2, -1), (-1, 3), (5, 1), (40, 0), (0, 9)] {
+                    let mut prev = 0;
+                    for kv_len in 0..60usize {
+                        let s = AttentionShape::contiguous(Layout::Bhsd, 1, 2, 1, q_len, kv_len, 64, false);
+                        let v = ModValues { top_left, left: ext(left), right: ext(right), ..Default::default() };
+                        let mp = ModParams::new("t", Some(ModVariant::default()), &s, &v).unwrap();
+                        assert!(mp.left <= MOD_UNBOUNDED && mp.right <= MOD_UNBOUNDED);
+                        let off = if top_left { 0 } else { kv_len as i64 - q_len as i64 };
+                        let seen: Vec<usize> = (0..kv_len)
+                            .filter(|&j| {
+                                (0..q_len as i64).any(|i| {
+                                    let d = i + off - j as i64;
+                                    (left < 0 || d <= left) && (right < 0 || -d <= right)
+                                })
+                            })
+                            .collect();
+                        let r = mod_key_range(&mp, q_len, kv_len);
+                        let want = seen.first().map_or(0, |&a| seen.last().unwrap() + 1 - a);
+                        assert_eq!(r.len(), want, "q {q_len} kv {kv_len} tl {top_left} ({left}, {right}): {r:?} vs {seen:?}");
+                        if let Some(&a) = seen.first() {
+                            assert_eq!(r.start, a);
+                        }
+                        assert!(r.len() >= prev, "the span shrank at kv {kv_len}");
+                        prev = r.len();
+                    }
+                }
+            }
+        }
+    }
+
+    /// With modifiers the split divides the keys some position sees: a 100-key window at kv
+    /// 50000 is one split of two tiles' worth, the whole sequence many; validation follows.
+    #[test]
+    fn modifier_splits_cover_only_the_visible_keys() {
+        use crate::mods::ModValues;
+        let cfg = DecodeConfig::new(128, Dtype::F16, 16).unwrap().with_mods(Some(ModVariant::default()));
+        assert_eq!(cfg.name(), "fwd_decode_f16_m16_d128_mods");
+        assert_eq!(cfg.merge().name(), "fwd_decode_merge_f16_d128_mods");
+        assert!(cfg.defines().unwrap().contains(&("MODS".into(), "1".into())));
+        let s = AttentionShape::contiguous(Layout::Bhsd, 1, 8, 2, 2, 50_000, 128, true);
+        let v = ModValues { left: Some(100), ..Default::default() };
+        let mp = ModParams::new(&cfg.name(), cfg.mods, &s, &v).unwrap();
+        // Positions 49998 and 49999 see 49898 ..= 49999.
+        assert_eq!(mod_key_range(&mp, 2, 50_000), 49_898..50_000);
+        assert_eq!(split_keys(&s, Some(&mp)), 102);
+        let bn = cfg.tile().block_n;
+        let sp = decode_split(2, split_keys(&s, Some(&mp)), bn, 132, 2);
+        assert_eq!(sp, DecodeSplit { splits: 1, keys_per_split: 2 * bn });
+        cfg.validate_split(&s, Some(&mp), sp).unwrap();
+        // A split of the whole sequence has splits with no visible key: refused.
+        let whole = decode_split(2, s.kv_len, bn, 132, 2);
+        assert!(whole.splits > 1);
+        assert!(cfg.validate_split(&s, Some(&mp), whole).is_err());
+        // Without the window every key is visible (causal, bottom-right).
+        let open = ModParams::new(&cfg.name(), cfg.mods, &s, &ModValues::default()).unwrap();
+        assert_eq!(split_keys(&s, Some(&open)), 50_000);
+        cfg.validate_split(&s, Some(&open), whole).unwrap();
+        // Every modifier variant is named apart from its plain twin, its merge adds the sinks.
+        for m in DecodeConfig::all_mods() {
+            assert!(m.name().ends_with("_mods_softcap_alibi"), "{}", m.name());
+            assert!(m.merge().mods && !m.with_mods(None).merge().mods);
         }
     }
 

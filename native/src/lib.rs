@@ -68,7 +68,7 @@ pub use arch::Arch;
 pub use decode::DecodeKernel;
 #[cfg(feature = "cuda")]
 pub use append_kv::AppendKvKernel;
-pub use decode::{decode_split, DecodeConfig, DecodeParams, DecodePtrs, PagedArgs, DecodeSplit, DecodeTile, DecodeUnit, MergeConfig, MergeParams, DECODE_TILES};
+pub use decode::{decode_split, mod_key_range, split_keys, DecodeConfig, DecodeParams, DecodePtrs, PagedArgs, DecodeSplit, DecodeTile, DecodeUnit, MergeConfig, MergeParams, DECODE_TILES};
 pub use cache::{default_cache_dir, CacheKey, CompileRequest, CompiledKernel, KernelCache, Origin};
 pub use error::{NativeError, Result};
 /// The shared types of quattn's crates that this crate's API takes: launch shape, element type, strides,

@@ -1,14 +1,15 @@
-//! Score modifiers of the native f16/bf16 kernels (`MODS` variants of `fwd_wgmma.cu` and
-//! `fwd_hmma.cu`): the variant key, the kernel's parameter block and its validation.
+//! Score modifiers of the native f16/bf16 kernels (`MODS` variants of `fwd_wgmma.cu`,
+//! `fwd_hmma.cu` and `fwd_decode.cu`): the variant key, the kernel's parameter block and its
+//! validation.
 
 use crate::error::{NativeError, Result};
 use crate::varlen::VarlenShape;
 use quattn_core::AttentionShape;
 
 /// The score-modifier variant of a kernel (`MODS = 1`, see `common.cuh` and the headers of
-/// `fwd_wgmma.cu` and `fwd_hmma.cu`): the band mask (sliding window, causal and its alignment,
-/// with tile skipping) and attention sinks always; softcap and ALiBi compiled in only where
-/// asked, since they cost work on every score.
+/// `fwd_wgmma.cu`, `fwd_hmma.cu` and `fwd_decode.cu`): the band mask (sliding window, causal
+/// and its alignment, with tile skipping) and attention sinks always; softcap and ALiBi
+/// compiled in only where asked, since they cost work on every score.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize)]
 pub struct ModVariant {
     pub softcap: bool,
@@ -47,13 +48,14 @@ pub const MOD_MAX_HEADS: usize = 128;
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ModParams {
     /// `a(i) = i + offset`: `kv_len - q_len` (bottom-right) or 0 (top-left). Dense launches
-    /// only: the varlen variants compute it per sequence from `bottom_right`.
+    /// only: the varlen variants compute it per sequence from `top_left`.
     pub offset: i32,
     /// Window extents; causal is `right = 0`; [`MOD_UNBOUNDED`]: no bound.
     pub left: i32,
     pub right: i32,
-    /// 1: bottom-right alignment (`offset = kv_len - q_len`), 0: top-left (`offset = 0`).
-    pub bottom_right: i32,
+    /// 1: top-left (`offset` is 0 at any length), 0: bottom-right (`offset` is `kv_len -
+    /// q_len`, which a kernel whose sequences have lengths of their own measures per sequence).
+    pub top_left: i32,
     /// `softcap / scale` and its inverse (raw score units); 0 without a softcap.
     pub cap_raw: f32,
     pub inv_cap_raw: f32,
@@ -106,7 +108,7 @@ impl ModParams {
             offset: if m.top_left { 0 } else { args.kv_len as i32 - args.q_len as i32 },
             left: extent(m.left),
             right,
-            bottom_right: (!m.top_left) as i32,
+            top_left: m.top_left as i32,
             cap_raw: 0.0,
             inv_cap_raw: 0.0,
             alibi_raw: [0.0; MOD_MAX_HEADS],
@@ -154,7 +156,7 @@ impl ModParams {
 
     /// As [`Self::new`] for a variable-length launch: the checks take the longest sequences'
     /// lengths, and `offset` is 0 since the varlen variants align each sequence against its
-    /// own lengths (`bottom_right`).
+    /// own lengths (`top_left`).
     pub fn for_varlen(name: &str, mods: Option<ModVariant>, args: &VarlenShape, m: &ModValues) -> Result<Self> {
         Ok(ModParams { offset: 0, ..Self::new(name, mods, &args.dense_view(), m)? })
     }

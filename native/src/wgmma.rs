@@ -634,7 +634,7 @@ mod tests {
         assert_eq!(WgmmaConfig::all().iter().filter(|c| c.mods.is_some() && !c.varlen).count(), 8);
         assert_eq!(WgmmaConfig::all().iter().filter(|c| c.mods.is_some() && c.varlen).count(), 8);
         // The alignment travels as a flag too (the varlen variants align per sequence).
-        assert_eq!((p.bottom_right, tl.bottom_right), (1, 0));
+        assert_eq!((p.top_left, tl.top_left), (0, 1));
     }
 
     #[test]
@@ -669,9 +669,9 @@ mod tests {
         let (slopes, sinks) = ([0.25f32; 8], [0.5f32; 8]);
         let v = ModValues { top_left: false, left: Some(32), right: None, softcap: None, alibi_slopes: Some(&slopes), sinks: Some(&sinks) };
         let mp = ModParams::for_varlen(&m.name(), m.mods, &a, &v).unwrap();
-        assert_eq!((mp.offset, mp.bottom_right, mp.left, mp.right), (0, 1, 32, 0));
+        assert_eq!((mp.offset, mp.top_left, mp.left, mp.right), (0, 0, 32, 0));
         let tl = ModParams::for_varlen(&m.name(), m.mods, &VarlenShape { causal: false, ..a }, &ModValues { top_left: true, ..v }).unwrap();
-        assert_eq!((tl.offset, tl.bottom_right, tl.right), (0, 0, MOD_UNBOUNDED));
+        assert_eq!((tl.offset, tl.top_left, tl.right), (0, 1, MOD_UNBOUNDED));
         let long = VarlenShape { max_kv_len: 1 << 29, total_k: 1 << 29, ..a };
         assert!(ModParams::for_varlen(&m.name(), m.mods, &long, &v).unwrap_err().to_string().contains("2^29"));
         assert!(ModParams::for_varlen(&c.name(), c.mods, &a, &v).unwrap_err().to_string().contains("takes no score modifiers"));

@@ -10,7 +10,7 @@ mod common;
 use common::tools_or_skip;
 
 use quattn_native::report::{report_variant, KernelReport};
-use quattn_native::{Arch, DecodeConfig, DecodeTile, DecodeUnit, Dtype, KernelCache, KernelVariant};
+use quattn_native::{Arch, DecodeConfig, DecodeTile, DecodeUnit, Dtype, KernelCache, KernelVariant, MergeConfig, ModVariant};
 
 fn count(r: &KernelReport, op: &str) -> usize {
     r.instructions.get(op).copied().unwrap_or(0)
@@ -37,9 +37,10 @@ fn reports(cache: &KernelCache, units: &[DecodeUnit], archs: &[Arch]) -> Vec<Ker
     v.into_iter().map(|(_, r)| r).collect()
 }
 
-/// Every decode variant and merge on every target: compiled, the intended HMMA form and nothing
-/// else, cp.async for K and V, no spill, no local memory; the per-tile MMA counts of the loop
-/// body; two CTAs fit an SM by registers (the occupancy the split function counts on).
+/// Every decode variant (the score-modifier variants too) and merge on every target: compiled,
+/// the intended HMMA form and nothing else, cp.async for K and V, no spill, no local memory; the
+/// per-tile MMA counts of the loop body; two CTAs fit an SM by registers (the occupancy the split
+/// function counts on).
 #[test]
 fn every_decode_unit_compiles_without_spills_and_uses_the_intended_mma() {
     if !tools_or_skip("every_decode_unit_compiles") {
@@ -61,7 +62,9 @@ fn every_decode_unit_compiles_without_spills_and_uses_the_intended_mma() {
         // 2 CTAs of 128 threads per SM need at most 255 registers a thread; the merge is small.
         assert!(regs > 0 && regs <= 255, "{}: {regs} registers", r.kernel);
     }
-    for cfg in DecodeConfig::all() {
+    assert!(reports.iter().any(|r| r.kernel.ends_with("_mods_softcap_alibi")));
+    assert!(reports.iter().any(|r| r.kernel.starts_with("fwd_decode_merge") && r.kernel.ends_with("_mods")));
+    for cfg in DecodeConfig::all().into_iter().chain(DecodeConfig::all_mods()) {
         let t = cfg.tile();
         // One warp's tile: Q·Kᵀ over its key slice (hd/16 k-steps x slice/8 n8 tiles) and P·V
         // (slice/16 k-steps x hd/8 n8 tiles): equal counts. The loop body appears twice (masked
@@ -148,4 +151,50 @@ fn paged_variants_match_their_strided_twins_on_sm90() {
 
 fn r_regs(r: &KernelReport) -> u32 {
     r.registers.expect("ptxas reported registers")
+}
+
+/// The score-modifier variants (every target's compile is checked above) against their plain
+/// twins on the H100's target: the same matrix work (the modifiers touch scores only, and masked
+/// and mask-free tiles are still two loop bodies), more MUFU.EX2 with softcap (its tanh)
+/// compiled in, no local memory; on every target, the variants with only the band and sinks and
+/// with one of softcap and ALiBi compile without local memory too, and the merge's sink variant
+/// stays free of matrix opcodes.
+#[test]
+fn modifier_variants_match_their_plain_twins() {
+    if !tools_or_skip("decode_modifier_variants") {
+        return;
+    }
+    let cache = KernelCache::new(None);
+    let mods = DecodeConfig::all_mods();
+    let pairs: Vec<DecodeUnit> = mods.iter().flat_map(|c| [DecodeUnit::Attention(*c), DecodeUnit::Attention(c.with_mods(None))]).collect();
+    let mut others = Vec::new();
+    for v in [ModVariant::default(), ModVariant { softcap: true, alibi: false }, ModVariant { softcap: false, alibi: true }] {
+        for paged in [false, true] {
+            others.push(DecodeUnit::Attention(DecodeConfig::new(128, Dtype::Bf16, 24).unwrap().with_paged(paged).with_mods(Some(v))));
+        }
+    }
+    for hd in [64, 128] {
+        others.push(DecodeUnit::Merge(MergeConfig { head_dim: hd, output: Dtype::F16, mods: true }));
+    }
+    let mut got = reports(&cache, &pairs, &[Arch::Sm90]);
+    got.extend(reports(&cache, &others, DecodeConfig::TARGETS));
+    for r in &got {
+        println!("{} {:?}", r.summary(), r.instructions);
+        assert!(r.ok(), "{}", r.summary());
+        assert_eq!(r.stack_frame_bytes, Some(0), "{}: local memory", r.summary());
+        assert!(r_regs(r) <= 255, "{}", r.summary());
+    }
+    let at = |name: &str, arch: Arch| got.iter().find(|r| r.kernel == name && r.arch == arch).unwrap();
+    for c in &mods {
+        let (m, p) = (at(&c.name(), Arch::Sm90), at(&c.with_mods(None).name(), Arch::Sm90));
+        for op in ["HMMA.16816.F32", "HMMA.16816.F32.BF16", "LDSM.16.M88.4", "LDSM.16.MT88.4"] {
+            assert_eq!(count(m, op), count(p, op), "{} vs {}: {op}", m.summary(), p.summary());
+        }
+        assert!(count(m, "LDGSTS.E.BYPASS.LTC128B.128") > 0, "{}", m.summary());
+        assert!(count(m, "MUFU.EX2") > count(p, "MUFU.EX2"), "{}: softcap's exp2", m.summary());
+    }
+    for r in got.iter().filter(|r| r.kernel.starts_with("fwd_decode_merge")) {
+        assert!(r.kernel.ends_with("_mods"), "{}", r.kernel);
+        assert!(r.instructions.keys().all(|k| !k.contains("MMA")), "{}", r.summary());
+    }
 }

@@ -412,8 +412,10 @@ impl CudaBackend {
     }
 
     /// Split-KV decode: f16 or bf16 with f32 accumulation, at most
-    /// [`DecodeConfig::MAX_ROWS`] query rows (`group · q_len`) per KV head. The plan records the
-    /// split the device's occupancy gives ([`quattn_native::decode_split`]).
+    /// [`DecodeConfig::MAX_ROWS`] query rows (`group · q_len`) per KV head; a problem with score
+    /// modifiers takes the modifier variant (refused, typed, where its parameter block cannot
+    /// hold them). The plan records the split the device's occupancy gives
+    /// ([`quattn_native::decode_split`], over the keys some position sees with modifiers).
     fn decode_row(&self, problem: &AttentionProblem, precision: Precision) -> std::result::Result<Choice, Reject> {
         let na = |e: String| Reject::NotApplicable(e);
         let input = match precision {
@@ -439,14 +441,21 @@ impl CudaBackend {
         let config = DecodeConfig::new(problem.head_dim, input, rows).map_err(|e| na(e.to_string()))?.with_paged(problem.paged.is_some());
         let shape = problem.shape();
         config.validate_args(&shape).map_err(|e| na(e.to_string()))?;
+        let config = with_mod_variant(config, problem, |c| c.mods = Some(mod_variant(problem)), |c| (c.name(), c.mods))?;
+        let mods = match config.mods {
+            Some(v) => Some(mod_params(&config.name(), v, problem).map_err(|e| na(e.to_string()))?),
+            None => None,
+        };
         let id = NativeKernelId::Decode(DecodeUnit::Attention(config));
         let choice = self.native_choice(id, None, None)?;
         let loaded = self.load(id).map_err(|e| na(e.to_string()))?;
         let Loaded::Decode(kernel) = &*loaded else {
             return not_applicable(format!("{id} loaded as another family"));
         };
-        let split = kernel.split_for(&shape);
-        config.validate_split(&shape, split).map_err(|e| na(e.to_string()))?;
+        // With modifiers the split divides only the keys some position sees (at the longest
+        // sequence of a paged cache, which bounds every sequence's).
+        let split = kernel.split_for(&shape, mods.as_ref());
+        config.validate_split(&shape, mods.as_ref(), split).map_err(|e| na(e.to_string()))?;
         log::debug!("decode plan {id}: {} splits of {} keys ({:?} SMs x CTAs per SM)", split.splits, split.keys_per_split, kernel.occupancy());
         let KernelId::Native(mut n) = choice.kernel else { return Err(Reject::NotApplicable("not a native choice".into())) };
         n.split = Some(split);
@@ -944,6 +953,10 @@ impl CudaBackend {
                     (0, 0) => (0, 0),
                     need => self.decode_partials(plan, stream, need)?,
                 };
+                let mods = match k.config().mods {
+                    Some(v) => Some(mod_params(&k.config().name(), v, p).map_err(failed)?),
+                    None => None,
+                };
                 let mut ptrs = DecodePtrs { q: call.q, k: call.k, v: call.v, o: call.o, lse: call.lse, part_o, part_lse, ..Default::default() };
                 match (&p.paged, k.config().paged) {
                     (Some(pg), true) if call.tables != 0 => {
@@ -954,12 +967,12 @@ impl CudaBackend {
                         // SAFETY: as above; the table and lengths were validated with the plan
                         // (every entry a sequence reads is a page of the pool) and copied to
                         // `call.tables` on this stream.
-                        unsafe { k.launch_paged_raw(stream, &shape, geometry, split, &ptrs) }.map_err(failed)?;
+                        unsafe { k.launch_paged_raw(stream, &shape, mods.as_ref(), geometry, split, &ptrs) }.map_err(failed)?;
                     }
                     (None, false) => {
                         record(&start)?;
                         // SAFETY: as above; the partial buffers hold `partial_lens` elements.
-                        unsafe { k.launch_raw(stream, &shape, split, &ptrs) }.map_err(failed)?;
+                        unsafe { k.launch_raw(stream, &shape, mods.as_ref(), split, &ptrs) }.map_err(failed)?;
                     }
                     _ => return Err(Error::Kernel { kernel: name(), reason: "a paged problem without its block table, or a paged kernel for strided K/V".into() }),
                 }
@@ -1655,15 +1668,15 @@ mod tests {
 
         // Each sequence aligns itself: the launch carries the alignment, not an offset.
         let mp = mod_params(&w.name(), ModVariant { softcap: true, alibi: true }, &p).unwrap();
-        assert_eq!((mp.offset, mp.bottom_right, mp.left, mp.right), (0, 1, 64, 0));
+        assert_eq!((mp.offset, mp.top_left, mp.left, mp.right), (0, 0, 64, 0));
         assert_eq!(mp.sink_log2[1], -std::f32::consts::LOG2_E);
         let tl = p.clone().causal_align(crate::CausalAlign::TopLeft);
         let mt = mod_params(&w.name(), ModVariant { softcap: true, alibi: true }, &tl).unwrap();
-        assert_eq!((mt.offset, mt.bottom_right), (0, 0));
+        assert_eq!((mt.offset, mt.top_left), (0, 1));
         // The dense problem's parameters keep their launch-wide offset.
         let dense = AttentionProblem::new(1, 4, 100, 128).kv_len(300).window(64, 0);
         let md = mod_params("dense", ModVariant::default(), &dense).unwrap();
-        assert_eq!((md.offset, md.bottom_right), (200, 1));
+        assert_eq!((md.offset, md.top_left), (200, 0));
 
         // More heads than the parameter block holds: refused by name.
         let many = AttentionProblem::new(1, 130, 1, 128)
