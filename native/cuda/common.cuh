@@ -510,6 +510,21 @@ __device__ __forceinline__ void cta_named_arrive(int id, int count) {
 // the CTA's head read the parameter space, no local copy). A dense launch has one offset for
 // every row (`offset`); the VARLEN variants align each sequence against its own lengths, so
 // they take the alignment (`top_left`) and compute the offset per sequence (mod_offset).
+
+// The modifier switches of the kernels with MODS variants (-D on the NVRTC command line; off
+// when absent). Softcap and ALiBi are parts of a MODS variant.
+#ifndef MODS
+#define MODS 0
+#endif
+#ifndef MOD_SOFTCAP
+#define MOD_SOFTCAP 0
+#endif
+#ifndef MOD_ALIBI
+#define MOD_ALIBI 0
+#endif
+#if (MOD_SOFTCAP || MOD_ALIBI) && !MODS
+#error "MOD_SOFTCAP and MOD_ALIBI need MODS"
+#endif
 #define MOD_UNBOUNDED (1 << 29)
 #define MOD_MAX_HEADS 128
 struct ModParams {

@@ -26,9 +26,6 @@
 #if !defined(HEAD_DIM) || !defined(OUT_BF16)
 #error "decode_merge.cu needs HEAD_DIM, OUT_BF16"
 #endif
-#ifndef MODS
-#define MODS 0
-#endif
 
 namespace cfg {
 constexpr int D = HEAD_DIM;

@@ -65,18 +65,6 @@
 #if !defined(HEAD_DIM) || !defined(WARPS_M) || !defined(BLOCK_N) || !defined(STAGES) || !defined(IN_BF16) || !defined(PAGED)
 #error "fwd_decode.cu needs HEAD_DIM, WARPS_M, BLOCK_N, STAGES, IN_BF16, PAGED"
 #endif
-#ifndef MODS
-#define MODS 0
-#endif
-#ifndef MOD_SOFTCAP
-#define MOD_SOFTCAP 0
-#endif
-#ifndef MOD_ALIBI
-#define MOD_ALIBI 0
-#endif
-#if (MOD_SOFTCAP || MOD_ALIBI) && !MODS
-#error "MOD_SOFTCAP and MOD_ALIBI need MODS"
-#endif
 
 namespace cfg {
 constexpr int D = HEAD_DIM;

@@ -63,18 +63,6 @@
 #ifndef Q_IN_REGS
 #define Q_IN_REGS 1
 #endif
-#ifndef MODS
-#define MODS 0
-#endif
-#ifndef MOD_SOFTCAP
-#define MOD_SOFTCAP 0
-#endif
-#ifndef MOD_ALIBI
-#define MOD_ALIBI 0
-#endif
-#if (MOD_SOFTCAP || MOD_ALIBI) && !MODS
-#error "MOD_SOFTCAP and MOD_ALIBI need MODS"
-#endif
 #ifndef VARLEN
 #define VARLEN 0
 #endif
