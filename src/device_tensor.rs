@@ -245,12 +245,7 @@ impl Session {
     ) -> Result<crate::PagedKv> {
         let backend = self.cubecl_backend::<R>()?;
         let batch = cache.batch();
-        for (name, v) in [("batch", batch), ("kv_heads", kv_heads), ("head_dim", head_dim), ("v_head_dim", v_head_dim)] {
-            if v == 0 {
-                return Err(Error::ZeroSize { name });
-            }
-        }
-        cache.check_append(new_tokens)?;
+        cache.check_append(kv_heads, head_dim, v_head_dim, new_tokens)?;
         let es = dtype.size_bytes();
         for (tensor, h, elems) in [
             (TensorName::K, pools[0], cache.pool_elems(kv_heads, head_dim)),

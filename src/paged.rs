@@ -171,12 +171,7 @@ impl PagedKv {
     ) -> Result<PagedKv> {
         use crate::error::TensorName;
         let batch = self.batch();
-        for (name, v) in [("batch", batch), ("kv_heads", kv_heads), ("head_dim", head_dim), ("v_head_dim", v_head_dim)] {
-            if v == 0 {
-                return Err(Error::ZeroSize { name });
-            }
-        }
-        self.check_append(new_tokens)?;
+        self.check_append(kv_heads, head_dim, v_head_dim, new_tokens)?;
         for (tensor, expected, got) in [
             (TensorName::K, self.pool_elems(kv_heads, head_dim), k_pages.len()),
             (TensorName::V, self.pool_elems(kv_heads, v_head_dim), v_pages.len()),
@@ -201,11 +196,16 @@ impl PagedKv {
         Ok(self.grown(new_tokens))
     }
 
-    /// The table checks of an append of `new_tokens` keys per sequence: every page the new
-    /// positions fall in is in the table and the pool, and no two appended keys share a pool
-    /// row (the result would depend on the order of the writes).
-    pub(crate) fn check_append(&self, new_tokens: usize) -> Result<()> {
+    /// The checks of an append of `new_tokens` keys per sequence, before any buffer: no zero
+    /// size, every page the new positions fall in is in the table and the pool, and no two
+    /// appended keys share a pool row (the result would depend on the order of the writes).
+    pub(crate) fn check_append(&self, kv_heads: usize, head_dim: usize, v_head_dim: usize, new_tokens: usize) -> Result<()> {
         let batch = self.batch();
+        for (name, v) in [("batch", batch), ("kv_heads", kv_heads), ("head_dim", head_dim), ("v_head_dim", v_head_dim)] {
+            if v == 0 {
+                return Err(Error::ZeroSize { name });
+            }
+        }
         self.validate_table(batch, new_tokens)?;
         let mut written = std::collections::HashSet::new();
         for b in 0..batch {

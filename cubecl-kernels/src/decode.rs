@@ -455,12 +455,12 @@ pub(crate) fn launch<R: Runtime>(
     handles: [&Handle; 4],
     lse: (Handle, u64),
     plane_reduce: bool,
-    paged: Option<&PagedCache<'_>>,
+    cache: Option<&PagedCache<'_>>,
 ) -> Result<LaunchInfo, LaunchError> {
     let (info, prep) = prepare(client, kernel, t, args, dtype, plane_reduce)?;
     let Some(mut prep) = prep else { return Ok(info) };
     // Without a cache the kernels never read the table: one word stands in.
-    let (table, table_words) = match paged {
+    let (table, table_words) = match cache {
         Some(c) => {
             prep.pages = [c.page_size.trailing_zeros(), c.max_pages, args.batch * c.max_pages, c.num_pages.max(1)];
             (c.table.clone(), c.table_words(args.batch) as usize)
@@ -470,7 +470,6 @@ pub(crate) fn launch<R: Runtime>(
     // SAFETY: `launch_paged` checked that the table holds `table_words` words; the stand-in
     // holds one.
     let table_arg = || unsafe { ArrayArg::from_raw_parts(table.clone(), table_words) };
-    let cache = paged;
     let paged = cache.is_some();
     let mut extents = args.extents();
     if let Some(c) = cache {
@@ -589,12 +588,6 @@ impl PagedCache<'_> {
         self.num_pages as u64 * self.page_size as u64 * kv_heads as u64 * dim as u64
     }
 
-    /// `shape` with K and V strided as the pools: `[.., kv_heads, dim]` rows of one page slot.
-    fn pool_shape(&self, shape: &AttentionShape) -> AttentionShape {
-        let pool = |dim: usize| quattn_core::Strides { batch: 0, head: dim, seq: shape.kv_heads * dim };
-        AttentionShape { k: pool(shape.head_dim), v: pool(shape.v_head_dim), ..*shape }
-    }
-
     fn check(&self, args: &Args) -> Result<(), LaunchError> {
         let bad = |reason: String| Err(LaunchError::InvalidProblem { reason });
         if !self.page_size.is_power_of_two() {
@@ -610,6 +603,13 @@ impl PagedCache<'_> {
     }
 }
 
+/// `shape` with K and V strided as a paged cache's pools: `[.., kv_heads, dim]` rows of one
+/// page slot (the kernels add each row's slot through the table).
+fn pool_shape(shape: &AttentionShape) -> AttentionShape {
+    let pool = |dim: usize| quattn_core::Strides { batch: 0, head: dim, seq: shape.kv_heads * dim };
+    AttentionShape { k: pool(shape.head_dim), v: pool(shape.v_head_dim), ..*shape }
+}
+
 /// The decode kernel for a paged cache of `page_size`-key pages ([`PagedCache`]): the decode
 /// family's choice with any KV length (`shape.kv_len` the longest sequence), tile tilings only
 /// where a key tile fits in a page.
@@ -617,13 +617,14 @@ pub fn select_paged<R: Runtime>(client: &ComputeClient<R>, shape: &AttentionShap
     if !page_size.is_power_of_two() {
         return Err(LaunchError::InvalidProblem { reason: format!("page size {page_size} is not a power of two") });
     }
-    let cache_shape = AttentionShape { k: shape.q, v: shape.o, ..*shape };
-    let args = Args::new(&cache_shape)?;
-    select_with(client, &args, &cache_shape, dtype, Accumulation::default(), Some(page_size))
+    let pool_shape = pool_shape(shape);
+    let args = Args::new(&pool_shape)?;
+    select_with(client, &args, &pool_shape, dtype, Accumulation::default(), Some(page_size))
 }
 
-/// [`crate::launch`] with K and V in a paged cache: a decode kernel from [`select_paged`] (a
-/// tile tiling whose key tile fits a page), `shape.kv_len` the longest sequence. Checks the
+/// [`crate::launch`] with K and V in a paged cache: a decode kernel from [`select_paged`] (its
+/// key tiles, or the row kernel's V key groups, within a page), `shape.kv_len` the longest
+/// sequence. Checks the
 /// kernel's fit, the buffers' extents (Q, O and the LSE by the shape, each pool by its pages,
 /// the table by the batch), then enqueues.
 #[allow(clippy::too_many_arguments)]
@@ -642,7 +643,7 @@ pub fn launch_paged<R: Runtime>(
     let PortableKernel::Decode(t) = kernel else {
         return Err(LaunchError::WrongKernel { kernel: kernel.name(), reason: "paged caches are read by the decode kernels only".into() });
     };
-    let pool_shape = cache.pool_shape(shape);
+    let pool_shape = pool_shape(shape);
     let args = Args::new(&pool_shape)?;
     cache.check(&args)?;
     // The tile kernel reads a key tile from one page; the row kernel reads each group's V keys
