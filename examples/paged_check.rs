@@ -1,6 +1,7 @@
 //! Paged KV cache on a CUDA GPU: the native paged decode variants (`fwd_decode_paged_*`) against
 //! the f64 reference at every page size, ragged lengths (an empty sequence, one shorter than a
-//! page), GQA, causal chunks, f16 and bf16; the device-tensor path bit-identical to the host
+//! page), GQA, causal chunks, prefills of more query rows than one tile packs (row blocks, with
+//! and without score modifiers), f16 and bf16; the device-tensor path bit-identical to the host
 //! path; the `append_kv` kernel bit-exact with `PagedKv::append` and flagging a missing page;
 //! and the time of paged decode against the contiguous cache at the decode shape
 //! (batch 8, 32 q heads over 8 KV heads, q_len 1, kv 32k, head dim 128, f16).
@@ -73,6 +74,18 @@ fn cases(ps: usize, seed: u64) -> Vec<AttentionProblem> {
         AttentionProblem::new(3, 8, 4, 64).kv_heads(2).causal(true).with_lse(true).paged_kv(pk(&[2 * ps + 3, 3, 1500], 1)),
         AttentionProblem::new(3, 32, 1, 128).kv_heads(8).with_lse(true).paged_kv(pk(&[4096, 100, 2049], 2)),
         AttentionProblem::new(2, 4, 16, 128).kv_heads(1).causal(true).layout(quattn::Layout::Bshd).with_lse(true).paged_kv(pk(&[5000, 9], 3)),
+        // Prefills: 4 x 100 rows per KV head (row blocks spanning two heads), one sequence
+        // shorter than q_len (its first positions see no key); 3 x 90 rows with a window, sinks
+        // and softcap.
+        AttentionProblem::new(2, 8, 100, 128).kv_heads(2).causal(true).with_lse(true).paged_kv(pk(&[700 + ps, 60], 4)),
+        AttentionProblem::new(2, 3, 90, 64)
+            .kv_heads(1)
+            .causal(true)
+            .window(40, 0)
+            .softcap(20.0)
+            .sinks(vec![0.5f32, -1.0, 2.0])
+            .with_lse(true)
+            .paged_kv(pk(&[1000, 3 * ps + 1], 5)),
     ]
 }
 
@@ -203,6 +216,7 @@ fn sanitize(s: &Session, ctx: &std::sync::Arc<CudaContext>) -> Result<bool, BoxE
         for p in [
             AttentionProblem::new(3, 8, 1, 128).kv_heads(2).with_lse(true).paged_kv(pk(&[2000, 0, 17])),
             AttentionProblem::new(2, 8, 4, 64).kv_heads(2).causal(true).with_lse(true).paged_kv(pk(&[3000, 5])),
+            AttentionProblem::new(2, 4, 40, 128).kv_heads(1).causal(true).with_lse(true).paged_kv(pk(&[900, 30])),
         ] {
             ok &= check_case(s, &p, precision, 5)?;
         }

@@ -85,7 +85,8 @@ pub enum NativeKind {
     HipMfmaFp8,
     /// Split-KV decode (flash-decoding) on mma.sync, f16/bf16 with f32 accumulation (sm_80+):
     /// the query rows of a GQA group (times q_len, at most 64) in one tile against a slice of
-    /// the keys, the slices merged by their LSE.
+    /// the keys, the slices merged by their LSE in the same launch; on a paged cache also any
+    /// number of rows (a prefill), in tiles of 64.
     Decode,
     /// NVFP4 Q·Kᵀ on the block-scaled mma.sync (sm_120a; compiled and SASS-checked, not run on
     /// hardware, no launch path in the facade yet: its row never selects it).

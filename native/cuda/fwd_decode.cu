@@ -1,14 +1,17 @@
 // Decode attention (flash-decoding) on mma.sync m16n8k16: few query rows against a long KV
-// sequence, bound by the bandwidth of reading K and V once.
+// sequence, bound by the bandwidth of reading K and V once; and, for paged caches, prefill.
 //
-// Work split. One CTA = one (batch, KV head, split): the query rows of every Q head of the KV
-// head's GQA group at every query position, packed into one tile (row r = h * q_len + i for
-// group head h and position i, rows = group * q_len <= BM), against the keys
+// Work split. One CTA = one (batch, KV head, row block, split). The query rows of every Q head of
+// the KV head's GQA group at every query position are packed (row r = h * q_len + i for group
+// head h and position i, rows = group * q_len); a row block is BM of them (one block for decode,
+// rows <= BM; several for a prefill against a paged cache), against the keys
 // [split * keys_per_split, +keys_per_split) of the sequence. K and V are thus read once per
-// group instead of once per Q head, and the grid (splits, kv_heads, batch) fills the device
-// when batch * kv_heads alone cannot (the host's split function, src/decode.rs, says how many
-// splits). With one split the CTA writes the final O and LSE; with several it writes its
-// normalized partial O (f32) and LSE per row, and `decode_merge.cu` combines the splits.
+// group and row block instead of once per Q head, and the grid (splits * row blocks, kv_heads,
+// batch) fills the device when batch * kv_heads alone cannot (the host's split function,
+// src/decode.rs, says how many splits). With one split the CTA writes the final O and LSE; with
+// several it writes its normalized partial O (f32) and LSE per row, and the last split of the
+// row block to finish (an atomic count per row block) merges them into O and the LSE
+// (`cta_merge_splits`), so decode is one launch.
 //
 // Warps. WARPS_M warps own one m16 row tile each (BM = 16 * WARPS_M); the WN = 4 / WARPS_M
 // warps of a row tile take disjoint KW = BLOCK_N / WN key slices of every KV tile and keep
@@ -22,22 +25,24 @@
 // the speed of this kernel.
 //
 // Masks. Keys past kv_len (the last tile of the last split) and, causal, bottom-right aligned:
-// position i sees keys j < i + 1 + kv_len - q_len. Only tiles that reach past the first row's
-// limit carry mask code. Rows that see no key of the split keep max -inf and sum 0: their
-// partial O is 0 and their LSE -inf, which the merge weighs as nothing.
+// position i sees keys j < i + 1 + kv_len - q_len. Keys past the block's last position's limit
+// are not loaded; only tiles that reach past its first position's limit carry mask code. Rows
+// that see no key of the split keep max -inf and sum 0: their partial O is 0 and their LSE -inf,
+// which the merge weighs as nothing.
 //
 // Score modifiers (MODS 1, a second kernel argument `ModParams` of common.cuh). Position i sits
 // at a(i) = i + offset, offset = kv_len - q_len (bottom-right, with the sequence's own kv_len
 // when PAGED) or 0 (top-left), and sees keys a(i) - left ..= a(i) + right. The splits divide
-// only the keys some position sees, lo ..< hi (`mod_keys`; the host's split counts hi - lo at
-// the longest length, which bounds every sequence's: see `mod_key_range` in src/decode.rs):
-// split s takes lo + s * keys_per_split onwards, so keys outside every row's band are never
-// loaded (loads zero-fill from hi on) and a narrow window runs few tiles. Tiles every position
+// only the keys some position of the row block sees, lo ..< hi (`mod_keys`; the host's split
+// counts hi - lo over all positions at the longest length, which bounds every block's and
+// sequence's: see `mod_key_range` in src/decode.rs): split s takes lo + s * keys_per_split
+// onwards, so keys outside every row's band are never loaded (loads zero-fill from hi on) and a
+// narrow window runs few tiles. Tiles every position
 // sees whole carry no mask code; the others mask per row (its band and the sequence end). Each
 // packed row has its own Q head and position: its ALiBi slope and a(i) are the row's, applied
 // with softcap to every score (`thread_mod_score`). Sinks join the denominator once: in the
-// epilogue with one split, in the merge (decode_merge.cu's MODS variant) with several, where
-// the partial states leave them out; a row that sees no key keeps O = 0 and LSE = -inf.
+// epilogue with one split, in the merge with several, where the partial states leave them out;
+// a row that sees no key keeps O = 0 and LSE = -inf.
 //
 // Paged KV (PAGED 1). K and V are pools [num_pages, page_size, kv_heads, D] read through the
 // block table [batch, max_pages]: key j of sequence b is row j % page_size of page
@@ -74,6 +79,7 @@ constexpr int WARPS = WM * WN;
 constexpr int THREADS = 32 * WARPS;
 constexpr int BM = 16 * WM;                 // query rows per CTA (padded)
 constexpr int BN = BLOCK_N;
+constexpr int MAX_SPLITS = 128;             // src/decode.rs MAX_SPLITS: bounds the merge's weights
 constexpr int KW = BN / WN;                 // keys per warp per tile
 constexpr int ROW_BYTES = 2 * D;            // 16-bit elements
 constexpr int CHUNKS = D / 8;               // 16-byte chunks per row
@@ -106,6 +112,7 @@ struct DecodeParams {
     u64 q, k, v;                // inputs (16-bit)
     u64 o, lse;                 // final O (16-bit, strided) and LSE (f32 [batch, q_heads, q_len])
     u64 part_o, part_lse;       // splits > 1: f32 partial O [pair][split][rows][D], LSE [pair][split][rows]
+    u64 counters;               // splits > 1: u32 [pair][row block], zero between launches
     u64 block_table, seq_lens;  // PAGED: i32 [batch, max_pages] and i32 [batch]
     i64 q_batch_stride, q_head_stride, q_seq_stride;   // in elements; head dim is contiguous
     i64 k_batch_stride, k_head_stride, k_seq_stride;
@@ -336,15 +343,100 @@ __device__ __forceinline__ void warp_decode_tile(WarpState& st, const u32 (&qf)[
     warp_value_matmul<1, cfg::P_STEPS, cfg::D, false, IN_BF16 != 0>(st.o, p, v_w, vl);
 }
 
-// Grid: x = split, y = KV head, z = batch. 4 warps. The modifier variants tell ptxas that two
-// CTAs per SM is the aim (their shared memory allows no more on sm_90): left to guess, it keeps
-// to three CTAs' registers and spills a value at 32 rows.
+// The merge of the splits' states of rows [r0, r0 + n) of one (batch, KV head), by the last CTA
+// of their row block to finish (after every split's partial O and LSE is visible to it). A state
+// is O_s over the split's keys (normalized over them) and LSE_s, the natural log of their softmax
+// denominator; over the union: LSE = M + ln W, M = max_s LSE_s, W = Σ_s exp(LSE_s - M), and O =
+// Σ_s (exp(LSE_s - M) / W) O_s, so no exponent overflows. A state with LSE_s = -inf (no visible
+// key) weighs 0 and its O is never read; a row whose states are all -inf gets O = 0 and LSE =
+// -inf. MODS: the states leave the sinks out; the row's sink joins W here, once, for a row some
+// state saw a key in. The partials are read through L2 (`ld.global.cg`): other CTAs wrote them.
+// The weights go to shared memory first, so the O loads of a chunk (every split's) and of two
+// chunks per thread are independent: the merge costs a few L2 round trips, not one per state.
+constexpr int MERGE_FLOATS = (cfg::MAX_SPLITS + 1) * cfg::BM;
+static_assert(MERGE_FLOATS * 4 <= STAGES * cfg::STAGE_BYTES, "the merge's weights fit in the stages");
+
+__device__ __forceinline__ void thread_merge_chunk(const DecodeParams& p, const float* w_row, float inv, const float* o_row, int chunk,
+                                                   float (&acc)[8]) {
+#pragma unroll
+    for (int x = 0; x < 8; ++x) acc[x] = 0.f;
+#pragma unroll 4
+    for (int s = 0; s < p.splits; ++s) {
+        const float w = w_row[s * cfg::BM] * inv;
+        if (w == 0.f) continue;   // an empty state's O is never read
+        const float4* src = reinterpret_cast<const float4*>(o_row + (i64)s * p.rows * cfg::D + chunk * 8);
+        const float4 a = __ldcg(src), b = __ldcg(src + 1);
+        acc[0] += w * a.x; acc[1] += w * a.y; acc[2] += w * a.z; acc[3] += w * a.w;
+        acc[4] += w * b.x; acc[5] += w * b.y; acc[6] += w * b.z; acc[7] += w * b.w;
+    }
+}
+
+__device__ __forceinline__ void thread_store_chunk(const DecodeParams& p, int batch, int kv_head, int r, int chunk, const float (&acc)[8]) {
+    const int head = kv_head * p.group + r / p.q_len, pos = r % p.q_len;
+    unsigned short* dst = reinterpret_cast<unsigned short*>(p.o) + batch * p.o_batch_stride + (i64)head * p.o_head_stride +
+                          (i64)pos * p.o_seq_stride + chunk * 8;
+    const u32 x = thread_pack_in(acc[0], acc[1]), y = thread_pack_in(acc[2], acc[3]);
+    const u32 z = thread_pack_in(acc[4], acc[5]), w = thread_pack_in(acc[6], acc[7]);
+    asm volatile("st.global.v4.b32 [%0], {%1,%2,%3,%4};\n" :: "l"(dst), "r"(x), "r"(y), "r"(z), "r"(w) : "memory");
+}
+
+__device__ __forceinline__ void cta_merge_splits(const DecodeParams& p, float* smem_f, int pair, int r0, int n MOD_ARG) {
+    constexpr float LOG2E = 1.4426950408889634f, LN2 = 0.6931471805599453f;
+    float* row_inv = smem_f;              // [BM] 1 / W, 0 for an empty row
+    float* wts = smem_f + cfg::BM;        // [splits][BM] exp(LSE_s - M), 0 for an empty state
+    const i64 state_rows = (i64)p.splits * p.rows;   // from one pair's states to the next
+    const float* lse_in = reinterpret_cast<const float*>(p.part_lse) + pair * state_rows + r0;
+    const float* o_in = reinterpret_cast<const float*>(p.part_o) + (pair * state_rows + r0) * cfg::D;
+    const int batch = pair / p.kv_heads, kv_head = pair % p.kv_heads;
+    for (int t = threadIdx.x; t < n; t += cfg::THREADS) {
+        float mx = QA_NEG_INF;
+#pragma unroll 4
+        for (int s = 0; s < p.splits; ++s) {
+            const float l = __ldcg(lse_in + (i64)s * p.rows + t);
+            wts[s * cfg::BM + t] = l;
+            mx = fmaxf(mx, l);
+        }
+        const int r = r0 + t;
 #if MODS
-#define DECODE_BOUNDS __launch_bounds__(cfg::THREADS, 2)
-#else
-#define DECODE_BOUNDS __launch_bounds__(cfg::THREADS)
+        const float sink = mx == QA_NEG_INF ? QA_NEG_INF : mp.sink_log2[kv_head * p.group + r / p.q_len] * LN2;
+        mx = fmaxf(mx, sink);
 #endif
-extern "C" __global__ void DECODE_BOUNDS fwd_decode(const DecodeParams p
+        float w = 0.f;
+        for (int s = 0; s < p.splits; ++s) {
+            const float l = wts[s * cfg::BM + t];
+            const float e = l == QA_NEG_INF ? 0.f : thread_exp2((l - mx) * LOG2E);
+            wts[s * cfg::BM + t] = e;
+            w += e;
+        }
+#if MODS
+        if (sink != QA_NEG_INF) w += thread_exp2((sink - mx) * LOG2E);
+#endif
+        const bool empty = !(w > 0.f);
+        row_inv[t] = empty ? 0.f : 1.f / w;
+        const int head = kv_head * p.group + r / p.q_len, pos = r % p.q_len;
+        reinterpret_cast<float*>(p.lse)[((i64)batch * p.q_heads + head) * p.q_len + pos] =
+            empty ? QA_NEG_INF : (mx * LOG2E + thread_log2(w)) * LN2;
+    }
+    __syncthreads();
+    // Two chunks per thread at a time: their loads are in flight together.
+    const int items = n * cfg::CHUNKS;
+    for (int idx = threadIdx.x; idx < items; idx += 2 * cfg::THREADS) {
+        const int idx2 = idx + cfg::THREADS;
+        const bool second = idx2 < items;
+        const int t = idx / cfg::CHUNKS, chunk = idx % cfg::CHUNKS;
+        const int t2 = second ? idx2 / cfg::CHUNKS : t, chunk2 = second ? idx2 % cfg::CHUNKS : chunk;
+        float a[8], b[8];
+        thread_merge_chunk(p, wts + t, row_inv[t], o_in + (i64)t * cfg::D, chunk, a);
+        thread_merge_chunk(p, wts + t2, row_inv[t2], o_in + (i64)t2 * cfg::D, chunk2, b);
+        thread_store_chunk(p, batch, kv_head, r0 + t, chunk, a);
+        if (second) thread_store_chunk(p, batch, kv_head, r0 + t2, chunk2, b);
+    }
+}
+
+// Grid: x = split + splits * row block, y = KV head, z = batch. 4 warps. The bounds tell ptxas
+// that two CTAs per SM is the aim (the shared memory allows no more on sm_90): left to guess, it
+// keeps to three CTAs' registers and spills at 32 and 64 rows.
+extern "C" __global__ void __launch_bounds__(cfg::THREADS, 2) fwd_decode(const DecodeParams p
 #if MODS
                                                                        , const __grid_constant__ ModParams mp
 #endif
@@ -356,10 +448,18 @@ extern "C" __global__ void DECODE_BOUNDS fwd_decode(const DecodeParams p
     const int warp = threadIdx.x >> 5;
     const int wm = warp / cfg::WN;         // row tile
     const int wn = warp % cfg::WN;         // key slice
-    const int split = blockIdx.x;
+    const int split = blockIdx.x % p.splits;
+    const int row_block = blockIdx.x / p.splits;
     const int kv_head = blockIdx.y;
     const int batch = blockIdx.z;
     const float c = p.scale_log2;
+    // The CTA's packed rows r0 ..< r0 + n_rows, and the query positions they hold: consecutive
+    // within one Q head, all of 0 ..< q_len when the block spans two heads.
+    const int r0 = row_block * cfg::BM;
+    const int n_rows = min(cfg::BM, p.rows - r0);
+    const bool one_head = r0 / p.q_len == (r0 + n_rows - 1) / p.q_len;
+    const int pos_first = one_head ? r0 % p.q_len : 0;
+    const int pos_last = one_head ? (r0 + n_rows - 1) % p.q_len : p.q_len - 1;
 
     // The split's keys and which of its tiles no row masks.
 #if PAGED
@@ -377,19 +477,21 @@ extern "C" __global__ void DECODE_BOUNDS fwd_decode(const DecodeParams p
 #if MODS
     // Only the keys some position sees are split; tiles every position sees whole are unmasked.
     const int offset = mp.top_left ? 0 : kv_len - p.q_len;
-    const ModKeys mk = mod_keys(kv_len, mp, offset, offset + p.q_len - 1);
+    const ModKeys mk = mod_keys(kv_len, mp, offset + pos_first, offset + pos_last);
     ck.begin = mk.lo + split * p.keys_per_split;
     ck.end = min(mk.hi, ck.begin + p.keys_per_split);
     ck.n_tiles = ck.end > ck.begin ? (ck.end - ck.begin + cfg::BN - 1) / cfg::BN : 0;
     ck.full_first = mk.full_lo > ck.begin ? (mk.full_lo - ck.begin + cfg::BN - 1) / cfg::BN : 0;
     ck.full_end = mk.full_hi > ck.begin ? min((mk.full_hi - ck.begin) / cfg::BN, ck.n_tiles) : 0;
 #else
-    // The first key some row of the CTA no longer sees: position 0's causal limit (every other
-    // row's limit is at least that), else the sequence end; tiles before it are unmasked.
+    // Keys past the last position's causal limit are seen by no row of the CTA: not loaded. The
+    // first key some row no longer sees: the first position's limit (every other row's is at
+    // least that), else the sequence end; tiles before it are unmasked.
     ck.begin = split * p.keys_per_split;
-    const int end = min(kv_len, ck.begin + p.keys_per_split);
+    const int seen = p.causal ? min(kv_len, pos_last + 1 + kv_len - p.q_len) : kv_len;
+    const int end = min(seen, ck.begin + p.keys_per_split);
     ck.n_tiles = end > ck.begin ? (end - ck.begin + cfg::BN - 1) / cfg::BN : 0;
-    const int mask_from = p.causal ? min(kv_len, kv_len - p.q_len + 1) : kv_len;
+    const int mask_from = p.causal ? min(kv_len, pos_first + 1 + kv_len - p.q_len) : kv_len;
     ck.full_first = 0;
     ck.full_end = mask_from > ck.begin ? min((mask_from - ck.begin) / cfg::BN, ck.n_tiles) : 0;
     ck.end = kv_len;
@@ -410,7 +512,7 @@ extern "C" __global__ void DECODE_BOUNDS fwd_decode(const DecodeParams p
 #endif
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        const int r = wm * 16 + g + 8 * h;
+        const int r = r0 + wm * 16 + g + 8 * h;
 #if MODS
         const int rr = r < p.rows ? r : 0;
         rm.a[h] = rr % p.q_len + offset;
@@ -427,13 +529,13 @@ extern "C" __global__ void DECODE_BOUNDS fwd_decode(const DecodeParams p
     st.l[0] = st.l[1] = 0.f;
 
     if (ck.n_tiles > 0) {
-        // Prologue: the Q rows of the group (zero rows past `rows`) with tile 0 as one group,
+        // Prologue: the CTA's Q rows (zero rows past `rows`) with tile 0 as one group,
         // then tiles 1 .. STAGES - 2, one group each (empty groups past the split's end keep
         // the count uniform).
         for (int idx = threadIdx.x; idx < cfg::BM * cfg::CHUNKS; idx += cfg::THREADS) {
             const int r = idx / cfg::CHUNKS, chunk = idx % cfg::CHUNKS;
-            const bool ok = r < p.rows;
-            const int rr = ok ? r : 0;
+            const bool ok = r < n_rows;
+            const int rr = ok ? r0 + r : 0;
             const unsigned short* src = reinterpret_cast<const unsigned short*>(p.q) + batch * p.q_batch_stride +
                                         (i64)(kv_head * p.group + rr / p.q_len) * p.q_head_stride +
                                         (i64)(rr % p.q_len) * p.q_seq_stride + chunk * 8;
@@ -538,7 +640,7 @@ extern "C" __global__ void DECODE_BOUNDS fwd_decode(const DecodeParams p
 #if MODS
         // One split: the sink joins the denominator here (several: in the merge).
         float m2 = mx * c, fs = 1.f;
-        const int r = wm * 16 + row;
+        const int r = r0 + wm * 16 + row;
         if (p.splits == 1 && !empty && r < p.rows) thread_add_sink(m2, sum, fs, mp.sink_log2[kv_head * p.group + r / p.q_len]);
         f[h] = empty ? 0.f : mine * fs / sum;
         if (wn == 0 && (lane & 3) == 0)
@@ -563,9 +665,9 @@ extern "C" __global__ void DECODE_BOUNDS fwd_decode(const DecodeParams p
 
     const int pair = batch * p.kv_heads + kv_head;
     const bool direct = p.splits == 1;
-    for (int idx = threadIdx.x; idx < p.rows * cfg::CHUNKS; idx += cfg::THREADS) {
-        const int r = idx / cfg::CHUNKS, chunk = idx % cfg::CHUNKS;
-        const int tile = r / 16, rr = r % 16;
+    for (int idx = threadIdx.x; idx < n_rows * cfg::CHUNKS; idx += cfg::THREADS) {
+        const int rl = idx / cfg::CHUNKS, chunk = idx % cfg::CHUNKS;
+        const int tile = rl / 16, rr = rl % 16, r = r0 + rl;
         float acc[8];
 #pragma unroll
         for (int x = 0; x < 8; ++x) acc[x] = 0.f;
@@ -590,12 +692,31 @@ extern "C" __global__ void DECODE_BOUNDS fwd_decode(const DecodeParams p
             *reinterpret_cast<float4*>(dst + 4) = make_float4(acc[4], acc[5], acc[6], acc[7]);
         }
     }
-    for (int r = threadIdx.x; r < p.rows; r += cfg::THREADS) {
+    for (int rl = threadIdx.x; rl < n_rows; rl += cfg::THREADS) {
+        const int r = r0 + rl;
         if (direct) {
             const int head = kv_head * p.group + r / p.q_len, pos = r % p.q_len;
-            reinterpret_cast<float*>(p.lse)[((i64)batch * p.q_heads + head) * p.q_len + pos] = st_lse[r];
+            reinterpret_cast<float*>(p.lse)[((i64)batch * p.q_heads + head) * p.q_len + pos] = st_lse[rl];
         } else {
-            reinterpret_cast<float*>(p.part_lse)[((i64)pair * p.splits + split) * p.rows + r] = st_lse[r];
+            reinterpret_cast<float*>(p.part_lse)[((i64)pair * p.splits + split) * p.rows + r] = st_lse[rl];
         }
     }
+    if (direct) return;
+
+    // The last split of the row block to finish merges all of them: each CTA makes its partial
+    // state visible device-wide, then counts itself in; the one that brings the count to
+    // `splits` resets it for the next launch (every split has counted) and merges.
+    __shared__ int merges;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned* counter = reinterpret_cast<unsigned*>(p.counters) + (i64)pair * ((p.rows + cfg::BM - 1) / cfg::BM) + row_block;
+        const bool last = atomicAdd(counter, 1u) == (unsigned)p.splits - 1;
+        if (last) atomicExch(counter, 0u);
+        merges = last;
+    }
+    __syncthreads();
+    if (!merges) return;
+    __threadfence();
+    cta_merge_splits(p, reinterpret_cast<float*>(smem_raw), pair, r0, n_rows MOD_PASS);
 }

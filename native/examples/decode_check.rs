@@ -10,11 +10,14 @@
 //! q_len 1 to 16), ragged and short KV lengths, bottom-right causal masks (rows that see no key
 //! included), BSHD strides, bf16 and both head dims; each case at one split (O written by the
 //! decode kernel), at the split the device's split function picks, and at many splits (the
-//! merge, with splits in which some rows see nothing). One line per (variant, case): max |dO|
+//! in-kernel merge, with splits in which some rows see nothing); the 64-row variants also on
+//! prefill cases of several row blocks (blocks within one Q head and across two). The split
+//! counters are one buffer per variant, so every launch also checks that the last one left them
+//! zeroed. One line per (variant, case): max |dO|
 //! and |dLSE|, `ok` or `FAIL`; the last line is `ALL OK` or `SOME FAILED`.
 //!
 //! Bench: batch 8, 32 query heads over 8 KV heads, head dim 128, f16, (q_len, kv_len) = (1, 8k),
-//! (1, 32k), (16, 32k): median ms of the decode (+ merge) call over 50 calls bracketed by CUDA
+//! (1, 32k), (16, 32k): median ms of the decode call over 50 calls bracketed by CUDA
 //! events each, and TB/s of K and V read; the split function's choice first, then forced split
 //! counts. `QUATTN_DECODE_SWEEP` adds forced pipelines (`BLOCK_N x STAGES`) at every shape.
 //! Output lines start with `bench` and are whitespace-separated `key=value` pairs.
@@ -99,11 +102,17 @@ fn cases() -> Vec<Case> {
         // A single key; a key count one past a tile.
         c(1, 4, 4, 1, 1, false, false),
         c(1, 2, 1, 1, 129, false, false),
+        // Row blocks (64-row variants): 200 rows of 4 heads x 50 positions, blocks spanning two
+        // heads, causal; 3 x 90 positions within single heads but for the last block; more
+        // positions than keys.
+        c(2, 8, 2, 50, 700, true, false),
+        c(1, 3, 1, 90, 1000, false, true),
+        c(1, 2, 1, 130, 77, true, false),
     ]
 }
 
 /// max |dO|, max |dLSE| of one run against the f64 reference (LSE -inf must be exactly -inf).
-fn check(stream: &Arc<CudaStream>, kernel: &DecodeKernel, c: &Case, split: DecodeSplit) -> Result<(f64, f64), BoxErr> {
+fn check(stream: &Arc<CudaStream>, kernel: &DecodeKernel, c: &Case, split: DecodeSplit, counters: u64) -> Result<(f64, f64), BoxErr> {
     let cfg = *kernel.config();
     let (d, dt) = (cfg.head_dim as usize, cfg.input);
     let s = c.shape(d);
@@ -130,9 +139,11 @@ fn check(stream: &Arc<CudaStream>, kernel: &DecodeKernel, c: &Case, split: Decod
         lse: ld.device_ptr_mut(stream).0,
         part_o: po.device_ptr_mut(stream).0,
         part_lse: pl.device_ptr_mut(stream).0,
+        counters,
         ..Default::default()
     };
-    // SAFETY: every buffer was allocated for this shape and split above.
+    // SAFETY: every buffer was allocated for this shape and split above, the counters for the
+    // largest case.
     unsafe { kernel.launch_raw(stream, &s, None, split, &ptrs) }?;
     let o = from_bits(&stream.clone_dtoh(&od)?, dt);
     let lse = stream.clone_dtoh(&ld)?;
@@ -208,11 +219,15 @@ fn check_variant(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, cfg: DecodeCo
     };
     let tol_o = if cfg.input == Dtype::Bf16 { 2e-2 } else { 4e-3 };
     let mut ok = true;
-    // Every case that fits the row tile, the smaller ones with whole warps of padding rows.
-    for c in cases().into_iter().filter(|c| c.rows() <= cfg.rows as usize) {
+    let mut counter_buf: CudaSlice<u32> = stream.alloc_zeros(1024)?;
+    let counters = counter_buf.device_ptr_mut(stream).0;
+    // Every case that fits the row tile, the smaller ones with whole warps of padding rows; the
+    // 64-row tile takes every case, in row blocks.
+    for c in cases().into_iter().filter(|c| c.rows() <= cfg.rows as usize || cfg.rows as usize == DecodeConfig::MAX_ROWS) {
         let s = c.shape(cfg.head_dim as usize);
+        assert!(cfg.counters_len(&s) <= 1024);
         for split in splits_of(&kernel, &s) {
-            let (eo, el) = check(stream, &kernel, &c, split)?;
+            let (eo, el) = check(stream, &kernel, &c, split, counters)?;
             let pass = eo <= tol_o && el <= 1e-2;
             ok &= pass;
             println!(
@@ -269,6 +284,7 @@ fn bench(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, tiles: &[Option<Decod
     let mut ld: CudaSlice<f32> = stream.alloc_zeros(batch * q_heads * 16)?;
     let mut po: CudaSlice<f32> = stream.alloc_zeros(batch * kv_heads * 128 * 64 * d)?;
     let mut pl: CudaSlice<f32> = stream.alloc_zeros(batch * kv_heads * 128 * 64)?;
+    let mut counters: CudaSlice<u32> = stream.alloc_zeros(batch * kv_heads)?;
     let ptrs = DecodePtrs {
         q: qd.device_ptr_mut(stream).0,
         k: kd.device_ptr_mut(stream).0,
@@ -277,6 +293,7 @@ fn bench(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, tiles: &[Option<Decod
         lse: ld.device_ptr_mut(stream).0,
         part_o: po.device_ptr_mut(stream).0,
         part_lse: pl.device_ptr_mut(stream).0,
+        counters: counters.device_ptr_mut(stream).0,
         ..Default::default()
     };
     for (q_len, kv_len) in [(1usize, 8192usize), (1, 32768), (16, 32768)] {

@@ -1,13 +1,16 @@
-//! The decode family (`cuda/fwd_decode.cu` + `cuda/decode_merge.cu`): flash-decoding on
-//! `mma.sync.m16n8k16`, fp16 or bf16, f32 accumulation, for few query rows per KV head against a
-//! long KV sequence.
+//! The decode family (`cuda/fwd_decode.cu`): flash-decoding on `mma.sync.m16n8k16`, fp16 or
+//! bf16, f32 accumulation, for few query rows per KV head against a long KV sequence, and the
+//! prefill of a paged cache.
 //!
-//! One CTA takes one (batch, KV head, split): the query rows of the whole GQA group at every
-//! query position, packed into one tile (`rows = group · q_len`, at most 64), against one slice
-//! of the keys, so K and V are read once per group. When `batch · kv_heads` CTAs cannot fill
-//! the device, the keys are split across CTAs ([`decode_split`]) and each split writes its
-//! partial O (f32, normalized over its keys) and LSE; the merge kernel combines them by their
-//! LSE. One split writes O and the LSE directly. Masks, GQA, strides and the LSE follow the
+//! One CTA takes one (batch, KV head, row block, split): the query rows of the whole GQA group
+//! at every query position are packed (`rows = group · q_len`), a row block is one tile of them
+//! (16, 32 or 64 rows; decode is one block, a paged prefill several: [`DecodeConfig::row_blocks`]),
+//! against one slice of the keys, so K and V are read once per group and row block. When the
+//! CTAs cannot fill the device, the keys are split across CTAs ([`decode_split`]) and each split
+//! writes its partial O (f32, normalized over its keys) and LSE; the last split of a row block to
+//! finish combines them by their LSE (an atomic count per row block in a caller's buffer of
+//! [`DecodeConfig::counters_len`] zeroed `u32`s, which the kernel leaves zeroed), so a decode is
+//! one launch. One split writes O and the LSE directly. Masks, GQA, strides and the LSE follow the
 //! other families ([`AttentionShape`]: bottom-right causal alignment, ragged lengths, any
 //! strides in 16-byte pieces).
 //!
@@ -21,9 +24,9 @@
 //! The modifier variants ([`DecodeConfig::mods`], launched with a [`ModParams`]) take the
 //! score modifiers of the other f16/bf16 families: window and causal band with its alignment
 //! (per sequence in the paged variants), softcap, ALiBi per packed row's Q head, and sinks
-//! (added once: by the decode kernel with one split, by the merge's modifier variant with
-//! several). Their splits divide only the keys some query position sees ([`mod_key_range`]),
-//! so keys outside every row's window are never read.
+//! (added once: in the epilogue with one split, by the merge with several). Their splits
+//! divide only the keys some query position sees ([`mod_key_range`]), so keys outside every
+//! row's window are never read.
 
 use crate::arch::Arch;
 use crate::cache::{CompileRequest, KernelSource};
@@ -34,14 +37,10 @@ use crate::report::KernelVariant;
 use quattn_core::{AttentionShape, Dtype};
 
 const KERNEL: &str = "fwd_decode";
-const MERGE: &str = "decode_merge";
 
 /// The decode kernel.
 pub static FWD_DECODE: KernelSource =
     KernelSource { file: "fwd_decode.cu", entry: "fwd_decode", text: include_str!("../cuda/fwd_decode.cu") };
-/// The LSE merge of the decode splits.
-pub static DECODE_MERGE: KernelSource =
-    KernelSource { file: "decode_merge.cu", entry: "decode_merge", text: include_str!("../cuda/decode_merge.cu") };
 
 /// Warps per CTA: the row tiles times the warps sharing each tile's keys.
 pub const DECODE_WARPS: u32 = 4;
@@ -108,17 +107,25 @@ impl DecodeConfig {
     pub const TARGETS: &'static [Arch] = &[Arch::Sm80, Arch::Sm86, Arch::Sm89, Arch::Sm90];
 
     /// The variant for `rows = group · q_len` query rows per (batch, KV head): the smallest row
-    /// tile that holds them.
+    /// tile that holds them, or past [`Self::MAX_ROWS`] the largest, in row blocks.
     pub fn new(head_dim: usize, input: Dtype, rows: usize) -> Result<Self> {
-        let Some(&tile_rows) = Self::ROWS.iter().find(|&&r| r as usize >= rows) else {
-            return Err(NativeError::UnsupportedConfig {
-                kernel: KERNEL,
-                reason: format!("{rows} query rows per KV head (group x q_len); the decode kernel packs at most {}", Self::MAX_ROWS),
-            });
-        };
+        let tile_rows = Self::ROWS.iter().copied().find(|&r| r as usize >= rows).unwrap_or(Self::MAX_ROWS as u32);
         let cfg = DecodeConfig { head_dim: head_dim as u32, input, rows: tile_rows, tile: None, paged: false, mods: None };
         cfg.validate()?;
         Ok(cfg)
+    }
+
+    /// Row blocks (CTAs along the packed rows) per (batch, KV head, split) of `s`: 1 for
+    /// decode; only the largest row tile takes more rows than it holds.
+    pub fn row_blocks(&self, s: &AttentionShape) -> usize {
+        (s.group_size() * s.q_len).div_ceil(self.rows as usize).max(1)
+    }
+
+    /// The zeroed `u32` counters a launch of `s` with more than one split needs at
+    /// [`DecodePtrs::counters`]: one per (batch, KV head, row block). The kernel returns each to
+    /// zero, so one buffer serves every launch on one stream.
+    pub fn counters_len(&self, s: &AttentionShape) -> usize {
+        s.batch * s.kv_heads * self.row_blocks(s)
     }
 
     /// Warps owning a row tile each (`WARPS_M`).
@@ -160,6 +167,11 @@ impl DecodeConfig {
         let epi = 4 * (DECODE_WARPS * 16 * (self.head_dim + 4) + 2 * DECODE_WARPS * 16 + self.rows);
         if epi > t.stages * 2 * t.block_n * 2 * self.head_dim {
             return bad(format!("tile {t:?}: the epilogue's {epi} bytes do not fit in the stages"));
+        }
+        // So do the in-kernel merge's weights: one per (split, row) and a factor per row.
+        let merge = 4 * (MAX_SPLITS + 1) * self.rows;
+        if merge > t.stages * 2 * t.block_n * 2 * self.head_dim {
+            return bad(format!("tile {t:?}: the merge's {merge} bytes of weights do not fit in the stages"));
         }
         Ok(())
     }
@@ -252,12 +264,6 @@ impl DecodeConfig {
         vec![mma, "LDGSTS.E.BYPASS.LTC128B.128"]
     }
 
-    /// The merge kernel of this variant's head dim and output type (its sink-adding variant for
-    /// a modifier variant).
-    pub fn merge(&self) -> MergeConfig {
-        MergeConfig { head_dim: self.head_dim, output: self.input, mods: self.mods.is_some() }
-    }
-
     /// Targets among [`Self::TARGETS`] that a device of compute capability `cc` runs, best
     /// first.
     pub fn target_for(cc: (u32, u32)) -> Option<Arch> {
@@ -273,77 +279,19 @@ fn check_target(arch: Arch) -> Result<()> {
     }
 }
 
-/// The merge kernel: head dim and the type of the O it writes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
-pub struct MergeConfig {
-    pub head_dim: u32,
-    pub output: Dtype,
-    /// The modifier variants' merge: it takes their [`ModParams`] and adds the sinks.
-    pub mods: bool,
-}
-
-impl MergeConfig {
-    pub fn validate(&self) -> Result<()> {
-        if !DecodeConfig::HEAD_DIMS.contains(&(self.head_dim as usize)) {
-            return Err(NativeError::UnsupportedHeadDim { kernel: MERGE, head_dim: self.head_dim as usize, supported: DecodeConfig::HEAD_DIMS });
-        }
-        if self.output == Dtype::F32 {
-            return Err(NativeError::UnsupportedConfig { kernel: MERGE, reason: "O is written as f16 or bf16".into() });
-        }
-        Ok(())
-    }
-
-    /// `fwd_decode_merge_{out}_d{hd}`, `_mods` for the modifier variants' merge.
-    pub fn name(&self) -> String {
-        let mods = if self.mods { "_mods" } else { "" };
-        format!("fwd_decode_merge_{}_d{}{mods}", self.output.name(), self.head_dim)
-    }
-
-    pub fn request(&self, arch: Arch) -> Result<CompileRequest<'static>> {
-        check_target(arch)?;
-        self.validate()?;
-        let d = |k: &str, v: u32| (k.to_string(), v.to_string());
-        Ok(CompileRequest {
-            kernel: self.name(),
-            source: &DECODE_MERGE,
-            arch,
-            defines: vec![d("HEAD_DIM", self.head_dim), d("OUT_BF16", (self.output == Dtype::Bf16) as u32), d("MODS", self.mods as u32)],
-        })
-    }
-
-    /// The warp reductions of the LSE (no matrix opcode may appear).
-    pub fn expected_instructions(&self) -> Vec<&'static str> {
-        vec!["SHFL.BFLY"]
-    }
-
-    pub fn all() -> Vec<MergeConfig> {
-        let mut v = Vec::new();
-        for hd in [64, 128] {
-            for output in [Dtype::F16, Dtype::Bf16] {
-                for mods in [false, true] {
-                    v.push(MergeConfig { head_dim: hd, output, mods });
-                }
-            }
-        }
-        v
-    }
-}
-
-/// One compiled unit of the family: a decode variant or a merge kernel (the registry's and the
-/// compile report's unit; loading a decode variant loads its merge too).
+/// One compiled unit of the family: a decode variant or the paged cache's writer (the registry's
+/// and the compile report's unit).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 pub enum DecodeUnit {
     Attention(DecodeConfig),
-    Merge(MergeConfig),
     /// The paged cache's writer (`append_kv.cu`), compiled and checked with the family.
     AppendKv(crate::append_kv::AppendKvConfig),
 }
 
 impl DecodeUnit {
-    /// Every decode variant (the modifier variants too), then every merge kernel.
+    /// Every decode variant (the modifier variants too), then the paged cache's writer.
     pub fn all() -> Vec<DecodeUnit> {
         let mut v: Vec<DecodeUnit> = DecodeConfig::all().into_iter().chain(DecodeConfig::all_mods()).map(DecodeUnit::Attention).collect();
-        v.extend(MergeConfig::all().into_iter().map(DecodeUnit::Merge));
         v.push(DecodeUnit::AppendKv(crate::append_kv::AppendKvConfig));
         v
     }
@@ -353,21 +301,18 @@ impl KernelVariant for DecodeUnit {
     fn name(&self) -> String {
         match self {
             DecodeUnit::Attention(c) => c.name(),
-            DecodeUnit::Merge(c) => c.name(),
             DecodeUnit::AppendKv(c) => c.name(),
         }
     }
     fn request(&self, arch: Arch) -> Result<CompileRequest<'static>> {
         match self {
             DecodeUnit::Attention(c) => c.request(arch),
-            DecodeUnit::Merge(c) => c.request(arch),
             DecodeUnit::AppendKv(c) => c.request(arch),
         }
     }
     fn expected_instructions(&self, _arch: Arch) -> Vec<String> {
         let v = match self {
             DecodeUnit::Attention(c) => c.expected_instructions(),
-            DecodeUnit::Merge(c) => c.expected_instructions(),
             DecodeUnit::AppendKv(c) => c.expected_instructions(),
         };
         v.into_iter().map(String::from).collect()
@@ -375,7 +320,7 @@ impl KernelVariant for DecodeUnit {
     fn dynamic_smem_bytes(&self, _arch: Arch) -> u32 {
         match self {
             DecodeUnit::Attention(c) => c.smem_bytes(),
-            DecodeUnit::Merge(_) | DecodeUnit::AppendKv(_) => 0,
+            DecodeUnit::AppendKv(_) => 0,
         }
     }
 }
@@ -385,7 +330,7 @@ impl KernelVariant for DecodeUnit {
 /// Fewest K/V tiles a split gets: below this a CTA spends as long filling its pipeline and
 /// merging as streaming keys.
 pub const MIN_TILES_PER_SPLIT: u32 = 4;
-/// Most splits per (batch, KV head): bounds the merge's loop and the partial buffers.
+/// Most splits per (batch, KV head, row block): bounds the merge's loop and the partial buffers.
 pub const MAX_SPLITS: u32 = 128;
 
 /// How one decode launch divides each (batch, KV head)'s keys among CTAs.
@@ -468,6 +413,7 @@ pub struct DecodeParams {
     pub lse: u64,
     pub part_o: u64,
     pub part_lse: u64,
+    pub counters: u64,
     pub block_table: u64,
     pub seq_lens: u64,
     pub q_batch_stride: i64,
@@ -498,27 +444,6 @@ pub struct DecodeParams {
     pub num_pages: i32,
 }
 
-/// Mirror of `MergeParams` in `decode_merge.cu`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-pub struct MergeParams {
-    pub part_o: u64,
-    pub part_lse: u64,
-    pub o: u64,
-    pub lse: u64,
-    pub o_batch_stride: i64,
-    pub o_head_stride: i64,
-    pub o_seq_stride: i64,
-    pub kv_heads: i32,
-    pub q_heads: i32,
-    pub q_len: i32,
-    pub group: i32,
-    pub rows: i32,
-    pub splits: i32,
-    pub total_rows: i32,
-    pub pad_: i32,
-}
-
 /// Device addresses of one decode launch.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DecodePtrs {
@@ -532,6 +457,8 @@ pub struct DecodePtrs {
     pub part_o: u64,
     /// f32 partial LSE (unused with one split).
     pub part_lse: u64,
+    /// [`DecodeConfig::counters_len`] `u32`s, zero before the launch (unused with one split).
+    pub counters: u64,
     /// Paged variants: i32 block table `[batch, max_pages]` (0 otherwise).
     pub block_table: u64,
     /// Paged variants: i32 sequence lengths `[batch]` (0 otherwise).
@@ -602,7 +529,8 @@ impl DecodeConfig {
             return bad(format!("q_heads {} not a multiple of kv_heads {}", s.q_heads, s.kv_heads));
         }
         let rows = s.group_size().checked_mul(s.q_len).unwrap_or(usize::MAX);
-        if rows > self.rows as usize {
+        // Only the largest row tile runs in row blocks: a smaller one was picked for decode.
+        if (rows > self.rows as usize && self.rows as usize != Self::MAX_ROWS) || rows > i32::MAX as usize {
             return bad(format!(
                 "{rows} query rows per KV head (group {} x q_len {}) exceed the {} rows of {}",
                 s.group_size(),
@@ -645,6 +573,9 @@ impl DecodeConfig {
         if covered < keys || (split.splits > 1 && first_of_last >= keys) {
             return bad(format!("split {split:?} does not cover the {keys} keys to split (kv_len {}) with non-empty splits", s.kv_len));
         }
+        if split.splits as u64 * self.row_blocks(s) as u64 > i32::MAX as u64 {
+            return bad(format!("split {split:?} x {} row blocks exceed the grid", self.row_blocks(s)));
+        }
         Ok(())
     }
 }
@@ -663,6 +594,7 @@ impl DecodeParams {
             lse: ptrs.lse,
             part_o: ptrs.part_o,
             part_lse: ptrs.part_lse,
+            counters: ptrs.counters,
             block_table: ptrs.block_table,
             seq_lens: ptrs.seq_lens,
             q_batch_stride: q[0],
@@ -695,35 +627,6 @@ impl DecodeParams {
     }
 }
 
-impl MergeParams {
-    /// The merge of `split.splits` states per row of `s` into O and the LSE.
-    pub fn new(s: &AttentionShape, split: DecodeSplit, ptrs: &DecodePtrs) -> MergeParams {
-        let o = s.o.to_array().map(|v| v as i64);
-        let group = s.group_size();
-        let rows = group * s.q_len;
-        MergeParams {
-            part_o: ptrs.part_o,
-            part_lse: ptrs.part_lse,
-            o: ptrs.o,
-            lse: ptrs.lse,
-            o_batch_stride: o[0],
-            o_head_stride: o[1],
-            o_seq_stride: o[2],
-            kv_heads: s.kv_heads as i32,
-            q_heads: s.q_heads as i32,
-            q_len: s.q_len as i32,
-            group: group as i32,
-            rows: rows as i32,
-            splits: split.splits as i32,
-            total_rows: (s.batch * s.kv_heads * rows) as i32,
-            pad_: 0,
-        }
-    }
-
-    /// Rows per merge CTA (one warp each).
-    pub const ROWS_PER_CTA: u32 = 4;
-}
-
 #[cfg(feature = "cuda")]
 pub use launch::DecodeKernel;
 
@@ -739,25 +642,22 @@ mod launch {
 
     // SAFETY: #[repr(C)] plain-old-data mirrors of the kernels' by-value parameter structs.
     unsafe impl DeviceRepr for DecodeParams {}
-    unsafe impl DeviceRepr for MergeParams {}
 
-    /// One decode variant and its merge kernel, loaded into a CUDA context, with the device
-    /// numbers its split function needs.
+    /// One decode variant, loaded into a CUDA context, with the device numbers its split
+    /// function needs.
     #[derive(Debug)]
     pub struct DecodeKernel {
         config: DecodeConfig,
         arch: Arch,
         fwd: CudaFunction,
-        merge: CudaFunction,
         compiled: Arc<CompiledKernel>,
-        compiled_merge: Arc<CompiledKernel>,
         sms: u32,
         ctas_per_sm: u32,
     }
 
     impl DecodeKernel {
-        /// Compiles (or fetches from the global cache) `config` and its merge for the context's
-        /// device and loads both.
+        /// Compiles (or fetches from the global cache) `config` for the context's device and
+        /// loads it.
         pub fn load(ctx: &Arc<CudaContext>, config: DecodeConfig) -> Result<Self> {
             Self::load_with_cache(ctx, config, KernelCache::global())
         }
@@ -768,10 +668,9 @@ mod launch {
             let arch = crate::device::target_arch(ctx, KERNEL, Arch::Sm80, DecodeConfig::target_for)?;
             let smem = config.smem_bytes();
             let (fwd, compiled) = crate::device::load_function(ctx, cache, &config.request(arch)?, smem)?;
-            let (merge, compiled_merge) = crate::device::load_function(ctx, cache, &config.merge().request(arch)?, 0)?;
             let sms = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?.max(1) as u32;
             let ctas_per_sm = fwd.occupancy_max_active_blocks_per_multiprocessor(32 * DECODE_WARPS, smem as usize, None)?.max(1);
-            Ok(DecodeKernel { config, arch, fwd, merge, compiled, compiled_merge, sms, ctas_per_sm })
+            Ok(DecodeKernel { config, arch, fwd, compiled, sms, ctas_per_sm })
         }
 
         pub fn config(&self) -> &DecodeConfig {
@@ -784,29 +683,29 @@ mod launch {
         pub fn compiled(&self) -> &CompiledKernel {
             &self.compiled
         }
-        /// The merge kernel's cubin, log and resources.
-        pub fn compiled_merge(&self) -> &CompiledKernel {
-            &self.compiled_merge
-        }
         /// SMs of the device and resident CTAs of this variant per SM.
         pub fn occupancy(&self) -> (u32, u32) {
             (self.sms, self.ctas_per_sm)
         }
 
         /// The split [`decode_split`] gives `s` (with the modifiers `mods` of a modifier
-        /// variant: its [`split_keys`]) on this device.
+        /// variant: its [`split_keys`]) on this device: its (batch, KV head, row block) CTAs
+        /// are the pairs to split.
         pub fn split_for(&self, s: &AttentionShape, mods: Option<&ModParams>) -> DecodeSplit {
-            decode_split(s.batch * s.kv_heads, split_keys(s, mods), self.config.tile().block_n, self.sms, self.ctas_per_sm)
+            let ctas = s.batch * s.kv_heads * self.config.row_blocks(s);
+            decode_split(ctas, split_keys(s, mods), self.config.tile().block_n, self.sms, self.ctas_per_sm)
         }
 
-        /// Launches decode (and, with several splits, the merge) on `stream`.
+        /// Launches decode on `stream` (one kernel: with several splits the last split of each
+        /// row block merges them).
         ///
         /// # Safety
         /// `ptrs.q/k/v/o/lse` must address device memory of at least
         /// [`DecodeConfig::required_lens`] elements (2-byte elements; f32 for the LSE), and with
         /// more than one split `ptrs.part_o` / `ptrs.part_lse` f32 memory of
-        /// [`DecodeSplit::partial_lens`] elements, all valid until the kernels finish on
-        /// `stream`. `mods` is required by a modifier variant (built by [`ModParams::new`] for
+        /// [`DecodeSplit::partial_lens`] elements and `ptrs.counters` the
+        /// [`DecodeConfig::counters_len`] zeroed `u32`s, not used by another launch in flight,
+        /// all valid until the kernel finishes on `stream`. `mods` is required by a modifier variant (built by [`ModParams::new`] for
         /// this config and shape) and refused by the others.
         pub unsafe fn launch_raw(
             &self,
@@ -881,9 +780,13 @@ mod launch {
                     return Err(NativeError::InvalidArgs(format!("{name} pointer {p:#x} is null or not 16-byte aligned")));
                 }
             }
+            if split.splits > 1 && (ptrs.counters == 0 || ptrs.counters % 4 != 0) {
+                return Err(NativeError::InvalidArgs(format!("counters pointer {:#x} is null or not 4-byte aligned", ptrs.counters)));
+            }
             let params = DecodeParams::new(s, split, ptrs, paged);
+            let blocks = split.splits as usize * self.config.row_blocks(s);
             let cfg = LaunchConfig {
-                grid_dim: (split.splits, s.kv_heads as u32, s.batch as u32),
+                grid_dim: (blocks as u32, s.kv_heads as u32, s.batch as u32),
                 block_dim: (32 * DECODE_WARPS, 1, 1),
                 shared_mem_bytes: self.config.smem_bytes(),
             };
@@ -894,22 +797,6 @@ mod launch {
             }
             // SAFETY: the parameter structs match the kernel's signature; memory per contract.
             unsafe { b.launch(cfg) }?;
-            if split.splits > 1 {
-                let m = MergeParams::new(s, split, ptrs);
-                let cfg = LaunchConfig {
-                    grid_dim: ((m.total_rows as u32).div_ceil(MergeParams::ROWS_PER_CTA), 1, 1),
-                    block_dim: (32 * MergeParams::ROWS_PER_CTA, 1, 1),
-                    shared_mem_bytes: 0,
-                };
-                let mut b = stream.launch_builder(&self.merge);
-                b.arg(&m);
-                if let Some(mp) = mods {
-                    b.arg(mp);
-                }
-                // SAFETY: as above; the partial buffers were written by the launch before it on
-                // the same stream.
-                unsafe { b.launch(cfg) }?;
-            }
             Ok(())
         }
     }
@@ -921,14 +808,20 @@ mod tests {
     use quattn_core::Layout;
 
     #[test]
-    fn variants_pick_the_smallest_row_tile_and_refuse_prefill() {
+    fn variants_pick_the_smallest_row_tile_and_row_blocks_past_it() {
         let c = DecodeConfig::new(128, Dtype::F16, 4).unwrap();
         assert_eq!((c.rows, c.warps_m()), (16, 1));
         assert_eq!(c.name(), "fwd_decode_f16_m16_d128");
         assert_eq!(DecodeConfig::new(128, Dtype::F16, 17).unwrap().rows, 32);
         assert_eq!(DecodeConfig::new(64, Dtype::Bf16, 64).unwrap().rows, 64);
-        let e = DecodeConfig::new(128, Dtype::F16, 65).unwrap_err();
-        assert!(matches!(&e, NativeError::UnsupportedConfig { reason, .. } if reason.contains("65 query rows")), "{e}");
+        // Past 64 rows: the 64-row tile in row blocks (65 rows: 2 blocks; 4 x 300: 19).
+        let wide = DecodeConfig::new(128, Dtype::F16, 65).unwrap();
+        assert_eq!(wide.rows, 64);
+        let s = AttentionShape::contiguous(Layout::Bhsd, 3, 8, 2, 300, 500, 128, true);
+        assert_eq!((wide.row_blocks(&s), wide.counters_len(&s)), (19, 3 * 2 * 19));
+        wide.validate_args(&s).unwrap();
+        let one = AttentionShape::contiguous(Layout::Bhsd, 3, 8, 2, 1, 500, 128, true);
+        assert_eq!((c.row_blocks(&one), c.counters_len(&one)), (1, 6));
         assert!(matches!(DecodeConfig::new(96, Dtype::F16, 4), Err(NativeError::UnsupportedHeadDim { head_dim: 96, .. })));
         assert!(matches!(DecodeConfig::new(128, Dtype::F32, 4), Err(NativeError::UnsupportedConfig { .. })));
     }
@@ -972,10 +865,9 @@ mod tests {
 
     #[test]
     fn params_layout_matches_the_kernel_structs() {
-        // 9 pointers + 12 strides (8 bytes) + 14 four-byte fields.
-        assert_eq!(std::mem::size_of::<DecodeParams>(), 21 * 8 + 14 * 4);
-        // 4 pointers + 3 strides + 8 four-byte fields.
-        assert_eq!(std::mem::size_of::<MergeParams>(), 7 * 8 + 8 * 4);
+        // 10 pointers + 12 strides (8 bytes) + 14 four-byte fields.
+        assert_eq!(std::mem::size_of::<DecodeParams>(), 22 * 8 + 14 * 4);
+        assert_eq!(std::mem::offset_of!(DecodeParams, counters), 7 * 8);
     }
 
     /// The split function on the H100 (132 SMs, 2 CTAs per SM) at the decode shapes of the
@@ -1073,7 +965,6 @@ mod tests {
         use crate::mods::ModValues;
         let cfg = DecodeConfig::new(128, Dtype::F16, 16).unwrap().with_mods(Some(ModVariant::default()));
         assert_eq!(cfg.name(), "fwd_decode_f16_m16_d128_mods");
-        assert_eq!(cfg.merge().name(), "fwd_decode_merge_f16_d128_mods");
         assert!(cfg.defines().unwrap().contains(&("MODS".into(), "1".into())));
         let s = AttentionShape::contiguous(Layout::Bhsd, 1, 8, 2, 2, 50_000, 128, true);
         let v = ModValues { left: Some(100), ..Default::default() };
@@ -1093,10 +984,10 @@ mod tests {
         let open = ModParams::new(&cfg.name(), cfg.mods, &s, &ModValues::default()).unwrap();
         assert_eq!(split_keys(&s, Some(&open)), 50_000);
         cfg.validate_split(&s, Some(&open), whole).unwrap();
-        // Every modifier variant is named apart from its plain twin, its merge adds the sinks.
+        // Every modifier variant is named apart from its plain twin.
         for m in DecodeConfig::all_mods() {
             assert!(m.name().ends_with("_mods_softcap_alibi"), "{}", m.name());
-            assert!(m.merge().mods && !m.with_mods(None).merge().mods);
+            assert_ne!(m.name(), m.with_mods(None).name());
         }
     }
 
@@ -1110,11 +1001,10 @@ mod tests {
         assert_eq!(DecodeSplit { splits: 1, keys_per_split: 8192 }.partial_lens(&a), (0, 0));
         let p = DecodeParams::new(&a, sp, &DecodePtrs { q: 16, ..Default::default() }, None);
         assert_eq!((p.group, p.rows, p.splits, p.keys_per_split, p.k_head_stride), (4, 4, 4, 2048, 8192 * 128));
-        let m = MergeParams::new(&a, sp, &DecodePtrs::default());
-        assert_eq!((m.rows, m.total_rows, m.o_head_stride), (4, 8 * 8 * 4, 128));
-        // 5 positions x group 4 = 20 rows do not fit 16.
+        // 5 positions x group 4 = 20 rows do not fit 16 (only the 64-row tile takes row blocks).
         a.q_len = 5;
         assert!(matches!(cfg.validate_args(&a), Err(NativeError::InvalidArgs(m)) if m.contains("20 query rows")));
+        assert!(DecodeConfig::new(128, Dtype::F16, 20).unwrap().validate_args(&a).is_ok());
         a.q_len = 4;
         cfg.validate_args(&a).unwrap();
         a.kv_heads = 3;

@@ -30,7 +30,8 @@
 //!   disassembly-checked with clang, mirrored on the CPU through the MFMA lane layout, and the
 //!   HIP runtime (feature `hip`); not run on hardware.
 //! - [`decode`]: split-KV decode (flash-decoding) on mma.sync, few query rows per KV head
-//!   against a long KV sequence, with the LSE merge of its splits.
+//!   against a long KV sequence, its splits merged by their LSE in the same launch; also the
+//!   prefill of a paged cache, in row blocks.
 //! - [`varlen`]: variable-length (packed, `cu_seqlens`) batches of the f16/bf16 forward
 //!   kernels, their launch arguments and checks.
 //! - [`device`]: device queries.
@@ -68,7 +69,7 @@ pub use arch::Arch;
 pub use decode::DecodeKernel;
 #[cfg(feature = "cuda")]
 pub use append_kv::AppendKvKernel;
-pub use decode::{decode_split, mod_key_range, split_keys, DecodeConfig, DecodeParams, DecodePtrs, PagedArgs, DecodeSplit, DecodeTile, DecodeUnit, MergeConfig, MergeParams, DECODE_TILES};
+pub use decode::{decode_split, mod_key_range, split_keys, DecodeConfig, DecodeParams, DecodePtrs, PagedArgs, DecodeSplit, DecodeTile, DecodeUnit, DECODE_TILES};
 pub use cache::{default_cache_dir, CacheKey, CompileRequest, CompiledKernel, KernelCache, Origin};
 pub use error::{NativeError, Result};
 /// The shared types of quattn's crates that this crate's API takes: launch shape, element type, strides,

@@ -46,8 +46,8 @@ pub enum NativeKernelId {
     /// FP8 (e4m3) Q·Kᵀ and P·V on mma.sync (sm_89, sm_120a native; sm_90 lowered by ptxas),
     /// a forward variant or its V prepass.
     Fp8Mma(Fp8MmaUnit),
-    /// Split-KV decode on mma.sync (f16/bf16; sm_80 and later): a decode variant (it loads with
-    /// its merge) or, as compiled, the LSE merge of a head dim and output type.
+    /// Split-KV decode on mma.sync (f16/bf16; sm_80 and later; its splits merged in-kernel),
+    /// also the paged prefill: a decode variant or, as compiled, the paged cache's writer.
     Decode(DecodeUnit),
     /// NVFP4 Q·Kᵀ on the block-scaled mma.sync (sm_120a; compiled and SASS-checked, not run on
     /// hardware).
@@ -269,12 +269,6 @@ mod store {
                     )))
                 }
                 NativeKernelId::Decode(DecodeUnit::Attention(c)) => Loaded::Decode(DecodeKernel::load(ctx, c)?),
-                NativeKernelId::Decode(u @ DecodeUnit::Merge(_)) => {
-                    return Err(NativeError::InvalidArgs(format!(
-                        "{} is the LSE merge; it loads with a decode variant",
-                        crate::report::KernelVariant::name(&u)
-                    )))
-                }
                 NativeKernelId::Decode(DecodeUnit::AppendKv(_)) => {
                     return Err(NativeError::InvalidArgs("append_kv is not an attention kernel; it loads through AppendKvKernel::load".into()))
                 }

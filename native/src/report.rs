@@ -212,6 +212,9 @@ fn interesting(op: &str) -> bool {
         || op.starts_with("LDTM")
         || op.starts_with("STTM")
         || op == "UTCBAR"
+        // Global atomics: the counters of kernels that finish their work in the last CTA.
+        || op.starts_with("ATOMG")
+        || op.starts_with("RED.")
 }
 
 /// Report of one variant on one target.

@@ -1,4 +1,4 @@
-//! NVRTC compiles and SASS checks of the decode family (`fwd_decode_*` and its LSE merge) for
+//! NVRTC compiles and SASS checks of the decode family (`fwd_decode_*`, its splits merged in-kernel) for
 //! every target it is built for; runs on machines without a GPU. sm_90 is what an H100 runs
 //! (`examples/decode_check.rs` checks the numerics there).
 //!
@@ -10,7 +10,7 @@ mod common;
 use common::tools_or_skip;
 
 use quattn_native::report::{report_variant, KernelReport};
-use quattn_native::{Arch, DecodeConfig, DecodeTile, DecodeUnit, Dtype, KernelCache, KernelVariant, MergeConfig, ModVariant};
+use quattn_native::{Arch, DecodeConfig, DecodeTile, DecodeUnit, Dtype, KernelCache, KernelVariant, ModVariant};
 
 fn count(r: &KernelReport, op: &str) -> usize {
     r.instructions.get(op).copied().unwrap_or(0)
@@ -37,10 +37,10 @@ fn reports(cache: &KernelCache, units: &[DecodeUnit], archs: &[Arch]) -> Vec<Ker
     v.into_iter().map(|(_, r)| r).collect()
 }
 
-/// Every decode variant (the score-modifier variants too) and merge on every target: compiled,
-/// the intended HMMA form and nothing else, cp.async for K and V, no spill, no local memory; the
-/// per-tile MMA counts of the loop body; two CTAs fit an SM by registers (the occupancy the split
-/// function counts on).
+/// Every decode variant (the score-modifier variants too) on every target: compiled, the
+/// intended HMMA form and nothing else, cp.async for K and V, no spill, no local memory; the
+/// per-tile MMA counts of the loop body; the in-kernel merge's split counter (a global atomic);
+/// two CTAs fit an SM by registers (the occupancy the split function counts on).
 #[test]
 fn every_decode_unit_compiles_without_spills_and_uses_the_intended_mma() {
     if !tools_or_skip("every_decode_unit_compiles") {
@@ -59,11 +59,10 @@ fn every_decode_unit_compiles_without_spills_and_uses_the_intended_mma() {
     for r in &reports {
         assert_eq!(r.stack_frame_bytes, Some(0), "{}: local memory", r.summary());
         let regs = r.registers.expect("ptxas reported registers");
-        // 2 CTAs of 128 threads per SM need at most 255 registers a thread; the merge is small.
+        // 2 CTAs of 128 threads per SM need at most 255 registers a thread.
         assert!(regs > 0 && regs <= 255, "{}: {regs} registers", r.kernel);
     }
     assert!(reports.iter().any(|r| r.kernel.ends_with("_mods_softcap_alibi")));
-    assert!(reports.iter().any(|r| r.kernel.starts_with("fwd_decode_merge") && r.kernel.ends_with("_mods")));
     for cfg in DecodeConfig::all().into_iter().chain(DecodeConfig::all_mods()) {
         let t = cfg.tile();
         // One warp's tile: Q·Kᵀ over its key slice (hd/16 k-steps x slice/8 n8 tiles) and P·V
@@ -78,11 +77,8 @@ fn every_decode_unit_compiles_without_spills_and_uses_the_intended_mma() {
             assert!(count(r, mma) >= 2 * per_tile, "{}: {} {mma}, expected at least {}", r.summary(), count(r, mma), 2 * per_tile);
             assert!(count(r, "LDSM.16.M88.4") > 0 && count(r, "LDSM.16.MT88.4") > 0, "{}: K / V fragments", r.summary());
             assert!(count(r, "MUFU.EX2") > 0, "{}", r.summary());
+            assert!(r.instructions.keys().any(|k| k.starts_with("ATOMG")), "{}: the splits' counter", r.summary());
         }
-    }
-    for r in reports.iter().filter(|r| r.kernel.starts_with("fwd_decode_merge")) {
-        assert!(r.instructions.keys().all(|k| !k.contains("MMA")), "{}", r.summary());
-        assert_eq!(r.dynamic_smem_bytes, 0);
     }
 }
 
@@ -157,8 +153,7 @@ fn r_regs(r: &KernelReport) -> u32 {
 /// twins on the H100's target: the same matrix work (the modifiers touch scores only, and masked
 /// and mask-free tiles are still two loop bodies), more MUFU.EX2 with softcap (its tanh)
 /// compiled in, no local memory; on every target, the variants with only the band and sinks and
-/// with one of softcap and ALiBi compile without local memory too, and the merge's sink variant
-/// stays free of matrix opcodes.
+/// with one of softcap and ALiBi compile without local memory too.
 #[test]
 fn modifier_variants_match_their_plain_twins() {
     if !tools_or_skip("decode_modifier_variants") {
@@ -172,9 +167,6 @@ fn modifier_variants_match_their_plain_twins() {
         for paged in [false, true] {
             others.push(DecodeUnit::Attention(DecodeConfig::new(128, Dtype::Bf16, 24).unwrap().with_paged(paged).with_mods(Some(v))));
         }
-    }
-    for hd in [64, 128] {
-        others.push(DecodeUnit::Merge(MergeConfig { head_dim: hd, output: Dtype::F16, mods: true }));
     }
     let mut got = reports(&cache, &pairs, &[Arch::Sm90]);
     got.extend(reports(&cache, &others, DecodeConfig::TARGETS));
@@ -192,9 +184,5 @@ fn modifier_variants_match_their_plain_twins() {
         }
         assert!(count(m, "LDGSTS.E.BYPASS.LTC128B.128") > 0, "{}", m.summary());
         assert!(count(m, "MUFU.EX2") > count(p, "MUFU.EX2"), "{}: softcap's exp2", m.summary());
-    }
-    for r in got.iter().filter(|r| r.kernel.starts_with("fwd_decode_merge")) {
-        assert!(r.kernel.ends_with("_mods"), "{}", r.kernel);
-        assert!(r.instructions.keys().all(|k| !k.contains("MMA")), "{}", r.summary());
     }
 }

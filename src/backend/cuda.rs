@@ -1,6 +1,6 @@
 //! The CUDA device: native kernels where they support the problem, the portable CubeCL kernels
 //! otherwise. The dispatch table, best first: the split-KV decode kernel (f16/bf16, sm_80+, at
-//! most 64 query rows per KV head: decode and short chunks, never prefill), the
+//! most 64 query rows per KV head: decode and short chunks; any rows of a paged cache), the
 //! warp-specialized wgmma kernel (f16, sm_90a),
 //! the mma.sync HMMA kernels (f16/bf16, sm_80+), the native INT8 kernels (tcgen05 UMMA on
 //! compute capability 10.0, s8 wgmma on 9.0, IMMA from sm_80, each after the native
@@ -77,17 +77,20 @@ fn table_words(p: &AttentionProblem) -> Option<Vec<i32>> {
     }
 }
 
-/// The f32 partial states of split-KV decode, with their element counts.
+/// The f32 partial states of split-KV decode and its split counters (zero between launches:
+/// the kernel returns each to zero), with their element counts.
 struct DecodeBuffers {
     part_o: CudaSlice<f32>,
     part_lse: CudaSlice<f32>,
+    counters: CudaSlice<u32>,
 }
 
 /// The dispatch table of a CUDA device, best first.
 fn table() -> [Row<CudaBackend>; 16] {
     [
         // First: it takes only shapes with at most 64 query rows per KV head, where it reads K
-        // and V once per GQA group and splits the sequence to fill the device.
+        // and V once per GQA group and splits the sequence to fill the device, and paged
+        // prefills (in row blocks), which no other native family reads.
         Row { family: Family::Native(NativeKind::Decode), test: CudaBackend::decode_row },
         Row { family: Family::Native(NativeKind::Wgmma), test: CudaBackend::wgmma_row },
         Row { family: Family::Native(NativeKind::Hmma), test: CudaBackend::hmma_row },
@@ -412,7 +415,8 @@ impl CudaBackend {
     }
 
     /// Split-KV decode: f16 or bf16 with f32 accumulation, at most
-    /// [`DecodeConfig::MAX_ROWS`] query rows (`group · q_len`) per KV head; a problem with score
+    /// [`DecodeConfig::MAX_ROWS`] query rows (`group · q_len`) per KV head, or any number in row
+    /// blocks of that many on a paged cache (its prefill); a problem with score
     /// modifiers takes the modifier variant (refused, typed, where its parameter block cannot
     /// hold them). The plan records the split the device's occupancy gives
     /// ([`quattn_native::decode_split`], over the keys some position sees with modifiers).
@@ -429,10 +433,11 @@ impl CudaBackend {
         if problem.v_head_dim != problem.head_dim {
             return not_applicable(format!("the decode kernel needs v_head_dim == head_dim (got {} and {})", problem.v_head_dim, problem.head_dim));
         }
+        // A dense prefill goes to the prefill families; a paged one runs here in row blocks.
         let rows = problem.group_size().saturating_mul(problem.q_len);
-        if rows > DecodeConfig::MAX_ROWS {
+        if rows > DecodeConfig::MAX_ROWS && problem.paged.is_none() {
             return not_applicable(format!(
-                "{rows} query rows per KV head (group {} x q_len {}): the decode kernel packs at most {} (a prefill shape)",
+                "{rows} query rows per KV head (group {} x q_len {}): the decode kernel packs at most {} of a strided cache (a prefill shape)",
                 problem.group_size(),
                 problem.q_len,
                 DecodeConfig::MAX_ROWS
@@ -462,12 +467,12 @@ impl CudaBackend {
         Ok(Choice { kernel: KernelId::Native(n), blocking: choice.blocking })
     }
 
-    /// The partial-state buffers of a decode launch of `need` (O, LSE) elements on `stream`,
-    /// grown on demand; returns their addresses.
-    fn decode_partials(&self, plan: &Plan, stream: &Arc<CudaStream>, need: (usize, usize)) -> Result<(u64, u64)> {
+    /// The partial-state buffers and split counters of a decode launch of `need` (O, LSE,
+    /// counters) elements on `stream`, grown on demand; returns their addresses.
+    fn decode_partials(&self, plan: &Plan, stream: &Arc<CudaStream>, need: (usize, usize, usize)) -> Result<(u64, u64, u64)> {
         let mut map = self.decode_scratch.lock().map_err(|_| Error::Kernel { kernel: plan.kernel_name(), reason: "decode scratch lock poisoned".into() })?;
         let e = driver_of(plan);
-        let fits = |b: &DecodeBuffers| b.part_o.len() >= need.0 && b.part_lse.len() >= need.1;
+        let fits = |b: &DecodeBuffers| b.part_o.len() >= need.0 && b.part_lse.len() >= need.1 && b.counters.len() >= need.2;
         let key = stream.cu_stream() as usize;
         if map.get(&key).is_none_or(|b| !fits(b)) {
             // The old buffers may still be read by work queued on `stream`: let it finish
@@ -477,10 +482,11 @@ impl CudaBackend {
             }
             let s = &self.stream;
             // SAFETY: every partial state is written by the decode kernel before the merge
-            // reads it.
+            // reads it; the counters start zeroed.
             let b = DecodeBuffers {
                 part_o: unsafe { s.alloc::<f32>(need.0.max(4)) }.map_err(&e)?,
                 part_lse: unsafe { s.alloc::<f32>(need.1.max(4)) }.map_err(&e)?,
+                counters: s.alloc_zeros::<u32>(need.2.max(4)).map_err(&e)?,
             };
             s.synchronize().map_err(&e)?;
             map.insert(key, b);
@@ -488,7 +494,8 @@ impl CudaBackend {
         let b = map.get_mut(&key).ok_or_else(|| Error::Kernel { kernel: plan.kernel_name(), reason: "decode scratch missing".into() })?;
         let part_o = b.part_o.device_ptr_mut(stream).0;
         let part_lse = b.part_lse.device_ptr_mut(stream).0;
-        Ok((part_o, part_lse))
+        let counters = b.counters.device_ptr_mut(stream).0;
+        Ok((part_o, part_lse, counters))
     }
 
     fn hmma_row(&self, problem: &AttentionProblem, precision: Precision) -> std::result::Result<Choice, Reject> {
@@ -949,15 +956,15 @@ impl CudaBackend {
                 let Some(split) = choice.split else {
                     return Err(Error::Kernel { kernel: name(), reason: "a decode plan without its split".into() });
                 };
-                let (part_o, part_lse) = match split.partial_lens(&shape) {
-                    (0, 0) => (0, 0),
-                    need => self.decode_partials(plan, stream, need)?,
+                let (part_o, part_lse, counters) = match split.partial_lens(&shape) {
+                    (0, 0) => (0, 0, 0),
+                    (o, lse) => self.decode_partials(plan, stream, (o, lse, k.config().counters_len(&shape)))?,
                 };
                 let mods = match k.config().mods {
                     Some(v) => Some(mod_params(&k.config().name(), v, p).map_err(failed)?),
                     None => None,
                 };
-                let mut ptrs = DecodePtrs { q: call.q, k: call.k, v: call.v, o: call.o, lse: call.lse, part_o, part_lse, ..Default::default() };
+                let mut ptrs = DecodePtrs { q: call.q, k: call.k, v: call.v, o: call.o, lse: call.lse, part_o, part_lse, counters, ..Default::default() };
                 match (&p.paged, k.config().paged) {
                     (Some(pg), true) if call.tables != 0 => {
                         ptrs.block_table = call.tables;
