@@ -775,7 +775,8 @@ def build(manifest):
           "- TFLOP/s use FlashAttention's FLOP count, 4 · batch · heads · seq_q · seq_kv · head_dim, halved for "
           "causal masks (`quattn_core::AttentionShape::flops`), for every kernel, peers included.",
           "- CUDA timings are medians after warm-up, on device-resident inputs: CUDA events for the native kernels "
-          "and torch, CubeCL's profiler for the portable kernels and cubek-attention. wgpu (Vulkan) timings are on the host clock, over batches of "
+          "and torch (calls queued back to back, each between its own pair of events, one synchronization at the end), "
+          "CubeCL's profiler for the portable kernels and cubek-attention. wgpu (Vulkan) timings are on the host clock, over batches of "
           "launches per synchronization, because the wgpu timestamp queries undercount some kernels.",
           "- \"end to end\" INT8 rows include the quantizing prepass; \"(kernel only)\" rows time the attention "
           "kernel on already quantized operands.",
