@@ -536,3 +536,28 @@ fn paged_prefill_selects_the_portable_decode_family() {
         }
     }
 }
+
+/// Paged prefill with score modifiers (a window and sinks, GQA 4 at q_len 100: 400 packed rows
+/// per KV head, ragged lengths, one sequence shorter than q_len): the CPU kernel matches the f64
+/// reference with each sequence's window aligned at its own length; the portable decode family
+/// has no score modifiers, so on wgpu, where no other kernel reads pages, the plan is a typed
+/// refusal naming the modifier, never a run that ignores it.
+#[test]
+fn paged_prefill_with_modifiers_runs_on_the_cpu_and_is_refused_on_wgpu() {
+    let lens = [700usize, 57, 300];
+    let p = paged(AttentionProblem::new(3, 8, 100, 64).kv_heads(2).causal(true), 32, &lens, 12)
+        .window(48, 0)
+        .sinks(vec![0.5f32, -1.0, 2.0, f32::NEG_INFINITY, 0.0, 1.5, -3.0, 4.0]);
+    check(&p, Precision::F32, 13);
+    let Some(s) = common::open(Device::Wgpu(WgpuAdapter::Default)) else { return };
+    // Auto reports the last family's refusal (the FMA kernel, which has the modifiers, does
+    // not read pages); the decode family names the modifier.
+    match s.plan(&p, Precision::F16_DEFAULT, Strategy::Auto) {
+        Err(Error::UnsupportedFeature { .. } | Error::UnsupportedPagedKv { .. }) => {}
+        other => panic!("{:?}", other.map(|x| x.kernel_name())),
+    }
+    match s.plan(&p, Precision::F16_DEFAULT, Strategy::PortableFamily(PortableKind::Decode)) {
+        Err(Error::UnsupportedFeature { kernel, .. }) => assert!(kernel.contains("decode"), "{kernel}"),
+        other => panic!("{:?}", other.map(|x| x.kernel_name())),
+    }
+}
