@@ -133,8 +133,9 @@ pub enum PortableKind {
     /// Split-KV decode (flash-decoding): the q heads of a GQA group and their positions packed
     /// into one query tile per (batch, KV head), the KV sequence split across cubes and the
     /// partial states merged; float modes, decode shapes (at most 64 packed rows per KV head,
-    /// at least 512 keys, or any length on a paged cache, which only this family reads among
-    /// the portable ones), no score modifiers; every CubeCL device.
+    /// at least 512 keys), or on a paged cache, which only this family reads among the portable
+    /// ones, any length and any number of rows (prefill and chunked prefill in blocks of 64
+    /// rows); no score modifiers; every CubeCL device.
     Decode,
 }
 

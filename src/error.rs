@@ -62,7 +62,7 @@ pub enum Error {
     BlockTableEntry { sequence: usize, index: usize, entry: i32, num_pages: usize },
 
     /// A kernel family that does not read paged KV caches; `Strategy::Auto` passes over it.
-    #[error("{kernel} does not read a paged KV cache (the CPU backend and the native CUDA decode family do)")]
+    #[error("{kernel} does not read a paged KV cache (the CPU backend and the native and portable decode families do)")]
     UnsupportedPagedKv { kernel: String },
 
     /// A paged KV cache whose block table, lengths or geometry do not fit together or the problem.

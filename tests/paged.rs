@@ -400,3 +400,164 @@ fn cubecl_append_kv_matches_the_host_append() {
     assert!(matches!(err, Error::BlockTableEntry { .. } | Error::InvalidPagedKv { .. }), "{err}");
     assert!(read(kp2).iter().zip(&k_pool).all(|(a, b)| a.to_bits() == b.to_bits()));
 }
+
+/// Runs `plan` (a paged problem that returns the LSE) on CubeCL handles of `s` (wgpu) whose O
+/// and LSE hold NaN beforehand, Q/K/V in the plan's input type, and checks O and the LSE against
+/// the f64 reference on the rounded inputs; returns them (O in f32).
+fn check_poisoned(s: &Session, plan: &quattn::Plan, seed: u64) -> (Vec<f32>, Vec<f32>) {
+    use half::{bf16, f16};
+    use quattn::cubecl::wgpu::WgpuRuntime;
+    let p = &plan.problem;
+    assert!(p.return_lse);
+    let client = s.cubecl_client::<WgpuRuntime>().unwrap();
+    let dt = plan.precision.input_dtype();
+    let (q, k, v) = inputs::qkv(p, seed);
+    let (q, k, v) = (HostSlice::F32(&q).rounded_to(dt), HostSlice::F32(&k).rounded_to(dt), HostSlice::F32(&v).rounded_to(dt));
+    let bytes = |x: &[f32]| -> Vec<u8> {
+        match dt {
+            quattn::Dtype::F32 => bytemuck::cast_slice(x).to_vec(),
+            quattn::Dtype::F16 => bytemuck::cast_slice(&x.iter().map(|&a| f16::from_f32(a)).collect::<Vec<_>>()).to_vec(),
+            quattn::Dtype::Bf16 => bytemuck::cast_slice(&x.iter().map(|&a| bf16::from_f32(a)).collect::<Vec<_>>()).to_vec(),
+        }
+    };
+    let up = |x: &[f32]| client.create_from_slice(&bytes(x));
+    let (qh, kh, vh) = (up(&q), up(&k), up(&v));
+    let oh = up(&vec![f32::NAN; p.o_len_elems()]);
+    let lh = client.create_from_slice(bytemuck::cast_slice(&vec![f32::NAN; p.lse_len_elems()]));
+    s.run_cubecl::<WgpuRuntime>(plan, quattn::CubeclTensors { q: &qh, k: &kh, v: &vh, o: &oh, lse: Some(&lh) })
+        .unwrap_or_else(|e| panic!("{}: {e}", plan.kernel_name()));
+    let raw = client.read_one(oh).unwrap();
+    let o: Vec<f32> = match dt {
+        quattn::Dtype::F32 => bytemuck::pod_collect_to_vec(&raw),
+        quattn::Dtype::F16 => bytemuck::pod_collect_to_vec::<u8, f16>(&raw).iter().map(|x| x.to_f32()).collect(),
+        quattn::Dtype::Bf16 => bytemuck::pod_collect_to_vec::<u8, bf16>(&raw).iter().map(|x| x.to_f32()).collect(),
+    };
+    let lse: Vec<f32> = bytemuck::pod_collect_to_vec(&client.read_one(lh).unwrap());
+    let r = attention_f64(p, &q, &k, &v).unwrap();
+    assert!(o.iter().all(|x| x.is_finite()), "{}: a row left unwritten or non-finite", plan.kernel_name());
+    let m = ErrorMetrics::compare(&o, &r.o);
+    let tol = Tolerance::for_precision(plan.precision);
+    let ref_max = r.o.iter().fold(0.0f64, |a, &x| a.max(x.abs()));
+    assert!(tol.accepts(&m, ref_max), "{} {p:?}: {m:?}", plan.kernel_name());
+    let lm = compare_lse(&lse, &r.lse).unwrap_or_else(|| panic!("{}: LSE infinities differ", plan.kernel_name()));
+    assert!(lm.max_abs <= tol.max_abs_rel, "{}: LSE {lm:?}", plan.kernel_name());
+    (o, lse)
+}
+
+/// `plan` (on the portable decode kernel) with one split: O and the LSE written by the decode
+/// cubes directly, without the merge.
+fn one_split(mut plan: quattn::Plan) -> quattn::Plan {
+    let quattn::KernelId::Portable { kernel: quattn_cubecl::PortableKernel::Decode(t), name } = plan.kernel.clone() else {
+        panic!("not the decode kernel: {}", plan.kernel)
+    };
+    let keys = (plan.problem.kv_len.max(1) as u32).div_ceil(t.bk()) * t.bk();
+    let t = quattn_cubecl::DecodeTiles { splits: 1, keys_per_split: keys, ..t };
+    plan.kernel = quattn::KernelId::Portable { kernel: quattn_cubecl::PortableKernel::Decode(t), name };
+    plan
+}
+
+/// Prefill and chunked prefill against a paged cache on the portable decode family (wgpu;
+/// llvmpipe in CI): more than 64 packed rows per KV head (GQA 4 at q_len 100 and 300), in blocks
+/// of the query tile, some crossing from one head's positions to the next and the last one
+/// padded. Against the f64 reference through shuffled pages of 16 and 64 keys with ragged
+/// lengths (an empty sequence, a one-key one, one shorter than q_len, whose first positions see
+/// no key when causal, long ones the split cuts), causal per sequence and not, BHSD and BSHD,
+/// with the split the plan chose (through the merge) and with one split (written directly).
+#[test]
+fn portable_decode_kernels_run_paged_prefill() {
+    let Some(s) = common::open(Device::Wgpu(WgpuAdapter::Default)) else { return };
+    let lens = [700usize, 1, 0, 130, 2100, 57];
+    let cases = [
+        (16, 100, true, Precision::F16_DEFAULT, Layout::Bhsd),
+        (64, 300, false, Precision::F32, Layout::Bshd),
+        (64, 100, true, Precision::F32, Layout::Bshd),
+        (16, 300, true, Precision::F16_DEFAULT, Layout::Bhsd),
+    ];
+    for (i, (ps, q_len, causal, precision, layout)) in cases.into_iter().enumerate() {
+        let mut p = AttentionProblem::new(lens.len(), 8, q_len, 64).kv_heads(2).causal(causal).layout(layout);
+        p = paged(p, ps, &lens, 60 + i as u64).with_lse(true);
+        let plan = s.plan(&p, precision, Strategy::Auto).unwrap_or_else(|e| panic!("case {i}: {e}"));
+        assert_eq!(plan.family(), quattn::Family::Portable(PortableKind::Decode), "case {i}: {}", plan.kernel_name());
+        let quattn::KernelId::Portable { kernel: quattn_cubecl::PortableKernel::Decode(t), .. } = plan.kernel.clone() else {
+            panic!("case {i}: {}", plan.kernel)
+        };
+        let quattn_cubecl::DecodeTiling::Tile(tiles) = t.tiling else { panic!("case {i}: {t}") };
+        let rows = 4 * q_len as u64;
+        assert!(tiles.bk as usize <= ps && t.row_blocks(rows) == rows.div_ceil(tiles.bq as u64) && t.row_blocks(rows) > 1, "case {i}: {t}");
+        // The merge runs: wgpu reports no SM count, and 128 SMs leave room for several splits.
+        assert!(t.splits > 1, "case {i}: {t}");
+        for plan in [plan.clone(), one_split(plan)] {
+            let (o, lse) = check_poisoned(&s, &plan, 70 + i as u64);
+            // The empty sequence, and (causal) the positions of the 57-key one before its first
+            // key: O = 0, LSE = -inf.
+            for h in 0..p.q_heads {
+                for r in 0..q_len {
+                    for (b, empty) in [(2, true), (5, causal && r + 57 < q_len)] {
+                        let l = lse[(b * p.q_heads + h) * q_len + r];
+                        let row = &o[p.o_strides().offset(b, h, r)..][..64];
+                        assert_eq!(empty, l == f32::NEG_INFINITY, "case {i} b{b} h{h} r{r}: {l}");
+                        if empty {
+                            assert!(row.iter().all(|&x| x == 0.0), "case {i} b{b} h{h} r{r}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A paged problem of more than 64 packed rows per KV head plans on the portable decode family
+/// (on wgpu no other kernel reads pages): its tile kernel in blocks of 64 rows, key tiles within
+/// a page. The same shape on a contiguous cache stays with the per-head kernels under Auto, and
+/// the decode family refuses it there.
+#[test]
+fn paged_prefill_selects_the_portable_decode_family() {
+    use quattn::cubecl::wgpu::WgpuRuntime;
+    let Some(s) = common::open(Device::Wgpu(WgpuAdapter::Default)) else { return };
+    let client = s.cubecl_client::<WgpuRuntime>().unwrap();
+    for (q_len, q_heads, ps) in [(17usize, 8usize, 32usize), (100, 8, 16), (300, 8, 64), (2048, 2, 256)] {
+        let lens = [3000usize, 40];
+        let p = paged(AttentionProblem::new(2, q_heads, q_len, 128).kv_heads(2).causal(true), ps, &lens, 3);
+        let rows = (q_heads / 2 * q_len) as u64;
+        assert!(rows > 64);
+        let kernel = quattn_cubecl::select_paged(&client, &p.shape(), quattn::Dtype::F16, ps as u32).unwrap_or_else(|e| panic!("q_len {q_len}: {e}"));
+        let quattn_cubecl::PortableKernel::Decode(t) = kernel else { panic!("q_len {q_len}: {kernel:?}") };
+        let quattn_cubecl::DecodeTiling::Tile(tiles) = t.tiling else { panic!("q_len {q_len}: {t}") };
+        assert!(tiles.bq == 64 && tiles.bk as usize <= ps && t.row_blocks(rows) == rows.div_ceil(64), "q_len {q_len}: {t}");
+        let plan = s.plan(&p, Precision::F16_DEFAULT, Strategy::Auto).unwrap_or_else(|e| panic!("q_len {q_len}: {e}"));
+        assert_eq!(plan.family(), quattn::Family::Portable(PortableKind::Decode), "q_len {q_len}: {}", plan.kernel_name());
+
+        let dense = AttentionProblem::new(2, q_heads, q_len, 128).kv_heads(2).kv_len(3000).causal(true);
+        let plan = s.plan(&dense, Precision::F16_DEFAULT, Strategy::Auto).unwrap();
+        assert_ne!(plan.family(), quattn::Family::Portable(PortableKind::Decode), "q_len {q_len}: {}", plan.kernel_name());
+        match s.plan(&dense, Precision::F16_DEFAULT, Strategy::PortableFamily(PortableKind::Decode)) {
+            Err(Error::UnsupportedStrategy { reason, .. }) => assert!(reason.contains("not decode-shaped"), "{reason}"),
+            other => panic!("q_len {q_len}: {:?}", other.map(|x| x.kernel_name())),
+        }
+    }
+}
+
+/// Paged prefill with score modifiers (a window and sinks, GQA 4 at q_len 100: 400 packed rows
+/// per KV head, ragged lengths, one sequence shorter than q_len): the CPU kernel matches the f64
+/// reference with each sequence's window aligned at its own length; the portable decode family
+/// has no score modifiers, so on wgpu, where no other kernel reads pages, the plan is a typed
+/// refusal naming the modifier, never a run that ignores it.
+#[test]
+fn paged_prefill_with_modifiers_runs_on_the_cpu_and_is_refused_on_wgpu() {
+    let lens = [700usize, 57, 300];
+    let p = paged(AttentionProblem::new(3, 8, 100, 64).kv_heads(2).causal(true), 32, &lens, 12)
+        .window(48, 0)
+        .sinks(vec![0.5f32, -1.0, 2.0, f32::NEG_INFINITY, 0.0, 1.5, -3.0, 4.0]);
+    check(&p, Precision::F32, 13);
+    let Some(s) = common::open(Device::Wgpu(WgpuAdapter::Default)) else { return };
+    // Auto reports the last family's refusal (the FMA kernel, which has the modifiers, does
+    // not read pages); the decode family names the modifier.
+    match s.plan(&p, Precision::F16_DEFAULT, Strategy::Auto) {
+        Err(Error::UnsupportedFeature { .. } | Error::UnsupportedPagedKv { .. }) => {}
+        other => panic!("{:?}", other.map(|x| x.kernel_name())),
+    }
+    match s.plan(&p, Precision::F16_DEFAULT, Strategy::PortableFamily(PortableKind::Decode)) {
+        Err(Error::UnsupportedFeature { kernel, .. }) => assert!(kernel.contains("decode"), "{kernel}"),
+        other => panic!("{:?}", other.map(|x| x.kernel_name())),
+    }
+}

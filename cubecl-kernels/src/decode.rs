@@ -18,7 +18,10 @@ use crate::launch::{check_grid, vector_layout_ok, CubeLimits, Family, LaunchInfo
 use crate::problem::Args;
 use crate::tiling::FmaVecTiles;
 
-/// Most packed query rows (`group · q_len`) per (batch, KV head): one cube's query tile.
+/// Most packed query rows (`group · q_len`) per (batch, KV head) the decode family takes on a
+/// contiguous cache: one cube's query tile (more rows are prefill, which the per-head kernels
+/// run). On a paged cache, which only this family reads, the tile kernel takes any number, in
+/// blocks of its tile's rows.
 pub const DECODE_MAX_ROWS: u32 = 64;
 /// Fewest keys for which the decode family applies: 8 tiles of 64 keys, enough for two splits
 /// of [`MIN_TILES_PER_SPLIT`] tiles. Shorter caches are one tile of work or two for the
@@ -97,6 +100,14 @@ impl DecodeTiles {
         match self.tiling {
             DecodeTiling::Tile(t) => t.bq,
             DecodeTiling::Rows(r) => r.rows,
+        }
+    }
+    /// Blocks of [`Self::bq`] rows that hold `rows` packed rows: the tile kernel's cubes per
+    /// (split, KV head, batch); 1 for the row kernel, which holds its rows exactly.
+    pub const fn row_blocks(&self, rows: u64) -> u64 {
+        match self.tiling {
+            DecodeTiling::Tile(t) => rows.div_ceil(t.bq as u64),
+            DecodeTiling::Rows(_) => 1,
         }
     }
     /// Keys per tile.
@@ -211,27 +222,38 @@ pub fn decode_candidates(rows: u32, head_dim: u32, v_head_dim: u32) -> Vec<FmaVe
     all
 }
 
-/// Why the decode family does not take this problem, if it does not: at most
-/// [`DECODE_MAX_ROWS`] packed rows per KV head, at least [`DECODE_MIN_KV`] keys, the vector
-/// layout of the FMA kernels.
+/// Why the decode family does not take this problem on a contiguous cache, if it does not: at
+/// most [`DECODE_MAX_ROWS`] packed rows per KV head, at least [`DECODE_MIN_KV`] keys, and
+/// [`paged_refusal`]'s rules.
 pub(crate) fn decode_shape_refusal(args: &Args, shape: &AttentionShape) -> Option<String> {
     if args.kv_len < DECODE_MIN_KV {
         return Some(format!("kv_len {} is below {DECODE_MIN_KV}: one per-head tile streams it without a merge", args.kv_len));
     }
-    decode_rows_refusal(args, shape)
-}
-
-/// [`decode_shape_refusal`] without the KV length floor (a paged cache has no other kernel).
-fn decode_rows_refusal(args: &Args, shape: &AttentionShape) -> Option<String> {
-    let rows = args.group_size() as u64 * args.q_len as u64;
-    if rows == 0 || rows > DECODE_MAX_ROWS as u64 {
+    let rows = packed_rows(args);
+    if rows > DECODE_MAX_ROWS as u64 {
         return Some(format!(
             "not decode-shaped: {rows} query rows per KV head ({} q heads per KV head x q_len {}), the decode tile takes 1..={DECODE_MAX_ROWS}",
             args.group_size(),
             args.q_len
         ));
     }
+    paged_refusal(args, shape)
+}
+
+/// Why the decode family does not take this problem on a paged cache, which no other family
+/// reads (any KV length, any number of packed rows): no rows, rows past 32-bit indices, or
+/// the vector layout of the FMA kernels.
+fn paged_refusal(args: &Args, shape: &AttentionShape) -> Option<String> {
+    let rows = packed_rows(args);
+    if rows == 0 || rows > u32::MAX as u64 {
+        return Some(format!("{rows} query rows per KV head ({} q heads per KV head x q_len {})", args.group_size(), args.q_len));
+    }
     vector_layout_ok(shape).err()
+}
+
+/// Packed query rows per (batch, KV head): `group · q_len`.
+fn packed_rows(args: &Args) -> u64 {
+    args.group_size() as u64 * args.q_len as u64
 }
 
 /// The decode kernel for `shape` on `dtype` inputs, f32 accumulation: the first tiling that fits
@@ -246,9 +268,10 @@ pub(crate) fn select<R: Runtime>(
     select_with(client, args, shape, dtype, accumulation, None)
 }
 
-/// [`select`], or with `page_size` the kernel for a paged cache of such pages: any KV length,
-/// tile tilings only where a key tile lies in one page (`bk ≤ page_size`), row tilings only
-/// where a softmax group's V keys do (`kb ≤ page_size`).
+/// [`select`], or with `page_size` the kernel for a paged cache of such pages: any KV length
+/// and any number of packed rows (the tile kernel in row blocks above its tile), tile tilings
+/// only where a key tile lies in one page (`bk ≤ page_size`), row tilings only where a softmax
+/// group's V keys do (`kb ≤ page_size`). The split counts each row block as a cube of its own.
 fn select_with<R: Runtime>(
     client: &ComputeClient<R>,
     args: &Args,
@@ -262,7 +285,7 @@ fn select_with<R: Runtime>(
         return Err(unavailable("it accumulates in f32 only".into()));
     }
     let refusal = match page_size {
-        Some(_) => decode_rows_refusal(args, shape),
+        Some(_) => paged_refusal(args, shape),
         None => decode_shape_refusal(args, shape),
     };
     if let Some(reason) = refusal {
@@ -270,7 +293,8 @@ fn select_with<R: Runtime>(
     }
     let limits = CubeLimits::of(client);
     let sms = client.properties().hardware.num_streaming_multiprocessors.unwrap_or(ASSUMED_SMS);
-    let rows = args.group_size() * args.q_len;
+    // Below u32::MAX (the refusals above).
+    let rows = packed_rows(args) as u32;
     let pairs = args.batch as u64 * args.kv_heads as u64;
     let mut last = None;
     let rows_first = row_candidates(rows, args.head_dim, args.v_head_dim)
@@ -287,7 +311,9 @@ fn select_with<R: Runtime>(
             DecodeTiling::Tile(_) => CUBES_PER_SM,
             DecodeTiling::Rows(_) => ROW_CUBES_PER_SM,
         };
-        let (splits, keys_per_split) = decode_split_with(pairs, args.kv_len, probe.bk(), sms, per_sm);
+        // Every row block is a cube of its own before the keys are split.
+        let blocks = pairs.saturating_mul(probe.row_blocks(rows as u64));
+        let (splits, keys_per_split) = decode_split_with(blocks, args.kv_len, probe.bk(), sms, per_sm);
         let kernel = PortableKernel::Decode(DecodeTiles { tiling, splits, keys_per_split });
         match kernel.check_fits(limits, args.head_dim, args.v_head_dim, dtype) {
             Ok(()) => return Ok(kernel),
@@ -305,19 +331,18 @@ fn select_with<R: Runtime>(
 }
 
 impl DecodeTiles {
-    /// Whether this resolved kernel covers `args`: the rows fit the tile, and the split covers
-    /// the keys with non-empty splits of whole tiles.
+    /// Whether this resolved kernel covers `args`: the row kernel holds exactly its rows (the
+    /// tile kernel any number, in blocks), and the split covers the keys with non-empty splits
+    /// of whole tiles.
     fn check_shape(&self, args: &Args) -> Result<(), LaunchError> {
         let bad = |reason: String| Err(LaunchError::WrongKernel { kernel: format!("portable_decode_{self}"), reason });
-        let rows = args.group_size() as u64 * args.q_len as u64;
+        let rows = packed_rows(args);
         match self.tiling {
-            DecodeTiling::Tile(t) if rows > t.bq as u64 => {
-                return bad(format!("{rows} packed query rows exceed the tile's {}", t.bq));
-            }
             // The row kernel is compiled for its exact row count.
             DecodeTiling::Rows(r) if rows != r.rows as u64 => {
                 return bad(format!("{rows} packed query rows, the kernel holds exactly {}", r.rows));
             }
+            _ if rows > u32::MAX as u64 => return bad(format!("{rows} packed query rows are past 32-bit row indices")),
             _ => {}
         }
         let kps = self.keys_per_split as u64;
@@ -339,6 +364,7 @@ impl DecodeTiles {
 /// The split, grid and partial-state buffers of one decode launch ([`prepare`]).
 struct Prepared {
     rows: u32,
+    row_blocks: u32,
     direct: bool,
     /// `(page_shift, max_pages, lens_at, num_pages)` of a paged cache, zeros otherwise.
     pages: [u32; 4],
@@ -349,8 +375,8 @@ struct Prepared {
 }
 
 /// Fit, shape and grid checks, the launch record, and the partial-state buffers (f32:
-/// `[batch][kv_head][split][bq][dv]` and `[...][bq]`; one float each when there is one
-/// split). `None` when the grid is empty (nothing to enqueue).
+/// `[batch][kv_head][split][row_blocks · bq][dv]` and `[...][row_blocks · bq]`; one float each
+/// when there is one split). `None` when the grid is empty (nothing to enqueue).
 fn prepare<R: Runtime>(
     client: &ComputeClient<R>,
     kernel: &PortableKernel,
@@ -361,9 +387,15 @@ fn prepare<R: Runtime>(
 ) -> Result<(LaunchInfo, Option<Prepared>), LaunchError> {
     kernel.check_fits(CubeLimits::of(client), args.head_dim, args.v_head_dim, dtype)?;
     t.check_shape(args)?;
-    let count = (t.splits, args.kv_heads, args.batch);
+    // Below u32::MAX (`check_shape`).
+    let rows = packed_rows(args) as u32;
+    let row_blocks = t.row_blocks(rows as u64) as u32;
+    let along_x = t.splits as u64 * row_blocks as u64;
+    let Ok(along_x) = u32::try_from(along_x) else {
+        return Err(LaunchError::TooLarge { what: "decode cubes along x (row blocks x splits)", value: along_x as usize });
+    };
+    let count = (along_x, args.kv_heads, args.batch);
     check_grid(count, client.properties().hardware.max_cube_count)?;
-    let rows = args.group_size() * args.q_len;
     let info = LaunchInfo {
         kernel: kernel.kernel_name(dtype, args.head_dim as usize, args.v_head_dim as usize),
         cube_count: count,
@@ -377,7 +409,7 @@ fn prepare<R: Runtime>(
         return Ok((info, None));
     }
     let direct = t.splits == 1;
-    let states = args.batch as u64 * args.kv_heads as u64 * t.splits as u64 * t.bq() as u64;
+    let states = args.batch as u64 * args.kv_heads as u64 * t.splits as u64 * row_blocks as u64 * t.bq() as u64;
     let (o_elems, lse_elems) = if direct { (W as u64, 1) } else { (states * args.v_head_dim as u64, states) };
     for (tensor, elems) in [("decode partial O", o_elems), ("decode partial LSE", lse_elems)] {
         if elems > u32::MAX as u64 {
@@ -387,7 +419,7 @@ fn prepare<R: Runtime>(
     let part_o = client.empty(o_elems as usize * 4);
     let part_lse = client.empty(lse_elems as usize * 4);
     log::debug!("launching {} ({} splits of {} keys) for {args:?}", info.kernel, t.splits, t.keys_per_split);
-    Ok((info, Some(Prepared { rows, direct, pages: [0; 4], part_o, part_lse, o_elems, lse_elems })))
+    Ok((info, Some(Prepared { rows, row_blocks, direct, pages: [0; 4], part_o, part_lse, o_elems, lse_elems })))
 }
 
 impl Prepared {
@@ -423,8 +455,9 @@ impl Prepared {
         let (bq, dv, write_lse) = (t.bq() as usize, args.v_head_dim as usize, args.write_lse);
         macro_rules! merge {
             ($e:ty) => {
-                // SAFETY: the merge reads states `< batch · kv_heads · splits · bq` (rows ≤ bq)
-                // and writes O rows and LSE entries of existing (head, position) pairs.
+                // SAFETY: the merge reads states `< batch · kv_heads · splits · row_blocks · bq`
+                // (rows ≤ row_blocks · bq) and writes O rows and LSE entries of existing (head,
+                // position) pairs.
                 unsafe {
                     decode_merge::launch_unchecked::<$e, R>(
                         client, count, dim, W,
@@ -491,6 +524,7 @@ pub(crate) fn launch<R: Runtime>(
     let part_lse_arg = || prep.part_lse_arg::<R>();
     let dec_arg = || prep.dec_arg::<R>(t);
     let direct = prep.direct;
+    let blocked = prep.row_blocks > 1;
     let count = info.cube_count;
     let count_arg = CubeCount::Static(count.0, count.1, count.2);
     let dim = CubeDim::new_1d(kernel.units());
@@ -512,12 +546,12 @@ pub(crate) fn launch<R: Runtime>(
                 ($e:ty, $s:ty) => {
                     // SAFETY: every global index is guarded by q_len / kv_len / rows, the buffers
                     // cover the strided extents, and the partial states are indexed inside their
-                    // allocation (`check_shape`: rows ≤ bq, split < splits).
+                    // allocation (rows ≤ row_blocks · bq, split < splits).
                     unsafe {
                         fwd_portable_decode::launch_unchecked::<$e, $s, R>(
                             client, count_arg, dim, W,
                             arr(q, extents[0].1), arr(k, extents[1].1), arr(v, extents[2].1), arr(o, extents[3].1),
-                            lse_arg(), part_o_arg(), part_lse_arg(), table_arg(), crate::launch::shape_arg::<R>(args), dec_arg(), cfg, direct, paged,
+                            lse_arg(), part_o_arg(), part_lse_arg(), table_arg(), crate::launch::shape_arg::<R>(args), dec_arg(), cfg, direct, paged, blocked,
                         )
                     }
                 };
@@ -611,8 +645,9 @@ fn pool_shape(shape: &AttentionShape) -> AttentionShape {
 }
 
 /// The decode kernel for a paged cache of `page_size`-key pages ([`PagedCache`]): the decode
-/// family's choice with any KV length (`shape.kv_len` the longest sequence), tile tilings only
-/// where a key tile fits in a page.
+/// family's choice with any KV length (`shape.kv_len` the longest sequence) and any number of
+/// packed rows per KV head (a prefill or chunked prefill against the cache: the tile kernel in
+/// blocks of its tile's rows), tile tilings only where a key tile fits in a page.
 pub fn select_paged<R: Runtime>(client: &ComputeClient<R>, shape: &AttentionShape, dtype: Dtype, page_size: u32) -> Result<PortableKernel, LaunchError> {
     if !page_size.is_power_of_two() {
         return Err(LaunchError::InvalidProblem { reason: format!("page size {page_size} is not a power of two") });

@@ -47,7 +47,8 @@ pub enum Family {
     /// Split-KV decode on the FMA kernel's tile pieces: the q heads of a GQA group and their
     /// positions packed into one query tile per (batch, KV head), the keys split across cubes,
     /// a merge of the partial states (`decode.rs`). Every runtime; decode shapes only
-    /// ([`crate::DECODE_MAX_ROWS`], [`crate::DECODE_MIN_KV`]).
+    /// ([`crate::DECODE_MAX_ROWS`], [`crate::DECODE_MIN_KV`]), except on a paged cache
+    /// ([`crate::select_paged`]: any KV length, any number of rows in blocks of the tile).
     Decode,
 }
 

@@ -3,18 +3,24 @@
 //! Decode steps (a few query positions against a long KV cache) leave the per-head kernels with
 //! one small query tile per (batch, q head), each streaming the whole cache: K/V are read once
 //! per q head, and `batch · q_heads` cubes cannot keep a large GPU's memory system busy. Here a
-//! cube owns one (split, KV head, batch):
+//! cube owns one (row block, split, KV head, batch):
 //!
-//! - **packing**: the `group` q heads of the KV head and their `q_len` positions form one tile
-//!   of `rows = group · q_len` query rows, row `r` = q head `kv_head · group + r / q_len` at
-//!   position `r % q_len` (so a head's positions are consecutive rows). K and V are read once
-//!   per group. The tile is padded with zero rows to `bq`; padded rows are never written.
+//! - **packing**: the `group` q heads of the KV head and their `q_len` positions form
+//!   `rows = group · q_len` packed query rows, row `r` = q head `kv_head · group + r / q_len` at
+//!   position `r % q_len` (so a head's positions are consecutive rows), cut into `row_blocks =
+//!   ceil(rows / bq)` blocks of `bq` rows: block `rb` holds rows `[rb · bq, rb · bq + bq)`. K
+//!   and V are read once per block (once per group on decode shapes, whose rows fit one
+//!   block; more rows are a prefill against a paged cache). The last block is padded with zero
+//!   rows; padded rows are never written.
 //! - **split**: the keys of a (batch, KV head) are cut into `splits` ranges of
 //!   `keys_per_split` keys (a multiple of `bk`, so only the last range ends inside a tile);
 //!   split `s` streams `[s · keys_per_split, min((s+1) · keys_per_split, kv_len))`.
 //! - **causal**, bottom-right aligned per position: row `r` sees key `j` iff
-//!   `j + q_len <= r % q_len + kv_len`. Keys below `kv_len + 1 - q_len` are visible to every
-//!   position, so only tiles reaching past it take the mask (a runtime branch, as in `fma_vec`).
+//!   `j + q_len <= r % q_len + kv_len`. A block's rows hold positions `[lo, hi]` (consecutive
+//!   positions of one head, or all of them where the block crosses from one head to the next):
+//!   keys below `kv_len + 1 - q_len + lo` are visible to every row of the block, so only tiles
+//!   reaching past it take the mask (a runtime branch, as in `fma_vec`), and tiles from `kv_len
+//!   + 1 - q_len + hi` on are visible to none, so the block's splits stop before them.
 //! - **output**: with one split the cube writes O (input type) and the LSE directly; with
 //!   several it writes a partial state per row (O normalized by its own row sum, in f32, and its
 //!   natural-log LSE, `NO_MAX` for a row that saw no key in that split), and [`decode_merge`]
@@ -37,7 +43,8 @@ use super::{AttnShape, MASK_THRESHOLD, NO_MAX};
 /// The runtime split of one decode launch and the packed tile's height.
 #[derive(CubeType, CubeLaunch)]
 pub struct DecodeArgs {
-    /// `group · q_len` packed query rows per (batch, KV head).
+    /// `group · q_len` packed query rows per (batch, KV head): `ceil(rows / bq)` row blocks (1
+    /// for the row kernels, whose `bq` is `rows`).
     pub rows: u32,
     pub splits: u32,
     /// Keys per split, a multiple of the KV tile.
@@ -105,7 +112,8 @@ pub(crate) fn tile_rows(
 }
 
 /// A split's keys: the first, the number of `bk`-key tiles, and the keys every packed position
-/// sees (`kv_len`, or causal bottom-right `kv_len + 1 - q_len`).
+/// sees (`kv_len`, or causal bottom-right `kv_len + 1 - q_len + lo` for rows of positions from
+/// `lo`).
 #[derive(CubeType, Clone, Copy)]
 pub(crate) struct SplitKeys {
     pub begin: usize,
@@ -113,8 +121,8 @@ pub(crate) struct SplitKeys {
     pub full: usize,
 }
 
-/// [`SplitKeys`] of split `split` of a sequence of `kv_len` keys: keys `[split ·
-/// keys_per_split, min(+ keys_per_split, kv_len))`, whole tiles but the last.
+/// [`SplitKeys`] of split `split` of a sequence of `kv_len` keys for rows of every position:
+/// keys `[split · keys_per_split, min(+ keys_per_split, kv_len))`, whole tiles but the last.
 #[cube]
 pub(crate) fn split_keys(
     shape: &AttnShape,
@@ -124,21 +132,53 @@ pub(crate) fn split_keys(
     #[comptime] bk: usize,
     #[comptime] causal: bool,
 ) -> SplitKeys {
+    block_split_keys(shape, dec, kv_len, split, 0usize, 0usize, bk, causal, false)
+}
+
+/// [`split_keys`], and with `blocked` for rows of positions `[lo, hi]` only (`hi < q_len`;
+/// unused otherwise): causal, the split also stops at the keys the last position sees
+/// (`kv_len + 1 - q_len + hi`), and the keys every row sees start from position `lo`'s.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn block_split_keys(
+    shape: &AttnShape,
+    dec: &DecodeArgs,
+    kv_len: usize,
+    split: usize,
+    lo: usize,
+    hi: usize,
+    #[comptime] bk: usize,
+    #[comptime] causal: bool,
+    #[comptime] blocked: bool,
+) -> SplitKeys {
     let q_len = shape.q_len as usize;
     let begin = split * dec.keys_per_split as usize;
-    let end = min(begin + dec.keys_per_split as usize, kv_len);
-    let tiles = select(end > begin, (end - begin + bk - 1) / bk, 0);
+    let mut end = min(begin + dec.keys_per_split as usize, kv_len);
     let mut full = kv_len;
     if causal {
-        full = select(kv_len + 1 > q_len, kv_len + 1 - q_len, 0);
+        if blocked {
+            // Position `p` sees the keys below `kv_len + 1 + p - q_len` (none where that is
+            // not positive); `q_len` is added on both sides to stay unsigned.
+            let seen_hi = kv_len + 1 + hi;
+            let seen_lo = kv_len + 1 + lo;
+            end = min(end, select(seen_hi > q_len, seen_hi - q_len, 0));
+            full = select(seen_lo > q_len, seen_lo - q_len, 0);
+        } else {
+            full = select(kv_len + 1 > q_len, kv_len + 1 - q_len, 0);
+        }
     }
+    let tiles = select(end > begin, (end - begin + bk - 1) / bk, 0);
     SplitKeys { begin, tiles, full }
 }
 
-/// One cube per (split, KV head, batch): grid `(splits, kv_heads, batch)`, `cfg.bq ≥ rows`.
-/// `direct`: one split, O and the LSE written in place (`part_o`/`part_lse` unused);
-/// otherwise the partial state goes to `part_o` (`[batch][kv_head][split][bq][dv]` f32) and
-/// `part_lse` (`[batch][kv_head][split][bq]`).
+/// One cube per (row block, split, KV head, batch): grid `(row_blocks · splits, kv_heads,
+/// batch)`, x = `rb · splits + split`, `row_blocks = ceil(rows / cfg.bq)`. `direct`: one split,
+/// O and the LSE written in place (`part_o`/`part_lse` unused); otherwise the partial state goes
+/// to `part_o` (`[batch][kv_head][split][row_blocks · bq][dv]` f32) and `part_lse`
+/// (`[batch][kv_head][split][row_blocks · bq]`). `blocked`: more than one row block. Without
+/// it the one block starts at row 0 and holds every position, known at compile time, so the
+/// decode shapes' kernel carries none of the block arithmetic (ptxas: 16 more registers at
+/// d 128 otherwise, a resident cube fewer).
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 pub fn fwd_portable_decode<E: Float, S: Float, N: Size>(
@@ -155,18 +195,33 @@ pub fn fwd_portable_decode<E: Float, S: Float, N: Size>(
     #[comptime] cfg: FmaVecConfig,
     #[comptime] direct: bool,
     #[comptime] paged: bool,
+    #[comptime] blocked: bool,
 ) {
     let unit = UNIT_POS as usize;
     let unit_row = unit / cfg.tc;
     let unit_col = unit % cfg.tc;
 
-    let split = CUBE_POS_X as usize;
+    let splits = dec.splits as usize;
     let kv_head = CUBE_POS_Y as usize;
     let batch = CUBE_POS_Z as usize;
     let q_len = shape.q_len as usize;
     let kv_len = seq_kv_len(shape, dec, table, batch, paged);
     let group = shape.group as usize;
     let rows = dec.rows as usize;
+    // The block's packed rows `[row0, row0 + bq)`, real below `rows`, and the positions they
+    // hold: consecutive ones of one head, or every position where the block crosses heads.
+    let mut split = CUBE_POS_X as usize;
+    let mut row0 = 0usize;
+    let mut pos_lo = 0usize;
+    let mut pos_hi = 0usize;
+    if comptime!(blocked) {
+        split = CUBE_POS_X as usize % splits;
+        row0 = CUBE_POS_X as usize / splits * cfg.bq;
+        let last = min(row0 + cfg.bq, rows) - 1;
+        let one_head = row0 / q_len == last / q_len;
+        pos_lo = select(one_head, row0 % q_len, 0);
+        pos_hi = select(one_head, last % q_len, q_len - 1);
+    }
 
     let k_base = batch * shape.k_s0 as usize + kv_head * shape.k_s1 as usize;
     let v_base = batch * shape.v_s0 as usize + kv_head * shape.v_s1 as usize;
@@ -176,7 +231,7 @@ pub fn fwd_portable_decode<E: Float, S: Float, N: Size>(
     let mut p_stage = SharedMemory::<Vector<f32, N>>::new(comptime!(cfg.bk * cfg.p_pitch()));
     let mut red_stage = SharedMemory::<f32>::new(comptime!(cfg.bq * cfg.tc));
 
-    cube_load_packed_q::<E, S, N>(q, &mut q_stage, shape, batch, kv_head * group, rows, cfg);
+    cube_load_packed_q::<E, S, N>(q, &mut q_stage, shape, batch, kv_head * group, row0, rows, cfg);
 
     let mut row_max = Array::<f32>::new(cfg.rm());
     let mut row_sum = Array::<f32>::new(cfg.rm());
@@ -192,7 +247,7 @@ pub fn fwd_portable_decode<E: Float, S: Float, N: Size>(
         acc[i] = Vector::new(0.0f32);
     }
 
-    let keys = split_keys(shape, dec, kv_len, split, cfg.bk, cfg.causal);
+    let keys = block_split_keys(shape, dec, kv_len, split, pos_lo, pos_hi, cfg.bk, cfg.causal, blocked);
     let (k_begin, num_tiles, full_keys) = (keys.begin, keys.tiles, keys.full);
 
     let mut k_regs = Array::<Vector<E, N>>::new(comptime!(gather_transposed_len(cfg.bk, cfg.head_dim, cfg.units())));
@@ -220,7 +275,7 @@ pub fn fwd_portable_decode<E: Float, S: Float, N: Size>(
 
         thread_score_matmul::<S, N>(&q_stage, &kv_stage, &mut scores, unit_row, unit_col, cfg);
         if masked {
-            thread_mask_packed::<N>(&mut scores, q_len, kv_len, k0, unit_row, unit_col, cfg);
+            thread_mask_packed::<N>(&mut scores, q_len, kv_len, k0, row0, unit_row, unit_col, cfg);
         }
 
         online_softmax::<f32, N>(
@@ -257,7 +312,7 @@ pub fn fwd_portable_decode<E: Float, S: Float, N: Size>(
     let kv_heads = shape.q_heads as usize / group;
     #[unroll]
     for i in 0..rm {
-        let r = unit_row * rm + i;
+        let r = row0 + unit_row * rm + i;
         if r < rows {
             let l = row_sum[i];
             let seen = l > 0.0;
@@ -277,7 +332,12 @@ pub fn fwd_portable_decode<E: Float, S: Float, N: Size>(
                     }
                 }
             } else {
-                let state = ((batch * kv_heads + kv_head) * dec.splits as usize + split) * cfg.bq + r;
+                // A split's states hold every block's rows.
+                let mut state = ((batch * kv_heads + kv_head) * splits + split) * cfg.bq + r;
+                if comptime!(blocked) {
+                    let state_rows = (rows + cfg.bq - 1) / cfg.bq * cfg.bq;
+                    state = ((batch * kv_heads + kv_head) * splits + split) * state_rows + r;
+                }
                 let o_row = state * cfg.v_pitch();
                 #[unroll]
                 for c in 0..cq {
@@ -291,16 +351,19 @@ pub fn fwd_portable_decode<E: Float, S: Float, N: Size>(
     }
 }
 
-/// Stages the packed rows `[0, rows)` of Q (zero rows up to `bq`) as Qᵀ, `[dim][bq/W]` vectors
-/// of W rows, converted to `S`: each task reads a W x W block (W consecutive dims of W
-/// consecutive rows, each row at its own head and position) and writes it transposed.
+/// Stages the packed rows `[row0, row0 + bq)` of Q (zero rows from `rows` on) as Qᵀ,
+/// `[dim][bq/W]` vectors of W rows, converted to `S`: each task reads a W x W block (W
+/// consecutive dims of W consecutive rows, each row at its own head and position) and writes it
+/// transposed.
 #[cube]
+#[allow(clippy::too_many_arguments)]
 fn cube_load_packed_q<E: Float, S: Float, N: Size>(
     q: &Array<Vector<E, N>>,
     stage: &mut SharedMemory<Vector<S, N>>,
     shape: &AttnShape,
     batch: usize,
     head0: usize,
+    row0: usize,
     rows: usize,
     #[comptime] cfg: FmaVecConfig,
 ) {
@@ -318,7 +381,7 @@ fn cube_load_packed_q<E: Float, S: Float, N: Size>(
             let mut block = Array::<Vector<E, N>>::new(W);
             #[unroll]
             for e in 0..W {
-                let r = rq * W + e;
+                let r = row0 + rq * W + e;
                 let mut value = Vector::<E, N>::new(E::from_int(0));
                 if r < rows {
                     let head = head0 + r / q_len;
@@ -341,13 +404,16 @@ fn cube_load_packed_q<E: Float, S: Float, N: Size>(
 }
 
 /// Sets invisible scores to `NO_MAX`: keys past `kv_len`, and (causal) keys above the
-/// bottom-right diagonal of the row's position `r % q_len`.
+/// bottom-right diagonal of the position `r % q_len` of each packed row `r` (the block's from
+/// `row0`).
 #[cube]
+#[allow(clippy::too_many_arguments)]
 fn thread_mask_packed<N: Size>(
     scores: &mut Array<Vector<f32, N>>,
     q_len: usize,
     kv_len: usize,
     k0: usize,
+    row0: usize,
     unit_row: usize,
     unit_col: usize,
     #[comptime] cfg: FmaVecConfig,
@@ -356,7 +422,7 @@ fn thread_mask_packed<N: Size>(
     let kq = comptime!(cfg.kq());
     #[unroll]
     for i in 0..rm {
-        let pos = (unit_row * rm + i) % q_len;
+        let pos = (row0 + unit_row * rm + i) % q_len;
         #[unroll]
         for j in 0..kq {
             let mut s = scores[i * kq + j];
@@ -375,7 +441,8 @@ fn thread_mask_packed<N: Size>(
 }
 
 /// Combines the splits' partial states into O and the LSE. One cube per (packed row, KV head,
-/// batch): grid `(rows, kv_heads, batch)`, `dv / W` units, unit `c` owning output vector `c`.
+/// batch): grid `(rows, kv_heads, batch)`, `dv / W` units, unit `c` owning output vector `c`; a
+/// split's states hold `ceil(rows / bq) · bq` rows.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 pub fn decode_merge<E: Float, N: Size>(
@@ -399,11 +466,13 @@ pub fn decode_merge<E: Float, N: Size>(
     let kv_heads = shape.q_heads as usize / group;
     let splits = dec.splits as usize;
     let first = (batch * kv_heads + kv_head) * splits;
+    // Whole blocks of `bq` rows (one for the row kernels).
+    let pitch_rows = (dec.rows as usize + bq - 1) / bq * bq;
 
     // The launch merges two splits or more.
-    let mut m = part_lse[first * bq + r];
+    let mut m = part_lse[first * pitch_rows + r];
     for s in 1..splits {
-        m = max(m, part_lse[(first + s) * bq + r]);
+        m = max(m, part_lse[(first + s) * pitch_rows + r]);
     }
     let mut total = 0.0f32;
     let mut acc = Vector::<f32, N>::new(0.0f32);
@@ -412,7 +481,7 @@ pub fn decode_merge<E: Float, N: Size>(
     let poisoned = m > POISON_THRESHOLD;
     if m > MASK_THRESHOLD && !poisoned {
         for s in 0..splits {
-            let state = (first + s) * bq + r;
+            let state = (first + s) * pitch_rows + r;
             let l = part_lse[state];
             // Splits that saw no key hold NO_MAX and weigh nothing.
             let w = select(l > MASK_THRESHOLD, f32::exp(l - m), 0.0);
@@ -440,9 +509,10 @@ pub fn decode_merge<E: Float, N: Size>(
 }
 
 /// The CUDA C++ CubeCL generates for the decode kernel (one split and several, causal and not,
-/// f16 stages and f32) and the merge, compiled offline by NVRTC for sm_90 (no GPU): the source
-/// declares the shared memory `FmaVecTiles::smem_bytes` counts (less the reduction scratch,
-/// which plane shuffles leave unused) and ptxas accepts it; the kernel spills nothing.
+/// f16 stages and f32, in row blocks for paged prefill) and the merge, compiled offline by
+/// NVRTC for sm_90 (no GPU): the source declares the shared memory `FmaVecTiles::smem_bytes`
+/// counts (less the reduction scratch, which plane shuffles leave unused) and ptxas accepts it;
+/// the kernel spills nothing.
 ///
 /// `cargo test --release -p quattn-cubecl --features cuda --lib decode`
 #[cfg(all(test, feature = "cuda"))]
@@ -487,6 +557,7 @@ mod cuda_tests {
         cfg: FmaVecConfig,
         direct: bool,
         paged: bool,
+        blocked: bool,
     ) -> KernelDefinition {
         let array = || ArrayCompilationArg { inplace: None };
         let settings = KernelSettings::default().cube_dim(CubeDim::new_1d(cfg.units() as u32)).address_type(AddressType::U32);
@@ -507,6 +578,7 @@ mod cuda_tests {
             cfg,
             direct,
             paged,
+            blocked,
         )
         .define()
     }
@@ -557,10 +629,15 @@ mod cuda_tests {
             CudaCompiler::default().compile(def, &options, ExecutionMode::Unchecked, ADDR).unwrap()
         };
         let mut failures = Vec::new();
-        for (d, rows) in [(128usize, 4u32), (64, 40)] {
+        for (d, rows) in [(128usize, 4u32), (64, 40), (128, 400)] {
+            // Decode: the paged variant on the causal, several-split case. More rows than a
+            // tile (paged prefill): row blocks, causal with several splits and not with one.
+            let variants: &[(bool, bool, bool, bool)] = match rows {
+                ..=64 => &[(false, false, false, false), (true, true, false, false), (true, false, true, false)],
+                _ => &[(true, false, true, true), (false, true, true, true)],
+            };
             for tiles in decode_candidates(rows, d as u32, d as u32).into_iter().take(2) {
-                // The paged variant on the causal, several-split case.
-                for (causal, direct, paged) in [(false, false, false), (true, true, false), (true, false, true)] {
+                for &(causal, direct, paged, blocked) in variants {
                     let cfg = FmaVecConfig {
                         head_dim: d,
                         v_head_dim: d,
@@ -574,11 +651,11 @@ mod cuda_tests {
                         plane_reduce: true,
                     };
                     let def = match tiles.stage_f32 {
-                        false => decode_definition::<half::f16, half::f16>(&client, cfg, direct, paged),
-                        true => decode_definition::<half::bf16, f32>(&client, cfg, direct, paged),
+                        false => decode_definition::<half::f16, half::f16>(&client, cfg, direct, paged, blocked),
+                        true => decode_definition::<half::bf16, f32>(&client, cfg, direct, paged, blocked),
                     };
                     let kernel = compile(def);
-                    let name = format!("decode_d{d}_{tiles}_causal{causal}_direct{direct}_paged{paged}");
+                    let name = format!("decode_d{d}_{tiles}_causal{causal}_direct{direct}_paged{paged}_blocked{blocked}");
                     let scratch = 4 * tiles.bq as usize * tiles.tc as usize;
                     // f16 and bf16 inputs: 2-byte elements.
                     let formula = tiles.smem_bytes(d as u32, d as u32, 2) as usize;
