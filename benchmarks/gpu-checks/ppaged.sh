@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The portable decode family on a paged KV cache, on an H100, in one device call: `quattn run
-# --page-size` against the f64 reference on CUDA and on wgpu (Vulkan), then `quattn bench` of the
+# --page-size` against the f64 reference on CUDA and on wgpu (Vulkan), decode and prefill shapes
+# (more than 64 packed rows per KV head: row blocks), then `quattn bench` of the
 # portable f16 decode at the decode shape (batch 8, 32 q heads over 8 KV heads, q_len 1,
 # hd 128; kv 32k and 8k) on the contiguous cache and on pages of 16, 64 and 256 keys. Then the
 # device's read ceiling (torch: a sum over 4 GiB, read once) next to the native decode kernel and
@@ -32,6 +33,8 @@ cases=(
   "--page-size 256 --batch 2 --heads 8 --kv-heads 2 --seq 8 --kv-seq 3001 --head-dim 64 --precision f16 --causal"
   "--page-size 64 --batch 3 --heads 16 --kv-heads 4 --seq 2 --kv-seq 777 --head-dim 128 --precision f32 --causal --layout bshd"
   "--page-size 32 --batch 2 --heads 32 --kv-heads 8 --seq 1 --kv-seq 40000 --head-dim 128 --precision bf16"
+  "--page-size 64 --batch 2 --heads 8 --kv-heads 2 --seq 300 --kv-seq 1000 --head-dim 128 --precision f16 --causal"
+  "--page-size 16 --batch 2 --heads 4 --kv-heads 1 --seq 100 --kv-seq 130 --head-dim 64 --precision f32"
 )
 : > "$out/run.jsonl"
 for dev in cuda wgpu; do
@@ -54,6 +57,13 @@ for dev in cuda wgpu; do
       echo "rc $? $dev $shape $pages"
     done
   done
+done
+
+step "paged prefill (4 x 4096 positions, 16 q heads over 4 KV heads, causal): portable and native on pages of 64, the dense kernel"
+for v in "--strategy portable --page-size 64" "--strategy auto --page-size 64" "--strategy auto"; do
+  # shellcheck disable=SC2086
+  timeout "$(lim 40)" "$q" bench --device cuda $v --precision f16 --seqs 4096 --tokens 16384 --width 2048 --head-dims 128 --kv-heads 4 --causal causal --iters 10 --json >> "$out/prefill.jsonl" 2>> "$out/run.log"
+  echo "rc $? prefill $v"
 done
 
 step "the read ceiling, the native decode and torch SDPA at kv 32k (CUDA)"
@@ -96,11 +106,11 @@ def rows(name):
     return r
 runs = rows("run.jsonl")
 ok = sum(1 for r in runs if (r.get("accuracy") or {}).get("passed"))
-print(f"run: {ok}/{len(runs)} passed against f64 (expected 7)")
+print(f"run: {ok}/{len(runs)} passed against f64 (expected 11)")
 for r in runs:
     print(json.dumps({k: r.get(k) for k in ("device", "kernel", "shape", "accuracy")})[:400])
 print("bench:")
-for r in rows("bench.jsonl") + rows("native.jsonl") + rows("torch.jsonl"):
+for r in rows("bench.jsonl") + rows("prefill.jsonl") + rows("native.jsonl") + rows("torch.jsonl"):
     print(json.dumps(r)[:700])
 PY
 cat "$out/summary.txt"
