@@ -96,22 +96,13 @@ for tool in memcheck racecheck; do
 done
 
 step summary
-python3 - "$out" > "$out/summary.txt" <<'PY'
-import json, sys, os
+python3 - "$out" "$(dirname "$0")" > "$out/summary.txt" <<'PY'
+import json, sys
 out = sys.argv[1]
+sys.path.insert(0, sys.argv[2])
+from jsonl import rows as read_rows
 def rows(name):
-    p = os.path.join(out, name)
-    if not os.path.exists(p):
-        return []
-    r = []
-    for line in open(p):
-        line = line.strip()
-        if line.startswith("{"):
-            try:
-                r.append(json.loads(line))
-            except json.JSONDecodeError:
-                pass
-    return r
+    return read_rows(out, name)
 runs = rows("run.jsonl")
 ok = sum(1 for r in runs if (r.get("accuracy") or {}).get("passed"))
 print(f"run: {ok}/{len(runs)} passed against f64 (expected 12: 10 Auto, 2 forced)")
