@@ -164,13 +164,14 @@ impl DecodeConfig {
             return bad(format!("tile {t:?} needs {smem} bytes of shared memory"));
         }
         // The epilogue's per-warp O slabs and row statistics live in the drained stages.
+        let stages = t.stages * 2 * t.block_n * 2 * self.head_dim;
         let epi = 4 * (DECODE_WARPS * 16 * (self.head_dim + 4) + 2 * DECODE_WARPS * 16 + self.rows);
-        if epi > t.stages * 2 * t.block_n * 2 * self.head_dim {
+        if epi > stages {
             return bad(format!("tile {t:?}: the epilogue's {epi} bytes do not fit in the stages"));
         }
         // So do the in-kernel merge's weights: one per (split, row) and a factor per row.
         let merge = 4 * (MAX_SPLITS + 1) * self.rows;
-        if merge > t.stages * 2 * t.block_n * 2 * self.head_dim {
+        if merge > stages {
             return bad(format!("tile {t:?}: the merge's {merge} bytes of weights do not fit in the stages"));
         }
         Ok(())
