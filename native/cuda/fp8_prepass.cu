@@ -25,8 +25,20 @@
 // A launch covers the tiles [tile_begin, tile_end), whole groups; the host splits a call into
 // such slabs of about the L2's size, each amax launch followed by its quantize launch, so that
 // the quantize pass finds its input in L2 instead of reading it from DRAM a second time.
+//   PASS 2  one read: a persistent launch of at most as many CTAs as can be co-resident. Each
+//           CTA takes tiles in increasing order from an atomic work counter, keeps the tile's
+//           pieces in registers, publishes the tile's max to its group (atomicMax on the bits of
+//           the non-negative float, which order as unsigned integers, then an arrival on the
+//           group's counter), waits until every tile of the group has arrived, computes the
+//           descale from the group's max and quantizes the pieces it holds: the input is read
+//           once. Only the newest group handed out can be incomplete, so the launch cannot
+//           deadlock when no group has more tiles than there are co-resident CTAs (the host
+//           checks, else it runs PASS 0 and 1). Scratch `counter`, u32, all zero between
+//           launches: [groups] arrivals then departures (the last departure writes the
+//           descale and resets the group), [groups] max bits, then the work counter and the
+//           count of CTAs that finished (the last one resets both).
 //
-// Compile-time parameters: ELEM 0 f16 | 1 bf16, FORMAT 0 e4m3 | 1 e5m2, PASS 0 | 1.
+// Compile-time parameters: ELEM 0 f16 | 1 bf16, FORMAT 0 e4m3 | 1 e5m2, PASS 0 | 1 | 2.
 // ABI: `Fp8PrepassParams` (Rust mirror `Fp8PrepassParams` in src/fp8_prepass.rs).
 #include "common.cuh"
 
@@ -35,12 +47,16 @@
 #endif
 static_assert(ELEM == 0 || ELEM == 1, "ELEM 0 (f16) or 1 (bf16)");
 static_assert(FORMAT == 0 || FORMAT == 1, "FORMAT 0 (e4m3) or 1 (e5m2)");
+static_assert(PASS >= 0 && PASS <= 2, "PASS 0 (amax), 1 (quantize) or 2 (one read)");
 
 namespace cfg {
 constexpr int THREADS = 256;
 constexpr int PIECES = 4;                      // 16-byte input pieces per thread per tile
 constexpr int TILE_PIECES = THREADS * PIECES;  // 1024 pieces = 8192 elements
 constexpr float MAX_FINITE = FORMAT == 0 ? 448.f : 57344.f;
+// PASS 2: CTAs per SM the register budget is cut for (more co-resident CTAs: larger groups
+// qualify for the one-read pass).
+constexpr int ONEPASS_MIN_CTAS = 6;
 }  // namespace cfg
 
 // One of Q, K, V.
@@ -57,8 +73,8 @@ struct Fp8PrepassTensor {
 
 struct Fp8PrepassParams {
     Fp8PrepassTensor t[3];                  // Q, K, V
-    u64 partial;                            // f32 [tiles of the sequence]
-    u64 counter;                            // u32 [groups of the sequence], 0 between launches
+    u64 partial;                            // f32 [tiles of the sequence] (PASS 0)
+    u64 counter;                            // u32 [groups of the sequence] (PASS 0; PASS 2: [2 groups + 2]), 0 between launches
     int tile_begin, tile_end;               // this launch's tiles
     int piece_shift;                        // log2(pieces per row) = log2(HEAD_DIM / 8)
     int per_head;                           // 1: a group per (batch, head); 0: per tensor
@@ -197,14 +213,8 @@ __device__ __forceinline__ u32 thread_code2(float lo, float hi) {
     return r;
 }
 
-extern "C" __global__ void __launch_bounds__(cfg::THREADS) fp8_prepass(const Fp8PrepassParams p) {
-    const int g = p.tile_end - 1 - blockIdx.x;
-    const TileAt a = tile_at(p, g);
-    uint4 v[cfg::PIECES];
-    i64 off[cfg::PIECES];
-    thread_load_pieces(p, a, v, off);
-    // Written by the amax launch before this one on the stream.
-    const float d = __ldg(reinterpret_cast<const float*>(a.t.descale) + a.group);
+// The codes of this thread's pieces of tile `a` under descale d.
+__device__ __forceinline__ void thread_store_codes(const TileAt& a, const uint4 (&v)[cfg::PIECES], const i64 (&off)[cfg::PIECES], float d) {
     unsigned char* codes = reinterpret_cast<unsigned char*>(a.t.codes);
 #pragma unroll
     for (int j = 0; j < cfg::PIECES; ++j) {
@@ -222,4 +232,101 @@ extern "C" __global__ void __launch_bounds__(cfg::THREADS) fp8_prepass(const Fp8
                      : "memory");
     }
 }
+
+#if PASS == 1
+extern "C" __global__ void __launch_bounds__(cfg::THREADS) fp8_prepass(const Fp8PrepassParams p) {
+    const int g = p.tile_end - 1 - blockIdx.x;
+    const TileAt a = tile_at(p, g);
+    uint4 v[cfg::PIECES];
+    i64 off[cfg::PIECES];
+    thread_load_pieces(p, a, v, off);
+    // Written by the amax launch before this one on the stream.
+    const float d = __ldg(reinterpret_cast<const float*>(a.t.descale) + a.group);
+    thread_store_codes(a, v, off, d);
+}
+#else
+// A word other CTAs update (no L1 copy, no ordering: the caller fences once it has seen the
+// value it waits for; ld.acquire in the loop would invalidate L1 at every poll).
+__device__ __forceinline__ u32 thread_ld_relaxed(const u32* p) {
+    u32 v;
+    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+extern "C" __global__ void __launch_bounds__(cfg::THREADS, cfg::ONEPASS_MIN_CTAS) fp8_prepass(const Fp8PrepassParams p) {
+    __shared__ float scratch[cfg::THREADS / 32];
+    __shared__ int next;
+    __shared__ float descale;
+    // The pieces across the wait, each thread its own (16 KB): registers then hold nothing but
+    // the loop's state while the CTA waits, and the occupancy the grid is sized by stays high.
+    __shared__ uint4 held[cfg::PIECES][cfg::THREADS];
+    u32* arrive = reinterpret_cast<u32*>(p.counter);
+    const int groups = p.t[2].group_begin + (p.per_head ? p.t[2].batch * p.t[2].heads : 1);
+    u32* gmax = arrive + groups;
+    u32* work = arrive + 2 * groups;   // [0] tiles handed out, [1] CTAs finished
+    for (;;) {
+        if (threadIdx.x == 0) next = p.tile_begin + (int)atomicAdd(work, 1u);
+        __syncthreads();
+        // `next` is rewritten only after the barriers of cta_max below.
+        const int g = next;
+        if (g >= p.tile_end) break;
+        const TileAt a = tile_at(p, g);
+        uint4 v[cfg::PIECES];
+        i64 off[cfg::PIECES];
+        thread_load_pieces(p, a, v, off);
+        float m = 0.f;
+#pragma unroll
+        for (int j = 0; j < cfg::PIECES; ++j) {
+            held[j][threadIdx.x] = v[j];
+            const u32 w[4] = {v[j].x, v[j].y, v[j].z, v[j].w};
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                float lo, hi;
+                thread_unpack2(w[i], lo, hi);
+                m = fmaxf(m, fmaxf(fabsf(lo), fabsf(hi)));
+            }
+        }
+        m = cta_max(m, scratch);
+        if (threadIdx.x == 0) {
+            const u32 n = (u32)a.group_tiles;
+            atomicMax(gmax + a.counter, __float_as_uint(m));
+            // The max is visible device-wide before the arrival that may release a waiter.
+            __threadfence();
+            atomicAdd(arrive + a.counter, 1u);
+            for (unsigned ns = 32; thread_ld_relaxed(arrive + a.counter) < n; ns = ns < 512 ? 2 * ns : ns) __nanosleep(ns);
+            // Every arrival of the group seen: read the max they published (from L2).
+            __threadfence();
+            const float gm = __uint_as_float(thread_ld_relaxed(gmax + a.counter));
+            const float d = gm > 0.f ? thread_div_rn(gm, cfg::MAX_FINITE) : 1.f;
+            descale = d;
+            // The max is read before the departure that may let the last one reset it.
+            __threadfence();
+            if (atomicAdd(arrive + a.counter, 1u) == 2u * n - 1u) {
+                reinterpret_cast<float*>(a.t.descale)[a.group] = d;
+                gmax[a.counter] = 0u;
+                arrive[a.counter] = 0u;
+            }
+        }
+        __syncthreads();
+        // The tile's place is computed again from `next` (read back, so that it is not kept
+        // live across the wait), which like `descale` and `held` is rewritten only after the
+        // barriers of the next tile's cta_max.
+        const TileAt b = tile_at(p, *reinterpret_cast<volatile int*>(&next));
+#pragma unroll
+        for (int j = 0; j < cfg::PIECES; ++j) {
+            off[j] = piece_offset(p, b, j);
+            v[j] = held[j][threadIdx.x];
+        }
+        thread_store_codes(b, v, off, descale);
+    }
+    if (threadIdx.x == 0) {
+        // This CTA's last take of the work counter precedes its finishing count.
+        __threadfence();
+        if (atomicAdd(work + 1, 1u) == gridDim.x - 1u) {
+            work[0] = 0u;
+            work[1] = 0u;
+        }
+    }
+}
+#endif
 #endif

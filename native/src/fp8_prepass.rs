@@ -15,6 +15,12 @@
 //! default), so the quantize pass reads its input from L2: the DRAM traffic stays near one read
 //! of the input and one write of the codes. A group larger than a slab (per-tensor descales of
 //! a large tensor) is one slab, read from DRAM twice.
+//!
+//! The one-read pass ([`Fp8PrepassPass::OnePass`]) does both in one persistent launch that
+//! holds each tile on chip while its group's max is gathered: the input is read from DRAM once.
+//! It needs every tile of a group co-resident, so it runs only when no group has more tiles
+//! than the device keeps CTAs resident ([`Fp8PrepassConfig::onepass_ctas`]); [`Fp8PrepassPath::Auto`]
+//! takes it then and the two passes otherwise.
 
 use quattn_core::{AttentionShape, DescaleGranularity, Dtype, Fp8Format, Strides};
 
@@ -44,13 +50,28 @@ pub struct Fp8PrepassConfig {
     pub format: Fp8Format,
 }
 
-/// The two kernels of a prepass.
+/// The kernels of a prepass.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 pub enum Fp8PrepassPass {
     /// Partial maxima per tile; the last tile of a group writes its descale.
     Amax,
     /// The codes.
     Quantize,
+    /// Amax, descales and codes in one persistent launch that reads the input once.
+    OnePass,
+}
+
+/// Which kernels a launch runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize)]
+pub enum Fp8PrepassPath {
+    /// The one-read pass where it applies ([`Fp8PrepassConfig::onepass_ctas`]), else the amax
+    /// and quantize passes.
+    #[default]
+    Auto,
+    /// The amax and quantize passes, per slab.
+    TwoPass,
+    /// The one-read pass; an error where it does not apply.
+    OnePass,
 }
 
 /// One compiled kernel of a prepass (the registry's and the compile report's unit).
@@ -71,7 +92,8 @@ pub struct Fp8PrepassLens {
     pub kv_descale: usize,
     /// f32 scratch, one per tile.
     pub partial: usize,
-    /// u32 scratch, one per descale group; zero before the first launch, left zero by each.
+    /// u32 scratch: two per descale group (arrivals, maxima) and two for the one-read pass's
+    /// work counter; zero before the first launch, left zero by each.
     pub counter: usize,
 }
 
@@ -92,7 +114,7 @@ pub struct Fp8PrepassPtrs {
     pub v_descale: u64,
     /// f32 `[tiles]` scratch.
     pub partial: u64,
-    /// u32 `[groups]` scratch, zero (the prepass leaves it zero).
+    /// u32 `[2 groups + 2]` scratch, zero (the prepass leaves it zero).
     pub counter: u64,
 }
 
@@ -175,9 +197,9 @@ impl Fp8PrepassConfig {
         v
     }
 
-    /// The passes a launch runs, in order.
-    pub fn passes(&self) -> [Fp8PrepassPass; 2] {
-        [Fp8PrepassPass::Amax, Fp8PrepassPass::Quantize]
+    /// Every compiled kernel of the config: the two passes, then the one-read pass.
+    pub fn passes(&self) -> [Fp8PrepassPass; 3] {
+        [Fp8PrepassPass::Amax, Fp8PrepassPass::Quantize, Fp8PrepassPass::OnePass]
     }
 
     /// Targets among [`Self::TARGETS`] that a device of compute capability `cc` runs.
@@ -233,10 +255,7 @@ impl Fp8PrepassConfig {
         let s = &args.shape;
         let ops = self.operands(s);
         let (q_descale, kv_descale) = args.descale_counts();
-        let groups = match args.descale {
-            DescaleGranularity::PerTensor => 3,
-            _ => q_descale + 2 * kv_descale,
-        };
+        let groups = self.groups(args);
         let elems = |o: &Operand| span(&o.strides, s.batch, o.heads, o.len, s.head_dim);
         Fp8PrepassLens {
             q: elems(&ops[0]),
@@ -245,8 +264,32 @@ impl Fp8PrepassConfig {
             q_descale,
             kv_descale,
             partial: ops.iter().map(|o| s.batch * o.heads * o.tiles_per_head).sum(),
-            counter: groups,
+            counter: 2 * groups + 2,
         }
+    }
+
+    /// Descale groups of the tile sequence (one arrival counter each).
+    fn groups(&self, args: &Fp8Args) -> usize {
+        let (q_descale, kv_descale) = args.descale_counts();
+        match args.descale {
+            DescaleGranularity::PerTensor => 3,
+            _ => q_descale + 2 * kv_descale,
+        }
+    }
+
+    /// Tiles of the largest descale group.
+    pub fn max_group_tiles(&self, args: &Fp8Args) -> usize {
+        let s = &args.shape;
+        let per_tensor = args.descale == DescaleGranularity::PerTensor;
+        self.operands(s).iter().map(|o| if per_tensor { s.batch * o.heads * o.tiles_per_head } else { o.tiles_per_head }).max().unwrap_or(0)
+    }
+
+    /// The grid of the one-read pass over `args` on a device that keeps `resident` CTAs of it
+    /// co-resident: one CTA per tile up to `resident`, or `None` where a group has more tiles
+    /// than `resident` (its tiles could wait on one that never gets a CTA).
+    pub fn onepass_ctas(&self, args: &Fp8Args, resident: usize) -> Option<usize> {
+        let tiles = self.required_lens(args).partial;
+        (resident > 0 && self.max_group_tiles(args) <= resident).then(|| tiles.min(resident))
     }
 
     /// Bytes the prepass moves at best: each input element read once, each code written once,
@@ -349,11 +392,12 @@ impl Fp8PrepassConfig {
 }
 
 impl Fp8PrepassVariant {
-    /// `fp8_prepass_{amax,quant}_{input}_{format}`, e.g. `fp8_prepass_quant_f16_e4m3`.
+    /// `fp8_prepass_{amax,quant,onepass}_{input}_{format}`, e.g. `fp8_prepass_quant_f16_e4m3`.
     pub fn name(&self) -> String {
         let pass = match self.pass {
             Fp8PrepassPass::Amax => "amax",
             Fp8PrepassPass::Quantize => "quant",
+            Fp8PrepassPass::OnePass => "onepass",
         };
         let format = match self.config.format {
             Fp8Format::E4M3 => "e4m3",
@@ -369,7 +413,14 @@ impl Fp8PrepassVariant {
         Ok(vec![
             d("ELEM", (self.config.input == Dtype::Bf16) as u32),
             d("FORMAT", (self.config.format == Fp8Format::E5M2) as u32),
-            d("PASS", (self.pass == Fp8PrepassPass::Quantize) as u32),
+            d(
+                "PASS",
+                match self.pass {
+                    Fp8PrepassPass::Amax => 0,
+                    Fp8PrepassPass::Quantize => 1,
+                    Fp8PrepassPass::OnePass => 2,
+                },
+            ),
         ])
     }
 
@@ -382,16 +433,21 @@ impl Fp8PrepassVariant {
 
     /// SASS that must be there: the amax pass's arrival atomic and max; the quantize pass's
     /// IEEE division (`FCHK` guards its fast path) and saturating pack to the format (the
-    /// conversion the codec's encoder mirrors).
+    /// conversion the codec's encoder mirrors); the one-read pass's of both and its backoff
+    /// sleep (its atomic max is an ATOMG or a RED by target: the compile test counts both).
     pub fn expected_instructions(&self) -> Vec<String> {
+        let f = match self.config.format {
+            Fp8Format::E4M3 => "E4M3",
+            Fp8Format::E5M2 => "E5M2",
+        };
+        let quantize = vec!["FCHK".into(), format!("F2FP.SATFINITE.{f}.F32.PACK_AB_MERGE_C")];
         match self.pass {
             Fp8PrepassPass::Amax => vec!["ATOMG.E.ADD.STRONG.GPU".into(), "FMNMX".into()],
-            Fp8PrepassPass::Quantize => {
-                let f = match self.config.format {
-                    Fp8Format::E4M3 => "E4M3",
-                    Fp8Format::E5M2 => "E5M2",
-                };
-                vec!["FCHK".into(), format!("F2FP.SATFINITE.{f}.F32.PACK_AB_MERGE_C")]
+            Fp8PrepassPass::Quantize => quantize,
+            Fp8PrepassPass::OnePass => {
+                let mut v: Vec<String> = vec!["ATOMG.E.ADD.STRONG.GPU".into(), "FMNMX".into(), "NANOSLEEP".into()];
+                v.extend(quantize);
+                v
             }
         }
     }
@@ -424,19 +480,23 @@ mod launch {
     // SAFETY: #[repr(C)] plain-old-data mirror of the kernel's by-value parameter struct.
     unsafe impl DeviceRepr for Fp8PrepassParams {}
 
-    /// The two kernels of one prepass, loaded into a CUDA context.
+    /// The kernels of one prepass, loaded into a CUDA context.
     #[derive(Debug)]
     pub struct Fp8Prepass {
         config: Fp8PrepassConfig,
         arch: Arch,
         amax: CudaFunction,
         quantize: CudaFunction,
+        onepass: CudaFunction,
+        /// CTAs of the one-read pass the device keeps co-resident.
+        resident: usize,
         slab_bytes: Option<usize>,
+        path: Fp8PrepassPath,
     }
 
     impl Fp8Prepass {
-        /// Compiles (or fetches from the global cache) both passes of `config` for the context's
-        /// device and loads them; slabs of half the device's L2.
+        /// Compiles (or fetches from the global cache) every kernel of `config` for the
+        /// context's device and loads them; slabs of half the device's L2; [`Fp8PrepassPath::Auto`].
         pub fn load(ctx: &Arc<CudaContext>, config: Fp8PrepassConfig) -> Result<Self> {
             Self::load_with_cache(ctx, config, KernelCache::global())
         }
@@ -449,7 +509,21 @@ mod launch {
             };
             let l2 = ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)?;
             let slab_bytes = (l2 > 0).then_some(l2 as usize / 2);
-            Ok(Fp8Prepass { config, arch, amax: load(Fp8PrepassPass::Amax)?, quantize: load(Fp8PrepassPass::Quantize)?, slab_bytes })
+            let onepass = load(Fp8PrepassPass::OnePass)?;
+            let sms = ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+            let per_sm = onepass.occupancy_max_active_blocks_per_multiprocessor(THREADS, 0, None)?;
+            let resident = sms.max(0) as usize * per_sm as usize;
+            log::debug!("{KERNEL}: one-read pass {per_sm} CTAs per SM x {sms} SMs");
+            Ok(Fp8Prepass {
+                config,
+                arch,
+                amax: load(Fp8PrepassPass::Amax)?,
+                quantize: load(Fp8PrepassPass::Quantize)?,
+                onepass,
+                resident,
+                slab_bytes,
+                path: Fp8PrepassPath::Auto,
+            })
         }
 
         pub fn config(&self) -> &Fp8PrepassConfig {
@@ -467,8 +541,35 @@ mod launch {
             self.slab_bytes = slab_bytes;
             self
         }
+        /// The same kernels on another path (measurements, comparisons of the paths).
+        pub fn with_path(mut self, path: Fp8PrepassPath) -> Self {
+            self.path = path;
+            self
+        }
+        pub fn path(&self) -> Fp8PrepassPath {
+            self.path
+        }
+        /// CTAs of the one-read pass the device keeps co-resident.
+        pub fn resident_ctas(&self) -> usize {
+            self.resident
+        }
+        /// The one-read pass's grid over `args` if this prepass takes it (its path and
+        /// [`Fp8PrepassConfig::onepass_ctas`]); `None`: the amax and quantize passes.
+        pub fn onepass_grid(&self, args: &Fp8Args) -> Result<Option<usize>> {
+            let ctas = self.config.onepass_ctas(args, self.resident);
+            match (self.path, ctas) {
+                (Fp8PrepassPath::TwoPass, _) => Ok(None),
+                (Fp8PrepassPath::Auto, c) => Ok(c),
+                (Fp8PrepassPath::OnePass, Some(c)) => Ok(Some(c)),
+                (Fp8PrepassPath::OnePass, None) => Err(NativeError::InvalidArgs(format!(
+                    "the one-read prepass needs every descale group within the {} co-resident CTAs; the largest has {} tiles",
+                    self.resident,
+                    self.config.max_group_tiles(args)
+                ))),
+            }
+        }
 
-        /// Enqueues both passes of every slab on `stream`.
+        /// Enqueues the one-read pass or both passes of every slab on `stream` (the path).
         ///
         /// # Safety
         /// Each pointer must address device memory of at least the element counts of
@@ -479,6 +580,17 @@ mod launch {
         pub unsafe fn launch_raw(&self, stream: &Arc<CudaStream>, args: &Fp8Args, ptrs: &Fp8PrepassPtrs) -> Result<()> {
             self.config.validate_args(args)?;
             self.config.validate_ptrs(ptrs)?;
+            if let Some(ctas) = self.onepass_grid(args)? {
+                let tiles = self.config.required_lens(args).partial;
+                let params = self.config.params(args, ptrs, Slab { tile_begin: 0, tile_end: tiles, bytes: 0 });
+                let cfg = LaunchConfig { grid_dim: (ctas as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
+                let mut b = stream.launch_builder(&self.onepass);
+                b.arg(&params);
+                // SAFETY: the parameter struct matches the kernel's signature; memory per
+                // contract; at most the co-resident CTAs and no group larger (onepass_grid).
+                unsafe { b.launch(cfg) }?;
+                return Ok(());
+            }
             for slab in self.config.slabs(args, self.slab_bytes) {
                 let params = self.config.params(args, ptrs, slab);
                 let ctas = (slab.tile_end - slab.tile_begin) as u32;
@@ -534,9 +646,10 @@ mod tests {
         let a = args(Layout::Bhsd, DescaleGranularity::PerHead);
         let l = c.required_lens(&a);
         assert_eq!((l.q, l.k, l.v), (2 * 8 * 300 * 128, 2 * 2 * 777 * 128, 2 * 2 * 777 * 128));
-        assert_eq!((l.q_descale, l.kv_descale, l.counter, l.partial), (16, 4, 24, 2 * 8 * 5 + 2 * 2 * 2 * 13));
+        // Counters: arrivals and maxima of 16 + 4 + 4 groups, then the work counter's two words.
+        assert_eq!((l.q_descale, l.kv_descale, l.counter, l.partial), (16, 4, 2 * 24 + 2, 2 * 8 * 5 + 2 * 2 * 2 * 13));
         let t = c.required_lens(&Fp8Args { descale: DescaleGranularity::PerTensor, ..a });
-        assert_eq!((t.q_descale, t.kv_descale, t.counter), (1, 1, 3));
+        assert_eq!((t.q_descale, t.kv_descale, t.counter), (1, 1, 2 * 3 + 2));
         // Each element read once (2 bytes) and written once (1), plus the descales.
         assert_eq!(c.model_bytes(&a), (2 * 8 * 300 + 2 * 2 * 2 * 777) * 128 * 3 + 4 * 24);
     }
@@ -608,11 +721,12 @@ mod tests {
             .into_iter()
             .flat_map(|config| config.passes().map(|pass| Fp8PrepassVariant { config, pass }.name()))
             .collect();
-        assert_eq!(names.len(), 8);
+        assert_eq!(names.len(), 12);
         assert!(names.contains(&"fp8_prepass_quant_bf16_e5m2".to_string()), "{names:?}");
+        assert!(names.contains(&"fp8_prepass_onepass_f16_e4m3".to_string()), "{names:?}");
         names.sort();
         names.dedup();
-        assert_eq!(names.len(), 8);
+        assert_eq!(names.len(), 12);
         let v = Fp8PrepassVariant { config: Fp8PrepassConfig::new(Dtype::Bf16, Fp8Format::E5M2).unwrap(), pass: Fp8PrepassPass::Quantize };
         let d = v.defines().unwrap();
         assert!(d.contains(&("ELEM".into(), "1".into())) && d.contains(&("FORMAT".into(), "1".into())) && d.contains(&("PASS".into(), "1".into())));
@@ -620,5 +734,40 @@ mod tests {
         assert_eq!(Fp8PrepassConfig::target_for((9, 0)), Some(Arch::Sm90));
         assert_eq!(Fp8PrepassConfig::target_for((8, 6)), None);
         assert_eq!(v.expected_instructions(), vec!["FCHK".to_string(), "F2FP.SATFINITE.E5M2.F32.PACK_AB_MERGE_C".into()]);
+        let one = Fp8PrepassVariant { pass: Fp8PrepassPass::OnePass, ..v };
+        assert!(one.defines().unwrap().contains(&("PASS".into(), "2".into())));
+        let e = one.expected_instructions();
+        assert!(e.contains(&"NANOSLEEP".to_string()) && e.contains(&"FCHK".to_string()), "{e:?}");
+    }
+
+    #[test]
+    fn onepass_runs_only_where_every_group_fits_the_resident_ctas() {
+        let c = Fp8PrepassConfig::new(Dtype::F16, Fp8Format::E4M3).unwrap();
+        // Per head: Q heads of 5 tiles, K and V heads of 13; 80 + 2 * 52 = 184 tiles.
+        let a = args(Layout::Bhsd, DescaleGranularity::PerHead);
+        assert_eq!(c.max_group_tiles(&a), 13);
+        assert_eq!(c.onepass_ctas(&a, 0), None);
+        assert_eq!(c.onepass_ctas(&a, 12), None);
+        assert_eq!(c.onepass_ctas(&a, 13), Some(13));
+        assert_eq!(c.onepass_ctas(&a, 132 * 6), Some(184));
+        // Per tensor: Q is one group of 80 tiles.
+        let t = Fp8Args { descale: DescaleGranularity::PerTensor, ..a };
+        assert_eq!(c.max_group_tiles(&t), 80);
+        assert_eq!(c.onepass_ctas(&t, 79), None);
+        assert_eq!(c.onepass_ctas(&t, 80), Some(80));
+        // The bench's shapes on 132 SMs at 6 CTAs each (792): per head the largest group (a
+        // 32768-row KV head at hd 128) has 512 tiles and qualifies; a 64 MB tensor per tensor
+        // (4 x 16 heads x 64 tiles) does not.
+        let big = |b, hq, hkv, sq, skv, d, g| Fp8Args::new(AttentionShape::contiguous(Layout::Bhsd, b, hq, hkv, sq, skv, d, false), g);
+        let ph = DescaleGranularity::PerHead;
+        assert_eq!(c.max_group_tiles(&big(1, 32, 8, 1, 32768, 128, ph)), 512);
+        assert_eq!(c.onepass_ctas(&big(1, 32, 8, 1, 32768, 128, ph), 792), Some(792));
+        assert_eq!(c.onepass_ctas(&big(1, 32, 8, 1, 32768, 128, ph), 511), None);
+        assert_eq!(c.max_group_tiles(&big(4, 16, 16, 4096, 4096, 128, ph)), 64);
+        assert_eq!(c.onepass_ctas(&big(4, 16, 16, 4096, 4096, 128, DescaleGranularity::PerTensor), 792), None);
+        // A head of one row at hd 8 is one tile; hd 8192: one row per tile.
+        assert_eq!(c.max_group_tiles(&big(1, 1, 1, 1, 1, 8, ph)), 1);
+        assert_eq!(c.max_group_tiles(&big(1, 1, 1, 3, 5, 8192, ph)), 5);
+        assert_eq!(c.onepass_ctas(&big(1, 1, 1, 3, 5, 8192, ph), 792), Some(3 + 5 + 5));
     }
 }

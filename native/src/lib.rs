@@ -94,7 +94,7 @@ pub use fp8::Fp8Buffers;
 pub use fp8::{Fp8Args, Fp8LaunchShape, Fp8Lens, Fp8Ptrs};
 #[cfg(feature = "cuda")]
 pub use fp8_prepass::Fp8Prepass;
-pub use fp8_prepass::{Fp8PrepassConfig, Fp8PrepassLens, Fp8PrepassPass, Fp8PrepassPtrs, Fp8PrepassVariant};
+pub use fp8_prepass::{Fp8PrepassConfig, Fp8PrepassLens, Fp8PrepassPass, Fp8PrepassPath, Fp8PrepassPtrs, Fp8PrepassVariant};
 pub use mma_fp8::{Fp8MmaConfig, Fp8MmaParams, Fp8MmaUnit, Fp8MmaTileRow, Fp8P, Fp8VtConfig, FP8_MMA_TILES};
 pub use nvrtc::{nvrtc, NvrtcInfo, Resources};
 pub use registry::NativeKernelId;

@@ -1,4 +1,5 @@
-//! NVRTC compiles and SASS checks of the FP8 quantization prepass (`fp8_prepass_*`, both passes,
+//! NVRTC compiles and SASS checks of the FP8 quantization prepass (`fp8_prepass_*`, the amax,
+//! quantize and one-read passes,
 //! f16 and bf16 inputs, e4m3 and e5m2) for every target; runs on machines without a GPU. The
 //! H100 runs the sm_90 build (`quattn selftest --only fp8` checks it against the codec).
 //!
@@ -22,7 +23,7 @@ fn every_fp8_prepass_pass_compiles_without_local_memory_and_rounds_like_the_code
         .into_iter()
         .filter(|r| r.kernel.starts_with("fp8_prepass"))
         .collect();
-    assert_eq!(reports.len(), Fp8PrepassConfig::all().len() * 2 * Fp8PrepassConfig::TARGETS.len());
+    assert_eq!(reports.len(), Fp8PrepassConfig::all().len() * 3 * Fp8PrepassConfig::TARGETS.len());
     for r in &reports {
         println!("{}", r.summary());
     }
@@ -31,6 +32,11 @@ fn every_fp8_prepass_pass_compiles_without_local_memory_and_rounds_like_the_code
     for r in &reports {
         assert_eq!(r.spill_store_bytes, Some(0), "{}", r.summary());
         assert_eq!(r.stack_frame_bytes, Some(0), "{}: local memory", r.summary());
+        // The one-read pass's grid is sized by its co-resident CTAs: 6 of 256 threads per SM
+        // (at most 40 registers) keep groups of up to 6 tiles per SM on that path.
+        if r.kernel.contains("_onepass_") {
+            assert!(r.registers.is_some_and(|n| n <= 40), "{}", r.summary());
+        }
     }
     // The whole opcode histogram (the report keeps only the matrix and memory opcodes).
     for id in NativeKernelId::all().into_iter().filter(|id| id.family() == "fp8_prepass") {
@@ -42,13 +48,25 @@ fn every_fp8_prepass_pass_compiles_without_local_memory_and_rounds_like_the_code
             // Every thread loads its 4 pieces as 16-byte loads; no tensor-core op.
             assert!(op("LDG.E.128") >= 4, "{name}: {hist:?}");
             assert_eq!(op("HMMA") + op("QMMA") + op("IMMA"), 0, "{name}");
-            if name.contains("_quant_") {
+            if name.contains("_quant_") || name.contains("_onepass_") {
                 // 32 values per thread: 32 IEEE divisions (each with its FCHK range check), 16
                 // saturating pair conversions, four 8-byte code stores.
                 assert!(op("FCHK") >= 32, "{name}: {hist:?}");
                 assert!(op("F2FP.SATFINITE") >= 16, "{name}: {hist:?}");
                 assert!(op("STG.E.64") >= 4, "{name}: {hist:?}");
-            } else {
+            }
+            if name.contains("_onepass_") {
+                // Per tile: the work counter, the arrival and the departure (adds; the arrival,
+                // whose result is unused, may be a RED), the group's max (an atomic max on its
+                // bits, ATOMG or RED), and the CTA's finishing count; polls of the arrivals
+                // from L2 with a backoff sleep.
+                assert!(op("ATOMG.E.ADD") >= 3, "{name}: {hist:?}");
+                assert_eq!(op("ATOMG.E.ADD") + op("RED.E.ADD"), 4, "{name}: {hist:?}");
+                assert_eq!(op("ATOMG.E.MAX") + op("RED.E.MAX"), 1, "{name}: {hist:?}");
+                assert!(op("NANOSLEEP") >= 1, "{name}: {hist:?}");
+                assert!(op("LDG.E.STRONG.GPU") >= 2, "{name}: {hist:?}");
+                assert!(op("MEMBAR") >= 3, "{name}: {hist:?}");
+            } else if name.contains("_amax_") {
                 // One arrival per CTA; the group's partials read from L2 (ld.global.cg).
                 assert_eq!(op("ATOMG.E.ADD"), 1, "{name}: {hist:?}");
                 assert!(op("LDG.E.STRONG.GPU") >= 1, "{name}: {hist:?}");

@@ -32,6 +32,9 @@ impl HipPrepassId {
     pub fn new(input: Dtype, pass: Fp8PrepassPass) -> Result<Self> {
         let id = HipPrepassId { input, pass };
         id.shared()?;
+        if pass == Fp8PrepassPass::OnePass {
+            return Err(NativeError::UnsupportedConfig { kernel: "fp8_prepass", reason: "the HIP prepass has the amax and quantize passes only".into() });
+        }
         Ok(id)
     }
 
@@ -54,6 +57,7 @@ impl HipPrepassId {
         let pass = match self.pass {
             Fp8PrepassPass::Amax => "amax",
             Fp8PrepassPass::Quantize => "quant",
+            Fp8PrepassPass::OnePass => "onepass",
         };
         format!("fp8_prepass_{pass}_{}", self.input.name())
     }
@@ -78,7 +82,7 @@ impl HipPrepassId {
     pub fn expected_instructions(&self) -> Vec<String> {
         match self.pass {
             Fp8PrepassPass::Amax => vec!["global_atomic_add".into(), "v_max_f32_e32".into()],
-            Fp8PrepassPass::Quantize => vec!["v_div_fixup_f32".into(), "v_rndne_f32_e32".into()],
+            Fp8PrepassPass::Quantize | Fp8PrepassPass::OnePass => vec!["v_div_fixup_f32".into(), "v_rndne_f32_e32".into()],
         }
     }
 
