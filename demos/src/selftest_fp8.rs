@@ -7,7 +7,8 @@
 //! - `fp8-quantize`: `Session::quantize_fp8_cuda` alone, f16 and bf16 inputs, e4m3 and e5m2,
 //!   per tensor and per head, against the codec; inputs with outliers, tensors scaled so that
 //!   f16 subnormals and subnormal f32 descales occur; a NaN element (a NaN code, the descale of
-//!   its group without it); a large problem that the prepass splits into several slabs.
+//!   its group without it); a large problem per head (the one-read pass where the device keeps
+//!   enough CTAs resident) and per tensor (the amax and quantize passes, several slabs).
 //! - `fp8-run_cuda` / `fp8-run_cuda_fp8`: the device-tensor entry points (f16 tensors quantized
 //!   on the device; pre-quantized codes and descales) against the host path of the same plan,
 //!   O and LSE bit for bit; typed errors for wrong descale buffers.
@@ -139,10 +140,14 @@ pub fn cases(session: &Session) -> Vec<Case> {
             }
         }
     }
-    // Three 64 MB f16 tensors: several slabs of the L2's size per call.
+    // Three 64 MB f16 tensors. Per head (64 tiles a group) the default path takes the one-read
+    // pass on a device that keeps that many CTAs resident; per tensor (4096 tiles a group) no
+    // device does, so the amax and quantize passes run, in several slabs of the L2's size.
     let big = AttentionProblem::new(4, 16, 4096, 128);
-    let c = case(session, "fp8-quantize-slabs", fp8(DescaleGranularity::PerHead, PvFormat::Fp8).name(), &big);
-    out.push(finish(c, quantize_case(session, &stream, &big, Dtype::F16, Fp8Format::E4M3, DescaleGranularity::PerHead, false)));
+    for g in [DescaleGranularity::PerHead, DescaleGranularity::PerTensor] {
+        let c = case(session, "fp8-quantize-slabs", fp8(g, PvFormat::Fp8).name(), &big);
+        out.push(finish(c, quantize_case(session, &stream, &big, Dtype::F16, Fp8Format::E4M3, g, false)));
+    }
     let p = &shapes()[0];
     let c = case(session, "fp8-entry-errors", fp8(DescaleGranularity::PerHead, PvFormat::Fp8).name(), p);
     out.push(finish(c, entry_errors(session, &stream, p)));

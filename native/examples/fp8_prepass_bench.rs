@@ -1,21 +1,25 @@
 //! Times the FP8 quantization prepass (`fp8_prepass`, f16 to e4m3) on a CUDA GPU against its
 //! bytes model: each input element read once and each code written once
 //! ([`Fp8PrepassConfig::model_bytes`]), at 3 TB/s (the H100's HBM3). Per shape and descale
-//! granularity it runs the default slabs (half the L2), one slab for the whole call (the
-//! quantize pass then reads its input from DRAM again) and slabs of a quarter and of the whole
-//! L2, median of 20 device-timed runs each, and checks that every slab size gives the same codes
-//! and descales (exit status 1 otherwise).
+//! granularity it runs the amax and quantize passes with the default slabs (half the L2), one
+//! slab for the whole call (the quantize pass then reads its input from DRAM again) and slabs
+//! of a quarter and of the whole L2, then the one-read pass (`slabs` "onepass") where it
+//! applies, median of 20 device-timed runs each. Before each variant the codes and descales are
+//! poisoned (bytes 0x7f: a NaN code, never the code of a finite input); every variant must give
+//! the codes and descales of the first (exit status 1 otherwise) and leave the scratch counters
+//! zero.
 //!
 //! `cargo run --release -p quattn-native --example fp8_prepass_bench [-- --json]`
 //!
 //! Output: one line per (shape, granularity, slabs): milliseconds, GB/s of the model's bytes,
-//! and `x model`, the time over the model's time at 3 TB/s (the target is at most 1.5). With
-//! `--json`, one JSON object per line instead.
+//! and `x model`, the time over the model's time at 3 TB/s (the target is at most 1.5), and
+//! whether the default path (`auto`) takes the one-read pass there. With `--json`, one JSON
+//! object per line instead.
 
 use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtrMut};
-use quattn_native::{AttentionShape, DescaleGranularity, Dtype, Fp8Args, Fp8Format, Fp8Prepass, Fp8PrepassConfig, Fp8PrepassPtrs, Layout};
+use quattn_native::{AttentionShape, DescaleGranularity, Dtype, Fp8Args, Fp8Format, Fp8Prepass, Fp8PrepassConfig, Fp8PrepassPath, Fp8PrepassPtrs, Layout};
 
 type BoxErr = Box<dyn std::error::Error>;
 
@@ -76,6 +80,22 @@ impl Buffers {
         }
     }
 
+    /// Codes and descales overwritten with bytes 0x7f.
+    fn poison(&mut self, s: &Arc<CudaStream>) -> Result<(), BoxErr> {
+        for c in &mut self.codes {
+            s.memcpy_htod(&vec![0x7fu8; c.len()], c)?;
+        }
+        for d in &mut self.descales {
+            s.memcpy_htod(&vec![f32::from_bits(0x7f7f_7f7f); d.len()], d)?;
+        }
+        Ok(())
+    }
+
+    /// Whether every scratch counter is zero (the state each launch must leave).
+    fn counters_zero(&self, s: &Arc<CudaStream>) -> Result<bool, BoxErr> {
+        Ok(s.clone_dtoh(&self.counter)?.iter().all(|&c| c == 0))
+    }
+
     /// Codes and descale bits, read back.
     fn read(&self, s: &Arc<CudaStream>) -> Result<(Vec<Vec<u8>>, Vec<Vec<u32>>), BoxErr> {
         let codes = self.codes.iter().map(|c| s.clone_dtoh(c)).collect::<Result<Vec<_>, _>>()?;
@@ -110,14 +130,23 @@ fn main() -> Result<(), BoxErr> {
     let base = Fp8Prepass::load(&ctx, config)?;
     let l2 = base.slab_bytes().map(|b| 2 * b);
     let shapes = [
+        ("b16 h16 s1024 d128", AttentionShape::contiguous(Layout::Bhsd, 16, 16, 16, 1024, 1024, 128, false)),
         ("b4 h16 s4096 d128", AttentionShape::contiguous(Layout::Bhsd, 4, 16, 16, 4096, 4096, 128, false)),
         ("b1 h16 s16384 d128", AttentionShape::contiguous(Layout::Bhsd, 1, 16, 16, 16384, 16384, 128, false)),
         ("b2 h16 s8192 d64 bshd", AttentionShape::contiguous(Layout::Bshd, 2, 16, 16, 8192, 8192, 64, false)),
         ("decode q1 kv32768 gqa32/8 d128", AttentionShape::contiguous(Layout::Bhsd, 1, 32, 8, 1, 32768, 128, false)),
+        // Small enough for the one-read pass per tensor too (4 MB tensors: 256 tiles a group).
+        ("b1 h8 s2048 d128", AttentionShape::contiguous(Layout::Bhsd, 1, 8, 8, 2048, 2048, 128, false)),
     ];
     let mut mismatches = 0;
     if !json {
-        println!("device {} | L2 {} MB | model: input read once + codes written once, at {:.0} TB/s", ctx.name()?, l2.unwrap_or(0) >> 20, MODEL_BANDWIDTH / 1e12);
+        println!(
+            "device {} | L2 {} MB | one-read pass: {} co-resident CTAs | model: input read once + codes written once, at {:.0} TB/s",
+            ctx.name()?,
+            l2.unwrap_or(0) >> 20,
+            base.resident_ctas(),
+            MODEL_BANDWIDTH / 1e12
+        );
     }
     for (name, shape) in shapes {
         for g in [DescaleGranularity::PerHead, DescaleGranularity::PerTensor] {
@@ -125,16 +154,31 @@ fn main() -> Result<(), BoxErr> {
             let model = config.model_bytes(&args) as f64;
             let mut bufs = Buffers::new(&stream, &config, &args)?;
             let mut first: Option<(Vec<Vec<u8>>, Vec<Vec<u32>>)> = None;
-            let slabs = [("L2/2", l2.map(|b| b / 2)), ("one", None), ("L2/4", l2.map(|b| b / 4)), ("L2", l2)];
-            for (slab_name, slab) in slabs {
-                let k = Fp8Prepass::load(&ctx, config)?.with_slab_bytes(slab);
+            // Which path the default (Auto) takes for these arguments.
+            let auto = if base.onepass_grid(&args)?.is_some() { "onepass" } else { "twopass" };
+            let two = |b: Option<usize>| (Fp8PrepassPath::TwoPass, b);
+            let slabs = [("L2/2", two(l2.map(|b| b / 2))), ("one", two(None)), ("L2/4", two(l2.map(|b| b / 4))), ("L2", two(l2)), ("onepass", (Fp8PrepassPath::OnePass, None))];
+            for (slab_name, (path, slab)) in slabs {
+                let k = Fp8Prepass::load(&ctx, config)?.with_slab_bytes(slab).with_path(path);
+                let launches = match k.onepass_grid(&args) {
+                    Ok(Some(_)) => 1,
+                    Ok(None) => 2 * config.slabs(&args, slab).len(),
+                    Err(e) => {
+                        eprintln!("{name} {g:?} {slab_name}: skipped ({e})");
+                        continue;
+                    }
+                };
+                bufs.poison(&stream)?;
                 let ptrs = bufs.ptrs(&stream);
-                let launches = 2 * config.slabs(&args, slab).len();
                 // SAFETY: every buffer was allocated with `required_lens` of these arguments; the
                 // counters start zeroed and the prepass leaves them zero.
                 let ms = median_ms(&ctx, &stream, || Ok(unsafe { k.launch_raw(&stream, &args, &ptrs) }?))?;
                 let got = bufs.read(&stream)?;
-                let same = first.as_ref().is_none_or(|f| *f == got);
+                let zero = bufs.counters_zero(&stream)?;
+                if !zero {
+                    eprintln!("{name} {g:?} {slab_name}: scratch counters left nonzero");
+                }
+                let same = first.as_ref().is_none_or(|f| *f == got) && zero;
                 if !same {
                     mismatches += 1;
                 }
@@ -143,19 +187,19 @@ fn main() -> Result<(), BoxErr> {
                 let gbs = model / (ms * 1e-3) / 1e9;
                 if json {
                     println!(
-                        "{{\"shape\":\"{name}\",\"granularity\":\"{g:?}\",\"slabs\":\"{slab_name}\",\"launches\":{launches},\"ms\":{ms:.5},\"model_bytes\":{model},\"model_gbs\":{gbs:.1},\"x_model\":{ratio:.3},\"same_codes\":{same}}}"
+                        "{{\"shape\":\"{name}\",\"granularity\":\"{g:?}\",\"slabs\":\"{slab_name}\",\"auto\":\"{auto}\",\"launches\":{launches},\"ms\":{ms:.5},\"model_bytes\":{model},\"model_gbs\":{gbs:.1},\"x_model\":{ratio:.3},\"same_codes\":{same}}}"
                     );
                 } else {
                     println!(
-                        "{name:32} {g:<10?} slabs {slab_name:<5} ({launches:>3} launches) {ms:8.4} ms {gbs:7.0} GB/s x model {ratio:5.2}{}",
-                        if same { "" } else { "  CODES DIFFER from the first slab size" }
+                        "{name:32} {g:<10?} slabs {slab_name:<7} ({launches:>3} launches) {ms:8.4} ms {gbs:7.0} GB/s x model {ratio:5.2} auto {auto}{}",
+                        if same { "" } else { "  CODES DIFFER from the first slab size (or counters left nonzero)" }
                     );
                 }
             }
         }
     }
     if mismatches > 0 {
-        eprintln!("fp8_prepass_bench: {mismatches} runs gave other codes or descales than the default slabs");
+        eprintln!("fp8_prepass_bench: {mismatches} runs gave other codes or descales than the default slabs, or left counters nonzero");
         std::process::exit(1);
     }
     Ok(())
