@@ -255,7 +255,9 @@ __device__ __forceinline__ u32 thread_ld_relaxed(const u32* p) {
 
 extern "C" __global__ void __launch_bounds__(cfg::THREADS, cfg::ONEPASS_MIN_CTAS) fp8_prepass(const Fp8PrepassParams p) {
     __shared__ float scratch[cfg::THREADS / 32];
-    __shared__ int next;
+    // The tile taken, by parity of the iteration: thread 0 writes the next one before any
+    // barrier of that iteration, while others may still read this one after the wait.
+    __shared__ int next[2];
     __shared__ float descale;
     // The pieces across the wait, each thread its own (16 KB): registers then hold nothing but
     // the loop's state while the CTA waits, and the occupancy the grid is sized by stays high.
@@ -264,11 +266,10 @@ extern "C" __global__ void __launch_bounds__(cfg::THREADS, cfg::ONEPASS_MIN_CTAS
     const int groups = p.t[2].group_begin + (p.per_head ? p.t[2].batch * p.t[2].heads : 1);
     u32* gmax = arrive + groups;
     u32* work = arrive + 2 * groups;   // [0] tiles handed out, [1] CTAs finished
-    for (;;) {
-        if (threadIdx.x == 0) next = p.tile_begin + (int)atomicAdd(work, 1u);
+    for (int it = 0;; it ^= 1) {
+        if (threadIdx.x == 0) next[it] = p.tile_begin + (int)atomicAdd(work, 1u);
         __syncthreads();
-        // `next` is rewritten only after the barriers of cta_max below.
-        const int g = next;
+        const int g = next[it];
         if (g >= p.tile_end) break;
         const TileAt a = tile_at(p, g);
         uint4 v[cfg::PIECES];
@@ -309,9 +310,9 @@ extern "C" __global__ void __launch_bounds__(cfg::THREADS, cfg::ONEPASS_MIN_CTAS
         }
         __syncthreads();
         // The tile's place is computed again from `next` (read back, so that it is not kept
-        // live across the wait), which like `descale` and `held` is rewritten only after the
-        // barriers of the next tile's cta_max.
-        const TileAt b = tile_at(p, *reinterpret_cast<volatile int*>(&next));
+        // live across the wait); `next[it]` is rewritten two iterations on, `descale` after the
+        // barriers of the next tile's cta_max, and `held[.][t]` by thread t only.
+        const TileAt b = tile_at(p, *reinterpret_cast<volatile int*>(&next[it]));
 #pragma unroll
         for (int j = 0; j < cfg::PIECES; ++j) {
             off[j] = piece_offset(p, b, j);

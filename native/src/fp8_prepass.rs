@@ -510,6 +510,9 @@ mod launch {
             let l2 = ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)?;
             let slab_bytes = (l2 > 0).then_some(l2 as usize / 2);
             let onepass = load(Fp8PrepassPass::OnePass)?;
+            // The most shared memory per SM, so that registers, not the carveout, bound the
+            // co-resident CTAs the grid is sized by.
+            onepass.set_attribute(cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100)?;
             let sms = ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
             let per_sm = onepass.occupancy_max_active_blocks_per_multiprocessor(THREADS, 0, None)?;
             let resident = sms.max(0) as usize * per_sm as usize;
