@@ -88,7 +88,7 @@ fn quantize(p: &AttentionProblem, plan: &quattn::Plan, format: Fp8Format, descal
     ]
 }
 
-fn upload(client: &cubecl::prelude::ComputeClient<WgpuRuntime>, t: &[Fp8Tensor; 3]) -> DeviceFp8 {
+fn upload<R: cubecl::Runtime>(client: &cubecl::prelude::ComputeClient<R>, t: &[Fp8Tensor; 3]) -> DeviceFp8 {
     let codes = |x: &Fp8Tensor| {
         let mut c = x.codes.clone();
         c.resize(c.len().next_multiple_of(16), 0xAA);
@@ -98,14 +98,14 @@ fn upload(client: &cubecl::prelude::ComputeClient<WgpuRuntime>, t: &[Fp8Tensor; 
     DeviceFp8 { q: codes(&t[0]), k: codes(&t[1]), v: codes(&t[2]), dq: ds(&t[0]), dk: ds(&t[1]), dv: ds(&t[2]) }
 }
 
-fn run_device(s: &Session, plan: &quattn::Plan, d: &DeviceFp8) -> (Vec<f16>, Vec<f32>) {
-    let client = s.cubecl_client::<WgpuRuntime>().unwrap();
+fn run_device<R: cubecl::Runtime>(s: &Session, plan: &quattn::Plan, d: &DeviceFp8) -> (Vec<f16>, Vec<f32>) {
+    let client = s.cubecl_client::<R>().unwrap();
     let p = &plan.problem;
     let poison_o = vec![f16::NAN; p.o_len_elems()];
     let o = client.create_from_slice(bytemuck::cast_slice(&poison_o));
     let lse = client.create_from_slice(bytemuck::cast_slice(&vec![f32::NAN; p.lse_len_elems()]));
     let t = CubeclTensors { q: &d.q, k: &d.k, v: &d.v, o: &o, lse: Some(&lse) };
-    s.run_cubecl_fp8::<WgpuRuntime>(plan, t, Fp8Descales { q: &d.dq, k: &d.dk, v: &d.dv }).unwrap();
+    s.run_cubecl_fp8::<R>(plan, t, Fp8Descales { q: &d.dq, k: &d.dk, v: &d.dv }).unwrap();
     let o = bytemuck::pod_collect_to_vec(&client.read_one(o).unwrap());
     let lse = bytemuck::pod_collect_to_vec(&client.read_one(lse).unwrap());
     (o, lse)
@@ -127,7 +127,7 @@ fn device_codes_and_descales_give_the_host_paths_bits() {
         let t = quantize(&p, &plan, format, descale, (&q, &k, &v));
         let lens = plan.fp8_descale_lens().unwrap();
         assert_eq!(lens, [t[0].descales.len(), t[1].descales.len(), t[2].descales.len()], "{}", plan.kernel);
-        let (o, lse) = run_device(&s, &plan, &upload(&client, &t));
+        let (o, lse) = run_device::<WgpuRuntime>(&s, &plan, &upload(&client, &t));
         for (i, (d, h)) in o.iter().zip(&host.o).enumerate() {
             // The host path's O is the same f16 widened: equal bits, NaN never.
             assert_eq!(d.to_f32().to_bits(), h.to_bits(), "{} O[{i}]: device {d} vs host {h}", plan.kernel);
@@ -155,7 +155,7 @@ fn nan_codes_poison_only_the_rows_that_see_them() {
         // Head 0: a NaN in K's key 50 (rows 50.. see it); head 1: a NaN in Q's row 20.
         t[1].codes[p.k_strides().offset(0, 0, key) + 3] = nan;
         t[0].codes[p.q_strides().offset(0, 1, row) + 5] = nan;
-        let (o, _) = run_device(&s, &plan, &upload(&client, &t));
+        let (o, _) = run_device::<WgpuRuntime>(&s, &plan, &upload(&client, &t));
         let os = p.o_strides();
         for h in 0..2 {
             for i in 0..p.q_len {
@@ -224,9 +224,20 @@ fn one_split(mut plan: quattn::Plan) -> quattn::Plan {
 /// Decode shapes (at most 8 packed rows per KV head, at least 512 keys) plan on the FP8 row
 /// decode kernel, with one split and with the split Auto chose (merged), against f64 and the
 /// emulation with the kernel's descale blocks, for both formats and every descale granularity.
+/// On CUDA (sm_89 and later) the kernel decodes with the device's FP8 conversion, elsewhere in
+/// integer instructions: both are checked where a device runs them.
 #[test]
 fn fp8_decode_shapes_run_the_row_decode_kernel() {
-    let Some(s) = session() else { return };
+    decode_shapes(session());
+}
+
+#[test]
+fn cuda_fp8_decode_shapes_run_the_row_decode_kernel() {
+    decode_shapes(common::open(Device::Cuda(0)));
+}
+
+fn decode_shapes(s: Option<Session>) {
+    let Some(s) = s else { return };
     let shapes = [
         // GQA 4, one position, a ragged cache.
         AttentionProblem::new(1, 8, 1, 128).kv_heads(2).kv_len(700),
@@ -265,8 +276,18 @@ fn fp8_decode_shapes_run_the_row_decode_kernel() {
 /// poisons the positions whose causal window reaches its key, a NaN in Q only its own row.
 #[test]
 fn fp8_decode_nan_codes_poison_only_the_rows_that_see_them() {
-    let Some(s) = session() else { return };
-    let client = s.cubecl_client::<WgpuRuntime>().unwrap();
+    decode_nan_codes::<WgpuRuntime>(session());
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_fp8_decode_nan_codes_poison_only_the_rows_that_see_them() {
+    decode_nan_codes::<cubecl::cuda::CudaRuntime>(common::open(Device::Cuda(0)));
+}
+
+fn decode_nan_codes<R: cubecl::Runtime>(s: Option<Session>) {
+    let Some(s) = s else { return };
+    let client = s.cubecl_client::<R>().unwrap();
     // 2 KV heads, GQA 2 x 4 positions; bottom-right causal: position i sees keys <= i + 596.
     let p = AttentionProblem::new(1, 4, 4, 64).kv_heads(2).kv_len(600).causal(true).with_lse(true);
     for format in [Fp8Format::E4M3, Fp8Format::E5M2] {
@@ -286,7 +307,7 @@ fn fp8_decode_nan_codes_poison_only_the_rows_that_see_them() {
         t[0].codes[p.q_strides().offset(0, 3, row) + 2] = nan;
         let d = upload(&client, &t);
         for plan in [auto.clone(), one_split(auto.clone())] {
-            let (o, lse) = run_device(&s, &plan, &d);
+            let (o, lse) = run_device::<R>(&s, &plan, &d);
             let os = p.o_strides();
             for h in 0..4 {
                 for i in 0..p.q_len {

@@ -7,7 +7,7 @@ use std::fmt;
 use cubecl::prelude::*;
 use cubecl::server::Handle;
 use half::{bf16, f16};
-use quattn_core::{Accumulation, AttentionShape, Dtype};
+use quattn_core::{Accumulation, AttentionShape, Dtype, Fp8Format};
 
 use crate::error::LaunchError;
 use crate::kernel::decode::{decode_merge, fwd_portable_decode, DecodeArgsLaunch};
@@ -831,6 +831,7 @@ pub(crate) fn launch_fp8_rows<R: Runtime>(
     let count = CubeCount::Static(info.cube_count.0, info.cube_count.1, info.cube_count.2);
     let dim = CubeDim::new_1d(ROW_UNITS as u32);
     let [qd, kd, vd] = descales;
+    let cvt = fp8_conversion(client, fcfg);
     let (q, k, v) = (codes(&words[0], extents[0]), codes(&words[1], extents[1]), codes(&words[2], extents[2]));
     macro_rules! go {
         ($e:ty) => {
@@ -841,7 +842,7 @@ pub(crate) fn launch_fp8_rows<R: Runtime>(
                 fwd_portable_decode_rows_fp8::launch_unchecked::<$e, R>(
                     client, count, dim, W,
                     q, k, v, qd, kd, vd, o_arg(), lse_arg(), prep.part_o_arg(), prep.part_lse_arg(),
-                    crate::launch::shape_arg::<R>(args), prep.dec_arg(t), fp8_shape, cfg, fcfg, prep.direct,
+                    crate::launch::shape_arg::<R>(args), prep.dec_arg(t), fp8_shape, cfg, fcfg, cvt, prep.direct,
                 )
             }
         };
@@ -855,6 +856,18 @@ pub(crate) fn launch_fp8_rows<R: Runtime>(
     let mut info = info;
     info.launched = true;
     Ok(info)
+}
+
+/// Whether the FP8 row kernel decodes codes with the device's conversion instruction: on CUDA
+/// where the runtime reports FP8 conversions (sm_89 and later: `cvt` of two codes to two f16,
+/// a third of the integer decode's instructions in a loop bound by instructions). Other
+/// runtimes decode with integer and float instructions, which every device has.
+pub(crate) fn fp8_conversion<R: Runtime>(client: &ComputeClient<R>, fcfg: Fp8Config) -> bool {
+    let uses = match fcfg.format {
+        Fp8Format::E4M3 => cubecl::e4m3::supported_uses(client),
+        Fp8Format::E5M2 => cubecl::e5m2::supported_uses(client),
+    };
+    R::name(client) == "cuda" && uses.contains(cubecl::features::TypeUsage::Conversion)
 }
 
 /// The row decode kernel for `args`, with its split: the first [`row_candidates`] tiling, for

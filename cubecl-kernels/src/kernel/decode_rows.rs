@@ -30,6 +30,8 @@
 //! are f32.
 
 use cubecl::prelude::*;
+use cubecl::{e4m3, e5m2};
+use half::f16;
 
 use super::decode::{key_row, seq_kv_len, split_keys, DecodeArgs};
 use super::fma_vec::W;
@@ -618,6 +620,7 @@ pub fn fwd_portable_decode_rows_fp8<E: Float, N: Size>(
     fp8: &Fp8Shape,
     #[comptime] cfg: RowDecodeConfig,
     #[comptime] fcfg: Fp8Config,
+    #[comptime] cvt: bool,
     #[comptime] direct: bool,
 ) {
     let unit = UNIT_POS as usize;
@@ -673,7 +676,7 @@ pub fn fwd_portable_decode_rows_fp8<E: Float, N: Size>(
             } else if comptime!(fcfg.per_head()) {
                 q_index = batch * shape.q_heads as usize + head;
             }
-            q_stage[t] = decode_word::<N>(word, fcfg) * Vector::new(q_descale[q_index] * shape.scale);
+            q_stage[t] = decode_codes::<N>(word, fcfg, cvt, false) * Vector::new(q_descale[q_index] * shape.scale);
         }
     }
 
@@ -728,7 +731,7 @@ pub fn fwd_portable_decode_rows_fp8<E: Float, N: Size>(
                 if word_has_non_finite(word, fcfg) {
                     bad_key = min(bad_key, (k0 + j) as u32);
                 }
-                accumulate_dots::<N>(&mut dots, decode_word::<N>(word, fcfg), &q_stage, lane_k, i, cfg);
+                accumulate_dots::<N>(&mut dots, decode_codes::<N>(word, fcfg, cvt, false), &q_stage, lane_k, i, cfg);
             }
             store_dots::<N>(&dots, &mut scratch, k_descale[ds_index], k0, j, lane_k, q_len, kv_len, masked, cfg);
         }
@@ -751,7 +754,7 @@ pub fn fwd_portable_decode_rows_fp8<E: Float, N: Size>(
             if word_has_non_finite(word, fcfg) {
                 bad_key = min(bad_key, (k0 + g * kb + jj) as u32);
             }
-            let vf = decode_word::<N>(word, fcfg);
+            let vf = decode_codes::<N>(word, fcfg, cvt, true);
             accumulate_key::<N>(&scratch, &mut row_sum, &mut acc, vf, g * kb + jj, true, cfg);
         }
         if comptime!(!cfg.late_v()) {
@@ -773,6 +776,51 @@ pub fn fwd_portable_decode_rows_fp8<E: Float, N: Size>(
     finish_rows::<E, N>(
         o, lse, part_o, part_lse, &mut scratch, &row_max, &row_sum, &acc, shape, dec, q_bad, lowest, fp8.nan, cfg, direct, true,
     );
+}
+
+/// The 4 codes of `word` as f32: through the device's FP8 conversion (`cvt`), or in integer and
+/// float instructions ([`decode_word`]). Both give every finite code's exact value.
+///
+/// The conversion gives non-finite codes their NaN or infinity. In Q and K that reaches only
+/// the scores of the rows that see them (masked scores are selected away), which the kernel
+/// writes as NaN anyway; but a V row's NaN or infinity times a zero probability (a key a row
+/// does not see) would reach every row, so with `finite` (V) the converted halves are clamped
+/// to the finite f16 range (`max` and `min` return the other operand for a NaN): every code
+/// value lies inside it. [`decode_word`] gives non-finite codes finite values already.
+#[cube]
+fn decode_codes<N: Size>(word: u32, #[comptime] fcfg: Fp8Config, #[comptime] cvt: bool, #[comptime] finite: bool) -> Vector<f32, N> {
+    if comptime!(cvt) {
+        // Each half-word converted on its own: a 4-code vector would be taken apart into
+        // bytes and put together again around the two conversions.
+        let lo = u16::cast_from(word);
+        let hi = u16::cast_from(word >> 16u32);
+        let (a, b) = if comptime!(fcfg.mantissa_bits() == 3) {
+            (
+                Vector::<f16, Const<2>>::cast_from(Vector::<e4m3, Const<2>>::reinterpret(lo)),
+                Vector::<f16, Const<2>>::cast_from(Vector::<e4m3, Const<2>>::reinterpret(hi)),
+            )
+        } else {
+            (
+                Vector::<f16, Const<2>>::cast_from(Vector::<e5m2, Const<2>>::reinterpret(lo)),
+                Vector::<f16, Const<2>>::cast_from(Vector::<e5m2, Const<2>>::reinterpret(hi)),
+            )
+        };
+        let mut out = Vector::<f32, N>::empty();
+        out[0] = f32::cast_from(a[0]);
+        out[1] = f32::cast_from(a[1]);
+        out[2] = f32::cast_from(b[0]);
+        out[3] = f32::cast_from(b[1]);
+        if comptime!(finite) {
+            out = max(out, Vector::new(-65504.0f32));
+            // e4m3 has no infinities: its NaN is taken care of by `max`.
+            if comptime!(fcfg.mantissa_bits() == 2) {
+                out = min(out, Vector::new(65504.0f32));
+            }
+        }
+        out
+    } else {
+        decode_word::<N>(word, fcfg)
+    }
 }
 
 /// The 4 codes of `word` decoded to f32, bit-exact for every finite code, in integer and
@@ -965,7 +1013,13 @@ mod cuda_tests {
         .define()
     }
 
-    fn definition_fp8<E: Float + CubeElement>(client: &ComputeClient<WgpuRuntime>, cfg: RowDecodeConfig, fcfg: Fp8Config, direct: bool) -> KernelDefinition {
+    fn definition_fp8<E: Float + CubeElement>(
+        client: &ComputeClient<WgpuRuntime>,
+        cfg: RowDecodeConfig,
+        fcfg: Fp8Config,
+        cvt: bool,
+        direct: bool,
+    ) -> KernelDefinition {
         fwd_portable_decode_rows_fp8::FwdPortableDecodeRowsFp8::<E, WgpuRuntime>::new(
             settings(ROW_UNITS),
             client.clone(),
@@ -985,6 +1039,7 @@ mod cuda_tests {
             W,
             cfg,
             fcfg,
+            cvt,
             direct,
         )
         .define()
@@ -1029,13 +1084,17 @@ mod cuda_tests {
             (4usize, Fp8Config { format: Fp8Format::E4M3, granularity: DescaleGranularity::PerHead }),
             (8, Fp8Config { format: Fp8Format::E5M2, granularity: DescaleGranularity::PerBlock }),
         ];
+        // Each with the device's FP8 conversion (CUDA sm_89+) and with the integer decode.
         for (rows, fcfg) in fp8_cases {
-            for (causal, direct) in [(false, false), (true, true)] {
+            for ((causal, direct), cvt) in [((false, false), true), ((true, true), false), ((false, false), false), ((true, true), true)] {
                 let cfg = RowDecodeConfig { head_dim: 128, v_head_dim: 128, rows, bk: 32, causal, write_lse: true, paged: false };
                 variants.push(Variant {
-                    name: format!("decode_rows_fp8_{:?}_{:?}_rows{rows}_causal{causal}_direct{direct}", fcfg.format, fcfg.granularity),
+                    name: format!(
+                        "decode_rows_fp8_{:?}_{:?}_rows{rows}_causal{causal}_direct{direct}_cvt{cvt}",
+                        fcfg.format, fcfg.granularity
+                    ),
                     arch: Arch::Sm90,
-                    definition: definition_fp8::<half::f16>(cuda.client(), cfg, fcfg, direct),
+                    definition: definition_fp8::<half::f16>(cuda.client(), cfg, fcfg, cvt, direct),
                     shared_bytes: Some((cfg.smem_bytes() + 8).next_multiple_of(16)),
                     spill_free: true,
                 });
