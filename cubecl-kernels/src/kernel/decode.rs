@@ -532,9 +532,11 @@ pub(crate) fn head_param(head_params: &ComptimeOption<Array<f32>>, index: usize)
     }
 }
 
-/// The unit's scores with modifiers ([`DecodeMods`]): scaled by `mods.scale`, then
+/// The unit's scores with modifiers ([`DecodeMods`]): scaled by `mods.scale`, then as
 /// [`mod_score`] with each packed row's position and Q head (padding rows take the last real
-/// row's; they are never written).
+/// row's; they are never written). The mask's bounds are computed on masked tiles only, which
+/// keeps them out of the registers the tile loop holds (ptxas, sm_90: the f16-staged tile at
+/// d 128 spills otherwise).
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn thread_modify_packed<N: Size>(
@@ -561,11 +563,10 @@ fn thread_modify_packed<N: Size>(
     #[unroll]
     for i in 0..rm {
         let r = min(row0 + unit_row * rm + i, rows - 1);
-        let a = r % q_len + shift;
-        let lo = key_lo(a, q_len, kv_len, mods, dm.mc);
-        let hi = key_hi(a, q_len, kv_len, mods, dm.mc);
+        let mut a = 0usize;
         let mut slope = 0.0f32;
         if comptime!(dm.mc.alibi) {
+            a = r % q_len + shift;
             slope = head_param(head_params, shape.q_heads as usize + kv_head * group + r / q_len);
         }
         #[unroll]
@@ -574,9 +575,28 @@ fn thread_modify_packed<N: Size>(
             #[unroll]
             for e in 0..W {
                 let key = k0 + (j * cfg.tc + unit_col) * W + e;
-                s[e] = mod_score(s[e] * mods.scale, key, a, lo, hi, slope, q_len, mods, masked, dm.mc);
+                s[e] = mod_score(s[e] * mods.scale, key, a, 0usize, 0usize, slope, q_len, mods, false, dm.mc);
             }
             scores[i * kq + j] = s;
+        }
+    }
+    if masked {
+        #[unroll]
+        for i in 0..rm {
+            let r = min(row0 + unit_row * rm + i, rows - 1);
+            let a = r % q_len + shift;
+            let lo = key_lo(a, q_len, kv_len, mods, dm.mc);
+            let hi = key_hi(a, q_len, kv_len, mods, dm.mc);
+            #[unroll]
+            for j in 0..kq {
+                let mut s = scores[i * kq + j];
+                #[unroll]
+                for e in 0..W {
+                    let key = k0 + (j * cfg.tc + unit_col) * W + e;
+                    s[e] = select(key >= lo && key < hi, s[e], NO_MAX);
+                }
+                scores[i * kq + j] = s;
+            }
         }
     }
 }
