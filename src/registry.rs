@@ -71,7 +71,8 @@ impl Family {
 impl Family {
     /// Whether the family implements the score modifiers (window, softcap, sinks, ALiBi,
     /// top-left alignment): the CPU kernels, the portable FMA row (whose test refuses its
-    /// packed-f16 kernel) and the native wgmma, HMMA and split-KV decode rows (their modifier
+    /// packed-f16 kernel), the portable split-KV decode row (on contiguous and paged caches)
+    /// and the native wgmma, HMMA and split-KV decode rows (their modifier
     /// variants, which refuse the shapes and accumulation modes they cannot take; the decode
     /// variants on paged caches too, positions measured per sequence). Every other family
     /// refuses a problem that sets one, so that `Strategy::Auto` moves on to one that has them
@@ -81,6 +82,7 @@ impl Family {
             self,
             Family::Cpu
                 | Family::Portable(PortableKind::Fma)
+                | Family::Portable(PortableKind::Decode)
                 | Family::Native(NativeKind::Wgmma)
                 | Family::Native(NativeKind::Hmma)
                 | Family::Native(NativeKind::Decode)
@@ -437,6 +439,7 @@ mod tests {
             vec![
                 Family::Cpu,
                 Family::Portable(PortableKind::Fma),
+                Family::Portable(PortableKind::Decode),
                 Family::Native(NativeKind::Hmma),
                 Family::Native(NativeKind::Wgmma),
                 Family::Native(NativeKind::Decode)

@@ -158,8 +158,10 @@ macro_rules! testgen_decode {
                 }
             }
 
+            /// Shapes the family refuses are typed refusals, and Auto moves on; a decode shape
+            /// with a score modifier is the family's (its modifier variant).
             #[test]
-            fn refuses_other_shapes_and_modifiers_so_auto_moves_on() {
+            fn refuses_other_shapes_so_auto_moves_on_and_takes_modifiers() {
                 let Some(s) = open(device()) else { return };
                 let prec = Precision::F16_DEFAULT;
                 let refused = [
@@ -167,16 +169,13 @@ macro_rules! testgen_decode {
                     AttentionProblem::new(1, 5, 13, 64).kv_heads(1).kv_len(4096),
                     // A short cache.
                     AttentionProblem::new(1, 8, 1, 64).kv_heads(2).kv_len(511),
-                    // A score modifier.
-                    AttentionProblem::new(1, 8, 1, 64).kv_heads(2).kv_len(4096).softcap(30.0),
                     // Prefill.
                     AttentionProblem::new(1, 2, 1024, 64).kv_len(1024).causal(true),
                 ];
                 for p in refused {
                     let e = s.plan(&p, prec, DECODE).expect_err(&format!("{p:?}"));
-                    // Typed: the modifier it lacks, or the strategy with the family's reason.
+                    // Typed: the strategy with the family's reason.
                     match &e {
-                        quattn::Error::UnsupportedFeature { .. } => assert!(p.softcap.is_some(), "{p:?}: {e}"),
                         quattn::Error::UnsupportedStrategy { reason, .. } => {
                             assert!(reason.contains("not decode-shaped") || reason.contains("below 512"), "{p:?}: {e}")
                         }
@@ -184,6 +183,11 @@ macro_rules! testgen_decode {
                     }
                     let plan = s.plan(&p, prec, Strategy::Portable).unwrap();
                     assert_ne!(plan.family(), Family::Portable(PortableKind::Decode), "{p:?}");
+                }
+                let capped = AttentionProblem::new(1, 8, 1, 64).kv_heads(2).kv_len(4096).softcap(30.0);
+                for strategy in [DECODE, Strategy::Portable] {
+                    let plan = s.plan(&capped, prec, strategy).unwrap_or_else(|e| panic!("{strategy:?}: {e}"));
+                    assert_eq!(plan.family(), Family::Portable(PortableKind::Decode), "{strategy:?}");
                 }
                 // f16 accumulation belongs to the packed-f16 kernel.
                 let p = AttentionProblem::new(1, 8, 1, 64).kv_heads(2).kv_len(4096);

@@ -329,8 +329,8 @@ fn portable_decode_kernels_read_pages() {
 }
 
 /// The other portable families do not read pages: a paged problem forced onto one is a typed
-/// refusal naming it, never a contiguous read of the pools; score modifiers on a paged cache
-/// have no portable kernel either.
+/// refusal naming it, never a contiguous read of the pools; with score modifiers Auto takes the
+/// decode family, which reads the pages with them.
 #[test]
 fn other_portable_kernels_refuse_paged_problems() {
     let Some(s) = common::open(Device::Wgpu(WgpuAdapter::Default)) else { return };
@@ -342,7 +342,8 @@ fn other_portable_kernels_refuse_paged_problems() {
         }
     }
     let windowed = p.clone().window(8, 0);
-    assert!(s.plan(&windowed, Precision::F16_DEFAULT, Strategy::Auto).is_err());
+    let plan = s.plan(&windowed, Precision::F16_DEFAULT, Strategy::Auto).unwrap();
+    assert_eq!(plan.family(), quattn::Family::Portable(PortableKind::Decode), "{}", plan.kernel_name());
 }
 
 /// `append_kv` on CubeCL handles (wgpu; llvmpipe in CI) writes the pools bit for bit as the host
@@ -538,26 +539,42 @@ fn paged_prefill_selects_the_portable_decode_family() {
 }
 
 /// Paged prefill with score modifiers (a window and sinks, GQA 4 at q_len 100: 400 packed rows
-/// per KV head, ragged lengths, one sequence shorter than q_len): the CPU kernel matches the f64
-/// reference with each sequence's window aligned at its own length; the portable decode family
-/// has no score modifiers, so on wgpu, where no other kernel reads pages, the plan is a typed
-/// refusal naming the modifier, never a run that ignores it.
+/// per KV head, ragged lengths, one sequence shorter than q_len, whose first positions see no
+/// key): the CPU kernel matches the f64 reference with each sequence's window aligned at its
+/// own length, and so does the portable decode family on wgpu (Auto's choice, where no other
+/// kernel reads pages: the tile kernel in row blocks, its split over the window's keys, and
+/// with one split), its outputs poisoned beforehand; then ALiBi with top-left causal
+/// alignment and softcap, which moves the shorter sequences' rows.
 #[test]
-fn paged_prefill_with_modifiers_runs_on_the_cpu_and_is_refused_on_wgpu() {
+fn paged_prefill_with_modifiers_runs_on_the_cpu_and_on_wgpu() {
     let lens = [700usize, 57, 300];
     let p = paged(AttentionProblem::new(3, 8, 100, 64).kv_heads(2).causal(true), 32, &lens, 12)
         .window(48, 0)
         .sinks(vec![0.5f32, -1.0, 2.0, f32::NEG_INFINITY, 0.0, 1.5, -3.0, 4.0]);
     check(&p, Precision::F32, 13);
+    let alibi = paged(AttentionProblem::new(3, 8, 100, 64).kv_heads(2).causal(true), 64, &lens, 14)
+        .alibi_slopes(AttentionProblem::standard_alibi_slopes(8))
+        .softcap(10.0)
+        .causal_align(quattn::CausalAlign::TopLeft);
+    check(&alibi, Precision::F32, 15);
     let Some(s) = common::open(Device::Wgpu(WgpuAdapter::Default)) else { return };
-    // Auto reports the last family's refusal (the FMA kernel, which has the modifiers, does
-    // not read pages); the decode family names the modifier.
-    match s.plan(&p, Precision::F16_DEFAULT, Strategy::Auto) {
-        Err(Error::UnsupportedFeature { .. } | Error::UnsupportedPagedKv { .. }) => {}
-        other => panic!("{:?}", other.map(|x| x.kernel_name())),
-    }
-    match s.plan(&p, Precision::F16_DEFAULT, Strategy::PortableFamily(PortableKind::Decode)) {
-        Err(Error::UnsupportedFeature { kernel, .. }) => assert!(kernel.contains("decode"), "{kernel}"),
-        other => panic!("{:?}", other.map(|x| x.kernel_name())),
+    for (i, p) in [p, alibi].into_iter().enumerate() {
+        let plan = s.plan(&p.clone().with_lse(true), Precision::F16_DEFAULT, Strategy::Auto).unwrap_or_else(|e| panic!("case {i}: {e}"));
+        assert_eq!(plan.family(), quattn::Family::Portable(PortableKind::Decode), "case {i}: {}", plan.kernel_name());
+        let quattn::KernelId::Portable { kernel: quattn_cubecl::PortableKernel::Decode(t), .. } = plan.kernel.clone() else { unreachable!() };
+        assert!(matches!(t.tiling, quattn_cubecl::DecodeTiling::Tile(_)) && t.row_blocks(400) > 1, "case {i}: {t}");
+        for plan in [plan.clone(), one_split(plan)] {
+            let (o, lse) = check_poisoned(&s, &plan, 16 + i as u64);
+            // Bottom-right, the 57-key sequence's positions before its first key see nothing.
+            for h in 0..8 {
+                for r in 0..100 {
+                    let empty = i == 0 && r + 57 < 100;
+                    assert_eq!(lse[(8 + h) * 100 + r] == f32::NEG_INFINITY, empty, "case {i} h{h} r{r}");
+                    if empty {
+                        assert!(o[p.o_strides().offset(1, h, r)..][..64].iter().all(|&x| x == 0.0), "case {i} h{h} r{r}");
+                    }
+                }
+            }
+        }
     }
 }

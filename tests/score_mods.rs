@@ -417,6 +417,220 @@ mod wgpu {
         let lm = compare_lse(&lse, &r.lse).unwrap();
         assert!(lm.max_abs <= 1e-4, "{lm:?}");
     }
+
+    use quattn_cubecl::{decode_candidates, DecodeTiles, DecodeTiling, PortableKernel};
+
+    /// Sinks that weigh against hundreds of keys (a key's e^s is ~1.6 on average here), one per
+    /// Q head: e^(5 ± 4).
+    fn heavy_sinks(heads: usize, seed: u64) -> Vec<f32> {
+        sinks(heads, seed).into_iter().map(|x| x + 5.0).collect()
+    }
+
+    /// Each modifier alone, then two combinations (names with a comma), on `base`.
+    fn decode_cases(base: &AttentionProblem, seed: u64) -> Vec<(&'static str, AttentionProblem)> {
+        let h = base.q_heads;
+        let alibi = AttentionProblem::standard_alibi_slopes(h);
+        vec![
+            ("window left, causal", base.clone().causal(true).window(100, -1)),
+            ("window both sides", base.clone().window(150, 20)),
+            ("top-left causal", base.clone().causal(true).causal_align(CausalAlign::TopLeft)),
+            ("top-left window right", base.clone().window(-1, 300).causal_align(CausalAlign::TopLeft)),
+            ("softcap", base.clone().scale(1.0).softcap(8.0)),
+            ("sinks", base.clone().sinks(heavy_sinks(h, seed))),
+            ("alibi", base.clone().alibi_slopes(alibi.clone())),
+            ("window, softcap, sinks", base.clone().window(200, 3).softcap(6.0).sinks(heavy_sinks(h, seed + 1))),
+            ("alibi, top-left causal", base.clone().causal(true).alibi_slopes(alibi).causal_align(CausalAlign::TopLeft)),
+        ]
+    }
+
+    /// Which decode kernel and split a case runs on.
+    #[derive(Debug, Clone, Copy)]
+    enum Run {
+        /// Auto's choice: the row kernel (at most 8 packed rows) with the split it gives, which
+        /// divides the keys the modifiers leave visible.
+        Auto,
+        /// The row kernel (`false`) or the smallest tile kernel (`true`) with splits of
+        /// `n` tiles over the sequence (`None`: one split, which writes O directly and adds
+        /// the sinks in the epilogue; several go through the merge, which adds them there).
+        Forced(bool, Option<usize>),
+    }
+
+    /// The plan of `p` (Auto must pick the portable decode family's row kernel), run as `run`
+    /// says.
+    fn decode_plan(s: &Session, p: &AttentionProblem, precision: Precision, run: Run) -> quattn::Plan {
+        let p = p.clone().with_lse(true);
+        let mut plan = s.plan(&p, precision, Strategy::Auto).unwrap_or_else(|e| panic!("plan {precision} {p:?}: {e}"));
+        assert_eq!(plan.family(), Family::Portable(PortableKind::Decode), "{p:?}: {}", plan.kernel);
+        let KernelId::Portable { kernel: PortableKernel::Decode(t), name } = plan.kernel.clone() else { unreachable!() };
+        assert!(matches!(t.tiling, DecodeTiling::Rows(_)), "{p:?}: {t}");
+        let Run::Forced(tile, per) = run else { return plan };
+        let (d, dv) = (p.head_dim as u32, p.v_head_dim as u32);
+        let rows = (p.q_heads / p.kv_heads * p.q_len) as u32;
+        let page = p.paged.as_ref().map_or(u32::MAX, |pg| pg.page_size as u32);
+        let tiling = match tile {
+            false => t.tiling,
+            // The smallest tile kernel whose key tiles lie in a page: llvmpipe's 32 KiB.
+            true => decode_candidates(rows, d, dv)
+                .into_iter()
+                .map(DecodeTiling::Tile)
+                .filter(|&tiling| DecodeTiles { tiling, splits: 1, keys_per_split: 0 }.bk() <= page)
+                .find(|&tiling| DecodeTiles { tiling, splits: 1, keys_per_split: 0 }.smem_bytes(d, dv, 4) <= 32 * 1024)
+                .expect("a tile kernel for llvmpipe"),
+        };
+        let bk = DecodeTiles { tiling, splits: 1, keys_per_split: 0 }.bk() as usize;
+        let tiles = p.kv_len.div_ceil(bk);
+        let per = per.unwrap_or(tiles).min(tiles);
+        let forced = DecodeTiles { tiling, splits: tiles.div_ceil(per) as u32, keys_per_split: (per * bk) as u32 };
+        assert_eq!(forced.splits > 1, per < tiles);
+        plan.kernel = KernelId::Portable { kernel: PortableKernel::Decode(forced), name };
+        plan
+    }
+
+    /// Runs `plan` on device handles whose O and LSE hold NaN beforehand (every row must be
+    /// written), Q/K/V in the plan's input type, and judges O and the LSE against the f64
+    /// reference on the rounded inputs: the precision's tolerances, and rows that see no key
+    /// (of their own sequence) exactly O = 0 and LSE = -inf.
+    fn check_decode_plan(s: &Session, plan: &quattn::Plan, name: &str, k_nan_below: Option<usize>, seed: u64) {
+        use half::f16;
+        let p = &plan.problem;
+        let client = s.cubecl_client::<WgpuRuntime>().unwrap();
+        let dt = plan.precision.input_dtype();
+        let (q, k, v) = inputs::qkv(p, seed);
+        let (q, mut k, mut v) = (HostSlice::F32(&q).rounded_to(dt), HostSlice::F32(&k).rounded_to(dt), HostSlice::F32(&v).rounded_to(dt));
+        // The reference reads only the keys each row sees: NaN elsewhere must not reach O.
+        let r = attention_f64(p, &q, &k, &v).unwrap();
+        if let Some(lo) = k_nan_below {
+            let (ks, vs) = (p.k_strides(), p.v_strides());
+            for b in 0..p.batch {
+                for h in 0..p.kv_heads {
+                    for j in 0..lo.min(p.sequence(b).kv_len) {
+                        let (k_at, v_at) = match &p.paged {
+                            Some(pg) => (pg.offset(b, h, j, p.kv_heads, p.head_dim), pg.offset(b, h, j, p.kv_heads, p.v_head_dim)),
+                            None => (ks.offset(b, h, j), vs.offset(b, h, j)),
+                        };
+                        k[k_at..][..p.head_dim].fill(f32::NAN);
+                        v[v_at..][..p.v_head_dim].fill(f32::NAN);
+                    }
+                }
+            }
+        }
+        let bytes = |x: &[f32]| -> Vec<u8> {
+            match dt {
+                quattn::Dtype::F16 => bytemuck::cast_slice(&x.iter().map(|&a| f16::from_f32(a)).collect::<Vec<_>>()).to_vec(),
+                _ => bytemuck::cast_slice(x).to_vec(),
+            }
+        };
+        let up = |x: &[f32]| client.create_from_slice(&bytes(x));
+        let (qh, kh, vh) = (up(&q), up(&k), up(&v));
+        let oh = up(&vec![f32::NAN; p.o_len_elems()]);
+        let lh = client.create_from_slice(bytemuck::cast_slice(&vec![f32::NAN; p.lse_len_elems()]));
+        s.run_cubecl::<WgpuRuntime>(plan, CubeclTensors { q: &qh, k: &kh, v: &vh, o: &oh, lse: Some(&lh) })
+            .unwrap_or_else(|e| panic!("{name} {}: {e}", plan.kernel_name()));
+        let raw = client.read_one(oh).unwrap();
+        let o: Vec<f32> = match dt {
+            quattn::Dtype::F16 => bytemuck::pod_collect_to_vec::<u8, f16>(&raw).iter().map(|x| x.to_f32()).collect(),
+            _ => bytemuck::pod_collect_to_vec(&raw),
+        };
+        let lse: Vec<f32> = bytemuck::pod_collect_to_vec(&client.read_one(lh).unwrap());
+        let what = format!("{name} {} {:?}", plan.kernel_name(), plan.kernel);
+        assert!(o.iter().all(|x| x.is_finite()), "{what}: a row left unwritten, or a key no row sees was read");
+        let m = ErrorMetrics::compare(&o, &r.o);
+        let tol = Tolerance::for_precision(plan.precision);
+        let ref_max = r.o.iter().fold(0.0f64, |a, &x| a.max(x.abs()));
+        assert!(tol.accepts(&m, ref_max), "{what}: {m:?} outside {tol:?}");
+        let lm = compare_lse(&lse, &r.lse).unwrap_or_else(|| panic!("{what}: LSE infinities differ"));
+        assert!(lm.max_abs <= tol.max_abs_rel, "{what}: LSE {lm:?}");
+        let os = p.o_strides();
+        for b in 0..p.batch {
+            let sp = p.sequence(b);
+            for h in 0..p.q_heads {
+                for i in (0..p.q_len).filter(|&i| sp.visible_keys(i) == 0) {
+                    assert!(o[os.offset(b, h, i)..][..p.v_head_dim].iter().all(|&x| x == 0.0), "{what}: sequence {b} row {i} not zero");
+                    assert_eq!(lse[(b * p.q_heads + h) * p.q_len + i], f32::NEG_INFINITY, "{what}: sequence {b} row {i}");
+                }
+            }
+        }
+    }
+
+    /// The portable decode kernels with every modifier alone and in combination, on a
+    /// contiguous cache (GQA 4, two positions: 8 packed rows, ragged 700 keys, BSHD for half
+    /// the cases): Auto picks the decode family; the row kernel at Auto's split and with one,
+    /// the tile kernel with splits of two tiles and with one, against the f64 reference. Each
+    /// modifier alone on one of them in turn (every kernel compile is seconds on llvmpipe), the
+    /// combinations on all four.
+    #[test]
+    fn portable_decode_kernels_match_the_reference_for_every_modifier() {
+        let Some(s) = session() else { return };
+        let base = AttentionProblem::new(2, 8, 2, 64).kv_heads(2).kv_len(700);
+        let runs = [Run::Auto, Run::Forced(false, None), Run::Forced(true, Some(2)), Run::Forced(true, None)];
+        for (j, (name, p)) in decode_cases(&base, 40).into_iter().enumerate() {
+            let p = if j % 2 == 1 { p.layout(Layout::Bshd) } else { p };
+            let these = if name.contains(',') { &runs[..] } else { &runs[j % runs.len()..][..1] };
+            for &run in these {
+                let plan = decode_plan(&s, &p, Precision::F16_DEFAULT, run);
+                check_decode_plan(&s, &plan, name, None, 50 + j as u64);
+            }
+        }
+    }
+
+    /// The same on paged caches: shuffled pages of 16 and 64 keys, ragged lengths (a long
+    /// sequence, a short one, one key, none: rows of the last two that see nothing, splits of
+    /// the shorter ones with no key), each sequence aligned at its own length. Pages of 16:
+    /// each modifier alone on the row kernel at Auto's split or the tile kernel with splits of
+    /// two tiles in turn, the combinations on both; pages of 64: the combinations on the row
+    /// kernel with one split and splits of three tiles, and the tile kernel with one split.
+    #[test]
+    fn portable_decode_kernels_match_the_reference_for_every_modifier_on_paged_caches() {
+        let Some(s) = session() else { return };
+        let lens = [700usize, 57, 1, 0];
+        for (i, ps) in [16usize, 64].into_iter().enumerate() {
+            let base = AttentionProblem::new(lens.len(), 8, 2, 64).kv_heads(2).paged_kv(inputs::paged_kv(ps, &lens, 1, 3, 70 + i as u64));
+            let runs: &[Run] = match ps {
+                16 => &[Run::Auto, Run::Forced(true, Some(2))],
+                _ => &[Run::Forced(false, None), Run::Forced(false, Some(3)), Run::Forced(true, None)],
+            };
+            for (j, (name, p)) in decode_cases(&base, 80 + i as u64).into_iter().enumerate() {
+                let these = match (name.contains(','), ps) {
+                    (true, _) => runs,
+                    (false, 16) => &runs[j % 2..][..1],
+                    (false, _) => &[],
+                };
+                for &run in these {
+                    let plan = decode_plan(&s, &p, Precision::F16_DEFAULT, run);
+                    check_decode_plan(&s, &plan, name, None, 90 + j as u64);
+                }
+            }
+        }
+    }
+
+    /// Keys before every row's window are never read by the decode kernels (row and tile, one
+    /// split and several, contiguous and paged): NaN in their K and V rows leaves every output
+    /// finite and right, where a kernel that loaded them and masked their scores would get
+    /// `0 · NaN = NaN` in P·V. The split of Auto divides the window's keys only: one split here.
+    #[test]
+    fn portable_decode_never_reads_keys_outside_every_window() {
+        let Some(s) = session() else { return };
+        let contiguous = AttentionProblem::new(1, 8, 2, 64).kv_heads(2).kv_len(2000).causal(true).window(90, -1).softcap(20.0);
+        let paged = AttentionProblem::new(2, 8, 2, 64)
+            .kv_heads(2)
+            .causal(true)
+            .window(90, -1)
+            .paged_kv(inputs::paged_kv(64, &[2000, 1500], 0, 1, 5));
+        for p in [contiguous, paged] {
+            // Bottom-right at the longest length: the shorter sequence's window starts earlier.
+            let lo = p.sequence(p.batch - 1).visible_range(0).start;
+            assert!(lo > 1000, "{lo}");
+            let auto = decode_plan(&s, &p, Precision::F16_DEFAULT, Run::Auto);
+            let KernelId::Portable { kernel: PortableKernel::Decode(t), .. } = &auto.kernel else { unreachable!() };
+            assert_eq!(t.splits, 1, "{}", auto.kernel);
+            // NaN below the window's first tile of 64 keys (the tiles start at multiples of bk).
+            let nan_below = lo / 64 * 64;
+            for run in [Run::Auto, Run::Forced(false, Some(1)), Run::Forced(true, Some(1)), Run::Forced(true, None)] {
+                let plan = decode_plan(&s, &p, Precision::F16_DEFAULT, run);
+                check_decode_plan(&s, &plan, "window", Some(nan_below), 7);
+            }
+        }
+    }
 }
 
 /// The native modifier variants against the f64 reference: the wgmma kernel (f16, compute

@@ -10,11 +10,12 @@ use half::{bf16, f16};
 use quattn_core::{Accumulation, AttentionShape, Dtype, Fp8Format};
 
 use crate::error::LaunchError;
-use crate::kernel::decode::{decode_merge, fwd_portable_decode, DecodeArgsLaunch};
+use crate::kernel::decode::{decode_merge, fwd_portable_decode, DecodeArgsLaunch, DecodeMods};
 use crate::kernel::decode_rows::{fwd_portable_decode_rows, fwd_portable_decode_rows_fp8, RowDecodeConfig, ROW_DECODE_MAX_ROWS, ROW_UNITS};
 use crate::kernel::fma_vec_fp8::{Fp8Config, Fp8ShapeLaunch};
 use crate::kernel::fma_vec::{FmaVecConfig, W};
-use crate::launch::{check_grid, vector_layout_ok, CubeLimits, Family, LaunchInfo, PortableKernel};
+use crate::kernel::fma_vec_mods::{ModArgs, ModArgsLaunch, ModsConfig};
+use crate::launch::{check_grid, vector_layout_ok, CubeLimits, Family, LaunchInfo, PortableKernel, ScoreMods};
 use crate::problem::Args;
 use crate::tiling::FmaVecTiles;
 
@@ -264,14 +265,35 @@ pub(crate) fn select<R: Runtime>(
     shape: &AttentionShape,
     dtype: Dtype,
     accumulation: Accumulation,
+    mods: Option<&ScoreMods<'_>>,
 ) -> Result<PortableKernel, LaunchError> {
-    select_with(client, args, shape, dtype, accumulation, None)
+    select_with(client, args, shape, dtype, accumulation, None, mods)
+}
+
+/// The keys the splits of a launch with modifiers divide per (batch, KV head, row block), in
+/// whole tiles of `bk`: those some position sees at the longest length, `lo..hi` ([`DecodeMods`]),
+/// plus a tile's worth for the rounding of a split's start down to a tile (a shorter sequence
+/// of a paged cache moves its bottom-right window left by its own length, and row blocks hold
+/// fewer positions: neither sees more keys), at most the whole sequence's tiles.
+pub(crate) fn mod_split_span(args: &Args, mods: &ScoreMods<'_>, bk: u32) -> u64 {
+    let (q, kv, bk) = (args.q_len as i64, args.kv_len as i64, bk.max(1) as i64);
+    let offset = if mods.top_left { 0 } else { kv - q };
+    // Causal masking is a right extent of 0, whatever the window's.
+    let right = if args.causal { Some(0) } else { mods.window_right };
+    let lo = mods.window_left.map_or(0, |l| offset - l as i64).clamp(0, kv);
+    let hi = right.map_or(kv, |r| offset + q + r as i64).clamp(0, kv);
+    if hi <= lo {
+        return 0;
+    }
+    let tiles = ((hi - lo + bk - 1) as u64).div_ceil(bk as u64).min((kv as u64).div_ceil(bk as u64));
+    tiles * bk as u64
 }
 
 /// [`select`], or with `page_size` the kernel for a paged cache of such pages: any KV length
 /// and any number of packed rows (the tile kernel in row blocks above its tile), tile tilings
 /// only where a key tile lies in one page (`bk ≤ page_size`), row tilings only where a softmax
 /// group's V keys do (`kb ≤ page_size`). The split counts each row block as a cube of its own.
+/// With `mods`, the splits divide the keys the modifiers leave visible ([`mod_split_span`]).
 fn select_with<R: Runtime>(
     client: &ComputeClient<R>,
     args: &Args,
@@ -279,10 +301,14 @@ fn select_with<R: Runtime>(
     dtype: Dtype,
     accumulation: Accumulation,
     page_size: Option<u32>,
+    mods: Option<&ScoreMods<'_>>,
 ) -> Result<PortableKernel, LaunchError> {
     let unavailable = |reason: String| LaunchError::FamilyUnavailable { family: Family::Decode, reason };
     if !accumulation.is_f32() {
         return Err(unavailable("it accumulates in f32 only".into()));
+    }
+    if let Some(m) = mods {
+        m.check(args)?;
     }
     let refusal = match page_size {
         Some(_) => paged_refusal(args, shape),
@@ -313,7 +339,11 @@ fn select_with<R: Runtime>(
         };
         // Every row block is a cube of its own before the keys are split.
         let blocks = pairs.saturating_mul(probe.row_blocks(rows as u64));
-        let (splits, keys_per_split) = decode_split_with(blocks, args.kv_len, probe.bk(), sms, per_sm);
+        let keys = match mods {
+            Some(m) => mod_split_span(args, m, probe.bk()) as u32,
+            None => args.kv_len,
+        };
+        let (splits, keys_per_split) = decode_split_with(blocks, keys, probe.bk(), sms, per_sm);
         let kernel = PortableKernel::Decode(DecodeTiles { tiling, splits, keys_per_split });
         match kernel.check_fits(limits, args.head_dim, args.v_head_dim, dtype) {
             Ok(()) => return Ok(kernel),
@@ -334,7 +364,9 @@ impl DecodeTiles {
     /// Whether this resolved kernel covers `args`: the row kernel holds exactly its rows (the
     /// tile kernel any number, in blocks), and the split covers the keys with non-empty splits
     /// of whole tiles.
-    fn check_shape(&self, args: &Args) -> Result<(), LaunchError> {
+    /// With `mods`, the split covers the keys they leave visible ([`mod_split_span`]) and, from
+    /// the first of them, stays within 32-bit key indices.
+    fn check_shape(&self, args: &Args, mods: Option<&ScoreMods<'_>>) -> Result<(), LaunchError> {
         let bad = |reason: String| Err(LaunchError::WrongKernel { kernel: format!("portable_decode_{self}"), reason });
         let rows = packed_rows(args);
         match self.tiling {
@@ -351,10 +383,14 @@ impl DecodeTiles {
         }
         let kv = args.kv_len as u64;
         let splits = self.splits as u64;
-        if splits * kps < kv || (splits > 1 && (splits - 1) * kps >= kv) {
-            return bad(format!("the split does not cover kv_len {kv} with non-empty splits"));
+        let (covered, what, past) = match mods {
+            Some(m) => (mod_split_span(args, m, self.bk()), "the keys the score modifiers leave visible", kv + splits * kps),
+            None => (kv, "kv_len", splits * kps),
+        };
+        if splits * kps < covered || (splits > 1 && (splits - 1) * kps >= kv) {
+            return bad(format!("the split does not cover {what} ({covered} of kv_len {kv}) with non-empty splits"));
         }
-        if splits * kps > u32::MAX as u64 {
+        if past > u32::MAX as u64 {
             return bad("the split reaches past 32-bit key indices".into());
         }
         Ok(())
@@ -377,6 +413,7 @@ struct Prepared {
 /// Fit, shape and grid checks, the launch record, and the partial-state buffers (f32:
 /// `[batch][kv_head][split][row_blocks · bq][dv]` and `[...][row_blocks · bq]`; one float each
 /// when there is one split). `None` when the grid is empty (nothing to enqueue).
+#[allow(clippy::too_many_arguments)]
 fn prepare<R: Runtime>(
     client: &ComputeClient<R>,
     kernel: &PortableKernel,
@@ -384,9 +421,10 @@ fn prepare<R: Runtime>(
     args: &Args,
     dtype: Dtype,
     plane_reduce: bool,
+    mods: Option<&ScoreMods<'_>>,
 ) -> Result<(LaunchInfo, Option<Prepared>), LaunchError> {
     kernel.check_fits(CubeLimits::of(client), args.head_dim, args.v_head_dim, dtype)?;
-    t.check_shape(args)?;
+    t.check_shape(args, mods)?;
     // Below u32::MAX (`check_shape`).
     let rows = packed_rows(args) as u32;
     let row_blocks = t.row_blocks(rows as u64) as u32;
@@ -435,7 +473,9 @@ impl Prepared {
         DecodeArgsLaunch::new(self.rows, t.splits, t.keys_per_split, f32::NAN, page_shift, max_pages, lens_at, num_pages)
     }
 
-    /// With several splits, the merge of their partial states into O (`o_dtype`) and the LSE.
+    /// With several splits, the merge of their partial states into O (`o_dtype`) and the LSE;
+    /// `sinks` (at least `q_heads` floats) join each row's denominator there.
+    #[allow(clippy::too_many_arguments)]
     fn merge<R: Runtime>(
         &self,
         client: &ComputeClient<R>,
@@ -444,6 +484,7 @@ impl Prepared {
         o_dtype: Dtype,
         o: ArrayArg<R>,
         lse: ArrayArg<R>,
+        sinks: Option<&Handle>,
     ) -> Result<(), LaunchError> {
         if self.direct {
             return Ok(());
@@ -453,6 +494,11 @@ impl Prepared {
         let count = CubeCount::Static(merge_count.0, merge_count.1, merge_count.2);
         let dim = CubeDim::new_1d(args.v_head_dim / W as u32);
         let (bq, dv, write_lse) = (t.bq() as usize, args.v_head_dim as usize, args.write_lse);
+        // SAFETY: the caller's sink buffer holds q_heads floats; the merge reads below that.
+        let sinks_arg = || match sinks {
+            Some(h) => ComptimeOptionArgs::Some(unsafe { ArrayArg::from_raw_parts(h.clone(), args.q_heads as usize) }),
+            None => ComptimeOptionArgs::None,
+        };
         macro_rules! merge {
             ($e:ty) => {
                 // SAFETY: the merge reads states `< batch · kv_heads · splits · row_blocks · bq`
@@ -462,7 +508,7 @@ impl Prepared {
                     decode_merge::launch_unchecked::<$e, R>(
                         client, count, dim, W,
                         self.part_o_arg(), self.part_lse_arg(), o, lse,
-                        crate::launch::shape_arg::<R>(args), self.dec_arg(t), bq, dv, write_lse,
+                        crate::launch::shape_arg::<R>(args), self.dec_arg(t), sinks_arg(), bq, dv, write_lse,
                     )
                 }
             };
@@ -476,8 +522,23 @@ impl Prepared {
     }
 }
 
+/// The comptime key of `mods` on `args`: causal masking is a right extent of 0.
+fn decode_mods(args: &Args, mods: &ScoreMods<'_>) -> DecodeMods {
+    DecodeMods {
+        mc: ModsConfig {
+            left: mods.window_left.is_some(),
+            right: args.causal || mods.window_right.is_some(),
+            softcap: mods.softcap.is_some(),
+            alibi: mods.alibi_slopes.is_some(),
+        },
+        top_left: mods.top_left,
+        sinks: mods.sinks.is_some(),
+    }
+}
+
 /// Launches the decode kernel and, with several splits, the merge. The caller ([`crate::launch`])
-/// checked the dtype, the vector layout, the buffers' extents and the LSE binding.
+/// checked the dtype, the vector layout, the buffers' extents and the LSE binding; `mods`
+/// ([`ScoreMods::check`]ed by the caller) compiles the modifier variant.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn launch<R: Runtime>(
     client: &ComputeClient<R>,
@@ -489,9 +550,49 @@ pub(crate) fn launch<R: Runtime>(
     lse: (Handle, u64),
     plane_reduce: bool,
     cache: Option<&PagedCache<'_>>,
+    mods: Option<&ScoreMods<'_>>,
 ) -> Result<LaunchInfo, LaunchError> {
-    let (info, prep) = prepare(client, kernel, t, args, dtype, plane_reduce)?;
+    let (mut info, prep) = prepare(client, kernel, t, args, dtype, plane_reduce, mods)?;
+    if mods.is_some() {
+        info.kernel.push_str("_mods");
+    }
     let Some(mut prep) = prep else { return Ok(info) };
+    // The modifiers' comptime key, runtime values and head parameters: the sinks (below the
+    // kernels' "no score" value they take no mass either way; clamped, which keeps infinities
+    // out of the kernels), then the ALiBi slopes, one per Q head each.
+    let dm = mods.map(|m| decode_mods(args, m)).unwrap_or_default();
+    let heads = args.q_heads as usize;
+    let params = mods.map(|m| {
+        let mut params = vec![crate::kernel::NO_MAX; 2 * heads];
+        if let Some(sinks) = m.sinks {
+            for (p, &x) in params[..heads].iter_mut().zip(sinks) {
+                *p = x.max(crate::kernel::NO_MAX);
+            }
+        }
+        if let Some(slopes) = m.alibi_slopes {
+            params[heads..].copy_from_slice(slopes);
+        }
+        client.create_from_slice(&params.iter().flat_map(|x| x.to_ne_bytes()).collect::<Vec<u8>>())
+    });
+    let mod_arg = || -> ComptimeOptionArgs<ModArgs, R> {
+        match mods {
+            // `row_shift` is unused: the kernels align at each sequence's own length.
+            Some(m) => ComptimeOptionArgs::Some(ModArgsLaunch::new(0, m.window_left.unwrap_or(0), m.window_right.filter(|_| !args.causal).unwrap_or(0), args.scale, m.softcap.unwrap_or(1.0))),
+            None => ComptimeOptionArgs::None,
+        }
+    };
+    // SAFETY: `params` holds 2 · q_heads floats; the kernels read below that.
+    let params_arg = || -> ComptimeOptionArgs<Array<f32>, R> {
+        match &params {
+            Some(h) => ComptimeOptionArgs::Some(unsafe { ArrayArg::from_raw_parts(h.clone(), 2 * heads) }),
+            None => ComptimeOptionArgs::None,
+        }
+    };
+    // The tile kernel with modifiers scales the scores itself, before them; its softmax runs
+    // with 1. The row kernel folds the scale into its staged Q either way.
+    let unscaled = Args { scale: 1.0, ..*args };
+    let tile_shape = if mods.is_some() { &unscaled } else { args };
+    let causal = args.causal && mods.is_none();
     // Without a cache the kernels never read the table: one word stands in.
     let (table, table_words) = match cache {
         Some(c) => {
@@ -537,7 +638,7 @@ pub(crate) fn launch<R: Runtime>(
                 bk: tiles.bk as usize,
                 tr: tiles.tr as usize,
                 tc: tiles.tc as usize,
-                causal: args.causal,
+                causal,
                 write_lse: args.write_lse,
                 lazy_rescale: true,
                 plane_reduce,
@@ -551,7 +652,8 @@ pub(crate) fn launch<R: Runtime>(
                         fwd_portable_decode::launch_unchecked::<$e, $s, R>(
                             client, count_arg, dim, W,
                             arr(q, extents[0].1), arr(k, extents[1].1), arr(v, extents[2].1), arr(o, extents[3].1),
-                            lse_arg(), part_o_arg(), part_lse_arg(), table_arg(), crate::launch::shape_arg::<R>(args), dec_arg(), cfg, direct, paged, blocked,
+                            lse_arg(), part_o_arg(), part_lse_arg(), table_arg(), crate::launch::shape_arg::<R>(tile_shape), dec_arg(),
+                            mod_arg(), params_arg(), cfg, direct, paged, blocked, dm,
                         )
                     }
                 };
@@ -565,7 +667,7 @@ pub(crate) fn launch<R: Runtime>(
             }
         }
         DecodeTiling::Rows(r) => {
-            let cfg = RowDecodeConfig { paged, ..r.config(args.head_dim, args.v_head_dim, args.causal, args.write_lse) };
+            let cfg = RowDecodeConfig { paged, ..r.config(args.head_dim, args.v_head_dim, causal, args.write_lse) };
             macro_rules! decode_rows {
                 ($e:ty) => {
                     // SAFETY: K/V reads are guarded by kv_len, Q reads and O writes stay in the
@@ -575,7 +677,8 @@ pub(crate) fn launch<R: Runtime>(
                         fwd_portable_decode_rows::launch_unchecked::<$e, R>(
                             client, count_arg, dim, W,
                             arr(q, extents[0].1), arr(k, extents[1].1), arr(v, extents[2].1), arr(o, extents[3].1),
-                            lse_arg(), part_o_arg(), part_lse_arg(), table_arg(), crate::launch::shape_arg::<R>(args), dec_arg(), cfg, direct,
+                            lse_arg(), part_o_arg(), part_lse_arg(), table_arg(), crate::launch::shape_arg::<R>(args), dec_arg(),
+                            mod_arg(), params_arg(), cfg, direct, dm,
                         )
                     }
                 };
@@ -587,8 +690,8 @@ pub(crate) fn launch<R: Runtime>(
             }
         }
     }
-    prep.merge(client, t, args, dtype, arr(o, extents[3].1), lse_arg())?;
-    let mut info = info;
+    let sinks = params.as_ref().filter(|_| dm.sinks);
+    prep.merge(client, t, args, dtype, arr(o, extents[3].1), lse_arg(), sinks)?;
     info.launched = true;
     Ok(info)
 }
@@ -652,9 +755,33 @@ pub fn select_paged<R: Runtime>(client: &ComputeClient<R>, shape: &AttentionShap
     if !page_size.is_power_of_two() {
         return Err(LaunchError::InvalidProblem { reason: format!("page size {page_size} is not a power of two") });
     }
+    select_paged_modified(client, shape, dtype, page_size, None)
+}
+
+/// [`select_paged`] with score modifiers ([`ScoreMods`], which any tiling takes): the splits
+/// divide the keys they leave visible. Modifiers that change nothing on a paged cache (see
+/// [`launch_paged_modified`]) select as [`select_paged`] does.
+pub fn select_paged_modified<R: Runtime>(
+    client: &ComputeClient<R>,
+    shape: &AttentionShape,
+    dtype: Dtype,
+    page_size: u32,
+    mods: Option<&ScoreMods<'_>>,
+) -> Result<PortableKernel, LaunchError> {
+    if !page_size.is_power_of_two() {
+        return Err(LaunchError::InvalidProblem { reason: format!("page size {page_size} is not a power of two") });
+    }
     let pool_shape = pool_shape(shape);
     let args = Args::new(&pool_shape)?;
-    select_with(client, &args, &pool_shape, dtype, Accumulation::default(), Some(page_size))
+    let mods = mods.filter(|m| !paged_mods_none(m, shape));
+    select_with(client, &args, &pool_shape, dtype, Accumulation::default(), Some(page_size), mods)
+}
+
+/// Whether `mods` leave attention on a paged cache as the plain kernels compute it: as
+/// [`ScoreMods::is_none`], except that top-left causal alignment moves every sequence shorter
+/// than `q_len` keys (the plain kernels align each at its own length, bottom-right).
+fn paged_mods_none(mods: &ScoreMods<'_>, shape: &AttentionShape) -> bool {
+    mods.is_none(shape) && !(mods.top_left && shape.causal)
 }
 
 /// [`crate::launch`] with K and V in a paged cache: a decode kernel from [`select_paged`] (its
@@ -668,6 +795,28 @@ pub fn launch_paged<R: Runtime>(
     kernel: &PortableKernel,
     shape: &AttentionShape,
     dtype: Dtype,
+    cache: &PagedCache<'_>,
+    q: &Handle,
+    k: &Handle,
+    v: &Handle,
+    o: &Handle,
+    lse: Option<&Handle>,
+) -> Result<LaunchInfo, LaunchError> {
+    launch_paged_modified(client, kernel, shape, dtype, &ScoreMods::default(), cache, q, k, v, o, lse)
+}
+
+/// [`launch_paged`] with score modifiers ([`ScoreMods`], the decode kernels' modifier variant;
+/// every sequence aligns its rows at its own length): the split, from
+/// [`select_paged_modified`] or built by hand, must cover the keys they leave visible.
+/// Modifiers that change nothing (as [`ScoreMods::is_none`], but top-left causal alignment
+/// always counts: it moves the shorter sequences) launch the plain kernel.
+#[allow(clippy::too_many_arguments)]
+pub fn launch_paged_modified<R: Runtime>(
+    client: &ComputeClient<R>,
+    kernel: &PortableKernel,
+    shape: &AttentionShape,
+    dtype: Dtype,
+    mods: &ScoreMods<'_>,
     cache: &PagedCache<'_>,
     q: &Handle,
     k: &Handle,
@@ -710,8 +859,12 @@ pub fn launch_paged<R: Runtime>(
     }
     crate::launch::check_extent("block table", cache.table_words(args.batch), 4, cache.table)?;
     crate::launch::check_lse(&args, lse)?;
+    let mods = (!paged_mods_none(mods, shape)).then_some(mods);
+    if let Some(m) = mods {
+        m.check(&args)?;
+    }
     let plane_reduce = t.reduce_lanes().is_some_and(|tc| crate::launch::plane_reduce_ok(client, tc));
-    launch(client, kernel, t, &args, dtype, [q, k, v, o], crate::launch::lse_binding(client, &args, lse), plane_reduce, Some(cache))
+    launch(client, kernel, t, &args, dtype, [q, k, v, o], crate::launch::lse_binding(client, &args, lse), plane_reduce, Some(cache), mods)
 }
 
 /// `append_kv` on the device: token `t` of sequence `b` of `new_k` / `new_v` (`[batch,
@@ -818,7 +971,7 @@ pub(crate) fn launch_fp8_rows<R: Runtime>(
     let DecodeTiling::Rows(r) = t.tiling else {
         return Err(LaunchError::WrongKernel { kernel: kernel.name(), reason: "FP8 decode runs on the row kernel only".into() });
     };
-    let (info, prep) = prepare(client, kernel, t, args, o_dtype, false)?;
+    let (info, prep) = prepare(client, kernel, t, args, o_dtype, false, None)?;
     let Some(prep) = prep else { return Ok(info) };
     let cfg = r.config(args.head_dim, args.v_head_dim, args.causal, args.write_lse);
     let Fp8RowInputs { words, extents, descales, fp8_shape, fcfg } = inputs;
@@ -852,7 +1005,7 @@ pub(crate) fn launch_fp8_rows<R: Runtime>(
         Dtype::F16 => go!(f16),
         Dtype::Bf16 => go!(bf16),
     }
-    prep.merge(client, t, args, o_dtype, o_arg(), lse_arg())?;
+    prep.merge(client, t, args, o_dtype, o_arg(), lse_arg(), None)?;
     let mut info = info;
     info.launched = true;
     Ok(info)

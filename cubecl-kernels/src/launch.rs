@@ -612,6 +612,31 @@ pub fn select<R: Runtime>(
     accumulation: Accumulation,
     family: Option<Family>,
 ) -> Result<Selection, LaunchError> {
+    select_with(client, shape, dtype, accumulation, family, None)
+}
+
+/// [`select`] for a launch with score modifiers ([`launch_modified`]): the decode family's split
+/// divides the keys they leave visible rather than the whole sequence (the other families'
+/// choices do not depend on them). Modifiers that change nothing select as [`select`] does.
+pub fn select_modified<R: Runtime>(
+    client: &ComputeClient<R>,
+    shape: &AttentionShape,
+    dtype: Dtype,
+    accumulation: Accumulation,
+    family: Option<Family>,
+    mods: &ScoreMods<'_>,
+) -> Result<Selection, LaunchError> {
+    select_with(client, shape, dtype, accumulation, family, (!mods.is_none(shape)).then_some(mods))
+}
+
+fn select_with<R: Runtime>(
+    client: &ComputeClient<R>,
+    shape: &AttentionShape,
+    dtype: Dtype,
+    accumulation: Accumulation,
+    family: Option<Family>,
+    mods: Option<&ScoreMods<'_>>,
+) -> Result<Selection, LaunchError> {
     let args = Args::new(shape)?;
     check_dtype_supported(client, dtype)?;
     let order: &[Family] = match &family {
@@ -621,7 +646,7 @@ pub fn select<R: Runtime>(
     let mut passed_over = Vec::new();
     let mut last_err = None;
     for &fam in order {
-        match select_family(client, &args, shape, dtype, accumulation, fam) {
+        match select_family(client, &args, shape, dtype, accumulation, fam, mods) {
             Ok(kernel) => {
                 for (f, why) in &passed_over {
                     log::debug!("{} kernel not chosen: {why}", f);
@@ -644,12 +669,13 @@ fn select_family<R: Runtime>(
     dtype: Dtype,
     accumulation: Accumulation,
     family: Family,
+    mods: Option<&ScoreMods<'_>>,
 ) -> Result<PortableKernel, LaunchError> {
     if let Some(reason) = family_unavailable(client, family, dtype, accumulation) {
         return Err(LaunchError::FamilyUnavailable { family, reason });
     }
     if family == Family::Decode {
-        return crate::decode::select(client, args, shape, dtype, accumulation);
+        return crate::decode::select(client, args, shape, dtype, accumulation, mods);
     }
     if family == Family::Fma {
         vector_layout_ok(shape).map_err(|reason| LaunchError::UnalignedLayout { reason })?;
@@ -818,7 +844,27 @@ pub fn launch<R: Runtime>(
     o: &Handle,
     lse: Option<&Handle>,
 ) -> Result<LaunchInfo, LaunchError> {
+    launch_with(client, kernel, shape, dtype, None, q, k, v, o, lse)
+}
+
+/// [`launch`], and with `mods` on the decode kernels their modifier variant.
+#[allow(clippy::too_many_arguments)]
+fn launch_with<R: Runtime>(
+    client: &ComputeClient<R>,
+    kernel: &PortableKernel,
+    shape: &AttentionShape,
+    dtype: Dtype,
+    mods: Option<&ScoreMods<'_>>,
+    q: &Handle,
+    k: &Handle,
+    v: &Handle,
+    o: &Handle,
+    lse: Option<&Handle>,
+) -> Result<LaunchInfo, LaunchError> {
     let args = Args::new(shape)?;
+    if let Some(m) = mods {
+        m.check(&args)?;
+    }
     check_dtype_supported(client, dtype)?;
     match kernel {
         PortableKernel::Int8(_) => {
@@ -853,7 +899,7 @@ pub fn launch<R: Runtime>(
     check_lse(&args, lse)?;
     if let PortableKernel::Decode(t) = kernel {
         let plane_reduce = t.reduce_lanes().is_some_and(|tc| plane_reduce_ok(client, tc));
-        return crate::decode::launch(client, kernel, t, &args, dtype, [q, k, v, o], lse_binding(client, &args, lse), plane_reduce, None);
+        return crate::decode::launch(client, kernel, t, &args, dtype, [q, k, v, o], lse_binding(client, &args, lse), plane_reduce, None, mods);
     }
     let Some(mut info) = prepare(client, kernel, &args, dtype)? else {
         return Ok(empty_info(kernel, &args, dtype));
@@ -992,7 +1038,7 @@ impl ScoreMods<'_> {
             && (aligned_same || !shape.causal)
     }
 
-    fn check(&self, args: &Args) -> Result<(), LaunchError> {
+    pub(crate) fn check(&self, args: &Args) -> Result<(), LaunchError> {
         let invalid = |reason: String| Err(LaunchError::InvalidProblem { reason });
         if let Some(cap) = self.softcap {
             if !(cap.is_finite() && cap > 0.0) {
@@ -1018,8 +1064,9 @@ impl ScoreMods<'_> {
 }
 
 /// [`launch`] with score modifiers ([`ScoreMods`]): the vector FMA kernel's modifier variant,
-/// which visits only the key tiles a query tile's windows touch. Modifiers that change nothing
-/// launch the plain kernel; any other kernel than [`PortableKernel::Fma`] is
+/// which visits only the key tiles a query tile's windows touch, or the decode kernels' (whose
+/// split, from [`select_modified`] or built by hand, must cover the keys the modifiers leave
+/// visible). Modifiers that change nothing launch the plain kernel; any other kernel is
 /// [`LaunchError::WrongKernel`].
 #[allow(clippy::too_many_arguments)]
 pub fn launch_modified<R: Runtime>(
@@ -1036,6 +1083,9 @@ pub fn launch_modified<R: Runtime>(
 ) -> Result<LaunchInfo, LaunchError> {
     if mods.is_none(shape) {
         return launch(client, kernel, shape, dtype, q, k, v, o, lse);
+    }
+    if let PortableKernel::Decode(_) = kernel {
+        return launch_with(client, kernel, shape, dtype, Some(mods), q, k, v, o, lse);
     }
     modified(client, kernel, shape, dtype, mods, None, q, k, v, o, lse)
 }

@@ -122,7 +122,7 @@ mod quant;
 mod tiling;
 
 pub use decode::{
-    launch_paged, launch_paged_append, select_paged, PagedCache, decode_candidates, decode_split, decode_split_with, row_candidates, DecodeTiles, DecodeTiling, RowTiles, ASSUMED_SMS, CUBES_PER_SM, ROW_CUBES_PER_SM, DECODE_MAX_ROWS, DECODE_MIN_KV, MAX_SPLITS,
+    launch_paged, launch_paged_append, launch_paged_modified, select_paged, select_paged_modified, PagedCache, decode_candidates, decode_split, decode_split_with, row_candidates, DecodeTiles, DecodeTiling, RowTiles, ASSUMED_SMS, CUBES_PER_SM, ROW_CUBES_PER_SM, DECODE_MAX_ROWS, DECODE_MIN_KV, MAX_SPLITS,
     MIN_TILES_PER_SPLIT,
 };
 pub use error::LaunchError;
@@ -130,7 +130,7 @@ pub use fp4_quant::{quantize_nvfp4, Nvfp4DeviceTensor};
 pub use launch::{
     check_dtype_supported, first_fit, fp4_operand_bytes, launch, launch_fp4, launch_fp8, launch_int8, launch_modified, launch_modified_varlen,
     launch_varlen,
-    select, select_fp4, select_fp8, select_int8, vector_layout_ok, CubeLimits, Family, Fp4Format, Fp4Operands, Fp4Tiles, Fp4V,
+    select, select_modified, select_fp4, select_fp8, select_int8, vector_layout_ok, CubeLimits, Family, Fp4Format, Fp4Operands, Fp4Tiles, Fp4V,
     Fp8Tiles, Fp8Tiling, HalfTiles, Int8Tiles, LaunchInfo, PortableKernel, ScoreMods, Selection, VarlenBatch,
 };
 pub use problem::SUPPORTED_HEAD_DIMS;

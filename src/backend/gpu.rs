@@ -44,6 +44,20 @@ use crate::session::{DeviceInfo, Plan};
 use crate::tensor::HostSlice;
 use crate::{AttentionProblem, Device, Dtype, PortableKind, Precision, Strategy, TWO_STAGE_CHUNK};
 
+/// The problem's score modifiers as the portable kernels take them.
+fn score_mods(p: &AttentionProblem) -> quattn_cubecl::ScoreMods<'_> {
+    let window = p.window;
+    quattn_cubecl::ScoreMods {
+        top_left: p.causal_align == crate::CausalAlign::TopLeft,
+        // Validated at plan time to fit u32.
+        window_left: window.and_then(|w| w.left_bound()).map(|x| x as u32),
+        window_right: window.and_then(|w| w.right_bound()).map(|x| x as u32),
+        softcap: p.softcap,
+        sinks: p.sinks.as_deref(),
+        alibi_slopes: p.alibi_slopes.as_deref(),
+    }
+}
+
 /// Elements every device tensor of the host path holds at least: the vector kernels bind each
 /// buffer as 4-wide vectors, an empty one included.
 const MIN_ELEMS: usize = 4;
@@ -168,15 +182,20 @@ impl<R: Runtime> CubeclBackend<R> {
             return not_applicable(format!("the {family} kernel accumulates in f32 only; {precision} runs on the packed-f16 FMA kernel"));
         }
         self.common(problem, precision, elem)?;
+        // The decode family's split divides the keys the modifiers leave visible.
+        let mods = score_mods(problem);
         let kernel = match &problem.paged {
             // Only the decode kernels read a paged cache (the registry offers no other family).
-            Some(pg) if family == Portable::Decode => {
-                quattn_cubecl::select_paged(&self.client, &problem.shape(), elem, pg.page_size as u32).map_err(|e| self.refusal(precision, e))?
-            }
-            _ => quattn_cubecl::select(&self.client, &problem.shape(), elem, accumulation, Some(family)).map_err(|e| self.refusal(precision, e))?.kernel,
+            Some(pg) if family == Portable::Decode => quattn_cubecl::select_paged_modified(&self.client, &problem.shape(), elem, pg.page_size as u32, Some(&mods))
+                .map_err(|e| self.refusal(precision, e))?,
+            _ => quattn_cubecl::select_modified(&self.client, &problem.shape(), elem, accumulation, Some(family), &mods).map_err(|e| self.refusal(precision, e))?.kernel,
         };
-        if !matches!(kernel, PortableKernel::Fma(_)) {
+        // The FMA and decode kernels have the score modifiers (the decode kernels on contiguous
+        // and paged caches alike).
+        if !matches!(kernel, PortableKernel::Fma(_) | PortableKernel::Decode(_)) {
             registry::refuse_modifiers(problem, format!("the portable {} kernel", kernel.name()))?;
+        }
+        if !matches!(kernel, PortableKernel::Fma(_)) {
             registry::refuse_varlen(problem, format!("the portable {} kernel", kernel.name()))?;
         }
         let (blocking, name) = match kernel {
@@ -305,7 +324,9 @@ impl<R: Runtime> CubeclBackend<R> {
         if let (PortableKernel::Decode(_), Some(pg)) = (kernel, &plan.problem.paged) {
             let table = self.paged_table(pg);
             let cache = quattn_cubecl::PagedCache { page_size: pg.page_size as u32, num_pages: pg.num_pages as u32, max_pages: pg.max_pages as u32, table: &table };
-            quattn_cubecl::launch_paged::<R>(&self.client, kernel, &shape, plan.dtype(), &cache, &d.q, &d.k, &d.v, &d.o, d.lse.as_ref()).map_err(failed)?;
+            let mods = score_mods(&plan.problem);
+            quattn_cubecl::launch_paged_modified::<R>(&self.client, kernel, &shape, plan.dtype(), &mods, &cache, &d.q, &d.k, &d.v, &d.o, d.lse.as_ref())
+                .map_err(failed)?;
             return Ok(());
         }
         match kernel {
@@ -342,16 +363,7 @@ impl<R: Runtime> CubeclBackend<R> {
             }
             _ => {
                 let p = &plan.problem;
-                let window = p.window;
-                let mods = quattn_cubecl::ScoreMods {
-                    top_left: p.causal_align == crate::CausalAlign::TopLeft,
-                    // Validated at plan time to fit u32.
-                    window_left: window.and_then(|w| w.left_bound()).map(|x| x as u32),
-                    window_right: window.and_then(|w| w.right_bound()).map(|x| x as u32),
-                    softcap: p.softcap,
-                    sinks: p.sinks.as_deref(),
-                    alibi_slopes: p.alibi_slopes.as_deref(),
-                };
+                let mods = score_mods(p);
                 match (&p.varlen, &d.varlen) {
                     (Some(vl), Some([cu_q, cu_k])) => {
                         let batch = quattn_cubecl::VarlenBatch { total_q: vl.total_q(), total_k: vl.total_k(), cu_seqlens_q: cu_q, cu_seqlens_k: cu_k };

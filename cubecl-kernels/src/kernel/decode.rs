@@ -38,7 +38,29 @@ use super::fma_vec::{
     thread_value_matmul, unit_gather_transposed, unit_gather_v, FmaVecConfig, W,
 };
 use super::decode_rows::POISON_THRESHOLD;
+use super::fma_vec_mods::{key_hi, key_lo, softcap_score, ModArgs, ModsConfig};
 use super::{AttnShape, MASK_THRESHOLD, NO_MAX};
+
+/// The score modifiers a decode kernel is compiled with (part of its compile-time key; the
+/// values come in [`ModArgs`] and the head parameters): the window sides that bound the keys
+/// (causal masking is a right extent of 0), softcap, ALiBi, top-left alignment (else
+/// bottom-right at the sequence's own length), and sinks.
+///
+/// Row `r` (position `p = r % q_len`) sits at `a = p + shift` (`shift` is `kv_len`, or `q_len`
+/// top-left: `a(p) + q_len`, unsigned) and sees keys `[key_lo(a), key_hi(a))`. A split covers
+/// the keys some row of its cube sees, from the first such key rounded down to a whole tile
+/// (so tiles start at multiples of `bk`, as paged reads need), `keys_per_split` each; tiles no
+/// row sees are never loaded, tiles every row sees whole carry no mask. Scores are scaled,
+/// softcapped (`cap · tanh(s / cap)`), then ALiBi (`- slope · |a - key - q_len|`), then
+/// masked. Sinks join the denominator once: in the kernel's epilogue with one split, in
+/// [`decode_merge`] with several (the partial states leave them out). Rows that see no key keep
+/// `O = 0`, `LSE = -inf`, sink or not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct DecodeMods {
+    pub mc: ModsConfig,
+    pub top_left: bool,
+    pub sinks: bool,
+}
 
 /// The runtime split of one decode launch and the packed tile's height.
 #[derive(CubeType, CubeLaunch)]
@@ -119,6 +141,8 @@ pub(crate) struct SplitKeys {
     pub begin: usize,
     pub tiles: usize,
     pub full: usize,
+    /// With modifiers, the first key every row sees (tiles starting below it are masked).
+    pub full_lo: usize,
 }
 
 /// [`SplitKeys`] of split `split` of a sequence of `kv_len` keys for rows of every position:
@@ -168,7 +192,78 @@ pub(crate) fn block_split_keys(
         }
     }
     let tiles = select(end > begin, (end - begin + bk - 1) / bk, 0);
-    SplitKeys { begin, tiles, full }
+    SplitKeys { begin, tiles, full, full_lo: 0usize }
+}
+
+/// `a(p) + q_len` of position `p` in a sequence of `kv_len` keys ([`DecodeMods`]).
+#[cube]
+pub(crate) fn mod_shift(q_len: usize, kv_len: usize, #[comptime] dm: DecodeMods) -> usize {
+    if comptime!(dm.top_left) {
+        q_len
+    } else {
+        kv_len
+    }
+}
+
+/// [`SplitKeys`] with modifiers for rows of positions `[pos_lo, pos_hi]` ([`DecodeMods`]):
+/// split `split` starts `keys_per_split · split` keys after the first key some row sees
+/// (rounded down to a tile) and stops at the last; `full_lo..full` are the keys every row sees.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn mod_split_keys(
+    shape: &AttnShape,
+    dec: &DecodeArgs,
+    mods: &ModArgs,
+    kv_len: usize,
+    split: usize,
+    pos_lo: usize,
+    pos_hi: usize,
+    #[comptime] bk: usize,
+    #[comptime] dm: DecodeMods,
+) -> SplitKeys {
+    let q_len = shape.q_len as usize;
+    let shift = mod_shift(q_len, kv_len, dm);
+    // The window only moves right with the position.
+    let lo = key_lo(pos_lo + shift, q_len, kv_len, mods, dm.mc);
+    let hi = key_hi(pos_hi + shift, q_len, kv_len, mods, dm.mc);
+    let full_lo = key_lo(pos_hi + shift, q_len, kv_len, mods, dm.mc);
+    let full = key_hi(pos_lo + shift, q_len, kv_len, mods, dm.mc);
+    let begin = lo / bk * bk + split * dec.keys_per_split as usize;
+    let end = min(hi, begin + dec.keys_per_split as usize);
+    let tiles = select(end > begin && hi > lo, (end - begin + bk - 1) / bk, 0);
+    SplitKeys { begin, tiles, full, full_lo }
+}
+
+/// Score `x` (scaled) of key `key` for a row at `a` that sees `[lo, hi)`: softcap, ALiBi
+/// (`slope`), then, on a tile some row does not see whole (`masked`), `NO_MAX` outside the
+/// row's keys.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn mod_score(
+    x: f32,
+    key: usize,
+    a: usize,
+    lo: usize,
+    hi: usize,
+    slope: f32,
+    q_len: usize,
+    mods: &ModArgs,
+    masked: bool,
+    #[comptime] mc: ModsConfig,
+) -> f32 {
+    let mut s = x;
+    if comptime!(mc.softcap) {
+        s = softcap_score(s, mods.softcap);
+    }
+    if comptime!(mc.alibi) {
+        let kpos = key + q_len;
+        let dist = select(a >= kpos, a - kpos, kpos - a);
+        s -= slope * f32::cast_from(dist);
+    }
+    if masked {
+        s = select(key >= lo && key < hi, s, NO_MAX);
+    }
+    s
 }
 
 /// One cube per (row block, split, KV head, batch): grid `(row_blocks · splits, kv_heads,
@@ -179,6 +274,10 @@ pub(crate) fn block_split_keys(
 /// it the one block starts at row 0 and holds every position, known at compile time, so the
 /// decode shapes' kernel carries none of the block arithmetic (ptxas: 16 more registers at
 /// d 128 otherwise, a resident cube fewer).
+///
+/// `mods` and `head_params` (the sinks `[q_heads]`, then the ALiBi slopes `[q_heads]`): score
+/// modifiers as [`DecodeMods`] `dm` says, with `shape.scale` 1 (the modifiers scale the scores
+/// themselves, by `mods.scale`); both `None` without modifiers, which binds nothing.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 pub fn fwd_portable_decode<E: Float, S: Float, N: Size>(
@@ -192,10 +291,13 @@ pub fn fwd_portable_decode<E: Float, S: Float, N: Size>(
     table: &Array<u32>,
     shape: &AttnShape,
     dec: &DecodeArgs,
+    mods: &ComptimeOption<ModArgs>,
+    head_params: &ComptimeOption<Array<f32>>,
     #[comptime] cfg: FmaVecConfig,
     #[comptime] direct: bool,
     #[comptime] paged: bool,
     #[comptime] blocked: bool,
+    #[comptime] dm: DecodeMods,
 ) {
     let unit = UNIT_POS as usize;
     let unit_row = unit / cfg.tc;
@@ -247,8 +349,8 @@ pub fn fwd_portable_decode<E: Float, S: Float, N: Size>(
         acc[i] = Vector::new(0.0f32);
     }
 
-    let keys = block_split_keys(shape, dec, kv_len, split, pos_lo, pos_hi, cfg.bk, cfg.causal, blocked);
-    let (k_begin, num_tiles, full_keys) = (keys.begin, keys.tiles, keys.full);
+    let keys = decode_split_keys(shape, dec, mods, kv_len, split, pos_lo, pos_hi, cfg.bk, cfg.causal, blocked, dm);
+    let (k_begin, num_tiles) = (keys.begin, keys.tiles);
 
     let mut k_regs = Array::<Vector<E, N>>::new(comptime!(gather_transposed_len(cfg.bk, cfg.head_dim, cfg.units())));
     let mut v_regs = Array::<Vector<E, N>>::new(comptime!(gather_v_len(&cfg)));
@@ -266,7 +368,7 @@ pub fn fwd_portable_decode<E: Float, S: Float, N: Size>(
 
     for tile in 0..num_tiles {
         let k0 = k_begin + tile * cfg.bk;
-        let masked = k0 + cfg.bk > full_keys;
+        let masked = tile_masked(k0, &keys, mods, cfg.bk);
 
         stage_k::<E, S, N>(&k_regs, &mut kv_stage, cfg);
         sync_cube();
@@ -274,8 +376,16 @@ pub fn fwd_portable_decode<E: Float, S: Float, N: Size>(
         unit_gather_v::<E, N>(v, &mut v_regs, v_at, v_stride, v_row0, v_len, cfg);
 
         thread_score_matmul::<S, N>(&q_stage, &kv_stage, &mut scores, unit_row, unit_col, cfg);
-        if masked {
-            thread_mask_packed::<N>(&mut scores, q_len, kv_len, k0, row0, unit_row, unit_col, cfg);
+        #[comptime]
+        match mods {
+            ComptimeOption::Some(m) => {
+                thread_modify_packed::<N>(&mut scores, shape, m, head_params, kv_head, kv_len, k0, row0, rows, masked, unit_row, unit_col, cfg, dm);
+            }
+            ComptimeOption::None => {
+                if masked {
+                    thread_mask_packed::<N>(&mut scores, q_len, kv_len, k0, row0, unit_row, unit_col, cfg);
+                }
+            }
         }
 
         online_softmax::<f32, N>(
@@ -309,6 +419,26 @@ pub fn fwd_portable_decode<E: Float, S: Float, N: Size>(
 
     let rm = comptime!(cfg.rm());
     let cq = comptime!(cfg.cq());
+    if comptime!(direct && dm.sinks) {
+        // One split: the sink joins the denominator here (several: in the merge).
+        #[unroll]
+        for i in 0..rm {
+            let r = row0 + unit_row * rm + i;
+            let l = row_sum[i];
+            if r < rows && l > 0.0 {
+                let m = row_max[i];
+                let sink = head_param(head_params, kv_head * group + r / q_len);
+                let big = max(m, sink);
+                let alpha = f32::exp(m - big);
+                row_sum[i] = l * alpha + f32::exp(sink - big);
+                row_max[i] = big;
+                #[unroll]
+                for c in 0..cq {
+                    acc[i * cq + c] = acc[i * cq + c] * Vector::new(alpha);
+                }
+            }
+        }
+    }
     let kv_heads = shape.q_heads as usize / group;
     #[unroll]
     for i in 0..rm {
@@ -346,6 +476,126 @@ pub fn fwd_portable_decode<E: Float, S: Float, N: Size>(
                 if unit_col == 0 {
                     part_lse[state] = select(seen, state_lse, NO_MAX);
                 }
+            }
+        }
+    }
+}
+
+/// The split's keys for rows of positions `[pos_lo, pos_hi]` (all positions without `blocked`):
+/// [`block_split_keys`], or with modifiers [`mod_split_keys`].
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn decode_split_keys(
+    shape: &AttnShape,
+    dec: &DecodeArgs,
+    mods: &ComptimeOption<ModArgs>,
+    kv_len: usize,
+    split: usize,
+    pos_lo: usize,
+    pos_hi: usize,
+    #[comptime] bk: usize,
+    #[comptime] causal: bool,
+    #[comptime] blocked: bool,
+    #[comptime] dm: DecodeMods,
+) -> SplitKeys {
+    #[comptime]
+    match mods {
+        ComptimeOption::Some(m) => {
+            let mut hi = pos_hi;
+            if comptime!(!blocked) {
+                hi = shape.q_len as usize - 1;
+            }
+            mod_split_keys(shape, dec, m, kv_len, split, pos_lo, hi, bk, dm)
+        }
+        ComptimeOption::None => block_split_keys(shape, dec, kv_len, split, pos_lo, pos_hi, bk, causal, blocked),
+    }
+}
+
+/// Whether the tile of keys from `k0` needs the mask: it reaches past the keys every row sees
+/// (or, with modifiers, starts before them).
+#[cube]
+pub(crate) fn tile_masked(k0: usize, keys: &SplitKeys, mods: &ComptimeOption<ModArgs>, #[comptime] bk: usize) -> bool {
+    #[comptime]
+    match mods {
+        ComptimeOption::Some(_) => k0 + bk > keys.full || k0 < keys.full_lo,
+        ComptimeOption::None => k0 + bk > keys.full,
+    }
+}
+
+/// Entry `index` of the head parameters (0 without them).
+#[cube]
+pub(crate) fn head_param(head_params: &ComptimeOption<Array<f32>>, index: usize) -> f32 {
+    #[comptime]
+    match head_params {
+        ComptimeOption::Some(p) => p[index],
+        ComptimeOption::None => f32::new(0.0),
+    }
+}
+
+/// The unit's scores with modifiers ([`DecodeMods`]): scaled by `mods.scale`, then as
+/// [`mod_score`] with each packed row's position and Q head (padding rows take the last real
+/// row's; they are never written). The mask's bounds are computed on masked tiles only, which
+/// keeps them out of the registers the tile loop holds (ptxas, sm_90: the f16-staged tile at
+/// d 128 spills otherwise).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn thread_modify_packed<N: Size>(
+    scores: &mut Array<Vector<f32, N>>,
+    shape: &AttnShape,
+    mods: &ModArgs,
+    head_params: &ComptimeOption<Array<f32>>,
+    kv_head: usize,
+    kv_len: usize,
+    k0: usize,
+    row0: usize,
+    rows: usize,
+    masked: bool,
+    unit_row: usize,
+    unit_col: usize,
+    #[comptime] cfg: FmaVecConfig,
+    #[comptime] dm: DecodeMods,
+) {
+    let rm = comptime!(cfg.rm());
+    let kq = comptime!(cfg.kq());
+    let q_len = shape.q_len as usize;
+    let group = shape.group as usize;
+    let shift = mod_shift(q_len, kv_len, dm);
+    #[unroll]
+    for i in 0..rm {
+        let r = min(row0 + unit_row * rm + i, rows - 1);
+        let mut a = 0usize;
+        let mut slope = 0.0f32;
+        if comptime!(dm.mc.alibi) {
+            a = r % q_len + shift;
+            slope = head_param(head_params, shape.q_heads as usize + kv_head * group + r / q_len);
+        }
+        #[unroll]
+        for j in 0..kq {
+            let mut s = scores[i * kq + j];
+            #[unroll]
+            for e in 0..W {
+                let key = k0 + (j * cfg.tc + unit_col) * W + e;
+                s[e] = mod_score(s[e] * mods.scale, key, a, 0usize, 0usize, slope, q_len, mods, false, dm.mc);
+            }
+            scores[i * kq + j] = s;
+        }
+    }
+    if masked {
+        #[unroll]
+        for i in 0..rm {
+            let r = min(row0 + unit_row * rm + i, rows - 1);
+            let a = r % q_len + shift;
+            let lo = key_lo(a, q_len, kv_len, mods, dm.mc);
+            let hi = key_hi(a, q_len, kv_len, mods, dm.mc);
+            #[unroll]
+            for j in 0..kq {
+                let mut s = scores[i * kq + j];
+                #[unroll]
+                for e in 0..W {
+                    let key = k0 + (j * cfg.tc + unit_col) * W + e;
+                    s[e] = select(key >= lo && key < hi, s[e], NO_MAX);
+                }
+                scores[i * kq + j] = s;
             }
         }
     }
@@ -452,6 +702,7 @@ pub fn decode_merge<E: Float, N: Size>(
     lse: &mut Array<f32>,
     shape: &AttnShape,
     dec: &DecodeArgs,
+    sinks: &ComptimeOption<Array<f32>>,
     #[comptime] bq: usize,
     #[comptime] v_head_dim: usize,
     #[comptime] write_lse: bool,
@@ -480,6 +731,16 @@ pub fn decode_merge<E: Float, N: Size>(
     // (FP8 inputs): the row is NaN.
     let poisoned = m > POISON_THRESHOLD;
     if m > MASK_THRESHOLD && !poisoned {
+        // With sinks (`[q_heads]`), a row that sees a key weighs its head's sink once, here.
+        #[comptime]
+        match sinks {
+            ComptimeOption::Some(p) => {
+                let sink = p[kv_head * group + r / q_len];
+                m = max(m, sink);
+                total = f32::exp(sink - m);
+            }
+            ComptimeOption::None => {}
+        }
         for s in 0..splits {
             let state = (first + s) * pitch_rows + r;
             let l = part_lse[state];
@@ -519,6 +780,7 @@ pub fn decode_merge<E: Float, N: Size>(
 mod cuda_tests {
     use super::*;
     use crate::decode::decode_candidates;
+    use crate::kernel::fma_vec_mods::ModArgsCompilationArg;
     use crate::kernel::offline_cuda::{client, cuda_include_dir, nvrtc_cubin, ADDR, COMPILE_LOCK};
     use crate::kernel::AttnShapeCompilationArg;
     use cubecl::cuda::CudaCompiler;
@@ -552,12 +814,17 @@ mod cuda_tests {
         DecodeArgsCompilationArg { rows: (), splits: (), keys_per_split: (), nan: (), page_shift: (), max_pages: (), lens_at: (), num_pages: () }
     }
 
+    fn mod_args() -> ComptimeOptionCompilationArg<ModArgs> {
+        ComptimeOptionCompilationArg::Some(ModArgsCompilationArg { row_shift: (), left: (), right: (), scale: (), softcap: () })
+    }
+
     fn decode_definition<E: Float + CubeElement, S: Float + CubeElement>(
         client: &ComputeClient<WgpuRuntime>,
         cfg: FmaVecConfig,
         direct: bool,
         paged: bool,
         blocked: bool,
+        dm: Option<DecodeMods>,
     ) -> KernelDefinition {
         let array = || ArrayCompilationArg { inplace: None };
         let settings = KernelSettings::default().cube_dim(CubeDim::new_1d(cfg.units() as u32)).address_type(AddressType::U32);
@@ -574,16 +841,19 @@ mod cuda_tests {
             array(),
             shape(),
             dec(),
+            if dm.is_some() { mod_args() } else { ComptimeOptionCompilationArg::None },
+            if dm.is_some() { ComptimeOptionCompilationArg::Some(array()) } else { ComptimeOptionCompilationArg::None },
             W,
             cfg,
             direct,
             paged,
             blocked,
+            dm.unwrap_or_default(),
         )
         .define()
     }
 
-    fn merge_definition<E: Float + CubeElement>(client: &ComputeClient<WgpuRuntime>, bq: usize, dv: usize) -> KernelDefinition {
+    fn merge_definition<E: Float + CubeElement>(client: &ComputeClient<WgpuRuntime>, bq: usize, dv: usize, sinks: bool) -> KernelDefinition {
         let array = || ArrayCompilationArg { inplace: None };
         let settings = KernelSettings::default().cube_dim(CubeDim::new_1d((dv / W) as u32)).address_type(AddressType::U32);
         decode_merge::DecodeMerge::<E, WgpuRuntime>::new(
@@ -595,6 +865,7 @@ mod cuda_tests {
             array(),
             shape(),
             dec(),
+            if sinks { ComptimeOptionCompilationArg::Some(array()) } else { ComptimeOptionCompilationArg::None },
             W,
             bq,
             dv,
@@ -629,15 +900,24 @@ mod cuda_tests {
             CudaCompiler::default().compile(def, &options, ExecutionMode::Unchecked, ADDR).unwrap()
         };
         let mut failures = Vec::new();
+        // Every modifier, causal masking as the right extent, sinks.
+        let all = DecodeMods { mc: ModsConfig { left: true, right: true, softcap: true, alibi: true }, top_left: false, sinks: true };
         for (d, rows) in [(128usize, 4u32), (64, 40), (128, 400)] {
-            // Decode: the paged variant on the causal, several-split case. More rows than a
-            // tile (paged prefill): row blocks, causal with several splits and not with one.
-            let variants: &[(bool, bool, bool, bool)] = match rows {
-                ..=64 => &[(false, false, false, false), (true, true, false, false), (true, false, true, false)],
-                _ => &[(true, false, true, true), (false, true, true, true)],
+            // Decode: the paged variant on the causal, several-split case; every modifier on a
+            // paged cache with one split (the sinks in the epilogue). More rows than a tile
+            // (paged prefill): row blocks, causal with several splits and not with one, and
+            // every modifier with several splits.
+            let variants: &[(bool, bool, bool, bool, Option<DecodeMods>)] = match rows {
+                ..=64 => &[
+                    (false, false, false, false, None),
+                    (true, true, false, false, None),
+                    (true, false, true, false, None),
+                    (false, true, true, false, Some(all)),
+                ],
+                _ => &[(true, false, true, true, None), (false, true, true, true, None), (false, false, true, true, Some(all))],
             };
             for tiles in decode_candidates(rows, d as u32, d as u32).into_iter().take(2) {
-                for &(causal, direct, paged, blocked) in variants {
+                for &(causal, direct, paged, blocked, dm) in variants {
                     let cfg = FmaVecConfig {
                         head_dim: d,
                         v_head_dim: d,
@@ -651,11 +931,12 @@ mod cuda_tests {
                         plane_reduce: true,
                     };
                     let def = match tiles.stage_f32 {
-                        false => decode_definition::<half::f16, half::f16>(&client, cfg, direct, paged, blocked),
-                        true => decode_definition::<half::bf16, f32>(&client, cfg, direct, paged, blocked),
+                        false => decode_definition::<half::f16, half::f16>(&client, cfg, direct, paged, blocked, dm),
+                        true => decode_definition::<half::bf16, f32>(&client, cfg, direct, paged, blocked, dm),
                     };
                     let kernel = compile(def);
-                    let name = format!("decode_d{d}_{tiles}_causal{causal}_direct{direct}_paged{paged}_blocked{blocked}");
+                    let mods = if dm.is_some() { "_mods" } else { "" };
+                    let name = format!("decode_d{d}_{tiles}_causal{causal}_direct{direct}_paged{paged}_blocked{blocked}{mods}");
                     let scratch = 4 * tiles.bq as usize * tiles.tc as usize;
                     // f16 and bf16 inputs: 2-byte elements.
                     let formula = tiles.smem_bytes(d as u32, d as u32, 2) as usize;
@@ -668,7 +949,12 @@ mod cuda_tests {
                     }
                 }
             }
-            for (dtype, def) in [("f16", merge_definition::<half::f16>(&client, 16, d)), ("bf16", merge_definition::<half::bf16>(&client, 64, d))] {
+            let merges = [
+                ("f16", merge_definition::<half::f16>(&client, 16, d, false)),
+                ("bf16", merge_definition::<half::bf16>(&client, 64, d, false)),
+                ("f16_sinks", merge_definition::<half::f16>(&client, 16, d, true)),
+            ];
+            for (dtype, def) in merges {
                 let kernel = compile(def);
                 let name = format!("decode_merge_{dtype}_d{d}");
                 nvrtc_cubin(&kernel.to_string(), &nvrtc_options).unwrap_or_else(|e| panic!("{name}: {e}"));

@@ -33,8 +33,9 @@ use cubecl::prelude::*;
 use cubecl::{e4m3, e5m2};
 use half::f16;
 
-use super::decode::{key_row, seq_kv_len, split_keys, DecodeArgs};
+use super::decode::{decode_split_keys, head_param, key_row, mod_score, mod_shift, seq_kv_len, split_keys, tile_masked, DecodeArgs, DecodeMods};
 use super::fma_vec::W;
+use super::fma_vec_mods::{key_hi, key_lo, ModArgs};
 use super::fma_vec_fp8::{word_has_non_finite, Fp8Config, Fp8Shape};
 use super::{AttnShape, LAZY_RESCALE_THRESHOLD, MASK_THRESHOLD, NO_MAX};
 
@@ -153,6 +154,11 @@ impl RowDecodeConfig {
 /// One cube per (split, KV head, batch): grid `(splits, kv_heads, batch)`, [`ROW_UNITS`] units.
 /// `direct`: one split, O and the LSE written in place; otherwise the partial state goes to
 /// `part_o` (`[batch][kv_head][split][rows][dv]` f32) and `part_lse` (`[...][rows]`).
+///
+/// `mods` and `head_params` (the sinks `[q_heads]`, then the ALiBi slopes `[q_heads]`): score
+/// modifiers as [`DecodeMods`] `dm` says (`cfg.causal` off: causal masking is their right
+/// extent of 0), applied to each (row, key) score once its partials are summed; both `None`
+/// without modifiers, which binds nothing.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 pub fn fwd_portable_decode_rows<E: Float, N: Size>(
@@ -166,8 +172,11 @@ pub fn fwd_portable_decode_rows<E: Float, N: Size>(
     table: &Array<u32>,
     shape: &AttnShape,
     dec: &DecodeArgs,
+    mods: &ComptimeOption<ModArgs>,
+    head_params: &ComptimeOption<Array<f32>>,
     #[comptime] cfg: RowDecodeConfig,
     #[comptime] direct: bool,
+    #[comptime] dm: DecodeMods,
 ) {
     let unit = UNIT_POS as usize;
     let split = CUBE_POS_X as usize;
@@ -219,8 +228,8 @@ pub fn fwd_portable_decode_rows<E: Float, N: Size>(
     let g = unit / lanes;
     let c = unit % lanes;
 
-    let keys = split_keys(shape, dec, kv_len, split, cfg.bk, cfg.causal);
-    let (k_begin, num_tiles, full_keys) = (keys.begin, keys.tiles, keys.full);
+    let keys = decode_split_keys(shape, dec, mods, kv_len, split, 0usize, 0usize, cfg.bk, cfg.causal, false, dm);
+    let (k_begin, num_tiles) = (keys.begin, keys.tiles);
 
     let mut k_regs = Array::<Vector<E, N>>::new(comptime!(cfg.passes() * cfg.chunk()));
     let mut v_regs = Array::<Vector<E, N>>::new(kb);
@@ -242,7 +251,7 @@ pub fn fwd_portable_decode_rows<E: Float, N: Size>(
 
     for tile in 0..num_tiles {
         let k0 = k_begin + tile * bk;
-        let masked = k0 + bk > full_keys;
+        let masked = tile_masked(k0, &keys, mods, bk);
 
         // Partial dot products of this unit's key with every row.
         #[unroll]
@@ -253,7 +262,16 @@ pub fn fwd_portable_decode_rows<E: Float, N: Size>(
                 let kf = Vector::<f32, N>::cast_from(k_regs[p * chunk + i]);
                 accumulate_dots::<N>(&mut dots, kf, &q_stage, lane_k, i, cfg);
             }
-            store_dots::<N>(&dots, &mut scratch, 1.0, k0, p * per_pass + key_in_pass, lane_k, q_len, kv_len, masked, cfg);
+            #[comptime]
+            match mods {
+                // The modifiers mask the summed scores.
+                ComptimeOption::Some(_) => {
+                    store_dots::<N>(&dots, &mut scratch, 1.0, k0, p * per_pass + key_in_pass, lane_k, q_len, kv_len, false, cfg);
+                }
+                ComptimeOption::None => {
+                    store_dots::<N>(&dots, &mut scratch, 1.0, k0, p * per_pass + key_in_pass, lane_k, q_len, kv_len, masked, cfg);
+                }
+            }
         }
         if tile + 1 < num_tiles {
             load_k::<E, N>(k, &mut k_regs, dec, table, batch, k_base, k_stride, k0 + bk, kv_len, key_in_pass, lane_k, cfg);
@@ -262,7 +280,15 @@ pub fn fwd_portable_decode_rows<E: Float, N: Size>(
             load_v::<E, N>(v, &mut v_regs, dec, table, batch, v_base, v_stride, k0 + g * kb, kv_len, c, cfg);
         }
         sync_cube();
-        sum_scores(&mut scratch, unit, cfg);
+        #[comptime]
+        match mods {
+            ComptimeOption::Some(m) => {
+                sum_scores_mods(&mut scratch, unit, shape, m, head_params, kv_head, kv_len, k0, masked, cfg, dm);
+            }
+            ComptimeOption::None => {
+                sum_scores(&mut scratch, unit, cfg);
+            }
+        }
         sync_cube();
         tile_probabilities(&mut scratch, unit, tile % 2, 1.0, false, cfg);
         sync_cube();
@@ -281,9 +307,85 @@ pub fn fwd_portable_decode_rows<E: Float, N: Size>(
     }
 
     final_max(&scratch, &mut row_max, num_tiles, cfg);
+    if comptime!(direct && dm.sinks) {
+        fold_sinks::<N>(&mut row_max, &mut row_sum, &mut acc, shape, head_params, kv_head, g, cfg);
+    }
     finish_rows::<E, N>(
         o, lse, part_o, part_lse, &mut scratch, &row_max, &row_sum, &acc, shape, dec, 0u32, NO_KEY, 0.0f32, cfg, direct, false,
     );
+}
+
+/// One split with sinks: each row that saw a key takes its head's sink into the denominator,
+/// once (group 0's sum), every group's state rescaled to the new max, which [`finish_rows`]
+/// then finds in every group.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn fold_sinks<N: Size>(
+    row_max: &mut Array<f32>,
+    row_sum: &mut Array<f32>,
+    acc: &mut Array<Vector<f32, N>>,
+    shape: &AttnShape,
+    head_params: &ComptimeOption<Array<f32>>,
+    kv_head: usize,
+    g: usize,
+    #[comptime] cfg: RowDecodeConfig,
+) {
+    let q_len = shape.q_len as usize;
+    let group = shape.group as usize;
+    #[unroll]
+    for r in 0..cfg.rows {
+        let m = row_max[r];
+        if m > MASK_THRESHOLD {
+            let sink = head_param(head_params, kv_head * group + r / q_len);
+            let big = max(m, sink);
+            let alpha = f32::exp(m - big);
+            row_sum[r] = row_sum[r] * alpha + select(g == 0, f32::exp(sink - big), 0.0);
+            acc[r] = acc[r] * Vector::new(alpha);
+            row_max[r] = big;
+        }
+    }
+}
+
+/// [`sum_scores`] with modifiers ([`DecodeMods`]): each (row, key) score, summed from its
+/// partials (Q carries the softmax scale), through [`mod_score`] with the row's position and Q
+/// head.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn sum_scores_mods(
+    scratch: &mut SharedMemory<f32>,
+    unit: usize,
+    shape: &AttnShape,
+    mods: &ModArgs,
+    head_params: &ComptimeOption<Array<f32>>,
+    kv_head: usize,
+    kv_len: usize,
+    k0: usize,
+    masked: bool,
+    #[comptime] cfg: RowDecodeConfig,
+    #[comptime] dm: DecodeMods,
+) {
+    let len = comptime!(cfg.score_len());
+    let part_len = comptime!(cfg.part_len());
+    let bk = comptime!(cfg.bk);
+    let q_len = shape.q_len as usize;
+    let group = shape.group as usize;
+    let shift = mod_shift(q_len, kv_len, dm);
+    #[unroll]
+    for step in 0..comptime!(len.div_ceil(ROW_UNITS)) {
+        let t = step * ROW_UNITS + unit;
+        if comptime!(len.is_multiple_of(ROW_UNITS)) || t < len {
+            let sum = (scratch[t] + scratch[t + len]) + (scratch[t + comptime!(2 * len)] + scratch[t + comptime!(3 * len)]);
+            let r = t / bk;
+            let a = r % q_len + shift;
+            let lo = key_lo(a, q_len, kv_len, mods, dm.mc);
+            let hi = key_hi(a, q_len, kv_len, mods, dm.mc);
+            let mut slope = 0.0f32;
+            if comptime!(dm.mc.alibi) {
+                slope = head_param(head_params, shape.q_heads as usize + kv_head * group + r / q_len);
+            }
+            scratch[part_len + t] = mod_score(sum, k0 + t % bk, a, lo, hi, slope, q_len, mods, masked, dm.mc);
+        }
+    }
 }
 
 /// Every row's running max at `NO_MAX`, its sum and accumulator at zero.
@@ -984,6 +1086,7 @@ mod cuda_tests {
     use super::*;
     use crate::kernel::decode::DecodeArgsCompilationArg;
     use crate::kernel::fma_vec_fp8::Fp8ShapeCompilationArg;
+    use crate::kernel::fma_vec_mods::{ModArgsCompilationArg, ModsConfig};
     use crate::kernel::offline_cuda::{array, attn_shape_arg, settings, Arch, OfflineCuda, Variant};
     use cubecl::wgpu::WgpuRuntime;
     use quattn_core::{DescaleGranularity, Fp8Format};
@@ -992,7 +1095,12 @@ mod cuda_tests {
         DecodeArgsCompilationArg { rows: (), splits: (), keys_per_split: (), nan: (), page_shift: (), max_pages: (), lens_at: (), num_pages: () }
     }
 
-    fn definition<E: Float + CubeElement>(client: &ComputeClient<WgpuRuntime>, cfg: RowDecodeConfig, direct: bool) -> KernelDefinition {
+    fn definition<E: Float + CubeElement>(client: &ComputeClient<WgpuRuntime>, cfg: RowDecodeConfig, direct: bool, dm: Option<DecodeMods>) -> KernelDefinition {
+        let mods = match dm {
+            Some(_) => ComptimeOptionCompilationArg::Some(ModArgsCompilationArg { row_shift: (), left: (), right: (), scale: (), softcap: () }),
+            None => ComptimeOptionCompilationArg::None,
+        };
+        let params = if dm.is_some() { ComptimeOptionCompilationArg::Some(array()) } else { ComptimeOptionCompilationArg::None };
         fwd_portable_decode_rows::FwdPortableDecodeRows::<E, WgpuRuntime>::new(
             settings(ROW_UNITS),
             client.clone(),
@@ -1006,9 +1114,12 @@ mod cuda_tests {
             array(),
             attn_shape_arg(),
             dec(),
+            mods,
+            params,
             W,
             cfg,
             direct,
+            dm.unwrap_or_default(),
         )
         .define()
     }
@@ -1061,17 +1172,24 @@ mod cuda_tests {
             (128, 4, "f16", true),
             (128, 8, "bf16", true),
         ];
-        for (d, rows, dtype, paged) in cases {
-            for (causal, direct) in [(false, false), (true, true)] {
+        // Every modifier (causal masking as the right extent, so `causal` off), sinks: the decode
+        // shapes, paged, with one split (the sinks in the epilogue) and several.
+        let all = DecodeMods { mc: ModsConfig { left: true, right: true, softcap: true, alibi: true }, top_left: false, sinks: true };
+        let mod_cases = [(128usize, 4usize, "f16", true), (128, 8, "bf16", true)];
+        let plain = cases.iter().flat_map(|&c| [(c, false, false, None), (c, true, true, None)]);
+        let modded = mod_cases.iter().flat_map(|&c| [(c, false, false, Some(all)), (c, false, true, Some(all))]);
+        for ((d, rows, dtype, paged), causal, direct, dm) in plain.chain(modded) {
+            {
                 let cfg = RowDecodeConfig { head_dim: d, v_head_dim: d, rows, bk: 32, causal, write_lse: true, paged };
                 assert_eq!(cfg.invalid(), None, "{cfg:?}");
                 let definition = match dtype {
-                    "f16" => definition::<half::f16>(cuda.client(), cfg, direct),
-                    "bf16" => definition::<half::bf16>(cuda.client(), cfg, direct),
-                    _ => definition::<f32>(cuda.client(), cfg, direct),
+                    "f16" => definition::<half::f16>(cuda.client(), cfg, direct, dm),
+                    "bf16" => definition::<half::bf16>(cuda.client(), cfg, direct, dm),
+                    _ => definition::<f32>(cuda.client(), cfg, direct, dm),
                 };
+                let mods = if dm.is_some() { "_mods" } else { "" };
                 variants.push(Variant {
-                    name: format!("decode_rows_{dtype}_d{d}_rows{rows}_bk32_causal{causal}_direct{direct}_paged{paged}"),
+                    name: format!("decode_rows_{dtype}_d{d}_rows{rows}_bk32_causal{causal}_direct{direct}_paged{paged}{mods}"),
                     arch: Arch::Sm90,
                     definition,
                     shared_bytes: Some(cfg.smem_bytes()),

@@ -56,7 +56,7 @@ fn aligned(row: usize, mods: &ModArgs) -> usize {
 
 /// One past the last key the row at aligned position `a` sees.
 #[cube]
-fn key_hi(a: usize, q_len: usize, kv_len: usize, mods: &ModArgs, #[comptime] mc: ModsConfig) -> usize {
+pub(crate) fn key_hi(a: usize, q_len: usize, kv_len: usize, mods: &ModArgs, #[comptime] mc: ModsConfig) -> usize {
     let mut hi = kv_len;
     if mc.right {
         let t = a + mods.right as usize + 1;
@@ -67,13 +67,23 @@ fn key_hi(a: usize, q_len: usize, kv_len: usize, mods: &ModArgs, #[comptime] mc:
 
 /// The first key the row at aligned position `a` sees.
 #[cube]
-fn key_lo(a: usize, q_len: usize, kv_len: usize, mods: &ModArgs, #[comptime] mc: ModsConfig) -> usize {
+pub(crate) fn key_lo(a: usize, q_len: usize, kv_len: usize, mods: &ModArgs, #[comptime] mc: ModsConfig) -> usize {
     let mut lo = 0usize;
     if mc.left {
         let t = mods.left as usize + q_len;
         lo = select(a > t, min(a - t, kv_len), 0);
     }
     lo
+}
+
+/// `cap · tanh(x / cap)`, from `exp(-2|y|)`, which never overflows (a tanh built on `exp(2y)`
+/// gives inf/inf for large logits on some drivers).
+#[cube]
+pub(crate) fn softcap_score(x: f32, cap: f32) -> f32 {
+    let y = x / cap;
+    let t = f32::exp(-2.0 * f32::abs(y));
+    let th = (1.0 - t) / (1.0 + t);
+    cap * select(y < 0.0, -th, th)
 }
 
 /// Key tiles of the query rows `[q0, q0+bq)` as `(first, full_start, full_end, end)`: the tiles
@@ -142,12 +152,7 @@ fn thread_modify_scores<N: Size>(
                 let key = k0 + (j * cfg.tc + unit_col) * W + e;
                 let mut x = s[e] * scale;
                 if mc.softcap {
-                    // cap · tanh(x / cap) from exp(-2|y|), which never overflows (a tanh built
-                    // on exp(2y) gives inf/inf for large logits on some drivers).
-                    let y = x / cap;
-                    let t = f32::exp(-2.0 * f32::abs(y));
-                    let th = (1.0 - t) / (1.0 + t);
-                    x = cap * select(y < 0.0, -th, th);
+                    x = softcap_score(x, cap);
                 }
                 if mc.alibi {
                     let kpos = key + q_len;
