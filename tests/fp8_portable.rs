@@ -228,15 +228,16 @@ fn one_split(mut plan: quattn::Plan) -> quattn::Plan {
 /// integer instructions: both are checked where a device runs them.
 #[test]
 fn fp8_decode_shapes_run_the_row_decode_kernel() {
-    decode_shapes(session());
+    decode_shapes(session(), Strategy::Auto);
 }
 
 #[test]
 fn cuda_fp8_decode_shapes_run_the_row_decode_kernel() {
-    decode_shapes(common::open(Device::Cuda(0)));
+    // CUDA's Auto takes the native FP8 kernels: the portable family is asked for.
+    decode_shapes(common::open(Device::Cuda(0)), Strategy::Portable);
 }
 
-fn decode_shapes(s: Option<Session>) {
+fn decode_shapes(s: Option<Session>, strategy: Strategy) {
     let Some(s) = s else { return };
     let shapes = [
         // GQA 4, one position, a ragged cache.
@@ -249,7 +250,7 @@ fn decode_shapes(s: Option<Session>) {
         for format in [Fp8Format::E4M3, Fp8Format::E5M2] {
             for descale in [DescaleGranularity::PerTensor, DescaleGranularity::PerHead, DescaleGranularity::PerBlock] {
                 let prec = fp8(format, descale);
-                let auto = s.plan(&p, prec, Strategy::Auto).unwrap_or_else(|e| panic!("plan {prec} {p:?}: {e}"));
+                let auto = s.plan(&p, prec, strategy).unwrap_or_else(|e| panic!("plan {prec} {p:?}: {e}"));
                 assert!(auto.kernel.to_string().contains("decode"), "{prec} {p:?}: {}", auto.kernel);
                 let (q, k, v) = f16_inputs(&p, 900 + i as u64);
                 let r = reference::attention_f64(&p, &q, &k, &v).unwrap();
@@ -276,23 +277,23 @@ fn decode_shapes(s: Option<Session>) {
 /// poisons the positions whose causal window reaches its key, a NaN in Q only its own row.
 #[test]
 fn fp8_decode_nan_codes_poison_only_the_rows_that_see_them() {
-    decode_nan_codes::<WgpuRuntime>(session());
+    decode_nan_codes::<WgpuRuntime>(session(), Strategy::Auto);
 }
 
 #[cfg(feature = "cuda")]
 #[test]
 fn cuda_fp8_decode_nan_codes_poison_only_the_rows_that_see_them() {
-    decode_nan_codes::<cubecl::cuda::CudaRuntime>(common::open(Device::Cuda(0)));
+    decode_nan_codes::<cubecl::cuda::CudaRuntime>(common::open(Device::Cuda(0)), Strategy::Portable);
 }
 
-fn decode_nan_codes<R: cubecl::Runtime>(s: Option<Session>) {
+fn decode_nan_codes<R: cubecl::Runtime>(s: Option<Session>, strategy: Strategy) {
     let Some(s) = s else { return };
     let client = s.cubecl_client::<R>().unwrap();
     // 2 KV heads, GQA 2 x 4 positions; bottom-right causal: position i sees keys <= i + 596.
     let p = AttentionProblem::new(1, 4, 4, 64).kv_heads(2).kv_len(600).causal(true).with_lse(true);
     for format in [Fp8Format::E4M3, Fp8Format::E5M2] {
         let descale = DescaleGranularity::PerHead;
-        let auto = s.plan(&p, fp8(format, descale), Strategy::Auto).unwrap();
+        let auto = s.plan(&p, fp8(format, descale), strategy).unwrap();
         assert!(auto.kernel.to_string().contains("decode"), "{}", auto.kernel);
         let (q, k, v) = f16_inputs(&p, 19);
         let mut t = quantize(&p, &auto, format, descale, (&q, &k, &v));
