@@ -56,7 +56,7 @@ constexpr int TILE_PIECES = THREADS * PIECES;  // 1024 pieces = 8192 elements
 constexpr float MAX_FINITE = FORMAT == 0 ? 448.f : 57344.f;
 // PASS 2: CTAs per SM the register budget is cut for (more co-resident CTAs: larger groups
 // qualify for the one-read pass).
-constexpr int ONEPASS_MIN_CTAS = 6;
+constexpr int ONEPASS_MIN_CTAS = 5;
 }  // namespace cfg
 
 // One of Q, K, V.
@@ -213,8 +213,27 @@ __device__ __forceinline__ u32 thread_code2(float lo, float hi) {
     return r;
 }
 
-// The codes of this thread's pieces of tile `a` under descale d.
-__device__ __forceinline__ void thread_store_codes(const TileAt& a, const uint4 (&v)[cfg::PIECES], const i64 (&off)[cfg::PIECES], float d) {
+// x / d rounded to the nearest f32, as div.rn.f32 gives it, from r = RN(1/d) in three FMA-pipe
+// operations instead of the division's dozen: q0 = RN(x·r) is within one ulp of x / d, the fma
+// gives its residual exactly, and one correction step from a correctly rounded reciprocal
+// rounds correctly (Markstein's theorem), barring underflow of the residual, which the range
+// of d admitted by `fast_descale` excludes wherever the quotient can round to a nonzero code.
+// The residual is taken as q0·d − x and negated in the last fma so that ±0 keeps its sign.
+// The host twin (`fp8_prepass::tests`) checks it against the division for every f16 input
+// and descale.
+__device__ __forceinline__ float thread_div_by(float x, float d, float r) {
+    const float q0 = x * r;
+    const float e = fmaf(q0, d, -x);
+    return fmaf(-e, r, q0);
+}
+
+// Whether `thread_div_by` is exact for every input under descale d: 1/d and the residuals are
+// normal numbers. Every descale of f16 inputs is (amax / MAX lies in [2^-40, 2^8]); bf16 or an
+// infinite or NaN descale takes the division.
+__device__ __forceinline__ bool fast_descale(float d) { return d >= 0x1p-60f && d <= 0x1p60f; }
+
+template <bool FAST>
+__device__ __forceinline__ void thread_store_codes_by(const TileAt& a, const uint4 (&v)[cfg::PIECES], const i64 (&off)[cfg::PIECES], float d, float r) {
     unsigned char* codes = reinterpret_cast<unsigned char*>(a.t.codes);
 #pragma unroll
     for (int j = 0; j < cfg::PIECES; ++j) {
@@ -225,11 +244,24 @@ __device__ __forceinline__ void thread_store_codes(const TileAt& a, const uint4 
         for (int i = 0; i < 4; ++i) {
             float lo, hi;
             thread_unpack2(w[i], lo, hi);
-            c[i] = thread_code2(thread_div_rn(lo, d), thread_div_rn(hi, d));
+            if (FAST) {
+                c[i] = thread_code2(thread_div_by(lo, d, r), thread_div_by(hi, d, r));
+            } else {
+                c[i] = thread_code2(thread_div_rn(lo, d), thread_div_rn(hi, d));
+            }
         }
         // st.global spelled out: from a u64 address some targets emit a generic store.
         asm volatile("st.global.v2.u32 [%0], {%1, %2};" ::"l"(codes + off[j]), "r"(c[0] | (c[1] << 16)), "r"(c[2] | (c[3] << 16))
                      : "memory");
+    }
+}
+
+// The codes of this thread's pieces of tile `a` under descale d (uniform over the CTA).
+__device__ __forceinline__ void thread_store_codes(const TileAt& a, const uint4 (&v)[cfg::PIECES], const i64 (&off)[cfg::PIECES], float d) {
+    if (fast_descale(d)) {
+        thread_store_codes_by<true>(a, v, off, d, __frcp_rn(d));
+    } else {
+        thread_store_codes_by<false>(a, v, off, d, 0.f);
     }
 }
 

@@ -32,10 +32,10 @@ fn every_fp8_prepass_pass_compiles_without_local_memory_and_rounds_like_the_code
     for r in &reports {
         assert_eq!(r.spill_store_bytes, Some(0), "{}", r.summary());
         assert_eq!(r.stack_frame_bytes, Some(0), "{}: local memory", r.summary());
-        // The one-read pass's grid is sized by its co-resident CTAs: 6 of 256 threads per SM
-        // (at most 40 registers) keep groups of up to 6 tiles per SM on that path.
+        // The one-read pass's grid is sized by its co-resident CTAs: 5 of 256 threads per SM
+        // (at most 48 registers) keep groups of up to 5 tiles per SM on that path.
         if r.kernel.contains("_onepass_") {
-            assert!(r.registers.is_some_and(|n| n <= 40), "{}", r.summary());
+            assert!(r.registers.is_some_and(|n| n <= 48), "{}", r.summary());
         }
     }
     // The whole opcode histogram (the report keeps only the matrix and memory opcodes).
@@ -49,9 +49,14 @@ fn every_fp8_prepass_pass_compiles_without_local_memory_and_rounds_like_the_code
             assert!(op("LDG.E.128") >= 4, "{name}: {hist:?}");
             assert_eq!(op("HMMA") + op("QMMA") + op("IMMA"), 0, "{name}");
             if name.contains("_quant_") || name.contains("_onepass_") {
-                // 32 values per thread: 32 IEEE divisions (each with its FCHK range check), 16
-                // saturating pair conversions, four 8-byte code stores.
+                // 32 values per thread, twice: under a descale in the fast range a product and
+                // two FMAs each from one correctly rounded reciprocal, else 32 IEEE divisions
+                // (each with its FCHK range check); 16 saturating pair conversions and four
+                // 8-byte code stores per path.
                 assert!(op("FCHK") >= 32, "{name}: {hist:?}");
+                assert!(op("FFMA") >= 64, "{name}: {hist:?}");
+                assert!(op("F2FP.SATFINITE") >= 32, "{name}: {hist:?}");
+                assert!(op("STG.E.64") >= 8, "{name}: {hist:?}");
                 assert!(op("F2FP.SATFINITE") >= 16, "{name}: {hist:?}");
                 assert!(op("STG.E.64") >= 4, "{name}: {hist:?}");
             }

@@ -1214,11 +1214,13 @@ mod cuda_tests {
                     arch: Arch::Sm90,
                     definition: definition_fp8::<half::f16>(cuda.client(), cfg, fcfg, cvt, direct),
                     shared_bytes: Some((cfg.smem_bytes() + 8).next_multiple_of(16)),
-                    // Four rows through the conversion, split: ptxas, given only the cube size,
-                    // cuts its registers to 96 for a fifth resident cube and spills one 4-byte
-                    // value across the key loop (stored before it, loaded in the epilogue: no
-                    // local memory traffic per tile). Every other variant is spill-free.
-                    spill_free: !(cvt && rows == 4 && !causal),
+                    // Four rows through the conversion: ptxas, given only the cube size (CubeCL
+                    // declares no minimum of resident cubes), cuts the registers these want
+                    // (about 104 to 127) to 96 for a fifth resident cube and spills a few words,
+                    // how many depending on CubeCL's declaration order: a word stored before the
+                    // key loop and loaded in the epilogue, or one store and load per key tile
+                    // against about 870 instructions. Every other variant must be spill-free.
+                    spill_free: !(cvt && rows == 4),
                 });
             }
         }
