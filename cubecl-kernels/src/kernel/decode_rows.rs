@@ -22,7 +22,9 @@
 //!   consecutive keys of the tile and accumulates P times V rows it reads whole per step
 //!   (coalesced), lane `c` owning output vector `c`, after rescaling by the row's factor.
 //! - K (and, up to 4 rows, V) of the next tile are loaded into registers while the current
-//!   one is computed; above 4 rows V is loaded after the dot products (see `late_v`).
+//!   one is computed; above 4 rows V is loaded after the dot products (see `late_v`). On a
+//!   paged cache the block-table entries of those K (and early V) loads are read a tile
+//!   earlier still, so that the loads do not wait on them.
 //!
 //! At the end the groups' states are combined through shared memory (`O = Σ_g e^(m_g - m) O_g /
 //! Σ_g e^(m_g - m) l_g`) and the first group writes O (one split) or the split's partial state.
@@ -237,11 +239,13 @@ pub fn fwd_portable_decode_rows<E: Float, N: Size>(
     let mut row_sum = Array::<f32>::new(rows);
     let mut acc = Array::<Vector<f32, N>>::new(rows);
     init_rows::<N>(&mut row_max, &mut row_sum, &mut acc, cfg);
+    let mut pages = new_page_rows(cfg);
 
     if num_tiles > 0 {
-        load_k::<E, N>(k, &mut k_regs, dec, table, batch, k_base, k_stride, k_begin, kv_len, key_in_pass, lane_k, cfg);
+        init_page_rows(&mut pages, dec, table, batch, k_begin, kv_len, key_in_pass, g, cfg);
+        load_k::<E, N>(k, &mut k_regs, &mut pages, dec, table, batch, k_base, k_stride, k_begin, kv_len, key_in_pass, lane_k, cfg);
         if comptime!(!cfg.late_v()) {
-            load_v::<E, N>(v, &mut v_regs, dec, table, batch, v_base, v_stride, k_begin + g * kb, kv_len, c, cfg);
+            load_v::<E, N>(v, &mut v_regs, &mut pages, dec, table, batch, v_base, v_stride, k_begin + g * kb, kv_len, c, cfg);
         }
     }
     if unit < rows {
@@ -274,10 +278,10 @@ pub fn fwd_portable_decode_rows<E: Float, N: Size>(
             }
         }
         if tile + 1 < num_tiles {
-            load_k::<E, N>(k, &mut k_regs, dec, table, batch, k_base, k_stride, k0 + bk, kv_len, key_in_pass, lane_k, cfg);
+            load_k::<E, N>(k, &mut k_regs, &mut pages, dec, table, batch, k_base, k_stride, k0 + bk, kv_len, key_in_pass, lane_k, cfg);
         }
         if comptime!(cfg.late_v()) {
-            load_v::<E, N>(v, &mut v_regs, dec, table, batch, v_base, v_stride, k0 + g * kb, kv_len, c, cfg);
+            load_v::<E, N>(v, &mut v_regs, &mut pages, dec, table, batch, v_base, v_stride, k0 + g * kb, kv_len, c, cfg);
         }
         sync_cube();
         #[comptime]
@@ -301,7 +305,7 @@ pub fn fwd_portable_decode_rows<E: Float, N: Size>(
         }
         if comptime!(!cfg.late_v()) {
             if tile + 1 < num_tiles {
-                load_v::<E, N>(v, &mut v_regs, dec, table, batch, v_base, v_stride, k0 + bk + g * kb, kv_len, c, cfg);
+                load_v::<E, N>(v, &mut v_regs, &mut pages, dec, table, batch, v_base, v_stride, k0 + bk + g * kb, kv_len, c, cfg);
             }
         }
     }
@@ -1003,12 +1007,72 @@ fn load_v_words(
     }
 }
 
-/// This unit's vectors of its key in every pass of the tile at `k0` (zeros past `kv_len`).
+/// Paged caches: the pool rows of the keys the next [`load_k`] (entry `p` for pass `p`) and
+/// [`load_v`] (entry `passes`, the group's first key) of this unit read. Each load reads its
+/// rows from here and puts those of the keys `bk` further on in their place, so a block-table
+/// entry is read a tile before the K/V loads that need it rather than just before them (with
+/// small pages every tile would otherwise wait on a table read before its loads). With
+/// `late_v` the V entry stays unused and [`load_v`] reads its table entry itself: held across
+/// the tile, it makes ptxas spill at 8 rows (d 128, causal, one split). `None` without a paged
+/// cache: the key is its own row.
+#[cube]
+fn new_page_rows(#[comptime] cfg: RowDecodeConfig) -> ComptimeOption<Array<u32>> {
+    if comptime!(cfg.paged) {
+        ComptimeOption::new_Some(Array::<u32>::new(comptime!(cfg.passes() + 1)))
+    } else {
+        ComptimeOption::new_None()
+    }
+}
+
+/// The pool row of `key` (0 past `kv_len`: no load reads it, and its table entry may lie past
+/// the sequence's row of the table).
+#[cube]
+fn page_row(dec: &DecodeArgs, table: &Array<u32>, batch: usize, key: usize, kv_len: usize) -> u32 {
+    let mut row = 0u32;
+    if key < kv_len {
+        row = key_row(dec, table, batch, key, true) as u32;
+    }
+    row
+}
+
+/// Fills `pages` ([`new_page_rows`]) for the first [`load_k`] and [`load_v`] (group `g`'s keys)
+/// of the tile at `k0`.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn init_page_rows(
+    pages: &mut ComptimeOption<Array<u32>>,
+    dec: &DecodeArgs,
+    table: &Array<u32>,
+    batch: usize,
+    k0: usize,
+    kv_len: usize,
+    key_in_pass: usize,
+    g: usize,
+    #[comptime] cfg: RowDecodeConfig,
+) {
+    #[comptime]
+    match pages {
+        ComptimeOption::Some(rows) => {
+            #[unroll]
+            for p in 0..comptime!(cfg.passes()) {
+                rows[p] = page_row(dec, table, batch, k0 + p * comptime!(cfg.keys_per_pass()) + key_in_pass, kv_len);
+            }
+            if comptime!(!cfg.late_v()) {
+                rows[comptime!(cfg.passes())] = page_row(dec, table, batch, k0 + g * comptime!(cfg.kb()), kv_len);
+            }
+        }
+        ComptimeOption::None => {}
+    }
+}
+
+/// This unit's vectors of its key in every pass of the tile at `k0` (zeros past `kv_len`);
+/// paged, from the rows in `pages`, then those of the tile at `k0 + bk` into their place.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn load_k<E: Float, N: Size>(
     k: &Array<Vector<E, N>>,
     regs: &mut Array<Vector<E, N>>,
+    pages: &mut ComptimeOption<Array<u32>>,
     dec: &DecodeArgs,
     table: &Array<u32>,
     batch: usize,
@@ -1025,7 +1089,7 @@ fn load_k<E: Float, N: Size>(
     for p in 0..comptime!(cfg.passes()) {
         let key = k0 + p * comptime!(cfg.keys_per_pass()) + key_in_pass;
         if key < kv_len {
-            let row = (k_base + key_row(dec, table, batch, key, cfg.paged) * k_stride) / W + lane_k;
+            let row = (k_base + stored_row(pages, key, p) * k_stride) / W + lane_k;
             #[unroll]
             for i in 0..chunk {
                 regs[p * chunk + i] = k[row + i * KEY_LANES];
@@ -1037,14 +1101,38 @@ fn load_k<E: Float, N: Size>(
             }
         }
     }
+    #[comptime]
+    match pages {
+        ComptimeOption::Some(rows) => {
+            #[unroll]
+            for p in 0..comptime!(cfg.passes()) {
+                let key = k0 + comptime!(cfg.bk + p * cfg.keys_per_pass()) + key_in_pass;
+                rows[p] = page_row(dec, table, batch, key, kv_len);
+            }
+        }
+        ComptimeOption::None => {}
+    }
 }
 
-/// Vector `c` of the `kb` V rows from `first` (zeros past `kv_len`).
+/// The row of `key`: entry `at` of `pages` where paged, else the key.
+#[cube]
+fn stored_row(pages: &ComptimeOption<Array<u32>>, key: usize, #[comptime] at: usize) -> usize {
+    #[comptime]
+    match pages {
+        ComptimeOption::Some(rows) => rows[at] as usize,
+        ComptimeOption::None => key,
+    }
+}
+
+/// Vector `c` of the `kb` V rows from `first` (zeros past `kv_len`); paged, from the row in
+/// `pages`, then that of the group's keys in the next tile (`first + bk`) into its place (with
+/// `late_v`, from the table).
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn load_v<E: Float, N: Size>(
     v: &Array<Vector<E, N>>,
     regs: &mut Array<Vector<E, N>>,
+    pages: &mut ComptimeOption<Array<u32>>,
     dec: &DecodeArgs,
     table: &Array<u32>,
     batch: usize,
@@ -1056,12 +1144,18 @@ fn load_v<E: Float, N: Size>(
     #[comptime] cfg: RowDecodeConfig,
 ) {
     // The group's `kb` keys start at a multiple of `kb`, which divides the page size (checked at
-    // launch): one page holds them all, so its table entry is read once.
+    // launch): one page holds them all, so one table entry gives their rows.
     let mut first_row = first;
-    if comptime!(cfg.paged) {
-        if first < kv_len {
-            first_row = key_row(dec, table, batch, first, true);
+    #[comptime]
+    match pages {
+        ComptimeOption::Some(rows) => {
+            if comptime!(cfg.late_v()) {
+                first_row = page_row(dec, table, batch, first, kv_len) as usize;
+            } else {
+                first_row = rows[comptime!(cfg.passes())] as usize;
+            }
         }
+        ComptimeOption::None => {}
     }
     #[unroll]
     for jj in 0..comptime!(cfg.kb()) {
@@ -1071,6 +1165,15 @@ fn load_v<E: Float, N: Size>(
             value = v[(v_base + (first_row + jj) * v_stride) / W + c];
         }
         regs[jj] = value;
+    }
+    if comptime!(!cfg.late_v()) {
+        #[comptime]
+        match pages {
+            ComptimeOption::Some(rows) => {
+                rows[comptime!(cfg.passes())] = page_row(dec, table, batch, first + comptime!(cfg.bk), kv_len);
+            }
+            ComptimeOption::None => {}
+        }
     }
 }
 
