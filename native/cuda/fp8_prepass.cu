@@ -26,14 +26,16 @@
 // such slabs of about the L2's size, each amax launch followed by its quantize launch, so that
 // the quantize pass finds its input in L2 instead of reading it from DRAM a second time.
 //   PASS 2  one read: a persistent launch of at most as many CTAs as can be co-resident. Each
-//           CTA takes tiles in increasing order from an atomic work counter, keeps the tile's
-//           pieces in registers, publishes the tile's max to its group (atomicMax on the bits of
-//           the non-negative float, which order as unsigned integers, then an arrival on the
-//           group's counter), waits until every tile of the group has arrived, computes the
-//           descale from the group's max and quantizes the pieces it holds: the input is read
-//           once. Only the newest group handed out can be incomplete, so the launch cannot
-//           deadlock when no group has more tiles than there are co-resident CTAs (the host
-//           checks, else it runs PASS 0 and 1). Scratch `counter`, u32, all zero between
+//           CTA takes tiles in increasing order from an atomic work counter, keeps each tile's
+//           pieces in shared memory, publishes the tile's max to its group (atomicMax on the
+//           bits of the non-negative float, which order as unsigned integers, then an arrival on
+//           the group's counter), takes, loads and publishes its next tile, then waits until
+//           every tile of the current tile's group has arrived, computes the descale from the
+//           group's max and quantizes the pieces it holds: the input is read once, and loads
+//           stay in flight while groups gather. A CTA waits only on the group of its older
+//           tile, and a tile of a later group is handed out only once every tile of the earlier
+//           ones is, so the launch cannot deadlock when no group has more tiles than there are
+//           co-resident CTAs (the host checks, else it runs PASS 0 and 1). Scratch `counter`, u32, all zero between
 //           launches: [groups] arrivals then departures (the last departure writes the
 //           descale and resets the group), [groups] max bits, then the work counter and the
 //           count of CTAs that finished (the last one resets both).
@@ -285,47 +287,64 @@ __device__ __forceinline__ u32 thread_ld_relaxed(const u32* p) {
     return v;
 }
 
+// The next tile from the work counter (all threads; one barrier). `slot` alternates by
+// iteration: thread 0 writes it before the barrier while other threads may still be reading the
+// slot of the iteration before, never the one of two iterations before.
+__device__ __forceinline__ int cta_take(const Fp8PrepassParams& p, u32* work, int* slot) {
+    if (threadIdx.x == 0) *slot = p.tile_begin + (int)atomicAdd(work, 1u);
+    __syncthreads();
+    return *slot;
+}
+
+// Loads tile g into this thread's slots of `held` and publishes the tile's max to its group:
+// an atomic max on the bits of the non-negative float, then the arrival.
+__device__ __forceinline__ void cta_load_publish(const Fp8PrepassParams& p, int g, uint4 (*held)[cfg::THREADS], float* scratch, u32* arrive, u32* gmax) {
+    const TileAt a = tile_at(p, g);
+    uint4 v[cfg::PIECES];
+    i64 off[cfg::PIECES];
+    thread_load_pieces(p, a, v, off);
+    float m = 0.f;
+#pragma unroll
+    for (int j = 0; j < cfg::PIECES; ++j) {
+        held[j][threadIdx.x] = v[j];
+        const u32 w[4] = {v[j].x, v[j].y, v[j].z, v[j].w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            float lo, hi;
+            thread_unpack2(w[i], lo, hi);
+            m = fmaxf(m, fmaxf(fabsf(lo), fabsf(hi)));
+        }
+    }
+    m = cta_max(m, scratch);
+    if (threadIdx.x == 0) {
+        atomicMax(gmax + a.counter, __float_as_uint(m));
+        // The max is visible device-wide before the arrival that may release a waiter.
+        __threadfence();
+        atomicAdd(arrive + a.counter, 1u);
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(cfg::THREADS, cfg::ONEPASS_MIN_CTAS) fp8_prepass(const Fp8PrepassParams p) {
     __shared__ float scratch[cfg::THREADS / 32];
-    // The tile taken, by parity of the iteration: thread 0 writes the next one before any
-    // barrier of that iteration, while others may still read this one after the wait.
     __shared__ int next[2];
     __shared__ float descale;
-    // The pieces across the wait, each thread its own (16 KB): registers then hold nothing but
-    // the loop's state while the CTA waits, and the occupancy the grid is sized by stays high.
-    __shared__ uint4 held[cfg::PIECES][cfg::THREADS];
+    // Two tiles across the wait, each thread its own slots (2 x 16 KB): the next tile is loaded
+    // and its max published before the CTA waits for the current tile's group, so loads stay in
+    // flight while groups gather. Registers hold nothing but the loop's state during the wait.
+    __shared__ uint4 held[2][cfg::PIECES][cfg::THREADS];
     u32* arrive = reinterpret_cast<u32*>(p.counter);
     const int groups = p.t[2].group_begin + (p.per_head ? p.t[2].batch * p.t[2].heads : 1);
     u32* gmax = arrive + groups;
     u32* work = arrive + 2 * groups;   // [0] tiles handed out, [1] CTAs finished
-    for (int it = 0;; it ^= 1) {
-        if (threadIdx.x == 0) next[it] = p.tile_begin + (int)atomicAdd(work, 1u);
-        __syncthreads();
-        const int g = next[it];
-        if (g >= p.tile_end) break;
-        const TileAt a = tile_at(p, g);
-        uint4 v[cfg::PIECES];
-        i64 off[cfg::PIECES];
-        thread_load_pieces(p, a, v, off);
-        float m = 0.f;
-#pragma unroll
-        for (int j = 0; j < cfg::PIECES; ++j) {
-            held[j][threadIdx.x] = v[j];
-            const u32 w[4] = {v[j].x, v[j].y, v[j].z, v[j].w};
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                float lo, hi;
-                thread_unpack2(w[i], lo, hi);
-                m = fmaxf(m, fmaxf(fabsf(lo), fabsf(hi)));
-            }
-        }
-        m = cta_max(m, scratch);
+    int cur = cta_take(p, work, &next[0]);
+    if (cur < p.tile_end) cta_load_publish(p, cur, held[0], scratch, arrive, gmax);
+    // The tile taken in an iteration of parity `it` is held in held[it]; `cur` in held[it ^ 1].
+    for (int it = 1; cur < p.tile_end; it ^= 1) {
+        const int nxt = cta_take(p, work, &next[it]);
+        if (nxt < p.tile_end) cta_load_publish(p, nxt, held[it], scratch, arrive, gmax);
+        const TileAt a = tile_at(p, cur);
         if (threadIdx.x == 0) {
             const u32 n = (u32)a.group_tiles;
-            atomicMax(gmax + a.counter, __float_as_uint(m));
-            // The max is visible device-wide before the arrival that may release a waiter.
-            __threadfence();
-            atomicAdd(arrive + a.counter, 1u);
             for (unsigned ns = 32; thread_ld_relaxed(arrive + a.counter) < n; ns = ns < 512 ? 2 * ns : ns) __nanosleep(ns);
             // Every arrival of the group seen: read the max they published (from L2).
             __threadfence();
@@ -340,17 +359,17 @@ extern "C" __global__ void __launch_bounds__(cfg::THREADS, cfg::ONEPASS_MIN_CTAS
                 arrive[a.counter] = 0u;
             }
         }
+        // `descale` is rewritten by thread 0 only after the next iteration's take barrier.
         __syncthreads();
-        // The tile's place is computed again from `next` (read back, so that it is not kept
-        // live across the wait); `next[it]` is rewritten two iterations on, `descale` after the
-        // barriers of the next tile's cta_max, and `held[.][t]` by thread t only.
-        const TileAt b = tile_at(p, *reinterpret_cast<volatile int*>(&next[it]));
+        uint4 v[cfg::PIECES];
+        i64 off[cfg::PIECES];
 #pragma unroll
         for (int j = 0; j < cfg::PIECES; ++j) {
-            off[j] = piece_offset(p, b, j);
-            v[j] = held[j][threadIdx.x];
+            off[j] = piece_offset(p, a, j);
+            v[j] = held[it ^ 1][j][threadIdx.x];
         }
-        thread_store_codes(b, v, off, descale);
+        thread_store_codes(a, v, off, descale);
+        cur = nxt;
     }
     if (threadIdx.x == 0) {
         // This CTA's last take of the work counter precedes its finishing count.
