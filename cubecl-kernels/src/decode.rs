@@ -14,7 +14,7 @@ use crate::kernel::decode::{decode_merge, fwd_portable_decode, DecodeArgsLaunch,
 use crate::kernel::decode_rows::{fwd_portable_decode_rows, fwd_portable_decode_rows_fp8, RowDecodeConfig, ROW_DECODE_MAX_ROWS, ROW_UNITS};
 use crate::kernel::fma_vec_fp8::{Fp8Config, Fp8ShapeLaunch};
 use crate::kernel::fma_vec::{FmaVecConfig, W};
-use crate::kernel::fma_vec_mods::{ModArgs, ModArgsLaunch, ModsConfig};
+use crate::kernel::fma_vec_mods::{ModArgs, ModArgsLaunch};
 use crate::launch::{check_grid, vector_layout_ok, CubeLimits, Family, LaunchInfo, PortableKernel, ScoreMods};
 use crate::problem::Args;
 use crate::tiling::FmaVecTiles;
@@ -522,18 +522,9 @@ impl Prepared {
     }
 }
 
-/// The comptime key of `mods` on `args`: causal masking is a right extent of 0.
+/// The comptime key of `mods` on `args`.
 fn decode_mods(args: &Args, mods: &ScoreMods<'_>) -> DecodeMods {
-    DecodeMods {
-        mc: ModsConfig {
-            left: mods.window_left.is_some(),
-            right: args.causal || mods.window_right.is_some(),
-            softcap: mods.softcap.is_some(),
-            alibi: mods.alibi_slopes.is_some(),
-        },
-        top_left: mods.top_left,
-        sinks: mods.sinks.is_some(),
-    }
+    DecodeMods { mc: mods.config(args.causal), top_left: mods.top_left, sinks: mods.sinks.is_some() }
 }
 
 /// Launches the decode kernel and, with several splits, the merge. The caller ([`crate::launch`])
@@ -557,23 +548,10 @@ pub(crate) fn launch<R: Runtime>(
         info.kernel.push_str("_mods");
     }
     let Some(mut prep) = prep else { return Ok(info) };
-    // The modifiers' comptime key, runtime values and head parameters: the sinks (below the
-    // kernels' "no score" value they take no mass either way; clamped, which keeps infinities
-    // out of the kernels), then the ALiBi slopes, one per Q head each.
+    // The modifiers' comptime key, runtime values and head parameters.
     let dm = mods.map(|m| decode_mods(args, m)).unwrap_or_default();
     let heads = args.q_heads as usize;
-    let params = mods.map(|m| {
-        let mut params = vec![crate::kernel::NO_MAX; 2 * heads];
-        if let Some(sinks) = m.sinks {
-            for (p, &x) in params[..heads].iter_mut().zip(sinks) {
-                *p = x.max(crate::kernel::NO_MAX);
-            }
-        }
-        if let Some(slopes) = m.alibi_slopes {
-            params[heads..].copy_from_slice(slopes);
-        }
-        client.create_from_slice(&params.iter().flat_map(|x| x.to_ne_bytes()).collect::<Vec<u8>>())
-    });
+    let params = mods.map(|m| client.create_from_slice(&m.head_params(heads).iter().flat_map(|x| x.to_ne_bytes()).collect::<Vec<u8>>()));
     let mod_arg = || -> ComptimeOptionArgs<ModArgs, R> {
         match mods {
             // `row_shift` is unused: the kernels align at each sequence's own length.

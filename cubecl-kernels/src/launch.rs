@@ -1027,6 +1027,34 @@ pub struct ScoreMods<'a> {
 }
 
 impl ScoreMods<'_> {
+    /// The modifier kernels' comptime key: causal masking is a right extent of 0.
+    pub(crate) fn config(&self, causal: bool) -> ModsConfig {
+        ModsConfig {
+            left: self.window_left.is_some(),
+            right: causal || self.window_right.is_some(),
+            softcap: self.softcap.is_some(),
+            alibi: self.alibi_slopes.is_some(),
+        }
+    }
+
+    /// The per-head parameters the modifier kernels read: the sinks, then the ALiBi slopes, one
+    /// per Q head each. Sinks below the kernels' "no score" value take no mass either way;
+    /// clamping them keeps infinities out of the kernels (WGSL has none). Without sinks, a sink
+    /// far below any score (exp(sink − m) is exactly 0, even for a row that saw no key).
+    pub(crate) fn head_params(&self, heads: usize) -> Vec<f32> {
+        let mut params = vec![0.0f32; 2 * heads];
+        params[..heads].fill(-3.0e38);
+        if let Some(sinks) = self.sinks {
+            for (p, &x) in params[..heads].iter_mut().zip(sinks) {
+                *p = x.max(crate::kernel::NO_MAX);
+            }
+        }
+        if let Some(slopes) = self.alibi_slopes {
+            params[heads..].copy_from_slice(slopes);
+        }
+        params
+    }
+
     /// Whether the modifiers leave attention as [`launch`] computes it.
     pub fn is_none(&self, shape: &AttentionShape) -> bool {
         let aligned_same = !self.top_left || shape.q_len == shape.kv_len;
@@ -1170,27 +1198,9 @@ fn modified<R: Runtime>(
 
     // Causal masking is a right extent of 0, whatever the window's.
     let right = if args.causal { Some(0) } else { mods.window_right };
-    let mc = ModsConfig {
-        left: mods.window_left.is_some(),
-        right: right.is_some(),
-        softcap: mods.softcap.is_some(),
-        alibi: mods.alibi_slopes.is_some(),
-    };
-    // Sinks then slopes, one per Q head each. Sinks below the kernel's "no score" value take no
-    // mass either way; clamping them keeps infinities out of the kernel (WGSL has none).
+    let mc = mods.config(args.causal);
     let heads = args.q_heads as usize;
-    // Without sinks, a sink far below any score: exp(sink − m) is exactly 0.
-    let mut params = vec![0.0f32; 2 * heads];
-    params[..heads].fill(-3.0e38);
-    if let Some(sinks) = mods.sinks {
-        for (p, &x) in params[..heads].iter_mut().zip(sinks) {
-            *p = x.max(crate::kernel::NO_MAX);
-        }
-    }
-    if let Some(slopes) = mods.alibi_slopes {
-        params[heads..].copy_from_slice(slopes);
-    }
-    let params_handle = client.create_from_slice(&params.iter().flat_map(|x| x.to_ne_bytes()).collect::<Vec<u8>>());
+    let params_handle = client.create_from_slice(&mods.head_params(heads).iter().flat_map(|x| x.to_ne_bytes()).collect::<Vec<u8>>());
 
     let arr = |handle: &Handle, elems: u64| {
         // SAFETY: `check_extent` proved the handle covers `max(elems, W)` elements; every row

@@ -887,12 +887,12 @@ pub fn fwd_portable_decode_rows_fp8<E: Float, N: Size>(
 /// The 4 codes of `word` as f32: through the device's FP8 conversion (`cvt`), or in integer and
 /// float instructions ([`decode_word`]). Both give every finite code's exact value.
 ///
-/// The conversion gives non-finite codes their NaN or infinity. In Q and K that reaches only
-/// the scores of the rows that see them (masked scores are selected away), which the kernel
-/// writes as NaN anyway; but a V row's NaN or infinity times a zero probability (a key a row
-/// does not see) would reach every row, so with `finite` (V) the converted halves are clamped
-/// to the finite f16 range (`max` and `min` return the other operand for a NaN): every code
-/// value lies inside it. [`decode_word`] gives non-finite codes finite values already.
+/// The conversion gives non-finite codes their NaN or infinity. In K that reaches only the
+/// scores of the rows that see them (masked scores are selected away), which the kernel writes
+/// as NaN anyway; but a V row's NaN or infinity times a zero probability (a key a row does not
+/// see) would reach every row, so with `finite` (V) the converted values are clamped to ±65504,
+/// the finite f16 range (`max` and `min` return the other operand for a NaN): every code value
+/// lies inside it. [`decode_word`] gives non-finite codes finite values already.
 #[cube]
 fn decode_codes<N: Size>(word: u32, #[comptime] fcfg: Fp8Config, #[comptime] cvt: bool, #[comptime] finite: bool) -> Vector<f32, N> {
     if comptime!(cvt) {
