@@ -32,7 +32,18 @@ fn f16_inputs(p: &AttentionProblem, seed: u64) -> (Vec<f32>, Vec<f32>, Vec<f32>)
 
 #[test]
 fn fp8_plans_on_the_portable_kernel_and_follows_its_emulation() {
-    let Some(s) = session() else { return };
+    prefill_follows_emulation(session(), Strategy::Auto);
+}
+
+/// On CUDA the portable FP8 family is the mma kernel, its stages decoded through the device's
+/// FP8 conversion on sm_89 and later: the same checks.
+#[test]
+fn cuda_fp8_portable_kernel_follows_its_emulation() {
+    prefill_follows_emulation(common::open(Device::Cuda(0)), Strategy::Portable);
+}
+
+fn prefill_follows_emulation(s: Option<Session>, strategy: Strategy) {
+    let Some(s) = s else { return };
     let shapes = [
         AttentionProblem::new(1, 4, 1, 64).kv_heads(2).kv_len(300),
         AttentionProblem::new(1, 2, 70, 128).kv_len(130).causal(true),
@@ -43,7 +54,7 @@ fn fp8_plans_on_the_portable_kernel_and_follows_its_emulation() {
         for format in [Fp8Format::E4M3, Fp8Format::E5M2] {
             for descale in [DescaleGranularity::PerTensor, DescaleGranularity::PerHead, DescaleGranularity::PerBlock] {
                 let prec = fp8(format, descale);
-                let plan = s.plan(&p, prec, Strategy::Auto).unwrap_or_else(|e| panic!("plan {prec} {p:?}: {e}"));
+                let plan = s.plan(&p, prec, strategy).unwrap_or_else(|e| panic!("plan {prec} {p:?}: {e}"));
                 assert_eq!(plan.family(), Family::Portable(PortableKind::Fp8), "{}", plan.kernel);
                 let (q, k, v) = f16_inputs(&p, 700 + i as u64);
                 let out = s.run(&plan, &q, &k, &v).unwrap();
@@ -138,29 +149,42 @@ fn device_codes_and_descales_give_the_host_paths_bits() {
 
 #[test]
 fn nan_codes_poison_only_the_rows_that_see_them() {
-    let Some(s) = session() else { return };
-    let client = s.cubecl_client::<WgpuRuntime>().unwrap();
+    nan_codes::<WgpuRuntime>(session(), Strategy::Auto);
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_nan_codes_poison_only_the_rows_that_see_them() {
+    nan_codes::<cubecl::cuda::CudaRuntime>(common::open(Device::Cuda(0)), Strategy::Portable);
+}
+
+fn nan_codes<R: cubecl::Runtime>(s: Option<Session>, strategy: Strategy) {
+    let Some(s) = s else { return };
+    let client = s.cubecl_client::<R>().unwrap();
     for format in [Fp8Format::E4M3, Fp8Format::E5M2] {
         // q_len == kv_len, causal: query i sees keys 0..=i.
         let p = AttentionProblem::new(1, 2, 80, 64).causal(true).with_lse(true);
         let descale = DescaleGranularity::PerTensor;
-        let plan = s.plan(&p, fp8(format, descale), Strategy::Auto).unwrap();
+        let plan = s.plan(&p, fp8(format, descale), strategy).unwrap();
         let (q, k, v) = f16_inputs(&p, 9);
         let mut t = quantize(&p, &plan, format, descale, (&q, &k, &v));
         let nan = match format {
             Fp8Format::E4M3 => 0x7F,
             Fp8Format::E5M2 => 0x7E,
         };
-        let (key, row) = (50, 20);
-        // Head 0: a NaN in K's key 50 (rows 50.. see it); head 1: a NaN in Q's row 20.
+        let (key, row, v_key) = (50, 20, 70);
+        // Head 0: a NaN in K's key 50 (rows 50.. see it); head 1: a NaN in Q's row 20 and one
+        // in V's key 70 (rows 70.. see it; the rows before weigh it by zero, which must not
+        // make them NaN).
         t[1].codes[p.k_strides().offset(0, 0, key) + 3] = nan;
         t[0].codes[p.q_strides().offset(0, 1, row) + 5] = nan;
-        let (o, _) = run_device::<WgpuRuntime>(&s, &plan, &upload(&client, &t));
+        t[2].codes[p.v_strides().offset(0, 1, v_key) + 9] = nan;
+        let (o, _) = run_device::<R>(&s, &plan, &upload(&client, &t));
         let os = p.o_strides();
         for h in 0..2 {
             for i in 0..p.q_len {
                 let r = &o[os.offset(0, h, i)..][..p.v_head_dim];
-                let poisoned = if h == 0 { i >= key } else { i == row };
+                let poisoned = if h == 0 { i >= key } else { i == row || i >= v_key };
                 if poisoned {
                     assert!(r.iter().all(|x| x.is_nan()), "{format} head {h} row {i} must be NaN");
                 } else {

@@ -1869,6 +1869,7 @@ pub fn launch_fp8<R: Runtime>(
                 ArrayArg::from_raw_parts(handle.clone(), (elems as usize).div_ceil(FP8_VEC).max(1))
             };
             let words = FP8_VEC / 4;
+            let cvt = crate::decode::fp8_conversion(client, fcfg);
             macro_rules! go_mma {
                 ($e:ty) => {
                     // SAFETY: every global index is guarded by q_len/kv_len, and the buffers were
@@ -1891,6 +1892,7 @@ pub fn launch_fp8<R: Runtime>(
                             fp8_shape,
                             cfg,
                             fcfg,
+                            cvt,
                         )
                     }
                 };

@@ -291,7 +291,13 @@ pub(crate) fn decode_fp8(byte: u32, #[comptime] fcfg: Fp8Config) -> f32 {
 /// Whether any of the 4 codes of `word` is non-finite.
 #[cube]
 pub(crate) fn word_has_non_finite(word: u32, #[comptime] fcfg: Fp8Config) -> bool {
-    ((word & comptime!(fcfg.non_finite_mask())) + comptime!(fcfg.non_finite_carry())) & 0x8080_8080u32 != 0u32
+    non_finite_bytes(word, fcfg) != 0u32
+}
+
+/// Bit 7 of each byte of `word` set where that byte's code is non-finite.
+#[cube]
+pub(crate) fn non_finite_bytes(word: u32, #[comptime] fcfg: Fp8Config) -> u32 {
+    ((word & comptime!(fcfg.non_finite_mask())) + comptime!(fcfg.non_finite_carry())) & 0x8080_8080u32
 }
 
 /// `fma_vec`'s transposing stage load on FP8 codes: each task reads one word (4 channels) from

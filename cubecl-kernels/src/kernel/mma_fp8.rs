@@ -19,10 +19,13 @@
 //! - The descale blocks are the tile: `bq` query rows per Q descale, `bk` keys per K/V descale
 //!   (`Fp8Tiles::descale_blocks`).
 //!
-//! Decoding works on pairs of codes: two bytes spread to the high bytes of two f16 lanes give
+//! Decoding works on pairs of codes. On CUDA where the device converts FP8 (sm_89 and later),
+//! one `cvt` turns two codes into two f16 (the `cvt` comptime flag, chosen by the launcher as
+//! for the row decode kernel). Elsewhere two bytes spread to the high bytes of two f16 lanes give
 //! e5m2 as is (e5m2 is the upper byte of an f16), and for e4m3 sign and the 7 exponent-mantissa
 //! bits placed 3 bits lower give `value · 2^-8` as an f16 bit pattern (subnormal e4m3 codes land
-//! on f16 subnormals with the same mantissa), which one f16 multiply by 256 makes exact.
+//! on f16 subnormals with the same mantissa), which one f16 multiply by 256 makes exact. Both
+//! give the exact code values, so the two paths stage the same f16 bits.
 //!
 //! Non-finite codes (e4m3 `S.1111.111`; e5m2 `S.11111.xx`) are zeroed before the decode and
 //! recorded as in `fma_vec_fp8.rs`: the Q rows that hold one, and the lowest key whose K or V row
@@ -31,9 +34,10 @@
 
 use cubecl::cmma::{MatrixIdent, MmaDefinition};
 use cubecl::prelude::*;
+use cubecl::{e4m3, e5m2};
 use half::f16;
 
-use super::fma_vec_fp8::{word_has_non_finite, Fp8Config, Fp8Shape};
+use super::fma_vec_fp8::{non_finite_bytes, Fp8Config, Fp8Shape};
 use super::mma::{
     acc_zero, cube_fetch_rows, ldmatrix_start, plane_load_q, plane_online_softmax, plane_score_matmul,
     plane_value_matmul, write_results, MmaFwdConfig, Pair, MMA_M, MMA_N, MMA_K, PLANE, SMEM_ALIGN,
@@ -69,6 +73,7 @@ pub fn fwd_mma_fp8<O: Float, N: Size>(
     fp8: &Fp8Shape,
     #[comptime] cfg: MmaFwdConfig,
     #[comptime] fcfg: Fp8Config,
+    #[comptime] cvt: bool,
 ) {
     let d = cfg.head_dim;
     let bq = comptime!(cfg.bq());
@@ -107,7 +112,7 @@ pub fn fwd_mma_fp8<O: Float, N: Size>(
     let mut v_stage = SharedMemory::<Vector<f16, Halves>>::new_aligned(comptime!(cfg.v_elems() / FP8_VEC), SMEM_ALIGN);
 
     let q_regs = cube_fetch_rows(q, q_base, shape.q_s2 as usize, q0, q_len, bq, d, cfg);
-    cube_store_codes(&q_regs, &mut q_stage, &mut bad, 0, bq, d, cfg.q_pitch(), true, cfg, fcfg);
+    cube_store_codes(&q_regs, &mut q_stage, &mut bad, 0, bq, d, cfg.q_pitch(), true, cfg, fcfg, cvt);
     sync_cube();
     let q_frags = plane_load_q::<f16, Halves>(&q_stage, plane, lane, cfg);
     sync_cube();
@@ -156,19 +161,19 @@ pub fn fwd_mma_fp8<O: Float, N: Size>(
     let (num_full, num_tiles) = cube_key_ranges(q0, q_len, kv_len, bq, cfg.bk, cfg.causal);
     if num_tiles > 0 {
         let k_regs = cube_fetch_rows(k, k_base, shape.k_s2 as usize, 0, kv_len, cfg.bk, d, cfg);
-        cube_store_codes(&k_regs, &mut k_stage, &mut bad, 0, cfg.bk, d, cfg.k_pitch(), false, cfg, fcfg);
+        cube_store_codes(&k_regs, &mut k_stage, &mut bad, 0, cfg.bk, d, cfg.k_pitch(), false, cfg, fcfg, cvt);
         sync_cube();
     }
     for tile in 0..num_full {
         kv_step_fp8(
             k, v, k_descale, v_descale, &mut k_stage, &mut v_stage, &mut bad, &q_frags, &mut s_frags, &mut o_frags,
-            &mut stats, shape, scale, q_ds, k_base, v_base, kv_index, tile, num_tiles, plane_q0, lane, false, cfg, fcfg,
+            &mut stats, shape, scale, q_ds, k_base, v_base, kv_index, tile, num_tiles, plane_q0, lane, false, cfg, fcfg, cvt,
         );
     }
     for tile in num_full..num_tiles {
         kv_step_fp8(
             k, v, k_descale, v_descale, &mut k_stage, &mut v_stage, &mut bad, &q_frags, &mut s_frags, &mut o_frags,
-            &mut stats, shape, scale, q_ds, k_base, v_base, kv_index, tile, num_tiles, plane_q0, lane, true, cfg, fcfg,
+            &mut stats, shape, scale, q_ds, k_base, v_base, kv_index, tile, num_tiles, plane_q0, lane, true, cfg, fcfg, cvt,
         );
     }
 
@@ -208,6 +213,7 @@ fn kv_step_fp8<N: Size>(
     #[comptime] masked: bool,
     #[comptime] cfg: MmaFwdConfig,
     #[comptime] fcfg: Fp8Config,
+    #[comptime] cvt: bool,
 ) {
     let d = cfg.head_dim;
     let dv = cfg.v_head_dim;
@@ -229,7 +235,7 @@ fn kv_step_fp8<N: Size>(
     }
     plane_online_softmax(s_frags, o_frags, stats, shape, scale, plane_q0, k0, lane, masked, cfg);
 
-    cube_store_codes(&v_regs, v_stage, bad, k0, bk, dv, cfg.v_pitch(), false, cfg, fcfg);
+    cube_store_codes(&v_regs, v_stage, bad, k0, bk, dv, cfg.v_pitch(), false, cfg, fcfg, cvt);
     let next = tile + 1;
     let has_next = next < num_tiles;
     let k_len = select(has_next, kv_len, 0);
@@ -242,35 +248,58 @@ fn kv_step_fp8<N: Size>(
     } else {
         plane_value_matmul::<f16, Halves>(s_frags, v_stage, o_frags, lane, cfg);
     }
-    cube_store_codes(&k_regs, k_stage, bad, next * bk, bk, d, cfg.k_pitch(), false, cfg, fcfg);
+    cube_store_codes(&k_regs, k_stage, bad, next * bk, bk, d, cfg.k_pitch(), false, cfg, fcfg, cvt);
     // K(t+1) is visible, and every plane is done reading V(t).
     sync_cube();
 }
 
-/// The 8 codes of `codes` (two words, memory order) as 8 f16 values, non-finite codes as 0.
+/// `word` with the codes [`non_finite_bytes`] marks in `non_finite` cleared (zero codes).
 #[cube]
-pub(crate) fn decode_fp8_x8<N: Size>(codes: Vector<u32, N>, #[comptime] fcfg: Fp8Config) -> Vector<f16, Halves> {
-    let mut pairs = Vector::<u32, Words>::empty();
-    #[unroll]
-    for w in 0..2usize {
-        let word = codes[w];
-        // Bit 7 of each byte set where the code is non-finite; those bytes are cleared.
-        let non_finite =
-            ((word & comptime!(fcfg.non_finite_mask())) + comptime!(fcfg.non_finite_carry())) & 0x8080_8080u32;
-        let clean = word & !((non_finite >> 7u32) * 0xffu32);
-        pairs[comptime!(2 * w)] = clean & 0xffffu32;
-        pairs[comptime!(2 * w + 1)] = clean >> 16u32;
+fn clear_marked(word: u32, non_finite: u32) -> u32 {
+    word & !((non_finite >> 7u32) * 0xffu32)
+}
+
+/// The 8 codes of `clean` (two words, memory order, no non-finite code) as 8 f16 values:
+/// through the device's FP8 conversion (`cvt`: two codes to two f16 per instruction), or in
+/// integer instructions and one f16 multiply per pair. Both give every finite code's exact
+/// value (every e4m3 and e5m2 value is an f16 value).
+#[cube]
+pub(crate) fn decode_fp8_x8(clean: Vector<u32, Const<2>>, #[comptime] fcfg: Fp8Config, #[comptime] cvt: bool) -> Vector<f16, Halves> {
+    if comptime!(cvt) {
+        let mut out = Vector::<u32, Words>::empty();
+        #[unroll]
+        for w in 0..2usize {
+            #[unroll]
+            for h in 0..2usize {
+                // Byte 0 of the half-word is the lower f16 lane, as memory order wants.
+                let half = u16::cast_from(clean[w] >> comptime!(16 * h as u32));
+                let pair = if comptime!(fcfg.mantissa_bits() == 3) {
+                    Vector::<f16, Const<2>>::cast_from(Vector::<e4m3, Const<2>>::reinterpret(half))
+                } else {
+                    Vector::<f16, Const<2>>::cast_from(Vector::<e5m2, Const<2>>::reinterpret(half))
+                };
+                out[comptime!(2 * w + h)] = u32::reinterpret(pair);
+            }
+        }
+        Vector::<f16, Halves>::reinterpret(out)
+    } else {
+        let mut pairs = Vector::<u32, Words>::empty();
+        #[unroll]
+        for w in 0..2usize {
+            pairs[comptime!(2 * w)] = clean[w] & 0xffffu32;
+            pairs[comptime!(2 * w + 1)] = clean[w] >> 16u32;
+        }
+        // Each word: code b0 in bits 0..8, b1 in 8..16; to f16 lanes (b0 low, b1 high).
+        let bytes = Vector::<u32, Words>::new(0xffu32);
+        let spread = (pairs & bytes) | ((pairs & Vector::new(0xff00u32)) << Vector::new(8u32));
+        let mut out = Vector::<f16, Halves>::reinterpret(spread << Vector::new(8u32));
+        if comptime!(fcfg.mantissa_bits() == 3) {
+            let bits = ((spread & Vector::new(0x0080_0080u32)) << Vector::new(8u32))
+                | ((spread & Vector::new(0x007f_007fu32)) << Vector::new(7u32));
+            out = Vector::<f16, Halves>::reinterpret(bits) * Vector::new(f16::from_int(256));
+        }
+        out
     }
-    // Each word: code b0 in bits 0..8, b1 in 8..16; to f16 lanes (b0 low, b1 high).
-    let bytes = Vector::<u32, Words>::new(0xffu32);
-    let spread = (pairs & bytes) | ((pairs & Vector::new(0xff00u32)) << Vector::new(8u32));
-    let mut out = Vector::<f16, Halves>::reinterpret(spread << Vector::new(8u32));
-    if comptime!(fcfg.mantissa_bits() == 3) {
-        let bits = ((spread & Vector::new(0x0080_0080u32)) << Vector::new(8u32))
-            | ((spread & Vector::new(0x007f_007fu32)) << Vector::new(7u32));
-        out = Vector::<f16, Halves>::reinterpret(bits) * Vector::new(f16::from_int(256));
-    }
-    out
 }
 
 /// Writes what [`cube_fetch_rows`] loaded (`rows` rows of `dim` codes from `row0`, in vectors
@@ -290,6 +319,7 @@ fn cube_store_codes<N: Size>(
     #[comptime] is_q: bool,
     #[comptime] cfg: MmaFwdConfig,
     #[comptime] fcfg: Fp8Config,
+    #[comptime] cvt: bool,
 ) {
     let per_row = comptime!(dim / FP8_VEC);
     let stage_row = comptime!(pitch / FP8_VEC);
@@ -306,8 +336,13 @@ fn cube_store_codes<N: Size>(
         if in_tile {
             let codes = regs[step];
             let row = e / per_row;
-            stage[row * stage_row + e % per_row] = decode_fp8_x8(codes, fcfg);
-            if word_has_non_finite(codes[0], fcfg) || word_has_non_finite(codes[1], fcfg) {
+            let nf0 = non_finite_bytes(codes[0], fcfg);
+            let nf1 = non_finite_bytes(codes[1], fcfg);
+            let mut clean = Vector::<u32, Const<2>>::empty();
+            clean[0] = clear_marked(codes[0], nf0);
+            clean[1] = clear_marked(codes[1], nf1);
+            stage[row * stage_row + e % per_row] = decode_fp8_x8(clean, fcfg, cvt);
+            if (nf0 | nf1) != 0u32 {
                 if is_q {
                     bad[row].store(1u32);
                 } else {
@@ -541,7 +576,7 @@ mod cuda_tests {
     use cubecl::Compiler as _;
     use quattn_core::{DescaleGranularity, Fp8Format};
 
-    fn definition(client: &ComputeClient<WgpuRuntime>, cfg: MmaFwdConfig, fcfg: Fp8Config) -> KernelDefinition {
+    fn definition(client: &ComputeClient<WgpuRuntime>, cfg: MmaFwdConfig, fcfg: Fp8Config, cvt: bool) -> KernelDefinition {
         let array = || ArrayCompilationArg { inplace: None };
         let shape = AttnShapeCompilationArg {
             q_len: (),
@@ -583,6 +618,7 @@ mod cuda_tests {
             FP8_VEC / 4,
             cfg,
             fcfg,
+            cvt,
         )
         .define()
     }
@@ -634,17 +670,18 @@ mod cuda_tests {
         });
         let mut cover = crate::kernel::offline_cuda::Cover::new();
         for (granularity, cfg) in configs {
-            for format in [Fp8Format::E4M3, Fp8Format::E5M2] {
-                if cover.take(&[&(cfg.head_dim, cfg.v_head_dim), &granularity, &(cfg.warps, cfg.mt, cfg.bk), &format]) {
+            // The device's FP8 conversion (what sm_89+ runs) and the integer decode, each format.
+            for (format, cvt) in [(Fp8Format::E4M3, true), (Fp8Format::E5M2, true), (Fp8Format::E4M3, false), (Fp8Format::E5M2, false)] {
+                if cover.take(&[&(cfg.head_dim, cfg.v_head_dim), &granularity, &(cfg.warps, cfg.mt, cfg.bk), &(format, cvt)]) {
                     let fcfg = Fp8Config { format, granularity };
                     let kernel = {
                         let _serial = COMPILE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
                         CudaCompiler::default()
-                            .compile(definition(&client, cfg, fcfg), &options, ExecutionMode::Unchecked, ADDR)
+                            .compile(definition(&client, cfg, fcfg, cvt), &options, ExecutionMode::Unchecked, ADDR)
                             .unwrap()
                     };
                     let name = format!(
-                        "mma_fp8_{format}_{granularity:?}_d{}v{}_w{}_mt{}_bk{}",
+                        "mma_fp8_{format}_{granularity:?}_d{}v{}_w{}_mt{}_bk{}_cvt{cvt}",
                         cfg.head_dim, cfg.v_head_dim, cfg.warps, cfg.mt, cfg.bk
                     );
                     let tiles = MmaTiles { warps: cfg.warps as u32, mt: cfg.mt as u32, bk: cfg.bk as u32 };
@@ -667,9 +704,17 @@ mod cuda_tests {
                     let hmma = count("HMMA.16816.F32");
                     let per_step = cfg.mt * (cfg.s_tiles() * cfg.qk_steps() + cfg.pv_steps() * cfg.o_tiles());
                     let ldsm = count("LDSM");
+                    // The conversion is `F2FP.F16.E4M3.UNPACK_B` (or `.E5M2.`): present exactly
+                    // when asked for.
+                    let format_tag = match format {
+                        Fp8Format::E4M3 => ".E4M3.",
+                        Fp8Format::E5M2 => ".E5M2.",
+                    };
+                    let conversions: usize =
+                        hist.iter().filter(|(op, _)| op.starts_with("F2FP") && op.contains(format_tag)).map(|(_, n)| n).sum();
                     println!(
                         "{name}: {} registers, {} B spilled, {declared} B shared ({formula} + {records}), {hmma} HMMA \
-                         (expected {}), {ldsm} LDSM",
+                         (expected {}), {ldsm} LDSM, {conversions} FP8 conversions",
                         res.registers,
                         res.spill_bytes(),
                         2 * per_step,
@@ -678,12 +723,13 @@ mod cuda_tests {
                         || hmma != 2 * per_step
                         || ldsm == 0
                         || res.spill_bytes() != 0
+                        || (conversions > 0) != cvt
                     {
                         failures.push(name);
                     }
                 }
             }
         }
-        assert!(failures.is_empty(), "shared memory, HMMA count, LDSM or spills wrong for: {failures:?}");
+        assert!(failures.is_empty(), "shared memory, HMMA count, LDSM, FP8 conversions or spills wrong for: {failures:?}");
     }
 }
