@@ -708,6 +708,41 @@ mod cuda {
         }
     }
 
+    /// The window-only HMMA variant (band, alignment and sinks without softcap or ALiBi, the
+    /// plain kernel's 32-row tile): bf16 through Auto and f16 forced, hd64 and hd128, against
+    /// f64. The bands are chosen so that CTAs have partly visible tiles above their whole ones
+    /// (diagonal, sequence end), whole ones, and partly visible ones below (the window's left
+    /// edge), or no whole tile at all (a window narrower than a tile), with row counts that are
+    /// not multiples of the tile's rows.
+    #[test]
+    fn hmma_window_only_variant_matches_the_reference() {
+        use quattn::KernelId;
+        use quattn_native::{ModVariant, NativeKernelId};
+        let Some(s) = open(Device::Cuda(0)) else { return };
+        let d128 = |q_len, kv_len| AttentionProblem::new(2, 8, q_len, 128).kv_heads(2).kv_len(kv_len);
+        let d64 = |q_len, kv_len| AttentionProblem::new(2, 4, q_len, 64).kv_heads(2).kv_len(kv_len);
+        let cases = [
+            d128(1000, 3000).causal(true).window(300, 0),
+            d128(700, 700).window(200, 150).layout(Layout::Bshd),
+            d128(1000, 3000).causal(true).window(20, 0).sinks(sinks(8, 6)),
+            d128(900, 1300).causal(true).causal_align(CausalAlign::TopLeft).window(500, 0),
+            d64(1000, 1700).causal(true).window(400, 0),
+            d64(517, 517).window(150, 60).sinks(sinks(4, 7)),
+            d64(1000, 1700).window(-1, 90).layout(Layout::Bshd),
+        ];
+        for (i, p) in cases.iter().enumerate() {
+            for (precision, strategy) in [(Precision::BF16_DEFAULT, Strategy::Auto), (Precision::F16_DEFAULT, Strategy::Native(NativeKind::Hmma))] {
+                let plan = s.plan(p, precision, strategy).unwrap();
+                assert_eq!(plan.family(), Family::Native(NativeKind::Hmma), "{} {p:?}", plan.kernel);
+                let KernelId::Native(choice) = &plan.kernel else { panic!("{}", plan.kernel) };
+                let NativeKernelId::Hmma(c) = choice.kernel else { panic!("{}", plan.kernel) };
+                assert_eq!(c.mods, Some(ModVariant::default()), "{}", plan.kernel);
+                println!("{} {precision} {p:?}", plan.kernel);
+                check_with(&s, p, precision, strategy, 120 + i as u64);
+            }
+        }
+    }
+
     /// Past what the parameter block holds (128 Q heads), the wgmma row refuses and Auto moves
     /// on to a kernel with modifiers.
     #[test]

@@ -548,7 +548,7 @@ __device__ __forceinline__ void warp_mods(float (&s)[cfg::MT][cfg::N_FRAGS][4], 
 struct ModState {
     const ModParams& mp;
     float slope;
-    int a0, full_lo, full_hi, t_top;
+    int a0, t_top;
 };
 #define MOD_ARG const ModState &ms,
 #define MOD_PASS ms,
@@ -722,13 +722,18 @@ extern "C" __global__ void __launch_bounds__(cfg::THREADS, 1) fwd_hmma(const Fwd
         // Masked tiles (sequence end, causal diagonal) come first, then mask-free tiles: full
         // tiles carry no mask code at all. Tiles no row can see were never counted.
 #if MODS
-        // Partly visible tiles sit at both ends of the band: the mask is chosen per tile.
-        const ModState ms{mp, MOD_ALIBI ? mp.alibi_raw[head] : 0.f, row0 + a_offset, mt.full_lo, mt.full_hi, t_top};
-        for (int j = 0; j < n_tiles; ++j) {
-            const int t = t_top - j;
-            if (t < mt.full_lo || t > mt.full_hi) cta_kv_tile<true>(st, q, kv, smem, j, n_tiles, p, ms, VL_PASS diag, lane);
-            else cta_kv_tile<false>(st, q, kv, smem, j, n_tiles, p, ms, VL_PASS diag, lane);
-        }
+        // Partly visible tiles sit at both ends of the band: the tiles above full_hi (the
+        // diagonal, the sequence end), then the whole ones, then those below full_lo (the
+        // window's left edge). Three loops with their bounds counted once, as the plain
+        // kernel's two: with one loop choosing the mask per tile, the 32-row tiles spilled at
+        // 255 registers (sm_80 and sm_90).
+        const ModState ms{mp, MOD_ALIBI ? mp.alibi_raw[head] : 0.f, row0 + a_offset, t_top};
+        const int j_full = min(max(t_top - mt.full_hi, 0), n_tiles);
+        const int j_low = min(max(t_top - mt.full_lo + 1, j_full), n_tiles);
+        int j = 0;
+        for (; j < j_full; ++j) cta_kv_tile<true>(st, q, kv, smem, j, n_tiles, p, ms, VL_PASS diag, lane);
+        for (; j < j_low; ++j) cta_kv_tile<false>(st, q, kv, smem, j, n_tiles, p, ms, VL_PASS diag, lane);
+        for (; j < n_tiles; ++j) cta_kv_tile<true>(st, q, kv, smem, j, n_tiles, p, ms, VL_PASS diag, lane);
 #else
         int j = 0;
         for (; j < n_masked; ++j) cta_kv_tile<true>(st, q, kv, smem, j, n_tiles, p, VL_PASS diag, lane);

@@ -152,8 +152,8 @@ impl HmmaConfig {
     /// such device).
     pub const TARGETS: &'static [Arch] = &[Arch::Sm80, Arch::Sm86, Arch::Sm89, Arch::Sm90, Arch::Sm100a, Arch::Sm120a];
     /// Targets of the score-modifier variants: those whose SASS is checked free of spills at
-    /// their 16-row tile (a device of another compute capability falls through to a kernel
-    /// with modifiers elsewhere).
+    /// their tiles (a device of another compute capability falls through to a kernel with
+    /// modifiers elsewhere).
     pub const MOD_TARGETS: &'static [Arch] = &[Arch::Sm80, Arch::Sm90, Arch::Sm120a];
 
     /// Validated constructor.
@@ -241,10 +241,21 @@ impl HmmaConfig {
             return self.tile;
         }
         let row = HMMA_TILES.iter().find(|r| r.head_dim == self.head_dim)?;
-        if self.mods.is_some() {
-            // The modifier code (per-row band limits, softcap and ALiBi per score) does not fit
-            // next to 32 rows per warp in 255 registers; 16 rows per warp with Q in registers do.
-            return Some(HmmaTile::new(4, 64));
+        if let Some(m) = self.mods {
+            if m.softcap || m.alibi || self.varlen {
+                // Softcap and ALiBi (a transform of every score) and the per-sequence addressing
+                // of the varlen kernel do not fit next to 32 rows per warp in 255 registers; 16
+                // rows per warp with Q in registers do.
+                return Some(HmmaTile::new(4, 64));
+            }
+            // The band and sinks alone: the plain f32 tile, which they fit at 255 registers
+            // without a spill (their masks are per tile, like the causal one), except at hd64
+            // on sm_90, where ptxas spills a loop bound (4 bytes) with 128-key tiles and the
+            // compact tile (32 rows per warp, 64 keys, Q in registers) fits.
+            return Some(match (self.head_dim, arch) {
+                (_, Arch::Sm100a | Arch::Sm120a) | (64, Arch::Sm90) => row.compact,
+                _ => row.tile,
+            });
         }
         if self.varlen && self.head_dim == 128 {
             // The dense hd128 tile (32 rows per warp) uses all 255 registers; the per-sequence
@@ -302,11 +313,14 @@ impl HmmaConfig {
                 }
             }
             v.push(HmmaConfig { head_dim: hd, input: Dtype::Bf16, qk: QkAccum::F32, pv: PvAccum::F32, tile: None, mods: None, varlen: false });
-            // The modifier variant with softcap and ALiBi compiled in: the superset of the others'
-            // code (those only drop the two score transforms).
+            // The modifier variants: the band and sinks alone (a sliding window, the plain tile),
+            // and with softcap and ALiBi compiled in (the superset of the others' code, the
+            // 16-row tile).
             for input in [Dtype::F16, Dtype::Bf16] {
-                let mods = Some(ModVariant { softcap: true, alibi: true });
-                v.push(HmmaConfig { head_dim: hd, input, qk: QkAccum::F32, pv: PvAccum::F32, tile: None, mods, varlen: false });
+                for (softcap, alibi) in [(false, false), (true, true)] {
+                    let mods = Some(ModVariant { softcap, alibi });
+                    v.push(HmmaConfig { head_dim: hd, input, qk: QkAccum::F32, pv: PvAccum::F32, tile: None, mods, varlen: false });
+                }
             }
             for input in [Dtype::F16, Dtype::Bf16] {
                 v.push(HmmaConfig { head_dim: hd, input, qk: QkAccum::F32, pv: PvAccum::F32, tile: None, mods: None, varlen: true });
@@ -859,6 +873,39 @@ mod tests {
         assert_eq!(HmmaConfig::all().iter().filter(|c| c.varlen && c.mods.is_some()).count(), 8);
         let f16m = HmmaConfig { input: Dtype::F16, qk: QkAccum::F16, ..m };
         assert!(matches!(f16m.validate(), Err(NativeError::UnsupportedConfig { .. })));
+    }
+
+    #[test]
+    fn window_only_modifier_variants_take_the_plain_tile_where_it_fits() {
+        for row in HMMA_TILES {
+            let hd = row.head_dim as usize;
+            for input in [Dtype::F16, Dtype::Bf16] {
+                let plain = HmmaConfig::new(hd, input, QkAccum::F32, PvAccum::F32).unwrap();
+                let window = HmmaConfig { mods: Some(ModVariant::default()), ..plain };
+                assert_eq!(window.name(), format!("{}_mods", plain.name()));
+                assert_eq!(window.targets(), HmmaConfig::MOD_TARGETS);
+                for arch in [Arch::Sm80, Arch::Sm120a] {
+                    assert_eq!(window.tile_for(arch).unwrap(), plain.tile_for(arch).unwrap(), "{} {arch:?}", window.name());
+                }
+                // hd64's 128-key tile spills on sm_90 next to the band: the compact one, still
+                // 32 rows per warp.
+                let want = if hd == 64 { row.compact } else { row.tile };
+                assert_eq!(window.tile_for(Arch::Sm90).unwrap(), want);
+                assert_eq!(window.tile_for(Arch::Sm90).unwrap().rows_per_warp, 32);
+                // Softcap or ALiBi, and the varlen variants, keep the 16-row tile.
+                for (softcap, alibi) in [(true, true), (true, false), (false, true)] {
+                    let m = HmmaConfig { mods: Some(ModVariant { softcap, alibi }), ..plain };
+                    assert_eq!(m.tile_for(Arch::Sm90).unwrap(), HmmaTile::new(4, 64));
+                }
+                let vl = HmmaConfig::varlen_with_mods(hd, input, ModVariant::default()).unwrap();
+                assert_eq!(vl.tile_for(Arch::Sm90).unwrap(), HmmaTile::new(4, 64));
+                // Both modifier variants are in the compiled and checked list.
+                let all = HmmaConfig::all();
+                for m in [ModVariant::default(), ModVariant { softcap: true, alibi: true }] {
+                    assert!(all.contains(&HmmaConfig { mods: Some(m), ..plain }), "{m:?} d{hd} {input:?}");
+                }
+            }
+        }
     }
 
     #[test]

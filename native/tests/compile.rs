@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use quattn_native::{
     compile_family_report, report::report_variant, Arch, CompileRequest, HmmaConfig, Dtype, Int8Config,
-    Int8Granularity, Int8Tile, KernelCache, NativeError, Origin, PvAccum, QkAccum,
+    Int8Granularity, Int8Tile, KernelCache, ModVariant, NativeError, Origin, PvAccum, QkAccum,
 };
 
 /// The pre-Blackwell targets: every HMMA variant is compiled for the first two; sm_86 and sm_89
@@ -71,6 +71,46 @@ fn every_hmma_variant_compiles_without_spills_and_uses_the_intended_mma() {
     // The JSON form the CLI prints must serialise.
     let json = serde_json::to_string(&reports).unwrap();
     assert!(json.contains("HMMA.16816.F32"));
+}
+
+/// The window-only modifier variant (band, alignment, sinks; no softcap, no ALiBi) runs the
+/// plain f32 kernel's tile, 32 rows per warp, on every modifier target where that compiles
+/// without spills (the compact one at hd64 on sm_90), next to the superset's 16 rows; both
+/// without spills, with the shared memory their tiles say.
+#[test]
+fn window_only_modifier_variants_run_32_rows_per_warp_without_spills() {
+    if !tools_or_skip("window_only_modifier_variants_run_32_rows_per_warp_without_spills") {
+        return;
+    }
+    let cache = KernelCache::new(None);
+    for hd in [64, 128] {
+        for input in [Dtype::F16, Dtype::Bf16] {
+            let plain = HmmaConfig::new(hd, input, QkAccum::F32, PvAccum::F32).unwrap();
+            let window = HmmaConfig { mods: Some(ModVariant::default()), ..plain };
+            let both = HmmaConfig { mods: Some(ModVariant { softcap: true, alibi: true }), ..plain };
+            for &arch in HmmaConfig::MOD_TARGETS {
+                let tile = window.tile_for(arch).unwrap();
+                let want_rows = if matches!(arch, Arch::Sm80 | Arch::Sm90) { 32 } else { plain.tile_for(arch).unwrap().rows_per_warp };
+                assert_eq!(tile.rows_per_warp, want_rows, "{} {arch:?}", window.name());
+                let defines = window.defines(arch).unwrap();
+                assert!(defines.contains(&("ROWS_PER_WARP".into(), want_rows.to_string())), "{defines:?}");
+                for (d, c) in [(window, tile), (both, both.tile_for(arch).unwrap())] {
+                    let r = report_variant(&cache, &d, arch);
+                    println!("{}", r.summary());
+                    assert!(r.ok(), "{}", r.summary());
+                    let regs = r.registers.expect("ptxas reported registers");
+                    assert!(regs > 0 && regs <= 255, "{}", r.summary());
+                    assert_eq!((r.spill_store_bytes, r.spill_load_bytes), (Some(0), Some(0)), "{}", r.summary());
+                    assert_eq!(r.dynamic_smem_bytes, c.smem_bytes(hd as u32), "{}", r.summary());
+                    let mmas: usize = r.instructions.iter().filter(|(k, _)| k.starts_with("HMMA")).map(|(_, v)| v).sum();
+                    // Each copy of the tile body: 2 GEMMs x 2 MMAs per (m16 tile, k16, n16).
+                    let body = 4 * (c.rows_per_warp / 16) * (hd as u32 / 16) * (c.block_n / 16);
+                    assert!(mmas > 0 && mmas % body as usize == 0, "{}: {mmas} HMMAs, {body} per tile", r.summary());
+                }
+                assert_eq!(both.tile_for(arch).unwrap().rows_per_warp, 16);
+            }
+        }
+    }
 }
 
 #[test]

@@ -349,6 +349,19 @@ fn hmma_varlen(problem: &AttentionProblem, input: Dtype) -> std::result::Result<
     varlen_config(problem, "HMMA", config, |_, _| Ok(()), |c| c.name())
 }
 
+/// The dense HMMA variant of `config` for `problem`: `config` itself without score modifiers,
+/// otherwise the modifier variant compiling in exactly the modifiers the problem sets (the
+/// parameter block matches one variant only), so a window, causal band or sinks alone take the
+/// window-only variant (the plain kernel's tile) and softcap or ALiBi the 16-row ones.
+fn hmma_dense(problem: &AttentionProblem, config: HmmaConfig) -> std::result::Result<HmmaConfig, Reject> {
+    config.validate_args(&problem.shape()).map_err(|e| Reject::NotApplicable(e.to_string()))?;
+    if problem.has_modifiers() && (config.qk != QkAccum::F32 || config.pv != PvAccum::F32) {
+        // The modifier variants accumulate in f32 only.
+        registry::refuse_modifiers(problem, format!("{} (f16 accumulation)", config.name()))?;
+    }
+    with_mod_variant(config, problem, |c| c.mods = Some(mod_variant(problem)), |c| (c.name(), c.mods))
+}
+
 fn hmma_config(problem: &AttentionProblem, precision: Precision) -> std::result::Result<HmmaConfig, String> {
     let (input, qk, pv) = match precision {
         Precision::F16 { qk, pv } => (Dtype::F16, qk, pv),
@@ -510,12 +523,7 @@ impl CudaBackend {
         if let Some(config) = hmma_varlen(problem, config.input)? {
             return self.native_choice(NativeKernelId::Hmma(config), None, None);
         }
-        config.validate_args(&problem.shape()).map_err(|e| Reject::NotApplicable(e.to_string()))?;
-        if problem.has_modifiers() && (config.qk != QkAccum::F32 || config.pv != PvAccum::F32) {
-            // The modifier variant accumulates in f32 only.
-            registry::refuse_modifiers(problem, format!("{} (f16 accumulation)", config.name()))?;
-        }
-        let config = with_mod_variant(config, problem, |c| c.mods = Some(mod_variant(problem)), |c| (c.name(), c.mods))?;
+        let config = hmma_dense(problem, config)?;
         self.native_choice(NativeKernelId::Hmma(config), None, None)
     }
 
@@ -1631,6 +1639,50 @@ mod tests {
             let hmma = hmma_config(p, Precision::F16_DEFAULT).unwrap();
             hmma.validate_args(&p.shape()).unwrap();
             WgmmaConfig::new(128).unwrap().tma_specs(&p.shape(), [0; 5]).unwrap();
+        }
+    }
+
+    /// Dense HMMA dispatch with score modifiers: a window (causal or not) or sinks alone take
+    /// the window-only variant, which runs the plain kernel's 32-row tile; softcap or ALiBi the
+    /// variant compiling in what the problem sets (the 16-row tile, the superset when both are
+    /// set); no modifier, the plain kernel. Needs no device.
+    #[test]
+    fn dense_hmma_problems_take_the_lightest_modifier_variant() {
+        let slopes = AttentionProblem::standard_alibi_slopes(8);
+        let base = AttentionProblem::new(1, 8, 4096, 128).kv_heads(2).causal(true);
+        for precision in [Precision::BF16_DEFAULT, Precision::F16_DEFAULT] {
+            let cfg = hmma_config(&base, precision).unwrap();
+            let plain = hmma_dense(&base, cfg).unwrap();
+            assert_eq!(plain.mods, None);
+            let window = hmma_dense(&base.clone().window(1024, 0), cfg).unwrap();
+            assert_eq!(window.mods, Some(ModVariant::default()));
+            assert_eq!(window.name(), format!("{}_mods", plain.name()));
+            let sinks = hmma_dense(&base.clone().causal(false).sinks(vec![0.5f32; 8]), cfg).unwrap();
+            assert_eq!(sinks.mods, Some(ModVariant::default()));
+            for arch in [quattn_native::Arch::Sm80, quattn_native::Arch::Sm90] {
+                assert_eq!(window.tile_for(arch).unwrap().rows_per_warp, 32, "{arch:?}");
+                assert_eq!(window.tile_for(arch).unwrap(), plain.tile_for(arch).unwrap(), "{arch:?}");
+            }
+            let cases = [
+                (base.clone().window(1024, 0).softcap(30.0), ModVariant { softcap: true, alibi: false }),
+                (base.clone().alibi_slopes(slopes.clone()), ModVariant { softcap: false, alibi: true }),
+                (base.clone().window(1024, 0).softcap(30.0).alibi_slopes(slopes.clone()), ModVariant { softcap: true, alibi: true }),
+            ];
+            for (p, want) in cases {
+                let c = hmma_dense(&p, cfg).unwrap();
+                assert_eq!(c.mods, Some(want));
+                assert_eq!(c.tile_for(quattn_native::Arch::Sm90).unwrap().rows_per_warp, 16);
+                // The launch parameters of the chosen variant accept the problem's modifiers.
+                mod_params(&c.name(), want, &p).unwrap();
+            }
+            mod_params(&window.name(), ModVariant::default(), &base.clone().window(1024, 0)).unwrap();
+        }
+        // The f16-accumulating modes have no modifier variant: refused by name.
+        let f16acc = Precision::F16 { qk: QkAccum::F16, pv: PvAccum::F32 };
+        let windowed = base.clone().window(1024, 0);
+        match hmma_dense(&windowed, hmma_config(&windowed, f16acc).unwrap()) {
+            Err(Reject::Refused(Error::UnsupportedFeature { feature, .. })) => assert_eq!(feature, "sliding window"),
+            other => panic!("{other:?}"),
         }
     }
 
