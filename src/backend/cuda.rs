@@ -1173,9 +1173,6 @@ impl CudaBackend {
         Ok(s.lse.as_mut().map_or(0, |l| l.device_ptr_mut(stream).0))
     }
 
-    /// Replaces `slot` by a zeroed buffer of `n` elements unless it holds at least that many.
-    /// Allocated on the host-path stream, which is synchronized once so that any stream may use
-    /// the buffer.
     /// The device address of `key`'s tables in `stream`'s scratch. The tables are host data of
     /// the plan, copied on the caller's stream before the launch that reads them, and only when
     /// the scratch does not hold them already ([`TableCache`]): a launch enqueued earlier on this
@@ -1203,6 +1200,9 @@ impl CudaBackend {
         Ok(buf.device_ptr_mut(stream).0)
     }
 
+    /// Replaces `slot` by a zeroed buffer of `n` elements unless it holds at least that many.
+    /// Allocated on the host-path stream, which is synchronized once so that any stream may use
+    /// the buffer.
     fn grow<T: DeviceRepr + ValidAsZeroBits>(&self, slot: &mut Option<CudaSlice<T>>, n: usize) -> Result<()> {
         if slot.as_ref().is_none_or(|x| x.len() < n) {
             let e = driver("scratch");
