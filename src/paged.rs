@@ -11,6 +11,15 @@
 //! entry a sequence reads before anything runs. [`PagedKv::append`] writes new keys and values
 //! into the pages (the CPU `append_kv`); entries past a sequence's pages are never read and may
 //! hold anything (`-1` marks an unallocated page by convention).
+//!
+//! The block table and the lengths are immutable `Arc`s: a new block table (pages added,
+//! reordered or freed) is a new [`PagedKv`], and [`PagedKv::append`] returns one with new
+//! lengths over the same block table. The GPU backends keep the last tables they copied to the
+//! device (per stream on CUDA) and skip the copy while the calls' plans hold the same `Arc`s
+//! (clones of a plan or of a `PagedKv` share them), which makes the layers of one decode step
+//! one copy; over the same block table with new lengths, the CUDA backend copies the lengths
+//! alone. Tables in other `Arc`s are copied again, even with equal contents. Variable-length
+//! offsets ([`crate::VarLen`]) are kept the same way.
 
 use std::sync::Arc;
 

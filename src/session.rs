@@ -29,7 +29,10 @@ pub enum Path {
 }
 
 /// A validated problem with its kernel chosen and configured; reusable across calls. Every
-/// execution runs exactly [`Plan::kernel`]: nothing is re-selected per call.
+/// execution runs exactly [`Plan::kernel`]: nothing is re-selected per call. A paged cache's
+/// block table and lengths and a variable-length batch's offsets are host data of the plan
+/// (immutable `Arc`s): the GPU backends skip copying them to the device while consecutive
+/// calls' plans hold the same `Arc`s (see [`crate::paged`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Plan {
     pub problem: AttentionProblem,

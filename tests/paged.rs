@@ -578,3 +578,130 @@ fn paged_prefill_with_modifiers_runs_on_the_cpu_and_on_wgpu() {
         }
     }
 }
+
+/// The portable backend keeps a plan's block table on the device between calls (wgpu; llvmpipe
+/// in CI). On one set of Q and pool handles: two decode calls with one plan, then a plan over a
+/// new `PagedKv` (the same pool's pages dealt to the sequences in another order), then the first
+/// plan again, and the second through the host path; each O (poisoned with NaN) and LSE against
+/// the f64 reference of its own table. The second table's answer differs from the first's, so a
+/// stale table on the device could not pass.
+#[test]
+fn portable_decode_follows_a_new_block_table() {
+    use half::f16;
+    use quattn::cubecl::wgpu::WgpuRuntime;
+    let Some(s) = common::open(Device::Wgpu(WgpuAdapter::Default)) else { return };
+    let client = s.cubecl_client::<WgpuRuntime>().unwrap();
+    let lens = [300usize, 45, 129];
+    let first = inputs::paged_kv(16, &lens, 1, 2, 61);
+    let second = inputs::paged_kv(16, &lens, 1, 2, 62);
+    assert_eq!((first.num_pages, first.max_pages, &first.seq_lens), (second.num_pages, second.max_pages, &second.seq_lens));
+    assert_ne!(first.block_table, second.block_table);
+    let base = AttentionProblem::new(lens.len(), 4, 1, 64).kv_heads(2).with_lse(true);
+    let (p1, p2) = (base.clone().paged_kv(first), base.paged_kv(second));
+    let precision = Precision::F16_DEFAULT;
+    let (plan1, plan2) = (s.plan(&p1, precision, Strategy::Auto).unwrap(), s.plan(&p2, precision, Strategy::Auto).unwrap());
+    assert_eq!(plan1.family(), quattn::Family::Portable(PortableKind::Decode), "{}", plan1.kernel_name());
+    let (q, k, v) = inputs::qkv(&p1, 63);
+    let dt = precision.input_dtype();
+    let (q, k, v) = (HostSlice::F32(&q).rounded_to(dt), HostSlice::F32(&k).rounded_to(dt), HostSlice::F32(&v).rounded_to(dt));
+    let up = |x: &[f32]| client.create_from_slice(bytemuck::cast_slice(&x.iter().map(|&a| f16::from_f32(a)).collect::<Vec<_>>()));
+    let (qh, kh, vh) = (up(&q), up(&k), up(&v));
+    let tol = Tolerance::for_precision(precision);
+    let judge = |what: &str, p: &AttentionProblem, o: &[f32], lse: &[f32]| {
+        let r = attention_f64(p, &q, &k, &v).unwrap();
+        assert!(o.iter().all(|x| x.is_finite()), "{what}: a row left unwritten or non-finite");
+        let m = ErrorMetrics::compare(o, &r.o);
+        assert!(tol.accepts(&m, r.o.iter().fold(0.0f64, |a, &x| a.max(x.abs()))), "{what}: {m:?}");
+        let lm = compare_lse(lse, &r.lse).unwrap_or_else(|| panic!("{what}: LSE infinities differ"));
+        assert!(lm.max_abs <= tol.max_abs_rel, "{what}: LSE {lm:?}");
+    };
+    let on_handles = |plan: &quattn::Plan| -> (Vec<f32>, Vec<f32>) {
+        let oh = up(&vec![f32::NAN; plan.problem.o_len_elems()]);
+        let lh = client.create_from_slice(bytemuck::cast_slice(&vec![f32::NAN; plan.problem.lse_len_elems()]));
+        s.run_cubecl::<WgpuRuntime>(plan, quattn::CubeclTensors { q: &qh, k: &kh, v: &vh, o: &oh, lse: Some(&lh) }).unwrap();
+        let o = bytemuck::pod_collect_to_vec::<u8, f16>(&client.read_one(oh).unwrap()).iter().map(|x| x.to_f32()).collect();
+        (o, bytemuck::pod_collect_to_vec(&client.read_one(lh).unwrap()))
+    };
+    let mut outs = Vec::new();
+    for (i, plan) in [&plan1, &plan1, &plan2, &plan1].into_iter().enumerate() {
+        let (o, lse) = on_handles(plan);
+        judge(&format!("call {i}"), &plan.problem, &o, &lse);
+        outs.push(o);
+    }
+    assert_eq!(outs[0], outs[1]);
+    assert_eq!(outs[0], outs[3]);
+    let m = ErrorMetrics::compare(&outs[2], &outs[0].iter().map(|&x| x as f64).collect::<Vec<_>>());
+    assert!(m.rel_l2 > 0.1, "the two tables give the same answer: {m:?}");
+    let host = s.run(&plan2, &q, &k, &v).unwrap();
+    judge("host path", &p2, &host.o, host.lse.as_ref().unwrap());
+}
+
+/// The CUDA device-tensor path keeps a plan's tables in the stream's scratch between calls. On
+/// one stream, enqueued back to back with no synchronization between them: a plan twice, a plan
+/// over a new block table (the same pool's pages dealt in another order), a plan over that block
+/// table's `Arc` with other lengths (only the lengths change on the device), then the first plan
+/// again; each O and LSE (poisoned with NaN) against the f64 reference of its own table. Skips
+/// without a CUDA device.
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_device_tensors_follow_new_tables_on_one_stream() {
+    use half::f16;
+    use quattn::cudarc::driver::CudaContext;
+    use quattn::{CudaTensor, CudaTensorMut};
+    let Some(s) = common::open(Device::Cuda(0)) else { return };
+    let lens = [3000usize, 45, 129];
+    let first = inputs::paged_kv(16, &lens, 0, 2, 71);
+    let second = inputs::paged_kv(16, &lens, 0, 2, 72);
+    assert_eq!((first.num_pages, first.max_pages), (second.num_pages, second.max_pages));
+    assert_ne!(first.block_table, second.block_table);
+    let shorter = PagedKv::new(16, second.num_pages, second.block_table.clone(), vec![2900, 45, 17]);
+    let base = AttentionProblem::new(lens.len(), 8, 1, 128).kv_heads(2).with_lse(true);
+    let problems = [base.clone().paged_kv(first), base.clone().paged_kv(second), base.paged_kv(shorter)];
+    let precision = Precision::F16_DEFAULT;
+    let plans: Vec<quattn::Plan> = problems.iter().map(|p| s.plan(p, precision, Strategy::Auto).unwrap_or_else(|e| panic!("{e}"))).collect();
+    let (q, k, v) = inputs::qkv(&problems[0], 73);
+    let dt = precision.input_dtype();
+    let (q, k, v) = (HostSlice::F32(&q).rounded_to(dt), HostSlice::F32(&k).rounded_to(dt), HostSlice::F32(&v).rounded_to(dt));
+    let to_f16 = |x: &[f32]| x.iter().map(|&a| f16::from_f32(a)).collect::<Vec<f16>>();
+    let ctx = CudaContext::new(0).unwrap();
+    let stream = ctx.new_stream().unwrap();
+    let (dq, dk, dv) = (stream.clone_htod(&to_f16(&q)).unwrap(), stream.clone_htod(&to_f16(&k)).unwrap(), stream.clone_htod(&to_f16(&v)).unwrap());
+    let order = [0usize, 0, 1, 2, 0];
+    let mut outs = Vec::new();
+    for &i in &order {
+        let p = &problems[i];
+        let mut d_o = stream.clone_htod(&vec![f16::NAN; p.o_len_elems()]).unwrap();
+        let mut d_lse = stream.clone_htod(&vec![f32::NAN; p.lse_len_elems()]).unwrap();
+        s.run_cuda(
+            &plans[i],
+            &stream,
+            CudaTensor::new(&dq, &stream),
+            CudaTensor::new(&dk, &stream),
+            CudaTensor::new(&dv, &stream),
+            CudaTensorMut::new(&mut d_o, &stream),
+            Some(CudaTensorMut::new(&mut d_lse, &stream)),
+        )
+        .unwrap_or_else(|e| panic!("{}: {e}", plans[i].kernel_name()));
+        outs.push((d_o, d_lse));
+    }
+    let tol = Tolerance::for_precision(precision);
+    let mut got = Vec::new();
+    for (n, (&i, (d_o, d_lse))) in order.iter().zip(outs).enumerate() {
+        let o: Vec<f32> = stream.clone_dtoh(&d_o).unwrap().iter().map(|x| x.to_f32()).collect();
+        let lse = stream.clone_dtoh(&d_lse).unwrap();
+        let r = attention_f64(&problems[i], &q, &k, &v).unwrap();
+        let what = format!("call {n} ({})", plans[i].kernel_name());
+        assert!(o.iter().all(|x| x.is_finite()), "{what}: a row left unwritten or non-finite");
+        let m = ErrorMetrics::compare(&o, &r.o);
+        assert!(tol.accepts(&m, r.o.iter().fold(0.0f64, |a, &x| a.max(x.abs()))), "{what}: {m:?}");
+        let lm = compare_lse(&lse, &r.lse).unwrap_or_else(|| panic!("{what}: LSE infinities differ"));
+        assert!(lm.max_abs <= tol.max_abs_rel, "{what}: LSE {lm:?}");
+        got.push(o);
+    }
+    assert_eq!(got[0], got[1]);
+    assert_eq!(got[0], got[4]);
+    for n in [2, 3] {
+        let m = ErrorMetrics::compare(&got[n], &got[0].iter().map(|&x| x as f64).collect::<Vec<_>>());
+        assert!(m.rel_l2 > 0.1, "call {n} gives the first table's answer: {m:?}");
+    }
+}

@@ -420,3 +420,43 @@ mod cuda {
         }
     }
 }
+
+/// The portable backend keeps a plan's offsets on the device between calls on CubeCL handles
+/// (wgpu; llvmpipe in CI): on one set of Q/K/V handles, two calls with one plan, then a plan over
+/// other offsets with the same totals, then the first again; each O (poisoned with NaN) and LSE
+/// against the f64 reference of its own offsets. The two batches' answers differ, so stale
+/// offsets on the device could not pass.
+#[test]
+fn wgpu_handles_follow_new_offsets() {
+    use quattn::cubecl::wgpu::WgpuRuntime;
+    let Some(s) = common::open(Device::Wgpu(WgpuAdapter::Default)) else { return };
+    let client = s.cubecl_client::<WgpuRuntime>().unwrap();
+    let p1 = packed(&[5, 20, 7], &[40, 13, 60], 4, 2, 64).causal(true);
+    let p2 = packed(&[20, 5, 7], &[13, 60, 40], 4, 2, 64).causal(true);
+    assert_eq!((p1.q_len_elems(), p1.k_len_elems()), (p2.q_len_elems(), p2.k_len_elems()));
+    let (plan1, plan2) = (s.plan(&p1, Precision::F32, Strategy::Auto).unwrap(), s.plan(&p2, Precision::F32, Strategy::Auto).unwrap());
+    assert!(plan1.kernel_name().starts_with("fwd_portable_"), "{}", plan1.kernel_name());
+    let (q, k, v) = inputs::qkv(&p1, 70);
+    let up = |x: &[f32]| client.create_from_slice(bytemuck::cast_slice(x));
+    let (qh, kh, vh) = (up(&q), up(&k), up(&v));
+    let tol = Tolerance::for_precision(Precision::F32);
+    let mut outs = Vec::new();
+    for (i, plan) in [&plan1, &plan1, &plan2, &plan1].into_iter().enumerate() {
+        let p = &plan.problem;
+        let (oh, lh) = (up(&vec![f32::NAN; p.o_len_elems()]), up(&vec![f32::NAN; p.lse_len_elems()]));
+        s.run_cubecl::<WgpuRuntime>(plan, quattn::CubeclTensors { q: &qh, k: &kh, v: &vh, o: &oh, lse: Some(&lh) }).unwrap();
+        let o: Vec<f32> = bytemuck::pod_collect_to_vec(&client.read_one(oh).unwrap());
+        let lse: Vec<f32> = bytemuck::pod_collect_to_vec(&client.read_one(lh).unwrap());
+        let r = attention_f64(p, &q, &k, &v).unwrap();
+        assert!(o.iter().all(|x| x.is_finite()), "call {i}: a row left unwritten or non-finite");
+        let m = ErrorMetrics::compare(&o, &r.o);
+        assert!(tol.accepts(&m, r.o.iter().fold(0.0f64, |a, &x| a.max(x.abs()))), "call {i}: {m:?}");
+        let lm = compare_lse(&lse, &r.lse).unwrap_or_else(|| panic!("call {i}: LSE infinities differ"));
+        assert!(lm.max_abs <= tol.max_abs_rel, "call {i}: LSE {lm:?}");
+        outs.push(o);
+    }
+    assert_eq!(outs[0], outs[1]);
+    assert_eq!(outs[0], outs[3]);
+    let m = ErrorMetrics::compare(&outs[2], &outs[0].iter().map(|&x| x as f64).collect::<Vec<_>>());
+    assert!(m.rel_l2 > 0.1, "the two batches give the same answer: {m:?}");
+}

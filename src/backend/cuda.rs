@@ -37,6 +37,7 @@ use quattn_native::{
 };
 
 use super::gpu::{CubeclBackend, GpuData};
+use super::tables::{TableCache, TableKey, Upload};
 use super::{Backend, ResidentData};
 use crate::codec::fp8_scaled::{DescaleLayout, Fp8Operands, Fp8Tensor};
 use crate::codec::int8::{E4m3VOperands, Int8Operands};
@@ -70,11 +71,7 @@ pub(crate) struct CudaBackend {
 /// table followed by its lengths (the paged decode variants), a variable-length batch's
 /// `cu_seqlens_q` followed by `cu_seqlens_k` (the varlen variants); `None` for other problems.
 fn table_words(p: &AttentionProblem) -> Option<Vec<i32>> {
-    match (&p.paged, &p.varlen) {
-        (Some(pg), _) => Some(pg.block_table.iter().chain(pg.seq_lens.iter()).copied().collect()),
-        (None, Some(vl)) => Some(vl.words()),
-        (None, None) => None,
-    }
+    TableKey::of(p).map(|k| k.words_from(0))
 }
 
 /// The f32 partial states of split-KV decode and its split counters (zero between launches:
@@ -133,8 +130,10 @@ struct Int8Buffers {
 #[derive(Default)]
 struct Scratch {
     lse: Option<CudaSlice<f32>>,
-    /// A paged or variable-length plan's tables ([`table_words`]), copied per device-tensor call.
+    /// A paged or variable-length plan's tables ([`table_words`]) for device-tensor calls,
+    /// copied on this stream when a call's tables are not the ones `held_tables` names.
     tables: Option<CudaSlice<i32>>,
+    held_tables: TableCache,
     int8: Option<Int8Buffers>,
     fp8: Fp8Scratch,
 }
@@ -1074,13 +1073,8 @@ impl CudaBackend {
         if call.lse == 0 {
             call.lse = self.lse_scratch(plan, stream, s)?;
         }
-        if let Some(words) = table_words(&plan.problem) {
-            // The table is host data of the plan: copied on the caller's stream, before the
-            // launch that reads it.
-            self.grow(&mut s.tables, words.len())?;
-            let buf = s.tables.as_mut().ok_or_else(|| Error::Kernel { kernel: plan.kernel_name(), reason: "table scratch missing".into() })?;
-            stream.memcpy_htod(&words, &mut buf.slice_mut(..words.len())).map_err(driver_of(plan))?;
-            call.tables = buf.device_ptr_mut(stream).0;
+        if let Some(key) = TableKey::of(&plan.problem) {
+            call.tables = self.stream_tables(plan, stream, s, key)?;
         }
         if matches!(plan.precision, Precision::Fp8 { .. }) {
             let (config, args) = self.fp8_prepass_of(plan)?;
@@ -1185,6 +1179,33 @@ impl CudaBackend {
     fn lse_scratch(&self, plan: &Plan, stream: &Arc<CudaStream>, s: &mut Scratch) -> Result<u64> {
         self.grow(&mut s.lse, plan.problem.lse_len_elems().max(1))?;
         Ok(s.lse.as_mut().map_or(0, |l| l.device_ptr_mut(stream).0))
+    }
+
+    /// The device address of `key`'s tables in `stream`'s scratch. The tables are host data of
+    /// the plan, copied on the caller's stream before the launch that reads them, and only when
+    /// the scratch does not hold them already ([`TableCache`]): a launch enqueued earlier on this
+    /// stream reads the words it was given, since any copy that replaces them is ordered after
+    /// it, and other streams have their own scratch.
+    fn stream_tables(&self, plan: &Plan, stream: &Arc<CudaStream>, s: &mut Scratch, key: TableKey) -> Result<u64> {
+        let capacity = s.tables.as_ref().map_or(0, |b| b.len());
+        let from = match s.held_tables.upload(&key, capacity) {
+            Upload::Nothing => None,
+            Upload::Tail { from } => Some(from),
+            Upload::All => Some(0),
+            Upload::Grow => {
+                s.held_tables.forget();
+                self.grow(&mut s.tables, key.len())?;
+                Some(0)
+            }
+        };
+        let buf = s.tables.as_mut().ok_or_else(|| Error::Kernel { kernel: plan.kernel_name(), reason: "table scratch missing".into() })?;
+        if let Some(from) = from {
+            s.held_tables.forget();
+            let words = key.words_from(from);
+            stream.memcpy_htod(&words, &mut buf.slice_mut(from..key.len())).map_err(driver_of(plan))?;
+            s.held_tables.hold(key);
+        }
+        Ok(buf.device_ptr_mut(stream).0)
     }
 
     /// Replaces `slot` by a zeroed buffer of `n` elements unless it holds at least that many.
@@ -1515,7 +1536,7 @@ impl Backend for CudaBackend {
         if !matches!(plan.kernel, KernelId::Native(_)) {
             // An LSE handle is written only when the problem asks for the LSE.
         let lse = if plan.problem.return_lse { t.lse.cloned() } else { None };
-        let varlen = self.portable.varlen_handles(&plan.problem);
+        let varlen = self.portable.held_varlen(plan)?;
         let d = GpuData { q: t.q.clone(), k: t.k.clone(), v: t.v.clone(), o: t.o.clone(), lse, descales: None, fp4: None, varlen };
             return self.portable.launch(plan, &d);
         }

@@ -26,12 +26,14 @@
 //! follows the kernel's tiles, recorded on the plan as its [`Blocking`].
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Mutex;
 
 use cubecl::prelude::*;
 use cubecl::server::Handle;
 use half::{bf16, f16};
 use quattn_cubecl::{Accumulation, Family as Portable, Int8DeviceOperands, LaunchError, PortableKernel, SUPPORTED_HEAD_DIMS};
 
+use super::tables::{TableCache, TableKey};
 use super::{Backend, ResidentData};
 use crate::device_tensor::CubeclTensors;
 use crate::codec::fp8_scaled::{DescaleLayout, Fp8Tensor};
@@ -68,6 +70,26 @@ const WGPU_TIMING_BATCH: usize = 5;
 pub(crate) struct CubeclBackend<R: Runtime> {
     client: ComputeClient<R>,
     info: DeviceInfo,
+    /// The device copies of the last paged or variable-length plan's tables, reused while the
+    /// calls' tables are the same `Arc`s ([`TableCache`]).
+    tables: Mutex<HeldTables>,
+}
+
+/// Table handles and the tables they hold. A handle is never written after it is created: new
+/// tables get new handles, and a launch enqueued with replaced ones still holds them (CubeCL
+/// handles are reference-counted) and reads what it was given, on any stream.
+#[derive(Default)]
+struct HeldTables {
+    cache: TableCache,
+    handles: Option<TableHandles>,
+}
+
+#[derive(Clone)]
+enum TableHandles {
+    /// A paged cache's block table and lengths in one u32 buffer ([`CubeclBackend::paged_table`]).
+    Paged(Handle),
+    /// A variable-length batch's `cu_seqlens_q` and `cu_seqlens_k` (u32).
+    Varlen([Handle; 2]),
 }
 
 /// The buffers of one call: the host path's uploads, or a caller's handles.
@@ -128,7 +150,7 @@ impl<R: Runtime> CubeclBackend<R> {
             device,
             reason: format!("CubeCL could not open it: {}", panic_message(&p)),
         })?;
-        Ok(CubeclBackend { client, info: DeviceInfo { device, kind, adapter } })
+        Ok(CubeclBackend { client, info: DeviceInfo { device, kind, adapter }, tables: Mutex::default() })
     }
 
     /// The same backend reported as `device` of `kind` (a wgpu client that runs SPIR-V).
@@ -322,7 +344,9 @@ impl<R: Runtime> CubeclBackend<R> {
         let shape = plan.problem.shape();
         let failed = |e| launch_error(&plan.kernel_name(), "the portable CubeCL kernel", e);
         if let (PortableKernel::Decode(_), Some(pg)) = (kernel, &plan.problem.paged) {
-            let table = self.paged_table(pg);
+            let Some(TableHandles::Paged(table)) = self.held_tables(plan)? else {
+                return Err(Error::Kernel { kernel: plan.kernel_name(), reason: "a paged plan without its block table".into() });
+            };
             let cache = quattn_cubecl::PagedCache { page_size: pg.page_size as u32, num_pages: pg.num_pages as u32, max_pages: pg.max_pages as u32, table: &table };
             let mods = score_mods(&plan.problem);
             quattn_cubecl::launch_paged_modified::<R>(&self.client, kernel, &shape, plan.dtype(), &mods, &cache, &d.q, &d.k, &d.v, &d.o, d.lse.as_ref())
@@ -543,9 +567,37 @@ impl<R: Runtime> CubeclBackend<R> {
         })
     }
 
+    /// The plan's tables on the device: the held handles while the plan's tables are the `Arc`s
+    /// they were made from, else new handles, which replace them. `None` for a problem without
+    /// tables.
+    fn held_tables(&self, plan: &Plan) -> Result<Option<TableHandles>> {
+        let p = &plan.problem;
+        let Some(key) = TableKey::of(p) else { return Ok(None) };
+        let mut held = self.tables.lock().map_err(|_| Error::Kernel { kernel: plan.kernel_name(), reason: "table cache lock poisoned".into() })?;
+        if let (true, Some(h)) = (held.cache.holds(&key), &held.handles) {
+            return Ok(Some(h.clone()));
+        }
+        let handles = match (&p.paged, self.varlen_handles(p)) {
+            (Some(pg), _) => TableHandles::Paged(self.paged_table(pg)),
+            (None, Some(v)) => TableHandles::Varlen(v),
+            (None, None) => return Ok(None),
+        };
+        held.cache.hold(key);
+        held.handles = Some(handles.clone());
+        Ok(Some(handles))
+    }
+
+    /// A variable-length plan's offsets for a call on caller handles ([`Self::held_tables`]).
+    pub(crate) fn held_varlen(&self, plan: &Plan) -> Result<Option<[Handle; 2]>> {
+        match self.held_tables(plan)? {
+            Some(TableHandles::Varlen(v)) => Ok(Some(v)),
+            _ => Ok(None),
+        }
+    }
+
     /// A paged cache's block table and sequence lengths in one u32 buffer (host data of the
-    /// plan, validated at plan time: copied per call). Entries past a sequence's pages may be
-    /// -1; the kernels never read them.
+    /// plan, validated at plan time). Entries past a sequence's pages may be -1; the kernels
+    /// never read them.
     pub(crate) fn paged_table(&self, pg: &crate::paged::PagedKv) -> Handle {
         let mut words: Vec<u32> = pg.block_table.iter().chain(pg.seq_lens.iter()).map(|&x| x as u32).collect();
         words.resize(words.len().max(MIN_ELEMS), 0);
@@ -739,8 +791,8 @@ impl<R: Runtime> Backend for CubeclBackend<R> {
     fn run_handles(&self, plan: &Plan, t: &CubeclTensors<'_>) -> Result<()> {
         // An LSE handle is written only when the problem asks for the LSE.
         let lse = if plan.problem.return_lse { t.lse.cloned() } else { None };
-        // The offsets are host data of the plan: copied per call.
-        let varlen = self.varlen_handles(&plan.problem);
+        // The offsets are host data of the plan: copied when they are not the held ones.
+        let varlen = self.held_varlen(plan)?;
         let d = GpuData { q: t.q.clone(), k: t.k.clone(), v: t.v.clone(), o: t.o.clone(), lse, descales: None, fp4: None, varlen };
         self.launch(plan, &d)
     }

@@ -9,6 +9,8 @@ pub(crate) mod cuda;
 pub(crate) mod gpu;
 #[cfg(feature = "hip")]
 pub(crate) mod hip;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub(crate) mod tables;
 
 use std::any::Any;
 use std::time::Instant;
