@@ -297,14 +297,7 @@ pub(crate) fn word_has_non_finite(word: u32, #[comptime] fcfg: Fp8Config) -> boo
 /// Bit 7 of each byte of `word` set where that byte's code is non-finite.
 #[cube]
 pub(crate) fn non_finite_bytes(word: u32, #[comptime] fcfg: Fp8Config) -> u32 {
-    non_finite_carries(word, fcfg) & 0x8080_8080u32
-}
-
-/// [`non_finite_bytes`] before its mask: the other bits are noise, so the marks of several
-/// words can be gathered with `|` and masked once.
-#[cube]
-pub(crate) fn non_finite_carries(word: u32, #[comptime] fcfg: Fp8Config) -> u32 {
-    (word & comptime!(fcfg.non_finite_mask())) + comptime!(fcfg.non_finite_carry())
+    ((word & comptime!(fcfg.non_finite_mask())) + comptime!(fcfg.non_finite_carry())) & 0x8080_8080u32
 }
 
 /// `fma_vec`'s transposing stage load on FP8 codes: each task reads one word (4 channels) from

@@ -28,18 +28,18 @@
 //! give the exact code values, so the two paths stage the same f16 bits.
 //!
 //! Non-finite codes (e4m3 `S.1111.111`; e5m2 `S.11111.xx`) are recorded as in
-//! `fma_vec_fp8.rs`, and kept out of every row that does not see them: the integer decode zeroes
-//! them, the conversion path clamps V to the finite f16 range (a NaN or infinity in Q or K
-//! reaches only the scores of rows that see it). The records: the Q rows that hold one, and the lowest key whose K or V row
-//! holds one; every row that sees such a key, or whose own Q row holds one, is written as NaN
-//! (O and LSE) after the epilogue. Rows that see no key keep `O = 0`, `LSE = lse_empty`.
+//! `fma_vec_fp8.rs`, and zeroed before either decode (a NaN score would leave its row's sum NaN,
+//! and the poisoning below tells rows that see a key by a positive sum; a V NaN times a zero
+//! probability would reach every row). The records: the Q rows that hold one, and the lowest key
+//! whose K or V row holds one; every row that sees such a key, or whose own Q row holds one, is
+//! written as NaN (O and LSE) after the epilogue. Rows that see no key keep `O = 0`, `LSE = lse_empty`.
 
 use cubecl::cmma::{MatrixIdent, MmaDefinition};
 use cubecl::prelude::*;
 use cubecl::{e4m3, e5m2};
 use half::f16;
 
-use super::fma_vec_fp8::{non_finite_bytes, non_finite_carries, Fp8Config, Fp8Shape};
+use super::fma_vec_fp8::{non_finite_bytes, Fp8Config, Fp8Shape};
 use super::mma::{
     acc_zero, cube_fetch_rows, ldmatrix_start, plane_load_q, plane_online_softmax, plane_score_matmul,
     plane_value_matmul, write_results, MmaFwdConfig, Pair, MMA_M, MMA_N, MMA_K, PLANE, SMEM_ALIGN,
@@ -114,7 +114,7 @@ pub fn fwd_mma_fp8<O: Float, N: Size>(
     let mut v_stage = SharedMemory::<Vector<f16, Halves>>::new_aligned(comptime!(cfg.v_elems() / FP8_VEC), SMEM_ALIGN);
 
     let q_regs = cube_fetch_rows(q, q_base, shape.q_s2 as usize, q0, q_len, bq, d, cfg);
-    cube_store_codes(&q_regs, &mut q_stage, &mut bad, 0, bq, d, cfg.q_pitch(), true, false, cfg, fcfg, cvt);
+    cube_store_codes(&q_regs, &mut q_stage, &mut bad, 0, bq, d, cfg.q_pitch(), true, cfg, fcfg, cvt);
     sync_cube();
     let q_frags = plane_load_q::<f16, Halves>(&q_stage, plane, lane, cfg);
     sync_cube();
@@ -163,7 +163,7 @@ pub fn fwd_mma_fp8<O: Float, N: Size>(
     let (num_full, num_tiles) = cube_key_ranges(q0, q_len, kv_len, bq, cfg.bk, cfg.causal);
     if num_tiles > 0 {
         let k_regs = cube_fetch_rows(k, k_base, shape.k_s2 as usize, 0, kv_len, cfg.bk, d, cfg);
-        cube_store_codes(&k_regs, &mut k_stage, &mut bad, 0, cfg.bk, d, cfg.k_pitch(), false, false, cfg, fcfg, cvt);
+        cube_store_codes(&k_regs, &mut k_stage, &mut bad, 0, cfg.bk, d, cfg.k_pitch(), false, cfg, fcfg, cvt);
         sync_cube();
     }
     for tile in 0..num_full {
@@ -237,7 +237,7 @@ fn kv_step_fp8<N: Size>(
     }
     plane_online_softmax(s_frags, o_frags, stats, shape, scale, plane_q0, k0, lane, masked, cfg);
 
-    cube_store_codes(&v_regs, v_stage, bad, k0, bk, dv, cfg.v_pitch(), false, true, cfg, fcfg, cvt);
+    cube_store_codes(&v_regs, v_stage, bad, k0, bk, dv, cfg.v_pitch(), false, cfg, fcfg, cvt);
     let next = tile + 1;
     let has_next = next < num_tiles;
     let k_len = select(has_next, kv_len, 0);
@@ -250,7 +250,7 @@ fn kv_step_fp8<N: Size>(
     } else {
         plane_value_matmul::<f16, Halves>(s_frags, v_stage, o_frags, lane, cfg);
     }
-    cube_store_codes(&k_regs, k_stage, bad, next * bk, bk, d, cfg.k_pitch(), false, false, cfg, fcfg, cvt);
+    cube_store_codes(&k_regs, k_stage, bad, next * bk, bk, d, cfg.k_pitch(), false, cfg, fcfg, cvt);
     // K(t+1) is visible, and every plane is done reading V(t).
     sync_cube();
 }
@@ -261,12 +261,12 @@ fn clear_marked(word: u32, non_finite: u32) -> u32 {
     word & !((non_finite >> 7u32) * 0xffu32)
 }
 
-/// The 8 codes of `codes` (two words, memory order) as 8 f16 values: through the device's FP8
-/// conversion (`cvt`: two codes to two f16 per instruction), or in integer instructions and one
-/// f16 multiply per pair. Both give every finite code's exact value (every e4m3 and e5m2 value
-/// is an f16 value); a non-finite code gives a value the caller replaces.
+/// The 8 codes of `clean` (two words, memory order, no non-finite code) as 8 f16 values:
+/// through the device's FP8 conversion (`cvt`: two codes to two f16 per instruction), or in
+/// integer instructions and one f16 multiply per pair. Both give every finite code's exact
+/// value (every e4m3 and e5m2 value is an f16 value).
 #[cube]
-pub(crate) fn decode_fp8_x8(codes: Vector<u32, Const<2>>, #[comptime] fcfg: Fp8Config, #[comptime] cvt: bool) -> Vector<f16, Halves> {
+pub(crate) fn decode_fp8_x8(clean: Vector<u32, Const<2>>, #[comptime] fcfg: Fp8Config, #[comptime] cvt: bool) -> Vector<f16, Halves> {
     if comptime!(cvt) {
         let mut out = Vector::<u32, Words>::empty();
         #[unroll]
@@ -274,7 +274,7 @@ pub(crate) fn decode_fp8_x8(codes: Vector<u32, Const<2>>, #[comptime] fcfg: Fp8C
             #[unroll]
             for h in 0..2usize {
                 // Byte 0 of the half-word is the lower f16 lane, as memory order wants.
-                let half = u16::cast_from(codes[w] >> comptime!(16 * h as u32));
+                let half = u16::cast_from(clean[w] >> comptime!(16 * h as u32));
                 let pair = if comptime!(fcfg.mantissa_bits() == 3) {
                     Vector::<f16, Const<2>>::cast_from(Vector::<e4m3, Const<2>>::reinterpret(half))
                 } else {
@@ -288,8 +288,8 @@ pub(crate) fn decode_fp8_x8(codes: Vector<u32, Const<2>>, #[comptime] fcfg: Fp8C
         let mut pairs = Vector::<u32, Words>::empty();
         #[unroll]
         for w in 0..2usize {
-            pairs[comptime!(2 * w)] = codes[w] & 0xffffu32;
-            pairs[comptime!(2 * w + 1)] = codes[w] >> 16u32;
+            pairs[comptime!(2 * w)] = clean[w] & 0xffffu32;
+            pairs[comptime!(2 * w + 1)] = clean[w] >> 16u32;
         }
         // Each word: code b0 in bits 0..8, b1 in 8..16; to f16 lanes (b0 low, b1 high).
         let bytes = Vector::<u32, Words>::new(0xffu32);
@@ -307,8 +307,7 @@ pub(crate) fn decode_fp8_x8(codes: Vector<u32, Const<2>>, #[comptime] fcfg: Fp8C
 /// Writes what [`cube_fetch_rows`] loaded (`rows` rows of `dim` codes from `row0`, in vectors
 /// of 8) decoded into a stage of `pitch`-element rows (`mma::cube_store_rows`' indexing). A
 /// vector with a non-finite code marks its row: Q (`is_q`) in `bad[row - row0]`, K and V in
-/// the lowest bad key `bad[bq]`. `values`: the stage is V's, whose staged values must be
-/// finite.
+/// the lowest bad key `bad[bq]`.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn cube_store_codes<N: Size>(
@@ -320,7 +319,6 @@ fn cube_store_codes<N: Size>(
     #[comptime] dim: usize,
     #[comptime] pitch: usize,
     #[comptime] is_q: bool,
-    #[comptime] values: bool,
     #[comptime] cfg: MmaFwdConfig,
     #[comptime] fcfg: Fp8Config,
     #[comptime] cvt: bool,
@@ -330,69 +328,27 @@ fn cube_store_codes<N: Size>(
     let count = comptime!(rows * dim / FP8_VEC);
     let per_unit = comptime!(count.div_ceil(cfg.units()));
     let unit = UNIT_POS as usize;
-    if comptime!(cvt) {
-        // The conversion gives a non-finite code its NaN or infinity. In Q and K that reaches
-        // only the scores of the rows that see the code (masked scores are selected away),
-        // which are written as NaN anyway; a V value times a zero probability would reach every
-        // row, so V is clamped to the finite f16 range (`max` and `min` return the other
-        // operand for a NaN; every code value lies inside it). Codes are not zeroed: the records
-        // alone are kept. (Gathering the marks of a whole stage into one test keeps the codes
-        // live past the stores, which spills the 2-tile hd 64 kernel.)
-        #[unroll]
-        for step in 0..per_unit {
-            let e = step * cfg.units() + unit;
-            let mut in_tile = true;
-            if comptime!(step * cfg.units() + cfg.units() > count) {
-                in_tile = e < count;
-            }
-            if in_tile {
-                let codes = regs[step];
-                let row = e / per_row;
-                let mut raw = Vector::<u32, Const<2>>::empty();
-                raw[0] = codes[0];
-                raw[1] = codes[1];
-                let mut halves = decode_fp8_x8(raw, fcfg, true);
-                if comptime!(values) {
-                    halves = max(halves, Vector::new(f16::new(-65504.0)));
-                    // e4m3 has no infinities: its NaN is taken care of by `max`.
-                    if comptime!(fcfg.mantissa_bits() == 2) {
-                        halves = min(halves, Vector::new(f16::new(65504.0)));
-                    }
-                }
-                stage[row * stage_row + e % per_row] = halves;
-                let marks = non_finite_carries(codes[0], fcfg) | non_finite_carries(codes[1], fcfg);
-                if (marks & 0x8080_8080u32) != 0u32 {
-                    if is_q {
-                        bad[row].store(1u32);
-                    } else {
-                        bad[cfg.bq()].fetch_min((row0 + row) as u32);
-                    }
-                }
-            }
+    #[unroll]
+    for step in 0..per_unit {
+        let e = step * cfg.units() + unit;
+        let mut in_tile = true;
+        if comptime!(step * cfg.units() + cfg.units() > count) {
+            in_tile = e < count;
         }
-    } else {
-        #[unroll]
-        for step in 0..per_unit {
-            let e = step * cfg.units() + unit;
-            let mut in_tile = true;
-            if comptime!(step * cfg.units() + cfg.units() > count) {
-                in_tile = e < count;
-            }
-            if in_tile {
-                let codes = regs[step];
-                let row = e / per_row;
-                let nf0 = non_finite_bytes(codes[0], fcfg);
-                let nf1 = non_finite_bytes(codes[1], fcfg);
-                let mut clean = Vector::<u32, Const<2>>::empty();
-                clean[0] = clear_marked(codes[0], nf0);
-                clean[1] = clear_marked(codes[1], nf1);
-                stage[row * stage_row + e % per_row] = decode_fp8_x8(clean, fcfg, false);
-                if (nf0 | nf1) != 0u32 {
-                    if is_q {
-                        bad[row].store(1u32);
-                    } else {
-                        bad[cfg.bq()].fetch_min((row0 + row) as u32);
-                    }
+        if in_tile {
+            let codes = regs[step];
+            let row = e / per_row;
+            let nf0 = non_finite_bytes(codes[0], fcfg);
+            let nf1 = non_finite_bytes(codes[1], fcfg);
+            let mut clean = Vector::<u32, Const<2>>::empty();
+            clean[0] = clear_marked(codes[0], nf0);
+            clean[1] = clear_marked(codes[1], nf1);
+            stage[row * stage_row + e % per_row] = decode_fp8_x8(clean, fcfg, cvt);
+            if (nf0 | nf1) != 0u32 {
+                if is_q {
+                    bad[row].store(1u32);
+                } else {
+                    bad[cfg.bq()].fetch_min((row0 + row) as u32);
                 }
             }
         }
