@@ -561,7 +561,8 @@ mod decode_tests {
 /// bodies each: per-block multiplies the scores and accumulates P·V per tile), f16 O. CubeCL's
 /// allocator gives exactly what the fit check counts (`PortableKernel::smem_bytes`: the f16 mma
 /// kernel's stages after the non-finite records' `bq + 1` words, 16-byte aligned), and NVRTC for sm_90a gives the f16 mma
-/// kernel's HMMA count, LDSM, and no spills.
+/// kernel's HMMA count, LDSM, and no spills. By default (`Cover`) each head dim's first tiling
+/// of each granularity is compiled, with the conversion where it comes first.
 ///
 /// `cargo test --release -p quattn-cubecl --features cuda --lib mma_fp8`
 #[cfg(all(test, feature = "cuda"))]
@@ -674,7 +675,7 @@ mod cuda_tests {
         for (granularity, cfg) in configs {
             // The device's FP8 conversion (what sm_89+ runs) and the integer decode, each format.
             for (format, cvt) in [(Fp8Format::E4M3, true), (Fp8Format::E5M2, true), (Fp8Format::E4M3, false), (Fp8Format::E5M2, false)] {
-                if cover.take(&[&(cfg.head_dim, cfg.v_head_dim), &granularity, &(cfg.warps, cfg.mt, cfg.bk), &(format, cvt)]) {
+                if cover.take(&[&(cfg.head_dim, cfg.v_head_dim), &granularity, &(cfg.warps, cfg.mt, cfg.bk), &(format, cvt), &(cfg.head_dim, granularity)]) {
                     let fcfg = Fp8Config { format, granularity };
                     let kernel = {
                         let _serial = COMPILE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
