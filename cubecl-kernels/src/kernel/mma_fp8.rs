@@ -722,10 +722,18 @@ mod cuda_tests {
                         res.spill_bytes(),
                         2 * per_step,
                     );
+                    // Per-block descales at d 33..64 on 4 x 1 through the conversion: ptxas
+                    // holds 4 warps to 168 registers and spills a few words; measured faster
+                    // than the spill-free 8 x 1 (`mma_fp8_candidates`), so admitted, bounded.
+                    let spill_admitted = cvt
+                        && granularity == DescaleGranularity::PerBlock
+                        && (33..=64).contains(&cfg.head_dim.max(cfg.v_head_dim))
+                        && (cfg.warps, cfg.mt) == (4, 1);
+                    let spill_limit = if spill_admitted { 32 } else { 0 };
                     if declared != formula + records
                         || hmma != 2 * per_step
                         || ldsm == 0
-                        || res.spill_bytes() != 0
+                        || res.spill_bytes() > spill_limit
                         || (conversions > 0) != cvt
                     {
                         failures.push(name);
