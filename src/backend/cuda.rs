@@ -1193,7 +1193,6 @@ impl CudaBackend {
             Upload::Tail { from } => Some(from),
             Upload::All => Some(0),
             Upload::Grow => {
-                s.held_tables.forget();
                 self.grow(&mut s.tables, key.len())?;
                 Some(0)
             }

@@ -577,10 +577,13 @@ impl<R: Runtime> CubeclBackend<R> {
         if let (true, Some(h)) = (held.cache.holds(&key), &held.handles) {
             return Ok(Some(h.clone()));
         }
-        let handles = match (&p.paged, self.varlen_handles(p)) {
-            (Some(pg), _) => TableHandles::Paged(self.paged_table(pg)),
-            (None, Some(v)) => TableHandles::Varlen(v),
-            (None, None) => return Ok(None),
+        // Only the tables the key names are uploaded (a paged key wins over offsets).
+        let handles = match (&key, &p.paged) {
+            (TableKey::Paged { .. }, Some(pg)) => TableHandles::Paged(self.paged_table(pg)),
+            _ => match self.varlen_handles(p) {
+                Some(v) => TableHandles::Varlen(v),
+                None => return Ok(None),
+            },
         };
         held.cache.hold(key);
         held.handles = Some(handles.clone());
