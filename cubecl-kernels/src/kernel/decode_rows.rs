@@ -32,13 +32,12 @@
 //! are f32.
 
 use cubecl::prelude::*;
-use cubecl::{e4m3, e5m2};
 use half::f16;
 
 use super::decode::{decode_split_keys, head_param, key_row, mod_score, mod_shift, seq_kv_len, split_keys, tile_masked, DecodeArgs, DecodeMods};
 use super::fma_vec::W;
 use super::fma_vec_mods::{key_hi, key_lo, ModArgs};
-use super::fma_vec_fp8::{word_has_non_finite, Fp8Config, Fp8Shape};
+use super::fma_vec_fp8::{convert_pair, word_has_non_finite, Fp8Config, Fp8Shape};
 use super::{AttnShape, LAZY_RESCALE_THRESHOLD, MASK_THRESHOLD, NO_MAX};
 
 /// Units per cube.
@@ -898,19 +897,8 @@ fn decode_codes<N: Size>(word: u32, #[comptime] fcfg: Fp8Config, #[comptime] cvt
     if comptime!(cvt) {
         // Each half-word converted on its own: a 4-code vector would be taken apart into
         // bytes and put together again around the two conversions.
-        let lo = u16::cast_from(word);
-        let hi = u16::cast_from(word >> 16u32);
-        let (a, b) = if comptime!(fcfg.mantissa_bits() == 3) {
-            (
-                Vector::<f16, Const<2>>::cast_from(Vector::<e4m3, Const<2>>::reinterpret(lo)),
-                Vector::<f16, Const<2>>::cast_from(Vector::<e4m3, Const<2>>::reinterpret(hi)),
-            )
-        } else {
-            (
-                Vector::<f16, Const<2>>::cast_from(Vector::<e5m2, Const<2>>::reinterpret(lo)),
-                Vector::<f16, Const<2>>::cast_from(Vector::<e5m2, Const<2>>::reinterpret(hi)),
-            )
-        };
+        let a = convert_pair(u16::cast_from(word), fcfg);
+        let b = convert_pair(u16::cast_from(word >> 16u32), fcfg);
         let mut out = Vector::<f32, N>::empty();
         out[0] = f32::cast_from(a[0]);
         out[1] = f32::cast_from(a[1]);

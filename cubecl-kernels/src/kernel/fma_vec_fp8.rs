@@ -25,6 +25,7 @@
 //! see the key, and the kernels never compute with infinities (llvmpipe).
 
 use cubecl::prelude::*;
+use cubecl::{e4m3, e5m2};
 use half::f16;
 use quattn_core::{DescaleGranularity, Fp8Format};
 
@@ -292,6 +293,18 @@ pub(crate) fn decode_fp8(byte: u32, #[comptime] fcfg: Fp8Config) -> f32 {
 #[cube]
 pub(crate) fn word_has_non_finite(word: u32, #[comptime] fcfg: Fp8Config) -> bool {
     non_finite_bytes(word, fcfg) != 0u32
+}
+
+/// The two codes of `pair` (the first in the low byte) as two f16 through the device's FP8
+/// conversion (CUDA sm_89 and later: one `cvt`), exact for every finite code; a non-finite code
+/// gives its NaN or infinity.
+#[cube]
+pub(crate) fn convert_pair(pair: u16, #[comptime] fcfg: Fp8Config) -> Vector<f16, Const<2>> {
+    if comptime!(fcfg.mantissa_bits() == 3) {
+        Vector::<f16, Const<2>>::cast_from(Vector::<e4m3, Const<2>>::reinterpret(pair))
+    } else {
+        Vector::<f16, Const<2>>::cast_from(Vector::<e5m2, Const<2>>::reinterpret(pair))
+    }
 }
 
 /// Bit 7 of each byte of `word` set where that byte's code is non-finite.

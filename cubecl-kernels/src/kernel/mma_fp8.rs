@@ -36,10 +36,9 @@
 
 use cubecl::cmma::{MatrixIdent, MmaDefinition};
 use cubecl::prelude::*;
-use cubecl::{e4m3, e5m2};
 use half::f16;
 
-use super::fma_vec_fp8::{non_finite_bytes, Fp8Config, Fp8Shape};
+use super::fma_vec_fp8::{convert_pair, non_finite_bytes, Fp8Config, Fp8Shape};
 use super::mma::{
     acc_zero, cube_fetch_rows, ldmatrix_start, plane_load_q, plane_online_softmax, plane_score_matmul,
     plane_value_matmul, write_results, MmaFwdConfig, Pair, MMA_M, MMA_N, MMA_K, PLANE, SMEM_ALIGN,
@@ -274,12 +273,7 @@ pub(crate) fn decode_fp8_x8(clean: Vector<u32, Const<2>>, #[comptime] fcfg: Fp8C
             #[unroll]
             for h in 0..2usize {
                 // Byte 0 of the half-word is the lower f16 lane, as memory order wants.
-                let half = u16::cast_from(clean[w] >> comptime!(16 * h as u32));
-                let pair = if comptime!(fcfg.mantissa_bits() == 3) {
-                    Vector::<f16, Const<2>>::cast_from(Vector::<e4m3, Const<2>>::reinterpret(half))
-                } else {
-                    Vector::<f16, Const<2>>::cast_from(Vector::<e5m2, Const<2>>::reinterpret(half))
-                };
+                let pair = convert_pair(u16::cast_from(clean[w] >> comptime!(16 * h as u32)), fcfg);
                 out[comptime!(2 * w + h)] = u32::reinterpret(pair);
             }
         }
