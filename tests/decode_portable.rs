@@ -9,7 +9,7 @@ macro_rules! testgen_decode {
     ($runtime:ident, $device:expr) => {
         mod $runtime {
             use super::common::{check, check_plan, open};
-            use quattn_cubecl::{decode_candidates, row_candidates, DecodeTiles, DecodeTiling, PortableKernel};
+            use quattn_cubecl::{decode_candidates, mma_decode_candidates, row_candidates, DecodeTiles, DecodeTiling, PortableKernel};
             use quattn::{AttentionProblem, Device, Family, KernelId, Layout, PortableKind, Precision, Strategy};
 
             const DECODE: Strategy = Strategy::PortableFamily(PortableKind::Decode);
@@ -83,10 +83,13 @@ macro_rules! testgen_decode {
                 }
             }
 
-            /// Both tilings on the shapes the row kernel takes (at most 8 packed rows): the
-            /// portable strategy picks the row kernel, and each tiling matches the reference with one split and
-            /// many, at every head-dim layout of its groups (d 64: 8 groups of 16 lanes; d 128:
-            /// 4 of 32; d 256: 2 of 64) and both key tiles.
+            /// Every tiling on the shapes the row kernel takes (at most 8 packed rows): the
+            /// portable strategy picks the row kernel, or on 16-bit inputs where the runtime has
+            /// the manual MMA (CUDA) and the head dims are at most 128 the MMA kernel; and each
+            /// tiling matches the reference with one split and many, at every head-dim layout of
+            /// the row kernel's groups (d 64: 8 groups of 16 lanes; d 128: 4 of 32; d 256: 2 of
+            /// 64) and both key tiles, and the MMA kernel's at d 64 and 128 (causal rows of
+            /// several positions, BSHD strides, one row).
             #[test]
             fn row_kernel_and_tile_kernel_match_on_few_rows() {
                 let Some(s) = open(device()) else { return };
@@ -99,6 +102,8 @@ macro_rules! testgen_decode {
                     AttentionProblem::new(2, 4, 3, 128).kv_heads(2).kv_len(700).causal(true).layout(Layout::Bshd),
                     // d 256 (two groups of 64 lanes), GQA 4.
                     AttentionProblem::new(1, 4, 1, 256).kv_heads(1).kv_len(900),
+                    // GQA 4 x q_len 2 = 8 rows, causal, d 128, ragged.
+                    AttentionProblem::new(2, 8, 2, 128).kv_heads(2).kv_len(3001).causal(true),
                 ];
                 // Every float precision on the first shape, f16 (the decode type) on the others:
                 // each case compiles its own kernels.
@@ -110,10 +115,18 @@ macro_rules! testgen_decode {
                         let KernelId::Portable { kernel: PortableKernel::Decode(t), .. } = plan.kernel.clone() else {
                             panic!("{prec} {p:?}: the portable strategy gave {}", plan.kernel)
                         };
-                        assert!(matches!(t.tiling, DecodeTiling::Rows(_)), "{prec} {p:?}: {t}");
                         let rows = (p.q_heads / p.kv_heads * p.q_len) as u32;
                         let (d, dv) = (p.head_dim as u32, p.head_dim as u32);
+                        let mma = mma_decode_candidates(rows, d, dv, 2);
+                        let mma_runs = matches!(t.tiling, DecodeTiling::Mma(_));
+                        assert!(
+                            matches!(t.tiling, DecodeTiling::Rows(_)) || (mma_runs && prec != Precision::F32 && !mma.is_empty()),
+                            "{prec} {p:?}: {t}"
+                        );
                         let mut tilings: Vec<DecodeTiling> = row_candidates(rows, d, dv).into_iter().map(DecodeTiling::Rows).collect();
+                        if mma_runs {
+                            tilings.extend(mma.into_iter().map(DecodeTiling::Mma));
+                        }
                         assert!(tilings.len() >= 1, "{p:?}");
                         // The smallest tile kernel (16-key tiles), where it fits every runtime's 32 KiB.
                         let small = decode_candidates(rows, d, dv).into_iter().map(DecodeTiling::Tile).find(|&tiling| {

@@ -245,23 +245,24 @@ fn one_split(mut plan: quattn::Plan) -> quattn::Plan {
     plan
 }
 
-/// Decode shapes (at most 8 packed rows per KV head, at least 512 keys) plan on the FP8 row
-/// decode kernel, with one split and with the split Auto chose (merged), against f64 and the
+/// Decode shapes (at most 8 packed rows per KV head, at least 512 keys) plan on the FP8 decode
+/// family, with one split and with the split Auto chose (merged), against f64 and the
 /// emulation with the kernel's descale blocks, for both formats and every descale granularity.
-/// On CUDA (sm_89 and later) the kernel decodes with the device's FP8 conversion, elsewhere in
-/// integer instructions: both are checked where a device runs them.
+/// On CUDA (sm_89 and later) per-tensor and per-head descales run the MMA decode kernel and
+/// per-block ones the row kernel, both through the device's FP8 conversion; elsewhere the row
+/// kernel decodes in integer instructions: each is checked where a device runs it.
 #[test]
 fn fp8_decode_shapes_run_the_row_decode_kernel() {
-    decode_shapes(session(), Strategy::Auto);
+    decode_shapes(session(), Strategy::Auto, false);
 }
 
 #[test]
-fn cuda_fp8_decode_shapes_run_the_row_decode_kernel() {
+fn cuda_fp8_decode_shapes_run_the_decode_kernels() {
     // CUDA's Auto takes the native FP8 kernels: the portable family is asked for.
-    decode_shapes(common::open(Device::Cuda(0)), Strategy::Portable);
+    decode_shapes(common::open(Device::Cuda(0)), Strategy::Portable, true);
 }
 
-fn decode_shapes(s: Option<Session>, strategy: Strategy) {
+fn decode_shapes(s: Option<Session>, strategy: Strategy, mma: bool) {
     let Some(s) = s else { return };
     let shapes = [
         // GQA 4, one position, a ragged cache.
@@ -276,6 +277,8 @@ fn decode_shapes(s: Option<Session>, strategy: Strategy) {
                 let prec = fp8(format, descale);
                 let auto = s.plan(&p, prec, strategy).unwrap_or_else(|e| panic!("plan {prec} {p:?}: {e}"));
                 assert!(auto.kernel.to_string().contains("decode"), "{prec} {p:?}: {}", auto.kernel);
+                let on_mma = auto.kernel.to_string().contains("_mma");
+                assert_eq!(on_mma, mma && descale != DescaleGranularity::PerBlock, "{prec} {p:?}: {}", auto.kernel);
                 let (q, k, v) = f16_inputs(&p, 900 + i as u64);
                 let r = reference::attention_f64(&p, &q, &k, &v).unwrap();
                 let emu = quattn::emulation::emulate(&p, prec, &auto.blocking.unwrap(), &q, &k, &v).unwrap();
@@ -326,9 +329,11 @@ fn decode_nan_codes<R: cubecl::Runtime>(s: Option<Session>, strategy: Strategy) 
             Fp8Format::E5M2 => 0x7E,
         };
         let (key, row) = (598, 1);
-        // KV head 0 (q heads 0, 1): a NaN in V's key 598 (positions 2 and 3 see it); q head 3:
-        // a NaN in Q's position 1.
+        // KV head 0 (q heads 0, 1): a NaN in V's key 598 (positions 2 and 3 see it); KV head 1
+        // (q heads 2, 3): a NaN in K's key 597 (positions 1 to 3); q head 3: a NaN in Q's
+        // position 1.
         t[2].codes[p.v_strides().offset(0, 0, key) + 7] = nan;
+        t[1].codes[p.k_strides().offset(0, 1, key - 1) + 5] = nan;
         t[0].codes[p.q_strides().offset(0, 3, row) + 2] = nan;
         let d = upload(&client, &t);
         for plan in [auto.clone(), one_split(auto.clone())] {
@@ -337,7 +342,7 @@ fn decode_nan_codes<R: cubecl::Runtime>(s: Option<Session>, strategy: Strategy) 
             for h in 0..4 {
                 for i in 0..p.q_len {
                     let r = &o[os.offset(0, h, i)..][..p.v_head_dim];
-                    let poisoned = (h < 2 && i + 596 >= key) || (h == 3 && i == row);
+                    let poisoned = (h < 2 && i + 596 >= key) || (h >= 2 && i + 596 >= key - 1) || (h == 3 && i == row);
                     let l = lse[h * p.q_len + i];
                     if poisoned {
                         assert!(r.iter().all(|x| x.is_nan()) && l.is_nan(), "{} head {h} row {i} must be NaN", plan.kernel);

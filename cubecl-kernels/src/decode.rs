@@ -11,6 +11,7 @@ use quattn_core::{Accumulation, AttentionShape, Dtype, Fp8Format};
 
 use crate::error::LaunchError;
 use crate::kernel::decode::{decode_merge, fwd_portable_decode, DecodeArgsLaunch, DecodeMods};
+use crate::kernel::decode_mma::{fwd_portable_decode_mma, MmaDecodeConfig, MMA_DECODE_MAX_ROWS};
 use crate::kernel::decode_rows::{fwd_portable_decode_rows, fwd_portable_decode_rows_fp8, RowDecodeConfig, ROW_DECODE_MAX_ROWS, ROW_UNITS};
 use crate::kernel::fma_vec_fp8::{Fp8Config, Fp8ShapeLaunch};
 use crate::kernel::fma_vec::{FmaVecConfig, W};
@@ -41,6 +42,9 @@ pub const CUBES_PER_SM: u32 = 8;
 /// sm_90) leave room for 3 to 5 on a 64K-register SM; splitting for more would start a second,
 /// partial wave.
 pub const ROW_CUBES_PER_SM: u32 = 4;
+/// Resident MMA decode cubes assumed per SM: 128 units at 154 to 168 registers (ptxas, sm_90,
+/// d 128) leave room for 3 on a 64K-register SM.
+pub const MMA_CUBES_PER_SM: u32 = 3;
 /// SMs assumed where the runtime reports none (wgpu reports no count): about an H100's 132.
 pub const ASSUMED_SMS: u32 = 128;
 
@@ -62,6 +66,40 @@ pub enum DecodeTiling {
     Tile(FmaVecTiles),
     /// Exactly the packed rows, at most [`ROW_DECODE_MAX_ROWS`] (`kernel/decode_rows.rs`).
     Rows(RowTiles),
+    /// The packed rows as the columns of manual MMAs, at most [`MMA_DECODE_MAX_ROWS`]
+    /// (`kernel/decode_mma.rs`; CUDA).
+    Mma(MmaDecodeTiles),
+}
+
+/// The MMA decode kernel's tiling: its packed rows, warps per cube, and 16-key steps per warp
+/// per cube tile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MmaDecodeTiles {
+    pub rows: u32,
+    pub warps: u32,
+    pub steps: u32,
+}
+
+impl MmaDecodeTiles {
+    /// The kernel's key for elements of `code_bytes` bytes (2, or 1 for FP8 codes) read in
+    /// loads of `vec` words.
+    pub(crate) const fn config(&self, head_dim: u32, v_head_dim: u32, code_bytes: u32, vec: u32, causal: bool, write_lse: bool) -> MmaDecodeConfig {
+        MmaDecodeConfig {
+            head_dim: head_dim as usize,
+            v_head_dim: v_head_dim as usize,
+            rows: self.rows as usize,
+            warps: self.warps as usize,
+            steps: self.steps as usize,
+            vec: vec as usize,
+            code_bytes: code_bytes as usize,
+            causal,
+            write_lse,
+        }
+    }
+    /// Keys per cube tile.
+    pub const fn bk(&self) -> u32 {
+        self.warps * 16 * self.steps
+    }
 }
 
 /// The row decode kernel's tiling: its packed rows and keys per tile ([`ROW_UNITS`] units).
@@ -90,6 +128,7 @@ impl fmt::Display for DecodeTiles {
         match self.tiling {
             DecodeTiling::Tile(t) => write!(f, "{t}")?,
             DecodeTiling::Rows(r) => write!(f, "rows{}_bk{}", r.rows, r.bk)?,
+            DecodeTiling::Mma(m) => write!(f, "mma{}_w{}_s{}", m.rows, m.warps, m.steps)?,
         }
         write!(f, "_split{}x{}", self.splits, self.keys_per_split)
     }
@@ -101,6 +140,7 @@ impl DecodeTiles {
         match self.tiling {
             DecodeTiling::Tile(t) => t.bq,
             DecodeTiling::Rows(r) => r.rows,
+            DecodeTiling::Mma(m) => m.rows,
         }
     }
     /// Blocks of [`Self::bq`] rows that hold `rows` packed rows: the tile kernel's cubes per
@@ -108,7 +148,7 @@ impl DecodeTiles {
     pub const fn row_blocks(&self, rows: u64) -> u64 {
         match self.tiling {
             DecodeTiling::Tile(t) => rows.div_ceil(t.bq as u64),
-            DecodeTiling::Rows(_) => 1,
+            DecodeTiling::Rows(_) | DecodeTiling::Mma(_) => 1,
         }
     }
     /// Keys per tile.
@@ -116,26 +156,35 @@ impl DecodeTiles {
         match self.tiling {
             DecodeTiling::Tile(t) => t.bk,
             DecodeTiling::Rows(r) => r.bk,
+            DecodeTiling::Mma(m) => m.bk(),
         }
     }
     pub const fn units(&self) -> u32 {
         match self.tiling {
             DecodeTiling::Tile(t) => t.units(),
             DecodeTiling::Rows(_) => ROW_UNITS as u32,
+            DecodeTiling::Mma(m) => m.warps * 32,
         }
     }
     /// Shared memory of one cube in bytes on inputs of `elem_bytes` (the row kernel stages Q
-    /// and its scratch in f32 whatever the input type).
+    /// and its scratch in f32 whatever the input type; the MMA kernel holds only its merge, and
+    /// with `elem_bytes` 1, FP8 codes, two records).
     pub const fn smem_bytes(&self, head_dim: u32, v_head_dim: u32, elem_bytes: u32) -> u32 {
         match self.tiling {
             DecodeTiling::Tile(t) => t.smem_bytes(head_dim, v_head_dim, elem_bytes),
             DecodeTiling::Rows(r) => r.config(head_dim, v_head_dim, false, false).smem_bytes() as u32,
+            DecodeTiling::Mma(m) => m.config(head_dim, v_head_dim, if elem_bytes == 1 { 1 } else { 2 }, 1, false, false).smem_bytes() as u32,
         }
     }
     pub fn validate(&self, head_dim: u32, v_head_dim: u32) -> Result<(), LaunchError> {
         match self.tiling {
             DecodeTiling::Tile(t) => t.validate(head_dim, v_head_dim),
             DecodeTiling::Rows(r) => match r.config(head_dim, v_head_dim, false, false).invalid() {
+                Some(reason) => Err(LaunchError::InvalidTiles { tiles: self.to_string(), reason }),
+                None => Ok(()),
+            },
+            // The vector width is the launch's; one word always divides.
+            DecodeTiling::Mma(m) => match m.config(head_dim, v_head_dim, 2, 1, false, false).invalid() {
                 Some(reason) => Err(LaunchError::InvalidTiles { tiles: self.to_string(), reason }),
                 None => Ok(()),
             },
@@ -146,7 +195,7 @@ impl DecodeTiles {
     pub const fn reduce_lanes(&self) -> Option<u32> {
         match self.tiling {
             DecodeTiling::Tile(t) => Some(t.tc),
-            DecodeTiling::Rows(_) => None,
+            DecodeTiling::Rows(_) | DecodeTiling::Mma(_) => None,
         }
     }
 }
@@ -323,6 +372,12 @@ fn select_with<R: Runtime>(
     let rows = packed_rows(args) as u32;
     let pairs = args.batch as u64 * args.kv_heads as u64;
     let mut last = None;
+    // Contiguous caches without modifiers on 16-bit inputs: the MMA kernel first where the
+    // runtime has the f16/bf16 manual MMA (CUDA).
+    let mma = (page_size.is_none() && mods.is_none() && dtype != Dtype::F32)
+        .then(|| mma_decode_tiles(client, args, dtype, 2))
+        .flatten()
+        .map(DecodeTiling::Mma);
     let rows_first = row_candidates(rows, args.head_dim, args.v_head_dim)
         .into_iter()
         .filter(|r| page_size.is_none_or(|ps| r.config(args.head_dim, args.v_head_dim, false, false).kb() as u32 <= ps))
@@ -331,11 +386,12 @@ fn select_with<R: Runtime>(
         .into_iter()
         .filter(|t| page_size.is_none_or(|ps| t.bk <= ps))
         .map(DecodeTiling::Tile);
-    for tiling in rows_first.chain(tiles) {
+    for tiling in mma.into_iter().chain(rows_first).chain(tiles) {
         let probe = DecodeTiles { tiling, splits: 1, keys_per_split: 0 };
         let per_sm = match tiling {
             DecodeTiling::Tile(_) => CUBES_PER_SM,
             DecodeTiling::Rows(_) => ROW_CUBES_PER_SM,
+            DecodeTiling::Mma(_) => MMA_CUBES_PER_SM,
         };
         // Every row block is a cube of its own before the keys are split.
         let blocks = pairs.saturating_mul(probe.row_blocks(rows as u64));
@@ -371,8 +427,8 @@ impl DecodeTiles {
         let rows = packed_rows(args);
         match self.tiling {
             // The row kernel is compiled for its exact row count.
-            DecodeTiling::Rows(r) if rows != r.rows as u64 => {
-                return bad(format!("{rows} packed query rows, the kernel holds exactly {}", r.rows));
+            DecodeTiling::Rows(RowTiles { rows: held, .. }) | DecodeTiling::Mma(MmaDecodeTiles { rows: held, .. }) if rows != held as u64 => {
+                return bad(format!("{rows} packed query rows, the kernel holds exactly {held}"));
             }
             _ if rows > u32::MAX as u64 => return bad(format!("{rows} packed query rows are past 32-bit row indices")),
             _ => {}
@@ -464,6 +520,9 @@ impl Prepared {
     // SAFETY (both): allocated in `prepare` with exactly these many f32s.
     fn part_o_arg<R: Runtime>(&self) -> ArrayArg<R> {
         unsafe { ArrayArg::from_raw_parts(self.part_o.clone(), (self.o_elems as usize).div_ceil(W)) }
+    }
+    fn part_o_scalar_arg<R: Runtime>(&self) -> ArrayArg<R> {
+        unsafe { ArrayArg::from_raw_parts(self.part_o.clone(), self.o_elems as usize) }
     }
     fn part_lse_arg<R: Runtime>(&self) -> ArrayArg<R> {
         unsafe { ArrayArg::from_raw_parts(self.part_lse.clone(), self.lse_elems as usize) }
@@ -667,11 +726,97 @@ pub(crate) fn launch<R: Runtime>(
                 Dtype::Bf16 => decode_rows!(bf16),
             }
         }
+        DecodeTiling::Mma(m) => {
+            if paged || mods.is_some() {
+                return Err(LaunchError::WrongKernel { kernel: kernel.name(), reason: "the MMA decode kernel reads contiguous caches without score modifiers".into() });
+            }
+            let inputs = MmaInputs { q: (q, extents[0].1), k: (k, extents[1].1), v: (v, extents[2].1), fp8: None };
+            // SAFETY: as `arr`, in elements: the kernel writes O element by element.
+            let o_arg = unsafe { ArrayArg::from_raw_parts(o.clone(), extents[3].1.max(1) as usize) };
+            launch_mma(client, m, args, count_arg, dim, &prep, t, dtype, dtype, inputs, o_arg, lse_arg())?;
+        }
     }
     let sinks = params.as_ref().filter(|_| dm.sinks);
     prep.merge(client, t, args, dtype, arr(o, extents[3].1), lse_arg(), sinks)?;
     info.launched = true;
     Ok(info)
+}
+
+/// The inputs of the MMA decode kernel: Q, K and V with their extents in elements (codes), and
+/// with FP8 codes their bound descales, descale shape and format.
+struct MmaInputs<'a, R: Runtime> {
+    q: (&'a Handle, u64),
+    k: (&'a Handle, u64),
+    v: (&'a Handle, u64),
+    fp8: Option<([ArrayArg<R>; 3], Fp8ShapeLaunch<R>, Fp8Config)>,
+}
+
+/// Enqueues the MMA decode kernel of tiling `m` (the merge is the caller's): 16-bit inputs of
+/// `dtype` (the MMA's type), or FP8 codes converted to f16; O in `o_dtype`. The caller checked
+/// the extents (Q, K and V cover their strided extents, at least W elements), the layout and
+/// the LSE binding.
+#[allow(clippy::too_many_arguments)]
+fn launch_mma<R: Runtime>(
+    client: &ComputeClient<R>,
+    m: MmaDecodeTiles,
+    args: &Args,
+    count: CubeCount,
+    dim: CubeDim,
+    prep: &Prepared,
+    t: &DecodeTiles,
+    dtype: Dtype,
+    o_dtype: Dtype,
+    inputs: MmaInputs<'_, R>,
+    o: ArrayArg<R>,
+    lse: ArrayArg<R>,
+) -> Result<(), LaunchError> {
+    let code_bytes = if inputs.fp8.is_some() { 1 } else { 2 };
+    let vec = mma_decode_vec(args, code_bytes);
+    let cfg = m.config(args.head_dim, args.v_head_dim, code_bytes, vec, args.causal, args.write_lse);
+    if let Some(reason) = cfg.invalid() {
+        return Err(LaunchError::InvalidTiles { tiles: t.to_string(), reason });
+    }
+    let words = |elems: u64| (elems * code_bytes as u64).div_ceil(4).max(1) as usize;
+    // SAFETY (all three): the handles hold their extents (at least W elements), whole words
+    // since every row start and head dim is a multiple of 4 elements; the kernel reads words
+    // of rows below kv_len (K, V) and of the packed rows (Q), each vector inside one row
+    // (`mma_decode_vec` divides the row starts and each lane's share).
+    let q_arg = unsafe { ArrayArg::from_raw_parts(inputs.q.0.clone(), words(inputs.q.1)) };
+    let kv_arg = |(h, elems): (&Handle, u64)| unsafe { ArrayArg::from_raw_parts(h.clone(), words(elems).div_ceil(vec as usize)) };
+    let (descales, fp8_shape, fcfg) = match inputs.fp8 {
+        Some(f) => f,
+        None => {
+            let unused = client.empty(4);
+            // SAFETY: one float each, never read without codes.
+            let one = || unsafe { ArrayArg::from_raw_parts(unused.clone(), 1) };
+            let fcfg = Fp8Config { format: quattn_core::Fp8Format::E4M3, granularity: quattn_core::DescaleGranularity::PerTensor };
+            ([one(), one(), one()], Fp8ShapeLaunch::new(1, 1, 1, f32::NAN), fcfg)
+        }
+    };
+    let [qd, kd, vd] = descales;
+    let (k_arg, v_arg) = (kv_arg(inputs.k), kv_arg(inputs.v));
+    macro_rules! go {
+        ($o:ty, $e:ty) => {
+            // SAFETY: as above; the partial states are indexed inside their allocation (rows =
+            // bq, split < splits) and O / the LSE at the packed rows' (head, position).
+            unsafe {
+                fwd_portable_decode_mma::launch_unchecked::<$o, $e, R>(
+                    client, count, dim, vec as usize,
+                    q_arg, k_arg, v_arg, qd, kd, vd, o, lse, prep.part_o_scalar_arg(), prep.part_lse_arg(),
+                    crate::launch::shape_arg::<R>(args), prep.dec_arg(t), fp8_shape, cfg, fcfg, prep.direct,
+                )
+            }
+        };
+    }
+    match (o_dtype, dtype) {
+        (Dtype::F32, Dtype::Bf16) => go!(f32, bf16),
+        (Dtype::F32, _) => go!(f32, f16),
+        (Dtype::F16, Dtype::Bf16) => go!(f16, bf16),
+        (Dtype::F16, _) => go!(f16, f16),
+        (Dtype::Bf16, Dtype::Bf16) => go!(bf16, bf16),
+        (Dtype::Bf16, _) => go!(bf16, f16),
+    }
+    Ok(())
 }
 
 /// A paged KV cache as the decode kernels read it: K and V pools `[num_pages, page_size,
@@ -813,6 +958,9 @@ pub fn launch_paged_modified<R: Runtime>(
     let (keys, what) = match t.tiling {
         DecodeTiling::Tile(tiles) => (tiles.bk, "key tiles"),
         DecodeTiling::Rows(r) => (r.config(args.head_dim, args.v_head_dim, false, false).kb() as u32, "V key groups"),
+        DecodeTiling::Mma(_) => {
+            return Err(LaunchError::WrongKernel { kernel: kernel.name(), reason: "the MMA decode kernel reads contiguous caches".into() });
+        }
     };
     if keys > cache.page_size {
         return Err(LaunchError::WrongKernel { kernel: kernel.name(), reason: format!("its {keys}-key {what} span pages of {} keys", cache.page_size) });
@@ -946,11 +1094,36 @@ pub(crate) fn launch_fp8_rows<R: Runtime>(
     o: (&Handle, u64),
     lse: (Handle, u64),
 ) -> Result<LaunchInfo, LaunchError> {
-    let DecodeTiling::Rows(r) = t.tiling else {
-        return Err(LaunchError::WrongKernel { kernel: kernel.name(), reason: "FP8 decode runs on the row kernel only".into() });
-    };
     let (info, prep) = prepare(client, kernel, t, args, o_dtype, false, None)?;
     let Some(prep) = prep else { return Ok(info) };
+    let r = match t.tiling {
+        DecodeTiling::Rows(r) => r,
+        DecodeTiling::Mma(m) => {
+            let Fp8RowInputs { words, extents, descales, fp8_shape, fcfg } = inputs;
+            if fcfg.per_block() || !fp8_conversion(client, fcfg) {
+                return Err(LaunchError::WrongKernel {
+                    kernel: kernel.name(),
+                    reason: "the MMA decode kernel takes per-tensor or per-head descales, on a device that converts FP8".into(),
+                });
+            }
+            let count = CubeCount::Static(info.cube_count.0, info.cube_count.1, info.cube_count.2);
+            let dim = CubeDim::new_1d(t.units());
+            let inputs = MmaInputs { q: (&words[0], extents[0]), k: (&words[1], extents[1]), v: (&words[2], extents[2]), fp8: Some((descales, fp8_shape, fcfg)) };
+            // SAFETY: the caller checked that O holds `o.1` elements of `o_dtype` and the LSE
+            // buffer `lse.1` floats (or bound a scratch).
+            let (o_arg, lse_arg) = unsafe { (ArrayArg::from_raw_parts(o.0.clone(), o.1.max(1) as usize), ArrayArg::from_raw_parts(lse.0.clone(), lse.1 as usize)) };
+            launch_mma(client, m, args, count, dim, &prep, t, Dtype::F16, o_dtype, inputs, o_arg, lse_arg)?;
+            // SAFETY: as above; the merge writes O in vectors of W (rows are multiples of W).
+            let (o_vec, lse_arg) = unsafe { (ArrayArg::from_raw_parts(o.0.clone(), (o.1 as usize).div_ceil(W).max(1)), ArrayArg::from_raw_parts(lse.0.clone(), lse.1 as usize)) };
+            prep.merge(client, t, args, o_dtype, o_vec, lse_arg, None)?;
+            let mut info = info;
+            info.launched = true;
+            return Ok(info);
+        }
+        DecodeTiling::Tile(_) => {
+            return Err(LaunchError::WrongKernel { kernel: kernel.name(), reason: "FP8 decode runs on the row or MMA kernels".into() });
+        }
+    };
     let cfg = r.config(args.head_dim, args.v_head_dim, args.causal, args.write_lse);
     let Fp8RowInputs { words, extents, descales, fp8_shape, fcfg } = inputs;
     // SAFETY: checked by the caller to cover `max(extent, W)` codes: whole words.
@@ -999,6 +1172,64 @@ pub(crate) fn fp8_conversion<R: Runtime>(client: &ComputeClient<R>, fcfg: Fp8Con
         Fp8Format::E5M2 => cubecl::e5m2::supported_uses(client),
     };
     R::name(client) == "cuda" && uses.contains(cubecl::features::TypeUsage::Conversion)
+}
+
+/// The MMA decode kernel's tiling for `args` on elements of `code_bytes` bytes (2: `dtype`
+/// f16/bf16; 1: FP8 codes, which the kernel converts to f16), if it applies: the runtime's
+/// manual MMA for the 16-bit type, at most [`MMA_DECODE_MAX_ROWS`] packed rows, head dims its
+/// lanes split into whole words. 16 keys per warp step on 16-bit elements and 32 on codes:
+/// either way 128 bytes of each K and V row per lane and step at d 128.
+pub(crate) fn mma_decode_tiles<R: Runtime>(client: &ComputeClient<R>, args: &Args, dtype: Dtype, code_bytes: u32) -> Option<MmaDecodeTiles> {
+    let rows = args.group_size() as u64 * args.q_len as u64;
+    if rows == 0 || rows > MMA_DECODE_MAX_ROWS as u64 {
+        return None;
+    }
+    let mma_type = if code_bytes == 1 { Dtype::F16 } else { dtype };
+    if let Some(why) = crate::launch::mma_unavailable(client, mma_type) {
+        log::debug!("MMA decode kernel not chosen: {why}");
+        return None;
+    }
+    mma_decode_candidates(rows as u32, args.head_dim, args.v_head_dim, code_bytes).into_iter().next()
+}
+
+/// MMA decode kernel tilings for `rows` packed rows on elements of `code_bytes` bytes (2, or 1
+/// for FP8 codes), best first: 4 warps, 16 keys per warp step on 16-bit elements and 32 on
+/// codes (128 bytes of each K and V row per lane and step at d 128, all of it in flight while
+/// the previous step computes). Empty where the kernel does not cover the rows or head dims.
+pub fn mma_decode_candidates(rows: u32, head_dim: u32, v_head_dim: u32, code_bytes: u32) -> Vec<MmaDecodeTiles> {
+    let tiles = MmaDecodeTiles { rows, warps: 4, steps: if code_bytes == 1 { 2 } else { 1 } };
+    let ok = tiles.config(head_dim, v_head_dim, code_bytes, 1, false, false).invalid().is_none();
+    ok.then_some(tiles).into_iter().collect()
+}
+
+/// The widest load (4, 2 or 1 words) of the MMA decode kernel that every lane's K and V start
+/// is aligned to: it divides each lane's words and every K and V stride in words.
+pub(crate) fn mma_decode_vec(args: &Args, code_bytes: u32) -> u32 {
+    let words = |elems: u32| elems as u64 * code_bytes as u64 / 4;
+    let mut all = vec![words(args.head_dim / 4), words(args.v_head_dim / 8)];
+    for &s in args.k_strides.iter().chain(args.v_strides.iter()) {
+        // A stride of whole words: `vector_layout_ok` holds every stride to 4 elements.
+        all.push(if (s as u64 * code_bytes as u64).is_multiple_of(4) { words(s) } else { 1 });
+    }
+    [4u32, 2, 1].into_iter().find(|&v| all.iter().all(|&w| w.is_multiple_of(v as u64))).unwrap_or(1)
+}
+
+/// The FP8 decode kernel for `args` with `fcfg` codes, with its split: the MMA kernel where it
+/// applies ([`mma_decode_tiles`]: per-tensor or per-head descales, a device that converts FP8),
+/// else the row kernel ([`select_rows`]).
+pub(crate) fn select_fp8_decode<R: Runtime>(client: &ComputeClient<R>, args: &Args, shape: &AttentionShape, fcfg: Fp8Config) -> Result<DecodeTiles, String> {
+    if let Some(reason) = decode_shape_refusal(args, shape) {
+        return Err(reason);
+    }
+    if !fcfg.per_block() && fp8_conversion(client, fcfg) {
+        if let Some(m) = mma_decode_tiles(client, args, Dtype::F16, 1) {
+            let sms = client.properties().hardware.num_streaming_multiprocessors.unwrap_or(ASSUMED_SMS);
+            let pairs = args.batch as u64 * args.kv_heads as u64;
+            let (splits, keys_per_split) = decode_split_with(pairs, args.kv_len, m.bk(), sms, MMA_CUBES_PER_SM);
+            return Ok(DecodeTiles { tiling: DecodeTiling::Mma(m), splits, keys_per_split });
+        }
+    }
+    select_rows(client, args, shape)
 }
 
 /// The row decode kernel for `args`, with its split: the first [`row_candidates`] tiling, for

@@ -447,9 +447,11 @@ impl PortableKernel {
             PortableKernel::Fp8(Fp8Tiles { tiles: Fp8Tiling::Fma(t), .. }) => t.smem_bytes_fp8(head_dim, v_head_dim),
             // Decoded Q and the scratch in f32, then two u32 records; the total is whole
             // 16-byte blocks.
-            PortableKernel::Fp8(Fp8Tiles { tiles: Fp8Tiling::Decode(d), .. }) => {
-                (d.smem_bytes(head_dim, v_head_dim, 4) + 8).next_multiple_of(16)
-            }
+            PortableKernel::Fp8(Fp8Tiles { tiles: Fp8Tiling::Decode(d), .. }) => match d.tiling {
+                // The merge, then two u32 records.
+                crate::DecodeTiling::Mma(_) => d.smem_bytes(head_dim, v_head_dim, 1),
+                _ => (d.smem_bytes(head_dim, v_head_dim, 4) + 8).next_multiple_of(16),
+            },
             // Decoded elements are staged in f32.
             PortableKernel::Fp4(f) => f.tiles.smem_bytes(head_dim, v_head_dim, 4),
             // The codes are staged decoded, in f16, after the non-finite records.
@@ -744,7 +746,7 @@ fn planes_of_32<R: Runtime>(client: &ComputeClient<R>) -> Option<String> {
         .then(|| "the kernel needs plane ops on 32-wide planes".into())
 }
 
-fn mma_unavailable<R: Runtime>(client: &ComputeClient<R>, dtype: Dtype) -> Option<String> {
+pub(crate) fn mma_unavailable<R: Runtime>(client: &ComputeClient<R>, dtype: Dtype) -> Option<String> {
     if dtype == Dtype::F32 {
         return Some("f32 inputs have no m16n8k16 f32-accumulating matrix op".into());
     }
@@ -1686,7 +1688,8 @@ pub fn select_fp8<R: Runtime>(
     let limits = CubeLimits::of(client);
     let dmax = args.head_dim.max(args.v_head_dim);
     let fp8 = |tiles| PortableKernel::Fp8(Fp8Tiles { tiles, format, granularity });
-    match crate::decode::select_rows(client, &args, shape) {
+    let fcfg = Fp8Config { format, granularity };
+    match crate::decode::select_fp8_decode(client, &args, shape, fcfg) {
         Ok(d) => match first_fitting([fp8(Fp8Tiling::Decode(d))].into_iter(), limits, args.head_dim, args.v_head_dim, o_dtype) {
             Ok(kernel) => return Ok(kernel),
             Err(last) => log::debug!("FP8 row decode kernel not chosen: {last:?}"),

@@ -122,7 +122,7 @@ mod quant;
 mod tiling;
 
 pub use decode::{
-    launch_paged, launch_paged_append, launch_paged_modified, select_paged, select_paged_modified, PagedCache, decode_candidates, decode_split, decode_split_with, row_candidates, DecodeTiles, DecodeTiling, RowTiles, ASSUMED_SMS, CUBES_PER_SM, ROW_CUBES_PER_SM, DECODE_MAX_ROWS, DECODE_MIN_KV, MAX_SPLITS,
+    launch_paged, launch_paged_append, launch_paged_modified, select_paged, select_paged_modified, PagedCache, decode_candidates, decode_split, decode_split_with, mma_decode_candidates, row_candidates, DecodeTiles, DecodeTiling, MmaDecodeTiles, RowTiles, ASSUMED_SMS, CUBES_PER_SM, ROW_CUBES_PER_SM, MMA_CUBES_PER_SM, DECODE_MAX_ROWS, DECODE_MIN_KV, MAX_SPLITS,
     MIN_TILES_PER_SPLIT,
 };
 pub use error::LaunchError;

@@ -233,6 +233,9 @@ impl<R: Runtime> CubeclBackend<R> {
                     Portable::Mma => "portable_mma",
                     Portable::Cmma => "portable_cmma",
                     Portable::Fma => "portable",
+                    Portable::Decode if matches!(k, PortableKernel::Decode(t) if matches!(t.tiling, quattn_cubecl::DecodeTiling::Mma(_))) => {
+                        "portable_decode_mma"
+                    }
                     Portable::Decode => "portable_decode",
                 };
                 (None, format!("fwd_{family}_{}_{elem}_d{}", self.info.kind, problem.head_dim))
@@ -293,9 +296,10 @@ impl<R: Runtime> CubeclBackend<R> {
         let (block_q, block_k) = fp8.descale_blocks();
         let blocking = Blocking { block_q, block_k, ..Blocking::default() };
         blocking.validate(problem, precision)?;
-        // The variant in the name: the split-KV row decode kernel on decode shapes, the
-        // manual-MMA FP8 kernel where the f16 mma kernel runs.
+        // The variant in the name: the split-KV decode kernels on decode shapes (the MMA one
+        // marked), the manual-MMA FP8 kernel where the f16 mma kernel runs.
         let variant = match fp8.tiles {
+            quattn_cubecl::Fp8Tiling::Decode(d) if matches!(d.tiling, quattn_cubecl::DecodeTiling::Mma(_)) => "decode_mma_",
             quattn_cubecl::Fp8Tiling::Decode(_) => "decode_",
             quattn_cubecl::Fp8Tiling::Mma(_) => "mma_",
             quattn_cubecl::Fp8Tiling::Fma(_) => "",

@@ -32,7 +32,6 @@
 //! are f32.
 
 use cubecl::prelude::*;
-use half::f16;
 
 use super::decode::{decode_split_keys, head_param, key_row, mod_score, mod_shift, seq_kv_len, split_keys, tile_masked, DecodeArgs, DecodeMods};
 use super::fma_vec::W;
