@@ -826,4 +826,48 @@ mod cuda_tests {
         });
         cuda.check_all(variants);
     }
+
+    /// The key loop is on the tensor cores: the kernel's HMMAs are exactly one warp step's (the
+    /// loop body is not unrolled: `s_tiles · qk_steps` for S and `steps · o_tiles` for Oᵀ, of
+    /// the type's HMMA), and codes go through the device's FP8 conversion (`F2FP...E4M3` or
+    /// `.E5M2`, none on 16-bit inputs).
+    #[test]
+    fn nvrtc_sm90_sass_has_one_warp_steps_hmma_and_the_fp8_conversion() {
+        let Some(cuda) = OfflineCuda::new() else { return };
+        if quattn_native::tools::find_any_disassembler().is_none() {
+            assert!(std::env::var_os("CI").is_none(), "CUDA tools required under CI: no cuobjdump / nvdisasm");
+            println!("SKIPPED: no cuobjdump / nvdisasm");
+            return;
+        }
+        let include = crate::kernel::offline_cuda::cuda_include_dir().expect("OfflineCuda found the headers");
+        let options = vec!["--gpu-architecture=sm_90a".to_string(), format!("--include-path={}", include.display()), "-Xptxas=-v".to_string()];
+        let mut failures = Vec::new();
+        for (name, cfg, fcfg, direct) in cases().into_iter().filter(|(n, c, _, _)| n.contains("d128_rows4") && !c.causal) {
+            let bf16 = name.contains("bf16");
+            let definition = if bf16 {
+                definition::<half::bf16>(cuda.client(), cfg, fcfg, direct)
+            } else {
+                definition::<half::f16>(cuda.client(), cfg, fcfg, direct)
+            };
+            let (source, _) = cuda.translate(definition, Arch::Sm90).unwrap();
+            let (cubin, _) = nvrtc_cubin(&source, &options).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let sass = quattn_native::sass::disassemble(&cubin).unwrap();
+            let hist = quattn_native::sass::opcode_histogram(&sass);
+            let count = |f: &dyn Fn(&str) -> bool| -> usize { hist.iter().filter(|(op, _)| f(op)).map(|(_, n)| n).sum() };
+            let hmma_type = if bf16 { "HMMA.16816.F32.BF16" } else { "HMMA.16816.F32" };
+            let hmma = count(&|op| op == hmma_type);
+            let expected = cfg.s_tiles() * cfg.qk_steps() + cfg.steps * cfg.o_tiles();
+            let tag = match fcfg.format {
+                quattn_core::Fp8Format::E4M3 => ".E4M3.",
+                quattn_core::Fp8Format::E5M2 => ".E5M2.",
+            };
+            let conversions = count(&|op| op.starts_with("F2FP") && op.contains(tag));
+            let codes = cfg.code_bytes == 1;
+            println!("{name}: {hmma} {hmma_type} (expected {expected}), {conversions} FP8 conversions");
+            if hmma != expected || (conversions > 0) != codes {
+                failures.push(name);
+            }
+        }
+        assert!(failures.is_empty(), "HMMA count or FP8 conversions wrong for: {failures:?}");
+    }
 }
