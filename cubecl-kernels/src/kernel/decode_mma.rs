@@ -824,7 +824,16 @@ mod cuda_tests {
             };
             Variant { name, arch: Arch::Sm90, definition, shared_bytes: Some(cfg.smem_bytes()), spill_free: true }
         });
-        cuda.check_all(variants);
+        // 16-bit inputs also run on the A100 (FP8 needs sm_89's conversion): its d 128 cases.
+        let ampere = cases().into_iter().filter(|(n, c, _, _)| c.code_bytes == 2 && n.contains("d128")).map(|(name, cfg, fcfg, direct)| {
+            let definition = if name.contains("bf16") {
+                definition::<half::bf16>(cuda.client(), cfg, fcfg, direct)
+            } else {
+                definition::<half::f16>(cuda.client(), cfg, fcfg, direct)
+            };
+            Variant { name, arch: Arch::Sm80, definition, shared_bytes: Some(cfg.smem_bytes()), spill_free: true }
+        });
+        cuda.check_all(variants.chain(ampere));
     }
 
     /// The key loop is on the tensor cores: the kernel's HMMAs are exactly one warp step's (the
