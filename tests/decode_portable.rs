@@ -208,6 +208,43 @@ macro_rules! testgen_decode {
                 assert_ne!(plan.family(), Family::Portable(PortableKind::Decode));
             }
 
+            /// Keys whose scores jump far above the running max in the middle of a warp's or
+            /// unit's walk (the second half of the cache with K scaled by 6: scores several
+            /// times the lazy-rescale threshold above the first half's max) make the kernels
+            /// rescale what they have accumulated; without that rescale the first half would
+            /// keep its old weight. Every decode tiling the runtime has, one split and several.
+            #[test]
+            fn a_max_that_jumps_mid_walk_rescales_the_accumulators() {
+                let Some(s) = open(device()) else { return };
+                let p = AttentionProblem::new(2, 8, 1, 128).kv_heads(2).kv_len(4096).with_lse(true);
+                let (q, mut k, v) = quattn::inputs::qkv(&p, 77);
+                let st = p.k_strides();
+                for b in 0..p.batch {
+                    for h in 0..p.kv_heads {
+                        for j in p.kv_len / 2..p.kv_len {
+                            k[st.offset(b, h, j)..][..p.head_dim].iter_mut().for_each(|x| *x *= 6.0);
+                        }
+                    }
+                }
+                for prec in precisions(&s) {
+                    let plan = s.plan(&p, prec, Strategy::Portable).unwrap();
+                    let KernelId::Portable { kernel: PortableKernel::Decode(t), .. } = plan.kernel.clone() else {
+                        panic!("{prec}: the portable strategy gave {}", plan.kernel)
+                    };
+                    let dt = prec.input_dtype();
+                    let (qr, kr, vr) = (quattn::HostSlice::F32(&q).rounded_to(dt), quattn::HostSlice::F32(&k).rounded_to(dt), quattn::HostSlice::F32(&v).rounded_to(dt));
+                    let r = quattn::reference::attention_f64(&p, &qr, &kr, &vr).unwrap();
+                    let tol = quattn::metrics::Tolerance::for_precision(prec);
+                    let ref_max = r.o.iter().fold(0.0f64, |a, &x| a.max(x.abs()));
+                    for splits in [1u32, 4] {
+                        let plan = with_tiling(plan.clone(), &p, t.tiling, splits);
+                        let out = s.run(&plan, &qr, &kr, &vr).unwrap();
+                        let m = quattn::metrics::ErrorMetrics::compare(&out.o, &r.o);
+                        assert!(tol.accepts(&m, ref_max), "{} {prec} {splits} splits: {m:?} outside {tol:?}", plan.kernel);
+                    }
+                }
+            }
+
             /// A split that does not cover the keys is refused at launch, typed.
             #[test]
             fn a_split_that_misses_keys_is_refused() {

@@ -681,9 +681,12 @@ fn softmax(
         frag[0] = x;
     }
     let alpha = f32::exp((old_max - new_max) * scale);
+    // Before the store: `old_max` names the variable behind `row_max` itself (a CubeCL `let` of a
+    // dereferenced local), so after `*row_max = new_max` the comparison would always be false.
+    let moved = new_max != old_max;
     *row_sum = *row_sum * alpha + tile_sum;
     *row_max = new_max;
-    if plane_any(new_max != old_max) {
+    if plane_any(moved) {
         // Accumulator columns belong to rows 2t and 2t + 1: lanes 8t and 8t + 4 hold their
         // factors.
         let mut factors = Vector::<f32, Pair>::empty();
