@@ -190,6 +190,23 @@ impl DecodeTiles {
             },
         }
     }
+    /// Resident cubes per SM the split assumes for this tiling's kernel.
+    pub const fn cubes_per_sm(&self) -> u32 {
+        match self.tiling {
+            DecodeTiling::Tile(_) => CUBES_PER_SM,
+            DecodeTiling::Rows(_) => ROW_CUBES_PER_SM,
+            DecodeTiling::Mma(_) => MMA_CUBES_PER_SM,
+        }
+    }
+    /// `tiling` with the split of [`decode_split_with`] for a contiguous cache of `args` on
+    /// the runtime's SMs.
+    fn split_for<R: Runtime>(client: &ComputeClient<R>, args: &Args, tiling: DecodeTiling) -> DecodeTiles {
+        let probe = DecodeTiles { tiling, splits: 1, keys_per_split: 0 };
+        let sms = client.properties().hardware.num_streaming_multiprocessors.unwrap_or(ASSUMED_SMS);
+        let pairs = args.batch as u64 * args.kv_heads as u64;
+        let (splits, keys_per_split) = decode_split_with(pairs, args.kv_len, probe.bk(), sms, probe.cubes_per_sm());
+        DecodeTiles { tiling, splits, keys_per_split }
+    }
     /// Units per row of the tile kernel's reductions, whose plane shuffles need that many
     /// lanes (`None` for the row kernel, which reduces through shared memory).
     pub const fn reduce_lanes(&self) -> Option<u32> {
@@ -388,11 +405,7 @@ fn select_with<R: Runtime>(
         .map(DecodeTiling::Tile);
     for tiling in mma.into_iter().chain(rows_first).chain(tiles) {
         let probe = DecodeTiles { tiling, splits: 1, keys_per_split: 0 };
-        let per_sm = match tiling {
-            DecodeTiling::Tile(_) => CUBES_PER_SM,
-            DecodeTiling::Rows(_) => ROW_CUBES_PER_SM,
-            DecodeTiling::Mma(_) => MMA_CUBES_PER_SM,
-        };
+        let per_sm = probe.cubes_per_sm();
         // Every row block is a cube of its own before the keys are split.
         let blocks = pairs.saturating_mul(probe.row_blocks(rows as u64));
         let keys = match mods {
@@ -786,9 +799,9 @@ fn launch_mma<R: Runtime>(
     let (descales, fp8_shape, fcfg) = match inputs.fp8 {
         Some(f) => f,
         None => {
-            let unused = client.empty(4);
-            // SAFETY: one float each, never read without codes.
-            let one = || unsafe { ArrayArg::from_raw_parts(unused.clone(), 1) };
+            // SAFETY: Q's buffer (at least W elements) as one float each, never read without
+            // codes: no scratch allocation per launch.
+            let one = || unsafe { ArrayArg::from_raw_parts(inputs.q.0.clone(), 1) };
             let fcfg = Fp8Config { format: quattn_core::Fp8Format::E4M3, granularity: quattn_core::DescaleGranularity::PerTensor };
             ([one(), one(), one()], Fp8ShapeLaunch::new(1, 1, 1, f32::NAN), fcfg)
         }
@@ -1096,44 +1109,36 @@ pub(crate) fn launch_fp8_rows<R: Runtime>(
 ) -> Result<LaunchInfo, LaunchError> {
     let (info, prep) = prepare(client, kernel, t, args, o_dtype, false, None)?;
     let Some(prep) = prep else { return Ok(info) };
+    let Fp8RowInputs { words, extents, descales, fp8_shape, fcfg } = inputs;
+    // SAFETY: as `codes` below, in elements of `o_dtype`.
+    let o_arg = || unsafe { ArrayArg::from_raw_parts(o.0.clone(), (o.1 as usize).div_ceil(W).max(1)) };
+    // SAFETY: the caller checked that its LSE buffer holds `lse.1` floats (or bound a scratch).
+    let lse_arg = || unsafe { ArrayArg::from_raw_parts(lse.0.clone(), lse.1 as usize) };
+    let count = CubeCount::Static(info.cube_count.0, info.cube_count.1, info.cube_count.2);
+    let dim = CubeDim::new_1d(t.units());
     let r = match t.tiling {
         DecodeTiling::Rows(r) => r,
         DecodeTiling::Mma(m) => {
-            let Fp8RowInputs { words, extents, descales, fp8_shape, fcfg } = inputs;
             if fcfg.per_block() || !fp8_conversion(client, fcfg) {
                 return Err(LaunchError::WrongKernel {
                     kernel: kernel.name(),
                     reason: "the MMA decode kernel takes per-tensor or per-head descales, on a device that converts FP8".into(),
                 });
             }
-            let count = CubeCount::Static(info.cube_count.0, info.cube_count.1, info.cube_count.2);
-            let dim = CubeDim::new_1d(t.units());
             let inputs = MmaInputs { q: (&words[0], extents[0]), k: (&words[1], extents[1]), v: (&words[2], extents[2]), fp8: Some((descales, fp8_shape, fcfg)) };
-            // SAFETY: the caller checked that O holds `o.1` elements of `o_dtype` and the LSE
-            // buffer `lse.1` floats (or bound a scratch).
-            let (o_arg, lse_arg) = unsafe { (ArrayArg::from_raw_parts(o.0.clone(), o.1.max(1) as usize), ArrayArg::from_raw_parts(lse.0.clone(), lse.1 as usize)) };
-            launch_mma(client, m, args, count, dim, &prep, t, Dtype::F16, o_dtype, inputs, o_arg, lse_arg)?;
-            // SAFETY: as above; the merge writes O in vectors of W (rows are multiples of W).
-            let (o_vec, lse_arg) = unsafe { (ArrayArg::from_raw_parts(o.0.clone(), (o.1 as usize).div_ceil(W).max(1)), ArrayArg::from_raw_parts(lse.0.clone(), lse.1 as usize)) };
-            prep.merge(client, t, args, o_dtype, o_vec, lse_arg, None)?;
-            let mut info = info;
-            info.launched = true;
-            return Ok(info);
+            // SAFETY: the caller checked that O holds `o.1` elements of `o_dtype`; the kernel
+            // writes it element by element.
+            let o_elems = unsafe { ArrayArg::from_raw_parts(o.0.clone(), o.1.max(1) as usize) };
+            launch_mma(client, m, args, count, dim, &prep, t, Dtype::F16, o_dtype, inputs, o_elems, lse_arg())?;
+            return finish_launch(client, info, &prep, t, args, o_dtype, o_arg(), lse_arg());
         }
         DecodeTiling::Tile(_) => {
             return Err(LaunchError::WrongKernel { kernel: kernel.name(), reason: "FP8 decode runs on the row or MMA kernels".into() });
         }
     };
     let cfg = r.config(args.head_dim, args.v_head_dim, args.causal, args.write_lse);
-    let Fp8RowInputs { words, extents, descales, fp8_shape, fcfg } = inputs;
     // SAFETY: checked by the caller to cover `max(extent, W)` codes: whole words.
     let codes = |handle: &Handle, elems: u64| unsafe { ArrayArg::from_raw_parts(handle.clone(), (elems as usize).div_ceil(W).max(1)) };
-    // SAFETY: as `codes`, in elements of `o_dtype`.
-    let o_arg = || unsafe { ArrayArg::from_raw_parts(o.0.clone(), (o.1 as usize).div_ceil(W).max(1)) };
-    // SAFETY: the caller checked that its LSE buffer holds `lse.1` floats (or bound a scratch).
-    let lse_arg = || unsafe { ArrayArg::from_raw_parts(lse.0.clone(), lse.1 as usize) };
-    let count = CubeCount::Static(info.cube_count.0, info.cube_count.1, info.cube_count.2);
-    let dim = CubeDim::new_1d(ROW_UNITS as u32);
     let [qd, kd, vd] = descales;
     let cvt = fp8_conversion(client, fcfg);
     let (q, k, v) = (codes(&words[0], extents[0]), codes(&words[1], extents[1]), codes(&words[2], extents[2]));
@@ -1156,8 +1161,22 @@ pub(crate) fn launch_fp8_rows<R: Runtime>(
         Dtype::F16 => go!(f16),
         Dtype::Bf16 => go!(bf16),
     }
-    prep.merge(client, t, args, o_dtype, o_arg(), lse_arg(), None)?;
-    let mut info = info;
+    finish_launch(client, info, &prep, t, args, o_dtype, o_arg(), lse_arg())
+}
+
+/// The FP8 decode launch's end, after either kernel: the merge (several splits) and the record.
+#[allow(clippy::too_many_arguments)]
+fn finish_launch<R: Runtime>(
+    client: &ComputeClient<R>,
+    mut info: LaunchInfo,
+    prep: &Prepared,
+    t: &DecodeTiles,
+    args: &Args,
+    o_dtype: Dtype,
+    o: ArrayArg<R>,
+    lse: ArrayArg<R>,
+) -> Result<LaunchInfo, LaunchError> {
+    prep.merge(client, t, args, o_dtype, o, lse, None)?;
     info.launched = true;
     Ok(info)
 }
@@ -1180,7 +1199,7 @@ pub(crate) fn fp8_conversion<R: Runtime>(client: &ComputeClient<R>, fcfg: Fp8Con
 /// lanes split into whole words. 16 keys per warp step on 16-bit elements and 32 on codes:
 /// either way 128 bytes of each K and V row per lane and step at d 128.
 pub(crate) fn mma_decode_tiles<R: Runtime>(client: &ComputeClient<R>, args: &Args, dtype: Dtype, code_bytes: u32) -> Option<MmaDecodeTiles> {
-    let rows = args.group_size() as u64 * args.q_len as u64;
+    let rows = packed_rows(args);
     if rows == 0 || rows > MMA_DECODE_MAX_ROWS as u64 {
         return None;
     }
@@ -1223,10 +1242,7 @@ pub(crate) fn select_fp8_decode<R: Runtime>(client: &ComputeClient<R>, args: &Ar
     }
     if !fcfg.per_block() && fp8_conversion(client, fcfg) {
         if let Some(m) = mma_decode_tiles(client, args, Dtype::F16, 1) {
-            let sms = client.properties().hardware.num_streaming_multiprocessors.unwrap_or(ASSUMED_SMS);
-            let pairs = args.batch as u64 * args.kv_heads as u64;
-            let (splits, keys_per_split) = decode_split_with(pairs, args.kv_len, m.bk(), sms, MMA_CUBES_PER_SM);
-            return Ok(DecodeTiles { tiling: DecodeTiling::Mma(m), splits, keys_per_split });
+            return Ok(DecodeTiles::split_for(client, args, DecodeTiling::Mma(m)));
         }
     }
     select_rows(client, args, shape)
@@ -1243,10 +1259,7 @@ pub(crate) fn select_rows<R: Runtime>(client: &ComputeClient<R>, args: &Args, sh
     let Some(tiles) = row_candidates(rows, args.head_dim, args.v_head_dim).into_iter().next() else {
         return Err(format!("no row decode tiling for {rows} rows at d={} dv={}", args.head_dim, args.v_head_dim));
     };
-    let sms = client.properties().hardware.num_streaming_multiprocessors.unwrap_or(ASSUMED_SMS);
-    let pairs = args.batch as u64 * args.kv_heads as u64;
-    let (splits, keys_per_split) = decode_split_with(pairs, args.kv_len, tiles.bk, sms, ROW_CUBES_PER_SM);
-    Ok(DecodeTiles { tiling: DecodeTiling::Rows(tiles), splits, keys_per_split })
+    Ok(DecodeTiles::split_for(client, args, DecodeTiling::Rows(tiles)))
 }
 
 #[cfg(test)]

@@ -43,7 +43,7 @@ use cubecl::prelude::*;
 
 use super::decode::{split_keys, DecodeArgs};
 use super::decode_rows::{NO_KEY, POISON_LSE};
-use super::fma_vec_fp8::{convert_pair, non_finite_bytes, Fp8Config, Fp8Shape};
+use super::fma_vec_fp8::{clear_marked, convert_pair, non_finite_bytes, Fp8Config, Fp8Shape};
 use super::mma::{acc_zero, Pair, MMA_K, MMA_M, MMA_N, PLANE};
 use super::{is_visible, AttnShape, LAZY_RESCALE_THRESHOLD, MASK_THRESHOLD, NO_MAX};
 
@@ -201,14 +201,9 @@ pub fn fwd_portable_decode_mma<O: Float, E: Float, N: Size>(
     if comptime!(fcfg.per_head()) {
         kv_index = batch * fp8.kv_heads as usize + kv_head;
     }
-    let mut scale = shape.scale;
+    let scale = row_scale(q_descale, k_descale, shape, batch, min(row_head, shape.q_heads as usize - 1), kv_index, fcfg, codes);
     let mut o_factor = 1.0f32;
     if comptime!(codes) {
-        let mut q_index = 0usize;
-        if comptime!(fcfg.per_head()) {
-            q_index = batch * shape.q_heads as usize + min(row_head, shape.q_heads as usize - 1);
-        }
-        scale = shape.scale * (q_descale[q_index] * k_descale[kv_index]);
         o_factor = v_descale[kv_index];
     }
 
@@ -317,14 +312,7 @@ pub fn fwd_portable_decode_mma<O: Float, E: Float, N: Size>(
             let c = (task % quads) * 4;
             let head = kv_head * group + r / q_len;
             let pos = r % q_len;
-            let mut sc = shape.scale;
-            if comptime!(codes) {
-                let mut q_index = 0usize;
-                if comptime!(fcfg.per_head()) {
-                    q_index = batch * shape.q_heads as usize + head;
-                }
-                sc = shape.scale * (q_descale[q_index] * k_descale[kv_index]);
-            }
+            let sc = row_scale(q_descale, k_descale, shape, batch, head, kv_index, fcfg, codes);
             let mut m = NO_MAX.runtime();
             #[unroll]
             for w in 0..cfg.warps {
@@ -384,6 +372,32 @@ pub fn fwd_portable_decode_mma<O: Float, E: Float, N: Size>(
     }
 }
 
+/// The softmax scale of the rows of q head `head`: the shape's, with codes times the Q and K
+/// descales (`kv_index` K's entry). One function for the key loop and the epilogue, so that
+/// both use the same rounding.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn row_scale(
+    q_descale: &Array<f32>,
+    k_descale: &Array<f32>,
+    shape: &AttnShape,
+    batch: usize,
+    head: usize,
+    kv_index: usize,
+    #[comptime] fcfg: Fp8Config,
+    #[comptime] codes: bool,
+) -> f32 {
+    let mut scale = shape.scale;
+    if comptime!(codes) {
+        let mut q_index = 0usize;
+        if comptime!(fcfg.per_head()) {
+            q_index = batch * shape.q_heads as usize + head;
+        }
+        scale = shape.scale * (q_descale[q_index] * k_descale[kv_index]);
+    }
+    scale
+}
+
 /// The lane's Q fragments, `[k-step]`: row `g` (zero past `rows`), elements `t·d/4 + 4s +
 /// {0, 1}` (register 0) and `+ {2, 3}` (register 2); rows `g + 8` zero. With codes, a
 /// non-finite code is zeroed and reported (the second value, for row `g`).
@@ -435,12 +449,6 @@ fn load_q<E: Float>(
         frags.push(a);
     }
     (frags, any_bad)
-}
-
-/// `word` with the codes [`non_finite_bytes`] marks in `non_finite` cleared (zero codes).
-#[cube]
-fn clear_marked(word: u32, non_finite: u32) -> u32 {
-    word & !((non_finite >> 7u32) * 0xffu32)
 }
 
 /// Word `x` of the register array `regs` of `vec`-word vectors.
@@ -501,7 +509,7 @@ fn load_v<N: Size>(
     for c in 0..cfg.steps {
         #[unroll]
         for slot in 0..4usize {
-            let key = k0 + c * MMA_K + 2 * t + comptime!((slot % 2) + 8 * (slot / 2));
+            let key = k0 + v_key(c, slot, t);
             let start = ((v_base + key * shape.v_s2 as usize + g * comptime!(cfg.v_head_dim / 8)) * comptime!(cfg.code_bytes)) / comptime!(4 * cfg.vec);
             #[unroll]
             for x in 0..per_row {
@@ -521,27 +529,7 @@ fn clear_k<N: Size>(regs: &mut Array<Vector<u32, N>>, bad_key: &mut u32, k0: usi
     let per_row = comptime!(cfg.k_words() / cfg.vec);
     #[unroll]
     for j in 0..cfg.s_tiles() {
-        let mut any = 0u32;
-        #[unroll]
-        for x in 0..per_row {
-            let vector = regs[comptime!(j * per_row + x)];
-            #[unroll]
-            for e in 0..cfg.vec {
-                any |= non_finite_bytes(vector[e], fcfg);
-            }
-        }
-        if any != 0u32 {
-            *bad_key = min(*bad_key, (k0 + j * MMA_N + g) as u32);
-            #[unroll]
-            for x in 0..per_row {
-                let mut vector = regs[comptime!(j * per_row + x)];
-                #[unroll]
-                for e in 0..cfg.vec {
-                    vector[e] = clear_marked(vector[e], non_finite_bytes(vector[e], fcfg));
-                }
-                regs[comptime!(j * per_row + x)] = vector;
-            }
-        }
+        clear_row(regs, bad_key, k0 + j * MMA_N + g, comptime!(j * per_row), per_row, fcfg, cfg.vec);
     }
 }
 
@@ -553,31 +541,52 @@ fn clear_v<N: Size>(regs: &mut Array<Vector<u32, N>>, bad_key: &mut u32, k0: usi
     for c in 0..cfg.steps {
         #[unroll]
         for slot in 0..4usize {
-            let at = comptime!((c * 4 + slot) * per_row);
-            let mut any = 0u32;
-            #[unroll]
-            for x in 0..per_row {
-                let vector = regs[comptime!(at + x)];
-                #[unroll]
-                for e in 0..cfg.vec {
-                    any |= non_finite_bytes(vector[e], fcfg);
-                }
-            }
-            if any != 0u32 {
-                let key = k0 + c * MMA_K + 2 * t + comptime!((slot % 2) + 8 * (slot / 2));
-                *bad_key = min(*bad_key, key as u32);
-                #[unroll]
-                for x in 0..per_row {
-                    let mut vector = regs[comptime!(at + x)];
-                    #[unroll]
-                    for e in 0..cfg.vec {
-                        vector[e] = clear_marked(vector[e], non_finite_bytes(vector[e], fcfg));
-                    }
-                    regs[comptime!(at + x)] = vector;
-                }
-            }
+            clear_row(regs, bad_key, k0 + v_key(c, slot, t), comptime!((c * 4 + slot) * per_row), per_row, fcfg, cfg.vec);
         }
     }
+}
+
+/// One row's `per_row` vectors from `regs[at]`: where a code is non-finite, the codes are
+/// zeroed and `key` is recorded in `bad_key` (the lowest such key).
+#[cube]
+fn clear_row<N: Size>(
+    regs: &mut Array<Vector<u32, N>>,
+    bad_key: &mut u32,
+    key: usize,
+    #[comptime] at: usize,
+    #[comptime] per_row: usize,
+    #[comptime] fcfg: Fp8Config,
+    #[comptime] vec: usize,
+) {
+    let mut any = 0u32;
+    #[unroll]
+    for x in 0..per_row {
+        let vector = regs[comptime!(at + x)];
+        #[unroll]
+        for e in 0..vec {
+            any |= non_finite_bytes(vector[e], fcfg);
+        }
+    }
+    if any != 0u32 {
+        *bad_key = min(*bad_key, key as u32);
+        #[unroll]
+        for x in 0..per_row {
+            let mut vector = regs[comptime!(at + x)];
+            #[unroll]
+            for e in 0..vec {
+                vector[e] = clear_marked(vector[e], non_finite_bytes(vector[e], fcfg));
+            }
+            regs[comptime!(at + x)] = vector;
+        }
+    }
+}
+
+/// The key (from the warp tile's first) of V slot `slot` of key step `c` for lane quad index
+/// `t`: slots 0..4 are keys `16c + 2t + {0, 1, 8, 9}`, the k-slots `2t, 2t+1, 2t+8, 2t+9` of
+/// P's B fragment.
+#[cube]
+fn v_key(#[comptime] c: usize, #[comptime] slot: usize, t: usize) -> usize {
+    comptime!(c * MMA_K + (slot % 2) + 8 * (slot / 2)) + 2 * t
 }
 
 /// The two elements of `pair` (the first in the low half) as the MMA's 16-bit pair: as is, or

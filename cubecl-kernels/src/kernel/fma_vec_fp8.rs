@@ -307,6 +307,12 @@ pub(crate) fn convert_pair(pair: u16, #[comptime] fcfg: Fp8Config) -> Vector<f16
     }
 }
 
+/// `word` with the codes [`non_finite_bytes`] marks in `non_finite` cleared (zero codes).
+#[cube]
+pub(crate) fn clear_marked(word: u32, non_finite: u32) -> u32 {
+    word & !((non_finite >> 7u32) * 0xffu32)
+}
+
 /// Bit 7 of each byte of `word` set where that byte's code is non-finite.
 #[cube]
 pub(crate) fn non_finite_bytes(word: u32, #[comptime] fcfg: Fp8Config) -> u32 {

@@ -38,7 +38,7 @@ use cubecl::cmma::{MatrixIdent, MmaDefinition};
 use cubecl::prelude::*;
 use half::f16;
 
-use super::fma_vec_fp8::{convert_pair, non_finite_bytes, Fp8Config, Fp8Shape};
+use super::fma_vec_fp8::{clear_marked, convert_pair, non_finite_bytes, Fp8Config, Fp8Shape};
 use super::mma::{
     acc_zero, cube_fetch_rows, ldmatrix_start, plane_load_q, plane_online_softmax, plane_score_matmul,
     plane_value_matmul, write_results, MmaFwdConfig, Pair, MMA_M, MMA_N, MMA_K, PLANE, SMEM_ALIGN,
@@ -252,12 +252,6 @@ fn kv_step_fp8<N: Size>(
     cube_store_codes(&k_regs, k_stage, bad, next * bk, bk, d, cfg.k_pitch(), false, cfg, fcfg, cvt);
     // K(t+1) is visible, and every plane is done reading V(t).
     sync_cube();
-}
-
-/// `word` with the codes [`non_finite_bytes`] marks in `non_finite` cleared (zero codes).
-#[cube]
-fn clear_marked(word: u32, non_finite: u32) -> u32 {
-    word & !((non_finite >> 7u32) * 0xffu32)
 }
 
 /// The 8 codes of `clean` (two words, memory order, no non-finite code) as 8 f16 values:
