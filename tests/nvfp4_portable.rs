@@ -414,3 +414,59 @@ fn pre_quantized_nvfp4_codes_on_the_device_match_the_host_path() {
     let err = s.run_cubecl::<WgpuRuntime>(&fp4_plan, quattn::CubeclTensors { q: &hq, k: &hk, v: &hq, o: &o, lse: Some(&lse) }).unwrap_err();
     assert!(err.to_string().contains("run_cubecl_fp4"), "{err}");
 }
+
+/// Decode shapes of NVFP4 Q, K and V (P NVFP4) on CUDA: Auto plans the 4-bit MMA decode kernel
+/// (`decode_mma_fp4.rs`: codes decoded in registers for the f16 tensor cores, split KV), whose
+/// output is within the mode's tolerance of f64 and follows the emulation with its key streams
+/// (each warp of each split its own running max, against which P is quantized): the same codes
+/// and roundings, so only f32 sums and exp differ. Packed rows 4 and 8, a ragged last tile,
+/// several splits and one, causal q_len 2, K smoothing, and a score scale that jumps mid-walk
+/// (K times 6 over the second half). Skipped without a CUDA GPU.
+#[test]
+fn cuda_decode_shapes_run_the_4bit_mma_decode_kernel() {
+    let Some(s) = common::open(Device::Cuda(0)) else { return };
+    let cases = [
+        (AttentionProblem::new(2, 8, 1, 128).kv_heads(2).kv_len(3001), false, false),
+        (AttentionProblem::new(1, 8, 1, 128).kv_heads(1).kv_len(600), true, false),
+        (AttentionProblem::new(1, 4, 2, 128).kv_heads(1).kv_len(777).causal(true), false, false),
+        (AttentionProblem::new(2, 4, 1, 128).kv_heads(2).kv_len(20000), false, true),
+    ];
+    for (i, (p, smooth_k, jump)) in cases.into_iter().enumerate() {
+        let p = p.with_lse(true);
+        let prec = Precision::Nvfp4 { v: Nvfp4V::Nvfp4, smooth_k };
+        let plan = s.plan(&p, prec, Strategy::Auto).unwrap_or_else(|e| panic!("plan {prec} {p:?}: {e}"));
+        if plan.family() != Family::Portable(PortableKind::Fp4) {
+            println!("SKIPPED: {prec} plans on {} here", plan.kernel);
+            return;
+        }
+        assert!(plan.kernel.to_string().contains("decode_mma"), "{p:?}: {}", plan.kernel);
+        let (q, mut k, vv) = inputs::qkv(&p, 1700 + i as u64);
+        if jump {
+            let half = p.kv_len / 2;
+            let st = p.k_strides();
+            for b in 0..p.batch {
+                for h in 0..p.kv_heads {
+                    for j in half..p.kv_len {
+                        k[st.offset(b, h, j)..][..p.head_dim].iter_mut().for_each(|x| *x *= 6.0);
+                    }
+                }
+            }
+        }
+        let out = s.run(&plan, &q, &k, &vv).unwrap();
+        assert!(out.o.iter().all(|x| x.is_finite()), "{}: non-finite O", plan.kernel);
+        let r = reference::attention_f64(&p, &q, &k, &vv).unwrap();
+        let m = ErrorMetrics::compare(&out.o, &r.o);
+        let tol = Tolerance::for_precision(prec);
+        let ref_max = r.o.iter().fold(0.0f64, |a, &x| a.max(x.abs()));
+        let emu = quattn::emulation::emulate(&p, prec, &plan.blocking.unwrap(), &q, &k, &vv).unwrap();
+        let e: Vec<f64> = emu.o.iter().map(|&x| x as f64).collect();
+        let me = ErrorMetrics::compare(&out.o, &e);
+        let em = ErrorMetrics::compare(&emu.o, &r.o);
+        println!("cuda {} {p:?}: kernel vs f64 {m:?}; emulation vs f64 {em:?}; kernel vs emulation {me:?}", plan.kernel);
+        assert!(tol.accepts(&m, ref_max), "{} {p:?}: {m:?} vs {tol:?}", plan.kernel);
+        assert!(me.rel_l2 < 1e-4, "{} {p:?}: kernel vs emulation {me:?} (vs f64: {m:?})", plan.kernel);
+        let el: Vec<f64> = emu.lse.iter().map(|&x| x as f64).collect();
+        let lm = compare_lse(out.lse.as_ref().unwrap(), &el).expect("LSE infinities match");
+        assert!(lm.max_abs < 1e-4, "{} LSE vs emulation {lm:?}", plan.kernel);
+    }
+}

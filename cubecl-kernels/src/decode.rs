@@ -12,6 +12,8 @@ use quattn_core::{Accumulation, AttentionShape, Dtype, Fp8Format};
 use crate::error::LaunchError;
 use crate::kernel::decode::{decode_merge, fwd_portable_decode, DecodeArgsLaunch, DecodeMods};
 use crate::kernel::decode_mma::{fwd_portable_decode_mma, MmaDecodeConfig, MMA_DECODE_MAX_ROWS};
+use crate::kernel::decode_mma_fp4::{fwd_portable_decode_mma_fp4, Fp4DecodeConfig, FP4_DECODE_MAX_ROWS, FP4_DECODE_STEPS};
+use crate::kernel::fma_vec_fp4::Fp4ShapeLaunch;
 use crate::kernel::decode_rows::{fwd_portable_decode_rows, fwd_portable_decode_rows_fp8, RowDecodeConfig, ROW_DECODE_MAX_ROWS, ROW_UNITS};
 use crate::kernel::fma_vec_fp8::{Fp8Config, Fp8ShapeLaunch};
 use crate::kernel::fma_vec::{FmaVecConfig, W};
@@ -1246,6 +1248,145 @@ pub(crate) fn select_fp8_decode<R: Runtime>(client: &ComputeClient<R>, args: &Ar
         }
     }
     select_rows(client, args, shape)
+}
+
+/// Resident cubes per SM the 4-bit MMA decode kernel's split assumes: at about 230 registers a
+/// lane, two cubes of four warps fit an SM's register file.
+pub const FP4_MMA_CUBES_PER_SM: u32 = 2;
+
+/// The 4-bit MMA decode kernel's configuration of tiling `t` (which must be `DecodeTiling::Mma`
+/// with [`FP4_DECODE_STEPS`] key steps) for NVFP4 Q, K and `Vᵀ` (P NVFP4), or why not.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn fp4_decode_config(
+    t: &DecodeTiles,
+    head_dim: u32,
+    v_head_dim: u32,
+    format: crate::Fp4Format,
+    v: crate::Fp4V,
+    causal: bool,
+    write_lse: bool,
+    shift_lse: bool,
+) -> Result<Fp4DecodeConfig, String> {
+    if format != crate::Fp4Format::Nvfp4 || v != crate::Fp4V::Nvfp4 {
+        return Err("the 4-bit MMA decode kernel reads NVFP4 Q, K and V".into());
+    }
+    let DecodeTiling::Mma(m) = t.tiling else {
+        return Err(format!("{t}: the 4-bit MMA decode kernel has an MMA decode tiling"));
+    };
+    if m.steps as usize != FP4_DECODE_STEPS {
+        return Err(format!("{t}: the 4-bit MMA decode kernel walks {FP4_DECODE_STEPS} key steps per warp tile"));
+    }
+    let cfg = Fp4DecodeConfig {
+        head_dim: head_dim as usize,
+        v_head_dim: v_head_dim as usize,
+        rows: m.rows as usize,
+        warps: m.warps as usize,
+        causal,
+        write_lse,
+        shift_lse,
+    };
+    match cfg.invalid() {
+        Some(reason) => Err(reason),
+        None => Ok(cfg),
+    }
+}
+
+/// The 4-bit MMA decode kernel with its split for NVFP4 Q, K and `Vᵀ` (`format`, `v`), where
+/// it applies: a decode shape of at most [`FP4_DECODE_MAX_ROWS`] packed rows, the head dims it
+/// covers, and a device with the f16 manual MMA and the FP8 conversion it decodes with (CUDA
+/// sm_89 and later). `None` otherwise (the 4-bit FMA kernel runs).
+pub(crate) fn select_fp4_decode<R: Runtime>(
+    client: &ComputeClient<R>,
+    args: &Args,
+    shape: &AttentionShape,
+    format: crate::Fp4Format,
+    v: crate::Fp4V,
+) -> Option<DecodeTiles> {
+    if let Some(why) = decode_shape_refusal(args, shape) {
+        log::debug!("4-bit MMA decode kernel not chosen: {why}");
+        return None;
+    }
+    let rows = packed_rows(args);
+    if rows == 0 || rows > FP4_DECODE_MAX_ROWS as u64 {
+        return None;
+    }
+    if let Some(why) = crate::launch::mma_unavailable(client, Dtype::F16) {
+        log::debug!("4-bit MMA decode kernel not chosen: {why}");
+        return None;
+    }
+    let e4m3 = Fp8Config { format: Fp8Format::E4M3, granularity: quattn_core::DescaleGranularity::PerTensor };
+    if !fp8_conversion(client, e4m3) {
+        log::debug!("4-bit MMA decode kernel not chosen: the device has no FP8 conversion");
+        return None;
+    }
+    let tiling = DecodeTiling::Mma(MmaDecodeTiles { rows: rows as u32, warps: 4, steps: FP4_DECODE_STEPS as u32 });
+    let probe = DecodeTiles { tiling, splits: 1, keys_per_split: 0 };
+    if let Err(why) = fp4_decode_config(&probe, args.head_dim, args.v_head_dim, format, v, args.causal, args.write_lse, false) {
+        log::debug!("4-bit MMA decode kernel not chosen: {why}");
+        return None;
+    }
+    let sms = client.properties().hardware.num_streaming_multiprocessors.unwrap_or(ASSUMED_SMS);
+    let pairs = args.batch as u64 * args.kv_heads as u64;
+    let (splits, keys_per_split) = decode_split_with(pairs, args.kv_len, probe.bk(), sms, FP4_MMA_CUBES_PER_SM);
+    Some(DecodeTiles { tiling, splits, keys_per_split })
+}
+
+/// Enqueues the 4-bit MMA decode kernel of `t` (from [`select_fp4_decode`]) and the merge of
+/// its splits: `ops` and `bytes` as `launch_fp4` checked them, O f32 (`o.1` elements, the
+/// shape's strides), the LSE binding `lse`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch_fp4_mma<R: Runtime>(
+    client: &ComputeClient<R>,
+    kernel: &PortableKernel,
+    t: &DecodeTiles,
+    args: &Args,
+    ops: &crate::Fp4Operands<'_>,
+    bytes: [u64; 6],
+    shift_lse: bool,
+    o: (&Handle, u64),
+    lse: (Handle, u64),
+) -> Result<LaunchInfo, LaunchError> {
+    let crate::PortableKernel::Fp4(fp4) = kernel else {
+        return Err(LaunchError::WrongKernel { kernel: kernel.name(), reason: "the 4-bit MMA decode launch runs 4-bit plans".into() });
+    };
+    let cfg = fp4_decode_config(t, args.head_dim, args.v_head_dim, fp4.format, fp4.v, args.causal, args.write_lse, shift_lse)
+        .map_err(|reason| LaunchError::InvalidTiles { tiles: t.to_string(), reason })?;
+    let (info, prep) = prepare(client, kernel, t, args, Dtype::F32, false, None)?;
+    let Some(prep) = prep else { return Ok(info) };
+    let count = CubeCount::Static(info.cube_count.0, info.cube_count.1, info.cube_count.2);
+    let dim = CubeDim::new_1d(t.units());
+    let words = |b: u64| b.div_ceil(4).max(1) as usize;
+    let kw = cfg.k_words();
+    // SAFETY (all): `launch_fp4` checked each handle to hold `words(bytes)` words; K rows are
+    // `d/8` words, read as `d/32`-word vectors of rows below kv_len; `Vᵀ` rows an even number of
+    // words (keys padded to 16), read as word pairs inside their row; Q rows and the scale bytes
+    // inside their layouts; O and the LSE at the packed rows' (head, position), the partial
+    // states inside their allocation.
+    let word_arg = |h: &Handle, b: u64| unsafe { ArrayArg::from_raw_parts(h.clone(), words(b)) };
+    let k_arg = unsafe { ArrayArg::from_raw_parts(ops.k.clone(), words(bytes[2]) / kw) };
+    let v_arg = unsafe { ArrayArg::from_raw_parts(ops.v.clone(), words(bytes[4]) / 2) };
+    let scalar = |h: &Handle| unsafe { ArrayArg::from_raw_parts(h.clone(), 1) };
+    let shift = match ops.lse_shift {
+        Some(h) if shift_lse => unsafe { ArrayArg::from_raw_parts(h.clone(), args.lse_len() as usize) },
+        // Never read without the shift: Q's tensor scale stands in.
+        _ => scalar(ops.tensor_scales[0]),
+    };
+    let o_elems = unsafe { ArrayArg::from_raw_parts(o.0.clone(), o.1.max(1) as usize) };
+    let lse_arg = || unsafe { ArrayArg::from_raw_parts(lse.0.clone(), lse.1 as usize) };
+    let v_words = args.kv_len.div_ceil(16) * 2;
+    unsafe {
+        fwd_portable_decode_mma_fp4::launch_unchecked::<R>(
+            client, count, dim, kw,
+            word_arg(ops.q, bytes[0]), word_arg(ops.q_scales, bytes[1]), k_arg, word_arg(ops.k_scales, bytes[3]),
+            v_arg, word_arg(ops.v_scales, bytes[5]),
+            scalar(ops.tensor_scales[0]), scalar(ops.tensor_scales[1]), scalar(ops.tensor_scales[2]), shift,
+            o_elems, lse_arg(), prep.part_o_scalar_arg(), prep.part_lse_arg(),
+            crate::launch::shape_arg::<R>(args), prep.dec_arg(t), Fp4ShapeLaunch::new(args.kv_heads, v_words), cfg, prep.direct,
+        )
+    };
+    // SAFETY: O holds `o.1` f32s, as vectors of W (row starts and dims multiples of W).
+    let o_vectors = unsafe { ArrayArg::from_raw_parts(o.0.clone(), (o.1 as usize).div_ceil(W).max(1)) };
+    finish_launch(client, info, &prep, t, args, Dtype::F32, o_vectors, lse_arg())
 }
 
 /// The row decode kernel for `args`, with its split: the first [`row_candidates`] tiling, for

@@ -225,12 +225,16 @@ pub enum PortableKernel {
 }
 
 /// The 4-bit kernel (`fma_vec_fp4.rs`) resolved: its vector tiling (always staged in f32), the
-/// Q/K format and the V format ([`Fp4Format`], [`Fp4V`]).
+/// Q/K format and the V format ([`Fp4Format`], [`Fp4V`]); on decode shapes where it applies,
+/// the 4-bit MMA decode kernel (`decode_mma_fp4.rs`) and its split instead (`decode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Fp4Tiles {
     pub tiles: FmaVecTiles,
     pub format: Fp4Format,
     pub v: Fp4V,
+    /// The 4-bit MMA decode kernel's tiling (`DecodeTiling::Mma`, 4 key steps per warp) and
+    /// split, which [`launch_fp4`] runs instead of `tiles` when set.
+    pub decode: Option<crate::DecodeTiles>,
 }
 
 /// Block-scaled 4-bit format of Q and K: E2M1 codes, two per byte (element `2i` in the low
@@ -368,7 +372,10 @@ impl PortableKernel {
                     Fp4V::Bf16 => "vbf16",
                     Fp4V::Nvfp4 => "v4",
                 };
-                format!("portable_fma_vec_{format}_{v}{mid}_{}", f.tiles)
+                match f.decode {
+                    Some(d) => format!("portable_decode_mma_{format}_{v}{mid}_{d}"),
+                    None => format!("portable_fma_vec_{format}_{v}{mid}_{}", f.tiles),
+                }
             }
             PortableKernel::Decode(t) => format!("portable_decode{mid}_{t}"),
         }
@@ -388,7 +395,9 @@ impl PortableKernel {
                 let (block_q, block_k) = f.descale_blocks();
                 Some(Int8Blocking { block_q, block_k, warps: 1 })
             }
-            // The online softmax steps and P's 16-key blocks follow the KV tile.
+            // The online softmax steps and P's 16-key blocks follow the KV tile (a warp's 64 keys
+            // in the MMA decode kernel, whose streams `emulation_streams` describes).
+            PortableKernel::Fp4(Fp4Tiles { decode: Some(d), .. }) => Some(Int8Blocking { block_q: d.bq() as usize, block_k: crate::kernel::decode_mma_fp4::FP4_DECODE_WARP_KEYS, warps: 1 }),
             PortableKernel::Fp4(f) => Some(Int8Blocking { block_q: f.tiles.bq as usize, block_k: f.tiles.bk as usize, warps: 1 }),
             _ => None,
         }
@@ -401,6 +410,7 @@ impl PortableKernel {
             PortableKernel::Half(h) => h.tiles.bq,
             PortableKernel::Int8(i) => i.tiles.bq,
             PortableKernel::Fp8(f) => f.tiles.bq(),
+            PortableKernel::Fp4(Fp4Tiles { decode: Some(d), .. }) => d.bq(),
             PortableKernel::Fp4(f) => f.tiles.bq,
             PortableKernel::Decode(d) => d.bq(),
             PortableKernel::Cmma(t) => t.bq(),
@@ -415,6 +425,7 @@ impl PortableKernel {
             PortableKernel::Half(h) => h.tiles.bk,
             PortableKernel::Int8(i) => i.tiles.bk,
             PortableKernel::Fp8(f) => f.tiles.bk(),
+            PortableKernel::Fp4(Fp4Tiles { decode: Some(d), .. }) => d.bk(),
             PortableKernel::Fp4(f) => f.tiles.bk,
             PortableKernel::Decode(d) => d.bk(),
             PortableKernel::Cmma(t) => t.bk,
@@ -429,6 +440,7 @@ impl PortableKernel {
             PortableKernel::Half(h) => h.tiles.units(),
             PortableKernel::Int8(i) => i.tiles.units(),
             PortableKernel::Fp8(f) => f.tiles.units(),
+            PortableKernel::Fp4(Fp4Tiles { decode: Some(d), .. }) => d.units(),
             PortableKernel::Fp4(f) => f.tiles.units(),
             PortableKernel::Decode(d) => d.units(),
             PortableKernel::Cmma(t) => t.units(),
@@ -452,6 +464,8 @@ impl PortableKernel {
                 crate::DecodeTiling::Mma(_) => d.smem_bytes(head_dim, v_head_dim, 1),
                 _ => (d.smem_bytes(head_dim, v_head_dim, 4) + 8).next_multiple_of(16),
             },
+            // The MMA decode kernel holds only its merge (as the 16-bit one does).
+            PortableKernel::Fp4(Fp4Tiles { decode: Some(d), .. }) => d.smem_bytes(head_dim, v_head_dim, 2),
             // Decoded elements are staged in f32.
             PortableKernel::Fp4(f) => f.tiles.smem_bytes(head_dim, v_head_dim, 4),
             // The codes are staged decoded, in f16, after the non-finite records.
@@ -499,6 +513,12 @@ impl PortableKernel {
             PortableKernel::Fp8(Fp8Tiles { tiles: Fp8Tiling::Fma(t), .. }) => t.validate(head_dim, v_head_dim),
             PortableKernel::Fp8(Fp8Tiles { tiles: Fp8Tiling::Mma(t), .. }) => t.validate(head_dim, v_head_dim),
             PortableKernel::Fp8(Fp8Tiles { tiles: Fp8Tiling::Decode(d), .. }) => d.validate(head_dim, v_head_dim),
+            PortableKernel::Fp4(Fp4Tiles { decode: Some(d), format, v, .. }) => {
+                d.validate(head_dim, v_head_dim)?;
+                crate::decode::fp4_decode_config(d, head_dim, v_head_dim, *format, *v, false, false, false)
+                    .map(|_| ())
+                    .map_err(|reason| LaunchError::InvalidTiles { tiles: d.to_string(), reason })
+            }
             PortableKernel::Fp4(f) => {
                 f.tiles.validate(head_dim, v_head_dim)?;
                 // P and Vᵀ are quantized in 16-key blocks that must not straddle KV tiles.
@@ -2070,13 +2090,25 @@ pub fn select_fp4<R: Runtime>(
     check_fp4_args(&args, format)?;
     let kernels = fma_vec_candidates(args.head_dim.max(args.v_head_dim))
         .iter()
-        .map(|&tiles| PortableKernel::Fp4(Fp4Tiles { tiles, format, v }));
-    first_fitting(kernels, CubeLimits::of(client), args.head_dim, args.v_head_dim, Dtype::F32).map_err(|last| {
+        .map(|&tiles| PortableKernel::Fp4(Fp4Tiles { tiles, format, v, decode: None }));
+    let mut kernel = first_fitting(kernels, CubeLimits::of(client), args.head_dim, args.v_head_dim, Dtype::F32).map_err(|last| {
         LaunchError::FamilyUnavailable {
             family: Family::Fma,
             reason: format!("no 4-bit tiling fits{}", last.map(|e| format!(": {e}")).unwrap_or_default()),
         }
-    })
+    })?;
+    // Decode shapes of NVFP4 Q, K and V take the 4-bit MMA decode kernel where it runs.
+    if let PortableKernel::Fp4(f) = &mut kernel {
+        f.decode = crate::decode::select_fp4_decode(client, &args, shape, format, v);
+        if let Some(d) = f.decode {
+            let decode = PortableKernel::Fp4(*f);
+            if let Err(e) = decode.check_fits(CubeLimits::of(client), args.head_dim, args.v_head_dim, Dtype::F32) {
+                log::debug!("4-bit MMA decode kernel {d} does not fit: {e}");
+                f.decode = None;
+            }
+        }
+    }
+    Ok(kernel)
 }
 
 /// Shape rules of the 4-bit kernel beyond [`Args::new`]: whole scale blocks along the head
@@ -2154,6 +2186,10 @@ pub fn launch_fp4<R: Runtime>(
     let extents = args.extents();
     check_extent("o", extents[3].1.max(W as u64), 4, o)?;
     check_lse(&args, lse)?;
+    if let Some(t) = fp4.decode {
+        let lse_bound = lse_binding(client, &args, lse);
+        return crate::decode::launch_fp4_mma(client, kernel, &t, &args, &ops, bytes, shift_lse, (o, extents[3].1), lse_bound);
+    }
     let Some(mut info) = prepare(client, kernel, &args, Dtype::F32)? else {
         return Ok(empty_info(kernel, &args, Dtype::F32));
     };

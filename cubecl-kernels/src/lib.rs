@@ -122,11 +122,12 @@ mod quant;
 mod tiling;
 
 pub use decode::{
-    launch_paged, launch_paged_append, launch_paged_modified, select_paged, select_paged_modified, PagedCache, decode_candidates, decode_split, decode_split_with, mma_decode_candidates, row_candidates, DecodeTiles, DecodeTiling, MmaDecodeTiles, RowTiles, ASSUMED_SMS, CUBES_PER_SM, ROW_CUBES_PER_SM, MMA_CUBES_PER_SM, DECODE_MAX_ROWS, DECODE_MIN_KV, MAX_SPLITS,
+    launch_paged, launch_paged_append, launch_paged_modified, select_paged, select_paged_modified, PagedCache, decode_candidates, decode_split, decode_split_with, mma_decode_candidates, row_candidates, DecodeTiles, DecodeTiling, MmaDecodeTiles, RowTiles, ASSUMED_SMS, CUBES_PER_SM, ROW_CUBES_PER_SM, MMA_CUBES_PER_SM, FP4_MMA_CUBES_PER_SM, DECODE_MAX_ROWS, DECODE_MIN_KV, MAX_SPLITS,
     MIN_TILES_PER_SPLIT,
 };
 pub use error::LaunchError;
 pub use fp4_quant::{quantize_nvfp4, Nvfp4DeviceTensor};
+pub use kernel::decode_mma_fp4::{FP4_DECODE_MAX_ROWS, FP4_DECODE_WARP_KEYS};
 pub use launch::{
     check_dtype_supported, first_fit, fp4_operand_bytes, launch, launch_fp4, launch_fp8, launch_int8, launch_modified, launch_modified_varlen,
     launch_varlen,

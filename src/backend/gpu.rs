@@ -224,7 +224,7 @@ impl<R: Runtime> CubeclBackend<R> {
             // The packed-f16 FMA kernel: its tile is the blocking the emulation must follow
             // (the F16PerTile fold is per KV tile), and every step is one FMA (k_step 1).
             PortableKernel::Half(h) => {
-                let b = Blocking { block_q: h.tiles.bq as usize, block_k: h.tiles.bk as usize, warps: 1, qk_chunk: TWO_STAGE_CHUNK, k_step: 1 };
+                let b = Blocking { block_q: h.tiles.bq as usize, block_k: h.tiles.bk as usize, warps: 1, qk_chunk: TWO_STAGE_CHUNK, k_step: 1, key_streams: None };
                 b.validate(problem, precision)?;
                 (Some(b), format!("fwd_portable_half_{}_{}_d{}", self.info.kind, precision.name(), problem.head_dim))
             }
@@ -328,6 +328,11 @@ impl<R: Runtime> CubeclBackend<R> {
             return Err(Reject::Refused(Error::Kernel { kernel: kernel.name(), reason: "select_fp4 chose another kernel".into() }));
         };
         (blocking.block_q, blocking.block_k) = (fp4.tiles.bq as usize, fp4.tiles.bk as usize);
+        if let Some(d) = fp4.decode {
+            // The MMA decode kernel: each warp of each split its own softmax over 64-key tiles.
+            blocking.block_k = quattn_cubecl::FP4_DECODE_WARP_KEYS;
+            blocking.key_streams = Some(crate::emulation::KeyStreams { keys_per_split: d.keys_per_split as usize, warps: d.units() as usize / 32 });
+        }
         blocking.validate(problem, precision)?;
         let name = format!("fwd_portable_{}_{}_d{}", self.info.kind, precision.name(), problem.head_dim);
         Ok(Choice { kernel: KernelId::Portable { kernel, name }, blocking: Some(blocking) })

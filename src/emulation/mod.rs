@@ -98,11 +98,41 @@ pub struct Blocking {
     /// for tensor-core kernels (`m16n8k16`), 1 for FMA kernels, whose every step is one fused
     /// multiply-add (the portable packed-f16 kernel).
     pub k_step: usize,
+    /// Independent online softmaxes over interleaved KV tiles (a split-KV decode kernel whose
+    /// warps each keep their own running max), merged at the end; `None`: one softmax over
+    /// every tile in order.
+    pub key_streams: Option<KeyStreams>,
+}
+
+/// The KV tiles each online softmax of a split-KV kernel walks: split `s` holds keys
+/// `[s · keys_per_split, (s + 1) · keys_per_split)`, cut into cube tiles of `warps · block_k`
+/// keys, and warp `w` of the split takes the `block_k` keys from `w · block_k` of each, in
+/// order, with its own running max; the states are merged in f32 by their maxima. The modes
+/// that round P against the running max (NVFP4 P) depend on this walk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct KeyStreams {
+    pub keys_per_split: usize,
+    pub warps: usize,
+}
+
+impl KeyStreams {
+    /// The first key of each tile of stream `(split, warp)` below `kv_len`, in walk order.
+    pub fn tiles(&self, block_k: usize, kv_len: usize, split: usize, warp: usize) -> impl Iterator<Item = usize> {
+        let begin = split * self.keys_per_split;
+        let end = (begin + self.keys_per_split).min(kv_len);
+        let cube = self.warps * block_k;
+        (begin..end).step_by(cube.max(1)).map(move |c| c + warp * block_k).filter(move |&k0| k0 < end)
+    }
+
+    /// Splits over `kv_len` keys.
+    pub fn splits(&self, kv_len: usize) -> usize {
+        kv_len.div_ceil(self.keys_per_split.max(1)).max(1)
+    }
 }
 
 impl Default for Blocking {
     fn default() -> Self {
-        Blocking { block_q: 128, block_k: 64, warps: 8, qk_chunk: 32, k_step: mma::K_STEP }
+        Blocking { block_q: 128, block_k: 64, warps: 8, qk_chunk: 32, k_step: mma::K_STEP, key_streams: None }
     }
 }
 
@@ -118,6 +148,14 @@ impl Blocking {
             return Err(Error::Quantization(format!(
                 "emulation blocking has a zero size: {self:?}"
             )));
+        }
+        if let Some(ks) = self.key_streams {
+            if ks.warps == 0 || ks.keys_per_split == 0 || !ks.keys_per_split.is_multiple_of(ks.warps * self.block_k) {
+                return Err(Error::Quantization(format!(
+                    "key streams {ks:?}: splits must be whole cube tiles of {} warps x {} keys",
+                    ks.warps, self.block_k
+                )));
+            }
         }
         match precision {
             Precision::F16 {
@@ -242,17 +280,72 @@ fn row(
 ) -> (Vec<f32>, f32) {
     let dv = problem.v_head_dim;
     let visible = problem.visible_keys(i);
-    let mut acc = vec![0.0f32; dv];
     if visible == 0 {
-        return (acc, f32::NEG_INFINITY);
+        return (vec![0.0f32; dv], f32::NEG_INFINITY);
     }
     let kvh = problem.kv_head_of(h);
     let c = scores.log2_factor(problem);
+    let bk = blocking.block_k;
+    let (m, l, acc) = match blocking.key_streams {
+        None => stream(problem, blocking, scores, values, b, h, kvh, i, (0..visible.div_ceil(bk)).map(|t| t * bk), scratch),
+        Some(ks) => {
+            // Each (split, warp) stream alone, then the states merged by their maxima.
+            let mut states = Vec::new();
+            for split in 0..ks.splits(problem.kv_len) {
+                for warp in 0..ks.warps {
+                    let tiles = ks.tiles(bk, problem.kv_len, split, warp).filter(|&k0| k0 < visible);
+                    states.push(stream(problem, blocking, scores, values, b, h, kvh, i, tiles, scratch));
+                }
+            }
+            let m = states.iter().fold(f32::NEG_INFINITY, |a, s| a.max(s.0));
+            let mut acc = vec![0.0f32; dv];
+            let mut l = 0.0f32;
+            if m != f32::NEG_INFINITY {
+                for (ms, ls, accs) in &states {
+                    if *ms == f32::NEG_INFINITY {
+                        continue;
+                    }
+                    let w = ((ms - m) * c).exp2();
+                    l += ls * w;
+                    acc.iter_mut().zip(accs).for_each(|(a, x)| *a += x * w);
+                }
+            }
+            (m, l, acc)
+        }
+    };
+    let mut acc = acc;
+    if l == 0.0 {
+        return (vec![0.0; dv], f32::NEG_INFINITY);
+    }
+    acc.iter_mut().for_each(|a| *a /= l);
+    let lse = m * scores.natural_factor(problem) + l.ln() + scores.lse_shift(problem, b, h, i);
+    (acc, lse)
+}
+
+/// One online softmax over the KV tiles starting at `tiles` (steps 1–4 of the module docs):
+/// its running max, row sum and unnormalized accumulator.
+#[allow(clippy::too_many_arguments)]
+fn stream(
+    problem: &AttentionProblem,
+    blocking: &Blocking,
+    scores: &ScorePlan,
+    values: &ValuePlan,
+    b: usize,
+    h: usize,
+    kvh: usize,
+    i: usize,
+    tiles: impl Iterator<Item = usize>,
+    scratch: &mut Vec<f32>,
+) -> (f32, f32, Vec<f32>) {
+    let dv = problem.v_head_dim;
+    let visible = problem.visible_keys(i);
+    let c = scores.log2_factor(problem);
+    let mut acc = vec![0.0f32; dv];
     let (mut m, mut l) = (f32::NEG_INFINITY, 0.0f32);
     let mut s = vec![0.0f32; blocking.block_k];
     let mut p = vec![0.0f32; blocking.block_k];
-    for tile in 0..visible.div_ceil(blocking.block_k) {
-        let k0 = tile * blocking.block_k;
+    for k0 in tiles {
+        let tile = k0 / blocking.block_k;
         let n = blocking.block_k.min(problem.kv_len - k0);
         for (jj, sj) in s[..n].iter_mut().enumerate() {
             let j = k0 + jj;
@@ -283,10 +376,5 @@ fn row(
         values.accumulate(problem, b, kvh, tile, k0, &p[..n], alpha, &mut acc, scratch);
         m = m_new;
     }
-    if l == 0.0 {
-        return (vec![0.0; dv], f32::NEG_INFINITY);
-    }
-    acc.iter_mut().for_each(|a| *a /= l);
-    let lse = m * scores.natural_factor(problem) + l.ln() + scores.lse_shift(problem, b, h, i);
-    (acc, lse)
+    (m, l, acc)
 }

@@ -110,7 +110,7 @@ fn errors(
 }
 
 fn small_blocking() -> Blocking {
-    Blocking { block_q: 32, block_k: 32, warps: 2, qk_chunk: 32, k_step: 16 }
+    Blocking { block_q: 32, block_k: 32, warps: 2, qk_chunk: 32, k_step: 16, key_streams: None }
 }
 
 fn all_supported() -> Vec<Precision> {
@@ -413,7 +413,7 @@ fn f16_accumulation_error_is_ordered_on_a_long_head_dim() {
 fn causal_gqa_ragged_in_every_mode() {
     let p = AttentionProblem::new(2, 4, 17, 32).kv_heads(2).kv_len(45).causal(true).layout(Layout::Bshd);
     let x = inputs(&p, 210);
-    let blk = Blocking { block_q: 32, block_k: 16, warps: 2, qk_chunk: 16, k_step: 16 };
+    let blk = Blocking { block_q: 32, block_k: 16, warps: 2, qk_chunk: 16, k_step: 16, key_streams: None };
     for precision in all_supported() {
         let (eo, el) = errors(&p, precision, &blk, &x);
         let (to, tl) = tolerance(precision);
@@ -426,7 +426,7 @@ fn rows_that_see_no_key_give_zero_and_minus_infinity() {
     // q_len 45 > kv_len 17, causal: row i sees i + 17 - 45 + 1 keys, so rows 0..28 see none.
     let p = AttentionProblem::new(1, 2, 45, 32).kv_len(17).causal(true);
     let x = inputs(&p, 211);
-    let blk = Blocking { block_q: 32, block_k: 16, warps: 2, qk_chunk: 32, k_step: 16 };
+    let blk = Blocking { block_q: 32, block_k: 16, warps: 2, qk_chunk: 32, k_step: 16, key_streams: None };
     for precision in all_supported() {
         let out = emulate(&p, precision, &blk, &x.0, &x.1, &x.2).unwrap();
         for h in 0..2 {
@@ -482,4 +482,39 @@ fn one_tile_f16_equals_a_two_pass_computation() {
             assert_eq!(out.lse[h * 20 + i], m * p.softmax_scale() + l.ln());
         }
     }
+}
+
+/// Key streams: one split of one warp is the plain walk, bit for bit; several splits and warps
+/// (each its own running max, merged at the end) stay within NVFP4's tolerance of f64 and, since
+/// P is quantized against each stream's own max, give other bits than the plain walk; the
+/// tiles of the streams cover every key once.
+#[test]
+fn key_streams_follow_a_split_kv_kernels_walk() {
+    let p = AttentionProblem::new(1, 4, 2, 32).kv_heads(2).kv_len(1000).causal(true);
+    let prec = Precision::Nvfp4 { v: Nvfp4V::Nvfp4, smooth_k: false };
+    let x = inputs(&p, 77);
+    let plain = Blocking { block_k: 64, ..small_blocking() };
+    let one = Blocking { key_streams: Some(KeyStreams { keys_per_split: 1024, warps: 1 }), ..plain };
+    let a = emulate(&p, prec, &plain, &x.0, &x.1, &x.2).unwrap();
+    let b = emulate(&p, prec, &one, &x.0, &x.1, &x.2).unwrap();
+    assert_eq!(a, b);
+    let ks = KeyStreams { keys_per_split: 512, warps: 4 };
+    let mut seen = vec![0u32; p.kv_len];
+    for split in 0..ks.splits(p.kv_len) {
+        for warp in 0..ks.warps {
+            for k0 in ks.tiles(64, p.kv_len, split, warp) {
+                seen[k0..(k0 + 64).min(p.kv_len)].iter_mut().for_each(|n| *n += 1);
+            }
+        }
+    }
+    assert!(seen.iter().all(|&n| n == 1), "streams cover each key once");
+    let many = Blocking { key_streams: Some(ks), ..plain };
+    let c = emulate(&p, prec, &many, &x.0, &x.1, &x.2).unwrap();
+    assert_ne!(a.o, c.o);
+    let (tol_o, tol_lse) = tolerance(prec);
+    let (eo, el) = errors(&p, prec, &many, &x);
+    assert!(eo < tol_o && el < tol_lse, "streams: O {eo}, LSE {el}");
+    // Splits that are not whole cube tiles are refused.
+    let bad = Blocking { key_streams: Some(KeyStreams { keys_per_split: 100, warps: 4 }), ..plain };
+    assert!(emulate(&p, prec, &bad, &x.0, &x.1, &x.2).is_err());
 }

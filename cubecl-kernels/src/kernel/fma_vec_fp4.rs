@@ -555,7 +555,7 @@ mod cuda_tests {
         }
         let mut cover = Cover::new();
         let variants = cases.into_iter().filter(|c| cover.take(&[&c.0, &c.1, &c.2, &c.3, &c.4, &c.5])).map(|(arch, format, v, d, dv, causal)| {
-            let fp4 = |tiles| PortableKernel::Fp4(Fp4Tiles { tiles, format, v });
+            let fp4 = |tiles| PortableKernel::Fp4(Fp4Tiles { tiles, format, v, decode: None });
             let tiles = selected_fma_tiles(arch, d, dv, Dtype::F32, fp4);
             // As `launch_fp4` builds them: no stale max; the shift only with the LSE.
             let cfg = fma_vec_config(&tiles, d, dv, causal, causal, false);

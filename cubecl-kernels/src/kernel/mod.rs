@@ -10,6 +10,7 @@ use cubecl::prelude::*;
 pub(crate) mod cmma;
 pub(crate) mod decode;
 pub(crate) mod decode_mma;
+pub(crate) mod decode_mma_fp4;
 pub(crate) mod decode_rows;
 pub(crate) mod fma_half;
 pub(crate) mod fma_vec;

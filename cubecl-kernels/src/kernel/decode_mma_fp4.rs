@@ -1,0 +1,758 @@
+//! Split-KV decode on manual MMA (`mma.sync` m16n8k16, CUDA) over NVFP4 codes: the 4-bit
+//! kernel's numerics (`fma_vec_fp4.rs`, `Fp4V::Nvfp4`: NVFP4 Q and K along the head dim, NVFP4
+//! `Vᵀ` along the keys, P quantized to NVFP4 per 16 keys with the fixed tensor scale `1/2688`,
+//! a running max that always moves) in the MMA decode kernel's shape (`decode_mma.rs`: a
+//! handful of packed query rows of one KV head, operands built in registers from global
+//! memory, no shared-memory stage or barrier in the key loop, one online softmax per warp).
+//!
+//! Why: a long-context decode step reads the KV cache once and does little arithmetic on it,
+//! so its time is the bytes read. NVFP4 K and V are 4.5 bits an element against 16.
+//!
+//! **Decoding.** The tensor cores take f16; every E2M1 code becomes an exact f16: the code's
+//! sign, exponent and mantissa bits are placed into an e4m3 byte (`e2m1_to_e4m3`: the value
+//! times 2^-6), the device's FP8 `cvt` turns two bytes into two f16, and one f16 multiply by
+//! `block_scale · 64` (exact: at most 6 significant bits and 2688 in magnitude) gives
+//! `e2m1 · block_scale`. A word of 8 codes gives the pairs (0, 2), (4, 6), (1, 3), (5, 7):
+//! the MMA's k-slots follow that order.
+//!
+//! **Lanes** (`l = 4g + t`), per warp tile of 64 keys (4 key steps of 16):
+//! - S = Q·Kᵀ: S tile `j` (8 keys) column `n` is key [`key_of`]`(j, n) = 16·(n/2) + 4·(j/2)
+//!   + (j%2) + 2·(n%2)`; lane `(g, t)` loads key `key_of(j, g)` (its quarter `t` of the head
+//!   dim, `d/32` words and `d/64` scale bytes). The k-slots of step `s` for lane `t` are head-dim
+//!   elements `t·d/4 + 4s + (0, 2 | 1, 3)`, and Q (decoded once) follows the same order.
+//! - The accumulators of lane `(g, t)` are row `g`'s keys `16t .. 16t + 16` of the tile: one
+//!   NVFP4 block of P, quantized in the lane with no shuffle.
+//! - Oᵀ += Vᵀ·Pᵀ: key step `c`'s B fragment is S tiles `2c` (keys `16t + 4c + {0, 2}`) and
+//!   `2c + 1` (`+ {1, 3}`), which is the pair order of a decoded `Vᵀ` word; m-tile `i`'s rows
+//!   `g`, `g + 8` are channels `16i + g`, `16i + g + 8`, of which lane `(g, t)` reads the 16
+//!   keys `16t ..` (8 bytes, one block, one scale byte) per tile.
+//!
+//! Within a split, warp `w` takes the 64 keys from `w·64` of each 256-key cube tile, runs its
+//! own online softmax, and the warps are combined through shared memory at the end; the splits
+//! by [`super::decode::decode_merge`]. The CPU emulation follows these streams
+//! (`Blocking::key_streams`), since P's quantization depends on the running max of the stream
+//! that saw the key.
+
+use cubecl::cmma::MmaDefinition;
+use cubecl::prelude::*;
+use half::f16;
+
+use super::decode::{split_keys, DecodeArgs};
+use super::fma_vec_fp4::{ue4m3_code, ue4m3_value, Fp4Shape, P_TENSOR_SCALE_BITS};
+use super::fma_vec_fp8::{convert_pair, Fp8Config};
+use super::mma::{acc_zero, Pair, MMA_K, MMA_M, MMA_N, PLANE};
+use super::{is_visible, AttnShape, MASK_THRESHOLD, NO_MAX};
+
+/// Most packed rows: the MMA's 8 columns of Oᵀ.
+pub const FP4_DECODE_MAX_ROWS: usize = 8;
+/// Key steps of 16 per warp tile: 64 keys, four 16-key P blocks, one per lane quad index.
+pub const FP4_DECODE_STEPS: usize = 4;
+/// Keys per warp tile.
+pub const FP4_DECODE_WARP_KEYS: usize = MMA_K * FP4_DECODE_STEPS;
+
+/// Compile-time key of the 4-bit MMA decode kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Fp4DecodeConfig {
+    pub head_dim: usize,
+    pub v_head_dim: usize,
+    /// Packed query rows, exactly (`group · q_len`).
+    pub rows: usize,
+    pub warps: usize,
+    pub causal: bool,
+    pub write_lse: bool,
+    /// Add the per-row LSE shift (K was smoothed).
+    pub shift_lse: bool,
+}
+
+impl Fp4DecodeConfig {
+    pub const fn units(&self) -> usize {
+        self.warps * PLANE
+    }
+    /// Keys per cube tile (the split's unit).
+    pub const fn bk(&self) -> usize {
+        self.warps * FP4_DECODE_WARP_KEYS
+    }
+    pub const fn s_tiles(&self) -> usize {
+        FP4_DECODE_WARP_KEYS / MMA_N
+    }
+    #[allow(dead_code)] // the NVRTC checks' HMMA count
+    pub const fn qk_steps(&self) -> usize {
+        self.head_dim / MMA_K
+    }
+    pub const fn o_tiles(&self) -> usize {
+        self.v_head_dim / MMA_M
+    }
+    /// 32-bit words of a K row one lane holds (`d/4` codes): the launch's vector width.
+    pub const fn k_words(&self) -> usize {
+        self.head_dim / 32
+    }
+    /// f32s of the warps' final states: `[warps][rows][2 + dv]` (max, sum, accumulator).
+    pub const fn merge_len(&self) -> usize {
+        self.warps * self.rows * (self.v_head_dim + 2)
+    }
+    #[allow(dead_code)] // the NVRTC checks' shared-memory count
+    pub const fn smem_bytes(&self) -> usize {
+        4 * self.merge_len()
+    }
+
+    /// Why the kernel's loops do not cover this configuration, if they do not.
+    pub fn invalid(&self) -> Option<String> {
+        let (d, dv) = (self.head_dim, self.v_head_dim);
+        if self.rows == 0 || self.rows > FP4_DECODE_MAX_ROWS {
+            return Some(format!("{} rows: the 4-bit MMA decode kernel holds 1..={FP4_DECODE_MAX_ROWS}", self.rows));
+        }
+        // A lane's quarter of a K row is whole 16-element scale blocks (d/64 of them) and a
+        // lane holds 8 K rows and 16 V channel blocks per tile: at d 128 that is 229 registers
+        // and no spill; at d 64 ptxas keeps 128 registers and spills, so the 4-bit FMA kernel
+        // keeps that head dim.
+        if d != 128 {
+            return Some(format!("head dim {d}: the 4-bit MMA decode kernel takes 128"));
+        }
+        if dv == 0 || !dv.is_multiple_of(MMA_M) || dv > 128 {
+            return Some(format!("V head dim {dv}: a multiple of 16 up to 128"));
+        }
+        if self.warps == 0 {
+            return Some("no warps".into());
+        }
+        None
+    }
+}
+
+/// One cube per (split, KV head, batch): grid `(splits, kv_heads, batch)`, `cfg.units()`
+/// units. Operands as the 4-bit kernel's (`fma_vec_fp4`): Q and K codes in dense rows (`k` as
+/// vectors of `d/32` words, a lane's quarter row), their scale bytes packed in words, `Vᵀ`
+/// codes in rows of `fshape.v_words` words (read as word pairs: 16 keys), its scale bytes,
+/// the three tensor scales. `direct`: one split, O (f32, the shape's strides) and the LSE
+/// written in place; otherwise the partial states go to `part_o` / `part_lse` for the merge.
+#[cube(
+    launch_unchecked,
+    fast_math = FastMath::ReducedPrecision | FastMath::NotNaN | FastMath::NotInf
+)]
+#[allow(clippy::too_many_arguments)]
+pub fn fwd_portable_decode_mma_fp4<N: Size>(
+    q: &Array<u32>,
+    q_sc: &Array<u32>,
+    k: &Array<Vector<u32, N>>,
+    k_sc: &Array<u32>,
+    v: &Array<Vector<u32, Pair>>,
+    v_sc: &Array<u32>,
+    q_ts: &Array<f32>,
+    k_ts: &Array<f32>,
+    v_ts: &Array<f32>,
+    lse_shift: &Array<f32>,
+    o: &mut Array<f32>,
+    lse: &mut Array<f32>,
+    part_o: &mut Array<f32>,
+    part_lse: &mut Array<f32>,
+    shape: &AttnShape,
+    dec: &DecodeArgs,
+    fshape: &Fp4Shape,
+    #[comptime] cfg: Fp4DecodeConfig,
+    #[comptime] direct: bool,
+) {
+    let unit = UNIT_POS as usize;
+    let warp = unit / PLANE;
+    let lane = UNIT_POS_PLANE;
+    let g = lane as usize / 4;
+    let t = lane as usize % 4;
+    let split = CUBE_POS_X as usize;
+    let kv_head = CUBE_POS_Y as usize;
+    let batch = CUBE_POS_Z as usize;
+    let q_len = shape.q_len as usize;
+    let kv_len = shape.kv_len as usize;
+    let group = shape.group as usize;
+    let kv_heads = fshape.kv_heads as usize;
+    let rows = comptime!(cfg.rows);
+
+    let mut merge = SharedMemory::<f32>::new(comptime!(cfg.merge_len()));
+
+    // This lane's softmax row `g` (padding past `rows`: any position, Q zero).
+    let row_head = kv_head * group + g / q_len;
+    let row_pos = g % q_len;
+    let scale = shape.scale;
+    let qk_factor = q_ts[0] * k_ts[0];
+    let q_frags = load_q(q, q_sc, shape, batch, row_head, row_pos, g < rows, t, cfg);
+
+    let k_row0 = (batch * kv_heads + kv_head) * kv_len;
+    let v_row0 = (batch * kv_heads + kv_head) * comptime!(cfg.v_head_dim);
+    let v_words = fshape.v_words as usize;
+    let keys = split_keys(shape, dec, kv_len, split, cfg.bk(), cfg.causal);
+    let (k_begin, num_tiles, full) = (keys.begin, keys.tiles, keys.full);
+    let warp_k0 = k_begin + warp * FP4_DECODE_WARP_KEYS;
+
+    let mut k_regs = Array::<Vector<u32, N>>::new(comptime!(cfg.s_tiles()));
+    let mut k_scales = Array::<u32>::new(comptime!(cfg.s_tiles()));
+    let mut v_regs = Array::<Vector<u32, Pair>>::new(comptime!(2 * cfg.o_tiles()));
+    let mut v_scales = Array::<u32>::new(comptime!(2 * cfg.o_tiles()));
+    let mut s_frags = Sequence::<Array<Vector<f32, Pair>>>::new();
+    #[unroll]
+    for _ in 0..cfg.s_tiles() {
+        s_frags.push(acc_zero());
+    }
+    let mut o_frags = Sequence::<Array<Vector<f32, Pair>>>::new();
+    #[unroll]
+    for _ in 0..cfg.o_tiles() {
+        o_frags.push(acc_zero());
+    }
+    let mut row_max = NO_MAX.runtime();
+    let mut row_sum = 0.0f32;
+
+    if num_tiles > 0 {
+        load_k(k, k_sc, &mut k_regs, &mut k_scales, k_row0, warp_k0, kv_len, g, t, cfg);
+        load_v(v, v_sc, &mut v_regs, &mut v_scales, v_row0, v_words, warp_k0, g, t, cfg);
+    }
+    for tile in 0..num_tiles {
+        let k0 = warp_k0 + tile * comptime!(cfg.bk());
+        score_matmul(&q_frags, &k_regs, &k_scales, &mut s_frags, cfg);
+        if tile + 1 < num_tiles {
+            load_k(k, k_sc, &mut k_regs, &mut k_scales, k_row0, k0 + comptime!(cfg.bk()), kv_len, g, t, cfg);
+        }
+        if k0 + FP4_DECODE_WARP_KEYS > full {
+            softmax(&mut s_frags, &mut o_frags, &mut row_max, &mut row_sum, qk_factor, scale, k0, row_pos, q_len, kv_len, t, true, cfg);
+        } else {
+            softmax(&mut s_frags, &mut o_frags, &mut row_max, &mut row_sum, qk_factor, scale, k0, row_pos, q_len, kv_len, t, false, cfg);
+        }
+        value_matmul(&s_frags, &v_regs, &v_scales, &mut o_frags, cfg);
+        if tile + 1 < num_tiles {
+            load_v(v, v_sc, &mut v_regs, &mut v_scales, v_row0, v_words, k0 + comptime!(cfg.bk()), g, t, cfg);
+        }
+    }
+
+    // The warp's state into the merge: the quad's partial sums reduced, each lane's channels
+    // `16i + g` and `16i + g + 8` of rows 2t and 2t + 1.
+    row_sum += plane_shuffle_xor(row_sum, 1u32);
+    row_sum += plane_shuffle_xor(row_sum, 2u32);
+    let pitch = comptime!(cfg.v_head_dim + 2);
+    if t == 0 && g < rows {
+        let at = (warp * rows + g) * pitch;
+        merge[at] = row_max;
+        merge[at + 1] = row_sum;
+    }
+    #[unroll]
+    for e in 0..2usize {
+        let r = 2 * t + e;
+        if r < rows {
+            let at = (warp * rows + r) * pitch + 2 + g;
+            #[unroll]
+            for i in 0..cfg.o_tiles() {
+                let frag = o_frags.index(i);
+                merge[at + 16 * i] = frag[0][e];
+                merge[at + 16 * i + 8] = frag[1][e];
+            }
+        }
+    }
+    sync_cube();
+
+    // Combine: task (row, 4 channels). The accumulators hold Σ p̃·ṽ of elements times block
+    // scales: the two tensor scales (P's fixed one and V's) once, here.
+    let o_factor = f32::new(comptime!(f32::from_bits(P_TENSOR_SCALE_BITS))) * v_ts[0];
+    let quads = comptime!(cfg.v_head_dim / 4);
+    let tasks = comptime!(cfg.rows * cfg.v_head_dim / 4);
+    #[unroll]
+    for step in 0..comptime!(tasks.div_ceil(cfg.units())) {
+        let task = step * comptime!(cfg.units()) + unit;
+        if task < tasks {
+            let r = task / quads;
+            let c = (task % quads) * 4;
+            let head = kv_head * group + r / q_len;
+            let pos = r % q_len;
+            let mut m = NO_MAX.runtime();
+            #[unroll]
+            for w in 0..cfg.warps {
+                m = max(m, merge[(w * rows + r) * pitch]);
+            }
+            let mut total = 0.0f32;
+            let mut out = Array::<f32>::new(4usize);
+            #[unroll]
+            for e in 0..4usize {
+                out[e] = 0.0;
+            }
+            #[unroll]
+            for w in 0..cfg.warps {
+                let at = (w * rows + r) * pitch;
+                let mw = merge[at];
+                let weight = select(mw > MASK_THRESHOLD, f32::exp((mw - m) * scale), 0.0);
+                total += weight * merge[at + 1];
+                #[unroll]
+                for e in 0..4usize {
+                    out[e] += weight * merge[at + 2 + c + e];
+                }
+            }
+            let seen = total > 0.0;
+            let inv = select(seen, o_factor / total, 0.0);
+            let lse_row = (batch * shape.q_heads as usize + head) * q_len + pos;
+            let mut state_lse = m * scale + f32::ln(select(seen, total, 1.0));
+            if comptime!(cfg.shift_lse) {
+                state_lse += lse_shift[lse_row];
+            }
+            if comptime!(direct) {
+                let o_row = batch * shape.o_s0 as usize + head * shape.o_s1 as usize + pos * shape.o_s2 as usize + c;
+                #[unroll]
+                for e in 0..4usize {
+                    o[o_row + e] = out[e] * inv;
+                }
+                if comptime!(cfg.write_lse) {
+                    if c == 0 {
+                        lse[lse_row] = select(seen, state_lse, shape.lse_empty);
+                    }
+                }
+            } else {
+                let state = ((batch * kv_heads + kv_head) * dec.splits as usize + split) * rows + r;
+                #[unroll]
+                for e in 0..4usize {
+                    part_o[state * comptime!(cfg.v_head_dim) + c + e] = out[e] * inv;
+                }
+                if c == 0 {
+                    part_lse[state] = select(seen, state_lse, NO_MAX);
+                }
+            }
+        }
+    }
+}
+
+/// The key (from the warp tile's first) of S tile `j`'s column `n` ([module docs](self)).
+#[cube]
+pub(crate) fn key_of(#[comptime] j: usize, n: usize) -> usize {
+    16 * (n / 2) + comptime!(4 * (j / 2) + j % 2) + 2 * (n % 2)
+}
+
+/// The E2M1 codes of `w` (code `x` in bits `4x .. 4x + 4`) as two words of e4m3 bytes of the
+/// same sign, exponent and mantissa bits, each the code's value times 2^-6 (subnormal 0.5
+/// becomes e4m3's 2^-7): `(codes 0, 2, 4, 6; codes 1, 3, 5, 7)`, one per byte.
+#[cube]
+pub(crate) fn e2m1_to_e4m3(w: u32) -> (u32, u32) {
+    let even = ((w << 4u32) & 0x8080_8080u32) | ((w << 2u32) & 0x1c1c_1c1cu32);
+    let odd = (w & 0x8080_8080u32) | ((w >> 2u32) & 0x1c1c_1c1cu32);
+    (even, odd)
+}
+
+/// UE4M3 scale code `code` (low byte) as two f16 of `scale · 64`, exact.
+#[cube]
+fn scale_x64(code: u32) -> Vector<f16, Pair> {
+    let fcfg = comptime!(e4m3_config());
+    let byte = code & 0xffu32;
+    convert_pair(u16::cast_from(byte | (byte << 8u32)), fcfg) * Vector::<f16, Pair>::new(f16::from_int(64))
+}
+
+/// Two e4m3 bytes (low half of `pair`) as two f16.
+#[cube]
+fn e4m3_pair(pair: u32) -> Vector<f16, Pair> {
+    let fcfg = comptime!(e4m3_config());
+    convert_pair(u16::cast_from(pair), fcfg)
+}
+
+fn e4m3_config() -> Fp8Config {
+    Fp8Config { format: quattn_core::Fp8Format::E4M3, granularity: quattn_core::DescaleGranularity::PerTensor }
+}
+
+/// The word's four pairs of `e2m1 · scale` in f16 (`s64` from [`scale_x64`]): `[(0, 2), (4,
+/// 6), (1, 3), (5, 7)]` as indices 0..4.
+#[cube]
+fn decode_word(w: u32, s64: Vector<f16, Pair>) -> Array<Vector<f16, Pair>> {
+    let (even, odd) = e2m1_to_e4m3(w);
+    let mut out = Array::<Vector<f16, Pair>>::new(4usize);
+    out[0] = e4m3_pair(even) * s64;
+    out[1] = e4m3_pair(even >> 16u32) * s64;
+    out[2] = e4m3_pair(odd) * s64;
+    out[3] = e4m3_pair(odd >> 16u32) * s64;
+    out
+}
+
+/// Byte `index` of a byte buffer packed 4 per word, in the low byte.
+#[cube]
+fn byte_word(src: &Array<u32>, index: usize) -> u32 {
+    src[index / 4] >> (8 * (index % 4)) as u32
+}
+
+/// The lane's Q fragments, `[k-step]`: row `g` (zero when not `real`), quarter `t` of the head
+/// dim decoded in the k-slot order of the module docs; rows `g + 8` zero.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn load_q(
+    q: &Array<u32>,
+    q_sc: &Array<u32>,
+    shape: &AttnShape,
+    batch: usize,
+    head: usize,
+    pos: usize,
+    real: bool,
+    t: usize,
+    #[comptime] cfg: Fp4DecodeConfig,
+) -> Sequence<Array<Vector<f16, Pair>>> {
+    let row = (batch * shape.q_heads as usize + head) * shape.q_len as usize + pos;
+    let word0 = row * comptime!(cfg.head_dim / 8) + t * comptime!(cfg.k_words());
+    let byte0 = row * comptime!(cfg.head_dim / 16) + t * comptime!(cfg.head_dim / 64);
+    let zero = Vector::<f16, Pair>::new(f16::from_int(0));
+    let mut frags = Sequence::<Array<Vector<f16, Pair>>>::new();
+    #[unroll]
+    for x in 0..cfg.k_words() {
+        let mut w = 0u32;
+        let mut sc = 0u32;
+        if real {
+            w = q[word0 + x];
+            sc = byte_word(q_sc, byte0 + comptime!(x / 2));
+        }
+        let pairs = decode_word(w, scale_x64(sc));
+        #[unroll]
+        for h in 0..2usize {
+            let mut a = Array::<Vector<f16, Pair>>::new(4usize);
+            a[0] = pairs[h];
+            a[1] = zero;
+            a[2] = pairs[comptime!(2 + h)];
+            a[3] = zero;
+            frags.push(a);
+        }
+    }
+    frags
+}
+
+/// The warp's K rows of the tile from `k0`: S tile `j`, key `k0 + key_of(j, g)`, this lane's
+/// quarter (`d/32` words) and its scale bytes (in the low `d/64` bytes); zero past `kv_len`.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn load_k<N: Size>(
+    k: &Array<Vector<u32, N>>,
+    k_sc: &Array<u32>,
+    regs: &mut Array<Vector<u32, N>>,
+    scales: &mut Array<u32>,
+    k_row0: usize,
+    k0: usize,
+    kv_len: usize,
+    g: usize,
+    t: usize,
+    #[comptime] cfg: Fp4DecodeConfig,
+) {
+    #[unroll]
+    for j in 0..cfg.s_tiles() {
+        let key = k0 + key_of(j, g);
+        let mut value = Vector::<u32, N>::new(0u32);
+        let mut sc = 0u32;
+        if key < kv_len {
+            let row = k_row0 + key;
+            value = k[row * 4 + t];
+            sc = byte_word(k_sc, row * comptime!(cfg.head_dim / 16) + t * comptime!(cfg.head_dim / 64));
+        }
+        regs[j] = value;
+        scales[j] = sc;
+    }
+}
+
+/// The warp's `Vᵀ` blocks of the tile from `k0`: m-tile `i`, channels `16i + g` (slot `2i`)
+/// and `16i + g + 8` (`2i + 1`), keys `k0 + 16t .. + 16` (two words) and the block's scale
+/// byte; zero past the padded key row.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn load_v(
+    v: &Array<Vector<u32, Pair>>,
+    v_sc: &Array<u32>,
+    regs: &mut Array<Vector<u32, Pair>>,
+    scales: &mut Array<u32>,
+    v_row0: usize,
+    v_words: usize,
+    k0: usize,
+    g: usize,
+    t: usize,
+    #[comptime] cfg: Fp4DecodeConfig,
+) {
+    let word = k0 / 8 + 2 * t;
+    #[unroll]
+    for slot in 0..comptime!(2 * cfg.o_tiles()) {
+        let channel = comptime!(16 * (slot / 2) + 8 * (slot % 2)) + g;
+        let row = v_row0 + channel;
+        let mut value = Vector::<u32, Pair>::new(0u32);
+        let mut sc = 0u32;
+        if word < v_words {
+            value = v[(row * v_words + word) / 2];
+            sc = byte_word(v_sc, row * (v_words / 2) + word / 2);
+        }
+        regs[slot] = value;
+        scales[slot] = sc;
+    }
+}
+
+/// S (`16 x 64`, rows past `rows` zero) = Q·K(t)ᵀ into zeroed accumulators, K decoded per
+/// word: word `x` of the lane's quarter feeds k-steps `2x` and `2x + 1`.
+#[cube]
+fn score_matmul<N: Size>(
+    q_frags: &Sequence<Array<Vector<f16, Pair>>>,
+    k_regs: &Array<Vector<u32, N>>,
+    k_scales: &Array<u32>,
+    s_frags: &mut Sequence<Array<Vector<f32, Pair>>>,
+    #[comptime] cfg: Fp4DecodeConfig,
+) {
+    let def = MmaDefinition::<f16, f16, f32>::new(MMA_M, MMA_N, MMA_K);
+    #[unroll]
+    for j in 0..cfg.s_tiles() {
+        let frag = s_frags.index_mut(j);
+        frag[0] = Vector::new(0.0f32);
+        frag[1] = Vector::new(0.0f32);
+        let words = k_regs[j];
+        let sc = k_scales[j];
+        #[unroll]
+        for x in 0..cfg.k_words() {
+            let s64 = scale_x64(sc >> comptime!((8 * (x / 2)) as u32));
+            let pairs = decode_word(words[x], s64);
+            #[unroll]
+            for h in 0..2usize {
+                let mut b = Array::<Vector<f16, Pair>>::new(2usize);
+                b[0] = pairs[h];
+                b[1] = pairs[comptime!(2 + h)];
+                def.execute_inplace(q_frags.index(comptime!(2 * x + h)), &b, s_frags.index_mut(j));
+            }
+        }
+    }
+}
+
+/// Online softmax of the warp's score tile (row `g`, keys `16t ..` of the tile in the order of
+/// [`key_of`]), the running max always moving; then P quantized to NVFP4 in the lane (one block
+/// of 16 keys), as `fma_vec_fp4`'s `cube_quantize_p` and the codec do, left in place as f32
+/// `e2m1 · block_scale`. The row sums take the unquantized P.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn softmax(
+    s_frags: &mut Sequence<Array<Vector<f32, Pair>>>,
+    o_frags: &mut Sequence<Array<Vector<f32, Pair>>>,
+    row_max: &mut f32,
+    row_sum: &mut f32,
+    qk_factor: f32,
+    scale: f32,
+    k0: usize,
+    pos: usize,
+    q_len: usize,
+    kv_len: usize,
+    t: usize,
+    #[comptime] masked: bool,
+    #[comptime] cfg: Fp4DecodeConfig,
+) {
+    let mut tile_max = NO_MAX.runtime();
+    #[unroll]
+    for j in 0..cfg.s_tiles() {
+        let frag = s_frags.index_mut(j);
+        let mut x = frag[0];
+        #[unroll]
+        for e in 0..2usize {
+            let mut s = x[e] * qk_factor;
+            if comptime!(masked) {
+                let key = k0 + key_of(j, 2 * t + e);
+                s = select(is_visible(pos, key, q_len, kv_len, cfg.causal), s, NO_MAX);
+            }
+            x[e] = s;
+        }
+        frag[0] = x;
+        tile_max = max(tile_max, max(x[0], x[1]));
+    }
+    tile_max = max(tile_max, plane_shuffle_xor(tile_max, 1u32));
+    tile_max = max(tile_max, plane_shuffle_xor(tile_max, 2u32));
+    let old_max = *row_max;
+    let new_max = max(tile_max, old_max);
+    // Before the store: `old_max` names the variable behind `row_max` itself (a CubeCL `let` of
+    // a dereferenced local), so after `*row_max = new_max` the comparison would always be false.
+    let moved = new_max != old_max;
+    let neg_scaled_max = -new_max * scale;
+    let mut tile_sum = 0.0f32;
+    let mut amax = 0.0f32;
+    #[unroll]
+    for j in 0..cfg.s_tiles() {
+        let frag = s_frags.index_mut(j);
+        let mut x = frag[0];
+        #[unroll]
+        for e in 0..2usize {
+            let mut p = f32::exp(fma(x[e], scale, neg_scaled_max));
+            if comptime!(masked) {
+                p = select(x[e] > MASK_THRESHOLD, p, 0.0);
+            }
+            x[e] = p;
+            tile_sum += p;
+            amax = max(amax, p);
+        }
+        frag[0] = x;
+    }
+    let alpha = f32::exp((old_max - new_max) * scale);
+    *row_sum = *row_sum * alpha + tile_sum;
+    *row_max = new_max;
+
+    // P's block: `block = ue4m3((amax / 6) / ts)`, `code = e2m1(p / (ue4m3(block) · ts))`,
+    // correctly rounded divisions (no reciprocal in this kernel's fast-math set).
+    let ts = f32::new(comptime!(f32::from_bits(P_TENSOR_SCALE_BITS)));
+    let block = ue4m3_value(ue4m3_code((amax / 6.0f32) / ts));
+    let denom = block * ts;
+    #[unroll]
+    for j in 0..cfg.s_tiles() {
+        let frag = s_frags.index_mut(j);
+        let mut x = frag[0];
+        #[unroll]
+        for e in 0..2usize {
+            // A block whose scale underflowed to 0 has code 0 everywhere (the codec's rule).
+            x[e] = select(denom > 0.0, e2m1_round(x[e] / denom) * block, 0.0);
+        }
+        frag[0] = x;
+    }
+
+    if plane_any(moved) {
+        // Accumulator columns belong to rows 2t and 2t + 1: lanes 8t and 8t + 4 hold their
+        // factors.
+        let mut factors = Vector::<f32, Pair>::empty();
+        factors[0] = plane_shuffle(alpha, (8 * t) as u32);
+        factors[1] = plane_shuffle(alpha, (8 * t + 4) as u32);
+        #[unroll]
+        for i in 0..cfg.o_tiles() {
+            let frag = o_frags.index_mut(i);
+            frag[0] = frag[0] * factors;
+            frag[1] = frag[1] * factors;
+        }
+    }
+}
+
+/// `x ≥ 0` rounded to the nearest E2M1 value, ties to even, saturating at 6: the codec's
+/// `e2m1::encode` then `decode`, as a sum of the steps between neighbours whose midpoints `x`
+/// passes (strict where the lower neighbour has the even code, as `e2m1_code`).
+#[cube]
+fn e2m1_round(x: f32) -> f32 {
+    let mut v = select(x > 0.25f32, 0.5f32, 0.0f32);
+    v += select(x >= 0.75f32, 0.5f32, 0.0f32);
+    v += select(x > 1.25f32, 0.5f32, 0.0f32);
+    v += select(x >= 1.75f32, 0.5f32, 0.0f32);
+    v += select(x > 2.5f32, 1.0f32, 0.0f32);
+    v += select(x >= 3.5f32, 1.0f32, 0.0f32);
+    v += select(x > 5.0f32, 2.0f32, 0.0f32);
+    v
+}
+
+/// Oᵀ (`dv x 8`) += Vᵀ(t)·Pᵀ. Key step `c`'s B fragment is the quantized P of S tiles `2c`,
+/// `2c + 1` (exact in f16: `e2m1 · ue4m3` ≤ 2688); m-tile `i`'s A fragment is channels
+/// `16i + g` (registers 0, 2) and `16i + g + 8` (1, 3), word `c/2`, pairs `c%2` and `2 + c%2`.
+#[cube]
+fn value_matmul(
+    s_frags: &Sequence<Array<Vector<f32, Pair>>>,
+    v_regs: &Array<Vector<u32, Pair>>,
+    v_scales: &Array<u32>,
+    o_frags: &mut Sequence<Array<Vector<f32, Pair>>>,
+    #[comptime] cfg: Fp4DecodeConfig,
+) {
+    let def = MmaDefinition::<f16, f16, f32>::new(MMA_M, MMA_N, MMA_K);
+    let mut b_frags = Sequence::<Array<Vector<f16, Pair>>>::new();
+    #[unroll]
+    for c in 0..FP4_DECODE_STEPS {
+        let mut b = Array::<Vector<f16, Pair>>::new(2usize);
+        b[0] = Vector::<f16, Pair>::cast_from(s_frags.index(comptime!(2 * c))[0]);
+        b[1] = Vector::<f16, Pair>::cast_from(s_frags.index(comptime!(2 * c + 1))[0]);
+        b_frags.push(b);
+    }
+    #[unroll]
+    for i in 0..cfg.o_tiles() {
+        let lo = v_regs[comptime!(2 * i)];
+        let hi = v_regs[comptime!(2 * i + 1)];
+        let s_lo = scale_x64(v_scales[comptime!(2 * i)]);
+        let s_hi = scale_x64(v_scales[comptime!(2 * i + 1)]);
+        #[unroll]
+        for x in 0..2usize {
+            let p_lo = decode_word(lo[x], s_lo);
+            let p_hi = decode_word(hi[x], s_hi);
+            #[unroll]
+            for h in 0..2usize {
+                let mut a = Array::<Vector<f16, Pair>>::new(4usize);
+                a[0] = p_lo[h];
+                a[1] = p_hi[h];
+                a[2] = p_lo[comptime!(2 + h)];
+                a[3] = p_hi[comptime!(2 + h)];
+                def.execute_inplace(&a, b_frags.index(comptime!(2 * x + h)), o_frags.index_mut(i));
+            }
+        }
+    }
+}
+
+/// NVRTC compiles of the 4-bit MMA decode kernel for sm_90a: shared memory as counted, no
+/// spills, the key loop's HMMAs (one warp tile: `8 · d/16` for S, `4 · dv/16` for Oᵀ) and the
+/// FP8 conversion that decodes the codes.
+///
+/// `cargo test --release -p quattn-cubecl --features cuda --lib decode_mma_fp4`
+#[cfg(all(test, feature = "cuda"))]
+mod cuda_tests {
+    use super::*;
+    use crate::kernel::decode::DecodeArgsCompilationArg;
+    use crate::kernel::fma_vec_fp4::Fp4ShapeCompilationArg;
+    use crate::kernel::offline_cuda::{array, attn_shape_arg, nvrtc_cubin, settings, Arch, OfflineCuda, Variant};
+    use cubecl::wgpu::WgpuRuntime;
+
+    pub(crate) fn definition(client: &ComputeClient<WgpuRuntime>, cfg: Fp4DecodeConfig, direct: bool) -> KernelDefinition {
+        let dec = DecodeArgsCompilationArg { rows: (), splits: (), keys_per_split: (), nan: (), page_shift: (), max_pages: (), lens_at: (), num_pages: () };
+        fwd_portable_decode_mma_fp4::FwdPortableDecodeMmaFp4::<WgpuRuntime>::new(
+            settings(cfg.units()),
+            client.clone(),
+            array(),
+            array(),
+            array(),
+            array(),
+            array(),
+            array(),
+            array(),
+            array(),
+            array(),
+            array(),
+            array(),
+            array(),
+            array(),
+            array(),
+            attn_shape_arg(),
+            dec,
+            Fp4ShapeCompilationArg { kv_heads: (), v_words: () },
+            cfg.k_words(),
+            cfg,
+            direct,
+        )
+        .define()
+    }
+
+    fn cases() -> Vec<(String, Fp4DecodeConfig, bool)> {
+        let mut all = Vec::new();
+        for (d, rows) in [(128usize, 4usize), (128, 8), (128, 1)] {
+            for (causal, direct, shift_lse) in [(false, false, false), (true, true, true)] {
+                let cfg = Fp4DecodeConfig { head_dim: d, v_head_dim: d, rows, warps: 4, causal, write_lse: true, shift_lse };
+                assert_eq!(cfg.invalid(), None, "{cfg:?}");
+                all.push((format!("decode_mma_fp4_d{d}_rows{rows}_causal{causal}_direct{direct}"), cfg, direct));
+            }
+        }
+        all
+    }
+
+    #[test]
+    fn nvrtc_sm90_compiles_the_4bit_mma_decode_kernel_with_its_shared_memory_and_no_spills() {
+        let Some(cuda) = OfflineCuda::new() else { return };
+        let variants = cases().into_iter().map(|(name, cfg, direct)| Variant {
+            name,
+            arch: Arch::Sm90,
+            definition: definition(cuda.client(), cfg, direct),
+            shared_bytes: Some(cfg.smem_bytes()),
+            spill_free: true,
+        });
+        cuda.check_all(variants);
+    }
+
+    #[test]
+    fn nvrtc_sm90_sass_has_one_warp_tiles_hmma_and_the_fp8_conversion() {
+        let Some(cuda) = OfflineCuda::new() else { return };
+        if quattn_native::tools::find_any_disassembler().is_none() {
+            assert!(std::env::var_os("CI").is_none(), "CUDA tools required under CI: no cuobjdump / nvdisasm");
+            println!("SKIPPED: no cuobjdump / nvdisasm");
+            return;
+        }
+        let include = crate::kernel::offline_cuda::cuda_include_dir().expect("OfflineCuda found the headers");
+        let options = vec!["--gpu-architecture=sm_90a".to_string(), format!("--include-path={}", include.display()), "-Xptxas=-v".to_string()];
+        let mut failures = Vec::new();
+        for (name, cfg, direct) in cases().into_iter().filter(|(n, c, _)| n.contains("rows4") && !c.causal) {
+            let (source, _) = cuda.translate(definition(cuda.client(), cfg, direct), Arch::Sm90).unwrap();
+            let (cubin, log) = nvrtc_cubin(&source, &options).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let sass = quattn_native::sass::disassemble(&cubin).unwrap();
+            let hist = quattn_native::sass::opcode_histogram(&sass);
+            let count = |f: &dyn Fn(&str) -> bool| -> usize { hist.iter().filter(|(op, _)| f(op)).map(|(_, n)| n).sum() };
+            let hmma = count(&|op| op == "HMMA.16816.F32");
+            let expected = cfg.s_tiles() * cfg.qk_steps() + FP4_DECODE_STEPS * cfg.o_tiles();
+            let conversions = count(&|op| op.starts_with("F2FP") && op.contains(".E4M3."));
+            println!("{name}: {hmma} HMMA.16816.F32 (expected {expected}), {conversions} FP8 conversions; {}", log.trim());
+            if hmma != expected || conversions == 0 {
+                failures.push(name);
+            }
+        }
+        assert!(failures.is_empty(), "HMMA count or FP8 conversions wrong for: {failures:?}");
+    }
+}
