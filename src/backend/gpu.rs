@@ -334,7 +334,9 @@ impl<R: Runtime> CubeclBackend<R> {
             blocking.key_streams = Some(crate::emulation::KeyStreams { keys_per_split: d.keys_per_split as usize, warps: d.units() as usize / 32 });
         }
         blocking.validate(problem, precision)?;
-        let name = format!("fwd_portable_{}_{}_d{}", self.info.kind, precision.name(), problem.head_dim);
+        // The variant in the name: the MMA decode kernel on decode shapes.
+        let variant = if fp4.decode.is_some() { "decode_mma_" } else { "" };
+        let name = format!("fwd_portable_{variant}{}_{}_d{}", self.info.kind, precision.name(), problem.head_dim);
         Ok(Choice { kernel: KernelId::Portable { kernel, name }, blocking: Some(blocking) })
     }
 

@@ -8,24 +8,27 @@
 //! Why: a long-context decode step reads the KV cache once and does little arithmetic on it,
 //! so its time is the bytes read. NVFP4 K and V are 4.5 bits an element against 16.
 //!
-//! **Decoding.** The tensor cores take f16; every E2M1 code becomes an exact f16: the code's
-//! sign, exponent and mantissa bits are placed into an e4m3 byte (`e2m1_to_e4m3`: the value
-//! times 2^-6), the device's FP8 `cvt` turns two bytes into two f16, and one f16 multiply by
-//! `block_scale · 64` (exact: at most 6 significant bits and 2688 in magnitude) gives
-//! `e2m1 · block_scale`. A word of 8 codes gives the pairs (0, 2), (4, 6), (1, 3), (5, 7):
-//! the MMA's k-slots follow that order.
+//! **Decoding.** The tensor cores take f16; every E2M1 code becomes an exact f16 with integer
+//! instructions only: its sign, exponent and mantissa bits are placed into f16's
+//! (`e2m1_f16_pairs`: the value times 2^-14), and one f16 multiply by `block_scale · 128` gives
+//! `e2m1 · block_scale · 2^-7`, exact (at most 6 significant bits, between 2^-17 and 21); the
+//! factors 2^7 come back once, in the score scale (2^14 for Q and K) and in O's. A word of 8
+//! codes gives the pairs (0, 4), (1, 5), (2, 6), (3, 7): the MMA's k-slots follow that order.
+//! (The device's FP8 `cvt` would do the same in fewer instructions but runs at a quarter of the
+//! integer rate; only the scale bytes go through it.)
 //!
 //! **Lanes** (`l = 4g + t`), per warp tile of 64 keys (4 key steps of 16):
-//! - S = Q·Kᵀ: S tile `j` (8 keys) column `n` is key [`key_of`]`(j, n) = 16·(n/2) + 4·(j/2)
-//!   + (j%2) + 2·(n%2)`; lane `(g, t)` loads key `key_of(j, g)` (its quarter `t` of the head
-//!   dim, `d/32` words and `d/64` scale bytes). The k-slots of step `s` for lane `t` are head-dim
-//!   elements `t·d/4 + 4s + (0, 2 | 1, 3)`, and Q (decoded once) follows the same order.
+//! - S = Q·Kᵀ: S tile `j` (8 keys) column `n` is key [`key_of`]`(j, n) = 16·(n/2) + 4·(n%2) +
+//!   8·(j/4) + 2·((j/2)%2) + j%2`; lane `(g, t)` loads key `key_of(j, g)` (its quarter `t` of the
+//!   head dim, `d/32` words and `d/64` scale bytes). The k-slots `2t, 2t+1, 2t+8, 2t+9` of step
+//!   `s` are head-dim elements `t·d/4 + 8·(s/2) + 2·(s%2) + (0, 4, 1, 5)`, and Q (decoded once)
+//!   follows the same order.
 //! - The accumulators of lane `(g, t)` are row `g`'s keys `16t .. 16t + 16` of the tile: one
 //!   NVFP4 block of P, quantized in the lane with no shuffle.
-//! - Oᵀ += Vᵀ·Pᵀ: key step `c`'s B fragment is S tiles `2c` (keys `16t + 4c + {0, 2}`) and
-//!   `2c + 1` (`+ {1, 3}`), which is the pair order of a decoded `Vᵀ` word; m-tile `i`'s rows
-//!   `g`, `g + 8` are channels `16i + g`, `16i + g + 8`, of which lane `(g, t)` reads the 16
-//!   keys `16t ..` (8 bytes, one block, one scale byte) per tile.
+//! - Oᵀ += Vᵀ·Pᵀ: key step `c`'s B fragment is S tiles `2c` (keys `16t + 8·(c/2) + 2·(c%2) +
+//!   {0, 4}`) and `2c + 1` (`+ {1, 5}`), which is the pair order of a decoded `Vᵀ` word; m-tile
+//!   `i`'s rows `g`, `g + 8` are channels `16i + g`, `16i + g + 8`, of which lane `(g, t)` reads
+//!   the 16 keys `16t ..` (8 bytes, one block, one scale byte) per tile.
 //!
 //! Within a split, warp `w` takes the 64 keys from `w·64` of each 256-key cube tile, runs its
 //! own online softmax, and the warps are combined through shared memory at the end; the splits
@@ -170,7 +173,8 @@ pub fn fwd_portable_decode_mma_fp4<N: Size>(
     let row_head = kv_head * group + g / q_len;
     let row_pos = g % q_len;
     let scale = shape.scale;
-    let qk_factor = q_ts[0] * k_ts[0];
+    // Q and K are decoded as `value · 2^-7` each (see `decode_word`): the factor 2^14 back, exact.
+    let qk_factor = q_ts[0] * k_ts[0] * 16384.0f32;
     let q_frags = load_q(q, q_sc, shape, batch, row_head, row_pos, g < rows, t, cfg);
 
     let k_row0 = (batch * kv_heads + kv_head) * kv_len;
@@ -245,7 +249,8 @@ pub fn fwd_portable_decode_mma_fp4<N: Size>(
 
     // Combine: task (row, 4 channels). The accumulators hold Σ p̃·ṽ of elements times block
     // scales: the two tensor scales (P's fixed one and V's) once, here.
-    let o_factor = f32::new(comptime!(f32::from_bits(P_TENSOR_SCALE_BITS))) * v_ts[0];
+    // V is decoded as `value · 2^-7`: the factor 128 back, exact.
+    let o_factor = f32::new(comptime!(f32::from_bits(P_TENSOR_SCALE_BITS))) * v_ts[0] * 128.0f32;
     let quads = comptime!(cfg.v_head_dim / 4);
     let tasks = comptime!(cfg.rows * cfg.v_head_dim / 4);
     #[unroll]
@@ -313,48 +318,42 @@ pub fn fwd_portable_decode_mma_fp4<N: Size>(
 /// The key (from the warp tile's first) of S tile `j`'s column `n` ([module docs](self)).
 #[cube]
 pub(crate) fn key_of(#[comptime] j: usize, n: usize) -> usize {
-    16 * (n / 2) + comptime!(4 * (j / 2) + j % 2) + 2 * (n % 2)
+    16 * (n / 2) + 4 * (n % 2) + comptime!(8 * (j / 4) + 2 * ((j / 2) % 2) + j % 2)
 }
 
-/// The E2M1 codes of `w` (code `x` in bits `4x .. 4x + 4`) as two words of e4m3 bytes of the
-/// same sign, exponent and mantissa bits, each the code's value times 2^-6 (subnormal 0.5
-/// becomes e4m3's 2^-7): `(codes 0, 2, 4, 6; codes 1, 3, 5, 7)`, one per byte.
+/// The E2M1 codes of `w` (code `x` in bits `4x .. 4x + 4`) as four f16 pairs of the code's
+/// value times 2^-14, exact: the sign, exponent and mantissa bits placed into f16's (exponent
+/// field 0..3, the subnormal 0.5 landing on f16's subnormal 2^-15). Pair `i` holds codes `i`
+/// (low half) and `i + 4`: each field moves by the same shift in both halves.
 #[cube]
-pub(crate) fn e2m1_to_e4m3(w: u32) -> (u32, u32) {
-    let even = ((w << 4u32) & 0x8080_8080u32) | ((w << 2u32) & 0x1c1c_1c1cu32);
-    let odd = (w & 0x8080_8080u32) | ((w >> 2u32) & 0x1c1c_1c1cu32);
-    (even, odd)
+pub(crate) fn e2m1_f16_pairs(w: u32) -> Array<u32> {
+    let mut out = Array::<u32>::new(4usize);
+    out[0] = ((w << 9u32) & 0x0e00_0e00u32) | ((w << 12u32) & 0x8000_8000u32);
+    out[1] = ((w << 5u32) & 0x0e00_0e00u32) | ((w << 8u32) & 0x8000_8000u32);
+    out[2] = ((w << 1u32) & 0x0e00_0e00u32) | ((w << 4u32) & 0x8000_8000u32);
+    out[3] = ((w >> 3u32) & 0x0e00_0e00u32) | (w & 0x8000_8000u32);
+    out
 }
 
-/// UE4M3 scale code `code` (low byte) as two f16 of `scale · 64`, exact.
+/// UE4M3 scale code `code` (low byte) as two f16 of `scale · 128`, exact (at most 57344).
 #[cube]
-fn scale_x64(code: u32) -> Vector<f16, Pair> {
-    let fcfg = comptime!(e4m3_config());
+fn scale_x128(code: u32) -> Vector<f16, Pair> {
+    let fcfg = comptime!(Fp8Config { format: quattn_core::Fp8Format::E4M3, granularity: quattn_core::DescaleGranularity::PerTensor });
     let byte = code & 0xffu32;
-    convert_pair(u16::cast_from(byte | (byte << 8u32)), fcfg) * Vector::<f16, Pair>::new(f16::from_int(64))
+    convert_pair(u16::cast_from(byte | (byte << 8u32)), fcfg) * Vector::<f16, Pair>::new(f16::from_int(128))
 }
 
-/// Two e4m3 bytes (low half of `pair`) as two f16.
+/// The word's four pairs of `e2m1 · scale · 2^-7` in f16 (`s128` from [`scale_x128`]), pair
+/// `i` codes `(i, i + 4)`. Exact: the value has at most 6 significant bits, is at most 21 and,
+/// when not zero, at least 2^-17, whose lowest bit f16's subnormals still hold.
 #[cube]
-fn e4m3_pair(pair: u32) -> Vector<f16, Pair> {
-    let fcfg = comptime!(e4m3_config());
-    convert_pair(u16::cast_from(pair), fcfg)
-}
-
-fn e4m3_config() -> Fp8Config {
-    Fp8Config { format: quattn_core::Fp8Format::E4M3, granularity: quattn_core::DescaleGranularity::PerTensor }
-}
-
-/// The word's four pairs of `e2m1 · scale` in f16 (`s64` from [`scale_x64`]): `[(0, 2), (4,
-/// 6), (1, 3), (5, 7)]` as indices 0..4.
-#[cube]
-fn decode_word(w: u32, s64: Vector<f16, Pair>) -> Array<Vector<f16, Pair>> {
-    let (even, odd) = e2m1_to_e4m3(w);
+fn decode_word(w: u32, s128: Vector<f16, Pair>) -> Array<Vector<f16, Pair>> {
+    let bits = e2m1_f16_pairs(w);
     let mut out = Array::<Vector<f16, Pair>>::new(4usize);
-    out[0] = e4m3_pair(even) * s64;
-    out[1] = e4m3_pair(even >> 16u32) * s64;
-    out[2] = e4m3_pair(odd) * s64;
-    out[3] = e4m3_pair(odd >> 16u32) * s64;
+    #[unroll]
+    for i in 0..4usize {
+        out[i] = Vector::<f16, Pair>::reinterpret(bits[i]) * s128;
+    }
     out
 }
 
@@ -392,13 +391,13 @@ fn load_q(
             w = q[word0 + x];
             sc = byte_word(q_sc, byte0 + comptime!(x / 2));
         }
-        let pairs = decode_word(w, scale_x64(sc));
+        let pairs = decode_word(w, scale_x128(sc));
         #[unroll]
         for h in 0..2usize {
             let mut a = Array::<Vector<f16, Pair>>::new(4usize);
-            a[0] = pairs[h];
+            a[0] = pairs[comptime!(2 * h)];
             a[1] = zero;
-            a[2] = pairs[comptime!(2 + h)];
+            a[2] = pairs[comptime!(2 * h + 1)];
             a[3] = zero;
             frags.push(a);
         }
@@ -490,13 +489,13 @@ fn score_matmul<N: Size>(
         let sc = k_scales[j];
         #[unroll]
         for x in 0..cfg.k_words() {
-            let s64 = scale_x64(sc >> comptime!((8 * (x / 2)) as u32));
+            let s64 = scale_x128(sc >> comptime!((8 * (x / 2)) as u32));
             let pairs = decode_word(words[x], s64);
             #[unroll]
             for h in 0..2usize {
                 let mut b = Array::<Vector<f16, Pair>>::new(2usize);
-                b[0] = pairs[h];
-                b[1] = pairs[comptime!(2 + h)];
+                b[0] = pairs[comptime!(2 * h)];
+                b[1] = pairs[comptime!(2 * h + 1)];
                 def.execute_inplace(q_frags.index(comptime!(2 * x + h)), &b, s_frags.index_mut(j));
             }
         }
@@ -608,14 +607,13 @@ fn softmax(
 /// passes (strict where the lower neighbour has the even code, as `e2m1_code`).
 #[cube]
 fn e2m1_round(x: f32) -> f32 {
-    let mut v = select(x > 0.25f32, 0.5f32, 0.0f32);
-    v += select(x >= 0.75f32, 0.5f32, 0.0f32);
-    v += select(x > 1.25f32, 0.5f32, 0.0f32);
-    v += select(x >= 1.75f32, 0.5f32, 0.0f32);
-    v += select(x > 2.5f32, 1.0f32, 0.0f32);
-    v += select(x >= 3.5f32, 1.0f32, 0.0f32);
-    v += select(x > 5.0f32, 2.0f32, 0.0f32);
-    v
+    // Below 1, E2M1's step is 0.5: 0.25 goes to 0 (even code), 0.75 to 1 (even code).
+    let small = select(x > 0.25f32, 0.5f32, 0.0f32) + select(x >= 0.75f32, 0.5f32, 0.0f32);
+    // From 1, one mantissa bit: round the f32 bits to it, ties to even (E2M1's even codes are
+    // the even mantissas there); 7 and up becomes 8, which saturates to 6 as the codec does.
+    let bits = u32::reinterpret(x);
+    let big = f32::reinterpret((bits + 0x1f_ffffu32 + ((bits >> 22u32) & 1u32)) & 0xffc0_0000u32);
+    min(select(x < 1.0f32, small, big), 6.0f32)
 }
 
 /// Oᵀ (`dv x 8`) += Vᵀ(t)·Pᵀ. Key step `c`'s B fragment is the quantized P of S tiles `2c`,
@@ -642,8 +640,8 @@ fn value_matmul(
     for i in 0..cfg.o_tiles() {
         let lo = v_regs[comptime!(2 * i)];
         let hi = v_regs[comptime!(2 * i + 1)];
-        let s_lo = scale_x64(v_scales[comptime!(2 * i)]);
-        let s_hi = scale_x64(v_scales[comptime!(2 * i + 1)]);
+        let s_lo = scale_x128(v_scales[comptime!(2 * i)]);
+        let s_hi = scale_x128(v_scales[comptime!(2 * i + 1)]);
         #[unroll]
         for x in 0..2usize {
             let p_lo = decode_word(lo[x], s_lo);
@@ -651,10 +649,10 @@ fn value_matmul(
             #[unroll]
             for h in 0..2usize {
                 let mut a = Array::<Vector<f16, Pair>>::new(4usize);
-                a[0] = p_lo[h];
-                a[1] = p_hi[h];
-                a[2] = p_lo[comptime!(2 + h)];
-                a[3] = p_hi[comptime!(2 + h)];
+                a[0] = p_lo[comptime!(2 * h)];
+                a[1] = p_hi[comptime!(2 * h)];
+                a[2] = p_lo[comptime!(2 * h + 1)];
+                a[3] = p_hi[comptime!(2 * h + 1)];
                 def.execute_inplace(&a, b_frags.index(comptime!(2 * x + h)), o_frags.index_mut(i));
             }
         }
@@ -743,6 +741,9 @@ mod cuda_tests {
             let (source, _) = cuda.translate(definition(cuda.client(), cfg, direct), Arch::Sm90).unwrap();
             let (cubin, log) = nvrtc_cubin(&source, &options).unwrap_or_else(|e| panic!("{name}: {e}"));
             let sass = quattn_native::sass::disassemble(&cubin).unwrap();
+            if let Some(dir) = std::env::var_os("QUATTN_SASS_DIR") {
+                std::fs::write(std::path::Path::new(&dir).join(format!("{name}.sass")), &sass).unwrap();
+            }
             let hist = quattn_native::sass::opcode_histogram(&sass);
             let count = |f: &dyn Fn(&str) -> bool| -> usize { hist.iter().filter(|(op, _)| f(op)).map(|(_, n)| n).sum() };
             let hmma = count(&|op| op == "HMMA.16816.F32");
