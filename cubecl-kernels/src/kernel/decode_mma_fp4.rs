@@ -14,8 +14,8 @@
 //! `e2m1 · block_scale · 2^-7`, exact (at most 6 significant bits, between 2^-17 and 21); the
 //! factors 2^7 come back once, in the score scale (2^14 for Q and K) and in O's. A word of 8
 //! codes gives the pairs (0, 4), (1, 5), (2, 6), (3, 7): the MMA's k-slots follow that order.
-//! (The device's FP8 `cvt` would do the same in fewer instructions but runs at a quarter of the
-//! integer rate; only the scale bytes go through it.)
+//! (The FP8 `cvt` route, codes placed into e4m3 bytes, converted and multiplied by the scale
+//! times 64, is as fast and needs sm_89; here only the scale bytes take it.)
 //!
 //! **Lanes** (`l = 4g + t`), per warp tile of 64 keys (4 key steps of 16):
 //! - S = Q·Kᵀ: S tile `j` (8 keys) column `n` is key [`key_of`]`(j, n) = 16·(n/2) + 4·(n%2) +
