@@ -327,11 +327,15 @@ pub(crate) fn key_of(#[comptime] j: usize, n: usize) -> usize {
 /// (low half) and `i + 4`: each field moves by the same shift in both halves.
 #[cube]
 pub(crate) fn e2m1_f16_pairs(w: u32) -> Array<u32> {
+    // The even codes (0, 2, 4, 6) as f16 high bytes, one per byte: magnitude bits to 1..3, sign
+    // to 7; then the odd codes. Each byte pair is one f16 pair's high bytes.
+    let even = ((w << 1u32) & 0x0e0e_0e0eu32) | ((w << 4u32) & 0x8080_8080u32);
+    let odd = ((w >> 3u32) & 0x0e0e_0e0eu32) | (w & 0x8080_8080u32);
     let mut out = Array::<u32>::new(4usize);
-    out[0] = ((w << 9u32) & 0x0e00_0e00u32) | ((w << 12u32) & 0x8000_8000u32);
-    out[1] = ((w << 5u32) & 0x0e00_0e00u32) | ((w << 8u32) & 0x8000_8000u32);
-    out[2] = ((w << 1u32) & 0x0e00_0e00u32) | ((w << 4u32) & 0x8000_8000u32);
-    out[3] = ((w >> 3u32) & 0x0e00_0e00u32) | (w & 0x8000_8000u32);
+    out[0] = (even << 8u32) & 0xff00_ff00u32;
+    out[1] = (odd << 8u32) & 0xff00_ff00u32;
+    out[2] = even & 0xff00_ff00u32;
+    out[3] = odd & 0xff00_ff00u32;
     out
 }
 
@@ -655,6 +659,127 @@ fn value_matmul(
                 a[3] = p_hi[comptime!(2 * h + 1)];
                 def.execute_inplace(&a, b_frags.index(comptime!(2 * x + h)), o_frags.index_mut(i));
             }
+        }
+    }
+}
+
+/// The decode and P-rounding helpers on a wgpu adapter (llvmpipe in CI), against E2M1 spelled
+/// out here: every code in every position of a word, and `e2m1_round` at and around every
+/// midpoint, at the saturation and on random values.
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cubecl::wgpu::{WgpuDevice, WgpuRuntime};
+
+    /// E2M1 magnitudes by code (sign bit 3).
+    const E2M1: [f32; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
+
+    #[cube(launch_unchecked)]
+    fn pairs_kernel(words: &Array<u32>, out: &mut Array<u32>) {
+        let i = ABSOLUTE_POS;
+        if i < words.len() {
+            let p = e2m1_f16_pairs(words[i]);
+            #[unroll]
+            for j in 0..4usize {
+                out[4 * i + j] = p[j];
+            }
+        }
+    }
+
+    #[cube(launch_unchecked)]
+    fn round_kernel(x: &Array<f32>, out: &mut Array<f32>) {
+        let i = ABSOLUTE_POS;
+        if i < x.len() {
+            out[i] = e2m1_round(x[i]);
+        }
+    }
+
+    fn client() -> Option<ComputeClient<WgpuRuntime>> {
+        let instance = wgpu::Instance::default();
+        if cubecl::future::block_on(instance.enumerate_adapters(wgpu::Backends::all())).is_empty() {
+            assert!(std::env::var_os("CI").is_none(), "no wgpu adapter under CI");
+            println!("SKIPPED: no wgpu adapter");
+            return None;
+        }
+        Some(WgpuRuntime::client(&WgpuDevice::DefaultDevice))
+    }
+
+    #[test]
+    fn e2m1_codes_become_their_value_times_2_pow_minus_14_in_f16_pairs() {
+        let Some(client) = client() else { return };
+        // Every 16-bit pattern in the low half, a scrambled one in the high half: every code in
+        // every position.
+        let words: Vec<u32> = (0..65536u32).map(|x| x | (x.wrapping_mul(0x9e37) & 0xffff) << 16).collect();
+        let n = words.len();
+        let out = client.empty(16 * n);
+        // SAFETY: n words in, 4n words out, guarded by `words.len()`.
+        unsafe {
+            pairs_kernel::launch_unchecked::<WgpuRuntime>(
+                &client,
+                CubeCount::Static((n as u32).div_ceil(64), 1, 1),
+                CubeDim::new_1d(64),
+                ArrayArg::from_raw_parts(client.create_from_slice(u32::as_bytes(&words)), n),
+                ArrayArg::from_raw_parts(out.clone(), 4 * n),
+            );
+        }
+        let got = u32::from_bytes(&client.read_one(out).unwrap()).to_vec();
+        let value = |code: u32| {
+            let v = E2M1[(code & 7) as usize] * 2f32.powi(-14);
+            if code & 8 != 0 { -v } else { v }
+        };
+        for (i, &w) in words.iter().enumerate() {
+            for j in 0..4u32 {
+                let bits = got[4 * i + j as usize];
+                let (lo, hi) = (half::f16::from_bits(bits as u16), half::f16::from_bits((bits >> 16) as u16));
+                let (cl, ch) = ((w >> (4 * j)) & 15, (w >> (4 * j + 16)) & 15);
+                assert_eq!(lo.to_f32().to_bits(), value(cl).to_bits(), "word {w:#010x} pair {j} low");
+                assert_eq!(hi.to_f32().to_bits(), value(ch).to_bits(), "word {w:#010x} pair {j} high");
+            }
+        }
+    }
+
+    #[test]
+    fn e2m1_round_is_round_to_nearest_even_code_with_saturation() {
+        let Some(client) = client() else { return };
+        // The nearest E2M1 magnitude, ties to the even code, saturating at 6.
+        let want = |x: f32| -> f32 {
+            let mut best = 0usize;
+            for c in 1..8 {
+                let (d, db) = ((x - E2M1[c]).abs(), (x - E2M1[best]).abs());
+                if d < db || (d == db && c % 2 == 0) {
+                    best = c;
+                }
+            }
+            E2M1[best]
+        };
+        let mut xs = vec![0.0f32, 6.0, 6.5, 7.0, 8.0, 100.0];
+        for m in [0.25f32, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0] {
+            for j in -3i32..=3 {
+                xs.push(f32::from_bits((m.to_bits() as i32 + j) as u32));
+            }
+        }
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..20000 {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            xs.push((state >> 40) as f32 / (1u64 << 24) as f32 * 7.0);
+        }
+        let n = xs.len();
+        let out = client.empty(4 * n);
+        // SAFETY: n floats in and out, guarded by `x.len()`.
+        unsafe {
+            round_kernel::launch_unchecked::<WgpuRuntime>(
+                &client,
+                CubeCount::Static((n as u32).div_ceil(64), 1, 1),
+                CubeDim::new_1d(64),
+                ArrayArg::from_raw_parts(client.create_from_slice(f32::as_bytes(&xs)), n),
+                ArrayArg::from_raw_parts(out.clone(), n),
+            );
+        }
+        let got = f32::from_bytes(&client.read_one(out).unwrap()).to_vec();
+        for (x, g) in xs.iter().zip(&got) {
+            assert_eq!(*g, want(*x), "x = {x:e}");
         }
     }
 }
