@@ -744,8 +744,8 @@ mod tests {
         // The nearest E2M1 magnitude, ties to the even code, saturating at 6.
         let want = |x: f32| -> f32 {
             let mut best = 0usize;
-            for c in 1..8 {
-                let (d, db) = ((x - E2M1[c]).abs(), (x - E2M1[best]).abs());
+            for (c, v) in E2M1.iter().enumerate().skip(1) {
+                let (d, db) = ((x - v).abs(), (x - E2M1[best]).abs());
                 if d < db || (d == db && c % 2 == 0) {
                     best = c;
                 }
@@ -785,8 +785,8 @@ mod tests {
 }
 
 /// NVRTC compiles of the 4-bit MMA decode kernel for sm_90a: shared memory as counted, no
-/// spills, the key loop's HMMAs (one warp tile: `8 · d/16` for S, `4 · dv/16` for Oᵀ) and the
-/// FP8 conversion that decodes the codes.
+/// spills, the key loop's HMMAs (one warp tile: `8 · d/16` for S, `4 · dv/16` for Oᵀ), and the
+/// FP8 conversion on the scale bytes only (the codes are decoded with integer instructions).
 ///
 /// `cargo test --release -p quattn-cubecl --features cuda --lib decode_mma_fp4`
 #[cfg(all(test, feature = "cuda"))]
@@ -852,7 +852,7 @@ mod cuda_tests {
     }
 
     #[test]
-    fn nvrtc_sm90_sass_has_one_warp_tiles_hmma_and_the_fp8_conversion() {
+    fn nvrtc_sm90_sass_has_one_warp_tiles_hmma_and_converts_only_scale_bytes() {
         let Some(cuda) = OfflineCuda::new() else { return };
         if quattn_native::tools::find_any_disassembler().is_none() {
             assert!(std::env::var_os("CI").is_none(), "CUDA tools required under CI: no cuobjdump / nvdisasm");
@@ -875,7 +875,10 @@ mod cuda_tests {
             let expected = cfg.s_tiles() * cfg.qk_steps() + FP4_DECODE_STEPS * cfg.o_tiles();
             let conversions = count(&|op| op.starts_with("F2FP") && op.contains(".E4M3."));
             println!("{name}: {hmma} HMMA.16816.F32 (expected {expected}), {conversions} FP8 conversions; {}", log.trim());
-            if hmma != expected || conversions == 0 {
+            // The FP8 conversion turns scale bytes into f16 (one per K row and word at most, one
+            // per V channel block, Q's once); the codes themselves never go through it.
+            let scale_bound = cfg.s_tiles() * cfg.k_words() + 2 * cfg.o_tiles() + cfg.k_words();
+            if hmma != expected || conversions == 0 || conversions > scale_bound {
                 failures.push(name);
             }
         }
