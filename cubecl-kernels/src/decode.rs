@@ -204,9 +204,15 @@ impl DecodeTiles {
     /// the runtime's SMs.
     fn split_for<R: Runtime>(client: &ComputeClient<R>, args: &Args, tiling: DecodeTiling) -> DecodeTiles {
         let probe = DecodeTiles { tiling, splits: 1, keys_per_split: 0 };
+        Self::split_with(client, args, tiling, probe.cubes_per_sm())
+    }
+    /// [`Self::split_for`] for a kernel of which about `cubes_per_sm` cubes are resident per SM
+    /// (the 4-bit MMA decode kernel shares the MMA tiling but not its register count).
+    fn split_with<R: Runtime>(client: &ComputeClient<R>, args: &Args, tiling: DecodeTiling, cubes_per_sm: u32) -> DecodeTiles {
+        let probe = DecodeTiles { tiling, splits: 1, keys_per_split: 0 };
         let sms = client.properties().hardware.num_streaming_multiprocessors.unwrap_or(ASSUMED_SMS);
         let pairs = args.batch as u64 * args.kv_heads as u64;
-        let (splits, keys_per_split) = decode_split_with(pairs, args.kv_len, probe.bk(), sms, probe.cubes_per_sm());
+        let (splits, keys_per_split) = decode_split_with(pairs, args.kv_len, probe.bk(), sms, cubes_per_sm);
         DecodeTiles { tiling, splits, keys_per_split }
     }
     /// Units per row of the tile kernel's reductions, whose plane shuffles need that many
@@ -1325,10 +1331,7 @@ pub(crate) fn select_fp4_decode<R: Runtime>(
         log::debug!("4-bit MMA decode kernel not chosen: {why}");
         return None;
     }
-    let sms = client.properties().hardware.num_streaming_multiprocessors.unwrap_or(ASSUMED_SMS);
-    let pairs = args.batch as u64 * args.kv_heads as u64;
-    let (splits, keys_per_split) = decode_split_with(pairs, args.kv_len, probe.bk(), sms, FP4_MMA_CUBES_PER_SM);
-    Some(DecodeTiles { tiling, splits, keys_per_split })
+    Some(DecodeTiles::split_with(client, args, tiling, FP4_MMA_CUBES_PER_SM))
 }
 
 /// Enqueues the 4-bit MMA decode kernel of `t` (from [`select_fp4_decode`]) and the merge of

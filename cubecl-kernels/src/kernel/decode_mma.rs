@@ -313,28 +313,7 @@ pub fn fwd_portable_decode_mma<O: Float, E: Float, N: Size>(
             let head = kv_head * group + r / q_len;
             let pos = r % q_len;
             let sc = row_scale(q_descale, k_descale, shape, batch, head, kv_index, fcfg, codes);
-            let mut m = NO_MAX.runtime();
-            #[unroll]
-            for w in 0..cfg.warps {
-                m = max(m, merge[(w * rows + r) * pitch]);
-            }
-            let mut total = 0.0f32;
-            let mut out = Array::<f32>::new(4usize);
-            #[unroll]
-            for e in 0..4usize {
-                out[e] = 0.0;
-            }
-            #[unroll]
-            for w in 0..cfg.warps {
-                let at = (w * rows + r) * pitch;
-                let mw = merge[at];
-                let weight = select(mw > MASK_THRESHOLD, f32::exp((mw - m) * sc), 0.0);
-                total += weight * merge[at + 1];
-                #[unroll]
-                for e in 0..4usize {
-                    out[e] += weight * merge[at + 2 + c + e];
-                }
-            }
+            let (m, total, out) = combine_warps(&merge, r, c, sc, rows, pitch, cfg.warps);
             let seen = total > 0.0;
             let inv = select(seen, o_factor / total, 0.0);
             let state_lse = m * sc + f32::ln(select(seen, total, 1.0));
@@ -370,6 +349,45 @@ pub fn fwd_portable_decode_mma<O: Float, E: Float, N: Size>(
             }
         }
     }
+}
+
+/// Packed row `r`'s states of the `warps` warps in `merge` (`[warp][rows][pitch]`: max, sum,
+/// accumulator) combined by their maxima at softmax scale `scale`: the common max, the summed
+/// row sum and accumulator columns `c .. c + 4`, unnormalized. Warps that saw no key weigh 0.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn combine_warps(
+    merge: &SharedMemory<f32>,
+    r: usize,
+    c: usize,
+    scale: f32,
+    #[comptime] rows: usize,
+    #[comptime] pitch: usize,
+    #[comptime] warps: usize,
+) -> (f32, f32, Array<f32>) {
+    let mut m = NO_MAX.runtime();
+    #[unroll]
+    for w in 0..warps {
+        m = max(m, merge[(w * rows + r) * pitch]);
+    }
+    let mut total = 0.0f32;
+    let mut out = Array::<f32>::new(4usize);
+    #[unroll]
+    for e in 0..4usize {
+        out[e] = 0.0;
+    }
+    #[unroll]
+    for w in 0..warps {
+        let at = (w * rows + r) * pitch;
+        let mw = merge[at];
+        let weight = select(mw > MASK_THRESHOLD, f32::exp((mw - m) * scale), 0.0);
+        total += weight * merge[at + 1];
+        #[unroll]
+        for e in 0..4usize {
+            out[e] += weight * merge[at + 2 + c + e];
+        }
+    }
+    (m, total, out)
 }
 
 /// The softmax scale of the rows of q head `head`: the shape's, with codes times the Q and K

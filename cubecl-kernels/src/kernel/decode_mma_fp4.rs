@@ -43,6 +43,7 @@ use half::f16;
 use super::decode::{split_keys, DecodeArgs};
 use super::fma_vec_fp4::{ue4m3_code, ue4m3_value, Fp4Shape, P_TENSOR_SCALE_BITS};
 use super::fma_vec_fp8::{convert_pair, Fp8Config};
+use super::decode_mma::combine_warps;
 use super::mma::{acc_zero, Pair, MMA_K, MMA_M, MMA_N, PLANE};
 use super::{is_visible, AttnShape, MASK_THRESHOLD, NO_MAX};
 
@@ -261,28 +262,7 @@ pub fn fwd_portable_decode_mma_fp4<N: Size>(
             let c = (task % quads) * 4;
             let head = kv_head * group + r / q_len;
             let pos = r % q_len;
-            let mut m = NO_MAX.runtime();
-            #[unroll]
-            for w in 0..cfg.warps {
-                m = max(m, merge[(w * rows + r) * pitch]);
-            }
-            let mut total = 0.0f32;
-            let mut out = Array::<f32>::new(4usize);
-            #[unroll]
-            for e in 0..4usize {
-                out[e] = 0.0;
-            }
-            #[unroll]
-            for w in 0..cfg.warps {
-                let at = (w * rows + r) * pitch;
-                let mw = merge[at];
-                let weight = select(mw > MASK_THRESHOLD, f32::exp((mw - m) * scale), 0.0);
-                total += weight * merge[at + 1];
-                #[unroll]
-                for e in 0..4usize {
-                    out[e] += weight * merge[at + 2 + c + e];
-                }
-            }
+            let (m, total, out) = combine_warps(&merge, r, c, scale, rows, pitch, cfg.warps);
             let seen = total > 0.0;
             let inv = select(seen, o_factor / total, 0.0);
             let lse_row = (batch * shape.q_heads as usize + head) * q_len + pos;
