@@ -1290,6 +1290,7 @@ pub(crate) fn fp4_decode_config(
         causal,
         write_lse,
         shift_lse,
+        p_nvfp4: v == crate::Fp4V::Nvfp4,
     };
     match cfg.invalid() {
         Some(reason) => Err(reason),

@@ -66,6 +66,9 @@ pub struct Fp4DecodeConfig {
     pub write_lse: bool,
     /// Add the per-row LSE shift (K was smoothed).
     pub shift_lse: bool,
+    /// P quantized to NVFP4 per 16 keys (`Fp4V::Nvfp4`); otherwise P rounded to f16
+    /// (`Fp4V::Nvfp4P16`).
+    pub p_nvfp4: bool,
 }
 
 impl Fp4DecodeConfig {
@@ -810,7 +813,7 @@ mod cuda_tests {
         let mut all = Vec::new();
         for (d, rows) in [(128usize, 4usize), (128, 8), (128, 1)] {
             for (causal, direct, shift_lse) in [(false, false, false), (true, true, true)] {
-                let cfg = Fp4DecodeConfig { head_dim: d, v_head_dim: d, rows, warps: 4, causal, write_lse: true, shift_lse };
+                let cfg = Fp4DecodeConfig { head_dim: d, v_head_dim: d, rows, warps: 4, causal, write_lse: true, shift_lse, p_nvfp4: true };
                 assert_eq!(cfg.invalid(), None, "{cfg:?}");
                 all.push((format!("decode_mma_fp4_d{d}_rows{rows}_causal{causal}_direct{direct}"), cfg, direct));
             }
