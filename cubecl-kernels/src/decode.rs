@@ -1256,12 +1256,12 @@ pub(crate) fn select_fp8_decode<R: Runtime>(client: &ComputeClient<R>, args: &Ar
     select_rows(client, args, shape)
 }
 
-/// Resident cubes per SM the 4-bit MMA decode kernel's split assumes: at about 230 registers a
+/// Resident cubes per SM the 4-bit MMA decode kernel's split assumes: at about 237 registers a
 /// lane, two cubes of four warps fit an SM's register file.
 pub const FP4_MMA_CUBES_PER_SM: u32 = 2;
 
 /// The 4-bit MMA decode kernel's configuration of tiling `t` (which must be `DecodeTiling::Mma`
-/// with [`FP4_DECODE_STEPS`] key steps) for NVFP4 Q, K and `Vᵀ` (P NVFP4), or why not.
+/// with [`FP4_DECODE_STEPS`] key steps) for NVFP4 Q, K and `Vᵀ` (P NVFP4 or f16), or why not.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn fp4_decode_config(
     t: &DecodeTiles,
@@ -1300,8 +1300,8 @@ pub(crate) fn fp4_decode_config(
 
 /// The 4-bit MMA decode kernel with its split for NVFP4 Q, K and `Vᵀ` (`format`, `v`), where
 /// it applies: a decode shape of at most [`FP4_DECODE_MAX_ROWS`] packed rows, the head dims it
-/// covers, and a device with the f16 manual MMA and the FP8 conversion it decodes with (CUDA
-/// sm_89 and later). `None` otherwise (the 4-bit FMA kernel runs).
+/// covers, and a device with the f16 manual MMA (CUDA sm_80 and later; the codes and scales
+/// are decoded with integer instructions). `None` otherwise (the 4-bit FMA kernel runs).
 pub(crate) fn select_fp4_decode<R: Runtime>(
     client: &ComputeClient<R>,
     args: &Args,
@@ -1319,11 +1319,6 @@ pub(crate) fn select_fp4_decode<R: Runtime>(
     }
     if let Some(why) = crate::launch::mma_unavailable(client, Dtype::F16) {
         log::debug!("4-bit MMA decode kernel not chosen: {why}");
-        return None;
-    }
-    let e4m3 = Fp8Config { format: Fp8Format::E4M3, granularity: quattn_core::DescaleGranularity::PerTensor };
-    if !fp8_conversion(client, e4m3) {
-        log::debug!("4-bit MMA decode kernel not chosen: the device has no FP8 conversion");
         return None;
     }
     let tiling = DecodeTiling::Mma(MmaDecodeTiles { rows: rows as u32, warps: 4, steps: FP4_DECODE_STEPS as u32 });
