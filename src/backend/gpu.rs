@@ -552,7 +552,7 @@ impl<R: Runtime> CubeclBackend<R> {
         let tk = quantize(&k, p.batch * p.kv_heads * p.kv_len, d)?;
         let (v_handle, v_scales, ts_v) = match fp4.v {
             quattn_cubecl::Fp4V::Bf16 => bf16_v(),
-            quattn_cubecl::Fp4V::Nvfp4 => {
+            quattn_cubecl::Fp4V::Nvfp4 | quattn_cubecl::Fp4V::Nvfp4P16 => {
                 let cols = p.kv_len.div_ceil(16) * 16;
                 let rows = p.batch * p.kv_heads * dv;
                 let mut vt = vec![0.0f32; rows * cols];
