@@ -167,7 +167,7 @@ impl Session {
         let block = fp4.format.block();
         let (q_rows, k_rows) = (p.batch * p.q_heads * p.q_len, p.batch * p.kv_heads * p.kv_len);
         let v_cols = p.kv_len.div_ceil(16) * 16;
-        let nvfp4_v = fp4.v == quattn_cubecl::Fp4V::Nvfp4;
+        let nvfp4_v = fp4.v.is_4bit();
         let (v_bytes, v_scale_bytes) = match nvfp4_v {
             true => (p.batch * p.kv_heads * dv * v_cols / 2, p.batch * p.kv_heads * dv * v_cols / 16),
             false => (k_rows * dv * 2, 0),
@@ -299,9 +299,10 @@ impl Session {
 /// - `q`: `[batch, q_heads, q_len]` rows of `head_dim / 2` bytes; `q_scales`: the same rows of
 ///   `head_dim / block` scale codes. `k` / `k_scales` likewise over `[batch, kv_heads, kv_len]`.
 /// - `v`: with `Nvfp4V::Bf16` (and MXFP4), bf16 `[batch, kv_heads, kv_len, v_head_dim]`;
-///   `v_scales` unused. With `Nvfp4V::Nvfp4`, `Vᵀ` codes: per (batch, kv head, channel) a row of
-///   the keys padded with zero codes to `v_cols = ceil(kv_len / 16) · 16`, `v_cols / 2` bytes;
-///   `v_scales` its UE4M3 codes, `v_cols / 16` per row.
+///   `v_scales` unused. With `Nvfp4V::Nvfp4` or `Nvfp4V::Nvfp4P16` (the same layout), `Vᵀ`
+///   codes: per (batch, kv head, channel) a row of the keys padded with zero codes to
+///   `v_cols = ceil(kv_len / 16) · 16`, `v_cols / 2` bytes; `v_scales` its UE4M3 codes,
+///   `v_cols / 16` per row.
 /// - `tensor_scales`: one f32 each for Q, K, V (1.0 for MXFP4's Q and K; V's unused with bf16
 ///   V), the scale of `codec::nvfp4`'s two-level scaling.
 /// - `o`: f32 in the problem's layout; `lse`: f32 `[batch, q_heads, q_len]`, when the problem

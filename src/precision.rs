@@ -12,12 +12,27 @@ pub enum PvFormat {
     Fp8,
 }
 
-/// Format of V in the NVFP4 mode.
+/// Format of V (and with it P) in the NVFP4 mode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Nvfp4V {
+    /// bf16 V; P rounded to bf16.
     #[default]
     Bf16,
+    /// NVFP4 `Vᵀ` (16-key blocks along the keys of each channel, one tensor scale); P quantized
+    /// to NVFP4 per 16 keys with the fixed tensor scale 1/2688.
     Nvfp4,
+    /// NVFP4 `Vᵀ` as for [`Nvfp4V::Nvfp4`] (the same codes and layout); P rounded to f16 and
+    /// P·V accumulated in f32, as the f16 kernels do. Where no FP4 MMA exists the V codes are
+    /// decoded to 16-bit values anyway, so quantizing P would only add error and instructions:
+    /// the mode of a 4-bit KV cache on portable devices (long-context decode).
+    Nvfp4P16,
+}
+
+impl Nvfp4V {
+    /// V is 4-bit (`Vᵀ` codes) rather than bf16.
+    pub const fn is_4bit(self) -> bool {
+        matches!(self, Nvfp4V::Nvfp4 | Nvfp4V::Nvfp4P16)
+    }
 }
 
 /// What the attention computes, in which formats. Every mode the project has is named here,
@@ -38,7 +53,8 @@ pub enum Precision {
     Int8Qk { granularity: Int8Granularity, smooth_k: bool, pv: PvFormat },
     /// FP8 Q, K, V with f32 descales; P in f16 or FP8.
     Fp8 { format: Fp8Format, descale: DescaleGranularity, p: PvFormat },
-    /// NVFP4 Q and K (E2M1 values, UE4M3 scale per 16, f32 tensor scale); V in bf16 or NVFP4.
+    /// NVFP4 Q and K (E2M1 values, UE4M3 scale per 16, f32 tensor scale); V in bf16 or NVFP4,
+    /// P in bf16, NVFP4 or f16 ([`Nvfp4V`]).
     /// With `smooth_k` the per-(batch, KV head) mean of K over the keys is subtracted before K
     /// is quantized (as for INT8; softmax is unchanged, the LSE gets `scale · q·μ` back).
     Nvfp4 { v: Nvfp4V, smooth_k: bool },
@@ -90,6 +106,7 @@ impl Precision {
                 match v {
                     Nvfp4V::Bf16 => "",
                     Nvfp4V::Nvfp4 => "-v4",
+                    Nvfp4V::Nvfp4P16 => "-v4p16",
                 },
                 if smooth_k { "-smooth" } else { "" }
             ),
@@ -140,6 +157,7 @@ impl Precision {
         for smooth_k in [false, true] {
             v.push(Precision::Nvfp4 { v: Nvfp4V::Bf16, smooth_k });
             v.push(Precision::Nvfp4 { v: Nvfp4V::Nvfp4, smooth_k });
+            v.push(Precision::Nvfp4 { v: Nvfp4V::Nvfp4P16, smooth_k });
         }
         for smooth_k in [false, true] {
             v.push(Precision::Mxfp4 { smooth_k });
@@ -166,6 +184,8 @@ impl Precision {
             Precision::F32 => Dtype::F32,
             Precision::Bf16 { .. } => Dtype::Bf16,
             Precision::Nvfp4 { v: Nvfp4V::Bf16, .. } | Precision::Mxfp4 { .. } => Dtype::Bf16,
+            // NVFP4 V, with NVFP4 or f16 P: f16 inputs.
+            Precision::Nvfp4 { v: Nvfp4V::Nvfp4 | Nvfp4V::Nvfp4P16, .. } => Dtype::F16,
             _ => Dtype::F16,
         }
     }
@@ -224,6 +244,11 @@ mod tests {
         assert_eq!(Precision::parse("int8"), Some(Precision::INT8_DEFAULT));
         assert_eq!(Precision::parse("fp8"), Some(Precision::FP8_DEFAULT));
         assert_eq!(Precision::parse("nvfp4"), Some(Precision::NVFP4_DEFAULT));
+        assert_eq!(Precision::parse("nvfp4-v4"), Some(Precision::Nvfp4 { v: Nvfp4V::Nvfp4, smooth_k: false }));
+        assert_eq!(Precision::parse("nvfp4-v4p16"), Some(Precision::Nvfp4 { v: Nvfp4V::Nvfp4P16, smooth_k: false }));
+        assert_eq!(Precision::parse("nvfp4-v4p16-smooth"), Some(Precision::Nvfp4 { v: Nvfp4V::Nvfp4P16, smooth_k: true }));
+        assert_eq!(Precision::Nvfp4 { v: Nvfp4V::Nvfp4P16, smooth_k: true }.input_dtype(), Dtype::F16);
+        assert_eq!(Precision::parse("nvfp4-p16"), None);
         assert_eq!(Precision::parse("mxfp4"), Some(Precision::Mxfp4 { smooth_k: false }));
         assert_eq!(Precision::parse("mxfp4-smooth"), Some(Precision::Mxfp4 { smooth_k: true }));
         assert_eq!(Precision::parse("f64"), None);

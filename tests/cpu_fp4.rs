@@ -4,6 +4,8 @@
 //! the plan's blocking (the same codes, the same tiles and roundings, so what is left is at most
 //! f32 rounding); the typed errors of the shapes and features it does not take.
 
+mod common;
+
 use quattn::metrics::{compare_lse, ErrorMetrics, Tolerance};
 use quattn::{
     inputs, reference, AttentionProblem, Device, Error, Family, HostSlice, KernelId, Layout, Nvfp4V, Precision, Session, Strategy, VarLen,
@@ -14,6 +16,7 @@ fn modes() -> Vec<Precision> {
     for smooth_k in [false, true] {
         v.push(Precision::Nvfp4 { v: Nvfp4V::Bf16, smooth_k });
         v.push(Precision::Nvfp4 { v: Nvfp4V::Nvfp4, smooth_k });
+        v.push(Precision::Nvfp4 { v: Nvfp4V::Nvfp4P16, smooth_k });
         v.push(Precision::Mxfp4 { smooth_k });
     }
     v
@@ -124,6 +127,42 @@ fn smoothing_on_the_cpu_kernel_helps_with_an_offset_k_channel() {
         println!("{plain} -> {smooth}: O rel-L2 {:.4} -> {:.4}, LSE max {:.4} -> {:.4}", o0.rel_l2, o1.rel_l2, l0.max_abs, l1.max_abs);
         assert!(o1.rel_l2 < o0.rel_l2, "{smooth}: {o1:?} vs {o0:?}");
         assert!(l1.max_abs < 0.5 * l0.max_abs, "{smooth}: LSE {l1:?} vs {l0:?}");
+    }
+}
+
+/// NVFP4 V with f16 P (`nvfp4-v4p16`) against NVFP4 V with NVFP4 P (`nvfp4-v4`) on the CPU
+/// kernel, on the same inputs (the same Q, K and V codes): against attention in f64 on the
+/// decoded codes, f16 P leaves only its own rounding (relative 2^-11 per probability) where
+/// NVFP4 P leaves its 4-bit error; against f64 on the inputs, f16 P is the closer of the two.
+#[test]
+fn f16_p_is_closer_to_f64_than_nvfp4_p_on_the_same_codes() {
+    let s = Session::new(Device::Cpu).unwrap();
+    let shapes = [
+        AttentionProblem::new(1, 4, 37, 64).kv_heads(2).kv_len(100),
+        AttentionProblem::new(2, 4, 29, 128).kv_heads(1).kv_len(300).causal(true),
+        AttentionProblem::new(1, 2, 8, 128).kv_len(1000),
+    ];
+    for (si, p) in shapes.into_iter().enumerate() {
+        let p = p.with_lse(true);
+        let (q, k, v) = inputs::qkv(&p, 4300 + si as u64);
+        let dt = Precision::Nvfp4 { v: Nvfp4V::Nvfp4P16, smooth_k: false }.input_dtype();
+        let (q, k, v) = (HostSlice::F32(&q).rounded_to(dt), HostSlice::F32(&k).rounded_to(dt), HostSlice::F32(&v).rounded_to(dt));
+        let r = reference::attention_f64(&p, &q, &k, &v).unwrap();
+        let (dq, dk, dv) = common::nvfp4_v_decoded(&p, &q, &k, &v);
+        let rd = reference::attention_f64(&p, &dq, &dk, &dv).unwrap();
+        let run = |v_fmt| {
+            let prec = Precision::Nvfp4 { v: v_fmt, smooth_k: false };
+            let plan = s.plan(&p, prec, Strategy::Auto).unwrap();
+            assert_eq!(plan.kernel, KernelId::CpuFp4 { precision: prec, head_dim: p.head_dim });
+            let out = s.run(&plan, &q, &k, &v).unwrap();
+            (ErrorMetrics::compare(&out.o, &r.o), ErrorMetrics::compare(&out.o, &rd.o))
+        };
+        let (p4, p4_codes) = run(Nvfp4V::Nvfp4);
+        let (p16, p16_codes) = run(Nvfp4V::Nvfp4P16);
+        println!("shape {si}: vs f64 rel-L2 P NVFP4 {:.4} P f16 {:.4}; vs f64 on the codes {:.2e} / {:.2e}", p4.rel_l2, p16.rel_l2, p4_codes.rel_l2, p16_codes.rel_l2);
+        assert!(p16_codes.rel_l2 < 1e-3, "shape {si}: f16 P vs attention on the codes {p16_codes:?}");
+        assert!(p4_codes.rel_l2 > 20.0 * p16_codes.rel_l2, "shape {si}: NVFP4 P {p4_codes:?} vs f16 P {p16_codes:?}");
+        assert!(p16.rel_l2 < p4.rel_l2 && p16.cos_sim > p4.cos_sim, "shape {si}: f16 P {p16:?} vs NVFP4 P {p4:?}");
     }
 }
 

@@ -11,10 +11,10 @@ use quattn::{Device, Precision, Strategy, WgpuAdapter};
 
 /// One precision per kernel and accumulation kind: f32; f16 and bf16 with f32 accumulation;
 /// f16 accumulation of Q·Kᵀ (two-stage) and of P·V (per tile); INT8 with and without
-/// smoothing; FP8 per tensor and per head; NVFP4 with bf16 V, and with NVFP4 V and K smoothing;
-/// MXFP4 with K smoothing.
+/// smoothing; FP8 per tensor and per head; NVFP4 with bf16 V, with NVFP4 V and K smoothing,
+/// and with NVFP4 V and f16 P; MXFP4 with K smoothing.
 fn precisions() -> Vec<Precision> {
-    ["f32", "f16", "bf16", "f16-2stage", "f16-pv16", "int8-block", "int8-warp-nosmooth", "fp8-e4m3", "fp8-e5m2-head", "nvfp4", "nvfp4-v4-smooth", "mxfp4-smooth"]
+    ["f32", "f16", "bf16", "f16-2stage", "f16-pv16", "int8-block", "int8-warp-nosmooth", "fp8-e4m3", "fp8-e5m2-head", "nvfp4", "nvfp4-v4-smooth", "nvfp4-v4p16", "mxfp4-smooth"]
         .iter()
         .map(|n| Precision::parse(n).unwrap_or_else(|| panic!("precision {n}")))
         .collect()
@@ -26,7 +26,7 @@ fn check(device: Device, reference: bool) {
     assert!(!plans.is_empty(), "{device} plans none of {:?}", precisions());
     if reference {
         // The CPU emulation of the modes no CPU kernel computes, and of the 4-bit ones.
-        for p in ["f16-acc16", "f16-pv16", "int8-block", "int8-thread-pvfp8", "fp8-e4m3-pfp8", "nvfp4", "nvfp4-v4", "mxfp4"] {
+        for p in ["f16-acc16", "f16-pv16", "int8-block", "int8-thread-pvfp8", "fp8-e4m3-pfp8", "nvfp4", "nvfp4-v4", "nvfp4-v4p16-smooth", "mxfp4"] {
             plans.push((Precision::parse(p).unwrap(), Strategy::Reference, format!("emulate_{p}")));
         }
     }

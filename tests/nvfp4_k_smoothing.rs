@@ -50,7 +50,7 @@ fn smoothing_reduces_the_nvfp4_error_on_keys_with_an_offset_channel() {
         let p = AttentionProblem::new(1, 4, 64, d).kv_heads(2).kv_len(256).with_lse(true);
         let (q, k, v) = inputs::qkv_k_outlier_channels(&p, seed, 8.0);
         let r = reference::attention_f64(&p, &q, &k, &v).unwrap();
-        for v_fmt in [Nvfp4V::Bf16, Nvfp4V::Nvfp4] {
+        for v_fmt in [Nvfp4V::Bf16, Nvfp4V::Nvfp4, Nvfp4V::Nvfp4P16] {
             let run = |smooth_k| {
                 let prec = Precision::Nvfp4 { v: v_fmt, smooth_k };
                 let e = emulate(&p, prec, &Blocking::default(), &q, &k, &v).unwrap();
@@ -61,7 +61,8 @@ fn smoothing_reduces_the_nvfp4_error_on_keys_with_an_offset_channel() {
             let (smooth, smooth_lse) = run(true);
             println!("d {d} v {v_fmt:?}: O rel-L2 {:.4} -> {:.4} (cos {:.5} -> {:.5}), LSE max {:.4} -> {:.4}",
                 plain.rel_l2, smooth.rel_l2, plain.cos_sim, smooth.cos_sim, plain_lse.max_abs, smooth_lse.max_abs);
-            // O's error also holds P's and V's rounding (4-bit with `v: Nvfp4`), which smoothing
+            // O's error also holds P's and V's rounding (4-bit V with `v: Nvfp4` and `Nvfp4P16`,
+            // 4-bit P with `Nvfp4`), which smoothing
             // does not touch: it must shrink, by how much depends on that share.
             assert!(smooth.rel_l2 < plain.rel_l2, "d {d} {v_fmt:?}: {smooth:?} vs unsmoothed {plain:?}");
             // The LSE depends on the logits alone (P's and V's formats do not enter it), so it

@@ -24,6 +24,8 @@ fn nvfp4_plans_on_the_4bit_kernel_and_follows_its_emulation() {
     let cases = [
         (AttentionProblem::new(1, 4, 5, 64).kv_heads(2).kv_len(100), Nvfp4V::Bf16, false),
         (AttentionProblem::new(1, 4, 5, 64).kv_heads(2).kv_len(100), Nvfp4V::Nvfp4, true),
+        (AttentionProblem::new(1, 4, 5, 64).kv_heads(2).kv_len(100), Nvfp4V::Nvfp4P16, false),
+        (AttentionProblem::new(1, 4, 37, 128).kv_heads(2).kv_len(61).causal(true), Nvfp4V::Nvfp4P16, true),
         (AttentionProblem::new(2, 2, 33, 64).kv_len(50).causal(true).layout(Layout::Bshd), Nvfp4V::Bf16, true),
     ];
     for (i, (p, v, smooth_k)) in cases.into_iter().enumerate() {
@@ -50,6 +52,52 @@ fn nvfp4_plans_on_the_4bit_kernel_and_follows_its_emulation() {
         let el: Vec<f64> = emu.lse.iter().map(|&x| x as f64).collect();
         let lm = compare_lse(out.lse.as_ref().unwrap(), &el).expect("LSE infinities match");
         assert!(lm.max_abs < 1e-4, "{} LSE vs emulation {lm:?}", plan.kernel);
+    }
+}
+
+/// NVFP4 V with f16 P (`nvfp4-v4p16`) on the portable 4-bit kernel: its own kernel variant
+/// (`v4p16` in the name), the same V buffers as `nvfp4-v4`; against attention in f64 on the
+/// decoded Q, K and V codes only P's f16 rounding is left (NVFP4 P leaves its 4-bit error), so
+/// against f64 on the inputs it is the closer of the two; each follows its own emulation.
+#[test]
+fn f16_p_with_nvfp4_v_is_closer_to_f64_than_nvfp4_p() {
+    let Some(s) = session() else { return };
+    let shapes = [
+        AttentionProblem::new(1, 4, 5, 64).kv_heads(2).kv_len(100),
+        AttentionProblem::new(1, 2, 40, 128).kv_len(333).causal(true),
+    ];
+    for (si, p) in shapes.into_iter().enumerate() {
+        let p = p.with_lse(true);
+        let (q, k, v) = inputs::qkv(&p, 2100 + si as u64);
+        let r = reference::attention_f64(&p, &q, &k, &v).unwrap();
+        let (dq, dk, dv) = common::nvfp4_v_decoded(&p, &q, &k, &v);
+        let rd = reference::attention_f64(&p, &dq, &dk, &dv).unwrap();
+        let run = |v_fmt| {
+            let prec = Precision::Nvfp4 { v: v_fmt, smooth_k: false };
+            let plan = s.plan(&p, prec, Strategy::Auto).unwrap();
+            assert_eq!(plan.family(), Family::Portable(PortableKind::Fp4), "{}", plan.kernel);
+            let quattn::KernelId::Portable { kernel, .. } = &plan.kernel else { panic!("{}", plan.kernel) };
+            let quattn_cubecl::PortableKernel::Fp4(t) = kernel else { panic!("{}", plan.kernel) };
+            let want = if v_fmt == Nvfp4V::Nvfp4P16 { Fp4V::Nvfp4P16 } else { Fp4V::Nvfp4 };
+            assert_eq!(t.v, want, "{}", plan.kernel);
+            let out = s.run(&plan, &q, &k, &v).unwrap();
+            let emu = quattn::emulation::emulate(&p, prec, &plan.blocking.unwrap(), &q, &k, &v).unwrap();
+            let e: Vec<f64> = emu.o.iter().map(|&x| x as f64).collect();
+            let me = ErrorMetrics::compare(&out.o, &e);
+            assert!(me.rel_l2 < 1e-4, "{} shape {si}: kernel vs emulation {me:?}", plan.kernel);
+            let m = ErrorMetrics::compare(&out.o, &r.o);
+            let ref_max = r.o.iter().fold(0.0f64, |a, &x| a.max(x.abs()));
+            let tol = Tolerance::for_precision(prec);
+            assert!(tol.accepts(&m, ref_max), "{} shape {si}: {m:?} vs {tol:?}", plan.kernel);
+            (kernel.name(), m, ErrorMetrics::compare(&out.o, &rd.o))
+        };
+        let (n4, p4, p4_codes) = run(Nvfp4V::Nvfp4);
+        let (n16, p16, p16_codes) = run(Nvfp4V::Nvfp4P16);
+        assert!(n16.contains("nvfp4_v4p16_") && n4.contains("nvfp4_v4_"), "{n4} / {n16}");
+        println!("shape {si}: vs f64 rel-L2 {n4} {:.4}, {n16} {:.4}; vs f64 on the codes {:.2e} / {:.2e}", p4.rel_l2, p16.rel_l2, p4_codes.rel_l2, p16_codes.rel_l2);
+        assert!(p16_codes.rel_l2 < 1e-3, "shape {si}: f16 P vs attention on the codes {p16_codes:?}");
+        assert!(p4_codes.rel_l2 > 20.0 * p16_codes.rel_l2, "shape {si}: NVFP4 P {p4_codes:?} vs f16 P {p16_codes:?}");
+        assert!(p16.rel_l2 < p4.rel_l2 && p16.cos_sim > p4.cos_sim, "shape {si}: f16 P {p16:?} vs NVFP4 P {p4:?}");
     }
 }
 
@@ -282,7 +330,7 @@ fn device_nvfp4_quantization_is_bit_exact_with_the_codec() {
 fn cuda_runs_the_portable_4bit_kernel_where_the_native_one_is_not() {
     let Some(s) = common::open(Device::Cuda(0)) else { return };
     let p = AttentionProblem::new(1, 4, 5, 64).kv_heads(2).kv_len(100).with_lse(true);
-    for (v, smooth_k) in [(Nvfp4V::Bf16, false), (Nvfp4V::Nvfp4, true)] {
+    for (v, smooth_k) in [(Nvfp4V::Bf16, false), (Nvfp4V::Nvfp4, true), (Nvfp4V::Nvfp4P16, false)] {
         let prec = Precision::Nvfp4 { v, smooth_k };
         let plan = s.plan(&p, prec, Strategy::Auto).unwrap();
         if plan.family() != Family::Portable(PortableKind::Fp4) {
@@ -368,12 +416,12 @@ fn pre_quantized_nvfp4_codes_on_the_device_match_the_host_path() {
     }
     let tv = Nvfp4Tensor::quantize(&vt, p.batch * p.kv_heads * dv, v_cols).unwrap();
     let v_bf16: Vec<u8> = v.iter().flat_map(|&x| half::bf16::from_f32(x).to_bits().to_le_bytes()).collect();
-    for v_mode in [Nvfp4V::Bf16, Nvfp4V::Nvfp4] {
+    for v_mode in [Nvfp4V::Bf16, Nvfp4V::Nvfp4, Nvfp4V::Nvfp4P16] {
         let plan = s.plan(&p, Precision::Nvfp4 { v: v_mode, smooth_k: false }, Strategy::Auto).unwrap();
         let host = s.run(&plan, &q, &k, &v).unwrap();
         let (hv, hvs, ts_v) = match v_mode {
             Nvfp4V::Bf16 => (words(&v_bf16), None, scalar(1.0)),
-            Nvfp4V::Nvfp4 => (words(&tv.packed), Some(words(&tv.block_scales)), scalar(tv.tensor_scale)),
+            Nvfp4V::Nvfp4 | Nvfp4V::Nvfp4P16 => (words(&tv.packed), Some(words(&tv.block_scales)), scalar(tv.tensor_scale)),
         };
         let o = client.create_from_slice(bytemuck::cast_slice(&vec![f32::NAN; p.o_len_elems()]));
         let lse = client.create_from_slice(bytemuck::cast_slice(&vec![f32::NAN; p.lse_len_elems()]));
@@ -396,7 +444,7 @@ fn pre_quantized_nvfp4_codes_on_the_device_match_the_host_path() {
         assert!(lse.iter().zip(host.lse.as_ref().unwrap()).all(|(a, b)| a.to_bits() == b.to_bits()), "{v_mode:?}: LSE differs");
 
         // A V scale buffer one word short.
-        if let Some(short) = v_mode.eq(&Nvfp4V::Nvfp4).then(|| words(&tv.block_scales[..tv.block_scales.len() - 4])) {
+        if let Some(short) = v_mode.is_4bit().then(|| words(&tv.block_scales[..tv.block_scales.len() - 4])) {
             let out = client.empty(p.o_len_elems() * 4);
             let err = s.run_cubecl_fp4::<WgpuRuntime>(&plan, Fp4Tensors { v_scales: Some(&short), o: &out, ..t }).unwrap_err();
             assert!(matches!(err, Error::BufferLength { .. }), "{err}");

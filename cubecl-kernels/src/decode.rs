@@ -1261,7 +1261,8 @@ pub(crate) fn select_fp8_decode<R: Runtime>(client: &ComputeClient<R>, args: &Ar
 pub const FP4_MMA_CUBES_PER_SM: u32 = 2;
 
 /// The 4-bit MMA decode kernel's configuration of tiling `t` (which must be `DecodeTiling::Mma`
-/// with [`FP4_DECODE_STEPS`] key steps) for NVFP4 Q, K and `Vᵀ` (P NVFP4 or f16), or why not.
+/// with [`FP4_DECODE_STEPS`] key steps) for NVFP4 Q, K and `Vᵀ` (P NVFP4 with `Fp4V::Nvfp4`,
+/// f16 with `Fp4V::Nvfp4P16`), or why not.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn fp4_decode_config(
     t: &DecodeTiles,
@@ -1273,7 +1274,7 @@ pub(crate) fn fp4_decode_config(
     write_lse: bool,
     shift_lse: bool,
 ) -> Result<Fp4DecodeConfig, String> {
-    if format != crate::Fp4Format::Nvfp4 || v != crate::Fp4V::Nvfp4 {
+    if format != crate::Fp4Format::Nvfp4 || !v.is_4bit() {
         return Err("the 4-bit MMA decode kernel reads NVFP4 Q, K and V".into());
     }
     let DecodeTiling::Mma(m) = t.tiling else {
@@ -1433,6 +1434,21 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The 4-bit MMA decode kernel takes NVFP4 Q, K and `Vᵀ` with either P (its `p_nvfp4` says
+    /// which) and nothing else.
+    #[test]
+    fn fp4_decode_config_takes_nvfp4_v_with_either_p() {
+        let tiling = DecodeTiling::Mma(MmaDecodeTiles { rows: 4, warps: 4, steps: FP4_DECODE_STEPS as u32 });
+        let t = DecodeTiles { tiling, splits: 1, keys_per_split: 0 };
+        let cfg = |format, v| fp4_decode_config(&t, 128, 128, format, v, false, true, false);
+        let nv = crate::Fp4Format::Nvfp4;
+        assert!(cfg(nv, crate::Fp4V::Nvfp4).unwrap().p_nvfp4);
+        assert!(!cfg(nv, crate::Fp4V::Nvfp4P16).unwrap().p_nvfp4);
+        assert!(cfg(nv, crate::Fp4V::Bf16).is_err());
+        assert!(cfg(crate::Fp4Format::Mxfp4, crate::Fp4V::Nvfp4).is_err());
+        assert!(cfg(crate::Fp4Format::Mxfp4, crate::Fp4V::Nvfp4P16).is_err());
     }
 
     #[test]

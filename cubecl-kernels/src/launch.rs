@@ -265,6 +265,16 @@ pub enum Fp4V {
     /// NVFP4 `Vᵀ`: per (batch, kv head, channel) a row of the keys padded to a multiple of 16,
     /// one UE4M3 scale per 16 keys, one tensor scale; P quantized to NVFP4 per 16 keys.
     Nvfp4,
+    /// NVFP4 `Vᵀ` as for [`Fp4V::Nvfp4`] (the same buffers); P rounded to f16 (round to nearest
+    /// even), P·V accumulated in f32.
+    Nvfp4P16,
+}
+
+impl Fp4V {
+    /// V is NVFP4 `Vᵀ` (either P format) rather than bf16.
+    pub const fn is_4bit(self) -> bool {
+        matches!(self, Fp4V::Nvfp4 | Fp4V::Nvfp4P16)
+    }
 }
 
 /// The 4-bit operands of [`launch_fp4`] (layouts in `fma_vec_fp4`'s docs; every byte buffer is
@@ -371,6 +381,7 @@ impl PortableKernel {
                 let v = match f.v {
                     Fp4V::Bf16 => "vbf16",
                     Fp4V::Nvfp4 => "v4",
+                    Fp4V::Nvfp4P16 => "v4p16",
                 };
                 match f.decode {
                     Some(d) => format!("portable_decode_mma_{format}_{v}{mid}_{d}"),
@@ -521,8 +532,9 @@ impl PortableKernel {
             }
             PortableKernel::Fp4(f) => {
                 f.tiles.validate(head_dim, v_head_dim)?;
-                // P and Vᵀ are quantized in 16-key blocks that must not straddle KV tiles.
-                if f.v == Fp4V::Nvfp4 && !(f.tiles.bk as usize).is_multiple_of(P_BLOCK) {
+                // Vᵀ is staged in whole 16-key blocks (and NVFP4 P quantized in them), which must
+                // not straddle KV tiles.
+                if f.v.is_4bit() && !(f.tiles.bk as usize).is_multiple_of(P_BLOCK) {
                     return Err(LaunchError::InvalidTiles {
                         tiles: f.tiles.to_string(),
                         reason: format!("4-bit V needs bk % {P_BLOCK} == 0"),
@@ -2141,7 +2153,7 @@ pub fn fp4_operand_bytes(shape: &AttentionShape, format: Fp4Format, v: Fp4V) -> 
     let kv_rows = args.batch as u64 * args.kv_heads as u64 * args.kv_len as u64;
     let (v_bytes, v_scale_bytes) = match v {
         Fp4V::Bf16 => (kv_rows * dv * 2, 0),
-        Fp4V::Nvfp4 => {
+        Fp4V::Nvfp4 | Fp4V::Nvfp4P16 => {
             let cols = (args.kv_len as u64).div_ceil(P_BLOCK as u64) * P_BLOCK as u64;
             let rows = args.batch as u64 * args.kv_heads as u64 * dv;
             (rows * cols / 2, rows * cols / P_BLOCK as u64)
@@ -2150,7 +2162,8 @@ pub fn fp4_operand_bytes(shape: &AttentionShape, format: Fp4Format, v: Fp4V) -> 
     Ok([q_rows * d / 2, q_rows * d / block, kv_rows * d / 2, kv_rows * d / block, v_bytes, v_scale_bytes])
 }
 
-/// Attention on 4-bit Q and K (and V, with [`Fp4V::Nvfp4`]), decoded as they are staged:
+/// Attention on 4-bit Q and K (and V, with [`Fp4V::Nvfp4`] or [`Fp4V::Nvfp4P16`]), decoded as
+/// they are staged:
 /// `O = softmax(scale · Q·Kᵀ) · V` in f32 (O's strides from `shape`, 4 bytes per element), LSE
 /// f32 `[batch, q_heads, q_len]` when `shape.write_lse`. `kernel` from [`select_fp4`]. Every
 /// operand is checked to cover its layout before anything is enqueued; code and scale values
@@ -2195,7 +2208,7 @@ pub fn launch_fp4<R: Runtime>(
     };
     // The running max always moves: see `fma_vec_fp4`.
     let cfg = fma_vec_config(&fp4.tiles, &args, false, info.plane_reduce);
-    let fcfg = Fp4Config { mx: fp4.format == Fp4Format::Mxfp4, v4: fp4.v == Fp4V::Nvfp4, shift_lse };
+    let fcfg = Fp4Config { mx: fp4.format == Fp4Format::Mxfp4, v4: fp4.v.is_4bit(), p16: fp4.v == Fp4V::Nvfp4P16, shift_lse };
     let shift = match ops.lse_shift {
         // SAFETY: checked above to hold `lse_len` floats.
         Some(h) if shift_lse => unsafe { float_arg(h, args.lse_len()) },
@@ -2204,7 +2217,7 @@ pub fn launch_fp4<R: Runtime>(
     };
     let v_words = match fp4.v {
         Fp4V::Bf16 => 0,
-        Fp4V::Nvfp4 => args.kv_len.div_ceil(P_BLOCK as u32) * (P_BLOCK / 8) as u32,
+        Fp4V::Nvfp4 | Fp4V::Nvfp4P16 => args.kv_len.div_ceil(P_BLOCK as u32) * (P_BLOCK / 8) as u32,
     };
     log::debug!("launching {} {fcfg:?} for {args:?}", info.kernel);
     // SAFETY: each handle was checked to hold `words(bytes)` words; the kernel reads whole words

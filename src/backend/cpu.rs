@@ -20,7 +20,7 @@ use rayon::prelude::*;
 
 use super::{Backend, ResidentData};
 use crate::error::{Error, Result};
-use crate::codec::float16::round_bf16;
+use crate::codec::float16::{round_bf16, round_f16};
 use crate::codec::fp4::{e2m1, BlockScaled4};
 use crate::codec::fp8::{self, ue4m3};
 use crate::codec::fp8_scaled::{DescaleLayout, Fp8Tensor};
@@ -77,8 +77,11 @@ struct Fp4Inputs<T> {
 enum Fp4Values {
     /// V in bf16, in the problem's layout.
     Bf16(Vec<half::bf16>),
-    /// Vᵀ in NVFP4 (`emulation::values::quantize_vt_nvfp4`): channel rows over the keys.
+    /// Vᵀ in NVFP4 (`emulation::values::quantize_vt_nvfp4`): channel rows over the keys; P
+    /// quantized to NVFP4.
     Nvfp4(Nvfp4Tensor),
+    /// Vᵀ as for `Nvfp4`; P rounded to f16.
+    Nvfp4P16(Nvfp4Tensor),
 }
 
 /// The CPU's dispatch table: the float kernel, the FP8 kernel, the 4-bit kernel.
@@ -181,15 +184,15 @@ impl Backend for CpuBackend {
             KernelId::CpuFp4 { precision, .. } => {
                 let dtype = precision.input_dtype();
                 let (q, k, v) = (q.rounded_to(dtype), k.rounded_to(dtype), v.rounded_to(dtype));
-                let (smooth_k, v4) = match precision {
-                    Precision::Nvfp4 { v, smooth_k } => (smooth_k, v == Nvfp4V::Nvfp4),
-                    Precision::Mxfp4 { smooth_k } => (smooth_k, false),
+                let (smooth_k, v_format) = match precision {
+                    Precision::Nvfp4 { v, smooth_k } => (smooth_k, v),
+                    Precision::Mxfp4 { smooth_k } => (smooth_k, Nvfp4V::Bf16),
                     _ => return Err(super::foreign(plan)),
                 };
-                let values = if v4 {
-                    Fp4Values::Nvfp4(crate::emulation::quantize_vt_nvfp4(p, &v)?)
-                } else {
-                    Fp4Values::Bf16(v.iter().map(|&x| half::bf16::from_f32(x)).collect())
+                let values = match v_format {
+                    Nvfp4V::Bf16 => Fp4Values::Bf16(v.iter().map(|&x| half::bf16::from_f32(x)).collect()),
+                    Nvfp4V::Nvfp4 => Fp4Values::Nvfp4(crate::emulation::quantize_vt_nvfp4(p, &v)?),
+                    Nvfp4V::Nvfp4P16 => Fp4Values::Nvfp4P16(crate::emulation::quantize_vt_nvfp4(p, &v)?),
                 };
                 match precision {
                     Precision::Mxfp4 { .. } => Inputs::Mxfp4(Fp4Inputs::new(p, smooth_k, &q, &k, values, Mxfp4Tensor::quantize)?),
@@ -436,7 +439,8 @@ fn decode_codes(bytes: &[u8], pairs: &[[f32; 2]; 256], out: &mut [f32]) {
 /// bf16 V: P rounded to bf16, products summed per `k_step` keys into the rescaled f32
 /// accumulator; NVFP4 V: P quantized per 16-key block with the fixed tensor scale
 /// `tensor_scale_for(1.0)`, per block `(sp · sv) · Σ e2m1·e2m1`, the tile's sum times both tensor
-/// scales. LSE `m · scale + ln l` plus the smoothing shift.
+/// scales; NVFP4 V with f16 P: per stretch of the tile's keys in one V block `sv · Σ p16·e2m1`,
+/// the tile's sum times V's tensor scale. LSE `m · scale + ln l` plus the smoothing shift.
 fn forward_fp4<T: BlockScaled4 + Sync>(p: &AttentionProblem, blocking: &Blocking, x: &Fp4Inputs<T>, o: &mut [f32], lse: &mut [f32]) {
     let pairs = e2m1_pairs();
     let scale_of: [f32; 256] = std::array::from_fn(|c| T::decode_scale(c as u8));
@@ -526,6 +530,27 @@ fn forward_fp4<T: BlockScaled4 + Sync>(p: &AttentionProblem, blocking: &Blocking
                                 }
                             }
                             let f = p_ts * vt.tensor_scale;
+                            acc.iter_mut().zip(tile_sum.iter()).for_each(|(a, t)| *a = *a * alpha + t * f);
+                        }
+                        Fp4Values::Nvfp4P16(vt) => {
+                            let nbv = vt.cols / nvfp4::BLOCK;
+                            pr[..n].iter_mut().for_each(|x| *x = round_f16(*x));
+                            tile_sum.fill(0.0);
+                            let mut ve = [0.0f32; nvfp4::BLOCK];
+                            let mut start = 0;
+                            while start < n {
+                                let blk = (k0 + start) / nvfp4::BLOCK;
+                                let end = ((blk + 1) * nvfp4::BLOCK - k0).min(n);
+                                let (ps, off) = (&pr[start..end], (k0 + start) % nvfp4::BLOCK);
+                                for (ch, t) in tile_sum.iter_mut().enumerate() {
+                                    let row = (b * p.kv_heads + kvh) * dv + ch;
+                                    decode_codes(&vt.packed[(row * vt.cols + blk * nvfp4::BLOCK) / 2..][..nvfp4::BLOCK / 2], &pairs, &mut ve);
+                                    let inner = ps.iter().zip(&ve[off..]).fold(0.0f32, |a, (x, y)| a + x * y);
+                                    *t += ue4m3_of[vt.block_scales[row * nbv + blk] as usize] * inner;
+                                }
+                                start = end;
+                            }
+                            let f = vt.tensor_scale;
                             acc.iter_mut().zip(tile_sum.iter()).for_each(|(a, t)| *a = *a * alpha + t * f);
                         }
                     }

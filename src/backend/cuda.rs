@@ -1563,7 +1563,9 @@ pub(crate) struct Nvfp4Native {
 /// 4-bit row), unsmoothed K (the kernel has no LSE shift; the portable 4-bit kernel smooths),
 /// head dims the kernel was built for, and shapes its launcher and the prepass accept. V in
 /// bf16 runs the bf16 HMMA P·V with the conditional rescale; V in NVFP4 the block-scaled P·V
-/// (no rescale: P's fixed tensor scale needs p ≤ 1) on f16 inputs, as `input_dtype` says.
+/// (no rescale: P's fixed tensor scale needs p ≤ 1) on f16 inputs, as `input_dtype` says. NVFP4
+/// V with f16 P (`Nvfp4V::Nvfp4P16`) has no variant of the kernel: a typed refusal that Auto
+/// passes over to the portable 4-bit row.
 pub(crate) fn nvfp4_native_decision(
     cc: (u32, u32),
     problem: &AttentionProblem,
@@ -1583,6 +1585,19 @@ pub(crate) fn nvfp4_native_decision(
     let Precision::Nvfp4 { v, smooth_k } = precision else {
         return not_applicable(format!("the native NVFP4 kernel computes NVFP4 Q/K, not {precision}"));
     };
+    let (pv, rescale) = match v {
+        crate::Nvfp4V::Bf16 => (PvMode::Half { bf16: true }, true),
+        crate::Nvfp4V::Nvfp4 => (PvMode::Fp4, false),
+        crate::Nvfp4V::Nvfp4P16 => {
+            return Err(Reject::Refused(Error::UnsupportedPrecision {
+                precision,
+                device: format!("CUDA compute capability {}.{}", cc.0, cc.1),
+                reason: "no native kernel for NVFP4 V with f16 P: the block-scaled kernel (fwd_nvfp4_*) takes bf16 V and P \
+                         or NVFP4 V and P; the portable 4-bit kernel (Strategy::Portable, Auto's next 4-bit row) runs it"
+                    .into(),
+            }))
+        }
+    };
     if !Nvfp4Config::supported(cc) {
         return not_applicable(format!(
             "the block-scaled NVFP4 kernel needs compute capability 12.0 (sm_120a), this device is {}.{}",
@@ -1593,10 +1608,6 @@ pub(crate) fn nvfp4_native_decision(
         return not_applicable("the sm_120a NVFP4 kernel does not smooth K (no LSE shift); the portable 4-bit kernel does");
     }
     let na = |e: quattn_native::NativeError| Reject::NotApplicable(e.to_string());
-    let (pv, rescale) = match v {
-        crate::Nvfp4V::Bf16 => (PvMode::Half { bf16: true }, true),
-        crate::Nvfp4V::Nvfp4 => (PvMode::Fp4, false),
-    };
     let kernel = Nvfp4Config::new(problem.head_dim, pv, rescale, 0).map_err(na)?;
     let shape = problem.shape();
     kernel.validate_args(&shape).map_err(na)?;
@@ -1779,9 +1790,9 @@ mod tests {
     /// compute capability `cc`: the native NVFP4 row decides with its real decision (it needs no
     /// device); the portable 4-bit row, whose test needs a CubeCL client, is stood in for by
     /// one that takes the 4-bit modes (`fp4_row`'s own planning is exercised on wgpu); every
-    /// other row does not apply. MXFP4 passes the native row's typed refusal and lands on the
-    /// portable kernel on every compute capability; NVFP4 stays native on 12.0 only. Forcing the
-    /// native family is the typed refusal naming the missing kernel.
+    /// other row does not apply. MXFP4 and NVFP4 with f16 P pass the native row's typed refusal
+    /// and land on the portable kernel on every compute capability; NVFP4 stays native on 12.0
+    /// only. Forcing the native family is the typed refusal naming the missing kernel.
     #[test]
     fn mxfp4_falls_through_the_native_refusal_to_the_portable_4bit_kernel() {
         fn row_test(cc: &(u32, u32), p: &AttentionProblem, prec: Precision, family: Family) -> std::result::Result<Choice, Reject> {
@@ -1835,6 +1846,20 @@ mod tests {
             let chosen = rows.iter().filter(|r| r.family.allowed_by(Strategy::Auto)).nth(planned.rejected.len()).unwrap().family;
             let want = if cc == (12, 0) { Family::Native(NativeKind::Nvfp4) } else { fp4 };
             assert_eq!(chosen, want, "{cc:?} NVFP4");
+            // NVFP4 V with f16 P has no native kernel: the portable 4-bit row on every compute
+            // capability, and forcing the native family is the typed refusal naming it.
+            for smooth_k in [false, true] {
+                let p16 = Precision::Nvfp4 { v: Nvfp4V::Nvfp4P16, smooth_k };
+                let planned = registry::walk(&rows, &cc, "cuda", &p, p16, Strategy::Auto).unwrap();
+                let chosen = rows.iter().filter(|r| r.family.allowed_by(Strategy::Auto)).nth(planned.rejected.len()).unwrap().family;
+                assert_eq!(chosen, fp4, "{cc:?} {p16}");
+                let native = planned.rejected.iter().find(|(f, _)| *f == Family::Native(NativeKind::Nvfp4)).expect("the native row was tried");
+                assert!(native.1.contains("f16 P"), "{}", native.1);
+                match registry::walk(&rows, &cc, "cuda", &p, p16, Strategy::Native(NativeKind::Nvfp4)) {
+                    Err(Error::UnsupportedStrategy { reason, .. }) => assert!(reason.contains("f16 P"), "{reason}"),
+                    other => panic!("{cc:?} {p16}: {:?}", other.map(|p| p.choice.kernel)),
+                }
+            }
         }
     }
 
@@ -1861,6 +1886,14 @@ mod tests {
         let d32 = AttentionProblem::new(1, 1, 16, 32);
         assert!(matches!(nvfp4_native_decision((12, 0), &d32, prec), Err(Reject::NotApplicable(_))));
         assert!(matches!(nvfp4_native_decision((12, 0), &p, Precision::F16_DEFAULT), Err(Reject::NotApplicable(_))));
+        // NVFP4 V with f16 P has no variant of the kernel: a typed refusal naming it, also on
+        // 12.0, where the same shape with NVFP4 P is native.
+        for cc in [(12, 0), (9, 0)] {
+            match nvfp4_native_decision(cc, &p, Precision::Nvfp4 { v: Nvfp4V::Nvfp4P16, smooth_k: false }) {
+                Err(Reject::Refused(Error::UnsupportedPrecision { reason, .. })) => assert!(reason.contains("f16 P"), "{reason}"),
+                other => panic!("{cc:?}: {:?}", other.map(|d| d.kernel)),
+            }
+        }
         // MXFP4 has no native kernel on any compute capability: a typed refusal naming it.
         for cc in [(12, 0), (9, 0)] {
             match nvfp4_native_decision(cc, &p, Precision::Mxfp4 { smooth_k: false }) {

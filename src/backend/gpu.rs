@@ -12,7 +12,7 @@
 //! descales ([`crate::Session::run_cubecl_fp8`]); the kernel decodes as it stages.
 //!
 //! `Nvfp4` runs on the 4-bit kernel: at upload the host path gathers Q and K (and, for
-//! `Nvfp4V::Nvfp4`, V transposed to key-axis rows) from the values rounded to the mode's input
+//! `Nvfp4V::Nvfp4` and `Nvfp4V::Nvfp4P16`, V transposed to key-axis rows) from the values rounded to the mode's input
 //! type, as the emulation does, and the CubeCL NVFP4 quantization kernel
 //! ([`quattn_cubecl::quantize_nvfp4`], bit-exact with [`crate::codec::nvfp4`]) turns them into
 //! codes and scales on the device; bf16 V is uploaded as bf16 bits. `Mxfp4` runs on the same
@@ -308,13 +308,15 @@ impl<R: Runtime> CubeclBackend<R> {
         Ok(Choice { kernel: KernelId::Portable { kernel, name }, blocking: Some(blocking) })
     }
 
-    /// NVFP4 Q/K with bf16 or NVFP4 V, or MXFP4 Q/K with bf16 V: the 4-bit kernel (O in f32).
+    /// NVFP4 Q/K with bf16 or NVFP4 V (NVFP4 or f16 P), or MXFP4 Q/K with bf16 V: the 4-bit
+    /// kernel (O in f32).
     /// Its tiles set the P·V steps (one online-softmax step and P's 16-key blocks per KV tile),
     /// which the plan's blocking records for the emulation.
     pub(crate) fn fp4_row(&self, problem: &AttentionProblem, precision: Precision) -> std::result::Result<Choice, Reject> {
         let (format, fv) = match precision {
             Precision::Nvfp4 { v: Nvfp4V::Bf16, .. } => (quattn_cubecl::Fp4Format::Nvfp4, quattn_cubecl::Fp4V::Bf16),
             Precision::Nvfp4 { v: Nvfp4V::Nvfp4, .. } => (quattn_cubecl::Fp4Format::Nvfp4, quattn_cubecl::Fp4V::Nvfp4),
+            Precision::Nvfp4 { v: Nvfp4V::Nvfp4P16, .. } => (quattn_cubecl::Fp4Format::Nvfp4, quattn_cubecl::Fp4V::Nvfp4P16),
             Precision::Mxfp4 { .. } => (quattn_cubecl::Fp4Format::Mxfp4, quattn_cubecl::Fp4V::Bf16),
             _ => return not_applicable(format!("{precision} is not a 4-bit mode")),
         };
@@ -552,7 +554,7 @@ impl<R: Runtime> CubeclBackend<R> {
         let tk = quantize(&k, p.batch * p.kv_heads * p.kv_len, d)?;
         let (v_handle, v_scales, ts_v) = match fp4.v {
             quattn_cubecl::Fp4V::Bf16 => bf16_v(),
-            quattn_cubecl::Fp4V::Nvfp4 => {
+            quattn_cubecl::Fp4V::Nvfp4 | quattn_cubecl::Fp4V::Nvfp4P16 => {
                 let cols = p.kv_len.div_ceil(16) * 16;
                 let rows = p.batch * p.kv_heads * dv;
                 let mut vt = vec![0.0f32; rows * cols];

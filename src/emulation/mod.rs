@@ -59,7 +59,10 @@
 //!   key axis padded with zeros to a multiple of 16; one tensor scale); P in NVFP4 with 16-key
 //!   blocks per row and the fixed tensor scale `tensor_scale_for(1.0) = 1/2688`, valid because
 //!   `p ≤ 1`; per block `(sp · sv) · Σ e2m1·e2m1`, summed in f32 over the tile, times
-//!   `ts_p · ts_v` (`block_k % 16 == 0`). With `smooth_k`, K − μ is quantized (μ and the
+//!   `ts_p · ts_v` (`block_k % 16 == 0`). `v: Nvfp4P16`: V as for `v: Nvfp4` (the same
+//!   codes), P rounded to f16; per stretch of a tile's keys inside one 16-key block of V,
+//!   `sv · Σ p16·e2m1` (exact products, summed in f32 in key order), summed in f32 over the
+//!   tile, times `ts_v` (any `block_k`). With `smooth_k`, K − μ is quantized (μ and the
 //!   subtraction as [`crate::codec::int8::smooth_k`]) and the LSE gets `scale · (q · μ)` back
 //!   ([`crate::codec::int8::lse_shift`], q the input-rounded Q), as for INT8.
 //! * `Mxfp4`: Q and K as [`crate::codec::mxfp4`] along the head dim (E8M0 scale per 32, no
@@ -173,6 +176,8 @@ impl Blocking {
                         supported: (1..=16).map(|i| 16 * i).collect(),
                     });
                 }
+                // NVFP4 P takes its 16-key scale blocks per tile; f16 P has none (V's blocks
+                // are indexed by key, so tiles may cut them).
                 if v == Nvfp4V::Nvfp4 && !self.block_k.is_multiple_of(16) {
                     return Err(Error::Quantization(format!(
                         "NVFP4 P·V needs block_k % 16 == 0 (16-key scale blocks), got {}",

@@ -211,6 +211,8 @@ fn invalid_inputs_give_typed_errors() {
     assert!(emulate(&p16, Precision::F32, &zero, &x16.0, &x16.1, &x16.2).is_err());
     let odd = Blocking { block_k: 24, ..Blocking::default() };
     assert!(emulate(&p16, Precision::Nvfp4 { v: Nvfp4V::Nvfp4, smooth_k: false }, &odd, &x16.0, &x16.1, &x16.2).is_err());
+    // f16 P has no 16-key blocks of its own: the same V codes on tiles that cut V's blocks.
+    assert!(emulate(&p16, Precision::Nvfp4 { v: Nvfp4V::Nvfp4P16, smooth_k: false }, &odd, &x16.0, &x16.1, &x16.2).is_ok());
     let chunk = Blocking { qk_chunk: 24, ..Blocking::default() };
     let two = Precision::F16 { qk: QkAccum::TwoStage, pv: PvAccum::F32 };
     assert!(emulate(&p16, two, &chunk, &x16.0, &x16.1, &x16.2).is_err());
@@ -325,6 +327,42 @@ fn nvfp4_equals_attention_on_dequantized_inputs() {
     let (o_ref, lse_ref) = reference(&p, &deq(&x.0), &deq(&x.1), &round_bf16_vec(&x.2));
     let (eo, el) = (rel_l2(&out.o, &o_ref), lse_err(&out.lse, &lse_ref));
     assert!(eo < 8e-3 && el < 1e-4, "o {eo:e} lse {el:e}");
+}
+
+/// NVFP4 V with f16 P equals f64 attention on the dequantized Q, K and V (V quantized along the
+/// keys, `quantize_vt_nvfp4`) up to P's f16 rounding, on KV tiles of 16, 32 and 24 keys (the
+/// last cut V's 16-key blocks); NVFP4 P on the same codes is far from it.
+#[test]
+fn nvfp4_v_with_f16_p_equals_attention_on_dequantized_inputs() {
+    let p = AttentionProblem::new(1, 2, 40, 32).kv_len(45).causal(true);
+    let x = inputs(&p, 215);
+    let (q, k, v) = (round_f16_vec(&x.0), round_f16_vec(&x.1), round_f16_vec(&x.2));
+    let deq = |r: &[f32]| Nvfp4Tensor::quantize(r, r.len() / 32, 32).unwrap().dequantize();
+    let t = quantize_vt_nvfp4(&p, &v).unwrap();
+    let vt = t.dequantize();
+    let mut dv = vec![0.0f32; v.len()];
+    let st = p.v_strides();
+    for h in 0..p.kv_heads {
+        for j in 0..p.kv_len {
+            for c in 0..32 {
+                dv[st.offset(0, h, j) + c] = vt[(h * 32 + c) * t.cols + j];
+            }
+        }
+    }
+    let (o_ref, lse_ref) = reference(&p, &deq(&q), &deq(&k), &dv);
+    let prec = Precision::Nvfp4 { v: Nvfp4V::Nvfp4P16, smooth_k: false };
+    for block_k in [16, 32, 24] {
+        let blk = Blocking { block_k, ..small_blocking() };
+        let out = emulate(&p, prec, &blk, &x.0, &x.1, &x.2).unwrap();
+        let (eo, el) = (rel_l2(&out.o, &o_ref), lse_err(&out.lse, &lse_ref));
+        assert!(eo < 1e-3 && el < 1e-5, "block_k {block_k}: o {eo:e} lse {el:e}");
+    }
+    let p4 = emulate(&p, Precision::Nvfp4 { v: Nvfp4V::Nvfp4, smooth_k: false }, &small_blocking(), &x.0, &x.1, &x.2).unwrap();
+    let p16 = emulate(&p, prec, &small_blocking(), &x.0, &x.1, &x.2).unwrap();
+    let (e4, e16) = (rel_l2(&p4.o, &o_ref), rel_l2(&p16.o, &o_ref));
+    assert!(e4 > 20.0 * e16, "NVFP4 P {e4:e} vs f16 P {e16:e}");
+    // The LSE does not see P's format.
+    assert_eq!(p4.lse, p16.lse);
 }
 
 /// MXFP4 Q·K with bf16 P·V equals f64 attention on the dequantized Q, K (the codec's decode of

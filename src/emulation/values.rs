@@ -50,8 +50,17 @@ pub(super) enum ValuePlan {
     /// `per_tile`) before it is added to the accumulator.
     Scaled { pq: PQuant, v: Vec<f32>, factors: Vec<f32>, tiles: usize, per_tile: bool },
     /// V transposed to channel rows `[(b · kv_heads + kvh) · v_head_dim + c]` of the key sequence
-    /// padded to a multiple of 16, in NVFP4; P quantized per tile in 16-key blocks.
-    Nvfp4 { v: Decoded4, cols: usize, p_tensor_scale: f32 },
+    /// padded to a multiple of 16, in NVFP4; P as `p` says.
+    Nvfp4 { v: Decoded4, cols: usize, p: Nvfp4P },
+}
+
+/// P of the NVFP4-V modes.
+#[derive(Clone, Copy)]
+pub(super) enum Nvfp4P {
+    /// NVFP4, quantized per tile in 16-key blocks with this fixed tensor scale.
+    Nvfp4 { tensor_scale: f32 },
+    /// Rounded to f16.
+    F16,
 }
 
 impl ValuePlan {
@@ -98,9 +107,13 @@ impl ValuePlan {
                 let v = (0..t.codes.len()).map(|i| t.raw(i)).collect();
                 ValuePlan::Scaled { pq, v, factors, tiles, per_tile: true }
             }
-            Precision::Nvfp4 { v: Nvfp4V::Nvfp4, .. } => {
+            Precision::Nvfp4 { v: v_format @ (Nvfp4V::Nvfp4 | Nvfp4V::Nvfp4P16), .. } => {
                 let t = quantize_vt_nvfp4(problem, &v)?;
-                ValuePlan::Nvfp4 { v: Decoded4::new(&t), cols: t.cols, p_tensor_scale: nvfp4::tensor_scale_for(1.0) }
+                let p = match v_format {
+                    Nvfp4V::Nvfp4P16 => Nvfp4P::F16,
+                    _ => Nvfp4P::Nvfp4 { tensor_scale: nvfp4::tensor_scale_for(1.0) },
+                };
+                ValuePlan::Nvfp4 { v: Decoded4::new(&t), cols: t.cols, p }
             }
         })
     }
@@ -170,8 +183,31 @@ impl ValuePlan {
                     *a = *a * alpha + s * f;
                 }
             }
-            ValuePlan::Nvfp4 { v, cols, p_tensor_scale } => {
-                let ts = *p_tensor_scale;
+            ValuePlan::Nvfp4 { v, cols, p: Nvfp4P::F16 } => {
+                // Per stretch of the tile's keys in one 16-key block of V: for every channel
+                // `sv · Σ p16·e` (exact products summed in f32 in key order), summed over the
+                // tile in f32, times V's tensor scale.
+                let nb = cols / NVFP4_BLOCK;
+                let pr: Vec<f32> = p.iter().map(|&x| round_f16(x)).collect();
+                let mut tile_sum = vec![0.0f32; dv];
+                let mut start = 0;
+                while start < pr.len() {
+                    let blk = (k0 + start) / NVFP4_BLOCK;
+                    let end = ((blk + 1) * NVFP4_BLOCK - k0).min(pr.len());
+                    let (ps, j0) = (&pr[start..end], k0 + start);
+                    for (c, t) in tile_sum.iter_mut().enumerate() {
+                        let row = (b * problem.kv_heads + kvh) * dv + c;
+                        let ve = &v.elems[row * cols + j0..][..ps.len()];
+                        let inner = ps.iter().zip(ve).fold(0.0f32, |s, (a, b)| s + a * b);
+                        *t += v.scales[row * nb + blk] * inner;
+                    }
+                    start = end;
+                }
+                let f = v.tensor_scale;
+                acc.iter_mut().zip(&tile_sum).for_each(|(a, s)| *a = *a * alpha + s * f);
+            }
+            ValuePlan::Nvfp4 { v, cols, p: Nvfp4P::Nvfp4 { tensor_scale } } => {
+                let ts = *tensor_scale;
                 let nb = cols / NVFP4_BLOCK;
                 let mut tile_sum = vec![0.0f32; dv];
                 for (blk_in_tile, pb) in p.chunks(NVFP4_BLOCK).enumerate() {

@@ -252,3 +252,37 @@ pub fn check_accumulation(session: &Session, p: AttentionProblem, precision: Pre
     );
     [m.rel_l2, vs_same, vs_other, emu_err]
 }
+
+/// Q, K and V as the NVFP4-V modes (`nvfp4-v4`, `nvfp4-v4p16`, unsmoothed) see them: rounded to
+/// f16, quantized by the codec (Q and K along the head dim, V transposed along the keys, padded
+/// to 16) and decoded back, in the problem's layout (BHSD with dense rows only). Attention in
+/// f64 on these differs from those modes only by what they do to P.
+pub fn nvfp4_v_decoded(p: &AttentionProblem, q: &[f32], k: &[f32], v: &[f32]) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    use quattn::codec::nvfp4::Nvfp4Tensor;
+    assert_eq!(p.layout, quattn::Layout::Bhsd, "dense BHSD rows");
+    assert_eq!(p.head_dim, p.v_head_dim);
+    let f16 = |x: &[f32]| HostSlice::F32(x).rounded_to(Dtype::F16);
+    let (q, k, v) = (f16(q), f16(k), f16(v));
+    let d = p.head_dim;
+    let deq = |x: &[f32]| Nvfp4Tensor::quantize(x, x.len() / d, d).unwrap().dequantize();
+    let cols = p.kv_len.div_ceil(16) * 16;
+    let rows = p.batch * p.kv_heads * d;
+    let mut vt = vec![0.0f32; rows * cols];
+    for bh in 0..p.batch * p.kv_heads {
+        for j in 0..p.kv_len {
+            for c in 0..d {
+                vt[(bh * d + c) * cols + j] = v[(bh * p.kv_len + j) * d + c];
+            }
+        }
+    }
+    let vt = Nvfp4Tensor::quantize(&vt, rows, cols).unwrap().dequantize();
+    let mut dv = vec![0.0f32; v.len()];
+    for bh in 0..p.batch * p.kv_heads {
+        for j in 0..p.kv_len {
+            for c in 0..d {
+                dv[(bh * p.kv_len + j) * d + c] = vt[(bh * d + c) * cols + j];
+            }
+        }
+    }
+    (deq(&q), deq(&k), dv)
+}

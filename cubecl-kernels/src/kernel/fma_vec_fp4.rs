@@ -6,9 +6,12 @@
 //! - `s = (Σ_d q̃_d·k̃_d) · (ts_q · ts_k)`: every product of two staged elements is exact (at
 //!   most 5 significant bits each), so only the f32 sum rounds, as in a block-scaled MMA.
 //! - V is either bf16 (two per word, widened exactly) with P rounded to bf16 before P·V, or
-//!   4-bit along the key axis (`Vᵀ`, one scale per 16 keys of a channel) with P quantized to
-//!   NVFP4 per 16 keys of a row with the fixed tensor scale `1/2688` (valid because `p ≤ 1`);
-//!   then `acc` holds `Σ p̃·ṽ` and the epilogue applies `ts_p · ts_v` once.
+//!   4-bit along the key axis (`Vᵀ`, one scale per 16 keys of a channel, staged as
+//!   `e2m1 · ue4m3`, exact) with P quantized to NVFP4 per 16 keys of a row with the fixed
+//!   tensor scale `1/2688` (valid because `p ≤ 1`), or (`p16`) with P rounded to f16 (round to
+//!   nearest even, subnormals included; computed on the f32 bits, so no f16 arithmetic is
+//!   needed); then `acc` holds `Σ p̃·ṽ` and the epilogue applies `ts_p · ts_v` (`ts_v` alone
+//!   with f16 P) once.
 //! - The running max always moves (no FlashAttention-4 stale max): with a stale max `p` could
 //!   reach 2^8 and NVFP4 P with its fixed tensor scale would saturate.
 //!
@@ -43,6 +46,8 @@ pub struct Fp4Config {
     pub mx: bool,
     /// V as 4-bit `Vᵀ` (and P quantized to NVFP4) instead of bf16 V (and P rounded to bf16).
     pub v4: bool,
+    /// With `v4`: P rounded to f16 instead of quantized to NVFP4 (`Fp4V::Nvfp4P16`).
+    pub p16: bool,
     /// Add the per-row LSE shift (K was smoothed).
     pub shift_lse: bool,
 }
@@ -150,7 +155,11 @@ pub fn fwd_portable_fma_vec_fp4<N: Size>(
         // P is complete and every unit is done reading K.
         sync_cube();
         if fcfg.v4 {
-            cube_quantize_p::<N>(&mut p_stage, cfg);
+            if fcfg.p16 {
+                cube_round_p_f16::<N>(&mut p_stage, cfg);
+            } else {
+                cube_quantize_p::<N>(&mut p_stage, cfg);
+            }
             cube_load_v4::<N>(v, v_sc, &mut kv_stage, (batch * kv_heads + kv_head) * cfg.v_head_dim, fshape.v_words as usize, k0, cfg);
         } else {
             cube_round_p_bf16::<N>(&mut p_stage, cfg);
@@ -163,8 +172,10 @@ pub fn fwd_portable_fma_vec_fp4<N: Size>(
     }
 
     if fcfg.v4 {
-        // acc holds Σ p̃·ṽ of the elements and block scales: the two tensor scales, once.
-        let f = Vector::<f32, N>::new(f32::new(comptime!(f32::from_bits(P_TENSOR_SCALE_BITS))) * v_ts[0]);
+        // acc holds Σ p̃·ṽ of the elements and block scales: the tensor scales (P's only when
+        // P is NVFP4), once.
+        let p_ts = comptime!(if fcfg.p16 { 1.0f32 } else { f32::from_bits(P_TENSOR_SCALE_BITS) });
+        let f = Vector::<f32, N>::new(f32::new(p_ts) * v_ts[0]);
         #[unroll]
         for i in 0..comptime!(cfg.rm() * cfg.cq()) {
             acc[i] = acc[i] * f;
@@ -445,6 +456,46 @@ fn cube_round_p_bf16<N: Size>(p_stage: &mut SharedMemory<Vector<f32, N>>, #[comp
     }
 }
 
+/// Rounds every staged probability to f16 in place (round to nearest even, as a conversion to
+/// f16 does; P is finite, non-negative and at most 1 here, far below f16's overflow), on the f32
+/// bits: from 2^-14 up the mantissa is rounded to 10 bits; below, to a multiple of f16's
+/// subnormal step 2^-24 (`p · 2^24` is exact, its fraction decides). The row sums keep the
+/// unrounded values.
+#[cube]
+fn cube_round_p_f16<N: Size>(p_stage: &mut SharedMemory<Vector<f32, N>>, #[comptime] cfg: FmaVecConfig) {
+    let count = comptime!(cfg.bk * cfg.p_pitch());
+    let per_unit = comptime!(count.div_ceil(cfg.units()));
+    #[unroll]
+    for step in 0..per_unit {
+        let e = step * cfg.units() + UNIT_POS as usize;
+        if e < count {
+            let p = p_stage[e];
+            let mut r = Vector::<f32, N>::empty();
+            #[unroll]
+            for l in 0..W {
+                r[l] = round_f16_nonneg(p[l]);
+            }
+            p_stage[e] = r;
+        }
+    }
+}
+
+/// `x ≥ 0` (finite, below 65520) rounded to the nearest f16 value, ties to even, as an f32.
+#[cube]
+pub(crate) fn round_f16_nonneg(x: f32) -> f32 {
+    let bits = u32::reinterpret(x);
+    // Normal f16 range (biased f32 exponent 113 = 2^-14 and up): 13 mantissa bits dropped.
+    let normal = f32::reinterpret((bits + 0xfffu32 + ((bits >> 13u32) & 1u32)) & 0xffff_e000u32);
+    // Subnormal range: m = round_half_even(x · 2^24), m ≤ 1024 (1024 · 2^-24 = 2^-14, normal).
+    let y = x * 16_777_216.0f32;
+    let fl = f32::floor(y);
+    let frac = y - fl;
+    let m = u32::cast_from(fl);
+    let up = frac > 0.5f32 || (frac == 0.5f32 && (m & 1u32) == 1u32);
+    let sub = f32::cast_from(m + select(up, 1u32, 0u32)) * 5.960_464_5e-8f32;
+    select((bits >> 23u32) >= 113u32, normal, sub)
+}
+
 /// Quantizes the staged probabilities to NVFP4 in place, per 16 keys of a row, with the fixed
 /// tensor scale `ts = 1/2688`, exactly as the codec does (`block = ue4m3((amax / 6) / ts)`,
 /// `code = e2m1(p / (ue4m3(block) · ts))`, correctly rounded divisions), and stores each as
@@ -496,6 +547,76 @@ fn cube_quantize_p<N: Size>(p_stage: &mut SharedMemory<Vector<f32, N>>, #[compti
     }
 }
 
+/// P's f16 rounding on a wgpu adapter (llvmpipe in CI) against the `half` crate's conversion:
+/// every f16 value in [0, 1], the midpoints between neighbours and the f32 values one ulp either
+/// side of them (ties to even, in the normal and the subnormal range and across the binade
+/// boundaries), values that round to zero, and random values.
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cubecl::wgpu::{WgpuDevice, WgpuRuntime};
+
+    #[cube(launch_unchecked)]
+    fn round_kernel(x: &Array<f32>, out: &mut Array<f32>) {
+        let i = ABSOLUTE_POS;
+        if i < x.len() {
+            out[i] = round_f16_nonneg(x[i]);
+        }
+    }
+
+    #[test]
+    fn p_rounds_to_the_nearest_f16_ties_to_even() {
+        let instance = wgpu::Instance::default();
+        if cubecl::future::block_on(instance.enumerate_adapters(wgpu::Backends::all())).is_empty() {
+            assert!(std::env::var_os("CI").is_none(), "no wgpu adapter under CI");
+            println!("SKIPPED: no wgpu adapter");
+            return;
+        }
+        let client = WgpuRuntime::client(&WgpuDevice::DefaultDevice);
+        // f16 bits 0 ..= 0x3c00 are every value in [0, 1].
+        let mut xs = Vec::new();
+        for b in 0u16..0x3c00 {
+            let (lo, hi) = (half::f16::from_bits(b).to_f32(), half::f16::from_bits(b + 1).to_f32());
+            let mid = 0.5 * (lo + hi);
+            xs.push(lo);
+            for j in -1i32..=1 {
+                xs.push(f32::from_bits((mid.to_bits() as i32 + j) as u32));
+            }
+        }
+        xs.extend([1.0f32, 1e-30, 2f32.powi(-26), 2f32.powi(-25), 3.0 * 2f32.powi(-26)]);
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        for _ in 0..20000 {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            // Log-uniform over 2^-30 .. 1.
+            let e = (state >> 58) as i32 % 30;
+            xs.push(((state >> 34) as f32 / (1u64 << 30) as f32) * 2f32.powi(-e));
+        }
+        let n = xs.len();
+        let out = client.empty(4 * n);
+        // SAFETY: n floats in and out, guarded by `x.len()`.
+        unsafe {
+            round_kernel::launch_unchecked::<WgpuRuntime>(
+                &client,
+                CubeCount::Static((n as u32).div_ceil(64), 1, 1),
+                CubeDim::new_1d(64),
+                ArrayArg::from_raw_parts(client.create_from_slice(f32::as_bytes(&xs)), n),
+                ArrayArg::from_raw_parts(out.clone(), n),
+            );
+        }
+        let got = f32::from_bytes(&client.read_one(out).unwrap()).to_vec();
+        let mut wrong = Vec::new();
+        for (x, g) in xs.iter().zip(&got) {
+            let want = half::f16::from_f32(*x).to_f32();
+            if want.to_bits() != g.to_bits() {
+                wrong.push((*x, want, *g));
+            }
+        }
+        assert!(wrong.is_empty(), "{} of {n} wrong, e.g. {:?}", wrong.len(), &wrong[..wrong.len().min(8)]);
+    }
+}
+
 /// The 4-bit kernel compiled for CUDA offline (no GPU), at the tiling `select_fp4` gives on the
 /// H100: NVFP4 and MXFP4 Q/K with bf16 and NVFP4 V at every head dim, causal with the LSE
 /// shift; the other masking and LSE variant at head dim 128; the A100's build of each format.
@@ -543,7 +664,13 @@ mod cuda_tests {
     #[test]
     fn nvrtc_compiles_the_cuda_variants_with_the_tiling_shared_memory_and_no_spills() {
         let Some(cuda) = OfflineCuda::new() else { return };
-        let formats = [(Fp4Format::Nvfp4, Fp4V::Bf16), (Fp4Format::Nvfp4, Fp4V::Nvfp4), (Fp4Format::Mxfp4, Fp4V::Bf16), (Fp4Format::Mxfp4, Fp4V::Nvfp4)];
+        let formats = [
+            (Fp4Format::Nvfp4, Fp4V::Bf16),
+            (Fp4Format::Nvfp4, Fp4V::Nvfp4),
+            (Fp4Format::Nvfp4, Fp4V::Nvfp4P16),
+            (Fp4Format::Mxfp4, Fp4V::Bf16),
+            (Fp4Format::Mxfp4, Fp4V::Nvfp4),
+        ];
         // (arch, format, V, d, dv, causal and LSE with its shift)
         let mut cases = Vec::new();
         for (format, v) in formats {
@@ -559,7 +686,7 @@ mod cuda_tests {
             let tiles = selected_fma_tiles(arch, d, dv, Dtype::F32, fp4);
             // As `launch_fp4` builds them: no stale max; the shift only with the LSE.
             let cfg = fma_vec_config(&tiles, d, dv, causal, causal, false);
-            let fcfg = Fp4Config { mx: format == Fp4Format::Mxfp4, v4: v == Fp4V::Nvfp4, shift_lse: causal };
+            let fcfg = Fp4Config { mx: format == Fp4Format::Mxfp4, v4: v.is_4bit(), p16: v == Fp4V::Nvfp4P16, shift_lse: causal };
             // With plane reductions the f32 reduction scratch is unused and dropped.
             let formula = fp4(tiles).smem_bytes(d as u32, dv as u32, Dtype::F32);
             Variant {
