@@ -479,9 +479,11 @@ fn cuda_decode_shapes_run_the_4bit_mma_decode_kernel() {
         (AttentionProblem::new(1, 4, 2, 128).kv_heads(1).kv_len(777).causal(true), false, false),
         (AttentionProblem::new(2, 4, 1, 128).kv_heads(2).kv_len(20000), false, true),
     ];
-    for (i, (p, smooth_k, jump)) in cases.into_iter().enumerate() {
+    // Both P formats of the kernel: NVFP4 (`-v4`) and f16 (`-v4p16`).
+    let runs = cases.into_iter().enumerate().flat_map(|(i, c)| [Nvfp4V::Nvfp4, Nvfp4V::Nvfp4P16].map(|v| (i, c.clone(), v)));
+    for (i, (p, smooth_k, jump), v) in runs {
         let p = p.with_lse(true);
-        let prec = Precision::Nvfp4 { v: Nvfp4V::Nvfp4, smooth_k };
+        let prec = Precision::Nvfp4 { v, smooth_k };
         let plan = s.plan(&p, prec, Strategy::Auto).unwrap_or_else(|e| panic!("plan {prec} {p:?}: {e}"));
         if plan.family() != Family::Portable(PortableKind::Fp4) {
             println!("SKIPPED: {prec} plans on {} here", plan.kernel);
