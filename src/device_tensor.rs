@@ -151,6 +151,16 @@ impl Session {
     /// smoothed codes need the LSE shift it computes. Scale values are not read on the host: a
     /// NaN scale code gives NaN rows, never a fault.
     pub fn run_cubecl_fp4<R: Runtime>(&self, plan: &Plan, t: Fp4Tensors<'_>) -> Result<()> {
+        self.run_cubecl_fp4_scales::<R>(plan, t, Fp4ScaleLayout::RowMajor)
+    }
+
+    /// [`Session::run_cubecl_fp4`] with the block scales in `layout`. With
+    /// [`Fp4ScaleLayout::Blocked128x4`] each scale buffer holds
+    /// [`quattn_cubecl::blocked_scale_bytes`] bytes of its `[rows, cols]` matrix (`q_scales`:
+    /// `batch · q_heads · q_len` rows of `head_dim / block`; `k_scales` likewise; `v_scales` with
+    /// 4-bit V: `batch · kv_heads · v_head_dim` rows of `v_cols / 16`), converted once on the
+    /// client's stream into row-major scratch buffers before the attention kernel runs.
+    pub fn run_cubecl_fp4_scales<R: Runtime>(&self, plan: &Plan, t: Fp4Tensors<'_>, layout: Fp4ScaleLayout) -> Result<()> {
         let backend = self.cubecl_backend::<R>()?;
         let refuse = |reason: &str| Err(Error::EntryPoint { kernel: plan.kernel_name(), reason: reason.into() });
         let crate::KernelId::Portable { kernel: quattn_cubecl::PortableKernel::Fp4(fp4), .. } = &plan.kernel else {
@@ -168,21 +178,29 @@ impl Session {
         let (q_rows, k_rows) = (p.batch * p.q_heads * p.q_len, p.batch * p.kv_heads * p.kv_len);
         let v_cols = p.kv_len.div_ceil(16) * 16;
         let nvfp4_v = fp4.v.is_4bit();
-        let (v_bytes, v_scale_bytes) = match nvfp4_v {
-            true => (p.batch * p.kv_heads * dv * v_cols / 2, p.batch * p.kv_heads * dv * v_cols / 16),
-            false => (k_rows * dv * 2, 0),
+        let v_bytes = match nvfp4_v {
+            true => p.batch * p.kv_heads * dv * v_cols / 2,
+            false => k_rows * dv * 2,
         };
+        // Each scale matrix's (rows, cols) and the bytes its layout takes.
+        let v_scale_shape = (p.batch * p.kv_heads * dv, v_cols / 16);
+        let scale_bytes = |(rows, cols): (usize, usize)| match layout {
+            Fp4ScaleLayout::RowMajor => rows * cols,
+            Fp4ScaleLayout::Blocked128x4 => quattn_cubecl::blocked_scale_bytes(rows, cols),
+        };
+        let (q_scale_shape, k_scale_shape) = ((q_rows, d / block), (k_rows, d / block));
         let mut checks = vec![
             (TensorName::Q, t.q, q_rows * d / 2),
-            (TensorName::Q, t.q_scales, q_rows * d / block),
+            (TensorName::Q, t.q_scales, scale_bytes(q_scale_shape)),
             (TensorName::K, t.k, k_rows * d / 2),
-            (TensorName::K, t.k_scales, k_rows * d / block),
+            (TensorName::K, t.k_scales, scale_bytes(k_scale_shape)),
             (TensorName::V, t.v, v_bytes),
             (TensorName::Q, t.tensor_scales[0], 4),
             (TensorName::K, t.tensor_scales[1], 4),
             (TensorName::V, t.tensor_scales[2], 4),
             (TensorName::Output, t.o, p.o_len_elems() * 4),
         ];
+        let v_scale_bytes = scale_bytes(v_scale_shape);
         let v_scales = match (nvfp4_v, t.v_scales) {
             (true, Some(h)) => {
                 checks.push((TensorName::V, h, v_scale_bytes));
@@ -204,6 +222,19 @@ impl Session {
             (None, true) => return Err(Error::BufferLength { tensor: TensorName::Lse, expected: p.lse_len_elems(), got: 0 }),
             (_, false) => None,
         };
+        let (mut q_scales, mut k_scales, mut v_scales) = (t.q_scales.clone(), t.k_scales.clone(), v_scales);
+        if layout == Fp4ScaleLayout::Blocked128x4 {
+            let client = backend.client();
+            let convert = |h: &Handle, (rows, cols): (usize, usize)| {
+                quattn_cubecl::scales_from_blocked(client, h, rows, cols)
+                    .map_err(|e| Error::Kernel { kernel: "scales_from_blocked".into(), reason: e.to_string() })
+            };
+            q_scales = convert(&q_scales, q_scale_shape)?;
+            k_scales = convert(&k_scales, k_scale_shape)?;
+            if nvfp4_v {
+                v_scales = convert(&v_scales, v_scale_shape)?;
+            }
+        }
         let d = crate::backend::gpu::GpuData {
             q: t.q.clone(),
             k: t.k.clone(),
@@ -212,8 +243,8 @@ impl Session {
             lse,
             descales: None,
             fp4: Some(crate::backend::gpu::Fp4Scales {
-                q: t.q_scales.clone(),
-                k: t.k_scales.clone(),
+                q: q_scales,
+                k: k_scales,
                 v: v_scales,
                 tensor: t.tensor_scales.map(|h| h.clone()),
                 lse_shift: None,
@@ -318,6 +349,19 @@ pub struct Fp4Tensors<'a> {
     pub tensor_scales: [&'a Handle; 3],
     pub o: &'a Handle,
     pub lse: Option<&'a Handle>,
+}
+
+/// How the block-scale codes of a pre-quantized 4-bit call ([`Session::run_cubecl_fp4_scales`])
+/// are laid out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Fp4ScaleLayout {
+    /// One byte per scale, each tensor's rows as [`Fp4Tensors`] describes them.
+    #[default]
+    RowMajor,
+    /// The 128x4-blocked layout of NVIDIA's block-scaled MMAs, as cuBLAS and CUTLASS keep NVFP4
+    /// and MXFP4 scale factors ([`quattn_cubecl::blocked_scale_offset`]), over the same
+    /// `[rows, cols]` matrices; converted once on the device.
+    Blocked128x4,
 }
 
 /// The f32 descale buffers of an FP8 call on CubeCL handles ([`Session::run_cubecl_fp8`]).

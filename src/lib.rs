@@ -25,7 +25,7 @@ pub use quattn_core::TWO_STAGE_CHUNK;
 pub use precision::{
     DescaleGranularity, Dtype, Fp8Format, Int8Granularity, Nvfp4V, Precision, PvAccum, PvFormat, QkAccum,
 };
-pub use device_tensor::{CubeclTensors, Fp4Tensors, Fp8Descales};
+pub use device_tensor::{CubeclTensors, Fp4ScaleLayout, Fp4Tensors, Fp8Descales};
 #[cfg(feature = "cuda")]
 pub use device_tensor::{CudaCodes, CudaCodesMut, CudaFp8, CudaFp8Mut, CudaTensor, CudaTensorMut};
 #[cfg(feature = "hip")]

@@ -385,10 +385,61 @@ fn cuda_runs_mxfp4_on_the_portable_4bit_kernel() {
 /// codec in the documented layouts, give bit for bit what the host path gives (which quantizes
 /// the same values on the device, bit-exact with the codec), with bf16 V and with NVFP4 `Vᵀ`;
 /// smoothed plans, plans of other modes and short buffers are typed errors.
+/// `[rows, cols]` scale bytes (row-major) in the 128x4-blocked layout, spelled as PyTorch's
+/// `to_blocked` does it: pad to multiples of (128, 4) (here with 0xee, which no reader may
+/// use), view each 128x4 block as `[4][32][4]`, swap the first two axes, flatten.
+fn to_blocked(x: &[u8], rows: usize, cols: usize) -> Vec<u8> {
+    let (rp, cp) = (rows.div_ceil(128) * 128, cols.div_ceil(4) * 4);
+    let at = |r: usize, c: usize| if r < rows && c < cols { x[r * cols + c] } else { 0xee };
+    let mut out = Vec::with_capacity(rp * cp);
+    for rb in 0..rp / 128 {
+        for cb in 0..cp / 4 {
+            for i in 0..32 {
+                for j in 0..4 {
+                    for c in 0..4 {
+                        out.push(at(rb * 128 + j * 32 + i, cb * 4 + c));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn blocked_scales_convert_to_row_major_on_the_device() {
+    let Some(s) = session() else { return };
+    let client = s.cubecl_client::<WgpuRuntime>().unwrap();
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    for (rows, cols) in [(1usize, 1usize), (3, 4), (128, 4), (130, 3), (257, 9), (300, 8)] {
+        let x: Vec<u8> = (0..rows * cols)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                (state >> 56) as u8
+            })
+            .collect();
+        let blocked = to_blocked(&x, rows, cols);
+        assert_eq!(blocked.len(), quattn_cubecl::blocked_scale_bytes(rows, cols));
+        for (r, c) in [(0, 0), (rows - 1, cols - 1), (rows / 2, cols / 2)] {
+            assert_eq!(blocked[quattn_cubecl::blocked_scale_offset(r, c, cols)], x[r * cols + c], "offset of ({r}, {c}) in [{rows}, {cols}]");
+        }
+        let src = client.create_from_slice(&blocked);
+        let dst = quattn_cubecl::scales_from_blocked(&client, &src, rows, cols).unwrap();
+        let got = client.read_one(dst).unwrap();
+        assert_eq!(&got[..rows * cols], &x[..], "[{rows}, {cols}]");
+        assert!(got[rows * cols..].iter().all(|&b| b == 0), "[{rows}, {cols}]: the last word's tail");
+        // One word short of the blocked layout: a typed error.
+        let short = client.create_from_slice(&blocked[..blocked.len() - 4]);
+        assert!(quattn_cubecl::scales_from_blocked(&client, &short, rows, cols).is_err(), "[{rows}, {cols}]");
+    }
+}
+
 #[test]
 fn pre_quantized_nvfp4_codes_on_the_device_match_the_host_path() {
     use quattn::codec::nvfp4::Nvfp4Tensor;
-    use quattn::{Fp4Tensors, HostSlice};
+    use quattn::{Fp4ScaleLayout, Fp4Tensors, HostSlice};
     let Some(s) = session() else { return };
     let client = s.cubecl_client::<WgpuRuntime>().unwrap();
     let p = AttentionProblem::new(2, 4, 5, 64).kv_heads(2).kv_len(70).with_lse(true);
@@ -442,6 +493,25 @@ fn pre_quantized_nvfp4_codes_on_the_device_match_the_host_path() {
         let lse: Vec<f32> = bytemuck::pod_collect_to_vec(&client.read_one(lse.clone()).unwrap());
         assert!(o.iter().zip(&host.o).all(|(a, b)| a.to_bits() == b.to_bits()), "{v_mode:?}: O differs from the host path");
         assert!(lse.iter().zip(host.lse.as_ref().unwrap()).all(|(a, b)| a.to_bits() == b.to_bits()), "{v_mode:?}: LSE differs");
+
+        // The same codes with their scales in the 128x4-blocked layout (padding bytes not
+        // zero): converted on the device, the same O and LSE bit for bit.
+        let bq = words(&to_blocked(&tq.block_scales, tq.rows, d / 16));
+        let bk = words(&to_blocked(&tk.block_scales, tk.rows, d / 16));
+        let bv = v_mode.is_4bit().then(|| words(&to_blocked(&tv.block_scales, tv.rows, v_cols / 16)));
+        let ob = client.create_from_slice(bytemuck::cast_slice(&vec![f32::NAN; p.o_len_elems()]));
+        let lb = client.create_from_slice(bytemuck::cast_slice(&vec![f32::NAN; p.lse_len_elems()]));
+        let tb = Fp4Tensors { q_scales: &bq, k_scales: &bk, v_scales: bv.as_ref().or(hvs.as_ref()), o: &ob, lse: Some(&lb), ..t };
+        s.run_cubecl_fp4_scales::<WgpuRuntime>(&plan, tb, Fp4ScaleLayout::Blocked128x4).unwrap();
+        let ob: Vec<f32> = bytemuck::pod_collect_to_vec(&client.read_one(ob.clone()).unwrap());
+        let lb: Vec<f32> = bytemuck::pod_collect_to_vec(&client.read_one(lb.clone()).unwrap());
+        assert!(ob.iter().zip(&host.o).all(|(a, b)| a.to_bits() == b.to_bits()), "{v_mode:?}: O from blocked scales differs");
+        assert!(lb.iter().zip(host.lse.as_ref().unwrap()).all(|(a, b)| a.to_bits() == b.to_bits()), "{v_mode:?}: LSE from blocked scales differs");
+        // Row-major K scales are too short for the blocked layout (K's rows are not a multiple
+        // of 128): a typed error, nothing launched.
+        let out = client.empty(p.o_len_elems() * 4);
+        let err = s.run_cubecl_fp4_scales::<WgpuRuntime>(&plan, Fp4Tensors { k_scales: &hks, o: &out, ..tb }, Fp4ScaleLayout::Blocked128x4).unwrap_err();
+        assert!(matches!(err, Error::BufferLength { tensor: quattn::TensorName::K, .. }), "{err}");
 
         // A V scale buffer one word short.
         if let Some(short) = v_mode.is_4bit().then(|| words(&tv.block_scales[..tv.block_scales.len() - 4])) {

@@ -126,7 +126,7 @@ pub use decode::{
     MIN_TILES_PER_SPLIT,
 };
 pub use error::LaunchError;
-pub use fp4_quant::{quantize_nvfp4, Nvfp4DeviceTensor};
+pub use fp4_quant::{blocked_scale_bytes, blocked_scale_offset, quantize_nvfp4, scales_from_blocked, Nvfp4DeviceTensor, SCALE_BLOCK_COLS, SCALE_BLOCK_ROWS};
 pub use kernel::decode_mma_fp4::{FP4_DECODE_MAX_ROWS, FP4_DECODE_WARP_KEYS};
 pub use launch::{
     check_dtype_supported, first_fit, fp4_operand_bytes, launch, launch_fp4, launch_fp8, launch_int8, launch_modified, launch_modified_varlen,

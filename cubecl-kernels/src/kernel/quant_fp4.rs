@@ -104,7 +104,31 @@ pub fn nvfp4_quantize_blocks(x: &Array<f32>, ts: &Array<f32>, packed: &mut Array
     }
 }
 
-/// Both NVFP4 quantization kernels compiled for CUDA offline (no GPU), for the H100 and the
+/// Scale bytes `[rows, cols]`, row-major and packed 4 per word, from the 128x4-blocked layout
+/// the block-scaled MMAs read (`crate::blocked_scale_offset`): output word `w` gathers bytes
+/// `4w .. 4w + 4`, those past `rows · cols` zero.
+#[cube(launch_unchecked)]
+pub fn scales_from_blocked(src: &Array<u32>, dst: &mut Array<u32>, rows: u32, cols: u32) {
+    let w = (CUBE_POS_X * CUBE_DIM_X + UNIT_POS_X) as usize;
+    let cols = cols as usize;
+    let n = rows as usize * cols;
+    if w * 4 < n {
+        let col_blocks = cols.div_ceil(4);
+        let mut word = 0u32;
+        #[unroll]
+        for b in 0..4usize {
+            let i = w * 4 + b;
+            if i < n {
+                let (r, c) = (i / cols, i % cols);
+                let at = ((r / 128) * col_blocks + c / 4) * 512 + (r % 32) * 16 + ((r % 128) / 32) * 4 + c % 4;
+                word |= ((src[at / 4] >> (8 * (at % 4)) as u32) & 0xffu32) << comptime!((8 * b) as u32);
+            }
+        }
+        dst[w] = word;
+    }
+}
+
+/// The NVFP4 quantization kernels and the blocked-scale conversion compiled for CUDA offline (no GPU), for the H100 and the
 /// A100: NVRTC must compile them (a bitcast of an f32 literal, which CubeCL's CUDA backend emits
 /// as `reinterpret_cast` of an rvalue, fails here) and ptxas must not spill.
 ///
@@ -116,7 +140,7 @@ mod cuda_tests {
     use cubecl::wgpu::WgpuRuntime;
 
     #[test]
-    fn nvrtc_compiles_both_kernels_without_spills() {
+    fn nvrtc_compiles_the_quantization_and_scale_layout_kernels_without_spills() {
         let Some(cuda) = OfflineCuda::new() else { return };
         let client = cuda.client();
         let variants = [Arch::Sm90, Arch::Sm80].into_iter().flat_map(|arch| {
@@ -146,6 +170,21 @@ mod cuda_tests {
                         array(),
                         array(),
                         array(),
+                        (),
+                    )
+                    .define(),
+                    shared_bytes: Some(0),
+                    spill_free: true,
+                },
+                Variant {
+                    name: "scales_from_blocked".into(),
+                    arch,
+                    definition: scales_from_blocked::ScalesFromBlocked::<WgpuRuntime>::new(
+                        settings(256),
+                        client.clone(),
+                        array(),
+                        array(),
+                        (),
                         (),
                     )
                     .define(),
