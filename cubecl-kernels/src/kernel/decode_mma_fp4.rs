@@ -743,7 +743,7 @@ fn value_matmul(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cubecl::wgpu::{WgpuDevice, WgpuRuntime};
+    use cubecl::wgpu::WgpuRuntime;
 
     /// E2M1 magnitudes by code (sign bit 3).
     const E2M1: [f32; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
@@ -776,19 +776,9 @@ mod tests {
         }
     }
 
-    fn client() -> Option<ComputeClient<WgpuRuntime>> {
-        let instance = wgpu::Instance::default();
-        if cubecl::future::block_on(instance.enumerate_adapters(wgpu::Backends::all())).is_empty() {
-            assert!(std::env::var_os("CI").is_none(), "no wgpu adapter under CI");
-            println!("SKIPPED: no wgpu adapter");
-            return None;
-        }
-        Some(WgpuRuntime::client(&WgpuDevice::DefaultDevice))
-    }
-
     #[test]
     fn e2m1_codes_become_their_value_times_2_pow_minus_14_in_f16_pairs() {
-        let Some(client) = client() else { return };
+        let Some(client) = crate::kernel::wgpu_test_client() else { return };
         // Every 16-bit pattern in the low half, a scrambled one in the high half: every code in
         // every position.
         let words: Vec<u32> = (0..65536u32).map(|x| x | (x.wrapping_mul(0x9e37) & 0xffff) << 16).collect();
@@ -824,7 +814,7 @@ mod tests {
     /// CUDA keeps (the E2M1 decode's 0.5 is one too) and llvmpipe flushes.
     #[test]
     fn ue4m3_scale_codes_become_their_value_times_2_pow_minus_8_in_both_halves() {
-        let Some(client) = client() else { return };
+        let Some(client) = crate::kernel::wgpu_test_client() else { return };
         // Every code but NaN (0x7f), in every byte of a word above the low one (ignored).
         let codes: Vec<u32> = (0..0x7fu32).map(|c| c | (0xa5u32.wrapping_mul(c + 1) & 0xff) << 8 | 0xff00_0000).collect();
         let n = codes.len();
@@ -851,7 +841,7 @@ mod tests {
 
     #[test]
     fn e2m1_round_is_round_to_nearest_even_code_with_saturation() {
-        let Some(client) = client() else { return };
+        let Some(client) = crate::kernel::wgpu_test_client() else { return };
         // The nearest E2M1 magnitude, ties to the even code, saturating at 6.
         let want = |x: f32| -> f32 {
             let mut best = 0usize;

@@ -156,13 +156,13 @@ pub fn fwd_portable_fma_vec_fp4<N: Size>(
         sync_cube();
         if fcfg.v4 {
             if fcfg.p16 {
-                cube_round_p_f16::<N>(&mut p_stage, cfg);
+                cube_round_p::<N>(&mut p_stage, true, cfg);
             } else {
                 cube_quantize_p::<N>(&mut p_stage, cfg);
             }
             cube_load_v4::<N>(v, v_sc, &mut kv_stage, (batch * kv_heads + kv_head) * cfg.v_head_dim, fshape.v_words as usize, k0, cfg);
         } else {
-            cube_round_p_bf16::<N>(&mut p_stage, cfg);
+            cube_round_p::<N>(&mut p_stage, false, cfg);
             cube_load_v_bf16::<N>(v, &mut kv_stage, k_row0, k0, kv_len, cfg);
         }
         sync_cube();
@@ -433,10 +433,11 @@ fn cube_load_v4<N: Size>(
     }
 }
 
-/// Rounds every staged probability to bf16 (round to nearest even on the bits; P is finite and
-/// non-negative), in place. The row sums keep the unrounded values.
+/// Rounds every staged probability in place, to f16 (`f16`: [`round_f16_nonneg`]) or to bf16
+/// (round to nearest even on the bits), both on the f32 bits (P is finite, non-negative and at
+/// most 1 here). The row sums keep the unrounded values.
 #[cube]
-fn cube_round_p_bf16<N: Size>(p_stage: &mut SharedMemory<Vector<f32, N>>, #[comptime] cfg: FmaVecConfig) {
+fn cube_round_p<N: Size>(p_stage: &mut SharedMemory<Vector<f32, N>>, #[comptime] f16: bool, #[comptime] cfg: FmaVecConfig) {
     let count = comptime!(cfg.bk * cfg.p_pitch());
     let per_unit = comptime!(count.div_ceil(cfg.units()));
     #[unroll]
@@ -447,40 +448,21 @@ fn cube_round_p_bf16<N: Size>(p_stage: &mut SharedMemory<Vector<f32, N>>, #[comp
             let mut r = Vector::<f32, N>::empty();
             #[unroll]
             for l in 0..W {
-                let bits = u32::reinterpret(p[l]);
-                let rounded = (bits + 0x7fffu32 + ((bits >> 16u32) & 1u32)) & 0xffff_0000u32;
-                r[l] = f32::reinterpret(rounded);
+                if comptime!(f16) {
+                    r[l] = round_f16_nonneg(p[l]);
+                } else {
+                    let bits = u32::reinterpret(p[l]);
+                    r[l] = f32::reinterpret((bits + 0x7fffu32 + ((bits >> 16u32) & 1u32)) & 0xffff_0000u32);
+                }
             }
             p_stage[e] = r;
         }
     }
 }
 
-/// Rounds every staged probability to f16 in place (round to nearest even, as a conversion to
-/// f16 does; P is finite, non-negative and at most 1 here, far below f16's overflow), on the f32
-/// bits: from 2^-14 up the mantissa is rounded to 10 bits; below, to a multiple of f16's
-/// subnormal step 2^-24 (`p · 2^24` is exact, its fraction decides). The row sums keep the
-/// unrounded values.
-#[cube]
-fn cube_round_p_f16<N: Size>(p_stage: &mut SharedMemory<Vector<f32, N>>, #[comptime] cfg: FmaVecConfig) {
-    let count = comptime!(cfg.bk * cfg.p_pitch());
-    let per_unit = comptime!(count.div_ceil(cfg.units()));
-    #[unroll]
-    for step in 0..per_unit {
-        let e = step * cfg.units() + UNIT_POS as usize;
-        if e < count {
-            let p = p_stage[e];
-            let mut r = Vector::<f32, N>::empty();
-            #[unroll]
-            for l in 0..W {
-                r[l] = round_f16_nonneg(p[l]);
-            }
-            p_stage[e] = r;
-        }
-    }
-}
-
-/// `x ≥ 0` (finite, below 65520) rounded to the nearest f16 value, ties to even, as an f32.
+/// `x ≥ 0` (finite, below 65520) rounded to the nearest f16 value, ties to even, as an f32: from
+/// 2^-14 up the mantissa is rounded to 10 bits; below, to a multiple of f16's subnormal step
+/// 2^-24 (`x · 2^24` is exact, its fraction decides).
 #[cube]
 pub(crate) fn round_f16_nonneg(x: f32) -> f32 {
     let bits = u32::reinterpret(x);
@@ -554,7 +536,7 @@ fn cube_quantize_p<N: Size>(p_stage: &mut SharedMemory<Vector<f32, N>>, #[compti
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cubecl::wgpu::{WgpuDevice, WgpuRuntime};
+    use cubecl::wgpu::WgpuRuntime;
 
     #[cube(launch_unchecked)]
     fn round_kernel(x: &Array<f32>, out: &mut Array<f32>) {
@@ -566,13 +548,7 @@ mod tests {
 
     #[test]
     fn p_rounds_to_the_nearest_f16_ties_to_even() {
-        let instance = wgpu::Instance::default();
-        if cubecl::future::block_on(instance.enumerate_adapters(wgpu::Backends::all())).is_empty() {
-            assert!(std::env::var_os("CI").is_none(), "no wgpu adapter under CI");
-            println!("SKIPPED: no wgpu adapter");
-            return;
-        }
-        let client = WgpuRuntime::client(&WgpuDevice::DefaultDevice);
+        let Some(client) = crate::kernel::wgpu_test_client() else { return };
         // f16 bits 0 ..= 0x3c00 are every value in [0, 1].
         let mut xs = Vec::new();
         for b in 0u16..0x3c00 {

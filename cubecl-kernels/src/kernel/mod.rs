@@ -26,6 +26,19 @@ pub(crate) mod paged_append;
 pub(crate) mod quant;
 pub(crate) mod quant_fp4;
 
+/// A client on the default wgpu adapter for the kernels' device tests (llvmpipe in CI, where
+/// its absence is a failure); `None`, with a note, where this machine has no adapter.
+#[cfg(test)]
+pub(crate) fn wgpu_test_client() -> Option<ComputeClient<cubecl::wgpu::WgpuRuntime>> {
+    let instance = wgpu::Instance::default();
+    if cubecl::future::block_on(instance.enumerate_adapters(wgpu::Backends::all())).is_empty() {
+        assert!(std::env::var_os("CI").is_none(), "no wgpu adapter under CI");
+        println!("SKIPPED: no wgpu adapter");
+        return None;
+    }
+    Some(cubecl::wgpu::WgpuRuntime::client(&cubecl::wgpu::WgpuDevice::DefaultDevice))
+}
+
 /// Row max of rows that have seen no key yet. Finite on purpose: WGSL has no infinity literal
 /// and llvmpipe does not follow IEEE for `inf - inf`, so the kernel never computes with
 /// infinities. Real scores are assumed to stay above `MASK_THRESHOLD`.
