@@ -895,6 +895,12 @@ __device__ __forceinline__ u64 sw64_desc(u32 addr, u32 lbo, u32 sbo) {
     return (u64)((addr >> 4) & 0x3fffu) | ((u64)((lbo >> 4) & 0x3fffu) << 16) |
            ((u64)((sbo >> 4) & 0x3fffu) << 32) | (2ull << 62);
 }
+// Shared-memory matrix descriptor, 32-byte swizzle (layout type 3): K-major 32-byte rows in
+// 8-row atoms of 256 bytes, written by TMA with CU_TENSOR_MAP_SWIZZLE_32B.
+__device__ __forceinline__ u64 sw32_desc(u32 addr, u32 lbo, u32 sbo) {
+    return (u64)((addr >> 4) & 0x3fffu) | ((u64)((lbo >> 4) & 0x3fffu) << 16) |
+           ((u64)((sbo >> 4) & 0x3fffu) << 32) | (3ull << 62);
+}
 __device__ __forceinline__ void wg_fence() {
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 }

@@ -2,7 +2,8 @@
 // `wgmma.mma_async ... k32.f32.e4m3.e4m3` (SASS QGMMA ...E4M3.E4M3), f32 accumulators, f32 online
 // softmax, P rounded to E4M3 in registers. sm_90a only. The CTA and pipeline are those of the
 // warp-specialized kernels of fwd_wgmma.cu / fwd_wgmma_int8.cu (read their headers first): a TMA
-// producer warpgroup and two ping-ponging consumer warpgroups of 64 query rows each.
+// producer warpgroup and CONSUMER_WGS (2 or 3) consumer warpgroups of 64 query rows each, issuing
+// their wgmmas in turns.
 //
 // Run on the H100: `examples/wgmma_fp8_check.rs` passes on every variant (f64 reference,
 // emulation of this arithmetic, Vᵀ read back; stale-max, GQA, causal, ragged, bshd, 16k-key
@@ -22,10 +23,10 @@
 // natural log.
 //
 // ---- Shared memory (base rounded up to 1024 bytes) ---------------------------------------------
-// BLOCK_N (BN) keys per KV tile: 128 or 192.
-//   Q   [128 rows][D bytes]                       resident
+// BLOCK_N (BN) keys per KV tile: 128, 160, 192, 224 or 256; BM = 64 * CONSUMER_WGS query rows.
+//   Q   [BM rows][D bytes]                        resident
 //   K   [BN keys][D bytes] x KV_STAGES
-//   Vᵀ  [BN / VT_BLOCK][D rows][VT_BLOCK keys] x KV_STAGES   (VT_BLOCK = 128 at BN 128, else 64)
+//   Vᵀ  [BN / VT_BLOCK][D rows][VT_BLOCK keys] x KV_STAGES   (VT_BLOCK: 128, 64 or 32, the widest dividing BN)
 //   mbarriers (8 bytes each): Q full, then per stage K full, V full, K empty, V empty
 // Q and K rows are D bytes, swizzled exactly as fwd_wgmma_int8.cu's int8 tiles (hd128: 128B
 // swizzle, layout type 1, SBO 1024; hd64: 64B swizzle, layout type 2, SBO 512), written by TMA
@@ -33,7 +34,8 @@
 // in the canonical K-major layout (K = keys contiguous, N = head dim rows): column blocks of
 // VT_BLOCK keys, each [D rows][VT_BLOCK bytes], one row per head-dim index; VT_BLOCK 128 is one
 // 128B-swizzle row (layout type 1, 8-row groups SBO = 1024), VT_BLOCK 64 one 64B-swizzle row
-// (layout type 2, SBO = 512, BN 192 = 3 blocks); one TMA box of [D rows][VT_BLOCK bytes] per
+// (layout type 2, SBO = 512, BN 192 = 3 blocks), VT_BLOCK 32 one 32B-swizzle row (layout type 3,
+// SBO = 256; BN 160 and 224: 5 and 7 blocks, each k32 step a whole block); one TMA box of [D rows][VT_BLOCK bytes] per
 // block with that swizzle. A k32 step of 8-bit operands is 32 bytes: step kk starts 32 * kk
 // bytes into the first row (of Q and K), or at byte (32 kk) % VT_BLOCK of Vᵀ block (32 kk) /
 // VT_BLOCK (the hardware applies the swizzle to the computed addresses); LBO unused (1).
@@ -80,11 +82,21 @@
 // and LSE = (m c + log2 l - P_LOG2) ln 2 need no other factor. Masks as fwd_wgmma.cu (bottom-right
 // causal, sequence ends on masked tiles only); a row that sees no key writes O = 0, LSE = -inf.
 //
+// ROWSUM_MMA 1: l comes from the tensor core instead of one FADD per score. Each Vᵀ block in
+// shared memory has 8 more rows after its D rows, set to E4M3 1.0 once at kernel start (TMA
+// writes only the first D rows), and P·V is m64n(D + 8)k32: its columns D .. D + 7 are the row
+// sums of the stored (E4M3-rounded) P, rescaled with O. After each P·V they are added to l in f32
+// and zeroed (thread_flush_rowsum: the accumulator's short significand would drop small terms of
+// a long running sum). So l sums the rounded P, the weights P·V actually applied; every lane
+// holds the whole sum of its rows (no quad reduction). At head dim 64 the
+// softmax, not the tensor core, bounds the kernel (MUFU.EX2 and issue slots, about 7
+// instructions per score), so trading 1/8 more P·V MMA for one instruction per score pays.
 // Epilogue: O staged (f16 or bf16) through the Q and K regions in fwd_wgmma.cu's 128B-swizzle
 // column blocks, then 16-byte coalesced stores (cta_store_o); as fwd_wgmma_int8.cu's WS kernel.
 //
 // Compile-time parameters (-D, built by src/wgmma_fp8.rs): HEAD_DIM 64 | 128, OUT_BF16 0 | 1,
-// BLOCK_N 128 | 192, KV_STAGES 2..4, PRODUCER_REGS, CONSUMER_REGS, RESCALE_LOG2, EXP2_POLY (0:
+// BLOCK_N 128 | 160 | 192 | 224 | 256, CONSUMER_WGS 2 | 3 (default 2), ROWSUM_MMA 0 | 1 (default
+// 0), KV_STAGES 2..4, PRODUCER_REGS, CONSUMER_REGS, RESCALE_LOG2, EXP2_POLY (0:
 // every exp2 on MUFU.EX2; k: every k-th score of the unmasked tiles by thread_exp2_poly on the
 // FMA pipes, relieving the MUFU unit; measured slower on the H100, kept for sweeps); with
 // VT_PREPASS 1 only HEAD_DIM.
@@ -99,6 +111,12 @@
 #endif
 #ifndef VT_PREPASS
 #define VT_PREPASS 0
+#endif
+#ifndef CONSUMER_WGS
+#define CONSUMER_WGS 2
+#endif
+#ifndef ROWSUM_MMA
+#define ROWSUM_MMA 0
 #endif
 
 #if VT_PREPASS
@@ -179,26 +197,32 @@ extern "C" __global__ void __launch_bounds__(256) fp8_vt_prepass(const Fp8VtPara
 
 namespace cfg {
 constexpr int D = HEAD_DIM;
-constexpr int WG = 2;
+constexpr int WG = CONSUMER_WGS;
 constexpr int BM = 64 * WG;
 constexpr int BN = BLOCK_N;
-constexpr int VT_BLOCK = BN == 128 ? 128 : 64;   // keys per Vᵀ column block (= its swizzle span)
-constexpr int VT_BLOCK_BYTES = D * VT_BLOCK;
+// Keys per Vᵀ column block (= its swizzle span in bytes): the widest swizzle that divides BN.
+constexpr int VT_BLOCK = BN % 128 == 0 ? 128 : BN % 64 == 0 ? 64 : 32;
+// ROWSUM_MMA: the P·V wgmma is m64n(D + 8): the 8 extra Vᵀ rows hold E4M3 ones, so columns
+// D .. D + 7 of its accumulator are the row sums of the stored P (see the header).
+constexpr int ON = D + (ROWSUM_MMA ? 8 : 0);   // columns of the P·V accumulator
+constexpr int VT_BLOCK_BYTES = ON * VT_BLOCK;   // a block's rows in shared memory (ones rows included)
 constexpr int VT_BLOCKS = BN / VT_BLOCK;
 constexpr int THREADS = 128 * WG;          // consumer threads
 constexpr int S_REGS = BN / 2;             // f32 scores per thread (m64nBN accumulator)
-constexpr int O_REGS = D / 2;              // f32 outputs per thread (m64nD accumulator)
+constexpr int O_REGS = ON / 2;             // f32 outputs per thread (m64nON accumulator)
 constexpr int K_STEPS = D / 32;            // k32 steps of Q·Kᵀ
 constexpr int P_STEPS = BN / 32;           // k32 steps of P·V
 constexpr int Q_BYTES = BM * D;
 constexpr int K_TILE_BYTES = BN * D;
-constexpr int V_TILE_BYTES = D * BN;
+constexpr int V_LOAD_BYTES = D * BN;       // what TMA writes per stage
+constexpr int V_TILE_BYTES = (ON * BN + 1023) / 1024 * 1024;   // a stage in shared memory
 constexpr int O_STAGE_BYTES = BM * D * 2;
 // log2(448) - RESCALE_LOG2: the exponent offset that makes a probability of 2^RESCALE_LOG2 (the
 // largest a stale max allows) exactly 448, the largest finite E4M3.
 constexpr float P_LOG2 = 8.807354922057604f - (float)RESCALE_LOG2;
 static_assert(D == 64 || D == 128, "head dim 64 or 128");
-static_assert(BN == 128 || BN == 192, "BLOCK_N 128 or 192");
+static_assert(BN == 128 || BN == 160 || BN == 192 || BN == 224 || BN == 256, "BLOCK_N 128, 160, 192, 224 or 256");
+static_assert(WG == 2 || WG == 3, "2 or 3 consumer warpgroups");
 static_assert(RESCALE_LOG2 >= 0 && RESCALE_LOG2 <= 8, "a stale max must keep P within E4M3");
 static_assert(Q_BYTES % 1024 == 0 && K_TILE_BYTES % 1024 == 0 && V_TILE_BYTES % 1024 == 0, "aligned tiles");
 }  // namespace cfg
@@ -235,6 +259,33 @@ __device__ __forceinline__ void wg_mma_e4m3_ss_n192(float (&d)[96], u64 a_desc, 
                  : "l"(a_desc), "l"(b_desc), "n"(ACC) : "memory");
 }
 
+// S[64 x 160] (+)= A[64 x 32] * B[32 x 160], as wg_mma_e4m3_ss_n128 (BLOCK_N 160).
+template <int ACC>
+__device__ __forceinline__ void wg_mma_e4m3_ss_n160(float (&d)[80], u64 a_desc, u64 b_desc) {
+    asm volatile("{ .reg .pred p; setp.ne.b32 p, %82, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n160k32.f32.e4m3.e4m3 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79}, %80, %81, p, 1, 1; }\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79])
+                 : "l"(a_desc), "l"(b_desc), "n"(ACC) : "memory");
+}
+
+// S[64 x 224] (+)= A[64 x 32] * B[32 x 224], as wg_mma_e4m3_ss_n128 (BLOCK_N 224).
+template <int ACC>
+__device__ __forceinline__ void wg_mma_e4m3_ss_n224(float (&d)[112], u64 a_desc, u64 b_desc) {
+    asm volatile("{ .reg .pred p; setp.ne.b32 p, %114, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n224k32.f32.e4m3.e4m3 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111}, %112, %113, p, 1, 1; }\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111])
+                 : "l"(a_desc), "l"(b_desc), "n"(ACC) : "memory");
+}
+
+// S[64 x 256] (+)= A[64 x 32] * B[32 x 256], as wg_mma_e4m3_ss_n128 (BLOCK_N 256).
+template <int ACC>
+__device__ __forceinline__ void wg_mma_e4m3_ss_n256(float (&d)[128], u64 a_desc, u64 b_desc) {
+    asm volatile("{ .reg .pred p; setp.ne.b32 p, %130, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e4m3 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127}, %128, %129, p, 1, 1; }\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+                 : "l"(a_desc), "l"(b_desc), "n"(ACC) : "memory");
+}
+
 // D[64 x 64] += A[64 x 32] (registers, e4m3) * B[32 x 64] (shared, descriptor, K-major).
 __device__ __forceinline__ void wg_mma_e4m3_rs_n64(float (&d)[32], const u32 (&a)[4], u64 b_desc) {
     asm volatile("wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, 1, 1, 1;\n"
@@ -249,6 +300,22 @@ __device__ __forceinline__ void wg_mma_e4m3_rs_n128(float (&d)[64], const u32 (&
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc) : "memory");
 }
 
+// D[64 x 72] += A[64 x 32] (registers, e4m3) * B[32 x 72] (shared, descriptor, K-major): P·V with
+// the ones rows (ROWSUM_MMA, head dim 64).
+__device__ __forceinline__ void wg_mma_e4m3_rs_n72(float (&d)[36], const u32 (&a)[4], u64 b_desc) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n72k32.f32.e4m3.e4m3 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35}, {%36,%37,%38,%39}, %40, 1, 1, 1;\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc) : "memory");
+}
+
+// D[64 x 136] += A[64 x 32] (registers, e4m3) * B[32 x 136] (shared, descriptor, K-major): P·V with
+// the ones rows (ROWSUM_MMA, head dim 128).
+__device__ __forceinline__ void wg_mma_e4m3_rs_n136(float (&d)[68], const u32 (&a)[4], u64 b_desc) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n136k32.f32.e4m3.e4m3 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67}, {%68,%69,%70,%71}, %72, 1, 1, 1;\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc) : "memory");
+}
+
 // Descriptor of a Q or K tile at `addr` (K-major, D-byte rows; see the header).
 __device__ __forceinline__ u64 qk_desc(u32 addr) {
 #if HEAD_DIM == 128
@@ -258,14 +325,20 @@ __device__ __forceinline__ u64 qk_desc(u32 addr) {
 #endif
 }
 
-// S[64 x 128] = Q_wg · K_tileᵀ: K_STEPS wgmmas, the first overwrites.
+// S[64 x BN] = Q_wg · K_tileᵀ: K_STEPS wgmmas, the first overwrites.
 __device__ __forceinline__ void wg_issue_scores(float (&s)[cfg::S_REGS], u32 q_wg, u32 k_tile) {
 #pragma unroll
     for (int kk = 0; kk < cfg::K_STEPS; ++kk) {
         const u64 a = qk_desc(q_wg + (u32)kk * 32u);
         const u64 b = qk_desc(k_tile + (u32)kk * 32u);
-#if BLOCK_N == 192
+#if BLOCK_N == 256
+        if (kk == 0) wg_mma_e4m3_ss_n256<0>(s, a, b); else wg_mma_e4m3_ss_n256<1>(s, a, b);
+#elif BLOCK_N == 224
+        if (kk == 0) wg_mma_e4m3_ss_n224<0>(s, a, b); else wg_mma_e4m3_ss_n224<1>(s, a, b);
+#elif BLOCK_N == 192
         if (kk == 0) wg_mma_e4m3_ss_n192<0>(s, a, b); else wg_mma_e4m3_ss_n192<1>(s, a, b);
+#elif BLOCK_N == 160
+        if (kk == 0) wg_mma_e4m3_ss_n160<0>(s, a, b); else wg_mma_e4m3_ss_n160<1>(s, a, b);
 #else
         if (kk == 0) wg_mma_e4m3_ss_n128<0>(s, a, b); else wg_mma_e4m3_ss_n128<1>(s, a, b);
 #endif
@@ -276,19 +349,21 @@ __device__ __forceinline__ void wg_issue_scores(float (&s)[cfg::S_REGS], u32 q_w
 // blocks of [D rows][VT_BLOCK keys], K-major, see the header), k32 step kk at byte 32 * kk of
 // the keys: block (32 kk) / VT_BLOCK, byte (32 kk) % VT_BLOCK of its first row.
 __device__ __forceinline__ u64 vt_desc(u32 addr) {
-#if BLOCK_N == 128
-    return sw128_desc(addr, 16, 1024);
-#else
-    return sw64_desc(addr, 16, 512);
-#endif
+    if (cfg::VT_BLOCK == 128) return sw128_desc(addr, 16, 1024);
+    if (cfg::VT_BLOCK == 64) return sw64_desc(addr, 16, 512);
+    return sw32_desc(addr, 16, 256);
 }
 __device__ __forceinline__ void wg_issue_values(float (&o)[cfg::O_REGS], const u32 (&pf)[cfg::P_STEPS][4], u32 vt_tile) {
 #pragma unroll
     for (int kk = 0; kk < cfg::P_STEPS; ++kk) {
         const int key_byte = 32 * kk;
         const u64 b = vt_desc(vt_tile + (u32)((key_byte / cfg::VT_BLOCK) * cfg::VT_BLOCK_BYTES + key_byte % cfg::VT_BLOCK));
-#if HEAD_DIM == 128
+#if HEAD_DIM == 128 && ROWSUM_MMA
+        wg_mma_e4m3_rs_n136(o, pf[kk], b);
+#elif HEAD_DIM == 128
         wg_mma_e4m3_rs_n128(o, pf[kk], b);
+#elif ROWSUM_MMA
+        wg_mma_e4m3_rs_n72(o, pf[kk], b);
 #else
         wg_mma_e4m3_rs_n64(o, pf[kk], b);
 #endif
@@ -413,11 +488,11 @@ __device__ __forceinline__ void warp_softmax(float (&s)[cfg::S_REGS], RowState& 
         const float x = fmaf(s[e], c, -mc[(e >> 1) & 1]);
         // EXP2_POLY k > 0: every k-th score of an unmasked tile goes through the FMA pipes.
         s[e] = (!MASK && EXP2_POLY > 0 && e % (EXP2_POLY > 0 ? EXP2_POLY : 1) == 0) ? thread_exp2_poly(x) : thread_exp2(x);
-#if HEAD_DIM != 64
+#if HEAD_DIM != 64 && !ROWSUM_MMA
         st.l[(e >> 1) & 1] += s[e];
 #endif
     }
-#if HEAD_DIM == 64
+#if HEAD_DIM == 64 && !ROWSUM_MMA
     thread_row_sum_add<cfg::BN>(s, st.l);
 #endif
 }
@@ -425,6 +500,20 @@ __device__ __forceinline__ void warp_softmax(float (&s)[cfg::S_REGS], RowState& 
 __device__ __forceinline__ void thread_rescale_o(float (&o)[cfg::O_REGS], const float (&alpha)[2]) {
 #pragma unroll
     for (int e = 0; e < cfg::O_REGS; ++e) o[e] *= alpha[(e >> 1) & 1];
+}
+
+// ROWSUM_MMA: after a P·V completes (and O, with its sum columns, is rescaled), adds the tile's
+// row sums (columns D .. D + 7, each the whole row's sum, so every lane has them) to l in f32 and
+// zeroes them. The accumulator then sums one tile's P at a time: it keeps about 13 significand
+// bits, and a running sum over thousands of positive terms would drop the small ones (O's terms
+// have both signs and grow far less).
+__device__ __forceinline__ void thread_flush_rowsum(float (&o)[cfg::O_REGS], RowState& st) {
+#if ROWSUM_MMA
+#pragma unroll
+    for (int i = 0; i < 2; ++i) st.l[i] += o[cfg::D / 2 + 2 * i];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[cfg::D / 2 + e] = 0.f;
+#endif
 }
 
 // The accumulator entries of k32 step kk, in register order, as the A operand (see the header).
@@ -455,7 +544,12 @@ __device__ __forceinline__ void thread_finish_rows(const Fp8FwdParams& p, const 
     const i64 lse_base = ((i64)cta_batch() * p.q_heads + cta_head()) * p.q_len;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
+#if ROWSUM_MMA
+        // l holds the whole row's sum in every lane (thread_flush_rowsum): no reduction.
+        const float sum = st.l[i];
+#else
         const float sum = quad_sum(st.l[i]);
+#endif
         const bool empty = !(sum > 0.f);
         inv[i] = empty ? 0.f : v_descale / sum;
         const float lse = empty ? QA_NEG_INF : (st.m[i] * c + thread_log2(sum) - cfg::P_LOG2) * 0.6931471805599453f;
@@ -483,14 +577,15 @@ constexpr int V_OFFSET = cfg::Q_BYTES + STAGES * cfg::K_TILE_BYTES;
 constexpr int BAR_OFFSET = V_OFFSET + STAGES * cfg::V_TILE_BYTES;
 constexpr int SMEM_BYTES = BAR_OFFSET + 8 * KvBarriers::count(STAGES) + 1024;
 constexpr u32 EMPTY_ARRIVALS = 4 * cfg::WG;   // one per consumer warp
-constexpr int CONSUMERS = cfg::THREADS;       // consumer threads (named barriers 1..3)
-constexpr int BAR_EPILOGUE = 3;
+constexpr int CONSUMERS = cfg::THREADS;       // consumer threads
+// Named barriers: 1 .. WG the consumers' turns (below), then the epilogue's.
+constexpr int BAR_EPILOGUE = 1 + cfg::WG;
 static_assert(STAGES >= 2 && STAGES <= 4, "2 to 4 K/V stages");
 static_assert(SMEM_BYTES <= 227 * 1024, "more shared memory than an sm_90 block may have");
 static_assert(cfg::O_STAGE_BYTES <= V_OFFSET, "O is staged through the Q and K regions");
 }  // namespace ws
 
-// Q boxes of [128 rows][D bytes], K boxes of [BN rows][D bytes] (rank 4: dim, seq, head, batch),
+// Q boxes of [BM rows][D bytes], K boxes of [BN rows][D bytes] (rank 4: dim, seq, head, batch),
 // Vᵀ boxes of [D rows][VT_BLOCK keys] (rank 4: key, dim, kv head, batch). Built by
 // src/wgmma_fp8.rs per launch.
 struct Fp8TmaMaps {
@@ -523,12 +618,24 @@ __device__ __forceinline__ void thread_produce(const Fp8FwdParams& p, const Fp8T
         thread_mbarrier_arrive_expect_tx(sm.bars.k_full(s), cfg::K_TILE_BYTES);
         thread_tma_load_4d(sm.k_tile(s), &maps.k, sm.bars.k_full(s), 0, t * cfg::BN, kv_head, batch);
         if (j >= ws::STAGES) thread_mbarrier_wait(sm.bars.v_empty(s), parity);
-        thread_mbarrier_arrive_expect_tx(sm.bars.v_full(s), cfg::V_TILE_BYTES);
+        thread_mbarrier_arrive_expect_tx(sm.bars.v_full(s), cfg::V_LOAD_BYTES);
 #pragma unroll
         for (int b = 0; b < cfg::VT_BLOCKS; ++b)
             thread_tma_load_4d(sm.v_tile(s) + b * cfg::VT_BLOCK_BYTES, &maps.v, sm.bars.v_full(s),
                                t * cfg::BN + b * cfg::VT_BLOCK, 0, kv_head, batch);
     }
+}
+
+// The consumers issue their wgmmas in turns, round robin (FA3's ping-pong, with WG warpgroups):
+// warpgroup cw waits on named barrier 1 + cw, which the previous warpgroup's arrival completes,
+// and hands the turn to the next one. Every warpgroup waits once per tile and once for its last
+// P·V; the last warpgroup opens the first turn and does not open one after its last P·V, so
+// every barrier sees as many arrivals as waits.
+__device__ __forceinline__ void fp8_wait_turn(int cw) {
+    cta_named_sync(1 + cw, 256);
+}
+__device__ __forceinline__ void fp8_give_turn(int cw) {
+    cta_named_arrive(1 + (cw + 1) % cfg::WG, 256);
 }
 
 // One consumer warpgroup's state over the KV walk.
@@ -551,7 +658,7 @@ struct WgConsumer {
         const int prev = (j + ws::STAGES - 1) % ws::STAGES;
         thread_mbarrier_wait(sm.bars.k_full(stage), (j / ws::STAGES) & 1);
         if (!FIRST) thread_mbarrier_wait(sm.bars.v_full(prev), ((j - 1) / ws::STAGES) & 1);
-        wg_wait_turn(cw);
+        fp8_wait_turn(cw);
         reg_fence(o);
         reg_fence(pf);
         wg_fence();
@@ -561,7 +668,7 @@ struct WgConsumer {
             wg_issue_values(o, pf, sm.v_tile(prev));
             wg_commit();
         }
-        wg_give_turn(cw);
+        fp8_give_turn(cw);
         if (FIRST) wg_wait<0>(); else wg_wait<1>();   // S_j done
         reg_fence(s);
         if (lane == 0) thread_mbarrier_arrive(sm.bars.k_empty(stage));
@@ -574,28 +681,30 @@ struct WgConsumer {
         reg_fence(pf);
         if (!FIRST && lane == 0) thread_mbarrier_arrive(sm.bars.v_empty(prev));
         if (rescale) thread_rescale_o(o, alpha);
+        if (!FIRST) thread_flush_rowsum(o, st);
         thread_pack_p(pf, s);
     }
 
-    // The last P·V, in its turn too; consumer 1 opens no turn after it (nobody would wait).
+    // The last P·V, in its turn too; the last consumer opens no turn after it (nobody would wait).
     __device__ __forceinline__ void finish(const WsSmem& sm) {
         const int last = n_tiles - 1;
         thread_mbarrier_wait(sm.bars.v_full(last % ws::STAGES), (last / ws::STAGES) & 1);
-        wg_wait_turn(cw);
+        fp8_wait_turn(cw);
         reg_fence(o);
         reg_fence(pf);
         wg_fence();
         wg_issue_values(o, pf, sm.v_tile(last % ws::STAGES));
         wg_commit();
-        if (cw == 0) wg_give_turn(cw);
+        if (cw != cfg::WG - 1) fp8_give_turn(cw);
         wg_wait<0>();
         reg_fence(o);
         reg_fence(pf);
+        thread_flush_rowsum(o, st);
     }
 };
 
 // Grid: x = query block (reversed: causal blocks near the end do the most work and go first),
-// y = query head, z = batch. 384 threads: producer warpgroup 0, consumer warpgroups 1 and 2.
+// y = query head, z = batch. 128 (WG + 1) threads: producer warpgroup 0, consumer warpgroups 1 .. WG.
 extern "C" __global__ void __launch_bounds__(ws::THREADS, 1)
 fwd_wgmma_fp8(const Fp8FwdParams p, const __grid_constant__ Fp8TmaMaps maps) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -606,6 +715,17 @@ fwd_wgmma_fp8(const Fp8FwdParams p, const __grid_constant__ Fp8TmaMaps maps) {
     const CtaTiles tiles = cta_tiles<cfg::BM, cfg::BN>(p, m0);
 
     if (tid == 0) sm.bars.init(ws::STAGES, ws::EMPTY_ARRIVALS);
+#if ROWSUM_MMA
+    // The ones rows D .. D + 7 of every Vᵀ block of every stage (TMA writes rows 0 .. D - 1
+    // only), made visible to the wgmma's async proxy before any consumer issues.
+    for (int i = tid; i < ws::STAGES * cfg::VT_BLOCKS * 2 * cfg::VT_BLOCK; i += ws::THREADS) {
+        const int per_block = 2 * cfg::VT_BLOCK;   // 8 rows of VT_BLOCK bytes, in words
+        const u32 addr = sm.v_tile(i / (cfg::VT_BLOCKS * per_block)) + (u32)(((i / per_block) % cfg::VT_BLOCKS) * cfg::VT_BLOCK_BYTES +
+                         cfg::D * cfg::VT_BLOCK + 4 * (i % per_block));
+        asm volatile("st.shared.b32 [%0], %1;\n" :: "r"(addr), "r"(0x38383838u) : "memory");
+    }
+    thread_fence_proxy_async_smem();
+#endif
     __syncthreads();
 
     if (wg == 0) {
@@ -635,7 +755,7 @@ fwd_wgmma_fp8(const Fp8FwdParams p, const __grid_constant__ Fp8TmaMaps maps) {
         c.st.m[0] = c.st.m[1] = QA_NEG_INF;
         c.st.l[0] = c.st.l[1] = 0.f;
         if (c.n_tiles > 0) {
-            if (c.cw == 1) wg_give_turn(c.cw);    // consumer 0 issues first
+            if (c.cw == cfg::WG - 1) fp8_give_turn(c.cw);   // consumer 0 issues first
             thread_mbarrier_wait(sm.bars.q_full(), 0);
             c.step<true>(p, sm, 0);
             for (int j = 1; j < c.n_tiles; ++j) c.step<false>(p, sm, j);

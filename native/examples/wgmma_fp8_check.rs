@@ -37,7 +37,9 @@
 //!   significand of about 13 bits (measured here, and DeepSeek-V3's report of ~14 bits on H800),
 //!   so a score may be off by a few 2^-13 of its sum of |products| (2^-10: eight such
 //!   truncations), and LSE moves by at most the largest score error of its row (the row sum adds
-//!   the unrounded f32 probabilities).
+//!   the unrounded f32 probabilities; `_rs` variants add the E4M3-rounded ones in the P·V wgmma,
+//!   which moves ln l by up to ln(1 + 2^-4 + kv_len 2^-10 / 448), allowed on top; their
+//!   emulation adds the same rounded values, so its gate stays as tight).
 //! * `emu`: the kernel's algorithm on the CPU: the same codes and descales, the same tile order
 //!   (last tile first, BLOCK_N keys), the same f32 formulas (`c = scale_log2 * qd * kd`, `p =
 //!   exp2(fma(s, c, -(m c - P_LOG2)))`, the per-warp rescale rule over 16-row groups including the
@@ -346,7 +348,8 @@ fn reference(inp: &Inputs, d: usize) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
 
 /// The kernel's arithmetic on the CPU (module docs): (O [b, h, q, d] dense before the 16-bit
 /// rounding, LSE, the largest stored P seen).
-fn emulate(inp: &Inputs, d: usize, rescale_log2: u32, bn: usize) -> (Vec<f32>, Vec<f32>, f32) {
+fn emulate(inp: &Inputs, d: usize, cfg: &Fp8WgmmaConfig) -> (Vec<f32>, Vec<f32>, f32) {
+    let (rescale_log2, bn, bm) = (cfg.rescale_log2, cfg.block_n as usize, cfg.block_m() as usize);
     let a = &inp.args.shape;
     let group = a.q_heads / a.kv_heads;
     // The kernel's constant: log2(448) as the same decimal literal, so the same f32.
@@ -356,7 +359,7 @@ fn emulate(inp: &Inputs, d: usize, rescale_log2: u32, bn: usize) -> (Vec<f32>, V
     let mut o = vec![0f32; a.batch * a.q_heads * a.q_len * d];
     let mut lse = vec![0f32; a.batch * a.q_heads * a.q_len];
     let mut p_max = 0f32;
-    let m_blocks = a.q_len.div_ceil(128);
+    let m_blocks = a.q_len.div_ceil(bm);
     for b in 0..a.batch {
         for h in 0..a.q_heads {
             let kh = h / group;
@@ -365,11 +368,11 @@ fn emulate(inp: &Inputs, d: usize, rescale_log2: u32, bn: usize) -> (Vec<f32>, V
             let vd = descale(&inp.vd, inp.args.descale, b, a.kv_heads, kh);
             let c = scale_log2 * qd * kd;
             for mb in 0..m_blocks {
-                let m0 = mb * 128;
+                let m0 = mb * bm;
                 // cta_tiles: the keys the CTA visits.
-                let n_end = if a.causal { a.kv_len.min((m0 + 128 + a.kv_len).saturating_sub(a.q_len)) } else { a.kv_len };
+                let n_end = if a.causal { a.kv_len.min((m0 + bm + a.kv_len).saturating_sub(a.q_len)) } else { a.kv_len };
                 let n_tiles = n_end.div_ceil(bn);
-                for g0 in (m0..m0 + 128).step_by(16) {
+                for g0 in (m0..m0 + bm).step_by(16) {
                     // 16 rows of one warp; rows past q_len read zero Q rows (scores 0).
                     let rows: Vec<usize> = (g0..g0 + 16).collect();
                     let mut m = [f32::NEG_INFINITY; 16];
@@ -409,12 +412,18 @@ fn emulate(inp: &Inputs, d: usize, rescale_log2: u32, bn: usize) -> (Vec<f32>, V
                             let mut tile = vec![0f64; d];
                             for jj in 0..bn {
                                 let p = s[r * bn + jj].mul_add(c, -mc).exp2();
-                                l[r] += p;
+                                if !cfg.rowsum_mma {
+                                    l[r] += p;
+                                }
                                 if p == 0.0 {
                                     continue;
                                 }
                                 p_max = p_max.max(p);
                                 let pq = e4m3_decode(e4m3_encode(p)) as f64;
+                                // The row sums from the P·V wgmma add the stored (rounded) P.
+                                if cfg.rowsum_mma {
+                                    l[r] += pq as f32;
+                                }
                                 let j = k0 + jj;
                                 let vo = at(&a.v, b, kh, j);
                                 for (t, &v) in tile.iter_mut().zip(&inp.vf[vo..vo + d]) {
@@ -549,7 +558,7 @@ fn check(stream: &Arc<CudaStream>, kernel: &Fp8WgmmaKernel, c: &Case) -> Result<
     }
     let ((ro, rl, sabs), (eo, el, p_max)) = std::thread::scope(|sc| {
         let r = sc.spawn(|| reference(&inp, d));
-        let e = emulate(&inp, d, cfg.rescale_log2, cfg.block_n as usize);
+        let e = emulate(&inp, d, &cfg);
         (r.join().expect("reference thread"), e)
     });
     // The emulation's O rounded to the output type as the kernel's is.
@@ -564,8 +573,16 @@ fn check(stream: &Arc<CudaStream>, kernel: &Fp8WgmmaKernel, c: &Case) -> Result<
     // LSE against the reference: the FP8 wgmma sums Q·Kᵀ with a ~13-bit significand (module
     // docs), so a score may be off by a few 2^-13 of its sum of |products|; LSE moves by at most
     // the largest such error of the row's keys. 2^-10 allows eight truncations.
-    let ref_tol: Vec<f64> = sabs.iter().map(|x| 2e-3 + std::f64::consts::LN_2 * x * 2f64.powi(-10)).collect();
-    let emu_tol = vec![1e-4; el.len()];
+    // The row sums from the P·V wgmma (`_rs`) go through its accumulator (about 13 significand
+    // bits) over the tile's block_n / 32 k-steps before l adds them in f32: ln l may move by up
+    // to that many truncations of 2^-13, which the emulation (exact f32 adds) does not model.
+    let rs_acc = if cfg.rowsum_mma { (cfg.block_n as f64 / 32.0 * 2f64.powi(-13)).ln_1p() } else { 0.0 };
+    // With the row sums from the P·V wgmma, l sums the E4M3-rounded P: each normal term is off
+    // by at most 2^-4 of itself and each subnormal one by 2^-10, against l >= 448 (the row max's
+    // term), so ln l moves by at most ln(1 + 2^-4 + kv_len 2^-10 / 448) on top.
+    let rs_tol = if cfg.rowsum_mma { (2f64.powi(-4) + inp.args.shape.kv_len as f64 * 2f64.powi(-10) / 448.0).ln_1p() } else { 0.0 };
+    let ref_tol: Vec<f64> = sabs.iter().map(|x| 2e-3 + std::f64::consts::LN_2 * x * 2f64.powi(-10) + rs_tol + rs_acc).collect();
+    let emu_tol = vec![1e-4 + rs_acc; el.len()];
     Ok((compare(&got, &ro, &lse, &rl, &ref_tol), compare(&got, &eo64, &lse, &el64, &emu_tol), p_max))
 }
 
@@ -678,12 +695,24 @@ fn main() -> Result<(), BoxErr> {
             for c in cases() {
                 let inp = inputs(&c, d);
                 let (ro, rl, _) = reference(&inp, d);
-                for r in [0u32, 8] {
-                    let (eo, el, p_max) = emulate(&inp, d, r, 128);
+                let base = Fp8WgmmaConfig { block_n: 128, ..Fp8WgmmaConfig::new(d, Dtype::F16)? };
+                // The stale-max threshold 0 and 8, and the row sums of the rounded P (three
+                // warpgroups).
+                let variants = [(0u32, base), (8, Fp8WgmmaConfig { rescale_log2: 8, ..base }), (0, Fp8WgmmaConfig { wgs: 3, rowsum_mma: true, ..base })];
+                for (r, cfg) in variants {
+                    let (eo, el, p_max) = emulate(&inp, d, &cfg);
                     let st = compare(&eo.iter().map(|&x| x as f64).collect::<Vec<_>>(), &ro, &el, &rl, &vec![1e-4; rl.len()]);
                     println!(
-                        "d{d} r{r} {:32} emu vs ref rel-L2 {:.2e} max-abs {:.2e} cos {:.6} gain {:.5} dLSE {:.1e} ({} rows > 1e-4) P max {:.1}",
-                        c.name, st.rel_l2, st.max_abs, st.cos, st.gain, st.lse, st.lse_bad, p_max
+                        "d{d} r{r}{} {:32} emu vs ref rel-L2 {:.2e} max-abs {:.2e} cos {:.6} gain {:.5} dLSE {:.1e} ({} rows > 1e-4) P max {:.1}",
+                        if cfg.rowsum_mma { " rs" } else { "" },
+                        c.name,
+                        st.rel_l2,
+                        st.max_abs,
+                        st.cos,
+                        st.gain,
+                        st.lse,
+                        st.lse_bad,
+                        p_max
                     );
                 }
             }
@@ -736,7 +765,9 @@ fn main() -> Result<(), BoxErr> {
         if !bench_only {
             let table = Fp8WgmmaConfig::new(cfg.head_dim as usize, cfg.out).ok() == Some(cfg);
             let mut list = cases();
-            if table {
+            // The long case also for the row sums from the P·V wgmma: their accumulation over
+            // 16k keys has the accumulator's truncation, as O's has.
+            if table || cfg.rowsum_mma {
                 list.push(long_case());
             }
             for c in list {

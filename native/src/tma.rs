@@ -3,7 +3,7 @@
 //! with the `cuda` feature, its encoding by the driver (`cuTensorMapEncodeTiled`).
 //!
 //! Every map here is rank 4, `(dim, seq, head, batch)` with the head dim innermost, so one box is
-//! `rows` consecutive rows of one (batch, head); the box's inner extent is one swizzle span (64 or
+//! `rows` consecutive rows of one (batch, head); the box's inner extent is one swizzle span (32, 64 or
 //! 128 bytes) and TMA writes it in the 64B / 128B swizzle that the wgmma descriptors read.
 //! Out-of-bounds rows (past the sequence end) arrive as zeros.
 
@@ -25,7 +25,7 @@ pub struct TmaSpec {
     /// Byte strides of dimensions 1..3.
     pub strides: [u64; 3],
     pub box_dims: [u32; 4],
-    /// 64 or 128.
+    /// 32, 64 or 128.
     pub swizzle_bytes: u32,
 }
 
@@ -86,7 +86,7 @@ impl TmaSpec {
         if box_dims.iter().any(|&b| b == 0 || b > 256) {
             return bad(format!("box {box_dims:?} has a dimension outside 1..256"));
         }
-        if box_dims[0] * elem_bytes != swizzle_bytes || !(swizzle_bytes == 64 || swizzle_bytes == 128) {
+        if box_dims[0] * elem_bytes != swizzle_bytes || ![32, 64, 128].contains(&swizzle_bytes) {
             return bad(format!("inner box of {} bytes for a {swizzle_bytes}-byte swizzle", box_dims[0] * elem_bytes));
         }
         Ok(TmaSpec { addr, elem_bytes, dims, strides, box_dims, swizzle_bytes })
@@ -128,10 +128,10 @@ mod launch {
         } else {
             sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16
         };
-        let swizzle = if spec.swizzle_bytes == 128 {
-            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B
-        } else {
-            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_64B
+        let swizzle = match spec.swizzle_bytes {
+            128 => sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            64 => sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_64B,
+            _ => sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_32B,
         };
         let element_strides = [1u32; 4];
         let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::zeroed();

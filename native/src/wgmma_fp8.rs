@@ -2,8 +2,11 @@
 //! on Hopper with Q·Kᵀ and P·V both on E4M3 warpgroup MMAs (`wgmma.mma_async ...
 //! k32.f32.e4m3.e4m3`), f32 accumulation, f32 online softmax, P rounded to E4M3 in registers and
 //! fed to P·V as its register A operand. sm_90a only. Same CTA as the TMA kernels of
-//! [`crate::wgmma`] / [`crate::wgmma_int8`]: a TMA producer warpgroup, two ping-ponging consumer
-//! warpgroups of 64 query rows, 128 keys per KV tile, `stages` K/V stages.
+//! [`crate::wgmma`] / [`crate::wgmma_int8`]: a TMA producer warpgroup, two (or, at head dim 64,
+//! three) consumer warpgroups of 64 query rows taking their wgmma turns round robin, `block_n`
+//! keys per KV tile, `stages` K/V stages. At head dim 64 the row sums of P come from the P·V
+//! wgmma (`rowsum_mma`: 8 columns of E4M3 ones appended to Vᵀ in shared memory), so `l` sums the
+//! E4M3-rounded P there.
 //!
 //! # Host contract
 //! * Q `[b, q_heads, q_len, d]`, K and V `[b, kv_heads, kv_len, d]`: E4M3 codes (`u8`), strides
@@ -64,13 +67,18 @@ pub static FWD_WGMMA_FP8: KernelSource =
 pub static FP8_VT_PREPASS: KernelSource =
     KernelSource { file: "fwd_wgmma_fp8.cu", entry: "fp8_vt_prepass", text: include_str!("../cuda/fwd_wgmma_fp8.cu") };
 
-/// Query rows per CTA (2 consumer warpgroups x 64).
+/// Query rows per CTA of the 2-warpgroup variants (2 consumer warpgroups x 64); the 3-warpgroup
+/// variants take 192 ([`Fp8WgmmaConfig::block_m`]).
 pub const FP8_BLOCK_M: u32 = 128;
+/// Registers per consumer thread of the 3-warpgroup variants: 24 for the producer and 3 x 160
+/// per lane fit the 64 Ki register file (the 2-warpgroup variants take [`WS_CONSUMER_REGS`]).
+pub const FP8_WG3_CONSUMER_REGS: u32 = 160;
 /// Vᵀ rows are padded to a multiple of this many keys (the KV tile of 128 keys; the 192-key tile
 /// reads past the padding as TMA zeros).
 pub const FP8_KV_PAD: u32 = 128;
 
-/// `(head dim, keys per KV tile, stages)` of the table variants, measured on one H100 80GB HBM3
+/// `(head dim, keys per KV tile, stages, consumer warpgroups, row sums from the P·V wgmma)` of
+/// the table variants. The 2-warpgroup tiles were measured on one H100 80GB HBM3
 /// with `examples/wgmma_fp8_check.rs`: TFLOP/s of the attention kernel alone (median of 20),
 /// (seq, batch, heads) = (4k, 16, 16) / (8k, 8, 16) / (16k, 4, 16), non-causal and causal, two
 /// runs of the same binary on two machines (run-to-run spread up to ~10%); the f16 wgmma table
@@ -99,15 +107,28 @@ pub const FP8_KV_PAD: u32 = 128;
 /// (`exp2_poly`, every 4th or 8th score) is slower at both head dims: the degree-6 polynomial's
 /// eleven instructions per score cost the softmax warp more issue time than the MUFU time they
 /// free.
-pub const FP8_TILES: [(u32, u32, u32); 2] = [(64, 192, 2), (128, 192, 2)];
+///
+/// At hd 64 the softmax bounds the kernel (about 7 instructions and one MUFU.EX2 per score against
+/// half the MMA work of hd 128), so it takes what FlashAttention-3 takes there, three consumer
+/// warpgroups (192 query rows, 128 keys, 160 registers a thread), and the row sums of P from the
+/// P·V wgmma instead of one add per score. On one H200 at 16k (`benchmarks/2026-11-29-h200-a`,
+/// `fp8_check.txt`), non-causal / causal TFLOP/s: 192 keys, 2 warpgroups 591 / 553; 3 warpgroups
+/// 635 / 599; 3 warpgroups with the row sums 690 / 655 (the table variant). At hd 128 neither
+/// pays: with the row sums 930 / 899, 224-key tiles 894 / 884, against 954 / 883 for 192 keys.
+pub const FP8_TILES: [(u32, u32, u32, u32, bool); 2] = [(64, 128, 2, 3, true), (128, 192, 2, 2, false)];
 
 /// One compiled attention variant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 pub struct Fp8WgmmaConfig {
     pub head_dim: u32,
     pub out: Dtype,
-    /// Keys per KV tile: 128 or 192.
+    /// Keys per KV tile: 128, 160, 192, 224 or 256.
     pub block_n: u32,
+    /// Consumer warpgroups of 64 query rows (2 or 3), taking their wgmma turns round robin.
+    pub wgs: u32,
+    /// The row sums of P from the P·V wgmma (8 columns of E4M3 ones appended to V) instead of
+    /// one f32 add per score; `l` then sums the E4M3-rounded P.
+    pub rowsum_mma: bool,
     /// K/V TMA stages (2 to 4).
     pub stages: u32,
     /// The stale-max threshold `r` in log2 units (0 to 8); P is stored as `e4m3(448 · 2^−r · p)`.
@@ -133,10 +154,10 @@ impl Fp8WgmmaConfig {
     /// Validated constructor: the table variant of the head dim ([`FP8_TILES`], `rescale_log2`
     /// 0: the max moves whenever it grows, the facade emulation's quantization of P).
     pub fn new(head_dim: usize, out: Dtype) -> Result<Self> {
-        let Some(&(_, block_n, stages)) = FP8_TILES.iter().find(|(d, _, _)| *d as usize == head_dim) else {
+        let Some(&(_, block_n, stages, wgs, rowsum_mma)) = FP8_TILES.iter().find(|t| t.0 as usize == head_dim) else {
             return Err(NativeError::UnsupportedHeadDim { kernel: KERNEL, head_dim, supported: Self::HEAD_DIMS });
         };
-        let c = Fp8WgmmaConfig { head_dim: head_dim as u32, out, block_n, stages, rescale_log2: 0, exp2_poly: 0 };
+        let c = Fp8WgmmaConfig { head_dim: head_dim as u32, out, block_n, wgs, rowsum_mma, stages, rescale_log2: 0, exp2_poly: 0 };
         c.validate()?;
         Ok(c)
     }
@@ -152,8 +173,14 @@ impl Fp8WgmmaConfig {
                 supported: Self::HEAD_DIMS,
             });
         }
-        if !(self.block_n == 128 || self.block_n == 192) {
-            return Err(NativeError::UnsupportedConfig { kernel: KERNEL, reason: format!("BLOCK_N {} (128 or 192)", self.block_n) });
+        if ![128, 160, 192, 224, 256].contains(&self.block_n) {
+            return Err(NativeError::UnsupportedConfig {
+                kernel: KERNEL,
+                reason: format!("BLOCK_N {} (128, 160, 192, 224 or 256)", self.block_n),
+            });
+        }
+        if !(self.wgs == 2 || self.wgs == 3) {
+            return Err(NativeError::UnsupportedConfig { kernel: KERNEL, reason: format!("{} consumer warpgroups (2 or 3)", self.wgs) });
         }
         if !(2..=4).contains(&self.stages) {
             return Err(NativeError::UnsupportedConfig { kernel: KERNEL, reason: format!("{} stages (2 to 4)", self.stages) });
@@ -177,38 +204,88 @@ impl Fp8WgmmaConfig {
     }
 
     /// Every attention variant the report and tests compile: head dim x O type with the table
-    /// tile, and at f16 the other tiles (128 / 192 keys, 2 / 3 stages), the stale-max threshold 8
-    /// and polynomial exp2 on every 4th or 8th score, kept compiled for sweeps on the H100.
+    /// tile, and at f16 the other tiles (128 / 192 keys, 2 / 3 stages), the stale-max threshold 8,
+    /// polynomial exp2 on every 4th or 8th score, wider tiles and three consumer warpgroups, kept
+    /// compiled for sweeps on the H100.
     pub fn all() -> Vec<Fp8WgmmaConfig> {
-        let mut v = Vec::new();
+        let mut v: Vec<Fp8WgmmaConfig> = Vec::new();
+        let push = |v: &mut Vec<Fp8WgmmaConfig>, c: Fp8WgmmaConfig| {
+            if !v.contains(&c) {
+                v.push(c);
+            }
+        };
         for head_dim in [64, 128] {
             for out in [Dtype::F16, Dtype::Bf16] {
-                v.extend(Fp8WgmmaConfig::new(head_dim, out));
+                if let Ok(c) = Fp8WgmmaConfig::new(head_dim, out) {
+                    push(&mut v, c);
+                }
             }
-            let Ok(base) = Fp8WgmmaConfig::new(head_dim, Dtype::F16) else { continue };
+            let Ok(table) = Fp8WgmmaConfig::new(head_dim, Dtype::F16) else { continue };
+            // Two consumer warpgroups, 192 keys, 2 stages: the sweeps vary one thing from here.
+            let classic = Fp8WgmmaConfig { wgs: 2, rowsum_mma: false, block_n: 192, stages: 2, ..table };
             for block_n in [128, 192] {
                 for stages in [2, 3] {
                     for rescale_log2 in [0, 8] {
-                        let c = Fp8WgmmaConfig { block_n, stages, rescale_log2, ..base };
-                        if c != base {
-                            v.push(c);
-                        }
+                        push(&mut v, Fp8WgmmaConfig { block_n, stages, rescale_log2, ..classic });
                     }
                 }
             }
             for exp2_poly in [4, 8] {
-                v.push(Fp8WgmmaConfig { exp2_poly, ..base });
+                push(&mut v, Fp8WgmmaConfig { exp2_poly, ..classic });
+            }
+            // Wider tiles (the 32-byte-swizzled Vᵀ blocks of 160 and 224 keys), three consumer
+            // warpgroups (192 query rows at 160 registers a thread) and the row sums from the
+            // P·V wgmma.
+            let wide: &[(u32, u32, u32, bool)] = if head_dim == 64 {
+                &[
+                    (3, 128, 2, false),
+                    (3, 160, 2, false),
+                    (3, 160, 3, false),
+                    (2, 224, 2, false),
+                    (2, 256, 2, false),
+                    (3, 128, 2, true),
+                    (3, 128, 3, true),
+                    (2, 192, 2, true),
+                ]
+            } else {
+                &[(2, 160, 2, false), (2, 224, 2, false), (2, 192, 2, true)]
+            };
+            for &(wgs, block_n, stages, rowsum_mma) in wide {
+                push(&mut v, Fp8WgmmaConfig { wgs, block_n, stages, rowsum_mma, ..classic });
             }
         }
         v
     }
 
-    /// `fwd_fp8_wgmma_e4m3_f16_d128_n128_tma2`, `_r8` for a stale-max threshold, `_p4` for
-    /// polynomial exp2 on every 4th score.
+    /// `fwd_fp8_wgmma_e4m3_f16_d128_n128_tma2`, `_w3` for three consumer warpgroups, `_rs` for the
+    /// row sums from the P·V wgmma, `_r8` for a
+    /// stale-max threshold, `_p4` for polynomial exp2 on every 4th score.
     pub fn name(&self) -> String {
+        let w = if self.wgs == 2 { String::new() } else { format!("_w{}", self.wgs) };
+        let w = if self.rowsum_mma { format!("{w}_rs") } else { w };
         let r = if self.rescale_log2 == 0 { String::new() } else { format!("_r{}", self.rescale_log2) };
         let p = if self.exp2_poly == 0 { String::new() } else { format!("_p{}", self.exp2_poly) };
-        format!("{KERNEL}_e4m3_{}_d{}_n{}_tma{}{r}{p}", self.out.name(), self.head_dim, self.block_n, self.stages)
+        format!("{KERNEL}_e4m3_{}_d{}_n{}{w}_tma{}{r}{p}", self.out.name(), self.head_dim, self.block_n, self.stages)
+    }
+
+    /// Columns of the P·V wgmma: the head dim, and 8 columns of row sums with `rowsum_mma`.
+    pub fn pv_n(&self) -> u32 {
+        self.head_dim + if self.rowsum_mma { 8 } else { 0 }
+    }
+
+    /// Query rows per CTA: 64 per consumer warpgroup.
+    pub fn block_m(&self) -> u32 {
+        64 * self.wgs
+    }
+
+    /// Threads per CTA: the producer warpgroup and the consumers.
+    pub fn threads(&self) -> u32 {
+        128 * (self.wgs + 1)
+    }
+
+    /// Registers per consumer thread after `setmaxnreg`.
+    pub fn consumer_regs(&self) -> u32 {
+        if self.wgs == 2 { WS_CONSUMER_REGS } else { FP8_WG3_CONSUMER_REGS }
     }
 
     pub fn defines(&self) -> Result<Vec<(String, String)>> {
@@ -218,9 +295,11 @@ impl Fp8WgmmaConfig {
             d("HEAD_DIM", self.head_dim),
             d("OUT_BF16", (self.out == Dtype::Bf16) as u32),
             d("BLOCK_N", self.block_n),
+            d("CONSUMER_WGS", self.wgs),
+            d("ROWSUM_MMA", self.rowsum_mma as u32),
             d("KV_STAGES", self.stages),
             d("PRODUCER_REGS", WS_PRODUCER_REGS),
-            d("CONSUMER_REGS", WS_CONSUMER_REGS),
+            d("CONSUMER_REGS", self.consumer_regs()),
             d("RESCALE_LOG2", self.rescale_log2),
             d("EXP2_POLY", self.exp2_poly),
         ])
@@ -237,7 +316,7 @@ impl Fp8WgmmaConfig {
     }
 
     /// Dynamic shared memory, mirror of `ws::SMEM_BYTES`: Q, the K and Vᵀ stages (one byte per
-    /// element), the mbarriers (one for Q, four per stage) and 1024 bytes of alignment slack.
+    /// element; a Vᵀ stage with its ones rows, rounded up to 1 KiB), the mbarriers (one for Q, four per stage) and 1024 bytes of alignment slack.
     pub fn smem_bytes(&self) -> Result<u32> {
         self.validate()?;
         Ok(self.smem_bytes_unchecked())
@@ -245,21 +324,23 @@ impl Fp8WgmmaConfig {
 
     fn smem_bytes_unchecked(&self) -> u32 {
         let d = self.head_dim;
-        FP8_BLOCK_M * d + self.stages * 2 * self.block_n * d + 8 * (1 + 4 * self.stages) + 1024
+        let v_stage = (self.pv_n() * self.block_n).div_ceil(1024) * 1024;
+        self.block_m() * d + self.stages * (self.block_n * d + v_stage) + 8 * (1 + 4 * self.stages) + 1024
     }
 
-    /// Keys per Vᵀ column block (its swizzle span in bytes): 128 at BLOCK_N 128, else 64.
+    /// Keys per Vᵀ column block (its swizzle span in bytes): the widest of 128, 64 and 32 that
+    /// divides BLOCK_N.
     pub fn vt_block(&self) -> u32 {
-        if self.block_n == 128 { 128 } else { 64 }
+        [128, 64, 32].into_iter().find(|b| self.block_n.is_multiple_of(*b)).unwrap_or(32)
     }
 
     /// SASS opcodes that must appear (nvdisasm 13.x spells the 8-bit float wgmma `QGMMA`): the
-    /// E4M3 wgmma of Q·Kᵀ (m64n{block_n}k32) and of P·V (m64n{hd}k32), the TMA loads and the
+    /// E4M3 wgmma of Q·Kᵀ (m64n{block_n}k32) and of P·V (m64n{pv_n}k32), the TMA loads and the
     /// producer's register release.
     pub fn expected_instructions(&self) -> Vec<String> {
         let mut v = vec![
             format!("QGMMA.64x{}x32.F32.E4M3.E4M3", self.block_n),
-            format!("QGMMA.64x{}x32.F32.E4M3.E4M3", self.head_dim),
+            format!("QGMMA.64x{}x32.F32.E4M3.E4M3", self.pv_n()),
             "UTMALDG.4D".into(),
             "USETMAXREG.DEALLOC.CTAPOOL".into(),
         ];
@@ -272,18 +353,18 @@ impl Fp8WgmmaConfig {
         Arch::for_compute_capability(cc.0, cc.1).into_iter().find(|a| Self::TARGETS.contains(a))
     }
 
-    /// Grid `(ceil(q_len / 128), q_heads, batch)`, 384 threads.
+    /// Grid `(ceil(q_len / block_m), q_heads, batch)`, 128 (wgs + 1) threads.
     pub fn launch_shape(&self, args: &Fp8Args) -> Result<Fp8LaunchShape> {
         let s = &args.shape;
-        let m_blocks = s.q_len.div_ceil(FP8_BLOCK_M as usize);
+        let m_blocks = s.q_len.div_ceil(self.block_m() as usize);
         Ok(Fp8LaunchShape {
             grid: (m_blocks as u32, s.q_heads as u32, s.batch as u32),
-            block: (384, 1, 1),
+            block: (self.threads(), 1, 1),
             smem_bytes: self.smem_bytes()?,
         })
     }
 
-    /// The three tensor maps: Q boxes of 128 rows and K boxes of `block_n` rows, hd bytes wide
+    /// The three tensor maps: Q boxes of `block_m` rows and K boxes of `block_n` rows, hd bytes wide
     /// (128B swizzle at hd 128, 64B at hd 64), Vᵀ boxes of hd rows x [`Self::vt_block`] keys
     /// (the swizzle of that span), all rank 4.
     pub fn tma_specs(&self, args: &Fp8Args, q: u64, k: u64, vt: u64) -> Result<[TmaSpec; 3]> {
@@ -295,7 +376,7 @@ impl Fp8WgmmaConfig {
         let pad = kv_pad(s);
         let vt_strides = Strides { seq: pad, head: d * pad, batch: s.kv_heads * d * pad };
         Ok([
-            TmaSpec::rows("Q", t(q, s.q_heads, s.q_len, s.q), d as u32, FP8_BLOCK_M, swizzle)?,
+            TmaSpec::rows("Q", t(q, s.q_heads, s.q_len, s.q), d as u32, self.block_m(), swizzle)?,
             TmaSpec::rows("K", t(k, s.kv_heads, s.kv_len.max(1), s.k), d as u32, self.block_n, swizzle)?,
             TmaSpec::rows(
                 "Vt",
@@ -639,20 +720,35 @@ mod tests {
         assert_eq!(c.smem_bytes().unwrap(), 128 * 128 + 2 * 2 * 192 * 128 + 8 * 9 + 1024);
         let d = c.defines().unwrap();
         assert!(d.contains(&("OUT_BF16".into(), "0".into())) && d.contains(&("RESCALE_LOG2".into(), "0".into())));
+        // Head dim 64: three consumer warpgroups, 128-key tiles, the row sums from P·V (m64n72).
         let b = Fp8WgmmaConfig::new(64, Dtype::Bf16).unwrap();
-        assert_eq!(b.name(), "fwd_fp8_wgmma_e4m3_bf16_d64_n192_tma2");
+        assert_eq!(b.name(), "fwd_fp8_wgmma_e4m3_bf16_d64_n128_w3_rs_tma2");
+        assert_eq!((b.block_m(), b.threads(), b.pv_n()), (192, 512, 72));
+        assert_eq!(b.smem_bytes().unwrap(), 192 * 64 + 2 * (128 * 64 + 72 * 128) + 8 * 9 + 1024);
+        assert!(b.defines().unwrap().contains(&("ROWSUM_MMA".to_string(), "1".to_string())));
         assert_eq!(
             b.expected_instructions(),
             vec![
-                "QGMMA.64x192x32.F32.E4M3.E4M3".to_string(),
-                "QGMMA.64x64x32.F32.E4M3.E4M3".into(),
+                "QGMMA.64x128x32.F32.E4M3.E4M3".to_string(),
+                "QGMMA.64x72x32.F32.E4M3.E4M3".into(),
                 "UTMALDG.4D".into(),
                 "USETMAXREG.DEALLOC.CTAPOOL".into()
             ]
         );
         assert!(Fp8WgmmaConfig { rescale_log2: 9, ..c }.validate().is_err());
         assert!(Fp8WgmmaConfig { stages: 5, ..c }.validate().is_err());
-        assert!(Fp8WgmmaConfig { block_n: 256, ..c }.validate().is_err());
+        assert!(Fp8WgmmaConfig { block_n: 96, ..c }.validate().is_err());
+        assert!(Fp8WgmmaConfig { block_n: 288, ..c }.validate().is_err());
+        assert!(Fp8WgmmaConfig { wgs: 4, ..c }.validate().is_err());
+        // Three consumer warpgroups: 192 query rows, 512 threads, 160 registers a consumer.
+        let w3 = Fp8WgmmaConfig { head_dim: 64, block_n: 160, wgs: 3, ..c };
+        assert_eq!(w3.name(), "fwd_fp8_wgmma_e4m3_f16_d64_n160_w3_tma2");
+        assert_eq!((w3.block_m(), w3.threads(), w3.consumer_regs()), (192, 512, 160));
+        assert_eq!(w3.smem_bytes().unwrap(), 192 * 64 + 2 * 2 * 160 * 64 + 8 * 9 + 1024);
+        assert_eq!(w3.vt_block(), 32);
+        assert!(w3.defines().unwrap().contains(&("CONSUMER_WGS".to_string(), "3".to_string())));
+        assert!(WS_PRODUCER_REGS + 3 * w3.consumer_regs() <= 512);
+        assert_eq!([128, 160, 192, 224, 256].map(|block_n| Fp8WgmmaConfig { block_n, ..c }.vt_block()), [128, 32, 64, 32, 128]);
         let n192 = Fp8WgmmaConfig { block_n: 192, stages: 3, ..c };
         assert_eq!(Fp8WgmmaConfig { block_n: 128, ..c }.name(), "fwd_fp8_wgmma_e4m3_f16_d128_n128_tma2");
         assert_eq!(n192.smem_bytes().unwrap(), 128 * 128 + 3 * 2 * 192 * 128 + 8 * 13 + 1024);
@@ -717,7 +813,7 @@ mod tests {
         let mut bad = a;
         bad.shape.q.seq = 136;
         assert!(c.validate_args(&bad).is_err());
-        let c64 = Fp8WgmmaConfig { block_n: 128, ..Fp8WgmmaConfig::new(64, Dtype::F16).unwrap() };
+        let c64 = Fp8WgmmaConfig { block_n: 128, wgs: 2, rowsum_mma: false, ..Fp8WgmmaConfig::new(64, Dtype::F16).unwrap() };
         assert!(c64.validate_args(&a).is_err(), "head dim 128 arguments for a head dim 64 kernel");
         let mut a64 = a;
         a64.shape = AttentionShape { scale: 0.088, causal: true, ..AttentionShape::contiguous(quattn_core::Layout::Bhsd, 2, 8, 2, 1000, 777, 64, true) };
@@ -727,5 +823,10 @@ mod tests {
         // 192-key tiles: K boxes of 192 rows, Vᵀ in 64-key blocks with the 64B swizzle.
         let [_, k, vt] = Fp8WgmmaConfig { block_n: 192, ..c64 }.tma_specs(&a64, 0x1000, 0x2000, 0x3000).unwrap();
         assert_eq!((k.box_dims, vt.box_dims, vt.swizzle_bytes), ([64, 192, 1, 1], [64, 64, 1, 1], 64));
+        // Three warpgroups, 160-key tiles: Q boxes of 192 rows, Vᵀ in 32-key blocks (32B swizzle).
+        let [q, k, vt] = Fp8WgmmaConfig { block_n: 160, wgs: 3, ..c64 }.tma_specs(&a64, 0x1000, 0x2000, 0x3000).unwrap();
+        assert_eq!((q.box_dims, k.box_dims), ([64, 192, 1, 1], [64, 160, 1, 1]));
+        assert_eq!((vt.box_dims, vt.swizzle_bytes), ([32, 64, 1, 1], 32));
+        assert_eq!(Fp8WgmmaConfig { block_n: 160, wgs: 3, ..c64 }.launch_shape(&a64).unwrap().block, (512, 1, 1));
     }
 }

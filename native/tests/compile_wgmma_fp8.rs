@@ -40,10 +40,10 @@ fn every_fp8_wgmma_unit_compiles_for_sm90a_with_e4m3_hgmma_and_no_spill() {
                 let regs = r.registers.expect("ptxas reported registers");
                 assert!(regs > 0 && regs <= 255, "{}: {regs} registers", r.kernel);
                 // Q·Kᵀ: head_dim / 32 wgmmas m64n{block_n}k32 per issue site (one tile step, maybe
-                // instantiated twice); P·V: block_n / 32 wgmmas m64n{hd}k32 per site (the loop and
+                // instantiated twice); P·V: block_n / 32 wgmmas m64n{pv_n}k32 per site (the loop and
                 // the tail). The compiler may duplicate sites but never drop one.
                 let s = format!("QGMMA.64x{}x32.F32.E4M3.E4M3", cfg.block_n);
-                let pv = format!("QGMMA.64x{}x32.F32.E4M3.E4M3", cfg.head_dim);
+                let pv = format!("QGMMA.64x{}x32.F32.E4M3.E4M3", cfg.pv_n());
                 let n = |op: &str| r.instructions.get(op).copied().unwrap_or(0);
                 let (s_min, pv_min) = ((cfg.head_dim / 32) as usize, 2 * (cfg.block_n / 32) as usize);
                 if s == pv {
