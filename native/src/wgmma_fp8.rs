@@ -111,11 +111,12 @@ pub const FP8_KV_PAD: u32 = 128;
 /// At hd 64 the softmax bounds the kernel (about 7 instructions and one MUFU.EX2 per score against
 /// half the MMA work of hd 128), so it takes what FlashAttention-3 takes there, three consumer
 /// warpgroups (192 query rows, 128 keys, 160 registers a thread), and the row sums of P from the
-/// P·V wgmma instead of one add per score. On one H200 at 16k (`benchmarks/2026-11-29-h200-a`,
-/// `fp8_check.txt`), non-causal / causal TFLOP/s: 192 keys, 2 warpgroups 591 / 553; 3 warpgroups
-/// 635 / 599; 3 warpgroups with the row sums 690 / 655 (the table variant). At hd 128 neither
-/// pays: with the row sums 930 / 899, 224-key tiles 894 / 884, against 954 / 883 for 192 keys.
-pub const FP8_TILES: [(u32, u32, u32, u32, bool); 2] = [(64, 128, 2, 3, true), (128, 192, 2, 2, false)];
+/// P·V wgmma instead of one add per score, with 3 K/V stages. On one H200 at 16k
+/// (`benchmarks/2026-11-29-h200-a`, `fp8_check.txt`), non-causal / causal TFLOP/s: 192 keys, 2
+/// warpgroups 597 / 565; 3 warpgroups 635 / 598; with the row sums 674 / 628 at 2 stages and
+/// 685 / 654 at 3 (the table variant; also the best at 4k and 8k). At hd 128 neither pays: with
+/// the row sums 921 / 917, 224-key tiles 888 / 893, against 957 / 905 for 192 keys.
+pub const FP8_TILES: [(u32, u32, u32, u32, bool); 2] = [(64, 128, 3, 3, true), (128, 192, 2, 2, false)];
 
 /// One compiled attention variant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
@@ -722,9 +723,9 @@ mod tests {
         assert!(d.contains(&("OUT_BF16".into(), "0".into())) && d.contains(&("RESCALE_LOG2".into(), "0".into())));
         // Head dim 64: three consumer warpgroups, 128-key tiles, the row sums from P·V (m64n72).
         let b = Fp8WgmmaConfig::new(64, Dtype::Bf16).unwrap();
-        assert_eq!(b.name(), "fwd_fp8_wgmma_e4m3_bf16_d64_n128_w3_rs_tma2");
+        assert_eq!(b.name(), "fwd_fp8_wgmma_e4m3_bf16_d64_n128_w3_rs_tma3");
         assert_eq!((b.block_m(), b.threads(), b.pv_n()), (192, 512, 72));
-        assert_eq!(b.smem_bytes().unwrap(), 192 * 64 + 2 * (128 * 64 + 72 * 128) + 8 * 9 + 1024);
+        assert_eq!(b.smem_bytes().unwrap(), 192 * 64 + 3 * (128 * 64 + 72 * 128) + 8 * 13 + 1024);
         assert!(b.defines().unwrap().contains(&("ROWSUM_MMA".to_string(), "1".to_string())));
         assert_eq!(
             b.expected_instructions(),
