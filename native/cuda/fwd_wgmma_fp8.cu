@@ -43,7 +43,7 @@
 // ---- MMAs per KV tile and consumer warpgroup ---------------------------------------------------
 //   S[64 x BN] = Q_wg · K_tileᵀ    D / 32 wgmmas m64nBNk32.f32.e4m3.e4m3, A and B by descriptor
 //   O[64 x D]  += P · V_tile        BN / 32 wgmmas m64nDk32.f32.e4m3.e4m3, A (P) in registers,
-//                                   B = Vᵀ
+//                                   B = Vᵀ (m64n(D + 8)k32 with ROWSUM_MMA: the row sums too)
 // FP8 wgmma has no transpose immediates: both shared operands must be K-major, which Q, K and Vᵀ
 // are.
 //
