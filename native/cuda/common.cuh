@@ -746,16 +746,18 @@ struct KvBarriers {
     }
 };
 
-// Ping-pong of two consumer warpgroups (FlashAttention-3): consumer cw (0 | 1) waits on named
-// barrier 1 + cw before it issues a tile's wgmmas and arrives on the other's after, so the two
-// alternate on the tensor cores and one's softmax overlaps the other's products. 256 threads per
-// barrier: the waiting warpgroup and the arriving one. Consumer 1 gives consumer 0 the first
-// turn; the last issuer gives no turn that nobody would take.
+// Ping-pong of WG consumer warpgroups (FlashAttention-3; 2 unless a kernel says otherwise):
+// consumer cw (0 .. WG - 1) waits on named barrier 1 + cw before it issues a tile's wgmmas and
+// arrives on the next one's after, so they take the tensor cores round robin and one's softmax
+// overlaps the others' products. 256 threads per barrier: the waiting warpgroup and the arriving
+// one. The last consumer gives consumer 0 the first turn and no turn after its last issue, so
+// every barrier sees as many arrivals as waits.
 __device__ __forceinline__ void wg_wait_turn(int cw) {
     cta_named_sync(1 + cw, 256);
 }
+template <int WG = 2>
 __device__ __forceinline__ void wg_give_turn(int cw) {
-    cta_named_arrive(2 - cw, 256);
+    cta_named_arrive(WG == 2 ? 2 - cw : 1 + (cw + 1) % WG, 256);
 }
 #endif
 

@@ -626,18 +626,6 @@ __device__ __forceinline__ void thread_produce(const Fp8FwdParams& p, const Fp8T
     }
 }
 
-// The consumers issue their wgmmas in turns, round robin (FA3's ping-pong, with WG warpgroups):
-// warpgroup cw waits on named barrier 1 + cw, which the previous warpgroup's arrival completes,
-// and hands the turn to the next one. Every warpgroup waits once per tile and once for its last
-// P·V; the last warpgroup opens the first turn and does not open one after its last P·V, so
-// every barrier sees as many arrivals as waits.
-__device__ __forceinline__ void fp8_wait_turn(int cw) {
-    cta_named_sync(1 + cw, 256);
-}
-__device__ __forceinline__ void fp8_give_turn(int cw) {
-    cta_named_arrive(1 + (cw + 1) % cfg::WG, 256);
-}
-
 // One consumer warpgroup's state over the KV walk.
 struct WgConsumer {
     float o[cfg::O_REGS];
@@ -658,7 +646,7 @@ struct WgConsumer {
         const int prev = (j + ws::STAGES - 1) % ws::STAGES;
         thread_mbarrier_wait(sm.bars.k_full(stage), (j / ws::STAGES) & 1);
         if (!FIRST) thread_mbarrier_wait(sm.bars.v_full(prev), ((j - 1) / ws::STAGES) & 1);
-        fp8_wait_turn(cw);
+        wg_wait_turn(cw);
         reg_fence(o);
         reg_fence(pf);
         wg_fence();
@@ -668,7 +656,7 @@ struct WgConsumer {
             wg_issue_values(o, pf, sm.v_tile(prev));
             wg_commit();
         }
-        fp8_give_turn(cw);
+        wg_give_turn<cfg::WG>(cw);
         if (FIRST) wg_wait<0>(); else wg_wait<1>();   // S_j done
         reg_fence(s);
         if (lane == 0) thread_mbarrier_arrive(sm.bars.k_empty(stage));
@@ -689,13 +677,13 @@ struct WgConsumer {
     __device__ __forceinline__ void finish(const WsSmem& sm) {
         const int last = n_tiles - 1;
         thread_mbarrier_wait(sm.bars.v_full(last % ws::STAGES), (last / ws::STAGES) & 1);
-        fp8_wait_turn(cw);
+        wg_wait_turn(cw);
         reg_fence(o);
         reg_fence(pf);
         wg_fence();
         wg_issue_values(o, pf, sm.v_tile(last % ws::STAGES));
         wg_commit();
-        if (cw != cfg::WG - 1) fp8_give_turn(cw);
+        if (cw != cfg::WG - 1) wg_give_turn<cfg::WG>(cw);
         wg_wait<0>();
         reg_fence(o);
         reg_fence(pf);
@@ -755,7 +743,7 @@ fwd_wgmma_fp8(const Fp8FwdParams p, const __grid_constant__ Fp8TmaMaps maps) {
         c.st.m[0] = c.st.m[1] = QA_NEG_INF;
         c.st.l[0] = c.st.l[1] = 0.f;
         if (c.n_tiles > 0) {
-            if (c.cw == cfg::WG - 1) fp8_give_turn(c.cw);   // consumer 0 issues first
+            if (c.cw == cfg::WG - 1) wg_give_turn<cfg::WG>(c.cw);   // consumer 0 issues first
             thread_mbarrier_wait(sm.bars.q_full(), 0);
             c.step<true>(p, sm, 0);
             for (int j = 1; j < c.n_tiles; ++j) c.step<false>(p, sm, j);

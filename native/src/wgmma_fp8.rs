@@ -54,7 +54,7 @@ use quattn_core::{AttentionShape, DescaleGranularity, Dtype, Strides};
 
 pub use crate::fp8::{Fp8Args, Fp8LaunchShape, Fp8Lens, Fp8Ptrs};
 use crate::report::KernelVariant;
-use crate::tma::{RowsTensor, TmaSpec, WS_CONSUMER_REGS, WS_PRODUCER_REGS};
+use crate::tma::{RowsTensor, TmaSpec, WS_PRODUCER_REGS};
 
 /// Prefix of every variant name (and the family name of the registry). Not `fwd_wgmma_...`:
 /// the f16 family's tests select their variants by that prefix.
@@ -67,12 +67,6 @@ pub static FWD_WGMMA_FP8: KernelSource =
 pub static FP8_VT_PREPASS: KernelSource =
     KernelSource { file: "fwd_wgmma_fp8.cu", entry: "fp8_vt_prepass", text: include_str!("../cuda/fwd_wgmma_fp8.cu") };
 
-/// Query rows per CTA of the 2-warpgroup variants (2 consumer warpgroups x 64); the 3-warpgroup
-/// variants take 192 ([`Fp8WgmmaConfig::block_m`]).
-pub const FP8_BLOCK_M: u32 = 128;
-/// Registers per consumer thread of the 3-warpgroup variants: 24 for the producer and 3 x 160
-/// per lane fit the 64 Ki register file (the 2-warpgroup variants take [`WS_CONSUMER_REGS`]).
-pub const FP8_WG3_CONSUMER_REGS: u32 = 160;
 /// Vᵀ rows are padded to a multiple of this many keys (the KV tile of 128 keys; the 192-key tile
 /// reads past the padding as TMA zeros).
 pub const FP8_KV_PAD: u32 = 128;
@@ -284,9 +278,11 @@ impl Fp8WgmmaConfig {
         128 * (self.wgs + 1)
     }
 
-    /// Registers per consumer thread after `setmaxnreg`.
+    /// Registers per consumer thread after `setmaxnreg`: what the 64 Ki register file leaves each
+    /// consumer lane beside the producer's [`WS_PRODUCER_REGS`], in setmaxnreg's steps of 8
+    /// ([`crate::tma::WS_CONSUMER_REGS`], 240, for two consumers; 160 for three).
     pub fn consumer_regs(&self) -> u32 {
-        if self.wgs == 2 { WS_CONSUMER_REGS } else { FP8_WG3_CONSUMER_REGS }
+        (65_536 / 128 - WS_PRODUCER_REGS) / self.wgs / 8 * 8
     }
 
     pub fn defines(&self) -> Result<Vec<(String, String)>> {
@@ -317,7 +313,8 @@ impl Fp8WgmmaConfig {
     }
 
     /// Dynamic shared memory, mirror of `ws::SMEM_BYTES`: Q, the K and Vᵀ stages (one byte per
-    /// element; a Vᵀ stage with its ones rows, rounded up to 1 KiB), the mbarriers (one for Q, four per stage) and 1024 bytes of alignment slack.
+    /// element; a Vᵀ stage with its ones rows, rounded up to 1 KiB), the mbarriers (one for Q,
+    /// four per stage) and 1024 bytes of alignment slack.
     pub fn smem_bytes(&self) -> Result<u32> {
         self.validate()?;
         Ok(self.smem_bytes_unchecked())
