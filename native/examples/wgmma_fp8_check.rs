@@ -8,6 +8,8 @@
 //! cargo run --release -p quattn-native --example wgmma_fp8_check -- --bench-only
 //! cargo run --release -p quattn-native --example wgmma_fp8_check -- --cpu-selftest  # no GPU:
 //!                                                  # the emulation against the f64 reference
+//! QUATTN_FP8_CHECK_ONLY=_w3,_rs cargo run ...      # only variants whose names contain a part
+//!                                                  # (and the table variants)
 //! ```
 //!
 //! # Check
@@ -18,7 +20,8 @@
 //! two stale-max cases: a key in the tile processed last (the first BLOCK_N keys; the kernel
 //! walks tiles from the end) that gives row 0 a score far above everything before it (the max grows late),
 //! and one in the tile processed first that gives row 1 its max at once (the max only shrinks
-//! relative to it afterwards). O (f16 / bf16), LSE and the Vᵀ scratch are poisoned with NaN
+//! relative to it afterwards), and the first with the key 12 times row 0's query instead of 3
+//! times: a jump of about 190 log2 units, past the range of exp2 against the earlier max. O (f16 / bf16), LSE and the Vᵀ scratch are poisoned with NaN
 //! before each launch; the prepass's Vᵀ is read back and compared byte for byte with the
 //! permutation of `vt_key_of_column`.
 //!
@@ -168,7 +171,9 @@ struct Case {
     bshd: bool,
     descale: DescaleGranularity,
     /// The stale-max case: big scores in the last and the first processed tile.
-    spikes: bool,
+    /// 0, or the factor of the aligned keys' K rows over their query rows (module docs of
+    /// `inputs`): the larger, the further the max jumps.
+    spikes: f32,
     /// Q and K codes in {-2, -1.5, .., 2}: every partial sum of Q·Kᵀ is a multiple of 1/4 below
     /// 2^10 in magnitude, exact in any accumulator with 12 or more significand bits.
     exact_s: bool,
@@ -180,20 +185,22 @@ fn cases() -> Vec<Case> {
         name, batch, q_heads, kv_heads, q_len, kv_len, causal, bshd, descale, spikes, exact_s: false,
     };
     let exact = |name, q_heads, kv_heads, q_len, kv_len, causal, descale| Case {
-        exact_s: true, ..c(name, 1, q_heads, kv_heads, q_len, kv_len, causal, false, descale, false)
+        exact_s: true, ..c(name, 1, q_heads, kv_heads, q_len, kv_len, causal, false, descale, 0.0)
     };
     vec![
-        c("non-causal", 1, 2, 2, 256, 256, false, false, T, false),
-        c("causal per-head", 1, 2, 2, 256, 256, true, false, H, false),
-        c("gqa 8/2 bshd per-head", 2, 8, 2, 200, 333, false, true, H, false),
-        c("gqa 8/2 causal", 1, 8, 2, 256, 384, true, false, T, false),
-        c("q1 causal", 1, 2, 1, 1, 77, true, false, H, false),
-        c("q1 non-causal bshd", 2, 2, 2, 1, 1000, false, true, T, false),
-        c("q17 causal bshd", 1, 4, 2, 17, 300, true, true, H, false),
-        c("q127 causal kv<q", 1, 2, 2, 127, 50, true, false, T, false),
-        c("q300 non-causal bshd", 2, 2, 2, 300, 129, false, true, H, false),
-        c("max grows late / shrinks", 1, 2, 2, 256, 1024, false, false, T, true),
-        c("max grows late causal per-head", 1, 2, 2, 256, 1024, true, false, H, true),
+        c("non-causal", 1, 2, 2, 256, 256, false, false, T, 0.0),
+        c("causal per-head", 1, 2, 2, 256, 256, true, false, H, 0.0),
+        c("gqa 8/2 bshd per-head", 2, 8, 2, 200, 333, false, true, H, 0.0),
+        c("gqa 8/2 causal", 1, 8, 2, 256, 384, true, false, T, 0.0),
+        c("q1 causal", 1, 2, 1, 1, 77, true, false, H, 0.0),
+        c("q1 non-causal bshd", 2, 2, 2, 1, 1000, false, true, T, 0.0),
+        c("q17 causal bshd", 1, 4, 2, 17, 300, true, true, H, 0.0),
+        c("q127 causal kv<q", 1, 2, 2, 127, 50, true, false, T, 0.0),
+        c("q300 non-causal bshd", 2, 2, 2, 300, 129, false, true, H, 0.0),
+        c("max grows late / shrinks", 1, 2, 2, 256, 1024, false, false, T, 3.0),
+        c("max grows late causal per-head", 1, 2, 2, 256, 1024, true, false, H, 3.0),
+        // A jump of ~190 log2 units: exp2 against the stale max overflows to +inf.
+        c("max jumps past exp2's range", 1, 2, 2, 256, 1024, false, false, H, 12.0),
         exact("exact S non-causal", 2, 2, 256, 256, false, T),
         exact("exact S gqa causal per-head", 4, 2, 200, 333, true, H),
     ]
@@ -203,7 +210,7 @@ fn cases() -> Vec<Case> {
 fn long_case() -> Case {
     Case {
         name: "long kv 16k", batch: 1, q_heads: 1, kv_heads: 1, q_len: 128, kv_len: 16384, causal: false, bshd: false,
-        descale: DescaleGranularity::PerTensor, spikes: false, exact_s: false,
+        descale: DescaleGranularity::PerTensor, spikes: 0.0, exact_s: false,
     }
 }
 
@@ -245,7 +252,7 @@ fn inputs(c: &Case, d: usize) -> Inputs {
     let q = &q_f;
     let mut k = samples(c.batch * c.kv_heads * c.kv_len * d, 12);
     let v = samples(c.batch * c.kv_heads * c.kv_len * d, 13);
-    if c.spikes {
+    if c.spikes > 0.0 {
         // Key 5 (tile 0, processed last) aligned with query row 0 of each head's group leader;
         // the last key (processed first) aligned with row 1: scores ~3 |q|^2 scale >> the rest.
         let group = c.q_heads / c.kv_heads;
@@ -256,7 +263,7 @@ fn inputs(c: &Case, d: usize) -> Inputs {
                     for x in 0..d {
                         let qo = b * shape.q.batch as usize + h * shape.q.head as usize + row * shape.q.seq as usize + x;
                         let ko = b * shape.k.batch as usize + kh * shape.k.head as usize + key * shape.k.seq as usize + x;
-                        k[ko] = 3.0 * q[qo];
+                        k[ko] = c.spikes * q[qo];
                     }
                 }
             }
@@ -675,6 +682,21 @@ fn bench(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, d: usize, kernels: &[
     Ok(())
 }
 
+/// [`Fp8WgmmaConfig::all`], or those whose names contain one of the comma-separated parts of
+/// `QUATTN_FP8_CHECK_ONLY` (the table variants always).
+fn variants() -> Vec<Fp8WgmmaConfig> {
+    let only = std::env::var("QUATTN_FP8_CHECK_ONLY").unwrap_or_default();
+    let parts: Vec<&str> = only.split(',').filter(|p| !p.is_empty()).collect();
+    Fp8WgmmaConfig::all()
+        .into_iter()
+        .filter(|c| {
+            parts.is_empty()
+                || Fp8WgmmaConfig::new(c.head_dim as usize, c.out).ok() == Some(*c)
+                || parts.iter().any(|p| c.name().contains(p))
+        })
+        .collect()
+}
+
 fn main() -> Result<(), BoxErr> {
     let mode = std::env::args().nth(1).unwrap_or_default();
     let (check_only, bench_only) = (mode == "--check-only", mode == "--bench-only");
@@ -731,7 +753,7 @@ fn main() -> Result<(), BoxErr> {
     // below then hit the in-memory cache.
     {
         let mut reqs = Vec::new();
-        for cfg in Fp8WgmmaConfig::all() {
+        for cfg in variants() {
             reqs.push(cfg.request(quattn_native::Arch::Sm90a)?);
             reqs.push(cfg.prepass_request(quattn_native::Arch::Sm90a)?);
         }
@@ -751,7 +773,7 @@ fn main() -> Result<(), BoxErr> {
     }
     let mut all_ok = true;
     let mut bench_kernels = Vec::new();
-    for cfg in Fp8WgmmaConfig::all() {
+    for cfg in variants() {
         let kernel = match Fp8WgmmaKernel::load(&ctx, cfg) {
             Ok(k) => k,
             Err(e) => {
