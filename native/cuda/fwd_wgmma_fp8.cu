@@ -325,12 +325,21 @@ __device__ __forceinline__ u64 qk_desc(u32 addr) {
 #endif
 }
 
-// S[64 x BN] = Q_wg · K_tileᵀ: K_STEPS wgmmas, the first overwrites.
-__device__ __forceinline__ void wg_issue_scores(float (&s)[cfg::S_REGS], u32 q_wg, u32 k_tile) {
+// A descriptor moved by `units` 16-byte units. The start address is the low 14 bits of the low
+// word and shared memory ends below 2^18 bytes, so the sum never carries out of its field: the
+// descriptors of a loop are one base each and compile-time offsets (one add, not the field
+// arithmetic of building a descriptor per wgmma).
+__device__ __forceinline__ u64 desc_add(u64 d, u32 units) {
+    return (d & 0xffffffff00000000ull) | (u32)((u32)d + units);
+}
+
+// S[64 x BN] = Q_wg · K_tileᵀ: K_STEPS wgmmas, the first overwrites. q_desc, k_desc: the
+// descriptors of the warpgroup's Q rows and of the K tile (qk_desc); step kk is 32 bytes on.
+__device__ __forceinline__ void wg_issue_scores(float (&s)[cfg::S_REGS], u64 q_desc, u64 k_desc) {
 #pragma unroll
     for (int kk = 0; kk < cfg::K_STEPS; ++kk) {
-        const u64 a = qk_desc(q_wg + (u32)kk * 32u);
-        const u64 b = qk_desc(k_tile + (u32)kk * 32u);
+        const u64 a = desc_add(q_desc, 2u * kk);
+        const u64 b = desc_add(k_desc, 2u * kk);
 #if BLOCK_N == 256
         if (kk == 0) wg_mma_e4m3_ss_n256<0>(s, a, b); else wg_mma_e4m3_ss_n256<1>(s, a, b);
 #elif BLOCK_N == 224
@@ -353,11 +362,12 @@ __device__ __forceinline__ u64 vt_desc(u32 addr) {
     if (cfg::VT_BLOCK == 64) return sw64_desc(addr, 16, 512);
     return sw32_desc(addr, 16, 256);
 }
-__device__ __forceinline__ void wg_issue_values(float (&o)[cfg::O_REGS], const u32 (&pf)[cfg::P_STEPS][4], u32 vt_tile) {
+// vt_tile_desc: vt_desc of the Vᵀ tile's first block.
+__device__ __forceinline__ void wg_issue_values(float (&o)[cfg::O_REGS], const u32 (&pf)[cfg::P_STEPS][4], u64 vt_tile_desc) {
 #pragma unroll
     for (int kk = 0; kk < cfg::P_STEPS; ++kk) {
         const int key_byte = 32 * kk;
-        const u64 b = vt_desc(vt_tile + (u32)((key_byte / cfg::VT_BLOCK) * cfg::VT_BLOCK_BYTES + key_byte % cfg::VT_BLOCK));
+        const u64 b = desc_add(vt_tile_desc, (u32)((key_byte / cfg::VT_BLOCK) * cfg::VT_BLOCK_BYTES + key_byte % cfg::VT_BLOCK) >> 4);
 #if HEAD_DIM == 128 && ROWSUM_MMA
         wg_mma_e4m3_rs_n136(o, pf[kk], b);
 #elif HEAD_DIM == 128
@@ -634,7 +644,13 @@ struct WgConsumer {
     RowState st;
     float c;                                  // scale * log2(e) * q_descale * k_descale
     int n_tiles, n_masked, diag, lane, cw;
-    u32 q_wg;
+    u64 q_desc, k_desc0, v_desc0;             // Q rows of the warpgroup; K and Vᵀ of stage 0
+    __device__ __forceinline__ u64 k_desc(int stage) const {
+        return desc_add(k_desc0, (u32)(stage * (cfg::K_TILE_BYTES >> 4)));
+    }
+    __device__ __forceinline__ u64 v_desc(int stage) const {
+        return desc_add(v_desc0, (u32)(stage * (cfg::V_TILE_BYTES >> 4)));
+    }
 
     // KV tile j (tile n_tiles - 1 - j): issue S_j (and, unless FIRST, P_{j-1}·V_{j-1}) in this
     // warpgroup's turn, softmax S_j while the P·V runs, then rescale O and pack P_j. FIRST is a
@@ -650,10 +666,10 @@ struct WgConsumer {
         reg_fence(o);
         reg_fence(pf);
         wg_fence();
-        wg_issue_scores(s, q_wg, sm.k_tile(stage));
+        wg_issue_scores(s, q_desc, k_desc(stage));
         wg_commit();
         if (!FIRST) {
-            wg_issue_values(o, pf, sm.v_tile(prev));
+            wg_issue_values(o, pf, v_desc(prev));
             wg_commit();
         }
         wg_give_turn<cfg::WG>(cw);
@@ -681,7 +697,7 @@ struct WgConsumer {
         reg_fence(o);
         reg_fence(pf);
         wg_fence();
-        wg_issue_values(o, pf, sm.v_tile(last % ws::STAGES));
+        wg_issue_values(o, pf, v_desc(last % ws::STAGES));
         wg_commit();
         if (cw != cfg::WG - 1) wg_give_turn<cfg::WG>(cw);
         wg_wait<0>();
@@ -734,7 +750,9 @@ fwd_wgmma_fp8(const Fp8FwdParams p, const __grid_constant__ Fp8TmaMaps maps) {
         const int local_row0 = 64 * c.cw + 16 * ((tid >> 5) & 3) + (c.lane >> 2);
         const int row0 = m0 + local_row0;
         c.diag = p.causal ? row0 + p.kv_len - p.q_len + 1 : 0x3fffffff;
-        c.q_wg = sm.q + (u32)(64 * c.cw * cfg::D);
+        c.q_desc = qk_desc(sm.q + (u32)(64 * c.cw * cfg::D));
+        c.k_desc0 = qk_desc(sm.k_tile(0));
+        c.v_desc0 = vt_desc(sm.v_tile(0));
         const int head = cta_head();
         const int kv_head = head / p.kv_group;
         c.c = p.scale_log2 * cta_descale(p, p.q_descale, p.q_heads, head) * cta_descale(p, p.k_descale, p.kv_heads, kv_head);
