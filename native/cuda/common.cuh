@@ -903,6 +903,13 @@ __device__ __forceinline__ u64 sw32_desc(u32 addr, u32 lbo, u32 sbo) {
     return (u64)((addr >> 4) & 0x3fffu) | ((u64)((lbo >> 4) & 0x3fffu) << 16) |
            ((u64)((sbo >> 4) & 0x3fffu) << 32) | (3ull << 62);
 }
+// A descriptor moved by `units` 16-byte units. The start address is the low 14 bits of the low
+// word and shared memory ends below 2^18 bytes, so the sum never carries out of its field: the
+// descriptors of a KV loop are a base each and compile-time offsets (one add, not the field
+// arithmetic of building a descriptor per wgmma).
+__device__ __forceinline__ u64 desc_add(u64 d, u32 units) {
+    return (d & 0xffffffff00000000ull) | (u32)((u32)d + units);
+}
 __device__ __forceinline__ void wg_fence() {
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 }

@@ -325,14 +325,6 @@ __device__ __forceinline__ u64 qk_desc(u32 addr) {
 #endif
 }
 
-// A descriptor moved by `units` 16-byte units. The start address is the low 14 bits of the low
-// word and shared memory ends below 2^18 bytes, so the sum never carries out of its field: the
-// descriptors of a loop are one base each and compile-time offsets (one add, not the field
-// arithmetic of building a descriptor per wgmma).
-__device__ __forceinline__ u64 desc_add(u64 d, u32 units) {
-    return (d & 0xffffffff00000000ull) | (u32)((u32)d + units);
-}
-
 // S[64 x BN] = Q_wg · K_tileᵀ: K_STEPS wgmmas, the first overwrites. q_desc, k_desc: the
 // descriptors of the warpgroup's Q rows and of the K tile (qk_desc); step kk is 32 bytes on.
 __device__ __forceinline__ void wg_issue_scores(float (&s)[cfg::S_REGS], u64 q_desc, u64 k_desc) {
