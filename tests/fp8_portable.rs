@@ -55,25 +55,79 @@ fn prefill_follows_emulation(s: Option<Session>, strategy: Strategy) {
             for descale in [DescaleGranularity::PerTensor, DescaleGranularity::PerHead, DescaleGranularity::PerBlock] {
                 let prec = fp8(format, descale);
                 let plan = s.plan(&p, prec, strategy).unwrap_or_else(|e| panic!("plan {prec} {p:?}: {e}"));
-                assert_eq!(plan.family(), Family::Portable(PortableKind::Fp8), "{}", plan.kernel);
                 let (q, k, v) = f16_inputs(&p, 700 + i as u64);
-                let out = s.run(&plan, &q, &k, &v).unwrap();
-                // Against f64 on the f16 values: the mode's tolerance (FP8 quantization error).
-                let r = reference::attention_f64(&p, &q, &k, &v).unwrap();
-                let m = ErrorMetrics::compare(&out.o, &r.o);
-                let tol = Tolerance::for_precision(prec);
-                let ref_max = r.o.iter().fold(0.0f64, |a, &x| a.max(x.abs()));
-                assert!(tol.accepts(&m, ref_max), "{} {p:?}: {m:?} vs {tol:?}", plan.kernel);
-                // Against the emulation with the kernel's descale blocks: the same codes, so what
-                // is left is O's f16 rounding (2^-11 relative) and f32 summation order.
-                let emu = quattn::emulation::emulate(&p, prec, &plan.blocking.unwrap(), &q, &k, &v).unwrap();
-                let e: Vec<f64> = emu.o.iter().map(|&x| x as f64).collect();
-                let me = ErrorMetrics::compare(&out.o, &e);
-                assert!(me.rel_l2 < 1e-3, "{} {p:?}: kernel vs emulation {me:?}", plan.kernel);
-                let el: Vec<f64> = emu.lse.iter().map(|&x| x as f64).collect();
-                let lm = compare_lse(out.lse.as_ref().unwrap(), &el).expect("LSE infinities match");
-                assert!(lm.max_abs < 1e-4, "{} LSE vs emulation {lm:?}", plan.kernel);
+                check_against_reference_and_emulation(&s, &plan, &q, &k, &v);
             }
+        }
+    }
+}
+
+/// One run of `plan` against the f64 reference (the mode's tolerance) and against the
+/// emulation with the kernel's descale blocks.
+fn check_against_reference_and_emulation(s: &Session, plan: &quattn::Plan, q: &[f32], k: &[f32], v: &[f32]) {
+    let (p, prec) = (&plan.problem, plan.precision);
+    assert_eq!(plan.family(), Family::Portable(PortableKind::Fp8), "{}", plan.kernel);
+    let out = s.run(plan, q, k, v).unwrap();
+    // Against f64 on the f16 values: the mode's tolerance (FP8 quantization error).
+    let r = reference::attention_f64(p, q, k, v).unwrap();
+    let m = ErrorMetrics::compare(&out.o, &r.o);
+    let tol = Tolerance::for_precision(prec);
+    let ref_max = r.o.iter().fold(0.0f64, |a, &x| a.max(x.abs()));
+    assert!(tol.accepts(&m, ref_max), "{} {p:?}: {m:?} vs {tol:?}", plan.kernel);
+    // Against the emulation with the kernel's descale blocks: the same codes, so what is left
+    // is O's f16 rounding (2^-11 relative), f32 summation order, and where P is rounded (the
+    // lazy rescale's stale max; the mma kernel's per-block V descale folded into P).
+    let emu = quattn::emulation::emulate(p, prec, &plan.blocking.unwrap(), q, k, v).unwrap();
+    let e: Vec<f64> = emu.o.iter().map(|&x| x as f64).collect();
+    let me = ErrorMetrics::compare(&out.o, &e);
+    assert!(me.rel_l2 < 1e-3, "{} {p:?}: kernel vs emulation {me:?}", plan.kernel);
+    let el: Vec<f64> = emu.lse.iter().map(|&x| x as f64).collect();
+    let lm = compare_lse(out.lse.as_ref().unwrap(), &el).expect("LSE infinities match");
+    assert!(lm.max_abs < 1e-4, "{} LSE vs emulation {lm:?}", plan.kernel);
+}
+
+#[test]
+fn per_block_descales_far_apart_follow_the_emulation() {
+    per_block_descales_far_apart(session(), Strategy::Auto);
+}
+
+#[test]
+fn cuda_per_block_descales_far_apart_follow_the_emulation() {
+    per_block_descales_far_apart(common::open(Device::Cuda(0)), Strategy::Portable);
+}
+
+/// Per-block descales that differ between KV tiles by up to 2^10: K and V rows of tile t
+/// scaled by `K_SCALES[t % 3]` and `V_SCALES[t % 3]` (powers of two), so that the running max
+/// of the mma kernel, kept over `s · c_t + ln v_descale_t`, moves between tiles of small and
+/// large V descales both ways. The ratios stay where the emulation's f16 P, rounded before the
+/// descale, keeps its precision too (`tests/fp8_mma_block_twin.rs` goes further on the host).
+fn per_block_descales_far_apart(s: Option<Session>, strategy: Strategy) {
+    const K_SCALES: [f32; 3] = [1.0, 2.0, 0.5];
+    const V_SCALES: [f32; 3] = [1.0 / 64.0, 16.0, 1.0];
+    let Some(s) = s else { return };
+    let shapes = [
+        AttentionProblem::new(1, 2, 70, 128).kv_len(300).causal(true),
+        AttentionProblem::new(2, 4, 40, 64).kv_heads(2).kv_len(200).layout(Layout::Bshd),
+    ];
+    for (i, p) in shapes.into_iter().enumerate() {
+        let p = p.with_lse(true);
+        for format in [Fp8Format::E4M3, Fp8Format::E5M2] {
+            let prec = fp8(format, DescaleGranularity::PerBlock);
+            let plan = s.plan(&p, prec, strategy).unwrap_or_else(|e| panic!("plan {prec} {p:?}: {e}"));
+            let block_k = plan.blocking.unwrap().block_k;
+            let (q, mut k, mut v) = inputs::qkv(&p, 900 + i as u64);
+            for (x, scales, st, dim) in [(&mut k, K_SCALES, p.k_strides(), p.head_dim), (&mut v, V_SCALES, p.v_strides(), p.v_head_dim)] {
+                for b in 0..p.batch {
+                    for h in 0..p.kv_heads {
+                        for j in 0..p.kv_len {
+                            let row = st.offset(b, h, j);
+                            x[row..row + dim].iter_mut().for_each(|e| *e *= scales[(j / block_k) % 3]);
+                        }
+                    }
+                }
+            }
+            let r = |x: Vec<f32>| HostSlice::F32(&x).rounded_to(quattn::Dtype::F16);
+            check_against_reference_and_emulation(&s, &plan, &r(q), &r(k), &r(v));
         }
     }
 }

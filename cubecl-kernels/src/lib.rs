@@ -88,7 +88,8 @@
 //! Two kernels do this: the vector FMA one (`fma_vec_fp8`, every runtime) and, where the f16
 //! mma kernel runs (CUDA sm_80+), the manual-MMA one (`mma_fp8`: 8 codes per load, decoded to
 //! f16 pairs with bit operations and one f16 multiply, staged for `ldmatrix`; constant descales
-//! folded into the softmax scale and the epilogue, per-block ones applied per KV tile).
+//! folded into the softmax scale and the epilogue, per-block ones folded into each KV tile's
+//! softmax: its row max scaled once, the V descale's log added to the exponent).
 //!
 //! - wgpu/WGSL on llvmpipe (CI): FMA kernels (FP8 too); f16 yes, bf16 no (refused with
 //!   [`LaunchError::UnsupportedDtype`]), no subgroups (wgpu disables them on CPU adapters),

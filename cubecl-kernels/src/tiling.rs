@@ -417,21 +417,18 @@ pub fn mma_candidates(head_dim: u32) -> &'static [MmaTiles] {
 /// granularity, best first: the f16 mma kernel's table ([`mma_candidates`]) without the tilings
 /// where the decode's registers make ptxas spill (checked offline by `kernel::mma_fp8`'s NVRTC
 /// test, sm_90a): 4 x 1 at bk 64 for d 32 (up to 56 B at 96 registers), 4 x 1 at bk 32 for
-/// d 65..=128 (up to 24 B at 168 registers), and with per-block descales (P·V accumulated per
-/// tile) 4 x 2 at d 64 (up to 204 B). Per-block 4 x 1 at d 64 spills a few words through the
-/// FP8 conversion of sm_89 and later (ptxas holds 4 warps to 168 registers) and is kept first:
-/// it runs 0.75-0.80x the f16 kernel on the H100 where the spill-free 8 x 1 runs 0.58-0.71x.
-pub fn mma_fp8_candidates(head_dim: u32, granularity: DescaleGranularity) -> &'static [MmaTiles] {
+/// d 65..=128 (up to 24 B at 168 registers). Per-block descales fold into the softmax as the
+/// constant ones do (the kernel's module doc), within a few registers of them and spill-free
+/// on every tiling here, so every granularity takes the same table.
+pub fn mma_fp8_candidates(head_dim: u32, _granularity: DescaleGranularity) -> &'static [MmaTiles] {
     const fn t(warps: u32, mt: u32, bk: u32) -> MmaTiles {
         MmaTiles { warps, mt, bk }
     }
     const TINY: &[MmaTiles] = &[t(4, 2, 64), t(8, 1, 64)];
-    const SMALL_PER_BLOCK: &[MmaTiles] = &[t(4, 1, 64), t(8, 1, 64)];
     const MEDIUM: &[MmaTiles] = &[t(8, 1, 64), t(4, 1, 64)];
-    match (head_dim, granularity) {
-        (0..=32, _) => TINY,
-        (33..=64, DescaleGranularity::PerBlock) => SMALL_PER_BLOCK,
-        (65..=128, _) => MEDIUM,
+    match head_dim {
+        0..=32 => TINY,
+        65..=128 => MEDIUM,
         _ => mma_candidates(head_dim),
     }
 }

@@ -51,7 +51,10 @@
 //!   decoded codes, exact products, f32 accumulator. P `F16`: f16; P `Fp8`: `e4m3(p · 448)`
 //!   **also when the format is E5M2** — P lies in [0, 1] and needs mantissa, not range, and
 //!   mixed E4M3×E5M2 MMAs exist (sm_89+ `mma`, `wgmma`). The tile product is multiplied by
-//!   `v_descale` (`/ 448` for FP8 P), per tile (V's descale may change per tile).
+//!   `v_descale` (`/ 448` for FP8 P), per tile (V's descale may change per tile). The portable
+//!   FP8 mma kernel with per-block descales folds `v_descale` into P instead and rounds
+//!   `p · v_descale` (relative to the row's largest such product) to f16: like the stale max,
+//!   the same relative error, not the same bits (its host twin is `tests/fp8_mma_block_twin.rs`).
 //! * `Nvfp4 {v}`: Q and K as [`crate::codec::nvfp4`] along the head dim (each tensor one tensor
 //!   scale; `head_dim % 16 == 0`); `s` is a block-scaled MMA: per 16-block
 //!   `(sq · sk) · Σ e2m1·e2m1` (exact), blocks summed in f32, times `ts_q · ts_k`. `v: Bf16`: P

@@ -10,12 +10,24 @@
 //! - Q·K descales: `s = (Σ q·k) · (q_descale · k_descale)`. With per-tensor and per-head
 //!   descales the factor is constant over the cube's whole KV walk and is folded into the
 //!   softmax scale (`exp((s − m) · scale · factor)`, the running max kept in undescaled units,
-//!   `LSE = m · scale · factor + ln l`); with per-block descales it changes per KV tile and
-//!   multiplies the tile's scores before the softmax.
+//!   `LSE = m · scale · factor + ln l`).
 //! - V descale: `Σ_j (p̃_j · v_descale) · v_j` with P rounded to f16 (`p̃`). Constant over the
-//!   walk (per tensor, per head), it multiplies O once in the epilogue; per block, each tile's
-//!   P·V is accumulated into a zeroed pair of n8 tiles and added to O as `o + v_descale · pv`.
-//!   Both are the exact products up to f32 rounding.
+//!   walk (per tensor, per head), it multiplies O once in the epilogue.
+//! - Per-block descales change per KV tile, and both fold into the softmax so that a tile
+//!   costs per row what it costs with constant descales (one op per row, none per score or
+//!   per O element). With `c_t = scale · q_descale · k_descale_t` and `a_t = ln v_descale_t`,
+//!   the running max is kept in scaled units with the V descale's log added,
+//!   `M = max_j (s_j · c_t + a_t)`: the factor is positive, so the tile's raw row max scaled is
+//!   its scaled max. P is `p'_j = exp(s_j · c_t + a_t − M)`, the probability times its V
+//!   descale, relative to the row's largest such product; rounded to f16 it accumulates
+//!   straight into O. The row sum takes the undescaled `p_j = p'_j · e^-a_t` (one FMA per row),
+//!   so `O = acc / l` and `LSE = M + ln l`. `p' ≤ e^5.6` under the lazy rescale (no f16
+//!   overflow, whatever the descales' ratios), and a tile with a small V descale loses
+//!   precision to f16's subnormals only for products below `2^-14` of the row's largest. This
+//!   rounds `p · v_descale` (scaled) to f16 where the facade's emulation rounds `p` and then
+//!   multiplies by `v_descale`: the same relative error, not the same bits (as with the lazy
+//!   rescale's stale max). `a_t` is clamped to ±`V_LOG_LIMIT` (60), which keeps the row sums
+//!   in f32's range: V descales outside `[e^-60, e^60]` act as those bounds (zero as `e^-60`).
 //! - The descale blocks are the tile: `bq` query rows per Q descale, `bk` keys per K/V descale
 //!   (`Fp8Tiles::descale_blocks`).
 //!
@@ -40,10 +52,10 @@ use half::f16;
 
 use super::fma_vec_fp8::{clear_marked, convert_pair, non_finite_bytes, Fp8Config, Fp8Shape};
 use super::mma::{
-    acc_zero, cube_fetch_rows, ldmatrix_start, plane_load_q, plane_online_softmax, plane_score_matmul,
-    plane_value_matmul, write_results, MmaFwdConfig, Pair, MMA_M, MMA_N, MMA_K, PLANE, SMEM_ALIGN,
+    acc_zero, cube_fetch_rows, plane_load_q, plane_online_softmax, plane_score_matmul, plane_value_matmul, write_results,
+    MmaFwdConfig, Pair, MMA_M, MMA_N, MMA_K, PLANE, SMEM_ALIGN,
 };
-use super::{cube_key_ranges, is_visible, AttnShape, NO_MAX};
+use super::{cube_key_ranges, is_visible, AttnShape, LAZY_RESCALE_THRESHOLD, MASK_THRESHOLD, NO_MAX};
 
 /// Codes (and f16 stage elements) per vector: one 8-byte global load, one 16-byte stage vector.
 pub(crate) const FP8_VEC: usize = 8;
@@ -134,11 +146,15 @@ pub fn fwd_mma_fp8<O: Float, N: Size>(
     } else if comptime!(fcfg.per_head()) {
         kv_index = batch * fp8.kv_heads as usize + kv_head;
     }
-    // Constant descales fold into the softmax scale and the epilogue (see the module doc).
-    let mut scale = shape.scale;
+    // Constant descales fold into the softmax scale and the epilogue; per block, `scale` is the
+    // score factor without the tile's K descale, and the running max is kept in scaled units,
+    // so the LSE takes it as is (see the module doc).
+    let mut scale = shape.scale * q_ds;
+    let mut lse_scale = 1.0f32;
     let mut o_factor = 1.0f32;
     if comptime!(!fcfg.per_block()) {
         scale = shape.scale * (q_ds * k_descale[kv_index]);
+        lse_scale = scale;
         o_factor = v_descale[kv_index];
     }
 
@@ -168,17 +184,17 @@ pub fn fwd_mma_fp8<O: Float, N: Size>(
     for tile in 0..num_full {
         kv_step_fp8(
             k, v, k_descale, v_descale, &mut k_stage, &mut v_stage, &mut bad, &q_frags, &mut s_frags, &mut o_frags,
-            &mut stats, shape, scale, q_ds, k_base, v_base, kv_index, tile, num_tiles, plane_q0, lane, false, cfg, fcfg, cvt,
+            &mut stats, shape, scale, k_base, v_base, kv_index, tile, num_tiles, plane_q0, lane, false, cfg, fcfg, cvt,
         );
     }
     for tile in num_full..num_tiles {
         kv_step_fp8(
             k, v, k_descale, v_descale, &mut k_stage, &mut v_stage, &mut bad, &q_frags, &mut s_frags, &mut o_frags,
-            &mut stats, shape, scale, q_ds, k_base, v_base, kv_index, tile, num_tiles, plane_q0, lane, true, cfg, fcfg, cvt,
+            &mut stats, shape, scale, k_base, v_base, kv_index, tile, num_tiles, plane_q0, lane, true, cfg, fcfg, cvt,
         );
     }
 
-    write_results(o, lse, &o_frags, &stats, shape, scale, o_factor, batch, head, plane_q0, lane, cfg);
+    write_results(o, lse, &o_frags, &stats, shape, lse_scale, o_factor, batch, head, plane_q0, lane, cfg);
 
     // Poison: the records are complete (every store and atomic precedes the walk's last
     // barrier, or the one after the Q stage), and a lane overwrites only the elements it wrote
@@ -203,7 +219,6 @@ fn kv_step_fp8<N: Size>(
     stats: &mut Array<f32>,
     shape: &AttnShape,
     scale: f32,
-    q_ds: f32,
     k_base: usize,
     v_base: usize,
     kv_index: usize,
@@ -222,19 +237,22 @@ fn kv_step_fp8<N: Size>(
     let kv_len = shape.kv_len as usize;
     let k0 = tile * bk;
 
+    // Per block: the tile's descales, read before the score MMAs that hide their latency.
+    let mut k_ds = 1.0f32;
+    let mut v_ds = 1.0f32;
+    if comptime!(fcfg.per_block()) {
+        k_ds = k_descale[kv_index + tile];
+        v_ds = v_descale[kv_index + tile];
+    }
     let v_regs = cube_fetch_rows(v, v_base, shape.v_s2 as usize, k0, kv_len, bk, dv, cfg);
 
     plane_score_matmul::<f16, Halves>(q_frags, k_stage, s_frags, lane, cfg);
     if comptime!(fcfg.per_block()) {
-        let factor = Vector::<f32, Pair>::new(q_ds * k_descale[kv_index + tile]);
-        #[unroll]
-        for i in 0..cfg.mt * cfg.s_tiles() {
-            let frag = s_frags.index_mut(i);
-            frag[0] = frag[0] * factor;
-            frag[1] = frag[1] * factor;
-        }
+        let v_log = max(min(f32::ln(v_ds), V_LOG_LIMIT), -V_LOG_LIMIT);
+        plane_online_softmax_descaled(s_frags, o_frags, stats, shape, scale * k_ds, v_log, plane_q0, k0, lane, masked, cfg);
+    } else {
+        plane_online_softmax(s_frags, o_frags, stats, shape, scale, plane_q0, k0, lane, masked, cfg);
     }
-    plane_online_softmax(s_frags, o_frags, stats, shape, scale, plane_q0, k0, lane, masked, cfg);
 
     cube_store_codes(&v_regs, v_stage, bad, k0, bk, dv, cfg.v_pitch(), false, cfg, fcfg, cvt);
     let next = tile + 1;
@@ -244,11 +262,7 @@ fn kv_step_fp8<N: Size>(
     // V(t) is visible, and every plane is done reading K(t).
     sync_cube();
 
-    if comptime!(fcfg.per_block()) {
-        plane_value_matmul_descaled(s_frags, v_stage, o_frags, v_descale[kv_index + tile], lane, cfg);
-    } else {
-        plane_value_matmul::<f16, Halves>(s_frags, v_stage, o_frags, lane, cfg);
-    }
+    plane_value_matmul::<f16, Halves>(s_frags, v_stage, o_frags, lane, cfg);
     cube_store_codes(&k_regs, k_stage, bad, next * bk, bk, d, cfg.k_pitch(), false, cfg, fcfg, cvt);
     // K(t+1) is visible, and every plane is done reading V(t).
     sync_cube();
@@ -343,75 +357,121 @@ fn cube_store_codes<N: Size>(
     }
 }
 
-/// `mma::plane_value_matmul` with a per-tile V descale: for each pair of O's n8 tiles, the
-/// tile's P·V goes to zeroed accumulators and is added as `o + v_descale · pv`.
+/// Bound on `|ln v_descale|` of the per-block softmax: V descales below `e^-60` (zero
+/// included) act as `e^-60`, above `e^60` as `e^60`. With the lazy rescale's headroom the row
+/// sums then stay within f32 (`l ≤ n·e^(60 + 5.6)` over `n` keys, and the largest term is at
+/// least `e^-60`, so terms down to `2^-40` of it are normal numbers).
+const V_LOG_LIMIT: f32 = 60.0;
+
+/// `mma::plane_online_softmax` with per-tile descales, folded so that a tile costs per row what
+/// the constant-descale form costs (see the module doc): `score_scale` is the softmax scale
+/// times the tile's Q and K descales, `v_log` the log of its V descale (clamped to
+/// [`V_LOG_LIMIT`]). The running max `M` is kept in scaled units with the V descale's log
+/// added, `max_j (s_j · score_scale + v_log)`: the factor is positive, so the tile's raw row
+/// max scaled is the scaled max (one FMA per row). The probabilities written back are
+/// `p'_j = exp(s_j · score_scale + v_log − M)` (P·V accumulates them straight into O, in the
+/// same reference as the row sum), and the row sum takes `p_j = p'_j · e^-v_log`
+/// (`exp(s_j · score_scale − M)`, undescaled), one multiply per row. Under the lazy rescale
+/// `p' ≤ e^5.6`, so f16 P cannot overflow.
 #[cube]
-fn plane_value_matmul_descaled(
-    s_frags: &Sequence<Array<Vector<f32, Pair>>>,
-    v_stage: &SharedMemory<Vector<f16, Halves>>,
+#[allow(clippy::too_many_arguments)]
+fn plane_online_softmax_descaled(
+    s_frags: &mut Sequence<Array<Vector<f32, Pair>>>,
     o_frags: &mut Sequence<Array<Vector<f32, Pair>>>,
-    v_descale: f32,
+    stats: &mut Array<f32>,
+    shape: &AttnShape,
+    score_scale: f32,
+    v_log: f32,
+    plane_q0: usize,
+    k0: usize,
     lane: u32,
+    #[comptime] masked: bool,
     #[comptime] cfg: MmaFwdConfig,
 ) {
-    let def = MmaDefinition::<f16, f16, f32>::new(MMA_M, MMA_N, MMA_K);
-    let lane = lane as usize;
-    let lane_start = ldmatrix_start(lane % 16, (lane / 16) * 8, cfg.v_pitch(), FP8_VEC);
+    let def = MmaDefinition::<f32, f32, f32>::new(MMA_M, MMA_N, MMA_K);
+    let q_len = shape.q_len as usize;
+    let kv_len = shape.kv_len as usize;
     let st = cfg.s_tiles();
-    let ot = cfg.o_tiles();
-    let descale = Vector::<f32, Pair>::new(v_descale);
-    // P's A fragments, [c * mt + m].
-    let mut p_frags = Sequence::<Array<Vector<f16, Pair>>>::new();
+    let v_inv = f32::exp(-v_log);
+    let mut alpha = Array::<f32>::new(comptime!(2 * cfg.mt));
+    let mut moved = false;
     #[unroll]
-    for c in 0..cfg.pv_steps() {
+    for m in 0..cfg.mt {
         #[unroll]
-        for m in 0..cfg.mt {
-            let lo = s_frags.index(comptime!(m * st + 2 * c));
-            let hi = s_frags.index(comptime!(m * st + 2 * c + 1));
-            let mut a = Array::<Vector<f16, Pair>>::new(4usize);
-            a[0] = Vector::<f16, Pair>::cast_from(lo[0]);
-            a[1] = Vector::<f16, Pair>::cast_from(lo[1]);
-            a[2] = Vector::<f16, Pair>::cast_from(hi[0]);
-            a[3] = Vector::<f16, Pair>::cast_from(hi[1]);
-            p_frags.push(a);
+        for h in 0..2usize {
+            let mut tile_max = NO_MAX.runtime();
+            #[unroll]
+            for j in 0..cfg.s_tiles() {
+                let frag = s_frags.index_mut(comptime!(m * st + j));
+                let mut x = frag[h];
+                if masked {
+                    #[unroll]
+                    for e in 0..2usize {
+                        let (r, c) = def.position_of_nth(lane, comptime!((2 * h + e) as u32), MatrixIdent::Accumulator);
+                        let row = plane_q0 + m * MMA_M + r as usize;
+                        let key = k0 + j * MMA_N + c as usize;
+                        let visible = is_visible(row, key, q_len, kv_len, cfg.causal);
+                        x[e] = select(visible, x[e], NO_MAX);
+                    }
+                    frag[h] = x;
+                }
+                tile_max = max(tile_max, max(x[0], x[1]));
+            }
+            tile_max = max(tile_max, plane_shuffle_xor(tile_max, 1u32));
+            tile_max = max(tile_max, plane_shuffle_xor(tile_max, 2u32));
+
+            // The tile's max in the running max's units; a row that sees none of the tile's
+            // keys keeps NO_MAX (its scaled value could pass for a score).
+            let mut scaled_max = fma(tile_max, score_scale, v_log);
+            if masked {
+                scaled_max = select(tile_max > MASK_THRESHOLD, scaled_max, NO_MAX);
+            }
+            let old_max = stats[comptime!(2 * m + h)];
+            let mut new_max = max(old_max, scaled_max);
+            if cfg.lazy_rescale {
+                new_max = select(scaled_max - old_max > LAZY_RESCALE_THRESHOLD, scaled_max, old_max);
+            }
+            let bias = v_log - new_max;
+            let mut tile_sum = 0.0f32;
+            #[unroll]
+            for j in 0..cfg.s_tiles() {
+                let frag = s_frags.index_mut(comptime!(m * st + j));
+                let mut x = frag[h];
+                #[unroll]
+                for e in 0..2usize {
+                    let mut p = f32::exp(fma(x[e], score_scale, bias));
+                    if masked {
+                        p = select(x[e] > MASK_THRESHOLD, p, 0.0);
+                    }
+                    x[e] = p;
+                    tile_sum += p;
+                }
+                frag[h] = x;
+            }
+            let a = f32::exp(old_max - new_max);
+            alpha[comptime!(2 * m + h)] = a;
+            let sum_idx = comptime!(2 * cfg.mt + 2 * m + h);
+            stats[sum_idx] = fma(tile_sum, v_inv, stats[sum_idx] * a);
+            stats[comptime!(2 * m + h)] = new_max;
+            moved = moved || new_max != old_max;
         }
     }
-    #[unroll]
-    for np in 0..cfg.o_tiles() / 2 {
-        let mut pv = Sequence::<Array<Vector<f32, Pair>>>::new();
-        #[unroll]
-        for _ in 0..2 * cfg.mt {
-            pv.push(acc_zero());
-        }
-        #[unroll]
-        for c in 0..cfg.pv_steps() {
-            let start = lane_start + comptime!((c * MMA_K * cfg.v_pitch() + np * 2 * MMA_N) / FP8_VEC);
-            let b4 = def.load_matrix::<Vector<f16, Halves>, Pair>(
-                &v_stage.slice(start, start + 1usize),
-                MatrixIdent::B,
-                4usize,
-                true,
-            );
-            let mut b_lo = Array::<Vector<f16, Pair>>::new(2usize);
-            let mut b_hi = Array::<Vector<f16, Pair>>::new(2usize);
-            b_lo[0] = b4[0];
-            b_lo[1] = b4[1];
-            b_hi[0] = b4[2];
-            b_hi[1] = b4[3];
-            #[unroll]
-            for m in 0..cfg.mt {
-                def.execute_inplace(p_frags.index(comptime!(c * cfg.mt + m)), &b_lo, pv.index_mut(comptime!(2 * m)));
-                def.execute_inplace(p_frags.index(comptime!(c * cfg.mt + m)), &b_hi, pv.index_mut(comptime!(2 * m + 1)));
-            }
-        }
+
+    let mut rescale = true;
+    if cfg.lazy_rescale {
+        rescale = plane_any(moved);
+    }
+    if rescale {
+        let ot = cfg.o_tiles();
         #[unroll]
         for m in 0..cfg.mt {
             #[unroll]
-            for x in 0..2usize {
-                let acc = pv.index(comptime!(2 * m + x));
-                let frag = o_frags.index_mut(comptime!(m * ot + 2 * np + x));
-                frag[0] = fma(acc[0], descale, frag[0]);
-                frag[1] = fma(acc[1], descale, frag[1]);
+            for n in 0..cfg.o_tiles() {
+                let frag = o_frags.index_mut(comptime!(m * ot + n));
+                #[unroll]
+                for h in 0..2usize {
+                    frag[h] = frag[h] * Vector::new(alpha[comptime!(2 * m + h)]);
+                }
             }
         }
     }
@@ -545,19 +605,21 @@ mod decode_tests {
 
 /// The FP8 mma kernel compiled for CUDA offline (no GPU), like `mma.rs`'s `cuda_tests`: every
 /// tiling of [`mma_fp8_candidates`](crate::mma_fp8_candidates) at every head dim (and one
-/// `dv != d`), causal, both formats, the three descale granularities (two KV-step
-/// bodies each: per-block multiplies the scores and accumulates P·V per tile), f16 O. CubeCL's
+/// `dv != d`), causal, both formats, the three descale granularities (two softmax bodies:
+/// per-block folds the tile's descales into it), f16 O. CubeCL's
 /// allocator gives exactly what the fit check counts (`PortableKernel::smem_bytes`: the f16 mma
 /// kernel's stages after the non-finite records' `bq + 1` words, 16-byte aligned), and NVRTC for sm_90a gives the f16 mma
 /// kernel's HMMA count, LDSM, and no spills. By default (`Cover`) each head dim's first tiling
-/// of each granularity is compiled, with the conversion where it comes first.
+/// of each granularity is compiled, with the conversion where it comes first. Each variant's
+/// loops (the unmasked and the masked key step) are printed with their SASS instruction counts
+/// and opcode mix (`QUATTN_MMA_CUDA_DIR=<dir>` also writes the sources and the SASS there).
 ///
 /// `cargo test --release -p quattn-cubecl --features cuda --lib mma_fp8`
 #[cfg(all(test, feature = "cuda"))]
 mod cuda_tests {
     use super::*;
     use crate::kernel::fma_vec_fp8::Fp8ShapeCompilationArg;
-    use crate::kernel::offline_cuda::{client, cuda_include_dir, nvrtc_cubin, ADDR, COMPILE_LOCK};
+    use crate::kernel::offline_cuda::{client, cuda_include_dir, nvrtc_cubin, sass_loops, ADDR, COMPILE_LOCK};
     use crate::problem::SUPPORTED_HEAD_DIMS;
     use crate::tiling::{mma_fp8_candidates, mma_fp8_record_bytes};
     use crate::kernel::AttnShapeCompilationArg;
@@ -688,6 +750,9 @@ mod cuda_tests {
                     let res = quattn_native::Resources::parse_ptxas_log(&log)
                         .unwrap_or_else(|| panic!("{name}: no ptxas report in {log}"));
                     let sass = quattn_native::sass::disassemble(&cubin).unwrap();
+                    if let Some(dir) = &dump {
+                        std::fs::write(dir.join(format!("{name}.sass")), &sass).unwrap();
+                    }
                     let hist = quattn_native::sass::opcode_histogram(&sass);
                     let count = |prefix: &str| -> usize {
                         hist.iter().filter(|(op, _)| op.starts_with(prefix)).map(|(_, n)| n).sum()
@@ -710,18 +775,13 @@ mod cuda_tests {
                         res.spill_bytes(),
                         2 * per_step,
                     );
-                    // Per-block descales at d 33..64 on 4 x 1 through the conversion: ptxas
-                    // holds 4 warps to 168 registers and spills a few words; measured faster
-                    // than the spill-free 8 x 1 (`mma_fp8_candidates`), so admitted, bounded.
-                    let spill_admitted = cvt
-                        && granularity == DescaleGranularity::PerBlock
-                        && (33..=64).contains(&cfg.head_dim.max(cfg.v_head_dim))
-                        && (cfg.warps, cfg.mt) == (4, 1);
-                    let spill_limit = if spill_admitted { 32 } else { 0 };
+                    for l in sass_loops(&sass) {
+                        println!("  loop {:#x}-{:#x}: {}", l.start, l.end, l.summary(14));
+                    }
                     if declared != formula + records
                         || hmma != 2 * per_step
                         || ldsm == 0
-                        || res.spill_bytes() > spill_limit
+                        || res.spill_bytes() != 0
                         || (conversions > 0) != cvt
                     {
                         failures.push(name);

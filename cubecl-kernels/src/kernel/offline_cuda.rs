@@ -395,3 +395,63 @@ impl OfflineCuda {
         assert!(failures.is_empty(), "{} of {count} variants fail:\n{}", failures.len(), failures.join("\n"));
     }
 }
+
+/// One loop of a SASS listing: the instructions from a backward branch's target to the
+/// branch, and their opcodes (modifiers kept) with counts.
+pub(crate) struct SassLoop {
+    pub start: usize,
+    pub end: usize,
+    pub instructions: usize,
+    pub opcodes: std::collections::BTreeMap<String, usize>,
+}
+
+impl SassLoop {
+    /// `N instructions: OP n, ...`, the most frequent opcodes first (modifiers dropped).
+    pub(crate) fn summary(&self, top: usize) -> String {
+        let mut base = std::collections::BTreeMap::<&str, usize>::new();
+        for (op, n) in &self.opcodes {
+            *base.entry(op.split('.').next().unwrap_or(op)).or_default() += n;
+        }
+        let mut ops: Vec<(&str, usize)> = base.into_iter().collect();
+        ops.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+        let mix: Vec<String> = ops.iter().take(top).map(|(op, n)| format!("{op} {n}")).collect();
+        format!("{} instructions: {}", self.instructions, mix.join(", "))
+    }
+}
+
+/// The loops of a `cuobjdump -sass` listing (branch targets as addresses), in address order of
+/// their branch: what one iteration of a kernel's key walk issues, counted statically (a
+/// branch inside the body, such as a conditional rescale, counts its whole side).
+pub(crate) fn sass_loops(sass: &str) -> Vec<SassLoop> {
+    // (address, instruction text without predicate) for every instruction line.
+    let mut ins: Vec<(usize, String)> = Vec::new();
+    for line in sass.lines() {
+        let Some(rest) = line.trim_start().strip_prefix("/*") else { continue };
+        let Some((addr, rest)) = rest.split_once("*/") else { continue };
+        let Ok(addr) = usize::from_str_radix(addr, 16) else { continue };
+        let text = rest.split(';').next().unwrap_or("").trim();
+        let text = match text.split_once(' ') {
+            Some((p, t)) if p.starts_with('@') => t.trim(),
+            _ => text,
+        };
+        if text.chars().next().is_some_and(|c| c.is_ascii_uppercase()) {
+            ins.push((addr, text.to_string()));
+        }
+    }
+    let mut loops = Vec::new();
+    for &(addr, ref text) in &ins {
+        if !text.starts_with("BRA") {
+            continue;
+        }
+        let target = text.split([' ', ',']).filter_map(|t| t.strip_prefix("0x")).find_map(|h| usize::from_str_radix(h, 16).ok());
+        let Some(start) = target.filter(|&t| t < addr) else { continue };
+        let mut opcodes = std::collections::BTreeMap::new();
+        let mut instructions = 0;
+        for (_, t) in ins.iter().filter(|(a, _)| (start..=addr).contains(a)) {
+            *opcodes.entry(t.split_whitespace().next().unwrap_or("").to_string()).or_insert(0) += 1;
+            instructions += 1;
+        }
+        loops.push(SassLoop { start, end: addr, instructions, opcodes });
+    }
+    loops
+}
