@@ -264,11 +264,13 @@ __device__ __forceinline__ TileRef tile_ref_at(TileRef r, u32 bytes) { return de
 using TileRef = u32;
 __device__ __forceinline__ TileRef tile_ref_at(TileRef r, u32 bytes) { return r + bytes; }
 #endif
-__device__ __forceinline__ u64 qk_desc_at(TileRef r, u32 bytes) {
+// The descriptor `bytes` into the tile `r` names; BUILD makes it from a shared address.
+template <u64 (*BUILD)(u32)>
+__device__ __forceinline__ u64 desc_at(TileRef r, u32 bytes) {
 #if DESC_BASES
     return tile_ref_at(r, bytes);
 #else
-    return qk_desc(tile_ref_at(r, bytes));
+    return BUILD(tile_ref_at(r, bytes));
 #endif
 }
 
@@ -277,8 +279,8 @@ __device__ __forceinline__ u64 qk_desc_at(TileRef r, u32 bytes) {
 __device__ __forceinline__ void wg_issue_scores(int (&s)[cfg::S_REGS], TileRef q, TileRef k) {
 #pragma unroll
     for (int kk = 0; kk < cfg::K_STEPS; ++kk) {
-        const u64 a = qk_desc_at(q, 32u * kk);
-        const u64 b = qk_desc_at(k, 32u * kk);
+        const u64 a = desc_at<qk_desc>(q, 32u * kk);
+        const u64 b = desc_at<qk_desc>(k, 32u * kk);
 #if BLOCK_N == 192
         if (kk == 0) wg_mma_s8_n192<0>(s, a, b); else wg_mma_s8_n192<1>(s, a, b);
 #else
@@ -298,21 +300,13 @@ __device__ __forceinline__ u64 v_tile_desc(u32 v_tile) {
     return sw128_desc(v_tile, cfg::BN * 128, 1024);
 #endif
 }
-// Descriptor `bytes` into a V or Vᵀ tile.
-__device__ __forceinline__ u64 v_desc_at(TileRef r, u32 bytes) {
-#if DESC_BASES
-    return tile_ref_at(r, bytes);
-#else
-    return v_tile_desc(tile_ref_at(r, bytes));
-#endif
-}
 
 #if PV_FP8
 // Descriptor of k-step kk's Vᵀ slice: block (32 kk) / VT_BLOCK, byte (32 kk) % VT_BLOCK of its
 // first row.
 __device__ __forceinline__ u64 vt_desc(TileRef tile, int kk) {
     const int key_byte = 32 * kk;
-    return v_desc_at(tile, (u32)((key_byte / cfg::VT_BLOCK) * cfg::VT_BLOCK_BYTES + key_byte % cfg::VT_BLOCK));
+    return desc_at<v_tile_desc>(tile, (u32)((key_byte / cfg::VT_BLOCK) * cfg::VT_BLOCK_BYTES + key_byte % cfg::VT_BLOCK));
 }
 
 // O[64 x D] (+)= P[64 x BN] · V_tile[BN x D]: P_STEPS register-A e4m3 wgmmas, B = the Vᵀ tile.
@@ -336,7 +330,7 @@ __device__ __forceinline__ void wg_issue_values(float (&o)[cfg::O_REGS], const u
     (void)accumulate;
 #pragma unroll
     for (int kk = 0; kk < cfg::P_STEPS; ++kk) {
-        const u64 b = v_desc_at(v, 2048u * kk);
+        const u64 b = desc_at<v_tile_desc>(v, 2048u * kk);
 #if HEAD_DIM == 128
         wg_mma_rs_n128(o, pf[kk], b);
 #else
