@@ -694,8 +694,10 @@ struct WgConsumer {
     float cum[2];                             // PV_FLUSH: the factor the stored sums still owe
     int n_tiles, n_masked, diag, lane, cw;
     TileRef q_ref, k_ref0, v_ref0;            // Q rows of the warpgroup; K and V of stage 0
+#if PV_FLUSH != 1
     const float* k_scales;                    // the (batch, KV head)'s K scales
     int k_blocks;
+#endif
     u32 o_acc;                                // PV_FLUSH: this thread's first 16-byte slot
 
     __device__ __forceinline__ TileRef k_ref(int stage) const { return tile_ref_at(k_ref0, (u32)(stage * cfg::K_TILE_BYTES)); }
@@ -770,6 +772,11 @@ struct WgConsumer {
         // them is live across the wgmma issue, where the accumulators of both products and P
         // hold most registers.
         float ks[cfg::K_SCALES];
+#if PV_FLUSH == 1
+        // Flushing every tile leaves no register for the base across the walk (it spills).
+        const int k_blocks = (p.kv_len + cfg::KB - 1) / cfg::KB;
+        const float* k_scales = reinterpret_cast<const float*>(p.k_scale) + ((i64)cta_batch() * p.kv_heads + cta_kv_head(p)) * k_blocks;
+#endif
 #pragma unroll
         for (int b = 0; b < cfg::K_SCALES; ++b) ks[b] = __ldg(k_scales + min(t * cfg::K_SCALES + b, k_blocks - 1));
         if (FIRST) wg_wait<0>(); else wg_wait<1>();   // S_j done
@@ -862,8 +869,10 @@ fwd_wgmma_int8(const Int8FwdParams p, const __grid_constant__ Int8TmaMaps maps, 
         c.k_ref0 = sm.k_tile(0);
         c.v_ref0 = sm.v_tile(0);
 #endif
+#if PV_FLUSH != 1
         c.k_blocks = (p.kv_len + cfg::KB - 1) / cfg::KB;
         c.k_scales = reinterpret_cast<const float*>(p.k_scale) + ((i64)cta_batch() * p.kv_heads + cta_kv_head(p)) * c.k_blocks;
+#endif
         c.o_acc = sm.o_acc + (u32)((c.cw * (cfg::O_REGS / 4) * 128 + (ctid & 127)) * 16);
 #pragma unroll
         for (int e = 0; e < cfg::O_REGS; ++e) c.o[e] = 0.f;
