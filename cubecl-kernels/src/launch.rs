@@ -1731,7 +1731,7 @@ pub fn select_fp8<R: Runtime>(
     let mma_why = mma_unavailable(client, Dtype::F16).or_else(|| fp8_mma_layout_ok(&args).err());
     match mma_why {
         None => {
-            let kernels = fp8_mma_order(mma_fp8_candidates(dmax, granularity), args.q_len)
+            let kernels = fp8_mma_order(mma_fp8_candidates(dmax), args.q_len)
                 .into_iter()
                 .map(|t| fp8(Fp8Tiling::Mma(t)));
             match first_fitting(kernels, limits, args.head_dim, args.v_head_dim, o_dtype) {
@@ -2073,7 +2073,7 @@ mod fp8_order_tests {
 
     #[test]
     fn decode_shapes_take_the_smallest_query_tile_first() {
-        let table = mma_fp8_candidates(128, DescaleGranularity::PerHead);
+        let table = mma_fp8_candidates(128);
         let bqs = |q_len| fp8_mma_order(table, q_len).iter().map(MmaTiles::bq).collect::<Vec<_>>();
         assert_eq!(bqs(4096), table.iter().map(MmaTiles::bq).collect::<Vec<_>>());
         assert_eq!(bqs(1), vec![64, 128]);

@@ -3,7 +3,6 @@
 //! shared-memory and units-per-cube limits. Pure functions, no device.
 
 use crate::error::LaunchError;
-use quattn_core::DescaleGranularity;
 
 /// Tiling of the vectorized FMA kernel (`fma_vec.rs`; also the packed-f16 and INT8 kernels):
 /// a cube of `tr * tc` units owns `bq` query rows and walks the keys `bk` at a time, and where
@@ -413,14 +412,14 @@ pub fn mma_candidates(head_dim: u32) -> &'static [MmaTiles] {
     }
 }
 
-/// Candidate tilings of the FP8 mma kernel (`mma_fp8.rs`) per head dim and descale
-/// granularity, best first: the f16 mma kernel's table ([`mma_candidates`]) without the tilings
+/// Candidate tilings of the FP8 mma kernel (`mma_fp8.rs`) per head dim, best first (every
+/// descale granularity): the f16 mma kernel's table ([`mma_candidates`]) without the tilings
 /// where the decode's registers make ptxas spill (checked offline by `kernel::mma_fp8`'s NVRTC
 /// test, sm_90a): 4 x 1 at bk 64 for d 32 (up to 56 B at 96 registers), 4 x 1 at bk 32 for
 /// d 65..=128 (up to 24 B at 168 registers). Per-block descales fold into the softmax as the
 /// constant ones do (the kernel's module doc), within a few registers of them and spill-free
 /// on every tiling here, so every granularity takes the same table.
-pub fn mma_fp8_candidates(head_dim: u32, _granularity: DescaleGranularity) -> &'static [MmaTiles] {
+pub fn mma_fp8_candidates(head_dim: u32) -> &'static [MmaTiles] {
     const fn t(warps: u32, mt: u32, bk: u32) -> MmaTiles {
         MmaTiles { warps, mt, bk }
     }

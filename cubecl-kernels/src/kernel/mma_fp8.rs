@@ -709,7 +709,7 @@ mod cuda_tests {
         dims.push((64, 128));
         let grans = [DescaleGranularity::PerTensor, DescaleGranularity::PerHead, DescaleGranularity::PerBlock];
         let configs = dims.into_iter().flat_map(|(d, dv)| grans.into_iter().map(move |g| (d, dv, g))).flat_map(|(d, dv, g)| {
-            mma_fp8_candidates(d.max(dv) as u32, g).iter().map(move |t| (g, MmaFwdConfig {
+            mma_fp8_candidates(d.max(dv) as u32).iter().map(move |t| (g, MmaFwdConfig {
                 head_dim: d,
                 v_head_dim: dv,
                 warps: t.warps as usize,
