@@ -506,9 +506,6 @@ pub(crate) fn plane_online_softmax(
     #[comptime] masked: bool,
     #[comptime] cfg: MmaFwdConfig,
 ) {
-    let def = MmaDefinition::<f32, f32, f32>::new(MMA_M, MMA_N, MMA_K);
-    let q_len = shape.q_len as usize;
-    let kv_len = shape.kv_len as usize;
     let st = cfg.s_tiles();
     let mut alpha = Array::<f32>::new(comptime!(2 * cfg.mt));
     let mut moved = false;
@@ -516,32 +513,7 @@ pub(crate) fn plane_online_softmax(
     for m in 0..cfg.mt {
         #[unroll]
         for h in 0..2usize {
-            let mut tile_max = NO_MAX.runtime();
-            #[unroll]
-            for j in 0..cfg.s_tiles() {
-                let frag = s_frags.index_mut(comptime!(m * st + j));
-                let mut x = frag[h];
-                if masked {
-                    #[unroll]
-                    for e in 0..2usize {
-                        // CubeCL's own (row, column) of this accumulator element.
-                        let (r, c) = def.position_of_nth(
-                            lane,
-                            comptime!((2 * h + e) as u32),
-                            MatrixIdent::Accumulator,
-                        );
-                        let row = plane_q0 + m * MMA_M + r as usize;
-                        let key = k0 + j * MMA_N + c as usize;
-                        let visible = is_visible(row, key, q_len, kv_len, cfg.causal);
-                        x[e] = select(visible, x[e], NO_MAX);
-                    }
-                    frag[h] = x;
-                }
-                tile_max = max(tile_max, max(x[0], x[1]));
-            }
-            tile_max = max(tile_max, plane_shuffle_xor(tile_max, 1u32));
-            tile_max = max(tile_max, plane_shuffle_xor(tile_max, 2u32));
-
+            let tile_max = plane_masked_row_max(s_frags, shape, plane_q0, k0, lane, m, h, masked, cfg);
             let old_max = stats[comptime!(2 * m + h)];
             let mut new_max = max(old_max, tile_max);
             if cfg.lazy_rescale {
@@ -573,7 +545,61 @@ pub(crate) fn plane_online_softmax(
             moved = moved || new_max != old_max;
         }
     }
+    plane_rescale_o(o_frags, &alpha, moved, cfg);
+}
 
+/// The max over the plane's score tile of row `g + 8h` of m-tile `m` (vector `h` of its
+/// accumulator tiles, reduced over the quad), with the elements a mask hides (`masked`) set to
+/// `NO_MAX` in the fragments first. The raw scores' max: the caller scales it.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn plane_masked_row_max(
+    s_frags: &mut Sequence<Array<Vector<f32, Pair>>>,
+    shape: &AttnShape,
+    plane_q0: usize,
+    k0: usize,
+    lane: u32,
+    #[comptime] m: usize,
+    #[comptime] h: usize,
+    #[comptime] masked: bool,
+    #[comptime] cfg: MmaFwdConfig,
+) -> f32 {
+    let def = MmaDefinition::<f32, f32, f32>::new(MMA_M, MMA_N, MMA_K);
+    let q_len = shape.q_len as usize;
+    let kv_len = shape.kv_len as usize;
+    let st = cfg.s_tiles();
+    let mut tile_max = NO_MAX.runtime();
+    #[unroll]
+    for j in 0..cfg.s_tiles() {
+        let frag = s_frags.index_mut(comptime!(m * st + j));
+        let mut x = frag[h];
+        if masked {
+            #[unroll]
+            for e in 0..2usize {
+                // CubeCL's own (row, column) of this accumulator element.
+                let (r, c) = def.position_of_nth(lane, comptime!((2 * h + e) as u32), MatrixIdent::Accumulator);
+                let row = plane_q0 + m * MMA_M + r as usize;
+                let key = k0 + j * MMA_N + c as usize;
+                let visible = is_visible(row, key, q_len, kv_len, cfg.causal);
+                x[e] = select(visible, x[e], NO_MAX);
+            }
+            frag[h] = x;
+        }
+        tile_max = max(tile_max, max(x[0], x[1]));
+    }
+    tile_max = max(tile_max, plane_shuffle_xor(tile_max, 1u32));
+    max(tile_max, plane_shuffle_xor(tile_max, 2u32))
+}
+
+/// O *= `alpha` per row (entry `2m + h`: row `g + 8h` of m-tile `m`), skipped under the lazy
+/// rescale unless some row of the plane `moved`.
+#[cube]
+pub(crate) fn plane_rescale_o(
+    o_frags: &mut Sequence<Array<Vector<f32, Pair>>>,
+    alpha: &Array<f32>,
+    moved: bool,
+    #[comptime] cfg: MmaFwdConfig,
+) {
     let mut rescale = true;
     if cfg.lazy_rescale {
         rescale = plane_any(moved);

@@ -52,8 +52,8 @@ use half::f16;
 
 use super::fma_vec_fp8::{clear_marked, convert_pair, non_finite_bytes, Fp8Config, Fp8Shape};
 use super::mma::{
-    acc_zero, cube_fetch_rows, plane_load_q, plane_online_softmax, plane_score_matmul, plane_value_matmul, write_results,
-    MmaFwdConfig, Pair, MMA_M, MMA_N, MMA_K, PLANE, SMEM_ALIGN,
+    acc_zero, cube_fetch_rows, plane_load_q, plane_masked_row_max, plane_online_softmax, plane_rescale_o,
+    plane_score_matmul, plane_value_matmul, write_results, MmaFwdConfig, Pair, MMA_M, MMA_N, MMA_K, PLANE, SMEM_ALIGN,
 };
 use super::{cube_key_ranges, is_visible, AttnShape, LAZY_RESCALE_THRESHOLD, MASK_THRESHOLD, NO_MAX};
 
@@ -451,7 +451,8 @@ const V_LOG_LIMIT: f32 = 60.0;
 /// `p'_j = exp(s_j · score_scale + v_log − M)` (P·V accumulates them straight into O, in the
 /// same reference as the row sum), and the row sum takes `p_j = p'_j · e^-v_log`
 /// (`exp(s_j · score_scale − M)`, undescaled), one multiply per row. Under the lazy rescale
-/// `p' ≤ e^5.6`, so f16 P cannot overflow.
+/// `p' ≤ e^5.6`, so f16 P cannot overflow. The masked tile max and the O rescale are the f16
+/// kernel's (`plane_masked_row_max`, `plane_rescale_o`).
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn plane_online_softmax_descaled(
@@ -467,9 +468,6 @@ fn plane_online_softmax_descaled(
     #[comptime] masked: bool,
     #[comptime] cfg: MmaFwdConfig,
 ) {
-    let def = MmaDefinition::<f32, f32, f32>::new(MMA_M, MMA_N, MMA_K);
-    let q_len = shape.q_len as usize;
-    let kv_len = shape.kv_len as usize;
     let st = cfg.s_tiles();
     let v_inv = f32::exp(-v_log);
     let mut alpha = Array::<f32>::new(comptime!(2 * cfg.mt));
@@ -478,27 +476,7 @@ fn plane_online_softmax_descaled(
     for m in 0..cfg.mt {
         #[unroll]
         for h in 0..2usize {
-            let mut tile_max = NO_MAX.runtime();
-            #[unroll]
-            for j in 0..cfg.s_tiles() {
-                let frag = s_frags.index_mut(comptime!(m * st + j));
-                let mut x = frag[h];
-                if masked {
-                    #[unroll]
-                    for e in 0..2usize {
-                        let (r, c) = def.position_of_nth(lane, comptime!((2 * h + e) as u32), MatrixIdent::Accumulator);
-                        let row = plane_q0 + m * MMA_M + r as usize;
-                        let key = k0 + j * MMA_N + c as usize;
-                        let visible = is_visible(row, key, q_len, kv_len, cfg.causal);
-                        x[e] = select(visible, x[e], NO_MAX);
-                    }
-                    frag[h] = x;
-                }
-                tile_max = max(tile_max, max(x[0], x[1]));
-            }
-            tile_max = max(tile_max, plane_shuffle_xor(tile_max, 1u32));
-            tile_max = max(tile_max, plane_shuffle_xor(tile_max, 2u32));
-
+            let tile_max = plane_masked_row_max(s_frags, shape, plane_q0, k0, lane, m, h, masked, cfg);
             // The tile's max in the running max's units; a row that sees none of the tile's
             // keys keeps NO_MAX (its scaled value could pass for a score).
             let mut scaled_max = fma(tile_max, score_scale, v_log);
@@ -535,25 +513,7 @@ fn plane_online_softmax_descaled(
             moved = moved || new_max != old_max;
         }
     }
-
-    let mut rescale = true;
-    if cfg.lazy_rescale {
-        rescale = plane_any(moved);
-    }
-    if rescale {
-        let ot = cfg.o_tiles();
-        #[unroll]
-        for m in 0..cfg.mt {
-            #[unroll]
-            for n in 0..cfg.o_tiles() {
-                let frag = o_frags.index_mut(comptime!(m * ot + n));
-                #[unroll]
-                for h in 0..2usize {
-                    frag[h] = frag[h] * Vector::new(alpha[comptime!(2 * m + h)]);
-                }
-            }
-        }
-    }
+    plane_rescale_o(o_frags, &alpha, moved, cfg);
 }
 
 /// Rows that saw a key and whose Q row or a visible key holds a non-finite code: O and LSE
