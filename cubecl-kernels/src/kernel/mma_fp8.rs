@@ -347,11 +347,7 @@ fn cube_store_codes<N: Size>(
         #[unroll]
         for step in 0..per_unit {
             let e = step * cfg.units() + unit;
-            let mut in_tile = true;
-            if comptime!(step * cfg.units() + cfg.units() > count) {
-                in_tile = e < count;
-            }
-            if in_tile {
+            if vector_in_tile(e, step, count, cfg) {
                 let codes = regs[step];
                 any_bad |= non_finite_bytes(codes[0], fcfg) | non_finite_bytes(codes[1], fcfg);
                 let mut raw = Vector::<u32, Const<2>>::empty();
@@ -368,11 +364,7 @@ fn cube_store_codes<N: Size>(
             #[unroll]
             for step in 0..per_unit {
                 let e = step * cfg.units() + unit;
-                let mut in_tile = true;
-                if comptime!(step * cfg.units() + cfg.units() > count) {
-                    in_tile = e < count;
-                }
-                if in_tile {
+                if vector_in_tile(e, step, count, cfg) {
                     let row = e / per_row;
                     store_codes_cleared(again[step], stage, bad, row * stage_row + e % per_row, row, row0, is_q, cfg, fcfg, cvt);
                 }
@@ -382,16 +374,23 @@ fn cube_store_codes<N: Size>(
         #[unroll]
         for step in 0..per_unit {
             let e = step * cfg.units() + unit;
-            let mut in_tile = true;
-            if comptime!(step * cfg.units() + cfg.units() > count) {
-                in_tile = e < count;
-            }
-            if in_tile {
+            if vector_in_tile(e, step, count, cfg) {
                 let row = e / per_row;
                 store_codes_cleared(regs[step], stage, bad, row * stage_row + e % per_row, row, row0, is_q, cfg, fcfg, cvt);
             }
         }
     }
+}
+
+/// Whether vector `e` (of `count`, step `step` of the units' round robin) is in the tile:
+/// tested only in the last step, where `count` need not fill every unit.
+#[cube]
+fn vector_in_tile(e: usize, #[comptime] step: usize, #[comptime] count: usize, #[comptime] cfg: MmaFwdConfig) -> bool {
+    let mut in_tile = true;
+    if comptime!(step * cfg.units() + cfg.units() > count) {
+        in_tile = e < count;
+    }
+    in_tile
 }
 
 /// One vector of 8 codes decoded into `stage[index]` with its non-finite codes as zero, and
