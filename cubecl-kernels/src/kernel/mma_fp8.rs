@@ -361,23 +361,39 @@ fn cube_store_codes<N: Size>(
         // made ptxas spill.
         if any_bad != 0u32 {
             let again = cube_fetch_rows(src, base, row_stride, fetch_row0, len, rows, dim, cfg);
-            #[unroll]
-            for step in 0..per_unit {
-                let e = step * cfg.units() + unit;
-                if vector_in_tile(e, step, count, cfg) {
-                    let row = e / per_row;
-                    store_codes_cleared(again[step], stage, bad, row * stage_row + e % per_row, row, row0, is_q, cfg, fcfg, cvt);
-                }
-            }
+            cube_store_codes_cleared(&again, stage, bad, row0, rows, dim, pitch, is_q, cfg, fcfg, cvt);
         }
     } else {
-        #[unroll]
-        for step in 0..per_unit {
-            let e = step * cfg.units() + unit;
-            if vector_in_tile(e, step, count, cfg) {
-                let row = e / per_row;
-                store_codes_cleared(regs[step], stage, bad, row * stage_row + e % per_row, row, row0, is_q, cfg, fcfg, cvt);
-            }
+        cube_store_codes_cleared(regs, stage, bad, row0, rows, dim, pitch, is_q, cfg, fcfg, cvt);
+    }
+}
+
+/// Every vector of `regs` (as [`cube_store_codes`] takes them) through [`store_codes_cleared`].
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn cube_store_codes_cleared<N: Size>(
+    regs: &Array<Vector<u32, N>>,
+    stage: &mut SharedMemory<Vector<f16, Halves>>,
+    bad: &mut SharedMemory<Atomic<u32>>,
+    row0: usize,
+    #[comptime] rows: usize,
+    #[comptime] dim: usize,
+    #[comptime] pitch: usize,
+    #[comptime] is_q: bool,
+    #[comptime] cfg: MmaFwdConfig,
+    #[comptime] fcfg: Fp8Config,
+    #[comptime] cvt: bool,
+) {
+    let per_row = comptime!(dim / FP8_VEC);
+    let stage_row = comptime!(pitch / FP8_VEC);
+    let count = comptime!(rows * dim / FP8_VEC);
+    let unit = UNIT_POS as usize;
+    #[unroll]
+    for step in 0..comptime!(count.div_ceil(cfg.units())) {
+        let e = step * cfg.units() + unit;
+        if vector_in_tile(e, step, count, cfg) {
+            let row = e / per_row;
+            store_codes_cleared(regs[step], stage, bad, row * stage_row + e % per_row, row, row0, is_q, cfg, fcfg, cvt);
         }
     }
 }
