@@ -264,6 +264,15 @@ __device__ __forceinline__ TileRef tile_ref_at(TileRef r, u32 bytes) { return de
 using TileRef = u32;
 __device__ __forceinline__ TileRef tile_ref_at(TileRef r, u32 bytes) { return r + bytes; }
 #endif
+// The reference to the tile at shared address `addr`; BUILD makes its descriptor.
+template <u64 (*BUILD)(u32)>
+__device__ __forceinline__ TileRef tile_ref(u32 addr) {
+#if DESC_BASES
+    return BUILD(addr);
+#else
+    return addr;
+#endif
+}
 // The descriptor `bytes` into the tile `r` names; BUILD makes it from a shared address.
 template <u64 (*BUILD)(u32)>
 __device__ __forceinline__ u64 desc_at(TileRef r, u32 bytes) {
@@ -356,6 +365,11 @@ __device__ __forceinline__ int cta_kv_head(const Int8FwdParams& p) { return cta_
 
 // ---- scales ----------------------------------------------------------------------------------
 
+// K scale blocks of the KV walk (K_BLOCK keys each), and the first of the CTA's (batch, KV head).
+__device__ __forceinline__ int cta_k_blocks(const Int8FwdParams& p) { return (p.kv_len + cfg::KB - 1) / cfg::KB; }
+__device__ __forceinline__ const float* cta_k_scales(const Int8FwdParams& p, int k_blocks) {
+    return reinterpret_cast<const float*>(p.k_scale) + ((i64)cta_batch() * p.kv_heads + cta_kv_head(p)) * k_blocks;
+}
 // This lane's Q scale (rows g and g + 8 of its warp share it in every granularity; header).
 // `tid`: the thread's index among the CTA's consumer threads.
 __device__ __forceinline__ float cta_q_scale(const Int8FwdParams& p, int tid) {
@@ -774,8 +788,8 @@ struct WgConsumer {
         float ks[cfg::K_SCALES];
 #if PV_FLUSH == 1
         // Flushing every tile leaves no register for the base across the walk (it spills).
-        const int k_blocks = (p.kv_len + cfg::KB - 1) / cfg::KB;
-        const float* k_scales = reinterpret_cast<const float*>(p.k_scale) + ((i64)cta_batch() * p.kv_heads + cta_kv_head(p)) * k_blocks;
+        const int k_blocks = cta_k_blocks(p);
+        const float* k_scales = cta_k_scales(p, k_blocks);
 #endif
 #pragma unroll
         for (int b = 0; b < cfg::K_SCALES; ++b) ks[b] = __ldg(k_scales + min(t * cfg::K_SCALES + b, k_blocks - 1));
@@ -860,18 +874,12 @@ fwd_wgmma_int8(const Int8FwdParams p, const __grid_constant__ Int8TmaMaps maps, 
         const int local_row0 = 64 * c.cw + 16 * ((tid >> 5) & 3) + (c.lane >> 2);
         const int row0 = m0 + local_row0;
         c.diag = p.causal ? row0 + p.kv_len - p.q_len + 1 : 0x3fffffff;
-#if DESC_BASES
-        c.q_ref = qk_desc(sm.q + (u32)(64 * c.cw * cfg::D));
-        c.k_ref0 = qk_desc(sm.k_tile(0));
-        c.v_ref0 = v_tile_desc(sm.v_tile(0));
-#else
-        c.q_ref = sm.q + (u32)(64 * c.cw * cfg::D);
-        c.k_ref0 = sm.k_tile(0);
-        c.v_ref0 = sm.v_tile(0);
-#endif
+        c.q_ref = tile_ref<qk_desc>(sm.q + (u32)(64 * c.cw * cfg::D));
+        c.k_ref0 = tile_ref<qk_desc>(sm.k_tile(0));
+        c.v_ref0 = tile_ref<v_tile_desc>(sm.v_tile(0));
 #if PV_FLUSH != 1
-        c.k_blocks = (p.kv_len + cfg::KB - 1) / cfg::KB;
-        c.k_scales = reinterpret_cast<const float*>(p.k_scale) + ((i64)cta_batch() * p.kv_heads + cta_kv_head(p)) * c.k_blocks;
+        c.k_blocks = cta_k_blocks(p);
+        c.k_scales = cta_k_scales(p, c.k_blocks);
 #endif
         c.o_acc = sm.o_acc + (u32)((c.cw * (cfg::O_REGS / 4) * 128 + (ctid & 127)) * 16);
 #pragma unroll
