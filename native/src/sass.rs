@@ -61,21 +61,73 @@ pub fn opcode_histogram(sass: &str) -> BTreeMap<String, usize> {
     hist
 }
 
-/// The opcode of one instruction line of either tool's output:
+/// The address and text (from the opcode, predicate and `;` dropped) of one instruction line of
+/// either tool's output:
 /// `        /*0040*/   @!P0 HMMA.16816.F32 R4, R8, R12, R4 ;   /* 0x... */`.
-fn opcode_of(line: &str) -> Option<&str> {
+fn instruction_of(line: &str) -> Option<(usize, &str)> {
     let rest = line.trim_start().strip_prefix("/*")?;
     let (addr, rest) = rest.split_once("*/")?;
     if !addr.chars().all(|c| c.is_ascii_hexdigit()) || addr.is_empty() {
         return None;
     }
-    let mut tokens = rest.split_whitespace().skip_while(|t| *t == "{");
-    let mut op = tokens.next()?;
-    if op.starts_with('@') {
-        op = tokens.next()?;
+    let addr = usize::from_str_radix(addr, 16).ok()?;
+    let mut text = rest.split(';').next()?.trim_start().trim_start_matches('{').trim_start();
+    if text.starts_with('@') {
+        text = text.split_once(char::is_whitespace)?.1.trim_start();
     }
-    let op = op.trim_end_matches(';');
-    op.chars().next().filter(|c| c.is_ascii_uppercase()).map(|_| op)
+    let text = text.trim_end();
+    text.chars().next().filter(|c| c.is_ascii_uppercase()).map(|_| (addr, text))
+}
+
+/// The opcode of one instruction line (see [`instruction_of`]).
+fn opcode_of(line: &str) -> Option<&str> {
+    instruction_of(line)?.1.split_whitespace().next()
+}
+
+/// One loop of a SASS listing: the instructions from a backward branch's target to the
+/// branch, and their opcodes (modifiers kept) with counts.
+pub struct SassLoop {
+    pub start: usize,
+    pub end: usize,
+    pub instructions: usize,
+    pub opcodes: BTreeMap<String, usize>,
+}
+
+impl SassLoop {
+    /// `N instructions: OP n, ...`, the most frequent opcodes first (modifiers dropped).
+    pub fn summary(&self, top: usize) -> String {
+        let mut base = BTreeMap::<&str, usize>::new();
+        for (op, n) in &self.opcodes {
+            *base.entry(op.split('.').next().unwrap_or(op)).or_default() += n;
+        }
+        let mut ops: Vec<(&str, usize)> = base.into_iter().collect();
+        ops.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+        let mix: Vec<String> = ops.iter().take(top).map(|(op, n)| format!("{op} {n}")).collect();
+        format!("{} instructions: {}", self.instructions, mix.join(", "))
+    }
+}
+
+/// The loops of a SASS listing (branch targets as addresses), in address order of their
+/// branch: what one iteration of a kernel's loop issues, counted statically (a branch inside
+/// the body, such as a conditional rescale, counts its whole side).
+pub fn loops(sass: &str) -> Vec<SassLoop> {
+    let ins: Vec<(usize, &str)> = sass.lines().filter_map(instruction_of).collect();
+    let mut loops = Vec::new();
+    for &(addr, text) in &ins {
+        if !text.starts_with("BRA") {
+            continue;
+        }
+        let target = text.split([' ', ',']).filter_map(|t| t.strip_prefix("0x")).find_map(|h| usize::from_str_radix(h, 16).ok());
+        let Some(start) = target.filter(|&t| t < addr) else { continue };
+        let mut opcodes = BTreeMap::new();
+        let mut instructions = 0;
+        for (_, t) in ins.iter().filter(|(a, _)| (start..=addr).contains(a)) {
+            *opcodes.entry(t.split_whitespace().next().unwrap_or("").to_string()).or_insert(0) += 1;
+            instructions += 1;
+        }
+        loops.push(SassLoop { start, end: addr, instructions, opcodes });
+    }
+    loops
 }
 
 #[cfg(test)]
@@ -95,5 +147,20 @@ mod tests {
         assert_eq!(h.get("HMMA.16816.F32.BF16"), Some(&1));
         assert_eq!(h.get("EXIT"), Some(&1));
         assert_eq!(h.len(), 3);
+    }
+
+    #[test]
+    fn finds_a_backward_branch_loop() {
+        let sass = "\
+        /*0000*/                   MOV R1, c[0x0][0x28] ;\n\
+        /*0010*/                   HMMA.16816.F32 R4, R8, R12, R4 ;\n\
+        /*0020*/              @!P0 FMUL R4, R4, 0.5 ;\n\
+        /*0030*/               @P1 BRA 0x10 ;\n\
+        /*0040*/                   BRA 0x50 ;\n\
+        /*0050*/                   EXIT ;\n";
+        let l = loops(sass);
+        assert_eq!(l.len(), 1);
+        assert_eq!((l[0].start, l[0].end, l[0].instructions), (0x10, 0x30, 3));
+        assert_eq!(l[0].summary(2), "3 instructions: BRA 1, FMUL 1");
     }
 }

@@ -914,7 +914,7 @@ pub(crate) mod cuda_tests {
     use crate::problem::SUPPORTED_HEAD_DIMS;
     use crate::tiling::mma_candidates;
     use crate::{Dtype as ElemType, MmaTiles};
-    use crate::kernel::offline_cuda::{client, cuda_include_dir, nvrtc_cubin, sass_loops, ADDR, COMPILE_LOCK};
+    use crate::kernel::offline_cuda::{client, cuda_include_dir, nvrtc_cubin, ADDR, COMPILE_LOCK};
     use cubecl::cuda::{CudaCompiler, CudaRuntime};
     use cubecl::wgpu::WgpuRuntime;
     use cubecl::Compiler as _;
@@ -1117,7 +1117,7 @@ pub(crate) mod cuda_tests {
                 2 * per_step,
                 count("LDL") + count("STL"),
             );
-            for l in sass_loops(&sass) {
+            for l in quattn_native::sass::loops(&sass) {
                 println!("  loop {:#x}-{:#x}: {}", l.start, l.end, l.summary(14));
             }
             if hmma != 2 * per_step || ldsm == 0 || res.spill_bytes() != 0 {

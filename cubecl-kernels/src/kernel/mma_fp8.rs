@@ -673,7 +673,7 @@ mod decode_tests {
 mod cuda_tests {
     use super::*;
     use crate::kernel::fma_vec_fp8::Fp8ShapeCompilationArg;
-    use crate::kernel::offline_cuda::{client, cuda_include_dir, nvrtc_cubin, sass_loops, ADDR, COMPILE_LOCK};
+    use crate::kernel::offline_cuda::{client, cuda_include_dir, nvrtc_cubin, ADDR, COMPILE_LOCK};
     use crate::problem::SUPPORTED_HEAD_DIMS;
     use crate::tiling::{mma_fp8_candidates, mma_fp8_record_bytes};
     use crate::kernel::AttnShapeCompilationArg;
@@ -829,7 +829,7 @@ mod cuda_tests {
                         res.spill_bytes(),
                         2 * per_step,
                     );
-                    for l in sass_loops(&sass) {
+                    for l in quattn_native::sass::loops(&sass) {
                         println!("  loop {:#x}-{:#x}: {}", l.start, l.end, l.summary(14));
                     }
                     if declared != formula + records
