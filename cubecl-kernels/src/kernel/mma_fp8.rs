@@ -125,7 +125,7 @@ pub fn fwd_mma_fp8<O: Float, N: Size>(
     let mut v_stage = SharedMemory::<Vector<f16, Halves>>::new_aligned(comptime!(cfg.v_elems() / FP8_VEC), SMEM_ALIGN);
 
     let q_regs = cube_fetch_rows(q, q_base, shape.q_s2 as usize, q0, q_len, bq, d, cfg);
-    cube_store_codes(q, q_base, shape.q_s2 as usize, q0, q_len, &q_regs, &mut q_stage, &mut bad, 0, bq, d, cfg.q_pitch(), true, cfg, fcfg, cvt);
+    cube_store_codes(q, q_base, shape.q_s2 as usize, q0, q_len, &q_regs, &mut q_stage, &mut bad, bq, d, cfg.q_pitch(), true, cfg, fcfg, cvt);
     sync_cube();
     let q_frags = plane_load_q::<f16, Halves>(&q_stage, plane, lane, cfg);
     sync_cube();
@@ -178,7 +178,7 @@ pub fn fwd_mma_fp8<O: Float, N: Size>(
     let (num_full, num_tiles) = cube_key_ranges(q0, q_len, kv_len, bq, cfg.bk, cfg.causal);
     if num_tiles > 0 {
         let k_regs = cube_fetch_rows(k, k_base, shape.k_s2 as usize, 0, kv_len, cfg.bk, d, cfg);
-        cube_store_codes(k, k_base, shape.k_s2 as usize, 0, kv_len, &k_regs, &mut k_stage, &mut bad, 0, cfg.bk, d, cfg.k_pitch(), false, cfg, fcfg, cvt);
+        cube_store_codes(k, k_base, shape.k_s2 as usize, 0, kv_len, &k_regs, &mut k_stage, &mut bad, cfg.bk, d, cfg.k_pitch(), false, cfg, fcfg, cvt);
         sync_cube();
     }
     for tile in 0..num_full {
@@ -254,7 +254,7 @@ fn kv_step_fp8<N: Size>(
         plane_online_softmax(s_frags, o_frags, stats, shape, scale, plane_q0, k0, lane, masked, cfg);
     }
 
-    cube_store_codes(v, v_base, shape.v_s2 as usize, k0, kv_len, &v_regs, v_stage, bad, k0, bk, dv, cfg.v_pitch(), false, cfg, fcfg, cvt);
+    cube_store_codes(v, v_base, shape.v_s2 as usize, k0, kv_len, &v_regs, v_stage, bad, bk, dv, cfg.v_pitch(), false, cfg, fcfg, cvt);
     let next = tile + 1;
     let has_next = next < num_tiles;
     let k_len = select(has_next, kv_len, 0);
@@ -263,7 +263,7 @@ fn kv_step_fp8<N: Size>(
     sync_cube();
 
     plane_value_matmul::<f16, Halves>(s_frags, v_stage, o_frags, lane, cfg);
-    cube_store_codes(k, k_base, shape.k_s2 as usize, next * bk, k_len, &k_regs, k_stage, bad, next * bk, bk, d, cfg.k_pitch(), false, cfg, fcfg, cvt);
+    cube_store_codes(k, k_base, shape.k_s2 as usize, next * bk, k_len, &k_regs, k_stage, bad, bk, d, cfg.k_pitch(), false, cfg, fcfg, cvt);
     // K(t+1) is visible, and every plane is done reading V(t).
     sync_cube();
 }
@@ -311,7 +311,7 @@ pub(crate) fn decode_fp8_x8(clean: Vector<u32, Const<2>>, #[comptime] fcfg: Fp8C
 /// of 8) decoded into a stage of `pitch`-element rows (`mma::cube_store_rows`' indexing). A
 /// vector with a non-finite code marks its row: Q (`is_q`) in `bad[row - row0]`, K and V in
 /// the lowest bad key `bad[bq]`, and is stored with those codes as zero. `src` .. `len` are
-/// the arguments `regs` was fetched with.
+/// the arguments `regs` was fetched with (`row0`: the tile's first Q row or key).
 ///
 /// Where [`nonfinite_rare_path`] says so, the common path only tests for non-finite codes
 /// (or-ed over the unit's vectors, about two integer ops per word) and decodes the codes as
@@ -323,12 +323,11 @@ fn cube_store_codes<N: Size>(
     src: &Array<Vector<u32, N>>,
     base: usize,
     row_stride: usize,
-    fetch_row0: usize,
+    row0: usize,
     len: usize,
     regs: &Array<Vector<u32, N>>,
     stage: &mut SharedMemory<Vector<f16, Halves>>,
     bad: &mut SharedMemory<Atomic<u32>>,
-    row0: usize,
     #[comptime] rows: usize,
     #[comptime] dim: usize,
     #[comptime] pitch: usize,
@@ -360,7 +359,7 @@ fn cube_store_codes<N: Size>(
         // stores. The codes are read again rather than kept: kept live past the decode they
         // made ptxas spill.
         if any_bad != 0u32 {
-            let again = cube_fetch_rows(src, base, row_stride, fetch_row0, len, rows, dim, cfg);
+            let again = cube_fetch_rows(src, base, row_stride, row0, len, rows, dim, cfg);
             cube_store_codes_cleared(&again, stage, bad, row0, rows, dim, pitch, is_q, cfg, fcfg, cvt);
         }
     } else {
