@@ -100,8 +100,10 @@ __device__ __forceinline__ void warp_mma_s8_s32acc(int (&d)[4], const u32 (&a)[4
 // An s32 accumulator started at THREAD_I2F_BIAS instead of 0 holds bits(1.5 * 2^23 + x) for the
 // sum x, as long as |x| < 2^22 (|x| <= 127^2 * 256 = 4129024 < 4194304 = 2^22 up to head dim
 // 256): floats in [2^23, 2^24) have unit spacing, so integer and float addition agree there.
-// thread_biased_to_f32 then recovers float(x) exactly with one FADD instead of one I2F (or
-// I2FP on sm_86+) per score, conversions that run below the FADD rate on these parts.
+// thread_biased_to_f32 then recovers float(x) exactly with one FADD instead of one I2F per
+// score, the conversion sm_80 has (on the slow conversion pipe). sm_86 and later also have I2FP,
+// one integer-ALU instruction that the s8 wgmma kernels use instead (fwd_wgmma_int8.cu); the
+// mma.sync kernel (fwd_int8.cu) keeps this form, with which its f32-P·V hd128 tiles do not spill.
 #define THREAD_I2F_BIAS 0x4B400000
 __device__ __forceinline__ float thread_biased_to_f32(int biased) {
     return __int_as_float(biased) - 12582912.0f;

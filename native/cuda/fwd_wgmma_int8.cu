@@ -74,20 +74,16 @@
 // group (i % 128 % 16) % 8). K: k_scale[b][kv_head][kb] for keys [K_BLOCK kb, K_BLOCK (kb + 1)).
 // PV_FP8, V: v_scale[b][kv_head][c] (f32, the codec's per-channel E4M3 scale amax / 448).
 //
-// Numerics, f16 P·V (as fwd_int8.cu): x = float(dot) exactly (s32 + THREAD_I2F_BIAS, one FADD;
+// Numerics, f16 P·V (as fwd_int8.cu): x = float(dot) exactly (one I2FP.F32.S32;
 // |dot| <= 127^2 * 128 < 2^22), sc = q_scale * k_scale per row and tile, the row max taken on x
 // and scaled once (sc > 0), p = exp2(fma(x, sc, -m)) with m in log2 units, conditional rescale by
 // RESCALE_LOG2 (default 8) decided per warp, a row's max starting at the finite M_EMPTY, P
 // rounded to f16, f32 O, O = acc / l, LSE = (m + log2 l) ln 2 + lse_shift.
 //
-// Numerics, PV_FP8. Scores stay biased: xb = bits(s32 + THREAD_I2F_BIAS) as a float is exactly
-// 1.5 * 2^23 + dot, so the row max is taken on xb (monotone) and m = (max xb - 1.5 * 2^23) sc
-// exactly, and p = exp2(fma(xb, sc, P_LOG2 - m - 1.5 * 2^23 sc)) needs no FADD per score: the
-// one rounding of the per-row constant costs 2^-24 (1.5 * 2^23 sc + |m|) in log2 units, a
-// relative error of ~1e-4 at sc = 1e-3 on a P that e4m3 rounds to 2^-4 anyway (the constant is
-// shared by a row's tile, so it cancels between O and l within the tile, not in the LSE or
-// between tiles). Tiles where 1.5 * 2^23 sc > 2^12 in some block (a zero group's scale of 1 gets
-// there) use p = exp2(fma(xb - 1.5 * 2^23, sc, P_LOG2 - m)) instead. P_LOG2 = log2(448) -
+// Numerics, PV_FP8: x = float(dot) as above (one I2FP a score, exact whatever the scales; a
+// biased float needing no conversion would put 1.5 * 2^23 sc into the per-row exp2 constant,
+// whose rounding grows with the score scale), the row max per K-scale block taken on x and
+// scaled by the block's sc, p = exp2(fma(x, sc, P_LOG2 - m)). P_LOG2 = log2(448) -
 // RESCALE_LOG2 (default 0): P is stored as e4m3(p * 448 * 2^-RESCALE_LOG2) with p relative to
 // the running max, rounded to nearest, saturating; a stale max (the max moves once some row of
 // the warp grew by more than RESCALE_LOG2) keeps every P <= 448. With RESCALE_LOG2 0 this is
@@ -440,10 +436,11 @@ template <bool MASK>
 __device__ __forceinline__ void warp_softmax(const int (&acc)[cfg::S_REGS], float (&x)[cfg::S_REGS], RowState& st,
                                              float (&alpha)[2], bool& rescale, const float (&sc)[cfg::K_SCALES],
                                              int key0, int kv_len, int diag, int lane) {
-    constexpr float BIAS = 12582912.0f;   // 1.5 * 2^23, the float of THREAD_I2F_BIAS
     constexpr int N_PER_BLOCK = cfg::KB / 8;
+    // I2FP.F32.S32, one instruction a score, exact (|dot| < 2^22); the 3-12% this gained over
+    // IADD of THREAD_I2F_BIAS + FADD (common.cuh) were measured on the H200.
 #pragma unroll
-    for (int e = 0; e < cfg::S_REGS; ++e) x[e] = __int_as_float(acc[e] + THREAD_I2F_BIAS);
+    for (int e = 0; e < cfg::S_REGS; ++e) x[e] = __int2float_rn(acc[e]);
     thread_mask<MASK>(x, key0, kv_len, diag, lane);
     float mx[2] = {QA_NEG_INF, QA_NEG_INF};
 #pragma unroll
@@ -454,42 +451,19 @@ __device__ __forceinline__ void warp_softmax(const int (&acc)[cfg::S_REGS], floa
             mb[0] = fmaxf(mb[0], fmaxf(x[4 * n], x[4 * n + 1]));
             mb[1] = fmaxf(mb[1], fmaxf(x[4 * n + 2], x[4 * n + 3]));
         }
-        // (max xb - bias) is the exact max dot (same binade); sc > 0 keeps the order.
+        // sc > 0 keeps the order: fl(max x * sc) = max fl(x * sc).
 #pragma unroll
-        for (int i = 0; i < 2; ++i) mx[i] = fmaxf(mx[i], (mb[i] - BIAS) * sc[b]);
+        for (int i = 0; i < 2; ++i) mx[i] = fmaxf(mx[i], mb[i] * sc[b]);
     }
     warp_update_max(mx, st, alpha, rescale);
-    // kc carries BIAS * sc, and its f32 rounding (2^-24 of it, in log2 units) scales a block's
-    // P, its share of l and the LSE. With real data sc * 127^2 is about the largest |logit| in
-    // log2 units, so BIAS * sc stays small; a group of zeros (quantized with scale 1) can make it
-    // ~2^25. Past 2^12 (an error of 2^-12) the tile takes the unbiased form, one FADD more per
-    // score. Decided once per tile and warp, outside the unrolled loops, so the common path keeps
-    // its instruction count and schedule.
-    float big = 0.f;
+    const float kc[2] = {cfg::P_LOG2 - st.m[0], cfg::P_LOG2 - st.m[1]};
 #pragma unroll
-    for (int b = 0; b < cfg::K_SCALES; ++b) big = fmaxf(big, BIAS * sc[b]);
-    if (__all_sync(0xffffffffu, big <= 4096.f)) {
+    for (int b = 0; b < cfg::K_SCALES; ++b) {
 #pragma unroll
-        for (int b = 0; b < cfg::K_SCALES; ++b) {
-            const float kc[2] = {cfg::P_LOG2 - st.m[0] - BIAS * sc[b], cfg::P_LOG2 - st.m[1] - BIAS * sc[b]};
-#pragma unroll
-            for (int e = 4 * N_PER_BLOCK * b; e < 4 * N_PER_BLOCK * (b + 1); ++e) {
-                const int i = (e >> 1) & 1;
-                x[e] = thread_exp2(fmaf(x[e], sc[b], kc[i]));
-                st.l[i] += x[e];
-            }
-        }
-    } else {
-        // x - BIAS is the exact dot (same binade; -inf stays -inf).
-        const float kc[2] = {cfg::P_LOG2 - st.m[0], cfg::P_LOG2 - st.m[1]};
-#pragma unroll
-        for (int b = 0; b < cfg::K_SCALES; ++b) {
-#pragma unroll
-            for (int e = 4 * N_PER_BLOCK * b; e < 4 * N_PER_BLOCK * (b + 1); ++e) {
-                const int i = (e >> 1) & 1;
-                x[e] = thread_exp2(fmaf(x[e] - BIAS, sc[b], kc[i]));
-                st.l[i] += x[e];
-            }
+        for (int e = 4 * N_PER_BLOCK * b; e < 4 * N_PER_BLOCK * (b + 1); ++e) {
+            const int i = (e >> 1) & 1;
+            x[e] = thread_exp2(fmaf(x[e], sc[b], kc[i]));
+            st.l[i] += x[e];
         }
     }
 }
@@ -503,7 +477,7 @@ __device__ __forceinline__ void warp_softmax(const int (&acc)[cfg::S_REGS], floa
                                              int key0, int kv_len, int diag, int lane) {
     const float sc = sc_tile[0];
 #pragma unroll
-    for (int e = 0; e < cfg::S_REGS; ++e) x[e] = thread_biased_to_f32(acc[e] + THREAD_I2F_BIAS);
+    for (int e = 0; e < cfg::S_REGS; ++e) x[e] = __int2float_rn(acc[e]);   // I2FP (above)
     thread_mask<MASK>(x, key0, kv_len, diag, lane);
     float mx[2] = {QA_NEG_INF, QA_NEG_INF};
 #pragma unroll

@@ -206,7 +206,8 @@ fn interesting(op: &str) -> bool {
         || op.starts_with("LDSM")
         || op.starts_with("LDGSTS")
         || op == "MUFU.EX2"
-        // I2F*: int -> float conversions run below the FP32 rate; per score they would matter.
+        // I2F*: int -> float conversions. I2F runs on the slow conversion pipe; I2FP (sm_86 and
+        // later) on the integer ALU, one per score in the INT8 kernels.
         || op.starts_with("I2F")
         // Tensor-memory traffic and UMMA commits of the tcgen05 families.
         || op.starts_with("LDTM")
