@@ -126,3 +126,20 @@ fn every_accepted_plan_executes_and_refusals_agree_across_backends() {
     }
     assert!(!on_cpu.is_empty(), "no invalid problem drawn");
 }
+
+/// An INT8 case whose own quantization moves O past the mode's typical bound (one query row,
+/// three keys, rows of K and V negated copies of their neighbours, so that O is a small
+/// difference): the emulation is held to what quantizing its inputs alone costs there
+/// (`fuzz`'s input-rounding yardstick), not to the bound for typical inputs, which it misses.
+#[test]
+fn int8_emulation_on_a_cancelling_three_key_case_is_judged_by_its_input_quantization() {
+    let cpu = Session::new(Device::Cpu).expect("the CPU is always present");
+    let case = cases(&cpu, 1, 0x45a6_d9ae_1de3_c82f).remove(0);
+    let case = fuzz::Case { strategy: Strategy::Reference, ..case };
+    assert!(
+        matches!(case.precision, Precision::Int8Qk { .. }) && case.problem.kv_len == 3 && case.problem.q_len == 1,
+        "the generator no longer draws the case this test is about: {case}"
+    );
+    let v = fuzz::run_case(&cpu, &case);
+    assert!(!v.is_failure(), "{v}");
+}
