@@ -1027,18 +1027,7 @@ fn input_rounding(
             let dequantized = |x: &[f32], strides: Strides, heads: usize, len: usize, dim: usize, block_rows: usize| -> Result<Vec<f32>> {
                 let layout = DescaleLayout { granularity: descale, batch: p.batch, heads, len, block_rows };
                 let t = Fp8Tensor::quantize(format, x, strides, dim, layout)?;
-                let mut out = x.to_vec();
-                for b in 0..p.batch {
-                    for h in 0..heads {
-                        for i in 0..len {
-                            let (o, d) = (strides.offset(b, h, i), t.descales[layout.index(b, h, i)]);
-                            for c in o..o + dim {
-                                out[c] = t.raw(c) * d;
-                            }
-                        }
-                    }
-                }
-                Ok(out)
+                Ok(map_rows(x, strides, (p.batch, heads, len, dim), |b, h, i, _, e| t.raw(e) * t.descales[layout.index(b, h, i)]))
             };
             (
                 dequantized(q, p.q_strides(), p.q_heads, p.q_len, p.head_dim, blocking.block_q)?,
@@ -1050,36 +1039,25 @@ fn input_rounding(
         Precision::Int8Qk { granularity, smooth_k, pv } => {
             use crate::codec::int8;
             let layout = int8::Int8ScaleLayout::new(p, granularity, blocking.int8())?;
-            let d = p.head_dim;
+            let (d, dv) = (p.head_dim, p.v_head_dim);
             let qt = int8::quantize_q(p, &layout, q, 1.0)?;
-            let mut dq = q.to_vec();
-            for (b, h, i) in rows(p.batch, p.q_heads, p.q_len) {
-                let (o, sc) = (p.q_strides().offset(b, h, i), qt.scales[layout.q_scale_index(b, h, i)]);
-                for c in o..o + d {
-                    dq[c] = qt.codes[c] as f32 * sc;
-                }
-            }
+            let dq = map_rows(q, p.q_strides(), (p.batch, p.q_heads, p.q_len, d), |b, h, i, _, e| {
+                qt.codes[e] as f32 * qt.scales[layout.q_scale_index(b, h, i)]
+            });
             let sm = if smooth_k { Some(int8::smooth_k(p, k)?) } else { None };
             let kt = int8::quantize_k(p, &layout, sm.as_ref().map_or(k, |s| &s.values[..]))?;
-            let mut dk = k.to_vec();
-            for (b, h, j) in rows(p.batch, p.kv_heads, p.kv_len) {
-                let (o, sc) = (p.k_strides().offset(b, h, j), kt.scales[layout.k_scale_index(b, h, j)]);
-                for c in 0..d {
-                    let mean = sm.as_ref().map_or(0.0, |s| s.mean[(b * p.kv_heads + h) * d + c]);
-                    dk[o + c] = kt.codes[o + c] as f32 * sc + mean;
-                }
-            }
-            let mut dv = v.to_vec();
-            if pv == crate::PvFormat::Fp8 {
+            let dk = map_rows(k, p.k_strides(), (p.batch, p.kv_heads, p.kv_len, d), |b, h, j, c, e| {
+                let mean = sm.as_ref().map_or(0.0, |s| s.mean[(b * p.kv_heads + h) * d + c]);
+                kt.codes[e] as f32 * kt.scales[layout.k_scale_index(b, h, j)] + mean
+            });
+            let dv = if pv == crate::PvFormat::Fp8 {
                 let vt = int8::quantize_v_e4m3(p, v)?;
-                let dvh = p.v_head_dim;
-                for (b, h, j) in rows(p.batch, p.kv_heads, p.kv_len) {
-                    let o = p.v_strides().offset(b, h, j);
-                    for c in 0..dvh {
-                        dv[o + c] = crate::codec::fp8::e4m3::decode(vt.codes[o + c]) * vt.scales[(b * p.kv_heads + h) * dvh + c];
-                    }
-                }
-            }
+                map_rows(v, p.v_strides(), (p.batch, p.kv_heads, p.kv_len, dv), |b, h, _, c, e| {
+                    crate::codec::fp8::e4m3::decode(vt.codes[e]) * vt.scales[(b * p.kv_heads + h) * dv + c]
+                })
+            } else {
+                v.to_vec()
+            };
             (dq, dk, dv, pv)
         }
         _ => return Ok(None),
@@ -1102,9 +1080,26 @@ fn input_rounding(
     Ok(Some((ErrorMetrics::compare(&o, want), own_lse, u)))
 }
 
-/// Every (batch, head, row) of a `[batch, heads, len]` view, in order.
-fn rows(batch: usize, heads: usize, len: usize) -> impl Iterator<Item = (usize, usize, usize)> {
-    (0..batch).flat_map(move |b| (0..heads).flat_map(move |h| (0..len).map(move |i| (b, h, i))))
+/// `x` with every element of the strided `(batch, heads, len, dim)` view replaced by
+/// `f(b, h, row, channel, element index)`; elements between rows are kept.
+fn map_rows(
+    x: &[f32],
+    strides: Strides,
+    (batch, heads, len, dim): (usize, usize, usize, usize),
+    f: impl Fn(usize, usize, usize, usize, usize) -> f32,
+) -> Vec<f32> {
+    let mut out = x.to_vec();
+    for b in 0..batch {
+        for h in 0..heads {
+            for i in 0..len {
+                let o = strides.offset(b, h, i);
+                for c in 0..dim {
+                    out[o + c] = f(b, h, i, c, o + c);
+                }
+            }
+        }
+    }
+    out
 }
 
 /// Counts and the distribution of error / tolerance over a run of cases.
