@@ -188,7 +188,7 @@ pub(crate) fn base_options(arch: Arch) -> Vec<String> {
     ]
 }
 
-/// What ptxas said about one kernel entry.
+/// What ptxas said about a module's kernel entries (with several, the largest of each figure).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Resources {
     pub registers: u32,
@@ -207,22 +207,24 @@ impl Resources {
         };
         let mut r = Resources::default();
         let mut seen = false;
+        // A module with several entries lists each: the largest of every figure, so that a
+        // spill in any entry shows.
         for line in log.lines() {
             if let Some(v) = num_before(line, " bytes stack frame") {
-                r.stack_frame_bytes = v;
+                r.stack_frame_bytes = r.stack_frame_bytes.max(v);
             }
             if let Some(v) = num_before(line, " bytes spill stores") {
-                r.spill_store_bytes = v;
+                r.spill_store_bytes = r.spill_store_bytes.max(v);
             }
             if let Some(v) = num_before(line, " bytes spill loads") {
-                r.spill_load_bytes = v;
+                r.spill_load_bytes = r.spill_load_bytes.max(v);
             }
             if let Some(v) = num_before(line, " registers") {
-                r.registers = v;
+                r.registers = r.registers.max(v);
                 seen = true;
             }
             if let Some(v) = num_before(line, " bytes smem") {
-                r.static_shared_bytes = v;
+                r.static_shared_bytes = r.static_shared_bytes.max(v);
             }
         }
         seen.then_some(r)
@@ -255,5 +257,19 @@ mod tests {
             }
         );
         assert_eq!(Resources::parse_ptxas_log("nothing"), None);
+    }
+
+    /// Two entries: a spill in the first one must not hide behind the second's clean summary.
+    #[test]
+    fn a_spill_in_any_entry_shows() {
+        let log = "ptxas info    : Compiling entry function 'stats' for 'sm_90'\n\
+                   ptxas         .     16 bytes stack frame, 16 bytes spill stores, 16 bytes spill loads\n\
+                   ptxas info    : Used 64 registers, used 1 barriers, 24576 bytes smem\n\
+                   ptxas info    : Compiling entry function 'main' for 'sm_90'\n\
+                   ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n\
+                   ptxas info    : Used 80 registers, used 1 barriers, 17000 bytes smem\n";
+        let r = Resources::parse_ptxas_log(log).unwrap();
+        assert_eq!((r.registers, r.spill_store_bytes, r.spill_load_bytes, r.stack_frame_bytes), (80, 16, 16, 16));
+        assert_eq!(r.static_shared_bytes, 24576);
     }
 }
