@@ -10,29 +10,37 @@
 //                                                                 (thread_code, below)
 //   K smoothed: x = k - mu[c] in f32                              (sub.rn)
 //   stored Q scale = scale * fold, fold = softmax_scale * log2 e  (mul.rn)
-//   lse_shift[row] = (sum over c in channel order of q[c] * mu[c]) * softmax_scale, every
+//   lse_shift[row] = (q . mu) * softmax_scale, the dot in the codec's order (each 8 channels
+//                    summed left to right, then a pairwise tree over those partial sums), every
 //                    product and sum rounded to f32 (mul.rn / add.rn, no FMA contraction)
 //   V: v_scale[c] = amax_c / 448 (1 when amax_c = 0), v_inv[c] = 1 / v_scale[c] (div.rn),
 //      code = e4m3_rn_satfinite(v * v_inv[c]) (mul.rn, then cvt.rn.satfinite.e4m3x2)
 // The mean is accumulated in f64 (the codec's too) in another order, then rounded to f32 once.
 //
-// One launch, 256 threads per CTA, one work item per CTA. Items of one (batch, kv head) group:
+// 256 threads per CTA, one work item per CTA. Items of one (batch, kv head) group:
 //   stats (only with SMOOTH or V_FP8): CHUNK keys of K (f64 channel sums) and V (f32 channel
 //     amax), written as per-chunk partials. The item that finishes a group's chunks last (an
 //     atomic ticket per group) reduces the partials into the mean (f64, rounded to f32 once)
 //     and the V scales, then publishes them (the ticket moves past the chunk count).
-//   quantize: the group's V tiles (V_FP8), K CTAs, then the Q CTAs of its kv_group query heads;
-//     with stats, each first issues its input loads, then waits for the group's statistics.
-// Without stats the items are blockIdx.x in group order. With stats the CTAs draw items from an
-// atomic counter in the order below, so that every item a CTA waits for was drawn earlier by a
-// CTA that is already running and never waits itself (no deadlock whatever the residency):
-//   stats items 0 .. min(a + lag, G a) - 1 (a = chunks per group, G groups), then for each group
-//   g its quantize items followed by the stats items up to min((g + 2) a + lag, G a) - 1.
-// The quantize items of g thus come lag stats items after g's last chunk: that chunk has
-// finished by then (no spinning in the steady state), and K and V of g, read by the stats
-// items a few MB earlier, are read again from L2, not DRAM. The CTA that draws the last item
-// resets the counter, and the last quantize item of a group resets its ticket: every launch
-// leaves the scratch zero.
+//   quantize: the group's V tiles (V_FP8), K CTAs, then the Q CTAs of its kv_group query heads.
+// Without stats: one launch of the quantize items, blockIdx.x in group order.
+// With stats, two forms (the host picks; both give the same bits):
+//   Two launches (phase 2, the default): int8_prepass_stats runs every stats item (its own
+//     entry: four CTAs per SM where the quantize items' registers allow three), then this
+//     kernel the quantize items in group order, which never wait; the first item of each group
+//     resets its ticket. K and V are read again from DRAM. Measured faster on every shape than
+//     the one-launch form: its waits and its per-item ticket traffic cost more than the
+//     second read.
+//   One launch (phase 0): the CTAs draw items from an atomic counter in the order below, so that
+//     every item a CTA waits for was drawn earlier by a CTA that is already running and never
+//     waits itself (no deadlock whatever the residency):
+//       stats items 0 .. min(a + lag, G a) - 1 (a = chunks per group, G groups), then for each
+//       group g its quantize items followed by the stats items up to min((g + 2) a + lag, G a) - 1.
+//     The quantize items of g come lag stats items after g's last chunk, and read K and V of g
+//     again from L2; each first issues its input loads, then waits for the group's statistics.
+//     The CTA that draws the last item resets the counter, and the last quantize item of a
+//     group resets its ticket.
+// Either way every launch leaves the scratch counters zero.
 //
 // Quantize CTAs of Q and K. A CTA covers as many whole scale blocks as fit in 128 rows (BLOCK
 // rows each: ROWS = BLOCK * (128 / BLOCK)), warp w rows 16w .. 16w + 15 (a warp never straddles
@@ -58,10 +66,10 @@
 // q' rounds to an integer by adding 1.5 * 2^23 (the sum's ulp is 1): the code is the low byte
 // of the sum's bits.
 //
-// LSE shift. Each Q row's dot with mu is a chain of 128 (64) dependent f32 adds in channel order.
-// Per warp, the products of 8 rows at a time go to shared memory ([8][D + 4] floats: the
-// padding puts the 8 rows' same columns in distinct bank groups) and 8 lanes each run one row's
-// chain with 16-byte loads.
+// LSE shift. Each lane sums its 8 channels' products of a row left to right, then the row's
+// CPR lanes add their sums in a butterfly (xor 1, 2, 4, ...): the pairwise tree of the codec's
+// order, every lane of the row ending with the same sum. Eleven dependent adds a row (seven at
+// hd 64) on every lane, instead of a chain of D adds on a few lanes.
 //
 // V tiles (V_FP8): 128 keys of one (batch, kv head) per CTA, loaded as the Q/K rows are; codes
 // go to a shared [128][D + 4] byte tile; then each thread writes 4 Vᵀ rows d .. d + 3 x 16
@@ -114,7 +122,6 @@ constexpr int VT_KEYS = 128;                        // keys per V tile (and the 
 constexpr int Q_SLOTS = Q_GRAN == 0 ? 1 : Q_GRAN == 1 ? BLOCK_Q / Q_RPW : (BLOCK_Q / 16) * 8;
 constexpr int Q_ROWS = BLOCK_Q * (128 / BLOCK_Q);   // rows per Q CTA: whole blocks
 constexpr int K_ROWS = BLOCK_K * (128 / BLOCK_K);   // rows per K CTA
-constexpr int LSE_STRIDE = D + 4;                   // floats per row of the LSE-shift products
 constexpr int VT_STRIDE = D + 4;                    // bytes per key of the V code tile
 }  // namespace cfg
 
@@ -139,7 +146,9 @@ struct PrepassParams {
     float fold;                         // softmax_scale * log2 e, into the stored Q scales
     float softmax_scale;                // of the LSE shift
     int lag;                            // stats items between a group's last chunk and its
-                                        // quantize items (STATS)
+                                        // quantize items (STATS, phase 0)
+    int phase;                          // 0: one launch (every item); with STATS, 2: the
+                                        // quantize items only, after int8_prepass_stats
 };
 
 // 8 consecutive input elements as loaded (16-byte aligned for 2-byte types, 32 for f32).
@@ -296,7 +305,6 @@ union Smem {
         float v[cfg::STAT_ROWS][cfg::D];
 #endif
     } part;
-    float lse[cfg::WARPS][8][cfg::LSE_STRIDE];
     unsigned char vt[cfg::VT_KEYS][cfg::VT_STRIDE];
 };
 
@@ -342,6 +350,13 @@ __device__ __forceinline__ Item item_at(i64 p, i64 G, i64 a, i64 qn, i64 lag) {
     return it;
 }
 
+// fence.acq_rel at GPU scope: with a relaxed store or atomic after it, a release; with a
+// relaxed load before it, an acquire (PTX memory model). Lighter than __threadfence's
+// sequentially consistent fence, which the ticket protocol does not need.
+__device__ __forceinline__ void thread_fence_acq_rel_gpu() {
+    asm volatile("fence.acq_rel.gpu;" ::: "memory");
+}
+
 // A word other CTAs update (no L1 copy, no ordering: the caller fences once it has seen
 // the value it waits for; ld.acquire in the loop would invalidate L1 at every poll).
 __device__ __forceinline__ u32 thread_ld_relaxed(const u32* p) {
@@ -357,21 +372,38 @@ __device__ __forceinline__ int quantize_items(const PrepassParams& p) {
 }
 
 // Called by every thread of a quantize item once its loads are issued: returns when the
-// statistics of group g are published (a no-op without stats). The ticket of g counts the
-// chunks, then 1 for the publication, then one per quantize item that passed here; the last
-// of those resets it for the next launch.
-__device__ __forceinline__ void cta_wait_stats(const PrepassParams& p, int g) {
+// statistics of group g are published (a no-op without stats, and in phase 2, which runs after
+// the stats launch). The ticket of g counts the chunks, then 1 for the publication, then one
+// per quantize item that passed here; the last of those resets it for the next launch. The
+// count's atomic is issued after the barrier and its old value looked at when the item ends
+// (cta_release_stats), so that its round trip does not hold the CTA at the barrier.
+__device__ __forceinline__ u32 cta_wait_stats(const PrepassParams& p, int g) {
 #if STATS
+    if (p.phase == 2) return 0u;
+    u32* ticket = reinterpret_cast<u32*>(p.tickets) + g;
+    const u32 ready = (u32)p.chunks + 1u;
     if (threadIdx.x == 0) {
-        u32* ticket = reinterpret_cast<u32*>(p.tickets) + g;
-        const u32 ready = (u32)p.chunks + 1u;
         while (thread_ld_relaxed(ticket) < ready) __nanosleep(200);
-        __threadfence();   // the statistics are read after the publication was seen
-        if (atomicAdd(ticket, 1u) == ready - 1u + (u32)quantize_items(p)) *ticket = 0u;
+        // Acquire: the statistics are read after the publication was seen (the publisher's
+        // fence before its ticket is the release).
+        thread_fence_acq_rel_gpu();
     }
     __syncthreads();
+    return threadIdx.x == 0 ? atomicAdd(ticket, 1u) : 0u;
 #else
     (void)p; (void)g;
+    return 0u;
+#endif
+}
+
+// The end of a quantize item of group g: thread 0 resets the ticket if its count (`old`, from
+// cta_wait_stats) was the group's last.
+__device__ __forceinline__ void cta_release_stats(const PrepassParams& p, int g, u32 old) {
+#if STATS
+    if (p.phase != 2 && threadIdx.x == 0 && old == (u32)p.chunks + (u32)quantize_items(p))
+        reinterpret_cast<u32*>(p.tickets)[g] = 0u;
+#else
+    (void)p; (void)g; (void)old;
 #endif
 }
 
@@ -464,14 +496,14 @@ __device__ __forceinline__ void cta_stats(const PrepassParams& p, Smem& sm, int 
 #endif
     }
     // Publish the partials, then take a ticket: the CTA that draws the last one sees every
-    // other chunk's partials (their writes were fenced before their tickets).
-    __threadfence();
+    // other chunk's partials (their writes were released before their tickets).
+    thread_fence_acq_rel_gpu();
     __syncthreads();
     u32* ticket = reinterpret_cast<u32*>(p.tickets) + bh;
     if (tid == 0) last = atomicAdd(ticket, 1u) == (u32)(p.chunks - 1);
     __syncthreads();
     if (!last) return;
-    __threadfence();
+    thread_fence_acq_rel_gpu();   // acquire: every chunk's partials are read after their tickets
     // SLICES threads per channel, each over the chunks s, s + SLICES, ... (L2 reads: other
     // CTAs wrote them), then combined through shared memory.
     const int ch = tid % cfg::D;
@@ -479,9 +511,18 @@ __device__ __forceinline__ void cta_stats(const PrepassParams& p, Smem& sm, int 
 #if SMOOTH
     {
         const double* src = reinterpret_cast<const double*>(p.k_partial) + bh * p.chunks * cfg::D + ch;
+        // Eight chains over whole rounds of 8 SLICES chunks, then the remaining chunks, then the
+        // chains in order: a fixed order, with eight L2 reads in flight instead of one.
+        double c8[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        int i = slice;
+        for (; i + 7 * SLICES < p.chunks; i += 8 * SLICES) {
+#pragma unroll
+            for (int j = 0; j < 8; ++j) c8[j] += __ldcg(src + (i64)(i + j * SLICES) * cfg::D);
+        }
         double t = 0;
-#pragma unroll 4
-        for (int i = slice; i < p.chunks; i += SLICES) t += __ldcg(src + (i64)i * cfg::D);
+        for (; i < p.chunks; i += SLICES) t += __ldcg(src + (i64)i * cfg::D);   // the last chunks
+#pragma unroll
+        for (int j = 0; j < 8; ++j) t += c8[j];
         __syncthreads();   // the partials' shared memory is reused
         sm.part.k[slice][ch] = t;
         __syncthreads();
@@ -496,9 +537,16 @@ __device__ __forceinline__ void cta_stats(const PrepassParams& p, Smem& sm, int 
 #if V_FP8
     {
         const float* src = reinterpret_cast<const float*>(p.v_partial) + bh * p.chunks * cfg::D + ch;
+        float m8[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};   // eight reads in flight (max: any order)
+        int i = slice;
+        for (; i + 7 * SLICES < p.chunks; i += 8 * SLICES) {
+#pragma unroll
+            for (int j = 0; j < 8; ++j) m8[j] = fmaxf(m8[j], __ldcg(src + (i64)(i + j * SLICES) * cfg::D));
+        }
+        for (; i < p.chunks; i += SLICES) m8[0] = fmaxf(m8[0], __ldcg(src + (i64)i * cfg::D));
         float m = 0.f;
-#pragma unroll 4
-        for (int i = slice; i < p.chunks; i += SLICES) m = fmaxf(m, __ldcg(src + (i64)i * cfg::D));
+#pragma unroll
+        for (int j = 0; j < 8; ++j) m = fmaxf(m, m8[j]);
         __syncthreads();
         sm.part.v[slice][ch] = m;
         __syncthreads();
@@ -512,8 +560,8 @@ __device__ __forceinline__ void cta_stats(const PrepassParams& p, Smem& sm, int 
         }
     }
 #endif
-    // The mean and the V scales are visible device-wide before the publication.
-    __threadfence();
+    // The mean and the V scales are visible device-wide before the publication (release).
+    thread_fence_acq_rel_gpu();
     __syncthreads();
     if (tid == 0) atomicAdd(ticket, 1u);
 }
@@ -561,6 +609,13 @@ __device__ __forceinline__ int thread_code_exact(float x, float scale, float f) 
     return max(-127, min(127, c));
 }
 
+// max(a, b), NaN if either is NaN (max.NaN; fmaxf would return the other operand).
+__device__ __forceinline__ float thread_max_nan(float a, float b) {
+    float d;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
+    return d;
+}
+
 // One group's quantization constants: the scale and fl(1 / scale) (inf for a scale too small
 // to invert, which sends every nonzero code to the exact path).
 struct CodeScale {
@@ -574,22 +629,35 @@ struct CodeScale {
     // the product path, and the exact division where a quotient lies within 2^-14 of a
     // half-integer, one branch per row, rarely taken).
     __device__ __forceinline__ void codes8(const float (&x)[8], u32& lo, u32& hi) const {
+        codes8(x, lo, hi, [&] { return s; });
+    }
+    // As above, the scale itself (needed on the rare exact path only) from `scale_of()`.
+    template <class ScaleOf>
+    __device__ __forceinline__ void codes8(const float (&x)[8], u32& lo, u32& hi, ScaleOf scale_of) const {
         u32 c[8];
-        u32 near = 0;   // bit e: element e takes the exact path
+        // The row's largest |q - rne(q)|, NaN if any is (a NaN or infinite x): one test per row
+        // instead of a compare, select and or per element. Every one <= 0.5 - 2^-14: each q is
+        // safely away from a half-integer; else (rarely) the elements that are not take the
+        // exact path. A running max, so that each difference dies at once (registers).
+        float dmax = 0.f;
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
             const float q = thread_mul_rn(x[e], r);
             const float b = thread_add_rn(q, 12582912.f);      // 1.5 * 2^23 + rne(q)
-            const float d = thread_sub_rn(q, thread_sub_rn(b, 12582912.f));
+            const float d = fabsf(thread_sub_rn(q, thread_sub_rn(b, 12582912.f)));
+            dmax = e == 0 ? d : thread_max_nan(dmax, d);
             c[e] = __float_as_uint(b);                         // the code in the low byte
-            // |d| <= 0.5 - 2^-14 (false for NaN and inf): q is safely away from a half-integer.
-            near |= (fabsf(d) < 0.49993896484375f ? 0u : 1u) << e;
         }
-        if (near) {
+        if (!(dmax < 0.49993896484375f)) {
+            // d recomputed here rather than kept live through the common path (registers).
+            const float s = scale_of();
             const float f = thread_prescale(s);
 #pragma unroll
-            for (int e = 0; e < 8; ++e)
-                if (near & (1u << e)) c[e] = (u32)thread_code_exact(x[e], s, f);
+            for (int e = 0; e < 8; ++e) {
+                const float q = thread_mul_rn(x[e], r);
+                const float dd = thread_sub_rn(q, thread_sub_rn(thread_add_rn(q, 12582912.f), 12582912.f));
+                if (!(fabsf(dd) < 0.49993896484375f)) c[e] = (u32)thread_code_exact(x[e], s, f);
+            }
         }
         lo = __byte_perm(__byte_perm(c[0], c[1], 0x0040), __byte_perm(c[2], c[3], 0x0040), 0x5410);
         hi = __byte_perm(__byte_perm(c[4], c[5], 0x0040), __byte_perm(c[6], c[7], 0x0040), 0x5410);
@@ -605,7 +673,7 @@ __device__ __forceinline__ float row_max(float a) {
 
 // The V tile of keys [128 t, 128 t + 128) of group g = (b, h): codes into the shared tile,
 // then Vᵀ.
-__device__ __forceinline__ void cta_quantize_v(const PrepassParams& p, Smem& sm, int g, int t) {
+__device__ __forceinline__ u32 cta_quantize_v(const PrepassParams& p, Smem& sm, int g, int t) {
 #if V_FP8
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int c = lane % cfg::CPR;
@@ -619,7 +687,7 @@ __device__ __forceinline__ void cta_quantize_v(const PrepassParams& p, Smem& sm,
         if (key < p.kv_len) thread_load_raw8(raw[i], v.at(key, c));
         else thread_zero_raw8(raw[i]);
     }
-    cta_wait_stats(p, g);
+    const u32 ticket_old = cta_wait_stats(p, g);
     float inv[8];
     thread_load8_f32_cg(inv, reinterpret_cast<const float*>(p.v_inv) + bh * cfg::D + 8 * c);
 #pragma unroll
@@ -647,7 +715,7 @@ __device__ __forceinline__ void cta_quantize_v(const PrepassParams& p, Smem& sm,
     __syncthreads();
     // Thread = 4 Vᵀ rows (channel group dg) x 16 columns (group cg of the tile).
     constexpr int DG = cfg::D / 4;
-    if (tid >= DG * (cfg::VT_KEYS / 16)) return;
+    if (tid >= DG * (cfg::VT_KEYS / 16)) return ticket_old;
     const int dg = tid % DG, cg = tid / DG;
     u32 out[4][4];   // [channel dd][column word j]
 #pragma unroll
@@ -670,15 +738,24 @@ __device__ __forceinline__ void cta_quantize_v(const PrepassParams& p, Smem& sm,
     for (int dd = 0; dd < 4; ++dd)
         asm volatile("st.global.v4.b32 [%0], {%1,%2,%3,%4};\n"
                      :: "l"(vt + (i64)dd * p.kv_pad), "r"(out[dd][0]), "r"(out[dd][1]), "r"(out[dd][2]), "r"(out[dd][3]) : "memory");
+    return ticket_old;
 #else
     (void)p; (void)sm; (void)g; (void)t;
+    return 0u;
 #endif
+}
+
+// The 8 means of a lane's channels from shared memory at `at`. Volatile: read again at each
+// use rather than kept live across the rows (registers).
+__device__ __forceinline__ void thread_load_mu(float (&mu)[8], u32 at) {
+    asm volatile("ld.shared.v4.f32 {%0,%1,%2,%3}, [%4];\n" : "=f"(mu[0]), "=f"(mu[1]), "=f"(mu[2]), "=f"(mu[3]) : "r"(at));
+    asm volatile("ld.shared.v4.f32 {%0,%1,%2,%3}, [%4];\n" : "=f"(mu[4]), "=f"(mu[5]), "=f"(mu[6]), "=f"(mu[7]) : "r"(at + 16));
 }
 
 // The Q (IS_Q) or K CTA `tile` of head h of batch b, whose statistics are group g's. One
 // instantiation each: K keeps one scale per lane, Q per-thread scales and the LSE shift.
 template <bool IS_Q>
-__device__ __forceinline__ void cta_quantize_qk(const PrepassParams& p, Smem& sm, float* warp_amax, int g, int b, int h,
+__device__ __forceinline__ u32 cta_quantize_qk(const PrepassParams& p, Smem& sm, float* warp_amax, int g, int b, int h,
                                                 int tile) {
     constexpr bool is_q = IS_Q;
     constexpr bool lse = IS_Q && SMOOTH;
@@ -695,26 +772,30 @@ __device__ __forceinline__ void cta_quantize_qk(const PrepassParams& p, Smem& sm
     const bool active = 16 * warp < rows && blk < nblocks;   // warps past the last block idle
     auto row_of = [&](int i) { return row0 + 16 * warp + lane / cfg::CPR + cfg::RPI * i; };
 
-    // Load (rows past the sequence end stay 0 and add nothing to amax).
+    // Load (rows past the sequence end stay 0 and add nothing to amax). A warp whose 16 rows
+    // all exist (every warp but the last CTA's) loads without a test per row.
     Raw8 raw[cfg::NR];
+    if (active && row0 + 16 * warp + 16 <= len) {
 #pragma unroll
-    for (int i = 0; i < cfg::NR; ++i) {
-        if (active && row_of(i) < len) thread_load_raw8(raw[i], src.at(row_of(i), c));
-        else thread_zero_raw8(raw[i]);
+        for (int i = 0; i < cfg::NR; ++i) thread_load_raw8(raw[i], src.at(row_of(i), c));
+    } else {
+#pragma unroll
+        for (int i = 0; i < cfg::NR; ++i) {
+            if (active && row_of(i) < len) thread_load_raw8(raw[i], src.at(row_of(i), c));
+            else thread_zero_raw8(raw[i]);
+        }
     }
-    cta_wait_stats(p, g);
+    const u32 ticket_old = cta_wait_stats(p, g);
 
-    // The mean of this lane's channels (K: subtracted; Q: for the LSE shift), kept in K's
-    // registers and in shared memory for Q (read again per row: registers for its scales).
+    // The mean of this lane's channels (K: subtracted; Q: for the LSE shift), in shared memory
+    // and read again for each row (thread_load_mu): registers for the rows and their codes.
     float mu[8];
 #if SMOOTH
     __shared__ __align__(16) float mu_sh[cfg::D];
-    if (is_q) {
-        if (tid < cfg::D / 4) *reinterpret_cast<float4*>(&mu_sh[4 * tid]) = __ldcg(reinterpret_cast<const float4*>(p.mean) + (i64)g * cfg::D / 4 + tid);
-        __syncthreads();
-    } else {
-        thread_load8_f32_cg(mu, reinterpret_cast<const float*>(p.mean) + (i64)g * cfg::D + 8 * c);
-    }
+    if (tid < cfg::D / 4) *reinterpret_cast<float4*>(&mu_sh[4 * tid]) = __ldcg(reinterpret_cast<const float4*>(p.mean) + (i64)g * cfg::D / 4 + tid);
+    __syncthreads();
+    const u32 mu_at = cta_smem_addr(&mu_sh[8 * c]);
+    thread_load_mu(mu, mu_at);
 #else
 #pragma unroll
     for (int e = 0; e < 8; ++e) mu[e] = 0.f;
@@ -774,7 +855,7 @@ __device__ __forceinline__ void cta_quantize_qk(const PrepassParams& p, Smem& sm
 #pragma unroll
         for (int i = 0; i < cfg::NR; ++i) g_amax[i] = t;
     }
-    if (!active) return;
+    if (!active) return ticket_old;
 
     // Scales: one writer per slot.
     float* scales = reinterpret_cast<float*>(is_q ? p.q_scale : p.k_scale);
@@ -807,60 +888,57 @@ __device__ __forceinline__ void cta_quantize_qk(const PrepassParams& p, Smem& sm
     CodeScale cs[NCS];
 #pragma unroll
     for (int i = 0; i < NCS; ++i) cs[i].set(thread_scale_for(g_amax[i]));
-    float (&buf)[8][cfg::LSE_STRIDE] = sm.lse[warp];
+    // Several scales a lane (Q per thread): the scales themselves, which only the rare exact
+    // path reads, wait in shared memory (registers).
+    __shared__ float scale_sh[NCS > 1 ? NCS : 1][cfg::THREADS];
+    if (NCS > 1) {
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
+        for (int i = 0; i < NCS; ++i) scale_sh[i][tid] = cs[i].s;
+    }
+    float dot[cfg::NR];   // LSE shift: this lane's part of each row's q . mu
 #pragma unroll
-        for (int i = half * cfg::NR / 2; i < (half + 1) * cfg::NR / 2; ++i) {
-            const int row = row_of(i);
-            float x[8];
-            thread_unpack8(x, raw[i]);
+    for (int i = 0; i < cfg::NR; ++i) {
+        const int row = row_of(i);
+        float x[8];
+        thread_unpack8(x, raw[i]);
 #if SMOOTH
-            if (!is_q && row < len) {
+        if (!is_q && row < len) {
+            thread_load_mu(mu, mu_at);
 #pragma unroll
-                for (int e = 0; e < 8; ++e) x[e] = thread_sub_rn(x[e], mu[e]);   // K - mu, one f32 subtraction
-            }
+            for (int e = 0; e < 8; ++e) x[e] = thread_sub_rn(x[e], mu[e]);   // K - mu, one f32 subtraction
+        }
 #endif
-            if (row < len) {
-                u32 lo, hi;
-                cs[i % NCS].codes8(x, lo, hi);
-                unsigned char* out = dst + cbase + (i64)row * cstride;
-                asm volatile("st.global.v2.b32 [%0], {%1, %2};\n" :: "l"(out), "r"(lo), "r"(hi) : "memory");
-            }
-            if (lse) {
-#if SMOOTH
-                const float4 m0 = *reinterpret_cast<const float4*>(&mu_sh[8 * c]);
-                const float4 m1 = *reinterpret_cast<const float4*>(&mu_sh[8 * c + 4]);
-                mu[0] = m0.x; mu[1] = m0.y; mu[2] = m0.z; mu[3] = m0.w;
-                mu[4] = m1.x; mu[5] = m1.y; mu[6] = m1.z; mu[7] = m1.w;
-#endif
-                const int r = lane / cfg::CPR + cfg::RPI * i - 8 * half;   // 0..7
-                float pr[8];
-#pragma unroll
-                for (int e = 0; e < 8; ++e) pr[e] = thread_mul_rn(x[e], mu[e]);
-                *reinterpret_cast<float4*>(&buf[r][8 * c]) = make_float4(pr[0], pr[1], pr[2], pr[3]);
-                *reinterpret_cast<float4*>(&buf[r][8 * c + 4]) = make_float4(pr[4], pr[5], pr[6], pr[7]);
-            }
+        if (row < len) {
+            u32 lo, hi;
+            if (NCS > 1) cs[i % NCS].codes8(x, lo, hi, [&] { return *(volatile float*)&scale_sh[i % NCS][tid]; });
+            else cs[0].codes8(x, lo, hi);
+            unsigned char* out = dst + cbase + (i64)row * cstride;
+            asm volatile("st.global.v2.b32 [%0], {%1, %2};\n" :: "l"(out), "r"(lo), "r"(hi) : "memory");
         }
         if (lse) {
-            float* shift = reinterpret_cast<float*>(p.lse_shift) + ((i64)b * p.q_heads + h) * p.q_len;
-            __syncwarp();
-            if (lane < 8) {
-                float acc = 0.f;
-#pragma unroll 4
-                for (int ch = 0; ch < cfg::D; ch += 4) {
-                    const float4 v = *reinterpret_cast<const float4*>(&buf[lane][ch]);
-                    acc = thread_add_rn(acc, v.x);
-                    acc = thread_add_rn(acc, v.y);
-                    acc = thread_add_rn(acc, v.z);
-                    acc = thread_add_rn(acc, v.w);
-                }
-                const int row = row0 + 16 * warp + 8 * half + lane;
-                if (row < len) shift[row] = thread_mul_rn(acc, p.softmax_scale);
-            }
-            __syncwarp();
+#if SMOOTH
+            thread_load_mu(mu, mu_at);
+#endif
+            // The codec's order (`codec::int8::lse_shift`): the lane's 8 products summed left
+            // to right here, the row's CPR lane sums below.
+            dot[i] = thread_mul_rn(x[0], mu[0]);
+#pragma unroll
+            for (int e = 1; e < 8; ++e) dot[i] = thread_add_rn(dot[i], thread_mul_rn(x[e], mu[e]));
         }
     }
+    if (lse) {
+        // The pairwise tree over each row's CPR lanes, as a butterfly (f32 addition commutes,
+        // so every lane ends with the tree's sum); the rows' chains are independent.
+#pragma unroll
+        for (int o = 1; o < cfg::CPR; o <<= 1)
+#pragma unroll
+            for (int i = 0; i < cfg::NR; ++i) dot[i] = thread_add_rn(dot[i], __shfl_xor_sync(0xffffffffu, dot[i], o));
+        float* shift = reinterpret_cast<float*>(p.lse_shift) + ((i64)b * p.q_heads + h) * p.q_len;
+#pragma unroll
+        for (int i = 0; i < cfg::NR; ++i)
+            if (c == 0 && row_of(i) < len) shift[row_of(i)] = thread_mul_rn(dot[i], p.softmax_scale);
+    }
+    return ticket_old;
 }
 
 // Three CTAs per SM (24 warps): each lane's loads are all issued before their first use.
@@ -868,40 +946,53 @@ extern "C" __global__ void __launch_bounds__(cfg::THREADS, 3) int8_prepass(const
     __shared__ float warp_amax[cfg::WARPS];
     __shared__ __align__(16) Smem sm;
     const int qn = quantize_items(p);
-    const int groups = p.batch * p.kv_heads;
-#if STATS
-    __shared__ Item shared_item;
-    if (threadIdx.x == 0) {
-        u32* counter = reinterpret_cast<u32*>(p.tickets) + groups;
-        const u32 n = atomicAdd(counter, 1u);
-        // Every item has been drawn: the counter is free for the next launch.
-        if (n == gridDim.x - 1) *counter = 0u;
-        shared_item = item_at(n, groups, p.chunks, qn, p.lag);
-    }
-    __syncthreads();
-    const Item it = shared_item;
-    if (it.stats) {
-        cta_stats(p, sm, it.group, it.index);
-        return;
-    }
-#else
     Item it;
     it.group = blockIdx.x / qn;
     it.index = blockIdx.x % qn;
+#if STATS
+    if (p.phase == 0) {   // one launch: the work order of the header
+        const int groups = p.batch * p.kv_heads;
+        __shared__ Item shared_item;
+        if (threadIdx.x == 0) {
+            u32* counter = reinterpret_cast<u32*>(p.tickets) + groups;
+            const u32 n = atomicAdd(counter, 1u);
+            // Every item has been drawn: the counter is free for the next launch.
+            if (n == gridDim.x - 1) *counter = 0u;
+            shared_item = item_at(n, groups, p.chunks, qn, p.lag);
+        }
+        __syncthreads();
+        it = shared_item;
+        if (it.stats) {
+            cta_stats(p, sm, it.group, it.index);
+            return;
+        }
+    } else if (it.index == 0 && threadIdx.x == 0) {
+        // The quantize launch after the stats launch: the statistics are complete; the first
+        // item of each group resets its ticket (which nothing reads in this launch).
+        reinterpret_cast<u32*>(p.tickets)[it.group] = 0u;
+    }
 #endif
     const int g = it.group;
     int r = it.index;
     const int v_ctas = V_FP8 ? p.v_ctas : 0;
+    u32 ticket_old;
     if (r < v_ctas) {
-        cta_quantize_v(p, sm, g, v_ctas - 1 - r);   // reverse order: the last V rows read first
-        return;
+        ticket_old = cta_quantize_v(p, sm, g, v_ctas - 1 - r);   // reverse order: the last V rows read first
+    } else {
+        r -= v_ctas;
+        const int b = g / p.kv_heads, h = g % p.kv_heads;
+        if (r < p.k_ctas) ticket_old = cta_quantize_qk<false>(p, sm, warp_amax, g, b, h, p.k_ctas - 1 - r);
+        else ticket_old = cta_quantize_qk<true>(p, sm, warp_amax, g, b, h * p.kv_group + (r - p.k_ctas) / p.q_ctas, (r - p.k_ctas) % p.q_ctas);
     }
-    r -= v_ctas;
-    const int b = g / p.kv_heads, h = g % p.kv_heads;
-    if (r < p.k_ctas) {
-        cta_quantize_qk<false>(p, sm, warp_amax, g, b, h, p.k_ctas - 1 - r);
-        return;
-    }
-    r -= p.k_ctas;
-    cta_quantize_qk<true>(p, sm, warp_amax, g, b, h * p.kv_group + r / p.q_ctas, r % p.q_ctas);
+    cta_release_stats(p, g, ticket_old);
 }
+
+#if STATS
+// The stats launch of the two-launch form (phase 1): one chunk of one (batch, kv head) per CTA,
+// grid = chunks * groups. An entry of its own for its occupancy: without the quantize items'
+// registers, four CTAs fit an SM instead of three.
+extern "C" __global__ void __launch_bounds__(cfg::THREADS, 4) int8_prepass_stats(const PrepassParams p) {
+    __shared__ __align__(16) Smem sm;
+    cta_stats(p, sm, blockIdx.x / p.chunks, blockIdx.x % p.chunks);
+}
+#endif

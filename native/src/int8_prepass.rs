@@ -10,12 +10,15 @@
 //! tensors for the portable kernels; this one exists because the native kernels run on a cudarc
 //! stream that CubeCL's stream cannot be ordered against without a host wait.
 //!
-//! One launch. With smoothing or `v_fp8`, stats items (K mean and V amax over chunks of 256
-//! keys; the last chunk of each (batch, kv head) reduces them, counted by an atomic ticket) and
-//! quantize items (every tile of V, block of K and block of Q) are drawn by the CTAs from an
-//! atomic counter in an order where the quantize items of a (batch, kv head) follow its stats
-//! items by [`PREPASS_LAG_BYTES`] of further stats reads: they rarely wait, and they read that
-//! head's K and V again from L2 rather than DRAM. Without either, only the quantize items.
+//! Without smoothing or `v_fp8`, one launch of quantize items (every tile of V, block of K and
+//! block of Q). With either, stats items (K mean and V amax over chunks of 256 keys; the last
+//! chunk of each (batch, kv head) reduces them, counted by an atomic ticket) come first, in one
+//! of two forms ([`PREPASS_TWO_LAUNCH`]): a launch of their own (`int8_prepass_stats`) before
+//! the quantize launch, the default; or one launch whose CTAs draw both kinds of item from an
+//! atomic counter, the quantize items of a (batch, kv head) following its stats items by
+//! [`PREPASS_LAG_BYTES`] of further stats reads, so that they rarely wait and read that head's
+//! K and V again from L2. The second read from DRAM costs less than the one-launch form's waits
+//! and ticket traffic (measured on every benchmark shape, `examples/int8_prepass_bench.rs`).
 
 use crate::arch::Arch;
 use crate::cache::{CompileRequest, INT8_PREPASS};
@@ -24,6 +27,8 @@ use crate::hmma::{check_strides, span};
 use quattn_core::{AttentionShape, Dtype, Int8Blocking, Int8Granularity, Strides, INT8_MMA_M};
 
 const KERNEL: &str = "int8_prepass";
+/// The entry of the two-launch form's stats launch, in the same module.
+const STATS_ENTRY: &str = "int8_prepass_stats";
 /// Keys per stats item (`CHUNK` in the kernel).
 pub const PREPASS_MEAN_CHUNK: usize = 256;
 /// Threads per CTA.
@@ -32,6 +37,11 @@ const THREADS: u32 = 256;
 /// first quantize item (the kernel's `lag`, in items): enough items for every SM to be busy
 /// meanwhile, few enough that the head's K and V are still in L2 when they are read again.
 pub const PREPASS_LAG_BYTES: usize = 8 << 20;
+/// Whether a prepass with stats items runs them in a launch of their own before the quantize
+/// items (which then never wait, and read K and V again from DRAM), or in one launch whose
+/// quantize items wait for their head's statistics (module docs). Two launches measured
+/// faster at every benchmark shape.
+pub const PREPASS_TWO_LAUNCH: bool = true;
 
 /// The `ELEM` define of the prepass: the element type of the Q and K it reads.
 fn elem_define(input: Dtype) -> u32 {
@@ -353,6 +363,9 @@ pub struct PrepassParams {
     pub fold: f32,
     pub softmax_scale: f32,
     pub lag: i32,
+    /// 0: one launch of every item; with stats, 1: the stats items alone, 2: the quantize
+    /// items alone (after 1).
+    pub phase: i32,
 }
 
 /// Chunks of [`PREPASS_MEAN_CHUNK`] keys: stats items per (batch, kv head).
@@ -535,7 +548,14 @@ impl Int8PrepassConfig {
             fold: s.scale * std::f32::consts::LOG2_E,
             softmax_scale: s.scale,
             lag: self.lag(s, lag_bytes).min(i32::MAX as usize) as i32,
+            phase: 0,
         }
+    }
+
+    /// Grids of a launch with stats in two launches: the stats items (one per chunk of each
+    /// (batch, kv head)), then the quantize items.
+    pub fn two_launch_grids(&self, s: &AttentionShape) -> [u32; 2] {
+        [(s.batch * s.kv_heads * chunks(s)) as u32, self.quantize_ctas(s) as u32]
     }
 
     /// Grid and block of one pass: one CTA per item.
@@ -583,7 +603,11 @@ mod launch {
         config: Int8PrepassConfig,
         arch: Arch,
         functions: Vec<(PrepassPass, CudaFunction)>,
+        /// `int8_prepass_stats` of the same module (configurations with stats): the first
+        /// launch of the two-launch form.
+        stats: Option<CudaFunction>,
         lag_bytes: usize,
+        two_launch: bool,
     }
 
     impl Int8Prepass {
@@ -597,15 +621,21 @@ mod launch {
             config.validate()?;
             let min = if config.v_fp8 { Arch::Sm89 } else { Arch::Sm80 };
             let arch = crate::device::target_arch(ctx, KERNEL, min, |cc| config.target_of(cc))?;
+            let mut stats = None;
             let functions = config
                 .passes()
                 .iter()
                 .map(|&pass| {
-                    let (f, _) = crate::device::load_function(ctx, cache, &PrepassVariant { config, pass }.request(arch)?, 0)?;
+                    let req = PrepassVariant { config, pass }.request(arch)?;
+                    let (f, compiled) = crate::device::load_function(ctx, cache, &req, 0)?;
+                    if config.has_stats() {
+                        let module = ctx.load_module(cudarc::nvrtc::Ptx::from_binary(compiled.cubin.clone()))?;
+                        stats = Some(module.load_function(STATS_ENTRY)?);
+                    }
                     Ok((pass, f))
                 })
                 .collect::<Result<Vec<_>>>()?;
-            Ok(Int8Prepass { config, arch, functions, lag_bytes: PREPASS_LAG_BYTES })
+            Ok(Int8Prepass { config, arch, functions, stats, lag_bytes: PREPASS_LAG_BYTES, two_launch: PREPASS_TWO_LAUNCH })
         }
 
         pub fn config(&self) -> &Int8PrepassConfig {
@@ -624,6 +654,15 @@ mod launch {
             self.lag_bytes = lag_bytes;
             self
         }
+        /// Whether a prepass with stats runs as two launches (stats, then quantize) or one.
+        pub fn two_launch(&self) -> bool {
+            self.two_launch
+        }
+        /// The same kernel in one launch or two (measurements).
+        pub fn with_two_launch(mut self, two_launch: bool) -> Self {
+            self.two_launch = two_launch;
+            self
+        }
 
         /// Enqueues every pass on `stream`.
         ///
@@ -638,11 +677,23 @@ mod launch {
             let params = self.config.params_with_lag(args, ptrs, self.lag_bytes);
             for (pass, function) in &self.functions {
                 let (grid_dim, block_dim) = self.config.launch_dims(args, *pass);
-                let cfg = LaunchConfig { grid_dim, block_dim, shared_mem_bytes: 0 };
-                let mut b = stream.launch_builder(function);
-                b.arg(&params);
-                // SAFETY: the parameter struct matches the kernel's signature; memory per contract.
-                unsafe { b.launch(cfg) }?;
+                // (function, phase, grid): one launch of every item, or the stats entry and then
+                // the quantize items.
+                let launches = match (&self.stats, self.two_launch) {
+                    (Some(stats), true) => {
+                        let [s_grid, q_grid] = self.config.two_launch_grids(args);
+                        vec![(stats, 1, s_grid), (function, 2, q_grid)]
+                    }
+                    _ => vec![(function, 0, grid_dim.0)],
+                };
+                for (f, phase, grid) in launches {
+                    let params = PrepassParams { phase, ..params };
+                    let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim, shared_mem_bytes: 0 };
+                    let mut b = stream.launch_builder(f);
+                    b.arg(&params);
+                    // SAFETY: the parameter struct matches the kernel's signature; memory per contract.
+                    unsafe { b.launch(cfg) }?;
+                }
             }
             Ok(())
         }

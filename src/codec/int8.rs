@@ -306,11 +306,29 @@ pub fn smooth_k(problem: &AttentionProblem, k: &[f32]) -> Result<SmoothedK> {
     Ok(SmoothedK { values, mean })
 }
 
-/// What smoothing took off a query row's natural-log LSE: `softmax_scale · (q · μ)`, the dot
-/// summed in f32 in channel order. Add it to the LSE of the smoothed logits.
+/// What smoothing took off a query row's natural-log LSE: `softmax_scale · (q · μ)`. Add it to
+/// the LSE of the smoothed logits.
+///
+/// The dot's order, in f32 with every product and sum rounded: the products of each
+/// [`LSE_CHUNK`] consecutive channels summed left to right, then those partial sums added in a
+/// pairwise tree (neighbours at each level, an odd last one carried up). A GPU lane holding
+/// one chunk of a row computes the same sum with a butterfly of shuffles, all lanes at once,
+/// where a channel-order chain would be a row's whole head dim long.
 pub fn lse_shift(q_row: &[f32], mean: &[f32], softmax_scale: f32) -> f32 {
-    q_row.iter().zip(mean).fold(0.0f32, |s, (a, b)| s + a * b) * softmax_scale
+    let n = q_row.len().min(mean.len());
+    let mut level: Vec<f32> = q_row[..n]
+        .chunks(LSE_CHUNK)
+        .zip(mean[..n].chunks(LSE_CHUNK))
+        .map(|(q, m)| q.iter().zip(m).map(|(a, b)| a * b).reduce(|s, p| s + p).unwrap_or(0.0))
+        .collect();
+    while level.len() > 1 {
+        level = level.chunks(2).map(|p| if p.len() == 2 { p[0] + p[1] } else { p[0] }).collect();
+    }
+    level.first().copied().unwrap_or(0.0) * softmax_scale
 }
+
+/// Channels per left-to-right partial sum of [`lse_shift`]'s dot (a GPU lane's 16 bytes of f16).
+pub const LSE_CHUNK: usize = 8;
 
 /// Largest E4M3 magnitude, the code range of V's scale.
 pub const V_E4M3_MAX: f32 = crate::codec::fp8::e4m3::MAX;
@@ -837,6 +855,43 @@ mod tests {
             // The largest element of each K block maps to ±127.
             assert!(kt.codes.iter().any(|&c| c.unsigned_abs() == 127));
         }
+    }
+
+    /// The native prepass computes the LSE shift as lanes of 8 channels each, left to right,
+    /// then a butterfly of shuffles (xor 1, 2, 4, ...) over a row's lanes. That is the codec's
+    /// pairwise tree only because f32 addition commutes; simulated here lane by lane at both
+    /// head dims, bit for bit, on rows whose sums cancel (where the order shows).
+    #[test]
+    fn lse_shift_order_is_the_lane_butterfly() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(0x15e5_1f7);
+        let n = Normal::new(0.0f32, 1.0).unwrap();
+        let mut differ = 0;
+        for d in [64usize, 128] {
+            let lanes = d / LSE_CHUNK;
+            for _ in 0..200 {
+                let q: Vec<f32> = (0..d).map(|i| n.sample(&mut rng) * if i % 17 == 0 { 300.0 } else { 1.0 }).collect();
+                let mu: Vec<f32> = (0..d).map(|_| n.sample(&mut rng)).collect();
+                let mut lane: Vec<f32> = (0..lanes)
+                    .map(|l| {
+                        let c = l * LSE_CHUNK;
+                        (1..LSE_CHUNK).fold(q[c] * mu[c], |s, e| s + q[c + e] * mu[c + e])
+                    })
+                    .collect();
+                let mut o = 1;
+                while o < lanes {
+                    lane = (0..lanes).map(|l| lane[l] + lane[l ^ o]).collect();
+                    o <<= 1;
+                }
+                let want = lse_shift(&q, &mu, 0.125);
+                for v in &lane {
+                    assert_eq!((v * 0.125).to_bits(), want.to_bits(), "d {d}");
+                }
+                let chain = q.iter().zip(&mu).fold(0.0f32, |s, (a, b)| s + a * b) * 0.125;
+                differ += (chain.to_bits() != want.to_bits()) as usize;
+            }
+        }
+        // The order shows on these rows: a channel-order chain gives other bits on many.
+        assert!(differ > 40, "{differ}");
     }
 
     #[test]
