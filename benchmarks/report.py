@@ -154,6 +154,11 @@ def speed_table(entry):
             k = r["kernel"]
             if not k.startswith("torch") and entry.get("exclude") and re.search(entry["exclude"], k):
                 continue
+            # A folder measuring more than one table: `precisions` and `seqs` keep one's rows.
+            if not k.startswith("torch") and entry.get("precisions") and r["precision"] not in entry["precisions"]:
+                continue
+            if entry.get("seqs") and r["shape"]["seq"] not in entry["seqs"]:
+                continue
             rows.append(r)
     # A shape measured more than once in the folder (alternating runs): its fastest sample,
     # the statistic the run scripts compare.
