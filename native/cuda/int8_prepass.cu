@@ -21,26 +21,15 @@
 //   stats (only with SMOOTH or V_FP8): CHUNK keys of K (f64 channel sums) and V (f32 channel
 //     amax), written as per-chunk partials. The item that finishes a group's chunks last (an
 //     atomic ticket per group) reduces the partials into the mean (f64, rounded to f32 once)
-//     and the V scales, then publishes them (the ticket moves past the chunk count).
+//     and the V scales, and sets the ticket back to zero for the next launch.
 //   quantize: the group's V tiles (V_FP8), K CTAs, then the Q CTAs of its kv_group query heads.
-// Without stats: one launch of the quantize items, blockIdx.x in group order.
-// With stats, two forms (the host picks; both give the same bits):
-//   Two launches (phase 2, the default): int8_prepass_stats runs every stats item (its own
-//     entry: four CTAs per SM where the quantize items' registers allow three), then this
-//     kernel the quantize items in group order, which never wait; the first item of each group
-//     resets its ticket. K and V are read again from DRAM. Measured faster on every shape than
-//     the one-launch form: its waits and its per-item ticket traffic cost more than the
-//     second read.
-//   One launch (phase 0): the CTAs draw items from an atomic counter in the order below, so that
-//     every item a CTA waits for was drawn earlier by a CTA that is already running and never
-//     waits itself (no deadlock whatever the residency):
-//       stats items 0 .. min(a + lag, G a) - 1 (a = chunks per group, G groups), then for each
-//       group g its quantize items followed by the stats items up to min((g + 2) a + lag, G a) - 1.
-//     The quantize items of g come lag stats items after g's last chunk, and read K and V of g
-//     again from L2; each first issues its input loads, then waits for the group's statistics.
-//     The CTA that draws the last item resets the counter, and the last quantize item of a
-//     group resets its ticket.
-// Either way every launch leaves the scratch counters zero.
+// Two launches with stats: int8_prepass_stats runs every stats item (an entry of its own: four
+// CTAs per SM where the quantize items' registers allow three), then int8_prepass the quantize
+// items, blockIdx.x in group order, which read the statistics without waiting; K and V are read
+// a second time, from DRAM. Without stats, the quantize launch alone. A one-launch form whose
+// quantize items waited for their head's statistics (a work order drawn from an atomic counter
+// that had them read K and V again from L2) measured slower on every benchmark shape: its waits
+// and per-item ticket traffic cost more than the second read.
 //
 // Quantize CTAs of Q and K. A CTA covers as many whole scale blocks as fit in 128 rows (BLOCK
 // rows each: ROWS = BLOCK * (128 / BLOCK)), warp w rows 16w .. 16w + 15 (a warp never straddles
@@ -134,8 +123,8 @@ struct PrepassParams {
     u64 k_partial;                      // f64 [batch][kv_heads][chunks][D]         (SMOOTH)
     u64 v_scale, v_inv;                 // f32 [batch][kv_heads][D]                 (V_FP8)
     u64 v_partial;                      // f32 [batch][kv_heads][chunks][D]         (V_FP8)
-    u64 tickets;                        // u32 [batch * kv_heads + 1]: a ticket per group, then
-                                        // the item counter; 0 between launches      (STATS)
+    u64 tickets;                        // u32 [batch * kv_heads]: a ticket per group, 0
+                                        // between launches                          (STATS)
     u64 lse_shift;                      // f32 [batch][q_heads][q_len]              (SMOOTH)
     i64 q_batch_stride, q_head_stride, q_seq_stride;   // elements; head dim contiguous
     i64 k_batch_stride, k_head_stride, k_seq_stride;
@@ -145,10 +134,6 @@ struct PrepassParams {
     int q_ctas, k_ctas, v_ctas;         // quantize items per (batch, head) of Q, K, V
     float fold;                         // softmax_scale * log2 e, into the stored Q scales
     float softmax_scale;                // of the LSE shift
-    int lag;                            // stats items between a group's last chunk and its
-                                        // quantize items (STATS, phase 0)
-    int phase;                          // 0: one launch (every item); with STATS, 2: the
-                                        // quantize items only, after int8_prepass_stats
 };
 
 // 8 consecutive input elements as loaded (16-byte aligned for 2-byte types, 32 for f32).
@@ -308,104 +293,21 @@ union Smem {
     unsigned char vt[cfg::VT_KEYS][cfg::VT_STRIDE];
 };
 
-// ---- the work order (header) ------------------------------------------------------------------
-
-// What one item is: a stats chunk or a quantize item, its group and its index in the group.
-struct Item {
-    int stats;
-    int group;
-    int index;
-};
-
-#if STATS
-// Item p of the order in the header, for G groups of a stats and qn quantize items each.
-__device__ __forceinline__ Item item_at(i64 p, i64 G, i64 a, i64 qn, i64 lag) {
-    const i64 all_stats = G * a;
-    // Quantize items of group g start at P(g) = g qn + min((g + 1) a + lag, G a).
-    auto start = [&](i64 g) { return g * qn + min((g + 1) * a + lag, all_stats); };
-    Item it;
-    if (p < start(0)) {
-        it.stats = 1;
-        it.group = (int)(p / a);
-        it.index = (int)(p % a);
-        return it;
-    }
-    i64 lo = 0, hi = G - 1;   // the last g with start(g) <= p
-    while (lo < hi) {
-        const i64 mid = (lo + hi + 1) / 2;
-        if (start(mid) <= p) lo = mid;
-        else hi = mid - 1;
-    }
-    const i64 r = p - start(lo);
-    if (r < qn) {
-        it.stats = 0;
-        it.group = (int)lo;
-        it.index = (int)r;
-    } else {
-        const i64 s = min((lo + 1) * a + lag, all_stats) + (r - qn);
-        it.stats = 1;
-        it.group = (int)(s / a);
-        it.index = (int)(s % a);
-    }
-    return it;
-}
-
-// fence.acq_rel at GPU scope: with a relaxed store or atomic after it, a release; with a
-// relaxed load before it, an acquire (PTX memory model). Lighter than __threadfence's
-// sequentially consistent fence, which the ticket protocol does not need.
-__device__ __forceinline__ void thread_fence_acq_rel_gpu() {
-    asm volatile("fence.acq_rel.gpu;" ::: "memory");
-}
-
-// A word other CTAs update (no L1 copy, no ordering: the caller fences once it has seen
-// the value it waits for; ld.acquire in the loop would invalidate L1 at every poll).
-__device__ __forceinline__ u32 thread_ld_relaxed(const u32* p) {
-    u32 v;
-    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-#endif
+// ---- the quantize items --------------------------------------------------------------------------
 
 // Quantize items per group.
 __device__ __forceinline__ int quantize_items(const PrepassParams& p) {
     return (V_FP8 ? p.v_ctas : 0) + p.k_ctas + p.kv_group * p.q_ctas;
 }
 
-// Called by every thread of a quantize item once its loads are issued: returns when the
-// statistics of group g are published (a no-op without stats, and in phase 2, which runs after
-// the stats launch). The ticket of g counts the chunks, then 1 for the publication, then one
-// per quantize item that passed here; the last of those resets it for the next launch. The
-// count's atomic is issued after the barrier and its old value looked at when the item ends
-// (cta_release_stats), so that its round trip does not hold the CTA at the barrier.
-__device__ __forceinline__ u32 cta_wait_stats(const PrepassParams& p, int g) {
 #if STATS
-    if (p.phase == 2) return 0u;
-    u32* ticket = reinterpret_cast<u32*>(p.tickets) + g;
-    const u32 ready = (u32)p.chunks + 1u;
-    if (threadIdx.x == 0) {
-        while (thread_ld_relaxed(ticket) < ready) __nanosleep(200);
-        // Acquire: the statistics are read after the publication was seen (the publisher's
-        // fence before its ticket is the release).
-        thread_fence_acq_rel_gpu();
-    }
-    __syncthreads();
-    return threadIdx.x == 0 ? atomicAdd(ticket, 1u) : 0u;
-#else
-    (void)p; (void)g;
-    return 0u;
-#endif
+// fence.acq_rel at GPU scope: with a relaxed store or atomic after it, a release; with a
+// relaxed atomic before it, an acquire (PTX memory model). Lighter than __threadfence's
+// sequentially consistent fence, which the ticket protocol does not need.
+__device__ __forceinline__ void thread_fence_acq_rel_gpu() {
+    asm volatile("fence.acq_rel.gpu;" ::: "memory");
 }
-
-// The end of a quantize item of group g: thread 0 resets the ticket if its count (`old`, from
-// cta_wait_stats) was the group's last.
-__device__ __forceinline__ void cta_release_stats(const PrepassParams& p, int g, u32 old) {
-#if STATS
-    if (p.phase != 2 && threadIdx.x == 0 && old == (u32)p.chunks + (u32)quantize_items(p))
-        reinterpret_cast<u32*>(p.tickets)[g] = 0u;
-#else
-    (void)p; (void)g; (void)old;
 #endif
-}
 
 // ---- stats items --------------------------------------------------------------------------------
 
@@ -560,10 +462,9 @@ __device__ __forceinline__ void cta_stats(const PrepassParams& p, Smem& sm, int 
         }
     }
 #endif
-    // The mean and the V scales are visible device-wide before the publication (release).
-    thread_fence_acq_rel_gpu();
-    __syncthreads();
-    if (tid == 0) atomicAdd(ticket, 1u);
+    // Every other chunk has taken its ticket: zero for the next launch (the quantize launch that
+    // reads the statistics comes after this one ends).
+    if (tid == 0) *ticket = 0u;
 }
 #endif
 
@@ -673,7 +574,7 @@ __device__ __forceinline__ float row_max(float a) {
 
 // The V tile of keys [128 t, 128 t + 128) of group g = (b, h): codes into the shared tile,
 // then Vᵀ.
-__device__ __forceinline__ u32 cta_quantize_v(const PrepassParams& p, Smem& sm, int g, int t) {
+__device__ __forceinline__ void cta_quantize_v(const PrepassParams& p, Smem& sm, int g, int t) {
 #if V_FP8
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int c = lane % cfg::CPR;
@@ -687,7 +588,6 @@ __device__ __forceinline__ u32 cta_quantize_v(const PrepassParams& p, Smem& sm, 
         if (key < p.kv_len) thread_load_raw8(raw[i], v.at(key, c));
         else thread_zero_raw8(raw[i]);
     }
-    const u32 ticket_old = cta_wait_stats(p, g);
     float inv[8];
     thread_load8_f32_cg(inv, reinterpret_cast<const float*>(p.v_inv) + bh * cfg::D + 8 * c);
 #pragma unroll
@@ -715,7 +615,7 @@ __device__ __forceinline__ u32 cta_quantize_v(const PrepassParams& p, Smem& sm, 
     __syncthreads();
     // Thread = 4 Vᵀ rows (channel group dg) x 16 columns (group cg of the tile).
     constexpr int DG = cfg::D / 4;
-    if (tid >= DG * (cfg::VT_KEYS / 16)) return ticket_old;
+    if (tid >= DG * (cfg::VT_KEYS / 16)) return;
     const int dg = tid % DG, cg = tid / DG;
     u32 out[4][4];   // [channel dd][column word j]
 #pragma unroll
@@ -738,10 +638,8 @@ __device__ __forceinline__ u32 cta_quantize_v(const PrepassParams& p, Smem& sm, 
     for (int dd = 0; dd < 4; ++dd)
         asm volatile("st.global.v4.b32 [%0], {%1,%2,%3,%4};\n"
                      :: "l"(vt + (i64)dd * p.kv_pad), "r"(out[dd][0]), "r"(out[dd][1]), "r"(out[dd][2]), "r"(out[dd][3]) : "memory");
-    return ticket_old;
 #else
     (void)p; (void)sm; (void)g; (void)t;
-    return 0u;
 #endif
 }
 
@@ -755,7 +653,7 @@ __device__ __forceinline__ void thread_load_mu(float (&mu)[8], u32 at) {
 // The Q (IS_Q) or K CTA `tile` of head h of batch b, whose statistics are group g's. One
 // instantiation each: K keeps one scale per lane, Q per-thread scales and the LSE shift.
 template <bool IS_Q>
-__device__ __forceinline__ u32 cta_quantize_qk(const PrepassParams& p, Smem& sm, float* warp_amax, int g, int b, int h,
+__device__ __forceinline__ void cta_quantize_qk(const PrepassParams& p, Smem& sm, float* warp_amax, int g, int b, int h,
                                                 int tile) {
     constexpr bool is_q = IS_Q;
     constexpr bool lse = IS_Q && SMOOTH;
@@ -785,7 +683,6 @@ __device__ __forceinline__ u32 cta_quantize_qk(const PrepassParams& p, Smem& sm,
             else thread_zero_raw8(raw[i]);
         }
     }
-    const u32 ticket_old = cta_wait_stats(p, g);
 
     // The mean of this lane's channels (K: subtracted; Q: for the LSE shift), in shared memory
     // and read again for each row (thread_load_mu): registers for the rows and their codes.
@@ -855,7 +752,7 @@ __device__ __forceinline__ u32 cta_quantize_qk(const PrepassParams& p, Smem& sm,
 #pragma unroll
         for (int i = 0; i < cfg::NR; ++i) g_amax[i] = t;
     }
-    if (!active) return ticket_old;
+    if (!active) return;
 
     // Scales: one writer per slot.
     float* scales = reinterpret_cast<float*>(is_q ? p.q_scale : p.k_scale);
@@ -938,58 +835,33 @@ __device__ __forceinline__ u32 cta_quantize_qk(const PrepassParams& p, Smem& sm,
         for (int i = 0; i < cfg::NR; ++i)
             if (c == 0 && row_of(i) < len) shift[row_of(i)] = thread_mul_rn(dot[i], p.softmax_scale);
     }
-    return ticket_old;
 }
 
-// Three CTAs per SM (24 warps): each lane's loads are all issued before their first use.
+// Three CTAs per SM (24 warps): each lane's loads are all issued before their first use. With
+// stats, after int8_prepass_stats on the same stream.
 extern "C" __global__ void __launch_bounds__(cfg::THREADS, 3) int8_prepass(const PrepassParams p) {
     __shared__ float warp_amax[cfg::WARPS];
     __shared__ __align__(16) Smem sm;
     const int qn = quantize_items(p);
-    Item it;
-    it.group = blockIdx.x / qn;
-    it.index = blockIdx.x % qn;
-#if STATS
-    if (p.phase == 0) {   // one launch: the work order of the header
-        const int groups = p.batch * p.kv_heads;
-        __shared__ Item shared_item;
-        if (threadIdx.x == 0) {
-            u32* counter = reinterpret_cast<u32*>(p.tickets) + groups;
-            const u32 n = atomicAdd(counter, 1u);
-            // Every item has been drawn: the counter is free for the next launch.
-            if (n == gridDim.x - 1) *counter = 0u;
-            shared_item = item_at(n, groups, p.chunks, qn, p.lag);
-        }
-        __syncthreads();
-        it = shared_item;
-        if (it.stats) {
-            cta_stats(p, sm, it.group, it.index);
-            return;
-        }
-    } else if (it.index == 0 && threadIdx.x == 0) {
-        // The quantize launch after the stats launch: the statistics are complete; the first
-        // item of each group resets its ticket (which nothing reads in this launch).
-        reinterpret_cast<u32*>(p.tickets)[it.group] = 0u;
-    }
-#endif
-    const int g = it.group;
-    int r = it.index;
+    const int g = blockIdx.x / qn;
+    int r = blockIdx.x % qn;
     const int v_ctas = V_FP8 ? p.v_ctas : 0;
-    u32 ticket_old;
     if (r < v_ctas) {
-        ticket_old = cta_quantize_v(p, sm, g, v_ctas - 1 - r);   // reverse order: the last V rows read first
-    } else {
-        r -= v_ctas;
-        const int b = g / p.kv_heads, h = g % p.kv_heads;
-        if (r < p.k_ctas) ticket_old = cta_quantize_qk<false>(p, sm, warp_amax, g, b, h, p.k_ctas - 1 - r);
-        else ticket_old = cta_quantize_qk<true>(p, sm, warp_amax, g, b, h * p.kv_group + (r - p.k_ctas) / p.q_ctas, (r - p.k_ctas) % p.q_ctas);
+        cta_quantize_v(p, sm, g, v_ctas - 1 - r);   // reverse order: the last V rows read first
+        return;
     }
-    cta_release_stats(p, g, ticket_old);
+    r -= v_ctas;
+    const int b = g / p.kv_heads, h = g % p.kv_heads;
+    if (r < p.k_ctas) {
+        cta_quantize_qk<false>(p, sm, warp_amax, g, b, h, p.k_ctas - 1 - r);
+        return;
+    }
+    r -= p.k_ctas;
+    cta_quantize_qk<true>(p, sm, warp_amax, g, b, h * p.kv_group + r / p.q_ctas, r % p.q_ctas);
 }
 
 #if STATS
-// The stats launch of the two-launch form (phase 1): one chunk of one (batch, kv head) per CTA,
-// grid = chunks * groups. An entry of its own for its occupancy: without the quantize items'
+// The stats launch: one chunk of one (batch, kv head) per CTA, grid = chunks * groups. An entry of its own for its occupancy: without the quantize items'
 // registers, four CTAs fit an SM instead of three.
 extern "C" __global__ void __launch_bounds__(cfg::THREADS, 4) int8_prepass_stats(const PrepassParams p) {
     __shared__ __align__(16) Smem sm;

@@ -11,14 +11,12 @@
 //! stream that CubeCL's stream cannot be ordered against without a host wait.
 //!
 //! Without smoothing or `v_fp8`, one launch of quantize items (every tile of V, block of K and
-//! block of Q). With either, stats items (K mean and V amax over chunks of 256 keys; the last
-//! chunk of each (batch, kv head) reduces them, counted by an atomic ticket) come first, in one
-//! of two forms ([`PREPASS_TWO_LAUNCH`]): a launch of their own (`int8_prepass_stats`) before
-//! the quantize launch, the default; or one launch whose CTAs draw both kinds of item from an
-//! atomic counter, the quantize items of a (batch, kv head) following its stats items by
-//! [`PREPASS_LAG_BYTES`] of further stats reads, so that they rarely wait and read that head's
-//! K and V again from L2. The second read from DRAM costs less than the one-launch form's waits
-//! and ticket traffic (measured on every benchmark shape, `examples/int8_prepass_bench.rs`).
+//! block of Q). With either, a launch of stats items first (`int8_prepass_stats`: the K mean
+//! and the V amax over chunks of 256 keys; the last chunk of each (batch, kv head) reduces them,
+//! counted by an atomic ticket), then the quantize launch, which reads K and V again. A one-launch
+//! form whose quantize items waited for their head's statistics and read K and V again from L2
+//! measured slower on every benchmark shape (`benchmarks/2026-11-29-h200-r`): its waits and
+//! per-item ticket traffic cost more than the second read from DRAM.
 
 use crate::arch::Arch;
 use crate::cache::{CompileRequest, INT8_PREPASS};
@@ -33,16 +31,6 @@ const STATS_ENTRY: &str = "int8_prepass_stats";
 pub const PREPASS_MEAN_CHUNK: usize = 256;
 /// Threads per CTA.
 const THREADS: u32 = 256;
-/// Input bytes the stats items read between the last stats item of a (batch, kv head) and its
-/// first quantize item (the kernel's `lag`, in items): enough items for every SM to be busy
-/// meanwhile, few enough that the head's K and V are still in L2 when they are read again.
-pub const PREPASS_LAG_BYTES: usize = 8 << 20;
-/// Whether a prepass with stats items runs them in a launch of their own before the quantize
-/// items (which then never wait, and read K and V again from DRAM), or in one launch whose
-/// quantize items wait for their head's statistics (module docs). Two launches measured
-/// faster at every benchmark shape.
-pub const PREPASS_TWO_LAUNCH: bool = true;
-
 /// The `ELEM` define of the prepass: the element type of the Q and K it reads.
 fn elem_define(input: Dtype) -> u32 {
     match input {
@@ -275,7 +263,7 @@ pub struct PrepassPtrs {
     pub v_inv: u64,
     /// f32 `[batch, kv_heads, chunks, head_dim]` scratch (`v_fp8` only).
     pub v_partial: u64,
-    /// u32 `[batch * kv_heads + 1]` tickets of the stats items and the item counter (smoothing
+    /// u32 `[batch * kv_heads]` tickets of the stats items (smoothing
     /// or `v_fp8`): zero before the first launch (allocate zeroed); every launch leaves them
     /// zero.
     pub tickets: u64,
@@ -362,10 +350,6 @@ pub struct PrepassParams {
     pub v_ctas: i32,
     pub fold: f32,
     pub softmax_scale: f32,
-    pub lag: i32,
-    /// 0: one launch of every item; with stats, 1: the stats items alone, 2: the quantize
-    /// items alone (after 1).
-    pub phase: i32,
 }
 
 /// Chunks of [`PREPASS_MEAN_CHUNK`] keys: stats items per (batch, kv head).
@@ -399,17 +383,6 @@ impl Int8PrepassConfig {
         s.batch * s.q_heads * q + s.batch * s.kv_heads * (k + v)
     }
 
-    /// Every item of a launch (one CTA each): the quantize items and the stats items.
-    fn items(&self, s: &AttentionShape) -> usize {
-        self.quantize_ctas(s) + if self.has_stats() { s.batch * s.kv_heads * chunks(s) } else { 0 }
-    }
-
-    /// The kernel's `lag`: stats items that read about `lag_bytes` of K and V (at least one).
-    fn lag(&self, s: &AttentionShape, lag_bytes: usize) -> usize {
-        let per_item = PREPASS_MEAN_CHUNK * s.head_dim * self.input.size_bytes() * (self.smooth_k as usize + self.v_fp8 as usize);
-        (lag_bytes / per_item.max(1)).max(1)
-    }
-
     /// Keys per Vᵀ row: kv_len rounded up to [`PREPASS_VT_KEYS`].
     pub fn kv_pad(s: &AttentionShape) -> usize {
         s.kv_len.max(1).div_ceil(PREPASS_VT_KEYS) * PREPASS_VT_KEYS
@@ -438,7 +411,7 @@ impl Int8PrepassConfig {
             v_scale: when(vf, kvh * hd),
             v_inv: when(vf, kvh * hd),
             v_partial: when(vf, kvh * chunks(s) * hd),
-            tickets: when(smooth || vf, kvh + 1),
+            tickets: when(smooth || vf, kvh),
             lse_shift: when(smooth, s.batch * s.q_heads * s.q_len),
         })
     }
@@ -469,7 +442,7 @@ impl Int8PrepassConfig {
             check_strides("v", &s.v, 8)?;
         }
         let big = Self::kv_pad(s) * self.head_dim as usize * s.batch * s.kv_heads;
-        let lens = [s.q_len, s.kv_len, s.batch, s.q_heads, s.kv_heads, self.items(s), Self::kv_pad(s)];
+        let lens = [s.q_len, s.kv_len, s.batch, s.q_heads, s.kv_heads, self.quantize_ctas(s), s.batch * s.kv_heads * chunks(s), Self::kv_pad(s)];
         if lens.iter().any(|&x| x > i32::MAX as usize) || s.kv_heads > 65535 || s.batch > 65535 || big > i64::MAX as usize {
             return bad(format!("prepass too large for one launch: {s:?}"));
         }
@@ -497,13 +470,8 @@ impl Int8PrepassConfig {
     }
 
     /// Kernel parameters of a prepass over `s` (strides as checked by [`Self::validate_args`]:
-    /// below 2^63), with a lag of [`PREPASS_LAG_BYTES`].
+    /// below 2^63).
     pub fn params(&self, s: &AttentionShape, p: &PrepassPtrs) -> PrepassParams {
-        self.params_with_lag(s, p, PREPASS_LAG_BYTES)
-    }
-
-    /// [`Self::params`] with a lag of about `lag_bytes` of stats reads (measurements).
-    pub fn params_with_lag(&self, s: &AttentionShape, p: &PrepassPtrs, lag_bytes: usize) -> PrepassParams {
         let [q, k, v] = [s.q, s.k, s.v].map(|x| x.to_array().map(|v| v as i64));
         let (q_ctas, k_ctas, v_ctas) = self.ctas_per_head(s);
         PrepassParams {
@@ -547,28 +515,25 @@ impl Int8PrepassConfig {
             // The codec's caller computes the fold the same way (one f32 product).
             fold: s.scale * std::f32::consts::LOG2_E,
             softmax_scale: s.scale,
-            lag: self.lag(s, lag_bytes).min(i32::MAX as usize) as i32,
-            phase: 0,
         }
     }
 
-    /// Grids of a launch with stats in two launches: the stats items (one per chunk of each
-    /// (batch, kv head)), then the quantize items.
-    pub fn two_launch_grids(&self, s: &AttentionShape) -> [u32; 2] {
-        [(s.batch * s.kv_heads * chunks(s)) as u32, self.quantize_ctas(s) as u32]
+    /// Grid of the stats launch (configurations with stats): one CTA per chunk of each (batch,
+    /// kv head).
+    pub fn stats_grid(&self, s: &AttentionShape) -> u32 {
+        (s.batch * s.kv_heads * chunks(s)) as u32
     }
 
-    /// Grid and block of one pass: one CTA per item.
+    /// Grid and block of the quantize launch: one CTA per quantize item.
     pub fn launch_dims(&self, s: &AttentionShape, pass: PrepassPass) -> ((u32, u32, u32), (u32, u32, u32)) {
         match pass {
-            PrepassPass::Quantize => ((self.items(s) as u32, 1, 1), (THREADS, 1, 1)),
+            PrepassPass::Quantize => ((self.quantize_ctas(s) as u32, 1, 1), (THREADS, 1, 1)),
         }
     }
 
     /// Bytes the launch must move at least: every input element read once (Q, K and, with
-    /// `v_fp8`, V), every code and scale written once. The stats items read K (smoothing) and V
-    /// (`v_fp8`) a second time (from L2 when the lag's bytes fit in it); [`Self::moved_bytes`]
-    /// counts that too.
+    /// `v_fp8`, V), every code and scale written once. The stats launch reads K (smoothing) and
+    /// V (`v_fp8`) a second time; [`Self::moved_bytes`] counts that too.
     pub fn min_bytes(&self, s: &AttentionShape) -> usize {
         let e = self.input.size_bytes();
         let (q, k) = (s.batch * s.q_heads * s.q_len, s.batch * s.kv_heads * s.kv_len);
@@ -606,8 +571,6 @@ mod launch {
         /// `int8_prepass_stats` of the same module (configurations with stats): the first
         /// launch of the two-launch form.
         stats: Option<CudaFunction>,
-        lag_bytes: usize,
-        two_launch: bool,
     }
 
     impl Int8Prepass {
@@ -635,7 +598,7 @@ mod launch {
                     Ok((pass, f))
                 })
                 .collect::<Result<Vec<_>>>()?;
-            Ok(Int8Prepass { config, arch, functions, stats, lag_bytes: PREPASS_LAG_BYTES, two_launch: PREPASS_TWO_LAUNCH })
+            Ok(Int8Prepass { config, arch, functions, stats })
         }
 
         pub fn config(&self) -> &Int8PrepassConfig {
@@ -644,26 +607,6 @@ mod launch {
         pub fn arch(&self) -> Arch {
             self.arch
         }
-        /// Bytes of stats reads between a (batch, kv head)'s last stats item and its first
-        /// quantize item.
-        pub fn lag_bytes(&self) -> usize {
-            self.lag_bytes
-        }
-        /// The same kernel with another lag (measurements; 0 is one stats item).
-        pub fn with_lag_bytes(mut self, lag_bytes: usize) -> Self {
-            self.lag_bytes = lag_bytes;
-            self
-        }
-        /// Whether a prepass with stats runs as two launches (stats, then quantize) or one.
-        pub fn two_launch(&self) -> bool {
-            self.two_launch
-        }
-        /// The same kernel in one launch or two (measurements).
-        pub fn with_two_launch(mut self, two_launch: bool) -> Self {
-            self.two_launch = two_launch;
-            self
-        }
-
         /// Enqueues every pass on `stream`.
         ///
         /// # Safety
@@ -674,20 +617,16 @@ mod launch {
         pub unsafe fn launch_raw(&self, stream: &Arc<CudaStream>, args: &AttentionShape, ptrs: &PrepassPtrs) -> Result<()> {
             self.config.validate_args(args)?;
             self.config.validate_ptrs(ptrs)?;
-            let params = self.config.params_with_lag(args, ptrs, self.lag_bytes);
+            let params = self.config.params(args, ptrs);
             for (pass, function) in &self.functions {
                 let (grid_dim, block_dim) = self.config.launch_dims(args, *pass);
-                // (function, phase, grid): one launch of every item, or the stats entry and then
-                // the quantize items.
-                let launches = match (&self.stats, self.two_launch) {
-                    (Some(stats), true) => {
-                        let [s_grid, q_grid] = self.config.two_launch_grids(args);
-                        vec![(stats, 1, s_grid), (function, 2, q_grid)]
-                    }
-                    _ => vec![(function, 0, grid_dim.0)],
-                };
-                for (f, phase, grid) in launches {
-                    let params = PrepassParams { phase, ..params };
+                // With stats, the stats launch first: the quantize items read what it writes.
+                let mut launches = Vec::with_capacity(2);
+                if let Some(stats) = &self.stats {
+                    launches.push((stats, self.config.stats_grid(args)));
+                }
+                launches.push((function, grid_dim.0));
+                for (f, grid) in launches {
                     let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim, shared_mem_bytes: 0 };
                     let mut b = stream.launch_builder(f);
                     b.arg(&params);
@@ -726,7 +665,7 @@ mod tests {
         assert_eq!(l.k_partial, 2 * 2 * 4 * 128);
         assert_eq!(l.lse_shift, 2 * 8 * 300);
         // A ticket per (batch, kv head), then the item counter.
-        assert_eq!(l.tickets, 2 * 2 + 1);
+        assert_eq!(l.tickets, 2 * 2);
         assert_eq!((l.q, l.q_codes), (2 * 8 * 300 * 128, 2 * 8 * 300 * 128));
         assert_eq!((l.v, l.vt_codes, l.v_scale, l.v_inv, l.v_partial), (0, 0, 0, 0, 0));
         assert_eq!(c.passes(), &[PrepassPass::Quantize]);
@@ -741,7 +680,7 @@ mod tests {
         let v = plain.with_v_fp8();
         let l = v.required_lens(&args()).unwrap();
         assert_eq!((l.v, l.vt_codes), (2 * 2 * 777 * 128, 2 * 2 * 128 * 896));
-        assert_eq!((l.v_scale, l.v_inv, l.v_partial, l.tickets, l.mean), (2 * 2 * 128, 2 * 2 * 128, 2 * 2 * 4 * 128, 5, 0));
+        assert_eq!((l.v_scale, l.v_inv, l.v_partial, l.tickets, l.mean), (2 * 2 * 128, 2 * 2 * 128, 2 * 2 * 4 * 128, 4, 0));
         assert!(v.has_stats());
         assert!(l.covers(&l) && !plain.required_lens(&args()).unwrap().covers(&l));
     }
@@ -755,10 +694,9 @@ mod tests {
         assert_eq!(c.quantize_ctas(&a), 2 * 8 * 3 + 2 * 2 * (7 + 7));
         let p = c.params(&a, &PrepassPtrs::default());
         assert_eq!((p.q_ctas, p.k_ctas, p.v_ctas, p.kv_pad, p.k_blocks, p.chunks), (3, 7, 7, 896, 13, 4));
-        // One launch: the quantize items and 4 stats chunks per (batch, kv head).
-        assert_eq!(c.launch_dims(&a, PrepassPass::Quantize).0, ((2 * 8 * 3 + 2 * 2 * (7 + 7) + 2 * 2 * 4) as u32, 1, 1));
-        // Lag: 8 MB of 256-key chunks of K and V in f16 at head dim 128 (128 KB each).
-        assert_eq!(p.lag, 64);
+        // The quantize launch: its items; the stats launch: 4 chunks per (batch, kv head).
+        assert_eq!(c.launch_dims(&a, PrepassPass::Quantize).0, ((2 * 8 * 3 + 2 * 2 * (7 + 7)) as u32, 1, 1));
+        assert_eq!(c.stats_grid(&a), 2 * 2 * 4);
         let plain = Int8PrepassConfig { smooth_k: false, v_fp8: false, ..c };
         assert_eq!(plain.launch_dims(&a, PrepassPass::Quantize).0, ((2 * 8 * 3 + 2 * 2 * 7) as u32, 1, 1));
         // 96-row blocks: one per CTA (two would not fit 128 rows).
@@ -980,60 +918,6 @@ mod tests {
         for h in 1u16..0x7c00 {
             let a = half::f16::from_bits(h).to_f32();
             assert_eq!(f64_scale(a).to_bits(), (a / 127.0).to_bits(), "f16 amax {a:e}");
-        }
-    }
-
-    /// `item_at` of the kernel, step for step: (stats, group, index in the group).
-    fn item_at(p: i64, groups: i64, a: i64, qn: i64, lag: i64) -> (bool, i64, i64) {
-        let all = groups * a;
-        let start = |g: i64| g * qn + ((g + 1) * a + lag).min(all);
-        if p < start(0) {
-            return (true, p / a, p % a);
-        }
-        let (mut lo, mut hi) = (0, groups - 1);
-        while lo < hi {
-            let mid = (lo + hi + 1) / 2;
-            if start(mid) <= p {
-                lo = mid;
-            } else {
-                hi = mid - 1;
-            }
-        }
-        let r = p - start(lo);
-        if r < qn {
-            return (false, lo, r);
-        }
-        let s = ((lo + 1) * a + lag).min(all) + (r - qn);
-        (true, s / a, s % a)
-    }
-
-    /// The work order draws every item once, and a group's quantize items only after all of
-    /// its stats items (what makes the kernel's waits deadlock-free) and at least `lag` stats
-    /// items after its last one where there are that many left.
-    #[test]
-    fn work_order_has_every_item_once_stats_first() {
-        for (groups, a, qn, lag) in [(1, 1, 1, 1), (4, 4, 31, 64), (16, 64, 256, 64), (3, 5, 2, 1), (7, 1, 9, 3), (5, 3, 4, 1000)] {
-            let n = groups * (a + qn);
-            let mut seen_stats = vec![0; (groups * a) as usize];
-            let mut seen_quant = vec![0; (groups * qn) as usize];
-            let mut stats_done = vec![0; groups as usize];
-            let mut stats_drawn = 0;
-            for p in 0..n {
-                let (stats, g, i) = item_at(p, groups, a, qn, lag);
-                assert!(g < groups && i < if stats { a } else { qn }, "{p}: {stats} {g} {i}");
-                if stats {
-                    seen_stats[(g * a + i) as usize] += 1;
-                    stats_done[g as usize] += 1;
-                    // Stats items come in their natural order.
-                    assert_eq!(g * a + i, stats_drawn);
-                    stats_drawn += 1;
-                } else {
-                    seen_quant[(g * qn + i) as usize] += 1;
-                    assert_eq!(stats_done[g as usize], a, "quantize item before the group's stats");
-                    assert!(stats_drawn >= ((g + 1) * a + lag).min(groups * a));
-                }
-            }
-            assert!(seen_stats.iter().chain(&seen_quant).all(|&x| x == 1));
         }
     }
 
