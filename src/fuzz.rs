@@ -1002,13 +1002,14 @@ fn judge(case: &Case, plan: &crate::Plan, x: &Inputs, o: &[f32], lse: Option<&[f
     Ok(if why.is_empty() { Outcome::Passed { ratio } } else { Outcome::Mismatch { ratio, reason: why.join("; ") } })
 }
 
-/// For an FP8 or INT8 mode run by its emulation: the f64 reference on Q, K and V as the mode's
-/// codes and scales give them back (the emulation's scale layouts; INT8 with smoothing: K − μ
-/// quantized, μ added back, which leaves every row's softmax as the emulation's), against the
-/// reference on the inputs, over the judged rows (O, and the LSE's max-abs when judged), and P's
-/// unit roundoff. What rounding the inputs alone costs on this input, computed without the
-/// emulation: on ill-conditioned inputs (a few keys whose V rows cancel) it passes the
-/// per-precision bound.
+/// For an FP8, INT8, NVFP4 or MXFP4 mode run by its emulation: the f64 reference on Q, K and V
+/// as the mode's codes and scales give them back (the emulation's scale layouts; with K
+/// smoothing: K − μ quantized, μ added back, which leaves every row's softmax as the
+/// emulation's), against the reference on the inputs, over the judged rows (O, and the LSE's
+/// max-abs when judged), and P's unit roundoff. What rounding the inputs alone costs on this
+/// input, computed without the emulation: on ill-conditioned inputs (a few keys whose V rows
+/// cancel) it passes the per-precision bound. The case's inputs already hold the mode's input
+/// dtype ([`Case::inputs`]), so the codes are those the emulation quantizes.
 #[allow(clippy::too_many_arguments)]
 fn input_rounding(
     case: &Case,
@@ -1021,7 +1022,7 @@ fn input_rounding(
 ) -> Result<Option<(ErrorMetrics, Option<f64>, f64)>> {
     let p = &case.problem;
     let blocking = plan.blocking.unwrap_or_default();
-    let (dq, dk, dv, pf) = match case.precision {
+    let (dq, dk, dv, u) = match case.precision {
         Precision::Fp8 { format, descale, p: pf } => {
             use crate::codec::fp8_scaled::{DescaleLayout, Fp8Tensor};
             let dequantized = |x: &[f32], strides: Strides, heads: usize, len: usize, dim: usize, block_rows: usize| -> Result<Vec<f32>> {
@@ -1033,7 +1034,7 @@ fn input_rounding(
                 dequantized(q, p.q_strides(), p.q_heads, p.q_len, p.head_dim, blocking.block_q)?,
                 dequantized(k, p.k_strides(), p.kv_heads, p.kv_len, p.head_dim, blocking.block_k)?,
                 dequantized(v, p.v_strides(), p.kv_heads, p.kv_len, p.v_head_dim, blocking.block_k)?,
-                pf,
+                p_roundoff(pf),
             )
         }
         Precision::Int8Qk { granularity, smooth_k, pv } => {
@@ -1058,7 +1059,35 @@ fn input_rounding(
             } else {
                 v.to_vec()
             };
-            (dq, dk, dv, pv)
+            (dq, dk, dv, p_roundoff(pv))
+        }
+        Precision::Nvfp4 { v: vf, smooth_k } => {
+            let (dq, dk) = dequantized_qk_4bit(p, smooth_k, q, k, crate::codec::nvfp4::Nvfp4Tensor::quantize)?;
+            // 4-bit V: the emulation's `Vᵀ` codes (16-key blocks along the keys of each channel,
+            // one tensor scale); bf16 V is the input as it is.
+            let dv = if vf.is_4bit() {
+                let vt = emulation::quantize_vt_nvfp4(p, v)?;
+                map_rows(v, p.v_strides(), (p.batch, p.kv_heads, p.kv_len, p.v_head_dim), |b, h, j, c, _| {
+                    vt.value((b * p.kv_heads + h) * p.v_head_dim + c, j)
+                })
+            } else {
+                v.to_vec()
+            };
+            // P in NVFP4 is E2M1 codes times a UE4M3 scale per 16 keys, set from the block's
+            // largest p (the fixed tensor scale 1/2688 holds p ≤ 1): elements in E2M1's normal
+            // range round with its unit roundoff 2^-2 (one mantissa bit), as e4m3 P rounds with
+            // 2^-4; bf16 P: 2^-8; f16 P: 2^-11.
+            let u = match vf {
+                crate::Nvfp4V::Bf16 => 2f64.powi(-8),
+                crate::Nvfp4V::Nvfp4 => 2f64.powi(-2),
+                crate::Nvfp4V::Nvfp4P16 => 2f64.powi(-11),
+            };
+            (dq, dk, dv, u)
+        }
+        Precision::Mxfp4 { smooth_k } => {
+            let (dq, dk) = dequantized_qk_4bit(p, smooth_k, q, k, crate::codec::mxfp4::Mxfp4Tensor::quantize)?;
+            // V stays bf16; P is rounded to bf16.
+            (dq, dk, v.to_vec(), 2f64.powi(-8))
         }
         _ => return Ok(None),
     };
@@ -1076,8 +1105,46 @@ fn input_rounding(
         }
     }
     let own_lse = if with_lse { compare_lse(&l, want_lse).map(|m| m.max_abs) } else { None };
-    let u = if pf == crate::PvFormat::Fp8 { 2f64.powi(-4) } else { 2f64.powi(-11) };
     Ok(Some((ErrorMetrics::compare(&o, want), own_lse, u)))
+}
+
+/// Unit roundoff of P in the FP8 and INT8 modes: e4m3 P 2^-4, f16 P 2^-11.
+fn p_roundoff(pf: crate::PvFormat) -> f64 {
+    if pf == crate::PvFormat::Fp8 {
+        2f64.powi(-4)
+    } else {
+        2f64.powi(-11)
+    }
+}
+
+/// Q and K of a 4-bit mode as its codes and scales give them back, in the problem's layout:
+/// quantized as the emulation quantizes them ([`emulation::quantize_qk_4bit`]: blocks along
+/// the head dim; with `smooth_k` K − μ, μ added back here).
+fn dequantized_qk_4bit<T: crate::codec::fp4::BlockScaled4>(
+    p: &AttentionProblem,
+    smooth_k: bool,
+    q: &[f32],
+    k: &[f32],
+    quantize: impl Fn(&[f32], usize, usize) -> Result<T>,
+) -> Result<(Vec<f32>, Vec<f32>)> {
+    let t = emulation::quantize_qk_4bit(p, smooth_k, q, k, quantize)?;
+    let d = p.head_dim;
+    let dq = map_rows(q, p.q_strides(), (p.batch, p.q_heads, p.q_len, d), |b, h, i, c, _| {
+        value_4bit(&t.q, (b * p.q_heads + h) * p.q_len + i, c)
+    });
+    let dk = map_rows(k, p.k_strides(), (p.batch, p.kv_heads, p.kv_len, d), |b, h, j, c, _| {
+        let mean = t.mean.as_ref().map_or(0.0, |m| m[(b * p.kv_heads + h) * d + c]);
+        value_4bit(&t.k, (b * p.kv_heads + h) * p.kv_len + j, c) + mean
+    });
+    Ok((dq, dk))
+}
+
+/// Element `(r, c)` of a block-scaled 4-bit tensor: `(e2m1 · scale) · tensor_scale`, as
+/// [`crate::codec::nvfp4::decode_element`] decodes (MXFP4's tensor scale is 1).
+fn value_4bit<T: crate::codec::fp4::BlockScaled4>(t: &T, r: usize, c: usize) -> f32 {
+    let i = r * t.cols() + c;
+    let code = t.packed()[i / 2] >> (4 * (i % 2));
+    (crate::codec::fp4::e2m1::decode(code) * T::decode_scale(t.scale_codes()[i / T::BLOCK])) * t.tensor_scale()
 }
 
 /// `x` with every element of the strided `(batch, heads, len, dim)` view replaced by
