@@ -861,9 +861,16 @@ extern "C" __global__ void __launch_bounds__(cfg::THREADS, 3) int8_prepass(const
 }
 
 #if STATS
-// The stats launch: one chunk of one (batch, kv head) per CTA, grid = chunks * groups. An entry of its own for its occupancy: without the quantize items'
-// registers, four CTAs fit an SM instead of three.
-extern "C" __global__ void __launch_bounds__(cfg::THREADS, 4) int8_prepass_stats(const PrepassParams p) {
+// The stats launch: one chunk of one (batch, kv head) per CTA, grid = chunks * groups. An entry
+// of its own for its occupancy: without the quantize items' registers, four CTAs fit an SM
+// instead of three; for K and V at once on sm_100a / sm_120a (whose ptxas then spills 72 bytes)
+// three.
+#if SMOOTH && V_FP8 && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
+#define STATS_CTAS_PER_SM 3
+#else
+#define STATS_CTAS_PER_SM 4
+#endif
+extern "C" __global__ void __launch_bounds__(cfg::THREADS, STATS_CTAS_PER_SM) int8_prepass_stats(const PrepassParams p) {
     __shared__ __align__(16) Smem sm;
     cta_stats(p, sm, blockIdx.x / p.chunks, blockIdx.x % p.chunks);
 }
