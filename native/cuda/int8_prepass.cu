@@ -314,7 +314,8 @@ __device__ __forceinline__ void thread_fence_acq_rel_gpu() {
 #if STATS
 // Chunk `chunk` of group g = (b, h): thread t sums (K) and maxes (|V|) channels 8 (t % CPR) ..
 // +7 of keys t / CPR + STAT_ROWS i, the CTA combines its STAT_ROWS row partials and writes the
-// chunk's; the last chunk of the group to finish reduces every chunk's and publishes.
+// chunk's; the last chunk of the group to finish reduces every chunk's into the mean and the
+// V scales (read by the quantize launch that follows) and zeroes the group's ticket.
 __device__ __forceinline__ void cta_stats(const PrepassParams& p, Smem& sm, int g, int chunk) {
     constexpr int ROWS = cfg::STAT_ROWS;
     constexpr int SLICES = cfg::THREADS / cfg::D;   // threads per channel in the final reduction
@@ -838,7 +839,7 @@ __device__ __forceinline__ void cta_quantize_qk(const PrepassParams& p, Smem& sm
 }
 
 // Three CTAs per SM (24 warps): each lane's loads are all issued before their first use. With
-// stats, after int8_prepass_stats on the same stream.
+// stats, after int8_prepass_stats on the same stream, whose results it reads.
 extern "C" __global__ void __launch_bounds__(cfg::THREADS, 3) int8_prepass(const PrepassParams p) {
     __shared__ float warp_amax[cfg::WARPS];
     __shared__ __align__(16) Smem sm;

@@ -664,7 +664,7 @@ mod tests {
         assert_eq!(l.mean, 2 * 2 * 128);
         assert_eq!(l.k_partial, 2 * 2 * 4 * 128);
         assert_eq!(l.lse_shift, 2 * 8 * 300);
-        // A ticket per (batch, kv head), then the item counter.
+        // A ticket per (batch, kv head).
         assert_eq!(l.tickets, 2 * 2);
         assert_eq!((l.q, l.q_codes), (2 * 8 * 300 * 128, 2 * 8 * 300 * 128));
         assert_eq!((l.v, l.vt_codes, l.v_scale, l.v_inv, l.v_partial), (0, 0, 0, 0, 0));
