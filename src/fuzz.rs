@@ -1130,21 +1130,13 @@ fn dequantized_qk_4bit<T: crate::codec::fp4::BlockScaled4>(
     let t = emulation::quantize_qk_4bit(p, smooth_k, q, k, quantize)?;
     let d = p.head_dim;
     let dq = map_rows(q, p.q_strides(), (p.batch, p.q_heads, p.q_len, d), |b, h, i, c, _| {
-        value_4bit(&t.q, (b * p.q_heads + h) * p.q_len + i, c)
+        t.q.element((b * p.q_heads + h) * p.q_len + i, c)
     });
     let dk = map_rows(k, p.k_strides(), (p.batch, p.kv_heads, p.kv_len, d), |b, h, j, c, _| {
         let mean = t.mean.as_ref().map_or(0.0, |m| m[(b * p.kv_heads + h) * d + c]);
-        value_4bit(&t.k, (b * p.kv_heads + h) * p.kv_len + j, c) + mean
+        t.k.element((b * p.kv_heads + h) * p.kv_len + j, c) + mean
     });
     Ok((dq, dk))
-}
-
-/// Element `(r, c)` of a block-scaled 4-bit tensor: `(e2m1 · scale) · tensor_scale`, as
-/// [`crate::codec::nvfp4::decode_element`] decodes (MXFP4's tensor scale is 1).
-fn value_4bit<T: crate::codec::fp4::BlockScaled4>(t: &T, r: usize, c: usize) -> f32 {
-    let i = r * t.cols() + c;
-    let code = t.packed()[i / 2] >> (4 * (i % 2));
-    (crate::codec::fp4::e2m1::decode(code) * T::decode_scale(t.scale_codes()[i / T::BLOCK])) * t.tensor_scale()
 }
 
 /// `x` with every element of the strided `(batch, heads, len, dim)` view replaced by

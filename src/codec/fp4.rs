@@ -74,6 +74,12 @@ pub trait BlockScaled4 {
     /// The value of a scale code.
     fn decode_scale(code: u8) -> f32;
     fn tensor_scale(&self) -> f32;
+    /// Element `(r, c)`: `(e2m1 · decode_scale(scale)) · tensor_scale`.
+    fn element(&self, r: usize, c: usize) -> f32 {
+        let i = r * self.cols() + c;
+        let code = self.packed()[i / 2] >> (4 * (i % 2));
+        (e2m1::decode(code) * Self::decode_scale(self.scale_codes()[i / Self::BLOCK])) * self.tensor_scale()
+    }
 }
 
 /// `floor(log2(a))` of a positive finite f32, read from its bits (exact, subnormals included).
