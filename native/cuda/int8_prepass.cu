@@ -258,8 +258,7 @@ __device__ __forceinline__ float thread_absmax8(const Raw8& r) {
 #endif
 }
 
-// 8 f32 written earlier in this launch by another CTA (from L2: ld.global.cg, never the
-// non-coherent path), from a 32-byte aligned address.
+// 8 f32 the stats launch wrote (from L2: ld.global.cg), from a 32-byte aligned address.
 __device__ __forceinline__ void thread_load8_f32_cg(float (&x)[8], const float* src) {
     const float4 a = __ldcg(reinterpret_cast<const float4*>(src));
     const float4 b = __ldcg(reinterpret_cast<const float4*>(src) + 1);
@@ -293,12 +292,12 @@ union Smem {
     unsigned char vt[cfg::VT_KEYS][cfg::VT_STRIDE];
 };
 
-// ---- the quantize items --------------------------------------------------------------------------
-
 // Quantize items per group.
 __device__ __forceinline__ int quantize_items(const PrepassParams& p) {
     return (V_FP8 ? p.v_ctas : 0) + p.k_ctas + p.kv_group * p.q_ctas;
 }
+
+// ---- stats items --------------------------------------------------------------------------------
 
 #if STATS
 // fence.acq_rel at GPU scope: with a relaxed store or atomic after it, a release; with a
@@ -307,11 +306,7 @@ __device__ __forceinline__ int quantize_items(const PrepassParams& p) {
 __device__ __forceinline__ void thread_fence_acq_rel_gpu() {
     asm volatile("fence.acq_rel.gpu;" ::: "memory");
 }
-#endif
 
-// ---- stats items --------------------------------------------------------------------------------
-
-#if STATS
 // Chunk `chunk` of group g = (b, h): thread t sums (K) and maxes (|V|) channels 8 (t % CPR) ..
 // +7 of keys t / CPR + STAT_ROWS i, the CTA combines its STAT_ROWS row partials and writes the
 // chunk's; the last chunk of the group to finish reduces every chunk's into the mean and the

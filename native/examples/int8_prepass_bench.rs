@@ -99,7 +99,6 @@ impl Buffers {
             lse_shift: on(sm, self.lse_shift.device_ptr_mut(s).0),
         }
     }
-
 }
 
 fn median_us(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, mut f: impl FnMut() -> Result<(), BoxErr>) -> Result<f64, BoxErr> {

@@ -65,14 +65,32 @@ pub fn load_function(
     request: &crate::cache::CompileRequest<'_>,
     smem_bytes: u32,
 ) -> Result<(cudarc::driver::CudaFunction, Arc<crate::cache::CompiledKernel>)> {
+    let (module, compiled) = load_module(ctx, cache, request)?;
+    Ok((module_function(&module, compiled.entry, smem_bytes)?, compiled))
+}
+
+/// Compiles `request` (or takes it from `cache`) and loads its module into `ctx`, for a family
+/// whose module holds more than one entry ([`module_function`] each).
+#[cfg(feature = "cuda")]
+pub fn load_module(
+    ctx: &Arc<cudarc::driver::CudaContext>,
+    cache: &crate::cache::KernelCache,
+    request: &crate::cache::CompileRequest<'_>,
+) -> Result<(Arc<cudarc::driver::CudaModule>, Arc<crate::cache::CompiledKernel>)> {
     let compiled = cache.get_or_compile(request)?;
     let module = ctx.load_module(cudarc::nvrtc::Ptx::from_binary(compiled.cubin.clone()))?;
-    let function = module.load_function(compiled.entry)?;
+    Ok((module, compiled))
+}
+
+/// Entry `entry` of a loaded module, opted in to `smem_bytes` of dynamic shared memory.
+#[cfg(feature = "cuda")]
+pub fn module_function(module: &Arc<cudarc::driver::CudaModule>, entry: &str, smem_bytes: u32) -> Result<cudarc::driver::CudaFunction> {
+    let function = module.load_function(entry)?;
     function.set_attribute(
         cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
         smem_bytes as i32,
     )?;
-    Ok((function, compiled))
+    Ok(function)
 }
 
 #[cfg(not(feature = "cuda"))]

@@ -25,7 +25,7 @@ use crate::hmma::{check_strides, span};
 use quattn_core::{AttentionShape, Dtype, Int8Blocking, Int8Granularity, Strides, INT8_MMA_M};
 
 const KERNEL: &str = "int8_prepass";
-/// The entry of the two-launch form's stats launch, in the same module.
+/// The entry of the stats launch, in the same module.
 const STATS_ENTRY: &str = "int8_prepass_stats";
 /// Keys per stats item (`CHUNK` in the kernel).
 pub const PREPASS_MEAN_CHUNK: usize = 256;
@@ -568,8 +568,8 @@ mod launch {
         config: Int8PrepassConfig,
         arch: Arch,
         functions: Vec<(PrepassPass, CudaFunction)>,
-        /// `int8_prepass_stats` of the same module (configurations with stats): the first
-        /// launch of the two-launch form.
+        /// `int8_prepass_stats` of the same module (configurations with stats), launched before
+        /// the quantize pass.
         stats: Option<CudaFunction>,
     }
 
@@ -589,13 +589,11 @@ mod launch {
                 .passes()
                 .iter()
                 .map(|&pass| {
-                    let req = PrepassVariant { config, pass }.request(arch)?;
-                    let (f, compiled) = crate::device::load_function(ctx, cache, &req, 0)?;
+                    let (module, compiled) = crate::device::load_module(ctx, cache, &PrepassVariant { config, pass }.request(arch)?)?;
                     if config.has_stats() {
-                        let module = ctx.load_module(cudarc::nvrtc::Ptx::from_binary(compiled.cubin.clone()))?;
-                        stats = Some(module.load_function(STATS_ENTRY)?);
+                        stats = Some(crate::device::module_function(&module, STATS_ENTRY, 0)?);
                     }
-                    Ok((pass, f))
+                    Ok((pass, crate::device::module_function(&module, compiled.entry, 0)?))
                 })
                 .collect::<Result<Vec<_>>>()?;
             Ok(Int8Prepass { config, arch, functions, stats })
@@ -618,21 +616,20 @@ mod launch {
             self.config.validate_args(args)?;
             self.config.validate_ptrs(ptrs)?;
             let params = self.config.params(args, ptrs);
+            let launch = |f: &CudaFunction, grid: u32| -> Result<()> {
+                let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
+                let mut b = stream.launch_builder(f);
+                b.arg(&params);
+                // SAFETY: the parameter struct matches the kernel's signature; memory per contract.
+                unsafe { b.launch(cfg) }?;
+                Ok(())
+            };
+            // With stats, the stats launch first: the quantize items read what it writes.
+            if let Some(stats) = &self.stats {
+                launch(stats, self.config.stats_grid(args))?;
+            }
             for (pass, function) in &self.functions {
-                let (grid_dim, block_dim) = self.config.launch_dims(args, *pass);
-                // With stats, the stats launch first: the quantize items read what it writes.
-                let mut launches = Vec::with_capacity(2);
-                if let Some(stats) = &self.stats {
-                    launches.push((stats, self.config.stats_grid(args)));
-                }
-                launches.push((function, grid_dim.0));
-                for (f, grid) in launches {
-                    let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim, shared_mem_bytes: 0 };
-                    let mut b = stream.launch_builder(f);
-                    b.arg(&params);
-                    // SAFETY: the parameter struct matches the kernel's signature; memory per contract.
-                    unsafe { b.launch(cfg) }?;
-                }
+                launch(function, self.config.launch_dims(args, *pass).0 .0)?;
             }
             Ok(())
         }
