@@ -324,20 +324,38 @@ fn run_case(session: &Session, p: &AttentionProblem, prec: Precision, strategy: 
 /// The native INT8 prepass's codes, scales, mean and LSE shift against `codec::int8` with
 /// `verify_operands` (bit for bit; the f64 mean within one f32 rounding), for every granularity
 /// with and without smoothing, on the s8 wgmma blocking (Auto on an H100) and the IMMA one, a
-/// GQA BHSD shape with ragged lengths and a BSHD one, K with +8σ outlier channels; with FP8 P·V
+/// GQA BHSD shape with ragged lengths and a BSHD one, K with +8σ outlier channels, and both
+/// head dims on inputs whose every row takes the exact-division path (`-ties`); with FP8 P·V
 /// (Auto: the s8 wgmma kernel's e4m3 P·V variant on an H100) also the e4m3 V codes and scales
 /// with `verify_v_operands`. Strategy name `prepass-<strategy>`.
 fn prepass_cases(session: &Session) -> Vec<Case> {
     use quattn::codec::int8::{verify_operands, verify_v_operands, DeviceSums, Int8ScaleLayout};
     use quattn::{Int8Granularity, PvFormat};
+    // The third input puts every Q element and every unsmoothed K element on a tie of the
+    // codec's rounding: each row's amax is 889 (scale 7) and its other elements 7 (n + 1/2),
+    // so every row takes the prepass's exact-division path, where the product with fl(1/7)
+    // would round about 30% of the ties the wrong way.
     let shapes = [
-        AttentionProblem::new(2, 8, 300, 128).kv_heads(2).kv_len(777),
-        AttentionProblem::new(1, 4, 129, 64).kv_len(1000).layout(Layout::Bshd),
+        (AttentionProblem::new(2, 8, 300, 128).kv_heads(2).kv_len(777), false),
+        (AttentionProblem::new(1, 4, 129, 64).kv_len(1000).layout(Layout::Bshd), false),
+        (AttentionProblem::new(1, 4, 200, 128).kv_heads(2).kv_len(300), true),
+        (AttentionProblem::new(1, 4, 129, 64).kv_len(200).layout(Layout::Bshd), true),
     ];
     let info = session.info();
     let mut out = Vec::new();
-    for p in shapes {
-        let (q, k, v) = quattn::inputs::qkv_k_outlier_channels(&p, 0x9a55 ^ p.kv_len as u64, 8.0);
+    for (p, ties) in shapes {
+        let (mut q, mut k, v) = quattn::inputs::qkv_k_outlier_channels(&p, 0x9a55 ^ p.kv_len as u64, 8.0);
+        if ties {
+            let d = p.head_dim;
+            for x in [&mut q, &mut k] {
+                for (i, e) in x.iter_mut().enumerate() {
+                    // A row's channel (row mod d) is ±889; the rest 7 (n + 1/2), |n + 1/2| < 127
+                    // (exact in f16).
+                    let (row, ch) = (i / d, i % d);
+                    *e = if ch == row % d { if row % 2 == 0 { 889.0 } else { -889.0 } } else { 7.0 * ((*e * 40.0).round().clamp(-126.0, 125.0) + 0.5) };
+                }
+            }
+        }
         // INT8 plans upload f16: check against what the device read.
         let f16 = |x: &[f32]| quattn::codec::float16::round_f16_vec(x);
         let (q, k, v) = (f16(&q), f16(&k), f16(&v));
@@ -349,7 +367,7 @@ fn prepass_cases(session: &Session) -> Vec<Case> {
                     let mut case = Case {
                         device: info.kind.into(),
                         adapter: info.adapter.clone(),
-                        strategy: format!("prepass-{strategy:?}"),
+                        strategy: format!("prepass-{strategy:?}{}", if ties { "-ties" } else { "" }),
                         precision: prec.name(),
                         kernel: None,
                         shape: Shape::of(&p),

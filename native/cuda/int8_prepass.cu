@@ -51,7 +51,9 @@
 // q' = x * r with r = fl(1 / scale) instead: |q' - x / scale| <= 2^-23 * 127.5 < 1.6e-5 and
 // |fl(x / scale) - x / scale| <= 2^-24 * 127.5, so where q' is farther than 2^-14 from a
 // half-integer both round to the same integer (and that integer is within [-127, 127]); else
-// (about 1 code in 4000) the exact path divides with the correctly rounded thread_div_inline.
+// (about 1 code in 4000) the exact path divides with the correctly rounded thread_div_inline:
+// at hd 128 a rolled loop after all rows reads such a row's elements again and stores its codes
+// again (instruction fetch, below); at hd 64 each row takes it inline.
 // q' rounds to an integer by adding 1.5 * 2^23 (the sum's ulp is 1): the code is the low byte
 // of the sum's bits.
 //
@@ -524,27 +526,12 @@ struct CodeScale {
     }
     // The code bytes of 8 values of one row, 4 per word, element 0 in the lowest byte (header:
     // the product path, and the exact division where a quotient lies within 2^-14 of a
-    // half-integer, one branch per row, rarely taken).
-    __device__ __forceinline__ void codes8(const float (&x)[8], u32& lo, u32& hi) const {
-        codes8(x, lo, hi, [&] { return s; });
-    }
-    // As above, the scale itself (needed on the rare exact path only) from `scale_of()`.
+    // half-integer, one branch per row, rarely taken). The scale itself (needed on the exact
+    // path only) from `scale_of()`.
     template <class ScaleOf>
     __device__ __forceinline__ void codes8(const float (&x)[8], u32& lo, u32& hi, ScaleOf scale_of) const {
         u32 c[8];
-        // The row's largest |q - rne(q)|, NaN if any is (a NaN or infinite x): one test per row
-        // instead of a compare, select and or per element. Every one <= 0.5 - 2^-14: each q is
-        // safely away from a half-integer; else (rarely) the elements that are not take the
-        // exact path. A running max, so that each difference dies at once (registers).
-        float dmax = 0.f;
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-            const float q = thread_mul_rn(x[e], r);
-            const float b = thread_add_rn(q, 12582912.f);      // 1.5 * 2^23 + rne(q)
-            const float d = fabsf(thread_sub_rn(q, thread_sub_rn(b, 12582912.f)));
-            dmax = e == 0 ? d : thread_max_nan(dmax, d);
-            c[e] = __float_as_uint(b);                         // the code in the low byte
-        }
+        const float dmax = product_codes(x, c);
         if (!(dmax < 0.49993896484375f)) {
             // d recomputed here rather than kept live through the common path (registers).
             const float s = scale_of();
@@ -556,6 +543,33 @@ struct CodeScale {
                 if (!(fabsf(dd) < 0.49993896484375f)) c[e] = (u32)thread_code_exact(x[e], s, f);
             }
         }
+        pack8(c, lo, hi);
+    }
+    // The product path's codes only; true where the row needs the exact path, which the caller
+    // then takes with codes8.
+    __device__ __forceinline__ bool codes8_product(const float (&x)[8], u32& lo, u32& hi) const {
+        u32 c[8];
+        const float dmax = product_codes(x, c);
+        pack8(c, lo, hi);
+        return !(dmax < 0.49993896484375f);
+    }
+    // The row's largest |q - rne(q)|, NaN if any is (a NaN or infinite x): one test per row
+    // instead of a compare, select and or per element. Every one <= 0.5 - 2^-14: each q is
+    // safely away from a half-integer; else (rarely) the elements that are not take the exact
+    // path. A running max, so that each difference dies at once (registers).
+    __device__ __forceinline__ float product_codes(const float (&x)[8], u32 (&c)[8]) const {
+        float dmax = 0.f;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            const float q = thread_mul_rn(x[e], r);
+            const float b = thread_add_rn(q, 12582912.f);      // 1.5 * 2^23 + rne(q)
+            const float d = fabsf(thread_sub_rn(q, thread_sub_rn(b, 12582912.f)));
+            dmax = e == 0 ? d : thread_max_nan(dmax, d);
+            c[e] = __float_as_uint(b);                         // the code in the low byte
+        }
+        return dmax;
+    }
+    __device__ __forceinline__ static void pack8(const u32 (&c)[8], u32& lo, u32& hi) {
         lo = __byte_perm(__byte_perm(c[0], c[1], 0x0040), __byte_perm(c[2], c[3], 0x0040), 0x5410);
         hi = __byte_perm(__byte_perm(c[4], c[5], 0x0040), __byte_perm(c[6], c[7], 0x0040), 0x5410);
     }
@@ -788,6 +802,12 @@ __device__ __forceinline__ void cta_quantize_qk(const PrepassParams& p, Smem& sm
 #pragma unroll
         for (int i = 0; i < NCS; ++i) scale_sh[i][tid] = cs[i].s;
     }
+    // The exact path (header) in a rolled loop after the rows where a lane has 8 rows (hd 128):
+    // one copy of it instead of one in each unrolled row keeps the code the SM fetches small
+    // (with the per-row copies, instruction-fetch stalls made the per-thread form 10-17%
+    // slower). With 4 rows (hd 64) the copies are few, and inline measured faster.
+    constexpr bool ROLLED_EXACT = cfg::NR >= 8;
+    u32 exact_rows = 0;   // bit i: row i needs the exact path (ROLLED_EXACT)
     float dot[cfg::NR];   // LSE shift: this lane's part of each row's q . mu
 #pragma unroll
     for (int i = 0; i < cfg::NR; ++i) {
@@ -803,8 +823,13 @@ __device__ __forceinline__ void cta_quantize_qk(const PrepassParams& p, Smem& sm
 #endif
         if (row < len) {
             u32 lo, hi;
-            if (NCS > 1) cs[i % NCS].codes8(x, lo, hi, [&] { return *(volatile float*)&scale_sh[i % NCS][tid]; });
-            else cs[0].codes8(x, lo, hi);
+            if (ROLLED_EXACT) {
+                if (cs[i % NCS].codes8_product(x, lo, hi)) exact_rows |= 1u << i;
+            } else if (NCS > 1) {
+                cs[i % NCS].codes8(x, lo, hi, [&] { return *(volatile float*)&scale_sh[i % NCS][tid]; });
+            } else {
+                cs[0].codes8(x, lo, hi, [&] { return cs[0].s; });
+            }
             unsigned char* out = dst + cbase + (i64)row * cstride;
             asm volatile("st.global.v2.b32 [%0], {%1, %2};\n" :: "l"(out), "r"(lo), "r"(hi) : "memory");
         }
@@ -830,6 +855,33 @@ __device__ __forceinline__ void cta_quantize_qk(const PrepassParams& p, Smem& sm
 #pragma unroll
         for (int i = 0; i < cfg::NR; ++i)
             if (c == 0 && row_of(i) < len) shift[row_of(i)] = thread_mul_rn(dot[i], p.softmax_scale);
+    }
+
+    // ROLLED_EXACT: the rare rows whose product codes may differ from the codec's (header):
+    // their elements read again from global memory and their codes stored again (the same
+    // thread's store to the same address, so the later one stays).
+#pragma unroll 1
+    while (ROLLED_EXACT && exact_rows != 0) {
+        const int i = __ffs(exact_rows) - 1;
+        exact_rows &= exact_rows - 1;
+        const int row = row_of(i);
+        Raw8 r8;
+        thread_load_raw8(r8, src.at(row, c));
+        float x[8];
+        thread_unpack8(x, r8);
+#if SMOOTH
+        if (!is_q) {
+            thread_load_mu(mu, mu_at);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) x[e] = thread_sub_rn(x[e], mu[e]);
+        }
+#endif
+        CodeScale e = cs[0];
+        if (NCS > 1) e.set(scale_sh[i % NCS][tid]);   // r recomputed from s as set computed it
+        u32 lo, hi;
+        e.codes8(x, lo, hi, [&] { return e.s; });
+        unsigned char* out = dst + cbase + (i64)row * cstride;
+        asm volatile("st.global.v2.b32 [%0], {%1, %2};\n" :: "l"(out), "r"(lo), "r"(hi) : "memory");
     }
 }
 
