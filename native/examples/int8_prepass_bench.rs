@@ -10,7 +10,7 @@
 //!
 //! `cargo run --release -p quattn-native --example int8_prepass_bench [-- --json]`
 //!
-//! Output: one line per (shape, prepass, lag): microseconds, GB/s of the moved bytes, and the
+//! Output: one line per (shape, prepass): microseconds, GB/s of the moved bytes, and the
 //! time over the time of the min and of the moved bytes at 3 TB/s (the target is at most 1.5).
 
 use std::sync::Arc;
