@@ -109,7 +109,11 @@ pub const FP8_KV_PAD: u32 = 128;
 /// (`benchmarks/2026-11-29-h200-a`, `fp8_check.txt`), non-causal / causal TFLOP/s: 192 keys, 2
 /// warpgroups 597 / 565; 3 warpgroups 635 / 598; with the row sums 674 / 628 at 2 stages and
 /// 685 / 654 at 3 (the table variant; also the best at 4k and 8k). At hd 128 neither pays: with
-/// the row sums 921 / 917, 224-key tiles 888 / 893, against 957 / 905 for 192 keys.
+/// the row sums 921 / 917, 224-key tiles 888 / 893, against 957 / 905 for 192 keys. Nor does the
+/// Vᵀ swizzle: Vᵀ in whole 128-key blocks with the 128-byte swizzle (the last block of a tile
+/// loaded whole) ran 192-key tiles at 883-885 non-causal against 963-965 for the 64-byte
+/// blocks, and 224-key tiles at 887-888 against 884-895 for the 32-byte ones
+/// (`benchmarks/2026-11-29-h200-w`): the extra Vᵀ bytes cost more than any swizzle gains.
 pub const FP8_TILES: [(u32, u32, u32, u32, bool); 2] = [(64, 128, 3, 3, true), (128, 192, 2, 2, false)];
 
 /// One compiled attention variant.
