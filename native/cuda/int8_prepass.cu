@@ -805,8 +805,14 @@ __device__ __forceinline__ void cta_quantize_qk(const PrepassParams& p, Smem& sm
     // The exact path (header) in a rolled loop after the rows where a lane has 8 rows (hd 128):
     // one copy of it instead of one in each unrolled row keeps the code the SM fetches small
     // (with the per-row copies, instruction-fetch stalls made the per-thread form 10-17%
-    // slower). With 4 rows (hd 64) the copies are few, and inline measured faster.
+    // slower). With 4 rows (hd 64) the copies are few, and inline measured faster. For sm_100a
+    // and sm_120a ptxas spills 4 bytes with the rolled loop in the per-thread form, which there
+    // keeps the inline path (not run on hardware).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
+    constexpr bool ROLLED_EXACT = cfg::NR >= 8 && NCS == 1;
+#else
     constexpr bool ROLLED_EXACT = cfg::NR >= 8;
+#endif
     u32 exact_rows = 0;   // bit i: row i needs the exact path (ROLLED_EXACT)
     float dot[cfg::NR];   // LSE shift: this lane's part of each row's q . mu
 #pragma unroll
