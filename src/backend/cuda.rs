@@ -27,7 +27,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use cubecl::cuda::CudaRuntime;
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtrMut, DeviceRepr, ValidAsZeroBits};
+use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtrMut, DeviceRepr, ValidAsZeroBits};
 use half::{bf16, f16};
 use quattn_native::wgmma_fp8::{Fp8WgmmaConfig, Fp8WgmmaUnit};
 use quattn_native::decode::{DecodeConfig, DecodePtrs, DecodeUnit, PagedArgs};
@@ -608,8 +608,9 @@ impl CudaBackend {
     }
 
     /// One execution of a native NVFP4 plan: the attention kernel on the prepass outputs of
-    /// upload. With `timed`, events bracket it and the call waits for them. Not run on hardware.
-    fn launch_nvfp4(&self, plan: &Plan, stream: &Arc<CudaStream>, b: &mut Nvfp4Buffers, o: u64, lse: u64, timed: bool) -> Result<Option<f64>> {
+    /// upload. With `timed`, events bracket it (pushed there; nothing waits). Not run on
+    /// hardware.
+    fn launch_nvfp4(&self, plan: &Plan, stream: &Arc<CudaStream>, b: &mut Nvfp4Buffers, o: u64, lse: u64, timed: Option<&mut KernelEvents>) -> Result<()> {
         let KernelId::Native(choice) = &plan.kernel else { return Err(super::foreign(plan)) };
         self.bind(plan)?;
         let kernel = self.load(choice.kernel)?;
@@ -623,27 +624,35 @@ impl CudaBackend {
             None => (b.v.device_ptr_mut(s).0, 0, 0),
         };
         let ptrs = quattn_native::nvfp4::Nvfp4Ptrs { q_codes, q_scales, k_codes, k_scales, q_ts, k_ts, v, v_scales, v_ts, o, lse: if plan.problem.return_lse { lse } else { 0 } };
-        let e = driver_of(plan);
-        let events = if timed {
-            let f = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
-            let (start, end) = (self.ctx.new_event(f).map_err(&e)?, self.ctx.new_event(f).map_err(&e)?);
-            start.record(stream).map_err(&e)?;
-            Some((start, end))
-        } else {
-            None
-        };
+        let start = self.start_event(plan, stream, timed.is_some())?;
         // SAFETY: every buffer was allocated for this problem and config at upload (the prepass
         // outputs by `output_lens`), V and O with the problem's strides; the launcher checks the
         // arguments.
         unsafe { k.launch_raw(stream, &plan.problem.shape(), ptrs) }.map_err(|e| native_err(&plan.kernel_name(), e))?;
-        match events {
-            Some((start, end)) => {
-                end.record(stream).map_err(&e)?;
-                end.synchronize().map_err(&e)?;
-                Ok(Some(start.elapsed_ms(&end).map_err(&e)? as f64))
-            }
-            None => Ok(None),
+        self.end_event(plan, stream, start, timed)
+    }
+
+    /// A recorded start event on `stream` when `timed` (the kernel's launch follows).
+    fn start_event(&self, plan: &Plan, stream: &Arc<CudaStream>, timed: bool) -> Result<Option<CudaEvent>> {
+        if !timed {
+            return Ok(None);
         }
+        let e = driver_of(plan);
+        // cudarc's default event flags disable timing; elapsed time needs CU_EVENT_DEFAULT.
+        let ev = self.ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(&e)?;
+        ev.record(stream).map_err(&e)?;
+        Ok(Some(ev))
+    }
+
+    /// Records the end event after the kernel's launch and pushes the pair into `timed`.
+    fn end_event(&self, plan: &Plan, stream: &Arc<CudaStream>, start: Option<CudaEvent>, timed: Option<&mut KernelEvents>) -> Result<()> {
+        if let (Some(start), Some(events)) = (start, timed) {
+            let e = driver_of(plan);
+            let end = self.ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(&e)?;
+            end.record(stream).map_err(&e)?;
+            events.push((start, end));
+        }
+        Ok(())
     }
 
     /// An INT8 family: its kernel, the blocking its scales need, and the prepass for them. FP8
@@ -884,15 +893,15 @@ impl CudaBackend {
 
     /// Enqueues the plan's native kernel (after its prepass, for INT8) on `stream` over the
     /// buffers of `call` (LSE required) and `int8`. With `timed`, events bracket the attention
-    /// kernel alone and the call waits for them, returning its milliseconds.
+    /// kernel alone (pushed there; nothing waits).
     fn launch_native(
         &self,
         plan: &Plan,
         stream: &Arc<CudaStream>,
         call: &CudaCall,
         int8: Option<&mut Int8Buffers>,
-        timed: bool,
-    ) -> Result<Option<f64>> {
+        timed: Option<&mut KernelEvents>,
+    ) -> Result<()> {
         let KernelId::Native(choice) = &plan.kernel else { return Err(super::foreign(plan)) };
         self.bind(plan)?;
         let kernel = self.load(choice.kernel)?;
@@ -902,17 +911,12 @@ impl CudaBackend {
         let name = || plan.kernel_name();
         let failed = |e: NativeError| native_err(&name(), e);
         let ptrs5 = [call.q, call.k, call.v, call.o, call.lse];
-        let (start, end) = if timed {
-            let f = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
-            let e = driver_of(plan);
-            (Some(self.ctx.new_event(f).map_err(&e)?), Some(self.ctx.new_event(f).map_err(&e)?))
-        } else {
-            (None, None)
-        };
-        let record = |ev: &Option<cudarc::driver::CudaEvent>| -> Result<()> {
-            if let Some(ev) = ev {
-                ev.record(stream).map_err(driver_of(plan))?;
-            }
+        // The start event, recorded just before the attention kernel's launch (after the INT8
+        // prepass): `record(&mut start)` at each launch site.
+        let mut start: Option<CudaEvent> = None;
+        let want = timed.is_some();
+        let record = |slot: &mut Option<CudaEvent>| -> Result<()> {
+            *slot = self.start_event(plan, stream, want)?;
             Ok(())
         };
         match &*kernel {
@@ -923,7 +927,7 @@ impl CudaBackend {
                     Some(v) => Some(mod_params(&k.config().name(), v, p).map_err(failed)?),
                     None => None,
                 };
-                record(&start)?;
+                record(&mut start)?;
                 // SAFETY: as below; the offsets were validated with the plan against the
                 // buffers' totals and copied to `call.tables` on this stream.
                 unsafe { k.launch_varlen_raw(stream, &shape, mods.as_ref(), &ptrs) }.map_err(failed)?;
@@ -935,7 +939,7 @@ impl CudaBackend {
                     Some(v) => Some(mod_params(&k.config().name(), v, p).map_err(failed)?),
                     None => None,
                 };
-                record(&start)?;
+                record(&mut start)?;
                 // SAFETY: as for the HMMA varlen variant.
                 unsafe { k.launch_varlen_raw(stream, &shape, mods.as_ref(), &ptrs) }.map_err(failed)?;
             }
@@ -944,7 +948,7 @@ impl CudaBackend {
                     Some(v) => Some(mod_params(&k.config().name(), v, p).map_err(failed)?),
                     None => None,
                 };
-                record(&start)?;
+                record(&mut start)?;
                 // SAFETY: the caller's buffers were checked against the problem's extents
                 // (`Session::run_cuda`) or allocated for it (upload); the launcher checks
                 // the arguments, alignment and lengths it can see.
@@ -955,7 +959,7 @@ impl CudaBackend {
                     Some(v) => Some(mod_params(&k.config().name(), v, p).map_err(failed)?),
                     None => None,
                 };
-                record(&start)?;
+                record(&mut start)?;
                 // SAFETY: as above.
                 unsafe { k.launch_raw(stream, &shape, mods.as_ref(), ptrs5) }.map_err(failed)?;
             }
@@ -977,14 +981,14 @@ impl CudaBackend {
                         ptrs.block_table = call.tables;
                         ptrs.seq_lens = call.tables + 4 * pg.block_table.len() as u64;
                         let geometry = PagedArgs { page_size: pg.page_size as u32, max_pages: pg.max_pages as u32, num_pages: pg.num_pages as u32 };
-                        record(&start)?;
+                        record(&mut start)?;
                         // SAFETY: as above; the table and lengths were validated with the plan
                         // (every entry a sequence reads is a page of the pool) and copied to
                         // `call.tables` on this stream.
                         unsafe { k.launch_paged_raw(stream, &shape, mods.as_ref(), geometry, split, &ptrs) }.map_err(failed)?;
                     }
                     (None, false) => {
-                        record(&start)?;
+                        record(&mut start)?;
                         // SAFETY: as above; the partial buffers hold `partial_lens` elements.
                         unsafe { k.launch_raw(stream, &shape, mods.as_ref(), split, &ptrs) }.map_err(failed)?;
                     }
@@ -1015,7 +1019,7 @@ impl CudaBackend {
                 // SAFETY: Q, K and V cover the problem (checked or allocated for it); the outputs
                 // were allocated for this problem and config (`Int8PrepassConfig::required_lens`).
                 unsafe { prepass.launch_raw(stream, &shape, &pre) }.map_err(|e| native_err("int8_prepass", e))?;
-                record(&start)?;
+                record(&mut start)?;
                 let args = Int8Args { shape, lse_shift: lse_shift != 0 };
                 let ptrs = Int8Ptrs { q: q_codes, k: k_codes, v: call.v, o: call.o, lse: call.lse, q_scale, k_scale, lse_shift };
                 // SAFETY: as above; the launchers check arguments, alignment and non-null pointers.
@@ -1043,15 +1047,7 @@ impl CudaBackend {
             }
             Loaded::Int8Prepass(_) | Loaded::Fp8Prepass(_) | Loaded::Nvfp4Quant(_) => return Err(super::foreign(plan)),
         }
-        match (start, end) {
-            (Some(start), Some(end)) => {
-                let e = driver_of(plan);
-                end.record(stream).map_err(&e)?;
-                end.synchronize().map_err(&e)?;
-                Ok(Some(start.elapsed_ms(&end).map_err(&e)? as f64))
-            }
-            _ => Ok(None),
-        }
+        self.end_event(plan, stream, start, timed)
     }
 
     /// The device-tensor path: `plan` on caller memory, enqueued on the caller's stream. FP8
@@ -1118,7 +1114,7 @@ impl CudaBackend {
                 counter: f.counter.as_mut().map_or(0, |x| x.device_ptr_mut(stream).0),
             };
             self.launch_fp8_prepass(config, &args, stream, &pre)?;
-            return self.launch_fp8(plan, stream, &ptrs, true, false).map(|_| ());
+            return self.launch_fp8(plan, stream, &ptrs, true, None);
         }
         if let Some(NativeKernelId::Int8Prepass(config)) = choice.prepass {
             let need = config.required_lens(&plan.problem.shape()).map_err(|e| native_err("int8_prepass", e))?;
@@ -1126,7 +1122,7 @@ impl CudaBackend {
                 s.int8 = Some(self.alloc_int8(plan, &config)?);
             }
         }
-        self.launch_native(plan, stream, &call, s.int8.as_mut(), false).map(|_| ())
+        self.launch_native(plan, stream, &call, s.int8.as_mut(), None)
     }
 
     /// A native FP8 plan on caller-held codes and descales (`ptrs.vt` ignored: the stream's
@@ -1143,7 +1139,7 @@ impl CudaBackend {
         }
         self.grow(&mut s.fp8.vt, self.fp8_vt_len(plan)?.max(16))?;
         ptrs.vt = s.fp8.vt.as_mut().map_or(0, |x| x.device_ptr_mut(stream).0);
-        self.launch_fp8(plan, stream, &ptrs, true, false).map(|_| ())
+        self.launch_fp8(plan, stream, &ptrs, true, None)
     }
 
     /// The FP8 prepass `config` over `args` on caller memory (`ptrs.partial` and
@@ -1223,7 +1219,7 @@ impl CudaBackend {
         data.downcast_mut::<NativeData>().ok_or_else(|| super::foreign(plan))
     }
 
-    fn execute_native(&self, plan: &Plan, data: &mut ResidentData, timed: bool) -> Result<Option<f64>> {
+    fn execute_native(&self, plan: &Plan, data: &mut ResidentData, timed: Option<&mut KernelEvents>) -> Result<()> {
         let d = self.native_data(plan, data)?;
         let stream = self.stream.clone();
         let (o, lse) = (d.o.device_ptr_mut(&stream).0, d.lse.device_ptr_mut(&stream).0);
@@ -1266,22 +1262,14 @@ impl CudaBackend {
     /// Enqueues an FP8 plan's attention kernel on `stream` over `ptrs` (codes, descales, Vᵀ, O,
     /// LSE), after the family's Vᵀ prepass of `ptrs.v` when `vt` is set (V changes per call;
     /// resident data wrote Vᵀ at upload). With `timed`, events bracket the attention kernel
-    /// alone and the call waits for them, returning its milliseconds.
-    fn launch_fp8(&self, plan: &Plan, stream: &Arc<CudaStream>, ptrs: &Fp8Ptrs, vt: bool, timed: bool) -> Result<Option<f64>> {
+    /// alone (pushed there; nothing waits).
+    fn launch_fp8(&self, plan: &Plan, stream: &Arc<CudaStream>, ptrs: &Fp8Ptrs, vt: bool, timed: Option<&mut KernelEvents>) -> Result<()> {
         if vt {
             self.launch_fp8_vt(plan, stream, ptrs)?;
         }
         let (kernel, args) = self.fp8_kernel(plan)?;
         let failed = |e: NativeError| native_err(&plan.kernel_name(), e);
-        let e = driver_of(plan);
-        let events = if timed {
-            let f = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
-            let (start, end) = (self.ctx.new_event(f).map_err(&e)?, self.ctx.new_event(f).map_err(&e)?);
-            start.record(stream).map_err(&e)?;
-            Some((start, end))
-        } else {
-            None
-        };
+        let start = self.start_event(plan, stream, timed.is_some())?;
         // SAFETY: the buffers were allocated for this problem and config (`alloc_fp8`, Vᵀ of
         // `required_lens`) or checked against it (the device-tensor entry points), Vᵀ written by
         // the family's prepass of this V; the launchers check the arguments and alignment.
@@ -1291,20 +1279,16 @@ impl CudaBackend {
             _ => return Err(super::foreign(plan)),
         }
         .map_err(failed)?;
-        match events {
-            Some((start, end)) => {
-                end.record(stream).map_err(&e)?;
-                end.synchronize().map_err(&e)?;
-                Ok(Some(start.elapsed_ms(&end).map_err(&e)? as f64))
-            }
-            None => Ok(None),
-        }
+        self.end_event(plan, stream, start, timed)
     }
 }
 
 fn unreachable_kernel() -> std::result::Result<(), NativeError> {
     Err(NativeError::InvalidArgs("not an INT8 kernel".into()))
 }
+
+/// Start and end events around each timed kernel launch.
+type KernelEvents = Vec<(CudaEvent, CudaEvent)>;
 
 /// A driver error of `plan`'s kernel, its name formatted only when there is one.
 fn driver_of(plan: &Plan) -> impl Fn(cudarc::driver::DriverError) -> Error + '_ {
@@ -1375,7 +1359,7 @@ impl Backend for CudaBackend {
 
     fn execute(&self, plan: &Plan, data: &mut ResidentData) -> Result<()> {
         match plan.kernel {
-            KernelId::Native(_) => self.execute_native(plan, data, false).map(|_| ()),
+            KernelId::Native(_) => self.execute_native(plan, data, None),
             _ => self.portable.execute(plan, data),
         }
     }
@@ -1410,13 +1394,17 @@ impl Backend for CudaBackend {
             _ => return Ok(None),
         }
         for _ in 0..warmup {
-            self.execute_native(plan, data, false)?;
+            self.execute_native(plan, data, None)?;
         }
-        let mut out = Vec::with_capacity(iters);
+        // As `time`: calls queued back to back, the kernel of each between its own events, and
+        // one wait at the end (a wait after every call left the GPU idle between kernels).
+        let mut events = KernelEvents::with_capacity(iters);
         for _ in 0..iters {
-            out.push(self.execute_native(plan, data, true)?.unwrap_or(f64::NAN));
+            self.execute_native(plan, data, Some(&mut events))?;
         }
-        Ok(Some(out))
+        let e = driver_of(plan);
+        self.stream.synchronize().map_err(&e)?;
+        Ok(Some(events.iter().map(|(start, end)| Ok(start.elapsed_ms(end).map_err(&e)? as f64)).collect::<Result<Vec<f64>>>()?))
     }
 
     fn int8_operands(&self, plan: &Plan, data: &ResidentData) -> Result<Option<Int8Operands>> {
