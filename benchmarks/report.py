@@ -797,7 +797,7 @@ def build(manifest):
           "- \"end to end\" INT8 rows include the quantizing prepass; \"(kernel only)\" rows time the attention "
           "kernel on already quantized operands.",
           "- fp16 inputs unless the precision says otherwise (bf16, int8-*: INT8 Q/K with f16 V); BHSD layout.",
-          "- Clocks: the tensor-core kernels at long sequences draw the H100's and H200's 700 W, and the board "
+          "- Clocks: the tensor-core kernels at long sequences draw the H200's 700 W limit (measured for the INT8 kernels), and the board "
           "lowers its clocks (1980 to about 1830 MHz on the H200) once its power average catches up, about a second "
           "into a sustained run (`benchmarks/2026-11-29-h200-y/power/`). A measurement of 20 to 50 calls, as in these "
           "tables, mostly runs before that, peers included; sustained throughput of the largest shapes is up to "
