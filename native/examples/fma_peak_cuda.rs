@@ -13,7 +13,9 @@ const CHAINS: usize = 8;
 const UNROLL: usize = 4;
 const BLOCK: u32 = 256;
 
-type BoxErr = Box<dyn std::error::Error>;
+#[path = "common/probe.rs"]
+mod probe;
+use probe::BoxErr;
 
 /// Chain `k` of a form is f16x2 when `half(k)`, f32 otherwise.
 struct Form {
@@ -93,27 +95,14 @@ fn main() -> Result<(), BoxErr> {
         let module = ctx.load_module(ptx)?;
         let f = module.load_function("peak")?;
         let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
-        let launch = |n: u32, out: &mut cudarc::driver::CudaSlice<f32>| -> Result<(), BoxErr> {
-            for _ in 0..n {
-                let mut b = stream.launch_builder(&f);
-                b.arg(&params).arg(&steps_buf).arg(&mut *out);
-                // SAFETY: the kernel reads 4 floats and 1 u32 and writes one float per thread
-                // into `out`, which holds blocks * BLOCK floats.
-                unsafe { b.launch(cfg) }?;
-            }
+        let best = probe::best_ms_per_launch(&ctx, &stream, reps, || {
+            let mut b = stream.launch_builder(&f);
+            b.arg(&params).arg(&steps_buf).arg(&mut out);
+            // SAFETY: the kernel reads 4 floats and 1 u32 and writes one float per thread
+            // into `out`, which holds blocks * BLOCK floats.
+            unsafe { b.launch(cfg) }?;
             Ok(())
-        };
-        launch(2, &mut out)?;
-        let start = ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))?;
-        let end = ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))?;
-        let mut best = f64::INFINITY;
-        for _ in 0..3 {
-            start.record(&stream)?;
-            launch(reps, &mut out)?;
-            end.record(&stream)?;
-            end.synchronize()?;
-            best = best.min(start.elapsed_ms(&end)? as f64 / reps as f64);
-        }
+        })?;
         // FLOPs per step: 2 per f32 chain, 4 per f16x2 chain.
         let per_step: usize = (0..CHAINS).map(|k| if (form.half)(k) { 4 } else { 2 }).sum();
         let flops = threads as f64 * total_steps * per_step as f64;
