@@ -15,7 +15,7 @@ const BLOCK: u32 = 256;
 
 #[path = "common/probe.rs"]
 mod probe;
-use probe::BoxErr;
+use probe::{arg, BoxErr};
 
 /// Chain `k` of a form is f16x2 when `half(k)`, f32 otherwise.
 struct Form {
@@ -66,11 +66,6 @@ fn source(form: &Form) -> String {
     }
     s += "  out[blockIdx.x * blockDim.x + threadIdx.x] = total;\n}\n";
     s
-}
-
-fn arg(name: &str, default: u32) -> u32 {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
 fn main() -> Result<(), BoxErr> {

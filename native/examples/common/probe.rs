@@ -32,3 +32,9 @@ pub fn best_ms_per_launch(
     }
     Ok(best)
 }
+
+/// The value after `name` on the command line, or `default`.
+pub fn arg(name: &str, default: u32) -> u32 {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok()).unwrap_or(default)
+}
