@@ -802,7 +802,10 @@ def build(manifest):
           "50 calls, as in these tables (peers included), runs mostly before that. Sampled every 20 ms on the H200 "
           "(`benchmarks/2026-11-29-h200-y/power/`, seq 16k, hd 128, non-causal), 20 calls against 300: the f16 wgmma "
           "kernel 674 against 594 TFLOP/s (clocks 1980 against a median of 1590 MHz), the FP8 wgmma kernel 941 "
-          "against 877 (1860 MHz), the INT8 kernels up to 7% slower (1830–1845 MHz, 200 calls); FP8 at hd 64 682 against 684.",
+          "against 877 (1860 MHz), the INT8 kernels up to 7% slower (1830–1845 MHz, 200 calls); FP8 at hd 64 682 against 684. "
+          "So a ratio between two rows of one table can carry a difference in power state as well as in kernels "
+          "(cuDNN fp16 672 from a cool board and 598 under the cap in one call, `power/peers/`); the notes say where "
+          "that matters.",
           "", "## Plots", ""] + plots_md + ["", "## Speed", ""] + speed_md
     b += NOT_RUN_MD
     if probe_md:
