@@ -72,9 +72,10 @@ impl Mxfp4Tensor {
         (self.packed[i / 2] >> (4 * (i % 2))) & 0xF
     }
 
+    /// Decoded value of element `(r, c)` ([`super::fp4::BlockScaled4::element`]; the tensor
+    /// scale is 1).
     pub fn value(&self, r: usize, c: usize) -> f32 {
-        let i = r * self.cols + c;
-        e2m1::decode(self.code(r, c)) * e8m0::decode(self.scales[i / BLOCK])
+        super::fp4::BlockScaled4::element(self, r, c)
     }
 
     pub fn dequantize(&self) -> Vec<f32> {

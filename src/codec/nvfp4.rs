@@ -119,9 +119,9 @@ impl Nvfp4Tensor {
         self.block_scales[(r * self.cols + c) / BLOCK]
     }
 
-    /// Decoded value of element `(r, c)`.
+    /// Decoded value of element `(r, c)` ([`super::fp4::BlockScaled4::element`]).
     pub fn value(&self, r: usize, c: usize) -> f32 {
-        decode_element(self.code(r, c), self.block_scale(r, c), self.tensor_scale)
+        super::fp4::BlockScaled4::element(self, r, c)
     }
 
     /// All values, row-major.
