@@ -632,27 +632,33 @@ impl CudaBackend {
         self.end_event(plan, stream, start, timed)
     }
 
-    /// A recorded start event on `stream` when `timed` (the kernel's launch follows).
-    fn start_event(&self, plan: &Plan, stream: &Arc<CudaStream>, timed: bool) -> Result<Option<CudaEvent>> {
-        if !timed {
-            return Ok(None);
-        }
+    /// A timing event recorded on `stream` now.
+    fn recorded_event(&self, plan: &Plan, stream: &Arc<CudaStream>) -> Result<CudaEvent> {
         let e = driver_of(plan);
         // cudarc's default event flags disable timing; elapsed time needs CU_EVENT_DEFAULT.
         let ev = self.ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(&e)?;
         ev.record(stream).map_err(&e)?;
-        Ok(Some(ev))
+        Ok(ev)
+    }
+
+    /// A recorded start event on `stream` when `timed` (the kernel's launch follows).
+    fn start_event(&self, plan: &Plan, stream: &Arc<CudaStream>, timed: bool) -> Result<Option<CudaEvent>> {
+        if timed { self.recorded_event(plan, stream).map(Some) } else { Ok(None) }
     }
 
     /// Records the end event after the kernel's launch and pushes the pair into `timed`.
     fn end_event(&self, plan: &Plan, stream: &Arc<CudaStream>, start: Option<CudaEvent>, timed: Option<&mut KernelEvents>) -> Result<()> {
         if let (Some(start), Some(events)) = (start, timed) {
-            let e = driver_of(plan);
-            let end = self.ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(&e)?;
-            end.record(stream).map_err(&e)?;
-            events.push((start, end));
+            events.push((start, self.recorded_event(plan, stream)?));
         }
         Ok(())
+    }
+
+    /// Waits for the stream once, then the milliseconds between each pair of `events`.
+    fn elapsed_ms(&self, plan: &Plan, events: &KernelEvents) -> Result<Vec<f64>> {
+        let e = driver_of(plan);
+        self.stream.synchronize().map_err(&e)?;
+        events.iter().map(|(start, end)| Ok(start.elapsed_ms(end).map_err(&e)? as f64)).collect()
     }
 
     /// An INT8 family: its kernel, the blocking its scales need, and the prepass for them. FP8
@@ -1402,9 +1408,7 @@ impl Backend for CudaBackend {
         for _ in 0..iters {
             self.execute_native(plan, data, Some(&mut events))?;
         }
-        let e = driver_of(plan);
-        self.stream.synchronize().map_err(&e)?;
-        Ok(Some(events.iter().map(|(start, end)| Ok(start.elapsed_ms(end).map_err(&e)? as f64)).collect::<Result<Vec<f64>>>()?))
+        self.elapsed_ms(plan, &events).map(Some)
     }
 
     fn int8_operands(&self, plan: &Plan, data: &ResidentData) -> Result<Option<Int8Operands>> {
@@ -1490,22 +1494,16 @@ impl Backend for CudaBackend {
             self.execute(plan, data)?;
         }
         self.bind(plan)?;
-        let e = driver_of(plan);
-        // cudarc's default event flags disable timing; elapsed time needs CU_EVENT_DEFAULT.
-        let timed = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
         // Calls queue back to back, each between its own events, and the host waits once at the
         // end (as the torch peers are timed): a call's time is the device's, not the host's
         // enqueue after an idle device (the bench reports that apart).
-        let mut events = Vec::with_capacity(iters);
+        let mut events = KernelEvents::with_capacity(iters);
         for _ in 0..iters {
-            let (start, end) = (self.ctx.new_event(timed).map_err(&e)?, self.ctx.new_event(timed).map_err(&e)?);
-            start.record(&self.stream).map_err(&e)?;
+            let start = self.recorded_event(plan, &self.stream)?;
             self.execute(plan, data)?;
-            end.record(&self.stream).map_err(&e)?;
-            events.push((start, end));
+            events.push((start, self.recorded_event(plan, &self.stream)?));
         }
-        self.stream.synchronize().map_err(&e)?;
-        events.iter().map(|(start, end)| Ok(start.elapsed_ms(end).map_err(&e)? as f64)).collect()
+        self.elapsed_ms(plan, &events)
     }
 
     fn as_any(&self) -> &dyn std::any::Any {
