@@ -197,6 +197,8 @@ fn cases() -> Vec<Case> {
         c("q17 causal bshd", 1, 4, 2, 17, 300, true, true, H, 0.0),
         c("q127 causal kv<q", 1, 2, 2, 127, 50, true, false, T, 0.0),
         c("q300 non-causal bshd", 2, 2, 2, 300, 129, false, true, H, 0.0),
+        // Whole query blocks that see no key (rows below 250), between blocks that do.
+        c("q300 causal kv<q per-head", 2, 2, 2, 300, 50, true, false, H, 0.0),
         c("max grows late / shrinks", 1, 2, 2, 256, 1024, false, false, T, 3.0),
         c("max grows late causal per-head", 1, 2, 2, 256, 1024, true, false, H, 3.0),
         // A jump of ~190 log2 units: exp2 against the stale max overflows to +inf.
@@ -595,29 +597,44 @@ fn check(stream: &Arc<CudaStream>, kernel: &Fp8WgmmaKernel, c: &Case) -> Result<
 
 // ---- bench ------------------------------------------------------------------------------------
 
-fn median_ms(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, mut launch: impl FnMut() -> Result<(), BoxErr>) -> Result<f64, BoxErr> {
-    for _ in 0..3 {
-        launch()?;
+/// Median milliseconds of each launch in `runs`, timed in turn round after round (3 rounds of
+/// warm-up, then 20), so that all of them see the same power state: the board lowers its clocks
+/// about a second into a run, which back-to-back blocks of one kernel would charge to the later.
+fn interleaved_medians_ms(
+    ctx: &Arc<CudaContext>,
+    stream: &Arc<CudaStream>,
+    runs: &mut [Box<dyn FnMut() -> Result<(), BoxErr> + '_>],
+) -> Result<Vec<f64>, BoxErr> {
+    let mut ms = vec![Vec::with_capacity(20); runs.len()];
+    for round in 0..23 {
+        for (i, run) in runs.iter_mut().enumerate() {
+            let start = ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))?;
+            let end = ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))?;
+            start.record(stream)?;
+            run()?;
+            end.record(stream)?;
+            end.synchronize()?;
+            if round >= 3 {
+                ms[i].push(start.elapsed_ms(&end)? as f64);
+            }
+        }
     }
-    let mut ms = Vec::with_capacity(20);
-    for _ in 0..20 {
-        let start = ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))?;
-        let end = ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))?;
-        start.record(stream)?;
-        launch()?;
-        end.record(stream)?;
-        end.synchronize()?;
-        ms.push(start.elapsed_ms(&end)? as f64);
-    }
-    ms.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    Ok(0.5 * (ms[9] + ms[10]))
+    Ok(ms
+        .into_iter()
+        .map(|mut v| {
+            v.sort_by(|a, b| a.total_cmp(b));
+            0.5 * (v[9] + v[10])
+        })
+        .collect())
 }
 
 fn bench(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, d: usize, kernels: &[&Fp8WgmmaKernel], f16k: Option<&WgmmaKernel>) -> Result<(), BoxErr> {
     // A pool of quantized normal samples (with outliers), tiled over the tensors.
     let pool: Vec<u8> = samples(1 << 20, 5).iter().map(|&x| e4m3_encode(x / (6.0 * 1.732 * 2.0 / 448.0))).collect();
     let pool16: Vec<u16> = samples(1 << 20, 5).iter().map(|&x| f16::from_f32(x).to_bits()).collect();
-    for (seq, batch, heads) in [(4096usize, 16usize, 16usize), (8192, 8, 16), (16384, 4, 16)] {
+    // The last shape is the benchmark tables' (batch x seq 16k): 2048 query blocks of 128 rows, a
+    // 15.5-wave grid on 132 SMs.
+    for (seq, batch, heads) in [(4096usize, 16usize, 16usize), (8192, 8, 16), (16384, 4, 16), (16384, 1, 16)] {
         let n = batch * heads * seq * d;
         let codes: Vec<u8> = (0..n).map(|i| pool[(i * 7 + i / 977) % pool.len()]).collect();
         let qg = stream.clone_htod(&codes)?;
@@ -625,6 +642,8 @@ fn bench(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, d: usize, kernels: &[
         let vg = stream.clone_htod(&codes)?;
         let mut og = stream.alloc_zeros::<u16>(n)?;
         let mut lg = stream.alloc_zeros::<f32>(batch * heads * seq)?;
+        let mut og16 = stream.alloc_zeros::<u16>(n)?;
+        let mut lg16 = stream.alloc_zeros::<f32>(batch * heads * seq)?;
         let desc = stream.clone_htod(&[6.0f32 * 1.732 * 2.0 / 448.0])?;
         let halves: Vec<u16> = (0..n).map(|i| pool16[(i * 7 + i / 977) % pool16.len()]).collect();
         let (q16, k16, v16) = (stream.clone_htod(&halves)?, stream.clone_htod(&halves)?, stream.clone_htod(&halves)?);
@@ -638,36 +657,50 @@ fn bench(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, d: usize, kernels: &[
             let a = Fp8Args::new(ha, DescaleGranularity::PerTensor);
             let flops = 4.0 * (batch * heads * seq * seq * d) as f64 * if causal { 0.5 } else { 1.0 };
             let tf = |ms: f64| flops / (ms * 1e-3) / 1e12;
-            let Some(first) = kernels.first() else { return Ok(()) };
-            let mut vt = stream.alloc_zeros::<u8>(first.config().required_lens(&a).vt)?;
+            let Some(vt_len) = kernels.iter().map(|k| k.config().required_lens(&a).vt).max() else { return Ok(()) };
+            let mut vt = stream.alloc_zeros::<u8>(vt_len)?;
             let mut line = format!("d{d} s{:>2}k b{:>2} h{} {:10}", seq / 1024, batch, heads, if causal { "causal" } else { "non-causal" });
-            let f16_tf = match f16k {
-                Some(w) => {
-                    let ms = median_ms(ctx, stream, || Ok(w.launch(stream, &ha, &q16, &k16, &v16, &mut og, &mut lg)?))?;
-                    line.push_str(&format!(" | f16 wgmma {:6.1}", tf(ms)));
-                    Some(tf(ms))
-                }
-                None => None,
-            };
-            for k in kernels {
-                use cudarc::driver::{DevicePtr, DevicePtrMut};
-                let (qp, _a) = qg.device_ptr(stream);
-                let (kp, _b) = kg.device_ptr(stream);
-                let (vp, _c) = vg.device_ptr(stream);
-                let (vtp, _d) = vt.device_ptr_mut(stream);
-                let (op, _e) = og.device_ptr_mut(stream);
-                let (lp, _f) = lg.device_ptr_mut(stream);
-                let (dp, _g) = desc.device_ptr(stream);
-                let ptrs = Fp8Ptrs { q: qp, k: kp, v: vp, vt: vtp, o: op, lse: lp, q_descale: dp, k_descale: dp, v_descale: dp };
+            use cudarc::driver::{DevicePtr, DevicePtrMut};
+            let (qp, _a) = qg.device_ptr(stream);
+            let (kp, _b) = kg.device_ptr(stream);
+            let (vp, _c) = vg.device_ptr(stream);
+            let (vtp, _d) = vt.device_ptr_mut(stream);
+            let (op, _e) = og.device_ptr_mut(stream);
+            let (lp, _f) = lg.device_ptr_mut(stream);
+            let (dp, _g) = desc.device_ptr(stream);
+            let ptrs = Fp8Ptrs { q: qp, k: kp, v: vp, vt: vtp, o: op, lse: lp, q_descale: dp, k_descale: dp, v_descale: dp };
+            // The f16 kernel, then per FP8 kernel the attention alone and with the prepass.
+            let mut runs: Vec<Box<dyn FnMut() -> Result<(), BoxErr> + '_>> = Vec::new();
+            if let Some(w) = f16k {
+                let (og16, lg16) = (&mut og16, &mut lg16);
+                let (q16, k16, v16) = (&q16, &k16, &v16);
+                runs.push(Box::new(move || Ok(w.launch(stream, &ha, q16, k16, v16, og16, lg16)?)));
+            }
+            for &k in kernels {
                 // SAFETY: buffers sized by required_lens above, alive for the whole bench.
-                let attn = median_ms(ctx, stream, || Ok(unsafe { k.launch_attention_raw(stream, &a, &ptrs) }?))?;
-                let total = median_ms(ctx, stream, || {
+                runs.push(Box::new(move || Ok(unsafe { k.launch_attention_raw(stream, &a, &ptrs) }?)));
+                runs.push(Box::new(move || {
                     unsafe {
                         k.launch_prepass_raw(stream, &a, vp, vtp)?;
                         k.launch_attention_raw(stream, &a, &ptrs)?;
                     }
                     Ok(())
-                })?;
+                }));
+            }
+            let ms = interleaved_medians_ms(ctx, stream, &mut runs)?;
+            drop(runs);
+            let mut ms = ms.into_iter();
+            let f16_tf = match f16k {
+                Some(_) => {
+                    let t = tf(ms.next().unwrap_or(f64::NAN));
+                    line.push_str(&format!(" | f16 wgmma {t:6.1}"));
+                    Some(t)
+                }
+                None => None,
+            };
+            for k in kernels {
+                let attn = ms.next().unwrap_or(f64::NAN);
+                let total = ms.next().unwrap_or(f64::NAN);
                 let ratio = f16_tf.map(|f| format!(" x{:.2}", tf(attn) / f)).unwrap_or_default();
                 line.push_str(&format!(
                     " | {} {:6.1} (+prepass {:6.1}){ratio}",
@@ -792,11 +825,20 @@ fn main() -> Result<(), BoxErr> {
             if table || cfg.rowsum_mma {
                 list.push(long_case());
             }
-            for c in list {
-                let (r, e, p_max) = match check(&stream, &kernel, &c) {
+            // A persistent variant also on 2 CTAs, so that each walks many work items (across
+            // heads, batches and blocks that see no key); one per SM, the small cases give each
+            // CTA one item at most.
+            let mut runs: Vec<(&Fp8WgmmaKernel, &str)> = vec![(&kernel, "")];
+            let two_ctas = if cfg.persistent { Some(Fp8WgmmaKernel::load(&ctx, cfg)?.with_ctas(2)) } else { None };
+            if let Some(k2) = &two_ctas {
+                runs.push((k2, " @2 CTAs"));
+            }
+            for (c, (k, label)) in runs.iter().flat_map(|r| list.iter().map(move |c| (c, *r))) {
+                let name = format!("{}{label}", c.name);
+                let (r, e, p_max) = match check(&stream, k, c) {
                     Ok(x) => x,
                     Err(err) => {
-                        println!("  FAIL {:32} {err}", c.name);
+                        println!("  FAIL {name:32} {err}");
                         all_ok = false;
                         continue;
                     }
@@ -814,7 +856,7 @@ fn main() -> Result<(), BoxErr> {
                 println!(
                     "  {} {:32} ref rel-L2 {:.2e} max-abs {:.2e} cos {:.6} gain {:.5} dLSE {:.1e} ({} rows over) | emu{} rel-L2 {:.2e} max-abs {:.2e} (max|O| {:.2}) gain {:.5} dLSE {:.1e} | P max {:.1}",
                     if ok { "PASS" } else { "FAIL" },
-                    c.name, r.rel_l2, r.max_abs, r.cos, r.gain, r.lse, r.lse_bad,
+                    name, r.rel_l2, r.max_abs, r.cos, r.gain, r.lse, r.lse_bad,
                     if c.exact_s { "(gated)" } else { "" }, e.rel_l2, e.max_abs, e.max_o, e.gain, e.lse, p_max
                 );
             }
