@@ -114,7 +114,16 @@ pub const FP8_KV_PAD: u32 = 128;
 /// loaded whole) ran 192-key tiles at 883-885 non-causal against 963-965 for the 64-byte
 /// blocks, and 224-key tiles at 887-888 against 884-895 for the 32-byte ones
 /// (`benchmarks/2026-11-29-h200-w`): the extra Vᵀ bytes cost more than any swizzle gains.
-pub const FP8_TILES: [(u32, u32, u32, u32, bool, bool); 2] = [(64, 128, 3, 3, true, false), (128, 192, 2, 2, false, false)];
+///
+/// Persistent CTAs (one per SM taking work items from a counter, the K/V pipeline running on
+/// across items) measured against one CTA per item with the launches interleaved round by round
+/// (`benchmarks/2026-11-29-h200-za`, two rounds, TFLOP/s under the board's power cap): at hd 64
+/// faster everywhere, by 4% at 4k non-causal and 3% causal (605-610 against 630-633, 502-503
+/// against 518), 2% at 8k, 0.1-1.4% at 16k; at hd 128 slower by 1-5% non-causal (16k, batch 4:
+/// 828-833 against 861-877) and by -1.8% to +1.2% causal. The main loop's SASS is the same
+/// (1,277 against 1,274 instructions at hd 128); hd 64's shorter items gain from starting the
+/// next one's loads while this one ends, and hd 128 keeps one CTA per item.
+pub const FP8_TILES: [(u32, u32, u32, u32, bool, bool); 2] = [(64, 128, 3, 3, true, true), (128, 192, 2, 2, false, false)];
 
 /// One compiled attention variant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
@@ -789,9 +798,10 @@ mod tests {
         assert!(d.contains(&("OUT_BF16".into(), "0".into())) && d.contains(&("RESCALE_LOG2".into(), "0".into())));
         // Head dim 64: three consumer warpgroups, 128-key tiles, the row sums from P·V (m64n72).
         let b = Fp8WgmmaConfig::new(64, Dtype::Bf16).unwrap();
-        assert_eq!(b.name(), "fwd_fp8_wgmma_e4m3_bf16_d64_n128_w3_rs_tma3");
+        // Persistent: O's stage, "Q empty" and the item slot.
+        assert_eq!(b.name(), "fwd_fp8_wgmma_e4m3_bf16_d64_n128_w3_rs_tma3_ps");
         assert_eq!((b.block_m(), b.threads(), b.pv_n()), (192, 512, 72));
-        assert_eq!(b.smem_bytes().unwrap(), 192 * 64 + 3 * (128 * 64 + 72 * 128) + 8 * 13 + 1024);
+        assert_eq!(b.smem_bytes().unwrap(), 192 * 64 + 3 * (128 * 64 + 72 * 128) + 192 * 64 * 2 + 8 * 15 + 1024);
         assert!(b.defines().unwrap().contains(&("ROWSUM_MMA".to_string(), "1".to_string())));
         assert_eq!(
             b.expected_instructions(),
@@ -836,7 +846,7 @@ mod tests {
         assert!(names.contains(&"fwd_fp8_wgmma_vt_d64".to_string()));
         assert!(names.contains(&"fwd_fp8_wgmma_e4m3_f16_d64_n192_tma3_r8".to_string()));
         assert!(names.contains(&"fwd_fp8_wgmma_e4m3_f16_d128_n192_tma2_ps".to_string()));
-        assert!(names.contains(&"fwd_fp8_wgmma_e4m3_f16_d64_n128_w3_rs_tma3_ps".to_string()));
+        assert!(names.contains(&"fwd_fp8_wgmma_e4m3_f16_d64_n128_w3_rs_tma3".to_string()));
         assert!(Fp8WgmmaConfig { persistent: true, ..c }.defines().unwrap().contains(&("PERSISTENT".to_string(), "1".to_string())));
     }
 
