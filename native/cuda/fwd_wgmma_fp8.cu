@@ -29,7 +29,7 @@
 //   Vᵀ  [BN / VT_BLOCK][D rows][VT_BLOCK keys] x KV_STAGES   (VT_BLOCK: 128, 64 or 32, the widest dividing BN)
 //   O   [BM rows][D] f16/bf16                     PERSISTENT only (else staged over Q and K)
 //   mbarriers (8 bytes each): Q full, then per stage K full, V full, K empty, V empty;
-//   PERSISTENT: Q empty, then the item slot (a 32-bit work item index)
+//   PERSISTENT: Q empty, then the item slot (a 32-bit work item index, under named barriers)
 // Q and K rows are D bytes, swizzled exactly as fwd_wgmma_int8.cu's int8 tiles (hd128: 128B
 // swizzle, layout type 1, SBO 1024; hd64: 64B swizzle, layout type 2, SBO 512), written by TMA
 // boxes of [rows][D bytes] with the matching CU_TENSOR_MAP_SWIZZLE. Vᵀ is the B operand of P·V
@@ -100,13 +100,12 @@
 // PERSISTENT 1: a grid of one CTA per SM (at most), each taking work items (a query block of a
 // head and batch) until none is left: CTA i starts with item i, and its producer takes the next
 // from a global u32 counter (Fp8FwdParams::next_item, zeroed by the host before each launch)
-// once the current item's K/V loads are issued. The producer publishes an item in the smem slot
-// before the "Q full" arrival of its Q load (a plain arrival for an item that sees no key, and
-// -1 when none is left); the consumers read the slot after that phase, and every consumer warp
-// arrives on "Q empty" once it is past the item's last Q·Kᵀ (or, for an item without keys, has
-// read the slot), which lets the producer load the next Q. The K/V stages and their phases run
-// on across items, so the next item's first tiles load while this one's last P·V and epilogue
-// run.
+// once the current item's K/V loads are issued. The producer warp publishes each item in the
+// smem slot (-1 when none is left) between two named barriers with the consumers, "slot full"
+// and "slot empty" (every consumer thread has read it); every consumer warp arrives on the "Q
+// empty" mbarrier once it is past the item's last Q·Kᵀ, which lets the producer load the next
+// item's Q (items that see no key load no Q). The K/V stages and their phases run on across
+// items, so the next item's first tiles load while this one's last P·V and epilogue run.
 //
 // Compile-time parameters (-D, built by src/wgmma_fp8.rs): HEAD_DIM 64 | 128, OUT_BF16 0 | 1,
 // BLOCK_N 128 | 160 | 192 | 224 | 256, CONSUMER_WGS 2 | 3 (default 2), ROWSUM_MMA 0 | 1 (default
@@ -600,14 +599,17 @@ constexpr int V_OFFSET = cfg::Q_BYTES + STAGES * cfg::K_TILE_BYTES;
 // K while the consumers still store this one's O.
 constexpr int O_OFFSET = V_OFFSET + STAGES * cfg::V_TILE_BYTES;
 constexpr int BAR_OFFSET = O_OFFSET + (PERSISTENT ? cfg::O_STAGE_BYTES : 0);
-// PERSISTENT: after the pipeline's mbarriers, "Q empty" (every consumer warp has read the
-// item's slot and its last Q·Kᵀ of the item is done), then the item slot (the work item the
-// producer published with Q, -1: no more).
+// PERSISTENT: after the pipeline's mbarriers, "Q empty" (every consumer warp's last Q·Kᵀ of
+// the item is done), then the item slot (the next work item, -1: no more).
 constexpr int SMEM_BYTES = BAR_OFFSET + 8 * (KvBarriers::count(STAGES) + 2 * PERSISTENT) + 1024;
 constexpr u32 EMPTY_ARRIVALS = 4 * cfg::WG;   // one per consumer warp
 constexpr int CONSUMERS = cfg::THREADS;       // consumer threads
-// Named barriers: 1 .. WG the consumers' turns (below), then the epilogue's.
+// Named barriers: 1 .. WG the consumers' turns (below), then the epilogue's; PERSISTENT: the item
+// slot's "full" (the producer warp wrote it) and "empty" (every consumer thread read it).
 constexpr int BAR_EPILOGUE = 1 + cfg::WG;
+constexpr int BAR_SLOT_FULL = 2 + cfg::WG;
+constexpr int BAR_SLOT_EMPTY = 3 + cfg::WG;
+constexpr int SLOT_THREADS = 32 + cfg::THREADS;   // the producer warp and the consumers
 static_assert(STAGES >= 2 && STAGES <= 4, "2 to 4 K/V stages");
 static_assert(SMEM_BYTES <= 227 * 1024, "more shared memory than an sm_90 block may have");
 static_assert(cfg::O_STAGE_BYTES <= V_OFFSET, "O is staged through the Q and K regions");
@@ -758,9 +760,10 @@ struct WgConsumer {
     }
 
     // A whole work item: the KV walk, then the epilogue. local_row0: this lane's first row within
-    // the item. PERSISTENT: the caller has waited for the item's "Q full" phase.
-    __device__ __forceinline__ void run(const Fp8FwdParams& p, const WsSmem& sm, const WorkItem& x, int local_row0,
-                                        int ctid) {
+    // the item; q_phase: the parity of its Q load's "Q full" phase (the CTA's earlier items that
+    // loaded a Q, mod 2).
+    __device__ __forceinline__ void run(const Fp8FwdParams& p, const WsSmem& sm, const WorkItem& x, int q_phase,
+                                        int local_row0, int ctid) {
         const CtaTiles tiles = cta_tiles<cfg::BM, cfg::BN>(p, x.m0);
         n_tiles = tiles.n_tiles;
         n_masked = tiles.n_masked;
@@ -773,11 +776,9 @@ struct WgConsumer {
         for (int e = 0; e < cfg::O_REGS; ++e) o[e] = 0.f;
         st.m[0] = st.m[1] = QA_NEG_INF;
         st.l[0] = st.l[1] = 0.f;
-        // PERSISTENT, an item that sees no key: its slot is read, Q was not loaded.
-        if (PERSISTENT && n_tiles == 0 && lane == 0) thread_mbarrier_arrive(sm.q_empty);
         if (n_tiles > 0) {
             if (cw == cfg::WG - 1) wg_give_turn<cfg::WG>(cw);   // consumer 0 issues first
-            if (!PERSISTENT) thread_mbarrier_wait(sm.bars.q_full(), 0);
+            thread_mbarrier_wait(sm.bars.q_full(), q_phase);
             step<true>(p, sm, 0);
             for (int j = 1; j < n_tiles; ++j) step<false>(p, sm, j);
             finish(sm);
@@ -837,27 +838,32 @@ fwd_wgmma_fp8(const Fp8FwdParams p, const __grid_constant__ Fp8TmaMaps maps) {
     if (wg == 0) {
         wg_setmaxnreg_dec<PRODUCER_REGS>();
 #if PERSISTENT
-        // Each item is published with its Q (the slot written before the "Q full" arrival that
-        // releases it), and the next is taken once this one's K/V loads are all issued.
-        if (tid == 0) {
-            thread_tma_prefetch_map(&maps.k);
-            thread_tma_prefetch_map(&maps.v);
-            int w = blockIdx.x, g0 = 0;
+        // The whole warp walks the items (the named barriers count warps); lane 0 writes the
+        // slot, loads and takes the next item once this one's K/V loads are all issued.
+        if (tid < 32) {
+            if (tid == 0) {
+                thread_tma_prefetch_map(&maps.k);
+                thread_tma_prefetch_map(&maps.v);
+            }
+            int w = blockIdx.x, g0 = 0, q_loads = 0;
             for (int item = 0;; ++item) {
-                if (item > 0) thread_mbarrier_wait(sm.q_empty, (item - 1) & 1);
-                if (w >= items) {
-                    asm volatile("st.shared.b32 [%0], %1;\n" :: "r"(sm.slot), "r"(-1) : "memory");
-                    thread_mbarrier_arrive(sm.bars.q_full());
-                    break;
+                if (item > 0) cta_named_sync(ws::BAR_SLOT_EMPTY, ws::SLOT_THREADS);
+                if (tid == 0) asm volatile("st.shared.b32 [%0], %1;\n" :: "r"(sm.slot), "r"(w < items ? w : -1) : "memory");
+                cta_named_arrive(ws::BAR_SLOT_FULL, ws::SLOT_THREADS);
+                if (w >= items) break;
+                if (tid == 0) {
+                    const WorkItem x = work_item(p, m_blocks, w);
+                    const int n = cta_tiles<cfg::BM, cfg::BN>(p, x.m0).n_tiles;
+                    if (n > 0) {
+                        if (q_loads > 0) thread_mbarrier_wait(sm.q_empty, (q_loads - 1) & 1);
+                        thread_load_q(maps, sm, x);
+                        ++q_loads;
+                        thread_produce_kv(p, maps, sm, x, n, g0);
+                        g0 += n;
+                    }
+                    w = (int)gridDim.x + (int)atomicAdd(reinterpret_cast<unsigned*>(p.next_item), 1u);
                 }
-                const WorkItem x = work_item(p, m_blocks, w);
-                const int n = cta_tiles<cfg::BM, cfg::BN>(p, x.m0).n_tiles;
-                asm volatile("st.shared.b32 [%0], %1;\n" :: "r"(sm.slot), "r"(w) : "memory");
-                if (n > 0) thread_load_q(maps, sm, x);
-                else thread_mbarrier_arrive(sm.bars.q_full());
-                thread_produce_kv(p, maps, sm, x, n, g0);
-                g0 += n;
-                w = (int)gridDim.x + (int)atomicAdd(reinterpret_cast<unsigned*>(p.next_item), 1u);
+                w = __shfl_sync(0xffffffffu, w, 0);
             }
         }
 #else
@@ -880,19 +886,21 @@ fwd_wgmma_fp8(const Fp8FwdParams p, const __grid_constant__ Fp8TmaMaps maps) {
         c.k_desc0 = qk_desc(sm.k_tile(0));
         c.v_desc0 = vt_desc(sm.v_tile(0));
 #if PERSISTENT
-        int g0 = 0;
-        for (int item = 0;; ++item) {
-            thread_mbarrier_wait(sm.bars.q_full(), item & 1);
+        int g0 = 0, q_loads = 0;
+        for (;;) {
+            cta_named_sync(ws::BAR_SLOT_FULL, ws::SLOT_THREADS);
             int w;
             asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(w) : "r"(sm.slot) : "memory");
-            if (w < 0) break;
+            if (w < 0) break;                     // the producer waits for no more reads
+            cta_named_arrive(ws::BAR_SLOT_EMPTY, ws::SLOT_THREADS);
             c.g0 = g0;
-            c.run(p, sm, work_item(p, m_blocks, w), local_row0, ctid);
+            c.run(p, sm, work_item(p, m_blocks, w), q_loads & 1, local_row0, ctid);
             g0 += c.n_tiles;
+            q_loads += c.n_tiles > 0;
         }
 #else
         c.g0 = 0;
-        c.run(p, sm, WorkItem{m0, cta_head(), cta_batch()}, local_row0, ctid);
+        c.run(p, sm, WorkItem{m0, cta_head(), cta_batch()}, 0, local_row0, ctid);
 #endif
     }
 }
