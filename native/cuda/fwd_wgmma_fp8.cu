@@ -29,7 +29,7 @@
 //   Vᵀ  [BN / VT_BLOCK][D rows][VT_BLOCK keys] x KV_STAGES   (VT_BLOCK: 128, 64 or 32, the widest dividing BN)
 //   O   [BM rows][D] f16/bf16                     PERSISTENT only (else staged over Q and K)
 //   mbarriers (8 bytes each): Q full, then per stage K full, V full, K empty, V empty;
-//   PERSISTENT: Q empty, then the item slot (a 32-bit work item index, under named barriers)
+//   PERSISTENT: Q empty, then two item slots (32-bit work item indices, under a named barrier)
 // Q and K rows are D bytes, swizzled exactly as fwd_wgmma_int8.cu's int8 tiles (hd128: 128B
 // swizzle, layout type 1, SBO 1024; hd64: 64B swizzle, layout type 2, SBO 512), written by TMA
 // boxes of [rows][D bytes] with the matching CU_TENSOR_MAP_SWIZZLE. Vᵀ is the B operand of P·V
@@ -100,12 +100,15 @@
 // PERSISTENT 1: a grid of one CTA per SM (at most), each taking work items (a query block of a
 // head and batch) until none is left: CTA i starts with item i, and its producer takes the next
 // from a global u32 counter (Fp8FwdParams::next_item, zeroed by the host before each launch)
-// once the current item's K/V loads are issued. The producer warp publishes each item in the
-// smem slot (-1 when none is left) between two named barriers with the consumers, "slot full"
-// and "slot empty" (every consumer thread has read it); every consumer warp arrives on the "Q
-// empty" mbarrier once it is past the item's last Q·Kᵀ, which lets the producer load the next
-// item's Q (items that see no key load no Q). The K/V stages and their phases run on across
-// items, so the next item's first tiles load while this one's last P·V and epilogue run.
+// once the current item's K/V loads are issued. Item i is published in smem slot i % 2 (-1 when
+// none is left) before a named barrier that the producer warp and every consumer thread sync on
+// at the start of item i; the consumers read it after that barrier, and the producer writes slot
+// i % 2 again only after the barrier of item i + 1, which every consumer reaches after its read.
+// Before that barrier the producer has loaded the item's Q (once every consumer warp has
+// arrived on the "Q empty" mbarrier past the previous item's last Q·Kᵀ; items that see no key
+// load no Q) and its first KV_STAGES K/V tiles, all it can load before the consumers free a
+// stage of this item. The K/V stages and their phases run on across items, so the next item's
+// first tiles load while this one's last P·V and epilogue run.
 //
 // Compile-time parameters (-D, built by src/wgmma_fp8.rs): HEAD_DIM 64 | 128, OUT_BF16 0 | 1,
 // BLOCK_N 128 | 160 | 192 | 224 | 256, CONSUMER_WGS 2 | 3 (default 2), ROWSUM_MMA 0 | 1 (default
@@ -600,16 +603,15 @@ constexpr int V_OFFSET = cfg::Q_BYTES + STAGES * cfg::K_TILE_BYTES;
 constexpr int O_OFFSET = V_OFFSET + STAGES * cfg::V_TILE_BYTES;
 constexpr int BAR_OFFSET = O_OFFSET + (PERSISTENT ? cfg::O_STAGE_BYTES : 0);
 // PERSISTENT: after the pipeline's mbarriers, "Q empty" (every consumer warp's last Q·Kᵀ of
-// the item is done), then the item slot (the next work item, -1: no more).
+// the item is done), then the two item slots (a CTA's item i in slot i % 2, -1: no more).
 constexpr int SMEM_BYTES = BAR_OFFSET + 8 * (KvBarriers::count(STAGES) + 2 * PERSISTENT) + 1024;
 constexpr u32 EMPTY_ARRIVALS = 4 * cfg::WG;   // one per consumer warp
 constexpr int CONSUMERS = cfg::THREADS;       // consumer threads
-// Named barriers: 1 .. WG the consumers' turns (below), then the epilogue's; PERSISTENT: the item
-// slot's "full" (the producer warp wrote it) and "empty" (every consumer thread read it).
+// Named barriers: 1 .. WG the consumers' turns (below), then the epilogue's; PERSISTENT: the
+// item barrier, which the producer warp and every consumer thread sync on at each item's start.
 constexpr int BAR_EPILOGUE = 1 + cfg::WG;
-constexpr int BAR_SLOT_FULL = 2 + cfg::WG;
-constexpr int BAR_SLOT_EMPTY = 3 + cfg::WG;
-constexpr int SLOT_THREADS = 32 + cfg::THREADS;   // the producer warp and the consumers
+constexpr int BAR_ITEM = 2 + cfg::WG;
+constexpr int ITEM_THREADS = 32 + cfg::THREADS;   // the producer warp and the consumers
 static_assert(STAGES >= 2 && STAGES <= 4, "2 to 4 K/V stages");
 static_assert(SMEM_BYTES <= 227 * 1024, "more shared memory than an sm_90 block may have");
 static_assert(cfg::O_STAGE_BYTES <= V_OFFSET, "O is staged through the Q and K regions");
@@ -662,12 +664,13 @@ __device__ __forceinline__ void thread_load_q(const Fp8TmaMaps& maps, const WsSm
 
 // Producer: one thread loads Q, then K_j and Vᵀ_j for j = 0 .. n_tiles - 1 (tile n_tiles - 1 - j),
 // refilling a stage once its empty barrier says both consumers are done with it. g0: the K/V
-// tiles this thread loaded for earlier items (the stages and their phases run on across items).
-// Q's load (the caller has waited for "Q empty" first) is the caller's.
+// tiles this thread loaded for earlier items (the stages and their phases run on across items);
+// tiles j_begin .. j_end - 1 of the item. Q's load (the caller has waited for "Q empty" first) is
+// the caller's.
 __device__ __forceinline__ void thread_produce_kv(const Fp8FwdParams& p, const Fp8TmaMaps& maps, const WsSmem& sm,
-                                                  const WorkItem& x, int n_tiles, int g0) {
+                                                  const WorkItem& x, int n_tiles, int g0, int j_begin, int j_end) {
     const int kv_head = x.head / p.kv_group;
-    for (int j = 0; j < n_tiles; ++j) {
+    for (int j = j_begin; j < j_end; ++j) {
         const int t = n_tiles - 1 - j;
         const int g = g0 + j;
         const int s = g % ws::STAGES;
@@ -800,6 +803,30 @@ struct WgConsumer {
     }
 };
 
+// PERSISTENT: the producer's walk over its CTA's items (lane 0 of the producer warp). w: the
+// current item; g0: K/V tiles loaded for earlier items; q_loads: Q loads so far; n, head: the
+// current item's tiles and how many of them publish() loaded.
+struct ItemProducer {
+    int w, g0, q_loads, n, head;
+    WorkItem x;
+    // Item w into its slot, then its Q and first tiles: what can be loaded before the consumers
+    // free a stage of this item (the caller then syncs on the item barrier of its start).
+    __device__ __forceinline__ void publish(const Fp8FwdParams& p, const Fp8TmaMaps& maps, const WsSmem& sm, int m_blocks,
+                                            int items, int slot) {
+        asm volatile("st.shared.b32 [%0], %1;\n" :: "r"(sm.slot + 4u * slot), "r"(w < items ? w : -1) : "memory");
+        n = head = 0;
+        if (w >= items) return;
+        x = work_item(p, m_blocks, w);
+        n = cta_tiles<cfg::BM, cfg::BN>(p, x.m0).n_tiles;
+        if (n == 0) return;
+        if (q_loads > 0) thread_mbarrier_wait(sm.q_empty, (q_loads - 1) & 1);
+        thread_load_q(maps, sm, x);
+        ++q_loads;
+        head = min(n, ws::STAGES);
+        thread_produce_kv(p, maps, sm, x, n, g0, 0, head);
+    }
+};
+
 // Grid: x = query block (reversed: causal blocks near the end do the most work and go first),
 // y = query head, z = batch; PERSISTENT: (CTAs, 1, 1), each CTA taking work items (work_item)
 // until none is left, the K/V pipeline running on from one item to the next. 128 (WG + 1)
@@ -838,32 +865,25 @@ fwd_wgmma_fp8(const Fp8FwdParams p, const __grid_constant__ Fp8TmaMaps maps) {
     if (wg == 0) {
         wg_setmaxnreg_dec<PRODUCER_REGS>();
 #if PERSISTENT
-        // The whole warp walks the items (the named barriers count warps); lane 0 writes the
-        // slot, loads and takes the next item once this one's K/V loads are all issued.
+        // The whole warp syncs on the item barrier; lane 0 writes the slots, loads and takes the
+        // next item.
         if (tid < 32) {
+            ItemProducer ip{blockIdx.x, 0, 0, 0, 0, WorkItem{0, 0, 0}};
             if (tid == 0) {
                 thread_tma_prefetch_map(&maps.k);
                 thread_tma_prefetch_map(&maps.v);
+                ip.publish(p, maps, sm, m_blocks, items, 0);
             }
-            int w = blockIdx.x, g0 = 0, q_loads = 0;
             for (int item = 0;; ++item) {
-                if (item > 0) cta_named_sync(ws::BAR_SLOT_EMPTY, ws::SLOT_THREADS);
-                if (tid == 0) asm volatile("st.shared.b32 [%0], %1;\n" :: "r"(sm.slot), "r"(w < items ? w : -1) : "memory");
-                cta_named_arrive(ws::BAR_SLOT_FULL, ws::SLOT_THREADS);
-                if (w >= items) break;
+                __syncwarp();
+                cta_named_sync(ws::BAR_ITEM, ws::ITEM_THREADS);
+                if (__shfl_sync(0xffffffffu, ip.w, 0) >= items) break;
                 if (tid == 0) {
-                    const WorkItem x = work_item(p, m_blocks, w);
-                    const int n = cta_tiles<cfg::BM, cfg::BN>(p, x.m0).n_tiles;
-                    if (n > 0) {
-                        if (q_loads > 0) thread_mbarrier_wait(sm.q_empty, (q_loads - 1) & 1);
-                        thread_load_q(maps, sm, x);
-                        ++q_loads;
-                        thread_produce_kv(p, maps, sm, x, n, g0);
-                        g0 += n;
-                    }
-                    w = (int)gridDim.x + (int)atomicAdd(reinterpret_cast<unsigned*>(p.next_item), 1u);
+                    thread_produce_kv(p, maps, sm, ip.x, ip.n, ip.g0, ip.head, ip.n);   // the rest of this item
+                    ip.g0 += ip.n;
+                    ip.w = (int)gridDim.x + (int)atomicAdd(reinterpret_cast<unsigned*>(p.next_item), 1u);
+                    ip.publish(p, maps, sm, m_blocks, items, (item + 1) & 1);
                 }
-                w = __shfl_sync(0xffffffffu, w, 0);
             }
         }
 #else
@@ -872,7 +892,7 @@ fwd_wgmma_fp8(const Fp8FwdParams p, const __grid_constant__ Fp8TmaMaps maps) {
             thread_tma_prefetch_map(&maps.v);
             const WorkItem x{m0, (int)blockIdx.y, (int)blockIdx.z};
             thread_load_q(maps, sm, x);
-            thread_produce_kv(p, maps, sm, x, tiles.n_tiles, 0);
+            thread_produce_kv(p, maps, sm, x, tiles.n_tiles, 0, 0, tiles.n_tiles);
         }
 #endif
     } else {
@@ -886,17 +906,18 @@ fwd_wgmma_fp8(const Fp8FwdParams p, const __grid_constant__ Fp8TmaMaps maps) {
         c.k_desc0 = qk_desc(sm.k_tile(0));
         c.v_desc0 = vt_desc(sm.v_tile(0));
 #if PERSISTENT
-        int g0 = 0, q_loads = 0;
+        // phases: bit 0 the item's slot (items mod 2), bit 1 its "Q full" parity (Q loads mod 2);
+        // one register, as the consumers have none to spare at hd 64.
+        int g0 = 0, phases = 0;
         for (;;) {
-            cta_named_sync(ws::BAR_SLOT_FULL, ws::SLOT_THREADS);
+            cta_named_sync(ws::BAR_ITEM, ws::ITEM_THREADS);
             int w;
-            asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(w) : "r"(sm.slot) : "memory");
-            if (w < 0) break;                     // the producer waits for no more reads
-            cta_named_arrive(ws::BAR_SLOT_EMPTY, ws::SLOT_THREADS);
+            asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(w) : "r"(sm.slot + 4u * (phases & 1)) : "memory");
+            if (w < 0) break;
             c.g0 = g0;
-            c.run(p, sm, work_item(p, m_blocks, w), q_loads & 1, local_row0, ctid);
+            c.run(p, sm, work_item(p, m_blocks, w), (phases >> 1) & 1, local_row0, ctid);
             g0 += c.n_tiles;
-            q_loads += c.n_tiles > 0;
+            phases ^= c.n_tiles > 0 ? 3 : 1;
         }
 #else
         c.g0 = 0;

@@ -309,10 +309,22 @@ impl Fp8WgmmaConfig {
     }
 
     /// Registers per consumer thread after `setmaxnreg`: what the 64 Ki register file leaves each
-    /// consumer lane beside the producer's [`WS_PRODUCER_REGS`], in setmaxnreg's steps of 8
+    /// consumer lane beside the producer's [`Self::producer_regs`], in setmaxnreg's steps of 8
     /// ([`crate::tma::WS_CONSUMER_REGS`], 240, for two consumers; 160 for three).
     pub fn consumer_regs(&self) -> u32 {
-        (65_536 / 128 - WS_PRODUCER_REGS) / self.wgs / 8 * 8
+        (65_536 / 128 - self.producer_regs()) / self.wgs / 8 * 8
+    }
+
+    /// Registers per producer thread after `setmaxnreg`: [`WS_PRODUCER_REGS`], or 40 for a
+    /// persistent variant, whose producer also keeps its walk over the work items (ptxas spills
+    /// it at 24). The consumers are compiled under the launch bound (168 registers at 2 consumer
+    /// warpgroups, 128 at 3) either way.
+    pub fn producer_regs(&self) -> u32 {
+        if self.persistent {
+            PERSISTENT_PRODUCER_REGS
+        } else {
+            WS_PRODUCER_REGS
+        }
     }
 
     pub fn defines(&self) -> Result<Vec<(String, String)>> {
@@ -325,7 +337,7 @@ impl Fp8WgmmaConfig {
             d("CONSUMER_WGS", self.wgs),
             d("ROWSUM_MMA", self.rowsum_mma as u32),
             d("KV_STAGES", self.stages),
-            d("PRODUCER_REGS", WS_PRODUCER_REGS),
+            d("PRODUCER_REGS", self.producer_regs()),
             d("CONSUMER_REGS", self.consumer_regs()),
             d("RESCALE_LOG2", self.rescale_log2),
             d("EXP2_POLY", self.exp2_poly),
@@ -496,6 +508,9 @@ impl KernelVariant for Fp8WgmmaUnit {
 /// stream before each launch): the scratch belongs to one launch at a time, and so does the
 /// counter.
 pub const PERSISTENT_SCRATCH: usize = 16;
+
+/// A persistent variant's producer registers (see [`Fp8WgmmaConfig::producer_regs`]).
+pub const PERSISTENT_PRODUCER_REGS: u32 = 40;
 
 pub fn kv_pad(s: &AttentionShape) -> usize {
     s.kv_len.max(1).div_ceil(FP8_KV_PAD as usize) * FP8_KV_PAD as usize
@@ -825,6 +840,9 @@ mod tests {
         assert_eq!(w3.vt_block(), 32);
         assert!(w3.defines().unwrap().contains(&("CONSUMER_WGS".to_string(), "3".to_string())));
         assert!(WS_PRODUCER_REGS + 3 * w3.consumer_regs() <= 512);
+        let w3ps = Fp8WgmmaConfig { persistent: true, ..w3 };
+        assert_eq!((w3ps.producer_regs(), w3ps.consumer_regs()), (40, 152));
+        assert!(w3ps.producer_regs() + 3 * w3ps.consumer_regs() <= 512);
         assert_eq!([128, 160, 192, 224, 256].map(|block_n| Fp8WgmmaConfig { block_n, ..c }.vt_block()), [128, 32, 64, 32, 128]);
         let n192 = Fp8WgmmaConfig { block_n: 192, stages: 3, ..c };
         assert_eq!(Fp8WgmmaConfig { block_n: 128, ..c }.name(), "fwd_fp8_wgmma_e4m3_f16_d128_n128_tma2");
