@@ -27,9 +27,7 @@
 //   Q   [BM rows][D bytes]                        resident
 //   K   [BN keys][D bytes] x KV_STAGES
 //   Vᵀ  [BN / VT_BLOCK][D rows][VT_BLOCK keys] x KV_STAGES   (VT_BLOCK: 128, 64 or 32, the widest dividing BN)
-//   O   [BM rows][D] f16/bf16                     PERSISTENT only (else staged over Q and K)
-//   mbarriers (8 bytes each): Q full, then per stage K full, V full, K empty, V empty;
-//   PERSISTENT: Q empty, then two item slots (32-bit work item indices, under a named barrier)
+//   mbarriers (8 bytes each): Q full, then per stage K full, V full, K empty, V empty
 // Q and K rows are D bytes, swizzled exactly as fwd_wgmma_int8.cu's int8 tiles (hd128: 128B
 // swizzle, layout type 1, SBO 1024; hd64: 64B swizzle, layout type 2, SBO 512), written by TMA
 // boxes of [rows][D bytes] with the matching CU_TENSOR_MAP_SWIZZLE. Vᵀ is the B operand of P·V
@@ -93,29 +91,15 @@
 // holds the whole sum of its rows (no quad reduction). At head dim 64 the
 // softmax, not the tensor core, bounds the kernel (MUFU.EX2 and issue slots, about 7
 // instructions per score), so trading 1/8 more P·V MMA for one instruction per score pays.
-// Epilogue: O staged (f16 or bf16) through the Q and K regions (PERSISTENT: its own region) in
-// fwd_wgmma.cu's 128B-swizzle column blocks, then 16-byte coalesced stores (cta_store_o); as
-// fwd_wgmma_int8.cu's WS kernel.
-//
-// PERSISTENT 1: a grid of one CTA per SM (at most), each taking work items (a query block of a
-// head and batch) until none is left: CTA i starts with item i, and its producer takes the next
-// from a global u32 counter (Fp8FwdParams::next_item, zeroed by the host before each launch)
-// once the current item's K/V loads are issued. Item i is published in smem slot i % 2 (-1 when
-// none is left) before a named barrier that the producer warp and every consumer thread sync on
-// at the start of item i; the consumers read it after that barrier, and the producer writes slot
-// i % 2 again only after the barrier of item i + 1, which every consumer reaches after its read.
-// Before that barrier the producer has loaded the item's Q (once every consumer warp has
-// arrived on the "Q empty" mbarrier past the previous item's last Q·Kᵀ; items that see no key
-// load no Q) and its first KV_STAGES K/V tiles, all it can load before the consumers free a
-// stage of this item. The K/V stages and their phases run on across items, so the next item's
-// first tiles load while this one's last P·V and epilogue run.
+// Epilogue: O staged (f16 or bf16) through the Q and K regions in fwd_wgmma.cu's 128B-swizzle
+// column blocks, then 16-byte coalesced stores (cta_store_o); as fwd_wgmma_int8.cu's WS kernel.
 //
 // Compile-time parameters (-D, built by src/wgmma_fp8.rs): HEAD_DIM 64 | 128, OUT_BF16 0 | 1,
 // BLOCK_N 128 | 160 | 192 | 224 | 256, CONSUMER_WGS 2 | 3 (default 2), ROWSUM_MMA 0 | 1 (default
 // 0), KV_STAGES 2..4, PRODUCER_REGS, CONSUMER_REGS, RESCALE_LOG2, EXP2_POLY (0:
 // every exp2 on MUFU.EX2; k: every k-th score of the unmasked tiles by thread_exp2_poly on the
-// FMA pipes, relieving the MUFU unit; measured slower on the H100, kept for sweeps), PERSISTENT
-// 0 | 1 (default 0); with VT_PREPASS 1 only HEAD_DIM.
+// FMA pipes, relieving the MUFU unit; measured slower on the H100, kept for sweeps); with
+// VT_PREPASS 1 only HEAD_DIM.
 // ABI: `Fp8FwdParams` (Rust mirror `Fp8WgmmaParams`) and `Fp8TmaMaps` (three CUtensorMaps).
 #include "common.cuh"
 
@@ -133,9 +117,6 @@
 #endif
 #ifndef ROWSUM_MMA
 #define ROWSUM_MMA 0
-#endif
-#ifndef PERSISTENT
-#define PERSISTENT 0
 #endif
 
 #if VT_PREPASS
@@ -255,9 +236,6 @@ struct Fp8FwdParams {
     int causal;                                // bottom-right aligned
     int descale_per_head;                      // 0: one descale per tensor; 1: per (batch, head)
     float scale_log2;                          // softmax scale * log2(e)
-    int batch;                                 // PERSISTENT: the work list's batch count
-    int pad_;
-    u64 next_item;                             // PERSISTENT: u32 work counter, zero at launch
 };
 
 // ---- wgmma ---------------------------------------------------------------------------------------
@@ -553,8 +531,8 @@ __device__ __forceinline__ void thread_pack_p(u32 (&pf)[cfg::P_STEPS][4], const 
 }
 
 // The f32 descale of tensor `t` for (batch, head) (index 0 when one per tensor).
-__device__ __forceinline__ float cta_descale(const Fp8FwdParams& p, u64 t, int heads, int head, int batch) {
-    const i64 i = p.descale_per_head ? (i64)batch * heads + head : 0;
+__device__ __forceinline__ float cta_descale(const Fp8FwdParams& p, u64 t, int heads, int head) {
+    const i64 i = p.descale_per_head ? (i64)cta_batch() * heads + head : 0;
     return __ldg(reinterpret_cast<const float*>(t) + i);
 }
 
@@ -563,9 +541,9 @@ __device__ __forceinline__ float cta_descale(const Fp8FwdParams& p, u64 t, int h
 // synchronizes the consumer threads before (nobody still reads the region) and after.
 __device__ __forceinline__ void thread_finish_rows(const Fp8FwdParams& p, const float (&o)[cfg::O_REGS],
                                                    const RowState& st, float c, float v_descale, u32 stage,
-                                                   int local_row0, int row0, int lane, int head, int batch) {
+                                                   int local_row0, int row0, int lane) {
     float inv[2];
-    const i64 lse_base = ((i64)batch * p.q_heads + head) * p.q_len;
+    const i64 lse_base = ((i64)cta_batch() * p.q_heads + cta_head()) * p.q_len;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
 #if ROWSUM_MMA
@@ -598,20 +576,12 @@ constexpr int STAGES = KV_STAGES;
 constexpr int THREADS = 128 * (cfg::WG + 1);
 constexpr int K_OFFSET = cfg::Q_BYTES;
 constexpr int V_OFFSET = cfg::Q_BYTES + STAGES * cfg::K_TILE_BYTES;
-// PERSISTENT: O has a stage of its own, so that the producer may load the next work item's Q and
-// K while the consumers still store this one's O.
-constexpr int O_OFFSET = V_OFFSET + STAGES * cfg::V_TILE_BYTES;
-constexpr int BAR_OFFSET = O_OFFSET + (PERSISTENT ? cfg::O_STAGE_BYTES : 0);
-// PERSISTENT: after the pipeline's mbarriers, "Q empty" (every consumer warp's last Q·Kᵀ of
-// the item is done), then the two item slots (a CTA's item i in slot i % 2, -1: no more).
-constexpr int SMEM_BYTES = BAR_OFFSET + 8 * (KvBarriers::count(STAGES) + 2 * PERSISTENT) + 1024;
+constexpr int BAR_OFFSET = V_OFFSET + STAGES * cfg::V_TILE_BYTES;
+constexpr int SMEM_BYTES = BAR_OFFSET + 8 * KvBarriers::count(STAGES) + 1024;
 constexpr u32 EMPTY_ARRIVALS = 4 * cfg::WG;   // one per consumer warp
 constexpr int CONSUMERS = cfg::THREADS;       // consumer threads
-// Named barriers: 1 .. WG the consumers' turns (below), then the epilogue's; PERSISTENT: the
-// item barrier, which the producer warp and every consumer thread sync on at each item's start.
+// Named barriers: 1 .. WG the consumers' turns (below), then the epilogue's.
 constexpr int BAR_EPILOGUE = 1 + cfg::WG;
-constexpr int BAR_ITEM = 2 + cfg::WG;
-constexpr int ITEM_THREADS = 32 + cfg::THREADS;   // the producer warp and the consumers
 static_assert(STAGES >= 2 && STAGES <= 4, "2 to 4 K/V stages");
 static_assert(SMEM_BYTES <= 227 * 1024, "more shared memory than an sm_90 block may have");
 static_assert(cfg::O_STAGE_BYTES <= V_OFFSET, "O is staged through the Q and K regions");
@@ -626,64 +596,35 @@ struct Fp8TmaMaps {
 
 struct WsSmem {
     u32 q, k, v;
-    u32 o;         // O's stage: its own region (PERSISTENT), else the Q and K regions
-    u32 q_empty;   // PERSISTENT only
-    u32 slot;      // PERSISTENT only
     KvBarriers bars;
     __device__ __forceinline__ explicit WsSmem(u32 base)
-        : q(base), k(base + ws::K_OFFSET), v(base + ws::V_OFFSET), o(PERSISTENT ? base + ws::O_OFFSET : base),
-          q_empty(base + ws::BAR_OFFSET + 8u * KvBarriers::count(ws::STAGES)), slot(q_empty + 8u),
-          bars{base + ws::BAR_OFFSET} {}
+        : q(base), k(base + ws::K_OFFSET), v(base + ws::V_OFFSET), bars{base + ws::BAR_OFFSET} {}
     __device__ __forceinline__ u32 k_tile(int s) const { return k + (u32)(s * cfg::K_TILE_BYTES); }
     __device__ __forceinline__ u32 v_tile(int s) const { return v + (u32)(s * cfg::V_TILE_BYTES); }
 };
 
-// One work item: BM query rows from m0 of (head, batch). Without PERSISTENT the CTA's grid
-// coordinates; with it, item w of the work list: query blocks fastest (the last first, as the
-// grid's x: causal blocks near the end do the most work), then heads, then batches. CTA i
-// starts with item i; each later item is the next of the list not yet taken (a global counter),
-// so that, as the hardware's block scheduler does for a grid, a CTA that finishes early takes
-// more.
-struct WorkItem {
-    int m0, head, batch;
-};
-__device__ __forceinline__ WorkItem work_item(const Fp8FwdParams& p, int m_blocks, int w) {
-    WorkItem x;
-    x.m0 = (m_blocks - 1 - w % m_blocks) * cfg::BM;
-    const int hb = w / m_blocks;
-    x.head = hb % p.q_heads;
-    x.batch = hb / p.q_heads;
-    return x;
-}
-
-// Q of the item, on the "Q full" barrier.
-__device__ __forceinline__ void thread_load_q(const Fp8TmaMaps& maps, const WsSmem& sm, const WorkItem& x) {
-    thread_mbarrier_arrive_expect_tx(sm.bars.q_full(), cfg::Q_BYTES);
-    thread_tma_load_4d(sm.q, &maps.q, sm.bars.q_full(), 0, x.m0, x.head, x.batch);
-}
-
 // Producer: one thread loads Q, then K_j and Vᵀ_j for j = 0 .. n_tiles - 1 (tile n_tiles - 1 - j),
-// refilling a stage once its empty barrier says both consumers are done with it. g0: the K/V
-// tiles this thread loaded for earlier items (the stages and their phases run on across items);
-// tiles j_begin .. j_end - 1 of the item. Q's load (the caller has waited for "Q empty" first) is
-// the caller's.
-__device__ __forceinline__ void thread_produce_kv(const Fp8FwdParams& p, const Fp8TmaMaps& maps, const WsSmem& sm,
-                                                  const WorkItem& x, int n_tiles, int g0, int j_begin, int j_end) {
-    const int kv_head = x.head / p.kv_group;
-    for (int j = j_begin; j < j_end; ++j) {
+// refilling a stage once its empty barrier says both consumers are done with it.
+__device__ __forceinline__ void thread_produce(const Fp8FwdParams& p, const Fp8TmaMaps& maps, const WsSmem& sm,
+                                               int m0, int n_tiles) {
+    const int head = blockIdx.y;
+    const int batch = blockIdx.z;
+    const int kv_head = head / p.kv_group;
+    thread_mbarrier_arrive_expect_tx(sm.bars.q_full(), cfg::Q_BYTES);
+    thread_tma_load_4d(sm.q, &maps.q, sm.bars.q_full(), 0, m0, head, batch);
+    for (int j = 0; j < n_tiles; ++j) {
         const int t = n_tiles - 1 - j;
-        const int g = g0 + j;
-        const int s = g % ws::STAGES;
-        const u32 parity = ((g / ws::STAGES) & 1) ^ 1;   // the stage's previous use
-        if (g >= ws::STAGES) thread_mbarrier_wait(sm.bars.k_empty(s), parity);
+        const int s = j % ws::STAGES;
+        const u32 parity = ((j / ws::STAGES) & 1) ^ 1;   // the stage's previous use
+        if (j >= ws::STAGES) thread_mbarrier_wait(sm.bars.k_empty(s), parity);
         thread_mbarrier_arrive_expect_tx(sm.bars.k_full(s), cfg::K_TILE_BYTES);
-        thread_tma_load_4d(sm.k_tile(s), &maps.k, sm.bars.k_full(s), 0, t * cfg::BN, kv_head, x.batch);
-        if (g >= ws::STAGES) thread_mbarrier_wait(sm.bars.v_empty(s), parity);
+        thread_tma_load_4d(sm.k_tile(s), &maps.k, sm.bars.k_full(s), 0, t * cfg::BN, kv_head, batch);
+        if (j >= ws::STAGES) thread_mbarrier_wait(sm.bars.v_empty(s), parity);
         thread_mbarrier_arrive_expect_tx(sm.bars.v_full(s), cfg::V_LOAD_BYTES);
 #pragma unroll
         for (int b = 0; b < cfg::VT_BLOCKS; ++b)
             thread_tma_load_4d(sm.v_tile(s) + b * cfg::VT_BLOCK_BYTES, &maps.v, sm.bars.v_full(s),
-                               t * cfg::BN + b * cfg::VT_BLOCK, 0, kv_head, x.batch);
+                               t * cfg::BN + b * cfg::VT_BLOCK, 0, kv_head, batch);
     }
 }
 
@@ -695,7 +636,6 @@ struct WgConsumer {
     RowState st;
     float c;                                  // scale * log2(e) * q_descale * k_descale
     int n_tiles, n_masked, diag, lane, cw;
-    int g0;                                   // K/V tiles of the CTA's earlier items (PERSISTENT)
     u64 q_desc, k_desc0, v_desc0;             // Q rows of the warpgroup; K and Vᵀ of stage 0
     __device__ __forceinline__ u64 k_desc(int stage) const {
         return desc_add(k_desc0, (u32)(stage * (cfg::K_TILE_BYTES >> 4)));
@@ -710,11 +650,10 @@ struct WgConsumer {
     template <bool FIRST>
     __device__ __forceinline__ void step(const Fp8FwdParams& p, const WsSmem& sm, int j) {
         const int t = n_tiles - 1 - j;
-        const int g = g0 + j;                     // the stages run on across items
-        const int stage = g % ws::STAGES;
-        const int prev = (g + ws::STAGES - 1) % ws::STAGES;
-        thread_mbarrier_wait(sm.bars.k_full(stage), (g / ws::STAGES) & 1);
-        if (!FIRST) thread_mbarrier_wait(sm.bars.v_full(prev), ((g - 1) / ws::STAGES) & 1);
+        const int stage = j % ws::STAGES;
+        const int prev = (j + ws::STAGES - 1) % ws::STAGES;
+        thread_mbarrier_wait(sm.bars.k_full(stage), (j / ws::STAGES) & 1);
+        if (!FIRST) thread_mbarrier_wait(sm.bars.v_full(prev), ((j - 1) / ws::STAGES) & 1);
         wg_wait_turn(cw);
         reg_fence(o);
         reg_fence(pf);
@@ -729,7 +668,6 @@ struct WgConsumer {
         if (FIRST) wg_wait<0>(); else wg_wait<1>();   // S_j done
         reg_fence(s);
         if (lane == 0) thread_mbarrier_arrive(sm.bars.k_empty(stage));
-        if (PERSISTENT && j == n_tiles - 1 && lane == 0) thread_mbarrier_arrive(sm.q_empty);
         float alpha[2];
         bool rescale;
         if (j < n_masked) warp_softmax<true>(s, st, alpha, rescale, t * cfg::BN, p.kv_len, diag, c, lane);
@@ -745,7 +683,7 @@ struct WgConsumer {
 
     // The last P·V, in its turn too; the last consumer opens no turn after it (nobody would wait).
     __device__ __forceinline__ void finish(const WsSmem& sm) {
-        const int last = g0 + n_tiles - 1;
+        const int last = n_tiles - 1;
         thread_mbarrier_wait(sm.bars.v_full(last % ws::STAGES), (last / ws::STAGES) & 1);
         wg_wait_turn(cw);
         reg_fence(o);
@@ -757,98 +695,22 @@ struct WgConsumer {
         wg_wait<0>();
         reg_fence(o);
         reg_fence(pf);
-        // PERSISTENT: the stage is refilled for a later item.
-        if (PERSISTENT && lane == 0) thread_mbarrier_arrive(sm.bars.v_empty(last % ws::STAGES));
         thread_flush_rowsum(o, st);
-    }
-
-    // A whole work item: the KV walk, then the epilogue. local_row0: this lane's first row within
-    // the item; q_phase: the parity of its Q load's "Q full" phase (the CTA's earlier items that
-    // loaded a Q, mod 2).
-    __device__ __forceinline__ void run(const Fp8FwdParams& p, const WsSmem& sm, const WorkItem& x, int q_phase,
-                                        int local_row0, int ctid) {
-        const CtaTiles tiles = cta_tiles<cfg::BM, cfg::BN>(p, x.m0);
-        n_tiles = tiles.n_tiles;
-        n_masked = tiles.n_masked;
-        const int row0 = x.m0 + local_row0;
-        diag = p.causal ? row0 + p.kv_len - p.q_len + 1 : 0x3fffffff;
-        const int kv_head = x.head / p.kv_group;
-        c = p.scale_log2 * cta_descale(p, p.q_descale, p.q_heads, x.head, x.batch) *
-            cta_descale(p, p.k_descale, p.kv_heads, kv_head, x.batch);
-#pragma unroll
-        for (int e = 0; e < cfg::O_REGS; ++e) o[e] = 0.f;
-        st.m[0] = st.m[1] = QA_NEG_INF;
-        st.l[0] = st.l[1] = 0.f;
-        if (n_tiles > 0) {
-            if (cw == cfg::WG - 1) wg_give_turn<cfg::WG>(cw);   // consumer 0 issues first
-            thread_mbarrier_wait(sm.bars.q_full(), q_phase);
-            step<true>(p, sm, 0);
-            for (int j = 1; j < n_tiles; ++j) step<false>(p, sm, j);
-            finish(sm);
-        }
-        const float v_descale = cta_descale(p, p.v_descale, p.kv_heads, kv_head, x.batch);
-        // Epilogue: every consumer is past its last wgmma before O overwrites Q and K (the
-        // producer loaded nothing the consumers did not wait for, so no TMA write is pending),
-        // or, PERSISTENT, before O's own stage is written again.
-        cta_named_sync(ws::BAR_EPILOGUE, ws::CONSUMERS);
-        thread_finish_rows(p, o, st, c, v_descale, sm.o, local_row0, row0, lane, x.head, x.batch);
-        cta_named_sync(ws::BAR_EPILOGUE, ws::CONSUMERS);
-#if PERSISTENT
-        unsigned short* o_rows = reinterpret_cast<unsigned short*>(p.o) + x.batch * p.o_batch_stride +
-                                 x.head * p.o_head_stride + (i64)x.m0 * p.o_seq_stride;
-        cta_store_o_rows<cfg::BM, cfg::D, cfg::THREADS>(o_rows, p.o_seq_stride, p.q_len - x.m0, sm.o, ctid);
-#else
-        cta_store_o<cfg::BM, cfg::D, cfg::THREADS>(p, sm.o, x.m0, ctid);
-#endif
-    }
-};
-
-// PERSISTENT: the producer's walk over its CTA's items (lane 0 of the producer warp). w: the
-// current item; g0: K/V tiles loaded for earlier items; q_loads: Q loads so far; n, head: the
-// current item's tiles and how many of them publish() loaded.
-struct ItemProducer {
-    int w, g0, q_loads, n, head;
-    WorkItem x;
-    // Item w into its slot, then its Q and first tiles: what can be loaded before the consumers
-    // free a stage of this item (the caller then syncs on the item barrier of its start).
-    __device__ __forceinline__ void publish(const Fp8FwdParams& p, const Fp8TmaMaps& maps, const WsSmem& sm, int m_blocks,
-                                            int items, int slot) {
-        asm volatile("st.shared.b32 [%0], %1;\n" :: "r"(sm.slot + 4u * slot), "r"(w < items ? w : -1) : "memory");
-        n = head = 0;
-        if (w >= items) return;
-        x = work_item(p, m_blocks, w);
-        n = cta_tiles<cfg::BM, cfg::BN>(p, x.m0).n_tiles;
-        if (n == 0) return;
-        if (q_loads > 0) thread_mbarrier_wait(sm.q_empty, (q_loads - 1) & 1);
-        thread_load_q(maps, sm, x);
-        ++q_loads;
-        head = min(n, ws::STAGES);
-        thread_produce_kv(p, maps, sm, x, n, g0, 0, head);
     }
 };
 
 // Grid: x = query block (reversed: causal blocks near the end do the most work and go first),
-// y = query head, z = batch; PERSISTENT: (CTAs, 1, 1), each CTA taking work items (work_item)
-// until none is left, the K/V pipeline running on from one item to the next. 128 (WG + 1)
-// threads: producer warpgroup 0, consumer warpgroups 1 .. WG.
+// y = query head, z = batch. 128 (WG + 1) threads: producer warpgroup 0, consumer warpgroups 1 .. WG.
 extern "C" __global__ void __launch_bounds__(ws::THREADS, 1)
 fwd_wgmma_fp8(const Fp8FwdParams p, const __grid_constant__ Fp8TmaMaps maps) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const WsSmem sm((cta_smem_addr(smem_raw) + 1023u) & ~1023u);
     const int tid = threadIdx.x;
     const int wg = tid >> 7;
-#if PERSISTENT
-    const int m_blocks = (p.q_len + cfg::BM - 1) / cfg::BM;
-    const int items = m_blocks * p.q_heads * p.batch;   // the host keeps it and gridDim.x + items in i32
-#else
     const int m0 = (gridDim.x - 1 - blockIdx.x) * cfg::BM;
     const CtaTiles tiles = cta_tiles<cfg::BM, cfg::BN>(p, m0);
-#endif
 
-    if (tid == 0) {
-        if (PERSISTENT) thread_mbarrier_init(sm.q_empty, ws::EMPTY_ARRIVALS);   // one per consumer warp
-        sm.bars.init(ws::STAGES, ws::EMPTY_ARRIVALS);
-    }
+    if (tid == 0) sm.bars.init(ws::STAGES, ws::EMPTY_ARRIVALS);
 #if ROWSUM_MMA
     // The ones rows D .. D + 7 of every Vᵀ block of every stage (TMA writes rows 0 .. D - 1
     // only), made visible to the wgmma's async proxy before any consumer issues.
@@ -864,65 +726,46 @@ fwd_wgmma_fp8(const Fp8FwdParams p, const __grid_constant__ Fp8TmaMaps maps) {
 
     if (wg == 0) {
         wg_setmaxnreg_dec<PRODUCER_REGS>();
-#if PERSISTENT
-        // The whole warp syncs on the item barrier; lane 0 writes the slots, loads and takes the
-        // next item.
-        if (tid < 32) {
-            ItemProducer ip{blockIdx.x, 0, 0, 0, 0, WorkItem{0, 0, 0}};
-            if (tid == 0) {
-                thread_tma_prefetch_map(&maps.k);
-                thread_tma_prefetch_map(&maps.v);
-                ip.publish(p, maps, sm, m_blocks, items, 0);
-            }
-            for (int item = 0;; ++item) {
-                __syncwarp();
-                cta_named_sync(ws::BAR_ITEM, ws::ITEM_THREADS);
-                if (__shfl_sync(0xffffffffu, ip.w, 0) >= items) break;
-                if (tid == 0) {
-                    thread_produce_kv(p, maps, sm, ip.x, ip.n, ip.g0, ip.head, ip.n);   // the rest of this item
-                    ip.g0 += ip.n;
-                    ip.w = (int)gridDim.x + (int)atomicAdd(reinterpret_cast<unsigned*>(p.next_item), 1u);
-                    ip.publish(p, maps, sm, m_blocks, items, (item + 1) & 1);
-                }
-            }
-        }
-#else
         if (tid == 0 && tiles.n_tiles > 0) {
             thread_tma_prefetch_map(&maps.k);
             thread_tma_prefetch_map(&maps.v);
-            const WorkItem x{m0, (int)blockIdx.y, (int)blockIdx.z};
-            thread_load_q(maps, sm, x);
-            thread_produce_kv(p, maps, sm, x, tiles.n_tiles, 0, 0, tiles.n_tiles);
+            thread_produce(p, maps, sm, m0, tiles.n_tiles);
         }
-#endif
     } else {
         wg_setmaxnreg_inc<CONSUMER_REGS>();
         const int ctid = tid - 128;               // index among the consumer threads
         WgConsumer c;
         c.cw = wg - 1;
         c.lane = tid & 31;
+        c.n_tiles = tiles.n_tiles;
+        c.n_masked = tiles.n_masked;
         const int local_row0 = 64 * c.cw + 16 * ((tid >> 5) & 3) + (c.lane >> 2);
+        const int row0 = m0 + local_row0;
+        c.diag = p.causal ? row0 + p.kv_len - p.q_len + 1 : 0x3fffffff;
         c.q_desc = qk_desc(sm.q + (u32)(64 * c.cw * cfg::D));
         c.k_desc0 = qk_desc(sm.k_tile(0));
         c.v_desc0 = vt_desc(sm.v_tile(0));
-#if PERSISTENT
-        // phases: bit 0 the item's slot (items mod 2), bit 1 its "Q full" parity (Q loads mod 2);
-        // one register, as the consumers have none to spare at hd 64.
-        int g0 = 0, phases = 0;
-        for (;;) {
-            cta_named_sync(ws::BAR_ITEM, ws::ITEM_THREADS);
-            int w;
-            asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(w) : "r"(sm.slot + 4u * (phases & 1)) : "memory");
-            if (w < 0) break;
-            c.g0 = g0;
-            c.run(p, sm, work_item(p, m_blocks, w), (phases >> 1) & 1, local_row0, ctid);
-            g0 += c.n_tiles;
-            phases ^= c.n_tiles > 0 ? 3 : 1;
+        const int head = cta_head();
+        const int kv_head = head / p.kv_group;
+        c.c = p.scale_log2 * cta_descale(p, p.q_descale, p.q_heads, head) * cta_descale(p, p.k_descale, p.kv_heads, kv_head);
+#pragma unroll
+        for (int e = 0; e < cfg::O_REGS; ++e) c.o[e] = 0.f;
+        c.st.m[0] = c.st.m[1] = QA_NEG_INF;
+        c.st.l[0] = c.st.l[1] = 0.f;
+        if (c.n_tiles > 0) {
+            if (c.cw == cfg::WG - 1) wg_give_turn<cfg::WG>(c.cw);   // consumer 0 issues first
+            thread_mbarrier_wait(sm.bars.q_full(), 0);
+            c.step<true>(p, sm, 0);
+            for (int j = 1; j < c.n_tiles; ++j) c.step<false>(p, sm, j);
+            c.finish(sm);
         }
-#else
-        c.g0 = 0;
-        c.run(p, sm, WorkItem{m0, cta_head(), cta_batch()}, 0, local_row0, ctid);
-#endif
+        const float v_descale = cta_descale(p, p.v_descale, p.kv_heads, kv_head);
+        // Epilogue: every consumer is past its last wgmma before O overwrites Q and K (the
+        // producer loaded nothing the consumers did not wait for, so no TMA write is pending).
+        cta_named_sync(ws::BAR_EPILOGUE, ws::CONSUMERS);
+        thread_finish_rows(p, c.o, c.st, c.c, v_descale, sm.q, local_row0, row0, c.lane);
+        cta_named_sync(ws::BAR_EPILOGUE, ws::CONSUMERS);
+        cta_store_o<cfg::BM, cfg::D, cfg::THREADS>(p, sm.q, m0, ctid);
     }
 }
 #endif  // VT_PREPASS

@@ -632,8 +632,8 @@ fn bench(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, d: usize, kernels: &[
     // A pool of quantized normal samples (with outliers), tiled over the tensors.
     let pool: Vec<u8> = samples(1 << 20, 5).iter().map(|&x| e4m3_encode(x / (6.0 * 1.732 * 2.0 / 448.0))).collect();
     let pool16: Vec<u16> = samples(1 << 20, 5).iter().map(|&x| f16::from_f32(x).to_bits()).collect();
-    // The last shape is the benchmark tables' (batch x seq 16k): 2048 query blocks of 128 rows, a
-    // 15.5-wave grid on 132 SMs.
+    // The last shape is the benchmark tables' (batch x seq 16k; at hd 128, 2048 query blocks of 128 rows, a
+    // 15.5-wave grid on 132 SMs).
     for (seq, batch, heads) in [(4096usize, 16usize, 16usize), (8192, 8, 16), (16384, 4, 16), (16384, 1, 16)] {
         let n = batch * heads * seq * d;
         let codes: Vec<u8> = (0..n).map(|i| pool[(i * 7 + i / 977) % pool.len()]).collect();
@@ -825,17 +825,9 @@ fn main() -> Result<(), BoxErr> {
             if table || cfg.rowsum_mma {
                 list.push(long_case());
             }
-            // A persistent variant also on 2 CTAs, so that each walks many work items (across
-            // heads, batches and blocks that see no key); one per SM, the small cases give each
-            // CTA one item at most.
-            let mut runs: Vec<(&Fp8WgmmaKernel, &str)> = vec![(&kernel, "")];
-            let two_ctas = if cfg.persistent { Some(Fp8WgmmaKernel::load(&ctx, cfg)?.with_ctas(2)) } else { None };
-            if let Some(k2) = &two_ctas {
-                runs.push((k2, " @2 CTAs"));
-            }
-            for (c, (k, label)) in runs.iter().flat_map(|r| list.iter().map(move |c| (c, *r))) {
-                let name = format!("{}{label}", c.name);
-                let (r, e, p_max) = match check(&stream, k, c) {
+            for c in &list {
+                let name = c.name;
+                let (r, e, p_max) = match check(&stream, &kernel, c) {
                     Ok(x) => x,
                     Err(err) => {
                         println!("  FAIL {name:32} {err}");
