@@ -118,9 +118,6 @@
 #ifndef ROWSUM_MMA
 #define ROWSUM_MMA 0
 #endif
-#ifndef CLUSTER_MC
-#define CLUSTER_MC 0
-#endif
 
 #if VT_PREPASS
 // ---- the Vᵀ prepass -------------------------------------------------------------------------
@@ -581,53 +578,14 @@ constexpr int K_OFFSET = cfg::Q_BYTES;
 constexpr int V_OFFSET = cfg::Q_BYTES + STAGES * cfg::K_TILE_BYTES;
 constexpr int BAR_OFFSET = V_OFFSET + STAGES * cfg::V_TILE_BYTES;
 constexpr int SMEM_BYTES = BAR_OFFSET + 8 * KvBarriers::count(STAGES) + 1024;
-// One per consumer warp (CLUSTER_MC: of both CTAs of the cluster, which share every K/V load).
-constexpr u32 EMPTY_ARRIVALS = 4 * cfg::WG * (CLUSTER_MC ? 2 : 1);
-// CLUSTER_MC: each CTA of a pair loads half of every K tile (its rows) and half of every Vᵀ
-// block (its head-dim rows), multicast into both CTAs' shared memory and onto both CTAs' full
-// barriers, which expect the whole tile.
-constexpr int K_LOAD_ROWS = CLUSTER_MC ? cfg::BN / 2 : cfg::BN;
-constexpr int VT_LOAD_ROWS = CLUSTER_MC ? cfg::D / 2 : cfg::D;
+constexpr u32 EMPTY_ARRIVALS = 4 * cfg::WG;   // one per consumer warp
 constexpr int CONSUMERS = cfg::THREADS;       // consumer threads
 // Named barriers: 1 .. WG the consumers' turns (below), then the epilogue's.
 constexpr int BAR_EPILOGUE = 1 + cfg::WG;
 static_assert(STAGES >= 2 && STAGES <= 4, "2 to 4 K/V stages");
 static_assert(SMEM_BYTES <= 227 * 1024, "more shared memory than an sm_90 block may have");
 static_assert(cfg::O_STAGE_BYTES <= V_OFFSET, "O is staged through the Q and K regions");
-static_assert(!CLUSTER_MC || (K_LOAD_ROWS % 8 == 0 && VT_LOAD_ROWS % 8 == 0), "halves of whole swizzle atoms");
 }  // namespace ws
-
-#if CLUSTER_MC
-// This CTA's rank in its cluster of 2, and the cluster-window address of `addr` (a shared::cta
-// address of this CTA) in CTA `rank`.
-__device__ __forceinline__ u32 cluster_rank() {
-    u32 r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-    return r;
-}
-__device__ __forceinline__ u32 cluster_map(u32 addr, u32 rank) {
-    u32 r;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank));
-    return r;
-}
-// Arrival on an mbarrier of another CTA of the cluster (cluster-window address).
-__device__ __forceinline__ void thread_mbarrier_arrive_cluster(u32 remote_bar) {
-    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" :: "r"(remote_bar) : "memory");
-}
-// A TMA load written into the same offset of both CTAs' shared memory and completing bytes on
-// the same mbarrier offset of both.
-__device__ __forceinline__ void thread_tma_load_4d_mc(u32 dst, const TmaMap* map, u32 bar, int c0, int c1, int c2, int c3) {
-    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, %3, %4, %5}], [%6], %7;\n"
-                 :: "r"(dst), "l"(reinterpret_cast<u64>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar), "h"((unsigned short)3)
-                 : "memory");
-}
-// Every thread of both CTAs that has not exited, with release/acquire: after the barrier inits
-// (before any remote arrival or multicast) and before exit (no CTA leaves while the other may
-// still arrive on its barriers).
-__device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-#endif
 
 // Q boxes of [BM rows][D bytes], K boxes of [BN rows][D bytes] (rank 4: dim, seq, head, batch),
 // Vᵀ boxes of [D rows][VT_BLOCK keys] (rank 4: key, dim, kv head, batch). Built by
@@ -660,24 +618,13 @@ __device__ __forceinline__ void thread_produce(const Fp8FwdParams& p, const Fp8T
         const u32 parity = ((j / ws::STAGES) & 1) ^ 1;   // the stage's previous use
         if (j >= ws::STAGES) thread_mbarrier_wait(sm.bars.k_empty(s), parity);
         thread_mbarrier_arrive_expect_tx(sm.bars.k_full(s), cfg::K_TILE_BYTES);
-#if CLUSTER_MC
-        const int half = (int)cluster_rank();
-        thread_tma_load_4d_mc(sm.k_tile(s) + half * ws::K_LOAD_ROWS * cfg::D, &maps.k, sm.bars.k_full(s), 0,
-                              t * cfg::BN + half * ws::K_LOAD_ROWS, kv_head, batch);
-#else
         thread_tma_load_4d(sm.k_tile(s), &maps.k, sm.bars.k_full(s), 0, t * cfg::BN, kv_head, batch);
-#endif
         if (j >= ws::STAGES) thread_mbarrier_wait(sm.bars.v_empty(s), parity);
         thread_mbarrier_arrive_expect_tx(sm.bars.v_full(s), cfg::V_LOAD_BYTES);
 #pragma unroll
         for (int b = 0; b < cfg::VT_BLOCKS; ++b)
-#if CLUSTER_MC
-            thread_tma_load_4d_mc(sm.v_tile(s) + b * cfg::VT_BLOCK_BYTES + half * ws::VT_LOAD_ROWS * cfg::VT_BLOCK, &maps.v,
-                                  sm.bars.v_full(s), t * cfg::BN + b * cfg::VT_BLOCK, half * ws::VT_LOAD_ROWS, kv_head, batch);
-#else
             thread_tma_load_4d(sm.v_tile(s) + b * cfg::VT_BLOCK_BYTES, &maps.v, sm.bars.v_full(s),
                                t * cfg::BN + b * cfg::VT_BLOCK, 0, kv_head, batch);
-#endif
     }
 }
 
@@ -721,9 +668,6 @@ struct WgConsumer {
         if (FIRST) wg_wait<0>(); else wg_wait<1>();   // S_j done
         reg_fence(s);
         if (lane == 0) thread_mbarrier_arrive(sm.bars.k_empty(stage));
-#if CLUSTER_MC
-        if (lane == 0) thread_mbarrier_arrive_cluster(cluster_map(sm.bars.k_empty(stage), cluster_rank() ^ 1u));
-#endif
         float alpha[2];
         bool rescale;
         if (j < n_masked) warp_softmax<true>(s, st, alpha, rescale, t * cfg::BN, p.kv_len, diag, c, lane);
@@ -732,9 +676,6 @@ struct WgConsumer {
         reg_fence(o);
         reg_fence(pf);
         if (!FIRST && lane == 0) thread_mbarrier_arrive(sm.bars.v_empty(prev));
-#if CLUSTER_MC
-        if (!FIRST && lane == 0) thread_mbarrier_arrive_cluster(cluster_map(sm.bars.v_empty(prev), cluster_rank() ^ 1u));
-#endif
         if (rescale) thread_rescale_o(o, alpha);
         if (!FIRST) thread_flush_rowsum(o, st);
         thread_pack_p(pf, s);
@@ -760,13 +701,7 @@ struct WgConsumer {
 
 // Grid: x = query block (reversed: causal blocks near the end do the most work and go first),
 // y = query head, z = batch. 128 (WG + 1) threads: producer warpgroup 0, consumer warpgroups 1 .. WG.
-// CLUSTER_MC: clusters of 2 along x (the host rounds x up to even; a CTA past the last query
-// block loads its half of the K/V tiles for its partner and stores nothing), non-causal only (both
-// CTAs of a pair walk the same tiles).
 extern "C" __global__ void __launch_bounds__(ws::THREADS, 1)
-#if CLUSTER_MC
-__cluster_dims__(2, 1, 1)
-#endif
 fwd_wgmma_fp8(const Fp8FwdParams p, const __grid_constant__ Fp8TmaMaps maps) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const WsSmem sm((cta_smem_addr(smem_raw) + 1023u) & ~1023u);
@@ -787,11 +722,7 @@ fwd_wgmma_fp8(const Fp8FwdParams p, const __grid_constant__ Fp8TmaMaps maps) {
     }
     thread_fence_proxy_async_smem();
 #endif
-#if CLUSTER_MC
-    cluster_sync();
-#else
     __syncthreads();
-#endif
 
     if (wg == 0) {
         wg_setmaxnreg_dec<PRODUCER_REGS>();
@@ -836,8 +767,5 @@ fwd_wgmma_fp8(const Fp8FwdParams p, const __grid_constant__ Fp8TmaMaps maps) {
         cta_named_sync(ws::BAR_EPILOGUE, ws::CONSUMERS);
         cta_store_o<cfg::BM, cfg::D, cfg::THREADS>(p, sm.q, m0, ctid);
     }
-#if CLUSTER_MC
-    cluster_sync();
-#endif
 }
 #endif  // VT_PREPASS

@@ -676,9 +676,7 @@ fn bench(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, d: usize, kernels: &[
                 let (q16, k16, v16) = (&q16, &k16, &v16);
                 runs.push(Box::new(move || Ok(w.launch(stream, &ha, q16, k16, v16, og16, lg16)?)));
             }
-            // Clusters of two CTAs are non-causal only.
-            let timed: Vec<&Fp8WgmmaKernel> = kernels.iter().copied().filter(|k| !(causal && k.config().cluster_mc)).collect();
-            for &k in &timed {
+            for &k in kernels {
                 // SAFETY: buffers sized by required_lens above, alive for the whole bench.
                 runs.push(Box::new(move || Ok(unsafe { k.launch_attention_raw(stream, &a, &ptrs) }?)));
                 runs.push(Box::new(move || {
@@ -700,7 +698,7 @@ fn bench(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, d: usize, kernels: &[
                 }
                 None => None,
             };
-            for k in &timed {
+            for k in kernels {
                 let attn = ms.next().unwrap_or(f64::NAN);
                 let total = ms.next().unwrap_or(f64::NAN);
                 let ratio = f16_tf.map(|f| format!(" x{:.2}", tf(attn) / f)).unwrap_or_default();
@@ -822,18 +820,13 @@ fn main() -> Result<(), BoxErr> {
         if !bench_only {
             let table = Fp8WgmmaConfig::new(cfg.head_dim as usize, cfg.out).ok() == Some(cfg);
             let mut list = cases();
-            // The long case also for the row sums from the P·V wgmma (their accumulation over
-            // 16k keys has the accumulator's truncation, as O's has) and for clusters of two (one
-            // query block: its partner CTA is past the last row).
-            if table || cfg.rowsum_mma || cfg.cluster_mc {
+            // The long case also for the row sums from the P·V wgmma: their accumulation over
+            // 16k keys has the accumulator's truncation, as O's has.
+            if table || cfg.rowsum_mma {
                 list.push(long_case());
             }
             for c in &list {
                 let name = c.name;
-                if cfg.cluster_mc && c.causal {
-                    println!("  SKIP {name:32} causal: clusters of two CTAs walk the same tiles, non-causal only");
-                    continue;
-                }
                 let (r, e, p_max) = match check(&stream, &kernel, c) {
                     Ok(x) => x,
                     Err(err) => {

@@ -135,9 +135,6 @@ pub struct Fp8WgmmaConfig {
     /// 0: every exp2 on the MUFU unit; k (2 to 8): every k-th score of the unmasked tiles by a
     /// polynomial on the FMA pipes (as accurate as `ex2.approx`).
     pub exp2_poly: u32,
-    /// Clusters of two CTAs (neighbouring query blocks of a head) that share every K/V tile: each
-    /// loads half of it, multicast into both. Non-causal only.
-    pub cluster_mc: bool,
 }
 
 /// A compiled unit of the family: an attention variant or the Vᵀ prepass of a head dim (the
@@ -159,17 +156,7 @@ impl Fp8WgmmaConfig {
         let Some(&(_, block_n, stages, wgs, rowsum_mma)) = FP8_TILES.iter().find(|t| t.0 as usize == head_dim) else {
             return Err(NativeError::UnsupportedHeadDim { kernel: KERNEL, head_dim, supported: Self::HEAD_DIMS });
         };
-        let c = Fp8WgmmaConfig {
-            head_dim: head_dim as u32,
-            out,
-            block_n,
-            wgs,
-            rowsum_mma,
-            stages,
-            rescale_log2: 0,
-            exp2_poly: 0,
-            cluster_mc: false,
-        };
+        let c = Fp8WgmmaConfig { head_dim: head_dim as u32, out, block_n, wgs, rowsum_mma, stages, rescale_log2: 0, exp2_poly: 0 };
         c.validate()?;
         Ok(c)
     }
@@ -265,8 +252,6 @@ impl Fp8WgmmaConfig {
             for &(wgs, block_n, stages, rowsum_mma) in wide {
                 push(&mut v, Fp8WgmmaConfig { wgs, block_n, stages, rowsum_mma, ..classic });
             }
-            // The table tile in clusters of two CTAs sharing the K/V loads.
-            push(&mut v, Fp8WgmmaConfig { cluster_mc: true, ..table });
         }
         v
     }
@@ -279,8 +264,7 @@ impl Fp8WgmmaConfig {
         let w = if self.rowsum_mma { format!("{w}_rs") } else { w };
         let r = if self.rescale_log2 == 0 { String::new() } else { format!("_r{}", self.rescale_log2) };
         let p = if self.exp2_poly == 0 { String::new() } else { format!("_p{}", self.exp2_poly) };
-        let mc = if self.cluster_mc { "_mc" } else { "" };
-        format!("{KERNEL}_e4m3_{}_d{}_n{}{w}_tma{}{r}{p}{mc}", self.out.name(), self.head_dim, self.block_n, self.stages)
+        format!("{KERNEL}_e4m3_{}_d{}_n{}{w}_tma{}{r}{p}", self.out.name(), self.head_dim, self.block_n, self.stages)
     }
 
     /// Columns of the P·V wgmma: the head dim, and 8 columns of row sums with `rowsum_mma`.
@@ -319,7 +303,6 @@ impl Fp8WgmmaConfig {
             d("CONSUMER_REGS", self.consumer_regs()),
             d("RESCALE_LOG2", self.rescale_log2),
             d("EXP2_POLY", self.exp2_poly),
-            d("CLUSTER_MC", self.cluster_mc as u32),
         ])
     }
 
@@ -372,12 +355,10 @@ impl Fp8WgmmaConfig {
         Arch::for_compute_capability(cc.0, cc.1).into_iter().find(|a| Self::TARGETS.contains(a))
     }
 
-    /// Grid `(ceil(q_len / block_m), q_heads, batch)` (x rounded up to even for clusters of
-    /// two), 128 (wgs + 1) threads.
+    /// Grid `(ceil(q_len / block_m), q_heads, batch)`, 128 (wgs + 1) threads.
     pub fn launch_shape(&self, args: &Fp8Args) -> Result<Fp8LaunchShape> {
         let s = &args.shape;
         let m_blocks = s.q_len.div_ceil(self.block_m() as usize);
-        let m_blocks = if self.cluster_mc { m_blocks.next_multiple_of(2) } else { m_blocks };
         Ok(Fp8LaunchShape {
             grid: (m_blocks as u32, s.q_heads as u32, s.batch as u32),
             block: (self.threads(), 1, 1),
@@ -393,19 +374,17 @@ impl Fp8WgmmaConfig {
         let s = &args.shape;
         let d = self.head_dim as usize;
         let swizzle = if d == 128 { 128 } else { 64 };
-        // Clusters of two: each CTA loads half the rows of a K tile and of a Vᵀ block.
-        let split = if self.cluster_mc { 2 } else { 1 };
         let t = |addr, heads, len, strides| RowsTensor { addr, elem_bytes: 1, head_dim: d, len, heads, batch: s.batch, strides };
         let pad = kv_pad(s);
         let vt_strides = Strides { seq: pad, head: d * pad, batch: s.kv_heads * d * pad };
         Ok([
             TmaSpec::rows("Q", t(q, s.q_heads, s.q_len, s.q), d as u32, self.block_m(), swizzle)?,
-            TmaSpec::rows("K", t(k, s.kv_heads, s.kv_len.max(1), s.k), d as u32, self.block_n / split, swizzle)?,
+            TmaSpec::rows("K", t(k, s.kv_heads, s.kv_len.max(1), s.k), d as u32, self.block_n, swizzle)?,
             TmaSpec::rows(
                 "Vt",
                 RowsTensor { addr: vt, elem_bytes: 1, head_dim: pad, len: d, heads: s.kv_heads, batch: s.batch, strides: vt_strides },
                 self.vt_block(),
-                d as u32 / split,
+                d as u32,
                 self.vt_block(),
             )?,
         ])
@@ -519,12 +498,6 @@ impl Fp8WgmmaConfig {
     /// legal: every row then sees no key).
     pub fn validate_args(&self, args: &Fp8Args) -> Result<()> {
         self.validate()?;
-        if self.cluster_mc && args.shape.causal {
-            return Err(NativeError::UnsupportedConfig {
-                kernel: KERNEL,
-                reason: "clusters of two CTAs walk the same K/V tiles: non-causal only".into(),
-            });
-        }
         args.check(self.head_dim, kv_pad(&args.shape), true)
     }
 
@@ -857,19 +830,5 @@ mod tests {
         assert_eq!((q.box_dims, k.box_dims), ([64, 192, 1, 1], [64, 160, 1, 1]));
         assert_eq!((vt.box_dims, vt.swizzle_bytes), ([32, 64, 1, 1], 32));
         assert_eq!(Fp8WgmmaConfig { block_n: 160, wgs: 3, ..c64 }.launch_shape(&a64).unwrap().block, (512, 1, 1));
-        // Clusters of two: non-causal only, x rounded up to even (1000 rows: 8 blocks of 128; 7
-        // of 160), half a K tile's rows and half a Vᵀ block's per TMA box.
-        let mc = Fp8WgmmaConfig { cluster_mc: true, ..c };
-        assert!(mc.name().ends_with("_mc") && mc.defines().unwrap().contains(&("CLUSTER_MC".to_string(), "1".to_string())));
-        assert!(matches!(mc.validate_args(&a), Err(NativeError::UnsupportedConfig { .. })), "causal");
-        let mut nc = a;
-        nc.shape.causal = false;
-        mc.validate_args(&nc).unwrap();
-        assert_eq!(mc.launch_shape(&nc).unwrap().grid, (8, 8, 2));
-        let [_, k, vt] = mc.tma_specs(&nc, 0x1000, 0x2000, 0x3000).unwrap();
-        assert_eq!((k.box_dims, vt.box_dims), ([128, 64, 1, 1], [128, 64, 1, 1]));
-        let mut nc7 = nc;
-        nc7.shape.q_len = 7 * 128 - 5;
-        assert_eq!(mc.launch_shape(&nc7).unwrap().grid, (8, 8, 2));
     }
 }
