@@ -194,6 +194,9 @@ extern "C" __global__ void __launch_bounds__(256) fp8_vt_prepass(const Fp8VtPara
 #ifndef EXP2_POLY
 #define EXP2_POLY 0
 #endif
+#ifndef EXP2_POLY_DEG
+#define EXP2_POLY_DEG 6
+#endif
 
 namespace cfg {
 constexpr int D = HEAD_DIM;
@@ -418,6 +421,14 @@ __device__ __forceinline__ float thread_exp2_poly(float x) {
     x = fmaxf(x, -125.f);
     const float t = x + 12582912.f;
     const float f = x - (t - 12582912.f);
+#if EXP2_POLY_DEG == 3
+    // EXP2_POLY_DEG 3: a cubic fitted to 2^f's relative error on [-0.5, 0.5] (at most 7.5e-5,
+    // a six-hundredth of half an E4M3 step), three FMAs fewer.
+    float p = 5.5171322e-2f;
+    p = fmaf(p, f, 2.4261054e-1f);
+    p = fmaf(p, f, 6.9326097e-1f);
+    p = fmaf(p, f, 9.9992812e-1f);
+#else
     float p = 1.5403530e-4f;
     p = fmaf(p, f, 1.3333558e-3f);
     p = fmaf(p, f, 9.6181291e-3f);
@@ -425,6 +436,7 @@ __device__ __forceinline__ float thread_exp2_poly(float x) {
     p = fmaf(p, f, 2.4022651e-1f);
     p = fmaf(p, f, 6.9314718e-1f);
     p = fmaf(p, f, 1.f);
+#endif
     return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
 }
 

@@ -100,7 +100,10 @@ pub const FP8_KV_PAD: u32 = 128;
 /// threshold 8 (`rescale_log2`) is within the spread too, and moving exp2 onto the FMA pipes
 /// (`exp2_poly`, every 4th or 8th score) is slower at both head dims: the degree-6 polynomial's
 /// eleven instructions per score cost the softmax warp more issue time than the MUFU time they
-/// free.
+/// free. So does a cubic (`exp2_cubic`, eight instructions): on one H200 with the launches
+/// interleaved (`benchmarks/2026-11-29-h200-za/exp2-cubic`), every 8th score ran 1-4% slower at
+/// hd 128 and 4-8% at hd 64, every 4th 4-10% and 12-17%, though MUFU.EX2 is the busiest pipe at
+/// hd 64.
 ///
 /// At hd 64 the softmax bounds the kernel (about 7 instructions and one MUFU.EX2 per score against
 /// half the MMA work of hd 128), so it takes what FlashAttention-3 takes there, three consumer
@@ -135,6 +138,9 @@ pub struct Fp8WgmmaConfig {
     /// 0: every exp2 on the MUFU unit; k (2 to 8): every k-th score of the unmasked tiles by a
     /// polynomial on the FMA pipes (as accurate as `ex2.approx`).
     pub exp2_poly: u32,
+    /// With `exp2_poly`: a cubic instead of the degree-6 polynomial (relative error at most
+    /// 7.5e-5, far inside E4M3's steps of 2^-3).
+    pub exp2_cubic: bool,
 }
 
 /// A compiled unit of the family: an attention variant or the Vᵀ prepass of a head dim (the
@@ -156,7 +162,17 @@ impl Fp8WgmmaConfig {
         let Some(&(_, block_n, stages, wgs, rowsum_mma)) = FP8_TILES.iter().find(|t| t.0 as usize == head_dim) else {
             return Err(NativeError::UnsupportedHeadDim { kernel: KERNEL, head_dim, supported: Self::HEAD_DIMS });
         };
-        let c = Fp8WgmmaConfig { head_dim: head_dim as u32, out, block_n, wgs, rowsum_mma, stages, rescale_log2: 0, exp2_poly: 0 };
+        let c = Fp8WgmmaConfig {
+            head_dim: head_dim as u32,
+            out,
+            block_n,
+            wgs,
+            rowsum_mma,
+            stages,
+            rescale_log2: 0,
+            exp2_poly: 0,
+            exp2_cubic: false,
+        };
         c.validate()?;
         Ok(c)
     }
@@ -252,6 +268,10 @@ impl Fp8WgmmaConfig {
             for &(wgs, block_n, stages, rowsum_mma) in wide {
                 push(&mut v, Fp8WgmmaConfig { wgs, block_n, stages, rowsum_mma, ..classic });
             }
+            // The table tile with a cubic exp2 on the FMA pipes for every 4th or 8th score.
+            for exp2_poly in [4, 8] {
+                push(&mut v, Fp8WgmmaConfig { exp2_poly, exp2_cubic: true, ..table });
+            }
         }
         v
     }
@@ -263,7 +283,11 @@ impl Fp8WgmmaConfig {
         let w = if self.wgs == 2 { String::new() } else { format!("_w{}", self.wgs) };
         let w = if self.rowsum_mma { format!("{w}_rs") } else { w };
         let r = if self.rescale_log2 == 0 { String::new() } else { format!("_r{}", self.rescale_log2) };
-        let p = if self.exp2_poly == 0 { String::new() } else { format!("_p{}", self.exp2_poly) };
+        let p = match (self.exp2_poly, self.exp2_cubic) {
+            (0, _) => String::new(),
+            (k, false) => format!("_p{k}"),
+            (k, true) => format!("_p{k}c"),
+        };
         format!("{KERNEL}_e4m3_{}_d{}_n{}{w}_tma{}{r}{p}", self.out.name(), self.head_dim, self.block_n, self.stages)
     }
 
@@ -303,6 +327,7 @@ impl Fp8WgmmaConfig {
             d("CONSUMER_REGS", self.consumer_regs()),
             d("RESCALE_LOG2", self.rescale_log2),
             d("EXP2_POLY", self.exp2_poly),
+            d("EXP2_POLY_DEG", if self.exp2_cubic { 3 } else { 6 }),
         ])
     }
 
