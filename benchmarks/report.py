@@ -806,6 +806,10 @@ def build(manifest):
           "So a ratio between two rows of one table can carry a difference in power state as well as in kernels "
           "(cuDNN fp16 672 from a cool board and 598 under the cap in one call, `power/peers/`); the notes say where "
           "that matters.",
+          "- Variant comparisons in the native checks (`examples/wgmma_fp8_check.rs`) time every launch of a shape in "
+          "turn, round after round, and take each one's median, so that all see the same power state (timed in blocks "
+          "of back-to-back calls, the clock drop above favours the kernel timed first). Their rates are those under "
+          "the cap (FP8 at hd 128, seq 16k: about 875 TFLOP/s against the table's short-run 930).",
           "", "## Plots", ""] + plots_md + ["", "## Speed", ""] + speed_md
     b += NOT_RUN_MD
     if probe_md:
