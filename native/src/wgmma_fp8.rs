@@ -209,6 +209,10 @@ impl Fp8WgmmaConfig {
         if !(self.exp2_poly == 0 || (2..=8).contains(&self.exp2_poly)) {
             return Err(NativeError::UnsupportedConfig { kernel: KERNEL, reason: format!("exp2_poly {} (0 or 2 to 8)", self.exp2_poly) });
         }
+        if self.exp2_cubic && self.exp2_poly == 0 {
+            // Without exp2_poly it would change nothing but the config, whose name is the plain one.
+            return Err(NativeError::UnsupportedConfig { kernel: KERNEL, reason: "exp2_cubic without exp2_poly".into() });
+        }
         if self.rescale_log2 > 8 {
             return Err(NativeError::UnsupportedConfig {
                 kernel: KERNEL,
@@ -763,6 +767,7 @@ mod tests {
             ]
         );
         assert!(Fp8WgmmaConfig { rescale_log2: 9, ..c }.validate().is_err());
+        assert!(Fp8WgmmaConfig { exp2_cubic: true, ..c }.validate().is_err());
         assert!(Fp8WgmmaConfig { stages: 5, ..c }.validate().is_err());
         assert!(Fp8WgmmaConfig { block_n: 96, ..c }.validate().is_err());
         assert!(Fp8WgmmaConfig { block_n: 288, ..c }.validate().is_err());
